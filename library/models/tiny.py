@@ -1,0 +1,160 @@
+"""Tiny SD 1.x / 2.x models and a tiny CLIP tokenizer, built from small configs under a seed.
+
+They have the real module layout (cross-attention transformer blocks, ResNet blocks, down- and
+upsamplers, a CLIP text encoder) at a fraction of the size, so the example and the tests exercise
+the same code paths as a real SD 1.5 / 2.x model, fully offline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+TINY_SIZE = 64  # pixels; the tiny VAE downsamples by 8 like the real one
+_SPECIAL = ("<|startoftext|>", "<|endoftext|>")
+
+
+def _byte_alphabet() -> list[str]:
+    """The 256 printable stand-ins CLIP's byte-level BPE uses for raw bytes (GPT-2's table)."""
+    keep = list(range(ord("!"), ord("~") + 1))
+    keep += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def write_tiny_tokenizer(folder: str | Path) -> Path:
+    """Write a character-level CLIP tokenizer (vocab.json, merges.txt, configs) to ``folder``.
+
+    No merges: every character is one token, which keeps the files small (~20 KB) while using
+    the same tokenizer class, special tokens and 77-token padding as SD's CLIP tokenizer.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    alphabet = _byte_alphabet()
+    tokens = alphabet + [c + "</w>" for c in alphabet] + list(_SPECIAL)
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    config = {
+        "tokenizer_class": "CLIPTokenizer",
+        "model_max_length": 77,
+        "bos_token": _SPECIAL[0],
+        "eos_token": _SPECIAL[1],
+        "unk_token": _SPECIAL[1],
+        "pad_token": _SPECIAL[1],
+        "do_lower_case": True,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    special = {k: config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2), encoding="utf-8")
+    return folder
+
+
+def tiny_vocab_size() -> int:
+    return 2 * 256 + len(_SPECIAL)
+
+
+def tiny_unet_config(family: str = "sd1") -> dict:
+    """UNet2DConditionModel kwargs: two levels, one cross-attention level, like SD at small width."""
+    sd2 = family.startswith("sd2")
+    return {
+        "sample_size": TINY_SIZE // 8,
+        "in_channels": 4,
+        "out_channels": 4,
+        "layers_per_block": 1,
+        "block_out_channels": (32, 64),
+        "down_block_types": ("CrossAttnDownBlock2D", "DownBlock2D"),
+        "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D"),
+        "cross_attention_dim": 32,
+        "attention_head_dim": (2, 4) if sd2 else 8,
+        "use_linear_projection": sd2,
+        "norm_num_groups": 32,
+    }
+
+
+def tiny_vae_config() -> dict:
+    """AutoencoderKL kwargs with four levels, so latents are 1/8 of the image like SD's VAE."""
+    return {
+        "in_channels": 3,
+        "out_channels": 3,
+        "down_block_types": ("DownEncoderBlock2D",) * 4,
+        "up_block_types": ("UpDecoderBlock2D",) * 4,
+        "block_out_channels": (8, 8, 16, 16),
+        "layers_per_block": 1,
+        "latent_channels": 4,
+        "norm_num_groups": 8,
+        "sample_size": TINY_SIZE,
+        "scaling_factor": 0.18215,
+    }
+
+
+def tiny_text_config(family: str = "sd1") -> dict:
+    """CLIPTextConfig kwargs; SD 2.x uses GELU (OpenCLIP), SD 1.x quick-GELU (OpenAI CLIP)."""
+    return {
+        "vocab_size": tiny_vocab_size(),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 77,
+        "hidden_act": "gelu" if family.startswith("sd2") else "quick_gelu",
+        "bos_token_id": tiny_vocab_size() - 2,
+        "eos_token_id": tiny_vocab_size() - 1,
+        "pad_token_id": tiny_vocab_size() - 1,
+    }
+
+
+def tiny_scheduler_config(family: str = "sd1") -> dict:
+    """SD's training noise schedule; SD 2.x 768-v predicts v."""
+    return {
+        "num_train_timesteps": 1000,
+        "beta_start": 0.00085,
+        "beta_end": 0.012,
+        "beta_schedule": "scaled_linear",
+        "clip_sample": False,
+        "set_alpha_to_one": False,
+        "steps_offset": 1,
+        "prediction_type": "v_prediction" if family == "sd2-v" else "epsilon",
+    }
+
+
+def build_tiny_components(family: str = "sd1", seed: int = 0) -> dict:
+    """Build unet, vae, text_encoder and scheduler in memory with weights drawn under ``seed``."""
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    if family not in ("sd1", "sd2", "sd2-v"):
+        raise ValueError(f"unknown tiny family {family!r}")
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(**tiny_unet_config(family))
+    vae = AutoencoderKL(**tiny_vae_config())
+    text_encoder = CLIPTextModel(CLIPTextConfig(**tiny_text_config(family)))
+    scheduler = DDIMScheduler(**tiny_scheduler_config(family))
+    return {"unet": unet, "vae": vae, "text_encoder": text_encoder, "scheduler": scheduler}
+
+
+def save_tiny_model(folder: str | Path, family: str = "sd1", seed: int = 0) -> Path:
+    """Write a tiny model as a diffusers pipeline folder (model_index.json + components)."""
+    from diffusers import StableDiffusionPipeline
+    from transformers import CLIPTokenizer
+
+    folder = Path(folder)
+    parts = build_tiny_components(family, seed)
+    tok_dir = write_tiny_tokenizer(folder / "tokenizer")
+    pipe = StableDiffusionPipeline(
+        **parts,
+        tokenizer=CLIPTokenizer.from_pretrained(tok_dir),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.save_pretrained(folder, safe_serialization=True)
+    return folder

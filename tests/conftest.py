@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny SD models written to temporary diffusers folders, offline."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny SD 1.x model in diffusers folder format (epsilon prediction)."""
+    from library.models.tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sd1", family="sd1")
+
+
+@pytest.fixture(scope="session")
+def tiny_sd2v_model_dir(tmp_path_factory):
+    """A tiny SD 2.x 768-v style model (linear projections, v-prediction)."""
+    from library.models.tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sd2v", family="sd2-v")
