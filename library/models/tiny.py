@@ -157,4 +157,18 @@ def save_tiny_model(folder: str | Path, family: str = "sd1", seed: int = 0) -> P
         requires_safety_checker=False,
     )
     pipe.save_pretrained(folder, safe_serialization=True)
+    _drop_load_state(folder / "tokenizer" / "tokenizer_config.json")
     return folder
+
+
+def _drop_load_state(config_file: Path) -> None:
+    """Remove the how-it-was-loaded keys transformers saves into tokenizer_config.json.
+
+    "local_files_only" follows HF_HUB_OFFLINE in the saving process; without this the written
+    folder would depend on the environment rather than only on the seed.
+    """
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    for key in ("local_files_only", "is_local"):
+        config.pop(key, None)
+    text = json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    config_file.write_text(text, encoding="utf-8")

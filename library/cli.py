@@ -1,0 +1,44 @@
+"""Command-line entry: parse, load the config, print it or the plan, or train."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _is_main_process() -> bool:
+    # Before accelerate starts, the launcher's RANK says which process prints errors.
+    return os.environ.get("RANK", "0") == "0"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run difftune; return the process exit code."""
+    from library.config.cli_args import parse_cli
+    from library.config.loader import load_config
+    from library.errors import DifftuneError
+
+    try:
+        args = parse_cli(sys.argv[1:] if argv is None else argv)
+        config = load_config(args.config_path, args.overrides)
+        if args.print_config:
+            from library.config.render import render_toml
+
+            print(render_toml(config), end="")
+            return 0
+        from library.training.trainer import Trainer
+
+        Trainer(config).run(dry_run=args.dry_run)
+        return 0
+    except DifftuneError as exc:
+        if _is_main_process():
+            print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        if _is_main_process():
+            print("stopped by the user", file=sys.stderr)
+        return 130
+
+
+def main_entry() -> None:
+    """Console-script entry (difftune-train)."""
+    sys.exit(main())

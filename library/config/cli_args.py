@@ -1,0 +1,128 @@
+"""Command-line parsing: --config, --print_config, --dry_run and ``--key value`` overrides.
+
+Hand-written rather than argparse because the override keys come from the schema, their value
+forms depend on the field type (bare bool flags, multi-value k=v lists), and every mistake must
+be a ConfigError with the nearest valid option instead of argparse's SystemExit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from library.config.kohya import ALIASES
+from library.config.overrides import (
+    RawValue,
+    flat_key_problem,
+    is_bool_key,
+    is_list_key,
+    key_kind,
+)
+from library.config.suggest import COMMAND_LINE, Origin
+from library.errors import ConfigError
+
+OVERRIDE_HELP = """\
+Every config key can be set on the command line; the command line wins over the file.
+  --key value  or  --key=value     e.g. --learning_rate 1e-4  --output_name my_lora
+  --flag  (same as --flag true)    for true/false keys, e.g. --gradient_checkpointing
+  --flag false                     turn a true/false key off
+  --key a=1 b=2                    several "k=v" items for network_args and optimizer_args
+Values are read as TOML (1e-4, true, [768, 512]); text keys keep the text as written, and
+anything that is not valid TOML stays text (--resolution 768,512).
+Dataset keys (num_repeats, batch_size, ...) live in the file; on the command line use
+train_batch_size, resolution and caption_extension, which are the datasets' defaults.
+All keys, types and defaults: docs/config.md"""
+
+USAGE = f"""\
+usage: train_network.py --config FILE.toml [--print_config] [--dry_run] [--key value ...]
+
+  --config FILE, --config_file FILE
+                  a difftune (sectioned) or kohya (flat args) TOML config
+  --print_config  print the resolved config as TOML
+  --dry_run       load and check everything, then stop before training
+  -h, --help      show this help
+
+{OVERRIDE_HELP}
+"""
+
+_CONFIG_OPTIONS = ("config", "config_file")
+_ACTIONS = ("print_config", "dry_run")
+
+
+@dataclass(frozen=True)
+class CliArgs:
+    """The parsed command line."""
+
+    config_path: str | None = None
+    overrides: list[tuple[str, RawValue]] = field(default_factory=list)
+    print_config: bool = False
+    dry_run: bool = False
+
+
+def _error(text: str) -> ConfigError:
+    return Origin(COMMAND_LINE).error(text)
+
+
+def _is_option(token: str) -> bool:
+    return token.startswith("--") and len(token) > 2
+
+
+def _take_value(name: str, inline: str | None, argv: list[str], i: int) -> tuple[RawValue, int]:
+    """The raw value of option ``name`` whose token is argv[i]; returns (value, next index)."""
+    if inline is not None:
+        return inline, i + 1
+    rest = argv[i + 1 :]
+    if name in _ACTIONS or is_bool_key(name):
+        if rest and rest[0].lower() in ("true", "false"):
+            return rest[0], i + 2
+        return None, i + 1
+    if is_list_key(name):
+        n = next((k for k, t in enumerate(rest) if _is_option(t)), len(rest))
+        return list(rest[:n]), i + 1 + n
+    if not rest or _is_option(rest[0]):
+        raise _error(f'option "--{name}" needs a value')
+    return rest[0], i + 2
+
+
+def _flag(name: str, raw: RawValue) -> bool:
+    if raw is None:
+        return True
+    if isinstance(raw, str) and raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    raise _error(f'option "--{name}" takes true or false, got "{raw}"')
+
+
+def parse_cli(argv: list[str]) -> CliArgs:
+    """Parse the arguments after the program name.
+
+    Raises ConfigError for bad usage (unknown option with the nearest valid one, missing
+    value, stray argument); ``-h``/``--help`` prints the usage and raises SystemExit(0).
+    """
+    if any(t in ("-h", "--help") for t in argv):
+        print(USAGE, end="")
+        raise SystemExit(0)
+    config_path: str | None = None
+    actions = dict.fromkeys(_ACTIONS, False)
+    overrides: list[tuple[str, RawValue]] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not _is_option(token):
+            raise _error(f'unexpected argument "{token}"; options start with --')
+        name, sep, text = token[2:].partition("=")
+        name = name.replace("-", "_")
+        inline = text if sep else None
+        if name not in _CONFIG_OPTIONS and name not in _ACTIONS:
+            canonical = ALIASES.get(name, name)
+            if key_kind(canonical) in ("dataset", "unknown"):
+                extra = _CONFIG_OPTIONS + _ACTIONS
+                raise _error(flat_key_problem(name, Origin(COMMAND_LINE), extra))
+        raw, i = _take_value(name, inline, argv, i)
+        if name in _CONFIG_OPTIONS:
+            if config_path is not None:
+                raise _error("the config file is given twice; pass one --config")
+            config_path = raw
+        elif name in _ACTIONS:
+            actions[name] = _flag(name, raw)
+        else:
+            overrides.append((name, raw))
+    return CliArgs(config_path, overrides, actions["print_config"], actions["dry_run"])

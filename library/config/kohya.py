@@ -1,0 +1,382 @@
+"""kohya-ss sd-scripts compatibility: keys we know but do not support, aliases and conveniences.
+
+A kohya key whose value means "off" (``cache_latents = false``) changes nothing, so it is accepted
+and dropped; any other value is an error that says what is missing, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from library.config.suggest import show_value
+from library.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A kohya key difftune does not implement."""
+
+    reason: str
+    off: tuple = ()  # values that mean "off" (kohya's defaults); accepted and dropped
+    planned: bool = True  # "not supported yet" rather than "not supported"
+    ignored: bool = False  # only acts together with another unsupported key: any value is dropped
+
+
+def _group(keys: str, reason: str, off: tuple = (), **kw: bool) -> dict[str, Unsupported]:
+    return {k: Unsupported(reason, off, **kw) for k in keys.split()}
+
+
+_BUCKETS = "aspect-ratio bucketing is planned; images are resized and center-cropped"
+_LATENTS = "latent caching is planned"
+_TE_CACHE = "caching text-encoder outputs is planned"
+_CAPTIONS = "caption augmentation is planned"
+_AUG = "image augmentation is planned"
+_SAMPLES = "sampling images during training is planned"
+_HUB = "difftune never uses the network; upload the saved files yourself"
+_DEEPSPEED = "only used with deepspeed, which is not supported"
+_VALIDATION = "validation loss is planned"
+_NOISE = "this noise or loss variant is planned"
+_HALF = "trained weights stay float32; mixed_precision sets the precision of everything else"
+
+UNSUPPORTED: dict[str, Unsupported] = {
+    "vae": Unsupported("a separate VAE file is planned; the model folder's vae/ is used", ("",)),
+    # kohya's clip_skip = 1 uses the last layer, the same as not setting it.
+    "clip_skip": Unsupported("clip_skip is planned", (1,)),
+    "max_token_length": Unsupported("prompts longer than 75 tokens are planned", (75,)),
+    "no_half_vae": Unsupported("the VAE runs in the mixed_precision dtype", (False,)),
+    "tokenizer_cache_dir": Unsupported("nothing is downloaded, so there is no cache", ignored=True),
+    **_group("lowram highvram", "memory placement options are not implemented", (False,)),
+    **_group(
+        "xformers mem_eff_attn",
+        "torch scaled-dot-product attention (sdpa) is always used",
+        (False,),
+        planned=False,
+    ),
+    **_group("full_fp16 full_bf16 fp8_base", _HALF, (False,), planned=False),
+    "enable_bucket": Unsupported(_BUCKETS, (False,)),
+    **_group(
+        "min_bucket_reso max_bucket_reso bucket_reso_steps bucket_no_upscale",
+        "only used with enable_bucket",
+        ignored=True,
+    ),
+    **_group("cache_latents cache_latents_to_disk", _LATENTS, (False,)),
+    **_group("vae_batch_size skip_cache_check", "only used with latent caching", ignored=True),
+    **_group("cache_text_encoder_outputs cache_text_encoder_outputs_to_disk", _TE_CACHE, (False,)),
+    **_group("shuffle_caption weighted_captions enable_wildcard", _CAPTIONS, (False,)),
+    "keep_tokens": Unsupported(_CAPTIONS, (0,)),
+    **_group(
+        "keep_tokens_separator secondary_separator caption_prefix caption_suffix", _CAPTIONS, ("",)
+    ),
+    "caption_separator": Unsupported(_CAPTIONS, (",",)),
+    **_group("caption_dropout_rate caption_tag_dropout_rate", _CAPTIONS, (0,)),
+    "caption_dropout_every_n_epochs": Unsupported(_CAPTIONS, (0,)),
+    "token_warmup_min": Unsupported(_CAPTIONS, (1,)),
+    "token_warmup_step": Unsupported(_CAPTIONS, (0,)),
+    **_group("flip_aug color_aug random_crop", _AUG, (False,)),
+    "face_crop_aug_range": Unsupported(_AUG),
+    **_group("alpha_mask masked_loss", "masked loss is planned", (False,)),
+    **_group("metadata_file in_json", "metadata-style (JSON caption) datasets are planned"),
+    "dataset_repeats": Unsupported("only used with in_json datasets", ignored=True),
+    "dataset_class": Unsupported("custom dataset classes are not supported", planned=False),
+    "resize_interpolation": Unsupported("choosing the resize filter is planned", ("",)),
+    "validation_split": Unsupported(_VALIDATION, (0,)),
+    **_group(
+        "validation_seed validate_every_n_steps validate_every_n_epochs max_validation_steps",
+        "only used with validation_split",
+        ignored=True,
+    ),
+    "sample_prompts": Unsupported(_SAMPLES, ("",)),
+    **_group(
+        "sample_every_n_steps sample_every_n_epochs sample_sampler sample_at_first",
+        "only used with sample_prompts",
+        ignored=True,
+    ),
+    "save_n_epoch_ratio": Unsupported("use save_every_n_epochs"),
+    **_group(
+        "save_last_n_steps_state save_last_n_epochs_state",
+        "pruning old training states is planned; every saved state is kept",
+    ),
+    **_group(
+        "save_state_to_huggingface resume_from_huggingface async_upload",
+        _HUB,
+        (False,),
+        planned=False,
+    ),
+    **_group(
+        "huggingface_repo_id huggingface_repo_type huggingface_path_in_repo huggingface_token "
+        "huggingface_repo_visibility",
+        _HUB,
+        ("",),
+        planned=False,
+    ),
+    "output_config": Unsupported("use --print_config", (False,), planned=False),
+    **_group(
+        "wandb_api_key wandb_run_name log_tracker_config",
+        'Weights & Biases is not supported; use log_with = "tensorboard"',
+        ("",),
+        planned=False,
+    ),
+    "log_config": Unsupported("logging the config to the tracker is planned", (False,)),
+    **_group(
+        "console_log_level console_log_file", "console log options are not implemented", ("",)
+    ),
+    "console_log_simple": Unsupported("console log options are not implemented", (False,)),
+    "network_dropout": Unsupported("dropout in LoRA layers is planned", (0,)),
+    "scale_weight_norms": Unsupported("max-norm regularisation is planned", (0,)),
+    "dim_from_weights": Unsupported("set network_dim to the rank of network_weights", (False,)),
+    "base_weights": Unsupported("merging other LoRA files into the model is planned", ("",)),
+    "base_weights_multiplier": Unsupported("only used with base_weights", ignored=True),
+    "network_multiplier": Unsupported("a training multiplier other than 1 is planned", (1,)),
+    "stop_text_encoder_training": Unsupported("stopping text-encoder training early is planned"),
+    **_group(
+        "noise_offset_random_strength ip_noise_gamma_random_strength zero_terminal_snr "
+        "scale_v_pred_loss_like_noise_pred debiased_estimation_loss",
+        _NOISE,
+        (False,),
+    ),
+    **_group(
+        "adaptive_noise_scale multires_noise_iterations ip_noise_gamma v_pred_like_loss",
+        _NOISE,
+        (0,),
+    ),
+    "multires_noise_discount": Unsupported(
+        "only used with multires_noise_iterations", ignored=True
+    ),
+    "loss_type": Unsupported("losses other than l2 are planned", ("l2",)),
+    **_group("huber_schedule huber_c huber_scale", "only used with loss_type", ignored=True),
+    "min_timestep": Unsupported("restricting the timestep range is planned", (0,)),
+    "max_timestep": Unsupported("restricting the timestep range is planned", (1000,)),
+    "lr_scheduler_args": Unsupported("scheduler arguments are planned", ([],)),
+    "lr_scheduler_type": Unsupported(
+        "custom scheduler classes are not supported", ("",), planned=False
+    ),
+    **_group(
+        "lr_scheduler_min_lr_ratio lr_decay_steps lr_scheduler_timescale",
+        "this scheduler option is planned",
+    ),
+    "use_8bit_adam": Unsupported('use optimizer_type = "AdamW8bit"', (False,), planned=False),
+    "use_lion_optimizer": Unsupported("the Lion optimizer is planned", (False,)),
+    **_group(
+        "loraplus_lr_ratio loraplus_unet_lr_ratio loraplus_text_encoder_lr_ratio",
+        "LoRA+ is planned",
+    ),
+    "fused_backward_pass": Unsupported("fused optimizer steps are planned", (False,)),
+    "fused_optimizer_groups": Unsupported("fused optimizer steps are planned", (0,)),
+    "deepspeed": Unsupported(
+        "DeepSpeed is not supported; accelerate DDP is used", (False,), planned=False
+    ),
+    **_group(
+        "zero_stage offload_optimizer_device offload_optimizer_nvme_path offload_param_device "
+        "offload_param_nvme_path zero3_init_flag zero3_save_16bit_model "
+        "fp16_master_weights_and_gradients",
+        _DEEPSPEED,
+        ignored=True,
+    ),
+    "ddp_timeout": Unsupported("setting the DDP timeout is planned; accelerate's default is used"),
+    **_group(
+        "ddp_gradient_as_bucket_view ddp_static_graph", "DDP tuning options are planned", (False,)
+    ),
+    "torch_compile": Unsupported("torch.compile is planned", (False,)),
+    "dynamo_backend": Unsupported("only used with torch_compile", ignored=True),
+    **_group("initial_epoch initial_step", "use resume to continue from a saved state"),
+    "skip_until_initial_step": Unsupported("use resume to continue from a saved state", (False,)),
+    "no_token_padding": Unsupported("prompts are always padded to 77 tokens", (False,)),
+    "conditioning_data_dir": Unsupported("ControlNet training is not supported", planned=False),
+    "cpu_offload_checkpointing": Unsupported("CPU offload is not implemented", (False,)),
+}
+
+# kohya's misspellings and old names that mean one of our keys.
+ALIASES: dict[str, str] = {"caption_extention": "caption_extension"}
+
+_LYCORIS = "LyCORIS adapters (LoHa, LoKr, ...) are planned"
+# Values of supported keys that are valid in kohya but not (yet) here: key -> value -> reason.
+UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
+    "optimizer_type": {
+        **{n: "the Lion optimizer is planned" for n in ("lion", "lion8bit", "pagedlion8bit")},
+        **{n: "SGD is planned" for n in ("sgdnesterov", "sgdnesterov8bit")},
+        "prodigy": "Prodigy is planned",
+        "adafactor": "Adafactor is planned",
+        **{
+            n: "D-Adaptation optimizers are planned"
+            for n in [
+                "dadaptation",
+                "dadaptadam",
+                "dadaptadagrad",
+                "dadaptadan",
+                "dadaptadanip",
+                "dadaptlion",
+                "dadaptsgd",
+            ]
+        },
+        **{
+            n: "paged optimizers are planned"
+            for n in ("pagedadamw", "pagedadamw8bit", "pagedadamw32bit")
+        },
+        **{
+            n: "schedule-free optimizers are planned"
+            for n in ("adamwschedulefree", "sgdschedulefree", "radamschedulefree")
+        },
+    },
+    "lr_scheduler": {
+        n: "this schedule is planned"
+        for n in [
+            "adafactor",
+            "cosine_with_min_lr",
+            "inverse_sqrt",
+            "warmup_stable_decay",
+            "piecewise_constant",
+        ]
+    },
+    "network_module": {
+        "lycoris.kohya": _LYCORIS,
+        "networks.dylora": "DyLoRA is planned",
+        "networks.oft": "OFT is planned",
+        "networks.lora_fa": "LoRA-FA is planned",
+    },
+    "save_model_as": {
+        "ckpt": "difftune saves .safetensors only",
+        "pt": "difftune saves .safetensors only",
+        "diffusers": "saving a diffusers folder is planned",
+        "diffusers_safetensors": "saving a diffusers folder is planned",
+    },
+    "log_with": {
+        "wandb": 'Weights & Biases is not supported; use "tensorboard"',
+        "all": 'only "tensorboard" is supported',
+    },
+}
+
+# The schema's spelling of optimizer names; kohya matches them case-insensitively.
+OPTIMIZERS = {"adamw": "AdamW", "adamw8bit": "AdamW8bit"}
+
+SUPPORTED_NETWORK_ARGS = ("conv_dim", "conv_alpha")
+_NETWORK_ARG_REASONS = {
+    **dict.fromkeys(
+        ("dropout", "rank_dropout", "module_dropout"), "dropout in LoRA layers is planned"
+    ),
+    **dict.fromkeys(
+        [
+            "down_lr_weight",
+            "mid_lr_weight",
+            "up_lr_weight",
+            "block_lr_zero_threshold",
+            "block_dims",
+            "block_alphas",
+            "conv_block_dims",
+            "conv_block_alphas",
+        ],
+        "per-block ranks and learning rates are planned",
+    ),
+    **dict.fromkeys(
+        ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio"),
+        "LoRA+ is planned",
+    ),
+    **dict.fromkeys(
+        [
+            "algo",
+            "preset",
+            "use_tucker",
+            "use_scalar",
+            "train_norm",
+            "factor",
+            "decompose_both",
+            "dora_wd",
+        ],
+        _LYCORIS,
+    ),
+}
+
+
+def _same(value: object, off: object) -> bool:
+    # True == 1 in Python; a bool only matches a bool, a number only a number.
+    if isinstance(value, bool) or isinstance(off, bool):
+        return type(value) is type(off) and value == off
+    if isinstance(off, (int, float)):
+        return isinstance(value, (int, float)) and value == off
+    return type(value) is type(off) and value == off
+
+
+def unsupported_problem(key: str, value: object, shown: str | None = None) -> str | None:
+    """None when ``key = value`` changes nothing (drop it), else why it is rejected.
+
+    ``key`` must be in UNSUPPORTED; ``shown`` is the name used in the message (default: key).
+    """
+    entry = UNSUPPORTED[key]
+    if entry.ignored or any(_same(value, off) for off in entry.off):
+        return None
+    verb = "is not supported yet" if entry.planned else "is not supported"
+    # An empty string is "unset" in kohya; suggesting to set it to "" would read oddly.
+    off = [v for v in entry.off if v != ""]
+    fix = "remove it" + (f" or set it to {show_value(off[0])}" if off else "")
+    return f'"{shown or key}" {verb} ({entry.reason}); {fix}'
+
+
+def unsupported_value_problem(key: str, value: object) -> str | None:
+    """Why ``value`` of a supported key is rejected, or None when it is not a known kohya value."""
+    if not isinstance(value, str):
+        return None
+    reason = UNSUPPORTED_VALUES.get(key, {}).get(value.lower())
+    if reason is None and key == "optimizer_type" and "." in value:
+        reason = "custom optimizer classes are not supported"
+    if reason is None:
+        return None
+    return f'{key} = "{value}" is not supported ({reason})'
+
+
+def normalise_optimizer(name: object) -> object:
+    """kohya spells optimizer names in any case: "adamw8bit" -> "AdamW8bit"; others unchanged."""
+    return OPTIMIZERS.get(name.lower(), name) if isinstance(name, str) else name
+
+
+def _parse_scalar(text: str) -> object:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        return text[1:-1]
+    return text
+
+
+def parse_kv_args(items: list[str], name: str = "optimizer_args") -> dict[str, object]:
+    """Parse kohya's ``["k=v", ...]`` into a dict of Python values.
+
+    Values become bools (true/false, any case), None ("None"), ints, floats, quoted or bare
+    strings, and tuples for comma-separated values ("betas=0.9,0.99" or "betas=(0.9,0.99)").
+    Raises ConfigError naming the bad item (``name`` is the key shown in the message).
+    """
+    result: dict[str, object] = {}
+    for item in items:
+        key, sep, text = item.partition("=") if isinstance(item, str) else ("", "", "")
+        key, text = key.strip(), text.strip()
+        if not sep or not key or not text:
+            raise ConfigError(f'{name} item {show_value(item)} is not "key=value"')
+        if key in result:
+            raise ConfigError(f'{name} sets "{key}" twice')
+        if text[0] + text[-1] in ("()", "[]"):
+            text = text[1:-1].rstrip(",")
+        parts = [p.strip() for p in text.split(",")]
+        if len(parts) > 1 and not all(parts):
+            raise ConfigError(f"{name} item {show_value(item)} has an empty value in its list")
+        values = tuple(_parse_scalar(p) for p in parts)
+        result[key] = values if len(values) > 1 or "," in text else values[0]
+    return result
+
+
+def network_args_values(items: list[str]) -> dict[str, object]:
+    """conv_dim / conv_alpha from kohya's network_args; ConfigError for any other argument."""
+    values: dict[str, object] = {}
+    for item in items:
+        ((key, value),) = parse_kv_args([item], "network_args").items()
+        if key not in SUPPORTED_NETWORK_ARGS:
+            reason = _NETWORK_ARG_REASONS.get(key, "difftune knows conv_dim and conv_alpha")
+            raise ConfigError(f'network_args "{item}" is not supported yet ({reason}); remove it')
+        if key in values:
+            raise ConfigError(f'network_args sets "{key}" twice')
+        values[key] = value
+    return values

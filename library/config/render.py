@@ -1,0 +1,59 @@
+"""Write a resolved Config as difftune's sectioned TOML, loadable again by load_config."""
+
+from __future__ import annotations
+
+import tomli_w
+
+from library.config.dataset_schema import DatasetConfig
+from library.config.schema import SECTIONS, Config
+
+_HEADER = "# difftune config, fully resolved (unset keys are omitted). Load it with --config.\n"
+
+
+def _value(value: object) -> str:
+    """One TOML value on one line (tomli_w writes lists over several lines)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }"
+    return tomli_w.dumps({"v": value})[len("v = ") :].rstrip("\n")
+
+
+def _key(key: str) -> str:
+    return tomli_w.dumps({key: 0}).split(" = ")[0]
+
+
+def _table(header: str, values: dict) -> list[str]:
+    lines = [header]
+    lines += [f"{_key(k)} = {_value(v)}" for k, v in values.items() if v is not None]
+    return lines + [""]
+
+
+def _datasets(datasets: list[DatasetConfig]) -> list[str]:
+    lines: list[str] = []
+    for dataset in datasets:
+        lines += _table("[[datasets]]", dataset.model_dump(exclude={"subsets"}))
+        for subset in dataset.subsets:
+            lines += _table("[[datasets.subsets]]", subset.model_dump())
+    return lines
+
+
+def render_toml(config: Config) -> str:
+    """The config as TOML: one table per section, then [[datasets]] / [[datasets.subsets]].
+
+    None values are omitted (TOML has no null; unset is the default). When the datasets came
+    from train_data_dir or dataset_config, that key is written and the resolved datasets follow
+    as comments: loading the output reads the same source again (writing both would conflict).
+    """
+    lines = [_HEADER]
+    for name in SECTIONS:
+        lines += _table(f"[{name}]", getattr(config, name).model_dump())
+    datasets = _datasets(config.datasets)
+    data = config.data
+    if data.train_data_dir is not None or data.dataset_config is not None:
+        source = "train_data_dir" if data.train_data_dir is not None else "dataset_config"
+        lines.append(f"# The datasets as resolved from {source} (for reading; not loaded):")
+        lines += [f"# {line}" if line else "#" for line in datasets[:-1]]
+    else:
+        lines += datasets[:-1]
+    return "\n".join(lines) + "\n"

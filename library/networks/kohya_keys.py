@@ -1,0 +1,224 @@
+"""The one place that knows kohya's LoRA key names (see FORMATS.md section 1).
+
+A module of the model at path ``a.b.0.c`` is named ``<prefix>_a_b_0_c`` in a kohya file, with the
+tensors ``<name>.lora_down.weight``, ``<name>.lora_up.weight`` and ``<name>.alpha``. Names are
+mapped back to modules through a table built from the model's own paths, never by guessing which
+underscores were dots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from library.errors import CheckpointError
+from library.networks.lora import ADAPTER, lora_layers, lora_rank, set_lora_scale
+
+UNET = "lora_unet"
+TEXT_ENCODER = "lora_te"
+# Every prefix a kohya SD/SDXL file may use: what it adapts, and how to load such weights.
+KNOWN_PREFIXES = {
+    "lora_unet": ("UNet", "set network_train_text_encoder_only = false"),
+    "lora_te": ("text encoder", "set network_train_unet_only = false"),
+    "lora_te1": ("first SDXL text encoder", "it is an SDXL LoRA; use an SDXL LoRA trainer"),
+    "lora_te2": ("second SDXL text encoder", "it is an SDXL LoRA; use an SDXL LoRA trainer"),
+}
+DOWN, UP, ALPHA = "lora_down.weight", "lora_up.weight", "alpha"
+
+
+def kohya_name(prefix: str, module_path: str) -> str:
+    """``kohya_name("lora_unet", "mid_block.attentions.0.proj_in")`` -> ``lora_unet_mid_block_...``."""
+    return f"{prefix.rstrip('_')}_{module_path.replace('.', '_')}"
+
+
+def kohya_path(model: nn.Module, path: str) -> str:
+    """The module path kohya names ``path`` by.
+
+    kohya's names follow transformers 4's CLIPTextModel, whose layers sit under ``text_model``;
+    transformers 5 flattened that attribute away, so the prefix is put back for the file.
+    """
+    from transformers import CLIPTextModel
+
+    if isinstance(model, CLIPTextModel) and not hasattr(model, "text_model"):
+        return f"text_model.{path}"
+    return path
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP/DataParallel or torch.compile wrappers, whose paths kohya names."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def name_table(prefix: str, model: nn.Module) -> dict[str, str]:
+    """kohya module name -> module path for every adapted layer of ``model``."""
+    model = unwrap(model)
+    return {kohya_name(prefix, kohya_path(model, path)): path for path in lora_layers(model)}
+
+
+def export_lora(models: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
+    """All adapter tensors of ``models`` (prefix -> unwrapped model) as a kohya state dict.
+
+    Weights keep the adapter's dtype (float32); alpha is a 0-d float32 tensor.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    for prefix, model in models.items():
+        model = unwrap(model)
+        layers = lora_layers(model)
+        for name, path in name_table(prefix, model).items():
+            layer = layers[path]
+            tensors[f"{name}.{DOWN}"] = layer.lora_A[ADAPTER].weight.detach().clone()
+            tensors[f"{name}.{UP}"] = layer.lora_B[ADAPTER].weight.detach().clone()
+            alpha = float(layer.lora_alpha[ADAPTER])
+            tensors[f"{name}.{ALPHA}"] = torch.tensor(alpha, dtype=torch.float32)
+    return tensors
+
+
+def _split_key(key: str, source: str) -> tuple[str, str]:
+    name, _, kind = key.partition(".")
+    if kind not in (DOWN, UP, ALPHA):
+        raise CheckpointError(f"{source}: unexpected key {key!r} (not a kohya LoRA/LoCon tensor)")
+    return name, kind
+
+
+def _prefix_of(name: str) -> str | None:
+    """The longest known kohya prefix ``name`` starts with (lora_te1 before lora_te)."""
+    for prefix in sorted(KNOWN_PREFIXES, key=len, reverse=True):
+        if name.startswith(prefix + "_"):
+            return prefix
+    return None
+
+
+def _group(tensors: Mapping[str, torch.Tensor], source: str) -> dict[str, dict[str, torch.Tensor]]:
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        name, kind = _split_key(key, source)
+        groups.setdefault(name, {})[kind] = tensor
+    return groups
+
+
+def _unmatched_error(names: list[str], models: Mapping[str, nn.Module], source: str) -> str:
+    """Explain file modules we have no adapter for, naming the fix."""
+    by_prefix: dict[str | None, list[str]] = {}
+    for name in names:
+        by_prefix.setdefault(_prefix_of(name), []).append(name)
+    for prefix, group in by_prefix.items():
+        if prefix is not None and prefix not in models:
+            what, fix = KNOWN_PREFIXES[prefix]
+            return (
+                f"{source}: has LoRA weights for the {what} ({len(group)} modules, e.g. "
+                f"{group[0]}) but the {what} is not being trained; {fix}, or use a file "
+                "without them"
+            )
+    example = names[0]
+    if all(_looks_conv(name) for name in names):
+        return (
+            f"{source}: has conv (LoCon) LoRA weights for {len(names)} ResNet/sampler layers, "
+            f"e.g. {example}, but conv_dim is not set; set conv_dim to the file's conv rank"
+        )
+    return (
+        f"{source}: {len(names)} modules in the file are not adapted by this model, e.g. "
+        f"{example}; the file was made for a different model or network settings"
+    )
+
+
+def _missing_error(missing: list[str], total: int, source: str) -> str:
+    """Explain adapted layers the file has no weights for, naming the fix."""
+    if all(_prefix_of(name) == TEXT_ENCODER for name in missing):
+        fix = "it has no text-encoder LoRA; set network_train_unet_only = true"
+    elif all(_looks_conv(name) for name in missing):
+        fix = "it has no conv (LoCon) LoRA; remove conv_dim"
+    else:
+        fix = "it was trained on other layers (check conv_dim and network_train_* settings)"
+    return (
+        f"{source}: lacks {len(missing)} of the {total} adapted modules, e.g. {missing[0]}; {fix}"
+    )
+
+
+def _looks_conv(name: str) -> bool:
+    return any(part in name for part in ("_resnets_", "_downsamplers_", "_upsamplers_"))
+
+
+def import_lora(
+    models: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], source: str
+) -> None:
+    """Copy a kohya file's down/up weights and alphas into the already-injected adapters.
+
+    ``models`` maps prefix -> adapted model, ``source`` names the file in errors. Every file
+    module must match an adapted layer and every adapted layer must be in the file, with the
+    same rank and shapes; a module without alpha gets alpha = rank. Everything is checked
+    before anything is copied, so a refused file leaves the adapters as they were.
+    """
+    models = {prefix.rstrip("_"): unwrap(model) for prefix, model in models.items()}
+    groups = _group(tensors, source)
+    table: dict[str, tuple[nn.Module, str, nn.Module]] = {}
+    for prefix, model in models.items():
+        layers = lora_layers(model)
+        for name, path in name_table(prefix, model).items():
+            table[name] = (model, path, layers[path])
+    unmatched = sorted(set(groups) - set(table))
+    if unmatched:
+        raise CheckpointError(_unmatched_error(unmatched, models, source))
+    missing = sorted(set(table) - set(groups))
+    if missing:
+        raise CheckpointError(_missing_error(missing, len(table), source))
+    checked = {
+        name: _checked(name, parts, table[name][2], source) for name, parts in groups.items()
+    }
+    alphas: dict[int, dict[str, float]] = {}
+    with torch.no_grad():
+        for name, (down, up, alpha) in checked.items():
+            model, path, layer = table[name]
+            for weight, value in (
+                (layer.lora_A[ADAPTER].weight, down),
+                (layer.lora_B[ADAPTER].weight, up),
+            ):
+                weight.copy_(value.to(weight.device, weight.dtype))
+            alphas.setdefault(id(model), {})[path] = alpha
+    for model in models.values():
+        set_lora_scale(model, alphas.get(id(model), {}))
+
+
+def _checked(
+    name: str, parts: dict[str, torch.Tensor], layer: nn.Module, source: str
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(down, up, alpha) of one module, shaped for ``layer``; alpha = rank when absent."""
+    for kind in (DOWN, UP):
+        if kind not in parts:
+            raise CheckpointError(f"{source}: {name} has no {kind} tensor")
+    down = parts[DOWN]
+    rank = lora_rank(layer)
+    if down.shape[0] != rank:
+        rank_key = "conv_dim" if down.dim() == 4 and down.shape[-1] > 1 else "network_dim"
+        raise CheckpointError(
+            f"{source}: {name} has rank {down.shape[0]} but the configured rank is {rank}; "
+            f"set {rank_key} = {down.shape[0]}"
+        )
+    fitted = []
+    for kind, target in ((DOWN, layer.lora_A[ADAPTER]), (UP, layer.lora_B[ADAPTER])):
+        tensor = _fit(parts[kind], target.weight.shape)
+        if tensor is None:
+            raise CheckpointError(
+                f"{source}: {name}.{kind} has shape {list(parts[kind].shape)}, the model needs "
+                f"{list(target.weight.shape)}; the file was made for a different base model"
+            )
+        fitted.append(tensor)
+    alpha = float(parts[ALPHA].float().item()) if ALPHA in parts else float(rank)
+    return fitted[0], fitted[1], alpha
+
+
+def _fit(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
+    """``tensor`` in ``shape``, allowing only [r, in] <-> [r, in, 1, 1] (Linear vs 1x1 conv)."""
+    if tensor.shape == shape:
+        return tensor
+    # Same leading [out|r, in|r] and same element count: the rest are all size-1 dims.
+    if tensor.shape[:2] == shape[:2] and tensor.numel() == shape.numel():
+        return tensor.reshape(shape)
+    return None

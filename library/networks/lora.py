@@ -1,0 +1,146 @@
+"""LoRA adapters injected into the model with peft.
+
+Each adapted layer is replaced in place by a peft LoRA layer that keeps the original as
+``base_layer``; the model's own forward therefore runs the adapter, and a DDP wrapper around the
+model syncs adapter gradients like any other parameter. The scale is kohya's ``alpha / rank``
+(peft's ``lora_alpha / r`` with rsLoRA off).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from library.networks.targets import ModelKind, default_targets
+
+ADAPTER = "default"  # peft adapter name; one adapter per model
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """Rank and alpha of Linear/1x1 layers and (LoCon) of 3x3 convs; no conv_dim = no conv LoRA."""
+
+    dim: int
+    alpha: float
+    conv_dim: int | None = None
+    conv_alpha: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.dim < 1 or (self.conv_dim is not None and self.conv_dim < 1):
+            raise ValueError(
+                f"LoRA ranks must be >= 1, got dim={self.dim} conv_dim={self.conv_dim}"
+            )
+        if self.alpha <= 0 or (self.conv_alpha is not None and self.conv_alpha <= 0):
+            raise ValueError(f"LoRA alphas must be > 0, got {self.alpha} / {self.conv_alpha}")
+
+    @property
+    def effective_conv_alpha(self) -> float | None:
+        """conv_alpha, defaulting to conv_dim (scale 1) as kohya does."""
+        if self.conv_dim is None:
+            return None
+        return float(self.conv_alpha) if self.conv_alpha is not None else float(self.conv_dim)
+
+
+def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Module path -> peft LoRA layer for every adapted layer of ``model``, in module order."""
+    from peft.tuners.lora import LoraLayer
+
+    return {
+        path: module
+        for path, module in model.named_modules()
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A
+    }
+
+
+def apply_lora(model: nn.Module, kind: ModelKind, spec: LoraSpec) -> list[str]:
+    """Freeze ``model`` and inject a fresh LoRA into its default targets; return their paths.
+
+    Down weights start Kaiming-uniform and up weights at zero (peft's default), so the model's
+    output is unchanged until training moves them. Adapter parameters are float32 and are the
+    only parameters that require grad.
+    """
+    from peft import LoraConfig, inject_adapter_in_model
+
+    if lora_layers(model):
+        raise ValueError("model already has a LoRA adapter")
+    targets = default_targets(model, kind, conv=spec.conv_dim is not None)
+    if not targets:
+        raise ValueError(f"no LoRA target layers found in the {kind} ({type(model).__name__})")
+    conv_paths = [p for p, t in targets.items() if t == "conv"]
+    # rank/alpha patterns are regexes matched against the full path; escape the dots.
+    config = LoraConfig(
+        r=spec.dim,
+        lora_alpha=float(spec.alpha),
+        target_modules=sorted(targets),
+        rank_pattern={re.escape(p): spec.conv_dim for p in conv_paths},
+        alpha_pattern={re.escape(p): spec.effective_conv_alpha for p in conv_paths},
+        lora_dropout=0.0,
+        bias="none",
+        use_rslora=False,
+        init_lora_weights=True,
+    )
+    model.requires_grad_(False)
+    inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    adapted = lora_layers(model)
+    if sorted(adapted) != sorted(targets):
+        missing = sorted(set(targets) - set(adapted))
+        raise RuntimeError(f"peft did not adapt {len(missing)} target layers, e.g. {missing[:3]}")
+    for path, layer in adapted.items():
+        _check_scale(path, layer, targets[path], spec)
+    for param in lora_parameters(model):
+        param.data = param.data.float()
+        param.requires_grad_(True)
+    return sorted(adapted)
+
+
+def _check_scale(path: str, layer: nn.Module, kind: str, spec: LoraSpec) -> None:
+    """peft must scale exactly by kohya's alpha / rank (no rsLoRA, right pattern applied)."""
+    rank, alpha = (
+        (spec.conv_dim, spec.effective_conv_alpha) if kind == "conv" else (spec.dim, spec.alpha)
+    )
+    if layer.r[ADAPTER] != rank or layer.scaling[ADAPTER] != alpha / rank:
+        raise RuntimeError(
+            f"peft configured {path} with r={layer.r[ADAPTER]} scaling={layer.scaling[ADAPTER]}, "
+            f"expected r={rank} scaling={alpha / rank}"
+        )
+
+
+def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The adapter's down and up weights, in module order (down before up)."""
+    params: list[nn.Parameter] = []
+    for layer in lora_layers(model).values():
+        params.extend(layer.lora_A[ADAPTER].parameters())
+        params.extend(layer.lora_B[ADAPTER].parameters())
+    return params
+
+
+def lora_rank(layer: nn.Module) -> int:
+    return int(layer.r[ADAPTER])
+
+
+def lora_alpha(layer: nn.Module) -> float:
+    return float(layer.lora_alpha[ADAPTER])
+
+
+def set_lora_scale(model: nn.Module, path_to_alpha: Mapping[str, float]) -> None:
+    """Set the alpha (and so the scale alpha / rank) of the adapted layers named in the map."""
+    layers = lora_layers(model)
+    unknown = sorted(set(path_to_alpha) - set(layers))
+    if unknown:
+        raise KeyError(f"not an adapted layer: {unknown[0]}")
+    for path, alpha in path_to_alpha.items():
+        layer = layers[path]
+        layer.lora_alpha[ADAPTER] = float(alpha)
+        layer.scaling[ADAPTER] = float(alpha) / layer.r[ADAPTER]
+
+
+@torch.no_grad()
+def randomize_lora(model: nn.Module, generator: torch.Generator, std: float = 0.02) -> None:
+    """Fill every adapter weight with normal noise (tests and tools: a non-trivial adapter)."""
+    for param in lora_parameters(model):
+        noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
+        param.copy_(noise.to(param.device, param.dtype))

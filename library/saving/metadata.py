@@ -1,0 +1,197 @@
+"""The safetensors metadata of saved files: kohya's ss_* keys and Stability's modelspec.* keys.
+
+All values are strings (a safetensors header only holds strings); nested values are JSON. Values
+that are unset are written as "None", as kohya does, because readers already expect that.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from library.config.schema import Config
+
+MODELSPEC_VERSION = "1.0.1"
+IMPLEMENTATION = "diffusers"  # the UNet we train is diffusers' UNet2DConditionModel
+# What kohya keeps with --no_metadata: what a loader needs to rebuild the network.
+MINIMUM_KEYS = (
+    "ss_v2",
+    "ss_base_model_version",
+    "ss_network_module",
+    "ss_network_dim",
+    "ss_network_alpha",
+    "ss_network_args",
+)
+_OPTIMIZER_CLASSES = {
+    "adamw": "torch.optim.adamw.AdamW",
+    "adamw8bit": "bitsandbytes.optim.adamw.AdamW8bit",
+}
+
+
+class Family(Protocol):
+    """The fields of library.models.family.ModelFamily that metadata needs."""
+
+    v2: bool
+    prediction_type: str
+    base_model_version: str
+    modelspec_architecture: str
+
+
+@dataclass
+class RunInfo:
+    """Facts of the run that are not in the config (counts, progress, dataset statistics)."""
+
+    num_train_images: int
+    num_reg_images: int
+    num_epochs: int
+    epoch: int
+    steps: int
+    max_train_steps: int
+    gradient_accumulation_steps: int
+    batch_size_per_device: int
+    total_batch_size: int
+    training_started_at: float
+    training_finished_at: float | None
+    tag_frequency: dict[str, dict[str, int]] = field(default_factory=dict)
+    dataset_dirs: dict[str, dict] = field(default_factory=dict)
+    sd_model_name: str = ""
+    resolution: tuple[int, int] = (512, 512)
+
+
+def network_args(config: Config) -> dict[str, str]:
+    """kohya's network_args as a dict of strings, with conv_dim/conv_alpha from the config."""
+    args: dict[str, str] = {}
+    for item in config.network.network_args:
+        key, _, value = item.partition("=")
+        args[key.strip()] = value.strip()
+    if config.network.conv_dim is not None:
+        args["conv_dim"] = str(config.network.conv_dim)
+    if config.network.conv_alpha is not None:
+        args["conv_alpha"] = str(config.network.conv_alpha)
+    return args
+
+
+def _optimizer_name(config: Config) -> str:
+    """kohya's ss_optimizer: the optimizer class path, then its arguments in parentheses."""
+    opt = config.optimizer
+    name = _OPTIMIZER_CLASSES.get(opt.optimizer_type.lower(), opt.optimizer_type)
+    if isinstance(opt.optimizer_args, dict):
+        items = [f"{k}={v}" for k, v in opt.optimizer_args.items()]
+    else:
+        items = [item.replace(" ", "") for item in opt.optimizer_args]
+    return f"{name}({','.join(items)})" if items else name
+
+
+def _modelspec(config: Config, architecture: str, family: Family, run: RunInfo) -> dict[str, str]:
+    saving = config.saving
+    width, height = run.resolution
+    spec = {
+        "modelspec.sai_model_spec": MODELSPEC_VERSION,
+        "modelspec.architecture": architecture,
+        "modelspec.implementation": IMPLEMENTATION,
+        "modelspec.title": saving.metadata_title or saving.output_name,
+        "modelspec.date": datetime.fromtimestamp(int(time.time())).isoformat(),
+        "modelspec.resolution": f"{width}x{height}",
+        "modelspec.prediction_type": "v" if family.prediction_type == "v_prediction" else "epsilon",
+    }
+    optional = {
+        "modelspec.author": saving.metadata_author,
+        "modelspec.description": saving.metadata_description,
+        "modelspec.license": saving.metadata_license,
+        "modelspec.tags": saving.metadata_tags,
+    }
+    spec.update({k: v for k, v in optional.items() if v is not None})
+    return spec
+
+
+def _training_keys(config: Config, family: Family, run: RunInfo) -> dict[str, Any]:
+    """ss_* keys shared by LoRA and full-UNet files (values not yet stringified)."""
+    opt, train = config.optimizer, config.training
+    width, height = run.resolution
+    keys: dict[str, Any] = {
+        "ss_base_model_version": family.base_model_version,
+        "ss_v2": family.v2,
+        "ss_v_parameterization": family.prediction_type == "v_prediction",
+        "ss_learning_rate": opt.learning_rate,
+        "ss_num_train_images": run.num_train_images,
+        "ss_num_reg_images": run.num_reg_images,
+        "ss_num_epochs": run.num_epochs,
+        "ss_epoch": run.epoch,
+        "ss_steps": run.steps,
+        "ss_max_train_steps": run.max_train_steps,
+        "ss_gradient_accumulation_steps": run.gradient_accumulation_steps,
+        "ss_batch_size_per_device": run.batch_size_per_device,
+        "ss_total_batch_size": run.total_batch_size,
+        "ss_resolution": f"({width}, {height})",
+        "ss_mixed_precision": train.mixed_precision,
+        "ss_optimizer": _optimizer_name(config),
+        "ss_lr_scheduler": opt.lr_scheduler,
+        "ss_lr_warmup_steps": opt.lr_warmup_steps,
+        "ss_max_grad_norm": opt.max_grad_norm,
+        "ss_seed": train.seed,
+        "ss_clip_skip": getattr(train, "clip_skip", None),
+        "ss_noise_offset": train.noise_offset,
+        "ss_min_snr_gamma": train.min_snr_gamma,
+        "ss_prior_loss_weight": train.prior_loss_weight,
+        "ss_gradient_checkpointing": train.gradient_checkpointing,
+        "ss_training_started_at": run.training_started_at,
+        "ss_training_finished_at": run.training_finished_at,
+        "ss_output_name": config.saving.output_name,
+        "ss_sd_model_name": run.sd_model_name,
+        "ss_tag_frequency": json.dumps(run.tag_frequency, ensure_ascii=False),
+        "ss_dataset_dirs": json.dumps(run.dataset_dirs, ensure_ascii=False),
+    }
+    if config.saving.training_comment is not None:
+        keys["ss_training_comment"] = config.saving.training_comment
+    return keys
+
+
+def _strings(values: dict[str, Any]) -> dict[str, str]:
+    return {k: v if isinstance(v, str) else str(v) for k, v in values.items()}
+
+
+def lora_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str]:
+    """Every ss_* and modelspec.* key of a kohya LoRA file (FORMATS.md section 1).
+
+    With ``no_metadata`` only the keys that describe the network (MINIMUM_KEYS) and the
+    modelspec keys are kept, as kohya does, so loaders can still read the file's structure.
+    """
+    net = config.network
+    keys = _training_keys(config, family, run)
+    keys.update(
+        {
+            "ss_network_module": net.network_module,
+            "ss_network_dim": net.network_dim,
+            "ss_network_alpha": float(net.network_alpha),
+            "ss_network_args": json.dumps(network_args(config)),
+            "ss_network_train_unet_only": net.network_train_unet_only,
+            "ss_network_train_text_encoder_only": net.network_train_text_encoder_only,
+            "ss_unet_lr": _side_lr(config, net.unet_lr, not net.network_train_text_encoder_only),
+            "ss_text_encoder_lr": _side_lr(
+                config, net.text_encoder_lr, not net.network_train_unet_only
+            ),
+        }
+    )
+    if config.saving.no_metadata:
+        keys = {k: keys[k] for k in MINIMUM_KEYS}
+    architecture = f"{family.modelspec_architecture}/lora"
+    return _strings(keys) | _modelspec(config, architecture, family, run)
+
+
+def _side_lr(config: Config, lr: float | None, trained: bool) -> float | None:
+    """The learning rate a side (UNet or text encoder) trained with; None if not trained."""
+    if not trained:
+        return None
+    return config.optimizer.learning_rate if lr is None else lr
+
+
+def unet_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str]:
+    """Metadata of a fully fine-tuned UNet file: the training ss_* keys and modelspec keys."""
+    keys = _training_keys(config, family, run)
+    keys["ss_unet_lr"] = _side_lr(config, config.network.unet_lr, True)
+    if config.saving.no_metadata:
+        keys = {k: keys[k] for k in ("ss_v2", "ss_base_model_version")}
+    return _strings(keys) | _modelspec(config, family.modelspec_architecture, family, run)

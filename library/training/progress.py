@@ -1,0 +1,92 @@
+"""What the user sees: the plan before the run, the progress bar, and tracker logs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from library.config.schema import Config
+from library.data.plan import plan_lines
+from library.training.plan import RunPlan, save_schedule_lines
+
+
+def plan_text(config: Config, data, plan: RunPlan) -> str:
+    """The run's plan: data, steps and saves, all counted in optimizer steps."""
+    training = config.training
+    mode = "LoRA" if config.network.train_mode == "lora" else "full UNet"
+    lines = [f"difftune plan ({mode} on {config.model.pretrained_model_name_or_path})"]
+    lines += ["  " + line for line in plan_lines(data)]
+    batches = ", ".join(str(b) for b in plan.effective_batch_sizes)
+    lines += [
+        f"  processes: {plan.world_size}, gradient accumulation: {plan.accumulation}, "
+        f"effective batch per optimizer step: {batches} (batch x accumulation x processes)",
+        f"  micro-batches per epoch per process: {plan.steps_per_epoch * plan.accumulation}",
+        f"  optimizer steps per epoch: {plan.steps_per_epoch}",
+        f"  total optimizer steps: {plan.total_steps} ({plan.epochs} epochs)",
+        f"  learning rate: {config.optimizer.learning_rate:g}, {config.optimizer.lr_scheduler} "
+        f"schedule, {plan.warmup_steps} warmup steps, optimizer {config.optimizer.optimizer_type}",
+        f"  precision: {training.mixed_precision}, seed: {training.seed}",
+        "  saves:",
+    ]
+    lines += ["    " + line for line in save_schedule_lines(config, plan)]
+    return "\n".join(lines)
+
+
+def _tracker_config(config: Config) -> dict:
+    """Flat scalar hyper-parameters for the tracker (TensorBoard hparams accept no lists)."""
+    flat = {}
+    for section, values in config.model_dump(exclude={"datasets"}).items():
+        for key, value in values.items():
+            if isinstance(value, (int, float, str, bool)):
+                flat[f"{section}/{key}"] = value
+    return flat
+
+
+class ProgressReporter:
+    """A progress bar on the main process and, if configured, tracker logs per optimizer step."""
+
+    def __init__(self, config: Config, accelerator, plan: RunPlan, initial_step: int, group_names: list[str]):
+        self.accelerator = accelerator
+        self.group_names = group_names
+        self.plan = plan
+        self.bar = tqdm(
+            total=plan.total_steps,
+            initial=initial_step,
+            desc="steps",
+            unit="step",
+            dynamic_ncols=True,
+            smoothing=0.1,
+            disable=not accelerator.is_main_process,
+        )
+        self.epoch_losses: list[float] = []
+        self.last_time = time.perf_counter()
+        if config.logging.log_with:
+            logging = config.logging
+            name = logging.log_tracker_name or config.saving.output_name
+            run = time.strftime("%Y%m%d-%H%M%S")
+            accelerator.init_trackers(
+                f"{logging.log_prefix or ''}{name}-{run}", config=_tracker_config(config)
+            )
+
+    def step(self, global_step: int, loss: float, lrs: list[float], grad_norm) -> None:
+        """Called on every process once per optimizer step (the loss is already reduced)."""
+        now = time.perf_counter()
+        seconds, self.last_time = now - self.last_time, now
+        self.epoch_losses.append(loss)
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lrs[0]:.2e}", refresh=False)
+        logs = {"loss/step": loss, "samples_per_second": self.plan.effective_batch_sizes[0] / max(seconds, 1e-9)}
+        for name, lr in zip(self.group_names, lrs, strict=True):
+            logs[f"lr/{name}"] = lr
+        if grad_norm is not None:
+            logs["grad_norm"] = float(grad_norm)
+        if global_step % self.plan.steps_per_epoch == 0:
+            logs["loss/epoch"] = sum(self.epoch_losses) / len(self.epoch_losses)
+            self.epoch_losses.clear()
+        self.accelerator.log(logs, step=global_step)
+
+    def close(self, final: Path) -> None:
+        self.bar.close()
+        self.accelerator.print(f"saved {final}")

@@ -1,0 +1,41 @@
+"""Learning-rate schedules whose lengths are counted in optimizer steps."""
+
+from __future__ import annotations
+
+import torch
+from diffusers.optimization import get_scheduler
+
+from library.config.schema import OptimizerSection
+from library.errors import ConfigError
+
+
+def warmup_steps(section: OptimizerSection, total_steps: int) -> int:
+    """lr_warmup_steps as a count; a float below 1 is a ratio of the total steps."""
+    value = section.lr_warmup_steps
+    steps = int(value * total_steps) if isinstance(value, float) and value < 1 else int(value)
+    if steps > total_steps:
+        raise ConfigError(
+            f"lr_warmup_steps = {value} is longer than the run ({total_steps} optimizer steps); "
+            "lower it or give a ratio below 1"
+        )
+    return steps
+
+
+def build_scheduler(
+    section: OptimizerSection, optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """The schedule stepped once per optimizer step, by the trainer, on every process alike."""
+    warmup = warmup_steps(section, total_steps)
+    if section.lr_scheduler == "constant" and warmup:
+        raise ConfigError(
+            'lr_scheduler = "constant" ignores lr_warmup_steps; use "constant_with_warmup" or '
+            "set lr_warmup_steps = 0"
+        )
+    return get_scheduler(
+        section.lr_scheduler,
+        optimizer=optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=total_steps,
+        num_cycles=section.lr_scheduler_num_cycles,
+        power=section.lr_scheduler_power,
+    )

@@ -1,0 +1,232 @@
+"""The Trainer: setup, the optimizer-step loop, saving. Read ``train`` top to bottom."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import (
+    DistributedDataParallelKwargs,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+    set_seed,
+)
+
+from library.config.schema import Config
+from library.data.dataset import TrainData
+from library.errors import TrainingError
+from library.models.loader import load_components
+from library.saving.outputs import OutputLayout
+from library.training.optimizers import build_optimizer
+from library.training.plan import RunPlan, make_plan
+from library.training.progress import ProgressReporter, plan_text
+from library.training.saver import Saver
+from library.training.schedulers import build_scheduler
+from library.training.setup import TrainedParts, setup_training
+from library.training.state import check_compatible, load_state
+from library.training.step import StepInputs, micro_batch_loss
+
+WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class _Loop:
+    """What every optimizer step of the loop uses."""
+
+    trained: list[torch.nn.Module]  # the prepared modules that go into accumulate(...)
+    params: list[torch.nn.Parameter]
+    inputs: StepInputs
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    saver: Saver
+    reporter: ProgressReporter
+
+
+class Trainer:
+    """Trains a LoRA or the full UNet as the config says."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.accelerator = self._make_accelerator()
+        training = config.training
+        self.data = TrainData(
+            config.datasets,
+            seed=training.seed,
+            accumulation=training.gradient_accumulation_steps,
+            world_size=self.accelerator.num_processes,
+            prior_loss_weight=training.prior_loss_weight,
+        )
+        self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
+
+    def _make_accelerator(self) -> Accelerator:
+        c = self.config
+        handlers = [
+            DistributedDataParallelKwargs(find_unused_parameters=False),
+            InitProcessGroupKwargs(timeout=timedelta(minutes=30)),
+        ]
+        return Accelerator(
+            gradient_accumulation_steps=c.training.gradient_accumulation_steps,
+            mixed_precision=c.training.mixed_precision,
+            log_with=c.logging.log_with,
+            project_config=ProjectConfiguration(project_dir=c.saving.output_dir, logging_dir=c.logging.logging_dir),
+            step_scheduler_with_optimizer=False,  # the trainer steps the schedule once per optimizer step
+            kwargs_handlers=handlers,
+        )
+
+    def print_plan(self) -> None:
+        self.accelerator.print(plan_text(self.config, self.data, self.plan))
+
+    def run(self, dry_run: bool = False) -> Path | None:
+        """Print the plan; unless ``dry_run``, train and return the final output's path."""
+        OutputLayout(self.config.saving).refuse_overwrite(resuming=bool(self.config.saving.resume))
+        self.print_plan()
+        if dry_run:
+            return None
+        return self.train()
+
+    def train(self) -> Path:
+        config, acc, plan = self.config, self.accelerator, self.plan
+        weight_dtype = WEIGHT_DTYPES[config.training.mixed_precision]
+        # Adapter initialisation draws from the global generator: seed it so a run is reproducible.
+        set_seed(config.training.seed)
+        parts = setup_training(config, load_components(config.model, weight_dtype))
+        optimizer = build_optimizer(config.optimizer, parts.param_groups)
+        scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)
+        trained = self._prepare(parts)
+        optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
+        saver = Saver(config, acc, parts, plan, self.data.stats)
+        saver.attach(optimizer, scheduler)
+        global_step = self._resume(parts, optimizer, scheduler, saver)
+        loop = _Loop(
+            trained=trained,
+            params=parts.parameters(),
+            inputs=self._step_inputs(parts, weight_dtype),
+            optimizer=optimizer,
+            scheduler=scheduler,
+            saver=saver,
+            reporter=ProgressReporter(
+                config, acc, plan, global_step, [g["name"] for g in parts.param_groups]
+            ),
+        )
+        for epoch in range(plan.epoch_of_step(global_step), plan.epochs):
+            global_step = self._train_epoch(loop, epoch, global_step)
+            if global_step >= plan.total_steps:
+                break
+            saver.after_epoch(epoch + 1, global_step)
+
+        final = saver.at_end(global_step)
+        loop.reporter.close(final)
+        acc.end_training()
+        return final
+
+    def _train_epoch(self, loop: _Loop, epoch: int, global_step: int) -> int:
+        """Run the optimizer steps of one epoch from ``global_step``; return the new step count."""
+        acc, plan, training = self.accelerator, self.plan, self.config.training
+        max_norm = self.config.optimizer.max_grad_norm
+        start = global_step - epoch * plan.steps_per_epoch
+        loader = self.data.loader(
+            epoch,
+            acc.process_index,
+            start,
+            training.max_data_loader_n_workers,
+            training.persistent_data_loader_workers,
+        )
+        loss_sum = torch.zeros((), device=acc.device)
+        for micro, batch in enumerate(loader):
+            with acc.accumulate(*loop.trained):
+                with acc.autocast():
+                    loss = micro_batch_loss(loop.inputs, batch)
+                acc.backward(loss)  # DDP all-reduces only on the window's last micro-batch
+                loss_sum += loss.detach()
+                grad_norm = step_loss = None
+                if acc.sync_gradients:
+                    self._check_window(micro)
+                    step_loss = acc.reduce(loss_sum, "mean").item() / plan.accumulation
+                    self._stop_if_not_finite(step_loss, global_step, loop.saver)
+                    if max_norm > 0:
+                        grad_norm = acc.clip_grad_norm_(loop.params, max_norm)
+                loop.optimizer.step()  # a no-op until the window's last micro-batch
+                loop.optimizer.zero_grad(set_to_none=True)
+            if not acc.sync_gradients:
+                continue
+            if not acc.optimizer_step_was_skipped:
+                loop.scheduler.step()
+            global_step += 1
+            loss_sum.zero_()
+            loop.reporter.step(global_step, step_loss, loop.scheduler.get_last_lr(), grad_norm)
+            loop.saver.after_step(global_step)
+            if global_step >= plan.total_steps:
+                break
+        return global_step
+
+    def _check_window(self, micro: int) -> None:
+        if (micro + 1) % self.plan.accumulation:  # our schedule and accelerate's counter disagree
+            raise RuntimeError(f"gradient sync after micro-batch {micro + 1}, inside an accumulation window")
+
+    def _stop_if_not_finite(self, step_loss: float, global_step: int, saver: Saver) -> None:
+        """Stop before a non-finite loss reaches the weights; keep the last good state."""
+        if math.isfinite(step_loss):
+            return
+        state = saver.layout.dir / f"{saver.layout.name}-step{global_step:08d}-state"
+        saver.save_state(state, global_step)
+        raise TrainingError(
+            f"the loss became {step_loss} at optimizer step {global_step + 1}; the weights before it "
+            f'were saved to {state}. Lower learning_rate, use mixed_precision = "bf16" instead of '
+            "fp16, or check the data"
+        )
+
+    def _prepare(self, parts: TrainedParts) -> list[torch.nn.Module]:
+        """Move every model to the device; wrap only the trained ones (DDP under several processes)."""
+        acc, comps = self.accelerator, parts.components
+        for module in (comps.unet, comps.vae, comps.text_encoder):
+            module.to(acc.device)
+        names = [name for name, _ in parts.trained_modules()]
+        prepared = acc.prepare(*[module for _, module in parts.trained_modules()])
+        prepared = list(prepared) if isinstance(prepared, tuple) else [prepared]
+        self._prepared = dict(zip(names, prepared, strict=True))
+        for module in prepared:
+            module.train()
+        return prepared
+
+    def _step_inputs(self, parts: TrainedParts, weight_dtype) -> StepInputs:
+        comps, training = parts.components, self.config.training
+        return StepInputs(
+            unet=self._prepared.get("unet", comps.unet),
+            vae=comps.vae,
+            text_encoder=self._prepared.get("text_encoder", comps.text_encoder),
+            tokenizer=comps.tokenizer,
+            noise_scheduler=comps.noise_scheduler,
+            v_prediction=comps.family.prediction_type == "v_prediction",
+            train_text_encoder=parts.train_text_encoder,
+            weight_dtype=weight_dtype,
+            device=self.accelerator.device,
+            seed=training.seed,
+            noise_offset=training.noise_offset,
+            min_snr_gamma=training.min_snr_gamma,
+        )
+
+    def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver) -> int:
+        path = self.config.saving.resume
+        if not path:
+            return 0
+        state = load_state(path)
+        check_compatible(state.progress, saver.progress(state.progress.global_step), Path(path))
+        weights = parts.trained_weights()
+        missing = sorted(set(weights) - set(state.weights))
+        if missing:
+            from library.errors import CheckpointError
+
+            raise CheckpointError(f"resume: {path} has no weights for {missing[0]} ({len(missing)} missing); it was saved by another kind of run")
+        with torch.no_grad():
+            for key, param in weights.items():
+                param.copy_(state.weights[key].to(param.device, param.dtype))
+        optimizer.load_state_dict(state.optimizer)
+        scheduler.load_state_dict(state.scheduler)
+        if state.scaler is not None and self.accelerator.scaler is not None:
+            self.accelerator.scaler.load_state_dict(state.scaler)
+        self.accelerator.print(f"resumed from {path} at optimizer step {state.progress.global_step}")
+        return state.progress.global_step

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from data_helpers import write_image
+
+from library.config.dataset_schema import DatasetConfig, SubsetConfig
+from library.data.dataset import TrainData
+from library.data.plan import data_stats, plan_lines
+
+
+def test_stats_and_lines(tmp_path):
+    for i in range(5):
+        write_image(tmp_path / "train" / f"{i}.png")
+    for i in range(4):
+        write_image(tmp_path / "reg" / f"{i}.png")
+    write_image(tmp_path / "other" / "0.png")
+    first = DatasetConfig(
+        batch_size=2,
+        resolution=[96, 64],
+        subsets=[
+            SubsetConfig(image_dir=str(tmp_path / "train"), class_tokens="a", num_repeats=1),
+            SubsetConfig(image_dir=str(tmp_path / "reg"), class_tokens="b", is_reg=True),
+        ],
+    )
+    second = DatasetConfig(
+        batch_size=1, subsets=[SubsetConfig(image_dir=str(tmp_path / "other"), class_tokens="c")]
+    )
+    stats = data_stats(TrainData([first, second], seed=0, accumulation=3, world_size=1))
+
+    one, two = stats.datasets
+    # dataset 0: 5 train + 5 of 4 reg images balanced (one reg image used twice) = 10 samples;
+    # a step holds 2 x 3 = 6 samples -> 2 steps, 2 samples repeated.
+    assert (one.resolution, one.step_size, one.samples_per_epoch) == ((96, 64), 6, 10)
+    assert (one.padded_per_epoch, one.steps_per_epoch, one.micro_batches_per_process) == (2, 2, 6)
+    assert [(s.images, s.samples_per_epoch, s.unused_images) for s in one.subsets] == [
+        (5, 5, 0),
+        (4, 5, 0),
+    ]
+    # dataset 1: 1 sample, step of 3 -> 1 step, 2 repeated.
+    assert (two.samples_per_epoch, two.padded_per_epoch, two.steps_per_epoch) == (1, 2, 1)
+    assert (stats.steps_per_epoch, stats.padded_per_epoch, stats.samples_per_epoch) == (3, 4, 11)
+    assert (stats.train_images, stats.reg_images, stats.micro_batches_per_process) == (6, 4, 9)
+
+    lines = plan_lines(stats)
+    assert "  2 samples repeated to fill the last step" in lines
+    assert any(line.startswith("dataset 0: resolution 96x64") for line in lines)
+    assert any("(reg): 4 images x 1 repeat, balanced to 5 samples" in line for line in lines)
+
+
+def test_unused_reg_images_are_reported(tmp_path):
+    write_image(tmp_path / "train" / "0.png")
+    for i in range(3):
+        write_image(tmp_path / "reg" / f"{i}.png")
+    config = DatasetConfig(
+        subsets=[
+            SubsetConfig(image_dir=str(tmp_path / "train"), class_tokens="a", num_repeats=2),
+            SubsetConfig(image_dir=str(tmp_path / "reg"), class_tokens="b", is_reg=True),
+        ],
+    )
+    data = TrainData([config], seed=0)
+    [_, reg] = data_stats(data).datasets[0].subsets
+    assert (reg.samples_per_epoch, reg.unused_images) == (2, 1)
+    assert any("(1 images unused)" in line for line in plan_lines(data))

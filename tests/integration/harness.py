@@ -1,0 +1,97 @@
+"""Helpers for integration tests: tiny datasets, config files, and in-process training runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+COLORS = [(220, 40, 40), (40, 200, 60), (50, 70, 230), (230, 210, 40), (150, 60, 200), (30, 200, 200)]
+
+
+def make_images(folder: Path, count: int, size: int = 64, captions: bool = True) -> Path:
+    """Write ``count`` distinct images (a colored square on a gradient) with captions."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        img = Image.new("RGB", (size, size))
+        for y in range(size):
+            for x in range(size):
+                img.putpixel((x, y), ((x * 4 + i * 30) % 256, (y * 4) % 256, (i * 50) % 256))
+        c = COLORS[i % len(COLORS)]
+        for y in range(size // 4, 3 * size // 4):
+            for x in range(size // 4, 3 * size // 4):
+                img.putpixel((x, y), c)
+        img.save(folder / f"img{i:02d}.png")
+        if captions:
+            (folder / f"img{i:02d}.txt").write_text(f"a photo of shape number {i}", encoding="utf-8")
+    return folder
+
+
+def write_config(path: Path, model_dir: Path, image_dir: Path, output_dir: Path, **keys) -> Path:
+    """A sectionless (flat) config: every key routes to its section by name."""
+    values = {
+        "pretrained_model_name_or_path": str(model_dir),
+        "output_dir": str(output_dir),
+        "output_name": "run",
+        "learning_rate": 1e-3,
+        "max_grad_norm": 0.0,
+        "seed": 7,
+        "network_dim": 4,
+        "network_alpha": 2.0,
+        **keys,
+    }
+    lines = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{key} = {value!r}")
+        elif isinstance(value, list):
+            lines.append(f"{key} = {value!r}".replace("'", '"'))
+        else:
+            lines.append(f'{key} = "{value}"')
+    lines += [
+        "",
+        "[[datasets]]",
+        "resolution = 64",
+        f"batch_size = {values.get('train_batch_size', 1)}",
+        "[[datasets.subsets]]",
+        f'image_dir = "{image_dir}"',
+        'class_tokens = "shape"',
+        "num_repeats = 1",
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def reset_accelerate() -> None:
+    """accelerate keeps process-wide singletons; reset them between in-process runs."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def train(config: Path, *overrides: str) -> int:
+    """Run the CLI in this process; return its exit code."""
+    from library.cli import main
+
+    reset_accelerate()
+    try:
+        return main(["--config", str(config), *overrides])
+    finally:
+        reset_accelerate()
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def assert_close_dicts(a: dict, b: dict, atol: float, rtol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    worst = max((x - b[k]).abs().max().item() for k, x in a.items())
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=atol, rtol=rtol), f"{key}: worst diff {worst}"

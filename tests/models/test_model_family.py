@@ -1,0 +1,81 @@
+"""Family detection from config flags and the model's own configs, without loading weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from library.config.schema import ModelSection
+from library.models.family import SD1, SD1_V, SD2, SD2_V, detect_family
+
+SD15_UNET = {"cross_attention_dim": 768, "use_linear_projection": False}
+SD21_UNET = {"cross_attention_dim": 1024, "use_linear_projection": True}
+EPS = {"prediction_type": "epsilon"}
+V = {"prediction_type": "v_prediction"}
+
+
+def section(**flags) -> ModelSection:
+    return ModelSection(pretrained_model_name_or_path="unused", **flags)
+
+
+@pytest.mark.parametrize(
+    ("unet", "sched", "expected"),
+    [
+        (SD15_UNET, EPS, SD1),
+        (SD21_UNET, EPS, SD2),
+        (SD21_UNET, V, SD2_V),
+        (SD15_UNET, V, SD1_V),
+        (SD15_UNET, {}, SD1),  # no prediction_type in the config: diffusers' default, epsilon
+        # Non-standard width (tiny models): linear projections mark SD 2.x.
+        ({"cross_attention_dim": 32, "use_linear_projection": True}, V, SD2_V),
+        ({"cross_attention_dim": 32, "use_linear_projection": False}, EPS, SD1),
+        # The width decides over the projection kind for the released widths.
+        ({"cross_attention_dim": 1024, "use_linear_projection": False}, EPS, SD2),
+    ],
+)
+def test_detection_from_model_configs(unet, sched, expected):
+    assert detect_family(section(), unet, sched) is expected
+
+
+@pytest.mark.parametrize(
+    ("v2", "v_param", "expected"),
+    [(False, False, SD1), (True, False, SD2), (True, True, SD2_V), (False, True, SD1_V)],
+)
+def test_flags_override_detection(v2, v_param, expected):
+    # Model configs that say the opposite of the flags in both respects.
+    unet = SD15_UNET if v2 else SD21_UNET
+    sched = EPS if v_param else V
+    assert detect_family(section(v2=v2, v_parameterization=v_param), unet, sched) is expected
+
+
+def test_one_flag_set_other_detected():
+    assert detect_family(section(v2=True), SD15_UNET, V) is SD2_V
+    assert detect_family(section(v_parameterization=False), SD21_UNET, V) is SD2
+
+
+def test_family_fields_match_kohya_metadata():
+    expected = {
+        SD1: ("sd_v1", "stable-diffusion-v1", 512, "epsilon", "epsilon", False),
+        SD2: ("sd_v2", "stable-diffusion-v2-512", 512, "epsilon", "epsilon", True),
+        SD2_V: ("sd_v2_v", "stable-diffusion-v2-768-v", 768, "v_prediction", "v", True),
+        SD1_V: ("sd_v1_v", "stable-diffusion-v1", 512, "v_prediction", "v", False),
+    }
+    for family, (base, arch, reso, pred, spec_pred, v2) in expected.items():
+        got = (
+            family.base_model_version,
+            family.modelspec_architecture,
+            family.default_resolution,
+            family.prediction_type,
+            family.modelspec_prediction_type,
+            family.v2,
+        )
+        assert got == (base, arch, reso, pred, spec_pred, v2), family.name
+        assert family.lora_architecture == arch + "/lora"
+        assert family.v_parameterization == (pred == "v_prediction")
+        assert family.text_encoder_lora_prefixes == ("lora_te",)
+        assert family.unet_lora_prefix == "lora_unet_"
+    assert [f.name for f in (SD1, SD2, SD2_V)] == ["sd1", "sd2", "sd2-v"]
+
+
+def test_family_is_frozen():
+    with pytest.raises(AttributeError):
+        SD1.v2 = True  # type: ignore[misc]
