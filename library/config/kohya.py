@@ -172,10 +172,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         _DEEPSPEED,
         ignored=True,
     ),
-    "ddp_timeout": Unsupported("setting the DDP timeout is planned; accelerate's default is used"),
-    **_group(
-        "ddp_gradient_as_bucket_view ddp_static_graph", "DDP tuning options are planned", (False,)
-    ),
     "torch_compile": Unsupported("torch.compile is planned", (False,)),
     "dynamo_backend": Unsupported("only used with torch_compile", ignored=True),
     **_group("initial_epoch initial_step", "use resume to continue from a saved state"),

@@ -152,6 +152,22 @@ class TrainingSection(Section):
     persistent_data_loader_workers: bool = Field(
         False, description="Keep data-loader workers alive between epochs."
     )
+    ddp_timeout: int | None = Field(
+        None,
+        ge=1,
+        description="Minutes a process waits for the others at a collective before failing "
+        "(several processes only). Unset: 30.",
+    )
+    ddp_gradient_as_bucket_view: bool = Field(
+        False,
+        description="Let gradients share memory with DistributedDataParallel's communication "
+        "buckets (saves one gradient copy).",
+    )
+    ddp_static_graph: bool = Field(
+        False,
+        description="Tell DistributedDataParallel the set of used parameters never changes "
+        "(lets it skip per-step bookkeeping).",
+    )
 
 
 class DataSection(Section):

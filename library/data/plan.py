@@ -136,9 +136,9 @@ def plan_lines(data: TrainData | DataStats) -> list[str]:
             f"  {ds.steps_per_epoch} optimizer steps per epoch, "
             f"{ds.micro_batches_per_process} micro-batches per epoch per process"
         )
-    lines.append(
-        f"all datasets: {stats.samples_per_epoch} samples + {stats.padded_per_epoch} repeated = "
-        f"{stats.steps_per_epoch} optimizer steps per epoch "
-        f"({stats.world_size} processes x {stats.accumulation} accumulation)"
-    )
+    if len(stats.datasets) > 1:
+        lines.append(
+            f"all datasets: {stats.samples_per_epoch} samples + {stats.padded_per_epoch} repeated "
+            f"= {stats.steps_per_epoch} optimizer steps per epoch"
+        )
     return lines

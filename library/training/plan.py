@@ -56,11 +56,11 @@ def save_schedule_lines(config: Config, plan: RunPlan) -> list[str]:
     state = " + training state" if saving.save_state else ""
     lines = []
     if saving.save_every_n_steps:
-        count = plan.total_steps // saving.save_every_n_steps
+        count = (plan.total_steps - 1) // saving.save_every_n_steps  # the last step is the final save
         keep = f", keeping those of the last {saving.save_last_n_steps} steps" if saving.save_last_n_steps else ""
         lines.append(f"every {saving.save_every_n_steps} steps ({count} saves){state}{keep}")
     if saving.save_every_n_epochs:
-        count = plan.epochs // saving.save_every_n_epochs
+        count = (plan.epochs - 1) // saving.save_every_n_epochs
         keep = f", keeping the last {saving.save_last_n_epochs}" if saving.save_last_n_epochs else ""
         lines.append(f"every {saving.save_every_n_epochs} epochs ({count} saves){state}{keep}")
     end_state = " + training state" if saving.save_state or saving.save_state_on_train_end else ""

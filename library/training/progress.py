@@ -22,9 +22,8 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
     lines += [
         f"  processes: {plan.world_size}, gradient accumulation: {plan.accumulation}, "
         f"effective batch per optimizer step: {batches} (batch x accumulation x processes)",
-        f"  micro-batches per epoch per process: {plan.steps_per_epoch * plan.accumulation}",
-        f"  optimizer steps per epoch: {plan.steps_per_epoch}",
-        f"  total optimizer steps: {plan.total_steps} ({plan.epochs} epochs)",
+        f"  optimizer steps per epoch: {plan.steps_per_epoch}, "
+        f"total optimizer steps: {plan.total_steps} ({plan.epochs} epochs)",
         f"  learning rate: {config.optimizer.learning_rate:g}, {config.optimizer.lr_scheduler} "
         f"schedule, {plan.warmup_steps} warmup steps, optimizer {config.optimizer.optimizer_type}",
         f"  precision: {training.mixed_precision}, seed: {training.seed}",

@@ -30,6 +30,7 @@ from library.training.setup import TrainedParts, setup_training
 from library.training.state import check_compatible, load_state
 from library.training.step import StepInputs, micro_batch_loss
 
+DEFAULT_DDP_TIMEOUT_MINUTES = 30
 WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -64,9 +65,14 @@ class Trainer:
 
     def _make_accelerator(self) -> Accelerator:
         c = self.config
+        t = c.training
         handlers = [
-            DistributedDataParallelKwargs(find_unused_parameters=False),
-            InitProcessGroupKwargs(timeout=timedelta(minutes=30)),
+            DistributedDataParallelKwargs(
+                find_unused_parameters=False,
+                gradient_as_bucket_view=t.ddp_gradient_as_bucket_view,
+                static_graph=t.ddp_static_graph,
+            ),
+            InitProcessGroupKwargs(timeout=timedelta(minutes=t.ddp_timeout or DEFAULT_DDP_TIMEOUT_MINUTES)),
         ]
         return Accelerator(
             gradient_accumulation_steps=c.training.gradient_accumulation_steps,

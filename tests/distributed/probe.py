@@ -1,0 +1,235 @@
+"""Instrumentation for the distributed tests: watch a real training run from the outside.
+
+A ``Probe`` monkeypatches accelerate, torch and the trainer's module namespace (never library
+files) and records, per process:
+
+- every DDP gradient bucket all-reduce, through a communication hook registered on each module
+  ``Accelerator.prepare`` wraps in DistributedDataParallel (the hook does what DDP's built-in
+  reduction does: divide by the world size, all-reduce, so results are unchanged);
+- every Python-level ``torch.distributed.all_reduce`` outside that hook and every coalesced
+  broadcast (DDP's buffer sync), with the micro-batch during which it ran;
+- the learning rate of each parameter group each time an optimizer really steps (a global
+  optimizer pre-hook, so it sees the rates used, not the ones logged);
+- each micro-batch loss, and the loss and rates the trainer hands its progress reporter;
+- optionally each trained gradient after every backward, and the local gradients each bucket
+  carried into its all-reduce.
+
+It can also stop a run right after optimizer step k (as a user pressing Ctrl-C would), after
+that step's saves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+_MODULE_NAMES = {"UNet2DConditionModel": "unet", "CLIPTextModel": "text_encoder"}
+
+
+class Probe:
+    """Install with ``with Probe(...) as probe:``; results in ``probe.record`` / ``probe.grads``."""
+
+    def __init__(self, record_grads: bool = False, stop_after_step: int | None = None):
+        self.record_grads = record_grads
+        self.stop_after_step = stop_after_step
+        self.micro = -1  # index of the backward now running (0-based over the whole run)
+        self.in_hook = False
+        self.names: dict[int, str] = {}  # id(param) -> "<module>.<param path>"
+        self.ddp: list = []
+        self.record: dict = {
+            "ddp": [],
+            "hooks": [],
+            "all_reduce": [],
+            "broadcasts": [],
+            "optimizer_lrs": [],
+            "micro_losses": [],
+            "reported": [],
+        }
+        self.grads: list[dict[str, torch.Tensor]] = []  # after each backward
+        self.bucket_inputs: list[tuple[int, dict[str, torch.Tensor]]] = []  # (micro, local grads)
+        self._undo: list = []
+
+    # -- installing -------------------------------------------------------------------------
+
+    def _patch(self, owner, name: str, wrapper) -> None:
+        original = getattr(owner, name)
+        setattr(owner, name, wrapper(original))
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def __enter__(self) -> Probe:
+        import accelerate
+        import torch.distributed as dist
+
+        import library.training.trainer as trainer_module
+        from library.training.progress import ProgressReporter
+        from library.training.saver import Saver
+
+        self._patch(accelerate.Accelerator, "prepare", self._wrap_prepare)
+        self._patch(accelerate.Accelerator, "backward", self._wrap_backward)
+        self._patch(dist, "all_reduce", self._wrap_all_reduce)
+        self._patch(dist, "_broadcast_coalesced", self._wrap_broadcast)
+        self._patch(trainer_module, "micro_batch_loss", self._wrap_loss)
+        self._patch(ProgressReporter, "step", self._wrap_report)
+        if self.stop_after_step is not None:
+            self._patch(Saver, "after_step", self._wrap_after_step)
+        handle = register_optimizer_step_pre_hook(self._on_optimizer_step)
+        self._undo.append(handle.remove)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    # -- wrappers ---------------------------------------------------------------------------
+
+    def _wrap_prepare(self, original):
+        probe = self
+
+        def prepare(accelerator, *args, **kwargs):
+            result = original(accelerator, *args, **kwargs)
+            for obj in result if isinstance(result, tuple) else (result,):
+                if isinstance(obj, torch.nn.parallel.DistributedDataParallel):
+                    probe._watch(obj)
+            return result
+
+        return prepare
+
+    def _watch(self, ddp) -> None:
+        name = _MODULE_NAMES.get(type(ddp.module).__name__, type(ddp.module).__name__)
+        trained = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
+        for path, param in trained:
+            self.names[id(param)] = f"{name}.{path}"
+        self.ddp.append((name, ddp))
+        self.record["ddp"].append(
+            {
+                "module": name,
+                "trained_tensors": len(trained),
+                "trained_numel": sum(p.numel() for _, p in trained),
+                "buffers": len(list(ddp.module.buffers())),
+            }
+        )
+        ddp.register_comm_hook(name, self._hook)
+
+    def _hook(self, module_name: str, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        buffer = bucket.buffer()
+        self.record["hooks"].append(
+            {
+                "module": module_name,
+                "micro": self.micro,
+                "bucket": bucket.index(),
+                "numel": buffer.numel(),
+                "bytes": buffer.numel() * buffer.element_size(),
+                "tensors": len(bucket.parameters()),
+            }
+        )
+        if self.record_grads:
+            local = {
+                self.names[id(p)]: g.detach().clone()
+                for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
+            }
+            self.bucket_inputs.append((self.micro, local))
+        self.in_hook = True
+        try:
+            return allreduce_hook(None, bucket)  # DDP's own reduction: divide, then all-reduce
+        finally:
+            self.in_hook = False
+
+    def _wrap_backward(self, original):
+        probe = self
+
+        def backward(accelerator, loss, **kwargs):
+            probe.micro += 1
+            out = original(accelerator, loss, **kwargs)
+            if probe.record_grads:
+                probe.grads.append(probe._trained_grads())
+            return out
+
+        return backward
+
+    def _trained_grads(self) -> dict[str, torch.Tensor]:
+        grads = {}
+        for _, ddp in self.ddp:
+            for param in ddp.module.parameters():
+                if param.requires_grad and param.grad is not None:
+                    grads[self.names[id(param)]] = param.grad.detach().clone()
+        return grads
+
+    def _wrap_all_reduce(self, original):
+        probe = self
+
+        def all_reduce(tensor, *args, **kwargs):
+            if not probe.in_hook:
+                probe.record["all_reduce"].append({"micro": probe.micro, "numel": tensor.numel()})
+            return original(tensor, *args, **kwargs)
+
+        return all_reduce
+
+    def _wrap_broadcast(self, original):
+        probe = self
+
+        def broadcast(process_group, tensors, *args, **kwargs):
+            probe.record["broadcasts"].append({"micro": probe.micro, "tensors": len(tensors)})
+            return original(process_group, tensors, *args, **kwargs)
+
+        return broadcast
+
+    def _wrap_loss(self, original):
+        probe = self
+
+        def micro_batch_loss(inputs, batch):
+            loss = original(inputs, batch)
+            probe.record["micro_losses"].append(
+                {"micro": probe.micro + 1, "loss": loss.item(), "positions": batch["positions"].tolist()}
+            )
+            return loss
+
+        return micro_batch_loss
+
+    def _wrap_report(self, original):
+        probe = self
+
+        def step(reporter, global_step, loss, lrs, grad_norm):
+            probe.record["reported"].append({"step": global_step, "loss": loss, "lrs": list(lrs)})
+            return original(reporter, global_step, loss, lrs, grad_norm)
+
+        return step
+
+    def _wrap_after_step(self, original):
+        probe = self
+
+        def after_step(saver, global_step):
+            original(saver, global_step)
+            if global_step == probe.stop_after_step:
+                raise KeyboardInterrupt  # stopped right after this step's saves
+
+        return after_step
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self.record["optimizer_lrs"].append([group["lr"] for group in optimizer.param_groups])
+
+    # -- results ----------------------------------------------------------------------------
+
+    def dump(self, folder: Path, rank: int) -> None:
+        """Write ``rank{rank}.json`` (and ``rank{rank}.pt`` with gradients) into ``folder``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank{rank}.json").write_text(json.dumps(self.record, indent=1), encoding="utf-8")
+        if self.record_grads:
+            torch.save({"grads": self.grads, "bucket_inputs": self.bucket_inputs}, folder / f"rank{rank}.pt")
+
+
+def probe_from_env() -> tuple[Probe, Path | None]:
+    """A probe configured by DIFFTUNE_PROBE_* variables (see launch.py)."""
+    stop = os.environ.get("DIFFTUNE_PROBE_STOP_AFTER")
+    probe = Probe(
+        record_grads=os.environ.get("DIFFTUNE_PROBE_GRADS") == "1",
+        stop_after_step=int(stop) if stop else None,
+    )
+    folder = os.environ.get("DIFFTUNE_PROBE")
+    return probe, Path(folder) if folder else None
