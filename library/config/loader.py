@@ -79,7 +79,11 @@ def load_config(config_path: str | None, overrides: Sequence[tuple[str, RawValue
     main_file = config_path or COMMAND_LINE
     sections = _build_sections(flat, main_file)
     datasets = _build_datasets(flat, sections, general, inline, main_file)
-    return Config(**sections, datasets=datasets)
+    try:
+        return Config(**sections, datasets=datasets)
+    except ValidationError as exc:  # rules across sections; each field is already valid
+        message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise Origin(main_file).error(message) from None
 
 
 def _split_args_file(doc: dict, file: str, flat: dict[str, Entry]) -> tuple[dict, list | None]:

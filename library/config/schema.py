@@ -249,6 +249,15 @@ class Config(BaseModel):
     logging: LoggingSection = LoggingSection()
     datasets: list[DatasetConfig] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _mode_options(self) -> Config:
+        if self.network.train_mode == "unet" and self.network.network_weights:
+            raise ValueError(
+                'network_weights starts a LoRA; with train_mode = "unet" remove it '
+                '(or use train_mode = "lora")'
+            )
+        return self
+
 
 SECTIONS: dict[str, type[Section]] = {
     "model": ModelSection,

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 
 from library.config.schema import Config
-from library.errors import ConfigError
 from library.models.loader import Components
 from library.networks.kohya_keys import TEXT_ENCODER, UNET, import_lora
 from library.networks.lora import LoraSpec, apply_lora, lora_parameters
@@ -56,8 +55,6 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
     unet_lr = net.unet_lr if net.unet_lr is not None else lr
     te_lr = net.text_encoder_lr if net.text_encoder_lr is not None else lr
     if net.train_mode == "unet":
-        if net.network_weights:
-            raise ConfigError('network_weights is a LoRA option; with train_mode = "unet" remove it')
         unet = components.unet.to(torch.float32).requires_grad_(True)
         parts = TrainedParts(components, False, True, False, [{"params": list(unet.parameters()), "lr": unet_lr, "name": "unet"}])
     else:

@@ -18,7 +18,7 @@ from accelerate.utils import (
 
 from library.config.schema import Config
 from library.data.dataset import TrainData
-from library.errors import TrainingError
+from library.errors import CheckpointError, TrainingError
 from library.models.loader import load_components
 from library.saving.outputs import OutputLayout
 from library.training.optimizers import build_optimizer
@@ -88,11 +88,20 @@ class Trainer:
 
     def run(self, dry_run: bool = False) -> Path | None:
         """Print the plan; unless ``dry_run``, train and return the final output's path."""
+        self._check_input_files()
         OutputLayout(self.config.saving).refuse_overwrite(resuming=bool(self.config.saving.resume))
         self.print_plan()
         if dry_run:
             return None
         return self.train()
+
+    def _check_input_files(self) -> None:
+        """Fail before the models load when a file the run starts from is missing."""
+        resume, weights = self.config.saving.resume, self.config.network.network_weights
+        if resume and not (Path(resume) / "progress.json").is_file():
+            raise CheckpointError(f"resume: {resume} is not a state folder; give a *-state folder saved by save_state")
+        if weights and not Path(weights).is_file():
+            raise CheckpointError(f"network_weights: {weights} does not exist; give a kohya-format LoRA .safetensors file")
 
     def train(self) -> Path:
         config, acc, plan = self.config, self.accelerator, self.plan
@@ -224,8 +233,6 @@ class Trainer:
         weights = parts.trained_weights()
         missing = sorted(set(weights) - set(state.weights))
         if missing:
-            from library.errors import CheckpointError
-
             raise CheckpointError(f"resume: {path} has no weights for {missing[0]} ({len(missing)} missing); it was saved by another kind of run")
         with torch.no_grad():
             for key, param in weights.items():

@@ -36,7 +36,7 @@ class Probe:
     def __init__(self, record_grads: bool = False, stop_after_step: int | None = None):
         self.record_grads = record_grads
         self.stop_after_step = stop_after_step
-        self.micro = -1  # index of the backward now running (0-based over the whole run)
+        self.micro = -1  # the micro-batch whose forward or backward runs (0-based, whole run)
         self.in_hook = False
         self.names: dict[int, str] = {}  # id(param) -> "<module>.<param path>"
         self.ddp: list = []
@@ -145,7 +145,6 @@ class Probe:
         probe = self
 
         def backward(accelerator, loss, **kwargs):
-            probe.micro += 1
             out = original(accelerator, loss, **kwargs)
             if probe.record_grads:
                 probe.grads.append(probe._trained_grads())
@@ -184,9 +183,10 @@ class Probe:
         probe = self
 
         def micro_batch_loss(inputs, batch):
+            probe.micro += 1
             loss = original(inputs, batch)
             probe.record["micro_losses"].append(
-                {"micro": probe.micro + 1, "loss": loss.item(), "positions": batch["positions"].tolist()}
+                {"micro": probe.micro, "loss": loss.item(), "positions": batch["positions"].tolist()}
             )
             return loss
 

@@ -1,0 +1,30 @@
+"""Rules that involve several sections surface as one-line ConfigErrors naming the file."""
+
+import pytest
+
+from library.config.loader import load_config
+from library.errors import ConfigError
+
+
+def test_network_weights_with_full_unet(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'pretrained_model_name_or_path = "m"\ntrain_mode = "unet"\nnetwork_weights = "x.safetensors"\n'
+        f'[[datasets]]\n[[datasets.subsets]]\nimage_dir = "{tmp_path / "imgs"}"\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert str(path) in str(err.value) and "network_weights starts a LoRA" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unet_only_and_text_encoder_only_together(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'pretrained_model_name_or_path = "m"\nnetwork_train_unet_only = true\n'
+        "network_train_text_encoder_only = true\n"
+        '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "i"\n'
+    )
+    with pytest.raises(ConfigError, match="set at most one"):
+        load_config(str(path))
