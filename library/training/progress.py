@@ -60,6 +60,7 @@ class ProgressReporter:
             disable=not accelerator.is_main_process,
         )
         self.epoch_losses: list[float] = []
+        self.skipped = 0  # optimizer steps dropped for a non-finite loss (nan_policy = "skip")
         self.last_time = time.perf_counter()
         if config.logging.log_with:
             logging = config.logging
@@ -69,23 +70,33 @@ class ProgressReporter:
                 f"{logging.log_prefix or ''}{name}-{run}", config=_tracker_config(config)
             )
 
-    def step(self, global_step: int, loss: float, lrs: list[float], grad_norm) -> None:
+    def step(self, global_step: int, loss: float, lrs: list[float], grad_norm, applied: bool = True) -> None:
         """Called on every process once per optimizer step (the loss is already reduced)."""
         now = time.perf_counter()
         seconds, self.last_time = now - self.last_time, now
-        self.epoch_losses.append(loss)
+        if applied:
+            self.epoch_losses.append(loss)
+        else:
+            self.skipped += 1
         self.bar.update(1)
-        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lrs[0]:.2e}", refresh=False)
+        postfix = {"loss": f"{loss:.4f}", "lr": f"{lrs[0]:.2e}"}
+        if self.skipped:
+            postfix["skipped"] = self.skipped
+        self.bar.set_postfix(postfix, refresh=False)
         logs = {"loss/step": loss, "samples_per_second": self.plan.effective_batch_sizes[0] / max(seconds, 1e-9)}
+        if self.skipped:
+            logs["skipped_steps"] = self.skipped
         for name, lr in zip(self.group_names, lrs, strict=True):
             logs[f"lr/{name}"] = lr
         if grad_norm is not None:
             logs["grad_norm"] = float(grad_norm)
-        if global_step % self.plan.steps_per_epoch == 0:
+        if global_step % self.plan.steps_per_epoch == 0 and self.epoch_losses:
             logs["loss/epoch"] = sum(self.epoch_losses) / len(self.epoch_losses)
             self.epoch_losses.clear()
         self.accelerator.log(logs, step=global_step)
 
     def close(self, final: Path) -> None:
         self.bar.close()
+        if self.skipped:
+            self.accelerator.print(f"{self.skipped} optimizer steps were skipped for a non-finite loss")
         self.accelerator.print(f"saved {final}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +30,7 @@ from library.training.schedulers import build_scheduler
 from library.training.setup import TrainedParts, setup_training
 from library.training.state import check_compatible, load_state
 from library.training.step import StepInputs, micro_batch_loss
+from library.training.stops import StopSignals, TrainingStopped, agree_on_step
 
 DEFAULT_DDP_TIMEOUT_MINUTES = 30
 WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -45,6 +47,17 @@ class _Loop:
     scheduler: object
     saver: Saver
     reporter: ProgressReporter
+    signals: StopSignals
+
+
+@dataclass(frozen=True)
+class _StepResult:
+    """The outcome of one optimizer-step boundary."""
+
+    loss: float
+    grad_norm: float | None
+    apply: bool  # False: a non-finite loss under nan_policy = "skip"
+    signum: int
 
 
 class Trainer:
@@ -126,12 +139,14 @@ class Trainer:
             reporter=ProgressReporter(
                 config, acc, plan, global_step, [g["name"] for g in parts.param_groups]
             ),
+            signals=StopSignals(),
         )
-        for epoch in range(plan.epoch_of_step(global_step), plan.epochs):
-            global_step = self._train_epoch(loop, epoch, global_step)
-            if global_step >= plan.total_steps:
-                break
-            saver.after_epoch(epoch + 1, global_step)
+        with loop.signals:
+            for epoch in range(plan.epoch_of_step(global_step), plan.epochs):
+                global_step = self._train_epoch(loop, epoch, global_step)
+                if global_step >= plan.total_steps:
+                    break
+                saver.after_epoch(epoch + 1, global_step)
 
         final = saver.at_end(global_step)
         loop.reporter.close(final)
@@ -141,7 +156,6 @@ class Trainer:
     def _train_epoch(self, loop: _Loop, epoch: int, global_step: int) -> int:
         """Run the optimizer steps of one epoch from ``global_step``; return the new step count."""
         acc, plan, training = self.accelerator, self.plan, self.config.training
-        max_norm = self.config.optimizer.max_grad_norm
         start = global_step - epoch * plan.steps_per_epoch
         loader = self.data.loader(
             epoch,
@@ -157,41 +171,57 @@ class Trainer:
                     loss = micro_batch_loss(loop.inputs, batch)
                 acc.backward(loss)  # DDP all-reduces only on the window's last micro-batch
                 loss_sum += loss.detach()
-                grad_norm = step_loss = None
-                if acc.sync_gradients:
-                    self._check_window(micro)
-                    step_loss = acc.reduce(loss_sum, "mean").item() / plan.accumulation
-                    self._stop_if_not_finite(step_loss, global_step, loop.saver)
-                    if max_norm > 0:
-                        grad_norm = acc.clip_grad_norm_(loop.params, max_norm)
-                loop.optimizer.step()  # a no-op until the window's last micro-batch
+                step = self._sync_point(loop, micro, loss_sum, global_step) if acc.sync_gradients else None
+                if step is None or step.apply:
+                    loop.optimizer.step()  # a no-op until the window's last micro-batch
                 loop.optimizer.zero_grad(set_to_none=True)
-            if not acc.sync_gradients:
+            if step is None:
                 continue
-            if not acc.optimizer_step_was_skipped:
+            # a step dropped for a non-finite loss still consumed its data: the schedule moves on;
+            # one the fp16 loss scaler skipped is retried at the same learning rate
+            if not (step.apply and acc.optimizer_step_was_skipped):
                 loop.scheduler.step()
             global_step += 1
             loss_sum.zero_()
-            loop.reporter.step(global_step, step_loss, loop.scheduler.get_last_lr(), grad_norm)
+            loop.reporter.step(global_step, step.loss, loop.scheduler.get_last_lr(), step.grad_norm, step.apply)
             loop.saver.after_step(global_step)
+            if step.signum:
+                self._stop_on_signal(step.signum, global_step, loop.saver)
             if global_step >= plan.total_steps:
                 break
         return global_step
 
-    def _check_window(self, micro: int) -> None:
+    def _sync_point(self, loop: _Loop, micro: int, loss_sum: torch.Tensor, global_step: int) -> _StepResult:
+        """At the window's last micro-batch: agree on loss and stop signals, then clip."""
         if (micro + 1) % self.plan.accumulation:  # our schedule and accelerate's counter disagree
             raise RuntimeError(f"gradient sync after micro-batch {micro + 1}, inside an accumulation window")
+        summary = agree_on_step(self.accelerator, loss_sum, self.plan.accumulation, loop.signals.signum)
+        apply = math.isfinite(summary.loss)
+        if not apply and self.config.training.nan_policy == "stop":
+            self._stop_not_finite(summary.loss, global_step, loop.saver)
+        grad_norm = None
+        max_norm = self.config.optimizer.max_grad_norm
+        if apply and max_norm > 0:
+            grad_norm = self.accelerator.clip_grad_norm_(loop.params, max_norm)
+        return _StepResult(summary.loss, grad_norm, apply, summary.signum)
 
-    def _stop_if_not_finite(self, step_loss: float, global_step: int, saver: Saver) -> None:
+    def _stop_not_finite(self, step_loss: float, global_step: int, saver: Saver) -> None:
         """Stop before a non-finite loss reaches the weights; keep the last good state."""
-        if math.isfinite(step_loss):
-            return
         state = saver.layout.dir / f"{saver.layout.name}-step{global_step:08d}-state"
         saver.save_state(state, global_step)
         raise TrainingError(
             f"the loss became {step_loss} at optimizer step {global_step + 1}; the weights before it "
             f'were saved to {state}. Lower learning_rate, use mixed_precision = "bf16" instead of '
-            "fp16, or check the data"
+            'fp16, check the data, or set nan_policy = "skip"'
+        )
+
+    def _stop_on_signal(self, signum: int, global_step: int, saver: Saver) -> None:
+        state = saver.layout.dir / f"{saver.layout.name}-step{global_step:08d}-state"
+        if not state.exists():  # the step's own save may already have written it
+            saver.save_state(state, global_step)
+        name = signal.Signals(signum).name
+        raise TrainingStopped(
+            f"stopped by {name} after optimizer step {global_step}; continue with --resume {state}", signum
         )
 
     def _prepare(self, parts: TrainedParts) -> list[torch.nn.Module]:
