@@ -168,6 +168,11 @@ class TrainingSection(Section):
         description="Tell DistributedDataParallel the set of used parameters never changes "
         "(lets it skip per-step bookkeeping).",
     )
+    nan_policy: Literal["stop", "skip"] = Field(
+        "stop",
+        description='A non-finite loss: "stop" saves the state before that step and stops with '
+        'the step named; "skip" drops that optimizer step, counts it and goes on.',
+    )
 
 
 class DataSection(Section):
