@@ -14,8 +14,8 @@ from pathlib import Path
 from library.config.schema import SavingSection
 from library.errors import ConfigError
 
-_STEP = re.compile(r"-step(\d{8})(-state|\.safetensors)?$")
-_EPOCH = re.compile(r"-(\d{6})(-state|\.safetensors)?$")
+_STEP = re.compile(r"-step(\d{8})(-state|-ema\.safetensors|\.safetensors)?$")
+_EPOCH = re.compile(r"-(\d{6})(-state|-ema\.safetensors|\.safetensors)?$")
 
 
 class OutputLayout:
@@ -41,6 +41,11 @@ class OutputLayout:
         return self.dir / f"{self.name}-{epoch:06d}.safetensors"
 
     @staticmethod
+    def ema_of(weights: Path) -> Path:
+        """The EMA weights file saved beside a weights file."""
+        return weights.with_name(weights.name.removesuffix(".safetensors") + "-ema.safetensors")
+
+    @staticmethod
     def state_of(weights: Path) -> Path:
         """The state folder saved beside a weights file."""
         return weights.with_name(weights.name.removesuffix(".safetensors") + "-state")
@@ -63,7 +68,7 @@ class OutputLayout:
             if not stem.startswith(self.name):
                 continue
             rest = stem[len(self.name) :]
-            if rest in (".safetensors", "-state", "") or _STEP.fullmatch(rest) or _EPOCH.fullmatch(rest):
+            if rest in (".safetensors", "-ema.safetensors", "-state", "") or _STEP.fullmatch(rest) or _EPOCH.fullmatch(rest):
                 found.append(path)
         return found
 

@@ -9,6 +9,7 @@ from library.config.schema import Config
 from library.saving.metadata import RunInfo, lora_metadata, unet_metadata
 from library.saving.outputs import OutputLayout
 from library.saving.writers import SAVE_DTYPES, write_lora, write_pipeline_folder, write_unet_file
+from library.training.ema import WeightAverage
 from library.training.plan import RunPlan
 from library.training.setup import TrainedParts
 from library.training.state import Progress, save_state
@@ -22,10 +23,10 @@ class Saver:
         self.layout = OutputLayout(config.saving)
         self.data_stats = data_stats
         self.started_at = time.time()
-        self.optimizer = self.scheduler = None
+        self.optimizer = self.scheduler = self.ema = None
 
-    def attach(self, optimizer, scheduler) -> None:
-        self.optimizer, self.scheduler = optimizer, scheduler
+    def attach(self, optimizer, scheduler, ema: WeightAverage | None) -> None:
+        self.optimizer, self.scheduler, self.ema = optimizer, scheduler, ema
 
     def progress(self, global_step: int) -> Progress:
         return Progress(
@@ -68,6 +69,7 @@ class Saver:
                 self.scheduler,
                 self.accelerator.scaler,
                 self.progress(global_step),
+                ema=self.ema.state_dict() if self.ema else None,
             )
         self.accelerator.wait_for_everyone()
 
@@ -79,16 +81,23 @@ class Saver:
             self.save_state(self.layout.state_of(path), global_step)
 
     def _write_weights(self, path: Path, global_step: int, final: bool) -> None:
-        dtype = SAVE_DTYPES[self.config.saving.save_precision]
         metadata = self._metadata(global_step, final)
+        self._write_model(path, metadata, folder=final)
+        if self.ema is not None:
+            with self.ema.swapped_in():
+                ema_metadata = {**metadata, "ss_ema_decay": str(self.ema.decay)}
+                self._write_model(self.layout.ema_of(path), ema_metadata, folder=False)
+
+    def _write_model(self, path: Path, metadata: dict[str, str], folder: bool) -> None:
+        """The trained weights as they are now: a LoRA file, or the UNet (file, and folder)."""
+        dtype = SAVE_DTYPES[self.config.saving.save_precision]
         if self.parts.lora:
             write_lora(path, self.parts.lora_models(), metadata, dtype)
             return
         unet = self.parts.components.unet
         write_unet_file(path, unet, metadata, dtype)
-        if final:
-            folder = path.with_suffix("")
-            write_pipeline_folder(folder, unet, self.parts.components.model_dir, dtype)
+        if folder:
+            write_pipeline_folder(path.with_suffix(""), unet, self.parts.components.model_dir, dtype)
 
     def _metadata(self, global_step: int, final: bool) -> dict[str, str]:
         """Training metadata; with no_metadata the writers keep only what loaders need."""

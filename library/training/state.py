@@ -18,11 +18,12 @@ from library.errors import CheckpointError
 from library.saving.atomic import atomic_write_dir
 
 STATE_VERSION = 1
-_WEIGHTS, _OPTIMIZER, _SCHEDULER, _SCALER, _PROGRESS = (
+_WEIGHTS, _OPTIMIZER, _SCHEDULER, _SCALER, _EMA, _PROGRESS = (
     "trained.safetensors",
     "optimizer.pt",
     "scheduler.pt",
     "scaler.pt",
+    "ema.pt",
     "progress.json",
 )
 
@@ -47,6 +48,7 @@ class LoadedState:
     scheduler: dict
     scaler: dict | None
     progress: Progress
+    ema: dict | None = None
 
 
 def save_state(
@@ -56,6 +58,7 @@ def save_state(
     scheduler,
     scaler,
     progress: Progress,
+    ema: dict | None = None,
 ) -> None:
     """Write the state folder atomically: a reader never sees a half-written state."""
 
@@ -65,6 +68,8 @@ def save_state(
         torch.save(scheduler.state_dict(), tmp / _SCHEDULER)
         if scaler is not None:
             torch.save(scaler.state_dict(), tmp / _SCALER)
+        if ema is not None:
+            torch.save(ema, tmp / _EMA)
         (tmp / _PROGRESS).write_text(json.dumps(asdict(progress), indent=2), encoding="utf-8")
 
     atomic_write_dir(path, write)
@@ -81,15 +86,19 @@ def load_state(path: str | Path) -> LoadedState:
         # weights_only: a state folder never needs pickled code, so none is ever run
         optimizer = torch.load(path / _OPTIMIZER, map_location="cpu", weights_only=True)
         scheduler = torch.load(path / _SCHEDULER, map_location="cpu", weights_only=True)
-        scaler_file = path / _SCALER
-        scaler = torch.load(scaler_file, map_location="cpu", weights_only=True) if scaler_file.exists() else None
+        scaler = _load_optional(path / _SCALER)
+        ema = _load_optional(path / _EMA)
     except FileNotFoundError as exc:
         raise CheckpointError(f"resume: {path} is incomplete ({Path(exc.filename).name} missing)") from exc
     except Exception as exc:  # corrupt JSON, safetensors or torch file
         raise CheckpointError(f"resume: {path} is damaged ({type(exc).__name__}: {exc})") from exc
     if progress.version != STATE_VERSION:
         raise CheckpointError(f"resume: {path} has state version {progress.version}; this difftune reads {STATE_VERSION}")
-    return LoadedState(weights, optimizer, scheduler, scaler, progress)
+    return LoadedState(weights, optimizer, scheduler, scaler, progress, ema)
+
+
+def _load_optional(file: Path) -> dict | None:
+    return torch.load(file, map_location="cpu", weights_only=True) if file.exists() else None
 
 
 def check_compatible(saved: Progress, current: Progress, path: Path) -> None:

@@ -22,6 +22,7 @@ from library.data.dataset import TrainData
 from library.errors import CheckpointError, TrainingError
 from library.models.loader import load_components
 from library.saving.outputs import OutputLayout
+from library.training.ema import WeightAverage
 from library.training.optimizers import build_optimizer
 from library.training.plan import RunPlan, make_plan
 from library.training.progress import ProgressReporter, plan_text
@@ -126,8 +127,9 @@ class Trainer:
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)
         trained = self._prepare(parts)
         optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
+        ema = WeightAverage(parts.parameters(), config.training.ema_decay) if config.training.ema_decay else None
         saver = Saver(config, acc, parts, plan, self.data.stats)
-        saver.attach(optimizer, scheduler)
+        saver.attach(optimizer, scheduler, ema)
         global_step = self._resume(parts, optimizer, scheduler, saver)
         loop = _Loop(
             trained=trained,
@@ -181,6 +183,8 @@ class Trainer:
             # one the fp16 loss scaler skipped is retried at the same learning rate
             if not (step.apply and acc.optimizer_step_was_skipped):
                 loop.scheduler.step()
+            if step.apply and loop.saver.ema is not None:
+                loop.saver.ema.update()
             global_step += 1
             loss_sum.zero_()
             loop.reporter.step(global_step, step.loss, loop.scheduler.get_last_lr(), step.grad_norm, step.apply)
@@ -271,5 +275,9 @@ class Trainer:
         scheduler.load_state_dict(state.scheduler)
         if state.scaler is not None and self.accelerator.scaler is not None:
             self.accelerator.scaler.load_state_dict(state.scaler)
+        if saver.ema is not None:
+            if state.ema is None:
+                raise CheckpointError(f"resume: {path} has no EMA weights; it was saved without ema_decay")
+            saver.ema.load_state_dict(state.ema)
         self.accelerator.print(f"resumed from {path} at optimizer step {state.progress.global_step}")
         return state.progress.global_step

@@ -40,10 +40,13 @@ def test_prune_steps_keeps_the_last_n_steps(tmp_path):
     for step in (10, 20, 30, 40, 50):
         _touch(layout.step_file(step))
         _touch(layout.state_of(layout.step_file(step)) / "progress.json")
+    _touch(layout.ema_of(layout.step_file(20)))
+    _touch(layout.ema_of(layout.step_file(30)))
     removed = layout.prune_steps(50)
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert len(removed) == 4
+    assert len(removed) == 5
     assert left == [
+        "run-step00000030-ema.safetensors",
         "run-step00000030-state", "run-step00000030.safetensors",
         "run-step00000040-state", "run-step00000040.safetensors",
         "run-step00000050-state", "run-step00000050.safetensors",
