@@ -31,20 +31,13 @@ _LATENTS = "latent caching is planned"
 _TE_CACHE = "caching text-encoder outputs is planned"
 _CAPTIONS = "caption augmentation is planned"
 _AUG = "image augmentation is planned"
-_SAMPLES = "sampling images during training is planned"
 _HUB = "difftune never uses the network; upload the saved files yourself"
 _DEEPSPEED = "only used with deepspeed, which is not supported"
 _VALIDATION = "validation loss is planned"
-_NOISE = "this noise or loss variant is planned"
 _HALF = "trained weights stay float32; mixed_precision sets the precision of everything else"
 
 UNSUPPORTED: dict[str, Unsupported] = {
-    "vae": Unsupported("a separate VAE file is planned; the model folder's vae/ is used", ("",)),
-    # kohya's clip_skip = 1 uses the last layer, the same as not setting it.
-    "clip_skip": Unsupported("clip_skip is planned", (1,)),
     "max_token_length": Unsupported("prompts longer than 75 tokens are planned", (75,)),
-    "no_half_vae": Unsupported("the VAE runs in the mixed_precision dtype", (False,)),
-    "tokenizer_cache_dir": Unsupported("nothing is downloaded, so there is no cache", ignored=True),
     **_group("lowram highvram", "memory placement options are not implemented", (False,)),
     **_group(
         "xformers mem_eff_attn",
@@ -85,12 +78,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "only used with validation_split",
         ignored=True,
     ),
-    "sample_prompts": Unsupported(_SAMPLES, ("",)),
-    **_group(
-        "sample_every_n_steps sample_every_n_epochs sample_sampler sample_at_first",
-        "only used with sample_prompts",
-        ignored=True,
-    ),
     "save_n_epoch_ratio": Unsupported("use save_every_n_epochs"),
     **_group(
         "save_last_n_steps_state save_last_n_epochs_state",
@@ -110,12 +97,12 @@ UNSUPPORTED: dict[str, Unsupported] = {
         planned=False,
     ),
     "output_config": Unsupported("use --print_config", (False,), planned=False),
-    **_group(
-        "wandb_api_key wandb_run_name log_tracker_config",
-        'Weights & Biases is not supported; use log_with = "tensorboard"',
+    "wandb_api_key": Unsupported(
+        "difftune never takes secrets from a config file; run `wandb login` or set WANDB_API_KEY",
         ("",),
         planned=False,
     ),
+    "log_tracker_config": Unsupported("a tracker config file is planned", ("",)),
     "log_config": Unsupported("logging the config to the tracker is planned", (False,)),
     **_group(
         "console_log_level console_log_file", "console log options are not implemented", ("",)
@@ -128,24 +115,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "base_weights_multiplier": Unsupported("only used with base_weights", ignored=True),
     "network_multiplier": Unsupported("a training multiplier other than 1 is planned", (1,)),
     "stop_text_encoder_training": Unsupported("stopping text-encoder training early is planned"),
-    **_group(
-        "noise_offset_random_strength ip_noise_gamma_random_strength zero_terminal_snr "
-        "scale_v_pred_loss_like_noise_pred debiased_estimation_loss",
-        _NOISE,
-        (False,),
-    ),
-    **_group(
-        "adaptive_noise_scale multires_noise_iterations ip_noise_gamma v_pred_like_loss",
-        _NOISE,
-        (0,),
-    ),
-    "multires_noise_discount": Unsupported(
-        "only used with multires_noise_iterations", ignored=True
-    ),
-    "loss_type": Unsupported("losses other than l2 are planned", ("l2",)),
-    **_group("huber_schedule huber_c huber_scale", "only used with loss_type", ignored=True),
-    "min_timestep": Unsupported("restricting the timestep range is planned", (0,)),
-    "max_timestep": Unsupported("restricting the timestep range is planned", (1000,)),
     "lr_scheduler_args": Unsupported("scheduler arguments are planned", ([],)),
     "lr_scheduler_type": Unsupported(
         "custom scheduler classes are not supported", ("",), planned=False
@@ -155,11 +124,7 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "this scheduler option is planned",
     ),
     "use_8bit_adam": Unsupported('use optimizer_type = "AdamW8bit"', (False,), planned=False),
-    "use_lion_optimizer": Unsupported("the Lion optimizer is planned", (False,)),
-    **_group(
-        "loraplus_lr_ratio loraplus_unet_lr_ratio loraplus_text_encoder_lr_ratio",
-        "LoRA+ is planned",
-    ),
+    "use_lion_optimizer": Unsupported('use optimizer_type = "Lion"', (False,), planned=False),
     "fused_backward_pass": Unsupported("fused optimizer steps are planned", (False,)),
     "fused_optimizer_groups": Unsupported("fused optimizer steps are planned", (0,)),
     "deepspeed": Unsupported(
@@ -188,12 +153,8 @@ _LYCORIS = "LyCORIS adapters (LoHa, LoKr, ...) are planned"
 # Values of supported keys that are valid in kohya but not (yet) here: key -> value -> reason.
 UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
     "optimizer_type": {
-        **{n: "the Lion optimizer is planned" for n in ("lion", "lion8bit", "pagedlion8bit")},
-        **{n: "SGD is planned" for n in ("sgdnesterov", "sgdnesterov8bit")},
-        "prodigy": "Prodigy is planned",
-        "adafactor": "Adafactor is planned",
         **{
-            n: "D-Adaptation optimizers are planned"
+            n: "D-Adaptation's package is unmaintained; Prodigy, its successor, is supported"
             for n in [
                 "dadaptation",
                 "dadaptadam",
@@ -204,19 +165,10 @@ UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
                 "dadaptsgd",
             ]
         },
-        **{
-            n: "paged optimizers are planned"
-            for n in ("pagedadamw", "pagedadamw8bit", "pagedadamw32bit")
-        },
-        **{
-            n: "schedule-free optimizers are planned"
-            for n in ("adamwschedulefree", "sgdschedulefree", "radamschedulefree")
-        },
     },
     "lr_scheduler": {
         n: "this schedule is planned"
         for n in [
-            "adafactor",
             "cosine_with_min_lr",
             "inverse_sqrt",
             "warmup_stable_decay",
@@ -235,16 +187,37 @@ UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
         "diffusers": "saving a diffusers folder is planned",
         "diffusers_safetensors": "saving a diffusers folder is planned",
     },
-    "log_with": {
-        "wandb": 'Weights & Biases is not supported; use "tensorboard"',
-        "all": 'only "tensorboard" is supported',
-    },
 }
 
 # The schema's spelling of optimizer names; kohya matches them case-insensitively.
-OPTIMIZERS = {"adamw": "AdamW", "adamw8bit": "AdamW8bit"}
+OPTIMIZERS = {
+    n.lower(): n
+    for n in [
+        "AdamW",
+        "AdamW8bit",
+        "PagedAdamW",
+        "PagedAdamW8bit",
+        "PagedAdamW32bit",
+        "Lion",
+        "Lion8bit",
+        "PagedLion8bit",
+        "SGDNesterov",
+        "SGDNesterov8bit",
+        "Prodigy",
+        "Adafactor",
+        "AdamWScheduleFree",
+        "RAdamScheduleFree",
+        "SGDScheduleFree",
+    ]
+}
 
-SUPPORTED_NETWORK_ARGS = ("conv_dim", "conv_alpha")
+SUPPORTED_NETWORK_ARGS = (
+    "conv_dim",
+    "conv_alpha",
+    "loraplus_lr_ratio",
+    "loraplus_unet_lr_ratio",
+    "loraplus_text_encoder_lr_ratio",
+)
 _NETWORK_ARG_REASONS = {
     **dict.fromkeys(
         ("dropout", "rank_dropout", "module_dropout"), "dropout in LoRA layers is planned"
@@ -261,10 +234,6 @@ _NETWORK_ARG_REASONS = {
             "conv_block_alphas",
         ],
         "per-block ranks and learning rates are planned",
-    ),
-    **dict.fromkeys(
-        ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio"),
-        "LoRA+ is planned",
     ),
     **dict.fromkeys(
         [
@@ -311,8 +280,6 @@ def unsupported_value_problem(key: str, value: object) -> str | None:
     if not isinstance(value, str):
         return None
     reason = UNSUPPORTED_VALUES.get(key, {}).get(value.lower())
-    if reason is None and key == "optimizer_type" and "." in value:
-        reason = "custom optimizer classes are not supported"
     if reason is None:
         return None
     return f'{key} = "{value}" is not supported ({reason})'
@@ -365,12 +332,13 @@ def parse_kv_args(items: list[str], name: str = "optimizer_args") -> dict[str, o
 
 
 def network_args_values(items: list[str]) -> dict[str, object]:
-    """conv_dim / conv_alpha from kohya's network_args; ConfigError for any other argument."""
+    """SUPPORTED_NETWORK_ARGS from kohya's network_args; ConfigError for any other argument."""
     values: dict[str, object] = {}
     for item in items:
         ((key, value),) = parse_kv_args([item], "network_args").items()
         if key not in SUPPORTED_NETWORK_ARGS:
-            reason = _NETWORK_ARG_REASONS.get(key, "difftune knows conv_dim and conv_alpha")
+            known = ", ".join(SUPPORTED_NETWORK_ARGS)
+            reason = _NETWORK_ARG_REASONS.get(key, f"difftune knows {known}")
             raise ConfigError(f'network_args "{item}" is not supported yet ({reason}); remove it')
         if key in values:
             raise ConfigError(f'network_args sets "{key}" twice')

@@ -7,11 +7,16 @@ schema. The loader routes each key to its section by name (see ``field_sections`
 
 from __future__ import annotations
 
+import importlib
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from library.config import kohya
 from library.config.dataset_schema import DatasetConfig
+from library.config.sampling_schema import SamplingSection
+from library.config.suggest import nearest
+from library.errors import ConfigError
 
 
 class Section(BaseModel):
@@ -22,17 +27,58 @@ class Section(BaseModel):
 
 class ModelSection(Section):
     pretrained_model_name_or_path: str = Field(
-        description="Local folder of a diffusers-format SD 1.x/2.x model (model_index.json, unet/, "
-        "vae/, text_encoder/, tokenizer/, scheduler/). Nothing is downloaded."
+        description="The base model, local: a diffusers folder (model_index.json, unet/, vae/, "
+        "text_encoder/, tokenizer/, scheduler/) or a single-file checkpoint in the original "
+        "Stability layout (.safetensors; .ckpt is read weights-only, never running pickled "
+        "code, and refused if it needs any). SD 1.x, 2.x and SDXL base are recognised from the "
+        "keys. Nothing is downloaded."
     )
     v2: bool | None = Field(
         None,
-        description="The model is SD 2.x. Unset: detected from the model (cross-attention width 1024).",
+        description="The model is SD 2.x. Unset: detected from the model (cross-attention width "
+        "1024; for a single file, its OpenCLIP text encoder).",
     )
     v_parameterization: bool | None = Field(
         None,
         description="Train with the v-prediction target (SD 2.x 768-v). Unset: taken from the "
-        "model's scheduler config (prediction_type).",
+        "model's scheduler config (prediction_type); for a single file from its "
+        "modelspec.prediction_type metadata, else epsilon (with a note for SD 2.x files).",
+    )
+    tokenizer_path: str | None = Field(
+        None,
+        description="For a single-file model: a folder with the CLIP tokenizer files (vocab.json "
+        "+ merges.txt, e.g. those of openai/clip-vit-large-patch14), or with tokenizer/ and "
+        "tokenizer_2/ subfolders. All SD text encoders share this vocabulary. Unset: "
+        "tokenizer_cache_dir, then the local Hugging Face cache.",
+    )
+    tokenizer_cache_dir: str | None = Field(
+        None,
+        description="kohya's tokenizer cache folder, read only: tokenizer files in subfolders "
+        "named after their Hub repo (openai_clip-vit-large-patch14, "
+        "stabilityai_stable-diffusion-2, laion_CLIP-ViT-bigG-14-laion2B-39B-b160k).",
+    )
+    vae: str | None = Field(
+        None,
+        description="Use this VAE instead of the model's: a .safetensors (or .ckpt) file in the "
+        "original or the diffusers key layout, or a diffusers VAE folder.",
+    )
+    no_half_vae: bool = Field(
+        False,
+        description="Keep the VAE in float32 under fp16/bf16 mixed precision (SDXL's VAE "
+        "overflows in fp16).",
+    )
+    clip_skip: int | None = Field(
+        None,
+        ge=1,
+        description="SD 1.x/2.x: condition on the N-th text-encoder layer from the end (with the "
+        "final layer norm), as kohya and A1111 count: 1 is the last layer (the default), 2 the "
+        "one before. SDXL always uses its penultimate layers.",
+    )
+    zero_terminal_snr: bool = Field(
+        False,
+        description="Rescale the noise schedule so the last timestep is pure noise (zero "
+        "terminal SNR, Lin et al. 2023). Needs v-prediction: with epsilon the last step has "
+        "nothing to learn and samplers divide by zero there, so it is refused.",
     )
 
 
@@ -92,12 +138,21 @@ SchedulerName = Literal[
     "cosine",
     "cosine_with_restarts",
     "polynomial",
+    "adafactor",
 ]
 
 
 class OptimizerSection(Section):
-    optimizer_type: Literal["AdamW", "AdamW8bit"] = Field(
-        "AdamW", description="Optimizer: AdamW (torch) or AdamW8bit (bitsandbytes). Case-insensitive."
+    optimizer_type: str = Field(
+        "AdamW",
+        description="Optimizer by kohya's name, case-insensitive: AdamW, AdamW8bit, PagedAdamW, "
+        "PagedAdamW8bit, PagedAdamW32bit, Lion, Lion8bit, PagedLion8bit, SGDNesterov, "
+        "SGDNesterov8bit, Prodigy, Adafactor, AdamWScheduleFree, RAdamScheduleFree, "
+        'SGDScheduleFree; or any optimizer class by its import path, e.g. "torch.optim.RMSprop". '
+        "Adafactor sets its own step size unless optimizer_args has relative_step=False; then "
+        'lr_scheduler must be "adafactor" (or "constant") without warmup. The schedule-free ones '
+        'need lr_scheduler = "constant" (warmup: optimizer_args "warmup_steps=N"). Prodigy takes '
+        "one learning rate for all weights (usually 1.0).",
     )
     optimizer_args: list[str] | dict[str, bool | int | float | str | list[float]] = Field(
         default_factory=list,
@@ -108,7 +163,10 @@ class OptimizerSection(Section):
     max_grad_norm: float = Field(
         1.0, ge=0, description="Clip the gradient norm to this value each optimizer step; 0 disables."
     )
-    lr_scheduler: SchedulerName = Field("constant", description="Learning-rate schedule.")
+    lr_scheduler: SchedulerName = Field(
+        "constant",
+        description='Learning-rate schedule; "adafactor" reports the step size of Adafactor.',
+    )
     lr_warmup_steps: int | float = Field(
         0,
         ge=0,
@@ -116,6 +174,97 @@ class OptimizerSection(Section):
     )
     lr_scheduler_num_cycles: int = Field(1, ge=1, description="Cycles of cosine_with_restarts.")
     lr_scheduler_power: float = Field(1.0, gt=0, description="Power of the polynomial schedule.")
+    loraplus_lr_ratio: float | None = Field(
+        None,
+        gt=0,
+        description="LoRA+: the up (B) matrices learn this many times faster than the down (A) "
+        "matrices (16 is common). Unset: same rate. Also accepted in network_args.",
+    )
+    loraplus_unet_lr_ratio: float | None = Field(
+        None, gt=0, description="LoRA+ ratio of the UNet adapter. Unset: loraplus_lr_ratio."
+    )
+    loraplus_text_encoder_lr_ratio: float | None = Field(
+        None,
+        gt=0,
+        description="LoRA+ ratio of the text-encoder adapter. Unset: loraplus_lr_ratio.",
+    )
+
+    @field_validator("optimizer_type")
+    @classmethod
+    def _known_optimizer(cls, name: str) -> str:
+        if name.lower() in kohya.OPTIMIZERS:
+            return kohya.OPTIMIZERS[name.lower()]
+        if "." not in name:
+            near = nearest(name.lower(), kohya.OPTIMIZERS)
+            hint = f'did you mean "{kohya.OPTIMIZERS[near]}"? ' if near else ""
+            known = ", ".join(kohya.OPTIMIZERS.values())
+            raise ValueError(f'unknown optimizer "{name}"; {hint}known: {known}, or a class path')
+        module, _, attr = name.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), attr, None)
+        except ImportError as exc:
+            raise ValueError(f"cannot import {module} for optimizer {name} ({exc})") from None
+        if not isinstance(found, type):
+            raise ValueError(f"{module} has no optimizer class {attr}")
+        return name
+
+    @model_validator(mode="after")
+    def _schedule_rules(self) -> OptimizerSection:
+        name, scheduler = self.optimizer_type, self.lr_scheduler
+        relative = name == "Adafactor" and self._arg("relative_step", True) is True
+        if name == "Adafactor" and self._arg("warmup_init", False) is True and not relative:
+            raise ValueError("Adafactor: warmup_init=True needs relative_step=True; drop one")
+        if scheduler == "adafactor" and not relative:
+            raise ValueError(
+                'lr_scheduler = "adafactor" only goes with optimizer_type = "Adafactor" and its '
+                "relative step (the default); use another lr_scheduler"
+            )
+        if relative and (scheduler not in ("adafactor", "constant") or self.lr_warmup_steps):
+            raise ValueError(
+                "Adafactor with relative_step=True sets its own step size: use lr_scheduler = "
+                '"adafactor" and lr_warmup_steps = 0 (warmup: optimizer_args "warmup_init=True"), '
+                'or add optimizer_args "relative_step=False" to use learning_rate and a schedule'
+            )
+        if relative and any(self._ratios()):
+            raise ValueError(
+                "LoRA+ needs learning rates; Adafactor with relative_step=True has none"
+            )
+        if name == "Prodigy" and any(self._ratios()):
+            raise ValueError("Prodigy takes one learning rate for all weights, so no LoRA+")
+        if name.lower().endswith("schedulefree") and (
+            scheduler != "constant" or self.lr_warmup_steps
+        ):
+            raise ValueError(
+                f'{name} needs no schedule: set lr_scheduler = "constant" and lr_warmup_steps = 0 '
+                '(warmup: optimizer_args "warmup_steps=N")'
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _args_accepted(self) -> OptimizerSection:
+        if self.optimizer_args:  # only then is the optimizer's class worth importing
+            from library.training.optimizers import check_optimizer_args
+
+            try:
+                check_optimizer_args(self)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return self
+
+    def _arg(self, key: str, default: object) -> object:
+        args = self.optimizer_args
+        try:
+            values = args if isinstance(args, dict) else kohya.parse_kv_args(list(args))
+        except ConfigError as exc:  # reported with its file by the loader; here for direct use
+            raise ValueError(str(exc)) from None
+        return values.get(key, default)
+
+    def _ratios(self) -> tuple[float | None, ...]:
+        return (
+            self.loraplus_lr_ratio,
+            self.loraplus_unet_lr_ratio,
+            self.loraplus_text_encoder_lr_ratio,
+        )
 
 
 class TrainingSection(Section):
@@ -143,6 +292,88 @@ class TrainingSection(Section):
     min_snr_gamma: float | None = Field(
         None, gt=0, description="Min-SNR loss weighting gamma (5 is common). Unset: off."
     )
+    noise_offset_random_strength: bool = Field(
+        False, description="Scale each sample's noise offset by a uniform draw in [0, 1)."
+    )
+    adaptive_noise_scale: float = Field(
+        0.0,
+        description="Add this times the absolute mean of each latent channel to noise_offset "
+        "(clamped at 0). Needs noise_offset. 0: off.",
+    )
+    multires_noise_iterations: int = Field(
+        0,
+        ge=0,
+        description="Multi-resolution (pyramid) noise: add this many octaves of upsampled noise "
+        "(6-10 is common). 0: off.",
+    )
+    multires_noise_discount: float = Field(
+        0.3, ge=0, le=1, description="Weight of octave i is discount ** i (multires noise)."
+    )
+    ip_noise_gamma: float = Field(
+        0.0,
+        ge=0,
+        description="Input perturbation: the model input gets noise + gamma * extra noise; the "
+        "target keeps the plain noise (0.1 is common). 0: off.",
+    )
+    ip_noise_gamma_random_strength: bool = Field(
+        False, description="Scale each sample's ip_noise_gamma by a uniform draw in [0, 1)."
+    )
+    min_timestep: int = Field(0, ge=0, description="Smallest training timestep (inclusive).")
+    max_timestep: int | None = Field(
+        None,
+        ge=1,
+        description="Timesteps are drawn below this (exclusive); equal to min_timestep: always "
+        "that timestep. Unset: the model's number of timesteps (1000).",
+    )
+    loss_type: Literal["l2", "l1", "huber", "smooth_l1"] = Field(
+        "l2",
+        description="l2 (squared error), l1 (absolute error), huber (2c(sqrt(d^2+c^2)-c)) or "
+        "smooth_l1 (2(sqrt(d^2+c^2)-c)), d the prediction error and c the Huber threshold.",
+    )
+    huber_schedule: Literal["constant", "exponential", "snr"] = Field(
+        "snr",
+        description="Huber threshold per timestep t of T: constant c*scale; exponential "
+        "scale*c^(t/T); snr (1-c)/(1+sigma_t)^2 + c, sigma_t = sqrt((1-abar_t)/abar_t).",
+    )
+    huber_c: float = Field(
+        0.1, gt=0, description="Huber threshold c of loss_type huber and smooth_l1."
+    )
+    huber_scale: float = Field(
+        1.0, gt=0, description="Multiplies the constant and exponential Huber thresholds."
+    )
+    debiased_estimation_loss: bool = Field(
+        False,
+        description="Weight each sample's loss by 1/sqrt(SNR) (epsilon) or 1/(SNR+1) (v); SNR "
+        "capped at 1000.",
+    )
+    scale_v_pred_loss_like_noise_pred: bool = Field(
+        False,
+        description="v-prediction models only: weight the loss by SNR/(SNR+1) so it is scaled "
+        "like an epsilon loss; SNR capped at 1000.",
+    )
+    v_pred_like_loss: float = Field(
+        0.0,
+        ge=0,
+        description="Epsilon models only: add this times the loss divided by SNR/(SNR+1) (a "
+        "v-prediction-like term). 0: off.",
+    )
+
+    @model_validator(mode="after")
+    def _noise_needs(self) -> TrainingSection:
+        needs = {
+            "adaptive_noise_scale": "noise_offset",
+            "noise_offset_random_strength": "noise_offset",
+            "ip_noise_gamma_random_strength": "ip_noise_gamma",
+        }
+        for key, base in needs.items():
+            if getattr(self, key) and not getattr(self, base):
+                raise ValueError(f"{key} only acts together with {base}; set {base} > 0")
+        if self.max_timestep is not None and self.min_timestep > self.max_timestep:
+            raise ValueError(
+                f"min_timestep = {self.min_timestep} is above max_timestep = {self.max_timestep}"
+            )
+        return self
+
     prior_loss_weight: float = Field(
         1.0, ge=0, description="Loss weight of regularisation images."
     )
@@ -167,6 +398,13 @@ class TrainingSection(Section):
         False,
         description="Tell DistributedDataParallel the set of used parameters never changes "
         "(lets it skip per-step bookkeeping).",
+    )
+    ema_decay: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Keep an exponential moving average of the trained weights with this decay "
+        "(e.g. 0.999) and save it beside every output as <name>-ema.safetensors. Unset: no EMA.",
     )
     nan_policy: Literal["stop", "skip"] = Field(
         "stop",
@@ -232,12 +470,17 @@ class SavingSection(Section):
 
 
 class LoggingSection(Section):
-    log_with: Literal["tensorboard"] | None = Field(
-        None, description='Experiment tracker: "tensorboard". Unset: progress bar only.'
+    log_with: Literal["tensorboard", "wandb", "all"] | None = Field(
+        None,
+        description='Experiment tracker: "tensorboard", "wandb" (Weights & Biases; run `wandb '
+        'login` first, or set WANDB_MODE=offline) or "all". Unset: progress bar only.',
     )
     logging_dir: str = Field("logs", description="Folder for tracker files.")
     log_prefix: str | None = Field(None, description="Prefix of the run folder name.")
     log_tracker_name: str | None = Field(None, description="Tracker project name (default: output_name).")
+    wandb_run_name: str | None = Field(
+        None, description="Name of the run in Weights & Biases. Unset: the run folder name."
+    )
 
 
 class Config(BaseModel):
@@ -252,6 +495,7 @@ class Config(BaseModel):
     data: DataSection = DataSection()
     saving: SavingSection = SavingSection()
     logging: LoggingSection = LoggingSection()
+    sampling: SamplingSection = SamplingSection()
     datasets: list[DatasetConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -272,6 +516,7 @@ SECTIONS: dict[str, type[Section]] = {
     "data": DataSection,
     "saving": SavingSection,
     "logging": LoggingSection,
+    "sampling": SamplingSection,
 }
 
 

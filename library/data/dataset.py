@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.folders import ImageItem, caption_for, scan_subset
-from library.data.images import check_image, load_image
+from library.data.images import check_image, load_image_with_sizes
 from library.data.plan import DataStats, data_stats
 from library.data.schedule import EpochSchedule, SampleRef, SampleSpec, epoch_samples
 from library.errors import DataError
@@ -150,8 +150,10 @@ class TrainData:
         """This rank's micro-batches of `epoch` from optimizer step `start_step`, in order.
 
         Each batch: {"pixel_values": float [B, 3, H, W] in [-1, 1], "captions": list[str],
-        "loss_weights": float [B], "positions": long [B], "epoch": int}. The order is fixed by the
-        schedule; the loader holds no random state, so workers cannot change the results.
+        "loss_weights": float [B], "positions": long [B], "epoch": int, and for SDXL's size
+        conditioning "original_sizes" (source image h, w), "crop_top_lefts" (crop top, left in
+        the resized image, pixels), "target_sizes" (h, w), each long [B, 2]}. The order is fixed
+        by the schedule; the loader holds no random state, so workers cannot change the results.
         """
         return DataLoader(
             _Samples(self.datasets, epoch),
@@ -177,12 +179,16 @@ class _Samples(Dataset):
         spec = dataset.samples[ref.index]
         item = dataset.items[spec.item]
         width, height = dataset.config.resolution
+        pixels, original, crop = load_image_with_sizes(item.path, (width, height))
         return {
-            "pixel_values": load_image(item.path, (width, height)),
+            "pixel_values": pixels,
             "caption": caption_for(item, self.epoch, ref.position),
             "loss_weight": spec.loss_weight,
             "position": ref.position,
             "epoch": self.epoch,
+            "original_size": original,
+            "crop_top_left": crop,
+            "target_size": (height, width),
         }
 
 
@@ -193,4 +199,7 @@ def _collate(samples: list[dict]) -> dict:
         "loss_weights": torch.tensor([s["loss_weight"] for s in samples], dtype=torch.float32),
         "positions": torch.tensor([s["position"] for s in samples], dtype=torch.long),
         "epoch": samples[0]["epoch"],
+        "original_sizes": torch.tensor([s["original_size"] for s in samples], dtype=torch.long),
+        "crop_top_lefts": torch.tensor([s["crop_top_left"] for s in samples], dtype=torch.long),
+        "target_sizes": torch.tensor([s["target_size"] for s in samples], dtype=torch.long),
     }

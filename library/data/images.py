@@ -61,18 +61,26 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return Image.alpha_composite(background, rgba).convert("RGB")
 
 
-def cover_and_crop(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """Resize `image` keeping its aspect ratio so it covers `size` (w, h), then crop the center."""
+def cover_geometry(
+    image_size: tuple[int, int], size: tuple[int, int]
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((new_w, new_h), (left, top)): the covering resize of an `image_size` (w, h) image for
+    `size` (w, h) keeping the aspect ratio, and the top-left corner of the center crop in the
+    resized image's pixels."""
     target_w, target_h = size
-    width, height = image.size
+    width, height = image_size
     scale = max(target_w / width, target_h / height)
     new_w = max(target_w, round(width * scale))
     new_h = max(target_h, round(height * scale))
-    if (new_w, new_h) != (width, height):
+    return (new_w, new_h), ((new_w - target_w) // 2, (new_h - target_h) // 2)
+
+
+def cover_and_crop(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """Resize `image` keeping its aspect ratio so it covers `size` (w, h), then crop the center."""
+    (new_w, new_h), (left, top) = cover_geometry(image.size, size)
+    if (new_w, new_h) != image.size:
         image = image.resize((new_w, new_h), Image.Resampling.LANCZOS)
-    left = (new_w - target_w) // 2
-    top = (new_h - target_h) // 2
-    return image.crop((left, top, left + target_w, top + target_h))
+    return image.crop((left, top, left + size[0], top + size[1]))
 
 
 def load_image(path: Path, size: tuple[int, int]) -> torch.Tensor:
@@ -81,12 +89,23 @@ def load_image(path: Path, size: tuple[int, int]) -> torch.Tensor:
     RGB (alpha composited on white), EXIF orientation applied, resized to cover and center-cropped.
     Raises DataError naming the file if it cannot be decoded.
     """
+    return load_image_with_sizes(path, size)[0]
+
+
+def load_image_with_sizes(
+    path: Path, size: tuple[int, int]
+) -> tuple[torch.Tensor, tuple[int, int], tuple[int, int]]:
+    """``load_image`` plus what SDXL's size conditioning needs: the source image's (height,
+    width) as displayed, and the (top, left) of the crop in the resized image's pixels (as SDXL
+    and diffusers' SDXL training count them)."""
     try:
         with Image.open(path) as opened:
             image = ImageOps.exif_transpose(opened)
             image = _to_rgb(image)
     except Exception as error:  # PIL raises many types for corrupt or truncated files
         raise _unreadable(path, error) from error
+    original = (image.height, image.width)
+    _, (left, top) = cover_geometry(image.size, size)
     pixels = np.asarray(cover_and_crop(image, size), dtype=np.uint8)
     tensor = torch.from_numpy(pixels.copy()).permute(2, 0, 1).float()
-    return tensor / 127.5 - 1.0
+    return tensor / 127.5 - 1.0, original, (top, left)

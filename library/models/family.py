@@ -1,13 +1,16 @@
-"""Model families as data: what differs between SD 1.x, SD 2.x and SD 2.x 768-v.
+"""Model families as data: what differs between SD 1.x, SD 2.x, SD 2.x 768-v and SDXL.
 
 The trainer never branches on a family name; it reads these fields (prediction target, which
-text encoders exist, LoRA key prefixes, metadata strings). SDXL will be one more instance with
-two entries in the text-encoder tuples and its pooled/size conditioning switched on.
+text encoders exist and which of their layers condition the UNet, pooled/size conditioning, LoRA
+key prefixes and UNet key layout, metadata strings). SDXL is one more instance with two entries
+in the text-encoder tuples and its pooled/size conditioning switched on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,6 +19,8 @@ from library.config.schema import ModelSection
 log = logging.getLogger(__name__)
 
 PredictionType = Literal["epsilon", "v_prediction"]
+TextLayer = Literal["last", "penultimate"]
+UNetKeyLayout = Literal["diffusers", "original"]
 
 # Cross-attention width (the text encoder's hidden size) of the released models.
 _SD1_CONTEXT_DIM = 768  # OpenAI CLIP ViT-L/14
@@ -44,6 +49,16 @@ class ModelFamily:
     # SDXL conditions the UNet on the pooled text embedding and on image sizes; SD1/2 do not.
     uses_pooled_text_embedding: bool = False
     uses_size_conditioning: bool = False
+    # "last": each encoder's last_hidden_state (after the final layer norm; clip_skip applies).
+    # "penultimate": hidden_states[-2] without the final norm, what SDXL was trained on.
+    text_layer: TextLayer = "last"
+    # UNet module names in LoRA files: diffusers paths (SD 1.x/2.x) or the original SGM layout
+    # (SDXL; FORMATS.md section 1). modelspec.implementation of a LoRA file follows the layout.
+    unet_lora_key_layout: UNetKeyLayout = "diffusers"
+    lora_implementation: str = "diffusers"
+    # scaling_factor of the family's released VAE. Training reads the loaded VAE's config; this
+    # is what VAE configs we write (tiny models) carry.
+    latent_scale: float = 0.18215
 
     @property
     def v_parameterization(self) -> bool:
@@ -97,6 +112,30 @@ SD1_V = ModelFamily(
     default_resolution=512,
 )
 
+# SDXL base 1.0: CLIP ViT-L (text_encoder) + OpenCLIP ViT-bigG with projection (text_encoder_2);
+# the UNet takes both penultimate layers concatenated, the pooled bigG embedding and the image
+# sizes (original size, crop top-left, target size).
+SDXL = ModelFamily(
+    name="sdxl",
+    v2=False,
+    prediction_type="epsilon",
+    base_model_version="sdxl_base_v1-0",
+    modelspec_architecture="stable-diffusion-xl-v1-base",
+    default_resolution=1024,
+    text_encoder_subfolders=("text_encoder", "text_encoder_2"),
+    tokenizer_subfolders=("tokenizer", "tokenizer_2"),
+    text_encoder_lora_prefixes=("lora_te1", "lora_te2"),
+    uses_pooled_text_embedding=True,
+    uses_size_conditioning=True,
+    text_layer="penultimate",
+    unet_lora_key_layout="original",
+    lora_implementation="https://github.com/Stability-AI/generative-models",
+    latent_scale=0.13025,
+)
+# SDXL fine-tunes trained for v-prediction; kohya keeps the base version name for them.
+SDXL_V = dataclasses.replace(SDXL, name="sdxl-v", prediction_type="v_prediction")
+
+# The SD 1.x/2.x families, told apart by (v2, prediction_type); SDXL is told by its UNet.
 FAMILIES: tuple[ModelFamily, ...] = (SD1, SD2, SD2_V, SD1_V)
 
 
@@ -128,29 +167,41 @@ def _scheduler_prediction(scheduler_config: dict) -> PredictionType:
     return "v_prediction" if value == "v_prediction" else "epsilon"
 
 
-def detect_family(model: ModelSection, unet_config: dict, scheduler_config: dict) -> ModelFamily:
+def is_sdxl_unet(unet_config: Mapping) -> bool:
+    """An SDXL-style UNet: its added embedding takes a pooled text embedding and image sizes."""
+    return unet_config.get("addition_embed_type") == "text_time"
+
+
+def unet_lora_key_layout(unet_config: Mapping) -> UNetKeyLayout:
+    """How LoRA files name the modules of a UNet with this config (its family's layout)."""
+    return (SDXL if is_sdxl_unet(unet_config) else SD1).unet_lora_key_layout
+
+
+def sdxl_for(prediction: PredictionType) -> ModelFamily:
+    """SDXL, or its v-prediction variant."""
+    return SDXL_V if prediction == "v_prediction" else SDXL
+
+
+def detect_family(
+    model: ModelSection,
+    unet_config: dict,
+    scheduler_config: dict,
+    model_index: Mapping | None = None,
+) -> ModelFamily:
     """Pick the family from the config flags, falling back to the model's own configs.
 
-    ``model.v2`` unset: SD 2.x when the UNet's cross-attention width is 1024 (see
-    ``_looks_like_sd2`` for non-standard widths). ``model.v_parameterization`` unset: the
-    scheduler config's prediction_type. A set flag always wins; a flag that contradicts the
+    SDXL when the UNet takes pooled text and size conditioning (``addition_embed_type``
+    "text_time") or ``model_index`` names a StableDiffusionXLPipeline; ``model.v2`` does not
+    apply to it. Otherwise ``model.v2`` unset: SD 2.x when the UNet's cross-attention width is
+    1024 (see ``_looks_like_sd2`` for non-standard widths). ``model.v_parameterization`` unset:
+    the scheduler config's prediction_type. A set flag always wins; a flag that contradicts the
     model is logged, since the user may know better (e.g. a converted model with a wrong config).
     """
-    detected_v2 = _looks_like_sd2(unet_config)
     detected_pred = _scheduler_prediction(scheduler_config)
-    v2 = detected_v2 if model.v2 is None else model.v2
     if model.v_parameterization is None:
         prediction: PredictionType = detected_pred
     else:
         prediction = "v_prediction" if model.v_parameterization else "epsilon"
-    if v2 != detected_v2:
-        log.warning(
-            "v2=%s but the UNet looks like SD %s (cross_attention_dim=%s); using v2=%s",
-            v2,
-            "2.x" if detected_v2 else "1.x",
-            unet_config.get("cross_attention_dim"),
-            v2,
-        )
     if prediction != detected_pred:
         log.warning(
             "v_parameterization=%s but the scheduler config says prediction_type=%r; training "
@@ -158,5 +209,20 @@ def detect_family(model: ModelSection, unet_config: dict, scheduler_config: dict
             model.v_parameterization,
             scheduler_config.get("prediction_type", "epsilon"),
             prediction,
+        )
+    index_class = str((model_index or {}).get("_class_name", ""))
+    if is_sdxl_unet(unet_config) or index_class.startswith("StableDiffusionXL"):
+        if model.v2:
+            log.warning("v2 = true, but the model is SDXL; v2 applies to SD 2.x only, ignored")
+        return sdxl_for(prediction)
+    detected_v2 = _looks_like_sd2(unet_config)
+    v2 = detected_v2 if model.v2 is None else model.v2
+    if v2 != detected_v2:
+        log.warning(
+            "v2=%s but the UNet looks like SD %s (cross_attention_dim=%s); using v2=%s",
+            v2,
+            "2.x" if detected_v2 else "1.x",
+            unet_config.get("cross_attention_dim"),
+            v2,
         )
     return family_for(v2, prediction)

@@ -1,8 +1,9 @@
-"""Tiny SD 1.x / 2.x models and a tiny CLIP tokenizer, built from small configs under a seed.
+"""Tiny SD 1.x / 2.x / SDXL models and a tiny CLIP tokenizer, built from small configs under a seed.
 
 They have the real module layout (cross-attention transformer blocks, ResNet blocks, down- and
-upsamplers, a CLIP text encoder) at a fraction of the size, so the example and the tests exercise
-the same code paths as a real SD 1.5 / 2.x model, fully offline.
+upsamplers, CLIP text encoders; for SDXL the second encoder with projection and the UNet's
+pooled-text + size embedding) at a fraction of the size, so the example and the tests exercise
+the same code paths as a real SD 1.5 / 2.x / SDXL model, fully offline.
 """
 
 from __future__ import annotations
@@ -127,10 +128,15 @@ def tiny_scheduler_config(family: str = "sd1") -> dict:
 
 
 def build_tiny_components(family: str = "sd1", seed: int = 0) -> dict:
-    """Build unet, vae, text_encoder and scheduler in memory with weights drawn under ``seed``."""
+    """Build unet, vae, text_encoder and scheduler in memory with weights drawn under ``seed``.
+
+    ``family`` "sdxl" also gives text_encoder_2 (see ``build_tiny_sdxl_components``).
+    """
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
+    if family == "sdxl":
+        return build_tiny_sdxl_components(seed)
     if family not in ("sd1", "sd2", "sd2-v"):
         raise ValueError(f"unknown tiny family {family!r}")
     torch.manual_seed(seed)
@@ -142,11 +148,16 @@ def build_tiny_components(family: str = "sd1", seed: int = 0) -> dict:
 
 
 def save_tiny_model(folder: str | Path, family: str = "sd1", seed: int = 0) -> Path:
-    """Write a tiny model as a diffusers pipeline folder (model_index.json + components)."""
+    """Write a tiny model as a diffusers pipeline folder (model_index.json + components).
+
+    ``family`` "sdxl" writes a StableDiffusionXLPipeline folder (text_encoder_2, tokenizer_2).
+    """
     from diffusers import StableDiffusionPipeline
     from transformers import CLIPTokenizer
 
     folder = Path(folder)
+    if family == "sdxl":
+        return _save_tiny_sdxl(folder, seed)
     parts = build_tiny_components(family, seed)
     tok_dir = write_tiny_tokenizer(folder / "tokenizer")
     pipe = StableDiffusionPipeline(
@@ -172,3 +183,100 @@ def _drop_load_state(config_file: Path) -> None:
         config.pop(key, None)
     text = json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     config_file.write_text(text, encoding="utf-8")
+
+
+# --- SDXL -------------------------------------------------------------------------------------
+
+# Two encoders of different widths, so a mix-up of their outputs changes shapes and fails.
+TINY_SDXL_TEXT_WIDTHS = (32, 48)  # hidden size of text_encoder (CLIP-L), text_encoder_2 (bigG)
+TINY_SDXL_PROJECTION_DIM = 24  # text_encoder_2's pooled (projected) width
+TINY_SDXL_TIME_EMBED_DIM = 8  # addition_time_embed_dim: per size number
+
+
+def tiny_sdxl_unet_config() -> dict:
+    """UNet2DConditionModel kwargs in SDXL's pattern at small width.
+
+    As in SDXL: the first level has no attention, the deeper one has two transformer layers per
+    block, linear projections, two ResNets per level, and the "text_time" added embedding fed
+    with the pooled text embedding plus six size numbers (original h/w, crop top/left, target
+    h/w), each embedded in ``addition_time_embed_dim`` channels.
+    """
+    return {
+        "sample_size": TINY_SIZE // 8,
+        "in_channels": 4,
+        "out_channels": 4,
+        "layers_per_block": 2,
+        "block_out_channels": (32, 64),
+        "down_block_types": ("DownBlock2D", "CrossAttnDownBlock2D"),
+        "up_block_types": ("CrossAttnUpBlock2D", "UpBlock2D"),
+        "transformer_layers_per_block": (1, 2),
+        "attention_head_dim": (2, 4),
+        "use_linear_projection": True,
+        "cross_attention_dim": sum(TINY_SDXL_TEXT_WIDTHS),
+        "addition_embed_type": "text_time",
+        "addition_time_embed_dim": TINY_SDXL_TIME_EMBED_DIM,
+        "projection_class_embeddings_input_dim": TINY_SDXL_PROJECTION_DIM
+        + 6 * TINY_SDXL_TIME_EMBED_DIM,
+        "norm_num_groups": 32,
+    }
+
+
+def tiny_sdxl_text_configs() -> tuple[dict, dict]:
+    """CLIPTextConfig kwargs of text_encoder (quick-GELU, like CLIP-L) and text_encoder_2
+    (GELU and a projection, like OpenCLIP bigG)."""
+    first = {**tiny_text_config("sd1"), "hidden_size": TINY_SDXL_TEXT_WIDTHS[0]}
+    second = {
+        **tiny_text_config("sd2"),
+        "hidden_size": TINY_SDXL_TEXT_WIDTHS[1],
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "projection_dim": TINY_SDXL_PROJECTION_DIM,
+    }
+    return first, second
+
+
+def build_tiny_sdxl_components(seed: int = 0) -> dict:
+    """unet, vae, text_encoder, text_encoder_2 and scheduler of a tiny SDXL, drawn under ``seed``.
+
+    The VAE carries SDXL's latent scale (0.13025); the scheduler is SDXL's Euler sampler over the
+    same training noise schedule as SD.
+    """
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    from library.models.family import SDXL
+
+    torch.manual_seed(seed)
+    first, second = tiny_sdxl_text_configs()
+    unet = UNet2DConditionModel(**tiny_sdxl_unet_config())
+    vae = AutoencoderKL(**{**tiny_vae_config(), "scaling_factor": SDXL.latent_scale})
+    text_encoder = CLIPTextModel(CLIPTextConfig(**first))
+    text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**second))
+    schedule = {**tiny_scheduler_config("sd1"), "timestep_spacing": "leading"}
+    schedule.pop("clip_sample")
+    schedule.pop("set_alpha_to_one")
+    scheduler = EulerDiscreteScheduler(**schedule)
+    return {
+        "unet": unet,
+        "vae": vae,
+        "text_encoder": text_encoder,
+        "text_encoder_2": text_encoder_2,
+        "scheduler": scheduler,
+    }
+
+
+def _save_tiny_sdxl(folder: Path, seed: int) -> Path:
+    """A StableDiffusionXLPipeline folder; both tokenizers are the tiny one, as in SDXL where
+    both encoders share CLIP's vocabulary."""
+    from diffusers import StableDiffusionXLPipeline
+    from transformers import CLIPTokenizer
+
+    parts = build_tiny_sdxl_components(seed)
+    tokenizers = {}
+    for name in ("tokenizer", "tokenizer_2"):
+        tokenizers[name] = CLIPTokenizer.from_pretrained(write_tiny_tokenizer(folder / name))
+    pipe = StableDiffusionXLPipeline(**parts, **tokenizers, add_watermarker=False)
+    pipe.save_pretrained(folder, safe_serialization=True)
+    for name in tokenizers:
+        _drop_load_state(folder / name / "tokenizer_config.json")
+    return folder

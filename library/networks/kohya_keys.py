@@ -3,7 +3,9 @@
 A module of the model at path ``a.b.0.c`` is named ``<prefix>_a_b_0_c`` in a kohya file, with the
 tensors ``<name>.lora_down.weight``, ``<name>.lora_up.weight`` and ``<name>.alpha``. Names are
 mapped back to modules through a table built from the model's own paths, never by guessing which
-underscores were dots.
+underscores were dots. An SDXL UNet's paths are first renamed to the original SGM layout
+(``down_blocks.1.attentions.0`` -> ``input_blocks.4.1``, library/models/original_names.py), the
+names A1111 and ComfyUI expect; the same table maps them back on import.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
+from library.models.family import unet_lora_key_layout
+from library.models.original_names import unet_path_to_original
 from library.networks.lora import ADAPTER, lora_layers, lora_rank, set_lora_scale
 
 UNET = "lora_unet"
@@ -22,8 +26,16 @@ TEXT_ENCODER = "lora_te"
 KNOWN_PREFIXES = {
     "lora_unet": ("UNet", "set network_train_text_encoder_only = false"),
     "lora_te": ("text encoder", "set network_train_unet_only = false"),
-    "lora_te1": ("first SDXL text encoder", "it is an SDXL LoRA; use an SDXL LoRA trainer"),
-    "lora_te2": ("second SDXL text encoder", "it is an SDXL LoRA; use an SDXL LoRA trainer"),
+    "lora_te1": (
+        "first SDXL text encoder",
+        "set network_train_unet_only = false if the base model is SDXL (an SDXL LoRA needs an "
+        "SDXL base model)",
+    ),
+    "lora_te2": (
+        "second SDXL text encoder",
+        "set network_train_unet_only = false if the base model is SDXL (an SDXL LoRA needs an "
+        "SDXL base model)",
+    ),
 }
 DOWN, UP, ALPHA = "lora_down.weight", "lora_up.weight", "alpha"
 
@@ -37,13 +49,27 @@ def kohya_path(model: nn.Module, path: str) -> str:
     """The module path kohya names ``path`` by.
 
     kohya's names follow transformers 4's CLIPTextModel, whose layers sit under ``text_model``;
-    transformers 5 flattened that attribute away, so the prefix is put back for the file.
+    transformers 5 flattened that attribute away, so the prefix is put back for the file. A UNet
+    whose family names LoRA modules in the original layout (SDXL) gets its SGM path.
     """
     from transformers import CLIPTextModel
 
     if isinstance(model, CLIPTextModel) and not hasattr(model, "text_model"):
         return f"text_model.{path}"
+    config = _original_layout_config(model)
+    if config is not None:
+        return unet_path_to_original(path, config)
     return path
+
+
+def _original_layout_config(model: nn.Module):
+    """The UNet config when LoRA files name ``model``'s modules in the original layout."""
+    from diffusers import UNet2DConditionModel
+
+    original = isinstance(model, UNet2DConditionModel)
+    if original and unet_lora_key_layout(model.config) == "original":
+        return model.config
+    return None
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -131,7 +157,7 @@ def _unmatched_error(names: list[str], models: Mapping[str, nn.Module], source: 
 
 def _missing_error(missing: list[str], total: int, source: str) -> str:
     """Explain adapted layers the file has no weights for, naming the fix."""
-    if all(_prefix_of(name) == TEXT_ENCODER for name in missing):
+    if all((_prefix_of(name) or "").startswith(TEXT_ENCODER) for name in missing):
         fix = "it has no text-encoder LoRA; set network_train_unet_only = true"
     elif all(_looks_conv(name) for name in missing):
         fix = "it has no conv (LoCon) LoRA; remove conv_dim"

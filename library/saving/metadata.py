@@ -85,13 +85,19 @@ def _optimizer_name(config: Config) -> str:
     return f"{name}({','.join(items)})" if items else name
 
 
-def _modelspec(config: Config, architecture: str, family: Family, run: RunInfo) -> dict[str, str]:
+def _modelspec(
+    config: Config,
+    architecture: str,
+    family: Family,
+    run: RunInfo,
+    implementation: str = IMPLEMENTATION,
+) -> dict[str, str]:
     saving = config.saving
     width, height = run.resolution
     spec = {
         "modelspec.sai_model_spec": MODELSPEC_VERSION,
         "modelspec.architecture": architecture,
-        "modelspec.implementation": IMPLEMENTATION,
+        "modelspec.implementation": implementation,
         "modelspec.title": saving.metadata_title or saving.output_name,
         "modelspec.date": datetime.fromtimestamp(int(time.time())).isoformat(),
         "modelspec.resolution": f"{width}x{height}",
@@ -178,7 +184,9 @@ def lora_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str
     if config.saving.no_metadata:
         keys = {k: keys[k] for k in MINIMUM_KEYS}
     architecture = f"{family.modelspec_architecture}/lora"
-    return _strings(keys) | _modelspec(config, architecture, family, run)
+    # The implementation whose module names the file uses: SGM's for SDXL (ModelFamily).
+    implementation = getattr(family, "lora_implementation", IMPLEMENTATION)
+    return _strings(keys) | _modelspec(config, architecture, family, run, implementation)
 
 
 def _side_lr(config: Config, lr: float | None, trained: bool) -> float | None:

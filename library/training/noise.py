@@ -1,10 +1,11 @@
 """Per-sample randomness keyed by (seed, epoch, position), independent of batching and processes.
 
 Every random draw of a training sample (the VAE posterior sample, the noise, the timestep, the
-offset noise) comes from a generator seeded by the sample's key alone. So a sample gets the same
-draws whether it is trained in a batch of 4, as one of 4 accumulated micro-batches, or on another
-process: the run's result depends on which samples form each optimizer step, never on how they
-are spread over micro-batches and ranks.
+offset noise, the strengths, the input-perturbation and pyramid noise) comes from generators
+seeded by the sample's key alone. So a sample gets the same draws whether it is trained in a
+batch of 4, as one of 4 accumulated micro-batches, or on another process: the run's result
+depends on which samples form each optimizer step, never on how they are spread over
+micro-batches and ranks.
 """
 
 from __future__ import annotations
@@ -13,12 +14,53 @@ import hashlib
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from library.errors import ConfigError
+
+# Optional draws whose size depends on the options live in their own streams, so turning them on
+# or off never moves the draws of the main stream.
+IP_NOISE_STREAM = "ip_noise"
+MULTIRES_STREAM = "multires"
 
 
-def sample_seed(seed: int, epoch: int, position: int) -> int:
-    """A 63-bit seed mixed from the key; stable across processes and Python runs."""
-    digest = hashlib.blake2b(f"{seed}:{epoch}:{position}".encode(), digest_size=8).digest()
+def sample_seed(seed: int, epoch: int, position: int, stream: str = "") -> int:
+    """A 63-bit seed mixed from the key (and a stream name); stable across processes and runs."""
+    key = f"{seed}:{epoch}:{position}" + (f":{stream}" if stream else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class NoiseOptions:
+    """How the training noise and timesteps are made; the noise keys of TrainingSection."""
+
+    noise_offset: float = 0.0
+    noise_offset_random_strength: bool = False
+    adaptive_noise_scale: float = 0.0
+    multires_noise_iterations: int = 0
+    multires_noise_discount: float = 0.3
+    ip_noise_gamma: float = 0.0
+    ip_noise_gamma_random_strength: bool = False
+    min_timestep: int = 0
+    max_timestep: int | None = None
+
+    @classmethod
+    def from_training(cls, training: object) -> NoiseOptions:
+        """The options of a TrainingSection (any object with these attribute names)."""
+        return cls(**{name: getattr(training, name) for name in cls.__dataclass_fields__})
+
+    def timestep_range(self, num_timesteps: int) -> tuple[int, int]:
+        """(low, high): timesteps are drawn from [low, high), or are ``low`` when both are equal."""
+        low = self.min_timestep
+        high = num_timesteps if self.max_timestep is None else self.max_timestep
+        if not 0 <= low <= high <= num_timesteps or low >= num_timesteps:
+            raise ConfigError(
+                f"min_timestep = {low} / max_timestep = {high} do not fit the model's "
+                f"{num_timesteps} timesteps; need min_timestep <= max_timestep <= {num_timesteps} "
+                f"and min_timestep < {num_timesteps}"
+            )
+        return low, high
 
 
 @dataclass
@@ -29,6 +71,10 @@ class SampleDraws:
     noise: torch.Tensor  # standard normal, shape of the latents: the diffusion noise
     timesteps: torch.Tensor  # long [B]
     offset: torch.Tensor  # standard normal [B, C, 1, 1] for noise_offset
+    offset_strength: torch.Tensor  # uniform [0, 1) [B]: noise_offset_random_strength
+    ip_strength: torch.Tensor  # uniform [0, 1) [B]: ip_noise_gamma_random_strength
+    ip_noise: torch.Tensor | None  # standard normal, shape of the latents, when ip_noise_gamma
+    pyramid: torch.Tensor | None  # the multires octaves summed, when multires_noise_iterations
 
 
 def draw(
@@ -38,22 +84,109 @@ def draw(
     latent_shape: tuple[int, int, int],
     num_timesteps: int,
     device: torch.device,
+    options: NoiseOptions | None = None,
 ) -> SampleDraws:
-    """Draw each sample's randoms on the CPU from its own generator, then move them to ``device``.
+    """Draw each sample's randoms on the CPU from its own generators, then move them to ``device``.
 
-    The draw order inside one generator is fixed, so adding a new kind of draw later must append
-    it at the end to keep existing runs reproducible.
+    The draw order inside the main generator is fixed, so a new kind of draw must be appended at
+    the end (or get its own stream) to keep existing runs reproducible.
     """
-    eps, noise, steps, offset = [], [], [], []
+    options = options or NoiseOptions()
+    low, high = options.timestep_range(num_timesteps)
+    fields: dict[str, list[torch.Tensor]] = {name: [] for name in SampleDraws.__dataclass_fields__}
     for position in positions:
-        gen = torch.Generator().manual_seed(sample_seed(seed, epoch, position))
-        eps.append(torch.randn(latent_shape, generator=gen))
-        noise.append(torch.randn(latent_shape, generator=gen))
-        steps.append(torch.randint(0, num_timesteps, (1,), generator=gen))
-        offset.append(torch.randn((latent_shape[0], 1, 1), generator=gen))
-    return SampleDraws(
-        latent_eps=torch.stack(eps).to(device),
-        noise=torch.stack(noise).to(device),
-        timesteps=torch.cat(steps).to(device),
-        offset=torch.stack(offset).to(device),
-    )
+        one = _draw_one((seed, epoch, position), latent_shape, low, high, options)
+        for name, value in one.items():
+            fields[name].append(value)
+    return SampleDraws(**{name: _join(name, items, device) for name, items in fields.items()})
+
+
+def _draw_one(
+    key: tuple[int, int, int],
+    shape: tuple[int, int, int],
+    low: int,
+    high: int,
+    options: NoiseOptions,
+) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(sample_seed(*key))
+    out = {
+        "latent_eps": torch.randn(shape, generator=gen),
+        "noise": torch.randn(shape, generator=gen),
+        # randint consumes the stream alike whatever the range, so later draws never move.
+        "timesteps": torch.randint(low, max(high, low + 1), (1,), generator=gen),
+        "offset": torch.randn((shape[0], 1, 1), generator=gen),
+        "offset_strength": torch.rand((1,), generator=gen),
+        "ip_strength": torch.rand((1,), generator=gen),
+    }
+    if options.ip_noise_gamma:
+        ip_gen = torch.Generator().manual_seed(sample_seed(*key, IP_NOISE_STREAM))
+        out["ip_noise"] = torch.randn(shape, generator=ip_gen)
+    if options.multires_noise_iterations:
+        pyramid_gen = torch.Generator().manual_seed(sample_seed(*key, MULTIRES_STREAM))
+        out["pyramid"] = pyramid_noise(
+            pyramid_gen, shape, options.multires_noise_iterations, options.multires_noise_discount
+        )
+    return out
+
+
+_PER_SAMPLE_SCALARS = ("timesteps", "offset_strength", "ip_strength")
+
+
+def _join(name: str, items: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:
+    if not items:
+        return None
+    joined = torch.cat(items) if name in _PER_SAMPLE_SCALARS else torch.stack(items)
+    return joined.to(device)
+
+
+def pyramid_noise(
+    gen: torch.Generator, shape: tuple[int, int, int], iterations: int, discount: float
+) -> torch.Tensor:
+    """Sum of ``iterations`` octaves of noise, each drawn at a random coarser size and upsampled.
+
+    Octave i is drawn at size / r**i with r uniform in [2, 4) and weighted discount**i; octave 0
+    is full size. It stops after the first octave that is 1 pixel high or wide.
+    """
+    channels, height, width = shape
+    total = torch.zeros(shape)
+    for i in range(iterations):
+        r = 2.0 + 2.0 * float(torch.rand((), generator=gen, dtype=torch.float64))
+        h, w = max(1, int(height / r**i)), max(1, int(width / r**i))
+        octave = torch.randn((1, channels, h, w), generator=gen)
+        upsampled = F.interpolate(
+            octave, size=(height, width), mode="bilinear", align_corners=False
+        )
+        total += upsampled[0] * discount**i
+        if h == 1 or w == 1:
+            break
+    return total
+
+
+def training_noise(
+    draws: SampleDraws, latents: torch.Tensor, options: NoiseOptions
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target noise, input noise): the noise the model must predict and the noise added to x0.
+
+    Offset noise (random strength, adaptive scale), then multires octaves (each sample rescaled
+    to unit standard deviation on its own), then input perturbation on the input side only.
+    """
+    noise = draws.noise
+    if options.noise_offset:
+        strength = torch.full_like(draws.offset_strength, options.noise_offset)
+        if options.noise_offset_random_strength:
+            strength = strength * draws.offset_strength
+        strength = strength.view(-1, 1, 1, 1)
+        if options.adaptive_noise_scale:
+            channel_mean = latents.float().mean(dim=(2, 3), keepdim=True).abs()
+            strength = (strength + options.adaptive_noise_scale * channel_mean).clamp(min=0.0)
+        noise = noise + strength * draws.offset
+    if options.multires_noise_iterations:
+        noise = noise + draws.pyramid
+        noise = noise / noise.std(dim=(1, 2, 3), keepdim=True)
+    input_noise = noise
+    if options.ip_noise_gamma:
+        gamma = torch.full_like(draws.ip_strength, options.ip_noise_gamma)
+        if options.ip_noise_gamma_random_strength:
+            gamma = gamma * draws.ip_strength
+        input_noise = noise + gamma.view(-1, 1, 1, 1) * draws.ip_noise
+    return noise, input_noise

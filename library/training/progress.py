@@ -33,6 +33,12 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
     return "\n".join(lines)
 
 
+def run_logging_dir(config: Config) -> Path:
+    """This run's tracker folder: <logging_dir>/<log_prefix><date-time>, like kohya's."""
+    logging = config.logging
+    return Path(logging.logging_dir) / f"{logging.log_prefix or ''}{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def _tracker_config(config: Config) -> dict:
     """Flat scalar hyper-parameters for the tracker (TensorBoard hparams accept no lists)."""
     flat = {}
@@ -63,11 +69,12 @@ class ProgressReporter:
         self.skipped = 0  # optimizer steps dropped for a non-finite loss (nan_policy = "skip")
         self.last_time = time.perf_counter()
         if config.logging.log_with:
-            logging = config.logging
-            name = logging.log_tracker_name or config.saving.output_name
-            run = time.strftime("%Y%m%d-%H%M%S")
+            logging, run = config.logging, Path(accelerator.logging_dir).name
+            wandb = {"name": logging.wandb_run_name or run, "dir": str(accelerator.logging_dir)}
             accelerator.init_trackers(
-                f"{logging.log_prefix or ''}{name}-{run}", config=_tracker_config(config)
+                logging.log_tracker_name or config.saving.output_name,
+                config=_tracker_config(config),
+                init_kwargs={"wandb": wandb},
             )
 
     def step(self, global_step: int, loss: float, lrs: list[float], grad_norm, applied: bool = True) -> None:

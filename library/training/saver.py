@@ -10,6 +10,7 @@ from library.saving.metadata import RunInfo, lora_metadata, unet_metadata
 from library.saving.outputs import OutputLayout
 from library.saving.writers import SAVE_DTYPES, write_lora, write_pipeline_folder, write_unet_file
 from library.training.ema import WeightAverage
+from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.plan import RunPlan
 from library.training.setup import TrainedParts
 from library.training.state import Progress, save_state
@@ -74,9 +75,14 @@ class Saver:
         self.accelerator.wait_for_everyone()
 
     def _save(self, path: Path, global_step: int, with_state: bool, final: bool = False) -> None:
-        if self.accelerator.is_main_process:
-            self._write_weights(path, global_step, final)
-        self.accelerator.wait_for_everyone()
+        # schedule-free optimizers hold the weights to save only while in eval mode
+        optimizer_eval_mode(self.optimizer)
+        try:
+            if self.accelerator.is_main_process:
+                self._write_weights(path, global_step, final)
+            self.accelerator.wait_for_everyone()
+        finally:
+            optimizer_train_mode(self.optimizer)
         if with_state:
             self.save_state(self.layout.state_of(path), global_step)
 

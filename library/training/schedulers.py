@@ -7,6 +7,7 @@ from diffusers.optimization import get_scheduler
 
 from library.config.schema import OptimizerSection
 from library.errors import ConfigError
+from library.training.optimizers import adafactor_relative_step, adafactor_schedule
 
 
 def warmup_steps(section: OptimizerSection, total_steps: int) -> int:
@@ -24,7 +25,13 @@ def warmup_steps(section: OptimizerSection, total_steps: int) -> int:
 def build_scheduler(
     section: OptimizerSection, optimizer: torch.optim.Optimizer, total_steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler:
-    """The schedule stepped once per optimizer step, by the trainer, on every process alike."""
+    """The schedule stepped once per optimizer step, by the trainer, on every process alike.
+
+    Relative-step Adafactor sets its own step size: its schedule only reports that step size
+    (the config allows only lr_scheduler "adafactor" or "constant" and no warmup with it).
+    """
+    if adafactor_relative_step(section):
+        return adafactor_schedule(optimizer, section.learning_rate)
     warmup = warmup_steps(section, total_steps)
     if section.lr_scheduler == "constant" and warmup:
         raise ConfigError(

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from library.config.schema import Config
+from library.errors import ConfigError
 from library.models.loader import Components
-from library.networks.kohya_keys import TEXT_ENCODER, UNET, import_lora
-from library.networks.lora import LoraSpec, apply_lora, lora_parameters
+from library.networks.kohya_keys import UNET, import_lora
+from library.networks.lora import ADAPTER, LoraSpec, apply_lora, lora_layers, lora_parameters
 from library.saving.lora_file import read_lora_file
 
 
@@ -28,12 +29,22 @@ class TrainedParts:
         if self.train_unet:
             out.append(("unet", self.components.unet))
         if self.train_text_encoder:
-            out.append(("text_encoder", self.components.text_encoder))
+            out.extend(self.text_encoders())
         return out
+
+    def text_encoders(self) -> list[tuple[str, torch.nn.Module]]:
+        """(name, encoder) of every text encoder; names are the family's subfolders
+        ("text_encoder", and "text_encoder_2" for SDXL)."""
+        names = self.components.family.text_encoder_subfolders
+        return list(zip(names, self.components.text_encoders, strict=True))
 
     def lora_models(self) -> dict[str, torch.nn.Module]:
         """kohya prefix -> model, for the models that carry an adapter."""
-        prefixes = {"unet": UNET, "text_encoder": TEXT_ENCODER}
+        family = self.components.family
+        prefixes = {"unet": UNET}
+        prefixes.update(
+            zip(family.text_encoder_subfolders, family.text_encoder_lora_prefixes, strict=True)
+        )
         return {prefixes[name]: module for name, module in self.trained_modules()}
 
     def trained_weights(self) -> dict[str, torch.Tensor]:
@@ -55,6 +66,7 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
     unet_lr = net.unet_lr if net.unet_lr is not None else lr
     te_lr = net.text_encoder_lr if net.text_encoder_lr is not None else lr
     if net.train_mode == "unet":
+        _refuse_loraplus(config)
         unet = components.unet.to(torch.float32).requires_grad_(True)
         parts = TrainedParts(components, False, True, False, [{"params": list(unet.parameters()), "lr": unet_lr, "name": "unet"}])
     else:
@@ -63,18 +75,33 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
     return parts
 
 
+def _refuse_loraplus(config: Config) -> None:
+    opt = config.optimizer
+    ratios = ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio")
+    for key in ratios:
+        if getattr(opt, key) is not None:
+            raise ConfigError(
+                f'{key} is for LoRA up/down weights; with train_mode = "unet" remove it'
+            )
+
+
 def _setup_lora(config: Config, components: Components, unet_lr: float, te_lr: float) -> TrainedParts:
     net = config.network
     spec = LoraSpec(net.network_dim, net.network_alpha, net.conv_dim, net.conv_alpha)
     train_unet = not net.network_train_text_encoder_only
     train_te = not net.network_train_unet_only
     groups = []
+    opt = config.optimizer
     if train_unet:
         apply_lora(components.unet, "unet", spec)
-        groups.append({"params": lora_parameters(components.unet), "lr": unet_lr, "name": "unet"})
+        ratio = opt.loraplus_unet_lr_ratio or opt.loraplus_lr_ratio
+        groups += _lora_groups(components.unet, "unet", unet_lr, ratio)
     if train_te:
-        apply_lora(components.text_encoder, "text_encoder", spec)
-        groups.append({"params": lora_parameters(components.text_encoder), "lr": te_lr, "name": "text_encoder"})
+        ratio = opt.loraplus_text_encoder_lr_ratio or opt.loraplus_lr_ratio
+        names = components.family.text_encoder_subfolders
+        for name, encoder in zip(names, components.text_encoders, strict=True):
+            apply_lora(encoder, "text_encoder", spec)
+            groups += _lora_groups(encoder, name, te_lr, ratio)
     parts = TrainedParts(components, True, train_unet, train_te, groups)
     if net.network_weights:
         tensors, _ = read_lora_file(net.network_weights)
@@ -82,13 +109,27 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lr: f
     return parts
 
 
+def _lora_groups(model: torch.nn.Module, name: str, lr: float, ratio: float | None) -> list[dict]:
+    """One group; with LoRA+ the down (A) weights at lr and the up (B) weights at lr * ratio."""
+    if ratio is None:
+        return [{"params": lora_parameters(model), "lr": lr, "name": name}]
+    layers = lora_layers(model).values()
+    down = [p for layer in layers for p in layer.lora_A[ADAPTER].parameters()]
+    up = [p for layer in layers for p in layer.lora_B[ADAPTER].parameters()]
+    return [
+        {"params": down, "lr": lr, "name": name},
+        {"params": up, "lr": lr * ratio, "name": f"{name}_up"},
+    ]
+
+
 def _memory_options(config: Config, parts: TrainedParts) -> None:
-    unet, text_encoder = parts.components.unet, parts.components.text_encoder
+    unet = parts.components.unet
     if config.training.gradient_checkpointing:
         if parts.train_unet or parts.train_text_encoder:
             unet.enable_gradient_checkpointing()
         if parts.train_text_encoder:
-            text_encoder.gradient_checkpointing_enable()
+            for encoder in parts.components.text_encoders:
+                encoder.gradient_checkpointing_enable()
     if not config.training.sdpa:
         from diffusers.models.attention_processor import AttnProcessor
 

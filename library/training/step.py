@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from library.models.text import encode_prompts
-from library.training.loss import min_snr_weight, signal_to_noise, weighted_loss
-from library.training.noise import draw
+from library.training.loss import LossOptions, diffusion_loss
+from library.training.noise import NoiseOptions, draw, training_noise
 
 
 @dataclass
 class StepInputs:
-    """What the loss needs besides the batch; built once by the trainer."""
+    """What the loss needs besides the batch; built once by the trainer.
+
+    ``noise`` and ``loss`` carry the noise and loss keys of the config (``NoiseOptions`` /
+    ``LossOptions.from_training(config.training)``). Building it checks them against the model
+    (prediction type, timestep count).
+    """
 
     unet: torch.nn.Module  # the prepared (possibly DDP-wrapped) module whose forward runs
     vae: torch.nn.Module
@@ -26,8 +31,12 @@ class StepInputs:
     weight_dtype: torch.dtype
     device: torch.device
     seed: int
-    noise_offset: float
-    min_snr_gamma: float | None
+    noise: NoiseOptions = field(default_factory=NoiseOptions)
+    loss: LossOptions = field(default_factory=LossOptions)
+
+    def __post_init__(self) -> None:
+        self.loss.check(self.v_prediction)
+        self.noise.timestep_range(self.noise_scheduler.config.num_train_timesteps)
 
 
 def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
@@ -43,13 +52,12 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
         tuple(mean.shape[1:]),
         s.noise_scheduler.config.num_train_timesteps,
         s.device,
+        s.noise,
     )
     latents = (mean + std * draws.latent_eps) * s.vae.config.scaling_factor
-    noise = draws.noise
-    if s.noise_offset:
-        noise = noise + s.noise_offset * draws.offset
+    noise, input_noise = training_noise(draws, latents, s.noise)
     timesteps = draws.timesteps
-    noisy = s.noise_scheduler.add_noise(latents, noise, timesteps)
+    noisy = s.noise_scheduler.add_noise(latents, input_noise, timesteps)
 
     grad_context = nullcontext() if s.train_text_encoder else torch.no_grad()
     with grad_context:
@@ -57,8 +65,12 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
     prediction = s.unet(noisy.to(s.weight_dtype), timesteps, hidden.to(s.weight_dtype)).sample
 
     target = s.noise_scheduler.get_velocity(latents, noise, timesteps) if s.v_prediction else noise
-    snr_weights = None
-    if s.min_snr_gamma:
-        snr = signal_to_noise(s.noise_scheduler.alphas_cumprod, timesteps)
-        snr_weights = min_snr_weight(snr, s.min_snr_gamma, s.v_prediction)
-    return weighted_loss(prediction, target, batch["loss_weights"], snr_weights)
+    return diffusion_loss(
+        prediction,
+        target,
+        timesteps,
+        batch["loss_weights"],
+        s.loss,
+        s.noise_scheduler.alphas_cumprod,
+        s.v_prediction,
+    )

@@ -21,11 +21,14 @@ from library.config.schema import Config
 from library.data.dataset import TrainData
 from library.errors import CheckpointError, TrainingError
 from library.models.loader import load_components
+from library.sampling.runner import SampleRunner
 from library.saving.outputs import OutputLayout
 from library.training.ema import WeightAverage
-from library.training.optimizers import build_optimizer
+from library.training.loss import LossOptions
+from library.training.noise import NoiseOptions
+from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
-from library.training.progress import ProgressReporter, plan_text
+from library.training.progress import ProgressReporter, plan_text, run_logging_dir
 from library.training.saver import Saver
 from library.training.schedulers import build_scheduler
 from library.training.setup import TrainedParts, setup_training
@@ -76,6 +79,7 @@ class Trainer:
             prior_loss_weight=training.prior_loss_weight,
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
+        self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
 
     def _make_accelerator(self) -> Accelerator:
         c = self.config
@@ -92,7 +96,7 @@ class Trainer:
             gradient_accumulation_steps=c.training.gradient_accumulation_steps,
             mixed_precision=c.training.mixed_precision,
             log_with=c.logging.log_with,
-            project_config=ProjectConfiguration(project_dir=c.saving.output_dir, logging_dir=c.logging.logging_dir),
+            project_config=ProjectConfiguration(project_dir=c.saving.output_dir, logging_dir=str(run_logging_dir(c))),
             step_scheduler_with_optimizer=False,  # the trainer steps the schedule once per optimizer step
             kwargs_handlers=handlers,
         )
@@ -143,9 +147,13 @@ class Trainer:
             ),
             signals=StopSignals(),
         )
+        optimizer_train_mode(optimizer)  # a resumed schedule-free state may be in eval mode
+        self.sampler.attach(parts.components, self._prepared.get("unet"), self._prepared.get("text_encoder"), optimizer)
+        self.sampler.at_start(global_step)
         with loop.signals:
             for epoch in range(plan.epoch_of_step(global_step), plan.epochs):
                 global_step = self._train_epoch(loop, epoch, global_step)
+                self.sampler.after_epoch(epoch + 1, global_step)
                 if global_step >= plan.total_steps:
                     break
                 saver.after_epoch(epoch + 1, global_step)
@@ -189,6 +197,7 @@ class Trainer:
             loss_sum.zero_()
             loop.reporter.step(global_step, step.loss, loop.scheduler.get_last_lr(), step.grad_norm, step.apply)
             loop.saver.after_step(global_step)
+            self.sampler.after_step(global_step)
             if step.signum:
                 self._stop_on_signal(step.signum, global_step, loop.saver)
             if global_step >= plan.total_steps:
@@ -254,8 +263,8 @@ class Trainer:
             weight_dtype=weight_dtype,
             device=self.accelerator.device,
             seed=training.seed,
-            noise_offset=training.noise_offset,
-            min_snr_gamma=training.min_snr_gamma,
+            noise=NoiseOptions.from_training(training),
+            loss=LossOptions.from_training(training),
         )
 
     def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver) -> int:
@@ -271,7 +280,10 @@ class Trainer:
         with torch.no_grad():
             for key, param in weights.items():
                 param.copy_(state.weights[key].to(param.device, param.dtype))
-        optimizer.load_state_dict(state.optimizer)
+        try:
+            optimizer.load_state_dict(state.optimizer)
+        except ValueError as exc:  # e.g. other parameter groups (LoRA+ or text encoder on/off)
+            raise CheckpointError(f"resume: {path} has optimizer state for other parameter groups ({exc})") from exc
         scheduler.load_state_dict(state.scheduler)
         if state.scaler is not None and self.accelerator.scaler is not None:
             self.accelerator.scaler.load_state_dict(state.scaler)

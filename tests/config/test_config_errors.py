@@ -165,10 +165,9 @@ def test_dataset_sources_conflict(write_toml):
     [
         ("cache_latents = true", "remove it or set it to false"),
         ("keep_tokens = 2", "remove it or set it to 0"),
-        ('vae = "v.safetensors"', "remove it"),
-        ('sample_prompts = "p.txt"', "(sampling images during training is planned); remove it"),
+        ('metadata_file = "meta.json"', "remove it"),
         ("xformers = true", "remove it or set it to false"),
-        ("clip_skip = 2", "remove it or set it to 1"),
+        ("color_aug = true", "remove it or set it to false"),
     ],
 )
 def test_unsupported_kohya_key_is_an_error(write_toml, line, fix):
@@ -194,10 +193,8 @@ def test_off_values_are_accepted_and_change_nothing(write_toml):
         enable_bucket = false
         min_bucket_reso = 256
         xformers = false
-        clip_skip = 1
         keep_tokens = 0
         caption_dropout_rate = 0.0
-        sample_every_n_steps = 100
         lr_scheduler_args = []
         loss_type = "l2"
         [general]
@@ -217,8 +214,8 @@ def test_off_values_are_accepted_and_change_nothing(write_toml):
 
 def test_kohya_value_errors(write_toml):
     cases = {
-        'optimizer_type = "Lion"': 'optimizer_type = "Lion" is not supported (the Lion',
-        'optimizer_type = "prodigy"': "Prodigy is planned",
+        'optimizer_type = "DAdaptAdam"': 'optimizer_type = "DAdaptAdam" is not supported (D-Adapt',
+        'optimizer_type = "Lionn"': 'did you mean "Lion"?',
         'network_module = "lycoris.kohya"': 'network_module = "lycoris.kohya" is not supported',
         'lr_scheduler = "cosine_with_min_lr"': "is not supported",
         'network_args = ["algo=locon"]': 'network_args "algo=locon" is not supported yet',

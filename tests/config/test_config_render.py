@@ -23,7 +23,7 @@ unet_lr = 2e-4
 
 [optimizer_arguments]
 optimizer_type = "AdamW8bit"
-optimizer_args = { weight_decay = 0.01, betas = [0.9, 0.99], foreach = true }
+optimizer_args = { weight_decay = 0.01, betas = [0.9, 0.99], amsgrad = true }
 lr_warmup_steps = 0.1
 lr_scheduler = "polynomial"
 
@@ -71,6 +71,7 @@ def test_round_trip_of_inline_datasets(write_toml):
         "data",
         "saving",
         "logging",
+        "sampling",
         "datasets",
     }
     assert "metadata_author" not in doc["saving"] and "log_with" not in doc["logging"]
@@ -83,7 +84,7 @@ def test_round_trip_of_inline_datasets(write_toml):
     assert doc["optimizer"]["optimizer_args"] == {
         "weight_decay": 0.01,
         "betas": [0.9, 0.99],
-        "foreach": True,
+        "amsgrad": True,
     }
 
 

@@ -6,8 +6,8 @@ files) and records, per process:
 - every DDP gradient bucket all-reduce, through a communication hook registered on each module
   ``Accelerator.prepare`` wraps in DistributedDataParallel (the hook does what DDP's built-in
   reduction does: divide by the world size, all-reduce, so results are unchanged);
-- every Python-level ``torch.distributed.all_reduce`` outside that hook and every coalesced
-  broadcast (DDP's buffer sync), with the micro-batch during which it ran;
+- every other collective called through ``torch.distributed`` (all-reduce, gathers, broadcasts,
+  barriers, and DDP's coalesced buffer broadcast), with the micro-batch during which it ran;
 - the learning rate of each parameter group each time an optimizer really steps (a global
   optimizer pre-hook, so it sees the rates used, not the ones logged);
 - each micro-batch loss, and the loss and rates the trainer hands its progress reporter;
@@ -27,6 +27,19 @@ from pathlib import Path
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+_COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "gather",
+    "scatter",
+    "barrier",
+    "_broadcast_coalesced",  # DDP's weight sync at wrap time and its buffer sync before forward
+)
 _MODULE_NAMES = {"UNet2DConditionModel": "unet", "CLIPTextModel": "text_encoder"}
 
 
@@ -43,8 +56,7 @@ class Probe:
         self.record: dict = {
             "ddp": [],
             "hooks": [],
-            "all_reduce": [],
-            "broadcasts": [],
+            "collectives": [],
             "optimizer_lrs": [],
             "micro_losses": [],
             "reported": [],
@@ -70,8 +82,8 @@ class Probe:
 
         self._patch(accelerate.Accelerator, "prepare", self._wrap_prepare)
         self._patch(accelerate.Accelerator, "backward", self._wrap_backward)
-        self._patch(dist, "all_reduce", self._wrap_all_reduce)
-        self._patch(dist, "_broadcast_coalesced", self._wrap_broadcast)
+        for op in _COLLECTIVES:
+            self._patch(dist, op, self._wrap_collective(op))
         self._patch(trainer_module, "micro_batch_loss", self._wrap_loss)
         self._patch(ProgressReporter, "step", self._wrap_report)
         if self.stop_after_step is not None:
@@ -160,24 +172,18 @@ class Probe:
                     grads[self.names[id(param)]] = param.grad.detach().clone()
         return grads
 
-    def _wrap_all_reduce(self, original):
+    def _wrap_collective(self, op: str):
         probe = self
 
-        def all_reduce(tensor, *args, **kwargs):
-            if not probe.in_hook:
-                probe.record["all_reduce"].append({"micro": probe.micro, "numel": tensor.numel()})
-            return original(tensor, *args, **kwargs)
+        def wrap(original):
+            def collective(*args, **kwargs):
+                if not probe.in_hook:  # the hook's own all-reduce is counted as a bucket
+                    probe.record["collectives"].append({"op": op, "micro": probe.micro})
+                return original(*args, **kwargs)
 
-        return all_reduce
+            return collective
 
-    def _wrap_broadcast(self, original):
-        probe = self
-
-        def broadcast(process_group, tensors, *args, **kwargs):
-            probe.record["broadcasts"].append({"micro": probe.micro, "tensors": len(tensors)})
-            return original(process_group, tensors, *args, **kwargs)
-
-        return broadcast
+        return wrap
 
     def _wrap_loss(self, original):
         probe = self
@@ -186,7 +192,11 @@ class Probe:
             probe.micro += 1
             loss = original(inputs, batch)
             probe.record["micro_losses"].append(
-                {"micro": probe.micro, "loss": loss.item(), "positions": batch["positions"].tolist()}
+                {
+                    "micro": probe.micro,
+                    "loss": loss.item(),
+                    "positions": batch["positions"].tolist(),
+                }
             )
             return loss
 
@@ -195,9 +205,9 @@ class Probe:
     def _wrap_report(self, original):
         probe = self
 
-        def step(reporter, global_step, loss, lrs, grad_norm):
+        def step(reporter, global_step, loss, lrs, *args, **kwargs):
             probe.record["reported"].append({"step": global_step, "loss": loss, "lrs": list(lrs)})
-            return original(reporter, global_step, loss, lrs, grad_norm)
+            return original(reporter, global_step, loss, lrs, *args, **kwargs)
 
         return step
 
@@ -219,9 +229,17 @@ class Probe:
     def dump(self, folder: Path, rank: int) -> None:
         """Write ``rank{rank}.json`` (and ``rank{rank}.pt`` with gradients) into ``folder``."""
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"rank{rank}.json").write_text(json.dumps(self.record, indent=1), encoding="utf-8")
+        for entry, (_, ddp) in zip(self.record["ddp"], self.ddp, strict=True):
+            # DDP's own account of its buckets (sizes in bytes, after any rebuild)
+            entry["bucket_sizes"] = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
+        (folder / f"rank{rank}.json").write_text(
+            json.dumps(self.record, indent=1), encoding="utf-8"
+        )
         if self.record_grads:
-            torch.save({"grads": self.grads, "bucket_inputs": self.bucket_inputs}, folder / f"rank{rank}.pt")
+            torch.save(
+                {"grads": self.grads, "bucket_inputs": self.bucket_inputs},
+                folder / f"rank{rank}.pt",
+            )
 
 
 def probe_from_env() -> tuple[Probe, Path | None]:

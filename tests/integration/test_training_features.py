@@ -162,3 +162,20 @@ def test_full_unet_outputs_load_in_diffusers(tmp_path, tiny_model_dir, images):
     pipe = StableDiffusionPipeline.from_pretrained(out / "run", safety_checker=None)
     image = pipe("a shape", num_inference_steps=2, height=64, width=64, output_type="np").images
     assert image.shape == (1, 64, 64, 3)
+
+
+def test_wandb_offline_run_records_the_steps(tmp_path, tiny_model_dir, images, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logdir = tmp_path / "logs"
+    config = _config(
+        tmp_path, tiny_model_dir, images, max_train_steps=2, log_with="all",
+        logging_dir=str(logdir), log_prefix="try-", wandb_run_name="my-run",
+    )
+    assert train(config) == 0
+    runs = list(logdir.glob("try-*"))
+    assert len(runs) == 1  # one folder per run: <log_prefix><date-time>
+    assert list(runs[0].rglob("events.out.tfevents.*")), "tensorboard wrote nothing"
+    history = list(runs[0].rglob("run-*.wandb"))
+    assert history, "wandb wrote no offline run"
+    assert b"loss/step" in history[0].read_bytes()

@@ -106,10 +106,17 @@ def test_missing_folder(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "model.ckpt"])
-def test_single_file_checkpoint(tmp_path, name):
+def test_garbage_single_file_checkpoint(tmp_path, name):
+    # Single files load through library/models/single_file.py (tests/models/test_single_file*).
     path = tmp_path / name
     path.write_bytes(b"\0" * 16)
-    expect_model_error(path, str(path), "single-file checkpoints are not supported yet", "issue 4")
+    expect_model_error(path, str(path), "corrupt or truncated")
+
+
+def test_other_file_is_not_a_model(tmp_path):
+    path = tmp_path / "model.txt"
+    path.write_text("x")
+    expect_model_error(path, str(path), "neither a diffusers folder nor")
 
 
 def test_folder_without_model_index(broken_copy):
@@ -149,14 +156,14 @@ def test_corrupt_config_json(broken_copy):
     expect_model_error(broken_copy, str(broken_copy / "unet" / "config.json"))
 
 
-def test_sdxl_folder_refused(broken_copy):
+def test_sdxl_folder_needs_its_second_text_encoder(broken_copy):
     import json
 
     index_path = broken_copy / "model_index.json"
     index = json.loads(index_path.read_text())
     index["text_encoder_2"] = ["transformers", "CLIPTextModelWithProjection"]
     index_path.write_text(json.dumps(index))
-    expect_model_error(broken_copy, "SDXL")
+    expect_model_error(broken_copy, "lacks the text_encoder_2/ subfolder")
 
 
 def test_fp16_variant_only_folder_loads(broken_copy):

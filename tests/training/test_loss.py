@@ -1,30 +1,171 @@
+"""Loss types, Huber schedules and SNR weights against formulas written out by hand."""
+
+import math
+
+import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from library.training.loss import min_snr_weight, signal_to_noise, weighted_loss
+from library.errors import ConfigError
+from library.training.loss import (
+    LossOptions,
+    diffusion_loss,
+    huber_thresholds,
+    min_snr_weight,
+    signal_to_noise,
+)
+
+T = 1000
 
 
-def test_weighted_loss_matches_plain_mse():
+def _alpha_bar() -> torch.Tensor:
+    """SD's scaled-linear schedule in float64, independently of diffusers."""
+    betas = torch.linspace(0.00085**0.5, 0.012**0.5, T, dtype=torch.float64) ** 2
+    return torch.cumprod(1 - betas, 0)
+
+
+def _sched_alphas() -> torch.Tensor:
+    return DDPMScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"
+    ).alphas_cumprod
+
+
+def _batch():
     torch.manual_seed(0)
     pred, target = torch.randn(3, 4, 5, 5), torch.randn(3, 4, 5, 5)
-    weights = torch.tensor([1.0, 0.5, 2.0])
-    expected = sum(
-        weights[i] * torch.nn.functional.mse_loss(pred[i], target[i]) for i in range(3)
-    ) / 3
-    assert torch.allclose(weighted_loss(pred, target, weights, None), expected, atol=1e-6)
-    snr_w = torch.tensor([0.1, 0.2, 0.3])
-    expected_snr = sum(
-        weights[i] * snr_w[i] * torch.nn.functional.mse_loss(pred[i], target[i]) for i in range(3)
-    ) / 3
-    assert torch.allclose(weighted_loss(pred, target, weights, snr_w), expected_snr, atol=1e-6)
+    return pred, target, torch.tensor([0, 500, 999]), torch.tensor([1.0, 0.5, 2.0])
+
+
+def _per_element(a: float, b: float, kind: str, c: float) -> float:
+    d = a - b
+    if kind == "l2":
+        return d * d
+    if kind == "l1":
+        return abs(d)
+    pseudo = math.sqrt(d * d + c * c) - c
+    return 2 * c * pseudo if kind == "huber" else 2 * pseudo
+
+
+def _hand_loss(pred, target, weights, kind, cs):
+    """Elementwise Python loops: mean over elements, times weight, mean over samples."""
+    total = 0.0
+    for i in range(pred.shape[0]):
+        p, t = pred[i].flatten().tolist(), target[i].flatten().tolist()
+        vals = [_per_element(a, b, kind, cs[i]) for a, b in zip(p, t, strict=True)]
+        total += weights[i] * sum(vals) / len(vals)
+    return total / pred.shape[0]
+
+
+@pytest.mark.parametrize("kind", ["l2", "l1", "huber", "smooth_l1"])
+def test_each_loss_type_matches_its_formula(kind):
+    pred, target, steps, weights = _batch()
+    opts = LossOptions(loss_type=kind, huber_schedule="constant", huber_c=0.3)
+    ours = diffusion_loss(pred, target, steps, weights, opts, _sched_alphas(), False)
+    expected = _hand_loss(pred, target, weights.tolist(), kind, [0.3] * 3)
+    assert abs(ours.item() - expected) < 1e-5 * max(1.0, abs(expected))
+
+
+def test_l2_is_plain_mse_and_huber_tends_to_it():
+    pred, target, steps, weights = _batch()
+    ones = torch.ones(3)
+    l2 = diffusion_loss(pred, target, steps, ones, LossOptions(), _sched_alphas(), False)
+    assert torch.allclose(l2, torch.nn.functional.mse_loss(pred, target), atol=1e-6)
+    # smooth_l1 with a large c is about (d^2 / c): scaled by c it approaches l2
+    big = LossOptions(loss_type="huber", huber_schedule="constant", huber_c=1e3)
+    huber = diffusion_loss(pred, target, steps, ones, big, _sched_alphas(), False)
+    assert torch.allclose(huber, l2, rtol=1e-3)
+
+
+def test_huber_schedules_match_formulas():
+    alpha_bar = _alpha_bar()
+    t = torch.tensor([0, 1, 250, 500, 999])
+    c, scale = 0.2, 1.5
+    const = huber_thresholds(
+        LossOptions(huber_schedule="constant", huber_c=c, huber_scale=scale), t, _sched_alphas()
+    )
+    expo = huber_thresholds(
+        LossOptions(huber_schedule="exponential", huber_c=c, huber_scale=scale), t, _sched_alphas()
+    )
+    snr = huber_thresholds(
+        LossOptions(huber_schedule="snr", huber_c=c, huber_scale=scale), t, _sched_alphas()
+    )
+    for i, step in enumerate(t.tolist()):
+        assert abs(const[i].item() - c * scale) < 1e-6
+        alpha = -math.log(c) / T
+        assert abs(expo[i].item() - scale * math.exp(-alpha * step)) < 1e-5
+        sigma = math.sqrt((1 - alpha_bar[step].item()) / alpha_bar[step].item())
+        assert abs(snr[i].item() - ((1 - c) / (1 + sigma) ** 2 + c)) < 1e-4
+    assert expo[0].item() == pytest.approx(scale) and expo[-1].item() == pytest.approx(
+        scale * c ** (999 / 1000), rel=1e-5
+    )
+
+
+def test_snr_huber_uses_each_samples_own_threshold():
+    pred, target, steps, weights = _batch()
+    opts = LossOptions(loss_type="huber", huber_schedule="snr", huber_c=0.1)
+    ours = diffusion_loss(pred, target, steps, weights, opts, _sched_alphas(), False)
+    alpha_bar = _alpha_bar()
+    cs = []
+    for step in steps.tolist():
+        sigma = math.sqrt((1 - alpha_bar[step].item()) / alpha_bar[step].item())
+        cs.append((1 - 0.1) / (1 + sigma) ** 2 + 0.1)
+    expected = _hand_loss(pred, target, weights.tolist(), "huber", cs)
+    assert abs(ours.item() - expected) < 1e-4 * abs(expected)
+
+
+def _snr(step: int) -> float:
+    a = _alpha_bar()[step].item()
+    return a / (1 - a)
+
+
+def _capped(step: int) -> float:
+    return min(_snr(step), 1000.0)
+
+
+def _debias(step: int, v: bool) -> float:
+    return 1 / (_capped(step) + 1) if v else _capped(step) ** -0.5
+
+
+def _min_snr(step: int, v: bool, gamma: float = 5.0) -> float:
+    return min(_snr(step), gamma) / (_snr(step) + (1 if v else 0))
+
+
+def _scale_v(step: int) -> float:
+    return _capped(step) / (_capped(step) + 1)
+
+
+@pytest.mark.parametrize("v", [False, True])
+def test_snr_weights_match_formulas(v):
+    pred, target, steps, weights = _batch()
+    per_sample = [((pred[i] - target[i]) ** 2).mean().item() for i in range(3)]
+
+    def ours(**kw):
+        opts = LossOptions(**kw)
+        return diffusion_loss(pred, target, steps, weights, opts, _sched_alphas(), v).item()
+
+    def expected(weight_of):
+        terms = [
+            w * ps * weight_of(s)
+            for w, ps, s in zip(weights.tolist(), per_sample, steps.tolist(), strict=True)
+        ]
+        return pytest.approx(sum(terms) / 3, rel=1e-4)
+
+    assert ours(debiased_estimation_loss=True) == expected(lambda s: _debias(s, v))
+    assert ours(min_snr_gamma=5.0) == expected(lambda s: _min_snr(s, v))
+    if v:
+        assert ours(scale_v_pred_loss_like_noise_pred=True) == expected(_scale_v)
+        all_three = ours(
+            scale_v_pred_loss_like_noise_pred=True, min_snr_gamma=5.0, debiased_estimation_loss=True
+        )
+        assert all_three == expected(lambda s: _scale_v(s) * _min_snr(s, v) * _debias(s, v))
+    else:
+        assert ours(v_pred_like_loss=0.2) == expected(lambda s: 1 + 0.2 / _scale_v(s))
 
 
 def test_snr_and_min_snr_weights():
-    sched = DDPMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
     t = torch.tensor([0, 10, 500, 999])
-    betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
-    alpha_bar = torch.cumprod(1 - betas, 0)[t]
-    snr = signal_to_noise(sched.alphas_cumprod, t)
+    alpha_bar = _alpha_bar()[t]
+    snr = signal_to_noise(_sched_alphas(), t)
     assert torch.allclose(snr.double(), alpha_bar / (1 - alpha_bar), rtol=1e-4)
     gamma = 5.0
     eps_w = min_snr_weight(snr, gamma, v_prediction=False)
@@ -34,3 +175,11 @@ def test_snr_and_min_snr_weights():
         assert abs(v_w[i].item() - min(s, gamma) / (s + 1)) < 1e-5
     # low-noise steps (high SNR) are down-weighted, high-noise steps keep weight 1 for epsilon
     assert eps_w[0] < 0.1 and eps_w[-1] == 1.0
+
+
+def test_options_that_do_not_fit_the_model_are_errors():
+    with pytest.raises(ConfigError, match="scale_v_pred_loss_like_noise_pred is for v-pred"):
+        LossOptions(scale_v_pred_loss_like_noise_pred=True).check(v_prediction=False)
+    with pytest.raises(ConfigError, match="v_pred_like_loss is for epsilon"):
+        LossOptions(v_pred_like_loss=0.1).check(v_prediction=True)
+    LossOptions(scale_v_pred_loss_like_noise_pred=True).check(v_prediction=True)

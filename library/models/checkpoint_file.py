@@ -1,0 +1,108 @@
+"""Read a single weights file (.safetensors, or .ckpt/.pt/.pth/.bin) without running its code.
+
+``.ckpt`` and the other torch formats are pickles; they are read with
+``torch.load(weights_only=True)``, which only rebuilds tensors and plain containers and refuses
+any other class. A file that needs one (a pickled training callback, a custom class) is refused
+with the advice to convert it to safetensors with a tool the user trusts.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from library.errors import ModelError
+
+PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
+
+
+class CheckpointFile:
+    """The tensors of one file, by key, read on demand; ``metadata`` is the safetensors header's
+    string map (empty for pickled files)."""
+
+    def __init__(
+        self, path: Path, tensors: Mapping[str, torch.Tensor] | None = None, metadata=None
+    ):
+        self.path = path
+        self._handle = None
+        self._keys: list[str] | None = None
+        self._tensors: Mapping[str, torch.Tensor] = tensors or {}
+        self.metadata: dict[str, str] = dict(metadata or {})
+        if tensors is not None:
+            return
+        if path.suffix.lower() == ".safetensors":
+            self._open_safetensors()
+        elif path.suffix.lower() in PICKLE_SUFFIXES:
+            self._tensors = _load_pickled(path)
+        else:
+            raise ModelError(
+                f"{path}: unknown weights format {path.suffix!r}; use .safetensors (or .ckpt)"
+            )
+
+    def _open_safetensors(self) -> None:
+        try:
+            self._handle = safe_open(str(self.path), framework="pt")
+        except (SafetensorError, OSError) as exc:
+            raise ModelError(
+                f"{self.path} is corrupt or truncated ({_one_line(exc)}); re-download the file"
+            ) from None
+        self.metadata = dict(self._handle.metadata() or {})
+
+    def keys(self) -> list[str]:
+        if self._keys is None:
+            source = self._handle.keys() if self._handle is not None else self._tensors
+            self._keys = list(source)
+        return self._keys
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return key in set(self.keys())
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        if self._handle is not None:
+            return tuple(self._handle.get_slice(key).get_shape())
+        return tuple(self._tensors[key].shape)
+
+    def tensor(self, key: str) -> torch.Tensor:
+        if self._handle is None:
+            return self._tensors[key]
+        try:
+            return self._handle.get_tensor(key)
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise ModelError(f"cannot read {key} from {self.path}: {_one_line(exc)}") from None
+
+
+def _load_pickled(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        data = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        if found is None:
+            raise ModelError(
+                f"{path} is corrupt or truncated (not a readable torch file)"
+            ) from None
+        raise ModelError(
+            f"{path} holds pickled Python objects besides tensors ({found.group(1)}); difftune "
+            "never runs code from a model file: convert it to .safetensors with a tool you trust"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise ModelError(f"{path} is corrupt or truncated ({_one_line(exc)})") from None
+    # Lightning checkpoints nest the weights under "state_dict" (sometimes twice).
+    while isinstance(data, dict) and isinstance(data.get("state_dict"), dict):
+        data = data["state_dict"]
+    if not isinstance(data, dict):
+        raise ModelError(f"{path} does not hold a dict of tensors")
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."

@@ -1,0 +1,108 @@
+"""What an original-layout (single-file) checkpoint holds, by family: prefixes and text towers.
+
+Data shared by the loader (library/models/single_file.py) and the exporter
+(library/saving/checkpoint_export.py), so both read and write the same layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from library.errors import ModelError
+from library.models.original_names import UNET_PREFIX, VAE_PREFIX
+
+LayoutName = Literal["sd1", "sd2", "sdxl"]
+CONFIGS_DIR = Path(__file__).with_name("configs")
+
+
+@dataclass(frozen=True)
+class TextTower:
+    """One text encoder inside a checkpoint file."""
+
+    kind: Literal["clip", "openclip"]  # OpenAI CLIP (transformers names) or OpenCLIP names
+    prefix: str  # key prefix in the file
+    subfolder: str  # diffusers name: text_encoder / text_encoder_2
+    with_projection: bool = False  # CLIPTextModelWithProjection (SDXL's pooled embedding)
+    # SD 2.x conditions on OpenCLIP's penultimate block: original files carry one block more than
+    # the diffusers encoder has; the loader drops it and the exporter writes a copy of the last.
+    extra_last_block: bool = False
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    name: LayoutName
+    towers: tuple[TextTower, ...]
+
+    def config_dir(self, v_prediction: bool) -> Path:
+        """The shipped component configs (unet/vae/text_encoder*/scheduler JSON) to start from."""
+        folder = {"sd1": "sd15", "sd2": "sd2-768-v" if v_prediction else "sd2-512"}
+        return CONFIGS_DIR / folder.get(self.name, "sdxl-base")
+
+
+LAYOUTS: dict[str, FileLayout] = {
+    "sd1": FileLayout("sd1", (TextTower("clip", "cond_stage_model.transformer.", "text_encoder"),)),
+    "sd2": FileLayout(
+        "sd2",
+        (TextTower("openclip", "cond_stage_model.model.", "text_encoder", extra_last_block=True),),
+    ),
+    "sdxl": FileLayout(
+        "sdxl",
+        (
+            TextTower("clip", "conditioner.embedders.0.transformer.", "text_encoder"),
+            TextTower(
+                "openclip", "conditioner.embedders.1.model.", "text_encoder_2", with_projection=True
+            ),
+        ),
+    ),
+}
+# Keys a checkpoint may hold that are not weights of a component (the training noise schedule,
+# EMA copies, OpenCLIP's contrastive temperature): never loaded, never an error.
+IGNORED_SUFFIXES = ("position_ids", "logit_scale", "attn_mask")
+
+
+def _has(keys: set[str], prefix: str) -> bool:
+    return any(k.startswith(prefix) for k in keys)
+
+
+def detect_layout(keys: Iterable[str], path: Path) -> FileLayout:
+    """SD 1.x / 2.x / SDXL from the keys; ModelError naming the file for anything else."""
+    keys = set(keys)
+    if _has(keys, "conditioner.embedders.1.model."):
+        found = LAYOUTS["sdxl"]
+    elif _has(keys, "conditioner.embedders.0.model."):
+        raise ModelError(f"{path} is an SDXL refiner checkpoint; only base models can be trained")
+    elif _has(keys, "cond_stage_model.model."):
+        found = LAYOUTS["sd2"]
+    elif _has(keys, "cond_stage_model.transformer."):
+        found = LAYOUTS["sd1"]
+    else:
+        raise ModelError(f"{path} is not an SD 1.x/2.x/SDXL checkpoint: {_describe(keys)}")
+    for part, prefix in (("UNet", UNET_PREFIX), ("VAE", VAE_PREFIX)):
+        if not _has(keys, prefix):
+            raise ModelError(
+                f"{path} has no {part} weights ({prefix}*); it is not a complete checkpoint"
+            )
+    for tower in found.towers:
+        if not _has(keys, tower.prefix):
+            raise ModelError(
+                f"{path} lacks its text encoder {tower.prefix}*; the file is incomplete"
+            )
+    return found
+
+
+def _describe(keys: set[str]) -> str:
+    """What a foreign file seems to be, for the error message."""
+    sample = ", ".join(sorted(keys)[:3]) or "no tensors"
+    if _has(keys, "lora_unet_") or _has(keys, "lora_te"):
+        return "it is a LoRA file (set network_weights to continue training it)"
+    if _has(keys, "down_blocks.") or _has(keys, "unet.down_blocks."):
+        return f"its keys are diffusers names ({sample}); point at the whole diffusers folder"
+    if _has(keys, "encoder.down.") or _has(keys, "encoder.down_blocks."):
+        return "it is a VAE file (set vae to use it)"
+    return (
+        "none of its keys start with model.diffusion_model., first_stage_model., "
+        f"cond_stage_model. or conditioner.embedders. (found {sample})"
+    )

@@ -1,0 +1,142 @@
+"""What the UNet is conditioned on, for every family, from the family's data.
+
+SD 1.x/2.x: the hidden states of the one text encoder (cross-attention), nothing else.
+SDXL: both encoders' penultimate hidden states concatenated along the channels, plus the
+pooled, projected embedding of the last encoder and the six size numbers (original height and
+width, crop top and left, target height and width) through the UNet's ``added_cond_kwargs``.
+These are the facts of diffusers' StableDiffusionXLPipeline.encode_prompt and _get_add_time_ids,
+and of SDXL's training.
+
+Nothing here switches gradients off: a frozen encoder builds no graph (its inputs are token ids),
+one with a trained adapter keeps its gradients; wrap the call in torch.no_grad() when no encoder
+trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from library.models.family import ModelFamily
+from library.models.text import encode_token_ids, tokenize
+
+# Batch keys of the size conditioning (library/data/dataset.py), in SDXL's time-ids order.
+SIZE_KEYS = ("original_sizes", "crop_top_lefts", "target_sizes")
+
+
+@dataclass
+class Conditioning:
+    """UNet inputs besides the noisy latents and timesteps.
+
+    Call the UNet as ``unet(x, t, c.encoder_hidden_states, **c.unet_kwargs)``. ``unet_kwargs``
+    is {} for SD 1.x/2.x and ``{"added_cond_kwargs": {"text_embeds": [B, pooled],
+    "time_ids": [B, 6]}}`` for SDXL.
+    """
+
+    encoder_hidden_states: torch.Tensor  # [B, tokens, sum of the encoders' hidden sizes]
+    unet_kwargs: dict = field(default_factory=dict)
+
+    def to(self, dtype: torch.dtype) -> Conditioning:
+        """Every tensor cast to ``dtype`` (the UNet's weight dtype); gradients still flow."""
+        added = self.unet_kwargs.get("added_cond_kwargs")
+        kwargs = dict(self.unet_kwargs)
+        if added is not None:
+            kwargs["added_cond_kwargs"] = {k: v.to(dtype) for k, v in added.items()}
+        return Conditioning(self.encoder_hidden_states.to(dtype), kwargs)
+
+
+def size_time_ids(batch: Mapping, device: torch.device | str) -> torch.Tensor:
+    """SDXL's time ids [B, 6] = (original h, w, crop top, left, target h, w) per sample.
+
+    ``batch`` holds ``original_sizes``, ``crop_top_lefts`` and ``target_sizes``, each [B, 2].
+    """
+    missing = [key for key in SIZE_KEYS if key not in batch]
+    if missing:
+        raise KeyError(f"the batch lacks {', '.join(missing)}, needed for size conditioning")
+    parts = [torch.as_tensor(batch[key]).reshape(-1, 2) for key in SIZE_KEYS]
+    return torch.cat(parts, dim=1).to(device=device, dtype=torch.float32)
+
+
+def plain_sizes(batch_size: int, height: int, width: int) -> dict[str, torch.Tensor]:
+    """Size-conditioning batch entries for images generated at (height, width): original size
+    = target size, no crop (what samplers pass)."""
+    size = torch.tensor([[height, width]] * batch_size, dtype=torch.long)
+    return {
+        "original_sizes": size,
+        "crop_top_lefts": torch.zeros_like(size),
+        "target_sizes": size.clone(),
+    }
+
+
+def _hidden_and_pooled(
+    family: ModelFamily,
+    text_encoder: torch.nn.Module,
+    input_ids: torch.Tensor,
+    clip_skip: int | None,
+    pooled: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One encoder's conditioning hidden states, and its pooled projection when asked."""
+    if family.text_layer == "last" and not pooled:
+        return encode_token_ids(text_encoder, input_ids, clip_skip), None
+    if clip_skip is not None and clip_skip > 1:
+        raise ValueError(
+            f"clip_skip does not apply to {family.name}: it conditions on fixed layers"
+        )
+    out = text_encoder(input_ids, output_hidden_states=True, return_dict=True)
+    # The penultimate layer is taken without the final layer norm, as SDXL was trained.
+    penultimate = family.text_layer == "penultimate"
+    hidden = out.hidden_states[-2] if penultimate else out.last_hidden_state
+    if not pooled:
+        return hidden, None
+    if getattr(out, "text_embeds", None) is None:
+        raise ValueError(
+            f"{type(text_encoder).__name__} gives no projected pooled embedding; {family.name} "
+            "needs a CLIPTextModelWithProjection as its last text encoder"
+        )
+    return hidden, out.text_embeds
+
+
+def encode_conditioning(
+    family: ModelFamily,
+    tokenizers: Sequence[object],
+    text_encoders: Sequence[torch.nn.Module],
+    captions: Sequence[str],
+    device: torch.device | str,
+    batch: Mapping | None = None,
+    dtype: torch.dtype | None = None,
+    clip_skip: int | None = None,
+) -> Conditioning:
+    """The UNet conditioning of ``captions`` for a model of ``family``.
+
+    ``tokenizers``/``text_encoders`` are in ``family.text_encoder_subfolders`` order (e.g.
+    ``components.tokenizers`` and the possibly DDP-wrapped encoders). Each encoder's hidden
+    states come from ``family.text_layer``; several encoders are concatenated along channels.
+    With ``family.uses_pooled_text_embedding`` the last encoder's projected pooled embedding
+    becomes ``text_embeds``; with ``family.uses_size_conditioning`` ``batch`` must hold the
+    size keys (see ``size_time_ids``; ``plain_sizes`` makes them). ``dtype`` casts the result
+    for the UNet. ``clip_skip``: see library.models.text.encode_token_ids ("last" layer only).
+    """
+    expected = len(family.text_encoder_subfolders)
+    if len(tokenizers) != expected or len(text_encoders) != expected:
+        raise ValueError(
+            f"{family.name} has {expected} text encoders, got {len(text_encoders)} encoders and "
+            f"{len(tokenizers)} tokenizers"
+        )
+    hidden_parts, pooled = [], None
+    last = expected - 1
+    for index, (tokenizer, encoder) in enumerate(zip(tokenizers, text_encoders, strict=True)):
+        input_ids = tokenize(tokenizer, list(captions)).to(device)
+        want_pooled = family.uses_pooled_text_embedding and index == last
+        hidden, pooled_here = _hidden_and_pooled(family, encoder, input_ids, clip_skip, want_pooled)
+        hidden_parts.append(hidden)
+        pooled = pooled_here if pooled_here is not None else pooled
+    hidden = hidden_parts[0] if len(hidden_parts) == 1 else torch.cat(hidden_parts, dim=-1)
+    added = {}
+    if pooled is not None:
+        added["text_embeds"] = pooled
+    if family.uses_size_conditioning:
+        added["time_ids"] = size_time_ids(batch or {}, device)
+    cond = Conditioning(hidden, {"added_cond_kwargs": added} if added else {})
+    return cond.to(dtype) if dtype is not None else cond

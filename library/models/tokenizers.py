@@ -1,0 +1,151 @@
+"""Tokenizers for single-file checkpoints, which carry none: found locally, never downloaded.
+
+Every SD text encoder (OpenAI CLIP-L, OpenCLIP ViT-H and ViT-bigG) uses the same BPE
+vocabulary, so one set of CLIP tokenizer files (vocab.json + merges.txt) serves each of them.
+They differ only in the padding token: OpenCLIP towers were trained padding with "!" (id 0),
+OpenAI CLIP with the end token; ``load_tokenizer_for`` sets that from the encoder kind.
+
+Where the files are looked for, first match wins, per text encoder:
+1. ``tokenizer_path``: a folder with the files, or a diffusers-style folder with
+   ``tokenizer/`` (and ``tokenizer_2/`` for SDXL's second encoder);
+2. ``tokenizer_cache_dir``: kohya's cache layout, one folder per Hub repo with "/" -> "_"
+   (``openai_clip-vit-large-patch14``, ``stabilityai_stable-diffusion-2``,
+   ``laion_CLIP-ViT-bigG-14-laion2B-39B-b160k``);
+3. the local Hugging Face cache (HF_HUB_CACHE), for the repos kohya and diffusers use.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+from library.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+EncoderKind = Literal["clip", "openclip"]
+OPENCLIP_PAD = "!"
+
+# (repo id, subfolder) holding CLIP tokenizer files, most fitting first for each kind.
+_CLIP_REPOS = (
+    ("openai/clip-vit-large-patch14", ""),
+    ("stable-diffusion-v1-5/stable-diffusion-v1-5", "tokenizer"),
+    ("runwayml/stable-diffusion-v1-5", "tokenizer"),
+    ("stabilityai/stable-diffusion-xl-base-1.0", "tokenizer"),
+)
+_OPENCLIP_REPOS = (
+    ("stabilityai/stable-diffusion-2-1", "tokenizer"),
+    ("stabilityai/stable-diffusion-2", "tokenizer"),
+    ("stabilityai/stable-diffusion-2-1-base", "tokenizer"),
+    ("laion/CLIP-ViT-bigG-14-laion2B-39B-b160k", ""),
+    ("stabilityai/stable-diffusion-xl-base-1.0", "tokenizer_2"),
+)
+
+
+def repos_for(kind: EncoderKind) -> tuple[tuple[str, str], ...]:
+    """Hub repos whose tokenizer fits ``kind``; the other kind's follow (same vocabulary)."""
+    first, second = (
+        (_CLIP_REPOS, _OPENCLIP_REPOS) if kind == "clip" else (_OPENCLIP_REPOS, _CLIP_REPOS)
+    )
+    return first + second
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    bpe = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
+    return bpe or (folder / "tokenizer.json").is_file()
+
+
+def find_tokenizer_folder(
+    kind: EncoderKind,
+    index: int,
+    tokenizer_path: str | None,
+    cache_dir: str | None,
+    hub_cache: str | Path | None = None,
+) -> Path | None:
+    """The first local folder with tokenizer files for text encoder ``index`` (0 or 1)."""
+    if tokenizer_path:
+        root = Path(tokenizer_path).expanduser()
+        sub = root / ("tokenizer" if index == 0 else "tokenizer_2")
+        for folder in (sub, root):
+            if has_tokenizer_files(folder):
+                return folder
+        return None  # an explicit path that does not fit is reported, not bypassed
+    repos = repos_for(kind)
+    if cache_dir:
+        root = Path(cache_dir).expanduser()
+        for repo, _sub in repos:
+            folder = root / repo.replace("/", "_")
+            if has_tokenizer_files(folder):
+                return folder
+    for repo, sub in repos:
+        folder = _hub_cached_folder(repo, sub, hub_cache)
+        if folder is not None:
+            return folder
+    return None
+
+
+def _hub_cached_folder(repo: str, sub: str, hub_cache: str | Path | None) -> Path | None:
+    """A snapshot folder of ``repo`` already in the local Hub cache; never a network call."""
+    from huggingface_hub import try_to_load_from_cache
+
+    name = f"{sub}/vocab.json" if sub else "vocab.json"
+    try:
+        found = try_to_load_from_cache(repo, name, cache_dir=hub_cache)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, str):
+        return None
+    folder = Path(found).parent
+    return folder if has_tokenizer_files(folder) else None
+
+
+def load_tokenizer_for(
+    kind: EncoderKind,
+    index: int,
+    model_file: Path,
+    tokenizer_path: str | None,
+    cache_dir: str | None,
+    max_length: int,
+    hub_cache: str | Path | None = None,
+):
+    """A CLIPTokenizer for text encoder ``index`` of a single-file model; ModelError if none.
+
+    ``max_length`` is the encoder's position table (77): the tokenizer pads and truncates to it.
+    """
+    from transformers import CLIPTokenizer
+
+    folder = find_tokenizer_folder(kind, index, tokenizer_path, cache_dir, hub_cache)
+    if folder is None:
+        raise ModelError(_missing_message(kind, index, model_file, tokenizer_path))
+    try:
+        tokenizer = CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ModelError(
+            f"cannot load the tokenizer in {folder}: {exc}; it needs vocab.json and merges.txt"
+        ) from None
+    if kind == "openclip" and tokenizer.pad_token != OPENCLIP_PAD:
+        if OPENCLIP_PAD not in tokenizer.get_vocab():
+            raise ModelError(f'the tokenizer in {folder} has no "{OPENCLIP_PAD}" token to pad with')
+        tokenizer.pad_token = OPENCLIP_PAD
+    if tokenizer.model_max_length > max_length:
+        tokenizer.model_max_length = max_length
+    log.info("text encoder %d of %s: tokenizer from %s", index + 1, model_file.name, folder)
+    return tokenizer
+
+
+def _missing_message(kind: EncoderKind, index: int, model_file: Path, path: str | None) -> str:
+    repo, sub = repos_for(kind)[0]
+    files = f"{repo}{'/' + sub if sub else ''}"
+    if path:
+        where = "tokenizer/ or tokenizer_2/" if index else "tokenizer/"
+        return (
+            f"tokenizer_path {path} has no vocab.json + merges.txt (nor a {where} subfolder "
+            f"with them); copy the tokenizer files of {files} there"
+        )
+    return (
+        f"{model_file.name} carries no tokenizer and none was found locally: copy vocab.json and "
+        f"merges.txt of {files} into a folder and set tokenizer_path to it (or set "
+        f"tokenizer_cache_dir to a folder holding {repo.replace('/', '_')}/); the Hugging Face "
+        "cache was searched too, nothing is downloaded"
+    )

@@ -1,0 +1,179 @@
+"""The runs the distributed tests share: each is started once per session and then reused.
+
+A torchrun start costs ~10 s of imports per process on 2 cores, so every 2-process run serves
+several assertions, and the launches a session's selected tests need (each test module lists
+them in ``LAUNCHES``) start in the background, two at a time, as soon as the first test asks
+for any run. Single-process runs happen in the pytest process itself, when first asked for.
+
+- equivalence runs ``eq-<mode>-<layout>``: 2 optimizer steps of 4 images as 2x2x1 (processes
+  x accumulation x batch), 1x4x1, 1x1x4 or the guard 1x2x1, for UNet LoRA, UNet + text-encoder
+  LoRA and full UNet. The 2-process runs also switch on a DDP-side option per mode (gradient
+  checkpointing, gradient_as_bucket_view); the single-process references run without it.
+- schedule runs: UNet + text-encoder LoRA, 4 optimizer steps under warmup + cosine: "sync"
+  (2 processes x accumulation 4, gradients recorded), "acc1" (2 x 1, static graph), "stopped"
+  (2 x 1 with a step-2 state, stopped right after step 2), "resumed" (2 x 1 from that state),
+  "single_acc2" and "single_acc1" (1 process).
+- "two-nodes": the unet-lora 2x2x1 config as 2 nodes x 1 process; "static-acc2": the same
+  config with ddp_static_graph, through train_network.py itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from tests.distributed.runs import (
+    TRAIN_NETWORK,
+    Run,
+    in_process,
+    torchrun,
+    torchrun_two_nodes,
+)
+from tests.integration.harness import write_config
+
+# mode -> (keys of every layout, command-line keys of the 2-process run only)
+MODES: dict[str, tuple[dict, list[str]]] = {
+    "unet-lora": ({"network_train_unet_only": True}, []),
+    "unet+te-lora": ({}, ["--gradient_checkpointing"]),
+    "full-unet": ({"train_mode": "unet", "learning_rate": 1e-4}, ["--ddp_gradient_as_bucket_view"]),
+}
+# layout name -> (processes, accumulation, batch)
+LAYOUTS = {"2x2x1": (2, 2, 1), "1x4x1": (1, 4, 1), "1x1x4": (1, 1, 4), "1x2x1": (1, 2, 1)}
+EQUIVALENCE_KEYS = {
+    "max_train_steps": 2,
+    # Adam's first steps are ~lr * sign(g) with the default eps, so rounding-level differences in
+    # tiny gradients could flip whole updates; with eps=1e-3 the update follows the gradient and
+    # the comparison checks the gradients themselves (as tests/integration does).
+    "optimizer_args": ["eps=1e-3"],
+    "log_with": "tensorboard",
+}
+SCHEDULE_KEYS = {
+    "max_train_steps": 4,
+    "lr_scheduler": "cosine",
+    "lr_warmup_steps": 1,
+    "learning_rate": 1e-3,
+    "text_encoder_lr": 5e-4,
+    "max_grad_norm": 1.0,
+    "optimizer_args": ["eps=1e-3"],
+    "log_with": "tensorboard",
+}
+STOP_AFTER = 2  # the "stopped" run saves a state at this step and is stopped right after it
+_SAVING = {"save_every_n_steps": STOP_AFTER, "save_state": True}
+CONCURRENT_LAUNCHES = 2
+
+
+class Runs:
+    """Starts each named run once, in the background if it is a launch, and keeps its result."""
+
+    def __init__(self, root: Path, model_dir: Path, images: Path):
+        self.root, self.model_dir, self.images = root, model_dir, images
+        self._pool = ThreadPoolExecutor(CONCURRENT_LAUNCHES, thread_name_prefix="launch")
+        self._launched: dict[str, Future] = {}
+        self._done: dict[str, Run] = {}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- configs ----------------------------------------------------------------------------
+
+    def config(self, name: str, **keys) -> Path:
+        out = self.root / name
+        return write_config(self.root / f"{name}.toml", self.model_dir, self.images, out, **keys)
+
+    def equivalence_config(self, mode: str, layout: str) -> Path:
+        _, accumulation, batch = LAYOUTS[layout]
+        return self.config(
+            f"eq-{mode}-{layout}",
+            train_batch_size=batch,
+            gradient_accumulation_steps=accumulation,
+            **EQUIVALENCE_KEYS,
+            **MODES[mode][0],
+        )
+
+    def schedule_config(self, accumulation: int, **keys) -> Path:
+        name = f"sched-acc{accumulation}" + "".join(f"-{k}" for k in sorted(keys))
+        return self.config(name, gradient_accumulation_steps=accumulation, **SCHEDULE_KEYS, **keys)
+
+    def stopped_state(self) -> Path:
+        self.get("stopped")
+        return self.root / "stopped" / f"run-step{STOP_AFTER:08d}-state"
+
+    # -- the runs ---------------------------------------------------------------------------
+
+    def _launches(self) -> dict[str, Callable[[], Run | tuple[Run, Run]]]:
+        """Runs that start torchrun: name -> how to start it (blocking until it ends)."""
+        out = self.root.joinpath
+        launches = {
+            f"eq-{mode}-2x2x1": (
+                lambda mode=mode: torchrun(
+                    self.equivalence_config(mode, "2x2x1"),
+                    *MODES[mode][1],
+                    out=out(f"eq-{mode}-2x2x1"),
+                )
+            )
+            for mode in MODES
+        }
+        static = "--ddp_static_graph"
+        launches |= {
+            "sync": lambda: torchrun(self.schedule_config(4), out=out("sync"), grads=True),
+            "acc1": lambda: torchrun(self.schedule_config(1), static, out=out("acc1")),
+            "stopped": lambda: torchrun(
+                self.schedule_config(1, **_SAVING),
+                static,
+                out=out("stopped"),
+                stop_after=STOP_AFTER,
+            ),
+            "resumed": lambda: torchrun(
+                self.schedule_config(1, **_SAVING),
+                static,
+                "--resume",
+                str(self.stopped_state()),
+                out=out("resumed"),
+            ),
+            "two-nodes": lambda: torchrun_two_nodes(
+                self.equivalence_config("unet-lora", "2x2x1"), out=out("two-nodes")
+            ),
+            "static-acc2": lambda: torchrun(
+                self.equivalence_config("unet-lora", "2x2x1"),
+                static,
+                out=out("static-acc2"),
+                script=TRAIN_NETWORK,
+            ),
+        }
+        return launches
+
+    def _in_process(self, name: str) -> Run:
+        out = self.root / name
+        if name.startswith("eq-"):
+            mode, layout = name[3:].rsplit("-", 1)
+            return in_process(self.equivalence_config(mode, layout), out=out)
+        accumulation = {"single_acc2": 2, "single_acc1": 1}[name]
+        return in_process(self.schedule_config(accumulation), out=out)
+
+    def start(self, names: list[str]) -> None:
+        """Queue the launches among ``names`` (in order) without waiting for them."""
+        launches = self._launches()
+        for name in names:
+            if name in launches and name not in self._launched:
+                self._launched[name] = self._pool.submit(launches[name])
+
+    def get(self, name: str):
+        """The finished run ``name`` (for "two-nodes": one Run per node)."""
+        if name not in self._done:
+            self.start([name])
+            if name in self._launched:
+                self._done[name] = self._launched[name].result()
+            else:
+                self._done[name] = self._in_process(name)
+        return self._done[name]
+
+    def equivalence(self, mode: str, layout: str) -> Run:
+        return self.get(f"eq-{mode}-{layout}").check()
+
+    def schedule(self, name: str) -> Run:
+        run = self.get(name)
+        return run if name == "stopped" else run.check()
+
+    def two_nodes(self) -> tuple[Run, Run]:
+        return self.get("two-nodes")

@@ -1,0 +1,83 @@
+"""The same samples and seed give the same weights however they are spread over processes.
+
+2 processes x accumulation 2 x batch 1 (torchrun, gloo), 1 x 4 x 1 and 1 x 1 x 4 must write the
+same weights after 2 optimizer steps, for UNet LoRA, UNet + text-encoder LoRA and full UNet; and
+the loss logged per step must be the mean over every micro-batch of every rank.
+"""
+
+from collections import defaultdict
+
+import pytest
+
+from tests.distributed.runs import scalars
+from tests.distributed.suite import MODES
+from tests.integration.harness import assert_close_dicts, tensors
+
+# Only the float summation order differs (observed: ~2e-8 for LoRA, 1 ulp = 1.2e-7 for UNet
+# weights near 1); a wrong reduction or one missed sample moves weights by ~1e-4 or more.
+ATOL, RTOL = 1e-6, 1e-6
+LAUNCHES = [f"eq-{mode}-2x2x1" for mode in MODES]
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_three_layouts_write_the_same_weights(runs, mode, tiny_model_dir):
+    ddp = runs.equivalence(mode, "2x2x1")
+    weights = ddp.weights()
+    for layout in ("1x4x1", "1x1x4"):
+        assert_close_dicts(weights, runs.equivalence(mode, layout).weights(), atol=ATOL, rtol=RTOL)
+    for rank in (0, 1):  # each process stepped its optimizer exactly twice
+        assert len(ddp.rank(rank)["optimizer_lrs"]) == 2
+    # the steps moved the weights (else equality would prove nothing)
+    if mode == "full-unet":
+        base = tensors(tiny_model_dir / "unet" / "diffusion_pytorch_model.safetensors")
+        assert _max_diff(weights, base) > 50 * ATOL
+    else:
+        ups = [v for k, v in weights.items() if k.endswith("lora_up.weight")]
+        assert max(v.abs().max().item() for v in ups) > 100 * ATOL
+        if mode == "unet+te-lora":
+            assert any(k.startswith("lora_te_") for k in weights)
+
+
+def test_another_effective_batch_gives_other_weights(runs):
+    """Guards the test above: 2 samples per step instead of 4 must change the result."""
+    four = runs.equivalence("unet-lora", "2x2x1").weights()
+    two = runs.equivalence("unet-lora", "1x2x1").weights()
+    assert _max_diff(four, two) > 100 * ATOL
+
+
+def test_logged_loss_is_the_mean_over_ranks_and_micro_batches(runs):
+    ddp = runs.equivalence("unet-lora", "2x2x1")
+    big = runs.equivalence("unet-lora", "1x1x4")
+    logged = scalars(ddp.out / "logs", "loss/step")
+    assert [step for step, _ in logged] == [1, 2]
+
+    # independent: average the 2 x 2 micro-batch losses each rank computed in each step
+    per_step, positions = defaultdict(list), defaultdict(list)
+    for rank in (0, 1):
+        for micro in ddp.rank(rank)["micro_losses"]:
+            per_step[micro["micro"] // 2].append(micro["loss"])
+            positions[micro["micro"] // 2].append(micro["positions"])
+    for (_, value), step in zip(logged, (0, 1), strict=True):
+        assert len(per_step[step]) == 4
+        assert value == pytest.approx(sum(per_step[step]) / 4, rel=1e-6)
+
+    # the 1 x 1 x 4 run's loss is its batch mean over the same samples
+    big_micro = big.rank(0)["micro_losses"]
+    for step in (0, 1):
+        flat = sorted(p for batch in positions[step] for p in batch)
+        assert flat == sorted(big_micro[step]["positions"])  # ranks hold disjoint shards of it
+    big_logged = scalars(big.out / "logs", "loss/step")
+    assert [v for _, v in big_logged] == pytest.approx([v for _, v in logged], rel=1e-5)
+    assert [v for _, v in big_logged] == pytest.approx([m["loss"] for m in big_micro], rel=1e-6)
+
+
+def test_only_rank_zero_writes_logs(runs):
+    ddp = runs.equivalence("unet-lora", "2x2x1")
+    files = list((ddp.out / "logs").rglob("events.out.tfevents.*"))
+    # event file names end in .<pid>.<n>: every file must come from one process
+    assert files and len({f.name.split(".")[-2] for f in files}) == 1
+    assert [len(ddp.rank(r)["reported"]) for r in (0, 1)] == [2, 2]  # both reached each step
