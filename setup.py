@@ -15,6 +15,7 @@ setup(
     version="0.1.0",
     description="Fine-tune Stable Diffusion models (LoRA or full UNet) from one TOML file",
     packages=find_packages(include=["library", "library.*"]),
+    package_data={"library.models": ["configs/*/*.json"]},
     py_modules=["train_network"],
     python_requires=">=3.10",
     install_requires=requirements,

@@ -13,7 +13,6 @@ config does not fit.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +24,6 @@ from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_layout import IGNORED_SUFFIXES, FileLayout, TextTower
-
-log = logging.getLogger(__name__)
 
 CONFIG_METADATA = "difftune.config."  # + component name: its diffusers config as JSON
 _GUESSED = {
@@ -171,9 +168,11 @@ def plan_part(
     skip: Callable[[str], bool] = lambda key: False,
 ) -> PartPlan:
     """Choose the first config that fits (metadata, shipped, derived) for one component."""
-    keys = [k for k in file if k.startswith(prefix) and not k.endswith(IGNORED_SUFFIXES)]
-    skipped = [k for k in keys if skip(k[len(prefix) :])]
-    keys = [k for k in keys if k not in skipped]
+    keys = [
+        k
+        for k in file
+        if k.startswith(prefix) and not k.endswith(IGNORED_SUFFIXES) and not skip(k[len(prefix) :])
+    ]
     candidates: list[tuple[str, Callable[[], dict]]] = []
     stored = file.metadata.get(CONFIG_METADATA + name)
     if stored:

@@ -138,7 +138,7 @@ def _training_keys(config: Config, family: Family, run: RunInfo) -> dict[str, An
         "ss_lr_warmup_steps": opt.lr_warmup_steps,
         "ss_max_grad_norm": opt.max_grad_norm,
         "ss_seed": train.seed,
-        "ss_clip_skip": getattr(train, "clip_skip", None),
+        "ss_clip_skip": config.model.clip_skip,
         "ss_noise_offset": train.noise_offset,
         "ss_min_snr_gamma": train.min_snr_gamma,
         "ss_prior_loss_weight": train.prior_loss_weight,

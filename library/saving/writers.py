@@ -1,4 +1,4 @@
-"""Write what a run produces: a kohya-format LoRA file, or a fine-tuned UNet (file and folder)."""
+"""Write what a run produces: a kohya-format LoRA file, or a fine-tuned model (file and folder)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from library.networks.kohya_keys import export_lora
-from library.saving.atomic import atomic_write_dir, atomic_write_file
+from library.saving.atomic import atomic_write_dir
+from library.saving.checkpoint_export import ensure_text_model_layout, export_full_unet_checkpoint
 from library.saving.lora_file import save_lora_file
 
 SAVE_DTYPES = {"float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -20,19 +21,19 @@ def write_lora(path: Path, models: dict[str, torch.nn.Module], metadata: dict[st
     save_lora_file(path, export_lora(models), metadata, dtype)
 
 
-def _unet_tensors(unet: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", dtype).contiguous() for k, v in unet.state_dict().items()}
-
-
-def write_unet_file(path: Path, unet: torch.nn.Module, metadata: dict[str, str] | None, dtype: torch.dtype) -> None:
-    """The UNet's weights (diffusers key names) as one safetensors file."""
-    tensors = _unet_tensors(unet, dtype)
-    atomic_write_file(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+def write_checkpoint(path: Path, unet: torch.nn.Module, components, metadata: dict[str, str] | None, dtype: torch.dtype) -> None:
+    """A full fine-tune as one original-layout checkpoint (what A1111/Forge and ComfyUI load):
+    the trained UNet with the base model's VAE and text encoders."""
+    export_full_unet_checkpoint(path, unet, components, components.family, dtype, metadata)
 
 
 def write_pipeline_folder(folder: Path, unet: torch.nn.Module, base_dir: Path, dtype: torch.dtype) -> None:
-    """A diffusers model folder: the base model's other components plus the trained UNet."""
-    tensors = _unet_tensors(unet, dtype)
+    """A diffusers model folder: the base model's other components plus the trained UNet.
+
+    Text encoders copied from a folder that transformers 5 wrote lack the ``text_model.`` key
+    prefix, which transformers 4.x then silently re-initialises; they are rewritten with it.
+    """
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in unet.state_dict().items()}
 
     def write(tmp: Path) -> None:
         for entry in base_dir.iterdir():
@@ -42,6 +43,8 @@ def write_pipeline_folder(folder: Path, unet: torch.nn.Module, base_dir: Path, d
                 shutil.copytree(entry, tmp / entry.name)
             else:
                 shutil.copy2(entry, tmp / entry.name)
+        for encoder in sorted(tmp.glob("text_encoder*")):
+            ensure_text_model_layout(encoder)
         (tmp / "unet").mkdir()
         unet.save_config(tmp / "unet")
         save_file(tensors, tmp / "unet" / "diffusion_pytorch_model.safetensors")

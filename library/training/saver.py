@@ -8,7 +8,7 @@ from pathlib import Path
 from library.config.schema import Config
 from library.saving.metadata import RunInfo, lora_metadata, unet_metadata
 from library.saving.outputs import OutputLayout
-from library.saving.writers import SAVE_DTYPES, write_lora, write_pipeline_folder, write_unet_file
+from library.saving.writers import SAVE_DTYPES, write_checkpoint, write_lora, write_pipeline_folder
 from library.training.ema import WeightAverage
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.plan import RunPlan
@@ -95,15 +95,16 @@ class Saver:
                 self._write_model(self.layout.ema_of(path), ema_metadata, folder=False)
 
     def _write_model(self, path: Path, metadata: dict[str, str], folder: bool) -> None:
-        """The trained weights as they are now: a LoRA file, or the UNet (file, and folder)."""
+        """The trained weights as they are now: a LoRA file, or an original-layout checkpoint
+        (and, at the end, a diffusers folder when the base model was one)."""
         dtype = SAVE_DTYPES[self.config.saving.save_precision]
         if self.parts.lora:
             write_lora(path, self.parts.lora_models(), metadata, dtype)
             return
-        unet = self.parts.components.unet
-        write_unet_file(path, unet, metadata, dtype)
-        if folder:
-            write_pipeline_folder(path.with_suffix(""), unet, self.parts.components.model_dir, dtype)
+        components = self.parts.components
+        write_checkpoint(path, components.unet, components, metadata, dtype)
+        if folder and not components.is_single_file:
+            write_pipeline_folder(path.with_suffix(""), components.unet, components.model_dir, dtype)
 
     def _metadata(self, global_step: int, final: bool) -> dict[str, str]:
         """Training metadata; with no_metadata the writers keep only what loaders need."""

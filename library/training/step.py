@@ -33,6 +33,7 @@ class StepInputs:
     seed: int
     noise: NoiseOptions = field(default_factory=NoiseOptions)
     loss: LossOptions = field(default_factory=LossOptions)
+    clip_skip: int | None = None
 
     def __post_init__(self) -> None:
         self.loss.check(self.v_prediction)
@@ -41,8 +42,10 @@ class StepInputs:
 
 def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
     """Loss of one micro-batch, with every random draw keyed by (seed, epoch, position)."""
-    pixels = batch["pixel_values"].to(s.device, dtype=s.weight_dtype)
-    with torch.no_grad():
+    # The VAE runs in its own dtype (float32 with no_half_vae), outside the step's autocast,
+    # which would otherwise recast it to the mixed-precision dtype.
+    pixels = batch["pixel_values"].to(s.device, dtype=s.vae.dtype)
+    with torch.no_grad(), torch.autocast(s.device.type, enabled=False):
         posterior = s.vae.encode(pixels).latent_dist
     mean, std = posterior.mean.float(), posterior.std.float()
     draws = draw(
@@ -61,7 +64,7 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
 
     grad_context = nullcontext() if s.train_text_encoder else torch.no_grad()
     with grad_context:
-        hidden = encode_prompts(s.tokenizer, s.text_encoder, batch["captions"], s.device)
+        hidden = encode_prompts(s.tokenizer, s.text_encoder, batch["captions"], s.device, s.clip_skip)
     prediction = s.unet(noisy.to(s.weight_dtype), timesteps, hidden.to(s.weight_dtype)).sample
 
     target = s.noise_scheduler.get_velocity(latents, noise, timesteps) if s.v_prediction else noise

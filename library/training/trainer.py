@@ -240,7 +240,7 @@ class Trainer:
     def _prepare(self, parts: TrainedParts) -> list[torch.nn.Module]:
         """Move every model to the device; wrap only the trained ones (DDP under several processes)."""
         acc, comps = self.accelerator, parts.components
-        for module in (comps.unet, comps.vae, comps.text_encoder):
+        for module in (comps.unet, comps.vae, *comps.text_encoders):
             module.to(acc.device)
         names = [name for name, _ in parts.trained_modules()]
         prepared = acc.prepare(*[module for _, module in parts.trained_modules()])
@@ -265,6 +265,7 @@ class Trainer:
             seed=training.seed,
             noise=NoiseOptions.from_training(training),
             loss=LossOptions.from_training(training),
+            clip_skip=self.config.model.clip_skip,
         )
 
     def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver) -> int:

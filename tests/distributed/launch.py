@@ -4,8 +4,9 @@
 
 Arguments are train_network.py's. Environment:
   DIFFTUNE_PROBE             folder for each rank's measurements (rank<R>.json, rank<R>.pt)
+  DIFFTUNE_PROBE_HOOK        "1": count gradient buckets through a DDP communication hook
   DIFFTUNE_PROBE_GRADS       "1": also record gradients after every backward and per bucket
-  DIFFTUNE_PROBE_STOP_AFTER  k: stop the run (KeyboardInterrupt) right after optimizer step k
+  DIFFTUNE_PROBE_INTERRUPT   "k:r": rank r sends itself SIGINT right after optimizer step k
 """
 
 import os

@@ -3,25 +3,27 @@
 A ``Probe`` monkeypatches accelerate, torch and the trainer's module namespace (never library
 files) and records, per process:
 
-- every DDP gradient bucket all-reduce, through a communication hook registered on each module
-  ``Accelerator.prepare`` wraps in DistributedDataParallel (the hook does what DDP's built-in
-  reduction does: divide by the world size, all-reduce, so results are unchanged);
+- which modules ``Accelerator.prepare`` wrapped in DistributedDataParallel, and the world size;
+- with ``hook``: every DDP gradient bucket all-reduce, through a communication hook registered
+  on each wrapped module (it does what DDP's built-in reduction does: divide by the world size,
+  all-reduce, so results are unchanged; without ``hook`` DDP's own C++ reduction runs);
 - every other collective called through ``torch.distributed`` (all-reduce, gathers, broadcasts,
   barriers, and DDP's coalesced buffer broadcast), with the micro-batch during which it ran;
 - the learning rate of each parameter group each time an optimizer really steps (a global
   optimizer pre-hook, so it sees the rates used, not the ones logged);
 - each micro-batch loss, and the loss and rates the trainer hands its progress reporter;
-- optionally each trained gradient after every backward, and the local gradients each bucket
-  carried into its all-reduce.
+- with ``record_grads``: each trained gradient after every backward and (with ``hook``) the
+  local gradients each bucket carried into its all-reduce.
 
-It can also stop a run right after optimizer step k (as a user pressing Ctrl-C would), after
-that step's saves.
+It can also send SIGINT to one process right after optimizer step k and its saves, as a user
+pressing Ctrl-C on one machine would.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import torch
@@ -46,9 +48,15 @@ _MODULE_NAMES = {"UNet2DConditionModel": "unet", "CLIPTextModel": "text_encoder"
 class Probe:
     """Install with ``with Probe(...) as probe:``; results in ``probe.record`` / ``probe.grads``."""
 
-    def __init__(self, record_grads: bool = False, stop_after_step: int | None = None):
+    def __init__(
+        self,
+        hook: bool = False,
+        record_grads: bool = False,
+        interrupt: tuple[int, int] | None = None,
+    ):
+        self.hook = hook
         self.record_grads = record_grads
-        self.stop_after_step = stop_after_step
+        self.interrupt = interrupt  # (optimizer step, rank) after which that rank gets SIGINT
         self.micro = -1  # the micro-batch whose forward or backward runs (0-based, whole run)
         self.in_hook = False
         self.names: dict[int, str] = {}  # id(param) -> "<module>.<param path>"
@@ -86,7 +94,7 @@ class Probe:
             self._patch(dist, op, self._wrap_collective(op))
         self._patch(trainer_module, "micro_batch_loss", self._wrap_loss)
         self._patch(ProgressReporter, "step", self._wrap_report)
-        if self.stop_after_step is not None:
+        if self.interrupt is not None:
             self._patch(Saver, "after_step", self._wrap_after_step)
         handle = register_optimizer_step_pre_hook(self._on_optimizer_step)
         self._undo.append(handle.remove)
@@ -125,7 +133,8 @@ class Probe:
                 "buffers": len(list(ddp.module.buffers())),
             }
         )
-        ddp.register_comm_hook(name, self._hook)
+        if self.hook:
+            ddp.register_comm_hook(name, self._hook)
 
     def _hook(self, module_name: str, bucket):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -216,8 +225,9 @@ class Probe:
 
         def after_step(saver, global_step):
             original(saver, global_step)
-            if global_step == probe.stop_after_step:
-                raise KeyboardInterrupt  # stopped right after this step's saves
+            step, rank = probe.interrupt
+            if global_step == step and int(os.environ.get("RANK", "0")) == rank:
+                os.kill(os.getpid(), signal.SIGINT)
 
         return after_step
 
@@ -229,6 +239,10 @@ class Probe:
     def dump(self, folder: Path, rank: int) -> None:
         """Write ``rank{rank}.json`` (and ``rank{rank}.pt`` with gradients) into ``folder``."""
         folder.mkdir(parents=True, exist_ok=True)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            self.record["world_size"] = dist.get_world_size()
         for entry, (_, ddp) in zip(self.record["ddp"], self.ddp, strict=True):
             # DDP's own account of its buckets (sizes in bytes, after any rebuild)
             entry["bucket_sizes"] = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
@@ -244,10 +258,11 @@ class Probe:
 
 def probe_from_env() -> tuple[Probe, Path | None]:
     """A probe configured by DIFFTUNE_PROBE_* variables (see launch.py)."""
-    stop = os.environ.get("DIFFTUNE_PROBE_STOP_AFTER")
+    interrupt = os.environ.get("DIFFTUNE_PROBE_INTERRUPT")
     probe = Probe(
+        hook=os.environ.get("DIFFTUNE_PROBE_HOOK") == "1",
         record_grads=os.environ.get("DIFFTUNE_PROBE_GRADS") == "1",
-        stop_after_step=int(stop) if stop else None,
+        interrupt=tuple(int(v) for v in interrupt.split(":")) if interrupt else None,
     )
     folder = os.environ.get("DIFFTUNE_PROBE")
     return probe, Path(folder) if folder else None

@@ -31,7 +31,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_env(probe: Path | None, grads: bool = False, stop_after: int | None = None) -> dict:
+def launch_env(
+    probe: Path | None,
+    hook: bool = False,
+    grads: bool = False,
+    interrupt: tuple[int, int] | None = None,
+) -> dict:
     """The environment of a CPU launch: gloo via accelerate, one thread per process, offline."""
     env = dict(os.environ)
     env.update(
@@ -41,14 +46,17 @@ def launch_env(probe: Path | None, grads: bool = False, stop_after: int | None =
         TRANSFORMERS_OFFLINE="1",
         PYTHONUNBUFFERED="1",
     )
-    for key in ("DIFFTUNE_PROBE", "DIFFTUNE_PROBE_GRADS", "DIFFTUNE_PROBE_STOP_AFTER"):
-        env.pop(key, None)
+    for key in list(env):
+        if key.startswith("DIFFTUNE_PROBE"):
+            del env[key]
     if probe is not None:
         env["DIFFTUNE_PROBE"] = str(probe)
+    if hook:
+        env["DIFFTUNE_PROBE_HOOK"] = "1"
     if grads:
         env["DIFFTUNE_PROBE_GRADS"] = "1"
-    if stop_after is not None:
-        env["DIFFTUNE_PROBE_STOP_AFTER"] = str(stop_after)
+    if interrupt is not None:
+        env["DIFFTUNE_PROBE_INTERRUPT"] = f"{interrupt[0]}:{interrupt[1]}"
     return env
 
 
@@ -91,8 +99,9 @@ def torchrun(
     out: Path,
     nproc: int = 2,
     script: Path = LAUNCH,
+    hook: bool = False,
     grads: bool = False,
-    stop_after: int | None = None,
+    interrupt: tuple[int, int] | None = None,
 ) -> Run:
     """``torchrun --nproc_per_node nproc script --config cfg args...``, writing to ``out``."""
     probe = out / "probe" if script == LAUNCH else None
@@ -104,7 +113,7 @@ def torchrun(
     ]  # fmt: skip
     done = subprocess.run(
         command,
-        env=launch_env(probe, grads, stop_after),
+        env=launch_env(probe, hook, grads, interrupt),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -157,9 +166,9 @@ def torchrun_two_nodes(cfg: Path, *args: str, out: Path) -> tuple[Run, Run]:
     return runs[0], runs[1]
 
 
-def in_process(cfg: Path, *args: str, out: Path, stop_after: int | None = None) -> Run:
+def in_process(cfg: Path, *args: str, out: Path) -> Run:
     """A single-process run inside pytest (no launcher start-up cost), under a Probe."""
-    with Probe(stop_after_step=stop_after) as probe:
+    with Probe() as probe:
         code = train(cfg, *_outputs(out), *args)
     return Run(code, out, "", records={0: probe.record})
 

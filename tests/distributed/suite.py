@@ -10,9 +10,10 @@ for any run. Single-process runs happen in the pytest process itself, when first
   LoRA and full UNet. The 2-process runs also switch on a DDP-side option per mode (gradient
   checkpointing, gradient_as_bucket_view); the single-process references run without it.
 - schedule runs: UNet + text-encoder LoRA, 4 optimizer steps under warmup + cosine: "sync"
-  (2 processes x accumulation 4, gradients recorded), "acc1" (2 x 1, static graph), "stopped"
-  (2 x 1 with a step-2 state, stopped right after step 2), "resumed" (2 x 1 from that state),
-  "single_acc2" and "single_acc1" (1 process).
+  (2 processes x accumulation 4, buckets counted by a DDP hook, gradients recorded), "acc1"
+  (2 x 1, static graph, buckets counted), "stopped" (2 x 1, states every 2 steps, SIGINT to
+  rank 1 after step 2), "resumed" (2 x 1 from the state it stopped with), "single_acc2" and "single_acc1" (1 process).
+  Runs without a hook use DDP's own C++ reduction.
 - "two-nodes": the unet-lora 2x2x1 config as 2 nodes x 1 process; "static-acc2": the same
   config with ddp_static_graph, through train_network.py itself.
 """
@@ -58,8 +59,10 @@ SCHEDULE_KEYS = {
     "optimizer_args": ["eps=1e-3"],
     "log_with": "tensorboard",
 }
-STOP_AFTER = 2  # the "stopped" run saves a state at this step and is stopped right after it
-_SAVING = {"save_every_n_steps": STOP_AFTER, "save_state": True}
+# The "stopped" run saves a state every 2 steps; right after step 2, rank 1 alone gets SIGINT,
+# so both processes must agree to stop at the end of step 3 and save a state there.
+SAVE_EVERY, INTERRUPT_AFTER, STOPPED_AT = 2, 2, 3
+_SAVING = {"save_every_n_steps": SAVE_EVERY, "save_state": True}
 CONCURRENT_LAUNCHES = 2
 
 
@@ -95,9 +98,10 @@ class Runs:
         name = f"sched-acc{accumulation}" + "".join(f"-{k}" for k in sorted(keys))
         return self.config(name, gradient_accumulation_steps=accumulation, **SCHEDULE_KEYS, **keys)
 
-    def stopped_state(self) -> Path:
+    def stopped_state(self, step: int = STOPPED_AT) -> Path:
+        """The "stopped" run's state of optimizer step ``step``."""
         self.get("stopped")
-        return self.root / "stopped" / f"run-step{STOP_AFTER:08d}-state"
+        return self.root / "stopped" / f"run-step{step:08d}-state"
 
     # -- the runs ---------------------------------------------------------------------------
 
@@ -116,13 +120,15 @@ class Runs:
         }
         static = "--ddp_static_graph"
         launches |= {
-            "sync": lambda: torchrun(self.schedule_config(4), out=out("sync"), grads=True),
-            "acc1": lambda: torchrun(self.schedule_config(1), static, out=out("acc1")),
+            "sync": lambda: torchrun(
+                self.schedule_config(4), out=out("sync"), hook=True, grads=True
+            ),
+            "acc1": lambda: torchrun(self.schedule_config(1), static, out=out("acc1"), hook=True),
             "stopped": lambda: torchrun(
                 self.schedule_config(1, **_SAVING),
                 static,
                 out=out("stopped"),
-                stop_after=STOP_AFTER,
+                interrupt=(INTERRUPT_AFTER, 1),
             ),
             "resumed": lambda: torchrun(
                 self.schedule_config(1, **_SAVING),

@@ -17,7 +17,8 @@ def test_two_nodes_match_one_node_with_two_processes(runs):
     shards = []
     for rank in (0, 1):
         record = node0.rank(rank)  # the nodes share the probe folder, one file per global rank
-        assert record["hooks"], f"rank {rank} never all-reduced: it trained alone"
+        assert record["world_size"] == 2, f"rank {rank} trained alone"
+        assert [d["module"] for d in record["ddp"]] == ["unet"]
         assert len(record["optimizer_lrs"]) == 2
         shards.append({p for m in record["micro_losses"] for p in m["positions"]})
     assert shards[0].isdisjoint(shards[1])

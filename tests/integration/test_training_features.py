@@ -150,18 +150,33 @@ def test_bf16_and_v_prediction_train(tmp_path, tiny_sd2v_model_dir, images):
 
 def test_full_unet_outputs_load_in_diffusers(tmp_path, tiny_model_dir, images):
     from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+    from safetensors import safe_open
+
+    from library.config.schema import ModelSection
+    from library.models.loader import load_components
 
     config = _config(tmp_path, tiny_model_dir, images, train_mode="unet", learning_rate=1e-4, max_train_steps=1)
     assert train(config) == 0
     out = tmp_path / "c"
-    file_weights = tensors(out / "run.safetensors")
+    # the diffusers folder: the trained UNet, and the base's other parts
     unet = UNet2DConditionModel.from_pretrained(out / "run" / "unet")
-    assert_close_dicts({k: v for k, v in unet.state_dict().items()}, file_weights, atol=0)
+    folder_unet = unet.state_dict()
     base = tensors(tiny_model_dir / "unet" / "diffusion_pytorch_model.safetensors")
-    assert any(not torch.equal(base[k], file_weights[k]) for k in base)
+    assert any(not torch.equal(base[k], folder_unet[k]) for k in base)
     pipe = StableDiffusionPipeline.from_pretrained(out / "run", safety_checker=None)
     image = pipe("a shape", num_inference_steps=2, height=64, width=64, output_type="np").images
     assert image.shape == (1, 64, 64, 3)
+    # its text encoder uses the text_model. layout older transformers need
+    with safe_open(str(out / "run" / "text_encoder" / "model.safetensors"), "pt") as f:
+        assert all(k.startswith("text_model.") for k in f.keys())
+    # the single file is an original-layout checkpoint holding the same UNet
+    with safe_open(str(out / "run.safetensors"), "pt") as f:
+        assert any(k.startswith("model.diffusion_model.") for k in f.keys())
+    loaded = load_components(
+        ModelSection(pretrained_model_name_or_path=str(out / "run.safetensors"), tokenizer_path=str(tiny_model_dir / "tokenizer")),
+        torch.float32,
+    )
+    assert_close_dicts(loaded.unet.state_dict(), folder_unet, atol=0)
 
 
 def test_wandb_offline_run_records_the_steps(tmp_path, tiny_model_dir, images, monkeypatch):

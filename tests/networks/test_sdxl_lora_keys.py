@@ -79,14 +79,23 @@ def _adapted(sdxl_parts, spec: LoraSpec, seed: int = 5) -> dict[str, torch.nn.Mo
     return models
 
 
+LOCON = LoraSpec(4, 3.0, conv_dim=2, conv_alpha=1.0)
+
+
+@pytest.fixture(scope="module")
+def locon_models(sdxl_parts):
+    """UNet + both encoders with a random LoCon adapter (read-only for the tests)."""
+    return _adapted(sdxl_parts, LOCON, seed=1)
+
+
 def _modules(tensors) -> set[str]:
     return {key.split(".", 1)[0] for key in tensors}
 
 
 @pytest.mark.parametrize("conv", [False, True], ids=["linear", "locon"])
-def test_keys_use_sgm_names_and_sdxl_prefixes(sdxl_parts, conv):
-    spec = LoraSpec(4, 2.0, conv_dim=2 if conv else None)
-    tensors = export_lora(_adapted(sdxl_parts, spec))
+def test_keys_use_sgm_names_and_sdxl_prefixes(sdxl_parts, locon_models, conv):
+    models = locon_models if conv else _adapted(sdxl_parts, LoraSpec(4, 2.0))
+    tensors = export_lora(models)
     unet = expected_unet_modules(conv)
     te1 = expected_text_modules("lora_te1", 2)
     te2 = expected_text_modules("lora_te2", 3)
@@ -108,10 +117,10 @@ def test_keys_use_sgm_names_and_sdxl_prefixes(sdxl_parts, conv):
         assert tensors["lora_unet_input_blocks_3_0_op.lora_down.weight"].shape == (2, 32, 3, 3)
 
 
-def test_unet_names_match_the_original_names_mapping(sdxl_parts):
+def test_unet_names_match_the_original_names_mapping(sdxl_parts, locon_models):
     from library.models.original_names import unet_path_from_original
 
-    models = _adapted(sdxl_parts, LoraSpec(4, 1.0, conv_dim=2))
+    models = locon_models
     config = models["lora_unet"].config
     module_paths = {name for name, _ in sdxl_parts["unet"].named_modules()}
     for name in _modules(export_lora({"lora_unet": models["lora_unet"]})):
@@ -136,8 +145,8 @@ def _sgm(path: str, config) -> str:
         return ""
 
 
-def test_import_maps_sgm_names_back(sdxl_parts, unet_inputs_sdxl):
-    source = _adapted(sdxl_parts, LoraSpec(4, 3.0, conv_dim=2, conv_alpha=1.0), seed=1)
+def test_import_maps_sgm_names_back(sdxl_parts, locon_models, unet_inputs_sdxl):
+    source = locon_models
     tensors = export_lora(source)
     target = _adapted(sdxl_parts, LoraSpec(4, 1.0, conv_dim=2, conv_alpha=2.0), seed=2)
     import_lora(target, tensors, "sdxl.safetensors")
@@ -163,8 +172,8 @@ def unet_inputs_sdxl():
     return latents, torch.tensor([10, 700]), context, {"added_cond_kwargs": added}
 
 
-def test_merge_into_a_plain_unet_reproduces_the_adapter(sdxl_parts, unet_inputs_sdxl):
-    models = _adapted(sdxl_parts, LoraSpec(4, 2.0, conv_dim=2), seed=4)
+def test_merge_into_a_plain_unet_reproduces_the_adapter(sdxl_parts, locon_models, unet_inputs_sdxl):
+    models = locon_models
     tensors = export_lora(models)
     plain = copy.deepcopy(sdxl_parts["unet"]).eval()
     assert merge_lora_file(plain, tensors, "lora_unet") == len(expected_unet_modules(True))
