@@ -168,10 +168,12 @@ def test_full_unet_outputs_load_in_diffusers(tmp_path, tiny_model_dir, images):
     assert image.shape == (1, 64, 64, 3)
     # its text encoder uses the text_model. layout older transformers need
     with safe_open(str(out / "run" / "text_encoder" / "model.safetensors"), "pt") as f:
-        assert all(k.startswith("text_model.") for k in f.keys())
+        names = f.keys()
+    assert all(k.startswith("text_model.") for k in names)
     # the single file is an original-layout checkpoint holding the same UNet
     with safe_open(str(out / "run.safetensors"), "pt") as f:
-        assert any(k.startswith("model.diffusion_model.") for k in f.keys())
+        names = f.keys()
+    assert any(k.startswith("model.diffusion_model.") for k in names)
     loaded = load_components(
         ModelSection(pretrained_model_name_or_path=str(out / "run.safetensors"), tokenizer_path=str(tiny_model_dir / "tokenizer")),
         torch.float32,
