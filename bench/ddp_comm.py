@@ -155,12 +155,12 @@ def worker(args) -> None:
             optimizer.step()  # a no-op until the window's last micro-batch
             optimizer.zero_grad(set_to_none=True)
 
+    accelerator.gradient_accumulation_steps = 1
+    micro_batch()  # one unmeasured optimizer step: DDP rebuilds its buckets after the first
     results = []
     for accumulation in args.accumulations:
         accelerator.gradient_accumulation_steps = accumulation
         accelerator.step = 0
-        for _ in range(accumulation):  # one unmeasured step: DDP rebuilds its buckets after it
-            micro_batch()
         counter.reset()
         start = time.perf_counter()
         for _ in range(args.steps * accumulation):
@@ -211,7 +211,7 @@ def report(args, runs: dict[int, dict]) -> str:
         f"trained tensors, {meta['lora_numel']:,} parameters "
         f"({meta['lora_numel'] * 4 / 2**20:.1f} MiB of fp32 gradients)",
         f"latents 1x4x{args.latent}x{args.latent}, encoder states 1x77x768, batch 1 per process, "
-        f"gloo on CPU, 1 thread per process; {args.steps} measured steps after 1 warm-up step",
+        f"gloo on CPU, 1 thread per process; {args.steps} measured optimizer steps per row",
         "",
         "processes  accumulation  samples/step  collectives/step  MiB all-reduced/step  "
         "all-reduce in flight/step  wall s/step  samples/s",

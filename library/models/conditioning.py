@@ -98,6 +98,48 @@ def _hidden_and_pooled(
     return hidden, out.text_embeds
 
 
+def unused_text_layers(
+    family: ModelFamily, index: int, num_layers: int, clip_skip: int | None = None
+) -> range:
+    """Indices of text encoder ``index``'s layers whose output never reaches the conditioning.
+
+    SDXL's first encoder conditions on its penultimate layer, so its last layer is unused; with
+    ``clip_skip`` N > 1 the last N - 1 layers are. An encoder that gives the pooled embedding
+    uses every layer. Their adapters get no gradient.
+    """
+    last = len(family.text_encoder_subfolders) - 1
+    if family.uses_pooled_text_embedding and index == last:
+        return range(num_layers, num_layers)
+    used = (
+        num_layers - 1 if family.text_layer == "penultimate" else num_layers - (clip_skip or 1) + 1
+    )
+    return range(max(used, 0), num_layers)
+
+
+def freeze_unused_text_adapters(
+    family: ModelFamily, encoders: Sequence[torch.nn.Module], clip_skip: int | None = None
+) -> list[str]:
+    """Stop training the adapters of unused text-encoder layers (``unused_text_layers``).
+
+    They would never get a gradient, which DistributedDataParallel refuses (it waits for every
+    parameter that requires grad). They stay in the model, so saved files keep every module,
+    as kohya's do (with their up weights still zero). Returns the frozen adapter paths.
+    """
+    from library.networks.lora import ADAPTER, lora_layers
+
+    frozen = []
+    for index, encoder in enumerate(encoders):
+        layers = encoder.config.num_hidden_layers
+        unused = unused_text_layers(family, index, layers, clip_skip)
+        marks = tuple(f"encoder.layers.{i}." for i in unused)
+        for path, layer in lora_layers(encoder).items():
+            if marks and any(mark in f"{path}." for mark in marks):
+                for module in (layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]):
+                    module.requires_grad_(False)
+                frozen.append(path)
+    return frozen
+
+
 def encode_conditioning(
     family: ModelFamily,
     tokenizers: Sequence[object],

@@ -8,6 +8,7 @@ import torch
 
 from library.config.schema import Config
 from library.errors import ConfigError
+from library.models.conditioning import freeze_unused_text_adapters
 from library.models.loader import Components
 from library.networks.kohya_keys import UNET, import_lora
 from library.networks.lora import ADAPTER, LoraSpec, apply_lora, lora_layers, lora_parameters
@@ -99,8 +100,13 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lr: f
     if train_te:
         ratio = opt.loraplus_text_encoder_lr_ratio or opt.loraplus_lr_ratio
         names = components.family.text_encoder_subfolders
-        for name, encoder in zip(names, components.text_encoders, strict=True):
+        for encoder in components.text_encoders:
             apply_lora(encoder, "text_encoder", spec)
+        # Layers after the one that conditions the UNet get no gradient, which DDP refuses.
+        freeze_unused_text_adapters(
+            components.family, components.text_encoders, config.model.clip_skip
+        )
+        for name, encoder in zip(names, components.text_encoders, strict=True):
             groups += _lora_groups(encoder, name, te_lr, ratio)
     parts = TrainedParts(components, True, train_unet, train_te, groups)
     if net.network_weights:
@@ -112,10 +118,11 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lr: f
 def _lora_groups(model: torch.nn.Module, name: str, lr: float, ratio: float | None) -> list[dict]:
     """One group; with LoRA+ the down (A) weights at lr and the up (B) weights at lr * ratio."""
     if ratio is None:
-        return [{"params": lora_parameters(model), "lr": lr, "name": name}]
+        trained = [p for p in lora_parameters(model) if p.requires_grad]
+        return [{"params": trained, "lr": lr, "name": name}]
     layers = lora_layers(model).values()
-    down = [p for layer in layers for p in layer.lora_A[ADAPTER].parameters()]
-    up = [p for layer in layers for p in layer.lora_B[ADAPTER].parameters()]
+    down = [p for layer in layers for p in layer.lora_A[ADAPTER].parameters() if p.requires_grad]
+    up = [p for layer in layers for p in layer.lora_B[ADAPTER].parameters() if p.requires_grad]
     return [
         {"params": down, "lr": lr, "name": name},
         {"params": up, "lr": lr * ratio, "name": f"{name}_up"},

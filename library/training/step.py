@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from library.models.text import encode_prompts
+from library.models.conditioning import encode_conditioning
+from library.models.family import SD1, ModelFamily
 from library.training.loss import LossOptions, diffusion_loss
 from library.training.noise import NoiseOptions, draw, training_noise
 
@@ -34,9 +35,16 @@ class StepInputs:
     noise: NoiseOptions = field(default_factory=NoiseOptions)
     loss: LossOptions = field(default_factory=LossOptions)
     clip_skip: int | None = None
+    # What conditions the UNet: the family's text encoders (prepared where trained), in
+    # family.text_encoder_subfolders order; empty means (text_encoder,) and (tokenizer,).
+    family: ModelFamily = SD1
+    text_encoders: tuple[torch.nn.Module, ...] = ()
+    tokenizers: tuple[object, ...] = ()
 
     def __post_init__(self) -> None:
         self.loss.check(self.v_prediction)
+        self.text_encoders = tuple(self.text_encoders) or (self.text_encoder,)
+        self.tokenizers = tuple(self.tokenizers) or (self.tokenizer,)
         self.noise.timestep_range(self.noise_scheduler.config.num_train_timesteps)
 
 
@@ -64,8 +72,19 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
 
     grad_context = nullcontext() if s.train_text_encoder else torch.no_grad()
     with grad_context:
-        hidden = encode_prompts(s.tokenizer, s.text_encoder, batch["captions"], s.device, s.clip_skip)
-    prediction = s.unet(noisy.to(s.weight_dtype), timesteps, hidden.to(s.weight_dtype)).sample
+        cond = encode_conditioning(
+            s.family,
+            s.tokenizers,
+            s.text_encoders,
+            batch["captions"],
+            s.device,
+            batch,
+            s.weight_dtype,
+            s.clip_skip,
+        )
+    prediction = s.unet(
+        noisy.to(s.weight_dtype), timesteps, cond.encoder_hidden_states, **cond.unet_kwargs
+    ).sample
 
     target = s.noise_scheduler.get_velocity(latents, noise, timesteps) if s.v_prediction else noise
     return diffusion_loss(

@@ -30,8 +30,12 @@ def images(tmp_path_factory):
     return make_images(tmp_path_factory.mktemp("data") / "imgs", 3)
 
 
-def _components(sdxl_dir):
-    return load_components(ModelSection(pretrained_model_name_or_path=str(sdxl_dir)), torch.float32)
+def _components(path, tokenizers=None):
+    model = ModelSection(
+        pretrained_model_name_or_path=str(path),
+        tokenizer_path=str(tokenizers) if tokenizers else None,
+    )
+    return load_components(model, torch.float32)
 
 
 def _alpha_bar(steps):
@@ -104,6 +108,10 @@ def test_setup_trains_both_text_encoders(sdxl_dir):
     parts = setup_training(load_config(str(config_file), []), c)
     assert [g["name"] for g in parts.param_groups] == ["unet", "text_encoder", "text_encoder_2"]
     assert [g["lr"] for g in parts.param_groups] == [1e-3, 5e-5, 5e-5]
+    # Down and up weight per adapted layer; the first encoder's last layer is not trained (its
+    # output never reaches the UNet), the second encoder's every layer is (it gives the pooled).
+    sizes = [len(g["params"]) for g in parts.param_groups]
+    assert sizes == [2 * UNET_MODULES, 2 * (TE1_MODULES - 6), 2 * TE2_MODULES]
     models = parts.lora_models()
     assert list(models) == ["lora_unet", "lora_te1", "lora_te2"]
     assert models["lora_te2"] is c.text_encoder_2
@@ -171,16 +179,19 @@ def test_sdxl_full_unet_trains(tmp_path, sdxl_dir, images):
         learning_rate=1e-3,
     )
     assert train(config) == 0
-    saved = tensors(tmp_path / "out" / "run.safetensors")
+    folder = tmp_path / "out" / "run"
+    again = _components(folder)
+    assert again.family is SDXL and len(again.text_encoders) == 2
+    saved = again.unet.state_dict()
     base = _components(sdxl_dir).unet.state_dict()
     assert saved.keys() == base.keys()
     changed = [k for k in base if not torch.equal(saved[k], base[k])]
     assert any(k.startswith("add_embedding.") for k in changed)  # the size/pooled path trained
     assert any("attn2.to_k" in k for k in changed)
-    folder = tmp_path / "out" / "run"
-    again = _components(folder)
-    assert again.family is SDXL and len(again.text_encoders) == 2
-    for key, value in again.unet.state_dict().items():
+    # the single file is an SGM-layout SDXL checkpoint holding the same UNet
+    single = _components(tmp_path / "out" / "run.safetensors", tokenizers=sdxl_dir)
+    assert single.family is SDXL
+    for key, value in single.unet.state_dict().items():
         torch.testing.assert_close(value, saved[key], rtol=0, atol=0)
     with safe_open(str(tmp_path / "out" / "run.safetensors"), framework="pt") as f:
         assert f.metadata()["modelspec.architecture"] == "stable-diffusion-xl-v1-base"

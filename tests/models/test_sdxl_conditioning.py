@@ -11,9 +11,12 @@ from library.config.schema import ModelSection
 from library.models.conditioning import (
     Conditioning,
     encode_conditioning,
+    freeze_unused_text_adapters,
     plain_sizes,
     size_time_ids,
+    unused_text_layers,
 )
+from library.models.family import SD1, SDXL
 from library.models.loader import load_components
 from library.models.text import encode_prompts
 
@@ -164,3 +167,33 @@ def test_wrong_inputs_are_clear(parts):
         )
     with pytest.raises(ValueError, match="clip_skip"):
         _encode(parts, clip_skip=2)
+
+
+def test_unused_text_layers():
+    # SDXL: the first encoder's last layer feeds nothing; the pooled encoder uses every layer.
+    assert list(unused_text_layers(SDXL, 0, 12)) == [11]
+    assert list(unused_text_layers(SDXL, 1, 32)) == []
+    # SD 1.x: clip_skip N leaves the last N - 1 layers unused.
+    assert list(unused_text_layers(SD1, 0, 12)) == []
+    assert list(unused_text_layers(SD1, 0, 12, clip_skip=1)) == []
+    assert list(unused_text_layers(SD1, 0, 12, clip_skip=2)) == [11]
+    assert list(unused_text_layers(SD1, 0, 12, clip_skip=3)) == [10, 11]
+
+
+def test_unused_adapters_are_frozen_and_the_rest_trains(parts):
+    from library.networks.lora import LoraSpec, apply_lora, lora_layers
+
+    encoders = [copy.deepcopy(e) for e in parts.text_encoders]
+    for encoder in encoders:
+        apply_lora(encoder, "text_encoder", LoraSpec(2, 2.0))
+    frozen = freeze_unused_text_adapters(parts.family, encoders)
+    # The tiny first encoder has 2 layers: layer 1's six adapted Linear layers are frozen.
+    assert sorted(frozen) == sorted(p for p in lora_layers(encoders[0]) if ".layers.1." in p)
+    assert len(frozen) == 6
+    for index, encoder in enumerate(encoders):
+        for path, layer in lora_layers(encoder).items():
+            trains = [p.requires_grad for p in layer.parameters() if p is not None]
+            expected = not (index == 0 and path in frozen)
+            lora = [layer.lora_A["default"].weight, layer.lora_B["default"].weight]
+            assert [w.requires_grad for w in lora] == [expected, expected], path
+            assert trains.count(True) == (2 if expected else 0), path
