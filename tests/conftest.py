@@ -26,3 +26,11 @@ def tiny_sd2v_model_dir(tmp_path_factory):
     from library.models.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sd2v", family="sd2-v")
+
+
+@pytest.fixture(scope="session")
+def tiny_sdxl_model_dir(tmp_path_factory):
+    """A tiny SDXL model (two text encoders, size conditioning) in diffusers folder format."""
+    from library.models.tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sdxl", family="sdxl")

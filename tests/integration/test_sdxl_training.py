@@ -19,10 +19,8 @@ UNET_MODULES, TE1_MODULES, TE2_MODULES = 132, 2 * 6, 3 * 6  # see tests/networks
 
 
 @pytest.fixture(scope="module")
-def sdxl_dir(tmp_path_factory):
-    from library.models.tiny import save_tiny_model
-
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sdxl", "sdxl")
+def sdxl_dir(tiny_sdxl_model_dir):
+    return tiny_sdxl_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,8 @@ CAPTIONS = ["a red circle on a white background", "shape"]
 
 
 @pytest.fixture(scope="module")
-def sdxl_dir(tmp_path_factory):
-    from library.models.tiny import save_tiny_model
-
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sdxl", "sdxl")
+def sdxl_dir(tiny_sdxl_model_dir):
+    return tiny_sdxl_model_dir
 
 
 @pytest.fixture(scope="module")

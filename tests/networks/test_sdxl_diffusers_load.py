@@ -23,10 +23,8 @@ CASES = {"locon+te": LoraSpec(4, 1.0, conv_dim=2, conv_alpha=2.0)}
 
 
 @pytest.fixture(scope="module")
-def sdxl_dir(tmp_path_factory):
-    from library.models.tiny import save_tiny_model
-
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sdxl", "sdxl")
+def sdxl_dir(tiny_sdxl_model_dir):
+    return tiny_sdxl_model_dir
 
 
 def _images(pipe) -> torch.Tensor:
