@@ -43,22 +43,25 @@ class SampleRunner:
         if self.prompts and getattr(config.model, "zero_terminal_snr", False):
             for name in dict.fromkeys(p.sampler for p in self.prompts):
                 check_zero_terminal_snr(name, f"sample_prompts {self.sampling.sample_prompts}")
-        self.components = self.unet = self.text_encoder = self.optimizer = None
+        self.components = self.optimizer = None
+        self.prepared: dict = {}
         self._last_step: int | None = None
 
     @property
     def enabled(self) -> bool:
         return bool(self.prompts)
 
-    def attach(self, components, unet=None, text_encoder=None, optimizer=None) -> None:
-        """The run's Components (live modules); optionally the prepared unet / text encoder, and
-        the optimizer (a schedule-free one is switched to its averaged weights while sampling).
+    def attach(self, components, prepared=None, optimizer=None) -> None:
+        """The run's Components (live modules); optionally ``prepared``, the prepared modules by
+        name ("unet", "text_encoder", "text_encoder_2"; those missing are taken from the
+        Components), and the optimizer (a schedule-free one is switched to its averaged weights
+        while sampling).
 
         Raises ConfigError when sampling is on and the model family cannot be sampled.
         """
         if self.enabled:
             check_family(components.family)
-        self.components, self.unet, self.text_encoder = components, unet, text_encoder
+        self.components, self.prepared = components, dict(prepared or {})
         self.optimizer = optimizer
 
     def at_start(self, global_step: int) -> SampleRound | None:
@@ -80,18 +83,22 @@ class SampleRunner:
         if self.components is None:
             raise RuntimeError("SampleRunner.attach(components) must be called before sampling")
         self._last_step = global_step
+        if self.optimizer is None:  # sampling without training (tests, tools)
+            return self._round(global_step)
         optimizer_eval_mode(self.optimizer)
         try:
-            return sample_images(
-                self.components,
-                self.prompts,
-                step=global_step,
-                output_dir=self.output_dir,
-                output_name=self.output_name,
-                accelerator=self.accelerator,
-                unet=self.unet,
-                text_encoder=self.text_encoder,
-                clip_skip=self.clip_skip,
-            )
+            return self._round(global_step)
         finally:
             optimizer_train_mode(self.optimizer)
+
+    def _round(self, global_step: int) -> SampleRound:
+        return sample_images(
+            self.components,
+            self.prompts,
+            step=global_step,
+            output_dir=self.output_dir,
+            output_name=self.output_name,
+            accelerator=self.accelerator,
+            prepared=self.prepared,
+            clip_skip=self.clip_skip,
+        )

@@ -37,6 +37,11 @@ for _name in ("lms", "euler", "euler_a", "dpm_2", "dpm_2_a"):
 assert set(_SAMPLERS) == set(SAMPLER_NAMES), "sampler table and SamplerName disagree"
 
 
+# Latents are not bounded to [-1, 1], and SD's and SDXL's released scheduler configs turn both
+# off; a config written for another class (SDXL's Euler one) may leave them out, and DDIM's own
+# defaults would then clip the predicted x0 and change the last step.
+_LATENT_DEFAULTS = {"clip_sample": False, "set_alpha_to_one": False}
+
 # diffusers' LMS scheduler integrates its coefficients with scipy, an optional dependency.
 _NEEDS_SCIPY = ("LMSDiscreteScheduler",)
 
@@ -89,6 +94,8 @@ def build_sampler(name: str, scheduler_config: dict, prediction_type: str):
     class_name, extra = _SAMPLERS[check_sampler(name, "sample_sampler")]
     cls = getattr(diffusers, class_name)
     config = {k: v for k, v in dict(scheduler_config).items() if not k.startswith("_")}
+    for key, value in _LATENT_DEFAULTS.items():
+        config.setdefault(key, value)
     config.update(extra, prediction_type=prediction_type)
     if config.get("rescale_betas_zero_snr"):
         check_zero_terminal_snr(name, "sample_sampler")

@@ -148,7 +148,7 @@ class Trainer:
             signals=StopSignals(),
         )
         optimizer_train_mode(optimizer)  # a resumed schedule-free state may be in eval mode
-        self.sampler.attach(parts.components, self._prepared.get("unet"), self._prepared.get("text_encoder"), optimizer)
+        self.sampler.attach(parts.components, self._prepared, optimizer)
         self.sampler.at_start(global_step)
         with loop.signals:
             for epoch in range(plan.epoch_of_step(global_step), plan.epochs):

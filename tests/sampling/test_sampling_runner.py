@@ -12,7 +12,7 @@ import library.sampling.runner as runner_module
 from library.config.loader import load_config
 from library.config.sampling_schema import SamplingSection
 from library.errors import ConfigError
-from library.models.family import SD1
+from library.models.family import SD1, SDXL
 from library.sampling.runner import SampleRunner, due_after_epoch, due_after_step
 
 HEAD = 'pretrained_model_name_or_path = "m"\n'
@@ -128,13 +128,28 @@ def test_images_are_logged_to_tensorboard(components, tmp_path, fresh_accelerate
     assert pixels(result.images[1]).shape == (64, 96, 3)
 
 
-def test_sdxl_models_are_refused_when_sampling_is_on(tmp_path):
+def test_attach_checks_the_family_only_when_sampling_is_on(tmp_path):
     (tmp_path / "p.txt").write_text("a\n", encoding="utf-8")
     runner = SampleRunner(config_with(tmp_path, f'sample_prompts = "{tmp_path / "p.txt"}"\n'))
-    sdxl_like = replace(SD1, name="sdxl", uses_pooled_text_embedding=True)
-    with pytest.raises(ConfigError, match="sampling sdxl models during training is not supported"):
-        runner.attach(SimpleNamespace(family=sdxl_like))
-    SampleRunner(config_with(tmp_path, "")).attach(SimpleNamespace(family=sdxl_like))  # off: fine
+    runner.attach(SimpleNamespace(family=SDXL))  # SDXL samples
+    odd = replace(SD1, name="odd", uses_pooled_text_embedding=True)
+    with pytest.raises(ConfigError, match="sampling odd models during training is not supported"):
+        runner.attach(SimpleNamespace(family=odd))
+    SampleRunner(config_with(tmp_path, "")).attach(SimpleNamespace(family=odd))  # off: fine
+
+
+def test_attach_passes_the_prepared_modules_to_every_round(tmp_path, monkeypatch):
+    (tmp_path / "p.txt").write_text("a\n", encoding="utf-8")
+    keys = f'sample_prompts = "{tmp_path / "p.txt"}"\nsample_every_n_steps = 1\n'
+    runner = SampleRunner(config_with(tmp_path, keys))
+    seen = []
+    monkeypatch.setattr(
+        runner_module, "sample_images", lambda comps, prompts, **kw: seen.append(kw["prepared"])
+    )
+    prepared = {"unet": object(), "text_encoder_2": object()}
+    runner.attach(SimpleNamespace(family=SDXL), prepared)
+    runner.after_step(1)
+    assert seen == [prepared]
 
 
 def test_zero_terminal_snr_runs_refuse_unfit_samplers_at_once(tmp_path):

@@ -1,0 +1,112 @@
+"""The diffusers pipeline that samples a model family, assembled from the live modules.
+
+Which pipeline a family gets follows from its conditioning data (how many text encoders, pooled
+text embedding, size conditioning), in one table here; the rest of sampling never asks which
+family it has. The prompts are encoded by our own ``encode_conditioning``, exactly as captions
+are in training (layer choice, pooled embedding, size numbers), and handed to the pipeline as
+embeddings; the pipeline only runs the denoising loop and the VAE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from library.errors import ConfigError
+from library.models.conditioning import Conditioning
+
+
+@dataclass(frozen=True)
+class PipelineKind:
+    """A diffusers pipeline class and the constructor keywords it needs besides the modules."""
+
+    class_name: str
+    options: dict = field(default_factory=dict)
+
+
+# (text encoders, pooled text embedding, size conditioning) -> the pipeline that takes them.
+_KINDS = {
+    (1, False, False): PipelineKind(
+        "StableDiffusionPipeline",
+        {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False},
+    ),
+    # No invisible watermark: it needs an extra package and alters the pixels users compare.
+    (2, True, True): PipelineKind("StableDiffusionXLPipeline", {"add_watermarker": False}),
+}
+
+
+def pipeline_kind(family) -> PipelineKind:
+    """The pipeline for ``family``; ConfigError (sample_prompts) when no pipeline fits it."""
+    key = (
+        len(family.text_encoder_subfolders),
+        family.uses_pooled_text_embedding,
+        family.uses_size_conditioning,
+    )
+    kind = _KINDS.get(key)
+    if kind is None:
+        raise ConfigError(
+            f"sample_prompts: sampling {family.name} models during training is not supported; "
+            "remove sample_prompts"
+        )
+    return kind
+
+
+def build_pipeline(
+    components,
+    unet: torch.nn.Module,
+    text_encoders: Sequence[torch.nn.Module],
+    scheduler,
+):
+    """The family's pipeline holding these module objects (no copies).
+
+    ``text_encoders`` are in ``family.text_encoder_subfolders`` order; each goes in under its
+    subfolder's name ("text_encoder", "text_encoder_2"), which is also the pipeline's argument
+    name, and so do the tokenizers.
+    """
+    import diffusers
+
+    family = components.family
+    kind = pipeline_kind(family)
+    encoders = dict(zip(family.text_encoder_subfolders, text_encoders, strict=True))
+    tokenizers = dict(zip(family.tokenizer_subfolders, components.tokenizers, strict=True))
+    cls = getattr(diffusers, kind.class_name)
+    pipe = cls(
+        vae=components.vae,
+        unet=unet,
+        scheduler=scheduler,
+        **encoders,
+        **tokenizers,
+        **kind.options,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def pipeline_inputs(cond: Conditioning) -> dict:
+    """Keyword arguments of a pipeline call from the conditioning of [prompt, negative prompt].
+
+    The cross-attention states become prompt_embeds / negative_prompt_embeds; SDXL's pooled
+    embedding becomes (negative_)pooled_prompt_embeds, and its six size numbers (original h, w,
+    crop top, left, target h, w) the size arguments the pipeline turns back into the same ids.
+    """
+    embeds, negative = cond.encoder_hidden_states.chunk(2)
+    inputs = {"prompt_embeds": embeds, "negative_prompt_embeds": negative}
+    added = dict(cond.unet_kwargs.get("added_cond_kwargs", {}))
+    pooled = added.pop("text_embeds", None)
+    if pooled is not None:
+        pooled, negative_pooled = pooled.chunk(2)
+        inputs |= {"pooled_prompt_embeds": pooled, "negative_pooled_prompt_embeds": negative_pooled}
+    time_ids = added.pop("time_ids", None)
+    if time_ids is not None:
+        for prefix, row in (("", 0), ("negative_", 1)):
+            ids = [int(round(v)) for v in time_ids[row].tolist()]
+            inputs[f"{prefix}original_size"] = (ids[0], ids[1])
+            inputs[f"{prefix}crops_coords_top_left"] = (ids[2], ids[3])
+            inputs[f"{prefix}target_size"] = (ids[4], ids[5])
+    if added or set(cond.unet_kwargs) - {"added_cond_kwargs"}:
+        # A conditioning input no pipeline argument carries would be silently dropped.
+        unknown = sorted(added) or sorted(set(cond.unet_kwargs) - {"added_cond_kwargs"})
+        raise ValueError(f"no pipeline argument carries the conditioning input {unknown[0]!r}")
+    return inputs
