@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from library.config import kohya
@@ -194,6 +195,8 @@ class OptimizerSection(Section):
     def _known_optimizer(cls, name: str) -> str:
         if name.lower() in kohya.OPTIMIZERS:
             return kohya.OPTIMIZERS[name.lower()]
+        if "." not in name and isinstance(getattr(torch.optim, name, None), type):
+            return f"torch.optim.{name}"  # any torch optimizer by its class name, e.g. "RMSprop"
         if "." not in name:
             near = nearest(name.lower(), kohya.OPTIMIZERS)
             hint = f'did you mean "{kohya.OPTIMIZERS[near]}"? ' if near else ""

@@ -28,3 +28,16 @@ def test_unet_only_and_text_encoder_only_together(tmp_path):
     )
     with pytest.raises(ConfigError, match="set at most one"):
         load_config(str(path))
+
+
+def test_any_torch_optimizer_by_class_name():
+    import torch
+
+    from library.config.schema import OptimizerSection
+    from library.training.optimizers import build_optimizer
+
+    section = OptimizerSection(optimizer_type="RMSprop", optimizer_args=["alpha=0.9"])
+    assert section.optimizer_type == "torch.optim.RMSprop"
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = build_optimizer(section, [{"params": [param], "lr": 0.1, "name": "unet"}])
+    assert isinstance(optimizer, torch.optim.RMSprop) and optimizer.param_groups[0]["alpha"] == 0.9
