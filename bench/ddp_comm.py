@@ -118,6 +118,27 @@ def count_wrap_broadcast():
             dist._broadcast_coalesced = original
 
 
+def transfer_times(params, repeats: int = 3) -> dict[str, float]:
+    """Seconds to all-reduce the adapter gradients alone, with every rank ready (best of N):
+    as one flat buffer (what DDP's buckets amount to) and as one blocking call per tensor."""
+    import torch
+    import torch.distributed as dist
+
+    def timed(tensors) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            for tensor in tensors:
+                dist.all_reduce(tensor)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    flat = [torch.zeros(sum(p.numel() for p in params))]
+    per_tensor = [torch.zeros_like(p) for p in params]
+    return {"flat_s": timed(flat), "per_tensor_s": timed(per_tensor)}
+
+
 def worker(args) -> None:
     """One process of a layout: measure every accumulation count, rank 0 writes the results."""
     import torch
@@ -177,8 +198,10 @@ def worker(args) -> None:
                 "samples": accumulation * accelerator.num_processes,
             }
         )
+    transfer = transfer_times(params) if accelerator.num_processes > 1 else {}
     if accelerator.is_main_process:
         meta = {
+            **transfer,
             "lora_tensors": len(params),
             "lora_numel": sum(p.numel() for p in params),
             "wrap_broadcast_bytes": wrap_bytes[0],
@@ -224,8 +247,14 @@ def report(args, runs: dict[int, dict]) -> str:
                 f"{r['in_flight_s']:>24.2f}s  {r['seconds']:>11.1f}  "
                 f"{r['samples'] / r['seconds']:>9.2f}"
             )
+    two = runs[2]["meta"]
     lines += [
         "",
+        "'in flight' runs from a bucket's all-reduce call to its completion, so it includes "
+        "waiting for the other process to reach the same bucket",
+        f"all-reduce of these gradients alone, both processes ready: {two['flat_s'] * 1000:.0f} ms "
+        f"as one buffer, {two['per_tensor_s'] * 1000:.0f} ms as {meta['lora_tensors']} "
+        "per-tensor calls",
         f"once, when DDP wraps the UNet: {wrap / 2**30:.2f} GiB broadcast from rank 0 "
         "(every weight, frozen ones included)",
         "a hand-written per-tensor all-reduce at each optimizer step would issue one collective "

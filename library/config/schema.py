@@ -415,6 +415,16 @@ class TrainingSection(Section):
         'the step named; "skip" drops that optimizer step, counts it and goes on.',
     )
 
+    @model_validator(mode="after")
+    def _static_graph_needs_no_accumulation(self) -> TrainingSection:
+        # PyTorch's DDP reducer fails under no_sync() with a static graph (pytorch#143580)
+        if self.ddp_static_graph and self.gradient_accumulation_steps > 1:
+            raise ValueError(
+                "ddp_static_graph = true does not work with gradient_accumulation_steps > 1 "
+                "(a PyTorch limitation); set one of them back"
+            )
+        return self
+
 
 class DataSection(Section):
     """kohya's flat dataset arguments; defaults for datasets that do not set them."""

@@ -104,6 +104,8 @@ class ProgressReporter:
 
     def close(self, final: Path) -> None:
         self.bar.close()
+        if not self.accelerator.is_main_process:  # accelerate's print is once per machine
+            return
         if self.skipped:
-            self.accelerator.print(f"{self.skipped} optimizer steps were skipped for a non-finite loss")
-        self.accelerator.print(f"saved {final}")
+            print(f"{self.skipped} optimizer steps were skipped for a non-finite loss")
+        print(f"saved {final}")

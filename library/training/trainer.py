@@ -87,6 +87,9 @@ class Trainer:
         handlers = [
             DistributedDataParallelKwargs(
                 find_unused_parameters=False,
+                # buffers (e.g. CLIP's position ids) are constants loaded alike on every rank;
+                # broadcasting them would add a collective inside every accumulation window
+                broadcast_buffers=False,
                 gradient_as_bucket_view=t.ddp_gradient_as_bucket_view,
                 static_graph=t.ddp_static_graph,
             ),

@@ -120,6 +120,7 @@ class Probe:
         return prepare
 
     def _watch(self, ddp) -> None:
+        self.record["world_size"] = ddp.process_group.size()  # the group DDP reduces over
         name = _MODULE_NAMES.get(type(ddp.module).__name__, type(ddp.module).__name__)
         trained = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
         for path, param in trained:
@@ -239,10 +240,6 @@ class Probe:
     def dump(self, folder: Path, rank: int) -> None:
         """Write ``rank{rank}.json`` (and ``rank{rank}.pt`` with gradients) into ``folder``."""
         folder.mkdir(parents=True, exist_ok=True)
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            self.record["world_size"] = dist.get_world_size()
         for entry, (_, ddp) in zip(self.record["ddp"], self.ddp, strict=True):
             # DDP's own account of its buckets (sizes in bytes, after any rebuild)
             entry["bucket_sizes"] = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))

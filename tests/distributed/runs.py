@@ -167,9 +167,18 @@ def torchrun_two_nodes(cfg: Path, *args: str, out: Path) -> tuple[Run, Run]:
 
 
 def in_process(cfg: Path, *args: str, out: Path) -> Run:
-    """A single-process run inside pytest (no launcher start-up cost), under a Probe."""
-    with Probe() as probe:
-        code = train(cfg, *_outputs(out), *args)
+    """A single-process run inside pytest (no launcher start-up cost), under a Probe.
+
+    One thread, like each launched process: the launches run beside it on the same cores, and
+    idle threads spinning for work would only slow everything down.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with Probe() as probe:
+            code = train(cfg, *_outputs(out), *args)
+    finally:
+        torch.set_num_threads(threads)
     return Run(code, out, "", records={0: probe.record})
 
 

@@ -12,10 +12,9 @@ for any run. Single-process runs happen in the pytest process itself, when first
 - schedule runs: UNet + text-encoder LoRA, 4 optimizer steps under warmup + cosine: "sync"
   (2 processes x accumulation 4, buckets counted by a DDP hook, gradients recorded), "acc1"
   (2 x 1, static graph, buckets counted), "stopped" (2 x 1, states every 2 steps, SIGINT to
-  rank 1 after step 2), "resumed" (2 x 1 from the state it stopped with), "single_acc2" and "single_acc1" (1 process).
+  rank 1 after step 2), "resumed" (2 x 1 from the state it stopped with, through train_network.py), "single_acc2" and "single_acc1" (1 process).
   Runs without a hook use DDP's own C++ reduction.
-- "two-nodes": the unet-lora 2x2x1 config as 2 nodes x 1 process; "static-acc2": the same
-  config with ddp_static_graph, through train_network.py itself.
+- "two-nodes": the unet-lora 2x2x1 config as 2 nodes x 1 process.
 """
 
 from __future__ import annotations
@@ -136,15 +135,10 @@ class Runs:
                 "--resume",
                 str(self.stopped_state()),
                 out=out("resumed"),
+                script=TRAIN_NETWORK,  # the user's entry point itself, no probe
             ),
             "two-nodes": lambda: torchrun_two_nodes(
                 self.equivalence_config("unet-lora", "2x2x1"), out=out("two-nodes")
-            ),
-            "static-acc2": lambda: torchrun(
-                self.equivalence_config("unet-lora", "2x2x1"),
-                static,
-                out=out("static-acc2"),
-                script=TRAIN_NETWORK,
             ),
         }
         return launches
