@@ -32,6 +32,7 @@ from library.config.suggest import (
     validation_lines,
 )
 from library.errors import ConfigError
+from library.user_files import read_user_text
 
 # A value and where it was written.
 Entry = tuple[object, Origin]
@@ -41,17 +42,9 @@ _MODEL_KEY = "pretrained_model_name_or_path"
 
 def read_toml(path: str, what: str = "config file") -> dict:
     """Parse a TOML file; ConfigError naming the file (and line) when it cannot be read or parsed."""
+    text = read_user_text(path, what)
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} {path} is a folder, not a TOML file") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config error in {path}: not valid TOML: not UTF-8 text") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config error in {path}: not valid TOML: {e}") from None
 

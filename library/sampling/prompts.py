@@ -19,6 +19,7 @@ from library.config.sampling_schema import SamplingSection
 from library.config.suggest import nearest
 from library.errors import ConfigError
 from library.sampling.samplers import check_sampler
+from library.user_files import read_user_text
 
 SIZE_STEP = 8  # the VAE's downsampling factor; the pipeline needs sizes divisible by it
 MIN_SIZE = 64
@@ -83,16 +84,7 @@ def load_prompts(path: str | Path, sampling: SamplingSection, seed: int) -> list
     reader = readers.get(path.suffix.lower())
     if reader is None:
         raise ConfigError(f"sample_prompts {path}: use a .txt, .toml or .json file")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError(f"sample_prompts file not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"sample_prompts {path} is a folder, not a prompts file") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read sample_prompts {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"sample_prompts {path}: not UTF-8 text") from None
+    text = read_user_text(path, "sample_prompts file")
     entries = reader(text, str(path))
     if not entries:
         raise ConfigError(f"sample_prompts {path} has no prompts")
