@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from library.config.section import Section
 
 # kohya's sampler names; the k_ names are aliases of the plain ones (library/sampling/samplers.py).
 SamplerName = Literal[
@@ -27,14 +29,7 @@ SamplerName = Literal[
 ]
 
 
-class _Section(BaseModel):
-    # schema.Section's rules (a test keeps them equal). Not imported from schema.py: schema.py
-    # imports this module to register the section, and the cycle would break whichever of the
-    # two modules is imported first.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=True)
-
-
-class SamplingSection(_Section):
+class SamplingSection(Section):
     """Sample images written to output_dir/sample/ while training (and logged to the tracker)."""
 
     sample_prompts: str | None = Field(
