@@ -7,8 +7,6 @@ offline.
 from __future__ import annotations
 
 import copy
-import logging
-import warnings
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ import torch
 from library.networks.kohya_keys import export_lora
 from library.networks.lora import LoraSpec, apply_lora, lora_layers, randomize_lora
 from library.saving.lora_file import save_lora_file
+from tests.networks.lora_load_helpers import load_quietly, peft_layers
 
 CASES = {
     "unet": (LoraSpec(4, 1.0), False),
@@ -41,25 +40,8 @@ def _images(pipe) -> torch.Tensor:
     return torch.from_numpy(out.images)
 
 
-def _peft_layers(model) -> list[str]:
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    return [n for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
-
-
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_diffusers_loads_every_key(case, request, tmp_path, unet_inputs, unet_out, token_ids):
-    from diffusers.utils import logging as diffusers_logging
-
     spec, with_te = CASES[case]
     folder = "tiny_sd2v_model_dir" if case == "sd2v" else "tiny_model_dir"
     pipe = _pipeline(request.getfixturevalue(folder))
@@ -74,24 +56,13 @@ def test_diffusers_loads_every_key(case, request, tmp_path, unet_inputs, unet_ou
     path = tmp_path / f"{case}.safetensors"
     save_lora_file(path, export_lora(models), {}, torch.float32)
 
-    logger = diffusers_logging.get_logger("diffusers")
-    handler, level = _Capture(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pipe.load_lora_weights(str(path))  # raises if a key is left unconverted
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    noise = [str(w.message) for w in caught] + handler.messages
+    noise = load_quietly(pipe, path)
     if not with_te:  # diffusers notes that a UNet-only file has nothing for the text encoder
         noise = [m for m in noise if not m.startswith("No LoRA keys associated to CLIPTextModel")]
     assert not noise, noise  # e.g. "unexpected keys not found in the model"
 
-    assert sorted(_peft_layers(pipe.unet)) == sorted(lora_layers(models["lora_unet"]))
-    assert len(_peft_layers(pipe.text_encoder)) == (12 if with_te else 0)
+    assert sorted(peft_layers(pipe.unet)) == sorted(lora_layers(models["lora_unet"]))
+    assert len(peft_layers(pipe.text_encoder)) == (12 if with_te else 0)
     torch.testing.assert_close(
         unet_out(pipe.unet, unet_inputs),
         unet_out(models["lora_unet"], unet_inputs),

@@ -7,8 +7,6 @@ ComfyUI read them, so this is the compatibility check we can run offline.
 from __future__ import annotations
 
 import copy
-import logging
-import warnings
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ import torch
 from library.networks.kohya_keys import export_lora
 from library.networks.lora import LoraSpec, apply_lora, lora_layers, randomize_lora
 from library.saving.lora_file import save_lora_file
+from tests.networks.lora_load_helpers import load_quietly, peft_layers
 
 # Linear and conv (LoCon) layers of the UNet and both text encoders in one file; the SD 1.x
 # test covers the other network settings.
@@ -39,39 +38,6 @@ def _images(pipe) -> torch.Tensor:
     return torch.from_numpy(out.images)
 
 
-def _peft_layers(model) -> list[str]:
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    return [n for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
-
-
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-def _load_quietly(pipe, path) -> list[str]:
-    """load_lora_weights, returning every warning it logged or raised."""
-    from diffusers.utils import logging as diffusers_logging
-
-    logger = diffusers_logging.get_logger("diffusers")
-    handler, level = _Capture(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pipe.load_lora_weights(str(path))  # raises if a key is left unconverted
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    return [str(w.message) for w in caught] + handler.messages
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sdxl_pipeline_loads_every_key(case, sdxl_dir, tmp_path):
     from diffusers import StableDiffusionXLPipeline
@@ -92,13 +58,13 @@ def test_sdxl_pipeline_loads_every_key(case, sdxl_dir, tmp_path):
     assert any(k.startswith("lora_unet_input_blocks_") for k in tensors)  # SGM names
     save_lora_file(path, tensors, {}, torch.float32)
 
-    noise = _load_quietly(pipe, path)
+    noise = load_quietly(pipe, path)
     assert not noise, noise  # e.g. "unexpected keys not found in the model"
 
     # Every module of the file became an adapter on the module we adapted.
-    assert sorted(_peft_layers(pipe.unet)) == sorted(lora_layers(models["lora_unet"]))
-    assert len(_peft_layers(pipe.text_encoder)) == 2 * 6
-    assert len(_peft_layers(pipe.text_encoder_2)) == 3 * 6
+    assert sorted(peft_layers(pipe.unet)) == sorted(lora_layers(models["lora_unet"]))
+    assert len(peft_layers(pipe.text_encoder)) == 2 * 6
+    assert len(peft_layers(pipe.text_encoder_2)) == 3 * 6
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn(2, 4, 8, 8, generator=gen)
     context = torch.randn(2, 77, 80, generator=gen)
