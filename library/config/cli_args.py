@@ -38,7 +38,7 @@ usage: train_network.py --config FILE.toml [--print_config] [--dry_run] [--key v
   --config FILE, --config_file FILE
                   a difftune (sectioned) or kohya (flat args) TOML config
   --print_config  print the resolved config as TOML
-  --dry_run       load and check everything, then stop before training
+  --dry_run       check the config and data, print the plan (images, steps, saves), then stop
   -h, --help      show this help
 
 {OVERRIDE_HELP}
