@@ -6,7 +6,9 @@ These models hold *resolved* values: the loader has already applied kohya's prec
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -16,7 +18,7 @@ class _Strict(BaseModel):
 def parse_resolution(value: object) -> list[int]:
     """Normalise 512, [768, 512] or "768,512" to [width, height]; raise ValueError otherwise."""
     if isinstance(value, bool):
-        raise ValueError("expected 512, [768, 512] or \"768,512\"")
+        raise ValueError('expected 512, [768, 512] or "768,512"')
     if isinstance(value, int):
         size = [value, value]
     elif isinstance(value, str):
@@ -24,27 +26,102 @@ def parse_resolution(value: object) -> list[int]:
         if not all(p.isdigit() for p in parts) or len(parts) not in (1, 2):
             raise ValueError(f'expected "512" or "768,512", got "{value}"')
         size = [int(p) for p in parts] * (2 if len(parts) == 1 else 1)
-    elif isinstance(value, (list, tuple)) and len(value) in (1, 2) and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
+    elif (
+        isinstance(value, (list, tuple))
+        and len(value) in (1, 2)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
         size = list(value) * (2 if len(value) == 1 else 1)
     else:
-        raise ValueError("expected 512, [768, 512] or \"768,512\"")
+        raise ValueError('expected 512, [768, 512] or "768,512"')
     if any(v < 64 or v % 8 for v in size):
         raise ValueError(f"each side must be a multiple of 8 and at least 64, got {size}")
     return size
 
 
-class SubsetConfig(_Strict):
-    """One folder of images."""
+Rate = Annotated[float, Field(ge=0.0, le=1.0)]
 
-    image_dir: str = Field(description="Folder of images with optional sidecar caption files.")
-    class_tokens: str | None = Field(
-        None, description="Caption of images without a caption file."
+
+class SubsetConfig(_Strict):
+    """One folder of images, or one metadata file listing images and captions."""
+
+    image_dir: str | None = Field(
+        None,
+        description="Folder of images with optional sidecar caption files. With metadata_file: "
+        "the folder its relative image paths start from.",
     )
+    metadata_file: str | None = Field(
+        None,
+        description="Captions from a file instead of sidecar files: kohya's fine-tuning JSON "
+        '({"image": {"caption": ..., "tags": ...}}), or a Hugging Face imagefolder '
+        "metadata.jsonl / metadata.csv (file_name + text).",
+    )
+    class_tokens: str | None = Field(None, description="Caption of images without a caption file.")
     caption_extension: str = Field(".txt", description="Extension of sidecar caption files.")
     num_repeats: int = Field(1, ge=1, description="Times each image is seen per epoch.")
     is_reg: bool = Field(False, description="Regularisation (class) images.")
+    alpha_mask: bool = Field(
+        False,
+        description="Weight the loss by the image's alpha channel (transparent pixels are not "
+        "learned); images without alpha count as opaque.",
+    )
+    shuffle_caption: bool = Field(
+        False, description="Shuffle the caption's tags (split on caption_separator) per sample."
+    )
+    caption_separator: str = Field(",", min_length=1, description="What separates tags.")
+    keep_tokens: int = Field(
+        0, ge=0, description="The first N tags stay in place (not shuffled or dropped)."
+    )
+    keep_tokens_separator: str = Field(
+        "",
+        description='Tags before this mark (e.g. "|||") stay in place; a second mark starts a '
+        "fixed tail. Overrides keep_tokens for captions that contain it.",
+    )
+    secondary_separator: str = Field(
+        "",
+        description="Joins sub-tags that move and drop as one tag; written as caption_separator "
+        "in the trained caption.",
+    )
+    enable_wildcard: bool = Field(
+        False,
+        description="{a|b|c} in a caption picks one alternative per sample, and a caption file's "
+        "lines are alternatives (one is picked per sample).",
+    )
+    caption_prefix: str = Field("", description="Text put before every caption, as written.")
+    caption_suffix: str = Field("", description="Text put after every caption, as written.")
+    caption_dropout_rate: Rate = Field(
+        0.0, description="Probability of training a sample with an empty caption."
+    )
+    caption_dropout_every_n_epochs: int = Field(
+        0, ge=0, description="Every N-th epoch trains with empty captions (0: never)."
+    )
+    caption_tag_dropout_rate: Rate = Field(
+        0.0, description="Probability of dropping each (non-fixed) tag."
+    )
+    token_warmup_min: int = Field(
+        1, ge=0, description="Tags kept at step 0 when token_warmup_step is set."
+    )
+    token_warmup_step: float = Field(
+        0.0,
+        ge=0.0,
+        description="Steps over which the kept tags grow from token_warmup_min to all; below 1, "
+        "a fraction of max_train_steps. 0: no warmup.",
+    )
+    flip_aug: bool = Field(False, description="Flip images horizontally at random (per sample).")
+    color_aug: bool = Field(
+        False, description="Shift the hue slightly at random (per sample). Not with cache_latents."
+    )
+    random_crop: bool = Field(
+        False,
+        description="Crop at a random place instead of the center (per sample). Not with "
+        "cache_latents.",
+    )
+
+    @model_validator(mode="after")
+    def _source(self) -> SubsetConfig:
+        if self.image_dir is None and self.metadata_file is None:
+            raise ValueError("a subset needs image_dir (a folder of images) or metadata_file")
+        return self
 
 
 class DatasetConfig(_Strict):
@@ -52,7 +129,36 @@ class DatasetConfig(_Strict):
 
     batch_size: int = Field(1, ge=1, description="Micro-batch size per process.")
     resolution: list[int] = Field(
-        default_factory=lambda: [512, 512], description="[width, height] of training images."
+        default_factory=lambda: [512, 512],
+        description="[width, height] of training images; with buckets, its area is the largest "
+        "bucket area.",
+    )
+    enable_bucket: bool = Field(
+        False,
+        description="Aspect-ratio buckets: each image is trained at the bucket size nearest its "
+        "aspect ratio (area up to resolution's); every batch comes from one bucket.",
+    )
+    min_bucket_reso: int = Field(256, ge=64, description="Smallest bucket side.")
+    max_bucket_reso: int = Field(1024, ge=64, description="Largest bucket side.")
+    bucket_reso_steps: int = Field(
+        64,
+        ge=8,
+        description="Bucket sides are multiples of this (64 for SD 1.x/2.x; 32 works for SDXL).",
+    )
+    bucket_no_upscale: bool = Field(
+        False,
+        description="Never enlarge an image: small images get a bucket of their own size "
+        "(rounded down to bucket_reso_steps).",
+    )
+    validation_split: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Fraction of the training images held out for the validation loss "
+        "(chosen by validation_seed and the file names; the same in every run).",
+    )
+    validation_seed: int | None = Field(
+        None, description="Seed of the validation split and noise. Unset: seed."
     )
     subsets: list[SubsetConfig] = Field(min_length=1, description="Image folders.")
 
@@ -60,3 +166,24 @@ class DatasetConfig(_Strict):
     @classmethod
     def _resolution(cls, value: object) -> list[int]:
         return parse_resolution(value)
+
+    @model_validator(mode="after")
+    def _buckets(self) -> DatasetConfig:
+        if not self.enable_bucket:
+            return self
+        steps, low, high = self.bucket_reso_steps, self.min_bucket_reso, self.max_bucket_reso
+        if steps % 8:
+            raise ValueError(f"bucket_reso_steps = {steps} must be a multiple of 8 (use 64)")
+        if low > high:
+            raise ValueError(f"min_bucket_reso = {low} is above max_bucket_reso = {high}")
+        if any(side < low or side > high for side in self.resolution):
+            raise ValueError(
+                f"resolution {self.resolution} must lie within min_bucket_reso = {low} and "
+                f"max_bucket_reso = {high}"
+            )
+        return self
+
+    @property
+    def held_out(self) -> bool:
+        """Whether part of the dataset is kept for validation."""
+        return self.validation_split > 0

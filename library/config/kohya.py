@@ -26,18 +26,11 @@ def _group(keys: str, reason: str, off: tuple = (), **kw: bool) -> dict[str, Uns
     return {k: Unsupported(reason, off, **kw) for k in keys.split()}
 
 
-_BUCKETS = "aspect-ratio bucketing is planned; images are resized and center-cropped"
-_LATENTS = "latent caching is planned"
-_TE_CACHE = "caching text-encoder outputs is planned"
-_CAPTIONS = "caption augmentation is planned"
-_AUG = "image augmentation is planned"
 _HUB = "difftune never uses the network; upload the saved files yourself"
 _DEEPSPEED = "only used with deepspeed, which is not supported"
-_VALIDATION = "validation loss is planned"
 _HALF = "trained weights stay float32; mixed_precision sets the precision of everything else"
 
 UNSUPPORTED: dict[str, Unsupported] = {
-    "max_token_length": Unsupported("prompts longer than 75 tokens are planned", (75,)),
     **_group("lowram highvram", "memory placement options are not implemented", (False,)),
     **_group(
         "xformers mem_eff_attn",
@@ -46,38 +39,17 @@ UNSUPPORTED: dict[str, Unsupported] = {
         planned=False,
     ),
     **_group("full_fp16 full_bf16 fp8_base", _HALF, (False,), planned=False),
-    "enable_bucket": Unsupported(_BUCKETS, (False,)),
-    **_group(
-        "min_bucket_reso max_bucket_reso bucket_reso_steps bucket_no_upscale",
-        "only used with enable_bucket",
-        ignored=True,
+    "skip_cache_check": Unsupported(
+        "difftune checks every cache entry against the image's content", (False,), planned=False
     ),
-    **_group("cache_latents cache_latents_to_disk", _LATENTS, (False,)),
-    **_group("vae_batch_size skip_cache_check", "only used with latent caching", ignored=True),
-    **_group("cache_text_encoder_outputs cache_text_encoder_outputs_to_disk", _TE_CACHE, (False,)),
-    **_group("shuffle_caption weighted_captions enable_wildcard", _CAPTIONS, (False,)),
-    "keep_tokens": Unsupported(_CAPTIONS, (0,)),
-    **_group(
-        "keep_tokens_separator secondary_separator caption_prefix caption_suffix", _CAPTIONS, ("",)
+    "weighted_captions": Unsupported("(word:1.2) caption weights are planned", (False,)),
+    "face_crop_aug_range": Unsupported("face crop augmentation is planned"),
+    "masked_loss": Unsupported(
+        "masks from conditioning images are planned; alpha_mask takes the mask from the image",
+        (False,),
     ),
-    "caption_separator": Unsupported(_CAPTIONS, (",",)),
-    **_group("caption_dropout_rate caption_tag_dropout_rate", _CAPTIONS, (0,)),
-    "caption_dropout_every_n_epochs": Unsupported(_CAPTIONS, (0,)),
-    "token_warmup_min": Unsupported(_CAPTIONS, (1,)),
-    "token_warmup_step": Unsupported(_CAPTIONS, (0,)),
-    **_group("flip_aug color_aug random_crop", _AUG, (False,)),
-    "face_crop_aug_range": Unsupported(_AUG),
-    **_group("alpha_mask masked_loss", "masked loss is planned", (False,)),
-    **_group("metadata_file in_json", "metadata-style (JSON caption) datasets are planned"),
-    "dataset_repeats": Unsupported("only used with in_json datasets", ignored=True),
     "dataset_class": Unsupported("custom dataset classes are not supported", planned=False),
     "resize_interpolation": Unsupported("choosing the resize filter is planned", ("",)),
-    "validation_split": Unsupported(_VALIDATION, (0,)),
-    **_group(
-        "validation_seed validate_every_n_steps validate_every_n_epochs max_validation_steps",
-        "only used with validation_split",
-        ignored=True,
-    ),
     "save_n_epoch_ratio": Unsupported("use save_every_n_epochs"),
     **_group(
         "save_last_n_steps_state save_last_n_epochs_state",

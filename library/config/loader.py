@@ -16,6 +16,7 @@ from library.config import kohya
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.config.overrides import (
     DATASET_KEYS,
+    DEFAULT_KEYS,
     SUBSET_KEYS,
     RawValue,
     all_key_names,
@@ -70,8 +71,9 @@ def load_config(config_path: str | None, overrides: Sequence[tuple[str, RawValue
         )
     flat = _apply_kohya(flat)
     main_file = config_path or COMMAND_LINE
+    dataset_defaults = {k: flat.pop(k) for k in list(flat) if k in DEFAULT_KEYS}
     sections = _build_sections(flat, main_file)
-    datasets = _build_datasets(flat, sections, general, inline, main_file)
+    datasets = _build_datasets(flat, sections, general, inline, main_file, dataset_defaults)
     try:
         return Config(**sections, datasets=datasets)
     except ValidationError as exc:  # rules across sections; each field is already valid
@@ -187,7 +189,7 @@ def _validate(model: type[BaseModel], values: dict[str, Entry], fallback: Origin
         def locate(key: str | None) -> tuple[str, str]:
             if key is None:
                 files = sorted({o.file for _, o in values.values()} or {fallback.file})
-                return " and ".join(files), ""
+                return " and ".join(files), fallback.path or ""
             origin = values[key][1] if key in values else fallback
             return origin.file, origin.shown(key)
 
@@ -210,8 +212,12 @@ def _build_datasets(
     general: dict,
     inline: list | None,
     main_file: str,
+    dataset_defaults: dict[str, Entry],
 ) -> list[DatasetConfig]:
-    """Resolve the datasets from exactly one source: train_data_dir, dataset_config or inline."""
+    """Resolve the datasets from exactly one source: train_data_dir, dataset_config or inline.
+
+    ``dataset_defaults`` are dataset and subset keys written flat (kohya's plain arguments).
+    """
     data = sections["data"]
     given = [k for k in ("train_data_dir", "dataset_config") if getattr(data, k) is not None]
     where = flat[given[0]][1] if given else Origin(main_file)
@@ -232,6 +238,7 @@ def _build_datasets(
             "move them into the [general] table of the dataset config"
         )
     defaults = {
+        **dataset_defaults,
         "batch_size": _entry(flat, "train_batch_size", sections["training"], main_file),
         "resolution": _entry(flat, "resolution", data, main_file),
         "caption_extension": _entry(flat, "caption_extension", data, main_file),
@@ -239,7 +246,14 @@ def _build_datasets(
     if data.dataset_config is not None:
         general, inline = _read_dataset_file(data.dataset_config)
         return _resolve(inline, general, defaults, data.dataset_config)
-    if data.train_data_dir is not None:
+    if data.in_json is not None:
+        subset = {
+            "image_dir": data.train_data_dir,
+            "metadata_file": data.in_json,
+            "num_repeats": data.dataset_repeats,
+        }
+        inline = [{"subsets": [subset]}]
+    elif data.train_data_dir is not None:
         inline = [{"subsets": _folder_subsets(data.train_data_dir, data.reg_data_dir, where)}]
     return _resolve(inline, general, defaults, main_file)
 
@@ -309,7 +323,9 @@ def _level(raw: object, origin: Origin, allowed: tuple[str, ...]) -> dict[str, E
     return out
 
 
-_UPPER_KEYS = DATASET_KEYS + tuple(k for k in SUBSET_KEYS if k != "image_dir")
+_UPPER_KEYS = DATASET_KEYS + tuple(
+    k for k in SUBSET_KEYS if k not in ("image_dir", "metadata_file")
+)
 
 
 def _resolve(

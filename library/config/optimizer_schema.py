@@ -43,7 +43,9 @@ class OptimizerSection(Section):
     )
     learning_rate: float = Field(1e-4, ge=0, description="Base learning rate.")
     max_grad_norm: float = Field(
-        1.0, ge=0, description="Clip the gradient norm to this value each optimizer step; 0 disables."
+        1.0,
+        ge=0,
+        description="Clip the gradient norm to this value each optimizer step; 0 disables.",
     )
     lr_scheduler: SchedulerName = Field(
         "constant",

@@ -20,7 +20,21 @@ SUBSET_KEYS = tuple(SubsetConfig.model_fields)
 # or None (a bare "--flag").
 RawValue = str | list[str] | None
 
-KeyKind = Literal["flat", "unsupported", "dataset", "unknown"]
+KeyKind = Literal["flat", "default", "unsupported", "dataset", "unknown"]
+
+# Dataset and subset keys that kohya also takes as plain arguments: written flat (or on the
+# command line) they are defaults for every dataset. The others name one folder or one dataset.
+_PER_SUBSET_ONLY = (
+    "image_dir",
+    "metadata_file",
+    "class_tokens",
+    "is_reg",
+    "num_repeats",
+    "batch_size",
+)
+DEFAULT_KEYS = tuple(
+    k for k in DATASET_KEYS + SUBSET_KEYS if k not in _PER_SUBSET_ONLY and k not in field_sections()
+)
 
 
 def flat_keys() -> tuple[str, ...]:
@@ -35,6 +49,8 @@ def key_kind(key: str) -> KeyKind:
     """
     if key in field_sections():
         return "flat"
+    if key in DEFAULT_KEYS:
+        return "default"
     if key in UNSUPPORTED:
         return "unsupported"
     if key in DATASET_KEYS or key in SUBSET_KEYS:
@@ -56,14 +72,21 @@ def flat_key_problem(key: str, origin: Origin, extra: tuple[str, ...] = ()) -> s
         place = " of the config file, not on the command line" if cli else ""
         return f'"{key}" is a dataset key; set it in {level} or [general]{place}{hint}'
     if origin.file == COMMAND_LINE:
-        names = flat_keys() + tuple(UNSUPPORTED) + extra
+        names = flat_keys() + DEFAULT_KEYS + tuple(UNSUPPORTED) + extra
         return f'unknown option "--{key}"; {did_you_mean(key, names, prefix="--")}'
     return f'unknown key "{key}"{origin.where()}; {did_you_mean(key, all_key_names())}'
 
 
 def annotation(key: str) -> object:
-    """The type annotation of a flat schema key."""
+    """The type annotation of a flat schema key or a dataset default key."""
+    if key in DEFAULT_KEYS:
+        model = DatasetConfig if key in DatasetConfig.model_fields else SubsetConfig
+        return model.model_fields[key].annotation
     return SECTIONS[field_sections()[key]].model_fields[key].annotation
+
+
+def _typed(key: str) -> bool:
+    return key in field_sections() or key in DEFAULT_KEYS
 
 
 def _members(tp: object) -> tuple[object, ...]:
@@ -77,13 +100,13 @@ def is_bool_key(key: str) -> bool:
     key = ALIASES.get(key, key)
     if key in UNSUPPORTED:
         return any(isinstance(off, bool) for off in UNSUPPORTED[key].off)
-    return key in field_sections() and _members(annotation(key)) == (bool,)
+    return _typed(key) and _members(annotation(key)) == (bool,)
 
 
 def is_list_key(key: str) -> bool:
     """A key holding kohya "k=v" strings: ``--key a=1 b=2`` takes several values."""
     key = ALIASES.get(key, key)
-    return key in field_sections() and list[str] in _members(annotation(key))
+    return _typed(key) and list[str] in _members(annotation(key))
 
 
 def _is_str_key(key: str) -> bool:
@@ -113,7 +136,7 @@ def parse_override(key: str, raw: RawValue) -> object:
         return list(raw)
     if is_bool_key(key) and raw.lower() in ("true", "false"):
         return raw.lower() == "true"
-    if key in field_sections() and _is_str_key(key):
+    if _typed(key) and _is_str_key(key):
         return raw
     value = _toml_value(raw)
     if is_list_key(key) and isinstance(value, str):

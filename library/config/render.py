@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import tomli_w
+from pydantic import BaseModel
 
 from library.config.dataset_schema import DatasetConfig
 from library.config.schema import SECTIONS, Config
 
-_HEADER = "# difftune config, fully resolved (unset keys are omitted). Load it with --config.\n"
+_HEADER = (
+    "# difftune config, fully resolved (unset keys, and dataset keys at their defaults, are "
+    "omitted).\n# Load it with --config.\n"
+)
 
 
 def _value(value: object) -> str:
@@ -29,12 +33,23 @@ def _table(header: str, values: dict) -> list[str]:
     return lines + [""]
 
 
+# Dataset and subset keys always written; the many augmentation and caption keys only when
+# they differ from their defaults, so a plain dataset stays short.
+_ALWAYS = {"batch_size", "resolution", "image_dir", "caption_extension", "num_repeats", "is_reg"}
+
+
+def _shown(model: BaseModel, exclude: set[str] = frozenset()) -> dict:
+    full = model.model_dump(exclude=exclude)
+    changed = model.model_dump(exclude=exclude, exclude_defaults=True)
+    return {k: v for k, v in full.items() if k in _ALWAYS or k in changed}
+
+
 def _datasets(datasets: list[DatasetConfig]) -> list[str]:
     lines: list[str] = []
     for dataset in datasets:
-        lines += _table("[[datasets]]", dataset.model_dump(exclude={"subsets"}))
+        lines += _table("[[datasets]]", _shown(dataset, {"subsets"}))
         for subset in dataset.subsets:
-            lines += _table("[[datasets.subsets]]", subset.model_dump())
+            lines += _table("[[datasets.subsets]]", _shown(subset))
     return lines
 
 

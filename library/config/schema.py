@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from library.config.data_schema import DataSection
 from library.config.dataset_schema import DatasetConfig
 from library.config.optimizer_schema import OptimizerSection
 from library.config.sampling_schema import SamplingSection
@@ -66,6 +67,11 @@ class ModelSection(Section):
         "final layer norm), as kohya and A1111 count: 1 is the last layer (the default), 2 the "
         "one before. SDXL always uses its penultimate layers.",
     )
+    max_token_length: Literal[75, 150, 225] | None = Field(
+        None,
+        description="Longest caption in tokens: 150 or 225 encode it in 75-token windows "
+        "(kohya's long-caption scheme). Unset: 75.",
+    )
     zero_terminal_snr: bool = Field(
         False,
         description="Rescale the noise schedule so the last timestep is pure noise (zero "
@@ -89,7 +95,7 @@ class NetworkSection(Section):
         None,
         ge=1,
         description="Rank for 3x3 convs of ResNet blocks, down- and upsamplers (LoCon). Unset: no "
-        "conv LoRA. Also accepted in network_args as \"conv_dim=N\".",
+        'conv LoRA. Also accepted in network_args as "conv_dim=N".',
     )
     conv_alpha: float | None = Field(
         None, gt=0, description="Alpha of the conv LoRA. Unset: same as conv_dim (scale 1)."
@@ -108,9 +114,13 @@ class NetworkSection(Section):
     network_train_text_encoder_only: bool = Field(
         False, description="Adapt the text encoder only (no UNet LoRA)."
     )
-    unet_lr: float | None = Field(None, ge=0, description="Learning rate of UNet parameters. Unset: learning_rate.")
+    unet_lr: float | None = Field(
+        None, ge=0, description="Learning rate of UNet parameters. Unset: learning_rate."
+    )
     text_encoder_lr: float | None = Field(
-        None, ge=0, description="Learning rate of text-encoder LoRA parameters. Unset: learning_rate."
+        None,
+        ge=0,
+        description="Learning rate of text-encoder LoRA parameters. Unset: learning_rate.",
     )
 
     @model_validator(mode="after")
@@ -125,7 +135,9 @@ class NetworkSection(Section):
 
 class TrainingSection(Section):
     train_batch_size: int = Field(
-        1, ge=1, description="Micro-batch size per process (the default of datasets without batch_size)."
+        1,
+        ge=1,
+        description="Micro-batch size per process (the default of datasets without batch_size).",
     )
     gradient_accumulation_steps: int = Field(
         1, ge=1, description="Micro-batches per optimizer step on each process."
@@ -230,9 +242,7 @@ class TrainingSection(Section):
             )
         return self
 
-    prior_loss_weight: float = Field(
-        1.0, ge=0, description="Loss weight of regularisation images."
-    )
+    prior_loss_weight: float = Field(1.0, ge=0, description="Loss weight of regularisation images.")
     max_data_loader_n_workers: int = Field(
         0, ge=0, description="Data-loader worker processes (0 loads in the training process)."
     )
@@ -279,26 +289,6 @@ class TrainingSection(Section):
         return self
 
 
-class DataSection(Section):
-    """kohya's flat dataset arguments; defaults for datasets that do not set them."""
-
-    train_data_dir: str | None = Field(
-        None, description='Folder of "<repeats>_<class tokens>" subfolders of training images.'
-    )
-    reg_data_dir: str | None = Field(
-        None, description="Folder of regularisation-image subfolders, same layout."
-    )
-    dataset_config: str | None = Field(
-        None, description="A kohya dataset TOML ([general], [[datasets]], [[datasets.subsets]])."
-    )
-    resolution: int | list[int] | str = Field(
-        512,
-        description='Training size: 512, [768, 512] or "768,512" (width, height). Images are '
-        "resized to cover it and center-cropped.",
-    )
-    caption_extension: str = Field(".txt", description="Extension of sidecar caption files.")
-
-
 class SavingSection(Section):
     output_dir: str = Field("output", description="Folder for saved networks, models and states.")
     output_name: str = Field("last", description="Base name of the saved files.")
@@ -343,7 +333,9 @@ class LoggingSection(Section):
     )
     logging_dir: str = Field("logs", description="Folder for tracker files.")
     log_prefix: str | None = Field(None, description="Prefix of the run folder name.")
-    log_tracker_name: str | None = Field(None, description="Tracker project name (default: output_name).")
+    log_tracker_name: str | None = Field(
+        None, description="Tracker project name (default: output_name)."
+    )
     wandb_run_name: str | None = Field(
         None, description="Name of the run in Weights & Biases. Unset: the run folder name."
     )
@@ -371,7 +363,31 @@ class Config(BaseModel):
                 'network_weights starts a LoRA; with train_mode = "unet" remove it '
                 '(or use train_mode = "lora")'
             )
+        self._check_data_options()
         return self
+
+    def _check_data_options(self) -> None:
+        data, net = self.data, self.network
+        trains_text = net.train_mode == "lora" and not net.network_train_unet_only
+        if data.text_cached and trains_text:
+            raise ValueError(
+                "cache_text_encoder_outputs needs frozen text encoders: set "
+                "network_train_unet_only = true (or turn the cache off)"
+            )
+        for d, dataset in enumerate(self.datasets):
+            for j, subset in enumerate(dataset.subsets):
+                augment = [k for k in ("color_aug", "random_crop") if getattr(subset, k)]
+                if data.latents_cached and augment:
+                    raise ValueError(
+                        f"{augment[0]} (datasets[{d}].subsets[{j}]) changes the image every "
+                        "epoch, so its latents cannot be cached: turn off cache_latents or "
+                        f"{augment[0]}"
+                    )
+        cadence = [
+            k for k in ("validate_every_n_steps", "validate_every_n_epochs") if getattr(data, k)
+        ]
+        if cadence and not any(dataset.held_out for dataset in self.datasets):
+            raise ValueError(f"{cadence[0]} needs validation_split > 0 in a dataset")
 
 
 SECTIONS: dict[str, type[Section]] = {

@@ -96,7 +96,7 @@ def validation_lines(
     """The first problem of a ValidationError as one line.
 
     ``locate(key)`` returns (file, shown key name) for a field, e.g. ("d.toml",
-    "datasets[0].subsets[1].num_repeats"); ``locate(None)`` the file of a model-level check.
+    "datasets[0].subsets[1].num_repeats"); ``locate(None)`` the file of a model-level check and the table it concerns (or "").
     """
     by_key: dict[str | None, list[dict]] = {}
     for err in exc.errors():
@@ -104,9 +104,9 @@ def validation_lines(
         by_key.setdefault(key if isinstance(key, str) else None, []).append(err)
     key, errors = next(iter(by_key.items()))
     if key is None or key not in model.model_fields:
-        file, _ = locate(None)
+        file, where = locate(None)
         msg = errors[0]["msg"].removeprefix("Value error, ")
-        return f"config error in {file}: {msg}"
+        return f"config error in {file}: {where + ': ' if where else ''}{msg}"
     file, shown = locate(key)
     problem = field_problem(model, key, errors)
     if problem == "missing":

@@ -1,4 +1,4 @@
-"""The training data: scanned subsets, their epoch samples, the schedule and the data loader."""
+"""The training data: scanned datasets, their bucket groups, the epoch schedule and the loaders."""
 
 from __future__ import annotations
 
@@ -8,63 +8,43 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from library.config.dataset_schema import DatasetConfig, SubsetConfig
-from library.data.folders import ImageItem, caption_for, scan_subset
-from library.data.images import check_image, load_image_with_sizes
+from library.config.dataset_schema import DatasetConfig
+from library.data.items import ScannedDataset, ScannedImage, scan_dataset
 from library.data.plan import DataStats, data_stats
-from library.data.schedule import EpochSchedule, SampleRef, SampleSpec, epoch_samples
-from library.errors import DataError
+from library.data.samples import SampleSource, TrainSamples, ValidationSamples, collate
+from library.data.schedule import EpochSchedule, SampleSpec, epoch_samples
 
 
 @dataclass(frozen=True)
-class SubsetData:
-    """A scanned subset: its config, its images and the samples it gives per epoch."""
+class Group:
+    """The samples of one bucket of one dataset: a "dataset" of the epoch schedule, so every
+    optimizer step holds images of one size."""
 
-    config: SubsetConfig
-    items: tuple[ImageItem, ...]
-    samples_per_epoch: int  # reg subsets: after balancing to the train sample count
-
-
-@dataclass(frozen=True)
-class DatasetData:
-    """A scanned dataset: `samples[i].item` indexes `items` (the subsets' items in order)."""
-
-    config: DatasetConfig
-    subsets: tuple[SubsetData, ...]
-    items: tuple[ImageItem, ...]
-    samples: tuple[SampleSpec, ...]
+    dataset: int
+    bucket: tuple[int, int]  # (width, height)
+    samples: tuple[SampleSpec, ...]  # .item indexes the dataset's images
 
 
-def _build_dataset(index: int, config: DatasetConfig, prior_loss_weight: float) -> DatasetData:
-    scanned = [scan_subset(subset) for subset in config.subsets]
-    if all(subset.is_reg for subset in config.subsets):
-        raise DataError(
-            f"dataset {index} has only regularisation subsets (is_reg = true); add a subset of "
-            "training images"
-        )
-    for item in (item for items in scanned for item in items):
-        check_image(item.path)
-    items = [item for items in scanned for item in items]
-    pairs = zip(config.subsets, scanned, strict=True)
-    repeats = [(subset.num_repeats, subset.is_reg) for subset, found in pairs for _ in found]
+def _groups(d: int, scanned: ScannedDataset, prior_loss_weight: float) -> list[Group]:
+    repeats = [
+        (scanned.config.subsets[image.subset].num_repeats, image.item.is_reg)
+        for image in scanned.images
+    ]
     samples = epoch_samples(repeats, prior_loss_weight)
-    per_item = Counter(sample.item for sample in samples)
-    subsets, start = [], 0
-    for subset, found in zip(config.subsets, scanned, strict=True):
-        count = sum(per_item[i] for i in range(start, start + len(found)))
-        subsets.append(SubsetData(subset, tuple(found), count))
-        start += len(found)
-    return DatasetData(config, tuple(subsets), tuple(items), tuple(samples))
+    by_bucket: dict[tuple[int, int], list[SampleSpec]] = {}
+    for sample in samples:
+        by_bucket.setdefault(scanned.images[sample.item].bucket, []).append(sample)
+    return [Group(d, bucket, tuple(by_bucket[bucket])) for bucket in sorted(by_bucket)]
 
 
 class TrainData:
-    """Every dataset scanned and checked, with the epoch schedule for this process layout.
+    """Every dataset scanned and checked, in bucket groups, with the epoch schedule for this
+    process layout, and the validation images held out.
 
     Building it reads every caption file and checks every image header, so a bad file stops the
-    run before training starts.
+    run before training starts (or, with ``skip_bad_images``, is left out and counted).
     """
 
     def __init__(
@@ -74,13 +54,23 @@ class TrainData:
         accumulation: int = 1,
         world_size: int = 1,
         prior_loss_weight: float = 1.0,
+        skip_bad_images: bool = False,
+        cache_dir: str | None = None,
     ) -> None:
-        self.datasets = tuple(
-            _build_dataset(i, config, prior_loss_weight) for i, config in enumerate(datasets)
+        self.seed = seed
+        self.world_size = world_size
+        self.scanned = tuple(
+            scan_dataset(i, config, seed, skip_bad_images, cache_dir)
+            for i, config in enumerate(datasets)
+        )
+        self.groups = tuple(
+            group
+            for d, scanned in enumerate(self.scanned)
+            for group in _groups(d, scanned, prior_loss_weight)
         )
         self.schedule = EpochSchedule(
-            [d.samples for d in self.datasets],
-            [d.config.batch_size for d in self.datasets],
+            [g.samples for g in self.groups],
+            [self.scanned[g.dataset].config.batch_size for g in self.groups],
             accumulation=accumulation,
             world_size=world_size,
             seed=seed,
@@ -91,30 +81,51 @@ class TrainData:
         """The numbers of the data plan and of the kohya metadata (see plan.DataStats)."""
         return data_stats(self)
 
-    def _subsets(self) -> list[SubsetData]:
-        return [subset for dataset in self.datasets for subset in dataset.subsets]
+    def _counts(self, reg: bool) -> list[tuple[int, int]]:
+        """(images used for training, repeats) per subset of the given kind."""
+        counts = []
+        for scanned in self.scanned:
+            per_subset = Counter(image.subset for image in scanned.images)
+            counts += [
+                (per_subset[j], subset.num_repeats)
+                for j, subset in enumerate(scanned.config.subsets)
+                if subset.is_reg == reg
+            ]
+        return counts
 
     @property
     def num_train_images(self) -> int:
-        """Training image files (each counted once)."""
-        return sum(len(s.items) for s in self._subsets() if not s.config.is_reg)
+        """Training image files (each counted once; held-out validation images are not)."""
+        return sum(count for count, _ in self._counts(False))
 
     @property
     def num_reg_images(self) -> int:
         """Regularisation image files (each counted once)."""
-        return sum(len(s.items) for s in self._subsets() if s.config.is_reg)
+        return sum(count for count, _ in self._counts(True))
 
     @property
     def repeated_train_images(self) -> int:
         """Training images times their repeats: what kohya writes as ss_num_train_images."""
-        return sum(
-            len(s.items) * s.config.num_repeats for s in self._subsets() if not s.config.is_reg
-        )
+        return sum(count * repeats for count, repeats in self._counts(False))
 
     @property
     def repeated_reg_images(self) -> int:
         """Reg images times their repeats, before balancing: kohya's ss_num_reg_images."""
-        return sum(len(s.items) * s.config.num_repeats for s in self._subsets() if s.config.is_reg)
+        return sum(count * repeats for count, repeats in self._counts(True))
+
+    @property
+    def num_validation_images(self) -> int:
+        """Images held out for the validation loss."""
+        return sum(len(s.validation) for s in self.scanned)
+
+    @property
+    def skipped_images(self) -> tuple[str, ...]:
+        """Unreadable images left out under skip_bad_images, with the reason."""
+        return tuple(problem for s in self.scanned for problem in s.skipped)
+
+    def images(self) -> list[tuple[ScannedDataset, ScannedImage]]:
+        """Every training image with its dataset (subsets in order)."""
+        return [(s, image) for s in self.scanned for image in s.images]
 
     def tag_frequency(self) -> dict[str, dict[str, int]]:
         """Folder name -> tag -> images whose caption has it (ss_tag_frequency).
@@ -123,20 +134,22 @@ class TrainData:
         repeats. Subsets whose folders share a name are counted together.
         """
         frequency: dict[str, Counter[str]] = {}
-        for subset in self._subsets():
-            counter = frequency.setdefault(os.path.basename(subset.config.image_dir), Counter())
-            for item in subset.items:
-                counter.update(tag.strip() for tag in item.caption.split(",") if tag.strip())
+        for _, image in self.images():
+            name = os.path.basename(image.item.subset_dir)
+            counter = frequency.setdefault(name, Counter())
+            caption = image.item.caption.split("\n")[0]
+            counter.update(tag.strip() for tag in caption.split(",") if tag.strip())
         return {name: dict(counter) for name, counter in frequency.items()}
 
     def dataset_dirs(self) -> dict[str, dict[str, int]]:
         """Folder name -> {"n_repeats", "img_count"} (ss_dataset_dirs); same-name folders add
         their image counts and keep the first one's repeats."""
         dirs: dict[str, dict[str, int]] = {}
-        for subset in self._subsets():
-            name = os.path.basename(subset.config.image_dir)
-            entry = dirs.setdefault(name, {"n_repeats": subset.config.num_repeats, "img_count": 0})
-            entry["img_count"] += len(subset.items)
+        for scanned in self.scanned:
+            for j, subset in enumerate(scanned.config.subsets):
+                name = os.path.basename(subset.image_dir or subset.metadata_file or "")
+                entry = dirs.setdefault(name, {"n_repeats": subset.num_repeats, "img_count": 0})
+                entry["img_count"] += sum(1 for image in scanned.images if image.subset == j)
         return dirs
 
     def loader(
@@ -146,60 +159,51 @@ class TrainData:
         start_step: int = 0,
         num_workers: int = 0,
         persistent_workers: bool = False,
+        source: SampleSource | None = None,
     ) -> DataLoader:
         """This rank's micro-batches of `epoch` from optimizer step `start_step`, in order.
 
-        Each batch: {"pixel_values": float [B, 3, H, W] in [-1, 1], "captions": list[str],
-        "loss_weights": float [B], "positions": long [B], "epoch": int, and for SDXL's size
-        conditioning "original_sizes" (source image h, w), "crop_top_lefts" (crop top, left in
-        the resized image, pixels), "target_sizes" (h, w), each long [B, 2]}. The order is fixed
-        by the schedule; the loader holds no random state, so workers cannot change the results.
+        Each batch (see library.data.samples.collate): "pixel_values" float [B, 3, H, W] in
+        [-1, 1], or with a latent cache "latent_means"/"latent_stds" [B, 4, h, w]; "captions"
+        (after caption processing); "loss_weights" float [B] (0 for padding samples);
+        "positions" long [B]; "epoch"; "cache_roots"; "alpha_masks" [B, 1, H, W] when a subset
+        has alpha_mask; and SDXL's "original_sizes", "crop_top_lefts", "target_sizes" long
+        [B, 2]. The order is fixed by the schedule and every random choice is keyed by (seed,
+        epoch, position), so workers and process layouts cannot change the results.
         """
+        source = source or SampleSource()
         return DataLoader(
-            _Samples(self.datasets, epoch),
+            TrainSamples(self, epoch, source),
             batch_sampler=self.schedule.micro_batches(epoch, rank, start_step),
             num_workers=num_workers,
             persistent_workers=persistent_workers and num_workers > 0,
-            collate_fn=_collate,
+            collate_fn=collate,
         )
 
+    def validation_chunks(self) -> list[list[tuple[int, int]]]:
+        """Every validation batch as (dataset, image index in its validation list) pairs: per
+        dataset and bucket (sorted), in chunks of the dataset's batch size."""
+        chunks = []
+        for d, scanned in enumerate(self.scanned):
+            by_bucket: dict[tuple[int, int], list[int]] = {}
+            for i, image in enumerate(scanned.validation):
+                by_bucket.setdefault(image.bucket, []).append(i)
+            size = scanned.config.batch_size
+            for bucket in sorted(by_bucket):
+                indices = by_bucket[bucket]
+                chunks += [
+                    [(d, i) for i in indices[c : c + size]] for c in range(0, len(indices), size)
+                ]
+        return chunks
 
-class _Samples(Dataset):
-    """Map-style dataset indexed by SampleRef (the loader's batch_sampler yields lists of them)."""
-
-    def __init__(self, datasets: tuple[DatasetData, ...], epoch: int) -> None:
-        self.datasets = datasets
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return sum(len(d.samples) for d in self.datasets)
-
-    def __getitem__(self, ref: SampleRef) -> dict:
-        dataset = self.datasets[ref.dataset]
-        spec = dataset.samples[ref.index]
-        item = dataset.items[spec.item]
-        width, height = dataset.config.resolution
-        pixels, original, crop = load_image_with_sizes(item.path, (width, height))
-        return {
-            "pixel_values": pixels,
-            "caption": caption_for(item, self.epoch, ref.position),
-            "loss_weight": spec.loss_weight,
-            "position": ref.position,
-            "epoch": self.epoch,
-            "original_size": original,
-            "crop_top_left": crop,
-            "target_size": (height, width),
-        }
-
-
-def _collate(samples: list[dict]) -> dict:
-    return {
-        "pixel_values": torch.stack([s["pixel_values"] for s in samples]),
-        "captions": [s["caption"] for s in samples],
-        "loss_weights": torch.tensor([s["loss_weight"] for s in samples], dtype=torch.float32),
-        "positions": torch.tensor([s["position"] for s in samples], dtype=torch.long),
-        "epoch": samples[0]["epoch"],
-        "original_sizes": torch.tensor([s["original_size"] for s in samples], dtype=torch.long),
-        "crop_top_lefts": torch.tensor([s["crop_top_left"] for s in samples], dtype=torch.long),
-        "target_sizes": torch.tensor([s["target_size"] for s in samples], dtype=torch.long),
-    }
+    def validation_loader(
+        self, rank: int, source: SampleSource | None = None, max_batches: int | None = None
+    ) -> DataLoader:
+        """This rank's share of the validation batches (every world_size-th chunk), at most
+        `max_batches`. Batches are like the training ones plus "validation_keys"."""
+        chunks = self.validation_chunks()[rank :: self.world_size][:max_batches]
+        return DataLoader(
+            ValidationSamples(self, source or SampleSource()),
+            batch_sampler=chunks,
+            collate_fn=collate,
+        )

@@ -1,9 +1,9 @@
 """kohya DreamBooth folders: `<repeats>_<class tokens>` subfolders, images and sidecar captions.
 
 Decisions (kohya-compatible unless noted):
-- A caption file's caption is its first non-empty line, stripped (kohya reads the first line; the
-  other lines are kohya's wildcard alternatives, which we do not support yet). It is read as UTF-8;
-  a UTF-8 byte-order mark (Windows Notepad) is skipped.
+- A caption file's caption is its first non-empty line, stripped (as kohya reads it); with
+  enable_wildcard every non-empty line is an alternative (library.data.captions picks one per
+  sample). It is read as UTF-8; a UTF-8 byte-order mark (Windows Notepad) is skipped.
 - An image without a caption file takes the subset's class tokens.
 - Unlike kohya, a subfolder without a repeat count, an empty image folder or an empty caption file
   is an error rather than a silently skipped folder or an assertion.
@@ -86,8 +86,9 @@ def dreambooth_subsets(train_data_dir: str, reg_data_dir: str | None) -> list[di
     return subsets
 
 
-def read_caption_file(path: Path) -> str:
-    """The caption in a sidecar file: its first non-empty line, stripped."""
+def read_caption_file(path: Path, all_lines: bool = False) -> str:
+    """The caption in a sidecar file: its first non-empty line, stripped; with ``all_lines``
+    every non-empty line, stripped and joined by newlines (wildcard alternatives)."""
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -97,9 +98,9 @@ def read_caption_file(path: Path) -> str:
         ) from error
     except OSError as error:
         raise DataError(f"caption file {path} cannot be read: {error.strerror}") from error
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines:
+        return "\n".join(lines) if all_lines else lines[0]
     raise DataError(
         f"caption file {path} is empty; write a caption in it or delete it to use the class tokens"
     )
@@ -127,7 +128,7 @@ def scan_subset(subset: SubsetConfig) -> list[ImageItem]:
     for image in images:
         caption_path = image.with_name(image.stem + subset.caption_extension)
         if caption_path.is_file():
-            caption = read_caption_file(caption_path)
+            caption = read_caption_file(caption_path, subset.enable_wildcard)
         elif subset.class_tokens:
             caption = subset.class_tokens
         else:
@@ -137,14 +138,3 @@ def scan_subset(subset: SubsetConfig) -> list[ImageItem]:
             )
         items.append(ImageItem(image, caption, subset.is_reg, subset.image_dir))
     return items
-
-
-def caption_for(item: ImageItem, epoch: int, position: int) -> str:
-    """The caption trained for `item` at this sample of the epoch.
-
-    The seam for caption processing (shuffle, tag dropout, ...): any randomness must be derived
-    from (seed, epoch, position) so that it does not depend on the process layout. For now the
-    caption is used unchanged.
-    """
-    del epoch, position  # reserved for caption processing
-    return item.caption

@@ -9,16 +9,22 @@ Decisions:
 - Resizing keeps the aspect ratio and covers the target, then the center is cropped. The filter is
   PIL's LANCZOS, which is antialiased when shrinking (its kernel widens with the scale) and sharp
   when enlarging. An image already at the target size is not resampled.
+- For training (load_training_image) the crop may sit anywhere in the slack (random_crop), the
+  crop is then flipped and hue-shifted as the sample's AugmentDraws say. The alpha channel, when
+  asked for (alpha-mask loss), follows the same geometry; it is resized with BILINEAR, whose
+  non-negative kernel keeps it within [0, 1].
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from library.data.augment import AugmentDraws, shift_hue
 from library.errors import DataError
 
 _ORIENTATION = 0x0112
@@ -50,11 +56,14 @@ def check_image(path: Path) -> tuple[int, int]:
     return width, height
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
-    has_alpha = image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+def _has_alpha(image: Image.Image) -> bool:
+    return image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
         image.mode == "P" and "transparency" in image.info
     )
-    if not has_alpha:
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if not _has_alpha(image):
         return image.convert("RGB")
     rgba = image.convert("RGBA")
     background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -98,14 +107,91 @@ def load_image_with_sizes(
     """``load_image`` plus what SDXL's size conditioning needs: the source image's (height,
     width) as displayed, and the (top, left) of the crop in the resized image's pixels (as SDXL
     and diffusers' SDXL training count them)."""
+    loaded = load_training_image(path, size)
+    return loaded.pixels, loaded.original_size, loaded.crop_top_left
+
+
+def crop_geometry(
+    image_size: tuple[int, int],
+    size: tuple[int, int],
+    crop_fraction: tuple[float, float] | None = None,
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((new_w, new_h), (left, top)) like cover_geometry, with the crop placed at
+    `crop_fraction` = (x, y) in [0, 1] of the slack instead of the center when given.
+
+    Fraction f picks offset min(slack, floor(f * (slack + 1))): a uniform f gives every one of
+    the slack + 1 offsets equal odds, 0 the top/left edge and 1 the bottom/right edge.
+    """
+    (new_w, new_h), center = cover_geometry(image_size, size)
+    if crop_fraction is None:
+        return (new_w, new_h), center
+    offsets = []
+    for fraction, slack in zip(crop_fraction, (new_w - size[0], new_h - size[1]), strict=True):
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"crop fraction {fraction} is outside [0, 1]")
+        offsets.append(min(slack, int(fraction * (slack + 1))))
+    return (new_w, new_h), (offsets[0], offsets[1])
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    """A training image: pixels float32 [3, H, W] in [-1, 1]; alpha float32 [1, H, W] in [0, 1]
+    (None unless asked for); the source's (height, width) as displayed; the crop's (top, left)
+    in the resized image's pixels, measured from the left edge the model sees (after a flip)."""
+
+    pixels: torch.Tensor
+    alpha: torch.Tensor | None
+    original_size: tuple[int, int]
+    crop_top_left: tuple[int, int]
+
+
+def _open(path: Path) -> tuple[Image.Image, Image.Image | None]:
+    """The displayed image as RGB (alpha composited on white) and its alpha ("L") if it has one."""
     try:
         with Image.open(path) as opened:
             image = ImageOps.exif_transpose(opened)
-            image = _to_rgb(image)
+            alpha = image.convert("RGBA").getchannel("A") if _has_alpha(image) else None
+            return _to_rgb(image), alpha
     except Exception as error:  # PIL raises many types for corrupt or truncated files
         raise _unreadable(path, error) from error
+
+
+def _resize_crop(
+    image: Image.Image, resized: tuple[int, int], box: tuple[int, int, int, int], resample: int
+) -> Image.Image:
+    if resized != image.size:
+        image = image.resize(resized, resample)
+    return image.crop(box)
+
+
+def load_training_image(
+    path: Path,
+    size: tuple[int, int],
+    draws: AugmentDraws | None = None,
+    with_alpha: bool = False,
+) -> LoadedImage:
+    """The image at `path` at training `size` = (W, H): covered, cropped (center, or at
+    draws.crop_fraction), flipped horizontally if draws.flip, hue-shifted by draws.hue_shift.
+
+    With `with_alpha` the alpha channel goes through the same crop and flip (all ones for an image
+    without alpha). Raises DataError naming the file if it cannot be decoded.
+    """
+    image, alpha = _open(path)
     original = (image.height, image.width)
-    _, (left, top) = cover_geometry(image.size, size)
-    pixels = np.asarray(cover_and_crop(image, size), dtype=np.uint8)
-    tensor = torch.from_numpy(pixels.copy()).permute(2, 0, 1).float()
-    return tensor / 127.5 - 1.0, original, (top, left)
+    resized, (left, top) = crop_geometry(image.size, size, draws.crop_fraction if draws else None)
+    box = (left, top, left + size[0], top + size[1])
+    rgb = np.asarray(_resize_crop(image, resized, box, Image.Resampling.LANCZOS), dtype=np.uint8)
+    pixels = torch.from_numpy(rgb.copy()).permute(2, 0, 1).float()
+    mask = None
+    if with_alpha and alpha is None:
+        mask = torch.ones(1, size[1], size[0])
+    elif with_alpha:
+        cropped = _resize_crop(alpha, resized, box, Image.Resampling.BILINEAR)
+        mask = torch.from_numpy(np.asarray(cropped, dtype=np.uint8).copy())[None].float() / 255
+    if draws is not None and draws.flip:
+        pixels = pixels.flip(-1)
+        mask = None if mask is None else mask.flip(-1)
+        left = resized[0] - left - size[0]
+    if draws is not None and draws.hue_shift != 0:
+        pixels = shift_hue(pixels, draws.hue_shift)
+    return LoadedImage(pixels / 127.5 - 1.0, mask, original, (top, left))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -11,12 +12,21 @@ if TYPE_CHECKING:  # dataset.py imports this module for TrainData.stats
 
 @dataclass(frozen=True)
 class SubsetStats:
-    image_dir: str
-    images: int
+    image_dir: str  # or the metadata file of a metadata subset
+    images: int  # used for training (held-out validation images not counted)
     num_repeats: int
     is_reg: bool
     samples_per_epoch: int  # reg: after balancing to the dataset's train samples
     unused_images: int  # reg images that balancing leaves out of every epoch
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    size: tuple[int, int]  # (width, height)
+    images: int
+    samples_per_epoch: int
+    steps_per_epoch: int
+    padded_per_epoch: int  # padding slots (loss weight 0) filling its last step
 
 
 @dataclass(frozen=True)
@@ -28,9 +38,13 @@ class DatasetStats:
     train_images: int
     reg_images: int
     samples_per_epoch: int  # before padding
-    padded_per_epoch: int  # samples repeated to fill the last step
+    padded_per_epoch: int  # padding slots filling each bucket's last step
     steps_per_epoch: int  # optimizer steps
     micro_batches_per_process: int  # per epoch
+    buckets: tuple[BucketStats, ...] = ()
+    enable_bucket: bool = False
+    validation_images: int = 0
+    skipped_images: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,42 +62,74 @@ class DataStats:
     num_reg_images: int  # kohya's ss_num_reg_images: reg images x their repeats, unbalanced
     tag_frequency: dict[str, dict[str, int]] = field(default_factory=dict)  # ss_tag_frequency
     dataset_dirs: dict[str, dict[str, int]] = field(default_factory=dict)  # ss_dataset_dirs
+    validation_images: int = 0
+    skipped: tuple[str, ...] = ()  # unreadable images left out (skip_bad_images), with reasons
+
+
+def _subset_stats(data: TrainData, d: int) -> list[SubsetStats]:
+    scanned = data.scanned[d]
+    samples = Counter()
+    for group in data.groups:
+        if group.dataset == d:
+            samples.update(scanned.images[s.item].subset for s in group.samples)
+    used = {s.item for g in data.groups if g.dataset == d for s in g.samples}
+    subsets = []
+    for j, config in enumerate(scanned.config.subsets):
+        members = [i for i, image in enumerate(scanned.images) if image.subset == j]
+        subsets.append(
+            SubsetStats(
+                config.image_dir or config.metadata_file or "",
+                len(members),
+                config.num_repeats,
+                config.is_reg,
+                samples[j],
+                sum(i not in used for i in members),
+            )
+        )
+    return subsets
+
+
+def _bucket_stats(data: TrainData, d: int) -> list[BucketStats]:
+    schedule = data.schedule
+    return [
+        BucketStats(
+            group.bucket,
+            len({s.item for s in group.samples}),
+            len(group.samples),
+            schedule.dataset_steps(g),
+            schedule.dataset_padding(g),
+        )
+        for g, group in enumerate(data.groups)
+        if group.dataset == d
+    ]
 
 
 def data_stats(data: TrainData) -> DataStats:
     """The numbers of the data plan, from the scanned data and its schedule."""
     schedule = data.schedule
     datasets = []
-    for d, dataset in enumerate(data.datasets):
-        used = {sample.item for sample in dataset.samples}
-        subsets, start = [], 0
-        for subset in dataset.subsets:
-            unused = sum(i not in used for i in range(start, start + len(subset.items)))
-            start += len(subset.items)
-            config = subset.config
-            subsets.append(
-                SubsetStats(
-                    config.image_dir,
-                    len(subset.items),
-                    config.num_repeats,
-                    config.is_reg,
-                    subset.samples_per_epoch,
-                    unused,
-                )
-            )
-        width, height = dataset.config.resolution
+    for d, scanned in enumerate(data.scanned):
+        subsets = _subset_stats(data, d)
+        buckets = _bucket_stats(data, d)
+        config = scanned.config
+        width, height = config.resolution
+        steps = sum(b.steps_per_epoch for b in buckets)
         datasets.append(
             DatasetStats(
                 resolution=(width, height),
-                batch_size=dataset.config.batch_size,
-                step_size=schedule.step_sizes[d],
+                batch_size=config.batch_size,
+                step_size=config.batch_size * schedule.accumulation * schedule.world_size,
                 subsets=tuple(subsets),
                 train_images=sum(s.images for s in subsets if not s.is_reg),
                 reg_images=sum(s.images for s in subsets if s.is_reg),
-                samples_per_epoch=len(dataset.samples),
-                padded_per_epoch=schedule.dataset_padding(d),
-                steps_per_epoch=schedule.dataset_steps(d),
-                micro_batches_per_process=schedule.dataset_steps(d) * schedule.accumulation,
+                samples_per_epoch=sum(b.samples_per_epoch for b in buckets),
+                padded_per_epoch=sum(b.padded_per_epoch for b in buckets),
+                steps_per_epoch=steps,
+                micro_batches_per_process=steps * schedule.accumulation,
+                buckets=tuple(buckets),
+                enable_bucket=config.enable_bucket,
+                validation_images=len(scanned.validation),
+                skipped_images=len(scanned.skipped),
             )
         )
     return DataStats(
@@ -100,6 +146,8 @@ def data_stats(data: TrainData) -> DataStats:
         num_reg_images=data.repeated_reg_images,
         tag_frequency=data.tag_frequency(),
         dataset_dirs=data.dataset_dirs(),
+        validation_images=data.num_validation_images,
+        skipped=data.skipped_images,
     )
 
 
@@ -116,6 +164,32 @@ def _subset_line(subset: SubsetStats) -> str:
     return line
 
 
+def _bucket_lines(ds: DatasetStats) -> list[str]:
+    """The bucket histogram: one line per bucket, with a bar scaled to the largest bucket."""
+    if not ds.enable_bucket:
+        return []
+    most = max(b.samples_per_epoch for b in ds.buckets)
+    lines = [f"  {len(ds.buckets)} buckets (width x height: images, samples per epoch, steps):"]
+    for b in ds.buckets:
+        bar = "#" * max(1, round(20 * b.samples_per_epoch / most))
+        line = (
+            f"    {b.size[0]:>4}x{b.size[1]:<4} {b.images:>5} images {b.samples_per_epoch:>6} "
+            f"samples {b.steps_per_epoch:>4} steps {bar}"
+        )
+        if b.samples_per_epoch < ds.step_size:
+            line += f"  (smaller than a step: {b.padded_per_epoch} padding slots)"
+        lines.append(line)
+    return lines
+
+
+def _padding_line(ds: DatasetStats) -> str:
+    where = "each bucket's" if ds.enable_bucket else "the"
+    return (
+        f"  {ds.padded_per_epoch} padding slots fill {where} last step: they repeat samples with "
+        "loss weight 0, so every image still counts exactly its repeats"
+    )
+
+
 def plan_lines(data: TrainData | DataStats) -> list[str]:
     """Human-readable lines describing each dataset and its share of an epoch."""
     stats = data if isinstance(data, DataStats) else data.stats
@@ -130,15 +204,20 @@ def plan_lines(data: TrainData | DataStats) -> list[str]:
             f"  {ds.train_images} train images, {ds.reg_images} reg images, "
             f"{ds.samples_per_epoch} samples per epoch"
         )
+        if ds.validation_images:
+            lines.append(f"  {ds.validation_images} images held out for validation")
+        if ds.skipped_images:
+            lines.append(f"  {ds.skipped_images} unreadable images left out (skip_bad_images)")
+        lines.extend(_bucket_lines(ds))
         if ds.padded_per_epoch:
-            lines.append(f"  {ds.padded_per_epoch} samples repeated to fill the last step")
+            lines.append(_padding_line(ds))
         lines.append(
             f"  {ds.steps_per_epoch} optimizer steps per epoch, "
             f"{ds.micro_batches_per_process} micro-batches per epoch per process"
         )
     if len(stats.datasets) > 1:
         lines.append(
-            f"all datasets: {stats.samples_per_epoch} samples + {stats.padded_per_epoch} repeated "
+            f"all datasets: {stats.samples_per_epoch} samples + {stats.padded_per_epoch} padding "
             f"= {stats.steps_per_epoch} optimizer steps per epoch"
         )
     return lines

@@ -60,11 +60,14 @@ class SampleSpec:
 
 @dataclass(frozen=True)
 class SampleRef:
-    """A scheduled sample: `index` into dataset `dataset`'s sample list; `position` in the epoch."""
+    """A scheduled sample: `index` into dataset `dataset`'s sample list; `position` in the epoch;
+    `step` the epoch's optimizer step it belongs to; `padding` when it only fills a step."""
 
     dataset: int
     index: int
     position: int
+    step: int = 0
+    padding: bool = False
 
 
 def balance_reg_repeats(repeats: Sequence[int], target: int) -> list[int]:
@@ -166,17 +169,25 @@ class EpochSchedule:
     def _steps(self, epoch: int) -> tuple[tuple[SampleRef, ...], ...]:
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
-        chunks: list[tuple[int, list[int]]] = []
+        # (dataset, sample indices, index of the first padding slot in the chunk)
+        chunks: list[tuple[int, list[int], int]] = []
         for d, samples in enumerate(self.samples):
             order = permutation(len(samples), stable_seed(self.seed, epoch, "samples", d))
             size = self.step_sizes[d]
             filled = [order[i % len(order)] for i in range(self.dataset_steps(d) * size)]
-            chunks.extend((d, filled[c : c + size]) for c in range(0, len(filled), size))
+            chunks.extend(
+                (d, filled[c : c + size], len(order) - c) for c in range(0, len(filled), size)
+            )
         steps = []
         position = 0
-        for c in permutation(len(chunks), stable_seed(self.seed, epoch, "steps")):
-            d, indices = chunks[c]
-            steps.append(tuple(SampleRef(d, i, position + j) for j, i in enumerate(indices)))
+        for k, c in enumerate(permutation(len(chunks), stable_seed(self.seed, epoch, "steps"))):
+            d, indices, first_padding = chunks[c]
+            steps.append(
+                tuple(
+                    SampleRef(d, i, position + j, k, j >= first_padding)
+                    for j, i in enumerate(indices)
+                )
+            )
             position += len(indices)
         self._cache = (epoch, tuple(steps))
         return self._cache[1]

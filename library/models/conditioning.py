@@ -7,6 +7,10 @@ width, crop top and left, target height and width) through the UNet's ``added_co
 These are the facts of diffusers' StableDiffusionXLPipeline.encode_prompt and _get_add_time_ids,
 and of SDXL's training.
 
+The caption-dependent part (``encode_text`` -> ``TextConditioning``) is separate from the
+per-sample sizes (``assemble_conditioning``), so frozen encoders' outputs can be cached per
+caption (library.training.text_cache); ``encode_conditioning`` does both.
+
 Nothing here switches gradients off: a frozen encoder builds no graph (its inputs are token ids),
 one with a trained adapter keeps its gradients; wrap the call in torch.no_grad() when no encoder
 trains.
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from library.models.family import ModelFamily
-from library.models.text import encode_token_ids, tokenize
+from library.models.text import encode_token_ids, flatten_windows, join_windows, tokenize
 
 # Batch keys of the size conditioning (library/data/dataset.py), in SDXL's time-ids order.
 SIZE_KEYS = ("original_sizes", "crop_top_lefts", "target_sizes")
@@ -77,17 +81,23 @@ def _hidden_and_pooled(
     clip_skip: int | None,
     pooled: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One encoder's conditioning hidden states, and its pooled projection when asked."""
+    """One encoder's conditioning hidden states, and its pooled projection when asked.
+
+    ``input_ids`` is [B, 77] or long-prompt windows [B, n, 77] (library.models.text): the layer
+    is taken per window and the windows joined; the pooled embedding is window 0's, the state
+    at its first EOS through the projection, as kohya's SDXL encoding takes it.
+    """
     if family.text_layer == "last" and not pooled:
         return encode_token_ids(text_encoder, input_ids, clip_skip), None
     if clip_skip is not None and clip_skip > 1:
         raise ValueError(
             f"clip_skip does not apply to {family.name}: it conditions on fixed layers"
         )
-    out = text_encoder(input_ids, output_hidden_states=True, return_dict=True)
+    flat, windows = flatten_windows(input_ids)
+    out = text_encoder(flat, output_hidden_states=True, return_dict=True)
     # The penultimate layer is taken without the final layer norm, as SDXL was trained.
     penultimate = family.text_layer == "penultimate"
-    hidden = out.hidden_states[-2] if penultimate else out.last_hidden_state
+    hidden = join_windows(out.hidden_states[-2] if penultimate else out.last_hidden_state, windows)
     if not pooled:
         return hidden, None
     if getattr(out, "text_embeds", None) is None:
@@ -95,7 +105,7 @@ def _hidden_and_pooled(
             f"{type(text_encoder).__name__} gives no projected pooled embedding; {family.name} "
             "needs a CLIPTextModelWithProjection as its last text encoder"
         )
-    return hidden, out.text_embeds
+    return hidden, out.text_embeds[::windows]
 
 
 def unused_text_layers(
@@ -140,25 +150,32 @@ def freeze_unused_text_adapters(
     return frozen
 
 
-def encode_conditioning(
+@dataclass
+class TextConditioning:
+    """The caption-dependent part of the conditioning, one row per caption (what a text-encoder
+    output cache stores)."""
+
+    hidden: torch.Tensor  # [B, T, sum of the encoders' hidden sizes]
+    pooled: torch.Tensor | None = None  # [B, P]: the last encoder's projected pooled embedding
+
+
+def encode_text(
     family: ModelFamily,
     tokenizers: Sequence[object],
     text_encoders: Sequence[torch.nn.Module],
     captions: Sequence[str],
     device: torch.device | str,
-    batch: Mapping | None = None,
-    dtype: torch.dtype | None = None,
     clip_skip: int | None = None,
-) -> Conditioning:
-    """The UNet conditioning of ``captions`` for a model of ``family``.
+    max_token_length: int | None = None,
+) -> TextConditioning:
+    """The text part of ``family``'s conditioning of ``captions``, in the encoders' dtype.
 
     ``tokenizers``/``text_encoders`` are in ``family.text_encoder_subfolders`` order (e.g.
     ``components.tokenizers`` and the possibly DDP-wrapped encoders). Each encoder's hidden
     states come from ``family.text_layer``; several encoders are concatenated along channels.
-    With ``family.uses_pooled_text_embedding`` the last encoder's projected pooled embedding
-    becomes ``text_embeds``; with ``family.uses_size_conditioning`` ``batch`` must hold the
-    size keys (see ``size_time_ids``; ``plain_sizes`` makes them). ``dtype`` casts the result
-    for the UNet. ``clip_skip``: see library.models.text.encode_token_ids ("last" layer only).
+    With ``family.uses_pooled_text_embedding`` the last encoder's projected pooled embedding is
+    ``pooled``. ``clip_skip``: see library.models.text.encode_token_ids ("last" layer only);
+    ``max_token_length`` (None, 75, 150, 225): long prompts, see library.models.text.
     """
     expected = len(family.text_encoder_subfolders)
     if len(tokenizers) != expected or len(text_encoders) != expected:
@@ -169,16 +186,50 @@ def encode_conditioning(
     hidden_parts, pooled = [], None
     last = expected - 1
     for index, (tokenizer, encoder) in enumerate(zip(tokenizers, text_encoders, strict=True)):
-        input_ids = tokenize(tokenizer, list(captions)).to(device)
+        input_ids = tokenize(tokenizer, list(captions), max_token_length).to(device)
         want_pooled = family.uses_pooled_text_embedding and index == last
         hidden, pooled_here = _hidden_and_pooled(family, encoder, input_ids, clip_skip, want_pooled)
         hidden_parts.append(hidden)
         pooled = pooled_here if pooled_here is not None else pooled
     hidden = hidden_parts[0] if len(hidden_parts) == 1 else torch.cat(hidden_parts, dim=-1)
+    return TextConditioning(hidden, pooled)
+
+
+def assemble_conditioning(
+    family: ModelFamily,
+    text: TextConditioning,
+    batch: Mapping | None,
+    device: torch.device | str,
+    dtype: torch.dtype | None = None,
+) -> Conditioning:
+    """The UNet conditioning from the text part and the per-sample sizes, on ``device``.
+
+    With ``family.uses_size_conditioning`` ``batch`` must hold the size keys (see
+    ``size_time_ids``; ``plain_sizes`` makes them). ``dtype`` casts the result for the UNet.
+    """
     added = {}
-    if pooled is not None:
-        added["text_embeds"] = pooled
+    if text.pooled is not None:
+        added["text_embeds"] = text.pooled.to(device)
     if family.uses_size_conditioning:
         added["time_ids"] = size_time_ids(batch or {}, device)
-    cond = Conditioning(hidden, {"added_cond_kwargs": added} if added else {})
+    cond = Conditioning(text.hidden.to(device), {"added_cond_kwargs": added} if added else {})
     return cond.to(dtype) if dtype is not None else cond
+
+
+def encode_conditioning(
+    family: ModelFamily,
+    tokenizers: Sequence[object],
+    text_encoders: Sequence[torch.nn.Module],
+    captions: Sequence[str],
+    device: torch.device | str,
+    batch: Mapping | None = None,
+    dtype: torch.dtype | None = None,
+    clip_skip: int | None = None,
+    max_token_length: int | None = None,
+) -> Conditioning:
+    """The UNet conditioning of ``captions`` for a model of ``family``:
+    ``assemble_conditioning(encode_text(...))``; see those two for the arguments."""
+    text = encode_text(
+        family, tokenizers, text_encoders, captions, device, clip_skip, max_token_length
+    )
+    return assemble_conditioning(family, text, batch, device, dtype)

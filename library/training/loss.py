@@ -134,12 +134,19 @@ def diffusion_loss(
     options: LossOptions,
     alphas_cumprod: torch.Tensor,
     v_prediction: bool,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Mean over the batch of each sample's mean element loss times its weights (float32)."""
+    """Mean over the batch of each sample's mean element loss times its weights (float32).
+
+    ``mask`` [B, 1, h, w] (alpha_mask) multiplies the element losses before their mean, as kohya's
+    masked loss does: a half-transparent image contributes half the loss of an opaque one.
+    """
     huber_c = None
     if options.loss_type in ("huber", "smooth_l1"):
         huber_c = huber_thresholds(options, timesteps, alphas_cumprod).to(prediction.device)
     elements = element_loss(prediction, target, options.loss_type, huber_c)
+    if mask is not None:
+        elements = elements * mask.to(elements)
     per_sample = elements.mean(dim=tuple(range(1, elements.dim())))
     per_sample = per_sample * loss_weights.to(per_sample)
     weights = timestep_weights(options, signal_to_noise(alphas_cumprod, timesteps), v_prediction)

@@ -67,6 +67,8 @@ class ProgressReporter:
         )
         self.epoch_losses: list[float] = []
         self.skipped = 0  # optimizer steps dropped for a non-finite loss (nan_policy = "skip")
+        self.validation_loss: float | None = None  # the latest, shown on the bar
+        self.postfix: dict[str, object] = {}
         self.last_time = time.perf_counter()
         if config.logging.log_with:
             logging, run = config.logging, Path(accelerator.logging_dir).name
@@ -89,6 +91,9 @@ class ProgressReporter:
         postfix = {"loss": f"{loss:.4f}", "lr": f"{lrs[0]:.2e}"}
         if self.skipped:
             postfix["skipped"] = self.skipped
+        if self.validation_loss is not None:
+            postfix["val"] = f"{self.validation_loss:.4f}"
+        self.postfix = postfix
         self.bar.set_postfix(postfix, refresh=False)
         logs = {"loss/step": loss, "samples_per_second": self.plan.effective_batch_sizes[0] / max(seconds, 1e-9)}
         if self.skipped:
@@ -101,6 +106,13 @@ class ProgressReporter:
             logs["loss/epoch"] = sum(self.epoch_losses) / len(self.epoch_losses)
             self.epoch_losses.clear()
         self.accelerator.log(logs, step=global_step)
+
+    def validation(self, global_step: int, loss: float) -> None:
+        """Show and log a validation loss computed after optimizer step `global_step`."""
+        self.validation_loss = loss
+        self.postfix["val"] = f"{loss:.4f}"
+        self.bar.set_postfix(self.postfix)
+        self.accelerator.log({"loss/validation": loss}, step=global_step)
 
     def close(self, final: Path) -> None:
         self.bar.close()

@@ -19,10 +19,12 @@ from accelerate.utils import (
 
 from library.config.schema import Config
 from library.data.dataset import TrainData
+from library.data.samples import SampleSource
 from library.errors import CheckpointError, TrainingError
 from library.models.loader import load_components
 from library.sampling.runner import SampleRunner
 from library.saving.outputs import OutputLayout
+from library.training.caching import build_latent_cache, build_text_cache, check_bucket_steps
 from library.training.ema import WeightAverage
 from library.training.loss import LossOptions
 from library.training.noise import NoiseOptions
@@ -35,6 +37,7 @@ from library.training.setup import TrainedParts, setup_training
 from library.training.state import check_compatible, load_state
 from library.training.step import StepInputs, micro_batch_loss
 from library.training.stops import StopSignals, TrainingStopped, agree_on_step
+from library.training.validation_runs import Validator
 
 DEFAULT_DDP_TIMEOUT_MINUTES = 30
 WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -77,9 +80,12 @@ class Trainer:
             accumulation=training.gradient_accumulation_steps,
             world_size=self.accelerator.num_processes,
             prior_loss_weight=training.prior_loss_weight,
+            skip_bad_images=config.data.skip_bad_images,
+            cache_dir=config.data.cache_dir,
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
+        self.validator = Validator(config, self.data, self.accelerator)
 
     def _make_accelerator(self) -> Accelerator:
         c = self.config
@@ -106,6 +112,10 @@ class Trainer:
 
     def print_plan(self) -> None:
         self.accelerator.print(plan_text(self.config, self.data, self.plan))
+        skipped = self.data.skipped_images
+        if skipped:
+            shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+            self.accelerator.print(f"warning: {len(skipped)} unreadable images left out: {shown}")
 
     def run(self, dry_run: bool = False) -> Path | None:
         """Print the plan; unless ``dry_run``, train and return the final output's path."""
@@ -130,10 +140,15 @@ class Trainer:
         # Adapter initialisation draws from the global generator: seed it so a run is reproducible.
         set_seed(config.training.seed)
         parts = setup_training(config, load_components(config.model, weight_dtype))
+        check_bucket_steps(config, parts.components)
         optimizer = build_optimizer(config.optimizer, parts.param_groups)
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)
         trained = self._prepare(parts)
         optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
+        self.source = SampleSource(
+            build_latent_cache(config, self.data, parts.components.vae, acc), plan.total_steps
+        )
+        text_cache = build_text_cache(config, self.data, parts.components, weight_dtype, acc)
         ema = WeightAverage(parts.parameters(), config.training.ema_decay) if config.training.ema_decay else None
         saver = Saver(config, acc, parts, plan, self.data.stats)
         saver.attach(optimizer, scheduler, ema)
@@ -141,7 +156,7 @@ class Trainer:
         loop = _Loop(
             trained=trained,
             params=parts.parameters(),
-            inputs=self._step_inputs(parts, weight_dtype),
+            inputs=self._step_inputs(parts, weight_dtype, text_cache),
             optimizer=optimizer,
             scheduler=scheduler,
             saver=saver,
@@ -152,11 +167,14 @@ class Trainer:
         )
         optimizer_train_mode(optimizer)  # a resumed schedule-free state may be in eval mode
         self.sampler.attach(parts.components, self._prepared, optimizer)
+        self.validator.attach(loop.inputs, self.source)
         self.sampler.at_start(global_step)
         with loop.signals:
             for epoch in range(plan.epoch_of_step(global_step), plan.epochs):
                 global_step = self._train_epoch(loop, epoch, global_step)
                 self.sampler.after_epoch(epoch + 1, global_step)
+                if self.validator.due_after_epoch(epoch + 1):
+                    loop.reporter.validation(global_step, self.validator.run())
                 if global_step >= plan.total_steps:
                     break
                 saver.after_epoch(epoch + 1, global_step)
@@ -176,6 +194,7 @@ class Trainer:
             start,
             training.max_data_loader_n_workers,
             training.persistent_data_loader_workers,
+            self.source,
         )
         loss_sum = torch.zeros((), device=acc.device)
         for micro, batch in enumerate(loader):
@@ -201,6 +220,8 @@ class Trainer:
             loop.reporter.step(global_step, step.loss, loop.scheduler.get_last_lr(), step.grad_norm, step.apply)
             loop.saver.after_step(global_step)
             self.sampler.after_step(global_step)
+            if self.validator.due_after_step(global_step):
+                loop.reporter.validation(global_step, self.validator.run())
             if step.signum:
                 self._stop_on_signal(step.signum, global_step, loop.saver)
             if global_step >= plan.total_steps:
@@ -253,7 +274,7 @@ class Trainer:
             module.train()
         return prepared
 
-    def _step_inputs(self, parts: TrainedParts, weight_dtype) -> StepInputs:
+    def _step_inputs(self, parts: TrainedParts, weight_dtype, text_cache=None) -> StepInputs:
         comps, training = parts.components, self.config.training
         return StepInputs(
             unet=self._prepared.get("unet", comps.unet),
@@ -272,6 +293,8 @@ class Trainer:
             noise=NoiseOptions.from_training(training),
             loss=LossOptions.from_training(training),
             clip_skip=self.config.model.clip_skip,
+            max_token_length=self.config.model.max_token_length,
+            text_cache=text_cache,
         )
 
     def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver) -> int:

@@ -145,9 +145,9 @@ def test_bad_override_value_names_command_line(write_toml):
     assert str(info.value) == (
         'config error in command line: key "learning_rate" = "fast" is not valid: expected a number'
     )
-    with pytest.raises(ConfigError, match='"--cache_latents"|"cache_latents" is not supported'):
-        load_config(path, parse_cli(["--cache_latents"]).overrides)
-    cfg = load_config(path, parse_cli(["--cache_latents", "false", "--xformers=false"]).overrides)
+    with pytest.raises(ConfigError, match='"lowram" is not supported'):
+        load_config(path, parse_cli(["--lowram"]).overrides)
+    cfg = load_config(path, parse_cli(["--lowram", "false", "--xformers=false"]).overrides)
     assert cfg == load_config(path)
 
 

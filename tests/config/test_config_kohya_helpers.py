@@ -84,11 +84,11 @@ def test_unsupported_values_of_supported_keys():
 
 
 def test_off_values_match_by_type():
-    assert kohya.unsupported_problem("keep_tokens", 0) is None
-    assert kohya.unsupported_problem("keep_tokens", False) is not None  # False is not 0 here
-    assert kohya.unsupported_problem("caption_dropout_rate", 0.0) is None
-    assert kohya.unsupported_problem("cache_latents", 0) is not None
-    assert kohya.unsupported_problem("min_bucket_reso", 320) is None  # no effect without buckets
+    assert kohya.unsupported_problem("network_dropout", 0) is None
+    assert kohya.unsupported_problem("network_dropout", False) is not None  # False is not 0 here
+    assert kohya.unsupported_problem("scale_weight_norms", 0.0) is None
+    assert kohya.unsupported_problem("lowram", 0) is not None
+    assert kohya.unsupported_problem("base_weights_multiplier", 0.5) is None  # needs base_weights
 
 
 # Every key of FORMATS.md sections 2 and 3, written out by hand.

@@ -21,7 +21,10 @@ def test_preset_validates(preset, monkeypatch):
     overrides = []
     if "train_data_dir" in text and "examples/data" not in text:
         # user presets point at folders that exist only on the user's machine
-        overrides = [("train_data_dir", "examples/data/train"), ("reg_data_dir", "examples/data/reg")]
+        overrides = [
+            ("train_data_dir", "examples/data/train"),
+            ("reg_data_dir", "examples/data/reg"),
+        ]
     config = load_config(str(preset), overrides)
     assert config.datasets and all(d.subsets for d in config.datasets)
     assert config.model.pretrained_model_name_or_path

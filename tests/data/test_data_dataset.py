@@ -40,7 +40,7 @@ def test_counts_and_metadata(tmp_path):
     assert (data.num_train_images, data.num_reg_images) == (3, 2)
     assert (data.repeated_train_images, data.repeated_reg_images) == (6, 2)
     assert data.schedule.samples_per_epoch == 12  # 6 train samples + 6 balanced reg samples
-    [subset_train, subset_reg] = data.datasets[0].subsets
+    [subset_train, subset_reg] = data.stats.datasets[0].subsets
     assert (subset_train.samples_per_epoch, subset_reg.samples_per_epoch) == (6, 6)
     assert data.tag_frequency() == {
         "2_sks dog": {"sks dog": 3, "pose 0": 1, "pose 1": 1},
@@ -69,11 +69,15 @@ def test_loader_batches_match_their_images(tmp_path, num_workers):
             for j in range(2):
                 caption, is_reg = truth[_color_of(batch["pixel_values"][j])]
                 assert batch["captions"][j] == caption
-                assert batch["loss_weights"][j].item() == (0.25 if is_reg else 1.0)
-                seen.append((int(batch["positions"][j]), caption, is_reg))
-    # B_eff 8, 12 samples -> 2 steps, 16 positions split over the two ranks.
-    assert sorted(p for p, _, _ in seen) == list(range(16))
-    assert sum(is_reg for _, _, is_reg in seen) >= 6
+                weight = batch["loss_weights"][j].item()
+                assert weight in ((0.25 if is_reg else 1.0), 0.0)  # 0: a padding slot
+                seen.append((int(batch["positions"][j]), caption, is_reg, weight))
+    # B_eff 8, 12 samples -> 2 steps, 16 positions split over the two ranks, 4 of them padding.
+    assert sorted(p for p, *_ in seen) == list(range(16))
+    assert sum(w == 0 for *_, w in seen) == 4
+    # every sample counts exactly once: 6 train samples (3 images x 2) and 6 balanced reg ones
+    assert sum(1 for _, _, reg, w in seen if w and not reg) == 6
+    assert sum(1 for _, _, reg, w in seen if w and reg) == 6
 
 
 def test_loader_follows_the_schedule_and_start_step(tmp_path):

@@ -4,7 +4,7 @@ import pytest
 from data_helpers import write_image
 
 from library.config.dataset_schema import SubsetConfig
-from library.data.folders import caption_for, dreambooth_subsets, scan_subset
+from library.data.folders import dreambooth_subsets, scan_subset
 from library.errors import DataError
 
 
@@ -63,7 +63,10 @@ def test_captions_from_sidecar_or_class_tokens(tmp_path):
     assert [i.path.name for i in items] == ["a.JPG", "b.png", "c.webp"]
     assert [i.caption for i in items] == ["sks dog", "a photo of sks dog, grass", "café"]
     assert all(i.subset_dir == str(tmp_path) and not i.is_reg for i in items)
-    assert caption_for(items[1], epoch=3, position=17) == "a photo of sks dog, grass"
+    wildcard = scan_subset(
+        SubsetConfig(image_dir=str(tmp_path), class_tokens="x", enable_wildcard=True)
+    )
+    assert wildcard[1].caption == "a photo of sks dog, grass\nsecond line"  # lines = alternatives
 
 
 def test_caption_extension_is_used(tmp_path):

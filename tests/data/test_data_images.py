@@ -1,12 +1,22 @@
 from __future__ import annotations
 
+import colorsys
 import io
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from library.data.images import check_image, load_image
+from library.data.augment import AugmentDraws
+from library.data.images import (
+    check_image,
+    cover_geometry,
+    crop_geometry,
+    load_image,
+    load_image_with_sizes,
+    load_training_image,
+)
 from library.errors import DataError
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
@@ -127,3 +137,143 @@ def test_corrupt_and_truncated_images_are_errors(tmp_path):
             load_image(tmp_path / name, (64, 64))
     with pytest.raises(DataError, match="missing.png"):
         check_image(tmp_path / "missing.png")
+
+
+# --- training loads: crop placement, flip, hue shift, alpha ---------------------------------
+
+
+def _noise(size, seed=0, mode="RGB"):
+    """A deterministic noise image, so any misplaced pixel shows."""
+    generator = torch.Generator().manual_seed(seed)
+    channels = len(mode)
+    values = torch.randint(0, 256, (size[1], size[0], channels), generator=generator)
+    return Image.fromarray(values.to(torch.uint8).numpy().squeeze(), mode)
+
+
+def _as_tensor(image):
+    """A PIL RGB image as the [-1, 1] tensor, computed independently of the loader."""
+    return (
+        torch.tensor(list(image.getdata()), dtype=torch.float32)
+        .view(image.height, image.width, 3)
+        .permute(2, 0, 1)
+        / 127.5
+        - 1
+    )
+
+
+def _draws(flip=False, crop=None, hue=0.0):
+    return AugmentDraws(flip=flip, crop_fraction=crop, hue_shift=hue)
+
+
+def test_crop_geometry_places_the_crop_in_the_slack():
+    # 64x32 into 16x16: scale 0.5 -> 32x16, 16 pixels of horizontal slack, none vertical.
+    assert crop_geometry((64, 32), (16, 16)) == cover_geometry((64, 32), (16, 16))
+    assert crop_geometry((64, 32), (16, 16), (0.0, 0.0)) == ((32, 16), (0, 0))
+    assert crop_geometry((64, 32), (16, 16), (1.0, 1.0)) == ((32, 16), (16, 0))
+    assert crop_geometry((64, 32), (16, 16), (0.5, 0.9)) == ((32, 16), (8, 0))  # floor(0.5 * 17)
+    # Slack 3: the four offsets each take a quarter of [0, 1).
+    fractions = [0.0, 0.24, 0.25, 0.49, 0.5, 0.74, 0.75, 0.99, 1.0]
+    lefts = [crop_geometry((23, 20), (20, 20), (f, 0.5))[1][0] for f in fractions]
+    assert lefts == [0, 0, 1, 1, 2, 2, 3, 3, 3]
+    with pytest.raises(ValueError, match="outside"):
+        crop_geometry((64, 32), (16, 16), (1.5, 0.0))
+
+
+def test_crop_fraction_corners_match_pil_crops(tmp_path):
+    wide = _noise((64, 32), seed=1)
+    wide.save(tmp_path / "wide.png")
+    resized = wide.resize((32, 16), Image.Resampling.LANCZOS)
+    first = load_training_image(tmp_path / "wide.png", (16, 16), _draws(crop=(0.0, 0.0)))
+    last = load_training_image(tmp_path / "wide.png", (16, 16), _draws(crop=(1.0, 1.0)))
+    assert torch.equal(first.pixels, _as_tensor(resized.crop((0, 0, 16, 16))))
+    assert torch.equal(last.pixels, _as_tensor(resized.crop((16, 0, 32, 16))))
+    assert (first.crop_top_left, last.crop_top_left) == ((0, 0), (0, 16))
+
+    tall = _noise((24, 48), seed=2)  # no resize, 24 pixels of vertical slack
+    tall.save(tmp_path / "tall.png")
+    top = load_training_image(tmp_path / "tall.png", (24, 24), _draws(crop=(0.0, 0.0)))
+    bottom = load_training_image(tmp_path / "tall.png", (24, 24), _draws(crop=(1.0, 1.0)))
+    assert torch.equal(top.pixels, _as_tensor(tall.crop((0, 0, 24, 24))))
+    assert torch.equal(bottom.pixels, _as_tensor(tall.crop((0, 24, 24, 48))))
+    assert bottom.crop_top_left == (24, 0) and bottom.original_size == (48, 24)
+
+
+def test_flip_is_the_mirror_of_the_unflipped_load(tmp_path):
+    _noise((50, 30), seed=3).save(tmp_path / "a.png")
+    plain = load_training_image(tmp_path / "a.png", (24, 16), _draws(crop=(0.3, 0.0)))
+    flipped = load_training_image(tmp_path / "a.png", (24, 16), _draws(True, (0.3, 0.0)))
+    assert torch.equal(flipped.pixels, torch.flip(plain.pixels, dims=[2]))
+
+
+def test_flipped_crop_top_left_is_measured_in_the_flipped_image(tmp_path):
+    image = _noise((48, 32), seed=4)  # into 32x32: no resize, 16 pixels of horizontal slack
+    image.save(tmp_path / "a.png")
+    for fraction, left in [(0.0, 0), (1.0, 16), (0.5, 8)]:
+        plain = load_training_image(tmp_path / "a.png", (32, 32), _draws(crop=(fraction, 0)))
+        flipped = load_training_image(tmp_path / "a.png", (32, 32), _draws(True, (fraction, 0)))
+        assert plain.crop_top_left == (0, left)
+        mirrored_left = 48 - left - 32
+        assert flipped.crop_top_left == (0, mirrored_left)
+        # The model sees exactly the mirrored image's crop at that corner.
+        mirrored = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        expected = mirrored.crop((mirrored_left, 0, mirrored_left + 32, 32))
+        assert torch.equal(flipped.pixels, _as_tensor(expected))
+
+
+def test_zero_hue_shift_is_exact_and_matches_load_image_with_sizes(tmp_path):
+    _noise((40, 30), seed=5).save(tmp_path / "a.png")
+    loaded = load_training_image(tmp_path / "a.png", (20, 20), _draws())
+    bare = load_training_image(tmp_path / "a.png", (20, 20))
+    pixels, original, crop = load_image_with_sizes(tmp_path / "a.png", (20, 20))
+    assert torch.equal(loaded.pixels, bare.pixels) and torch.equal(loaded.pixels, pixels)
+    assert (loaded.original_size, loaded.crop_top_left) == (original, crop) == ((30, 40), (0, 3))
+    assert loaded.alpha is None
+    # Independent: the resize and center crop done with PIL here.
+    resized = Image.open(tmp_path / "a.png").resize((27, 20), Image.Resampling.LANCZOS)
+    assert torch.equal(pixels, _as_tensor(resized.crop((3, 0, 23, 20))))
+
+
+def test_hue_shift_keeps_greys_and_moves_a_saturated_hue(tmp_path):
+    Image.new("RGB", (8, 8), (90, 90, 90)).save(tmp_path / "grey.png")
+    Image.new("RGB", (8, 8), (200, 40, 90)).save(tmp_path / "red.png")
+    shift = 7 / 360
+    grey = load_training_image(tmp_path / "grey.png", (8, 8), _draws(hue=shift))
+    assert torch.equal(grey.pixels, load_image(tmp_path / "grey.png", (8, 8)))
+    red = load_training_image(tmp_path / "red.png", (8, 8), _draws(hue=-shift))
+    h0, s0, v0 = colorsys.rgb_to_hsv(200 / 255, 40 / 255, 90 / 255)
+    for pixel in red.pixels.flatten(1).T:
+        h, s, v = colorsys.rgb_to_hsv(*((pixel + 1) / 2).tolist())
+        assert h == pytest.approx((h0 - shift) % 1, abs=1e-5)
+        assert (s, v) == pytest.approx((s0, v0), abs=1e-5)
+
+
+def test_alpha_follows_crop_and_flip(tmp_path):
+    # Alpha encodes the column: 5 * x at column x of a 48x32 image; into 32x32 (no resize).
+    rgba = Image.new("RGBA", (48, 32), (10, 20, 30, 0))
+    rgba.putalpha(Image.fromarray(np.tile(np.arange(48, dtype=np.uint8) * 5, (32, 1)), "L"))
+    rgba.save(tmp_path / "a.png")
+    columns = torch.arange(48, dtype=torch.float32) * 5 / 255
+    plain = load_training_image(tmp_path / "a.png", (32, 32), _draws(crop=(1.0, 0)), True)
+    flipped = load_training_image(tmp_path / "a.png", (32, 32), _draws(True, (1.0, 0)), True)
+    assert plain.alpha.shape == (1, 32, 32) and plain.alpha.dtype == torch.float32
+    torch.testing.assert_close(plain.alpha, columns[16:48].expand(1, 32, 32), rtol=0, atol=1e-7)
+    flipped_columns = columns[16:48].flip(0).expand(1, 32, 32)
+    torch.testing.assert_close(flipped.alpha, flipped_columns, rtol=0, atol=1e-7)
+    # The pixels still composite on white: column x is a mix of (10, 20, 30) and white.
+    assert not torch.equal(plain.pixels[:, :, 0], plain.pixels[:, :, -1])
+
+
+def test_resized_alpha_stays_in_range_and_matches_a_bilinear_resize(tmp_path):
+    rgba = _noise((40, 20), seed=6, mode="RGBA")
+    rgba.save(tmp_path / "a.png")
+    loaded = load_training_image(tmp_path / "a.png", (16, 16), with_alpha=True)
+    expected = rgba.getchannel("A").resize((32, 16), Image.Resampling.BILINEAR).crop((8, 0, 24, 16))
+    expected = torch.tensor(np.asarray(expected), dtype=torch.float32)[None] / 255
+    assert torch.equal(loaded.alpha, expected)
+    assert loaded.alpha.min() >= 0 and loaded.alpha.max() <= 1
+
+
+def test_image_without_alpha_gives_an_all_ones_mask(tmp_path):
+    _noise((30, 20), seed=7).save(tmp_path / "a.jpg")
+    loaded = load_training_image(tmp_path / "a.jpg", (16, 16), with_alpha=True)
+    assert torch.equal(loaded.alpha, torch.ones(1, 16, 16))

@@ -28,20 +28,20 @@ def test_stats_and_lines(tmp_path):
 
     one, two = stats.datasets
     # dataset 0: 5 train + 5 of 4 reg images balanced (one reg image used twice) = 10 samples;
-    # a step holds 2 x 3 = 6 samples -> 2 steps, 2 samples repeated.
+    # a step holds 2 x 3 = 6 samples -> 2 steps, 2 padding slots.
     assert (one.resolution, one.step_size, one.samples_per_epoch) == ((96, 64), 6, 10)
     assert (one.padded_per_epoch, one.steps_per_epoch, one.micro_batches_per_process) == (2, 2, 6)
     assert [(s.images, s.samples_per_epoch, s.unused_images) for s in one.subsets] == [
         (5, 5, 0),
         (4, 5, 0),
     ]
-    # dataset 1: 1 sample, step of 3 -> 1 step, 2 repeated.
+    # dataset 1: 1 sample, step of 3 -> 1 step, 2 padding slots.
     assert (two.samples_per_epoch, two.padded_per_epoch, two.steps_per_epoch) == (1, 2, 1)
     assert (stats.steps_per_epoch, stats.padded_per_epoch, stats.samples_per_epoch) == (3, 4, 11)
     assert (stats.train_images, stats.reg_images, stats.micro_batches_per_process) == (6, 4, 9)
 
     lines = plan_lines(stats)
-    assert "  2 samples repeated to fill the last step" in lines
+    assert any(line.startswith("  2 padding slots fill the last step") for line in lines)
     assert any(line.startswith("dataset 0: resolution 96x64") for line in lines)
     assert any("(reg): 4 images x 1 repeat, balanced to 5 samples" in line for line in lines)
 

@@ -73,7 +73,7 @@ def test_dry_run_prints_the_plan_and_trains_nothing(setup, tmp_path):
     assert "optimizer steps per epoch: 1" in out
     assert "total optimizer steps: 3 (3 epochs)" in out
     assert "effective batch per optimizer step: 4" in out
-    assert "1 samples repeated" in out or "1 sample repeated" in out
+    assert "1 padding slots" in out
     assert "every 2 steps" in out
     assert not (tmp_path / "o").exists()
 

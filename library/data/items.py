@@ -1,0 +1,162 @@
+"""Scanning a dataset: its images with captions, sizes, buckets and the validation hold-out.
+
+A subset's images come from a folder (sidecar captions, library.data.folders) or a metadata file
+(library.data.metadata_files). Every image header is read once here, so a bad file stops the run
+before training starts, or, with skip_bad_images, is left out with a warning and counted.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from library.config.dataset_schema import DatasetConfig, SubsetConfig
+from library.data.augment import AugmentOptions
+from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes
+from library.data.captions import CaptionOptions
+from library.data.folders import ImageItem, scan_subset
+from library.data.images import check_image
+from library.data.metadata_files import read_metadata_entries
+from library.data.validation_split import validation_indices
+from library.errors import DataError
+
+CACHE_FOLDER = ".difftune_cache"
+
+
+@dataclass(frozen=True)
+class ScannedImage:
+    """One usable image of a dataset."""
+
+    item: ImageItem  # path, raw caption, is_reg
+    subset: int  # index of its subset in the dataset
+    size: tuple[int, int]  # (width, height) as displayed
+    bucket: tuple[int, int]  # (width, height) it is trained at
+    key: str  # "<subset>/<path relative to the subset folder>": names it for the validation split
+    cache_root: Path  # folder of its disk-cache entries
+
+
+@dataclass(frozen=True)
+class SubsetOptions:
+    """What a subset's keys do to each of its samples."""
+
+    captions: CaptionOptions
+    augment: AugmentOptions
+    alpha_mask: bool
+
+
+@dataclass(frozen=True)
+class ScannedDataset:
+    """A dataset's training images, held-out validation images and the bad files left out."""
+
+    config: DatasetConfig
+    images: tuple[ScannedImage, ...]  # training (and reg) images, subsets in order
+    validation: tuple[ScannedImage, ...]
+    subset_images: tuple[int, ...]  # training + validation images per subset
+    options: tuple[SubsetOptions, ...]  # per subset
+    skipped: tuple[str, ...]  # "<path>: <reason>" of unreadable images left out
+
+
+def subset_options(subset: SubsetConfig) -> SubsetOptions:
+    """The caption, augmentation and mask options of a subset config."""
+    augment = AugmentOptions(subset.flip_aug, subset.random_crop, subset.color_aug)
+    return SubsetOptions(CaptionOptions.from_subset(subset), augment, subset.alpha_mask)
+
+
+def bucket_options(config: DatasetConfig) -> BucketOptions:
+    """The bucket settings of a dataset config."""
+    width, height = config.resolution
+    return BucketOptions(
+        (width, height),
+        config.enable_bucket,
+        config.min_bucket_reso,
+        config.max_bucket_reso,
+        config.bucket_reso_steps,
+        config.bucket_no_upscale,
+    )
+
+
+def _subset_items(subset: SubsetConfig) -> list[ImageItem]:
+    if subset.metadata_file is None:
+        return scan_subset(subset)
+    entries = read_metadata_entries(subset.metadata_file, subset.image_dir)
+    folder = subset.image_dir or str(Path(subset.metadata_file).parent)
+    return [ImageItem(e.path, e.caption, subset.is_reg, folder) for e in entries]
+
+
+def _relative_key(index: int, item: ImageItem) -> str:
+    try:
+        relative = Path(item.path).resolve().relative_to(Path(item.subset_dir).resolve())
+    except ValueError:  # a metadata file may name images outside its folder
+        relative = Path(os.path.abspath(item.path))
+    return f"{index}/{relative.as_posix()}"
+
+
+def _cache_root(item: ImageItem, cache_dir: str | None) -> Path:
+    return Path(cache_dir) if cache_dir else Path(item.path).parent / CACHE_FOLDER
+
+
+def scan_dataset(
+    index: int, config: DatasetConfig, seed: int, skip_bad_images: bool, cache_dir: str | None
+) -> ScannedDataset:
+    """Scan and check every subset of dataset `index`; split off its validation images."""
+    if all(subset.is_reg for subset in config.subsets):
+        raise DataError(
+            f"dataset {index} has only regularisation subsets (is_reg = true); add a subset of "
+            "training images"
+        )
+    buckets = bucket_options(config)
+    try:
+        buckets.check()
+    except ValueError as error:
+        raise DataError(f"dataset {index}: {error}") from None
+    sizes = bucket_sizes(buckets) if config.enable_bucket and not config.bucket_no_upscale else None
+    images, skipped, counts = [], [], []
+    for s, subset in enumerate(config.subsets):
+        found = []
+        for item in _subset_items(subset):
+            try:
+                size = check_image(item.path)
+                bucket = assign_bucket(size, buckets, sizes)
+            except (DataError, ValueError) as error:
+                problem = (
+                    str(error) if isinstance(error, DataError) else f"image {item.path}: {error}"
+                )
+                if not skip_bad_images:
+                    raise DataError(f"{problem} (or set skip_bad_images = true)") from None
+                skipped.append(problem)
+                continue
+            key = _relative_key(s, item)
+            found.append(ScannedImage(item, s, size, bucket, key, _cache_root(item, cache_dir)))
+        if not found:
+            raise DataError(
+                f"dataset {index}: {subset.image_dir or subset.metadata_file} has no usable "
+                f"images ({len(skipped)} unreadable ones left out)"
+            )
+        images.extend(found)
+        counts.append(len(found))
+    train, validation = _hold_out(images, config, seed)
+    return ScannedDataset(
+        config,
+        tuple(train),
+        tuple(validation),
+        tuple(counts),
+        tuple(subset_options(s) for s in config.subsets),
+        tuple(skipped),
+    )
+
+
+def _hold_out(images: list[ScannedImage], config: DatasetConfig, seed: int) -> tuple[list, list]:
+    """Split the non-reg images into training and validation (reg images always train)."""
+    if not config.held_out:
+        return images, []
+    candidates = [i for i, image in enumerate(images) if not image.item.is_reg]
+    split_seed = config.validation_seed if config.validation_seed is not None else seed
+    chosen = validation_indices(
+        [images[i].key for i in candidates], config.validation_split, split_seed
+    )
+    held = {candidates[c] for c in chosen}
+    return (
+        [image for i, image in enumerate(images) if i not in held],
+        [image for i, image in enumerate(images) if i in held],
+    )

@@ -1,0 +1,374 @@
+"""The latent cache: the VAE posterior of every training image at its bucket size, crop and flip,
+held in memory or in safetensors files beside the images.
+
+Decisions:
+- The posterior's mean and std are stored, not a sample. The training step draws
+  mean + std * eps with its own keyed eps, so a cached run trains exactly like an uncached one.
+- An entry is known by a key over the image's bytes (not its path), the bucket size, crop, flip,
+  alpha, the VAE's weights, the cache dtype and FORMAT_VERSION. Entries made under other settings
+  are never used: their key differs, and each file's metadata repeats the key's parts, checked on
+  every read, so a renamed or edited file is refused rather than returned.
+- Building is sharded: every rank lists the same missing entries in the same order and encodes
+  every world_size-th one. A disk cache then holds each entry once; a memory cache sends every
+  rank's entries to all ranks, in rounds, over the CacheGroup.
+- Images are loaded by a pool of LOAD_THREADS threads one batch ahead of the encoder (PIL's
+  decoding and resizing and torch's kernels release the GIL), so at most two batches of pixels
+  are in memory. Disk writes run on the same pool, behind the loads they were queued after.
+- A disk cache holds nothing in memory: `get` reads and verifies the file each time, which keeps
+  memory flat for large datasets and lets data-loader workers read in parallel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from library.data.cache_group import CacheGroup, gather_in_rounds, gather_or_raise
+from library.data.content_hash import file_digest
+from library.errors import DataError
+from library.saving.atomic import atomic_write_file
+
+FORMAT_VERSION = 1  # bump when the image pipeline (loading, resizing, encoding) changes
+LOAD_THREADS = 4
+_PARTS = "difftune.latent_key_parts"
+
+
+@dataclass(frozen=True)
+class LatentRequest:
+    """One image as training sees it; `root/"latents"` is its disk cache folder."""
+
+    path: Path
+    size: tuple[int, int]  # (width, height) of the bucket
+    crop_fraction: tuple[float, float] | None  # None = center crop
+    flip: bool
+    with_alpha: bool
+    root: Path
+
+
+@dataclass(frozen=True)
+class CachedLatent:
+    """The VAE posterior of one request and what SDXL's size conditioning needs (CPU tensors)."""
+
+    mean: torch.Tensor  # [4, h, w] in the cache dtype
+    std: torch.Tensor
+    alpha: torch.Tensor | None  # [1, H, W] pixel-space mask in [0, 1] when with_alpha
+    original_size: tuple[int, int]  # (h, w)
+    crop_top_left: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class BuildStats:
+    """What one build did on this rank: entries it encoded, entries found valid, unique entries."""
+
+    encoded_here: int
+    reused: int
+    total: int
+
+
+Loaded = tuple[torch.Tensor, torch.Tensor | None, tuple[int, int], tuple[int, int]]
+Load = Callable[[LatentRequest], Loaded]
+Encode = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class _Job:
+    """One unique key of a build: its first request and every disk folder that needs it."""
+
+    request: LatentRequest
+    parts: str
+    roots: list[Path] = field(default_factory=list)
+
+
+def cache_file(root: Path, key: str) -> Path:
+    """The disk cache file of `key` under a request's root."""
+    return Path(root) / "latents" / f"{key}.safetensors"
+
+
+def _expected_names(with_alpha: bool) -> set[str]:
+    return {"mean", "std", "alpha"} if with_alpha else {"mean", "std"}
+
+
+def _header_matches(file: Path, parts: str, with_alpha: bool) -> bool:
+    """Whether `file` is a complete safetensors file made for these key parts (header only;
+    safetensors refuses a file shorter than its header says)."""
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            meta = handle.metadata() or {}
+            return meta.get(_PARTS) == parts and set(handle.keys()) == _expected_names(with_alpha)
+    except Exception:  # missing, truncated or not safetensors: all mean "encode it again"
+        return False
+
+
+class LatentCache:
+    """Latents of one VAE in one dtype, in memory or (to_disk) in files under each request's
+    root; see the module docstring."""
+
+    def __init__(self, vae_identity: str, dtype: torch.dtype, to_disk: bool) -> None:
+        self.vae_identity = vae_identity
+        self.dtype = dtype
+        self.to_disk = to_disk
+        self._memory: dict[str, CachedLatent] = {}
+        self._on_disk: set[str] = set()
+
+    def _parts(self, request: LatentRequest) -> str:
+        crop = request.crop_fraction
+        parts = {
+            "format": FORMAT_VERSION,
+            "digest": file_digest(request.path),
+            "size": [int(request.size[0]), int(request.size[1])],
+            "crop": None if crop is None else [float(crop[0]), float(crop[1])],
+            "flip": bool(request.flip),
+            "alpha": bool(request.with_alpha),
+            "vae": self.vae_identity,
+            "dtype": str(self.dtype),
+        }
+        return json.dumps(parts, sort_keys=True)
+
+    def key(self, request: LatentRequest) -> str:
+        """Hex digest of the image's content digest, size, crop_fraction, flip, with_alpha, the
+        VAE identity, the cache dtype and FORMAT_VERSION."""
+        return _key_of(self._parts(request))
+
+    def __len__(self) -> int:
+        """Entries this cache serves without encoding (held in memory or verified on disk)."""
+        return len(self._memory.keys() | self._on_disk)
+
+    def get(self, request: LatentRequest) -> CachedLatent:
+        """The entry of `request`: from memory, else (to_disk) read from its file and verified.
+
+        Raises DataError if the file is missing, unreadable or was made for something else, and
+        KeyError for a memory cache that was not built for this request.
+        """
+        parts = self._parts(request)
+        key = _key_of(parts)
+        entry = self._memory.get(key)
+        if entry is not None:
+            return entry
+        if not self.to_disk:
+            raise KeyError(f"no cached latent for {request.path} at {request.size}; build first")
+        return _read_entry(cache_file(request.root, key), parts, request, self.dtype)
+
+    def build(
+        self,
+        requests: Sequence[LatentRequest],
+        encode: Encode,
+        load: Load,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        group: CacheGroup | None = None,
+        progress: bool = False,
+    ) -> BuildStats:
+        """Encode every request not yet cached; this rank encodes its share of them.
+
+        `requests` must be the same list in the same order on every rank. `load(request)` gives
+        (pixels [3, H, W] in [-1, 1], alpha [1, H, W] or None, original (h, w), crop (top,
+        left)); `encode(pixels [B, 3, H, W] on the CPU)` gives (mean, std), each [B, 4, h, w],
+        and is called under torch.no_grad() with batches of one size. With several processes
+        `group` defaults to a new CacheGroup (a collective); if any rank fails, all raise.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if group is None:
+            group = CacheGroup.single() if world_size == 1 else CacheGroup()
+        if (group.rank, group.world_size) != (rank, world_size):
+            raise ValueError(f"group is rank {group.rank} of {group.world_size}, not {rank}")
+        pool = ThreadPoolExecutor(LOAD_THREADS, thread_name_prefix="latent-cache")
+        try:
+            return self._build(requests, encode, load, batch_size, group, pool, progress)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _build(self, requests, encode, load, batch_size, group, pool, progress) -> BuildStats:
+        jobs: dict[str, _Job] = {}
+        missing, error = None, None
+        try:
+            jobs = self._jobs(requests, pool)
+            missing = [key for key, job in jobs.items() if not self._present(key, job)]
+        except Exception as exc:
+            error = exc
+        lists = gather_or_raise(group, missing, error, "checking the latent cache")
+        # The union makes every rank split the same list even if one saw a file another did not;
+        # sorting by size gives each rank an even share of every (differently costly) size.
+        union = set().union(*lists)
+        order = {key: i for i, key in enumerate(jobs)}
+        missing = sorted(union, key=lambda k: (tuple(jobs[k].request.size), order[k]))
+        share = missing[group.rank :: group.world_size]
+        encoded, error = {}, None
+        try:
+            encoded = self._encode_share(share, jobs, encode, load, batch_size, pool, progress)
+        except Exception as exc:
+            error = exc
+        gather_or_raise(group, None, error, "encoding latents")
+        if self.to_disk:
+            self._check_visible(missing, jobs, group)
+            self._on_disk.update(jobs)
+        else:
+            self._memory.update(gather_in_rounds(group, list(encoded.items())))
+        return BuildStats(len(share), len(jobs) - len(missing), len(jobs))
+
+    def _jobs(self, requests: Sequence[LatentRequest], pool: ThreadPoolExecutor) -> dict:
+        jobs: dict[str, _Job] = {}
+        for request, parts in zip(requests, pool.map(self._parts, requests), strict=True):
+            job = jobs.setdefault(_key_of(parts), _Job(request, parts))
+            if request.root not in job.roots:
+                job.roots.append(request.root)
+        return jobs
+
+    def _present(self, key: str, job: _Job) -> bool:
+        if not self.to_disk:
+            return key in self._memory
+        alpha = job.request.with_alpha
+        return all(_header_matches(cache_file(r, key), job.parts, alpha) for r in job.roots)
+
+    def _encode_share(self, share, jobs, encode, load, batch_size, pool, progress) -> dict:
+        encoded: dict[str, CachedLatent] = {}
+        writes: list[Future] = []
+        batches = _batches([(key, jobs[key]) for key in share], batch_size)
+        with tqdm(
+            total=len(share), desc="caching latents", unit="img", disable=not progress
+        ) as bar:
+            for batch, loaded in _prefetched(batches, load, pool):
+                entries = self._encode_batch([job for _, job in batch], loaded, encode)
+                for (key, job), entry in zip(batch, entries, strict=True):
+                    if self.to_disk:
+                        writes.append(pool.submit(_write_entry, key, job, entry))
+                    else:
+                        encoded[key] = entry
+                bar.update(len(batch))
+            for write in writes:
+                write.result()
+        return encoded
+
+    def _encode_batch(self, jobs: list[_Job], loaded: list[Loaded], encode: Encode) -> list:
+        for job, item in zip(jobs, loaded, strict=True):
+            _check_loaded(job.request, item)
+        pixels = torch.stack([item[0] for item in loaded])
+        with torch.no_grad():
+            mean, std = encode(pixels)
+        if mean.shape != std.shape or mean.ndim != 4 or mean.shape[0] != len(jobs):
+            raise ValueError(f"encode gave mean {tuple(mean.shape)}, std {tuple(std.shape)}")
+        mean, std = mean.to(self.dtype).cpu(), std.to(self.dtype).cpu()
+        entries = []
+        for i, (_, alpha, original, crop) in enumerate(loaded):
+            alpha = None if alpha is None else alpha.detach().cpu().contiguous()
+            # A contiguous copy frees each entry from the batch's storage (the posterior's mean is
+            # often a strided view of it) and is what safetensors can save.
+            mean_i = mean[i].clone(memory_format=torch.contiguous_format)
+            std_i = std[i].clone(memory_format=torch.contiguous_format)
+            entries.append(CachedLatent(mean_i, std_i, alpha, tuple(original), tuple(crop)))
+        return entries
+
+    def _check_visible(self, missing: list[str], jobs: dict, group: CacheGroup) -> None:
+        """With several ranks, every rank must see the files the others wrote."""
+        if group.world_size == 1:
+            return
+        lacking = [
+            cache_file(root, key)
+            for key in missing
+            for root in jobs[key].roots
+            if not cache_file(root, key).exists()
+        ]
+        counts = gather_or_raise(group, len(lacking), None, "checking the latent cache")
+        if any(counts):
+            example = lacking[0] if lacking else cache_file(jobs[missing[0]].roots[0], missing[0])
+            folder = example.parent
+            raise DataError(
+                f"latent cache files written by other processes are missing from {folder}; "
+                "with several processes or machines, cache_latents_to_disk needs a folder they "
+                "all share (or use cache_latents without cache_latents_to_disk)"
+            )
+
+
+def _key_of(parts: str) -> str:
+    return hashlib.blake2b(parts.encode(), digest_size=16).hexdigest()
+
+
+def _batches(items: list, batch_size: int) -> list[list]:
+    """Consecutive runs of one size, cut into batches of at most batch_size."""
+    batches = []
+    for _, run in itertools.groupby(items, key=lambda item: tuple(item[1].request.size)):
+        run = list(run)
+        batches.extend(run[i : i + batch_size] for i in range(0, len(run), batch_size))
+    return batches
+
+
+def _prefetched(batches: list, load: Load, pool: ThreadPoolExecutor) -> Iterator:
+    """(batch, loaded items) in order, loading the next batch while the caller works on one."""
+    pending: deque = deque()
+    todo = iter(batches)
+
+    def submit() -> None:
+        batch = next(todo, None)
+        if batch is not None:
+            pending.append((batch, [pool.submit(load, job.request) for _, job in batch]))
+
+    submit()
+    while pending:
+        batch, futures = pending.popleft()
+        loaded = [future.result() for future in futures]
+        submit()
+        yield batch, loaded
+
+
+def _check_loaded(request: LatentRequest, item: Loaded) -> None:
+    pixels, alpha = item[0], item[1]
+    width, height = request.size
+    if tuple(pixels.shape) != (3, height, width):
+        raise ValueError(f"load gave {tuple(pixels.shape)} for {request.path} at {request.size}")
+    if (alpha is not None) != request.with_alpha:
+        raise ValueError(f"load gave alpha={alpha is not None} for {request}")
+    if alpha is not None and tuple(alpha.shape) != (1, height, width):
+        raise ValueError(f"load gave alpha {tuple(alpha.shape)} for {request.path}")
+
+
+def _write_entry(key: str, job: _Job, entry: CachedLatent) -> None:
+    tensors = {"mean": entry.mean, "std": entry.std}
+    if entry.alpha is not None:
+        tensors["alpha"] = entry.alpha
+    metadata = {
+        _PARTS: job.parts,
+        "source_path": str(job.request.path),
+        "original_size": json.dumps(list(entry.original_size)),
+        "crop_top_left": json.dumps(list(entry.crop_top_left)),
+    }
+    for root in job.roots:
+        atomic_write_file(cache_file(root, key), lambda tmp: save_file(tensors, tmp, metadata))
+
+
+def _read_entry(file: Path, parts: str, request: LatentRequest, dtype: torch.dtype):
+    fix = f"delete the folder {file.parent} and run again to rebuild the cache"
+    if not file.exists():
+        raise DataError(f"latent cache file {file} for {request.path} is missing; {fix}")
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            meta = handle.metadata() or {}
+            names = handle.keys()  # the handle itself is not iterable
+            tensors = {name: handle.get_tensor(name) for name in names}
+        sizes = tuple(json.loads(meta["original_size"])), tuple(json.loads(meta["crop_top_left"]))
+    except Exception as error:
+        raise DataError(f"latent cache file {file} cannot be read ({error}); {fix}") from error
+    mean, std = tensors.get("mean"), tensors.get("std")
+    if (
+        meta.get(_PARTS) != parts
+        or set(tensors) != _expected_names(request.with_alpha)
+        or mean.dtype != dtype
+        or std.dtype != dtype
+        or mean.shape != std.shape
+    ):
+        raise DataError(
+            f"latent cache file {file} was not made for {request.path} with these settings "
+            f"(renamed or edited); {fix}"
+        )
+    return CachedLatent(mean, std, tensors.get("alpha"), *sizes)

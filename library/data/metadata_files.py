@@ -1,0 +1,224 @@
+"""Metadata-style datasets: one file lists the images and their captions.
+
+Formats, chosen by the metadata file's extension:
+- `.json`, kohya's fine-tuning metadata: `{"<image>": {"caption": "...", "tags": "..."}, ...}`.
+  A relative key is relative to image_dir, or to the JSON file's folder when image_dir is None; an
+  absolute key is used as is. A key without an image extension (kohya writes image stems) names
+  the first of <key>.png, .jpg, .jpeg, .webp, .bmp that exists (lower case first, then upper).
+  The caption is "<caption>, <tags>" when both are non-empty, else whichever is non-empty.
+- `.jsonl` and `.csv`, the Hugging Face imagefolder `metadata.jsonl` (one JSON object per line,
+  blank lines skipped) and `metadata.csv` (a header row, then one row per image): `file_name` is
+  relative to the metadata file's folder, or to image_dir when it is given. The caption is the
+  "text" field, or "caption" when there is no "text" field.
+Files are read as UTF-8; a byte-order mark (Windows editors, Excel) is skipped. Captions keep their
+inner line breaks (the lines are wildcard alternatives) and lose surrounding whitespace; an empty
+caption is an error, as an empty caption file is for folder subsets. Duplicate JSON keys, two
+entries naming the same image, an entry whose image does not exist and a file without entries are
+errors; each names the file and the entry or line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from library.data.folders import IMAGE_EXTENSIONS
+from library.errors import DataError
+
+LOOKUP_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
+@dataclass(frozen=True)
+class MetadataEntry:
+    """One image listed in a metadata file with its raw caption."""
+
+    path: Path
+    caption: str
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result: dict[str, object] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise DataError(f"metadata_file {path} {what}; fix metadata_file")
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"metadata file {path} is not UTF-8 text ({error.reason} at byte {error.start}); "
+            "save it as UTF-8"
+        ) from error
+    except OSError as error:
+        raise DataError(f"metadata file {path} cannot be read: {error.strerror}") from error
+
+
+def _parse_json(text: str, path: Path, line: int | None = None) -> object:
+    where = f"metadata file {path}" + (f" line {line}" if line is not None else "")
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as error:
+        at = f"column {error.colno}" if line is not None else f"line {error.lineno}"
+        raise DataError(f"{where} is not valid JSON ({error.msg} at {at}); fix the JSON") from error
+    except _DuplicateKey as error:
+        raise DataError(f'{where} has the key "{error.key}" twice; keep one of them') from error
+
+
+def _kohya_image(base: Path, key: str, where: str) -> Path:
+    path = base / key
+    if path.suffix.lower() in IMAGE_EXTENSIONS:
+        if path.is_file():
+            return path
+        raise DataError(f"{where}: image {path} does not exist; fix the key or image_dir")
+    for ext in LOOKUP_EXTENSIONS:
+        for candidate in (base / (key + ext), base / (key + ext.upper())):
+            if candidate.is_file():
+                return candidate
+    raise DataError(
+        f"{where}: no image {path}{{{','.join(LOOKUP_EXTENSIONS)}}} exists; "
+        "fix the key or image_dir"
+    )
+
+
+def _text_field(record: dict, name: str, where: str) -> str:
+    value = record.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f'{where}: "{name}" must be a string, got {type(value).__name__}')
+    return value.strip()
+
+
+def _kohya_entries(path: Path, image_dir: Path | None) -> list[tuple[str, MetadataEntry]]:
+    data = _parse_json(_read_text(path), path)
+    if not isinstance(data, dict):
+        raise DataError(
+            f'metadata file {path} must hold a JSON object {{"<image>": {{"caption": ...}}}}, '
+            f"not a {type(data).__name__}"
+        )
+    base = image_dir if image_dir is not None else path.parent
+    entries = []
+    for key, record in data.items():
+        where = f'metadata file {path} entry "{key}"'
+        if not isinstance(record, dict):
+            raise DataError(f'{where} must be an object {{"caption": ..., "tags": ...}}')
+        parts = [_text_field(record, name, where) for name in ("caption", "tags")]
+        caption = ", ".join(part for part in parts if part)
+        if not caption:
+            raise DataError(f'{where} has no "caption" or "tags"; add one or remove the entry')
+        entries.append((f'entry "{key}"', MetadataEntry(_kohya_image(base, key, where), caption)))
+    return entries
+
+
+def _imagefolder_entry(record: dict, base: Path, where: str) -> MetadataEntry:
+    columns = ", ".join(str(name) for name in record) or "none"
+    name = record.get("file_name")
+    if not isinstance(name, str) or not name.strip():
+        raise DataError(f'{where} has no "file_name" (columns found: {columns}); add it')
+    column = "text" if "text" in record else "caption" if "caption" in record else None
+    if column is None:
+        raise DataError(
+            f'{where} has no "text" or "caption" column (columns found: {columns}); add one'
+        )
+    caption = _text_field(record, column, where)
+    if not caption:
+        raise DataError(f'{where} has an empty "{column}"; write a caption or remove the line')
+    image = base / name.strip()
+    if image.suffix.lower() not in IMAGE_EXTENSIONS:
+        raise DataError(
+            f"{where}: {image.name} is not a training image "
+            f"({', '.join(sorted(IMAGE_EXTENSIONS))}); convert it or remove the line"
+        )
+    if not image.is_file():
+        raise DataError(f"{where}: image {image} does not exist; fix file_name or image_dir")
+    return MetadataEntry(image, caption)
+
+
+def _jsonl_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
+    entries = []
+    # split("\n"), not splitlines(): JSON strings may hold U+2028 and other line separators.
+    for number, line in enumerate(_read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        record = _parse_json(line, path, number)
+        where = f"metadata file {path} line {number}"
+        if not isinstance(record, dict):
+            raise DataError(f'{where} must be a JSON object {{"file_name": ..., "text": ...}}')
+        entries.append((f"line {number}", _imagefolder_entry(record, base, where)))
+    return entries
+
+
+def _csv_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    entries = []
+    try:
+        for record in reader:
+            where = f"metadata file {path} line {reader.line_num}"
+            if None in record:
+                raise DataError(f"{where} has more cells than the header; fix the row")
+            entries.append((f"line {reader.line_num}", _imagefolder_entry(record, base, where)))
+    except csv.Error as error:
+        raise DataError(
+            f"metadata file {path} line {reader.line_num} is not valid CSV ({error}); fix it"
+        ) from error
+    return entries
+
+
+def _checked(path: Path, entries: list[tuple[str, MetadataEntry]]) -> list[MetadataEntry]:
+    if not entries:
+        raise DataError(f"metadata file {path} lists no images; add entries or remove the subset")
+    seen: dict[Path, str] = {}
+    for label, entry in entries:
+        resolved = entry.path.resolve()
+        if resolved in seen:
+            raise DataError(
+                f"metadata file {path} lists image {entry.path} twice ({seen[resolved]} and "
+                f"{label}); keep one of them"
+            )
+        seen[resolved] = label
+    return sorted((entry for _, entry in entries), key=lambda entry: entry.path)
+
+
+def read_metadata_entries(
+    metadata_file: str | Path, image_dir: str | Path | None
+) -> list[MetadataEntry]:
+    """The images and raw captions a metadata file lists, sorted by image path.
+
+    The format follows the extension (.json kohya, .jsonl / .csv Hugging Face imagefolder; see
+    the module docstring). Raises DataError naming the file and entry for any unusable entry.
+    """
+    path = Path(metadata_file)
+    folder = Path(image_dir) if image_dir is not None else None
+    if folder is not None and not folder.is_dir():
+        raise DataError(
+            f"image_dir {image_dir} (for metadata file {path}) does not exist; fix image_dir"
+        )
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        entries = _kohya_entries(path, folder)
+    elif suffix in (".jsonl", ".csv"):
+        base = folder if folder is not None else path.parent
+        read = _jsonl_entries if suffix == ".jsonl" else _csv_entries
+        entries = read(path, base)
+    else:
+        raise DataError(
+            f"metadata_file {path} has an unknown extension; use .json (kohya), "
+            ".jsonl or .csv (Hugging Face imagefolder)"
+        )
+    return _checked(path, entries)

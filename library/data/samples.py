@@ -1,0 +1,195 @@
+"""One training or validation sample: its caption, augmentation, pixels or cached latents.
+
+Every random choice of a sample (caption operations, flip, crop, hue) is keyed by (seed, epoch,
+position) in library.data.captions / library.data.augment, so a sample is the same whichever
+process, micro-batch or data-loader worker builds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils.data import Dataset
+
+from library.data.augment import AugmentDraws, draw_augment
+from library.data.captions import process_caption
+from library.data.images import load_training_image
+from library.data.items import ScannedImage, SubsetOptions
+from library.data.latent_cache import LatentCache, LatentRequest
+from library.data.schedule import SampleRef, stable_seed
+
+if TYPE_CHECKING:  # dataset.py imports this module
+    from library.data.dataset import TrainData
+
+_NO_AUGMENT = AugmentDraws(flip=False, crop_fraction=None, hue_shift=0.0)
+
+
+@dataclass(frozen=True)
+class SampleSource:
+    """What samples need beyond the scanned data: the latent cache (None: load the pixels) and
+    the run's optimizer steps (token warmup given as a fraction of them)."""
+
+    latents: LatentCache | None = None
+    max_train_steps: int = 1
+
+
+def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> LatentRequest:
+    """The cache entry of an image as a sample with this flip sees it (crops are centered:
+    random_crop is refused with a latent cache)."""
+    return LatentRequest(
+        image.item.path, image.bucket, None, flip, options.alpha_mask, image.cache_root
+    )
+
+
+def latent_requests(data: TrainData) -> list[LatentRequest]:
+    """Every cache entry a run can use: each training image (both sides with flip_aug) and
+    each validation image, in a fixed order."""
+    requests = []
+    for scanned in data.scanned:
+        for image in scanned.images:
+            options = scanned.options[image.subset]
+            flips = (False, True) if options.augment.flip_aug else (False,)
+            requests += [latent_request(image, options, flip) for flip in flips]
+        requests += [
+            latent_request(image, scanned.options[image.subset], False)
+            for image in scanned.validation
+        ]
+    return requests
+
+
+def _image_entries(
+    image: ScannedImage, options: SubsetOptions, draws: AugmentDraws, source: SampleSource
+) -> dict:
+    """Pixels or cached latents of an image, with its size conditioning and alpha mask."""
+    width, height = image.bucket
+    if source.latents is not None:
+        cached = source.latents.get(latent_request(image, options, draws.flip))
+        entries = {"latent_mean": cached.mean, "latent_std": cached.std, "alpha": cached.alpha}
+        original, crop = cached.original_size, cached.crop_top_left
+    else:
+        loaded = load_training_image(image.item.path, image.bucket, draws, options.alpha_mask)
+        entries = {"pixel_values": loaded.pixels, "alpha": loaded.alpha}
+        original, crop = loaded.original_size, loaded.crop_top_left
+    entries.update(
+        original_size=original,
+        crop_top_left=crop,
+        target_size=(height, width),
+        cache_root=str(image.cache_root),
+    )
+    return entries
+
+
+def validation_caption(image: ScannedImage, options: SubsetOptions) -> str:
+    """The caption of a validation image: the same every time (no shuffling or dropout; a
+    wildcard resolves by the image's key)."""
+    fixed = dataclasses.replace(
+        options.captions,
+        shuffle_caption=False,
+        caption_dropout_rate=0.0,
+        caption_dropout_every_n_epochs=0,
+        caption_tag_dropout_rate=0.0,
+        token_warmup_step=0.0,
+    )
+    position = stable_seed("validation caption", image.key) & 0xFFFFFFFF
+    return process_caption(image.item.caption, fixed, seed=0, epoch=0, position=position)
+
+
+class TrainSamples(Dataset):
+    """Map-style dataset indexed by SampleRef (the loader's batch_sampler yields lists of them)."""
+
+    def __init__(self, data: TrainData, epoch: int, source: SampleSource) -> None:
+        self.data = data
+        self.epoch = epoch
+        self.source = source
+
+    def __len__(self) -> int:
+        return self.data.schedule.samples_per_epoch
+
+    def __getitem__(self, ref: SampleRef) -> dict:
+        data, epoch = self.data, self.epoch
+        group = data.groups[ref.dataset]
+        spec = group.samples[ref.index]
+        scanned = data.scanned[group.dataset]
+        image = scanned.images[spec.item]
+        options = scanned.options[image.subset]
+        global_step = epoch * data.schedule.steps_per_epoch + ref.step
+        caption = process_caption(
+            image.item.caption,
+            options.captions,
+            seed=data.seed,
+            epoch=epoch,
+            position=ref.position,
+            global_step=global_step,
+            max_train_steps=self.source.max_train_steps,
+        )
+        draws = draw_augment(options.augment, data.seed, epoch, ref.position)
+        return {
+            **_image_entries(image, options, draws, self.source),
+            "caption": caption,
+            "loss_weight": 0.0 if ref.padding else spec.loss_weight,
+            "position": ref.position,
+            "epoch": epoch,
+        }
+
+
+class ValidationSamples(Dataset):
+    """Map-style dataset of the held-out images, indexed by (dataset, validation index)."""
+
+    def __init__(self, data: TrainData, source: SampleSource) -> None:
+        self.data = data
+        self.source = source
+
+    def __len__(self) -> int:
+        return self.data.num_validation_images
+
+    def __getitem__(self, index: tuple[int, int]) -> dict:
+        d, i = index
+        scanned = self.data.scanned[d]
+        image = scanned.validation[i]
+        options = scanned.options[image.subset]
+        return {
+            **_image_entries(image, options, _NO_AUGMENT, self.source),
+            "caption": validation_caption(image, options),
+            "loss_weight": 1.0,
+            "position": 0,
+            "epoch": 0,
+            "validation_key": image.key,
+        }
+
+
+def _stack_masks(samples: list[dict]) -> torch.Tensor | None:
+    """Alpha masks [B, 1, H, W], ones for samples of subsets without alpha_mask; None if none."""
+    if all(s["alpha"] is None for s in samples):
+        return None
+    reference = next(s["alpha"] for s in samples if s["alpha"] is not None)
+    return torch.stack(
+        [s["alpha"] if s["alpha"] is not None else torch.ones_like(reference) for s in samples]
+    ).float()
+
+
+def collate(samples: list[dict]) -> dict:
+    """The batch of a list of samples (see TrainData.loader for its keys)."""
+    batch = {
+        "captions": [s["caption"] for s in samples],
+        "loss_weights": torch.tensor([s["loss_weight"] for s in samples], dtype=torch.float32),
+        "positions": torch.tensor([s["position"] for s in samples], dtype=torch.long),
+        "epoch": samples[0]["epoch"],
+        "cache_roots": [s["cache_root"] for s in samples],
+        "original_sizes": torch.tensor([s["original_size"] for s in samples], dtype=torch.long),
+        "crop_top_lefts": torch.tensor([s["crop_top_left"] for s in samples], dtype=torch.long),
+        "target_sizes": torch.tensor([s["target_size"] for s in samples], dtype=torch.long),
+    }
+    if "pixel_values" in samples[0]:
+        batch["pixel_values"] = torch.stack([s["pixel_values"] for s in samples])
+    else:
+        batch["latent_means"] = torch.stack([s["latent_mean"] for s in samples])
+        batch["latent_stds"] = torch.stack([s["latent_std"] for s in samples])
+    masks = _stack_masks(samples)
+    if masks is not None:
+        batch["alpha_masks"] = masks
+    if "validation_key" in samples[0]:
+        batch["validation_keys"] = [s["validation_key"] for s in samples]
+    return batch

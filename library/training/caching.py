@@ -1,0 +1,143 @@
+"""Building the latent and text-encoder caches before training, split across processes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from library.config.schema import Config
+from library.data.augment import AugmentDraws
+from library.data.cache_group import CacheGroup
+from library.data.captions import process_caption
+from library.data.content_hash import tensor_digest
+from library.data.dataset import TrainData
+from library.data.images import load_training_image
+from library.data.latent_cache import LatentCache, LatentRequest
+from library.data.samples import latent_requests, validation_caption
+from library.errors import ConfigError
+from library.models.conditioning import encode_text
+from library.models.loader import Components
+from library.training.text_cache import TextEncoderCache, text_identity
+
+# Cached latents stay float32 whatever the training precision: a cached run then trains on the
+# very numbers an uncached run computes.
+LATENT_CACHE_DTYPE = torch.float32
+
+
+def check_bucket_steps(config: Config, components: Components) -> None:
+    """Bucket sides must fit the UNet's downsampling: 64 px for SD 1.x/2.x (three 2x downsamples
+    of the 8x latents), 32 px for SDXL (two)."""
+    need = 32 if components.family.uses_size_conditioning else 64
+    for d, dataset in enumerate(config.datasets):
+        if dataset.enable_bucket and dataset.bucket_reso_steps % need:
+            raise ConfigError(
+                f"datasets[{d}].bucket_reso_steps = {dataset.bucket_reso_steps} does not fit "
+                f"{components.family.name}, whose UNet needs sides that are multiples of {need}; "
+                f"use {need} or a multiple of it"
+            )
+
+
+def _load(request: LatentRequest):
+    draws = AugmentDraws(flip=request.flip, crop_fraction=request.crop_fraction, hue_shift=0.0)
+    image = load_training_image(request.path, request.size, draws, request.with_alpha)
+    return image.pixels, image.alpha, image.original_size, image.crop_top_left
+
+
+def build_latent_cache(
+    config: Config, data: TrainData, vae: torch.nn.Module, accelerator
+) -> LatentCache | None:
+    """Encode every image the run can use (both flips with flip_aug), or find it on disk."""
+    if not config.data.latents_cached:
+        return None
+    device = accelerator.device
+
+    def encode(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            posterior = vae.encode(pixels.to(device, dtype=vae.dtype)).latent_dist
+        return posterior.mean.float().cpu(), posterior.std.float().cpu()
+
+    cache = LatentCache(
+        tensor_digest(vae), LATENT_CACHE_DTYPE, to_disk=config.data.cache_latents_to_disk
+    )
+    requests = latent_requests(data)
+    stats = cache.build(
+        requests,
+        encode,
+        _load,
+        config.data.vae_batch_size,
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+        progress=accelerator.is_local_main_process,
+    )
+    accelerator.print(
+        f"latent cache: {stats.total} entries, {stats.reused} found cached, "
+        f"{stats.encoded_here} encoded by this process"
+    )
+    return cache
+
+
+def _fixed_captions(data: TrainData) -> tuple[list[str], list]:
+    """Captions known before training, with their cache folders: every caption of a subset
+    without random caption operations, and every validation caption."""
+    captions, roots = [], []
+    for scanned in data.scanned:
+        for image in scanned.images:
+            options = scanned.options[image.subset].captions
+            if not options.is_random:
+                captions.append(process_caption(image.item.caption, options, seed=0, epoch=0, position=0))
+                roots.append(image.cache_root)
+        for image in scanned.validation:
+            captions.append(validation_caption(image, scanned.options[image.subset]))
+            roots.append(image.cache_root)
+    return captions, roots
+
+
+def build_text_cache(
+    config: Config, data: TrainData, components: Components, weight_dtype, accelerator
+) -> TextEncoderCache | None:
+    """A text-encoder output cache, prefilled with every caption known before training."""
+    if not config.data.text_cached:
+        return None
+    model = config.model
+    family, encoders = components.family, tuple(components.text_encoders)
+    identity = text_identity(family, encoders, model.clip_skip, model.max_token_length, weight_dtype)
+    to_disk = config.data.cache_text_encoder_outputs_to_disk
+    cache = TextEncoderCache(identity, to_disk=to_disk)
+
+    def encode(captions: list[str]):
+        with torch.no_grad():
+            text = encode_text(
+                family,
+                components.tokenizers,
+                encoders,
+                captions,
+                accelerator.device,
+                model.clip_skip,
+                model.max_token_length,
+            )
+        return dataclasses.replace(
+            text,
+            hidden=text.hidden.to(weight_dtype),
+            pooled=None if text.pooled is None else text.pooled.to(weight_dtype),
+        )
+
+    captions, roots = _fixed_captions(data)
+    # Memory-only caches are filled by every process (each needs all of them); disk caches are
+    # shared out, then read back by every process.
+    shared = to_disk and accelerator.num_processes > 1
+    group = CacheGroup() if shared else CacheGroup.single()
+    encoded = cache.prefill(
+        captions,
+        roots,
+        encode,
+        config.data.vae_batch_size,
+        rank=accelerator.process_index if shared else 0,
+        world_size=accelerator.num_processes if shared else 1,
+        progress=accelerator.is_local_main_process,
+    )
+    group.barrier()
+    if shared:
+        cache.prefill(captions, roots, encode, config.data.vae_batch_size)  # reads the others' files
+    accelerator.print(f"text-encoder cache: {len(set(captions))} captions, {encoded} encoded here")
+    return cache

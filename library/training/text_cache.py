@@ -1,0 +1,260 @@
+"""A cache of frozen text encoders' outputs, keyed by the final caption text.
+
+For UNet-only training the text encoders never change, so a caption's conditioning
+(``TextConditioning``: hidden states and SDXL's pooled embedding) only needs computing once.
+An entry is keyed by the caption *as the UNet sees it* (after shuffling, dropout, prefixes)
+together with an identity of everything else that changes the output (``text_identity``).
+
+How it meets caption augmentation: the cache never decides what a caption is; it looks up the
+final text it is given. So with shuffle_caption, tag dropout or caption dropout, each distinct
+variant a step draws is encoded the first time it appears (only the captions not yet cached
+are encoded, each distinct one once, in one call) and reused whenever it comes back; memory
+grows with the number of distinct variants seen, not with the number of steps. Deterministic
+captions (no augmentation) can all be encoded up front with ``prefill``, after which training
+encodes nothing.
+
+Memory entries live on the CPU in the dtype ``encode`` returned. With ``to_disk`` each entry
+is also a file ``<root>/text/<key>.safetensors`` (``root`` is the sample's dataset folder),
+holding "hidden" [T, C] and, for SDXL, "pooled" [P], with metadata {"caption", "identity"}. A
+file whose metadata does not match (a foreign file, a hash collision) or that cannot be read
+(truncated, corrupt) is ignored and the caption encoded again; the new file replaces it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from library.errors import DataError
+from library.models.conditioning import TextConditioning
+from library.saving.atomic import atomic_write_file
+
+log = logging.getLogger(__name__)
+
+# Bump when the encoding code changes what a caption's entry holds, so old files miss.
+CACHE_FORMAT = "difftune-text-cache-1"
+
+Encode = Callable[[list[str]], TextConditioning]
+Entry = tuple[torch.Tensor, torch.Tensor | None]  # (hidden [T, C], pooled [P] or None) on CPU
+
+
+def _update_with_tensor(digest, name: str, tensor: torch.Tensor) -> None:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}\n".encode())
+    digest.update(flat.view(torch.uint8).numpy().tobytes())
+
+
+def text_identity(
+    family,
+    text_encoders: Sequence[torch.nn.Module],
+    clip_skip: int | None,
+    max_token_length: int | None,
+    dtype: torch.dtype | None,
+    *,
+    tokenizers: Sequence[object] | None = None,
+) -> str:
+    """A hex digest of everything besides the caption that decides the encoders' output.
+
+    It covers the family name, every encoder's state_dict (names in sorted order with dtype,
+    shape and bytes), ``clip_skip``, ``max_token_length`` and ``dtype``, so any weight change
+    gives another identity. ``tokenizers`` (optional) adds each tokenizer's special tokens,
+    length and vocabulary (a different padding token changes the output too).
+    """
+    digest = hashlib.sha256(f"{CACHE_FORMAT}|{getattr(family, 'name', family)}\n".encode())
+    for index, encoder in enumerate(text_encoders):
+        inner = getattr(encoder, "module", encoder)  # unwrap DistributedDataParallel
+        state = inner.state_dict()
+        digest.update(f"encoder {index}: {len(state)} tensors\n".encode())
+        for name in sorted(state):
+            _update_with_tensor(digest, name, state[name])
+    for index, tok in enumerate(tokenizers or ()):
+        ids = (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.model_max_length)
+        vocab = sorted(tok.get_vocab().items())
+        digest.update(f"tokenizer {index}: {ids} {vocab}\n".encode())
+    digest.update(f"clip_skip={clip_skip}|max_token_length={max_token_length}|{dtype}".encode())
+    return digest.hexdigest()
+
+
+class TextEncoderCache:
+    """Per-caption text-encoder outputs in memory and optionally on disk (module docstring)."""
+
+    def __init__(self, identity: str, to_disk: bool) -> None:
+        self.identity = identity
+        self.to_disk = to_disk
+        self.encoded = 0  # captions passed to ``encode`` so far
+        self._memory: dict[str, Entry] = {}
+        self._target: tuple[torch.device, torch.dtype] | None = None  # of encode's last output
+
+    def key(self, caption: str) -> str:
+        """The file stem of ``caption``'s entry under this identity."""
+        return hashlib.sha256(f"{self.identity}\n{caption}".encode()).hexdigest()
+
+    def path(self, root: Path | str, caption: str) -> Path:
+        """Where ``caption``'s entry is stored under the dataset folder ``root``."""
+        return Path(root) / "text" / f"{self.key(caption)}.safetensors"
+
+    def get(
+        self, captions: list[str], roots: list[Path] | None, encode: Encode
+    ) -> TextConditioning:
+        """The rows of ``captions`` in order, encoding only those not cached (module docstring).
+
+        ``roots[i]`` is caption i's dataset folder (used with ``to_disk``; None otherwise).
+        Rows come on the device and dtype ``encode`` returned (of this call, else its last
+        call; before any call, CPU in the stored dtype).
+        """
+        missing = self._missing(captions, roots)
+        fresh: dict[str, tuple[TextConditioning, int]] = {}
+        if missing:
+            out = self._encode_and_store(list(missing), missing, encode)
+            fresh = {caption: (out, j) for j, caption in enumerate(missing)}
+        hidden_rows, pooled_rows = [], []
+        for caption in captions:
+            if caption in fresh:
+                out, j = fresh[caption]
+                hidden_rows.append(out.hidden[j])
+                pooled_rows.append(None if out.pooled is None else out.pooled[j])
+            else:
+                hidden, pooled = self._memory[caption]
+                hidden_rows.append(self._to_target(hidden))
+                pooled_rows.append(None if pooled is None else self._to_target(pooled))
+        return _stack(hidden_rows, pooled_rows)
+
+    def prefill(
+        self,
+        captions: list[str],
+        roots: list[Path] | None,
+        encode: Encode,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        progress: bool = False,
+    ) -> int:
+        """Encode, in batches of ``batch_size``, the distinct captions not yet cached.
+
+        With ``world_size`` > 1 and ``to_disk`` this rank takes only every ``world_size``-th
+        distinct caption (from ``rank``), encodes those missing and writes their files; the
+        caller puts a barrier after, then every rank's ``get`` reads the others' files. Without disk
+        each rank needs every entry in its own memory, so it encodes them all. Returns how
+        many captions this rank encoded.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        _check_roots(captions, roots)
+        if world_size > 1 and self.to_disk:
+            captions, roots = _shard(captions, roots, rank, world_size)
+        missing = list(self._missing(captions, roots).items())
+        batches = [missing[i : i + batch_size] for i in range(0, len(missing), batch_size)]
+        if progress:
+            from tqdm import tqdm
+
+            batches = tqdm(batches, desc="caching text-encoder outputs", unit="batch")
+        for chunk in batches:
+            part = dict(chunk)
+            self._encode_and_store(list(part), part, encode)
+        return len(missing)
+
+    def _missing(self, captions: list[str], roots: list[Path] | None) -> dict[str, set[Path]]:
+        """Distinct captions (first-seen order) in neither memory nor a valid file, each with
+        the folders whose file it lacks; loads the files found into memory."""
+        _check_roots(captions, roots)
+        missing: dict[str, set[Path]] = {}
+        for index, caption in enumerate(captions):
+            if caption in self._memory:
+                continue
+            root = roots[index] if self.to_disk and roots is not None else None
+            if root is not None:
+                entry = self._load(self.path(root, caption), caption)
+                if entry is not None:
+                    self._memory[caption] = entry
+                    missing.pop(caption, None)
+                    continue
+            missing.setdefault(caption, set())
+            if root is not None:
+                missing[caption].add(Path(root))
+        return missing
+
+    def _encode_and_store(
+        self, captions: list[str], folders: dict[str, set[Path]], encode: Encode
+    ) -> TextConditioning:
+        """One ``encode`` call for ``captions``; every row kept in memory and written to disk."""
+        out = encode(captions)
+        self.encoded += len(captions)
+        if out.hidden.shape[0] != len(captions):
+            raise ValueError(f"encode gave {out.hidden.shape[0]} rows for {len(captions)} captions")
+        self._target = (out.hidden.device, out.hidden.dtype)
+        for j, caption in enumerate(captions):
+            hidden = out.hidden[j].detach().to("cpu").clone()
+            pooled = None if out.pooled is None else out.pooled[j].detach().to("cpu").clone()
+            self._memory[caption] = (hidden, pooled)
+            for root in sorted(folders.get(caption, ())):
+                self._save(self.path(root, caption), caption, hidden, pooled)
+        return out
+
+    def _to_target(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._target is None:
+            return tensor
+        device, dtype = self._target
+        return tensor.to(device=device, dtype=dtype)
+
+    def _save(self, path: Path, caption: str, hidden: torch.Tensor, pooled) -> None:
+        tensors = {"hidden": hidden} if pooled is None else {"hidden": hidden, "pooled": pooled}
+        metadata = {"caption": caption, "identity": self.identity}
+        atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+    def _load(self, path: Path, caption: str) -> Entry | None:
+        """The entry in ``path`` when it is this caption's under this identity, else None."""
+        if not path.is_file():
+            return None
+        try:
+            with safe_open(str(path), framework="pt") as file:
+                meta = file.metadata() or {}
+                if meta.get("caption") != caption or meta.get("identity") != self.identity:
+                    log.warning("ignoring %s: it belongs to another caption or model", path)
+                    return None
+                hidden = file.get_tensor("hidden")
+                keys = set(file.keys())
+                pooled = file.get_tensor("pooled") if "pooled" in keys else None
+        except Exception as exc:  # any unreadable file (truncated, corrupt) is re-encoded
+            log.warning("ignoring unreadable text cache file %s: %s", path, exc)
+            return None
+        if hidden.dim() != 2 or (pooled is not None and pooled.dim() != 1):
+            log.warning("ignoring %s: unexpected tensor shapes", path)
+            return None
+        return hidden, pooled
+
+
+def _check_roots(captions: list[str], roots: list[Path] | None) -> None:
+    if roots is not None and len(roots) != len(captions):
+        raise ValueError(f"got {len(roots)} roots for {len(captions)} captions")
+
+
+def _shard(
+    captions: list[str], roots: list[Path] | None, rank: int, world_size: int
+) -> tuple[list[str], list[Path] | None]:
+    """The captions (with their roots) whose distinct caption falls to ``rank``.
+
+    The split is over the distinct captions of the input, not over what is missing: ranks
+    running at once see each other's files appear, and a split of what is missing would then
+    differ between ranks and leave captions out.
+    """
+    ordinal = {caption: i for i, caption in enumerate(dict.fromkeys(captions))}
+    keep = [i for i, caption in enumerate(captions) if ordinal[caption] % world_size == rank]
+    return [captions[i] for i in keep], None if roots is None else [roots[i] for i in keep]
+
+
+def _stack(hidden_rows: list[torch.Tensor], pooled_rows: list) -> TextConditioning:
+    hidden = torch.stack(hidden_rows)
+    if all(p is None for p in pooled_rows):
+        return TextConditioning(hidden, None)
+    if any(p is None for p in pooled_rows):
+        raise DataError(
+            "text cache entries disagree on having a pooled embedding; delete the datasets' "
+            "text/ cache folders so they are rebuilt"
+        )
+    return TextConditioning(hidden, torch.stack(pooled_rows))

@@ -1,0 +1,53 @@
+"""When the validation loss is computed during training, and on which images."""
+
+from __future__ import annotations
+
+from library.config.schema import Config
+from library.data.dataset import TrainData
+from library.data.samples import SampleSource
+from library.training.step import StepInputs
+from library.training.validation import validation_loss, validation_timesteps
+
+
+class Validator:
+    """Runs the validation loss on its cadence: every validate_every_n_steps optimizer steps,
+    every validate_every_n_epochs epochs, or (neither set) after every epoch. Disabled when no
+    dataset holds images out. Every process takes part (each scores its share of the batches)."""
+
+    def __init__(self, config: Config, data: TrainData, accelerator) -> None:
+        self.data = data
+        self.accelerator = accelerator
+        self.every_steps = config.data.validate_every_n_steps
+        self.every_epochs = config.data.validate_every_n_epochs
+        self.max_batches = config.data.max_validation_steps
+        held = [d for d in config.datasets if d.held_out]
+        first_seed = held[0].validation_seed if held else None
+        self.seed = first_seed if first_seed is not None else config.training.seed
+        self.enabled = data.num_validation_images > 0
+        self.inputs: StepInputs | None = None
+        self.source = SampleSource()
+
+    def attach(self, inputs: StepInputs, source: SampleSource) -> None:
+        """What the loss needs: the live models (StepInputs) and where latents come from."""
+        self.inputs, self.source = inputs, source
+
+    def due_after_step(self, global_step: int) -> bool:
+        return self.enabled and bool(self.every_steps) and global_step % self.every_steps == 0
+
+    def due_after_epoch(self, epoch: int) -> bool:
+        """`epoch` counts from 1 (the epoch just finished)."""
+        if not self.enabled:
+            return False
+        if self.every_epochs:
+            return epoch % self.every_epochs == 0
+        return not self.every_steps
+
+    def run(self) -> float:
+        """The mean validation loss over every validation image of every process."""
+        acc, inputs = self.accelerator, self.inputs
+        batches = self.data.validation_loader(acc.process_index, self.source, self.max_batches)
+        timesteps = validation_timesteps(inputs.noise_scheduler.config.num_train_timesteps)
+        with acc.autocast():
+            return validation_loss(
+                inputs, batches, timesteps, self.seed, reduce=lambda x: acc.reduce(x, "sum")
+            )
