@@ -156,7 +156,7 @@ class ValidationSamples(Dataset):
             "loss_weight": 1.0,
             "position": 0,
             "epoch": 0,
-            "validation_key": image.key,
+            "validation_key": f"{d}:{image.key}",  # keys its fixed noise; unique over datasets
         }
 
 

@@ -142,6 +142,7 @@ def test_validation_split_is_disjoint_and_the_same_for_any_process_count(tmp_pat
             for batch in data.validation_loader(rank)
             for key in batch["validation_keys"]
         ]
-        assert sorted(keys) == sorted(validation)  # each validation image once over the ranks
+        # each validation image once over the ranks (keys carry their dataset index)
+        assert sorted(keys) == sorted(f"0:{key}" for key in validation)
         held.append(validation)
     assert held[0] == held[1]

@@ -30,7 +30,9 @@ def make_images(folder: Path, count: int, size: int = 64, captions: bool = True)
 
 
 def write_config(path: Path, model_dir: Path, image_dir: Path, output_dir: Path, **keys) -> Path:
-    """A sectionless (flat) config: every key routes to its section by name."""
+    """A sectionless (flat) config: every key routes to its section by name. ``resolution``
+    goes into the [[datasets]] table (default 64)."""
+    resolution = keys.pop("resolution", 64)
     values = {
         "pretrained_model_name_or_path": str(model_dir),
         "output_dir": str(output_dir),
@@ -55,7 +57,7 @@ def write_config(path: Path, model_dir: Path, image_dir: Path, output_dir: Path,
     lines += [
         "",
         "[[datasets]]",
-        "resolution = 64",
+        f"resolution = {resolution!r}",
         f"batch_size = {values.get('train_batch_size', 1)}",
         "[[datasets.subsets]]",
         f'image_dir = "{image_dir}"',
