@@ -192,16 +192,22 @@ class LatentCache:
 
     def _build(self, requests, encode, load, batch_size, group, pool, progress) -> BuildStats:
         jobs: dict[str, _Job] = {}
-        missing, error = None, None
+        mine, error = None, None
         try:
             jobs = self._jobs(requests, pool)
             missing = [key for key, job in jobs.items() if not self._present(key, job)]
+            mine = (_key_of("".join(jobs)), missing)
         except Exception as exc:
             error = exc
-        lists = gather_or_raise(group, missing, error, "checking the latent cache")
+        gathered = gather_or_raise(group, mine, error, "checking the latent cache")
+        if len({fingerprint for fingerprint, _ in gathered}) > 1:
+            raise DataError(
+                "the training images (or their list) differ between processes; give "
+                "every process and machine the same copy of the dataset"
+            )
         # The union makes every rank split the same list even if one saw a file another did not;
         # sorting by size gives each rank an even share of every (differently costly) size.
-        union = set().union(*lists)
+        union = set().union(*(missing for _, missing in gathered))
         order = {key: i for i, key in enumerate(jobs)}
         missing = sorted(union, key=lambda k: (tuple(jobs[k].request.size), order[k]))
         share = missing[group.rank :: group.world_size]
@@ -263,8 +269,8 @@ class LatentCache:
         entries = []
         for i, (_, alpha, original, crop) in enumerate(loaded):
             alpha = None if alpha is None else alpha.detach().cpu().contiguous()
-            # A contiguous copy frees each entry from the batch's storage (the posterior's mean is
-            # often a strided view of it) and is what safetensors can save.
+            # A contiguous copy frees each entry from the batch's storage and is what safetensors
+            # can save (a VAE's conv output on the CPU is often channels-last strided).
             mean_i = mean[i].clone(memory_format=torch.contiguous_format)
             std_i = std[i].clone(memory_format=torch.contiguous_format)
             entries.append(CachedLatent(mean_i, std_i, alpha, tuple(original), tuple(crop)))

@@ -59,6 +59,8 @@ class RunInfo:
     dataset_dirs: dict[str, dict] = field(default_factory=dict)
     sd_model_name: str = ""
     resolution: tuple[int, int] = (512, 512)
+    # kohya's ss_bucket_info: {"buckets": {"0": {"resolution": [w, h], "count": samples}}}
+    bucket_info: dict | None = None
 
 
 def network_args(config: Config) -> dict[str, str]:
@@ -152,6 +154,35 @@ def _training_keys(config: Config, family: Family, run: RunInfo) -> dict[str, An
     }
     if config.saving.training_comment is not None:
         keys["ss_training_comment"] = config.saving.training_comment
+    keys.update(_data_keys(config, run))
+    return keys
+
+
+def _data_keys(config: Config, run: RunInfo) -> dict[str, Any]:
+    """kohya's dataset ss_* keys, from the first dataset and its first subset (kohya writes the
+    values of its one argument set; files of multi-dataset runs keep the first)."""
+    dataset = config.datasets[0] if config.datasets else None
+    if dataset is None:
+        return {}
+    subset = dataset.subsets[0]
+    keys = {
+        "ss_enable_bucket": dataset.enable_bucket,
+        "ss_min_bucket_reso": dataset.min_bucket_reso,
+        "ss_max_bucket_reso": dataset.max_bucket_reso,
+        "ss_bucket_no_upscale": dataset.bucket_no_upscale,
+        "ss_cache_latents": config.data.latents_cached,
+        "ss_max_token_length": config.model.max_token_length,
+        "ss_caption_dropout_rate": subset.caption_dropout_rate,
+        "ss_caption_dropout_every_n_epochs": subset.caption_dropout_every_n_epochs,
+        "ss_caption_tag_dropout_rate": subset.caption_tag_dropout_rate,
+        "ss_shuffle_caption": subset.shuffle_caption,
+        "ss_keep_tokens": subset.keep_tokens,
+        "ss_flip_aug": subset.flip_aug,
+        "ss_color_aug": subset.color_aug,
+        "ss_random_crop": subset.random_crop,
+    }
+    if run.bucket_info is not None:
+        keys["ss_bucket_info"] = json.dumps(run.bucket_info)
     return keys
 
 

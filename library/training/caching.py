@@ -44,8 +44,14 @@ def _load(request: LatentRequest):
     return image.pixels, image.alpha, image.original_size, image.crop_top_left
 
 
+def cache_group(config: Config, accelerator) -> CacheGroup:
+    """The process group of cache building (one per run; creating it is collective)."""
+    needed = config.data.latents_cached or config.data.text_cached
+    return CacheGroup() if needed and accelerator.num_processes > 1 else CacheGroup.single()
+
+
 def build_latent_cache(
-    config: Config, data: TrainData, vae: torch.nn.Module, accelerator
+    config: Config, data: TrainData, vae: torch.nn.Module, accelerator, group: CacheGroup
 ) -> LatentCache | None:
     """Encode every image the run can use (both flips with flip_aug), or find it on disk."""
     if not config.data.latents_cached:
@@ -66,8 +72,9 @@ def build_latent_cache(
         encode,
         _load,
         config.data.vae_batch_size,
-        rank=accelerator.process_index,
-        world_size=accelerator.num_processes,
+        rank=group.rank,
+        world_size=group.world_size,
+        group=group,
         progress=accelerator.is_local_main_process,
     )
     accelerator.print(
@@ -85,7 +92,9 @@ def _fixed_captions(data: TrainData) -> tuple[list[str], list]:
         for image in scanned.images:
             options = scanned.options[image.subset].captions
             if not options.is_random:
-                captions.append(process_caption(image.item.caption, options, seed=0, epoch=0, position=0))
+                captions.append(
+                    process_caption(image.item.caption, options, seed=0, epoch=0, position=0)
+                )
                 roots.append(image.cache_root)
         for image in scanned.validation:
             captions.append(validation_caption(image, scanned.options[image.subset]))
@@ -94,14 +103,26 @@ def _fixed_captions(data: TrainData) -> tuple[list[str], list]:
 
 
 def build_text_cache(
-    config: Config, data: TrainData, components: Components, weight_dtype, accelerator
+    config: Config,
+    data: TrainData,
+    components: Components,
+    weight_dtype,
+    accelerator,
+    group: CacheGroup,
 ) -> TextEncoderCache | None:
     """A text-encoder output cache, prefilled with every caption known before training."""
     if not config.data.text_cached:
         return None
     model = config.model
     family, encoders = components.family, tuple(components.text_encoders)
-    identity = text_identity(family, encoders, model.clip_skip, model.max_token_length, weight_dtype)
+    identity = text_identity(
+        family,
+        encoders,
+        model.clip_skip,
+        model.max_token_length,
+        weight_dtype,
+        tokenizers=components.tokenizers,
+    )
     to_disk = config.data.cache_text_encoder_outputs_to_disk
     cache = TextEncoderCache(identity, to_disk=to_disk)
 
@@ -125,19 +146,20 @@ def build_text_cache(
     captions, roots = _fixed_captions(data)
     # Memory-only caches are filled by every process (each needs all of them); disk caches are
     # shared out, then read back by every process.
-    shared = to_disk and accelerator.num_processes > 1
-    group = CacheGroup() if shared else CacheGroup.single()
+    shared = to_disk and group.world_size > 1
     encoded = cache.prefill(
         captions,
         roots,
         encode,
         config.data.vae_batch_size,
-        rank=accelerator.process_index if shared else 0,
-        world_size=accelerator.num_processes if shared else 1,
+        rank=group.rank if shared else 0,
+        world_size=group.world_size if shared else 1,
         progress=accelerator.is_local_main_process,
     )
-    group.barrier()
     if shared:
-        cache.prefill(captions, roots, encode, config.data.vae_batch_size)  # reads the others' files
+        group.barrier()
+        cache.prefill(
+            captions, roots, encode, config.data.vae_batch_size
+        )  # reads the others' files
     accelerator.print(f"text-encoder cache: {len(set(captions))} captions, {encoded} encoded here")
     return cache

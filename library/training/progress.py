@@ -27,10 +27,39 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
         f"  learning rate: {config.optimizer.learning_rate:g}, {config.optimizer.lr_scheduler} "
         f"schedule, {plan.warmup_steps} warmup steps, optimizer {config.optimizer.optimizer_type}",
         f"  precision: {training.mixed_precision}, seed: {training.seed}",
+        *_data_lines(config, data),
         "  saves:",
     ]
     lines += ["    " + line for line in save_schedule_lines(config, plan)]
     return "\n".join(lines)
+
+
+def _cache_place(config: Config, to_disk: bool) -> str:
+    if not to_disk:
+        return "in memory"
+    where = config.data.cache_dir or ".difftune_cache inside each image folder"
+    return f"in memory and on disk ({where})"
+
+
+def _data_lines(config: Config, data) -> list[str]:
+    """How latents and text conditioning are obtained, and when validation runs."""
+    d = config.data
+    latents = _cache_place(config, d.cache_latents_to_disk) if d.latents_cached else None
+    text = _cache_place(config, d.cache_text_encoder_outputs_to_disk) if d.text_cached else None
+    lines = [
+        f"  latents: {'cached ' + latents if latents else 'encoded by the VAE at every step'}",
+        f"  text-encoder outputs: {'cached ' + text if text else 'encoded at every step'}",
+    ]
+    held = getattr(data, "num_validation_images", 0)
+    if held:
+        if d.validate_every_n_steps:
+            when = f"every {d.validate_every_n_steps} optimizer steps"
+        elif d.validate_every_n_epochs:
+            when = f"every {d.validate_every_n_epochs} epochs"
+        else:
+            when = "after every epoch"
+        lines.append(f"  validation: {held} held-out images, {when}, at fixed timesteps and noise")
+    return lines
 
 
 def run_logging_dir(config: Config) -> Path:

@@ -125,8 +125,22 @@ class Saver:
             dataset_dirs=stats.dataset_dirs,
             sd_model_name=self.parts.components.model_dir.name,
             resolution=tuple(config.datasets[0].resolution),
+            bucket_info=_bucket_info(stats),
         )
         family = self.parts.components.family
         if self.parts.lora:
             return lora_metadata(config, family, run)
         return unet_metadata(config, family, run)
+
+
+def _bucket_info(stats) -> dict | None:
+    """kohya's ss_bucket_info for bucketed runs: every bucket with its samples per epoch."""
+    buckets = [b for d in stats.datasets if d.enable_bucket for b in d.buckets]
+    if not buckets:
+        return None
+    return {
+        "buckets": {
+            str(i): {"resolution": list(b.size), "count": b.samples_per_epoch}
+            for i, b in enumerate(buckets)
+        }
+    }

@@ -24,7 +24,7 @@ from library.errors import CheckpointError, TrainingError
 from library.models.loader import load_components
 from library.sampling.runner import SampleRunner
 from library.saving.outputs import OutputLayout
-from library.training.caching import build_latent_cache, build_text_cache, check_bucket_steps
+from library.training.caching import build_latent_cache, build_text_cache, cache_group, check_bucket_steps
 from library.training.ema import WeightAverage
 from library.training.loss import LossOptions
 from library.training.noise import NoiseOptions
@@ -145,10 +145,11 @@ class Trainer:
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)
         trained = self._prepare(parts)
         optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
+        group = cache_group(config, acc)
         self.source = SampleSource(
-            build_latent_cache(config, self.data, parts.components.vae, acc), plan.total_steps
+            build_latent_cache(config, self.data, parts.components.vae, acc, group), plan.total_steps
         )
-        text_cache = build_text_cache(config, self.data, parts.components, weight_dtype, acc)
+        text_cache = build_text_cache(config, self.data, parts.components, weight_dtype, acc, group)
         ema = WeightAverage(parts.parameters(), config.training.ema_decay) if config.training.ema_decay else None
         saver = Saver(config, acc, parts, plan, self.data.stats)
         saver.attach(optimizer, scheduler, ema)

@@ -53,6 +53,14 @@ def _peer_error(group: CacheGroup, rank: int) -> str:
     return "no error"
 
 
+def _mismatch_error(requests, group: CacheGroup, rank: int) -> str:
+    try:
+        _build_on_rank(LatentCache("vae", torch.float32, False), requests, group, rank)
+    except DataError as raised:
+        return str(raised)
+    return "no error"
+
+
 def worker(rank: int, init_file: str, data: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
@@ -74,6 +82,8 @@ def worker(rank: int, init_file: str, data: str, out: str) -> None:
         entries = {memory.key(r): (memory.get(r).mean, memory.get(r).std) for r in requests}
         torch.save(entries, Path(out) / f"memory{rank}.pt")
         record["peer_error"] = _peer_error(group, rank)
+        one_less = [r for i, r in enumerate(requests) if (rank, i) != (1, 1)]
+        record["mismatch"] = _mismatch_error(one_less, group, rank)
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(record))
     finally:
         dist.destroy_process_group()
@@ -104,6 +114,11 @@ def test_failure_on_one_rank_raises_on_every_rank(two_ranks):
     _, records, _ = two_ranks
     assert records[1]["peer_error"] == "image bad.png cannot be read"
     assert "bad.png" in records[0]["peer_error"] and "rank 1" in records[0]["peer_error"]
+
+
+def test_ranks_with_different_images_refuse_together(two_ranks):
+    _, records, _ = two_ranks
+    assert all("differ between processes" in record["mismatch"] for record in records)
 
 
 def test_disk_cache_encodes_each_entry_once_across_ranks(two_ranks):

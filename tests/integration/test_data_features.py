@@ -7,6 +7,7 @@ import re
 
 import pytest
 from PIL import Image
+from safetensors import safe_open
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.integration.harness import assert_close_dicts, make_images, tensors, train, write_config
@@ -108,6 +109,12 @@ def test_buckets_and_validation_loss_in_a_run(tmp_path, tiny_model_dir, capsys):
     assert train(config) == 0
     scalars = _scalars(logdir)
     assert [s for s, _ in scalars["loss/validation"]] == [2, 4]
+    with safe_open(str(tmp_path / "b" / "run.safetensors"), "pt") as handle:
+        metadata = handle.metadata()
+    assert metadata["ss_enable_bucket"] == "True"
+    buckets = json.loads(metadata["ss_bucket_info"])["buckets"]
+    assert sum(b["count"] for b in buckets.values()) == 4  # 5 images, 1 held out, 1 repeat
+    assert all(w % 64 == 0 and h % 64 == 0 for w, h in (b["resolution"] for b in buckets.values()))
 
 
 def test_bad_image_stops_before_training_or_is_skipped(tmp_path, tiny_model_dir, capsys):
