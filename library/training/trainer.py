@@ -24,7 +24,12 @@ from library.errors import CheckpointError, TrainingError
 from library.models.loader import load_components
 from library.sampling.runner import SampleRunner
 from library.saving.outputs import OutputLayout
-from library.training.caching import build_latent_cache, build_text_cache, cache_group, check_bucket_steps
+from library.training.caching import (
+    build_latent_cache,
+    build_text_cache,
+    cache_group,
+    check_bucket_steps,
+)
 from library.training.ema import WeightAverage
 from library.training.loss import LossOptions
 from library.training.noise import NoiseOptions
