@@ -15,6 +15,9 @@ for any run. Single-process runs happen in the pytest process itself, when first
   rank 1 after step 2), "resumed" (2 x 1 from the state it stopped with, through train_network.py), "single_acc2" and "single_acc1" (1 process).
   Runs without a hook use DDP's own C++ reduction.
 - "two-nodes": the unet-lora 2x2x1 config as 2 nodes x 1 process.
+- data runs ``data-2x1x1`` (torchrun) and ``data-1x2x1`` (in-process): a latent cache, flips,
+  caption shuffling and a validation loss every step, as 2 processes x batch 1 and as one
+  process x accumulation 2.
 """
 
 from __future__ import annotations
@@ -45,6 +48,20 @@ EQUIVALENCE_KEYS = {
     # Adam's first steps are ~lr * sign(g) with the default eps, so rounding-level differences in
     # tiny gradients could flip whole updates; with eps=1e-3 the update follows the gradient and
     # the comparison checks the gradients themselves (as tests/integration does).
+    "optimizer_args": ["eps=1e-3"],
+    "log_with": "tensorboard",
+}
+# The data run: latent cache (memory: built in shares, exchanged), flips, caption shuffling and
+# a validation image scored every step; 2 processes x batch 1 against 1 process x accumulation 2.
+DATA_KEYS = {
+    "max_train_steps": 2,
+    "network_train_unet_only": True,
+    "cache_latents": True,
+    "flip_aug": True,
+    "shuffle_caption": True,
+    "caption_separator": " ",
+    "validation_split": 0.25,
+    "validate_every_n_steps": 1,
     "optimizer_args": ["eps=1e-3"],
     "log_with": "tensorboard",
 }
@@ -93,6 +110,9 @@ class Runs:
             **MODES[mode][0],
         )
 
+    def data_config(self, name: str, accumulation: int) -> Path:
+        return self.config(name, gradient_accumulation_steps=accumulation, **DATA_KEYS)
+
     def schedule_config(self, accumulation: int, **keys) -> Path:
         name = f"sched-acc{accumulation}" + "".join(f"-{k}" for k in sorted(keys))
         return self.config(name, gradient_accumulation_steps=accumulation, **SCHEDULE_KEYS, **keys)
@@ -137,6 +157,9 @@ class Runs:
                 out=out("resumed"),
                 script=TRAIN_NETWORK,  # the user's entry point itself, no probe
             ),
+            "data-2x1x1": lambda: torchrun(
+                self.data_config("data-2x1x1", 1), out=out("data-2x1x1")
+            ),
             "two-nodes": lambda: torchrun_two_nodes(
                 self.equivalence_config("unet-lora", "2x2x1"), out=out("two-nodes")
             ),
@@ -148,6 +171,8 @@ class Runs:
         if name.startswith("eq-"):
             mode, layout = name[3:].rsplit("-", 1)
             return in_process(self.equivalence_config(mode, layout), out=out)
+        if name == "data-1x2x1":
+            return in_process(self.data_config(name, 2), out=out)
         accumulation = {"single_acc2": 2, "single_acc1": 1}[name]
         return in_process(self.schedule_config(accumulation), out=out)
 
