@@ -52,12 +52,16 @@ The training images come from exactly one of:
 - `dataset_config = "dataset.toml"`: a kohya dataset file with `[general]`, `[[datasets]]` and
   `[[datasets.subsets]]`.
 - `[general]` / `[[datasets]]` / `[[datasets.subsets]]` written in the config file itself.
+- `train_data_dir` + `in_json`: kohya's fine-tuning layout, captions from a metadata file.
 
-Each value is taken from the first place that sets it: subset > dataset > `[general]` > the flat
-keys `train_batch_size` (as `batch_size`), `resolution` and `caption_extension` (command line
-included) > the default. `[general]` and `[[datasets]]` may hold any key below except
-`image_dir`; a subset holds only subset keys. `resolution` may be written `512`, `[768, 512]`
-or `"768,512"` (width, height).
+Each value is taken from the first place that sets it: subset > dataset > `[general]` > the same
+key written as a plain key of the config or on the command line (kohya's arguments;
+`train_batch_size` stands for `batch_size`) > the default. Every key below may be written that
+way except `image_dir`, `metadata_file`, `class_tokens`, `is_reg`, `num_repeats` and
+`batch_size`, which name one folder. `[general]` and `[[datasets]]` may hold any key below
+except `image_dir` and `metadata_file`; a subset holds only subset keys. `resolution` may be
+written `512`, `[768, 512]` or `"768,512"` (width, height). What the bucket, cache, caption and
+validation keys do is explained in [data.md](data.md).
 """
 
 

@@ -40,6 +40,7 @@ class SampleRunner:
             )
         # getattr: clip_skip and zero_terminal_snr are new in ModelSection.
         self.clip_skip = getattr(config.model, "clip_skip", None)
+        self.max_token_length = getattr(config.model, "max_token_length", None)
         if self.prompts and getattr(config.model, "zero_terminal_snr", False):
             for name in dict.fromkeys(p.sampler for p in self.prompts):
                 check_zero_terminal_snr(name, f"sample_prompts {self.sampling.sample_prompts}")
@@ -101,4 +102,5 @@ class SampleRunner:
             accelerator=self.accelerator,
             prepared=self.prepared,
             clip_skip=self.clip_skip,
+            max_token_length=self.max_token_length,
         )

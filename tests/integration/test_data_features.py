@@ -129,7 +129,18 @@ def test_bad_image_stops_before_training_or_is_skipped(tmp_path, tiny_model_dir,
     assert "warning: 1 unreadable images left out" in out and "img01.png" in out
 
 
-def test_alpha_mask_long_captions_and_metadata_file(tmp_path, tiny_model_dir):
+def test_alpha_mask_long_captions_and_metadata_file(tmp_path, tiny_model_dir, monkeypatch):
+    from library.sampling import generate
+
+    seen = []
+    real = generate.encode_conditioning
+
+    def recording(*args, **kwargs):
+        cond = real(*args, **kwargs)
+        seen.append(cond.encoder_hidden_states.shape[1])
+        return cond
+
+    monkeypatch.setattr(generate, "encode_conditioning", recording)
     folder = tmp_path / "alpha"
     folder.mkdir()
     lines = []
@@ -144,11 +155,15 @@ def test_alpha_mask_long_captions_and_metadata_file(tmp_path, tiny_model_dir):
         "[[datasets]]\nresolution = 64\nbatch_size = 2\n[[datasets.subsets]]\n"
         f'metadata_file = "{folder / "metadata.jsonl"}"\nalpha_mask = true\n'
     )
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(" ".join(["word"] * 100) + " --w 64 --h 64 --s 2\n")
     config = tmp_path / "c.toml"
     config.write_text(
         f'pretrained_model_name_or_path = "{tiny_model_dir}"\noutput_dir = "{tmp_path / "out"}"\n'
         f'dataset_config = "{dataset}"\nmax_train_steps = 1\nmax_token_length = 150\n'
-        "network_dim = 4\n"
+        f'network_dim = 4\nsample_prompts = "{prompts}"\nsample_every_n_steps = 1\n'
     )
     assert train(config) == 0
     assert (tmp_path / "out" / "last.safetensors").is_file()
+    assert list((tmp_path / "out" / "sample").glob("*.png"))
+    assert seen and set(seen) == {152}  # samples are prompted like the captions were trained
