@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 from PIL import Image
@@ -43,6 +44,22 @@ def test_latent_cache_trains_like_encoding_every_step(tmp_path, tiny_model_dir, 
     assert train(disk, "--overwrite") == 0
     assert "8 entries, 8 found cached, 0 encoded" in capsys.readouterr().out
     assert_close_dicts(_weights(tmp_path, "disk"), plain, atol=5e-5)
+    # editing one image re-encodes exactly that image (both sides); a new resolution, everything
+    edited = tmp_path / "edited"
+    shutil.copytree(images, edited)
+    Image.new("RGB", (64, 64), (1, 2, 3)).save(edited / "img02.png")
+    again = write_config(
+        tmp_path / "e.toml", tiny_model_dir, edited, tmp_path / "e", cache_latents_to_disk=True,
+        train_batch_size=2, max_train_steps=1, **keys,
+    )  # fmt: skip
+    assert train(again) == 0
+    assert "8 entries, 6 found cached, 2 encoded" in capsys.readouterr().out
+    bigger = write_config(
+        tmp_path / "r.toml", tiny_model_dir, edited, tmp_path / "r", cache_latents_to_disk=True,
+        train_batch_size=2, max_train_steps=1, resolution=128, **keys,
+    )  # fmt: skip
+    assert train(bigger) == 0
+    assert "8 entries, 0 found cached, 8 encoded" in capsys.readouterr().out
     # guard: the tolerance tells runs apart (the same run without flips is far off)
     keys["flip_aug"] = False
     assert train(_config(tmp_path, tiny_model_dir, images, "noflip", **keys)) == 0

@@ -183,3 +183,32 @@ def test_options_that_do_not_fit_the_model_are_errors():
     with pytest.raises(ConfigError, match="v_pred_like_loss is for epsilon"):
         LossOptions(v_pred_like_loss=0.1).check(v_prediction=True)
     LossOptions(scale_v_pred_loss_like_noise_pred=True).check(v_prediction=True)
+
+
+def test_alpha_mask_weights_each_latent_pixel():
+    from library.training.step import latent_mask
+
+    torch.manual_seed(0)
+    prediction, target = torch.randn(2, 4, 4, 4), torch.randn(2, 4, 4, 4)
+    # pixel-space masks 32x32: sample 0 has its left half transparent, sample 1 is opaque
+    masks = torch.ones(2, 1, 32, 32)
+    masks[0, :, :, :16] = 0.0
+    masks[0, :, :4, 16:] = 0.5  # half-transparent over 4 of the 8 pixel rows of latent row 0
+    mask = latent_mask({"alpha_masks": masks}, prediction.shape)
+    expected_mask = torch.ones(2, 1, 4, 4)
+    expected_mask[0, :, :, :2] = 0.0
+    expected_mask[0, :, 0, 2:] = 0.75  # the mean of 4 rows at 0.5 and 4 at 1
+    assert torch.equal(mask, expected_mask)
+    timesteps = torch.tensor([10, 500])
+    alphas = DDPMScheduler().alphas_cumprod
+    loss = diffusion_loss(
+        prediction, target, timesteps, torch.ones(2), LossOptions(), alphas, False, mask
+    )
+    # by hand: squared error times the mask, mean over each sample's elements, mean over samples
+    per_sample = ((prediction - target) ** 2 * expected_mask).mean(dim=(1, 2, 3))
+    assert loss.item() == pytest.approx(per_sample.mean().item(), rel=1e-6)
+    unmasked = diffusion_loss(
+        prediction, target, timesteps, torch.ones(2), LossOptions(), alphas, False
+    )
+    assert unmasked.item() != pytest.approx(loss.item(), rel=1e-3)
+    assert latent_mask({}, prediction.shape) is None

@@ -47,9 +47,12 @@ def test_prune_steps_keeps_the_last_n_steps(tmp_path):
     assert len(removed) == 5
     assert left == [
         "run-step00000030-ema.safetensors",
-        "run-step00000030-state", "run-step00000030.safetensors",
-        "run-step00000040-state", "run-step00000040.safetensors",
-        "run-step00000050-state", "run-step00000050.safetensors",
+        "run-step00000030-state",
+        "run-step00000030.safetensors",
+        "run-step00000040-state",
+        "run-step00000040.safetensors",
+        "run-step00000050-state",
+        "run-step00000050.safetensors",
     ]
 
 
@@ -61,4 +64,7 @@ def test_prune_epochs_keeps_the_last_n_saves(tmp_path):
     for epoch in (2, 4, 6):
         _touch(layout.epoch_file(epoch))
     layout.prune_epochs(6)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-000004.safetensors", "run-000006.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "run-000004.safetensors",
+        "run-000006.safetensors",
+    ]

@@ -24,13 +24,21 @@ def _dtypes(module, trainable):
 
 
 def test_lora_trains_fp32_adapters_on_bf16_frozen_models(tiny_model_dir):
-    config = _config(tiny_model_dir, unet_lr=3e-4, text_encoder_lr=5e-5, training={"gradient_checkpointing": True})
+    config = _config(
+        tiny_model_dir,
+        unet_lr=3e-4,
+        text_encoder_lr=5e-5,
+        training={"gradient_checkpointing": True},
+    )
     parts = setup_training(config, load_components(config.model, torch.bfloat16))
     unet, te, vae = parts.components.unet, parts.components.text_encoder, parts.components.vae
     assert _dtypes(unet, True) == {torch.float32} and _dtypes(unet, False) == {torch.bfloat16}
     assert _dtypes(te, True) == {torch.float32} and _dtypes(te, False) == {torch.bfloat16}
     assert _dtypes(vae, True) == set() and _dtypes(vae, False) == {torch.bfloat16}
-    assert [(g["name"], g["lr"]) for g in parts.param_groups] == [("unet", 3e-4), ("text_encoder", 5e-5)]
+    assert [(g["name"], g["lr"]) for g in parts.param_groups] == [
+        ("unet", 3e-4),
+        ("text_encoder", 5e-5),
+    ]
     trained = {id(p) for p in parts.parameters()}
     all_grad = {id(p) for m in (unet, te) for p in m.parameters() if p.requires_grad}
     assert trained == all_grad and all(("lora_" in k) for k in parts.trained_weights())
@@ -39,14 +47,19 @@ def test_lora_trains_fp32_adapters_on_bf16_frozen_models(tiny_model_dir):
 
 @pytest.mark.parametrize(
     "network,unet_trained,te_trained",
-    [({"network_train_unet_only": True}, True, False), ({"network_train_text_encoder_only": True}, False, True)],
+    [
+        ({"network_train_unet_only": True}, True, False),
+        ({"network_train_text_encoder_only": True}, False, True),
+    ],
 )
 def test_one_side_only(tiny_model_dir, network, unet_trained, te_trained):
     config = _config(tiny_model_dir, **network)
     parts = setup_training(config, load_components(config.model, torch.float32))
     assert any(p.requires_grad for p in parts.components.unet.parameters()) == unet_trained
     assert any(p.requires_grad for p in parts.components.text_encoder.parameters()) == te_trained
-    assert [n for n, _ in parts.trained_modules()] == (["unet"] if unet_trained else ["text_encoder"])
+    assert [n for n, _ in parts.trained_modules()] == (
+        ["unet"] if unet_trained else ["text_encoder"]
+    )
 
 
 def test_full_unet_trains_every_unet_weight_in_fp32(tiny_model_dir):

@@ -2,13 +2,14 @@
 
 import pytest
 import torch
+from cpu_inputs import cpu_inputs
 
 from library.config.schema import ModelSection, TrainingSection
 from library.errors import ConfigError
 from library.models.loader import load_components
 from library.training.loss import LossOptions
 from library.training.noise import NoiseOptions, draw
-from library.training.step import StepInputs, micro_batch_loss
+from library.training.step import micro_batch_loss
 
 
 def _alpha_bar(steps):
@@ -99,26 +100,16 @@ def _setup(request, which):
 
 
 def _inputs(c, **options):
-    return StepInputs(
-        unet=c.unet,
-        vae=c.vae,
-        text_encoder=c.text_encoder,
-        tokenizer=c.tokenizer,
-        noise_scheduler=c.noise_scheduler,
-        v_prediction=c.family.prediction_type == "v_prediction",
-        train_text_encoder=False,
-        weight_dtype=torch.float32,
-        device=torch.device("cpu"),
-        seed=11,
-        **options,
-    )
+    return cpu_inputs(c, 11, **options)
 
 
 @pytest.mark.parametrize("which", ["sd1", "sd2v"])
 @pytest.mark.parametrize("gamma,offset", [(None, 0.0), (5.0, 0.1)])
 def test_loss_matches_reference(which, gamma, offset, request):
     c, batch = _setup(request, which)
-    inputs = _inputs(c, noise=NoiseOptions(noise_offset=offset), loss=LossOptions(min_snr_gamma=gamma))
+    inputs = _inputs(
+        c, noise=NoiseOptions(noise_offset=offset), loss=LossOptions(min_snr_gamma=gamma)
+    )
     with torch.no_grad():
         ours = micro_batch_loss(inputs, batch)
     expected = _reference_loss(c, batch, 11, gamma, {"noise_offset": offset})

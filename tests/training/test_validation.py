@@ -2,13 +2,13 @@
 
 import pytest
 import torch
+from cpu_inputs import cpu_inputs
 
 from library.config.schema import ModelSection
 from library.data.schedule import stable_seed
 from library.errors import ConfigError
 from library.models.loader import load_components
 from library.training.loss import LossOptions
-from library.training.step import StepInputs
 from library.training.validation import (
     VALIDATION_TIMESTEPS_DEFAULT,
     batch_validation_loss,
@@ -52,19 +52,7 @@ def _batch(n=2, seed=4):
 
 
 def _inputs(c, unet=None, **options):
-    return StepInputs(
-        unet=unet or c.unet,
-        vae=c.vae,
-        text_encoder=c.text_encoder,
-        tokenizer=c.tokenizer,
-        noise_scheduler=c.noise_scheduler,
-        v_prediction=c.family.prediction_type == "v_prediction",
-        train_text_encoder=False,
-        weight_dtype=torch.float32,
-        device=torch.device("cpu"),
-        seed=999,  # the training seed; validation uses its own
-        **options,
-    )
+    return cpu_inputs(c, 999, unet, **options)  # the training seed; validation uses its own
 
 
 def _reference(c, batch, timesteps, seed, v_target, mask=None, huber_c=None):
