@@ -75,7 +75,8 @@ def load_config(config_path: str | None, overrides: Sequence[tuple[str, RawValue
     sections = _build_sections(flat, main_file)
     datasets = _build_datasets(flat, sections, general, inline, main_file, dataset_defaults)
     try:
-        return Config(**sections, datasets=datasets)
+        plain = {key: value for key, (value, _) in dataset_defaults.items()}
+        return Config(**sections, datasets=datasets, dataset_defaults=plain)
     except ValidationError as exc:  # rules across sections; each field is already valid
         message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise Origin(main_file).error(message) from None

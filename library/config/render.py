@@ -56,13 +56,16 @@ def _datasets(datasets: list[DatasetConfig]) -> list[str]:
 def render_toml(config: Config) -> str:
     """The config as TOML: one table per section, then [[datasets]] / [[datasets.subsets]].
 
-    None values are omitted (TOML has no null; unset is the default). When the datasets came
+    None values are omitted (TOML has no null; unset is the default). Dataset keys given as
+    plain keys go in a [dataset_defaults] table (any table name is read as plain keys). When the datasets came
     from train_data_dir or dataset_config, that key is written and the resolved datasets follow
     as comments: loading the output reads the same source again (writing both would conflict).
     """
     lines = [_HEADER]
     for name in SECTIONS:
         lines += _table(f"[{name}]", getattr(config, name).model_dump())
+    if config.dataset_defaults:
+        lines += _table("[dataset_defaults]", config.dataset_defaults)
     datasets = _datasets(config.datasets)
     data = config.data
     if data.train_data_dir is not None or data.dataset_config is not None:

@@ -355,6 +355,9 @@ class Config(BaseModel):
     logging: LoggingSection = LoggingSection()
     sampling: SamplingSection = SamplingSection()
     datasets: list[DatasetConfig] = Field(default_factory=list)
+    # Dataset keys written as plain keys (kohya's arguments), as given: already applied to the
+    # datasets; kept so --print_config writes them back when the datasets come from elsewhere.
+    dataset_defaults: dict = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _mode_options(self) -> Config:

@@ -112,3 +112,9 @@ def test_round_trip_of_train_data_dir(tmp_path, write_toml, monkeypatch):
     )
     _, again = round_trip(write_toml, cfg)
     assert again == cfg
+    # dataset keys written as plain keys survive, though the datasets are only comments
+    head = 'pretrained_model_name_or_path = "m"\ntrain_data_dir = "train"\n'
+    cfg = load_config(write_toml("b.toml", head + "shuffle_caption = true\nkeep_tokens = 2\n"))
+    text, again = round_trip(write_toml, cfg)
+    assert again == cfg and again.datasets[0].subsets[0].keep_tokens == 2
+    assert "[dataset_defaults]" in text
