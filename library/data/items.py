@@ -19,7 +19,7 @@ from library.data.folders import ImageItem, scan_subset
 from library.data.images import check_image
 from library.data.metadata_files import read_metadata_entries
 from library.data.validation_split import validation_indices
-from library.errors import DataError
+from library.errors import ConfigError, DataError
 
 CACHE_FOLDER = ".difftune_cache"
 
@@ -105,6 +105,7 @@ def scan_dataset(
             f"dataset {index} has only regularisation subsets (is_reg = true); add a subset of "
             "training images"
         )
+    options = _options(index, config)
     buckets = bucket_options(config)
     try:
         buckets.check()
@@ -141,9 +142,19 @@ def scan_dataset(
         tuple(train),
         tuple(validation),
         tuple(counts),
-        tuple(subset_options(s) for s in config.subsets),
+        options,
         tuple(skipped),
     )
+
+
+def _options(index: int, config: DatasetConfig) -> tuple[SubsetOptions, ...]:
+    options = []
+    for j, subset in enumerate(config.subsets):
+        try:
+            options.append(subset_options(subset))
+        except ValueError as error:  # option combinations the field checks cannot see
+            raise ConfigError(f"datasets[{index}].subsets[{j}]: {error}") from None
+    return tuple(options)
 
 
 def _hold_out(images: list[ScannedImage], config: DatasetConfig, seed: int) -> tuple[list, list]:
