@@ -30,8 +30,11 @@ from bench.data_cache import make_images  # noqa: E402
 from library.config.dataset_schema import DatasetConfig, SubsetConfig  # noqa: E402
 from library.data.dataset import TrainData  # noqa: E402
 from library.data.latent_cache import LatentCache  # noqa: E402
-from library.data.samples import SampleSource, latent_requests  # noqa: E402
-from library.training.caching import _load  # noqa: E402
+from library.data.samples import (  # noqa: E402
+    SampleSource,
+    latent_requests,
+    load_for_cache,  # noqa: E402
+)
 
 
 def stand_in_encode(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,9 +80,9 @@ def main(argv: list[str] | None = None) -> None:
         data = make_data(folder, args)
         requests = latent_requests(data)
         memory = LatentCache("stand-in", torch.float32, to_disk=False)
-        memory.build(requests, stand_in_encode, _load, batch_size=8)
+        memory.build(requests, stand_in_encode, load_for_cache, batch_size=8)
         disk = LatentCache("stand-in", torch.float32, to_disk=True)
-        disk.build(requests, stand_in_encode, _load, batch_size=8)
+        disk.build(requests, stand_in_encode, load_for_cache, batch_size=8)
         print(
             f"{args.images} images, {len(data.groups)} buckets, batch {args.batch_size}, "
             f"{args.workers} workers, {torch.get_num_threads()} threads"

@@ -44,6 +44,13 @@ def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> L
     )
 
 
+def load_for_cache(request: LatentRequest):
+    """What LatentCache.build loads for a request: (pixels, alpha, original size, crop)."""
+    draws = AugmentDraws(flip=request.flip, crop_fraction=request.crop_fraction, hue_shift=0.0)
+    image = load_training_image(request.path, request.size, draws, request.with_alpha)
+    return image.pixels, image.alpha, image.original_size, image.crop_top_left
+
+
 def latent_requests(data: TrainData) -> list[LatentRequest]:
     """Every cache entry a run can use: each training image (both sides with flip_aug) and
     each validation image, in a fixed order."""

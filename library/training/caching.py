@@ -7,14 +7,12 @@ import dataclasses
 import torch
 
 from library.config.schema import Config
-from library.data.augment import AugmentDraws
 from library.data.cache_group import CacheGroup
 from library.data.captions import process_caption
 from library.data.content_hash import tensor_digest
 from library.data.dataset import TrainData
-from library.data.images import load_training_image
-from library.data.latent_cache import LatentCache, LatentRequest
-from library.data.samples import latent_requests, validation_caption
+from library.data.latent_cache import LatentCache
+from library.data.samples import latent_requests, load_for_cache, validation_caption
 from library.errors import ConfigError
 from library.models.conditioning import encode_text
 from library.models.loader import Components
@@ -36,12 +34,6 @@ def check_bucket_steps(config: Config, components: Components) -> None:
                 f"{components.family.name}, whose UNet needs sides that are multiples of {need}; "
                 f"use {need} or a multiple of it"
             )
-
-
-def _load(request: LatentRequest):
-    draws = AugmentDraws(flip=request.flip, crop_fraction=request.crop_fraction, hue_shift=0.0)
-    image = load_training_image(request.path, request.size, draws, request.with_alpha)
-    return image.pixels, image.alpha, image.original_size, image.crop_top_left
 
 
 def cache_group(config: Config, accelerator) -> CacheGroup:
@@ -70,7 +62,7 @@ def build_latent_cache(
     stats = cache.build(
         requests,
         encode,
-        _load,
+        load_for_cache,
         config.data.vae_batch_size,
         rank=group.rank,
         world_size=group.world_size,

@@ -12,8 +12,7 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.dataset import TrainData
 from library.data.latent_cache import LatentCache
 from library.data.plan import plan_lines
-from library.data.samples import SampleSource, latent_requests
-from library.training.caching import _load
+from library.data.samples import SampleSource, latent_requests, load_for_cache
 
 # Resolution 128, buckets 64..256 in steps of 64: the widths 64, 128, 192, 256 give the tallest
 # heights within area 128 x 128 and side 256: 256, 128, 64, 64, so the buckets (both orientations)
@@ -108,7 +107,7 @@ def test_cached_latents_pair_with_their_own_captions_and_flips(tmp_path):
     config = _dataset(tmp_path, shuffle_caption=True, flip_aug=True, caption_tag_dropout_rate=0.3)
     data = TrainData([config], seed=5, world_size=2)
     cache = LatentCache("stand-in", torch.float32, to_disk=True)
-    stats = cache.build(latent_requests(data), _stand_in_encode, _load, batch_size=2)
+    stats = cache.build(latent_requests(data), _stand_in_encode, load_for_cache, batch_size=2)
     assert stats.encoded_here == 2 * len(MIXED)  # both sides of every image
     flips = 0
     for epoch in range(3):
@@ -124,7 +123,7 @@ def test_cached_latents_pair_with_their_own_captions_and_flips(tmp_path):
                 flips += flipped
     assert flips > 0
     again = LatentCache("stand-in", torch.float32, to_disk=True)
-    assert again.build(latent_requests(data), _stand_in_encode, _load, 2).encoded_here == 0
+    assert again.build(latent_requests(data), _stand_in_encode, load_for_cache, 2).encoded_here == 0
 
 
 def test_validation_split_is_disjoint_and_the_same_for_any_process_count(tmp_path):
