@@ -173,7 +173,7 @@ class Trainer:
         )
         optimizer_train_mode(optimizer)  # a resumed schedule-free state may be in eval mode
         self.sampler.attach(parts.components, self._prepared, optimizer)
-        self.validator.attach(loop.inputs, self.source)
+        self.validator.attach(loop.inputs, self.source, optimizer)
         self.sampler.at_start(global_step)
         with loop.signals:
             for epoch in range(plan.epoch_of_step(global_step), plan.epochs):

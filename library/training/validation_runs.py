@@ -5,6 +5,7 @@ from __future__ import annotations
 from library.config.schema import Config
 from library.data.dataset import TrainData
 from library.data.samples import SampleSource
+from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.step import StepInputs
 from library.training.validation import validation_loss, validation_timesteps
 
@@ -26,10 +27,12 @@ class Validator:
         self.enabled = data.num_validation_images > 0
         self.inputs: StepInputs | None = None
         self.source = SampleSource()
+        self.optimizer = None
 
-    def attach(self, inputs: StepInputs, source: SampleSource) -> None:
-        """What the loss needs: the live models (StepInputs) and where latents come from."""
-        self.inputs, self.source = inputs, source
+    def attach(self, inputs: StepInputs, source: SampleSource, optimizer=None) -> None:
+        """What the loss needs: the live models (StepInputs), where latents come from, and the
+        optimizer (a schedule-free one is scored on its averaged weights, as samples are)."""
+        self.inputs, self.source, self.optimizer = inputs, source, optimizer
 
     def due_after_step(self, global_step: int) -> bool:
         return self.enabled and bool(self.every_steps) and global_step % self.every_steps == 0
@@ -47,7 +50,13 @@ class Validator:
         acc, inputs = self.accelerator, self.inputs
         batches = self.data.validation_loader(acc.process_index, self.source, self.max_batches)
         timesteps = validation_timesteps(inputs.noise_scheduler.config.num_train_timesteps)
-        with acc.autocast():
-            return validation_loss(
-                inputs, batches, timesteps, self.seed, reduce=lambda x: acc.reduce(x, "sum")
-            )
+        if self.optimizer is not None:
+            optimizer_eval_mode(self.optimizer)
+        try:
+            with acc.autocast():
+                return validation_loss(
+                    inputs, batches, timesteps, self.seed, reduce=lambda x: acc.reduce(x, "sum")
+                )
+        finally:
+            if self.optimizer is not None:
+                optimizer_train_mode(self.optimizer)
