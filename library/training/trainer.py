@@ -155,6 +155,8 @@ class Trainer:
             build_latent_cache(config, self.data, parts.components.vae, acc, group), plan.total_steps
         )
         text_cache = build_text_cache(config, self.data, parts.components, weight_dtype, acc, group)
+        if self.source.latents is not None and not self.sampler.prompts:
+            parts.components.vae.to("cpu")  # every latent is cached and nothing is decoded: free its memory
         ema = WeightAverage(parts.parameters(), config.training.ema_decay) if config.training.ema_decay else None
         saver = Saver(config, acc, parts, plan, self.data.stats)
         saver.attach(optimizer, scheduler, ema)
