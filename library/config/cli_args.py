@@ -28,9 +28,10 @@ Every config key can be set on the command line; the command line wins over the 
   --key a=1 b=2                    several "k=v" items for network_args and optimizer_args
 Values are read as TOML (1e-4, true, [768, 512]); text keys keep the text as written, and
 anything that is not valid TOML stays text (--resolution 768,512).
-Dataset keys (num_repeats, batch_size, ...) live in the file; on the command line use
-train_batch_size, resolution and caption_extension, which are the datasets' defaults.
-All keys, types and defaults: docs/config.md"""
+Dataset keys (--shuffle_caption, --enable_bucket, --flip_aug, ...) given here are defaults for
+every dataset that does not set them; per-folder keys (image_dir, num_repeats, ...) live in the
+file, and train_batch_size stands for batch_size. --dry_run also shows buckets and caches.
+All keys, types and defaults: docs/config.md; data options explained: docs/data.md"""
 
 USAGE = f"""\
 usage: train_network.py --config FILE.toml [--print_config] [--dry_run] [--key value ...]
@@ -38,7 +39,7 @@ usage: train_network.py --config FILE.toml [--print_config] [--dry_run] [--key v
   --config FILE, --config_file FILE
                   a difftune (sectioned) or kohya (flat args) TOML config
   --print_config  print the resolved config as TOML
-  --dry_run       check the config and data, print the plan (images, steps, saves), then stop
+  --dry_run       check the config and data, print the plan (images, buckets, steps, saves), then stop
   -h, --help      show this help
 
 {OVERRIDE_HELP}
