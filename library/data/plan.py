@@ -164,13 +164,20 @@ def _subset_line(subset: SubsetStats) -> str:
     return line
 
 
+MAX_BUCKET_LINES = 24  # bucket_no_upscale can make hundreds of buckets; list the largest
+
+
 def _bucket_lines(ds: DatasetStats) -> list[str]:
     """The bucket histogram: one line per bucket, with a bar scaled to the largest bucket."""
     if not ds.enable_bucket:
         return []
     most = max(b.samples_per_epoch for b in ds.buckets)
+    shown = ds.buckets
+    if len(shown) > MAX_BUCKET_LINES:
+        largest = sorted(shown, key=lambda b: -b.samples_per_epoch)[: MAX_BUCKET_LINES - 4]
+        shown = tuple(b for b in ds.buckets if b in largest)
     lines = [f"  {len(ds.buckets)} buckets (width x height: images, samples per epoch, steps):"]
-    for b in ds.buckets:
+    for b in shown:
         bar = "#" * max(1, round(20 * b.samples_per_epoch / most))
         line = (
             f"    {b.size[0]:>4}x{b.size[1]:<4} {b.images:>5} images {b.samples_per_epoch:>6} "
@@ -179,6 +186,13 @@ def _bucket_lines(ds: DatasetStats) -> list[str]:
         if b.samples_per_epoch < ds.step_size:
             line += f"  (smaller than a step: {b.padded_per_epoch} padding slots)"
         lines.append(line)
+    rest = [b for b in ds.buckets if b not in shown]
+    if rest:
+        small = sum(b.samples_per_epoch < ds.step_size for b in rest)
+        lines.append(
+            f"    ... {len(rest)} more buckets with {sum(b.images for b in rest)} images "
+            f"({small} of them smaller than a step)"
+        )
     return lines
 
 

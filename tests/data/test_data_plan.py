@@ -60,3 +60,17 @@ def test_unused_reg_images_are_reported(tmp_path):
     [_, reg] = data_stats(data).datasets[0].subsets
     assert (reg.samples_per_epoch, reg.unused_images) == (2, 1)
     assert any("(1 images unused)" in line for line in plan_lines(data))
+
+
+def test_a_long_bucket_histogram_lists_the_largest_and_counts_the_rest():
+    from library.data.plan import MAX_BUCKET_LINES, BucketStats, DatasetStats, _bucket_lines
+
+    buckets = tuple(
+        BucketStats((64 + 8 * i, 64), 1 + (i == 3), 1 + (i == 3), 1, 3) for i in range(30)
+    )
+    ds = DatasetStats((512, 512), 4, 4, (), 31, 0, 31, 89, 30, 30, buckets, enable_bucket=True)
+    lines = _bucket_lines(ds)
+    assert lines[0].startswith("  30 buckets")
+    assert len(lines) == 1 + (MAX_BUCKET_LINES - 4) + 1
+    assert any(line.strip().startswith("88x64") for line in lines)  # the largest bucket is listed
+    assert lines[-1] == "    ... 10 more buckets with 10 images (10 of them smaller than a step)"
