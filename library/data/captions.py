@@ -44,7 +44,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from library.data.schedule import permutation, stable_seed
 
@@ -110,6 +110,18 @@ class CaptionOptions:
             or self.caption_dropout_every_n_epochs > 0
             or self.caption_tag_dropout_rate > 0
             or self.token_warmup_step > 0
+        )
+
+    def without_variation(self) -> CaptionOptions:
+        """These options with shuffling, dropout and token warmup off: what stays is the same
+        for every epoch (wildcards still pick by the key)."""
+        return replace(
+            self,
+            shuffle_caption=False,
+            caption_dropout_rate=0.0,
+            caption_dropout_every_n_epochs=0,
+            caption_tag_dropout_rate=0.0,
+            token_warmup_step=0.0,
         )
 
     @property

@@ -11,7 +11,7 @@ from functools import cached_property
 from torch.utils.data import DataLoader
 
 from library.config.dataset_schema import DatasetConfig
-from library.data.items import ScannedDataset, ScannedImage, scan_dataset
+from library.data.items import ScannedDataset, scan_dataset
 from library.data.plan import DataStats, data_stats
 from library.data.samples import SampleSource, TrainSamples, ValidationSamples, collate
 from library.data.schedule import EpochSchedule, SampleSpec, epoch_samples
@@ -123,10 +123,6 @@ class TrainData:
         """Unreadable images left out under skip_bad_images, with the reason."""
         return tuple(problem for s in self.scanned for problem in s.skipped)
 
-    def images(self) -> list[tuple[ScannedDataset, ScannedImage]]:
-        """Every training image with its dataset (subsets in order)."""
-        return [(s, image) for s in self.scanned for image in s.images]
-
     def tag_frequency(self) -> dict[str, dict[str, int]]:
         """Folder name -> tag -> images whose caption has it (ss_tag_frequency).
 
@@ -134,7 +130,7 @@ class TrainData:
         repeats. Subsets whose folders share a name are counted together.
         """
         frequency: dict[str, Counter[str]] = {}
-        for _, image in self.images():
+        for image in (image for scanned in self.scanned for image in scanned.images):
             name = os.path.basename(image.item.subset_dir)
             counter = frequency.setdefault(name, Counter())
             caption = image.item.caption.split("\n")[0]

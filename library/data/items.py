@@ -52,7 +52,6 @@ class ScannedDataset:
     config: DatasetConfig
     images: tuple[ScannedImage, ...]  # training (and reg) images, subsets in order
     validation: tuple[ScannedImage, ...]
-    subset_images: tuple[int, ...]  # training + validation images per subset
     options: tuple[SubsetOptions, ...]  # per subset
     skipped: tuple[str, ...]  # "<path>: <reason>" of unreadable images left out
 
@@ -112,7 +111,7 @@ def scan_dataset(
     except ValueError as error:
         raise DataError(f"dataset {index}: {error}") from None
     sizes = bucket_sizes(buckets) if config.enable_bucket and not config.bucket_no_upscale else None
-    images, skipped, counts = [], [], []
+    images, skipped = [], []
     for s, subset in enumerate(config.subsets):
         found = []
         for item in _subset_items(subset):
@@ -135,13 +134,11 @@ def scan_dataset(
                 f"images ({len(skipped)} unreadable ones left out)"
             )
         images.extend(found)
-        counts.append(len(found))
     train, validation = _hold_out(images, config, seed)
     return ScannedDataset(
         config,
         tuple(train),
         tuple(validation),
-        tuple(counts),
         options,
         tuple(skipped),
     )

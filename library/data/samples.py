@@ -7,7 +7,6 @@ process, micro-batch or data-loader worker builds it.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,14 +91,7 @@ def _image_entries(
 def validation_caption(image: ScannedImage, options: SubsetOptions) -> str:
     """The caption of a validation image: the same every time (no shuffling or dropout; a
     wildcard resolves by the image's key)."""
-    fixed = dataclasses.replace(
-        options.captions,
-        shuffle_caption=False,
-        caption_dropout_rate=0.0,
-        caption_dropout_every_n_epochs=0,
-        caption_tag_dropout_rate=0.0,
-        token_warmup_step=0.0,
-    )
+    fixed = options.captions.without_variation()
     position = stable_seed("validation caption", image.key) & 0xFFFFFFFF
     return process_caption(image.item.caption, fixed, seed=0, epoch=0, position=position)
 

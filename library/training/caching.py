@@ -23,10 +23,15 @@ from library.training.text_cache import TextEncoderCache, text_identity
 LATENT_CACHE_DTYPE = torch.float32
 
 
+def bucket_grid(unet: torch.nn.Module) -> int:
+    """Pixels a bucket side must be a multiple of for this UNet: the VAE's 8 times 2 per
+    downsampling stage (64 for SD 1.x/2.x, 32 for SDXL)."""
+    return 8 * 2 ** (len(unet.config.block_out_channels) - 1)
+
+
 def check_bucket_steps(config: Config, components: Components) -> None:
-    """Bucket sides must fit the UNet's downsampling: 64 px for SD 1.x/2.x (three 2x downsamples
-    of the 8x latents), 32 px for SDXL (two)."""
-    need = 32 if components.family.uses_size_conditioning else 64
+    """Bucket sides must fit the UNet's downsampling (``bucket_grid``)."""
+    need = bucket_grid(components.unet)
     for d, dataset in enumerate(config.datasets):
         if dataset.enable_bucket and dataset.bucket_reso_steps % need:
             raise ConfigError(

@@ -60,6 +60,7 @@ class _Loop:
     saver: Saver
     reporter: ProgressReporter
     signals: StopSignals
+    source: SampleSource  # where the loaders take latents from (a cache, or the images)
 
 
 @dataclass(frozen=True)
@@ -151,11 +152,11 @@ class Trainer:
         trained = self._prepare(parts)
         optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
         group = cache_group(config, acc)
-        self.source = SampleSource(
+        source = SampleSource(
             build_latent_cache(config, self.data, parts.components.vae, acc, group), plan.total_steps
         )
         text_cache = build_text_cache(config, self.data, parts.components, weight_dtype, acc, group)
-        if self.source.latents is not None and not self.sampler.prompts:
+        if source.latents is not None and not self.sampler.prompts:
             parts.components.vae.to("cpu")  # every latent is cached and nothing is decoded: free its memory
         ema = WeightAverage(parts.parameters(), config.training.ema_decay) if config.training.ema_decay else None
         saver = Saver(config, acc, parts, plan, self.data.stats)
@@ -172,10 +173,11 @@ class Trainer:
                 config, acc, plan, global_step, [g["name"] for g in parts.param_groups]
             ),
             signals=StopSignals(),
+            source=source,
         )
         optimizer_train_mode(optimizer)  # a resumed schedule-free state may be in eval mode
         self.sampler.attach(parts.components, self._prepared, optimizer)
-        self.validator.attach(loop.inputs, self.source, optimizer)
+        self.validator.attach(loop.inputs, loop.source, optimizer)
         self.sampler.at_start(global_step)
         with loop.signals:
             for epoch in range(plan.epoch_of_step(global_step), plan.epochs):
@@ -202,7 +204,7 @@ class Trainer:
             start,
             training.max_data_loader_n_workers,
             training.persistent_data_loader_workers,
-            self.source,
+            loop.source,
         )
         loss_sum = torch.zeros((), device=acc.device)
         for micro, batch in enumerate(loader):

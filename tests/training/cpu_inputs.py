@@ -1,4 +1,4 @@
-"""StepInputs for tests: a model's components on the CPU in float32, text encoders frozen."""
+"""Test helpers over a model's components: StepInputs on the CPU, and plain text encoding."""
 
 from __future__ import annotations
 
@@ -23,3 +23,12 @@ def cpu_inputs(components, seed: int, unet=None, **options) -> StepInputs:
         seed=seed,
         **options,
     )
+
+
+def plain_text_states(components, captions: list[str]) -> torch.Tensor:
+    """The text encoder's last hidden states for captions padded to 77 tokens, written with plain
+    transformers calls (an independent reference for the trainer's text path)."""
+    ids = components.tokenizer(
+        captions, padding="max_length", max_length=77, truncation=True, return_tensors="pt"
+    ).input_ids
+    return components.text_encoder(ids)[0]

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from cpu_inputs import cpu_inputs
+from cpu_inputs import cpu_inputs, plain_text_states
 
 from library.config.schema import ModelSection, TrainingSection
 from library.errors import ConfigError
@@ -52,14 +52,7 @@ def _reference_loss(c, batch, seed, gamma, extra):
         eps, eps_in = _noise(d, x0, extra)
         a = _alpha_bar(d.timesteps)
         xt = a.sqrt() * x0 + (1 - a).sqrt() * eps_in
-        ids = c.tokenizer(
-            batch["captions"],
-            padding="max_length",
-            max_length=77,
-            truncation=True,
-            return_tensors="pt",
-        ).input_ids
-        hidden = c.text_encoder(ids)[0]
+        hidden = plain_text_states(c, batch["captions"])
         pred = c.unet(xt, d.timesteps, hidden).sample
         v_pred = c.family.prediction_type == "v_prediction"
         target = a.sqrt() * eps - (1 - a).sqrt() * x0 if v_pred else eps

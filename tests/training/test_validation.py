@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from cpu_inputs import cpu_inputs
+from cpu_inputs import cpu_inputs, plain_text_states
 
 from library.config.schema import ModelSection
 from library.data.schedule import stable_seed
@@ -59,14 +59,7 @@ def _reference(c, batch, timesteps, seed, v_target, mask=None, huber_c=None):
     """The textbook sum: x_t = sqrt(a) x0 + sqrt(1-a) eps, eps from the image's own generator."""
     with torch.no_grad():
         x0 = c.vae.encode(batch["pixel_values"]).latent_dist.mean * c.vae.config.scaling_factor
-        ids = c.tokenizer(
-            batch["captions"],
-            padding="max_length",
-            max_length=77,
-            truncation=True,
-            return_tensors="pt",
-        ).input_ids
-        hidden = c.text_encoder(ids)[0]
+        hidden = plain_text_states(c, batch["captions"])
         total = 0.0
         for t in timesteps:
             eps = torch.stack(
