@@ -13,6 +13,9 @@ def _is_main_process() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run difftune; return the process exit code."""
+    from library.third_party_noise import silence_unactionable_messages
+
+    silence_unactionable_messages()  # before peft imports bitsandbytes
     from library.config.cli_args import parse_cli
     from library.config.loader import load_config
     from library.errors import DifftuneError

@@ -281,8 +281,11 @@ def test_cache_equals_direct_vae_encodes(images, tmp_path, dtype, to_disk):
         entry = cache.get(request)
         assert entry.mean.dtype == dtype and entry.mean.device.type == "cpu"
         assert entry.mean.is_contiguous() and entry.std.is_contiguous()
-        torch.testing.assert_close(entry.mean, posterior.mean[0].to(dtype), atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(entry.std, posterior.std[0].to(dtype), atol=1e-5, rtol=1e-4)
+        # a batched encode differs from a single one in the last float32 bits, which can flip
+        # one rounding to float16: allow one float16 step there
+        atol = 1e-5 if dtype == torch.float32 else 1e-3
+        torch.testing.assert_close(entry.mean, posterior.mean[0].to(dtype), atol=atol, rtol=1e-4)
+        torch.testing.assert_close(entry.std, posterior.std[0].to(dtype), atol=atol, rtol=1e-4)
         if request.with_alpha:
             torch.testing.assert_close(entry.alpha, (load_pixels(request)[:1] + 1) / 2)
 
