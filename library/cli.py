@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_cli(sys.argv[1:] if argv is None else argv)
         config = load_config(args.config_path, args.overrides)
+        if _is_main_process():
+            for notice in config.notices:
+                print(f"warning: {notice}", file=sys.stderr)
         if args.print_config:
             from library.config.render import render_toml
 

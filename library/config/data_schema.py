@@ -6,8 +6,9 @@ flat keys; they are defaults for every dataset (see library.config.loader), not 
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from library.config.dataset_schema import dotted_extension
 from library.config.section import Section
 
 
@@ -79,6 +80,8 @@ class DataSection(Section):
     max_validation_steps: int | None = Field(
         None, ge=1, description="Use at most this many validation batches per process."
     )
+
+    _dotted = field_validator("caption_extension")(dotted_extension)
 
     @property
     def latents_cached(self) -> bool:

@@ -42,6 +42,11 @@ def parse_resolution(value: object) -> list[int]:
 Rate = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
+def dotted_extension(value: str) -> str:
+    """kohya reads caption_extension "txt" as ".txt"."""
+    return value if value.startswith(".") else f".{value}"
+
+
 class SubsetConfig(_Strict):
     """One folder of images, or one metadata file listing images and captions."""
 
@@ -116,6 +121,8 @@ class SubsetConfig(_Strict):
         description="Crop at a random place instead of the center (per sample). Not with "
         "cache_latents.",
     )
+
+    _dotted = field_validator("caption_extension")(dotted_extension)
 
     @model_validator(mode="after")
     def _source(self) -> SubsetConfig:

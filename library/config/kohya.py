@@ -19,7 +19,9 @@ class Unsupported:
     reason: str
     off: tuple = ()  # values that mean "off" (kohya's defaults); accepted and dropped
     planned: bool = True  # "not supported yet" rather than "not supported"
-    ignored: bool = False  # only acts together with another unsupported key: any value is dropped
+    # changes nothing here (it only acts together with another unsupported key, or only tunes
+    # how kohya itself loads files): any value is dropped
+    ignored: bool = False
 
 
 def _group(keys: str, reason: str, off: tuple = (), **kw: bool) -> dict[str, Unsupported]:
@@ -28,17 +30,22 @@ def _group(keys: str, reason: str, off: tuple = (), **kw: bool) -> dict[str, Uns
 
 _HUB = "difftune never uses the network; upload the saved files yourself"
 _DEEPSPEED = "only used with deepspeed, which is not supported"
-_HALF = "trained weights stay float32; mixed_precision sets the precision of everything else"
 
 UNSUPPORTED: dict[str, Unsupported] = {
     **_group("lowram highvram", "memory placement options are not implemented", (False,)),
     **_group(
-        "xformers mem_eff_attn",
-        "torch scaled-dot-product attention (sdpa) is always used",
+        "fp8_base fp8_base_unet",
+        "float8 storage of the frozen base model is planned with the Flux.1 family",
         (False,),
-        planned=False,
     ),
-    **_group("full_fp16 full_bf16 fp8_base", _HALF, (False,), planned=False),
+    "debug_dataset": Unsupported(
+        "use --dry_run to check the data and see the plan", (False,), planned=False
+    ),
+    **_group(
+        "cache_info disable_mmap_load_safetensors config_file",
+        "only tunes how sd-scripts reads its files",
+        ignored=True,
+    ),
     "skip_cache_check": Unsupported(
         "difftune checks every cache entry against the image's content", (False,), planned=False
     ),
@@ -50,7 +57,7 @@ UNSUPPORTED: dict[str, Unsupported] = {
     ),
     "dataset_class": Unsupported("custom dataset classes are not supported", planned=False),
     "resize_interpolation": Unsupported("choosing the resize filter is planned", ("",)),
-    "save_n_epoch_ratio": Unsupported("use save_every_n_epochs"),
+    "save_n_epoch_ratio": Unsupported("use save_every_n_epochs", (0,)),
     **_group(
         "save_last_n_steps_state save_last_n_epochs_state",
         "pruning old training states is planned; every saved state is kept",
@@ -69,11 +76,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         planned=False,
     ),
     "output_config": Unsupported("use --print_config", (False,), planned=False),
-    "wandb_api_key": Unsupported(
-        "difftune never takes secrets from a config file; run `wandb login` or set WANDB_API_KEY",
-        ("",),
-        planned=False,
-    ),
     "log_tracker_config": Unsupported("a tracker config file is planned", ("",)),
     "log_config": Unsupported("logging the config to the tracker is planned", (False,)),
     **_group(
@@ -83,7 +85,7 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "network_dropout": Unsupported("dropout in LoRA layers is planned", (0,)),
     "scale_weight_norms": Unsupported("max-norm regularisation is planned", (0,)),
     "dim_from_weights": Unsupported("set network_dim to the rank of network_weights", (False,)),
-    "base_weights": Unsupported("merging other LoRA files into the model is planned", ("",)),
+    "base_weights": Unsupported("merging other LoRA files into the model is planned", ([],)),
     "base_weights_multiplier": Unsupported("only used with base_weights", ignored=True),
     "network_multiplier": Unsupported("a training multiplier other than 1 is planned", (1,)),
     "stop_text_encoder_training": Unsupported("stopping text-encoder training early is planned"),
@@ -92,9 +94,9 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "custom scheduler classes are not supported", ("",), planned=False
     ),
     **_group(
-        "lr_scheduler_min_lr_ratio lr_decay_steps lr_scheduler_timescale",
-        "this scheduler option is planned",
+        "lr_scheduler_min_lr_ratio lr_scheduler_timescale", "this scheduler option is planned"
     ),
+    "lr_decay_steps": Unsupported("this scheduler option is planned", (0,)),
     "use_8bit_adam": Unsupported('use optimizer_type = "AdamW8bit"', (False,), planned=False),
     "use_lion_optimizer": Unsupported('use optimizer_type = "Lion"', (False,), planned=False),
     "fused_backward_pass": Unsupported("fused optimizer steps are planned", (False,)),
@@ -223,13 +225,13 @@ _NETWORK_ARG_REASONS = {
 }
 
 
-def _same(value: object, off: object) -> bool:
-    # True == 1 in Python; a bool only matches a bool, a number only a number.
-    if isinstance(value, bool) or isinstance(off, bool):
-        return type(value) is type(off) and value == off
-    if isinstance(off, (int, float)):
-        return isinstance(value, (int, float)) and value == off
-    return type(value) is type(off) and value == off
+def same_value(value: object, other: object) -> bool:
+    """Equal as TOML values: 1 and 1.0 are the same number, but true is not 1 (Python says so)."""
+    if isinstance(value, bool) or isinstance(other, bool):
+        return type(value) is type(other) and value == other
+    if isinstance(other, (int, float)):
+        return isinstance(value, (int, float)) and value == other
+    return type(value) is type(other) and value == other
 
 
 def unsupported_problem(key: str, value: object, shown: str | None = None) -> str | None:
@@ -238,7 +240,7 @@ def unsupported_problem(key: str, value: object, shown: str | None = None) -> st
     ``key`` must be in UNSUPPORTED; ``shown`` is the name used in the message (default: key).
     """
     entry = UNSUPPORTED[key]
-    if entry.ignored or any(_same(value, off) for off in entry.off):
+    if entry.ignored or any(same_value(value, off) for off in entry.off):
         return None
     verb = "is not supported yet" if entry.planned else "is not supported"
     # An empty string is "unset" in kohya; suggesting to set it to "" would read oddly.

@@ -14,12 +14,15 @@ from pydantic import BaseModel, ValidationError
 
 from library.config import kohya
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
+from library.config.frontend_keys import FRONTEND_ONLY_KEYS
+from library.config.kohya_values import UNSET, normalise
 from library.config.overrides import (
     DATASET_KEYS,
     DEFAULT_KEYS,
     SUBSET_KEYS,
     RawValue,
     all_key_names,
+    annotation,
     flat_key_problem,
     key_kind,
     parse_override,
@@ -56,12 +59,15 @@ def load_config(config_path: str | None, overrides: Sequence[tuple[str, RawValue
     ``overrides`` are ``(key, raw)`` pairs as parse_cli returns them: raw is the text after
     ``--key``, a list of texts (``--network_args a=1 b=2``) or None for a bare ``--flag``.
     Raises ConfigError (or DataError from the folder scan) with one line naming file and key.
+    Keys that front ends write and sd-scripts never reads are ignored and listed in
+    ``Config.notices``.
     """
     flat: dict[str, Entry] = {}
     general: dict = {}
     inline: list | None = None
+    ignored: dict[str, list[str]] = {}
     if config_path is not None:
-        general, inline = _split_args_file(read_toml(config_path), config_path, flat)
+        general, inline = _split_args_file(read_toml(config_path), config_path, flat, ignored)
     _apply_overrides(flat, overrides)
     if _MODEL_KEY not in flat:
         if config_path is None:
@@ -76,49 +82,93 @@ def load_config(config_path: str | None, overrides: Sequence[tuple[str, RawValue
     datasets = _build_datasets(flat, sections, general, inline, main_file, dataset_defaults)
     try:
         plain = {key: value for key, (value, _) in dataset_defaults.items()}
-        return Config(**sections, datasets=datasets, dataset_defaults=plain)
+        return Config(
+            **sections, datasets=datasets, dataset_defaults=plain, notices=_notices(ignored)
+        )
     except ValidationError as exc:  # rules across sections; each field is already valid
         message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise Origin(main_file).error(message) from None
 
 
-def _split_args_file(doc: dict, file: str, flat: dict[str, Entry]) -> tuple[dict, list | None]:
-    """Collect the flat keys of an args file into ``flat``; return its [general] and datasets."""
+def _notices(ignored: dict[str, list[str]]) -> tuple[str, ...]:
+    lines = []
+    for file, keys in ignored.items():
+        tools = sorted({FRONTEND_ONLY_KEYS[k] for k in keys})
+        lines.append(
+            f"{file}: ignored {', '.join(keys)}: written by {' and '.join(tools)} and not read by "
+            "sd-scripts either"
+        )
+    return tuple(lines)
+
+
+def _split_args_file(
+    doc: dict, file: str, flat: dict[str, Entry], ignored: dict[str, list[str]]
+) -> tuple[dict, list | None]:
+    """Collect the flat keys of an args file into ``flat``; return its [general] and datasets.
+
+    Front-end-only keys are collected in ``ignored[file]`` instead.
+    """
     general: dict = {}
     inline = None
     for name, value in doc.items():
         if name == "datasets":
             inline = value
         elif name == "general" and isinstance(value, dict):
-            general = _split_general(value, file, flat)
+            general = _split_general(value, file, flat, ignored)
         elif isinstance(value, dict) and name not in field_sections():
             for key, item in value.items():
-                _put(flat, key, item, Origin(file, table=name))
+                _put(flat, key, item, Origin(file, table=name), ignored)
         else:
-            _put(flat, name, value, Origin(file))
+            _put(flat, name, value, Origin(file), ignored)
     return general, inline
 
 
-def _split_general(table: dict, file: str, flat: dict[str, Entry]) -> dict:
+def _split_general(
+    table: dict, file: str, flat: dict[str, Entry], ignored: dict[str, list[str]]
+) -> dict:
     # A flat-args preset may name a table [general]; its non-dataset keys are plain arguments.
     dataset_keys = set(DATASET_KEYS + SUBSET_KEYS)
     general = {}
     for key, value in table.items():
         name = kohya.ALIASES.get(key, key)
-        if key_kind(name) == "flat" and name not in dataset_keys:
-            _put(flat, key, value, Origin(file, table="general"))
+        if (key_kind(name) == "flat" and name not in dataset_keys) or name in FRONTEND_ONLY_KEYS:
+            _put(flat, key, value, Origin(file, table="general"), ignored)
         else:
             general[key] = value
     return general
 
 
-def _put(flat: dict[str, Entry], key: str, value: object, origin: Origin) -> None:
+def _typed_value(name: str, value: object) -> object:
+    """``value`` as kohya reads it (UNSET for "not set"); see library.config.kohya_values."""
+    return normalise(name, value, annotation(name) if key_kind(name) in ("flat", "default") else None)
+
+
+def _put(
+    flat: dict[str, Entry],
+    key: str,
+    value: object,
+    origin: Origin,
+    ignored: dict[str, list[str]],
+) -> None:
     name = kohya.ALIASES.get(key, key)
-    if key_kind(name) in ("dataset", "unknown"):
+    kind = key_kind(name)
+    if kind == "unknown" and name in FRONTEND_ONLY_KEYS:
+        ignored.setdefault(origin.file, []).append(name)
+        return
+    if kind in ("dataset", "unknown"):
         raise origin.error(flat_key_problem(key, origin))
+    value = _typed_value(name, value)
+    if value is UNSET:
+        return
     if name in flat:
-        first = flat[name][1].where().strip() or "at the top level"
-        raise origin.error(f'"{name}" is set twice: {first} and{origin.where()}')
+        first_value, first = flat[name]
+        if kohya.same_value(first_value, value):
+            return  # kohya flattens tables: the same value written twice is one setting
+        raise origin.error(
+            f'"{name}" is set twice with different values: {show_value(first_value)} '
+            f"{first.where().strip() or 'at the top level'} and {show_value(value)}"
+            f"{origin.where()}; keep one"
+        )
     flat[name] = (value, origin)
 
 
@@ -131,7 +181,11 @@ def _apply_overrides(flat: dict[str, Entry], overrides: Sequence[tuple[str, RawV
         value = parse_override(name, raw)
         if value is None:
             raise origin.error(f'option "--{key}" needs a value')
-        flat[name] = (value, origin)
+        value = _typed_value(name, value)
+        if value is UNSET:  # --vae "" unsets what the file set
+            flat.pop(name, None)
+        else:
+            flat[name] = (value, origin)
 
 
 def _apply_kohya(flat: dict[str, Entry]) -> dict[str, Entry]:
@@ -172,6 +226,9 @@ def _expand_network_args(out: dict[str, Entry]) -> None:
     except ConfigError as e:
         raise origin.error(str(e)) from None
     for key, value in values.items():
+        value = _typed_value(key, value)
+        if value is UNSET:  # e.g. "conv_dim=0": kohya adapts no layer with rank 0
+            continue
         if key in out and out[key][0] != value:
             raise origin.error(
                 f"{key} = {show_value(out[key][0])} conflicts with network_args "
@@ -311,6 +368,9 @@ def _level(raw: object, origin: Origin, allowed: tuple[str, ...]) -> dict[str, E
     out: dict[str, Entry] = {}
     for key, value in raw.items():
         name = kohya.ALIASES.get(key, key)
+        value = normalise(name, value, _dataset_annotation(name))
+        if value is UNSET:
+            continue
         if name in kohya.UNSUPPORTED:
             problem = kohya.unsupported_problem(name, value, origin.shown(name))
             if problem:
@@ -322,6 +382,13 @@ def _level(raw: object, origin: Origin, allowed: tuple[str, ...]) -> dict[str, E
         else:
             out[name] = (value, origin)
     return out
+
+
+def _dataset_annotation(name: str) -> object | None:
+    for model in (DatasetConfig, SubsetConfig):
+        if name in model.model_fields:
+            return model.model_fields[name].annotation
+    return None
 
 
 _UPPER_KEYS = DATASET_KEYS + tuple(

@@ -6,7 +6,7 @@ import tomli_w
 from pydantic import BaseModel
 
 from library.config.dataset_schema import DatasetConfig
-from library.config.schema import SECTIONS, Config
+from library.config.schema import SECRET_KEYS, SECTIONS, Config
 
 _HEADER = (
     "# difftune config, fully resolved (unset keys, and dataset keys at their defaults, are "
@@ -63,7 +63,11 @@ def render_toml(config: Config) -> str:
     """
     lines = [_HEADER]
     for name in SECTIONS:
-        lines += _table(f"[{name}]", getattr(config, name).model_dump())
+        section = getattr(config, name)
+        lines += _table(f"[{name}]", section.model_dump(exclude=SECRET_KEYS))
+        secrets = [k for k in SECRET_KEYS if getattr(section, k, None) is not None]
+        if secrets:  # say it is set without showing it
+            lines[-1:-1] = [f"# {key} is set (not shown)" for key in sorted(secrets)]
     if config.dataset_defaults:
         lines += _table("[dataset_defaults]", config.dataset_defaults)
     datasets = _datasets(config.datasets)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from library.config.data_schema import DataSection
 from library.config.dataset_schema import DatasetConfig
@@ -98,7 +98,9 @@ class NetworkSection(Section):
         'conv LoRA. Also accepted in network_args as "conv_dim=N".',
     )
     conv_alpha: float | None = Field(
-        None, gt=0, description="Alpha of the conv LoRA. Unset: same as conv_dim (scale 1)."
+        None,
+        gt=0,
+        description="Alpha of the conv LoRA. Unset: 1 (scale 1 / conv_dim), as in kohya.",
     )
     network_args: list[str] = Field(
         default_factory=list,
@@ -117,11 +119,22 @@ class NetworkSection(Section):
     unet_lr: float | None = Field(
         None, ge=0, description="Learning rate of UNet parameters. Unset: learning_rate."
     )
-    text_encoder_lr: float | None = Field(
+    text_encoder_lr: float | list[float] | None = Field(
         None,
-        ge=0,
-        description="Learning rate of text-encoder LoRA parameters. Unset: learning_rate.",
+        description="Learning rate of text-encoder LoRA parameters. Unset: learning_rate. A "
+        "list gives one rate per text encoder in order (SDXL: [CLIP-L, OpenCLIP-bigG]); a "
+        "shorter list repeats its last rate, as kohya does.",
     )
+
+    @field_validator("text_encoder_lr")
+    @classmethod
+    def _text_encoder_rates(cls, value: float | list[float] | None) -> float | list[float] | None:
+        rates = value if isinstance(value, list) else [] if value is None else [value]
+        if isinstance(value, list) and not value:
+            raise ValueError("expected a number >= 0 or a list of them, got []")
+        if any(rate < 0 for rate in rates):
+            raise ValueError(f"learning rates must be >= 0, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _one_side(self) -> NetworkSection:
@@ -151,10 +164,41 @@ class TrainingSection(Section):
         None, ge=1, description="Train this many epochs; overrides max_train_steps."
     )
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(
-        "no", description="Precision of frozen weights and autocast; trained weights stay float32."
+        "no",
+        description="Precision of frozen weights and autocast; trained weights stay float32 "
+        "unless full_bf16 / full_fp16 is set.",
+    )
+    full_bf16: bool = Field(
+        False,
+        description="Keep the trained weights, their gradients and the optimizer state in "
+        "bfloat16 too (needs mixed_precision = \"bf16\"): about half the memory of float32 "
+        "weights, at the cost of small updates rounding away; a stochastic-rounding or 8-bit "
+        "optimizer softens that.",
+    )
+    full_fp16: bool = Field(
+        False,
+        description="Keep the trained weights and gradients in float16 (needs mixed_precision "
+        "= \"fp16\"); the loss scaler guards against underflow. Riskier than full_bf16: "
+        "float16 overflows above 65504.",
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
-    sdpa: bool = Field(True, description="Use torch scaled-dot-product attention (the default).")
+    sdpa: bool = Field(
+        True,
+        description="Use torch scaled-dot-product attention (the default): PyTorch picks a "
+        "flash or memory-efficient kernel where the device has one. false: plain attention "
+        "(unless xformers or mem_eff_attn is true).",
+    )
+    xformers: bool = Field(
+        False,
+        description="kohya's xformers switch. Accepted for compatibility: scaled-dot-product "
+        "attention serves it (its memory-efficient kernel is xformers' algorithm); the trained "
+        "result is the same attention either way.",
+    )
+    mem_eff_attn: bool = Field(
+        False,
+        description="kohya's memory-efficient attention switch; served by scaled-dot-product "
+        "attention like xformers.",
+    )
     seed: int = Field(42, ge=0, description="Seed of the data order, noise and timesteps.")
     noise_offset: float = Field(0.0, ge=0, description="Add offset noise of this strength.")
     min_snr_gamma: float | None = Field(
@@ -279,6 +323,16 @@ class TrainingSection(Section):
     )
 
     @model_validator(mode="after")
+    def _full_half_needs_its_precision(self) -> TrainingSection:
+        for key, precision in (("full_bf16", "bf16"), ("full_fp16", "fp16")):
+            if getattr(self, key) and self.mixed_precision != precision:
+                raise ValueError(
+                    f'{key} = true needs mixed_precision = "{precision}", not '
+                    f'"{self.mixed_precision}"'
+                )
+        return self
+
+    @model_validator(mode="after")
     def _static_graph_needs_no_accumulation(self) -> TrainingSection:
         # PyTorch's DDP reducer fails under no_sync() with a static graph (pytorch#143580)
         if self.ddp_static_graph and self.gradient_accumulation_steps > 1:
@@ -323,6 +377,16 @@ class SavingSection(Section):
     metadata_description: str | None = Field(None, description="modelspec.description.")
     metadata_license: str | None = Field(None, description="modelspec.license.")
     metadata_tags: str | None = Field(None, description="modelspec.tags (comma separated).")
+    metadata_usage_hint: str | None = Field(None, description="modelspec.usage_hint.")
+    metadata_trigger_phrase: str | None = Field(None, description="modelspec.trigger_phrase.")
+    metadata_thumbnail: str | None = Field(
+        None, description="modelspec.thumbnail (a data: URL of a small image, as written)."
+    )
+    metadata_merged_from: str | None = Field(None, description="modelspec.merged_from.")
+    metadata_preprocessor: str | None = Field(None, description="modelspec.preprocessor.")
+    metadata_is_negative_embedding: str | None = Field(
+        None, description="modelspec.is_negative_embedding."
+    )
 
 
 class LoggingSection(Section):
@@ -338,6 +402,11 @@ class LoggingSection(Section):
     )
     wandb_run_name: str | None = Field(
         None, description="Name of the run in Weights & Biases. Unset: the run folder name."
+    )
+    wandb_api_key: str | None = Field(
+        None,
+        description="Weights & Biases API key, used when WANDB_API_KEY is not set. Never "
+        "printed, logged or saved; `wandb login` keeps it out of config files altogether.",
     )
 
 
@@ -358,6 +427,8 @@ class Config(BaseModel):
     # Dataset keys written as plain keys (kohya's arguments), as given: already applied to the
     # datasets; kept so --print_config writes them back when the datasets come from elsewhere.
     dataset_defaults: dict = Field(default_factory=dict)
+    # Warnings about the files as read (e.g. keys only a GUI writes, ignored), shown at start.
+    notices: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _mode_options(self) -> Config:
@@ -392,6 +463,9 @@ class Config(BaseModel):
         if cadence and not any(dataset.held_out for dataset in self.datasets):
             raise ValueError(f"{cadence[0]} needs validation_split > 0 in a dataset")
 
+
+# Keys whose values are never printed, logged to a tracker or written into a file.
+SECRET_KEYS = frozenset({"wandb_api_key"})
 
 SECTIONS: dict[str, type[Section]] = {
     "model": ModelSection,

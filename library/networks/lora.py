@@ -39,10 +39,10 @@ class LoraSpec:
 
     @property
     def effective_conv_alpha(self) -> float | None:
-        """conv_alpha, defaulting to conv_dim (scale 1) as kohya does."""
+        """conv_alpha, defaulting to 1 (scale 1 / conv_dim) as kohya's networks.lora does."""
         if self.conv_dim is None:
             return None
-        return float(self.conv_alpha) if self.conv_alpha is not None else float(self.conv_dim)
+        return float(self.conv_alpha) if self.conv_alpha is not None else 1.0
 
 
 def lora_layers(model: nn.Module) -> dict[str, nn.Module]:

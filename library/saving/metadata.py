@@ -73,6 +73,9 @@ def network_args(config: Config) -> dict[str, str]:
         args["conv_dim"] = str(config.network.conv_dim)
     if config.network.conv_alpha is not None:
         args["conv_alpha"] = str(config.network.conv_alpha)
+    elif config.network.conv_dim is not None:
+        # the alpha that trained, so the file says what it holds where the default applied
+        args.setdefault("conv_alpha", "1.0")
     return args
 
 
@@ -110,6 +113,12 @@ def _modelspec(
         "modelspec.description": saving.metadata_description,
         "modelspec.license": saving.metadata_license,
         "modelspec.tags": saving.metadata_tags,
+        "modelspec.usage_hint": saving.metadata_usage_hint,
+        "modelspec.trigger_phrase": saving.metadata_trigger_phrase,
+        "modelspec.thumbnail": saving.metadata_thumbnail,
+        "modelspec.merged_from": saving.metadata_merged_from,
+        "modelspec.preprocessor": saving.metadata_preprocessor,
+        "modelspec.is_negative_embedding": saving.metadata_is_negative_embedding,
     }
     spec.update({k: v for k, v in optional.items() if v is not None})
     return spec
@@ -220,10 +229,15 @@ def lora_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str
     return _strings(keys) | _modelspec(config, architecture, family, run, implementation)
 
 
-def _side_lr(config: Config, lr: float | None, trained: bool) -> float | None:
-    """The learning rate a side (UNet or text encoder) trained with; None if not trained."""
+def _side_lr(config: Config, lr: float | list[float] | None, trained: bool) -> float | None:
+    """The learning rate a side (UNet or text encoder) trained with; None if not trained.
+
+    A per-encoder list is written as its first rate, as kohya does (readers expect a number).
+    """
     if not trained:
         return None
+    if isinstance(lr, list):
+        return lr[0]
     return config.optimizer.learning_rate if lr is None else lr
 
 

@@ -16,6 +16,9 @@ class WeightAverage:
         self.params = params
         self.decay = decay
         self._ema = EMAModel(params, decay=decay)
+        # the average keeps float32 even for half-precision weights (full_bf16): a 0.999 decay
+        # moves each average by less than a bfloat16 step, which would round every update away
+        self._ema.shadow_params = [p.float() for p in self._ema.shadow_params]
 
     def update(self) -> None:
         """Fold the current weights in; call once per applied optimizer step."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from library.config.schema import Config
+from library.config.schema import SECRET_KEYS, Config
 from library.data.plan import plan_lines
 from library.training.plan import RunPlan, save_schedule_lines
+from library.training.setup import uses_sdpa
 
 
 def plan_text(config: Config, data, plan: RunPlan) -> str:
@@ -26,12 +28,34 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
         f"total optimizer steps: {plan.total_steps} ({plan.epochs} epochs)",
         f"  learning rate: {config.optimizer.learning_rate:g}, {config.optimizer.lr_scheduler} "
         f"schedule, {plan.warmup_steps} warmup steps, optimizer {config.optimizer.optimizer_type}",
-        f"  precision: {training.mixed_precision}, seed: {training.seed}",
+        f"  precision: {training.mixed_precision}, trained weights: {_trained_precision(config)}, "
+        f"seed: {training.seed}",
+        f"  attention: {attention_text(config)}",
         *_data_lines(config, data),
         "  saves:",
     ]
     lines += ["    " + line for line in save_schedule_lines(config, plan)]
     return "\n".join(lines)
+
+
+def _trained_precision(config: Config) -> str:
+    training = config.training
+    if training.full_bf16:
+        return "bfloat16 (full_bf16)"
+    return "float16 (full_fp16)" if training.full_fp16 else "float32"
+
+
+def attention_text(config: Config) -> str:
+    """Which attention runs, and how kohya's attention switches map onto it."""
+    training = config.training
+    if not uses_sdpa(config):
+        return "plain (sdpa = false)"
+    served = [k for k in ("xformers", "mem_eff_attn") if getattr(training, k)]
+    note = f"; {' and '.join(served)} = true served by it" if served else ""
+    return (
+        "torch scaled-dot-product attention (PyTorch picks a flash or memory-efficient kernel "
+        f"where the device and dtype have one, else the math kernel){note}"
+    )
 
 
 def _cache_place(config: Config, to_disk: bool) -> str:
@@ -71,9 +95,9 @@ def run_logging_dir(config: Config) -> Path:
 def _tracker_config(config: Config) -> dict:
     """Flat scalar hyper-parameters for the tracker (TensorBoard hparams accept no lists)."""
     flat = {}
-    for section, values in config.model_dump(exclude={"datasets"}).items():
+    for section, values in config.model_dump(exclude={"datasets", "notices"}).items():
         for key, value in values.items():
-            if isinstance(value, (int, float, str, bool)):
+            if key not in SECRET_KEYS and isinstance(value, (int, float, str, bool)):
                 flat[f"{section}/{key}"] = value
     return flat
 
@@ -101,6 +125,8 @@ class ProgressReporter:
         self.last_time = time.perf_counter()
         if config.logging.log_with:
             logging, run = config.logging, Path(accelerator.logging_dir).name
+            if logging.wandb_api_key and logging.log_with in ("wandb", "all"):
+                os.environ.setdefault("WANDB_API_KEY", logging.wandb_api_key)
             wandb = {"name": logging.wandb_run_name or run, "dir": str(accelerator.logging_dir)}
             accelerator.init_trackers(
                 logging.log_tracker_name or config.saving.output_name,

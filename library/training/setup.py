@@ -65,15 +65,27 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
     """Inject adapters or unfreeze the UNet, load network_weights, build parameter groups."""
     net, lr = config.network, config.optimizer.learning_rate
     unet_lr = net.unet_lr if net.unet_lr is not None else lr
-    te_lr = net.text_encoder_lr if net.text_encoder_lr is not None else lr
+    te_lrs = text_encoder_rates(net.text_encoder_lr, lr, len(components.text_encoders))
     if net.train_mode == "unet":
         _refuse_loraplus(config)
-        unet = components.unet.to(torch.float32).requires_grad_(True)
+        unet = components.unet.to(trained_dtype(config)).requires_grad_(True)
         parts = TrainedParts(components, False, True, False, [{"params": list(unet.parameters()), "lr": unet_lr, "name": "unet"}])
     else:
-        parts = _setup_lora(config, components, unet_lr, te_lr)
+        parts = _setup_lora(config, components, unet_lr, te_lrs)
+        for param in parts.parameters():  # peft makes adapters float32
+            param.data = param.data.to(trained_dtype(config))
     _memory_options(config, parts)
     return parts
+
+
+def trained_dtype(config: Config) -> torch.dtype:
+    """The dtype of trained weights: float32, or half precision with full_bf16 / full_fp16."""
+    training = config.training
+    if training.full_bf16:
+        return torch.bfloat16
+    if training.full_fp16:
+        return torch.float16
+    return torch.float32
 
 
 def _refuse_loraplus(config: Config) -> None:
@@ -86,7 +98,21 @@ def _refuse_loraplus(config: Config) -> None:
             )
 
 
-def _setup_lora(config: Config, components: Components, unet_lr: float, te_lr: float) -> TrainedParts:
+def text_encoder_rates(rates: float | list[float] | None, lr: float, count: int) -> list[float]:
+    """One learning rate per text encoder from text_encoder_lr (a number or kohya's list)."""
+    if rates is None:
+        return [lr] * count
+    if not isinstance(rates, list):
+        return [rates] * count
+    if len(rates) > count:
+        raise ConfigError(
+            f"text_encoder_lr has {len(rates)} rates but the model has {count} text encoder"
+            f"{'s' if count > 1 else ''}; give at most {count}"
+        )
+    return [rates[min(i, len(rates) - 1)] for i in range(count)]
+
+
+def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: list[float]) -> TrainedParts:
     net = config.network
     spec = LoraSpec(net.network_dim, net.network_alpha, net.conv_dim, net.conv_alpha)
     train_unet = not net.network_train_text_encoder_only
@@ -106,7 +132,7 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lr: f
         freeze_unused_text_adapters(
             components.family, components.text_encoders, config.model.clip_skip
         )
-        for name, encoder in zip(names, components.text_encoders, strict=True):
+        for name, encoder, te_lr in zip(names, components.text_encoders, te_lrs, strict=True):
             groups += _lora_groups(encoder, name, te_lr, ratio)
     parts = TrainedParts(components, True, train_unet, train_te, groups)
     if net.network_weights:
@@ -137,7 +163,28 @@ def _memory_options(config: Config, parts: TrainedParts) -> None:
         if parts.train_text_encoder:
             for encoder in parts.components.text_encoders:
                 encoder.gradient_checkpointing_enable()
-    if not config.training.sdpa:
+    if not uses_sdpa(config):
         from diffusers.models.attention_processor import AttnProcessor
 
         unet.set_attn_processor(AttnProcessor())
+
+
+def uses_sdpa(config: Config) -> bool:
+    """Scaled-dot-product attention runs unless every attention switch is off (kohya's plain
+    attention); xformers and mem_eff_attn are served by it."""
+    training = config.training
+    return training.sdpa or training.xformers or training.mem_eff_attn
+
+
+def allow_fp16_gradients(scaler) -> None:
+    """Let the fp16 loss scaler unscale float16 gradients (full_fp16).
+
+    torch's GradScaler refuses float16 gradients because unscaling them can underflow; with
+    full_fp16 they are float16 by request, and the scaler's inf/NaN check still guards each step.
+    """
+    if scaler is None:  # no loss scaler on this device: nothing to unscale
+        return
+    unscale = scaler._unscale_grads_
+    scaler._unscale_grads_ = lambda optimizer, inv_scale, found_inf, _allow: unscale(
+        optimizer, inv_scale, found_inf, True
+    )

@@ -38,7 +38,7 @@ from library.training.plan import RunPlan, make_plan
 from library.training.progress import ProgressReporter, plan_text, run_logging_dir
 from library.training.saver import Saver
 from library.training.schedulers import build_scheduler
-from library.training.setup import TrainedParts, setup_training
+from library.training.setup import TrainedParts, allow_fp16_gradients, setup_training
 from library.training.state import check_compatible, load_state
 from library.training.step import StepInputs, micro_batch_loss
 from library.training.stops import StopSignals, TrainingStopped, agree_on_step
@@ -107,7 +107,7 @@ class Trainer:
             ),
             InitProcessGroupKwargs(timeout=timedelta(minutes=t.ddp_timeout or DEFAULT_DDP_TIMEOUT_MINUTES)),
         ]
-        return Accelerator(
+        accelerator = Accelerator(
             gradient_accumulation_steps=c.training.gradient_accumulation_steps,
             mixed_precision=c.training.mixed_precision,
             log_with=c.logging.log_with,
@@ -115,6 +115,9 @@ class Trainer:
             step_scheduler_with_optimizer=False,  # the trainer steps the schedule once per optimizer step
             kwargs_handlers=handlers,
         )
+        if t.full_fp16:
+            allow_fp16_gradients(accelerator.scaler)
+        return accelerator
 
     def print_plan(self) -> None:
         self.accelerator.print(plan_text(self.config, self.data, self.plan))

@@ -42,8 +42,8 @@ def test_unknown_key_without_close_match_points_to_docs(write_toml):
         ('learning_rate = "fast"', 'key "learning_rate" = "fast" is not valid: expected a number'),
         ("network_dim = 0", 'key "network_dim" = 0 is not valid: expected a whole number >= 1'),
         (
-            "gradient_checkpointing = 1",
-            'key "gradient_checkpointing" = 1 is not valid: expected true or false',
+            "gradient_checkpointing = 2",
+            'key "gradient_checkpointing" = 2 is not valid: expected true or false',
         ),
         (
             'mixed_precision = "fp32"',
@@ -120,11 +120,26 @@ def test_missing_subset_image_dir_and_missing_subsets(write_toml):
 
 def test_key_given_twice_names_both_tables(write_toml):
     path = write_toml("a.toml", HEAD + "[a]\nseed = 1\n[b]\nseed = 2\n" + DATASET)
-    assert error_of(path) == f'config error in {path}: "seed" is set twice: in [a] and in [b]'
+    assert error_of(path) == (
+        f'config error in {path}: "seed" is set twice with different values: 1 in [a] and 2 in '
+        "[b]; keep one"
+    )
     path = write_toml(
         "b.toml", HEAD + 'caption_extension = ".a"\ncaption_extention = ".b"\n' + DATASET
     )
-    assert '"caption_extension" is set twice' in error_of(path)
+    assert '"caption_extension" is set twice with different values' in error_of(path)
+    # the same value twice is one setting (kohya flattens the tables)
+    path = write_toml("c.toml", HEAD + "[a]\nseed = 3\n[b]\nseed = 3\n" + DATASET)
+    assert load_config(path).training.seed == 3
+    # 1 and 1.0 are the same number; a true/false key reads 1 as true and 0 as false
+    path = write_toml(
+        "d.toml", HEAD + "[a]\nmax_grad_norm = 1\n[b]\nmax_grad_norm = 1.0\n" + DATASET
+    )
+    assert load_config(path).optimizer.max_grad_norm == 1
+    path = write_toml("e.toml", HEAD + "[a]\nsdpa = true\n[b]\nsdpa = 1\n" + DATASET)
+    assert load_config(path).training.sdpa is True
+    path = write_toml("f.toml", HEAD + "[a]\nsdpa = true\n[b]\nsdpa = 0\n" + DATASET)
+    assert "is set twice with different values: true in [a] and false in [b]" in error_of(path)
 
 
 def test_unreadable_files(tmp_path, write_toml):
@@ -166,7 +181,7 @@ def test_dataset_sources_conflict(write_toml):
         ("lowram = true", "remove it or set it to false"),
         ("network_dropout = 0.1", "remove it or set it to 0"),
         ('face_crop_aug_range = "2.0,4.0"', "remove it"),
-        ("xformers = true", "remove it or set it to false"),
+        ("fp8_base = true", "remove it or set it to false"),
         ("weighted_captions = true", "remove it or set it to false"),
     ],
 )

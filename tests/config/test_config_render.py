@@ -100,6 +100,7 @@ def test_round_trip_of_dataset_config_and_cli_overrides(write_toml):
     text, again = round_trip(write_toml, cfg)
     assert again == cfg
     assert "# [[datasets.subsets]]" in text  # resolved datasets shown, as comments
+    assert "# num_repeats = 4" in text  # with what each subset got from [general]
     assert tomllib.loads(text)["data"]["dataset_config"] == dataset
 
 

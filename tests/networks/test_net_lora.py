@@ -90,9 +90,10 @@ def test_conv_scale_uses_conv_rank_and_alpha(unet):
         assert torch.allclose(layer(x), expected, atol=1e-5)
 
 
-def test_conv_alpha_defaults_to_conv_dim(unet):
+def test_conv_alpha_defaults_to_one_as_in_kohya(unet):
+    # kohya's networks.lora sets conv_alpha = 1.0 when conv_dim is given without it
     layers = _randomized(unet, "unet", LoraSpec(4, 1.0, conv_dim=4))
-    assert layers["down_blocks.0.resnets.0.conv1"].scaling["default"] == 1.0
+    assert layers["down_blocks.0.resnets.0.conv1"].scaling["default"] == 0.25
     assert layers["down_blocks.0.attentions.0.proj_in"].scaling["default"] == 0.25
 
 
