@@ -64,3 +64,29 @@ def tensor_digest(module_or_state_dict: torch.nn.Module | Mapping[str, torch.Ten
         digest.update(header.encode())
         digest.update(data)
     return digest.hexdigest()
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element of `tensor` is finite (no NaN, no Inf); true for integer tensors."""
+    if not tensor.is_floating_point():
+        return True
+    if tensor.device.type != "cpu":  # not every accelerator has float64; there this is cheap
+        return bool(torch.isfinite(tensor).all())
+    # One float64 sum is several times cheaper than isfinite().all() and exact for this question:
+    # any NaN or Inf makes the sum non-finite, and finite float32 values cannot overflow float64.
+    return bool(torch.isfinite(tensor.sum(dtype=torch.float64)))
+
+
+def tensors_damage(tensors: Mapping[str, torch.Tensor], checksum: str | None) -> str | None:
+    """Why the tensors read back from a cache file cannot be used, or None when they can.
+
+    `checksum` is the file's stored tensor_digest of what was written. The answer is "no
+    checksum", "checksum mismatch" or "non-finite values" (a cache never holds a NaN or an Inf).
+    """
+    if not checksum:
+        return "no checksum"
+    if tensor_digest(tensors) != checksum:
+        return "checksum mismatch"
+    if not all(all_finite(tensor) for tensor in tensors.values()):
+        return "non-finite values"
+    return None

@@ -8,6 +8,13 @@ Decisions:
   alpha, the VAE's weights, the cache dtype and FORMAT_VERSION. Entries made under other settings
   are never used: their key differs, and each file's metadata repeats the key's parts, checked on
   every read, so a renamed or edited file is refused rather than returned.
+- Each file also holds a checksum of its tensors (content_hash.tensor_digest: every tensor's
+  name, dtype, shape and bytes). A full read recomputes it and refuses NaN or Inf values, so
+  scaled, overwritten or truncated tensors are never trained on.
+- The build reads every file's header and, spread over the ranks, every file's tensors, before
+  deciding what is missing: a damaged entry is then missing like an absent one, re-encoded and
+  rewritten by the build (one warning per file, from the rank that re-encodes it), never first
+  met in training. `get` refuses a file that is damaged later with a DataError.
 - Building is sharded: every rank lists the same missing entries in the same order and encodes
   every world_size-th one. A disk cache then holds each entry once; a memory cache sends every
   rank's entries to all ranks, in rounds, over the CacheGroup.
@@ -23,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,13 +43,18 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from library.data.cache_group import CacheGroup, gather_in_rounds, gather_or_raise
-from library.data.content_hash import file_digest
+from library.data.content_hash import all_finite, file_digest, tensor_digest, tensors_damage
 from library.errors import DataError
 from library.saving.atomic import atomic_write_file
 
-FORMAT_VERSION = 1  # bump when the image pipeline (loading, resizing, encoding) changes
+log = logging.getLogger(__name__)
+
+# Bump when the image pipeline (loading, resizing, encoding) or the file's contents change, so
+# older files are not found. 2: files hold a checksum of their tensors.
+FORMAT_VERSION = 2
 LOAD_THREADS = 4
 _PARTS = "difftune.latent_key_parts"
+_CHECKSUM = "difftune.latent_checksum"
 
 
 @dataclass(frozen=True)
@@ -69,11 +82,13 @@ class CachedLatent:
 
 @dataclass(frozen=True)
 class BuildStats:
-    """What one build did on this rank: entries it encoded, entries found valid, unique entries."""
+    """What one build did on this rank: entries it encoded, entries found valid, unique entries,
+    and entries whose file was damaged and that were therefore encoded again (on any rank)."""
 
     encoded_here: int
     reused: int
     total: int
+    damaged: int = 0
 
 
 Loaded = tuple[torch.Tensor, torch.Tensor | None, tuple[int, int], tuple[int, int]]
@@ -99,15 +114,14 @@ def _expected_names(with_alpha: bool) -> set[str]:
     return {"mean", "std", "alpha"} if with_alpha else {"mean", "std"}
 
 
-def _header_matches(file: Path, parts: str, with_alpha: bool) -> bool:
-    """Whether `file` is a complete safetensors file made for these key parts (header only;
-    safetensors refuses a file shorter than its header says)."""
-    try:
-        with safe_open(str(file), framework="pt") as handle:
-            meta = handle.metadata() or {}
-            return meta.get(_PARTS) == parts and set(handle.keys()) == _expected_names(with_alpha)
-    except Exception:  # missing, truncated or not safetensors: all mean "encode it again"
-        return False
+class _Unusable(Exception):
+    """A cache file that exists but cannot be used. `kind` is "unreadable", "foreign" (made for
+    other settings) or "damaged"; `reason` says what is wrong, for a message."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
 
 
 class LatentCache:
@@ -147,8 +161,9 @@ class LatentCache:
     def get(self, request: LatentRequest) -> CachedLatent:
         """The entry of `request`: from memory, else (to_disk) read from its file and verified.
 
-        Raises DataError if the file is missing, unreadable or was made for something else, and
-        KeyError for a memory cache that was not built for this request.
+        Raises DataError if the file is missing, unreadable, made for something else or damaged
+        (checksum mismatch, NaN or Inf, wrong shapes), and KeyError for a memory cache that was
+        not built for this request.
         """
         parts = self._parts(request)
         key = _key_of(parts)
@@ -157,7 +172,7 @@ class LatentCache:
             return entry
         if not self.to_disk:
             raise KeyError(f"no cached latent for {request.path} at {request.size}; build first")
-        return _read_entry(cache_file(request.root, key), parts, request, self.dtype)
+        return _get_from_disk(cache_file(request.root, key), parts, request, self.dtype)
 
     def build(
         self,
@@ -195,8 +210,7 @@ class LatentCache:
         mine, error = None, None
         try:
             jobs = self._jobs(requests, pool)
-            missing = [key for key, job in jobs.items() if not self._present(key, job)]
-            mine = (_key_of("".join(jobs)), missing)
+            mine = (_key_of("".join(jobs)), self._faults(jobs, group, pool))
         except Exception as exc:
             error = exc
         gathered = gather_or_raise(group, mine, error, "checking the latent cache")
@@ -205,11 +219,12 @@ class LatentCache:
                 "the training images (or their list) differ between processes; give "
                 "every process and machine the same copy of the dataset"
             )
-        # The union makes every rank split the same list even if one saw a file another did not;
-        # sorting by size gives each rank an even share of every (differently costly) size.
-        union = set().union(*(missing for _, missing in gathered))
+        # The union makes every rank split the same list even if one saw a file another did not
+        # (and only one rank read each file's tensors); sorting by size gives each rank an even
+        # share of every (differently costly) size.
+        faults = _merge_faults(theirs for _, theirs in gathered)
         order = {key: i for i, key in enumerate(jobs)}
-        missing = sorted(union, key=lambda k: (tuple(jobs[k].request.size), order[k]))
+        missing = sorted(faults, key=lambda k: (tuple(jobs[k].request.size), order[k]))
         share = missing[group.rank :: group.world_size]
         encoded, error = {}, None
         try:
@@ -217,12 +232,17 @@ class LatentCache:
         except Exception as exc:
             error = exc
         gather_or_raise(group, None, error, "encoding latents")
+        for key in share:  # the rank that re-encoded a damaged file is the one that says so
+            for file, reason in faults[key].items():
+                if reason:
+                    log.warning("latent cache entry %s was damaged (%s); re-encoded", file, reason)
         if self.to_disk:
             self._check_visible(missing, jobs, group)
             self._on_disk.update(jobs)
         else:
             self._memory.update(gather_in_rounds(group, list(encoded.items())))
-        return BuildStats(len(share), len(jobs) - len(missing), len(jobs))
+        damaged = sum(1 for files in faults.values() if any(files.values()))
+        return BuildStats(len(share), len(jobs) - len(missing), len(jobs), damaged)
 
     def _jobs(self, requests: Sequence[LatentRequest], pool: ThreadPoolExecutor) -> dict:
         jobs: dict[str, _Job] = {}
@@ -232,11 +252,33 @@ class LatentCache:
                 job.roots.append(request.root)
         return jobs
 
-    def _present(self, key: str, job: _Job) -> bool:
+    def _faults(self, jobs: dict, group: CacheGroup, pool: ThreadPoolExecutor) -> dict:
+        """The keys this rank finds missing, each with its files that need writing and why
+        ({file: reason}, reason "" for an absent file; a memory cache has no files).
+
+        Every header is read, and the tensors of every world_size-th entry (from this rank), so
+        over all ranks each file is verified once and the build still learns of every damage.
+        """
         if not self.to_disk:
-            return key in self._memory
-        alpha = job.request.with_alpha
-        return all(_header_matches(cache_file(r, key), job.parts, alpha) for r in job.roots)
+            return {key: {} for key in jobs if key not in self._memory}
+        items = list(jobs.items())
+        verify = [i % group.world_size == group.rank for i in range(len(items))]
+        checked = pool.map(self._file_faults, items, verify)
+        return {key: files for (key, _), files in zip(items, checked, strict=True) if files}
+
+    def _file_faults(self, item: tuple[str, _Job], verify: bool) -> dict[str, str]:
+        key, job = item
+        faults = {}
+        for root in job.roots:
+            file = cache_file(root, key)
+            if not file.exists():
+                faults[str(file)] = ""
+                continue
+            try:
+                _read_entry(file, job.parts, job.request, self.dtype, verify)
+            except _Unusable as bad:
+                faults[str(file)] = bad.reason
+        return faults
 
     def _encode_share(self, share, jobs, encode, load, batch_size, pool, progress) -> dict:
         encoded: dict[str, CachedLatent] = {}
@@ -266,6 +308,14 @@ class LatentCache:
         if mean.shape != std.shape or mean.ndim != 4 or mean.shape[0] != len(jobs):
             raise ValueError(f"encode gave mean {tuple(mean.shape)}, std {tuple(std.shape)}")
         mean, std = mean.to(self.dtype).cpu(), std.to(self.dtype).cpu()
+        if not (all_finite(mean) and all_finite(std)):
+            # A stored NaN would be refused as damaged on every read; name the image instead.
+            finite = [all_finite(m) and all_finite(s) for m, s in zip(mean, std, strict=True)]
+            bad = jobs[finite.index(False)]
+            raise DataError(
+                f"the VAE gave NaN or Inf latents for {bad.request.path}; in float16 a VAE "
+                "can overflow: set no_half_vae = true"
+            )
         entries = []
         for i, (_, alpha, original, crop) in enumerate(loaded):
             alpha = None if alpha is None else alpha.detach().cpu().contiguous()
@@ -295,6 +345,19 @@ class LatentCache:
                 "with several processes or machines, cache_latents_to_disk needs a folder they "
                 "all share (or use cache_latents without cache_latents_to_disk)"
             )
+
+
+def _merge_faults(per_rank) -> dict[str, dict[str, str]]:
+    """One {key: {file: reason}} from every rank's: a damage found by any rank wins over a file
+    another rank merely did not see or did not verify."""
+    merged: dict[str, dict[str, str]] = {}
+    for faults in per_rank:
+        for key, files in faults.items():
+            known = merged.setdefault(key, {})
+            for file, reason in files.items():
+                if reason or file not in known:
+                    known[file] = reason
+    return merged
 
 
 def _key_of(parts: str) -> str:
@@ -345,6 +408,7 @@ def _write_entry(key: str, job: _Job, entry: CachedLatent) -> None:
         tensors["alpha"] = entry.alpha
     metadata = {
         _PARTS: job.parts,
+        _CHECKSUM: tensor_digest(tensors),
         "source_path": str(job.request.path),
         "original_size": json.dumps(list(entry.original_size)),
         "crop_top_left": json.dumps(list(entry.crop_top_left)),
@@ -353,28 +417,71 @@ def _write_entry(key: str, job: _Job, entry: CachedLatent) -> None:
         atomic_write_file(cache_file(root, key), lambda tmp: save_file(tensors, tmp, metadata))
 
 
-def _read_entry(file: Path, parts: str, request: LatentRequest, dtype: torch.dtype):
+def _read_entry(
+    file: Path, parts: str, request: LatentRequest, dtype: torch.dtype, verify: bool = True
+) -> CachedLatent | None:
+    """The entry in `file` for `request`, checked against the key parts, its checksum, finite
+    values and the expected names, dtypes and shapes; with verify=False only the header is read
+    and checked (safetensors refuses a file shorter than its header says) and None returned.
+
+    Raises _Unusable saying what is wrong.
+    """
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            meta = handle.metadata() or {}
+            names = set(handle.keys())  # the handle itself is not iterable
+            if meta.get(_PARTS) != parts:
+                raise _Unusable("foreign", "made for other settings")
+            if names != _expected_names(request.with_alpha):
+                raise _Unusable("damaged", f"holds tensors {sorted(names)}")
+            if not verify:
+                return None
+            tensors = {name: handle.get_tensor(name) for name in names}
+        sizes = [tuple(json.loads(meta[name])) for name in ("original_size", "crop_top_left")]
+    except _Unusable:
+        raise
+    except Exception as error:  # truncated, not safetensors, metadata missing or not JSON
+        raise _Unusable("unreadable", f"cannot be read: {error}") from error
+    damage = tensors_damage(tensors, meta.get(_CHECKSUM))
+    if damage is not None:
+        raise _Unusable("damaged", damage)
+    mean, std, alpha = tensors["mean"], tensors["std"], tensors.get("alpha")
+    width, height = request.size
+    if (
+        mean.dtype != dtype
+        or std.dtype != dtype
+        or mean.ndim != 3
+        or mean.shape != std.shape
+        or (alpha is not None and tuple(alpha.shape) != (1, height, width))
+        or any(len(size) != 2 for size in sizes)
+    ):
+        raise _Unusable("damaged", "wrong shapes or dtypes")
+    return CachedLatent(mean, std, alpha, *sizes)
+
+
+def _get_from_disk(
+    file: Path, parts: str, request: LatentRequest, dtype: torch.dtype
+) -> CachedLatent:
+    """The verified entry in `file`; a DataError naming the file and the fix when unusable."""
     fix = f"delete the folder {file.parent} and run again to rebuild the cache"
     if not file.exists():
         raise DataError(f"latent cache file {file} for {request.path} is missing; {fix}")
     try:
-        with safe_open(str(file), framework="pt") as handle:
-            meta = handle.metadata() or {}
-            names = handle.keys()  # the handle itself is not iterable
-            tensors = {name: handle.get_tensor(name) for name in names}
-        sizes = tuple(json.loads(meta["original_size"])), tuple(json.loads(meta["crop_top_left"]))
-    except Exception as error:
-        raise DataError(f"latent cache file {file} cannot be read ({error}); {fix}") from error
-    mean, std = tensors.get("mean"), tensors.get("std")
-    if (
-        meta.get(_PARTS) != parts
-        or set(tensors) != _expected_names(request.with_alpha)
-        or mean.dtype != dtype
-        or std.dtype != dtype
-        or mean.shape != std.shape
-    ):
-        raise DataError(
-            f"latent cache file {file} was not made for {request.path} with these settings "
-            f"(renamed or edited); {fix}"
-        )
-    return CachedLatent(mean, std, tensors.get("alpha"), *sizes)
+        entry = _read_entry(file, parts, request, dtype)
+    except _Unusable as bad:
+        if bad.kind == "unreadable":
+            message = f"latent cache file {file} {bad.reason}; {fix}"
+        elif bad.kind == "foreign":
+            message = (
+                f"latent cache file {file} was not made for {request.path} with these settings "
+                f"(renamed or edited); {fix}"
+            )
+        else:
+            message = (
+                f"latent cache file {file} for {request.path} is damaged ({bad.reason}), so it "
+                "is not trained on; delete it, or run again: the cache build re-encodes damaged "
+                "entries"
+            )
+        raise DataError(message) from bad
+    assert entry is not None  # verify=True always returns the entry
+    return entry

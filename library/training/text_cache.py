@@ -15,9 +15,12 @@ encodes nothing.
 
 Memory entries live on the CPU in the dtype ``encode`` returned. With ``to_disk`` each entry
 is also a file ``<root>/text/<key>.safetensors`` (``root`` is the sample's dataset folder),
-holding "hidden" [T, C] and, for SDXL, "pooled" [P], with metadata {"caption", "identity"}. A
-file whose metadata does not match (a foreign file, a hash collision) or that cannot be read
-(truncated, corrupt) is ignored and the caption encoded again; the new file replaces it.
+holding "hidden" [T, C] and, for SDXL, "pooled" [P], with metadata {"caption", "identity",
+"checksum"} (the checksum is content_hash.tensor_digest of the tensors). A file that is damaged
+is ignored and the caption encoded again, with one warning naming the file; the new file replaces
+it. Damaged means: its metadata does not match (a foreign file, a hash collision), it cannot be
+read (truncated, corrupt), its tensors do not match the checksum (edited, overwritten) or hold a
+NaN or an Inf, or it has no checksum.
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from library.data.content_hash import all_finite, tensor_digest, tensors_damage
 from library.errors import DataError
 from library.models.conditioning import TextConditioning
 from library.saving.atomic import atomic_write_file
 
 log = logging.getLogger(__name__)
 
-# Bump when the encoding code changes what a caption's entry holds, so old files miss.
-CACHE_FORMAT = "difftune-text-cache-1"
+# Bump when the encoding code or the file changes what a caption's entry holds, so old files
+# miss. 2: files hold a checksum of their tensors.
+CACHE_FORMAT = "difftune-text-cache-2"
 
 Encode = Callable[[list[str]], TextConditioning]
 Entry = tuple[torch.Tensor, torch.Tensor | None]  # (hidden [T, C], pooled [P] or None) on CPU
@@ -79,6 +84,10 @@ def text_identity(
         digest.update(f"tokenizer {index}: {ids} {vocab}\n".encode())
     digest.update(f"clip_skip={clip_skip}|max_token_length={max_token_length}|{dtype}".encode())
     return digest.hexdigest()
+
+
+class _Damaged(Exception):
+    """A text cache file that exists but cannot be used; the message says why."""
 
 
 class TextEncoderCache:
@@ -168,6 +177,8 @@ class TextEncoderCache:
             if caption in self._memory:
                 continue
             root = roots[index] if self.to_disk and roots is not None else None
+            if root is not None and Path(root) in missing.get(caption, ()):
+                continue  # this file was read (and warned of) already
             if root is not None:
                 entry = self._load(self.path(root, caption), caption)
                 if entry is not None:
@@ -188,6 +199,15 @@ class TextEncoderCache:
         if out.hidden.shape[0] != len(captions):
             raise ValueError(f"encode gave {out.hidden.shape[0]} rows for {len(captions)} captions")
         self._target = (out.hidden.device, out.hidden.dtype)
+        if not (all_finite(out.hidden) and (out.pooled is None or all_finite(out.pooled))):
+            # A stored NaN would be refused as damaged on every read; say so where it starts.
+            pooled = [True] * len(captions) if out.pooled is None else map(all_finite, out.pooled)
+            finite = [all_finite(h) and p for h, p in zip(out.hidden, pooled, strict=True)]
+            raise DataError(
+                "the text encoders gave NaN or Inf outputs for the caption "
+                f"{captions[finite.index(False)]!r}; in float16 they can overflow: train in "
+                "another precision"
+            )
         for j, caption in enumerate(captions):
             hidden = out.hidden[j].detach().to("cpu").clone()
             pooled = None if out.pooled is None else out.pooled[j].detach().to("cpu").clone()
@@ -204,28 +224,46 @@ class TextEncoderCache:
 
     def _save(self, path: Path, caption: str, hidden: torch.Tensor, pooled) -> None:
         tensors = {"hidden": hidden} if pooled is None else {"hidden": hidden, "pooled": pooled}
-        metadata = {"caption": caption, "identity": self.identity}
+        metadata = {
+            "caption": caption,
+            "identity": self.identity,
+            "checksum": tensor_digest(tensors),
+        }
         atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
     def _load(self, path: Path, caption: str) -> Entry | None:
-        """The entry in ``path`` when it is this caption's under this identity, else None."""
+        """The entry in ``path`` when it is this caption's under this identity and undamaged;
+        None when there is no file, or (with a warning naming it) when it cannot be used."""
         if not path.is_file():
             return None
+        try:
+            entry = self._read(path, caption)
+        except _Damaged as damaged:
+            log.warning("text cache entry %s was damaged (%s); re-encoded", path, damaged)
+            return None
+        return entry
+
+    def _read(self, path: Path, caption: str) -> Entry:
+        """The verified entry in ``path``; raises _Damaged saying what is wrong."""
         try:
             with safe_open(str(path), framework="pt") as file:
                 meta = file.metadata() or {}
                 if meta.get("caption") != caption or meta.get("identity") != self.identity:
-                    log.warning("ignoring %s: it belongs to another caption or model", path)
-                    return None
-                hidden = file.get_tensor("hidden")
-                keys = set(file.keys())
-                pooled = file.get_tensor("pooled") if "pooled" in keys else None
+                    raise _Damaged("it belongs to another caption or model")
+                names = set(file.keys())
+                if names not in ({"hidden"}, {"hidden", "pooled"}):
+                    raise _Damaged(f"it holds tensors {sorted(names)}")
+                tensors = {name: file.get_tensor(name) for name in names}
+        except _Damaged:
+            raise
         except Exception as exc:  # any unreadable file (truncated, corrupt) is re-encoded
-            log.warning("ignoring unreadable text cache file %s: %s", path, exc)
-            return None
+            raise _Damaged(f"unreadable: {exc}") from exc
+        damage = tensors_damage(tensors, meta.get("checksum"))
+        if damage is not None:
+            raise _Damaged(damage)
+        hidden, pooled = tensors["hidden"], tensors.get("pooled")
         if hidden.dim() != 2 or (pooled is not None and pooled.dim() != 1):
-            log.warning("ignoring %s: unexpected tensor shapes", path)
-            return None
+            raise _Damaged("unexpected tensor shapes")
         return hidden, pooled
 
 

@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from library.config.schema import ModelSection
+from library.data.content_hash import tensor_digest
 from library.models.conditioning import TextConditioning, encode_text
 from library.models.loader import load_components
 from library.training.text_cache import TextEncoderCache, text_identity
@@ -123,7 +124,8 @@ def test_disk_files_are_read_by_a_new_cache(sd1, tmp_path):
     )
     assert files == ["set_a/text", "set_a/text", "set_b/text", "set_b/text"]
     with safe_open(str(first.path(roots[1], "shape")), framework="pt") as f:
-        assert f.metadata() == {"caption": "shape", "identity": identity(sd1)}
+        checksum = tensor_digest({"hidden": f.get_tensor("hidden")})
+        assert f.metadata() == {"caption": "shape", "identity": identity(sd1), "checksum": checksum}
         assert set(f.keys()) == {"hidden"}
     encode = Recorder(sd1)
     second = TextEncoderCache(identity(sd1), to_disk=True)
