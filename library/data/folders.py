@@ -4,29 +4,49 @@ Decisions (kohya-compatible unless noted):
 - A caption file's caption is its first non-empty line, stripped (as kohya reads it); with
   enable_wildcard every non-empty line is an alternative (library.data.captions picks one per
   sample). It is read as UTF-8; a UTF-8 byte-order mark (Windows Notepad) is skipped.
-- An image without a caption file takes the subset's class tokens.
+- An image without a caption file takes the subset's class tokens. Without class tokens it is
+  trained with the empty caption "" (unconditional), as kohya does; the plan counts such images.
+  Because an empty caption file is an error, the caption "" always means "no caption at all".
 - Unlike kohya, a subfolder without a repeat count, an empty image folder or an empty caption file
-  is an error rather than a silently skipped folder or an assertion.
-- Hidden entries (names starting with ".", e.g. macOS "._a.png" resource forks) are skipped.
+  is an error rather than a silently skipped folder or an assertion. So is a caption path that is
+  a folder, a broken link or not a regular file.
+- Training images are the files with an extension in IMAGE_EXTENSIONS (any case). An entry with
+  such an extension that is a broken link or a folder stays an image, so the image check reports
+  it (or, with skip_bad_images, leaves it out and counts it).
+- Nothing else is dropped silently: every other entry of an image folder is listed in
+  FolderScan.ignored (and in the plan), except caption and sidecar files (SIDECAR_EXTENSIONS and
+  the caption extension: captions, kohya's .npz latents, metadata), system files (Thumbs.db,
+  desktop.ini) and hidden entries (names starting with ".": .DS_Store, macOS "._a.png" resource
+  forks, our .difftune_cache folder).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from PIL import features
+
 from library.config.dataset_schema import SubsetConfig
 from library.errors import DataError
 
-IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
+# Formats of pictures people train on that Pillow opens with a known value mapping (images.py).
+# AVIF needs Pillow built with libavif; without it .avif files are listed as ignored.
+IMAGE_EXTENSIONS = frozenset(
+    {".png", ".apng", ".jpg", ".jpeg", ".jpe", ".jfif", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+    | ({".avif"} if features.check("avif") else set())
+)
+SIDECAR_EXTENSIONS = frozenset({".txt", ".caption", ".json", ".jsonl", ".csv", ".npz", ".toml"})
+SYSTEM_FILES = frozenset({"thumbs.db", "desktop.ini"})  # written by Windows Explorer
 
 _REPEATS = re.compile(r"^(\d+)(?:_(.*))?$", re.DOTALL)
 
 
 @dataclass(frozen=True)
 class ImageItem:
-    """One image file of a subset with its raw caption."""
+    """One image file of a subset with its raw caption ("" when it has none, folders only)."""
 
     path: Path
     caption: str
@@ -97,7 +117,10 @@ def read_caption_file(path: Path, all_lines: bool = False) -> str:
             "save it as UTF-8"
         ) from error
     except OSError as error:
-        raise DataError(f"caption file {path} cannot be read: {error.strerror}") from error
+        raise DataError(
+            f"caption file {path} cannot be read ({error.strerror}); fix its permissions or "
+            "remove it"
+        ) from error
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if lines:
         return "\n".join(lines) if all_lines else lines[0]
@@ -106,35 +129,72 @@ def read_caption_file(path: Path, all_lines: bool = False) -> str:
     )
 
 
-def scan_subset(subset: SubsetConfig) -> list[ImageItem]:
-    """The images of one subset folder (sorted by file name) with their captions."""
+@dataclass(frozen=True)
+class FolderScan:
+    """A subset's images with captions, and the files beside them that are not trained."""
+
+    items: list[ImageItem]  # sorted by file name
+    ignored: tuple[Path, ...]  # neither an image nor a caption, sidecar, system or hidden entry
+    unlisted: tuple[Path, ...] = ()  # metadata subsets: images its file does not list
+
+
+def _is_quiet(entry: Path, caption_extension: str) -> bool:
+    """True for entries that are expected beside images and not worth reporting."""
+    if entry.name.startswith(".") or entry.name.lower() in SYSTEM_FILES:
+        return True
+    suffix = entry.suffix.lower()
+    is_sidecar = suffix in SIDECAR_EXTENSIONS or suffix == caption_extension.lower()
+    return is_sidecar and not entry.is_dir()  # a folder "a.txt" is reported, not a caption
+
+
+def _caption_problem(path: Path) -> str | None:
+    """Why an existing entry at a caption path cannot be a caption file, or None if it can."""
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return "is a folder, not a caption file; rename or remove it"
+    if path.is_symlink() and not path.exists():
+        return f"is a link to {os.readlink(path)}, which does not exist; fix or remove the link"
+    return "is not a regular file; replace it with a text file or remove it"
+
+
+def _caption(image: Path, subset: SubsetConfig) -> str:
+    path = image.with_name(image.stem + subset.caption_extension)
+    if not (path.exists() or path.is_symlink()):
+        return subset.class_tokens or ""  # "": no caption at all (module docstring)
+    problem = _caption_problem(path)
+    if problem is not None:
+        raise DataError(f"caption file {path} (for image {image.name}) {problem}")
+    return read_caption_file(path, subset.enable_wildcard)
+
+
+def _names(paths: list[Path], shown: int = 3) -> str:
+    names = [p.name for p in paths[:shown]] + (["..."] if len(paths) > shown else [])
+    return ", ".join(names)
+
+
+def scan_folder(subset: SubsetConfig) -> FolderScan:
+    """The images of one subset folder (sorted by file name) with their captions, and the
+    entries that are ignored (see the module docstring)."""
     folder = Path(subset.image_dir)
     if not folder.is_dir():
         raise DataError(f"image_dir {subset.image_dir} does not exist; fix the path")
-    images = sorted(
-        (
-            p
-            for p in folder.iterdir()
-            if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and not p.name.startswith(".")
-        ),
-        key=lambda p: p.name,
-    )
+    images, ignored = [], []
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if entry.suffix.lower() in IMAGE_EXTENSIONS and not entry.name.startswith("."):
+            images.append(entry)
+        elif not _is_quiet(entry, subset.caption_extension):
+            ignored.append(entry)
     if not images:
+        others = f", only {_names(ignored)}" if ignored else ""
         raise DataError(
-            f"image_dir {subset.image_dir} has no images "
-            f"({', '.join(sorted(IMAGE_EXTENSIONS))}); add images or remove the subset"
+            f"image_dir {subset.image_dir} has no images ({', '.join(sorted(IMAGE_EXTENSIONS))})"
+            f"{others}; add or convert images, or remove the subset"
         )
-    items = []
-    for image in images:
-        caption_path = image.with_name(image.stem + subset.caption_extension)
-        if caption_path.is_file():
-            caption = read_caption_file(caption_path, subset.enable_wildcard)
-        elif subset.class_tokens:
-            caption = subset.class_tokens
-        else:
-            raise DataError(
-                f"image {image} has no caption file {caption_path.name} and its subset has no "
-                "class_tokens; add the caption file or set class_tokens"
-            )
-        items.append(ImageItem(image, caption, subset.is_reg, subset.image_dir))
-    return items
+    items = [ImageItem(i, _caption(i, subset), subset.is_reg, subset.image_dir) for i in images]
+    return FolderScan(items, tuple(ignored))
+
+
+def scan_subset(subset: SubsetConfig) -> list[ImageItem]:
+    """The images of one subset folder (sorted by file name) with their captions."""
+    return scan_folder(subset).items

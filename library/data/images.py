@@ -13,34 +13,104 @@ Decisions:
   crop is then flipped and hue-shifted as the sample's AugmentDraws say. The alpha channel, when
   asked for (alpha-mask loss), follows the same geometry; it is resized with BILINEAR, whose
   non-negative kernel keeps it within [0, 1].
+
+Pixel values. Every mode Pillow opens becomes 8-bit RGB, plus an 8-bit alpha where the file has
+one, before anything else happens (rgb_and_alpha):
+- 8-bit modes use Pillow's conversion: "1" is 0 or 255; "L" grey; "P" its palette; "RGBX" drops
+  X; "CMYK" is (255 - C)(255 - K) / 255 per channel; "YCbCr" JPEG's (JFIF) formula; "HSV" the
+  usual hexcone.
+- "LAB" (TIFF's CIELab: D50 white, a and b signed) goes to sRGB through LittleCMS without its
+  optimised lookup table: Pillow's own conversion uses that table and is up to 20 steps off in
+  dark colours.
+- 16-bit grey ("I;16", "I;16B", "I;16L", "I;16N"; a 16-bit grey PNG opens as "I;16") and 32-bit
+  integer grey ("I": 16-bit PGM, integer TIFF) hold 0..65535: v becomes round(v / 65535 * 255).
+  An "I" pixel outside 0..65535 is an error: the file's range is unknown, and clipping (what
+  Pillow's own conversion does) would train a white image.
+- Float grey ("F", TIFF) is taken as 0..1: v becomes round(clip(v, 0, 1) * 255); a NaN pixel is
+  an error.
+- 16 bits per colour channel (RGB and RGBA PNG or TIFF, 16-bit grey+alpha PNG): Pillow opens
+  these as 8-bit "RGB" / "RGBA" keeping each value's high byte, v // 256, which is within one
+  8-bit step of round(v / 65535 * 255).
+- Alpha is kept for "LA", "La", "PA", "RGBA", "RGBa", palettes with transparency and colour keys
+  (a PNG/GIF "transparency" on "1", "L", "P", "RGB" or 16-bit grey). Premultiplied modes ("La",
+  "RGBa") are un-premultiplied before compositing. Two Pillow gaps are closed here: the colour key
+  of a 2- or 4-bit grey PNG is scaled like its pixels, and the 16-bit key of a 16-bit RGB PNG is
+  matched on its high bytes (the only ones Pillow keeps), so colours within 1/256 of the key are
+  transparent too.
+- Animated or multi-frame files (GIF, WebP, APNG, multi-page TIFF) train their first frame;
+  read_image_header counts the frames so the plan can say so. A camera JPEG holding several
+  pictures (MPO: a preview or stereo pair) is not counted: its first picture is the photo.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageCms, ImageOps
 
 from library.data.augment import AugmentDraws, shift_hue
 from library.errors import DataError
 
 _ORIENTATION = 0x0112
 _TRANSPOSED_ORIENTATIONS = frozenset({5, 6, 7, 8})  # stored rotated by 90 degrees
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_SIXTEEN_BIT_GREY = ("I;16", "I;16B", "I;16L", "I;16N")
+_WIDE_GREY = ("I", "F", *_SIXTEEN_BIT_GREY)  # modes Pillow's 8-bit conversions clip
+_MAX_16_BIT = 65535
+
+
+class PixelValueError(ValueError):
+    """An image's pixel values have no defined 8-bit meaning; the message ends with the fix."""
 
 
 def _unreadable(path: Path, error: Exception) -> DataError:
+    if isinstance(error, PixelValueError):
+        return DataError(f"image {path} {error}")
     return DataError(f"image {path} cannot be read ({error}); replace or remove the file")
 
 
-def check_image(path: Path) -> tuple[int, int]:
-    """(width, height) of the image as displayed (EXIF orientation applied), from its header.
+@dataclass(frozen=True)
+class ImageHeader:
+    """What a scan needs to know about an image file."""
 
-    Also verifies the file's structure where the format allows it cheaply (e.g. PNG checksums).
-    Raises DataError naming the file if it is missing or not a readable image.
+    size: tuple[int, int]  # (width, height) as displayed (EXIF orientation applied)
+    frames: int  # animation frames or pages; only the first is trained
+
+    @property
+    def animated(self) -> bool:
+        return self.frames > 1
+
+
+def _check_not_a_path_problem(path: Path) -> None:
+    """Name the path problem itself where PIL would only say "No such file" or "Is a directory"."""
+    if path.is_symlink() and not path.exists():
+        raise DataError(
+            f"image {path} is a link to {os.readlink(path)}, which does not exist; "
+            "fix or remove the link"
+        )
+    if path.is_dir():
+        raise DataError(f"image {path} is a folder, not an image file; rename or remove it")
+
+
+def _frames(image: Image.Image) -> int:
+    if image.format == "MPO":  # a camera's extra pictures (preview, stereo), not an animation
+        return 1
+    return getattr(image, "n_frames", 1)
+
+
+def read_image_header(path: Path) -> ImageHeader:
+    """The displayed size and the frame count of the image at `path`, read from its header.
+
+    Also verifies the file's structure where the format allows it cheaply (e.g. PNG checksums),
+    and the value range of 32-bit integer and float images (see the module docstring). Raises
+    DataError naming the file if it is missing, a broken link or not a usable image.
     """
+    _check_not_a_path_problem(path)
     try:
         with Image.open(path) as image:
             width, height = image.size
@@ -49,25 +119,113 @@ def check_image(path: Path) -> tuple[int, int]:
             has_exif = image.format != "PNG" or "exif" in image.info
             if has_exif and image.getexif().get(_ORIENTATION) in _TRANSPOSED_ORIENTATIONS:
                 width, height = height, width
+            if image.mode in ("I", "F"):  # rare modes whose range only the pixels show
+                _grey_levels(np.asarray(image), image.mode)
+            frames = _frames(image)
         with Image.open(path) as image:  # verify() must come right after open
             image.verify()
     except Exception as error:  # PIL raises many types (OSError, SyntaxError, struct.error, ...)
         raise _unreadable(path, error) from error
-    return width, height
+    return ImageHeader((width, height), frames)
 
 
-def _has_alpha(image: Image.Image) -> bool:
-    return image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
-        image.mode == "P" and "transparency" in image.info
+def check_image(path: Path) -> tuple[int, int]:
+    """(width, height) of the image as displayed (EXIF orientation applied), from its header.
+
+    Raises DataError naming the file if it is missing or not a usable image (read_image_header).
+    """
+    return read_image_header(path).size
+
+
+def _grey_levels(values: np.ndarray, mode: str) -> np.ndarray:
+    """The 0..255 float levels of a wide grey image's pixel values (module docstring)."""
+    if mode == "F":
+        if np.isnan(values).any():
+            raise PixelValueError(
+                "has NaN (not-a-number) pixels; save it with 8 or 16 bits per channel"
+            )
+        return np.clip(values, 0.0, 1.0).astype(np.float64) * 255
+    if mode == "I" and values.size and (values.min() < 0 or values.max() > _MAX_16_BIT):
+        raise PixelValueError(
+            f"has 32-bit pixel values from {values.min()} to {values.max()}, outside "
+            f"0..{_MAX_16_BIT}; save it with 8 or 16 bits per channel"
+        )
+    return values.astype(np.float64) * (255 / _MAX_16_BIT)
+
+
+def _on_white(rgba: Image.Image) -> Image.Image:
+    background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return Image.alpha_composite(background, rgba).convert("RGB")
+
+
+def _wide_grey(image: Image.Image) -> tuple[Image.Image, Image.Image | None]:
+    values = np.asarray(image)
+    levels = _grey_levels(values, image.mode)
+    grey = Image.fromarray(np.floor(levels + 0.5).astype(np.uint8))
+    key = image.info.get("transparency")
+    if key is None:
+        return grey.convert("RGB"), None
+    alpha = Image.fromarray(np.where(values == key, 0, 255).astype(np.uint8))
+    return _on_white(Image.merge("LA", (grey, alpha)).convert("RGBA")), alpha
+
+
+def _corrected_key(image: Image.Image, png_bit_depth: int | None) -> Image.Image:
+    """`image` with its PNG colour key in the units of its pixels (module docstring)."""
+    key = image.info.get("transparency")
+    if key is None or png_bit_depth is None:
+        return image
+    if image.mode == "L" and png_bit_depth < 8:
+        key = key * 255 // (2**png_bit_depth - 1)
+    elif image.mode == "RGB" and png_bit_depth == 16:
+        key = tuple(value >> 8 for value in key)
+    else:
+        return image
+    image = image.copy()
+    image.info["transparency"] = key
+    return image
+
+
+@functools.cache
+def _lab_to_srgb() -> ImageCms.ImageCmsTransform:
+    return ImageCms.buildTransform(
+        ImageCms.createProfile("LAB"),
+        ImageCms.createProfile("sRGB"),
+        "LAB",
+        "RGB",
+        flags=ImageCms.Flags.NOOPTIMIZE,  # exact to rounding (module docstring)
     )
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
-    if not _has_alpha(image):
-        return image.convert("RGB")
+def rgb_and_alpha(
+    image: Image.Image, png_bit_depth: int | None = None
+) -> tuple[Image.Image, Image.Image | None]:
+    """`image` of any Pillow mode as 8-bit "RGB", alpha composited on white, and its alpha ("L")
+    or None if it has none. The value mapping of each mode is in the module docstring.
+
+    `png_bit_depth` is the bit depth in the PNG header of the file `image` came from, if it is a
+    PNG (it fixes the colour keys Pillow leaves in the file's units). Raises PixelValueError for
+    pixel values without a defined meaning.
+    """
+    if image.mode in _WIDE_GREY:
+        return _wide_grey(image)
+    if image.mode == "LAB":  # Pillow has no LAB with alpha
+        return ImageCms.applyTransform(image, _lab_to_srgb()), None
+    image = _corrected_key(image, png_bit_depth)
+    if not image.has_transparency_data:  # alpha modes, RGBA palettes, colour keys
+        return image.convert("RGB"), None
+    if image.mode == "La":  # Pillow converts premultiplied grey only to "LA"
+        image = image.convert("LA")
     rgba = image.convert("RGBA")
-    background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    return Image.alpha_composite(background, rgba).convert("RGB")
+    return _on_white(rgba), rgba.getchannel("A")
+
+
+def _png_bit_depth(path: Path) -> int | None:
+    """The bit depth in the IHDR chunk of a PNG file (Pillow does not expose it), else None."""
+    with open(path, "rb") as file:
+        head = file.read(26)
+    if len(head) < 26 or head[:8] != _PNG_SIGNATURE or head[12:16] != b"IHDR":
+        return None
+    return head[24]
 
 
 def cover_geometry(
@@ -146,12 +304,14 @@ class LoadedImage:
 
 
 def _open(path: Path) -> tuple[Image.Image, Image.Image | None]:
-    """The displayed image as RGB (alpha composited on white) and its alpha ("L") if it has one."""
+    """The displayed image (its first frame) as RGB (alpha composited on white) and its alpha
+    ("L") if it has one."""
+    _check_not_a_path_problem(path)
     try:
         with Image.open(path) as opened:
-            image = ImageOps.exif_transpose(opened)
-            alpha = image.convert("RGBA").getchannel("A") if _has_alpha(image) else None
-            return _to_rgb(image), alpha
+            keyed_png = opened.format == "PNG" and "transparency" in opened.info
+            depth = _png_bit_depth(path) if keyed_png else None
+            return rgb_and_alpha(ImageOps.exif_transpose(opened), depth)
     except Exception as error:  # PIL raises many types for corrupt or truncated files
         raise _unreadable(path, error) from error
 

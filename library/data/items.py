@@ -2,7 +2,9 @@
 
 A subset's images come from a folder (sidecar captions, library.data.folders) or a metadata file
 (library.data.metadata_files). Every image header is read once here, so a bad file stops the run
-before training starts, or, with skip_bad_images, is left out with a warning and counted.
+before training starts, or, with skip_bad_images, is left out with a warning and counted. What
+the plan reports besides is collected here too: animated images (their first frame is trained),
+folder entries that are not training images, and images a metadata file does not list.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.augment import AugmentOptions
 from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes
 from library.data.captions import CaptionOptions
-from library.data.folders import ImageItem, scan_subset
-from library.data.images import check_image
-from library.data.metadata_files import read_metadata_entries
+from library.data.folders import FolderScan, ImageItem, scan_folder
+from library.data.images import read_image_header
+from library.data.metadata_files import read_metadata_entries, unlisted_images
 from library.data.validation_split import validation_indices
 from library.errors import ConfigError, DataError
 
@@ -47,13 +49,16 @@ class SubsetOptions:
 
 @dataclass(frozen=True)
 class ScannedDataset:
-    """A dataset's training images, held-out validation images and the bad files left out."""
+    """A dataset's training images, held-out validation images, and the files left out."""
 
     config: DatasetConfig
     images: tuple[ScannedImage, ...]  # training (and reg) images, subsets in order
     validation: tuple[ScannedImage, ...]
     options: tuple[SubsetOptions, ...]  # per subset
     skipped: tuple[str, ...]  # "<path>: <reason>" of unreadable images left out
+    animated: tuple[Path, ...] = ()  # usable images with several frames: the first is trained
+    ignored: tuple[Path, ...] = ()  # folder entries that are not training images (FolderScan)
+    unlisted: tuple[Path, ...] = ()  # images beside a metadata file that it does not list
 
 
 def subset_options(subset: SubsetConfig) -> SubsetOptions:
@@ -75,12 +80,13 @@ def bucket_options(config: DatasetConfig) -> BucketOptions:
     )
 
 
-def _subset_items(subset: SubsetConfig) -> list[ImageItem]:
+def _subset_items(subset: SubsetConfig) -> FolderScan:
     if subset.metadata_file is None:
-        return scan_subset(subset)
+        return scan_folder(subset)
     entries = read_metadata_entries(subset.metadata_file, subset.image_dir)
     folder = subset.image_dir or str(Path(subset.metadata_file).parent)
-    return [ImageItem(e.path, e.caption, subset.is_reg, folder) for e in entries]
+    items = [ImageItem(e.path, e.caption, subset.is_reg, folder) for e in entries]
+    return FolderScan(items, (), unlisted_images(folder, entries))
 
 
 def _relative_key(index: int, item: ImageItem) -> str:
@@ -93,6 +99,25 @@ def _relative_key(index: int, item: ImageItem) -> str:
 
 def _cache_root(item: ImageItem, cache_dir: str | None) -> Path:
     return Path(cache_dir) if cache_dir else Path(item.path).parent / CACHE_FOLDER
+
+
+def _checked_bucket(
+    item: ImageItem,
+    buckets: BucketOptions,
+    sizes: list[tuple[int, int]] | None,
+    skip_bad_images: bool,
+) -> tuple[tuple[int, int], tuple[int, int], bool] | str:
+    """(size, bucket, animated) of a usable image, or the problem of one left out (only with
+    skip_bad_images; otherwise the problem is raised)."""
+    try:
+        header = read_image_header(item.path)
+        bucket = assign_bucket(header.size, buckets, sizes)
+    except (DataError, ValueError) as error:
+        problem = str(error) if isinstance(error, DataError) else f"image {item.path}: {error}"
+        if not skip_bad_images:
+            raise DataError(f"{problem} (or set skip_bad_images = true)") from None
+        return problem
+    return header.size, bucket, header.animated
 
 
 def scan_dataset(
@@ -111,21 +136,20 @@ def scan_dataset(
     except ValueError as error:
         raise DataError(f"dataset {index}: {error}") from None
     sizes = bucket_sizes(buckets) if config.enable_bucket and not config.bucket_no_upscale else None
-    images, skipped = [], []
+    images, skipped, animated, ignored, unlisted = [], [], [], [], []
     for s, subset in enumerate(config.subsets):
+        scan = _subset_items(subset)
+        ignored += scan.ignored
+        unlisted += scan.unlisted
         found = []
-        for item in _subset_items(subset):
-            try:
-                size = check_image(item.path)
-                bucket = assign_bucket(size, buckets, sizes)
-            except (DataError, ValueError) as error:
-                problem = (
-                    str(error) if isinstance(error, DataError) else f"image {item.path}: {error}"
-                )
-                if not skip_bad_images:
-                    raise DataError(f"{problem} (or set skip_bad_images = true)") from None
-                skipped.append(problem)
+        for item in scan.items:
+            checked = _checked_bucket(item, buckets, sizes, skip_bad_images)
+            if isinstance(checked, str):
+                skipped.append(checked)
                 continue
+            size, bucket, is_animated = checked
+            if is_animated:
+                animated.append(item.path)
             key = _relative_key(s, item)
             found.append(ScannedImage(item, s, size, bucket, key, _cache_root(item, cache_dir)))
         if not found:
@@ -141,6 +165,9 @@ def scan_dataset(
         tuple(validation),
         options,
         tuple(skipped),
+        tuple(animated),
+        tuple(ignored),
+        tuple(unlisted),
     )
 
 

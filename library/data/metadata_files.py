@@ -4,7 +4,9 @@ Formats, chosen by the metadata file's extension:
 - `.json`, kohya's fine-tuning metadata: `{"<image>": {"caption": "...", "tags": "..."}, ...}`.
   A relative key is relative to image_dir, or to the JSON file's folder when image_dir is None; an
   absolute key is used as is. A key without an image extension (kohya writes image stems) names
-  the first of <key>.png, .jpg, .jpeg, .webp, .bmp that exists (lower case first, then upper).
+  the first of <key>.png, .jpg, .jpeg, .webp, .bmp, then the other training image extensions
+  (library.data.folders.IMAGE_EXTENSIONS) in alphabetical order, that exists (lower case first,
+  then upper).
   The caption is "<caption>, <tags>" when both are non-empty, else whichever is non-empty.
 - `.jsonl` and `.csv`, the Hugging Face imagefolder `metadata.jsonl` (one JSON object per line,
   blank lines skipped) and `metadata.csv` (a header row, then one row per image): `file_name` is
@@ -14,7 +16,10 @@ Files are read as UTF-8; a byte-order mark (Windows editors, Excel) is skipped. 
 inner line breaks (the lines are wildcard alternatives) and lose surrounding whitespace; an empty
 caption is an error, as an empty caption file is for folder subsets. Duplicate JSON keys, two
 entries naming the same image, an entry whose image does not exist and a file without entries are
-errors; each names the file and the entry or line.
+errors; each names the file and the entry or line. An entry whose image is a broken link is
+left to the image check, so skip_bad_images applies to it as to other unreadable images.
+Images in the folder the names start from that the file does not list are not trained;
+unlisted_images names them so the plan can say so.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from pathlib import Path
 from library.data.folders import IMAGE_EXTENSIONS
 from library.errors import DataError
 
-LOOKUP_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+_KOHYA_LOOKUP = (".png", ".jpg", ".jpeg", ".webp", ".bmp")  # kohya's order
+LOOKUP_EXTENSIONS = _KOHYA_LOOKUP + tuple(sorted(IMAGE_EXTENSIONS - set(_KOHYA_LOOKUP)))
 
 
 @dataclass(frozen=True)
@@ -80,15 +86,20 @@ def _parse_json(text: str, path: Path, line: int | None = None) -> object:
         raise DataError(f'{where} has the key "{error.key}" twice; keep one of them') from error
 
 
+def _is_listed_file(path: Path) -> bool:
+    """True for a file, or a link (even a broken one: the image check reports it)."""
+    return path.is_file() or path.is_symlink()
+
+
 def _kohya_image(base: Path, key: str, where: str) -> Path:
     path = base / key
     if path.suffix.lower() in IMAGE_EXTENSIONS:
-        if path.is_file():
+        if _is_listed_file(path):
             return path
         raise DataError(f"{where}: image {path} does not exist; fix the key or image_dir")
     for ext in LOOKUP_EXTENSIONS:
         for candidate in (base / (key + ext), base / (key + ext.upper())):
-            if candidate.is_file():
+            if _is_listed_file(candidate):
                 return candidate
     raise DataError(
         f"{where}: no image {path}{{{','.join(LOOKUP_EXTENSIONS)}}} exists; "
@@ -145,7 +156,7 @@ def _imagefolder_entry(record: dict, base: Path, where: str) -> MetadataEntry:
             f"{where}: {image.name} is not a training image "
             f"({', '.join(sorted(IMAGE_EXTENSIONS))}); convert it or remove the line"
         )
-    if not image.is_file():
+    if not _is_listed_file(image):
         raise DataError(f"{where}: image {image} does not exist; fix file_name or image_dir")
     return MetadataEntry(image, caption)
 
@@ -222,3 +233,16 @@ def read_metadata_entries(
             ".jsonl or .csv (Hugging Face imagefolder)"
         )
     return _checked(path, entries)
+
+
+def unlisted_images(folder: str | Path, entries: list[MetadataEntry]) -> tuple[Path, ...]:
+    """The training images directly in `folder` (hidden names aside) that no entry names, sorted
+    by name: the metadata file leaves them out of training."""
+    listed = {entry.path.resolve() for entry in entries}
+    return tuple(
+        path
+        for path in sorted(Path(folder).iterdir(), key=lambda p: p.name)
+        if path.suffix.lower() in IMAGE_EXTENSIONS
+        and not path.name.startswith(".")
+        and path.resolve() not in listed
+    )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # dataset.py imports this module for TrainData.stats
     from library.data.dataset import TrainData
+    from library.data.items import ScannedDataset
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,10 @@ class DatasetStats:
     enable_bucket: bool = False
     validation_images: int = 0
     skipped_images: int = 0
+    animated_images: tuple[str, ...] = ()  # short names; their first frame is trained
+    ignored_files: tuple[str, ...] = ()  # short names of folder entries that are not images
+    unlisted_images: tuple[str, ...] = ()  # short names of images a metadata file leaves out
+    uncaptioned_images: int = 0  # no caption file, no class_tokens: trained with ""
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,23 @@ def _bucket_stats(data: TrainData, d: int) -> list[BucketStats]:
     ]
 
 
+def short_name(path: Path) -> str:
+    """ "<folder>/<name>" of a path: enough to find a file among a dataset's subsets."""
+    return f"{path.parent.name}/{path.name}" + ("/" if path.is_dir() else "")
+
+
+def _left_out_stats(scanned: ScannedDataset) -> dict:
+    """The DatasetStats fields about images and files not trained as they are."""
+    everything = scanned.images + scanned.validation
+    return {
+        "animated_images": tuple(short_name(p) for p in scanned.animated),
+        "ignored_files": tuple(short_name(p) for p in scanned.ignored),
+        "unlisted_images": tuple(short_name(p) for p in scanned.unlisted),
+        # Empty caption files and captions are errors, so "" means the image has no caption.
+        "uncaptioned_images": sum(image.item.caption == "" for image in everything),
+    }
+
+
 def data_stats(data: TrainData) -> DataStats:
     """The numbers of the data plan, from the scanned data and its schedule."""
     schedule = data.schedule
@@ -130,6 +153,7 @@ def data_stats(data: TrainData) -> DataStats:
                 enable_bucket=config.enable_bucket,
                 validation_images=len(scanned.validation),
                 skipped_images=len(scanned.skipped),
+                **_left_out_stats(scanned),
             )
         )
     return DataStats(
@@ -204,6 +228,42 @@ def _padding_line(ds: DatasetStats) -> str:
     )
 
 
+MAX_NAMES = 5  # file names listed in one plan line
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    shown = list(names[:MAX_NAMES]) + (["..."] if len(names) > MAX_NAMES else [])
+    return ", ".join(shown)
+
+
+def _left_out_lines(ds: DatasetStats) -> list[str]:
+    """What the plan says about images and files that are not trained as they are."""
+    lines = []
+    if ds.skipped_images:
+        lines.append(f"  {ds.skipped_images} unreadable images left out (skip_bad_images)")
+    if ds.animated_images:
+        lines.append(
+            f"  {len(ds.animated_images)} animated images: first frame used "
+            f"({_listed(ds.animated_images)})"
+        )
+    if ds.uncaptioned_images:
+        lines.append(
+            f"  {ds.uncaptioned_images} images have no caption file and no class_tokens: trained "
+            "with an empty caption (unconditional)"
+        )
+    if ds.ignored_files:
+        lines.append(
+            f"  {len(ds.ignored_files)} files that are not training images were ignored: "
+            f"{_listed(ds.ignored_files)}"
+        )
+    if ds.unlisted_images:
+        lines.append(
+            f"  {len(ds.unlisted_images)} images are not listed in their metadata file and were "
+            f"ignored: {_listed(ds.unlisted_images)}"
+        )
+    return lines
+
+
 def plan_lines(data: TrainData | DataStats) -> list[str]:
     """Human-readable lines describing each dataset and its share of an epoch."""
     stats = data if isinstance(data, DataStats) else data.stats
@@ -220,8 +280,7 @@ def plan_lines(data: TrainData | DataStats) -> list[str]:
         )
         if ds.validation_images:
             lines.append(f"  {ds.validation_images} images held out for validation")
-        if ds.skipped_images:
-            lines.append(f"  {ds.skipped_images} unreadable images left out (skip_bad_images)")
+        lines.extend(_left_out_lines(ds))
         lines.extend(_bucket_lines(ds))
         if ds.padded_per_epoch:
             lines.append(_padding_line(ds))

@@ -53,7 +53,7 @@ def test_captions_from_sidecar_or_class_tokens(tmp_path):
     write_image(tmp_path / "a.JPG")
     write_image(tmp_path / "c.webp")
     write_image(tmp_path / "._d.png")  # macOS resource fork: skipped
-    (tmp_path / "e.gif").write_bytes(b"GIF89a")  # not a training image type
+    (tmp_path / "e.psd").write_bytes(b"8BPS")  # not a training image type
     (tmp_path / "b.txt").write_text("\n  a photo of sks dog, grass  \nsecond line\n")
     (tmp_path / "c.txt").write_bytes("\ufeffcafé".encode())  # BOM skipped
     subset = SubsetConfig(image_dir=str(tmp_path), class_tokens="sks dog")
@@ -87,7 +87,8 @@ def test_caption_errors_name_the_file(tmp_path):
     with pytest.raises(DataError, match=r"a\.txt.*empty"):
         scan_subset(SubsetConfig(image_dir=str(tmp_path), class_tokens="dog"))
     (tmp_path / "a.txt").unlink()
-    with pytest.raises(DataError, match=r"a\.png.*class_tokens"):
+    (tmp_path / "a.txt").mkdir()
+    with pytest.raises(DataError, match=r"a\.txt \(for image a\.png\) is a folder"):
         scan_subset(SubsetConfig(image_dir=str(tmp_path)))
 
 

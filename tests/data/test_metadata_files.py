@@ -113,7 +113,7 @@ def test_csv_caption_column(tmp_path):
         ("m.jsonl", '"a.png"', "line 1 must be a JSON object"),
         ("m.jsonl", "\n\n", "lists no images"),
         ("m.jsonl", '{"file_name": "b.png", "text": "x"}', r"line 1: image .*b\.png does not"),
-        ("m.jsonl", '{"file_name": "a.gif", "text": "x"}', r"line 1: a\.gif is not a training"),
+        ("m.jsonl", '{"file_name": "a.psd", "text": "x"}', r"line 1: a\.psd is not a training"),
         ("m.csv", "file_name,tags\na.png,x\n", r"line 2 has no \"text\".*file_name, tags"),
         ("m.csv", "file_name,text\na.png,x,extra\n", "line 2 has more cells"),
         ("m.csv", "file_name,text\na.png\n", 'line 2 has an empty "text"'),
