@@ -6,6 +6,7 @@ and dropped; any other value is an error that says what is missing, never silent
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from library.config.suggest import show_value
@@ -301,6 +302,8 @@ def parse_kv_args(items: list[str], name: str = "optimizer_args") -> dict[str, o
         if len(parts) > 1 and not all(parts):
             raise ConfigError(f"{name} item {show_value(item)} has an empty value in its list")
         values = tuple(_parse_scalar(p) for p in parts)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ConfigError(f"{name} item {show_value(item)} is not a finite number")
         result[key] = values if len(values) > 1 or "," in text else values[0]
     return result
 

@@ -13,6 +13,9 @@ from library.config.section import Section
 from library.config.suggest import nearest
 from library.errors import ConfigError
 
+# Learning rates multiply float32 weights: above float32's largest value they cannot be applied.
+MAX_RATE = 3.0e38
+
 SchedulerName = Literal[
     "constant",
     "constant_with_warmup",
@@ -41,7 +44,9 @@ class OptimizerSection(Section):
         description='Extra optimizer arguments: a list of "key=value" strings (kohya) or a table, '
         'e.g. ["weight_decay=0.01", "betas=0.9,0.99"].',
     )
-    learning_rate: float = Field(1e-4, ge=0, description="Base learning rate.")
+    learning_rate: float = Field(
+        1e-4, ge=0, le=MAX_RATE, description="Base learning rate."
+    )
     max_grad_norm: float = Field(
         1.0,
         ge=0,

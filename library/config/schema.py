@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from library.config.data_schema import DataSection
 from library.config.dataset_schema import DatasetConfig
-from library.config.optimizer_schema import OptimizerSection
+from library.config.optimizer_schema import MAX_RATE, OptimizerSection
 from library.config.sampling_schema import SamplingSection
 from library.config.section import Section
 
@@ -117,7 +117,7 @@ class NetworkSection(Section):
         False, description="Adapt the text encoder only (no UNet LoRA)."
     )
     unet_lr: float | None = Field(
-        None, ge=0, description="Learning rate of UNet parameters. Unset: learning_rate."
+        None, ge=0, le=MAX_RATE, description="Learning rate of UNet parameters. Unset: learning_rate."
     )
     text_encoder_lr: float | list[float] | None = Field(
         None,
@@ -132,8 +132,8 @@ class NetworkSection(Section):
         rates = value if isinstance(value, list) else [] if value is None else [value]
         if isinstance(value, list) and not value:
             raise ValueError("expected a number >= 0 or a list of them, got []")
-        if any(rate < 0 for rate in rates):
-            raise ValueError(f"learning rates must be >= 0, got {value}")
+        if any(rate < 0 or rate > MAX_RATE for rate in rates):
+            raise ValueError(f"learning rates must be >= 0 and <= {MAX_RATE:g}, got {value}")
         return value
 
     @model_validator(mode="after")
@@ -413,7 +413,7 @@ class LoggingSection(Section):
 class Config(BaseModel):
     """The whole resolved config. Immutable once built."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     model: ModelSection
     network: NetworkSection = NetworkSection()

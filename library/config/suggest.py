@@ -81,6 +81,8 @@ def field_problem(model: type[BaseModel], key: str, errors: list[dict]) -> str:
             return f"expected {describe_type(annotation)} {op} {bound}"
         if err["type"] == "too_short":
             return "expected at least one entry"
+        if err["type"] == "finite_number":
+            return f"expected a finite number ({describe_type(annotation)}, not inf or nan)"
     for err in errors:
         if err["type"] == "value_error":
             return str(err["ctx"]["error"])

@@ -24,6 +24,7 @@ MINIMUM_KEYS = (
     "ss_network_dim",
     "ss_network_alpha",
     "ss_network_args",
+    "ss_session_id",  # lets a resume recognise its own files; a random number, nothing personal
 )
 _OPTIMIZER_CLASSES = {
     "adamw": "torch.optim.adamw.AdamW",
@@ -61,6 +62,8 @@ class RunInfo:
     resolution: tuple[int, int] = (512, 512)
     # kohya's ss_bucket_info: {"buckets": {"0": {"resolution": [w, h], "count": samples}}}
     bucket_info: dict | None = None
+    session_id: str | None = None  # kohya's ss_session_id: the run's id, kept across resumes
+    resume_changes: list = field(default_factory=list)  # settings changed at resumes
 
 
 def network_args(config: Config) -> dict[str, str]:
@@ -163,6 +166,10 @@ def _training_keys(config: Config, family: Family, run: RunInfo) -> dict[str, An
     }
     if config.saving.training_comment is not None:
         keys["ss_training_comment"] = config.saving.training_comment
+    if run.session_id is not None:
+        keys["ss_session_id"] = run.session_id
+    if run.resume_changes:  # the file was trained in parts with different settings: say so
+        keys["ss_resume_changes"] = json.dumps(run.resume_changes)
     keys.update(_data_keys(config, run))
     return keys
 
@@ -222,7 +229,7 @@ def lora_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str
         }
     )
     if config.saving.no_metadata:
-        keys = {k: keys[k] for k in MINIMUM_KEYS}
+        keys = {k: keys[k] for k in MINIMUM_KEYS if k in keys}
     architecture = f"{family.modelspec_architecture}/lora"
     # The implementation whose module names the file uses: SGM's for SDXL (ModelFamily).
     implementation = getattr(family, "lora_implementation", IMPLEMENTATION)
@@ -246,5 +253,5 @@ def unet_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str
     keys = _training_keys(config, family, run)
     keys["ss_unet_lr"] = _side_lr(config, config.network.unet_lr, True)
     if config.saving.no_metadata:
-        keys = {k: keys[k] for k in ("ss_v2", "ss_base_model_version")}
+        keys = {k: keys[k] for k in ("ss_v2", "ss_base_model_version", "ss_session_id") if k in keys}
     return _strings(keys) | _modelspec(config, family.modelspec_architecture, family, run)

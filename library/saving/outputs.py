@@ -7,6 +7,7 @@ Names follow kohya's so users find what they expect: ``name.safetensors`` at the
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from library.config.schema import SavingSection
 from library.errors import ConfigError
 
+RUN_ID_KEY = "ss_session_id"  # kohya's per-run random id; ours stays the same across resumes
 _STEP = re.compile(r"-step(\d{8})(-state|-ema\.safetensors|\.safetensors)?$")
 _EPOCH = re.compile(r"-(\d{6})(-state|-ema\.safetensors|\.safetensors)?$")
 
@@ -62,27 +64,72 @@ class OutputLayout:
         """Files and folders of this output_name already in output_dir."""
         if not self.dir.is_dir():
             return []
-        found = []
-        for path in sorted(self.dir.iterdir()):
-            stem = path.name
-            if not stem.startswith(self.name):
-                continue
-            rest = stem[len(self.name) :]
-            if rest in (".safetensors", "-ema.safetensors", "-state", "") or _STEP.fullmatch(rest) or _EPOCH.fullmatch(rest):
-                found.append(path)
-        return found
+        return [path for path in sorted(self.dir.iterdir()) if self._owns(path.name)]
 
-    def refuse_overwrite(self, resuming: bool) -> None:
-        """Stop before training if this run would replace outputs of an earlier one."""
-        if resuming or self.saving.overwrite:
+    def latest_state(self, before: Path | None = None) -> Path | None:
+        """The state folder of this output_name with the highest step (epoch states count by
+        their progress.json step), other than ``before``; None when there is none."""
+        found = []
+        for path in self.existing_outputs():
+            if path.is_dir() and path.name.endswith("-state") and path != before:
+                found.append((_state_step(path), path.name, path))
+        return max(found)[2] if found else None
+
+    def refuse_overwrite(self, resuming: bool, run_id: str | None = None) -> None:
+        """Stop before training if this run would replace outputs of another run.
+
+        A resume may replace only the outputs of the run it continues (``run_id``, recorded in
+        every state and file it wrote); a resume from a state without a run id (saved by an
+        older difftune) is trusted, as before.
+        """
+        if self.saving.overwrite:
             return
         existing = self.existing_outputs()
+        if resuming:
+            if run_id is None:
+                return
+            foreign = [p for p in existing if output_run_id(p) != run_id]
+            if foreign:
+                more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+                raise ConfigError(
+                    f"{foreign[0]}{more} was not written by the run being resumed; move it away, "
+                    "choose another output_name, or set overwrite = true to replace it"
+                )
+            return
         if existing:
             more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+            state = self.latest_state()
+            go_on = f"continue that run with --resume {state}, " if state else ""
             raise ConfigError(
-                f"{existing[0]}{more} already exists; choose another output_name or output_dir, "
-                "remove it, set overwrite = true, or set resume to continue that run"
+                f"{existing[0]}{more} already exists: {go_on}replace it with --overwrite, or "
+                "choose another --output_name"
             )
+
+    def remove_leftovers(self) -> list[Path]:
+        """Delete the temporary files and folders an interrupted save of this output_name left
+        (atomic writes make ``.<output>.<random>.tmp`` and ``.old`` beside each output). Call
+        only while holding the run lock, so no other run of this name is writing them."""
+        if not self.dir.is_dir():
+            return []
+        leftovers = []
+        for path in self.dir.iterdir():
+            name = path.name
+            if name.startswith(".") and name.endswith((".tmp", ".old")):
+                output = name[1:].rsplit(".", 2)[0]  # drop ".<random>.tmp"
+                if self._owns(output):
+                    leftovers.append(path)
+        return _remove(leftovers)
+
+    def _owns(self, file_name: str) -> bool:
+        """Whether ``file_name`` is one of this output_name's outputs."""
+        if not file_name.startswith(self.name):
+            return False
+        rest = file_name[len(self.name) :]
+        return (
+            rest in (".safetensors", "-ema.safetensors", "-state", "")
+            or bool(_STEP.fullmatch(rest))
+            or bool(_EPOCH.fullmatch(rest))
+        )
 
     def _numbered(self, pattern: re.Pattern) -> list[tuple[int, Path]]:
         out = []
@@ -107,6 +154,33 @@ class OutputLayout:
             return []
         doomed = [p for n, p in self._numbered(_EPOCH) if n <= epoch - keep * every]
         return _remove(doomed)
+
+
+def output_run_id(path: Path) -> str | None:
+    """The run id recorded in an output: ss_session_id of a weights file, run_id of a state,
+    and for a diffusers folder that of the weights file written with it."""
+    if path.is_dir() and path.name.endswith("-state"):
+        try:
+            return json.loads((path / "progress.json").read_text(encoding="utf-8")).get("run_id")
+        except (OSError, ValueError, AttributeError):
+            return None
+    if path.is_dir():
+        sibling = path.with_name(path.name + ".safetensors")
+        return output_run_id(sibling) if sibling.is_file() else None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as file:
+            return (file.metadata() or {}).get(RUN_ID_KEY)
+    except Exception:  # not a readable safetensors file: not ours to replace
+        return None
+
+
+def _state_step(folder: Path) -> int:
+    try:
+        return int(json.loads((folder / "progress.json").read_text(encoding="utf-8"))["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1  # unreadable: never preferred over a readable state
 
 
 def _remove(paths: list[Path]) -> list[Path]:

@@ -1,17 +1,31 @@
-"""Saving on cadence: weights and states, written by the main process, met by all at a barrier."""
+"""Saving on cadence: weights and states, written by the main process, met by all at a
+collective that tells every process whether the write worked. Weights that output_dir cannot take
+are written to a rescue folder instead, and the error names it."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from library.config.schema import Config
+from library.data.content_hash import all_finite
+from library.errors import ConfigError, DifftuneError, TrainingError
+from library.saving.atomic import NO_SPACE, SaveError
+from library.saving.disk_space import (
+    estimate_run,
+    rescue_folders,
+    rescue_name,
+    save_sizes,
+    space_problem,
+)
 from library.saving.metadata import RunInfo, lora_metadata, unet_metadata
 from library.saving.outputs import OutputLayout
 from library.saving.writers import SAVE_DTYPES, write_checkpoint, write_lora, write_pipeline_folder
 from library.training.ema import WeightAverage
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.plan import RunPlan
+from library.training.resume_rules import write_settings
 from library.training.setup import TrainedParts
 from library.training.state import Progress, save_state
 
@@ -19,10 +33,12 @@ from library.training.state import Progress, save_state
 class Saver:
     """Writes the run's outputs; every method is called on every process."""
 
-    def __init__(self, config: Config, accelerator, parts: TrainedParts, plan: RunPlan, data_stats):
+    def __init__(self, config: Config, accelerator, parts: TrainedParts, plan: RunPlan, data_stats, run_id: str):
         self.config, self.accelerator, self.parts, self.plan = config, accelerator, parts, plan
         self.layout = OutputLayout(config.saving)
         self.data_stats = data_stats
+        self.run_id = run_id  # recorded in every file and state, so a resume knows its own outputs
+        self.resume_changes: list = []  # what resumes changed, oldest first (see resume_rules)
         self.started_at = time.time()
         self.optimizer = self.scheduler = self.ema = None
 
@@ -37,6 +53,8 @@ class Saver:
             steps_per_epoch=self.plan.steps_per_epoch,
             effective_batch_sizes=list(self.plan.effective_batch_sizes),
             world_size=self.plan.world_size,
+            run_id=self.run_id,
+            resume_changes=self.resume_changes,
         )
 
     def after_step(self, global_step: int) -> None:
@@ -61,34 +79,125 @@ class Saver:
             self.save_state(self.layout.final_state, global_step)
         return self.layout.final
 
-    def save_state(self, path: Path, global_step: int) -> None:
+    def check_finite(self, global_step: int, what: Path) -> None:
+        """Refuse to write ``what`` when a trained weight is NaN or infinite: such a file or state
+        would look good and hold nothing. Called on every process (the weights are the same)."""
+        broken = [k for k, t in self.parts.trained_weights().items() if not all_finite(t.detach())]
+        if not broken:
+            return
+        last = self.layout.latest_state(before=what)
+        where = f"the last good state is {last}" if last else "no earlier state was saved"
+        more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
+        raise TrainingError(
+            f"the trained weights are not finite at optimizer step {global_step} ({broken[0]}"
+            f"{more}), so {what} was not written; {where}. Lower learning_rate "
+            '(or use mixed_precision = "bf16" instead of fp16) and start again'
+        )
+
+    def check_free_space(self, start_step: int) -> None:
+        """Before the first step: ConfigError on every process when output_dir has less free
+        space than the run will write (see disk_space). ``start_step``: the step resumed at."""
+        problem = None
         if self.accelerator.is_main_process:
-            save_state(
-                path,
-                self.parts.trained_weights(),
-                self.optimizer,
-                self.scheduler,
-                self.accelerator.scaler,
-                self.progress(global_step),
-                ema=self.ema.state_dict() if self.ema else None,
+            plan = self.plan
+            sizes = save_sizes(self.config, self.parts, ema=self.ema is not None)
+            estimate = estimate_run(
+                self.config.saving, sizes, plan.total_steps, plan.steps_per_epoch, plan.epochs, start_step
             )
-        self.accelerator.wait_for_everyone()
+            problem = space_problem(self.layout.dir, estimate)
+        problem = _from_main(self.accelerator, problem)
+        if problem is not None:
+            raise ConfigError(problem)
+
+    def save_state(self, path: Path, global_step: int) -> None:
+        self.check_finite(global_step, path)
+
+        def write() -> None:
+            try:
+                save_state(
+                    path,
+                    self.parts.trained_weights(),
+                    self.optimizer,
+                    self.scheduler,
+                    self.accelerator.scaler,
+                    self.progress(global_step),
+                    ema=self.ema.state_dict() if self.ema else None,
+                    extra=lambda tmp: write_settings(tmp, self.config),
+                )
+            except SaveError as failed:
+                last = self.layout.latest_state(before=path)
+                message = f"{_what_failed(failed)}; {_resume_hint(last, failed)}" if last else (
+                    f"{failed}; no earlier state was saved"
+                )
+                raise SaveError(message, failed.path, failed.reason) from failed
+
+        self._on_main(write, path)
 
     def _save(self, path: Path, global_step: int, with_state: bool, final: bool = False) -> None:
+        self.check_finite(global_step, path)
         # schedule-free optimizers hold the weights to save only while in eval mode
         optimizer_eval_mode(self.optimizer)
         try:
-            if self.accelerator.is_main_process:
-                self._write_weights(path, global_step, final)
-            self.accelerator.wait_for_everyone()
+            self._on_main(lambda: self._write_or_rescue(path, global_step, final), path)
         finally:
             optimizer_train_mode(self.optimizer)
         if with_state:
             self.save_state(self.layout.state_of(path), global_step)
 
-    def _write_weights(self, path: Path, global_step: int, final: bool) -> None:
+    def _on_main(self, write: Callable[[], None], path: Path) -> None:
+        """Run ``write`` on the main process, then tell every process whether it worked.
+
+        This is the saves' meeting point. A plain barrier would leave the other processes
+        waiting there, until the DDP timeout, for a main process that raised and left; here they
+        raise a SaveError with its message and leave with it (only the main process prints).
+        """
+        error: Exception | None = None
+        failure: str | None = None
+        if self.accelerator.is_main_process:
+            try:
+                write()
+            except Exception as exc:
+                error = exc
+                failure = str(exc) if isinstance(exc, DifftuneError) else (
+                    f"the main process failed while writing {path} ({type(exc).__name__})"
+                )
+        failure = _from_main(self.accelerator, failure)
+        if error is not None:
+            raise error
+        if failure is not None:
+            raise SaveError(failure)
+
+    def _write_or_rescue(self, path: Path, global_step: int, final: bool) -> None:
+        try:
+            self._write_weights(path, global_step, final)
+        except SaveError as failed:
+            raise self._rescue(path, global_step, final, failed) from failed
+
+    def _rescue(self, path: Path, global_step: int, final: bool, failed: SaveError) -> SaveError:
+        """Write the weights that ``path`` should have held into a rescue folder (see
+        disk_space.rescue_folders) and return the error that names where they went; when no
+        folder takes them, the error names the last state instead."""
+        name = rescue_name(path)
+        folders = rescue_folders()
+        what = _what_failed(failed)
+        for folder in folders:
+            target = folder / name
+            try:
+                # weights only: the diffusers folder is a convenience copy of the same UNet
+                self._write_weights(target, global_step, final, with_folder=False)
+            except SaveError:
+                continue
+            return SaveError(
+                f"{what}; the trained weights were saved to {target} instead", failed.path, failed.reason
+            )
+        tried = " or ".join(str(folder) for folder in folders)
+        last = self.layout.latest_state()
+        keep = _resume_hint(last, failed) if last else "no state was saved, so this run's weights are lost"
+        return SaveError(f"{what}; writing them to {tried} failed too; {keep}", failed.path, failed.reason)
+
+    def _write_weights(self, path: Path, global_step: int, final: bool, with_folder: bool = True) -> None:
         metadata = self._metadata(global_step, final)
-        self._write_model(path, metadata, folder=final)
+        self._write_model(path, metadata, folder=final and with_folder)
         if self.ema is not None:
             with self.ema.swapped_in():
                 ema_metadata = {**metadata, "ss_ema_decay": str(self.ema.decay)}
@@ -126,11 +235,37 @@ class Saver:
             sd_model_name=self.parts.components.model_dir.name,
             resolution=tuple(config.datasets[0].resolution),
             bucket_info=_bucket_info(stats),
+            session_id=self.run_id,
+            resume_changes=self.resume_changes,
         )
         family = self.parts.components.family
         if self.parts.lora:
             return lora_metadata(config, family, run)
         return unet_metadata(config, family, run)
+
+
+def _what_failed(failed: SaveError) -> str:
+    """"cannot write PATH: REASON" without the error's hint: what follows it says what to do."""
+    if failed.path is not None and failed.reason is not None:
+        return f"cannot write {failed.path}: {failed.reason}"
+    return str(failed)
+
+
+def _resume_hint(state: Path, failed: SaveError) -> str:
+    when = "after freeing space" if failed.reason == NO_SPACE else "once output_dir can be written"
+    return f"the last state is {state}; resume from it {when}"
+
+
+def _from_main(accelerator, value):
+    """``value`` as the main process has it, on every process; a collective that every process
+    must reach (the others wait here until the main process sends)."""
+    if accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    box = [value]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
 
 
 def _bucket_info(stats) -> dict | None:

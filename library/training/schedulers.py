@@ -46,3 +46,25 @@ def build_scheduler(
         num_cycles=section.lr_scheduler_num_cycles,
         power=section.lr_scheduler_power,
     )
+
+
+def restore_schedule(scheduler, saved: dict) -> None:
+    """Put a freshly built schedule at the saved step.
+
+    Only the position is taken from the saved state: the rates, shape and length are this
+    run's config, so a resume with a new learning_rate, schedule or max_train_steps trains with
+    them (the saved base rates would otherwise silently win). Other schedules (Adafactor's
+    reporting stand-in) load their whole state.
+    """
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        scheduler.load_state_dict(saved)
+        return
+    scheduler.last_epoch = saved["last_epoch"]
+    scheduler._step_count = saved.get("_step_count", saved["last_epoch"] + 1)
+    rates = [
+        base * schedule(scheduler.last_epoch)
+        for base, schedule in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    for group, base, rate in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, rates, strict=True):
+        group["initial_lr"], group["lr"] = base, rate
+    scheduler._last_lr = rates

@@ -8,7 +8,8 @@ so the step counter alone fixes the data position and the noise that follows.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,6 +40,9 @@ class Progress:
     effective_batch_sizes: list[int]
     world_size: int
     version: int = STATE_VERSION
+    run_id: str | None = None  # the run this state belongs to (None: saved by an older difftune)
+    # settings changed at resumes, oldest first: {"step": N, "changes": {key: [was, now]}}
+    resume_changes: list = field(default_factory=list)
 
 
 @dataclass
@@ -59,10 +63,16 @@ def save_state(
     scaler,
     progress: Progress,
     ema: dict | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> None:
-    """Write the state folder atomically: a reader never sees a half-written state."""
+    """Write the state folder atomically: a reader never sees a half-written state.
+
+    ``extra(tmp)`` may add files (e.g. the run's settings) to the folder before it is renamed.
+    """
 
     def write(tmp: Path) -> None:
+        if extra is not None:
+            extra(tmp)
         save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, tmp / _WEIGHTS)
         torch.save(optimizer.state_dict(), tmp / _OPTIMIZER)
         torch.save(scheduler.state_dict(), tmp / _SCHEDULER)
@@ -82,6 +92,8 @@ def load_state(path: str | Path) -> LoadedState:
         raise CheckpointError(f"resume: {path} is not a state folder; give a *-state folder saved by save_state")
     try:
         progress = Progress(**json.loads((path / _PROGRESS).read_text(encoding="utf-8")))
+        if type(progress.global_step) is not int or progress.global_step < 0:
+            raise ValueError(f"global_step {progress.global_step!r} is not a step count")
         weights = load_file(path / _WEIGHTS)
         # weights_only: a state folder never needs pickled code, so none is ever run
         optimizer = torch.load(path / _OPTIMIZER, map_location="cpu", weights_only=True)
@@ -103,12 +115,12 @@ def _load_optional(file: Path) -> dict | None:
 
 def check_compatible(saved: Progress, current: Progress, path: Path) -> None:
     """Refuse a resume that would not continue the same trajectory."""
-    for field in ("seed", "train_mode", "effective_batch_sizes", "steps_per_epoch"):
-        was, now = getattr(saved, field), getattr(current, field)
+    for name in ("seed", "train_mode", "effective_batch_sizes", "steps_per_epoch"):
+        was, now = getattr(saved, name), getattr(current, name)
         if was != now:
             hint = {
                 "effective_batch_sizes": " (batch size x accumulation x processes must stay the "
                 "same; with another process count, change gradient_accumulation_steps to match)",
                 "steps_per_epoch": " (the dataset changed since the state was saved)",
-            }.get(field, "")
-            raise CheckpointError(f"resume: {path} was saved with {field} = {was}, this run has {now}{hint}")
+            }.get(name, "")
+            raise CheckpointError(f"resume: {path} was saved with {name} = {was}, this run has {now}{hint}")

@@ -23,7 +23,6 @@ from library.data.samples import SampleSource
 from library.errors import CheckpointError, TrainingError
 from library.models.loader import load_components
 from library.sampling.runner import SampleRunner
-from library.saving.outputs import OutputLayout
 from library.training.caching import (
     build_latent_cache,
     build_text_cache,
@@ -35,11 +34,13 @@ from library.training.loss import LossOptions
 from library.training.noise import NoiseOptions
 from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
+from library.training.preflight import RunStart, start_run
 from library.training.progress import ProgressReporter, plan_text, run_logging_dir
+from library.training.resume_rules import change_lines
 from library.training.saver import Saver
-from library.training.schedulers import build_scheduler
+from library.training.schedulers import build_scheduler, restore_schedule
 from library.training.setup import TrainedParts, allow_fp16_gradients, setup_training
-from library.training.state import check_compatible, load_state
+from library.training.state import load_state
 from library.training.step import StepInputs, micro_batch_loss
 from library.training.stops import StopSignals, TrainingStopped, agree_on_step
 from library.training.validation_runs import Validator
@@ -119,31 +120,31 @@ class Trainer:
             allow_fp16_gradients(accelerator.scaler)
         return accelerator
 
-    def print_plan(self) -> None:
+    def print_plan(self, start: RunStart | None = None) -> None:
         self.accelerator.print(plan_text(self.config, self.data, self.plan))
+        if start is not None and start.resume is not None:
+            resume = start.resume
+            self.accelerator.print(f"  resuming {self.config.saving.resume} at optimizer step {resume.global_step}")
+            for line in change_lines(resume.changes):
+                self.accelerator.print(f"    changed since the state was saved: {line}")
         skipped = self.data.skipped_images
         if skipped:
             shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
             self.accelerator.print(f"warning: {len(skipped)} unreadable images left out: {shown}")
 
     def run(self, dry_run: bool = False) -> Path | None:
-        """Print the plan; unless ``dry_run``, train and return the final output's path."""
-        self._check_input_files()
-        OutputLayout(self.config.saving).refuse_overwrite(resuming=bool(self.config.saving.resume))
-        self.print_plan()
-        if dry_run:
-            return None
-        return self.train()
+        """Check inputs and outputs, print the plan; unless ``dry_run``, train and return the
+        final output's path. The output name is locked for the whole run."""
+        start = start_run(self.config, self.plan, self.accelerator, dry_run)
+        try:
+            self.print_plan(start)
+            if dry_run:
+                return None
+            return self.train(start)
+        finally:
+            start.release()
 
-    def _check_input_files(self) -> None:
-        """Fail before the models load when a file the run starts from is missing."""
-        resume, weights = self.config.saving.resume, self.config.network.network_weights
-        if resume and not (Path(resume) / "progress.json").is_file():
-            raise CheckpointError(f"resume: {resume} is not a state folder; give a *-state folder saved by save_state")
-        if weights and not Path(weights).is_file():
-            raise CheckpointError(f"network_weights: {weights} does not exist; give a kohya-format LoRA .safetensors file")
-
-    def train(self) -> Path:
+    def train(self, start: RunStart) -> Path:
         config, acc, plan = self.config, self.accelerator, self.plan
         weight_dtype = WEIGHT_DTYPES[config.training.mixed_precision]
         # Adapter initialisation draws from the global generator: seed it so a run is reproducible.
@@ -162,9 +163,10 @@ class Trainer:
         if source.latents is not None and not self.sampler.prompts:
             parts.components.vae.to("cpu")  # every latent is cached and nothing is decoded: free its memory
         ema = WeightAverage(parts.parameters(), config.training.ema_decay) if config.training.ema_decay else None
-        saver = Saver(config, acc, parts, plan, self.data.stats)
+        saver = Saver(config, acc, parts, plan, self.data.stats, start.run_id)
         saver.attach(optimizer, scheduler, ema)
-        global_step = self._resume(parts, optimizer, scheduler, saver)
+        saver.check_free_space(start.resume.global_step if start.resume else 0)
+        global_step = self._resume(parts, optimizer, scheduler, saver, start)
         loop = _Loop(
             trained=trained,
             params=parts.parameters(),
@@ -310,16 +312,21 @@ class Trainer:
             text_cache=text_cache,
         )
 
-    def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver) -> int:
+    def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver, start: RunStart) -> int:
         path = self.config.saving.resume
         if not path:
             return 0
         state = load_state(path)
-        check_compatible(state.progress, saver.progress(state.progress.global_step), Path(path))
         weights = parts.trained_weights()
         missing = sorted(set(weights) - set(state.weights))
         if missing:
             raise CheckpointError(f"resume: {path} has no weights for {missing[0]} ({len(missing)} missing); it was saved by another kind of run")
+        for key, param in weights.items():
+            if state.weights[key].shape != param.shape:
+                raise CheckpointError(
+                    f"resume: {path} holds {key} with shape {list(state.weights[key].shape)}, this run's is "
+                    f"{list(param.shape)}; it was saved with another network_dim, conv_dim or model"
+                )
         with torch.no_grad():
             for key, param in weights.items():
                 param.copy_(state.weights[key].to(param.device, param.dtype))
@@ -327,7 +334,11 @@ class Trainer:
             optimizer.load_state_dict(state.optimizer)
         except ValueError as exc:  # e.g. other parameter groups (LoRA+ or text encoder on/off)
             raise CheckpointError(f"resume: {path} has optimizer state for other parameter groups ({exc})") from exc
-        scheduler.load_state_dict(state.scheduler)
+        restore_schedule(scheduler, state.scheduler)  # at the saved step, with this run's rates
+        saver.resume_changes = list(state.progress.resume_changes)
+        if start.resume is not None and start.resume.changes:
+            changed = {k: list(v) for k, v in start.resume.changes.items() if k != "datasets"}
+            saver.resume_changes.append({"step": state.progress.global_step, "changes": changed})
         if state.scaler is not None and self.accelerator.scaler is not None:
             self.accelerator.scaler.load_state_dict(state.scaler)
         if saver.ema is not None:

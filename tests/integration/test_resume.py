@@ -54,7 +54,8 @@ def test_resume_refuses_a_different_effective_batch(tmp_path, tiny_model_dir, im
         max_train_steps=2, save_state_on_train_end=True,
     )
     assert train(config) == 0
-    code = train(config, "--resume", str(tmp_path / "c" / "run-state"), "--gradient_accumulation_steps", "2")
+    state = str(tmp_path / "c" / "run-state")
+    code = train(config, "--resume", state, "--gradient_accumulation_steps", "2", "--max_train_steps", "4")
     assert code == 2
     assert "effective_batch_sizes" in capsys.readouterr().err
 
@@ -66,6 +67,6 @@ def test_missing_start_files_are_named_before_anything_loads(tmp_path, tiny_mode
     monkeypatch.setattr("library.training.trainer.load_components", no_model_loading)
     config = write_config(tmp_path / "d.toml", tiny_model_dir, images, tmp_path / "d", max_train_steps=1)
     assert train(config, "--resume", str(tmp_path / "nowhere")) == 2
-    assert "nowhere is not a state folder" in capsys.readouterr().err
+    assert "nowhere does not exist; give a *-state folder" in capsys.readouterr().err
     assert train(config, "--network_weights", str(tmp_path / "none.safetensors")) == 2
     assert "none.safetensors does not exist" in capsys.readouterr().err

@@ -68,3 +68,76 @@ def test_prune_epochs_keeps_the_last_n_saves(tmp_path):
         "run-000004.safetensors",
         "run-000006.safetensors",
     ]
+
+
+def _weights(path, session_id=None):
+    import torch
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {"ss_session_id": session_id} if session_id else {}
+    save_file({"w": torch.zeros(1)}, str(path), metadata=metadata)
+    return path
+
+
+def _state(path, run_id=None):
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "progress.json").write_text(json.dumps({"global_step": 3, "run_id": run_id}))
+    return path
+
+
+def test_a_resume_replaces_only_its_own_run_outputs(tmp_path):
+    saving = SavingSection(output_dir=str(tmp_path), output_name="run")
+    layout = OutputLayout(saving)
+    _weights(tmp_path / "run-step00000003.safetensors", "111")
+    _state(tmp_path / "run-step00000003-state", "111")
+    _weights(tmp_path / "run.safetensors", "111")
+    (tmp_path / "run").mkdir()  # a diffusers folder written with run.safetensors
+    layout.refuse_overwrite(resuming=True, run_id="111")
+    _weights(tmp_path / "run-000002.safetensors", "222")  # another run's epoch save
+    with pytest.raises(ConfigError, match="run-000002.safetensors was not written by the run"):
+        layout.refuse_overwrite(resuming=True, run_id="111")
+    (tmp_path / "run-000002.safetensors").unlink()
+    _weights(tmp_path / "run-000004.safetensors")  # no run id: e.g. written by another tool
+    with pytest.raises(ConfigError, match="run-000004.safetensors was not written"):
+        layout.refuse_overwrite(resuming=True, run_id="111")
+    layout.refuse_overwrite(resuming=True, run_id=None)  # a state from an older difftune
+    OutputLayout(saving.model_copy(update={"overwrite": True})).refuse_overwrite(True, "111")
+
+
+def test_refusal_names_the_exact_resume_or_overwrite(tmp_path):
+    saving = SavingSection(output_dir=str(tmp_path), output_name="run")
+    _touch(tmp_path / "run-step00000005.safetensors")  # killed during the first save
+    with pytest.raises(ConfigError) as info:
+        OutputLayout(saving).refuse_overwrite(resuming=False)
+    assert "replace it with --overwrite" in str(info.value) and "--resume" not in str(info.value)
+    _state(tmp_path / "run-step00000005-state")
+    _state(tmp_path / "run-step00000010-state").joinpath("progress.json").write_text(
+        '{"global_step": 10}'
+    )
+    with pytest.raises(ConfigError) as info:
+        OutputLayout(saving).refuse_overwrite(resuming=False)
+    assert f"continue that run with --resume {tmp_path / 'run-step00000010-state'}" in str(
+        info.value
+    )
+
+
+def test_leftovers_of_this_output_name_are_removed(tmp_path):
+    layout = OutputLayout(SavingSection(output_dir=str(tmp_path), output_name="run"))
+    ours = [
+        _touch(tmp_path / ".run.safetensors.a1b2.tmp"),
+        _touch(tmp_path / ".run-step00000010.safetensors.x9.tmp"),
+        _touch(tmp_path / ".run-step00000010-state.q7.tmp" / "trained.safetensors"),
+        _touch(tmp_path / ".run-state.z3.old" / "progress.json"),
+    ]
+    theirs = [
+        _touch(tmp_path / ".runner.safetensors.k2.tmp"),  # another output name sharing "run"
+        _touch(tmp_path / ".other.safetensors.m4.tmp"),
+        _touch(tmp_path / "run.safetensors"),
+    ]
+    removed = layout.remove_leftovers()
+    assert len(removed) == len(ours)
+    assert not any(p.exists() for p in ours[:2]) and not (tmp_path / ".run-state.z3.old").exists()
+    assert all(p.exists() for p in theirs)

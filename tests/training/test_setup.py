@@ -74,3 +74,40 @@ def test_full_unet_trains_every_unet_weight_in_fp32(tiny_model_dir):
 def test_network_weights_with_full_unet_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="network_weights starts a LoRA"):
         _config(tiny_model_dir, train_mode="unet", network_weights="x.safetensors")
+
+
+@pytest.mark.parametrize("train_mode", ["lora", "unet"])
+def test_full_bf16_keeps_trained_weights_in_bf16(tiny_model_dir, train_mode):
+    config = _config(
+        tiny_model_dir,
+        train_mode=train_mode,
+        training={"mixed_precision": "bf16", "full_bf16": True},
+    )
+    parts = setup_training(config, load_components(config.model, torch.bfloat16))
+    assert {p.dtype for p in parts.parameters()} == {torch.bfloat16}
+    assert {t.dtype for t in parts.trained_weights().values()} == {torch.bfloat16}
+
+
+def test_full_half_needs_its_mixed_precision(tiny_model_dir):
+    with pytest.raises(ValueError, match='full_bf16 = true needs mixed_precision = "bf16"'):
+        _config(tiny_model_dir, training={"full_bf16": True})
+    with pytest.raises(ValueError, match='full_fp16 = true needs mixed_precision = "fp16"'):
+        _config(tiny_model_dir, training={"mixed_precision": "bf16", "full_fp16": True})
+
+
+def test_text_encoder_lr_list_gives_one_rate_per_encoder(tiny_sdxl_model_dir):
+    config = _config(tiny_sdxl_model_dir, text_encoder_lr=[1e-5, 2e-5], unet_lr=3e-4)
+    parts = setup_training(config, load_components(config.model, torch.float32))
+    rates = {g["name"]: g["lr"] for g in parts.param_groups}
+    assert rates == {"unet": 3e-4, "text_encoder": 1e-5, "text_encoder_2": 2e-5}
+    short = _config(tiny_sdxl_model_dir, text_encoder_lr=[4e-5])  # kohya repeats the last one
+    parts = setup_training(short, load_components(short.model, torch.float32))
+    assert [g["lr"] for g in parts.param_groups if g["name"] != "unet"] == [4e-5, 4e-5]
+
+
+def test_text_encoder_lr_list_longer_than_the_encoders_is_refused(tiny_model_dir):
+    from library.errors import ConfigError
+
+    config = _config(tiny_model_dir, text_encoder_lr=[1e-5, 2e-5])
+    with pytest.raises(ConfigError, match="text_encoder_lr has 2 rates but the model has 1"):
+        setup_training(config, load_components(config.model, torch.float32))

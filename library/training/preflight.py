@@ -1,0 +1,129 @@
+"""Checks made before any model loads: the files a run starts from, where it writes, who owns
+the output name, and what a resume may change. Everything here fails fast with one line."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from library.config.schema import Config
+from library.errors import CheckpointError, ConfigError, DifftuneError
+from library.saving.outputs import OutputLayout
+from library.saving.run_lock import RunLock
+from library.training.plan import RunPlan
+from library.training.resume_rules import ResumeCheck, check_resume
+
+
+@dataclass
+class RunStart:
+    """What the checks established: the run's id, its lock (None for a dry run or on processes
+    other than the main one) and, for a resume, what the state says."""
+
+    run_id: str
+    lock: RunLock | None
+    resume: ResumeCheck | None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def check_input_files(config: Config) -> None:
+    """The state folder and LoRA file a run starts from exist and are what they should be."""
+    resume, weights = config.saving.resume, config.network.network_weights
+    if resume:
+        path = Path(resume)
+        if path.is_file():
+            raise CheckpointError(
+                f"resume: {resume} is a file; give the *-state folder saved beside it by save_state"
+            )
+        if not path.is_dir():
+            raise CheckpointError(f"resume: {resume} does not exist; give a *-state folder saved by save_state")
+        if not (path / "progress.json").is_file():
+            raise CheckpointError(
+                f"resume: {resume} is a folder but not a saved state (no progress.json); give a "
+                "*-state folder saved by save_state"
+            )
+    if weights:
+        path = Path(weights)
+        if path.is_dir():
+            raise CheckpointError(
+                f"network_weights: {weights} is a folder; give the LoRA's .safetensors file"
+            )
+        if not path.is_file():
+            raise CheckpointError(
+                f"network_weights: {weights} does not exist; give a kohya-format LoRA .safetensors file"
+            )
+
+
+def check_output_dir(config: Config) -> None:
+    """output_dir is (or can become) a writable folder; checked by writing a probe file."""
+    folder = Path(config.saving.output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"output_dir {folder} is a file, not a folder; choose another output_dir")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".difftune-write-check.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"output_dir {folder} is not writable ({reason}); choose another output_dir") from None
+
+
+def start_run(config: Config, plan: RunPlan, accelerator, dry_run: bool) -> RunStart:
+    """Run every check before models load and, unless ``dry_run``, take the output name's lock.
+
+    Called on every process; the main process owns the lock and the output folder, and its
+    outcome (an error or the run id) is shared with the others, so all of them stop together.
+    """
+    check_input_files(config)
+    resume = None
+    if config.saving.resume:
+        resume = check_resume(Path(config.saving.resume), config, plan)
+    lock, outcome = None, None
+    if accelerator.is_main_process:
+        try:
+            lock, run_id = _claim_outputs(config, resume, dry_run)
+            outcome = ("ok", run_id)
+        except DifftuneError as exc:
+            outcome = (type(exc).__name__, str(exc))
+    outcome = _share(accelerator, outcome)
+    if outcome[0] != "ok":
+        raise (CheckpointError if outcome[0] == "CheckpointError" else ConfigError)(outcome[1])
+    return RunStart(outcome[1], lock, resume)
+
+
+def _claim_outputs(config: Config, resume: ResumeCheck | None, dry_run: bool) -> tuple[RunLock | None, str]:
+    layout = OutputLayout(config.saving)
+    run_id = (resume.run_id if resume else None) or _new_run_id()
+    if dry_run:  # a dry run writes nothing: it only reports what a real run would refuse
+        layout.refuse_overwrite(resuming=resume is not None, run_id=resume.run_id if resume else None)
+        return None, run_id
+    check_output_dir(config)
+    lock = RunLock(config.saving.output_dir, config.saving.output_name).acquire()
+    try:
+        layout.remove_leftovers()  # ours alone: we hold the name's lock
+        layout.refuse_overwrite(resuming=resume is not None, run_id=resume.run_id if resume else None)
+    except BaseException:
+        lock.release()
+        raise
+    return lock, run_id
+
+
+def _new_run_id() -> str:
+    # kohya's ss_session_id is a random number written as decimal; ours is one too
+    return str(secrets.randbits(63))
+
+
+def _share(accelerator, outcome: tuple[str, str] | None) -> tuple[str, str]:
+    if accelerator.num_processes == 1:
+        return outcome
+    from accelerate.utils import broadcast_object_list
+
+    box = [outcome]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
