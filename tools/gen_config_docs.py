@@ -19,6 +19,8 @@ from pydantic import BaseModel  # noqa: E402
 from library.config import kohya  # noqa: E402
 from library.config.cli_args import OVERRIDE_HELP  # noqa: E402
 from library.config.dataset_schema import DatasetConfig, SubsetConfig  # noqa: E402
+from library.config.frontend_keys import FRONTEND_ONLY_KEYS  # noqa: E402
+from library.config.kohya_values import ZERO_MEANS_OFF  # noqa: E402
 from library.config.schema import SECTIONS  # noqa: E402
 from library.config.suggest import show_value  # noqa: E402
 
@@ -36,10 +38,28 @@ layouts load into the same config:
 - **difftune's sectioned file**: the tables below (`[model]`, `[network]`, ...). This is what
   `--print_config` writes.
 - **kohya's flat args file**: any table names (`[model_arguments]`, `[training_arguments]`, ...)
-  or none; the table a key sits in does not matter. A key set in two tables is an error.
+  or none; the table a key sits in does not matter. A key set in two tables with different
+  values is an error naming both (kohya would silently keep the last); the same value twice is
+  one setting.
 
 Unknown keys and wrong types are errors that name the file and the nearest valid key. Paths are
 used as written (relative to the current folder, like kohya).
+"""
+
+_KOHYA_VALUES = """## How values from kohya files are read
+
+kohya hands every value of its files to argparse and tests most options for truth, and the GUIs
+around it rely on that. difftune reads those values the way kohya does, then checks them:
+
+- `""` means *not set* for every key (`reg_data_dir = ""` is no regularisation folder, not the
+  current folder; `vae = ""` is the model's own VAE). `--key ""` on the command line unsets what
+  the file set.
+- `false` means *not set* for a key that holds a path or text (`resume = false`).
+- `[]` means *not set* for an optional key that may hold a list (`text_encoder_lr = []`).
+- `0` means *off* for {zero_keys} (kohya tests them for truth).
+- `0` and `1` are `false` and `true` for true/false keys (`persistent_data_loader_workers = 1`).
+- `caption_extension = "txt"` means `".txt"`.
+- `inf` and `nan` are refused for every number, including inside `optimizer_args`.
 """
 
 _DATASETS = """\
@@ -110,6 +130,9 @@ def _fields_table(model: type[BaseModel], skip: tuple[str, ...] = ()) -> list[st
 
 
 def _accepted(entry: kohya.Unsupported) -> str:
+    if entry.ignored and entry.off:
+        offs = " or ".join(f"`{show_value(v)}`" for v in entry.off)
+        return f"any value (no effect; a warning names values other than {offs})"
     if entry.ignored:
         return "any value (no effect)"
     if not entry.off:
@@ -122,7 +145,8 @@ def _kohya_tables() -> list[str]:
         "## kohya keys that are not supported",
         "",
         "These kohya keys are recognised. A value that changes nothing (the *accepted* column, "
-        "kohya's off value) is accepted and dropped; any other value is an error.",
+        "kohya's off value) is accepted and dropped; any other value is an error, except for "
+        "keys that change no result here, which are accepted with a warning.",
         "",
         "| key | accepted | why |",
         "|---|---|---|",
@@ -143,8 +167,18 @@ def _kohya_tables() -> list[str]:
         + ", ".join(f"`{a}` = `{k}`" for a, k in kohya.ALIASES.items())
         + ".",
         "",
+        "## Keys only front ends write",
+        "",
+        "GUIs and helper scripts write some of their own settings into the args file they give "
+        "sd-scripts, which never reads them. difftune loads such a file with one warning line "
+        "listing these keys; any other unknown key is an error.",
+        "",
+        "| key | written by |",
+        "|---|---|",
     ]
-    return lines
+    for key, tool in sorted(FRONTEND_ONLY_KEYS.items()):
+        lines.append(f"| `{key}` | {_cell(tool)} |")
+    return lines + [""]
 
 
 def render_docs() -> str:
@@ -155,6 +189,8 @@ def render_docs() -> str:
         if model.__doc__ and not model.__doc__.startswith("Base"):
             lines += [model.__doc__.strip(), ""]
         lines += _fields_table(model)
+    zero_keys = ", ".join(f"`{k}`" for k in sorted(ZERO_MEANS_OFF))
+    lines += [_KOHYA_VALUES.format(zero_keys=zero_keys)]
     lines += [_DATASETS, "### Dataset keys ([[datasets]])", ""]
     lines += _fields_table(DatasetConfig, skip=("subsets",))
     lines += ["### Subset keys ([[datasets.subsets]])", ""]

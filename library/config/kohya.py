@@ -33,7 +33,12 @@ _HUB = "difftune never uses the network; upload the saved files yourself"
 _DEEPSPEED = "only used with deepspeed, which is not supported"
 
 UNSUPPORTED: dict[str, Unsupported] = {
-    **_group("lowram highvram", "memory placement options are not implemented", (False,)),
+    **_group(
+        "lowram highvram",
+        "difftune places the models itself, and this changes no result",
+        (False,),
+        ignored=True,
+    ),
     **_group(
         "fp8_base fp8_base_unet",
         "float8 storage of the frozen base model is planned with the Flux.1 family",
@@ -43,10 +48,12 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "use --dry_run to check the data and see the plan", (False,), planned=False
     ),
     **_group(
-        "cache_info disable_mmap_load_safetensors config_file",
-        "only tunes how sd-scripts reads its files",
+        "cache_info disable_mmap_load_safetensors",
+        "it only tunes how sd-scripts reads its files",
+        (False,),
         ignored=True,
     ),
+    "config_file": Unsupported("a config file cannot name another config file", ignored=True),
     "skip_cache_check": Unsupported(
         "difftune checks every cache entry against the image's content", (False,), planned=False
     ),
@@ -63,18 +70,20 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "save_last_n_steps_state save_last_n_epochs_state",
         "pruning old training states is planned; every saved state is kept",
     ),
+    "huggingface_repo_id": Unsupported(_HUB, ("",), planned=False),
+    # without a repo id sd-scripts uploads nothing either: these settings do nothing
     **_group(
         "save_state_to_huggingface resume_from_huggingface async_upload",
-        _HUB,
+        "they only act with huggingface_repo_id",
         (False,),
-        planned=False,
+        ignored=True,
     ),
     **_group(
-        "huggingface_repo_id huggingface_repo_type huggingface_path_in_repo huggingface_token "
+        "huggingface_repo_type huggingface_path_in_repo huggingface_token "
         "huggingface_repo_visibility",
-        _HUB,
+        "they only act with huggingface_repo_id",
         ("",),
-        planned=False,
+        ignored=True,
     ),
     "output_config": Unsupported("use --print_config", (False,), planned=False),
     "log_tracker_config": Unsupported("a tracker config file is planned", ("",)),
@@ -84,7 +93,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     ),
     "console_log_simple": Unsupported("console log options are not implemented", (False,)),
     "network_dropout": Unsupported("dropout in LoRA layers is planned", (0,)),
-    "scale_weight_norms": Unsupported("max-norm regularisation is planned", (0,)),
     "dim_from_weights": Unsupported("set network_dim to the rank of network_weights", (False,)),
     "base_weights": Unsupported("merging other LoRA files into the model is planned", ([],)),
     "base_weights_multiplier": Unsupported("only used with base_weights", ignored=True),
@@ -113,7 +121,7 @@ UNSUPPORTED: dict[str, Unsupported] = {
         ignored=True,
     ),
     "torch_compile": Unsupported("torch.compile is planned", (False,)),
-    "dynamo_backend": Unsupported("only used with torch_compile", ignored=True),
+    "dynamo_backend": Unsupported("only used with torch_compile", ("no", "inductor"), ignored=True),
     **_group("initial_epoch initial_step", "use resume to continue from a saved state"),
     "skip_until_initial_step": Unsupported("use resume to continue from a saved state", (False,)),
     "no_token_padding": Unsupported("prompts are always padded to 77 tokens", (False,)),
@@ -233,6 +241,14 @@ def same_value(value: object, other: object) -> bool:
     if isinstance(other, (int, float)):
         return isinstance(value, (int, float)) and value == other
     return type(value) is type(other) and value == other
+
+
+def ignored_notice(key: str, value: object) -> str | None:
+    """The note shown when an ignored key has a value other than "off" (None: say nothing)."""
+    entry = UNSUPPORTED[key]
+    if not entry.ignored or not entry.off or any(same_value(value, off) for off in entry.off):
+        return None
+    return f"{key} = {show_value(value)} is ignored: {entry.reason}"
 
 
 def unsupported_problem(key: str, value: object, shown: str | None = None) -> str | None:

@@ -16,7 +16,7 @@ from typing import Literal
 UNSET = object()  # the value means "not set": the key takes its default
 
 # Optional numbers kohya tests for truth: 0 means off (``if args.min_snr_gamma:``).
-ZERO_MEANS_OFF = frozenset({"min_snr_gamma", "ddp_timeout", "conv_dim"})
+ZERO_MEANS_OFF = frozenset({"min_snr_gamma", "ddp_timeout", "conv_dim", "scale_weight_norms"})
 
 
 def _members(annotation: object) -> tuple[object, ...]:

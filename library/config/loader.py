@@ -75,7 +75,8 @@ def load_config(config_path: str | None, overrides: Sequence[tuple[str, RawValue
         raise Origin(config_path).error(
             f'"{_MODEL_KEY}" is missing: set it to the local folder of a diffusers-format model'
         )
-    flat = _apply_kohya(flat)
+    notices: list[str] = []
+    flat = _apply_kohya(flat, notices)
     main_file = config_path or COMMAND_LINE
     dataset_defaults = {k: flat.pop(k) for k in list(flat) if k in DEFAULT_KEYS}
     sections = _build_sections(flat, main_file)
@@ -83,7 +84,7 @@ def load_config(config_path: str | None, overrides: Sequence[tuple[str, RawValue
     try:
         plain = {key: value for key, (value, _) in dataset_defaults.items()}
         return Config(
-            **sections, datasets=datasets, dataset_defaults=plain, notices=_notices(ignored)
+            **sections, datasets=datasets, dataset_defaults=plain, notices=_notices(ignored) + tuple(notices)
         )
     except ValidationError as exc:  # rules across sections; each field is already valid
         message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
@@ -188,14 +189,18 @@ def _apply_overrides(flat: dict[str, Entry], overrides: Sequence[tuple[str, RawV
             flat[name] = (value, origin)
 
 
-def _apply_kohya(flat: dict[str, Entry]) -> dict[str, Entry]:
-    """Drop "off" unsupported keys, reject the others, and expand kohya conveniences."""
+def _apply_kohya(flat: dict[str, Entry], notices: list[str]) -> dict[str, Entry]:
+    """Drop "off" unsupported keys (and ignored ones, noting those that are not off), reject
+    the others, and expand kohya conveniences."""
     out: dict[str, Entry] = {}
     for key, (value, origin) in flat.items():
         if key in kohya.UNSUPPORTED:
             problem = kohya.unsupported_problem(key, value)
             if problem:
                 raise origin.error(problem)
+            notice = kohya.ignored_notice(key, value)
+            if notice:
+                notices.append(f"{origin.file}: {notice}")
             continue
         if key == "optimizer_type":
             value = kohya.normalise_optimizer(value)

@@ -107,6 +107,13 @@ class NetworkSection(Section):
         description='kohya-style extra network arguments as "key=value" strings. Supported: '
         "conv_dim, conv_alpha.",
     )
+    scale_weight_norms: float | None = Field(
+        None,
+        gt=0,
+        description="Max-norm regularisation (kohya's): after each step, an adapter whose update "
+        "alpha/rank x up @ down has a Frobenius norm above this is scaled back to it (1.0 is "
+        "common). Unset or 0: off. LoRA only.",
+    )
     network_weights: str | None = Field(
         None, description="Start from this kohya-format LoRA .safetensors file."
     )
@@ -182,6 +189,11 @@ class TrainingSection(Section):
         "float16 overflows above 65504.",
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    ignore_memory_estimate: bool = Field(
+        False,
+        description="Train even when the estimated peak memory (printed in the plan) exceeds "
+        "the device's total memory; otherwise such a run stops before training.",
+    )
     sdpa: bool = Field(
         True,
         description="Use torch scaled-dot-product attention (the default): PyTorch picks a "
@@ -432,6 +444,10 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _mode_options(self) -> Config:
+        if self.network.train_mode == "unet" and self.network.scale_weight_norms:
+            raise ValueError(
+                'scale_weight_norms limits LoRA updates; with train_mode = "unet" remove it'
+            )
         if self.network.train_mode == "unet" and self.network.network_weights:
             raise ValueError(
                 'network_weights starts a LoRA; with train_mode = "unet" remove it '

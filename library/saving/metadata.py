@@ -207,7 +207,7 @@ def _strings(values: dict[str, Any]) -> dict[str, str]:
 
 
 def lora_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str]:
-    """Every ss_* and modelspec.* key of a kohya LoRA file (FORMATS.md section 1).
+    """Every ss_* and modelspec.* key of a kohya LoRA file (docs/formats.md, LoRA files).
 
     With ``no_metadata`` only the keys that describe the network (MINIMUM_KEYS) and the
     modelspec keys are kept, as kohya does, so loaders can still read the file's structure.
@@ -222,6 +222,7 @@ def lora_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str
             "ss_network_args": json.dumps(network_args(config)),
             "ss_network_train_unet_only": net.network_train_unet_only,
             "ss_network_train_text_encoder_only": net.network_train_text_encoder_only,
+            "ss_scale_weight_norms": net.scale_weight_norms,
             "ss_unet_lr": _side_lr(config, net.unet_lr, not net.network_train_text_encoder_only),
             "ss_text_encoder_lr": _side_lr(
                 config, net.text_encoder_lr, not net.network_train_unet_only

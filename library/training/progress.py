@@ -134,8 +134,11 @@ class ProgressReporter:
                 init_kwargs={"wandb": wandb},
             )
 
-    def step(self, global_step: int, loss: float, lrs: list[float], grad_norm, applied: bool = True) -> None:
-        """Called on every process once per optimizer step (the loss is already reduced)."""
+    def step(
+        self, global_step: int, loss: float, lrs: list[float], grad_norm, applied: bool = True, extra: dict | None = None
+    ) -> None:
+        """Called on every process once per optimizer step (the loss is already reduced);
+        ``extra`` holds further values to log (e.g. max-norm statistics)."""
         now = time.perf_counter()
         seconds, self.last_time = now - self.last_time, now
         if applied:
@@ -157,6 +160,7 @@ class ProgressReporter:
             logs[f"lr/{name}"] = lr
         if grad_norm is not None:
             logs["grad_norm"] = float(grad_norm)
+        logs.update(extra or {})
         if global_step % self.plan.steps_per_epoch == 0 and self.epoch_losses:
             logs["loss/epoch"] = sum(self.epoch_losses) / len(self.epoch_losses)
             self.epoch_losses.clear()

@@ -145,10 +145,14 @@ def test_bad_override_value_names_command_line(write_toml):
     assert str(info.value) == (
         'config error in command line: key "learning_rate" = "fast" is not valid: expected a number'
     )
-    with pytest.raises(ConfigError, match='"lowram" is not supported'):
-        load_config(path, parse_cli(["--lowram"]).overrides)
-    cfg = load_config(path, parse_cli(["--lowram", "false", "--xformers=false"]).overrides)
+    with pytest.raises(ConfigError, match='"torch_compile" is not supported'):
+        load_config(path, parse_cli(["--torch_compile"]).overrides)
+    cfg = load_config(path, parse_cli(["--torch_compile", "false", "--xformers=false"]).overrides)
     assert cfg == load_config(path)
+    # a switch that changes no result is accepted, and said to be ignored
+    cfg = load_config(path, parse_cli(["--lowram"]).overrides)
+    assert cfg.notices == ("command line: lowram = true is ignored: difftune places the models "
+                           "itself, and this changes no result",)
 
 
 def test_no_file_with_model_on_command_line(tmp_path):

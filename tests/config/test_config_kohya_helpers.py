@@ -86,12 +86,13 @@ def test_unsupported_values_of_supported_keys():
 def test_off_values_match_by_type():
     assert kohya.unsupported_problem("network_dropout", 0) is None
     assert kohya.unsupported_problem("network_dropout", False) is not None  # False is not 0 here
-    assert kohya.unsupported_problem("scale_weight_norms", 0.0) is None
-    assert kohya.unsupported_problem("lowram", 0) is not None
+    assert kohya.unsupported_problem("save_n_epoch_ratio", 0.0) is None
+    assert kohya.unsupported_problem("weighted_captions", 0) is not None  # 0 is not false here
     assert kohya.unsupported_problem("base_weights_multiplier", 0.5) is None  # needs base_weights
 
 
-# Every key of FORMATS.md sections 2 and 3, written out by hand.
+# The kohya keys of docs/formats.md (training-arguments and dataset TOML) and other common ones,
+# written out by hand.
 _FORMATS_TEXT = """
 pretrained_model_name_or_path v2 v_parameterization vae output_dir output_name save_model_as
 save_precision save_every_n_epochs save_every_n_steps save_last_n_epochs save_state resume

@@ -56,8 +56,8 @@ def test_missing_model_folder(setup, tmp_path):
 
 def test_unsupported_kohya_key_is_named(setup, tmp_path):
     root, images, model = setup
-    config = write_config(tmp_path / "c.toml", model, images, tmp_path / "o", lowram=True)
-    _assert_one_line_error(run_cli("--config", config), "lowram", "not supported")
+    config = write_config(tmp_path / "c.toml", model, images, tmp_path / "o", torch_compile=True)
+    _assert_one_line_error(run_cli("--config", config), "torch_compile", "not supported")
 
 
 def test_dry_run_prints_the_plan_and_trains_nothing(setup, tmp_path):

@@ -211,3 +211,28 @@ def test_full_bf16_trains_bf16_weights_close_to_float32_ones(tmp_path, tiny_mode
     # the same steps, rounded to bfloat16 on the way: close, but not the float32 weights
     assert_close_dicts(half, mixed, atol=2e-2)
     assert any(not torch.equal(half[k], mixed[k]) for k in half)
+
+
+def test_scale_weight_norms_keeps_every_update_within_the_limit(tmp_path, tiny_model_dir, images):
+    from library.networks.merge import lora_delta
+
+    def update_norms(path):
+        weights = tensors(path)
+        norms = []
+        for key in weights:
+            if key.endswith(".lora_down.weight"):
+                name = key.removesuffix(".lora_down.weight")
+                down, up = weights[key], weights[f"{name}.lora_up.weight"]
+                scale = weights[f"{name}.alpha"].item() / down.shape[0]
+                shape = (up.shape[0], *down.shape[1:])
+                norms.append(lora_delta(down, up, scale, torch.Size(shape)).norm().item())
+        return norms
+
+    keys = dict(max_train_steps=3, learning_rate=1e-2, network_alpha=4.0)
+    assert train(_config(tmp_path, tiny_model_dir, images, "free", **keys)) == 0
+    free = update_norms(tmp_path / "free" / "run.safetensors")
+    limit = sorted(free)[len(free) // 2]
+    assert train(_config(tmp_path, tiny_model_dir, images, "held", scale_weight_norms=limit, **keys)) == 0
+    held = update_norms(tmp_path / "held" / "run.safetensors")
+    assert max(free) > limit * 1.5  # without the limit, updates grow past it
+    assert max(held) <= limit * (1 + 1e-4)
