@@ -10,6 +10,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Largest image side in pixels (training and sample images): a larger side is a typo such as
+# 100000, and would only fail after minutes of loading, when memory runs out.
+MAX_IMAGE_SIDE = 8192
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
@@ -36,6 +40,8 @@ def parse_resolution(value: object) -> list[int]:
         raise ValueError('expected 512, [768, 512] or "768,512"')
     if any(v < 64 or v % 8 for v in size):
         raise ValueError(f"each side must be a multiple of 8 and at least 64, got {size}")
+    if any(v > MAX_IMAGE_SIDE for v in size):
+        raise ValueError(f"each side must be at most {MAX_IMAGE_SIDE}, got {size}")
     return size
 
 
@@ -145,8 +151,10 @@ class DatasetConfig(_Strict):
         description="Aspect-ratio buckets: each image is trained at the bucket size nearest its "
         "aspect ratio (area up to resolution's); every batch comes from one bucket.",
     )
-    min_bucket_reso: int = Field(256, ge=64, description="Smallest bucket side.")
-    max_bucket_reso: int = Field(1024, ge=64, description="Largest bucket side.")
+    min_bucket_reso: int = Field(
+        256, ge=64, le=MAX_IMAGE_SIDE, description="Smallest bucket side."
+    )
+    max_bucket_reso: int = Field(1024, ge=64, le=MAX_IMAGE_SIDE, description="Largest bucket side.")
     bucket_reso_steps: int = Field(
         64,
         ge=8,

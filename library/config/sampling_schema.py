@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from library.config.dataset_schema import MAX_IMAGE_SIDE
 from library.config.section import Section
 
 # kohya's sampler names; the k_ names are aliases of the plain ones (library/sampling/samplers.py).
@@ -54,10 +55,16 @@ class SamplingSection(Section):
         "ddim", description="Sampler of prompts without --ss (kohya's names)."
     )
     sample_width: int = Field(
-        512, ge=64, description="Width of prompts without --w; rounded down to a multiple of 8."
+        512,
+        ge=64,
+        le=MAX_IMAGE_SIDE,
+        description="Width of prompts without --w; rounded down to a multiple of 8.",
     )
     sample_height: int = Field(
-        512, ge=64, description="Height of prompts without --h; rounded down to a multiple of 8."
+        512,
+        ge=64,
+        le=MAX_IMAGE_SIDE,
+        description="Height of prompts without --h; rounded down to a multiple of 8.",
     )
     sample_steps: int = Field(
         30, ge=1, le=1000, description="Inference steps of prompts without --s."

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from library.errors import ConfigError
+
 if TYPE_CHECKING:  # dataset.py imports this module for TrainData.stats
     from library.data.dataset import TrainData
     from library.data.items import ScannedDataset
@@ -173,6 +175,19 @@ def data_stats(data: TrainData) -> DataStats:
         validation_images=data.num_validation_images,
         skipped=data.skipped_images,
     )
+
+
+def check_batch_sizes(stats: DataStats) -> None:
+    """Refuse a dataset whose micro-batch is larger than its samples per epoch: every batch
+    would repeat the same images as padding, which is never what was meant."""
+    for d, ds in enumerate(stats.datasets):
+        if ds.batch_size > ds.samples_per_epoch:
+            raise ConfigError(
+                f"dataset {d} has {ds.samples_per_epoch} samples per epoch (images x num_repeats, "
+                f"regularisation images included) but batch_size = {ds.batch_size}; set "
+                f"train_batch_size (or datasets[{d}].batch_size) to {ds.samples_per_epoch} or "
+                "less, or raise num_repeats"
+            )
 
 
 def _subset_line(subset: SubsetStats) -> str:

@@ -1,0 +1,355 @@
+"""A rough estimate of one optimizer step's peak memory on the training device.
+
+Made after the models are loaded and the trained parameters are known, before anything moves to
+the device, so a run that cannot fit stops in seconds instead of being killed mid-way. Counted:
+
+- weights: every model on the device (parameters and buffers at their dtype), plus autocast's
+  half-precision copies of float32 trained weights under mixed precision;
+- trained state: gradients (in the trained weights' dtype; a second copy in DDP's buckets under
+  several processes), the optimizer state by ``optimizer_type`` (a small table), the EMA copy;
+- activations: one micro-batch at the largest training size, measured by running the trained
+  path (text encoders when trained, then the UNet) on *meta* copies of the models (shapes only,
+  no memory, the real modules untouched) and adding up every leaf module's output. That is what
+  autograd keeps for backward to a first approximation; with gradient checkpointing only the
+  checkpointed regions' outputs and the largest region's inside are kept.
+
+Not counted: the VAE's encoding (it runs without gradients before the UNet), sampling and
+validation (no gradients either), the allocator's fragmentation and CUDA's own context.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from library.config.schema import Config
+from library.data.plan import DataStats
+from library.errors import ConfigError
+from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
+from library.training.activation_memory import ActivationCounter, meta_copy
+from library.training.optimizers import optimizer_kwargs
+from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
+
+GIB = 1024**3
+MIB = 1024**2
+
+# optimizer_type -> (state tensors per parameter, bits per element: None = the parameter's dtype)
+OPTIMIZER_STATES: dict[str, tuple[int, int | None]] = {
+    "AdamW": (2, None),
+    "AdamW8bit": (2, 8),
+    "PagedAdamW": (2, 32),
+    "PagedAdamW8bit": (2, 8),
+    "PagedAdamW32bit": (2, 32),
+    "Lion": (1, None),
+    "Lion8bit": (1, 8),
+    "PagedLion8bit": (1, 8),
+    "SGDNesterov": (1, None),
+    "SGDNesterov8bit": (1, 8),
+    "Prodigy": (4, None),  # exp_avg, exp_avg_sq, s and the starting point p0
+    "AdamWScheduleFree": (2, None),
+    "RAdamScheduleFree": (2, None),
+    "SGDScheduleFree": (1, None),
+}
+UNKNOWN_OPTIMIZER_STATES = (2, None)  # an optimizer by import path: assume Adam-like
+# bitsandbytes keeps 32-bit state for tensors smaller than this (its min_8bit_size default)
+BNB_MIN_8BIT_SIZE = 4096
+BNB_BLOCK = 256  # elements per float32 scale of bitsandbytes' blockwise 8-bit state
+
+
+@dataclass(frozen=True)
+class TrainingSize:
+    """One micro-batch: ``batch`` images of ``width`` x ``height`` pixels."""
+
+    width: int
+    height: int
+    batch: int
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of one optimizer step's peak, by kind."""
+
+    weights: int
+    trained_state: int  # gradients, optimizer state, EMA
+    activations: int
+    size: TrainingSize
+    checkpointing: bool
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.trained_state + self.activations
+
+
+# --- weights and trained state ------------------------------------------------------------------
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of ``tensors``, each counted once."""
+    unique = {id(t): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers at their dtypes."""
+    return tensor_bytes(itertools.chain(module.parameters(), module.buffers()))
+
+
+def vae_stays_on_device(config: Config, draws_samples: bool) -> bool:
+    """The trainer moves the VAE off the device when every latent is cached and no sample
+    image is decoded."""
+    return not config.data.latents_cached or draws_samples
+
+
+def weight_bytes(config: Config, parts: TrainedParts, draws_samples: bool) -> int:
+    """Every model kept on the device during training, plus autocast's copies of trained
+    float32 weights in the mixed-precision dtype (kept for backward)."""
+    comps = parts.components
+    modules = [comps.unet, *comps.text_encoders]
+    if vae_stays_on_device(config, draws_samples):
+        modules.append(comps.vae)
+    total = sum(module_bytes(m) for m in modules)
+    compute = WEIGHT_DTYPES[config.training.mixed_precision]
+    params = parts.parameters()
+    if compute != torch.float32 and trained_dtype(config) == torch.float32:
+        total += sum(p.numel() for p in params) * compute.itemsize
+    return total
+
+
+def gradient_bytes(params: list[torch.nn.Parameter], world_size: int, bucket_view: bool) -> int:
+    """Gradients in the parameters' dtype; DDP's buckets hold a second copy unless gradients
+    are views into them."""
+    grads = tensor_bytes(params)
+    return grads * 2 if world_size > 1 and not bucket_view else grads
+
+
+def optimizer_state_bytes(
+    optimizer_type: str, params: list[torch.nn.Parameter], kwargs: dict
+) -> int:
+    """About how much state ``optimizer_type`` keeps for ``params`` (``kwargs``: its
+    optimizer_args)."""
+    if optimizer_type == "Adafactor":
+        return sum(_adafactor_elements(p, kwargs) * p.element_size() for p in params)
+    states, bits = OPTIMIZER_STATES.get(optimizer_type, UNKNOWN_OPTIMIZER_STATES)
+    if optimizer_type == "AdamW" and kwargs.get("amsgrad"):
+        states += 1
+    min_8bit = kwargs.get("min_8bit_size", BNB_MIN_8BIT_SIZE)
+    return sum(states * _state_bytes(p, bits, min_8bit) for p in params)
+
+
+def _state_bytes(param: torch.Tensor, bits: int | None, min_8bit: int) -> int:
+    """Bytes of one state tensor of ``param``: in its dtype, 32-bit, or bitsandbytes' 8-bit
+    (one byte per element plus a float32 scale per block; 32-bit below ``min_8bit``)."""
+    if bits is None:
+        return param.numel() * param.element_size()
+    if bits == 32 or param.numel() < min_8bit:
+        return param.numel() * 4
+    return param.numel() + math.ceil(param.numel() / BNB_BLOCK) * 4
+
+
+def _adafactor_elements(param: torch.Tensor, kwargs: dict) -> int:
+    """Adafactor's state elements: a factored second moment (rows + columns) for matrices, a
+    full one otherwise, and a first moment with beta1."""
+    shape = param.shape
+    if len(shape) >= 2:
+        second = math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
+    else:
+        second = param.numel()
+    first = param.numel() if kwargs.get("beta1") is not None else 0
+    return second + first
+
+
+def trained_state_bytes(config: Config, parts: TrainedParts, world_size: int) -> int:
+    """Gradients, optimizer state and the EMA copy (float32) of the trained parameters."""
+    params = parts.parameters()
+    training = config.training
+    total = gradient_bytes(params, world_size, training.ddp_gradient_as_bucket_view)
+    kwargs = optimizer_kwargs(config.optimizer)
+    total += optimizer_state_bytes(config.optimizer.optimizer_type, params, kwargs)
+    if training.ema_decay:
+        total += sum(p.numel() for p in params) * 4
+    return total
+
+
+def training_activations(config: Config, parts: TrainedParts, size: TrainingSize) -> int:
+    """What one micro-batch of ``size`` keeps for backward: the trained text encoders' forward
+    and the UNet's, run on meta copies through the trainer's own conditioning code."""
+    comps = parts.components
+    precision = config.training.mixed_precision
+    dtype = WEIGHT_DTYPES[precision]
+    counter = ActivationCounter(None if precision == "no" else dtype, not uses_sdpa(config))
+    trained = {id(m) for _, m in parts.trained_modules()}
+    encoders = [_meta_for_training(e, dtype, id(e) in trained) for e in comps.text_encoders]
+    unet = _meta_for_training(comps.unet, dtype, id(comps.unet) in trained)
+    with torch.enable_grad():
+        if parts.train_text_encoder:
+            for encoder in encoders:
+                counter.watch(encoder)
+        text_grads = nullcontext() if parts.train_text_encoder else torch.no_grad()
+        with text_grads:
+            text = encode_text(
+                comps.family,
+                comps.tokenizers,
+                encoders,
+                [""] * size.batch,
+                "meta",
+                config.model.clip_skip,
+                config.model.max_token_length,
+            )
+        sizes = plain_sizes(size.batch, size.height, size.width)
+        cond = assemble_conditioning(comps.family, text, sizes, "meta", dtype)
+        counter.watch(unet)
+        latents, timesteps = _noisy_latents(comps, size, dtype)
+        unet(latents, timesteps, cond.encoder_hidden_states, **cond.unet_kwargs)
+    return counter.total
+
+
+def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Meta latents [B, C, H / f, W / f] (f the VAE's downscaling) and timesteps [B]."""
+    factor = 2 ** (len(comps.vae.config.block_out_channels) - 1)
+    shape = (size.batch, comps.unet.config.in_channels, size.height // factor, size.width // factor)
+    latents = torch.empty(shape, device="meta", dtype=dtype)
+    return latents, torch.zeros(size.batch, dtype=torch.long, device="meta")
+
+
+def _meta_for_training(module: torch.nn.Module, dtype: torch.dtype, trained: bool):
+    copied = meta_copy(module, dtype)
+    return copied.train() if trained else copied  # trained modules run in training mode
+
+
+def training_sizes(stats: DataStats) -> list[TrainingSize]:
+    """Each dataset's largest bucket at its batch size (each size once)."""
+    sizes = []
+    for ds in stats.datasets:
+        buckets = [b.size for b in ds.buckets] or [ds.resolution]
+        width, height = max(buckets, key=lambda s: s[0] * s[1])
+        size = TrainingSize(width, height, ds.batch_size)
+        if size not in sizes:
+            sizes.append(size)
+    return sizes
+
+
+def estimate_peak_memory(
+    config: Config, parts: TrainedParts, stats: DataStats, world_size: int, draws_samples: bool
+) -> MemoryEstimate:
+    """The estimate for this run (see the module docstring); activations at the size of the
+    datasets that needs most."""
+    measured = [(training_activations(config, parts, s), s) for s in training_sizes(stats)]
+    activations, size = max(measured, key=lambda pair: pair[0])
+    return MemoryEstimate(
+        weights=weight_bytes(config, parts, draws_samples),
+        trained_state=trained_state_bytes(config, parts, world_size),
+        activations=activations,
+        size=size,
+        checkpointing=config.training.gradient_checkpointing,
+    )
+
+
+# --- the device and the check ------------------------------------------------------------------
+
+
+def system_memory() -> tuple[int, int] | None:
+    """(total, available) bytes of system memory, or None where it cannot be read."""
+    try:
+        text = Path("/proc/meminfo").read_text(encoding="ascii")
+    except OSError:
+        return _psutil_memory()
+    fields = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts:
+            fields[name] = int(parts[0]) * 1024  # kB
+    if "MemTotal" not in fields:
+        return _psutil_memory()
+    return fields["MemTotal"], fields.get("MemAvailable", fields["MemTotal"])
+
+
+def _psutil_memory() -> tuple[int, int] | None:
+    try:  # installed with accelerate
+        import psutil
+    except ImportError:
+        return None
+    memory = psutil.virtual_memory()
+    return memory.total, memory.available
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """(total, free) bytes of ``device``, or None where unknown."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return total, free
+    if device.type == "cpu":
+        return system_memory()
+    return None
+
+
+def show_bytes(n: int) -> str:
+    """Bytes in GiB with one decimal, or in MiB below 1 GiB."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{math.ceil(n / MIB)} MiB"
+
+
+def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str:
+    """The plan's memory line."""
+    s = estimate.size
+    checkpointing = " with gradient checkpointing" if estimate.checkpointing else ""
+    line = (
+        f"  memory: about {show_bytes(estimate.total)} peak on {device} (weights "
+        f"{show_bytes(estimate.weights)}, gradients + optimizer "
+        f"{show_bytes(estimate.trained_state)}, activations {show_bytes(estimate.activations)} "
+        f"at {s.width}x{s.height} x {s.batch}{checkpointing})"
+    )
+    if memory is None:
+        return line + "; the device's memory is unknown"
+    total, free = memory
+    return line + f"; the device has {show_bytes(total)} ({show_bytes(free)} free now)"
+
+
+def _remedies(config: Config) -> str:
+    fixes = ["lower train_batch_size or resolution"]
+    if not config.training.gradient_checkpointing:
+        fixes.append("turn on gradient_checkpointing")
+    if not config.data.cache_latents:
+        fixes.append("cache_latents")
+    return ", ".join(fixes) + ", or set ignore_memory_estimate = true to try anyway"
+
+
+def check_peak_memory(
+    config: Config, parts: TrainedParts, stats: DataStats, accelerator, draws_samples: bool
+) -> str:
+    """Estimate the peak memory on the accelerator's device; return the plan's memory line.
+
+    Raises ConfigError when the estimate exceeds the device's total memory, unless
+    ignore_memory_estimate is set. ``draws_samples``: sample images are made during training.
+    """
+    device = accelerator.device
+    try:
+        estimate = estimate_peak_memory(
+            config, parts, stats, accelerator.num_processes, draws_samples
+        )
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        # a model the meta forward cannot run must not stop training: the estimate is advice
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"  memory: not estimated (the meta-device forward pass failed: {reason})"
+    memory = device_memory(device)
+    line = estimate_line(estimate, device, memory)
+    if memory is None or estimate.total <= memory[1]:
+        return line
+    total = memory[0]
+    if estimate.total > total:
+        exceeds = (
+            f"estimated peak memory {show_bytes(estimate.total)} exceeds the {show_bytes(total)} "
+            f"of {device}"
+        )
+        if not config.training.ignore_memory_estimate:
+            raise ConfigError(f"{exceeds}; {_remedies(config)}")
+        return line + f"\nwarning: {exceeds}; trying anyway (ignore_memory_estimate = true)"
+    return (
+        line
+        + f"\nwarning: the estimate is more than the {show_bytes(memory[1])} free on {device} now"
+    )
