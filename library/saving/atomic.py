@@ -2,6 +2,11 @@
 
 Everything is first written beside its destination (same folder, so the same file system) and
 then renamed into place; on failure the temporary is removed and the old output is untouched.
+
+A write that fails (disk full, no permission, I/O error) becomes a one-line SaveError naming the
+destination, whichever writer failed: Python's OSError, safetensors' SafetensorError or torch's
+RuntimeError from its zip writer. Any other exception is a bug, not a write failure, and passes
+through unchanged.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -18,7 +24,20 @@ from library.errors import DifftuneError
 
 
 class SaveError(DifftuneError):
-    """An output file or folder could not be written (disk full, no permission, ...)."""
+    """An output file or folder could not be written (disk full, no permission, ...).
+
+    ``path`` and ``reason`` are set when the message has the form "cannot write PATH: REASON",
+    so a caller can add what it did instead (e.g. where the weights went) without the hint.
+    """
+
+    # A run that fails here did train; 1 as for TrainingError ("could not finish, what could be
+    # kept is named in the message"). 2 stays for input that is wrong before anything runs.
+    exit_code = 1
+
+    def __init__(self, message: str, path: Path | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
 
 
 def _current_umask() -> int:
@@ -30,14 +49,97 @@ def _current_umask() -> int:
 # mkstemp/mkdtemp create private (0600/0700) entries; outputs get the usual permissions instead.
 _UMASK = _current_umask()
 
+NO_SPACE = "no space left on device"
+_NO_SPACE_HINT = "free space or choose another output_dir"
+# After a failed write the temporary still fills the disk; below this much free space a failure
+# whose cause the writer did not report (torch gives no errno) is taken as a full disk.
+NEARLY_FULL_BYTES = 16 * 2**20
+# torch.save's zip writer reports a failed write as a RuntimeError from inline_container.cc
+_TORCH_WRITE_FAILURE = re.compile(r"inline_container|PytorchStreamWriter|file write failed")
+_ENFORCE_PREFIX = re.compile(r"^\[enforce fail at [^\]]*\]\s*\.?\s*")
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
+_MAX_REASON = 200
 
-def _save_error(path: Path, exc: OSError) -> SaveError:
-    reason = exc.strerror or str(exc)
-    if exc.errno == errno.ENOSPC:
-        reason = "no space left on device; free space or choose another output_dir"
-    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        reason = f"{reason}; choose a writable output_dir"
-    return SaveError(f"cannot write {path}: {reason}")
+
+def _first_line(text: str) -> str:
+    """The message without the C++ backtrace torch appends, and not too long for one line."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    line = _ENFORCE_PREFIX.sub("", line)
+    return line if len(line) <= _MAX_REASON else line[: _MAX_REASON - 3] + "..."
+
+
+def _chained_errno(exc: BaseException) -> int | None:
+    """The errno of an OSError behind ``exc`` (torch raises its RuntimeError while handling one)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno:
+            return current.errno
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _is_safetensors_io_error(exc: BaseException) -> bool:
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - safetensors is a dependency
+        return False
+    # other SafetensorErrors (bad tensors, bad metadata) are the caller's bugs, not write failures
+    return isinstance(exc, SafetensorError) and "I/O error" in str(exc)
+
+
+def _write_failure(exc: BaseException) -> tuple[int | None, str] | None:
+    """(errno or None, one-line reason) when ``exc`` is a failed write; None for anything else."""
+    if isinstance(exc, shutil.Error):  # copytree collects (src, dst, reason) of every failed file
+        errors = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+        first = errors[0] if errors else None
+        text = str(first[2]) if isinstance(first, tuple) and len(first) == 3 else str(exc)
+        match = _OS_ERROR_CODE.search(text)
+        code = int(match.group(1) or match.group(2)) if match else None
+        return code, os.strerror(code) if code else _first_line(text)
+    if isinstance(exc, OSError):
+        return exc.errno, _first_line(exc.strerror or str(exc))
+    if _is_safetensors_io_error(exc):
+        text = str(exc)
+        match = _OS_ERROR_CODE.search(text)
+        reason = text.split("I/O error:", 1)[-1]
+        reason = re.sub(r"\s*\(os error \d+\).*", "", reason, flags=re.DOTALL)
+        return (int(match.group(1)) if match else None), _first_line(reason)
+    if isinstance(exc, RuntimeError) and _TORCH_WRITE_FAILURE.search(str(exc)):
+        code = _chained_errno(exc)
+        return code, os.strerror(code) if code else f"write failed ({_first_line(str(exc))})"
+    return None
+
+
+def _nearly_full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
+
+
+def _save_error(path: Path, exc: BaseException) -> SaveError | None:
+    """``exc`` as a one-line SaveError naming ``path``; None when it is not a write failure.
+
+    Call it before the temporary is removed: a failed write's partial file is what shows the disk
+    to be full when the writer gave no errno.
+    """
+    failure = _write_failure(exc)
+    if failure is None:
+        return None
+    code, reason = failure
+    if code is None and _nearly_full(path.parent):
+        code = errno.ENOSPC
+    hint = None
+    if code == errno.ENOSPC:
+        reason, hint = NO_SPACE, _NO_SPACE_HINT
+    elif code is not None and code == getattr(errno, "EDQUOT", None):  # not on Windows
+        reason, hint = "disk quota exceeded", _NO_SPACE_HINT
+    elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = "choose a writable output_dir"
+    message = f"cannot write {path}: {reason}" + (f"; {hint}" if hint else "")
+    return SaveError(message, path=path, reason=reason)
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:
@@ -53,7 +155,8 @@ def atomic_write_file(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp)`` to create a temporary file beside ``path``, then move it into place.
 
     The temporary is fsynced before the rename. On any exception it is removed and an existing
-    ``path`` is left as it was; OSErrors (disk full, permissions) become one-line SaveErrors.
+    ``path`` is left as it was; a failed write (see the module's docstring) becomes a one-line
+    SaveError, chained to the writer's exception.
     """
     path = Path(path)
     tmp: Path | None = None
@@ -69,8 +172,11 @@ def atomic_write_file(path: str | Path, write: Callable[[Path], None]) -> Path:
         tmp = None
         with contextlib.suppress(OSError):  # not every file system can fsync a folder
             _fsync_path(path.parent, directory=True)
-    except OSError as exc:
-        raise _save_error(path, exc) from exc
+    except Exception as exc:
+        error = _save_error(path, exc)
+        if error is None:
+            raise
+        raise error from exc
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
@@ -91,7 +197,8 @@ def atomic_write_dir(path: str | Path, write: Callable[[Path], None]) -> Path:
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise SaveError(f"cannot write folder {path}: a file of that name exists")
+        reason = "a file of that name exists"
+        raise SaveError(f"cannot write folder {path}: {reason}", path=path, reason=reason)
     tmp: Path | None = None
     old: Path | None = None
     try:
@@ -111,8 +218,11 @@ def atomic_write_dir(path: str | Path, write: Callable[[Path], None]) -> Path:
                 os.replace(restore, path)
             raise
         tmp = None
-    except OSError as exc:
-        raise _save_error(path, exc) from exc
+    except Exception as exc:
+        error = _save_error(path, exc)
+        if error is None:
+            raise
+        raise error from exc
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

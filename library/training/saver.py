@@ -102,7 +102,8 @@ class Saver:
             plan = self.plan
             sizes = save_sizes(self.config, self.parts, ema=self.ema is not None)
             estimate = estimate_run(
-                self.config.saving, sizes, plan.total_steps, plan.steps_per_epoch, plan.epochs, start_step
+                self.config.saving, sizes, plan.total_steps, plan.steps_per_epoch, plan.epochs,
+                start_step,
             )
             problem = space_problem(self.layout.dir, estimate)
         problem = _from_main(self.accelerator, problem)
@@ -187,15 +188,17 @@ class Saver:
                 self._write_weights(target, global_step, final, with_folder=False)
             except SaveError:
                 continue
-            return SaveError(
-                f"{what}; the trained weights were saved to {target} instead", failed.path, failed.reason
-            )
+            message = f"{what}; the trained weights were saved to {target} instead"
+            return SaveError(message, failed.path, failed.reason)
         tried = " or ".join(str(folder) for folder in folders)
         last = self.layout.latest_state()
-        keep = _resume_hint(last, failed) if last else "no state was saved, so this run's weights are lost"
-        return SaveError(f"{what}; writing them to {tried} failed too; {keep}", failed.path, failed.reason)
+        keep = _resume_hint(last, failed) if last else "no state was saved: the weights are lost"
+        message = f"{what}; writing them to {tried} failed too; {keep}"
+        return SaveError(message, failed.path, failed.reason)
 
-    def _write_weights(self, path: Path, global_step: int, final: bool, with_folder: bool = True) -> None:
+    def _write_weights(
+        self, path: Path, global_step: int, final: bool, with_folder: bool = True
+    ) -> None:
         metadata = self._metadata(global_step, final)
         self._write_model(path, metadata, folder=final and with_folder)
         if self.ema is not None:
