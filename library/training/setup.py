@@ -78,6 +78,10 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
     return parts
 
 
+# The dtype of frozen weights and of autocast under each mixed_precision.
+WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def trained_dtype(config: Config) -> torch.dtype:
     """The dtype of trained weights: float32, or half precision with full_bf16 / full_fp16."""
     training = config.training
@@ -137,7 +141,8 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
     parts = TrainedParts(components, True, train_unet, train_te, groups)
     if net.network_weights:
         tensors, _ = read_lora_file(net.network_weights)
-        import_lora(parts.lora_models(), tensors, net.network_weights)
+        prefixes = components.family.text_encoder_lora_prefixes
+        import_lora(parts.lora_models(), tensors, net.network_weights, prefixes)
     return parts
 
 

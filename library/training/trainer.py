@@ -19,9 +19,11 @@ from accelerate.utils import (
 
 from library.config.schema import Config
 from library.data.dataset import TrainData
+from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
 from library.errors import CheckpointError, TrainingError
 from library.models.loader import load_components
+from library.networks.max_norm import apply_max_norm
 from library.sampling.runner import SampleRunner
 from library.training.caching import (
     build_latent_cache,
@@ -31,6 +33,7 @@ from library.training.caching import (
 )
 from library.training.ema import WeightAverage
 from library.training.loss import LossOptions
+from library.training.memory_estimate import check_peak_memory
 from library.training.noise import NoiseOptions
 from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
@@ -39,14 +42,13 @@ from library.training.progress import ProgressReporter, plan_text, run_logging_d
 from library.training.resume_rules import change_lines
 from library.training.saver import Saver
 from library.training.schedulers import build_scheduler, restore_schedule
-from library.training.setup import TrainedParts, allow_fp16_gradients, setup_training
+from library.training.setup import WEIGHT_DTYPES, TrainedParts, allow_fp16_gradients, setup_training
 from library.training.state import load_state
 from library.training.step import StepInputs, micro_batch_loss
 from library.training.stops import StopSignals, TrainingStopped, agree_on_step
 from library.training.validation_runs import Validator
 
 DEFAULT_DDP_TIMEOUT_MINUTES = 30
-WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -91,6 +93,7 @@ class Trainer:
             cache_dir=config.data.cache_dir,
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
+        check_batch_sizes(self.data.stats)  # before any model loads
         self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
         self.validator = Validator(config, self.data, self.accelerator)
 
@@ -151,6 +154,7 @@ class Trainer:
         set_seed(config.training.seed)
         parts = setup_training(config, load_components(config.model, weight_dtype))
         check_bucket_steps(config, parts.components)
+        acc.print(check_peak_memory(config, parts, self.data.stats, acc, bool(self.sampler.prompts)))
         optimizer = build_optimizer(config.optimizer, parts.param_groups)
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)
         trained = self._prepare(parts)
@@ -184,17 +188,20 @@ class Trainer:
         self.sampler.attach(parts.components, self._prepared, optimizer)
         self.validator.attach(loop.inputs, loop.source, optimizer)
         self.sampler.at_start(global_step)
-        with loop.signals:
-            for epoch in range(plan.epoch_of_step(global_step), plan.epochs):
-                global_step = self._train_epoch(loop, epoch, global_step)
-                self.sampler.after_epoch(epoch + 1, global_step)
-                if self.validator.due_after_epoch(epoch + 1):
-                    loop.reporter.validation(global_step, self.validator.run())
-                if global_step >= plan.total_steps:
-                    break
-                saver.after_epoch(epoch + 1, global_step)
-
-        final = saver.at_end(global_step)
+        try:
+            with loop.signals:
+                for epoch in range(plan.epoch_of_step(global_step), plan.epochs):
+                    global_step = self._train_epoch(loop, epoch, global_step)
+                    self.sampler.after_epoch(epoch + 1, global_step)
+                    if self.validator.due_after_epoch(epoch + 1):
+                        loop.reporter.validation(global_step, self.validator.run())
+                    if global_step >= plan.total_steps:
+                        break
+                    saver.after_epoch(epoch + 1, global_step)
+            final = saver.at_end(global_step)
+        except BaseException:
+            loop.reporter.bar.close()  # so an error message starts on its own line
+            raise
         loop.reporter.close(final)
         acc.end_training()
         return final
@@ -228,11 +235,12 @@ class Trainer:
             # one the fp16 loss scaler skipped is retried at the same learning rate
             if not (step.apply and acc.optimizer_step_was_skipped):
                 loop.scheduler.step()
+            extra = self._max_norm(loop) if step.apply else None
             if step.apply and loop.saver.ema is not None:
                 loop.saver.ema.update()
             global_step += 1
             loss_sum.zero_()
-            loop.reporter.step(global_step, step.loss, loop.scheduler.get_last_lr(), step.grad_norm, step.apply)
+            loop.reporter.step(global_step, step.loss, loop.scheduler.get_last_lr(), step.grad_norm, step.apply, extra)
             loop.saver.after_step(global_step)
             self.sampler.after_step(global_step)
             if self.validator.due_after_step(global_step):
@@ -242,6 +250,19 @@ class Trainer:
             if global_step >= plan.total_steps:
                 break
         return global_step
+
+    def _max_norm(self, loop: _Loop) -> dict | None:
+        """kohya's scale_weight_norms after an applied step: the same on every process, since
+        every process holds the same weights."""
+        limit = self.config.network.scale_weight_norms
+        if not limit or not loop.saver.parts.lora:
+            return None
+        stats = apply_max_norm(loop.saver.parts.lora_models().values(), limit)
+        return {
+            "max_norm/keys_scaled": stats.scaled,
+            "max_norm/average_key_norm": stats.mean_norm,
+            "max_norm/max_key_norm": stats.max_norm,
+        }
 
     def _sync_point(self, loop: _Loop, micro: int, loss_sum: torch.Tensor, global_step: int) -> _StepResult:
         """At the window's last micro-batch: agree on loss and stop signals, then clip."""
