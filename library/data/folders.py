@@ -54,10 +54,15 @@ class ImageItem:
     subset_dir: str
 
 
+def missing_folder(path: str | Path) -> str:
+    """Why ``path`` is not a folder: "is a file, not a folder" or "does not exist"."""
+    return "is a file, not a folder" if Path(path).exists() else "does not exist"
+
+
 def _subfolders(parent: str, role: str, key: str) -> list[Path]:
     root = Path(parent)
     if not root.is_dir():
-        raise DataError(f"{role} folder {parent} does not exist; fix {key}")
+        raise DataError(f"{role} folder {parent} {missing_folder(root)}; fix {key}")
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         raise DataError(
@@ -158,14 +163,31 @@ def _caption_problem(path: Path) -> str | None:
     return "is not a regular file; replace it with a text file or remove it"
 
 
+# The caption extensions people use: kohya's default (".caption") and the GUIs' (".txt").
+_COMMON_CAPTION_EXTENSIONS = (".txt", ".caption")
+
+
 def _caption(image: Path, subset: SubsetConfig) -> str:
     path = image.with_name(image.stem + subset.caption_extension)
     if not (path.exists() or path.is_symlink()):
+        _refuse_other_extension(image, subset.caption_extension)
         return subset.class_tokens or ""  # "": no caption at all (module docstring)
     problem = _caption_problem(path)
     if problem is not None:
         raise DataError(f"caption file {path} (for image {image.name}) {problem}")
     return read_caption_file(path, subset.enable_wildcard)
+
+
+def _refuse_other_extension(image: Path, extension: str) -> None:
+    """An image whose caption has the other common extension would silently train without it
+    (kohya's default is ".caption", the GUIs' and ours ".txt"): say which key to set."""
+    for other in _COMMON_CAPTION_EXTENSIONS:
+        found = image.with_name(image.stem + other)
+        if other != extension and found.is_file():
+            raise DataError(
+                f"image {image} has no {extension} caption but has {found.name}; set "
+                f'caption_extension = "{other}" (the {extension} files are read now)'
+            )
 
 
 def _names(paths: list[Path], shown: int = 3) -> str:
@@ -178,7 +200,7 @@ def scan_folder(subset: SubsetConfig) -> FolderScan:
     entries that are ignored (see the module docstring)."""
     folder = Path(subset.image_dir)
     if not folder.is_dir():
-        raise DataError(f"image_dir {subset.image_dir} does not exist; fix the path")
+        raise DataError(f"image_dir {subset.image_dir} {missing_folder(folder)}; fix the path")
     images, ignored = [], []
     for entry in sorted(folder.iterdir(), key=lambda p: p.name):
         if entry.suffix.lower() in IMAGE_EXTENSIONS and not entry.name.startswith("."):

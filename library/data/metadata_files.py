@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from library.data.folders import IMAGE_EXTENSIONS
+from library.data.folders import IMAGE_EXTENSIONS, missing_folder
 from library.errors import DataError
 
 _KOHYA_LOOKUP = (".png", ".jpg", ".jpeg", ".webp", ".bmp")  # kohya's order
@@ -218,7 +218,8 @@ def read_metadata_entries(
     folder = Path(image_dir) if image_dir is not None else None
     if folder is not None and not folder.is_dir():
         raise DataError(
-            f"image_dir {image_dir} (for metadata file {path}) does not exist; fix image_dir"
+            f"image_dir {image_dir} (for metadata file {path}) {missing_folder(folder)}; fix "
+            "image_dir"
         )
     suffix = path.suffix.lower()
     if suffix == ".json":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -81,9 +82,17 @@ class CheckpointFile:
 
 def _load_pickled(path: Path) -> dict[str, torch.Tensor]:
     try:
-        data = torch.load(str(path), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols before refusing
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        if found is None and _is_plain_pickle(path):
+            raise ModelError(
+                f"{path} is a plain Python pickle, not a file torch.save wrote; difftune reads "
+                "only torch's own format and never runs pickled code: convert it to "
+                ".safetensors with a tool you trust"
+            ) from None
         if found is None:
             raise ModelError(
                 f"{path} is corrupt or truncated (not a readable torch file)"
@@ -100,6 +109,17 @@ def _load_pickled(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(data, dict):
         raise ModelError(f"{path} does not hold a dict of tensors")
     return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+
+
+# torch.save's zip format starts like any zip file; its legacy format with a pickled magic number
+_TORCH_STARTS = (b"PK\x03\x04", b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19")
+
+
+def _is_plain_pickle(path: Path) -> bool:
+    """A pickle stream (protocol opcode first) that torch.save did not write."""
+    with open(path, "rb") as file:
+        head = file.read(16)
+    return head[:1] == b"\x80" and not head.startswith(_TORCH_STARTS)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""The one place that knows kohya's LoRA key names (see FORMATS.md section 1).
+"""The one place that knows kohya's LoRA key names (see docs/formats.md, LoRA files).
 
 A module of the model at path ``a.b.0.c`` is named ``<prefix>_a_b_0_c`` in a kohya file, with the
 tensors ``<name>.lora_down.weight``, ``<name>.lora_up.weight`` and ``<name>.alpha``. Names are
@@ -130,11 +130,26 @@ def _group(tensors: Mapping[str, torch.Tensor], source: str) -> dict[str, dict[s
     return groups
 
 
-def _unmatched_error(names: list[str], models: Mapping[str, nn.Module], source: str) -> str:
+def _unmatched_error(
+    names: list[str],
+    models: Mapping[str, nn.Module],
+    source: str,
+    text_prefixes: tuple[str, ...] | None,
+) -> str:
     """Explain file modules we have no adapter for, naming the fix."""
     by_prefix: dict[str | None, list[str]] = {}
     for name in names:
         by_prefix.setdefault(_prefix_of(name), []).append(name)
+    for prefix, group in by_prefix.items():
+        if prefix is None or prefix == UNET or text_prefixes is None or prefix in text_prefixes:
+            continue
+        # text-encoder weights of another family: no setting makes this model load them
+        made_for = "SDXL" if prefix in ("lora_te1", "lora_te2") else "SD 1.x/2.x"
+        this = "SD 1.x/2.x" if made_for == "SDXL" else "SDXL"
+        return (
+            f"{source}: is a LoRA for {made_for} models ({group[0]}, ...), but the base model is "
+            f"{this}; use a {made_for} base model or a LoRA made for {this}"
+        )
     for prefix, group in by_prefix.items():
         if prefix is not None and prefix not in models:
             what, fix = KNOWN_PREFIXES[prefix]
@@ -173,11 +188,16 @@ def _looks_conv(name: str) -> bool:
 
 
 def import_lora(
-    models: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], source: str
+    models: Mapping[str, nn.Module],
+    tensors: Mapping[str, torch.Tensor],
+    source: str,
+    text_prefixes: tuple[str, ...] | None = None,
 ) -> None:
     """Copy a kohya file's down/up weights and alphas into the already-injected adapters.
 
-    ``models`` maps prefix -> adapted model, ``source`` names the file in errors. Every file
+    ``models`` maps prefix -> adapted model, ``source`` names the file in errors and
+    ``text_prefixes`` are the base model family's text-encoder prefixes (to tell a LoRA of
+    another family from one whose text encoder is just not trained). Every file
     module must match an adapted layer and every adapted layer must be in the file, with the
     same rank and shapes; a module without alpha gets alpha = rank. Everything is checked
     before anything is copied, so a refused file leaves the adapters as they were.
@@ -191,7 +211,7 @@ def import_lora(
             table[name] = (model, path, layers[path])
     unmatched = sorted(set(groups) - set(table))
     if unmatched:
-        raise CheckpointError(_unmatched_error(unmatched, models, source))
+        raise CheckpointError(_unmatched_error(unmatched, models, source, text_prefixes))
     missing = sorted(set(table) - set(groups))
     if missing:
         raise CheckpointError(_missing_error(missing, len(table), source))

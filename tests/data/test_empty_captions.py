@@ -98,3 +98,18 @@ def test_the_loader_gives_prefix_and_suffix_as_the_caption(tmp_path):
     data = TrainData([DatasetConfig(resolution=64, batch_size=3, subsets=[subset])], seed=0)
     [batch] = list(data.loader(epoch=0, rank=0))
     assert sorted(batch["captions"]) == ["sks, , photo", "sks, , photo", "sks, a cat, photo"]
+
+
+def test_captions_with_the_other_common_extension_are_not_silently_skipped(tmp_path):
+    # kohya's default caption_extension is ".caption", difftune's ".txt": a folder captioned for
+    # one must not train uncaptioned under the other
+    from PIL import Image
+
+    from library.errors import DataError
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    (tmp_path / "a.caption").write_text("a photo", encoding="utf-8")
+    with pytest.raises(DataError, match='set caption_extension = ".caption"'):
+        scan_subset(SubsetConfig(image_dir=str(tmp_path)))
+    items = scan_subset(SubsetConfig(image_dir=str(tmp_path), caption_extension=".caption"))
+    assert [item.caption for item in items] == ["a photo"]

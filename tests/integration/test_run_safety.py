@@ -170,3 +170,26 @@ def test_leftovers_of_a_killed_save_are_cleaned_at_start(tmp_path, tiny_model_di
     unrelated.write_text("not ours")
     assert train(_config(tmp_path, tiny_model_dir, images)) == 0
     assert not leftover.exists() and unrelated.exists()
+
+
+def test_unusable_output_dir_stops_before_models_load(tmp_path, tiny_model_dir, images, monkeypatch, capsys):
+    monkeypatch.setattr("library.training.trainer.load_components", lambda *a, **k: pytest.fail("loaded"))
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    config = _config(tmp_path, tiny_model_dir, images)
+    # a file where the folder should be, and a place no one may write (/sys refuses even root)
+    for place, expected in ((a_file, "is a file, not a folder"), (Path("/sys/difftune-out"), "is not writable")):
+        capsys.readouterr()
+        assert train(config, "--output_dir", str(place)) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and f"output_dir {place} {expected}" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("learning_rate", "inf"), ("unet_lr", "nan"), ("noise_offset", "inf"), ("learning_rate", "1e39")]
+)
+def test_non_finite_or_unusable_numbers_are_refused_at_load(tmp_path, tiny_model_dir, images, capsys, key, value):
+    config = _config(tmp_path, tiny_model_dir, images)
+    assert train(config, f"--{key}", value) == 2
+    error = capsys.readouterr().err
+    assert f'key "{key}"' in error and ("finite" in error or "<= 3e+38" in error), error
