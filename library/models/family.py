@@ -53,7 +53,7 @@ class ModelFamily:
     # "penultimate": hidden_states[-2] without the final norm, what SDXL was trained on.
     text_layer: TextLayer = "last"
     # UNet module names in LoRA files: diffusers paths (SD 1.x/2.x) or the original SGM layout
-    # (SDXL; FORMATS.md section 1). modelspec.implementation of a LoRA file follows the layout.
+    # (SDXL; docs/formats.md, LoRA files). modelspec.implementation of a LoRA file follows it.
     unet_lora_key_layout: UNetKeyLayout = "diffusers"
     lora_implementation: str = "diffusers"
     # scaling_factor of the family's released VAE. Training reads the loaded VAE's config; this

@@ -1,12 +1,12 @@
 """Write models in the layouts other tools load: one original-layout checkpoint file (A1111,
 ComfyUI, diffusers ``from_single_file``), and text-encoder folders in the ``text_model.`` layout.
 
-Original layout (FORMATS.md §5): ``model.diffusion_model.*`` (UNet, LDM/SGM names),
-``first_stage_model.*`` (VAE, attention as 1x1 convs) and the text encoders: SD 1.x
+Original layout (docs/formats.md, single-file checkpoints): ``model.diffusion_model.*`` (UNet,
+LDM/SGM names), ``first_stage_model.*`` (VAE, attention as 1x1 convs) and the text encoders: SD 1.x
 ``cond_stage_model.transformer.text_model.*``; SD 2.x OpenCLIP ``cond_stage_model.model.*`` with
 fused q/k/v and one block more than the diffusers encoder (a copy of its last, never used: SD 2.x
-conditions on the penultimate block, and loaders built for OpenCLIP ViT-H expect 24 blocks);
-SDXL ``conditioner.embedders.0.transformer.text_model.*`` and ``conditioner.embedders.1.model.*``.
+conditions on the penultimate block, and loaders built for OpenCLIP ViT-H expect 24 blocks); SDXL
+``conditioner.embedders.0.transformer.text_model.*`` and ``conditioner.embedders.1.model.*``.
 Each component's diffusers config is stored in the metadata (``difftune.config.<name>``), so
 difftune rebuilds even non-standard sizes exactly; other tools ignore those keys.
 

@@ -25,7 +25,7 @@ def meta_unet(config: dict):
         return UNet2DConditionModel.from_config(config)
 
 
-# Names as A1111/ComfyUI/kohya write them (FORMATS.md §1, the SGM/LDM source layout).
+# Names as A1111/ComfyUI/kohya write them (docs/formats.md, LoRA files: the SGM/LDM layout).
 SDXL_NAMES = [
     ("down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k", "input_blocks.4.1.transformer_blocks.0.attn2.to_k"),
     ("down_blocks.2.attentions.1.transformer_blocks.9.ff.net.2", "input_blocks.8.1.transformer_blocks.9.ff.net.2"),

@@ -33,7 +33,7 @@ def section(path: str = "unused", **flags) -> ModelSection:
 
 
 def test_sdxl_fields_are_the_published_values():
-    # FORMATS.md section 1 and the SDXL 1.0 release, written out.
+    # docs/formats.md (LoRA files) and the SDXL 1.0 release, written out.
     assert SDXL.name == "sdxl"
     assert SDXL.base_model_version == "sdxl_base_v1-0"
     assert SDXL.modelspec_architecture == "stable-diffusion-xl-v1-base"

@@ -106,7 +106,8 @@ def test_keys_use_sgm_names_and_sdxl_prefixes(sdxl_parts, locon_models, conv):
         for kind in ("lora_down.weight", "lora_up.weight", "alpha"):
             assert f"{name}.{kind}" in tensors
     assert not any("down_blocks" in k or "up_blocks" in k or "mid_block" in k for k in tensors)
-    # The FORMATS.md example exists here, with the linear rank; a sampler conv has the conv rank.
+    # The docs/formats.md example exists here, with the linear rank; a sampler conv has the conv
+    # rank.
     assert (
         tensors[
             "lora_unet_input_blocks_4_1_transformer_blocks_0_attn2_to_k.lora_down.weight"

@@ -18,7 +18,7 @@ from library.config.schema import (
 from library.saving.lora_file import read_lora_file, save_lora_file
 from library.saving.metadata import RunInfo, lora_metadata, unet_metadata
 
-# FORMATS.md section 1, written out.
+# docs/formats.md (LoRA files), written out.
 FORMAT_KEYS = [
     "ss_network_module",
     "ss_network_dim",
