@@ -16,6 +16,8 @@ from library.config.schema import Config
 
 MODELSPEC_VERSION = "1.0.1"
 IMPLEMENTATION = "diffusers"  # the UNet we train is diffusers' UNet2DConditionModel
+# A full checkpoint is saved in the original layout, which kohya labels with Stability's code
+ORIGINAL_LAYOUT = "https://github.com/Stability-AI/generative-models"
 # What kohya keeps with --no_metadata: what a loader needs to rebuild the network.
 MINIMUM_KEYS = (
     "ss_v2",
@@ -255,4 +257,6 @@ def unet_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str
     keys["ss_unet_lr"] = _side_lr(config, config.network.unet_lr, True)
     if config.saving.no_metadata:
         keys = {k: keys[k] for k in ("ss_v2", "ss_base_model_version", "ss_session_id") if k in keys}
-    return _strings(keys) | _modelspec(config, family.modelspec_architecture, family, run)
+    return _strings(keys) | _modelspec(
+        config, family.modelspec_architecture, family, run, ORIGINAL_LAYOUT
+    )

@@ -6,17 +6,11 @@ import pytest
 
 from library.config.cli_args import parse_cli
 from library.config.loader import load_config
-from library.errors import ConfigError
+from tests.config.config_helpers import error_of
 
 HEAD = 'pretrained_model_name_or_path = "m"\n'
 DATASET = '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "img"\n'
 
-
-def error_of(path: str, overrides=()) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(path, overrides)
-    assert "\n" not in str(info.value)
-    return str(info.value)
 
 
 def test_flat_dataset_keys_are_defaults_with_kohya_precedence(write_toml):

@@ -8,17 +8,11 @@ import pytest
 
 from library.config.loader import load_config
 from library.errors import ConfigError
+from tests.config.config_helpers import error_of
 
 HEAD = 'pretrained_model_name_or_path = "m"\n'
 DATASET = '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "img"\n'
 
-
-def error_of(path: str, overrides=()) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(path, overrides)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 def test_unknown_key_names_file_table_and_nearest_key(write_toml):

@@ -8,19 +8,13 @@ import pytest
 from library.config.loader import load_config
 from library.errors import ConfigError
 from library.training.trainer import Trainer
+from tests.config.config_helpers import error_of
 from tests.data.data_helpers import index_color, write_image
 from tests.integration.harness import reset_accelerate
 
 HEAD = 'pretrained_model_name_or_path = "no-such-model"\n'
 DATASET = '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "img"\n'
 
-
-def error_of(path: str, overrides=()) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(path, overrides)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 @pytest.mark.parametrize(

@@ -8,19 +8,22 @@ file damaged after the build is refused by `get` rather than trained on.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from library.data.content_hash import all_finite, tensor_digest
 from library.data.latent_cache import LatentCache, LatentRequest, cache_file
 from library.errors import DataError
+from tests.cache_tamper import (
+    checksum_key,
+    drop_checksum,
+    garbage_tensor_bytes,
+    put_nan,
+    rewrite,
+    scale_by_two,
+)
 from tests.data.test_latent_cache import (
     SIZE,
     Counting,
@@ -38,51 +41,15 @@ def images(tmp_path):
     return [write_png(tmp_path / "imgs" / f"{i}.png", seed=i) for i in range(3)]
 
 
-def rewrite(file: Path, change) -> None:
-    """Save `file` again with its metadata as read, after change(tensors, metadata)."""
-    with safe_open(str(file), framework="pt") as handle:
-        meta = handle.metadata()
-        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-    change(tensors, meta)
-    save_file(tensors, str(file), meta)
 
 
-def checksum_key(meta: dict) -> str:
-    return next(key for key in meta if "checksum" in key)
 
-
-def scale_by_two(name):
-    def change(tensors, meta):
-        tensors[name] = tensors[name] * 2
-
-    return change
-
-
-def put_nan(name, recompute_checksum=False):
-    def change(tensors, meta):
-        tensors[name] = tensors[name].clone()
-        tensors[name].view(-1)[3] = float("nan")
-        if recompute_checksum:  # a forged checksum: only the values' own check is left
-            meta[checksum_key(meta)] = tensor_digest(tensors)
-
-    return change
-
-
-def drop_checksum(tensors, meta):
-    del meta[checksum_key(meta)]
 
 
 def flatten_mean_with_checksum(tensors, meta):
     tensors["mean"] = tensors["mean"].reshape(4, -1).contiguous()
     meta[checksum_key(meta)] = tensor_digest(tensors)
 
-
-def garbage_tensor_bytes(file: Path) -> None:
-    """Replace every byte after the safetensors header by random bytes (same file size)."""
-    data = file.read_bytes()
-    start = 8 + struct.unpack("<Q", data[:8])[0]
-    noise = np.random.default_rng(0).integers(0, 256, len(data) - start, dtype=np.uint8)
-    file.write_bytes(data[:start] + noise.tobytes())
 
 
 DAMAGES = {

@@ -208,6 +208,8 @@ def test_unet_metadata_is_a_full_model():
     assert not [k for k in meta if k.startswith("ss_network")]
     assert meta["ss_steps"] == "120" and meta["ss_v2"] == "True"
     assert float(meta["ss_unet_lr"]) == 1e-4
+    # the file is in the original layout: kohya labels such checkpoints with Stability's code
+    assert meta["modelspec.implementation"] == "https://github.com/Stability-AI/generative-models"
 
 
 def test_metadata_survives_the_file(tmp_path):

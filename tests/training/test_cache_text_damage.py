@@ -5,21 +5,22 @@ equals a fresh encode."""
 from __future__ import annotations
 
 import logging
-import struct
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from library.config.schema import ModelSection
-from library.data.content_hash import tensor_digest
 from library.errors import DataError
 from library.models.conditioning import TextConditioning
 from library.models.loader import load_components
 from library.training.text_cache import TextEncoderCache
+from tests.cache_tamper import (
+    drop_checksum,
+    garbage_tensor_bytes,
+    put_nan,
+    rewrite,
+    scale_by_two,
+)
 from tests.training.test_text_cache import CAPTIONS, Recorder, assert_rows_match, fresh, identity
 
 
@@ -35,46 +36,13 @@ def sdxl(tiny_sdxl_model_dir):
     return load_components(model, torch.float32)
 
 
-def rewrite(file: Path, change) -> None:
-    """Save `file` again with its metadata as read, after change(tensors, metadata)."""
-    with safe_open(str(file), framework="pt") as handle:
-        meta = handle.metadata()
-        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-    change(tensors, meta)
-    save_file(tensors, str(file), meta)
 
 
-def scale(name):
-    def change(tensors, meta):
-        tensors[name] = tensors[name] * 2
 
-    return change
-
-
-def put_nan(name, forge_checksum=False):
-    def change(tensors, meta):
-        tensors[name] = tensors[name].clone()
-        tensors[name].view(-1)[5] = float("nan")
-        if forge_checksum:  # only the values' own check is left
-            meta["checksum"] = tensor_digest(tensors)
-
-    return change
-
-
-def drop_checksum(tensors, meta):
-    del meta["checksum"]
-
-
-def garbage_tensor_bytes(file: Path) -> None:
-    """Replace every byte after the safetensors header by random bytes (same file size)."""
-    data = file.read_bytes()
-    start = 8 + struct.unpack("<Q", data[:8])[0]
-    noise = np.random.default_rng(1).integers(0, 256, len(data) - start, dtype=np.uint8)
-    file.write_bytes(data[:start] + noise.tobytes())
 
 
 DAMAGES = {
-    "hidden scaled by 2": (lambda f: rewrite(f, scale("hidden")), "checksum mismatch"),
+    "hidden scaled by 2": (lambda f: rewrite(f, scale_by_two("hidden")), "checksum mismatch"),
     "random bytes": (garbage_tensor_bytes, "checksum mismatch"),
     "a NaN in hidden": (lambda f: rewrite(f, put_nan("hidden")), "checksum mismatch"),
     "a NaN, checksum forged": (lambda f: rewrite(f, put_nan("hidden", True)), "non-finite"),
@@ -124,7 +92,7 @@ def test_damaged_file_is_reencoded_alone(sd1, tmp_path, caplog, damage):
 
 
 def test_damaged_pooled_is_found_too(sdxl, tmp_path, caplog):
-    tamper = lambda f: rewrite(f, scale("pooled"))  # noqa: E731
+    tamper = lambda f: rewrite(f, scale_by_two("pooled"))  # noqa: E731
     reencodes_only(sdxl, tmp_path, caplog, tamper, "checksum mismatch", caption="a red circle")
 
 
@@ -132,7 +100,7 @@ def test_prefill_finds_damage_before_training(sd1, tmp_path, caplog):
     roots = [tmp_path] * len(CAPTIONS)
     first = TextEncoderCache(identity(sd1), to_disk=True)
     first.prefill(CAPTIONS, roots, Recorder(sd1), batch_size=4)
-    rewrite(first.path(tmp_path, "blue square on white"), scale("hidden"))
+    rewrite(first.path(tmp_path, "blue square on white"), scale_by_two("hidden"))
     encode = Recorder(sd1)
     cache = TextEncoderCache(identity(sd1), to_disk=True)
     with caplog.at_level(logging.WARNING):
