@@ -13,6 +13,7 @@ from library.config.schema import Config
 from library.errors import CheckpointError, ConfigError, DifftuneError
 from library.saving.outputs import OutputLayout
 from library.saving.run_lock import RunLock
+from library.training.from_main import from_main
 from library.training.plan import RunPlan
 from library.training.resume_rules import ResumeCheck, check_resume
 
@@ -91,7 +92,7 @@ def start_run(config: Config, plan: RunPlan, accelerator, dry_run: bool) -> RunS
             outcome = ("ok", run_id)
         except DifftuneError as exc:
             outcome = (type(exc).__name__, str(exc))
-    outcome = _share(accelerator, outcome)
+    outcome = from_main(accelerator, outcome)
     if outcome[0] != "ok":
         raise (CheckpointError if outcome[0] == "CheckpointError" else ConfigError)(outcome[1])
     return RunStart(outcome[1], lock, resume)
@@ -117,13 +118,3 @@ def _claim_outputs(config: Config, resume: ResumeCheck | None, dry_run: bool) ->
 def _new_run_id() -> str:
     # kohya's ss_session_id is a random number written as decimal; ours is one too
     return str(secrets.randbits(63))
-
-
-def _share(accelerator, outcome: tuple[str, str] | None) -> tuple[str, str]:
-    if accelerator.num_processes == 1:
-        return outcome
-    from accelerate.utils import broadcast_object_list
-
-    box = [outcome]
-    broadcast_object_list(box, from_process=0)
-    return box[0]

@@ -23,6 +23,7 @@ from library.saving.metadata import RunInfo, lora_metadata, unet_metadata
 from library.saving.outputs import OutputLayout
 from library.saving.writers import SAVE_DTYPES, write_checkpoint, write_lora, write_pipeline_folder
 from library.training.ema import WeightAverage
+from library.training.from_main import from_main
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.plan import RunPlan
 from library.training.resume_rules import write_settings
@@ -106,7 +107,7 @@ class Saver:
                 start_step,
             )
             problem = space_problem(self.layout.dir, estimate)
-        problem = _from_main(self.accelerator, problem)
+        problem = from_main(self.accelerator, problem)
         if problem is not None:
             raise ConfigError(problem)
 
@@ -162,7 +163,7 @@ class Saver:
                 failure = str(exc) if isinstance(exc, DifftuneError) else (
                     f"the main process failed while writing {path} ({type(exc).__name__})"
                 )
-        failure = _from_main(self.accelerator, failure)
+        failure = from_main(self.accelerator, failure)
         if error is not None:
             raise error
         if failure is not None:
@@ -258,17 +259,6 @@ def _resume_hint(state: Path, failed: SaveError) -> str:
     when = "after freeing space" if failed.reason == NO_SPACE else "once output_dir can be written"
     return f"the last state is {state}; resume from it {when}"
 
-
-def _from_main(accelerator, value):
-    """``value`` as the main process has it, on every process; a collective that every process
-    must reach (the others wait here until the main process sends)."""
-    if accelerator.num_processes == 1:
-        return value
-    from accelerate.utils import broadcast_object_list
-
-    box = [value]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
 
 
 def _bucket_info(stats) -> dict | None:
