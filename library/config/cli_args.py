@@ -26,6 +26,7 @@ Every config key can be set on the command line; the command line wins over the 
   --flag  (same as --flag true)    for true/false keys, e.g. --gradient_checkpointing
   --flag false                     turn a true/false key off
   --key a=1 b=2                    several "k=v" items for network_args and optimizer_args
+  --key ""                         unset a key the file sets (kohya's empty value)
 Values are read as TOML (1e-4, true, [768, 512]); text keys keep the text as written, and
 anything that is not valid TOML stays text (--resolution 768,512).
 Dataset keys (--shuffle_caption, --enable_bucket, --flip_aug, ...) given here are defaults for

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
@@ -67,6 +68,7 @@ def load_config(config_path: str | None, overrides: Sequence[tuple[str, RawValue
     inline: list | None = None
     ignored: dict[str, list[str]] = {}
     if config_path is not None:
+        config_path = _with_toml_suffix(config_path)
         general, inline = _split_args_file(read_toml(config_path), config_path, flat, ignored)
     _apply_overrides(flat, overrides)
     if _MODEL_KEY not in flat:
@@ -89,6 +91,13 @@ def load_config(config_path: str | None, overrides: Sequence[tuple[str, RawValue
     except ValidationError as exc:  # rules across sections; each field is already valid
         message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise Origin(main_file).error(message) from None
+
+
+def _with_toml_suffix(path: str) -> str:
+    """kohya reads ``--config_file preset`` as preset.toml: do the same when only that exists."""
+    if not path.endswith(".toml") and not Path(path).exists() and Path(path + ".toml").is_file():
+        return path + ".toml"
+    return path
 
 
 def _notices(ignored: dict[str, list[str]]) -> tuple[str, ...]:

@@ -102,3 +102,8 @@ def test_gui_value_forms(write_toml):
     assert config.data.caption_extension == ".txt"
     assert config.network.text_encoder_lr == [5e-5]
     assert config.network.conv_dim is None  # kohya skips layers of rank 0
+
+
+def test_config_file_without_its_suffix_is_found_as_kohya_does(write_toml):
+    path = write_toml("preset.toml", HEAD + DATASET)
+    assert load_config(path.removesuffix(".toml")) == load_config(path)
