@@ -6,9 +6,7 @@ See README.md and docs/config.md. Every option of the config can be given on the
 (``--learning_rate 1e-4``); the command line wins over the file.
 """
 
-import sys
-
-from library.cli import main
+from library.cli import exit_process, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -45,6 +45,21 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def exit_process(code: int) -> None:
+    """End the process with ``code``. A process of a multi-process run ends with os._exit, after
+    flushing its output: Python's normal teardown destroys the gloo process group, whose
+    destructor joins worker threads while holding the GIL, and a worker that still has to
+    release a Python tensor then waits for the GIL for ever (a hang at exit, seen under load).
+    Every output was written, fsynced and agreed on before this point."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def main_entry() -> None:
     """Console-script entry (difftune-train)."""
-    sys.exit(main())
+    exit_process(main())

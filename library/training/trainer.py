@@ -203,7 +203,13 @@ class Trainer:
             loop.reporter.bar.close()  # so an error message starts on its own line
             raise
         loop.reporter.close(final)
-        acc.end_training()
+        acc.wait_for_everyone()  # every process has finished its last collective
+        for tracker in acc.trackers:
+            tracker.finish()
+        # The process group is not torn down here (accelerate's end_training would): tearing
+        # down gloo joins its worker threads with the GIL held, and a worker still releasing a
+        # tensor of the last collective needs the GIL, so the process can hang at exit. The
+        # entry point ends launched processes with os._exit instead (library/cli.py).
         return final
 
     def _train_epoch(self, loop: _Loop, epoch: int, global_step: int) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from library.cli import main  # noqa: E402
+from library.cli import exit_process, main  # noqa: E402
 from tests.distributed.probe import probe_from_env  # noqa: E402
 
 if __name__ == "__main__":
@@ -26,4 +26,4 @@ if __name__ == "__main__":
         finally:
             if folder is not None:
                 probe.dump(folder, int(os.environ.get("RANK", "0")))
-    sys.exit(code)
+    exit_process(code)
