@@ -9,10 +9,8 @@ import logging
 import pytest
 import torch
 
-from library.config.schema import ModelSection
 from library.errors import DataError
 from library.models.conditioning import TextConditioning
-from library.models.loader import load_components
 from library.training.text_cache import TextEncoderCache
 from tests.cache_tamper import (
     drop_checksum,
@@ -22,24 +20,6 @@ from tests.cache_tamper import (
     scale_by_two,
 )
 from tests.training.test_text_cache import CAPTIONS, Recorder, assert_rows_match, fresh, identity
-
-
-@pytest.fixture(scope="module")
-def sd1(tiny_model_dir):
-    model = ModelSection(pretrained_model_name_or_path=str(tiny_model_dir))
-    return load_components(model, torch.float32)
-
-
-@pytest.fixture(scope="module")
-def sdxl(tiny_sdxl_model_dir):
-    model = ModelSection(pretrained_model_name_or_path=str(tiny_sdxl_model_dir))
-    return load_components(model, torch.float32)
-
-
-
-
-
-
 
 DAMAGES = {
     "hidden scaled by 2": (lambda f: rewrite(f, scale_by_two("hidden")), "checksum mismatch"),

@@ -8,25 +8,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from library.config.schema import ModelSection
 from library.data.content_hash import tensor_digest
 from library.models.conditioning import TextConditioning, encode_text
-from library.models.loader import load_components
 from library.training.text_cache import TextEncoderCache, text_identity
 
 CAPTIONS = ["a red circle", "shape", "a red circle", "blue square on white"]
 
 
-@pytest.fixture(scope="module")
-def sd1(tiny_model_dir):
-    model = ModelSection(pretrained_model_name_or_path=str(tiny_model_dir))
-    return load_components(model, torch.float32)
-
-
-@pytest.fixture(scope="module")
-def sdxl(tiny_sdxl_model_dir):
-    model = ModelSection(pretrained_model_name_or_path=str(tiny_sdxl_model_dir))
-    return load_components(model, torch.float32)
 
 
 class Recorder:

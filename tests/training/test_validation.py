@@ -32,11 +32,6 @@ def _load(model_dir):
     )
 
 
-@pytest.fixture(scope="module")
-def sd1(tiny_model_dir):
-    """The tiny SD1 components, loaded once for the module (nothing here changes them)."""
-    return _load(tiny_model_dir)
-
 
 def _batch(n=2, seed=4):
     gen = torch.Generator().manual_seed(seed)
