@@ -160,6 +160,7 @@ def test_sdxl_metadata_values():
     assert lora["modelspec.resolution"] == "1024x1024"
     full = unet_metadata(config, SDXL_V, _run())
     assert full["modelspec.architecture"] == "stable-diffusion-xl-v1-base"
-    assert full["modelspec.implementation"] == "diffusers"  # a diffusers-named UNet file
+    # a full checkpoint is saved in the original (SGM) layout, labelled as kohya labels those
+    assert full["modelspec.implementation"] == "https://github.com/Stability-AI/generative-models"
     assert full["modelspec.prediction_type"] == "v"
     assert full["ss_base_model_version"] == "sdxl_base_v1-0"
