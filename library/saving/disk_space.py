@@ -25,8 +25,6 @@ from library.config.schema import SavingSection
 
 # safetensors header with kohya's metadata (tag frequencies, bucket info) and small state files
 FILE_OVERHEAD = 2**20
-# optimizer state buffers per trained parameter (Adam's two moments unless listed)
-_MOMENTS = {"Lion": 1, "SGDNesterov": 1, "SGDScheduleFree": 1, "Adafactor": 1, "Prodigy": 4}
 RESCUE_FOLDER = "difftune-rescue"
 
 
@@ -51,12 +49,6 @@ class Estimate:
 def _save_itemsize(saving: SavingSection) -> int:
     return {"float": 4, "fp16": 2, "bf16": 2}[saving.save_precision]
 
-
-def optimizer_state_bytes(optimizer_type: str, params: int) -> int:
-    """About what the optimizer's state holds for ``params`` trained numbers (once it stepped)."""
-    moments = _MOMENTS.get(optimizer_type, 2)
-    per_moment = 1 if "8bit" in optimizer_type else 4  # 8-bit optimizers quantise their moments
-    return moments * per_moment * params
 
 
 def _folder_bytes(folder: Path, skip: str) -> int:
@@ -97,10 +89,14 @@ def save_sizes(config, parts, ema: bool) -> SaveSizes:
         if not components.is_single_file:
             base = _folder_bytes(components.model_dir, skip="unet")
             folder = base + _numel(components.unet) * itemsize + FILE_OVERHEAD
+    # the optimizer state saved is the state held in memory: one table serves both estimates
+    from library.training.memory_estimate import optimizer_state_bytes
+    from library.training.optimizers import optimizer_kwargs
+
     trained = parts.trained_weights().values()
-    params = sum(t.numel() for t in trained)
     state = sum(t.numel() * t.element_size() for t in trained)
-    state += optimizer_state_bytes(config.optimizer.optimizer_type, params)
+    opt = config.optimizer
+    state += optimizer_state_bytes(opt.optimizer_type, parts.parameters(), optimizer_kwargs(opt))
     if ema:
         state += 4 * sum(p.numel() for p in parts.parameters())  # the average is kept in float32
     return SaveSizes(weights + FILE_OVERHEAD, folder, state + FILE_OVERHEAD, ema)

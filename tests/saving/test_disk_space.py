@@ -92,12 +92,20 @@ def test_states_ema_and_the_final_folder_are_counted(tmp_path):
     assert estimate_run(end_only, sizes, 100, 10, 10).bytes == 100 + 100 + 5000 + 1000
 
 
-def test_optimizer_state_sizes():
-    assert disk_space.optimizer_state_bytes("AdamW", 1000) == 8000
-    assert disk_space.optimizer_state_bytes("AdamW8bit", 1000) == 2000
-    assert disk_space.optimizer_state_bytes("Lion", 1000) == 4000
-    assert disk_space.optimizer_state_bytes("Prodigy", 1000) == 16000
-    assert disk_space.optimizer_state_bytes("torch.optim.RMSprop", 1000) == 8000
+def test_saved_optimizer_state_is_sized_like_the_one_in_memory():
+    # one table serves the memory and the disk estimate; tests/training/test_memory_estimate.py
+    # checks it against real optimizers' state (8-bit state is 32-bit below 4096 elements)
+    import torch
+
+    from library.training.memory_estimate import optimizer_state_bytes
+
+    big, small = torch.nn.Parameter(torch.zeros(8192)), torch.nn.Parameter(torch.zeros(1000))
+    assert optimizer_state_bytes("AdamW", [small], {}) == 8000
+    assert optimizer_state_bytes("AdamW8bit", [small], {}) == 8000
+    assert optimizer_state_bytes("AdamW8bit", [big], {}) == 2 * (8192 + 32 * 4)
+    assert optimizer_state_bytes("Lion", [small], {}) == 4000
+    assert optimizer_state_bytes("Prodigy", [small], {}) == 16000
+    assert optimizer_state_bytes("torch.optim.RMSprop", [small], {}) == 8000
 
 
 def _disk_with_free(monkeypatch, free: int) -> None:
