@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from library.models.family import ModelFamily
+from library.models.families.base import ModelFamily
 from library.models.text import encode_token_ids, flatten_windows, join_windows, tokenize
 
 # Batch keys of the size conditioning (library/data/dataset.py), in SDXL's time-ids order.
@@ -111,19 +111,10 @@ def _hidden_and_pooled(
 def unused_text_layers(
     family: ModelFamily, index: int, num_layers: int, clip_skip: int | None = None
 ) -> range:
-    """Indices of text encoder ``index``'s layers whose output never reaches the conditioning.
-
-    SDXL's first encoder conditions on its penultimate layer, so its last layer is unused; with
-    ``clip_skip`` N > 1 the last N - 1 layers are. An encoder that gives the pooled embedding
-    uses every layer. Their adapters get no gradient.
-    """
-    last = len(family.text_encoder_subfolders) - 1
-    if family.uses_pooled_text_embedding and index == last:
-        return range(num_layers, num_layers)
-    used = (
-        num_layers - 1 if family.text_layer == "penultimate" else num_layers - (clip_skip or 1) + 1
-    )
-    return range(max(used, 0), num_layers)
+    """Indices of text encoder ``index``'s layers whose output never reaches the conditioning
+    (the family's rule, e.g. SDXL's penultimate layer or clip_skip). Their adapters get no
+    gradient."""
+    return family.unused_text_layers(index, num_layers, clip_skip)
 
 
 def freeze_unused_text_adapters(
@@ -135,18 +126,15 @@ def freeze_unused_text_adapters(
     parameter that requires grad). They stay in the model, so saved files keep every module,
     as kohya's do (with their up weights still zero). Returns the frozen adapter paths.
     """
-    from library.networks.lora import ADAPTER, lora_layers
+    from library.networks.lora import freeze_adapters
 
     frozen = []
     for index, encoder in enumerate(encoders):
         layers = encoder.config.num_hidden_layers
         unused = unused_text_layers(family, index, layers, clip_skip)
         marks = tuple(f"encoder.layers.{i}." for i in unused)
-        for path, layer in lora_layers(encoder).items():
-            if marks and any(mark in f"{path}." for mark in marks):
-                for module in (layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]):
-                    module.requires_grad_(False)
-                frozen.append(path)
+        if marks:
+            frozen += freeze_adapters(encoder, lambda path, m=marks: any(x in f"{path}." for x in m))
     return frozen
 
 
@@ -160,6 +148,33 @@ class TextConditioning:
 
 
 def encode_text(
+    family: ModelFamily,
+    tokenizers: Sequence[object],
+    text_encoders: Sequence[torch.nn.Module],
+    captions: Sequence[str],
+    device: torch.device | str,
+    clip_skip: int | None = None,
+    max_token_length: int | None = None,
+) -> TextConditioning:
+    """The text part of ``family``'s conditioning of ``captions`` (the family's encode_text);
+    ``tokenizers``/``text_encoders`` in ``family.text_encoder_subfolders`` order."""
+    return family.encode_text(
+        tokenizers, text_encoders, captions, device, clip_skip, max_token_length
+    )
+
+
+def assemble_conditioning(
+    family: ModelFamily,
+    text: TextConditioning,
+    batch: Mapping | None,
+    device: torch.device | str,
+    dtype: torch.dtype | None = None,
+) -> Conditioning:
+    """The denoiser's conditioning from the text part and the batch (the family's own)."""
+    return family.assemble_conditioning(text, batch, device, dtype)
+
+
+def clip_text_conditioning(
     family: ModelFamily,
     tokenizers: Sequence[object],
     text_encoders: Sequence[torch.nn.Module],
@@ -195,14 +210,14 @@ def encode_text(
     return TextConditioning(hidden, pooled)
 
 
-def assemble_conditioning(
+def unet_conditioning(
     family: ModelFamily,
     text: TextConditioning,
     batch: Mapping | None,
     device: torch.device | str,
     dtype: torch.dtype | None = None,
 ) -> Conditioning:
-    """The UNet conditioning from the text part and the per-sample sizes, on ``device``.
+    """SD's UNet conditioning from the text part and the per-sample sizes, on ``device``.
 
     With ``family.uses_size_conditioning`` ``batch`` must hold the size keys (see
     ``size_time_ids``; ``plain_sizes`` makes them). ``dtype`` casts the result for the UNet.

@@ -17,11 +17,12 @@ import torch
 
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models import family as families
 from library.models.checkpoint_file import PICKLE_SUFFIXES, CheckpointFile
 from library.models.checkpoint_layout import FileLayout, detect_layout
 from library.models.checkpoint_parts import load_part, plan_components, read_config
-from library.models.family import ModelFamily, PredictionType, family_for
+from library.models.families import sd as families
+from library.models.families.base import ModelFamily, PredictionType
+from library.models.families.sd import family_for
 from library.models.tokenizers import load_tokenizer_for
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,8 @@ def load_single_file(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: 
 
     Tokenizers are found before any weight is read, so a missing one fails in a second.
     """
-    from library.models.loader import Components, build_noise_scheduler, offline
+    from library.models.families.sd_load import ddpm_objective
+    from library.models.loader import Components, offline
 
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if not path.is_file():
@@ -120,13 +122,11 @@ def load_single_file(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: 
     scheduler_config = read_config(config_dir, "scheduler")
     encoders = modules[2:]
     return Components(
-        unet=modules[0],
+        denoiser=modules[0],
         vae=modules[1],
-        text_encoder=encoders[0],
-        tokenizer=tokenizers[0],
-        noise_scheduler=build_noise_scheduler(scheduler_config, family, model.zero_terminal_snr),
+        text_encoders=tuple(encoders),
+        tokenizers=tuple(tokenizers),
+        objective=ddpm_objective(scheduler_config, family, model.zero_terminal_snr),
         family=family,
         model_dir=path,
-        text_encoder_2=encoders[1] if len(encoders) > 1 else None,
-        tokenizer_2=tokenizers[1] if len(tokenizers) > 1 else None,
     )

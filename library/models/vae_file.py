@@ -23,17 +23,17 @@ from library.models.checkpoint_parts import build_vae, convert_vae, load_part, p
 
 def load_vae(source: str, model_config, dtype: torch.dtype) -> torch.nn.Module:
     """The VAE at ``source`` (file or folder), frozen, in ``dtype``; ModelError if unusable."""
-    from library.models.loader import _load_weights, offline
+    from library.models.loader import load_weights, offline
 
     path = Path(source).expanduser().absolute()
     base = {k: v for k, v in dict(model_config).items() if not k.startswith("_")}
     with offline():
         if path.is_dir():
             if (path / "vae" / "config.json").is_file():
-                vae = _load_weights(_autoencoder(), path, "vae", dtype)
+                vae = load_weights(_autoencoder(), path, "vae", dtype)
             elif (path / "config.json").is_file():
                 stem = "diffusion_pytorch_model"
-                vae = _load_weights(_autoencoder(), path.parent, path.name, dtype, stem)
+                vae = load_weights(_autoencoder(), path.parent, path.name, dtype, stem)
             else:
                 raise ModelError(f"vae folder {path} has no config.json (nor a vae/ subfolder)")
             vae.requires_grad_(False)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
-from library.models.family import unet_lora_key_layout
+from library.models.families.sd import unet_lora_key_layout
 from library.models.original_names import unet_path_to_original
 from library.networks.lora import ADAPTER, lora_layers, lora_rank, set_lora_scale
 

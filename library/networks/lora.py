@@ -1,4 +1,8 @@
-"""LoRA adapters injected into the model with peft.
+"""LoRA adapters injected into the model with peft: difftune's LoRA/LoCon adapter.
+
+Code outside library/networks reaches the adapter only through these functions (inject, the
+trained parameters and their LoRA+ split, freezing, the numbers a file stores), never through
+peft's ``lora_A``/``lora_B`` attributes, so another adapter kind can stand beside this one.
 
 Each adapted layer is replaced in place by a peft LoRA layer that keeps the original as
 ``base_layer``; the model's own forward therefore runs the adapter, and a DDP wrapper around the
@@ -9,13 +13,13 @@ model syncs adapter gradients like any other parameter. The scale is kohya's ``a
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from library.networks.targets import ModelKind, default_targets
+from library.networks.targets import ModelKind, TargetKind, default_targets
 
 ADAPTER = "default"  # peft adapter name; one adapter per model
 
@@ -56,10 +60,13 @@ def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
     }
 
 
-def apply_lora(model: nn.Module, kind: ModelKind, spec: LoraSpec) -> list[str]:
-    """Freeze ``model`` and inject a fresh LoRA into its default targets; return their paths.
+def apply_lora(
+    model: nn.Module, targets: ModelKind | Mapping[str, TargetKind], spec: LoraSpec
+) -> list[str]:
+    """Freeze ``model`` and inject a fresh LoRA into ``targets``; return their paths.
 
-    Down weights start Kaiming-uniform and up weights at zero (peft's default), so the model's
+    ``targets`` maps module path -> "linear" | "conv" (a family's adapter_targets), or names a
+    role ("unet", "text_encoder") whose SD/CLIP default targets are taken. Down weights start Kaiming-uniform and up weights at zero (peft's default), so the model's
     output is unchanged until training moves them. Adapter parameters are float32 and are the
     only parameters that require grad.
     """
@@ -67,9 +74,10 @@ def apply_lora(model: nn.Module, kind: ModelKind, spec: LoraSpec) -> list[str]:
 
     if lora_layers(model):
         raise ValueError("model already has a LoRA adapter")
-    targets = default_targets(model, kind, conv=spec.conv_dim is not None)
+    if isinstance(targets, str):
+        targets = default_targets(model, targets, conv=spec.conv_dim is not None)
     if not targets:
-        raise ValueError(f"no LoRA target layers found in the {kind} ({type(model).__name__})")
+        raise ValueError(f"no LoRA target layers found in {type(model).__name__}")
     conv_paths = [p for p, t in targets.items() if t == "conv"]
     # rank/alpha patterns are regexes matched against the full path; escape the dots.
     config = LoraConfig(
@@ -116,6 +124,32 @@ def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
         params.extend(layer.lora_A[ADAPTER].parameters())
         params.extend(layer.lora_B[ADAPTER].parameters())
     return params
+
+
+def lora_parameter_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(down weights, up weights) that train, in module order: LoRA+'s two learning rates."""
+    layers = lora_layers(model).values()
+    down = [p for layer in layers for p in layer.lora_A[ADAPTER].parameters() if p.requires_grad]
+    up = [p for layer in layers for p in layer.lora_B[ADAPTER].parameters() if p.requires_grad]
+    return down, up
+
+
+def freeze_adapters(model: nn.Module, chosen: Callable[[str], bool]) -> list[str]:
+    """Stop training the adapters of the layers whose path ``chosen`` accepts; they stay in the
+    model (and in saved files). Returns their paths."""
+    frozen = []
+    for path, layer in lora_layers(model).items():
+        if chosen(path):
+            for module in (layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]):
+                module.requires_grad_(False)
+            frozen.append(path)
+    return frozen
+
+
+def saved_numbers(model: nn.Module) -> int:
+    """How many numbers a LoRA file stores for ``model``'s adapter: each layer's down and up
+    weights and its alpha."""
+    return sum(p.numel() for p in lora_parameters(model)) + len(lora_layers(model))
 
 
 def lora_rank(layer: nn.Module) -> int:

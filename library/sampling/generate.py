@@ -23,7 +23,6 @@ from library.models.conditioning import encode_conditioning, plain_sizes
 from library.sampling.grid import grid_path, image_path, make_grid, sample_dir
 from library.sampling.pipelines import build_pipeline, pipeline_inputs, pipeline_kind
 from library.sampling.prompts import SamplePrompt
-from library.sampling.samplers import build_sampler
 from library.sampling.tracking import log_sample_images
 
 
@@ -129,7 +128,7 @@ def live_modules(
     """The unet and the text encoders (family order) to sample with, unwrapped: a module in
     ``prepared`` under its name wins over the Components' own."""
     names = components.family.text_encoder_subfolders
-    unet = _unwrap(accelerator, prepared.get("unet", components.unet))
+    unet = _unwrap(accelerator, prepared.get("unet", components.denoiser))
     encoders = tuple(
         _unwrap(accelerator, prepared.get(name, encoder))
         for name, encoder in zip(names, components.text_encoders, strict=True)
@@ -149,9 +148,7 @@ def _unwrap(accelerator, module: torch.nn.Module) -> torch.nn.Module:
 
 def _pipeline(components, unet: torch.nn.Module, text_encoders: tuple[torch.nn.Module, ...]):
     """The family's pipeline holding the given module objects (no copies)."""
-    family = components.family
-    scheduler = build_sampler("ddim", components.noise_scheduler.config, family.prediction_type)
-    return build_pipeline(components, unet, text_encoders, scheduler)
+    return build_pipeline(components, unet, text_encoders, components.objective.sampler("ddim"))
 
 
 def _generate(
@@ -164,10 +161,9 @@ def _generate(
     """
     family = components.family
     if prompt.sampler not in schedulers:
-        config = components.noise_scheduler.config
-        schedulers[prompt.sampler] = build_sampler(prompt.sampler, config, family.prediction_type)
+        schedulers[prompt.sampler] = components.objective.sampler(prompt.sampler)
     pipe.scheduler = schedulers[prompt.sampler]
-    device = next(pipe.unet.parameters()).device
+    device = next(pipe.vae.parameters()).device
     # A CPU generator: the same seed gives the same starting noise on every device type.
     generator = torch.Generator("cpu").manual_seed(prompt.seed)
     autocast = accelerator.autocast() if accelerator is not None else contextlib.nullcontext()

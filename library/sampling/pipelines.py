@@ -1,8 +1,7 @@
 """The diffusers pipeline that samples a model family, assembled from the live modules.
 
-Which pipeline a family gets follows from its conditioning data (how many text encoders, pooled
-text embedding, size conditioning), in one table here; the rest of sampling never asks which
-family it has. The prompts are encoded by our own ``encode_conditioning``, exactly as captions
+Which pipeline a family gets is the family's to say (ModelFamily.sampling_pipeline); the rest
+of sampling never asks which family it has. The prompts are encoded by our own ``encode_conditioning``, exactly as captions
 are in training (layer choice, pooled embedding, size numbers), and handed to the pipeline as
 embeddings; the pipeline only runs the denoising loop and the VAE.
 """
@@ -14,7 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from library.errors import ConfigError
 from library.models.conditioning import Conditioning
 
 
@@ -24,38 +22,18 @@ class PipelineKind:
 
     class_name: str
     options: dict = field(default_factory=dict)
-
-
-# (text encoders, pooled text embedding, size conditioning) -> the pipeline that takes them.
-_KINDS = {
-    (1, False, False): PipelineKind(
-        "StableDiffusionPipeline",
-        {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False},
-    ),
-    # No invisible watermark: it needs an extra package and alters the pixels users compare.
-    (2, True, True): PipelineKind("StableDiffusionXLPipeline", {"add_watermarker": False}),
-}
+    denoiser_argument: str = "unet"  # the constructor argument that takes the denoiser
 
 
 def pipeline_kind(family) -> PipelineKind:
-    """The pipeline for ``family``; ConfigError (sample_prompts) when no pipeline fits it."""
-    key = (
-        len(family.text_encoder_subfolders),
-        family.uses_pooled_text_embedding,
-        family.uses_size_conditioning,
-    )
-    kind = _KINDS.get(key)
-    if kind is None:
-        raise ConfigError(
-            f"sample_prompts: sampling {family.name} models during training is not supported; "
-            "remove sample_prompts"
-        )
-    return kind
+    """The pipeline for ``family`` (its sampling_pipeline); ConfigError (sample_prompts) when
+    no pipeline fits it."""
+    return family.sampling_pipeline()
 
 
 def build_pipeline(
     components,
-    unet: torch.nn.Module,
+    denoiser: torch.nn.Module,
     text_encoders: Sequence[torch.nn.Module],
     scheduler,
 ):
@@ -74,7 +52,7 @@ def build_pipeline(
     cls = getattr(diffusers, kind.class_name)
     pipe = cls(
         vae=components.vae,
-        unet=unet,
+        **{kind.denoiser_argument: denoiser},
         scheduler=scheduler,
         **encoders,
         **tokenizers,

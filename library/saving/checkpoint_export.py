@@ -25,16 +25,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from library.models import original_names as names
-from library.models.checkpoint_layout import LAYOUTS, FileLayout, TextTower
+from library.models.checkpoint_layout import FileLayout, TextTower
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.saving.atomic import atomic_write_dir, atomic_write_file
 
 
 def layout_for(family) -> FileLayout:
-    """The checkpoint layout of a ModelFamily: SDXL (two text encoders), SD 2.x or SD 1.x."""
-    if len(family.text_encoder_subfolders) > 1 or family.uses_pooled_text_embedding:
-        return LAYOUTS["sdxl"]
-    return LAYOUTS["sd2" if family.v2 else "sd1"]
+    """The checkpoint layout of a ModelFamily (its checkpoint_layout)."""
+    return family.checkpoint_layout()
 
 
 def _cast(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:

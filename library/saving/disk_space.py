@@ -69,26 +69,22 @@ def _numel(module: torch.nn.Module) -> int:
 
 def save_sizes(config, parts, ema: bool) -> SaveSizes:
     """The sizes of this run's outputs, from its loaded models (``parts``: TrainedParts)."""
-    from library.networks.lora import ADAPTER, lora_layers
+    from library.networks.lora import saved_numbers
 
     saving = config.saving
     itemsize = _save_itemsize(saving)
     components = parts.components
     if parts.lora:
-        numbers = 0
-        for model in parts.lora_models().values():
-            for layer in lora_layers(model).values():
-                down, up = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
-                numbers += down.numel() + up.numel()
-                numbers += 1  # the alpha, float32 whatever the save precision
+        # (alphas are float32 whatever the save precision; one per layer, too few to matter)
+        numbers = sum(saved_numbers(model) for model in parts.lora_models().values())
         weights, folder = numbers * itemsize, 0
     else:
-        modules = (components.unet, components.vae, *components.text_encoders)
+        modules = (components.denoiser, components.vae, *components.text_encoders)
         weights = sum(_numel(m) for m in modules) * itemsize
         folder = 0
         if not components.is_single_file:
             base = _folder_bytes(components.model_dir, skip="unet")
-            folder = base + _numel(components.unet) * itemsize + FILE_OVERHEAD
+            folder = base + _numel(components.denoiser) * itemsize + FILE_OVERHEAD
     # the optimizer state saved is the state held in memory: one table serves both estimates
     from library.training.memory_estimate import optimizer_state_bytes
     from library.training.optimizers import optimizer_kwargs

@@ -35,7 +35,7 @@ _OPTIMIZER_CLASSES = {
 
 
 class Family(Protocol):
-    """The fields of library.models.family.ModelFamily that metadata needs."""
+    """The fields of library.models.families.base.ModelFamily that metadata needs."""
 
     v2: bool
     prediction_type: str

@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from library.networks.kohya_keys import export_lora
 from library.saving.atomic import atomic_write_dir
 from library.saving.checkpoint_export import ensure_text_model_layout, export_full_unet_checkpoint
 from library.saving.lora_file import save_lora_file
@@ -16,9 +15,10 @@ from library.saving.lora_file import save_lora_file
 SAVE_DTYPES = {"float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def write_lora(path: Path, models: dict[str, torch.nn.Module], metadata: dict[str, str] | None, dtype: torch.dtype) -> None:
-    """Save the adapters of ``models`` (kohya prefix -> model) as one kohya LoRA file."""
-    save_lora_file(path, export_lora(models), metadata, dtype)
+def write_lora(path: Path, models: dict[str, torch.nn.Module], metadata: dict[str, str] | None, dtype: torch.dtype, family) -> None:
+    """Save the adapters of ``models`` (kohya prefix -> model) as one kohya LoRA file, in the
+    key layout of ``family`` (a ModelFamily)."""
+    save_lora_file(path, family.lora_tensors(models), metadata, dtype)
 
 
 def write_checkpoint(path: Path, unet: torch.nn.Module, components, metadata: dict[str, str] | None, dtype: torch.dtype) -> None:

@@ -23,20 +23,14 @@ from library.training.text_cache import TextEncoderCache, text_identity
 LATENT_CACHE_DTYPE = torch.float32
 
 
-def bucket_grid(unet: torch.nn.Module) -> int:
-    """Pixels a bucket side must be a multiple of for this UNet: the VAE's 8 times 2 per
-    downsampling stage (64 for SD 1.x/2.x, 32 for SDXL)."""
-    return 8 * 2 ** (len(unet.config.block_out_channels) - 1)
-
-
 def check_bucket_steps(config: Config, components: Components) -> None:
-    """Bucket sides must fit the UNet's downsampling (``bucket_grid``)."""
-    need = bucket_grid(components.unet)
+    """Bucket sides must fit the denoiser's downsampling (its family's ``bucket_grid``)."""
+    need = components.family.bucket_grid(components.denoiser)
     for d, dataset in enumerate(config.datasets):
         if dataset.enable_bucket and dataset.bucket_reso_steps % need:
             raise ConfigError(
                 f"datasets[{d}].bucket_reso_steps = {dataset.bucket_reso_steps} does not fit "
-                f"{components.family.name}, whose UNet needs sides that are multiples of {need}; "
+                f"{components.family.name}, whose denoiser needs sides that are multiples of {need}; "
                 f"use {need} or a multiple of it"
             )
 

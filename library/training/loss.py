@@ -1,6 +1,7 @@
 """The diffusion training loss: element losses (l2, l1, Huber), and per-sample weights.
 
-A sample's loss is the mean of its element losses, times its dataset weight (prior loss) and its
+The SNR-based formulas here are the DDPM objective's (library.training.objectives calls them);
+``diffusion_loss`` itself asks the objective for them. A sample's loss is the mean of its element losses, times its dataset weight (prior loss) and its
 timestep weights (min-SNR, v-prediction scaling, debiased estimation). The batch loss is the mean
 over samples, so it does not depend on how samples are grouped into micro-batches.
 """
@@ -129,27 +130,29 @@ def timestep_weights(
 def diffusion_loss(
     prediction: torch.Tensor,
     target: torch.Tensor,
-    timesteps: torch.Tensor,
+    levels: torch.Tensor,
     loss_weights: torch.Tensor,
     options: LossOptions,
-    alphas_cumprod: torch.Tensor,
-    v_prediction: bool,
+    objective,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean over the batch of each sample's mean element loss times its weights (float32).
 
-    ``mask`` [B, 1, h, w] (alpha_mask) multiplies the element losses before their mean, as kohya's
-    masked loss does: a half-transparent image contributes half the loss of an opaque one.
+    ``levels`` are the samples' noise levels and ``objective`` the training objective
+    (library.training.objectives) that gives their Huber thresholds and level weights (min-SNR
+    and the like). ``mask`` [B, 1, h, w] (alpha_mask) multiplies the element losses before their
+    mean, as kohya's masked loss does: a half-transparent image contributes half the loss of an
+    opaque one.
     """
     huber_c = None
     if options.loss_type in ("huber", "smooth_l1"):
-        huber_c = huber_thresholds(options, timesteps, alphas_cumprod).to(prediction.device)
+        huber_c = objective.huber_thresholds(options, levels).to(prediction.device)
     elements = element_loss(prediction, target, options.loss_type, huber_c)
     if mask is not None:
         elements = elements * mask.to(elements)
     per_sample = elements.mean(dim=tuple(range(1, elements.dim())))
     per_sample = per_sample * loss_weights.to(per_sample)
-    weights = timestep_weights(options, signal_to_noise(alphas_cumprod, timesteps), v_prediction)
+    weights = objective.level_weights(options, levels)
     if weights is not None:
         per_sample = per_sample * weights.to(per_sample)
     return per_sample.mean()

@@ -110,7 +110,7 @@ def weight_bytes(config: Config, parts: TrainedParts, draws_samples: bool) -> in
     """Every model kept on the device during training, plus autocast's copies of trained
     float32 weights in the mixed-precision dtype (kept for backward)."""
     comps = parts.components
-    modules = [comps.unet, *comps.text_encoders]
+    modules = [comps.denoiser, *comps.text_encoders]
     if vae_stays_on_device(config, draws_samples):
         modules.append(comps.vae)
     total = sum(module_bytes(m) for m in modules)
@@ -185,7 +185,7 @@ def training_activations(config: Config, parts: TrainedParts, size: TrainingSize
     counter = ActivationCounter(None if precision == "no" else dtype, not uses_sdpa(config))
     trained = {id(m) for _, m in parts.trained_modules()}
     encoders = [_meta_for_training(e, dtype, id(e) in trained) for e in comps.text_encoders]
-    unet = _meta_for_training(comps.unet, dtype, id(comps.unet) in trained)
+    denoiser = _meta_for_training(comps.denoiser, dtype, id(comps.denoiser) in trained)
     with torch.enable_grad():
         if parts.train_text_encoder:
             for encoder in encoders:
@@ -203,18 +203,20 @@ def training_activations(config: Config, parts: TrainedParts, size: TrainingSize
             )
         sizes = plain_sizes(size.batch, size.height, size.width)
         cond = assemble_conditioning(comps.family, text, sizes, "meta", dtype)
-        counter.watch(unet)
-        latents, timesteps = _noisy_latents(comps, size, dtype)
-        unet(latents, timesteps, cond.encoder_hidden_states, **cond.unet_kwargs)
+        counter.watch(denoiser)
+        latents, levels = _noisy_latents(comps, size, dtype)
+        comps.family.predict(denoiser, latents, comps.objective.model_time(levels), cond)
     return counter.total
 
 
 def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Meta latents [B, C, H / f, W / f] (f the VAE's downscaling) and timesteps [B]."""
+    """Meta latents [B, C, H / f, W / f] (f the VAE's downscaling) and noise levels [B]."""
     factor = 2 ** (len(comps.vae.config.block_out_channels) - 1)
-    shape = (size.batch, comps.unet.config.in_channels, size.height // factor, size.width // factor)
+    channels = comps.vae.config.latent_channels
+    shape = (size.batch, channels, size.height // factor, size.width // factor)
     latents = torch.empty(shape, device="meta", dtype=dtype)
-    return latents, torch.zeros(size.batch, dtype=torch.long, device="meta")
+    levels = comps.objective.level_tensor(comps.objective.validation_levels(1), "meta")
+    return latents, levels.expand(size.batch)
 
 
 def _meta_for_training(module: torch.nn.Module, dtype: torch.dtype, trained: bool):

@@ -212,12 +212,13 @@ class Saver:
         (and, at the end, a diffusers folder when the base model was one)."""
         dtype = SAVE_DTYPES[self.config.saving.save_precision]
         if self.parts.lora:
-            write_lora(path, self.parts.lora_models(), metadata, dtype)
+            family = self.parts.components.family
+            write_lora(path, self.parts.lora_models(), metadata, dtype, family)
             return
         components = self.parts.components
-        write_checkpoint(path, components.unet, components, metadata, dtype)
+        write_checkpoint(path, components.denoiser, components, metadata, dtype)
         if folder and not components.is_single_file:
-            write_pipeline_folder(path.with_suffix(""), components.unet, components.model_dir, dtype)
+            write_pipeline_folder(path.with_suffix(""), components.denoiser, components.model_dir, dtype)
 
     def _metadata(self, global_step: int, final: bool) -> dict[str, str]:
         """Training metadata; with no_metadata the writers keep only what loaders need."""

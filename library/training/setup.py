@@ -1,4 +1,4 @@
-"""Decide what is trained: adapters injected into the models (LoRA) or the whole UNet."""
+"""Decide what is trained: adapters injected into the models (LoRA) or the whole denoiser."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from library.config.schema import Config
 from library.errors import ConfigError
 from library.models.conditioning import freeze_unused_text_adapters
 from library.models.loader import Components
-from library.networks.kohya_keys import UNET, import_lora
-from library.networks.lora import ADAPTER, LoraSpec, apply_lora, lora_layers, lora_parameters
+from library.networks.kohya_keys import UNET
+from library.networks.lora import LoraSpec, apply_lora, lora_parameter_split, lora_parameters
 from library.saving.lora_file import read_lora_file
 
 
@@ -28,7 +28,7 @@ class TrainedParts:
     def trained_modules(self) -> list[tuple[str, torch.nn.Module]]:
         out = []
         if self.train_unet:
-            out.append(("unet", self.components.unet))
+            out.append(("unet", self.components.denoiser))
         if self.train_text_encoder:
             out.extend(self.text_encoders())
         return out
@@ -62,13 +62,13 @@ class TrainedParts:
 
 
 def setup_training(config: Config, components: Components) -> TrainedParts:
-    """Inject adapters or unfreeze the UNet, load network_weights, build parameter groups."""
+    """Inject adapters or unfreeze the denoiser, load network_weights, build parameter groups."""
     net, lr = config.network, config.optimizer.learning_rate
     unet_lr = net.unet_lr if net.unet_lr is not None else lr
     te_lrs = text_encoder_rates(net.text_encoder_lr, lr, len(components.text_encoders))
     if net.train_mode == "unet":
         _refuse_loraplus(config)
-        unet = components.unet.to(trained_dtype(config)).requires_grad_(True)
+        unet = components.denoiser.to(trained_dtype(config)).requires_grad_(True)
         parts = TrainedParts(components, False, True, False, [{"params": list(unet.parameters()), "lr": unet_lr, "name": "unet"}])
     else:
         parts = _setup_lora(config, components, unet_lr, te_lrs)
@@ -123,15 +123,17 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
     train_te = not net.network_train_unet_only
     groups = []
     opt = config.optimizer
+    family, conv = components.family, spec.conv_dim is not None
     if train_unet:
-        apply_lora(components.unet, "unet", spec)
+        denoiser = components.denoiser
+        apply_lora(denoiser, family.adapter_targets(denoiser, "unet", conv), spec)
         ratio = opt.loraplus_unet_lr_ratio or opt.loraplus_lr_ratio
-        groups += _lora_groups(components.unet, "unet", unet_lr, ratio)
+        groups += _lora_groups(denoiser, "unet", unet_lr, ratio)
     if train_te:
         ratio = opt.loraplus_text_encoder_lr_ratio or opt.loraplus_lr_ratio
         names = components.family.text_encoder_subfolders
         for encoder in components.text_encoders:
-            apply_lora(encoder, "text_encoder", spec)
+            apply_lora(encoder, family.adapter_targets(encoder, "text_encoder", conv), spec)
         # Layers after the one that conditions the UNet get no gradient, which DDP refuses.
         freeze_unused_text_adapters(
             components.family, components.text_encoders, config.model.clip_skip
@@ -141,8 +143,7 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
     parts = TrainedParts(components, True, train_unet, train_te, groups)
     if net.network_weights:
         tensors, _ = read_lora_file(net.network_weights)
-        prefixes = components.family.text_encoder_lora_prefixes
-        import_lora(parts.lora_models(), tensors, net.network_weights, prefixes)
+        family.load_lora_tensors(parts.lora_models(), tensors, net.network_weights)
     return parts
 
 
@@ -151,9 +152,7 @@ def _lora_groups(model: torch.nn.Module, name: str, lr: float, ratio: float | No
     if ratio is None:
         trained = [p for p in lora_parameters(model) if p.requires_grad]
         return [{"params": trained, "lr": lr, "name": name}]
-    layers = lora_layers(model).values()
-    down = [p for layer in layers for p in layer.lora_A[ADAPTER].parameters() if p.requires_grad]
-    up = [p for layer in layers for p in layer.lora_B[ADAPTER].parameters() if p.requires_grad]
+    down, up = lora_parameter_split(model)
     return [
         {"params": down, "lr": lr, "name": name},
         {"params": up, "lr": lr * ratio, "name": f"{name}_up"},
@@ -161,17 +160,15 @@ def _lora_groups(model: torch.nn.Module, name: str, lr: float, ratio: float | No
 
 
 def _memory_options(config: Config, parts: TrainedParts) -> None:
-    unet = parts.components.unet
+    denoiser = parts.components.denoiser
     if config.training.gradient_checkpointing:
         if parts.train_unet or parts.train_text_encoder:
-            unet.enable_gradient_checkpointing()
+            denoiser.enable_gradient_checkpointing()
         if parts.train_text_encoder:
             for encoder in parts.components.text_encoders:
                 encoder.gradient_checkpointing_enable()
     if not uses_sdpa(config):
-        from diffusers.models.attention_processor import AttnProcessor
-
-        unet.set_attn_processor(AttnProcessor())
+        parts.components.family.use_plain_attention(denoiser)
 
 
 def uses_sdpa(config: Config) -> bool:

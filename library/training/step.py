@@ -10,9 +10,10 @@ import torch.nn.functional as F
 
 from library.models import conditioning
 from library.models.conditioning import Conditioning, encode_conditioning
-from library.models.family import SD1, ModelFamily
+from library.models.families.base import ModelFamily, to_latents
 from library.training.loss import LossOptions, diffusion_loss
-from library.training.noise import NoiseOptions, draw, training_noise
+from library.training.noise import NoiseOptions, training_noise
+from library.training.objectives import Objective
 
 
 @dataclass
@@ -20,16 +21,18 @@ class StepInputs:
     """What the loss needs besides the batch; built once by the trainer.
 
     ``noise`` and ``loss`` carry the noise and loss keys of the config (``NoiseOptions`` /
-    ``LossOptions.from_training(config.training)``). Building it checks them against the model
-    (prediction type, timestep count).
+    ``LossOptions.from_training(config.training)``). Building it checks them against the
+    objective (prediction type, timestep count).
     """
 
-    unet: torch.nn.Module  # the prepared (possibly DDP-wrapped) module whose forward runs
+    denoiser: torch.nn.Module  # the prepared (possibly DDP-wrapped) module whose forward runs
     vae: torch.nn.Module
-    text_encoder: torch.nn.Module  # prepared when it carries a trained adapter
-    tokenizer: object
-    noise_scheduler: object  # diffusers DDPMScheduler
-    v_prediction: bool
+    family: ModelFamily
+    objective: Objective
+    # What conditions the denoiser: the family's text encoders (prepared where trained) and
+    # tokenizers, in family.text_encoder_subfolders order.
+    text_encoders: tuple[torch.nn.Module, ...]
+    tokenizers: tuple[object, ...]
     train_text_encoder: bool
     weight_dtype: torch.dtype
     device: torch.device
@@ -37,20 +40,14 @@ class StepInputs:
     noise: NoiseOptions = field(default_factory=NoiseOptions)
     loss: LossOptions = field(default_factory=LossOptions)
     clip_skip: int | None = None
-    # What conditions the UNet: the family's text encoders (prepared where trained), in
-    # family.text_encoder_subfolders order; empty means (text_encoder,) and (tokenizer,).
-    family: ModelFamily = SD1
-    text_encoders: tuple[torch.nn.Module, ...] = ()
-    tokenizers: tuple[object, ...] = ()
     max_token_length: int | None = None
-    # UNet-only training with cache_text_encoder_outputs: a TextEncoderCache, else None.
+    # Denoiser-only training with cache_text_encoder_outputs: a TextEncoderCache, else None.
     text_cache: object | None = None
 
     def __post_init__(self) -> None:
-        self.loss.check(self.v_prediction)
-        self.text_encoders = tuple(self.text_encoders) or (self.text_encoder,)
-        self.tokenizers = tuple(self.tokenizers) or (self.tokenizer,)
-        self.noise.timestep_range(self.noise_scheduler.config.num_train_timesteps)
+        self.text_encoders = tuple(self.text_encoders)
+        self.tokenizers = tuple(self.tokenizers)
+        self.objective.check(self.noise, self.loss)
 
 
 def batch_posterior(s: StepInputs, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,8 +65,8 @@ def batch_posterior(s: StepInputs, batch: dict) -> tuple[torch.Tensor, torch.Ten
 
 
 def batch_conditioning(s: StepInputs, batch: dict) -> Conditioning:
-    """The UNet conditioning of the batch's captions (and SDXL sizes), from the text-encoder
-    cache when there is one."""
+    """The denoiser's conditioning of the batch's captions (and SDXL sizes), from the
+    text-encoder cache when there is one."""
     if s.text_cache is not None:
 
         def encode(captions: list[str]):
@@ -109,42 +106,32 @@ def latent_mask(batch: dict, latent_shape: torch.Size) -> torch.Tensor | None:
     return F.interpolate(masks.float(), size=tuple(latent_shape[-2:]), mode="area")
 
 
-def predict(s: StepInputs, noisy: torch.Tensor, timesteps: torch.Tensor, cond: Conditioning):
-    """The UNet's prediction for noisy latents (in the weight dtype)."""
-    return s.unet(
-        noisy.to(s.weight_dtype), timesteps, cond.encoder_hidden_states, **cond.unet_kwargs
-    ).sample
-
-
-def training_target(s: StepInputs, latents, noise, timesteps) -> torch.Tensor:
-    """What the UNet learns to predict: the noise, or the velocity for v-prediction."""
-    return s.noise_scheduler.get_velocity(latents, noise, timesteps) if s.v_prediction else noise
+def predict(s: StepInputs, noisy: torch.Tensor, levels: torch.Tensor, cond: Conditioning):
+    """The objective's prediction for latents noised to ``levels``: the denoiser runs on the
+    noisy latents in the weight dtype."""
+    output = s.family.predict(
+        s.denoiser, noisy.to(s.weight_dtype), s.objective.model_time(levels), cond
+    )
+    return s.objective.prediction(output, noisy, levels)
 
 
 def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
     """Loss of one micro-batch, with every random draw keyed by (seed, epoch, position)."""
     mean, std = batch_posterior(s, batch)
-    draws = draw(
-        s.seed,
-        batch["epoch"],
-        batch["positions"].tolist(),
-        tuple(mean.shape[1:]),
-        s.noise_scheduler.config.num_train_timesteps,
-        s.device,
-        s.noise,
-    )
-    latents = (mean + std * draws.latent_eps) * s.vae.config.scaling_factor
+    positions = batch["positions"].tolist()
+    shape = tuple(mean.shape[1:])
+    draws = s.objective.draws(s.seed, batch["epoch"], positions, shape, s.device, s.noise)
+    latents = to_latents(s.vae, mean + std * draws.latent_eps)
     noise, input_noise = training_noise(draws, latents, s.noise)
-    timesteps = draws.timesteps
-    noisy = s.noise_scheduler.add_noise(latents, input_noise, timesteps)
-    prediction = predict(s, noisy, timesteps, batch_conditioning(s, batch))
+    levels = s.objective.levels(draws)
+    noisy = s.objective.noisy(latents, input_noise, levels)
+    prediction = predict(s, noisy, levels, batch_conditioning(s, batch))
     return diffusion_loss(
         prediction,
-        training_target(s, latents, noise, timesteps),
-        timesteps,
+        s.objective.target(latents, noise, levels),
+        levels,
         batch["loss_weights"],
         s.loss,
-        s.noise_scheduler.alphas_cumprod,
-        s.v_prediction,
+        s.objective,
         latent_mask(batch, latents.shape),
     )

@@ -306,7 +306,7 @@ class Trainer:
     def _prepare(self, parts: TrainedParts) -> list[torch.nn.Module]:
         """Move every model to the device; wrap only the trained ones (DDP under several processes)."""
         acc, comps = self.accelerator, parts.components
-        for module in (comps.unet, comps.vae, *comps.text_encoders):
+        for module in (comps.denoiser, comps.vae, *comps.text_encoders):
             module.to(acc.device)
         names = [name for name, _ in parts.trained_modules()]
         prepared = acc.prepare(*[module for _, module in parts.trained_modules()])
@@ -319,15 +319,12 @@ class Trainer:
     def _step_inputs(self, parts: TrainedParts, weight_dtype, text_cache=None) -> StepInputs:
         comps, training = parts.components, self.config.training
         return StepInputs(
-            unet=self._prepared.get("unet", comps.unet),
+            denoiser=self._prepared.get("unet", comps.denoiser),
             vae=comps.vae,
-            text_encoder=self._prepared.get("text_encoder", comps.text_encoder),
-            tokenizer=comps.tokenizer,
             family=comps.family,
+            objective=comps.objective,
             text_encoders=tuple(self._prepared.get(n, e) for n, e in parts.text_encoders()),
             tokenizers=comps.tokenizers,
-            noise_scheduler=comps.noise_scheduler,
-            v_prediction=comps.family.prediction_type == "v_prediction",
             train_text_encoder=parts.train_text_encoder,
             weight_dtype=weight_dtype,
             device=self.accelerator.device,

@@ -4,8 +4,9 @@ Every validation image is noised at the same timesteps with the same noise in ev
 so the loss moves only when the model does, and curves compare across runs, process counts and
 batch sizes. Its pieces:
 
-- latents: the VAE posterior mean times the scaling factor (no posterior sample);
-- timesteps: a fixed list (validation_timesteps), each image evaluated at every one of them;
+- latents: the VAE posterior mean in latent space (no posterior sample);
+- timesteps: a fixed list of noise levels (the objective's validation_levels; for DDPM
+  validation_timesteps), each image evaluated at every one of them;
 - noise: standard normal from a CPU generator seeded with stable_seed(seed, "validation", key,
   t), where key names the image (the batch's "validation_keys"), so an image's noise never
   depends on its batch, rank or run;
@@ -29,44 +30,21 @@ import torch
 
 from library.data.schedule import stable_seed
 from library.errors import ConfigError
-from library.training.loss import element_loss, huber_thresholds
+from library.models.families.base import to_latents
+from library.training.loss import element_loss
+from library.training.objectives import validation_timesteps
 from library.training.step import (
     StepInputs,
     batch_conditioning,
     batch_posterior,
     latent_mask,
     predict,
-    training_target,
 )
 
-# Midpoints of five equal strata of a 1000-step schedule: one timestep in each fifth of the
-# noise levels, from mostly-signal (fine detail) to mostly-noise (composition), skipping the
-# extremes where the loss says little (t near 0 is nearly noise-free input, t near T nearly no
-# signal). validation_timesteps(1000) gives exactly these.
+__all__ = ["VALIDATION_TIMESTEPS_DEFAULT", "validation_loss", "validation_timesteps"]
+
+# validation_timesteps(1000): one timestep in each fifth of the noise levels.
 VALIDATION_TIMESTEPS_DEFAULT = (100, 300, 500, 700, 900)
-
-
-def validation_timesteps(num_train_timesteps: int, count: int = 5) -> list[int]:
-    """``count`` timesteps spread evenly over the schedule: the midpoints of ``count`` equal
-    strata of [0, num_train_timesteps), i.e. floor((2i + 1) * T / (2 * count)), ascending."""
-    if not 1 <= count <= num_train_timesteps:
-        raise ValueError(
-            f"count of validation timesteps must be in 1..{num_train_timesteps}, got {count}"
-        )
-    return [(2 * i + 1) * num_train_timesteps // (2 * count) for i in range(count)]
-
-
-def _checked_timesteps(timesteps: Sequence[int], num_train_timesteps: int) -> list[int]:
-    steps = [int(t) for t in timesteps]
-    if not steps:
-        raise ConfigError("validation needs at least one timestep")
-    bad = [t for t in steps if not 0 <= t < num_train_timesteps]
-    if bad:
-        raise ConfigError(
-            f"validation timestep {bad[0]} is outside 0..{num_train_timesteps - 1}, the "
-            "model's schedule; choose timesteps in that range"
-        )
-    return steps
 
 
 def _keys(batch: dict, batch_size: int) -> list[str]:
@@ -85,8 +63,7 @@ def _unwrapped(s: StepInputs) -> StepInputs:
     encoders = tuple(getattr(m, "module", m) for m in s.text_encoders)
     return dataclasses.replace(
         s,
-        unet=getattr(s.unet, "module", s.unet),
-        text_encoder=getattr(s.text_encoder, "module", s.text_encoder),
+        denoiser=getattr(s.denoiser, "module", s.denoiser),
         text_encoders=encoders,
     )
 
@@ -105,17 +82,16 @@ def validation_noise(
     return torch.stack(draws).to(device)
 
 
-def _per_sample_loss(s: StepInputs, latents, cond, mask, keys, t: int, seed: int) -> torch.Tensor:
-    """Each sample's mean element loss at timestep ``t`` (float32 [B])."""
+def _per_sample_loss(s: StepInputs, latents, cond, mask, keys, t, seed: int) -> torch.Tensor:
+    """Each sample's mean element loss at noise level ``t`` (float32 [B])."""
     noise = validation_noise(keys, t, seed, tuple(latents.shape[1:]), latents.device)
-    steps = torch.full((len(keys),), t, dtype=torch.long, device=latents.device)
-    noisy = s.noise_scheduler.add_noise(latents, noise, steps)
-    prediction = predict(s, noisy, steps, cond)
+    levels = s.objective.level_tensor([t] * len(keys), latents.device)
+    noisy = s.objective.noisy(latents, noise, levels)
+    prediction = predict(s, noisy, levels, cond)
     huber_c = None
     if s.loss.loss_type in ("huber", "smooth_l1"):
-        alphas = s.noise_scheduler.alphas_cumprod
-        huber_c = huber_thresholds(s.loss, steps, alphas).to(prediction.device)
-    target = training_target(s, latents, noise, steps)
+        huber_c = s.objective.huber_thresholds(s.loss, levels).to(prediction.device)
+    target = s.objective.target(latents, noise, levels)
     elements = element_loss(prediction, target, s.loss.loss_type, huber_c)
     if mask is not None:
         elements = elements * mask.to(elements)
@@ -132,11 +108,14 @@ def batch_validation_loss(
     unwrapped modules (see _unwrapped); the result does not depend on how samples are batched.
     """
     plain = _unwrapped(s)
-    steps = _checked_timesteps(timesteps, s.noise_scheduler.config.num_train_timesteps)
+    if not timesteps:
+        raise ConfigError("validation needs at least one timestep")
+    s.objective.level_tensor(list(timesteps), s.device)  # refuses levels outside the schedule
+    steps = list(timesteps)
     keys = _keys(batch, len(batch["captions"]))
     with torch.no_grad():
         mean, _ = batch_posterior(plain, batch)
-        latents = mean * plain.vae.config.scaling_factor
+        latents = to_latents(plain.vae, mean)
         cond = batch_conditioning(plain, batch)
         mask = latent_mask(batch, latents.shape)
         total = torch.zeros((), dtype=torch.float32, device=s.device)

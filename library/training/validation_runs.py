@@ -7,7 +7,7 @@ from library.data.dataset import TrainData
 from library.data.samples import SampleSource
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.step import StepInputs
-from library.training.validation import validation_loss, validation_timesteps
+from library.training.validation import validation_loss
 
 
 class Validator:
@@ -49,7 +49,7 @@ class Validator:
         """The mean validation loss over every validation image of every process."""
         acc, inputs = self.accelerator, self.inputs
         batches = self.data.validation_loader(acc.process_index, self.source, self.max_batches)
-        timesteps = validation_timesteps(inputs.noise_scheduler.config.num_train_timesteps)
+        timesteps = inputs.objective.validation_levels()
         if self.optimizer is not None:
             optimizer_eval_mode(self.optimizer)
         try:

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from library.config.schema import ModelSection
-from library.models.family import SDXL
+from library.models.families.sd import SDXL
 from library.models.loader import load_components
 from library.training.noise import draw
 from tests.integration.harness import make_images, tensors, train, write_config
@@ -61,19 +61,16 @@ def test_sdxl_step_loss_matches_reference(sdxl_dir):
         "target_sizes": torch.tensor([[64, 64], [64, 64]]),
     }
     inputs = StepInputs(
-        unet=c.unet,
+        denoiser=c.denoiser,
         vae=c.vae,
-        text_encoder=c.text_encoder,
-        tokenizer=c.tokenizer,
-        noise_scheduler=c.noise_scheduler,
-        v_prediction=False,
+        family=c.family,
+        objective=c.objective,
+        text_encoders=c.text_encoders,
+        tokenizers=c.tokenizers,
         train_text_encoder=False,
         weight_dtype=torch.float32,
         device=torch.device("cpu"),
         seed=11,
-        family=c.family,
-        text_encoders=c.text_encoders,
-        tokenizers=c.tokenizers,
     )
     pipe = StableDiffusionXLPipeline.from_pretrained(sdxl_dir)
     with torch.no_grad():
@@ -88,7 +85,7 @@ def test_sdxl_step_loss_matches_reference(sdxl_dir):
         )
         time_ids = torch.tensor([[480.0, 640, 0, 32, 64, 64], [64, 64, 0, 0, 64, 64]])
         added = {"text_embeds": pooled, "time_ids": time_ids}
-        pred = c.unet(xt, d.timesteps, embeds, added_cond_kwargs=added).sample
+        pred = c.denoiser(xt, d.timesteps, embeds, added_cond_kwargs=added).sample
         per_sample = ((pred - d.noise) ** 2).mean(dim=(1, 2, 3))
         expected = (per_sample * batch["loss_weights"]).mean()
         moved = micro_batch_loss(inputs, {**batch, "crop_top_lefts": torch.zeros(2, 2)})
@@ -112,7 +109,7 @@ def test_setup_trains_both_text_encoders(sdxl_dir):
     assert sizes == [2 * UNET_MODULES, 2 * (TE1_MODULES - 6), 2 * TE2_MODULES]
     models = parts.lora_models()
     assert list(models) == ["lora_unet", "lora_te1", "lora_te2"]
-    assert models["lora_te2"] is c.text_encoder_2
+    assert models["lora_te2"] is c.text_encoders[1]
     assert [name for name, _ in parts.trained_modules()] == [
         "unet",
         "text_encoder",
@@ -180,8 +177,8 @@ def test_sdxl_full_unet_trains(tmp_path, sdxl_dir, images):
     folder = tmp_path / "out" / "run"
     again = _components(folder)
     assert again.family is SDXL and len(again.text_encoders) == 2
-    saved = again.unet.state_dict()
-    base = _components(sdxl_dir).unet.state_dict()
+    saved = again.denoiser.state_dict()
+    base = _components(sdxl_dir).denoiser.state_dict()
     assert saved.keys() == base.keys()
     changed = [k for k in base if not torch.equal(saved[k], base[k])]
     assert any(k.startswith("add_embedding.") for k in changed)  # the size/pooled path trained
@@ -189,7 +186,7 @@ def test_sdxl_full_unet_trains(tmp_path, sdxl_dir, images):
     # the single file is an SGM-layout SDXL checkpoint holding the same UNet
     single = _components(tmp_path / "out" / "run.safetensors", tokenizers=sdxl_dir)
     assert single.family is SDXL
-    for key, value in single.unet.state_dict().items():
+    for key, value in single.denoiser.state_dict().items():
         torch.testing.assert_close(value, saved[key], rtol=0, atol=0)
     with safe_open(str(tmp_path / "out" / "run.safetensors"), framework="pt") as f:
         assert f.metadata()["modelspec.architecture"] == "stable-diffusion-xl-v1-base"

@@ -178,7 +178,7 @@ def test_full_unet_outputs_load_in_diffusers(tmp_path, tiny_model_dir, images):
         ModelSection(pretrained_model_name_or_path=str(out / "run.safetensors"), tokenizer_path=str(tiny_model_dir / "tokenizer")),
         torch.float32,
     )
-    assert_close_dicts(loaded.unet.state_dict(), folder_unet, atol=0)
+    assert_close_dicts(loaded.denoiser.state_dict(), folder_unet, atol=0)
 
 
 def test_wandb_offline_run_records_the_steps(tmp_path, tiny_model_dir, images, monkeypatch):

@@ -163,16 +163,16 @@ def test_sdxl_hidden_and_pooled_from_window_zero(sdxl, length):
         parts.family, tokenizers, parts.text_encoders, CAPTIONS, "cpu", max_token_length=length
     )
     first = hand_encode(parts.text_encoder, tokenizers[0], CAPTIONS, windows, layer=-2)
-    second = hand_encode(parts.text_encoder_2, tokenizers[1], CAPTIONS, windows, layer=-2)
+    second = hand_encode(parts.text_encoders[1], tokenizers[1], CAPTIONS, windows, layer=-2)
     assert text.hidden.shape == (3, 2 + 75 * windows, 32 + 48)
     torch.testing.assert_close(text.hidden, torch.cat([first, second], -1), rtol=0, atol=1e-6)
     # Pooled: window 0's final-layer state at its first EOS, through the projection.
     pooled = []
     for caption in CAPTIONS:
         seq = hand_windows(tokenizers[1], caption, windows)[0]
-        state = parts.text_encoder_2(torch.tensor([seq])).last_hidden_state[0]
+        state = parts.text_encoders[1](torch.tensor([seq])).last_hidden_state[0]
         at_eos = state[seq.index(tokenizers[1].eos_token_id)]
-        pooled.append(parts.text_encoder_2.text_projection(at_eos))
+        pooled.append(parts.text_encoders[1].text_projection(at_eos))
     torch.testing.assert_close(text.pooled, torch.stack(pooled), rtol=0, atol=1e-6)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.family import SD1, SD2, SD2_V
+from library.models.families.sd import SD1, SD2, SD2_V
 from library.models.loader import load_components, model_fingerprint
 
 
@@ -33,8 +33,8 @@ def test_sd1_folder_loads_as_sd1_epsilon(sd1, tiny_model_dir):
     from diffusers import DDPMScheduler
 
     assert sd1.family is SD1
-    assert isinstance(sd1.noise_scheduler, DDPMScheduler)
-    assert sd1.noise_scheduler.config.prediction_type == "epsilon"
+    assert isinstance(sd1.objective.scheduler, DDPMScheduler)
+    assert sd1.objective.scheduler.config.prediction_type == "epsilon"
     assert sd1.model_dir == Path(tiny_model_dir).absolute()
     assert sd1.tokenizer.model_max_length == 77
     assert sd1.text_encoders == (sd1.text_encoder,)
@@ -42,11 +42,11 @@ def test_sd1_folder_loads_as_sd1_epsilon(sd1, tiny_model_dir):
 
 def test_scheduler_has_the_models_beta_schedule(sd1):
     # scaled_linear: betas are squares of a linear ramp between the square roots (float64 here).
-    cfg = sd1.noise_scheduler.config
+    cfg = sd1.objective.scheduler.config
     assert (cfg.beta_start, cfg.beta_end, cfg.num_train_timesteps) == (0.00085, 0.012, 1000)
     ramp = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64)
     expected = torch.cumprod(1.0 - ramp**2, dim=0)
-    got = sd1.noise_scheduler.alphas_cumprod.to(torch.float64)
+    got = sd1.objective.scheduler.alphas_cumprod.to(torch.float64)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
 
 
@@ -54,7 +54,7 @@ def test_weights_equal_the_saved_files(sd1, tiny_model_dir):
     from safetensors.torch import load_file
 
     saved = load_file(Path(tiny_model_dir) / "unet" / "diffusion_pytorch_model.safetensors")
-    state = sd1.unet.state_dict()
+    state = sd1.denoiser.state_dict()
     assert saved.keys() == state.keys()
     for key, tensor in saved.items():
         assert torch.equal(state[key], tensor), key
@@ -63,20 +63,20 @@ def test_weights_equal_the_saved_files(sd1, tiny_model_dir):
 def test_sd2v_folder_loads_as_sd2_v(tiny_sd2v_model_dir):
     parts = load(tiny_sd2v_model_dir)
     assert parts.family is SD2_V
-    assert parts.noise_scheduler.config.prediction_type == "v_prediction"
+    assert parts.objective.scheduler.config.prediction_type == "v_prediction"
 
 
 def test_flags_override_the_folder(tiny_sd2v_model_dir):
     parts = load(tiny_sd2v_model_dir, v2=True, v_parameterization=False)
     assert parts.family is SD2
-    assert parts.noise_scheduler.config.prediction_type == "epsilon"
+    assert parts.objective.scheduler.config.prediction_type == "epsilon"
     parts = load(tiny_sd2v_model_dir, v2=False, v_parameterization=False)
     assert parts.family is SD1
 
 
 def test_weight_dtype_and_frozen(tiny_model_dir):
     parts = load(tiny_model_dir, torch.bfloat16)
-    modules = {"unet": parts.unet, "vae": parts.vae, "text_encoder": parts.text_encoder}
+    modules = {"unet": parts.denoiser, "vae": parts.vae, "text_encoder": parts.text_encoder}
     for name, module in modules.items():
         params = list(module.parameters())
         assert params, name

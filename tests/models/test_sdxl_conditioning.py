@@ -16,7 +16,7 @@ from library.models.conditioning import (
     size_time_ids,
     unused_text_layers,
 )
-from library.models.family import SD1, SDXL
+from library.models.families.sd import SD1, SDXL
 from library.models.loader import load_components
 from library.models.text import encode_prompts
 
@@ -63,7 +63,7 @@ def test_matches_the_encoders_called_by_hand(parts):
     with torch.no_grad():
         cond = _encode(parts)
         first = parts.text_encoder(_ids(parts.tokenizer, CAPTIONS), output_hidden_states=True)
-        second = parts.text_encoder_2(_ids(parts.tokenizer_2, CAPTIONS), output_hidden_states=True)
+        second = parts.text_encoders[1](_ids(parts.tokenizers[1], CAPTIONS), output_hidden_states=True)
     # Penultimate layers, without the final layer norm, side by side along the channels.
     expected = torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1)
     assert cond.encoder_hidden_states.shape == (2, 77, 32 + 48)
@@ -99,9 +99,9 @@ def test_the_unet_takes_it_and_sizes_matter(parts):
     timesteps = torch.tensor([10, 500])
     with torch.no_grad():
         cond = _encode(parts)
-        out = parts.unet(latents, timesteps, cond.encoder_hidden_states, **cond.unet_kwargs)
+        out = parts.denoiser(latents, timesteps, cond.encoder_hidden_states, **cond.unet_kwargs)
         other = _encode(parts, batch=plain_sizes(2, 64, 64))
-        moved = parts.unet(latents, timesteps, other.encoder_hidden_states, **other.unet_kwargs)
+        moved = parts.denoiser(latents, timesteps, other.encoder_hidden_states, **other.unet_kwargs)
     assert out.sample.shape == latents.shape
     assert (out.sample - moved.sample).abs().max() > 1e-4  # the sizes reach the UNet
 

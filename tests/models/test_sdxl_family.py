@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from library.config.schema import Config, ModelSection, SavingSection
-from library.models.family import (
+from library.models.families.sd import (
     SD1,
     SDXL,
     SDXL_V,
@@ -103,18 +103,18 @@ def test_tiny_sdxl_folder_loads_as_sdxl(sdxl_dir):
     assert parts.family is SDXL
     first, second = parts.text_encoders
     assert type(first) is CLIPTextModel and type(second) is CLIPTextModelWithProjection
-    assert parts.text_encoder is first and parts.text_encoder_2 is second
+    assert parts.text_encoder is first and parts.text_encoders[1] is second
     assert len(parts.tokenizers) == 2 and all(t.model_max_length == 77 for t in parts.tokenizers)
-    for module in (parts.unet, parts.vae, first, second):
+    for module in (parts.denoiser, parts.vae, first, second):
         assert not any(p.requires_grad for p in module.parameters())
     # The UNet's widths agree with the two encoders, as SDXL's do.
-    unet = parts.unet.config
+    unet = parts.denoiser.config
     assert unet.cross_attention_dim == first.config.hidden_size + second.config.hidden_size
     expected_added = second.config.projection_dim + 6 * unet.addition_time_embed_dim
     assert unet.projection_class_embeddings_input_dim == expected_added
-    assert parts.unet.add_embedding.linear_1.in_features == expected_added
+    assert parts.denoiser.add_embedding.linear_1.in_features == expected_added
     assert parts.vae.config.scaling_factor == SDXL.latent_scale
-    assert parts.noise_scheduler.config.prediction_type == "epsilon"
+    assert parts.objective.scheduler.config.prediction_type == "epsilon"
 
 
 def test_tiny_sdxl_folder_is_deterministic(tmp_path):

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from library.config.schema import ModelSection
-from library.models.family import SD1, SD2, SD2_V, SDXL
+from library.models.families.sd import SD1, SD2, SD2_V, SDXL
 from library.models.loader import load_components
 from library.models.tiny import build_tiny_components
 from library.saving.checkpoint_export import write_single_file
@@ -61,9 +61,9 @@ def assert_same_modules(expected: dict, loaded: dict, configs: bool = True) -> N
 
 
 def as_dict(parts) -> dict:
-    found = {"unet": parts.unet, "vae": parts.vae, "text_encoder": parts.text_encoder}
-    if parts.text_encoder_2 is not None:
-        found["text_encoder_2"] = parts.text_encoder_2
+    found = {"unet": parts.denoiser, "vae": parts.vae, "text_encoder": parts.text_encoder}
+    if len(parts.text_encoders) > 1:
+        found["text_encoder_2"] = parts.text_encoders[1]
     return found
 
 
@@ -75,7 +75,7 @@ def test_round_trip_sd(tmp_path, name):
     loaded = load(path)
     assert loaded.family is FAMILIES[name]
     assert loaded.model_dir == path and loaded.is_single_file
-    assert loaded.noise_scheduler.config.prediction_type == scheduler.config.prediction_type
+    assert loaded.objective.scheduler.config.prediction_type == scheduler.config.prediction_type
     assert_same_modules(parts, as_dict(loaded))
     # OpenCLIP encoders pad with "!" (SD 2.x), OpenAI CLIP with the end token (SD 1.x).
     assert loaded.tokenizer.pad_token == ("!" if name.startswith("sd2") else "<|endoftext|>")

@@ -72,7 +72,7 @@ def test_export_fits_the_shipped_configs_with_every_key_used(folder, layout, cou
 @pytest.mark.slow
 def test_full_size_sd15_file_round_trip(tmp_path):
     from library.config.schema import ModelSection
-    from library.models.family import SD1
+    from library.models.families.sd import SD1
     from library.models.loader import load_components
     from library.saving.checkpoint_export import write_single_file
 
@@ -91,7 +91,7 @@ def test_full_size_sd15_file_round_trip(tmp_path):
     assert {k for p in plans for k in p.keys} == set(file.keys())
     model = ModelSection(pretrained_model_name_or_path=str(path), tokenizer_path=str(TOKENIZER))
     loaded = load_components(model, torch.float16)
-    for want, got in ((unet, loaded.unet), (vae, loaded.vae), (encoder, loaded.text_encoder)):
+    for want, got in ((unet, loaded.denoiser), (vae, loaded.vae), (encoder, loaded.text_encoder)):
         a, b = want.state_dict(), got.state_dict()
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a)

@@ -10,8 +10,8 @@ from safetensors.torch import save_file
 
 from library.config.schema import ModelSection
 from library.errors import ConfigError, ModelError
-from library.models.family import SD1, SDXL
-from library.models.loader import _check_options, load_components
+from library.models.families.sd import SD1, SDXL
+from library.models.loader import load_components
 from library.models.original_names import VAE_PREFIX, vae_state_dict_to_original
 from library.models.text import encode_token_ids
 from library.models.tiny import build_tiny_components, tiny_text_config, tiny_vae_config
@@ -82,7 +82,7 @@ def test_vae_override_errors(tiny_model_dir, tmp_path):
 
 def test_no_half_vae_keeps_the_vae_float32(tiny_model_dir, other_vae, tmp_path):
     parts = load(tiny_model_dir, torch.bfloat16, no_half_vae=True)
-    assert parts.vae.dtype == torch.float32 and parts.unet.dtype == torch.bfloat16
+    assert parts.vae.dtype == torch.float32 and parts.denoiser.dtype == torch.bfloat16
     assert parts.text_encoder.dtype == torch.bfloat16
     assert load(tiny_model_dir, torch.bfloat16).vae.dtype == torch.bfloat16
     save_file(vae_state_dict_to_original(other_vae.state_dict(), 4), tmp_path / "v.safetensors")
@@ -98,11 +98,11 @@ def test_zero_terminal_snr_rescales_the_betas(tiny_sd2v_model_dir):
     root = torch.cumprod(1 - betas, 0).sqrt()
     first, last = root[0].clone(), root[-1].clone()
     expected = ((root - last) * first / (first - last)) ** 2
-    got = parts.noise_scheduler.alphas_cumprod.to(torch.float64)
+    got = parts.objective.scheduler.alphas_cumprod.to(torch.float64)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
     assert got[-1] == 0
-    plain = load(tiny_sd2v_model_dir).noise_scheduler.alphas_cumprod
-    assert plain[-1] > 0 and torch.isclose(plain[0], parts.noise_scheduler.alphas_cumprod[0])
+    plain = load(tiny_sd2v_model_dir).objective.scheduler.alphas_cumprod
+    assert plain[-1] > 0 and torch.isclose(plain[0], parts.objective.scheduler.alphas_cumprod[0])
 
 
 def test_zero_terminal_snr_needs_v_prediction(tiny_model_dir):
@@ -113,8 +113,8 @@ def test_zero_terminal_snr_needs_v_prediction(tiny_model_dir):
 
 def test_clip_skip_is_refused_for_sdxl():
     with pytest.raises(ConfigError, match="clip_skip = 2 applies to SD 1.x/2.x"):
-        _check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=2), SDXL)
-    _check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=1), SDXL)
+        SDXL.check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=2))
+    SDXL.check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=1))
 
 
 @pytest.mark.parametrize("with_projection", [False, True])

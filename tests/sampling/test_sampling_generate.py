@@ -94,21 +94,21 @@ def test_same_seed_same_image_other_seed_other_image(components, tmp_path):
 def test_live_adapter_weights_are_used(components, tmp_path):
     p = prompt(0, sampler="euler_a")
     plain = pixels(run(components, [p], tmp_path, step=1).images[0])
-    apply_lora(components.unet, "unet", LoraSpec(dim=4, alpha=4))
+    apply_lora(components.denoiser, "unet", LoraSpec(dim=4, alpha=4))
     fresh = pixels(run(components, [p], tmp_path, step=2).images[0])
     assert (fresh == plain).all()  # a fresh adapter (up = 0) changes nothing
-    randomize_lora(components.unet, torch.Generator().manual_seed(0), std=0.5)
+    randomize_lora(components.denoiser, torch.Generator().manual_seed(0), std=0.5)
     adapted = pixels(run(components, [p], tmp_path, step=3).images[0])
     assert np.abs(adapted - plain).mean() > 1
     with torch.no_grad():  # edit the weights in place: the next round must show it
-        for param in lora_parameters(components.unet):
+        for param in lora_parameters(components.denoiser):
             param.zero_()
     assert (pixels(run(components, [p], tmp_path, step=4).images[0]) == plain).all()
 
 
 def test_rng_states_modes_and_gradients_are_restored(components, tmp_path, monkeypatch):
-    apply_lora(components.unet, "unet", LoraSpec(dim=4, alpha=4))
-    unet, text_encoder = components.unet, components.text_encoder
+    apply_lora(components.denoiser, "unet", LoraSpec(dim=4, alpha=4))
+    unet, text_encoder = components.denoiser, components.text_encoder
     unet.train()
     text_encoder.eval()
     list(text_encoder.modules())[3].train()  # a mixed state must survive exactly

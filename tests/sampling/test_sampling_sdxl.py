@@ -93,21 +93,21 @@ def test_same_image_as_diffusers_own_sdxl_pipeline(tiny_sdxl_model_dir, tmp_path
 def test_unet_lora_changes_the_image_under_the_same_seed(sdxl, tmp_path):
     p = prompt(0, sampler="euler_a")
     plain = image(sdxl, p, tmp_path, 1)
-    apply_lora(sdxl.unet, "unet", LoraSpec(dim=4, alpha=4))
+    apply_lora(sdxl.denoiser, "unet", LoraSpec(dim=4, alpha=4))
     assert (image(sdxl, p, tmp_path, 2) == plain).all()  # a fresh adapter (up = 0)
-    randomize_lora(sdxl.unet, torch.Generator().manual_seed(0), std=0.5)
+    randomize_lora(sdxl.denoiser, torch.Generator().manual_seed(0), std=0.5)
     assert np.abs(image(sdxl, p, tmp_path, 3) - plain).mean() > 1
     with torch.no_grad():  # edit the live weights in place: the next round must show it
-        for param in lora_parameters(sdxl.unet):
+        for param in lora_parameters(sdxl.denoiser):
             param.zero_()
     assert (image(sdxl, p, tmp_path, 4) == plain).all()
 
 
-@pytest.mark.parametrize("which", ["text_encoder", "text_encoder_2"])
+@pytest.mark.parametrize("which", [0, 1])
 def test_each_live_text_encoder_reaches_the_image(sdxl, tmp_path, which):
     p = prompt(0)
     plain = image(sdxl, p, tmp_path, 1)
-    encoder = getattr(sdxl, which)
+    encoder = sdxl.text_encoders[which]
     apply_lora(encoder, "text_encoder", LoraSpec(dim=4, alpha=4))
     randomize_lora(encoder, torch.Generator().manual_seed(1), std=0.5)
     assert np.abs(image(sdxl, p, tmp_path, 2) - plain).mean() > 1
@@ -116,24 +116,24 @@ def test_each_live_text_encoder_reaches_the_image(sdxl, tmp_path, which):
 def test_prepared_modules_replace_the_components_own(sdxl, tmp_path):
     """What the trainer passes as ``prepared`` (by module name) is what samples."""
     p = prompt(0)
-    other = copy.deepcopy(sdxl.text_encoder_2)
+    other = copy.deepcopy(sdxl.text_encoders[1])
     with torch.no_grad():
         for param in other.parameters():
             param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(2)) * 0.2)
     plain = image(sdxl, p, tmp_path, 1)
     via_prepared = image(sdxl, p, tmp_path, 2, prepared={"text_encoder_2": other})
-    sdxl.text_encoder_2 = other
+    sdxl.text_encoders = (sdxl.text_encoders[0], other)
     swapped = image(sdxl, p, tmp_path, 3)
     assert (via_prepared == swapped).all()
     assert np.abs(via_prepared - plain).mean() > 1
 
 
 def test_rng_states_modes_and_gradients_are_restored(sdxl, tmp_path, monkeypatch):
-    apply_lora(sdxl.unet, "unet", LoraSpec(dim=4, alpha=4))
-    apply_lora(sdxl.text_encoder_2, "text_encoder", LoraSpec(dim=4, alpha=4))
-    modules = [sdxl.unet, sdxl.text_encoder, sdxl.text_encoder_2]
-    sdxl.unet.train()
-    sdxl.text_encoder_2.train()
+    apply_lora(sdxl.denoiser, "unet", LoraSpec(dim=4, alpha=4))
+    apply_lora(sdxl.text_encoders[1], "text_encoder", LoraSpec(dim=4, alpha=4))
+    modules = [sdxl.denoiser, sdxl.text_encoder, sdxl.text_encoders[1]]
+    sdxl.denoiser.train()
+    sdxl.text_encoders[1].train()
     list(sdxl.text_encoder.modules())[2].train()  # a mixed state must survive exactly
     modes = {m: m.training for module in modules for m in module.modules()}
     seen = []
@@ -156,5 +156,5 @@ def test_rng_states_modes_and_gradients_are_restored(sdxl, tmp_path, monkeypatch
     assert after[2] == expected[2]
     assert len(seen) > 3 and not any(seen)  # every encoder and the UNet ran in eval, no grad
     assert {m: m.training for module in modules for m in module.modules()} == modes
-    params = lora_parameters(sdxl.unet) + lora_parameters(sdxl.text_encoder_2)
+    params = lora_parameters(sdxl.denoiser) + lora_parameters(sdxl.text_encoders[1])
     assert all(p.grad is None for p in params)

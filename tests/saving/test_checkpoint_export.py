@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from library.models.checkpoint_layout import LAYOUTS
-from library.models.family import SD1, SD2_V
+from library.models.families.sd import SD1, SD2_V
 from library.models.tiny import build_tiny_components, tiny_text_config
 from library.saving.checkpoint_export import (
     ensure_text_model_layout,

@@ -64,7 +64,7 @@ FORMAT_KEYS = [
 
 @dataclass(frozen=True)
 class Family:
-    """Stand-in for library.models.family.ModelFamily."""
+    """Stand-in for library.models.families.base.ModelFamily."""
 
     name: str
     v2: bool

@@ -7,16 +7,16 @@ import torch
 from library.training.step import StepInputs
 
 
-def cpu_inputs(components, seed: int, unet=None, **options) -> StepInputs:
-    """StepInputs over ``components`` (``unet`` replaces the UNet, e.g. a wrapper)."""
+def cpu_inputs(components, seed: int, denoiser=None, **options) -> StepInputs:
+    """StepInputs over ``components`` (``denoiser`` replaces theirs, e.g. a wrapper)."""
     c = components
     return StepInputs(
-        unet=unet or c.unet,
+        denoiser=denoiser or c.denoiser,
         vae=c.vae,
-        text_encoder=c.text_encoder,
-        tokenizer=c.tokenizer,
-        noise_scheduler=c.noise_scheduler,
-        v_prediction=c.family.prediction_type == "v_prediction",
+        family=c.family,
+        objective=c.objective,
+        text_encoders=c.text_encoders,
+        tokenizers=c.tokenizers,
         train_text_encoder=False,
         weight_dtype=torch.float32,
         device=torch.device("cpu"),

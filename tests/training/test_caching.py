@@ -8,7 +8,8 @@ import pytest
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.errors import ConfigError
-from library.training.caching import bucket_grid, check_bucket_steps
+from library.models.families.sd import SD1, SDXL
+from library.training.caching import check_bucket_steps
 
 # block_out_channels of the real UNets: SD 1.x/2.x downsample 3 times, SDXL twice.
 SD15_BLOCKS, SDXL_BLOCKS = (320, 640, 1280, 1280), (320, 640, 1280)
@@ -16,7 +17,7 @@ SD15_BLOCKS, SDXL_BLOCKS = (320, 640, 1280, 1280), (320, 640, 1280)
 
 def _components(blocks, name):
     unet = SimpleNamespace(config=SimpleNamespace(block_out_channels=blocks))
-    return SimpleNamespace(unet=unet, family=SimpleNamespace(name=name))
+    return SimpleNamespace(denoiser=unet, family=SD1 if name == "SD1" else SDXL)
 
 
 def _config(steps: int, enable_bucket: bool = True):
@@ -28,8 +29,9 @@ def _config(steps: int, enable_bucket: bool = True):
 
 
 def test_bucket_grid_is_the_vae_factor_times_the_unet_downsampling():
-    assert bucket_grid(_components(SD15_BLOCKS, "SD1").unet) == 8 * 2**3
-    assert bucket_grid(_components(SDXL_BLOCKS, "SDXL").unet) == 8 * 2**2
+    sd1, sdxl = _components(SD15_BLOCKS, "SD1"), _components(SDXL_BLOCKS, "SDXL")
+    assert sd1.family.bucket_grid(sd1.denoiser) == 8 * 2**3
+    assert sdxl.family.bucket_grid(sdxl.denoiser) == 8 * 2**2
 
 
 def test_bucket_steps_must_fit_the_unet():

@@ -14,6 +14,7 @@ from library.training.loss import (
     min_snr_weight,
     signal_to_noise,
 )
+from library.training.objectives import DDPMObjective
 
 T = 1000
 
@@ -25,9 +26,15 @@ def _alpha_bar() -> torch.Tensor:
 
 
 def _sched_alphas() -> torch.Tensor:
-    return DDPMScheduler(
-        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"
-    ).alphas_cumprod
+    return _scheduler().alphas_cumprod
+
+
+def _scheduler() -> DDPMScheduler:
+    return DDPMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
+
+
+def _ddpm(v_prediction: bool = False, scheduler=None) -> DDPMObjective:
+    return DDPMObjective(scheduler or _scheduler(), v_prediction)
 
 
 def _batch():
@@ -60,7 +67,7 @@ def _hand_loss(pred, target, weights, kind, cs):
 def test_each_loss_type_matches_its_formula(kind):
     pred, target, steps, weights = _batch()
     opts = LossOptions(loss_type=kind, huber_schedule="constant", huber_c=0.3)
-    ours = diffusion_loss(pred, target, steps, weights, opts, _sched_alphas(), False)
+    ours = diffusion_loss(pred, target, steps, weights, opts, _ddpm())
     expected = _hand_loss(pred, target, weights.tolist(), kind, [0.3] * 3)
     assert abs(ours.item() - expected) < 1e-5 * max(1.0, abs(expected))
 
@@ -68,11 +75,11 @@ def test_each_loss_type_matches_its_formula(kind):
 def test_l2_is_plain_mse_and_huber_tends_to_it():
     pred, target, steps, weights = _batch()
     ones = torch.ones(3)
-    l2 = diffusion_loss(pred, target, steps, ones, LossOptions(), _sched_alphas(), False)
+    l2 = diffusion_loss(pred, target, steps, ones, LossOptions(), _ddpm())
     assert torch.allclose(l2, torch.nn.functional.mse_loss(pred, target), atol=1e-6)
     # smooth_l1 with a large c is about (d^2 / c): scaled by c it approaches l2
     big = LossOptions(loss_type="huber", huber_schedule="constant", huber_c=1e3)
-    huber = diffusion_loss(pred, target, steps, ones, big, _sched_alphas(), False)
+    huber = diffusion_loss(pred, target, steps, ones, big, _ddpm())
     assert torch.allclose(huber, l2, rtol=1e-3)
 
 
@@ -103,7 +110,7 @@ def test_huber_schedules_match_formulas():
 def test_snr_huber_uses_each_samples_own_threshold():
     pred, target, steps, weights = _batch()
     opts = LossOptions(loss_type="huber", huber_schedule="snr", huber_c=0.1)
-    ours = diffusion_loss(pred, target, steps, weights, opts, _sched_alphas(), False)
+    ours = diffusion_loss(pred, target, steps, weights, opts, _ddpm())
     alpha_bar = _alpha_bar()
     cs = []
     for step in steps.tolist():
@@ -141,7 +148,7 @@ def test_snr_weights_match_formulas(v):
 
     def ours(**kw):
         opts = LossOptions(**kw)
-        return diffusion_loss(pred, target, steps, weights, opts, _sched_alphas(), v).item()
+        return diffusion_loss(pred, target, steps, weights, opts, _ddpm(v)).item()
 
     def expected(weight_of):
         terms = [
@@ -200,15 +207,15 @@ def test_alpha_mask_weights_each_latent_pixel():
     expected_mask[0, :, 0, 2:] = 0.75  # the mean of 4 rows at 0.5 and 4 at 1
     assert torch.equal(mask, expected_mask)
     timesteps = torch.tensor([10, 500])
-    alphas = DDPMScheduler().alphas_cumprod
+    objective = DDPMObjective(DDPMScheduler(), False)
     loss = diffusion_loss(
-        prediction, target, timesteps, torch.ones(2), LossOptions(), alphas, False, mask
+        prediction, target, timesteps, torch.ones(2), LossOptions(), objective, mask
     )
     # by hand: squared error times the mask, mean over each sample's elements, mean over samples
     per_sample = ((prediction - target) ** 2 * expected_mask).mean(dim=(1, 2, 3))
     assert loss.item() == pytest.approx(per_sample.mean().item(), rel=1e-6)
     unmasked = diffusion_loss(
-        prediction, target, timesteps, torch.ones(2), LossOptions(), alphas, False
+        prediction, target, timesteps, torch.ones(2), LossOptions(), objective
     )
     assert unmasked.item() != pytest.approx(loss.item(), rel=1e-3)
     assert latent_mask({}, prediction.shape) is None

@@ -147,10 +147,10 @@ def _real_unet_peak(parts, size: TrainingSize) -> int:
     timesteps = torch.randint(0, 1000, (size.batch,), generator=generator)
 
     def step():
-        out = comps.unet(latents, timesteps, cond.encoder_hidden_states, **cond.unet_kwargs).sample
+        out = comps.denoiser(latents, timesteps, cond.encoder_hidden_states, **cond.unet_kwargs).sample
         out.float().square().mean().backward()
 
-    comps.unet.train()
+    comps.denoiser.train()
     return _profiled_peak(step)
 
 
@@ -220,7 +220,7 @@ def test_weights_count_every_model_on_the_device(tiny_model_dir):
     config = _config(tiny_model_dir, data={"cache_latents": True})
     parts = _parts(config)
     comps = parts.components
-    models = sum(_bytes(_module_tensors(m)) for m in (comps.unet, comps.text_encoder))
+    models = sum(_bytes(_module_tensors(m)) for m in (comps.denoiser, comps.text_encoder))
     vae = _bytes(_module_tensors(comps.vae))
     # every latent cached and no samples drawn: the trainer moves the VAE off the device
     assert weight_bytes(config, parts, draws_samples=False) == models
@@ -231,7 +231,7 @@ def test_mixed_precision_adds_autocast_copies_of_float32_trained_weights(tiny_mo
     config = _config(tiny_model_dir, training={"mixed_precision": "bf16"})
     parts = _parts(config, torch.bfloat16)
     comps = parts.components
-    models = sum(_bytes(_module_tensors(m)) for m in (comps.unet, comps.text_encoder, comps.vae))
+    models = sum(_bytes(_module_tensors(m)) for m in (comps.denoiser, comps.text_encoder, comps.vae))
     trained = sum(p.numel() for p in parts.parameters())
     assert weight_bytes(config, parts, draws_samples=True) == models + trained * BF16
 

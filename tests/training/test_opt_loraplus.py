@@ -48,7 +48,7 @@ def test_ratios_split_each_model_into_down_and_up_groups(tiny_model_dir):
         "lr"
     ] == pytest.approx(5e-5 * 4)
     for model, name in (
-        (parts.components.unet, "unet"),
+        (parts.components.denoiser, "unet"),
         (parts.components.text_encoder, "text_encoder"),
     ):
         down, up = _by_name(model)
@@ -69,7 +69,7 @@ def test_up_weights_move_ratio_times_faster_with_sgd(tiny_model_dir):
     for p in params:
         p.grad = torch.ones_like(p)
     opt.step()
-    down, up = _by_name(parts.components.unet)
+    down, up = _by_name(parts.components.denoiser)
     for p, b in zip(params, before, strict=True):
         expected = 1e-4 * (8.0 if id(p) in up else 1.0)
         assert torch.allclose(b - p.detach(), torch.full_like(b, expected)), id(p) in down

@@ -31,7 +31,7 @@ def test_lora_trains_fp32_adapters_on_bf16_frozen_models(tiny_model_dir):
         training={"gradient_checkpointing": True},
     )
     parts = setup_training(config, load_components(config.model, torch.bfloat16))
-    unet, te, vae = parts.components.unet, parts.components.text_encoder, parts.components.vae
+    unet, te, vae = parts.components.denoiser, parts.components.text_encoder, parts.components.vae
     assert _dtypes(unet, True) == {torch.float32} and _dtypes(unet, False) == {torch.bfloat16}
     assert _dtypes(te, True) == {torch.float32} and _dtypes(te, False) == {torch.bfloat16}
     assert _dtypes(vae, True) == set() and _dtypes(vae, False) == {torch.bfloat16}
@@ -55,7 +55,7 @@ def test_lora_trains_fp32_adapters_on_bf16_frozen_models(tiny_model_dir):
 def test_one_side_only(tiny_model_dir, network, unet_trained, te_trained):
     config = _config(tiny_model_dir, **network)
     parts = setup_training(config, load_components(config.model, torch.float32))
-    assert any(p.requires_grad for p in parts.components.unet.parameters()) == unet_trained
+    assert any(p.requires_grad for p in parts.components.denoiser.parameters()) == unet_trained
     assert any(p.requires_grad for p in parts.components.text_encoder.parameters()) == te_trained
     assert [n for n, _ in parts.trained_modules()] == (
         ["unet"] if unet_trained else ["text_encoder"]
@@ -65,7 +65,7 @@ def test_one_side_only(tiny_model_dir, network, unet_trained, te_trained):
 def test_full_unet_trains_every_unet_weight_in_fp32(tiny_model_dir):
     config = _config(tiny_model_dir, train_mode="unet")
     parts = setup_training(config, load_components(config.model, torch.bfloat16))
-    unet = parts.components.unet
+    unet = parts.components.denoiser
     assert all(p.requires_grad and p.dtype == torch.float32 for p in unet.parameters())
     assert not any(p.requires_grad for p in parts.components.text_encoder.parameters())
     assert len(parts.parameters()) == len(list(unet.parameters()))

@@ -53,7 +53,7 @@ def _reference_loss(c, batch, seed, gamma, extra):
         a = _alpha_bar(d.timesteps)
         xt = a.sqrt() * x0 + (1 - a).sqrt() * eps_in
         hidden = plain_text_states(c, batch["captions"])
-        pred = c.unet(xt, d.timesteps, hidden).sample
+        pred = c.denoiser(xt, d.timesteps, hidden).sample
         v_pred = c.family.prediction_type == "v_prediction"
         target = a.sqrt() * eps - (1 - a).sqrt() * x0 if v_pred else eps
         snr = (a / (1 - a)).view(-1)

@@ -70,7 +70,7 @@ def _reference(c, batch, timesteps, seed, v_target, mask=None, huber_c=None):
             )
             a = _alpha_bar(t)
             xt = a.sqrt() * x0 + (1 - a).sqrt() * eps
-            pred = c.unet(xt, torch.full((len(eps),), t), hidden).sample
+            pred = c.denoiser(xt, torch.full((len(eps),), t), hidden).sample
             target = a.sqrt() * eps - (1 - a).sqrt() * x0 if v_target else eps
             if huber_c is None:
                 elements = (pred - target) ** 2
@@ -156,7 +156,7 @@ def test_wrapped_unet_is_unwrapped(sd1):
     c = sd1
     batch = _batch()
     plain = batch_validation_loss(_inputs(c), batch, TIMESTEPS, SEED)[0]
-    wrapped = batch_validation_loss(_inputs(c, unet=_Wrapped(c.unet)), batch, TIMESTEPS, SEED)[0]
+    wrapped = batch_validation_loss(_inputs(c, unet=_Wrapped(c.denoiser)), batch, TIMESTEPS, SEED)[0]
     assert torch.equal(plain, wrapped)
 
 

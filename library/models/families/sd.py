@@ -1,9 +1,10 @@
-"""Model families as data: what differs between SD 1.x, SD 2.x, SD 2.x 768-v and SDXL.
+"""The Stable Diffusion families: SD 1.x, SD 2.x (512 and 768-v), SDXL, and v-prediction variants.
 
-The trainer never branches on a family name; it reads these fields (prediction target, which
-text encoders exist and which of their layers condition the UNet, pooled/size conditioning, LoRA
-key prefixes and UNet key layout, metadata strings). SDXL is one more instance with two entries
-in the text-encoder tuples and its pooled/size conditioning switched on.
+One implementation of library.models.families.base.ModelFamily for every UNet/CLIP/DDPM model;
+the variants are instances that differ in data (prediction target, which text encoders exist
+and which of their layers condition the UNet, pooled/size conditioning, LoRA key prefixes and
+UNet key layout, metadata strings). SDXL is one more instance with two entries in the
+text-encoder tuples and its pooled/size conditioning switched on.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from library.config.schema import ModelSection
+from library.errors import ConfigError
+from library.models.families.base import ModelFamily, PredictionType
 
 log = logging.getLogger(__name__)
 
-PredictionType = Literal["epsilon", "v_prediction"]
 TextLayer = Literal["last", "penultimate"]
 UNetKeyLayout = Literal["diffusers", "original"]
 
@@ -27,56 +29,126 @@ _SD1_CONTEXT_DIM = 768  # OpenAI CLIP ViT-L/14
 _SD2_CONTEXT_DIM = 1024  # OpenCLIP ViT-H/14
 
 
-@dataclass(frozen=True)
-class ModelFamily:
-    """Everything the trainer and the file writers need to know about one kind of model.
+@dataclass(frozen=True, kw_only=True)
+class SDFamily(ModelFamily):
+    """SD 1.x, 2.x and SDXL: a UNet denoiser, CLIP text encoders, the DDPM objective.
 
-    ``text_encoder_lora_prefixes`` are kohya's prefixes *without* the joining underscore
-    (``lora_te`` + ``_`` + module path); there is one per entry of ``text_encoder_subfolders``,
-    in the same order. ``unet_lora_prefix`` includes its underscore (``lora_unet_`` + path).
+    Besides ModelFamily's data: ``v2`` (OpenCLIP ViT-H text encoder), which layer of each text
+    encoder conditions the UNet, and the key layout of UNet modules in LoRA files.
     """
 
-    name: str
-    v2: bool
-    prediction_type: PredictionType
-    base_model_version: str  # ss_base_model_version
-    modelspec_architecture: str  # modelspec.architecture of a full model; LoRA files add "/lora"
-    default_resolution: int
-    text_encoder_subfolders: tuple[str, ...] = ("text_encoder",)
-    tokenizer_subfolders: tuple[str, ...] = ("tokenizer",)
-    text_encoder_lora_prefixes: tuple[str, ...] = ("lora_te",)
-    unet_lora_prefix: str = "lora_unet_"
-    # SDXL conditions the UNet on the pooled text embedding and on image sizes; SD1/2 do not.
-    uses_pooled_text_embedding: bool = False
-    uses_size_conditioning: bool = False
+    v2: bool = False
     # "last": each encoder's last_hidden_state (after the final layer norm; clip_skip applies).
     # "penultimate": hidden_states[-2] without the final norm, what SDXL was trained on.
     text_layer: TextLayer = "last"
     # UNet module names in LoRA files: diffusers paths (SD 1.x/2.x) or the original SGM layout
     # (SDXL; docs/formats.md, LoRA files). modelspec.implementation of a LoRA file follows it.
     unet_lora_key_layout: UNetKeyLayout = "diffusers"
-    lora_implementation: str = "diffusers"
-    # scaling_factor of the family's released VAE. Training reads the loaded VAE's config; this
-    # is what VAE configs we write (tiny models) carry.
-    latent_scale: float = 0.18215
 
-    @property
-    def v_parameterization(self) -> bool:
-        """The training target is v (velocity) rather than the added noise."""
-        return self.prediction_type == "v_prediction"
+    def predict(self, denoiser, noisy, timesteps, cond):
+        return denoiser(noisy, timesteps, cond.encoder_hidden_states, **cond.unet_kwargs).sample
 
-    @property
-    def modelspec_prediction_type(self) -> str:
-        """modelspec.prediction_type spells v-prediction as "v"."""
-        return "v" if self.v_parameterization else "epsilon"
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ):
+        from library.models.conditioning import clip_text_conditioning
 
-    @property
-    def lora_architecture(self) -> str:
-        """modelspec.architecture of a LoRA file trained on this family."""
-        return f"{self.modelspec_architecture}/lora"
+        return clip_text_conditioning(
+            self, tokenizers, text_encoders, captions, device, clip_skip, max_token_length
+        )
+
+    def assemble_conditioning(self, text, batch, device, dtype=None):
+        from library.models.conditioning import unet_conditioning
+
+        return unet_conditioning(self, text, batch, device, dtype)
+
+    def unused_text_layers(self, index, num_layers, clip_skip=None):
+        """SDXL's first encoder conditions on its penultimate layer, so its last layer is
+        unused; with ``clip_skip`` N > 1 the last N - 1 layers are. An encoder that gives the
+        pooled embedding uses every layer."""
+        last = len(self.text_encoder_subfolders) - 1
+        if self.uses_pooled_text_embedding and index == last:
+            return range(num_layers, num_layers)
+        used = (
+            num_layers - 1
+            if self.text_layer == "penultimate"
+            else num_layers - (clip_skip or 1) + 1
+        )
+        return range(max(used, 0), num_layers)
+
+    def adapter_targets(self, module, role, conv):
+        from library.networks.targets import default_targets
+
+        return default_targets(module, role, conv)
+
+    def lora_tensors(self, models):
+        from library.networks.kohya_keys import export_lora
+
+        return export_lora(models)
+
+    def load_lora_tensors(self, models, tensors, source):
+        from library.networks.kohya_keys import import_lora
+
+        import_lora(models, tensors, source, self.text_encoder_lora_prefixes)
+
+    def bucket_grid(self, denoiser):
+        """The VAE's 8 times 2 per UNet downsampling stage (64 for SD 1.x/2.x, 32 for SDXL)."""
+        return 8 * 2 ** (len(denoiser.config.block_out_channels) - 1)
+
+    def use_plain_attention(self, denoiser):
+        from diffusers.models.attention_processor import AttnProcessor
+
+        denoiser.set_attn_processor(AttnProcessor())
+
+    def sampling_pipeline(self):
+        from library.sampling.pipelines import PipelineKind
+
+        key = (
+            len(self.text_encoder_subfolders),
+            self.uses_pooled_text_embedding,
+            self.uses_size_conditioning,
+        )
+        found = _PIPELINES.get(key)
+        if found is None:
+            return super().sampling_pipeline()
+        class_name, options = found
+        return PipelineKind(class_name, dict(options))
+
+    def checkpoint_layout(self):
+        """SDXL (two text encoders), SD 2.x or SD 1.x original layout."""
+        from library.models.checkpoint_layout import LAYOUTS
+
+        if len(self.text_encoder_subfolders) > 1 or self.uses_pooled_text_embedding:
+            return LAYOUTS["sdxl"]
+        return LAYOUTS["sd2" if self.v2 else "sd1"]
+
+    def check_options(self, model):
+        if model.zero_terminal_snr and not self.v_parameterization:
+            raise ConfigError(
+                "zero_terminal_snr needs v-prediction: with epsilon prediction the last timestep "
+                "has nothing to learn and samplers divide by zero there; set "
+                "v_parameterization = true or remove zero_terminal_snr"
+            )
+        if model.clip_skip and model.clip_skip > 1 and self.uses_pooled_text_embedding:
+            raise ConfigError(
+                f"clip_skip = {model.clip_skip} applies to SD 1.x/2.x; SDXL conditions on its "
+                "text encoders' penultimate layers already; remove clip_skip"
+            )
 
 
-SD1 = ModelFamily(
+# (text encoders, pooled text embedding, size conditioning) -> the diffusers pipeline class that
+# takes them, and its constructor keywords besides the modules.
+_PIPELINES = {
+    (1, False, False): (
+        "StableDiffusionPipeline",
+        {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False},
+    ),
+    # No invisible watermark: it needs an extra package and alters the pixels users compare.
+    (2, True, True): ("StableDiffusionXLPipeline", {"add_watermarker": False}),
+}
+
+
+SD1 = SDFamily(
     name="sd1",
     v2=False,
     prediction_type="epsilon",
@@ -84,7 +156,7 @@ SD1 = ModelFamily(
     modelspec_architecture="stable-diffusion-v1",
     default_resolution=512,
 )
-SD2 = ModelFamily(
+SD2 = SDFamily(
     name="sd2",
     v2=True,
     prediction_type="epsilon",
@@ -92,7 +164,7 @@ SD2 = ModelFamily(
     modelspec_architecture="stable-diffusion-v2-512",
     default_resolution=512,
 )
-SD2_V = ModelFamily(
+SD2_V = SDFamily(
     name="sd2-v",
     v2=True,
     prediction_type="v_prediction",
@@ -103,7 +175,7 @@ SD2_V = ModelFamily(
 # An SD 1.x fine-tune trained for v-prediction (kohya allows v_parameterization without v2).
 # kohya names its base version "sd_v1_v"; modelspec has no v-variant of the v1 architecture, so it
 # stays "stable-diffusion-v1" and modelspec.prediction_type carries the difference.
-SD1_V = ModelFamily(
+SD1_V = SDFamily(
     name="sd1-v",
     v2=False,
     prediction_type="v_prediction",
@@ -115,7 +187,7 @@ SD1_V = ModelFamily(
 # SDXL base 1.0: CLIP ViT-L (text_encoder) + OpenCLIP ViT-bigG with projection (text_encoder_2);
 # the UNet takes both penultimate layers concatenated, the pooled bigG embedding and the image
 # sizes (original size, crop top-left, target size).
-SDXL = ModelFamily(
+SDXL = SDFamily(
     name="sdxl",
     v2=False,
     prediction_type="epsilon",
@@ -136,7 +208,7 @@ SDXL = ModelFamily(
 SDXL_V = dataclasses.replace(SDXL, name="sdxl-v", prediction_type="v_prediction")
 
 # The SD 1.x/2.x families, told apart by (v2, prediction_type); SDXL is told by its UNet.
-FAMILIES: tuple[ModelFamily, ...] = (SD1, SD2, SD2_V, SD1_V)
+FAMILIES: tuple[SDFamily, ...] = (SD1, SD2, SD2_V, SD1_V)
 
 
 def family_for(v2: bool, prediction_type: PredictionType) -> ModelFamily:

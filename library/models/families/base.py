@@ -1,0 +1,165 @@
+"""What every model family provides: the seam a new family (Flux, SD3, ...) implements.
+
+A family is data (metadata strings, text-encoder slots, LoRA prefixes, latent format, which
+conditioning it takes) plus the few behaviours that differ between architectures: how its
+denoiser is called, how captions become its conditioning, which layers a default adapter
+adapts, how its full weights are written, which pipeline samples it and how its files are
+loaded. The trainer, the savers and the sampler read these and never branch on a family's name.
+Instances are frozen; variants of one architecture (SD 2.x 512 / 768-v) are separate instances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from library.config.schema import ModelSection
+    from library.models.conditioning import Conditioning, TextConditioning
+
+PredictionType = Literal["epsilon", "v_prediction", "flow"]
+AdapterRole = Literal["unet", "text_encoder"]
+TargetKind = Literal["linear", "conv"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFamily:
+    """The data and behaviours the rest of difftune needs from one kind of model.
+
+    ``text_encoder_lora_prefixes`` are kohya's prefixes *without* the joining underscore
+    (``lora_te`` + ``_`` + module path); there is one per entry of ``text_encoder_subfolders``,
+    in the same order. ``unet_lora_prefix`` (kohya names the denoiser "unet" in every family)
+    includes its underscore.
+    """
+
+    name: str
+    prediction_type: PredictionType
+    base_model_version: str  # ss_base_model_version
+    modelspec_architecture: str  # modelspec.architecture of a full model; LoRA files add "/lora"
+    default_resolution: int
+    text_encoder_subfolders: tuple[str, ...] = ("text_encoder",)
+    tokenizer_subfolders: tuple[str, ...] = ("tokenizer",)
+    text_encoder_lora_prefixes: tuple[str, ...] = ("lora_te",)
+    unet_lora_prefix: str = "lora_unet_"
+    # Conditioning besides per-token text states: a pooled text embedding, SDXL's image sizes.
+    uses_pooled_text_embedding: bool = False
+    uses_size_conditioning: bool = False
+    lora_implementation: str = "diffusers"  # modelspec.implementation of a LoRA file
+    # scaling_factor of the family's released VAE. Training reads the loaded VAE's config; this
+    # is what VAE configs we write (tiny models) carry.
+    latent_scale: float = 0.18215
+
+    @property
+    def v_parameterization(self) -> bool:
+        """The training target is v (velocity) rather than the added noise."""
+        return self.prediction_type == "v_prediction"
+
+    @property
+    def modelspec_prediction_type(self) -> str:
+        """modelspec.prediction_type spells v-prediction as "v"."""
+        return "v" if self.v_parameterization else self.prediction_type
+
+    @property
+    def lora_architecture(self) -> str:
+        """modelspec.architecture of a LoRA file trained on this family."""
+        return f"{self.modelspec_architecture}/lora"
+
+    # -- behaviours a family implements ------------------------------------------------------
+
+    def predict(
+        self,
+        denoiser: torch.nn.Module,
+        noisy: torch.Tensor,
+        timesteps: torch.Tensor,
+        cond: Conditioning,
+    ) -> torch.Tensor:
+        """The denoiser's raw output for noisy latents [B, C, h, w] at ``timesteps``."""
+        raise NotImplementedError(f"{self.name} does not define how its denoiser is called")
+
+    def encode_text(
+        self,
+        tokenizers: Sequence[object],
+        text_encoders: Sequence[torch.nn.Module],
+        captions: Sequence[str],
+        device: torch.device | str,
+        clip_skip: int | None = None,
+        max_token_length: int | None = None,
+    ) -> TextConditioning:
+        """The caption-dependent conditioning of ``captions`` (what a text cache stores)."""
+        raise NotImplementedError(f"{self.name} does not define its text conditioning")
+
+    def assemble_conditioning(
+        self,
+        text: TextConditioning,
+        batch: Mapping | None,
+        device: torch.device | str,
+        dtype: torch.dtype | None = None,
+    ) -> Conditioning:
+        """The denoiser's conditioning from the text part and the batch's per-sample entries."""
+        raise NotImplementedError(f"{self.name} does not define its conditioning")
+
+    def unused_text_layers(self, index: int, num_layers: int, clip_skip: int | None) -> range:
+        """Layers of text encoder ``index`` whose output never reaches the conditioning."""
+        return range(num_layers, num_layers)
+
+    def adapter_targets(
+        self, module: torch.nn.Module, role: AdapterRole, conv: bool
+    ) -> dict[str, TargetKind]:
+        """Module path -> "linear" | "conv" of the layers a default adapter adapts."""
+        raise NotImplementedError(f"{self.name} does not define its adapter targets")
+
+    def sampling_pipeline(self):
+        """The diffusers pipeline kind (library.sampling.pipelines.PipelineKind) sampling it;
+        ConfigError (sample_prompts) when there is none."""
+        from library.errors import ConfigError
+
+        raise ConfigError(
+            f"sample_prompts: sampling {self.name} models during training is not supported; "
+            "remove sample_prompts"
+        )
+
+    def checkpoint_layout(self):
+        """How a full fine-tune is written as one original-layout file; ValueError if never."""
+        raise ValueError(f"{self.name} models cannot be saved as one checkpoint file")
+
+    def lora_tensors(self, models: Mapping[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
+        """A LoRA file's tensors for the adapters of ``models`` (kohya prefix -> model), in
+        the key layout other tools load for this family."""
+        raise NotImplementedError(f"{self.name} does not define its LoRA file layout")
+
+    def load_lora_tensors(
+        self, models: Mapping[str, torch.nn.Module], tensors: Mapping[str, torch.Tensor], source: str
+    ) -> None:
+        """Copy a LoRA file's tensors into the adapters of ``models``; CheckpointError naming
+        ``source`` for a file that does not fit them."""
+        raise NotImplementedError(f"{self.name} does not define its LoRA file layout")
+
+    def bucket_grid(self, denoiser: torch.nn.Module) -> int:
+        """Pixels an image side must be a multiple of for this denoiser."""
+        raise NotImplementedError(f"{self.name} does not define its size grid")
+
+    def use_plain_attention(self, denoiser: torch.nn.Module) -> None:
+        """Switch the denoiser from scaled-dot-product attention to plain attention (kohya's
+        behaviour with every attention flag off)."""
+        from library.errors import ConfigError
+
+        raise ConfigError(
+            f"sdpa = false: {self.name} models have no plain-attention path here; set sdpa = true"
+        )
+
+    def check_options(self, model: ModelSection) -> None:
+        """ConfigError for model options that do not fit this family."""
+
+
+def to_latents(vae: torch.nn.Module, sample: torch.Tensor) -> torch.Tensor:
+    """A VAE posterior sample in the denoiser's latent space: (sample - shift) * scale.
+
+    ``scaling_factor`` and ``shift_factor`` come from the VAE's own config (SD's VAEs have no
+    shift; Flux's and SD3's do).
+    """
+    shift = getattr(vae.config, "shift_factor", None) or 0.0
+    scaled = sample - shift if shift else sample
+    return scaled * vae.config.scaling_factor

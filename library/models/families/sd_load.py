@@ -1,0 +1,157 @@
+"""Loading SD 1.x/2.x/SDXL diffusers folders (single files: library/models/single_file.py).
+
+The folder's parts, its family (library.models.families.sd.detect_family), its modules frozen in
+the weight dtype, and the DDPM objective over the folder's noise schedule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from library.config.schema import ModelSection
+from library.errors import ModelError
+from library.models.families.base import ModelFamily
+from library.models.families.sd import detect_family
+from library.models.loader import (
+    LOAD_ERRORS,
+    Components,
+    load_weights,
+    offline,
+    one_line,
+    read_json,
+    resolve_model_dir,
+)
+
+# Subfolder -> the file that must be in it. CLIP tokenizers come as vocab.json + merges.txt,
+# tokenizer.json, or both, so the tokenizer has its own check.
+_REQUIRED = {
+    "unet": "config.json",
+    "vae": "config.json",
+    "text_encoder": "config.json",
+    "tokenizer": None,  # see _check_tokenizer_files
+    "scheduler": "scheduler_config.json",
+}
+_SDXL_REQUIRED = {"text_encoder_2": "config.json", "tokenizer_2": None}
+
+
+def required_parts(path_text: str) -> dict[str, str | None]:
+    """The subfolders (and the file each needs) of an SD 1.x/2.x or SDXL diffusers folder."""
+    index = Path(path_text).expanduser().absolute() / "model_index.json"
+    needed = dict(_REQUIRED)
+    if index.is_file() and "text_encoder_2" in read_json(index):
+        needed.update(_SDXL_REQUIRED)
+    return needed
+
+
+def load_sd(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype):
+    """Components of an SD 1.x/2.x/SDXL model: a single-file checkpoint or a diffusers folder."""
+    from library.models.single_file import is_single_file, load_single_file
+
+    if is_single_file(model.pretrained_model_name_or_path):
+        return load_single_file(model, weight_dtype, vae_dtype)
+    return load_sd_folder(model, weight_dtype, vae_dtype)
+
+
+def load_sd_folder(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype):
+    """Components of a local diffusers folder (SD 1.x/2.x, or SDXL with text_encoder_2)."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    model_dir = resolve_model_dir(
+        model.pretrained_model_name_or_path, required_parts(model.pretrained_model_name_or_path)
+    )
+    unet_config = read_json(model_dir / "unet" / "config.json")
+    scheduler_config = read_json(model_dir / "scheduler" / "scheduler_config.json")
+    model_index = read_json(model_dir / "model_index.json")
+    sdxl = _refuse_unsupported(model_dir, unet_config, model_index)
+    family = detect_family(model, unet_config, scheduler_config, model_index)
+    second = None
+    with offline():
+        unet = load_weights(UNet2DConditionModel, model_dir, "unet", weight_dtype)
+        vae = load_weights(AutoencoderKL, model_dir, "vae", vae_dtype)
+        text_encoder = load_weights(CLIPTextModel, model_dir, "text_encoder", weight_dtype)
+        tokenizer = _load_tokenizer(model_dir / "tokenizer", text_encoder)
+        if sdxl:
+            encoder_2 = load_weights(
+                CLIPTextModelWithProjection, model_dir, "text_encoder_2", weight_dtype
+            )
+            second = (encoder_2, _load_tokenizer(model_dir / "tokenizer_2", encoder_2))
+    modules = (unet, vae, text_encoder, *(second[:1] if second else ()))
+    for module in modules:
+        module.requires_grad_(False)
+        module.eval()
+    return Components(
+        denoiser=unet,
+        vae=vae,
+        text_encoders=(text_encoder, *second[:1]) if second else (text_encoder,),
+        tokenizers=(tokenizer, *second[1:]) if second else (tokenizer,),
+        objective=ddpm_objective(scheduler_config, family, model.zero_terminal_snr),
+        family=family,
+        model_dir=model_dir,
+    )
+
+
+def ddpm_objective(scheduler_config: dict, family: ModelFamily, zero_terminal_snr: bool = False):
+    """The DDPM training objective over ``build_noise_scheduler``'s scheduler."""
+    from library.training.objectives import DDPMObjective
+
+    scheduler = build_noise_scheduler(scheduler_config, family, zero_terminal_snr)
+    return DDPMObjective(scheduler, family.v_parameterization)
+
+
+def build_noise_scheduler(
+    scheduler_config: dict, family: ModelFamily, zero_terminal_snr: bool = False
+):
+    """A DDPMScheduler with the model's beta schedule; training needs only its alphas_cumprod,
+    add_noise and get_velocity, whatever sampler the folder ships for inference.
+
+    ``zero_terminal_snr`` rescales the betas so that alphas_cumprod ends at exactly 0 (diffusers'
+    rescale_betas_zero_snr, Lin et al. 2023, algorithm 1).
+    """
+    from diffusers import DDPMScheduler
+
+    return DDPMScheduler.from_config(
+        scheduler_config,
+        prediction_type=family.prediction_type,
+        rescale_betas_zero_snr=zero_terminal_snr,
+    )
+
+
+def _refuse_unsupported(model_dir: Path, unet_config: dict, index: dict) -> bool:
+    """Fail early, before minutes of loading, for model kinds this trainer cannot train.
+
+    Returns True for an SDXL folder (two text encoders, size conditioning).
+    """
+    sdxl = unet_config.get("addition_embed_type") == "text_time" or "text_encoder_2" in index
+    if sdxl and "text_encoder_2" not in index:
+        raise ModelError(
+            f"{model_dir} has an SDXL UNet but no text_encoder_2 (an SDXL refiner?); only SDXL "
+            "base models can be trained"
+        )
+    channels = unet_config.get("in_channels", 4)
+    if channels != 4:
+        raise ModelError(
+            f"{model_dir / 'unet'} takes {channels} input channels (an inpainting or depth "
+            "model?); only text-to-image models with 4 latent channels can be trained"
+        )
+    return sdxl
+
+
+def _load_tokenizer(folder: Path, text_encoder: torch.nn.Module):
+    from transformers import CLIPTokenizer
+
+    try:
+        tokenizer = CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except LOAD_ERRORS + (TypeError,) as exc:
+        raise ModelError(
+            f"cannot load the tokenizer in {folder}: {one_line(exc)}; it needs vocab.json and "
+            "merges.txt (or tokenizer.json)"
+        ) from None
+    # A folder without tokenizer_config.json leaves model_max_length "unlimited"; the text
+    # encoder's position table is the real limit (77 for SD).
+    positions = text_encoder.config.max_position_embeddings
+    if tokenizer.model_max_length > positions:
+        tokenizer.model_max_length = positions
+    return tokenizer
