@@ -1,0 +1,55 @@
+"""Frozen Linear weights stored in float8 and computed in the training precision (fp8_base).
+
+kohya's ``fp8_base`` keeps the frozen base model's weights in float8 (e4m3: 1 byte instead of 2)
+and computes with them in the mixed-precision dtype. Here every frozen ``nn.Linear`` of a module
+becomes a ``Float8Linear``: its weight is rounded to float8 once, and each forward casts it back
+to the compute dtype (the autocast dtype inside autocast, else the layer's ``compute_dtype``), so
+the arithmetic never runs in float8 (the CPU has no float8 kernels). Biases, norms, embeddings and
+convolutions keep their dtype. LoRA adapters wrap these layers like any Linear; peft creates them
+in ``compute_dtype``, as it would for a base model in that dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FLOAT8 = torch.float8_e4m3fn
+
+
+class Float8Linear(nn.Linear):
+    """A frozen Linear whose weight is stored in float8 and used in the compute dtype."""
+
+    compute_dtype: torch.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+        else:
+            dtype = self.compute_dtype
+        bias = self.bias.to(dtype) if self.bias is not None else None
+        return F.linear(x.to(dtype), self.weight.to(dtype), bias)
+
+
+# Layers whose weight dtype their parent reads to cast its input: transformers' T5 feed-forward
+# casts its hidden states to ``wo.weight.dtype``, which would round activations to float8.
+KEPT_SUFFIXES = (".DenseReluDense.wo",)
+
+
+def store_in_float8(module: nn.Module, compute_dtype: torch.dtype) -> int:
+    """Turn every frozen ``nn.Linear`` below ``module`` into a Float8Linear computing in
+    ``compute_dtype``; returns how many. Trained Linears are left alone (float8 is for weights
+    that never change), and so are the few layers whose dtype their model reads."""
+    count = 0
+    for path, layer in module.named_modules():
+        if type(layer) is not nn.Linear or layer.weight.requires_grad:
+            continue
+        if path.endswith(KEPT_SUFFIXES):
+            continue
+        layer.weight.data = layer.weight.data.to(FLOAT8)
+        layer.__class__ = Float8Linear
+        layer.compute_dtype = compute_dtype
+        count += 1
+    return count
