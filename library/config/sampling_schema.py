@@ -51,8 +51,10 @@ class SamplingSection(Section):
     sample_at_first: bool = Field(
         False, description="Also sample before the first optimizer step (of this run, if resumed)."
     )
-    sample_sampler: SamplerName = Field(
-        "ddim", description="Sampler of prompts without --ss (kohya's names)."
+    sample_sampler: SamplerName | None = Field(
+        None,
+        description="Sampler of prompts without --ss (kohya's names). Unset: ddim for SD "
+        "models, euler for FLUX.1 (the only sampler of flow-matching models here).",
     )
     sample_width: int = Field(
         512,
@@ -69,8 +71,11 @@ class SamplingSection(Section):
     sample_steps: int = Field(
         30, ge=1, le=1000, description="Inference steps of prompts without --s."
     )
-    sample_scale: float = Field(
-        7.5, ge=0, description="Classifier-free guidance scale of prompts without --l."
+    sample_scale: float | None = Field(
+        None,
+        ge=0,
+        description="Classifier-free guidance scale of prompts without --l. Unset: 7.5 for SD "
+        "models, 1 (no CFG; FLUX.1 dev uses its distilled guidance, --g) for FLUX.1.",
     )
     sample_seed: int | None = Field(
         None,

@@ -21,7 +21,7 @@ from PIL.PngImagePlugin import PngInfo
 
 from library.models.conditioning import encode_conditioning, plain_sizes
 from library.sampling.grid import grid_path, image_path, make_grid, sample_dir
-from library.sampling.pipelines import build_pipeline, pipeline_inputs, pipeline_kind
+from library.sampling.pipelines import build_pipeline, pipeline_kind
 from library.sampling.prompts import SamplePrompt
 from library.sampling.tracking import log_sample_images
 
@@ -90,7 +90,8 @@ def sample_images(
     """
     if not prompts:
         return SampleRound([], None)
-    check_family(components.family)
+    kind = pipeline_kind(components.family)
+    prompts = [kind.complete(p) for p in prompts]  # the model's sampler / scale where unset
     world, rank = _world(accelerator)
     unet, text_encoders = live_modules(components, prepared or {}, accelerator)
     folder = sample_dir(output_dir)
@@ -98,8 +99,13 @@ def sample_images(
     paths = [image_path(folder, output_name, step, p.index, p.seed) for p in prompts]
     mine: list[tuple[int, Image.Image]] = []
     with preserved_rng(), eval_mode(unet, *text_encoders, components.vae), torch.no_grad():
-        pipe = _pipeline(components, unet, text_encoders)
-        schedulers: dict[str, object] = {}
+        # Every prompt's sampler is built first, on every process, so a sampler the model cannot
+        # use stops the round before any image (and before a process waits in the gather).
+        schedulers = {
+            name: components.objective.sampler(name)
+            for name in dict.fromkeys(p.sampler for p in prompts)
+        }
+        pipe = _pipeline(components, unet, text_encoders, next(iter(schedulers.values())))
         for i, prompt in enumerate(prompts):
             if i % world == rank:
                 text = (clip_skip, max_token_length)
@@ -117,9 +123,13 @@ def sample_images(
     return SampleRound(paths, grid)
 
 
-def check_family(family) -> None:
-    """ConfigError when no diffusers pipeline takes ``family``'s conditioning."""
-    pipeline_kind(family)
+def check_sampling(components, prompts: Sequence[SamplePrompt]) -> None:
+    """ConfigError when ``components``' model cannot be sampled as ``prompts`` ask: no pipeline
+    for its family, or a prompt's sampler its objective cannot use (an SD sampler for Flux.1).
+    Cheap: builds schedulers only, so it can run before training starts."""
+    kind = pipeline_kind(components.family)
+    for name in dict.fromkeys(kind.complete(p).sampler for p in prompts):
+        components.objective.sampler(name)
 
 
 def live_modules(
@@ -146,15 +156,18 @@ def _unwrap(accelerator, module: torch.nn.Module) -> torch.nn.Module:
     return accelerator.unwrap_model(module) if accelerator is not None else module
 
 
-def _pipeline(components, unet: torch.nn.Module, text_encoders: tuple[torch.nn.Module, ...]):
+def _pipeline(
+    components, unet: torch.nn.Module, text_encoders: tuple[torch.nn.Module, ...], scheduler
+):
     """The family's pipeline holding the given module objects (no copies)."""
-    return build_pipeline(components, unet, text_encoders, components.objective.sampler("ddim"))
+    return build_pipeline(components, unet, text_encoders, scheduler)
 
 
 def _generate(
     pipe, components, prompt: SamplePrompt, accelerator, schedulers: dict, text=(None, None)
 ) -> Image.Image:
-    """One image. The conditioning comes from encode_conditioning, the trainer's own text path.
+    """One image. The conditioning comes from encode_conditioning, the trainer's own text path;
+    the family's pipeline kind turns it and the prompt's settings into the call's keywords.
 
     ``schedulers`` caches one scheduler per sampler name for the round (the pipeline resets a
     scheduler's timesteps on every call; some take a while to build).
@@ -175,12 +188,10 @@ def _generate(
             family, components.tokenizers, text_encoders_of(pipe, family), texts, device,
             batch=sizes, clip_skip=text[0], max_token_length=text[1],
         )  # fmt: skip
+        size = {"width": prompt.width, "height": prompt.height}
         result = pipe(
-            **pipeline_inputs(cond),
-            width=prompt.width,
-            height=prompt.height,
+            **(size | pipeline_kind(family).call_inputs(cond, prompt)),
             num_inference_steps=prompt.steps,
-            guidance_scale=prompt.scale,
             generator=generator,
             output_type="pil",
         )
@@ -206,9 +217,14 @@ def _png_info(prompt: SamplePrompt) -> PngInfo:
     lines = [prompt.prompt]
     if prompt.negative_prompt:
         lines.append(f"Negative prompt: {prompt.negative_prompt}")
-    lines.append(
-        f"Steps: {prompt.steps}, Sampler: {prompt.sampler}, CFG scale: {prompt.scale:g}, "
-        f"Seed: {prompt.seed}, Size: {prompt.width}x{prompt.height}"
-    )
+    settings = [
+        f"Steps: {prompt.steps}",
+        f"Sampler: {prompt.sampler}",
+        f"CFG scale: {prompt.scale:g}",
+    ]
+    if prompt.guidance_scale is not None:  # FLUX.1 dev; Forge's name for it
+        settings.append(f"Distilled CFG Scale: {prompt.guidance_scale:g}")
+    settings += [f"Seed: {prompt.seed}", f"Size: {prompt.width}x{prompt.height}"]
+    lines.append(", ".join(settings))
     info.add_text("parameters", "\n".join(lines))
     return info

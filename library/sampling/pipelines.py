@@ -1,28 +1,57 @@
 """The diffusers pipeline that samples a model family, assembled from the live modules.
 
 Which pipeline a family gets is the family's to say (ModelFamily.sampling_pipeline); the rest
-of sampling never asks which family it has. The prompts are encoded by our own ``encode_conditioning``, exactly as captions
-are in training (layer choice, pooled embedding, size numbers), and handed to the pipeline as
-embeddings; the pipeline only runs the denoising loop and the VAE.
+of sampling never asks which family it has. The prompts are encoded by our own
+``encode_conditioning``, exactly as captions are in training (layer choice, pooled embedding,
+size numbers), and handed to the pipeline as embeddings, with the guidance settings the family's
+``PipelineKind.call_inputs`` reads from the prompt; the pipeline only runs the denoising loop and
+the VAE.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from library.models.conditioning import Conditioning
 
+# The classifier-free guidance scale of a prompt that gives none (SD's usual 7.5).
+DEFAULT_CFG_SCALE = 7.5
+
+
+def guided_inputs(cond: Conditioning, prompt) -> dict:
+    """SD's and SDXL's call keywords for one prompt: the embeddings (``pipeline_inputs``) and
+    the prompt's classifier-free guidance scale."""
+    scale = prompt.scale if prompt.scale is not None else DEFAULT_CFG_SCALE
+    return pipeline_inputs(cond) | {"guidance_scale": scale}
+
 
 @dataclass(frozen=True)
 class PipelineKind:
-    """A diffusers pipeline class and the constructor keywords it needs besides the modules."""
+    """A diffusers pipeline class, the constructor keywords it needs besides the modules, and
+    how a prompt becomes its call keywords.
+
+    ``call_inputs(cond, prompt)`` gets the conditioning of [prompt, negative prompt] and the
+    SamplePrompt; it returns the text and guidance keywords of the call, and may return
+    ``width``/``height`` to replace the prompt's size (e.g. rounded to the model's grid).
+    """
 
     class_name: str
     options: dict = field(default_factory=dict)
     denoiser_argument: str = "unet"  # the constructor argument that takes the denoiser
+    call_inputs: Callable[[Conditioning, object], dict] = guided_inputs
+    # SamplePrompt fields a prompt left unset (None) -> the model's default for them.
+    prompt_defaults: dict = field(
+        default_factory=lambda: {"scale": DEFAULT_CFG_SCALE, "sampler": "ddim"}
+    )
+
+    def complete(self, prompt):
+        """``prompt`` with the fields it left unset filled with this model's defaults."""
+        unset = {k: v for k, v in self.prompt_defaults.items() if getattr(prompt, k) is None}
+        return dataclasses.replace(prompt, **unset) if unset else prompt
 
 
 def pipeline_kind(family) -> PipelineKind:

@@ -34,6 +34,7 @@ OPTIONS = {
     "s": "sample_steps",
     "l": "scale",
     "ss": "sample_sampler",
+    "g": "guidance_scale",
 }
 _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "prompt": (str,),
@@ -44,6 +45,7 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "sample_steps": (int,),
     "scale": (int, float),
     "sample_sampler": (str,),
+    "guidance_scale": (int, float),
 }
 _UNSUPPORTED_OPTIONS = {"cn": "ControlNet sampling is not supported"}
 
@@ -59,8 +61,10 @@ class SamplePrompt:
     height: int
     seed: int
     steps: int
-    scale: float
-    sampler: str
+    scale: float | None  # classifier-free guidance; None: the model's default (sampling/)
+    sampler: str | None  # None: the model's default sampler
+    # FLUX.1 dev's distilled guidance (kohya's --g); None: 3.5. Other models have none.
+    guidance_scale: float | None = None
 
 
 def derive_seed(base_seed: int, index: int) -> int:
@@ -204,8 +208,12 @@ def _resolve(index: int, raw: dict, where: str, sampling: SamplingSection, base:
     if not 1 <= steps <= MAX_STEPS:
         raise ConfigError(f"{where}: sample steps {steps} must be between 1 and {MAX_STEPS}")
     scale = raw.get("scale", sampling.sample_scale)
-    if scale < 0:
+    if scale is not None and scale < 0:
         raise ConfigError(f"{where}: the guidance scale {scale} must not be negative")
+    guidance = raw.get("guidance_scale")
+    if guidance is not None and guidance < 0:
+        raise ConfigError(f"{where}: the distilled guidance --g {guidance} must not be negative")
+    sampler = raw.get("sample_sampler", sampling.sample_sampler)
     seed = raw.get("seed")
     return SamplePrompt(
         index=index,
@@ -215,6 +223,7 @@ def _resolve(index: int, raw: dict, where: str, sampling: SamplingSection, base:
         height=round_size(raw.get("height", sampling.sample_height)),
         seed=seed if seed is not None else derive_seed(base, index),
         steps=steps,
-        scale=float(scale),
-        sampler=check_sampler(raw.get("sample_sampler", sampling.sample_sampler), where),
+        scale=None if scale is None else float(scale),
+        sampler=None if sampler is None else check_sampler(sampler, where),
+        guidance_scale=None if guidance is None else float(guidance),
     )

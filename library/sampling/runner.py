@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from library.config.sampling_schema import SamplingSection
-from library.sampling.generate import SampleRound, check_family, sample_images
+from library.sampling.generate import SampleRound, check_sampling, sample_images
 from library.sampling.prompts import SamplePrompt, load_prompts
 from library.sampling.samplers import check_zero_terminal_snr
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
@@ -43,7 +43,8 @@ class SampleRunner:
         self.max_token_length = getattr(config.model, "max_token_length", None)
         if self.prompts and getattr(config.model, "zero_terminal_snr", False):
             for name in dict.fromkeys(p.sampler for p in self.prompts):
-                check_zero_terminal_snr(name, f"sample_prompts {self.sampling.sample_prompts}")
+                if name is not None:  # None: DDIM, which can
+                    check_zero_terminal_snr(name, f"sample_prompts {self.sampling.sample_prompts}")
         self.components = self.optimizer = None
         self.prepared: dict = {}
         self._last_step: int | None = None
@@ -58,10 +59,11 @@ class SampleRunner:
         Components), and the optimizer (a schedule-free one is switched to its averaged weights
         while sampling).
 
-        Raises ConfigError when sampling is on and the model family cannot be sampled.
+        Raises ConfigError when sampling is on and the model cannot be sampled as the prompts
+        ask (no pipeline for its family, or a sampler its objective cannot use).
         """
         if self.enabled:
-            check_family(components.family)
+            check_sampling(components, self.prompts)
         self.components, self.prepared = components, dict(prepared or {})
         self.optimizer = optimizer
 

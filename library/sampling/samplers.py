@@ -80,8 +80,12 @@ def check_zero_terminal_snr(name: str, where: str) -> None:
         )
 
 
-def build_sampler(name: str, scheduler_config: dict, prediction_type: str):
-    """A fresh diffusers scheduler for sampler ``name``.
+# The sampler of a prompt that names none (None), for DDPM models.
+DEFAULT_SAMPLER = "ddim"
+
+
+def build_sampler(name: str | None, scheduler_config: dict, prediction_type: str):
+    """A fresh diffusers scheduler for sampler ``name`` (None: ``DEFAULT_SAMPLER``).
 
     ``scheduler_config`` is the model's (its noise schedule: betas, timestep count, offsets);
     ``prediction_type`` is the family's ("epsilon" or "v_prediction"), which wins over the
@@ -91,6 +95,7 @@ def build_sampler(name: str, scheduler_config: dict, prediction_type: str):
     """
     import diffusers
 
+    name = DEFAULT_SAMPLER if name is None else name
     class_name, extra = _SAMPLERS[check_sampler(name, "sample_sampler")]
     cls = getattr(diffusers, class_name)
     config = {k: v for k, v in dict(scheduler_config).items() if not k.startswith("_")}
@@ -105,3 +110,25 @@ def build_sampler(name: str, scheduler_config: dict, prediction_type: str):
         # "dpmsolver" is deprecated upstream in favour of "dpmsolver++"; users still ask for it.
         warnings.simplefilter("ignore", FutureWarning)
         return cls.from_config(config)
+
+
+# The samplers of a flow-matching model (Flux.1): its Euler sampler, under both of kohya's names.
+FLOW_SAMPLER_NAMES: tuple[str, ...] = ("euler", "k_euler")
+
+
+def build_flow_sampler(name: str | None, scheduler_config: dict):
+    """A fresh FlowMatchEulerDiscreteScheduler from the model's sampling ``scheduler_config``
+    (its shift and dynamic-shifting keys) for sampler ``name`` (None: Euler).
+
+    Only Euler samples a flow-matching model here: diffusers' DDPM samplers integrate a noise
+    schedule such a model does not have. Any other name is a ConfigError naming sample_sampler.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    if name is not None and name not in FLOW_SAMPLER_NAMES:
+        raise ConfigError(
+            f'sample_sampler "{name}" cannot sample a flow-matching (Flux.1) model; set '
+            'sample_sampler = "euler" and give prompts no other --ss'
+        )
+    config = {k: v for k, v in dict(scheduler_config).items() if not k.startswith("_")}
+    return FlowMatchEulerDiscreteScheduler.from_config(config)

@@ -39,9 +39,10 @@ def test_txt_options_comments_and_defaults(tmp_path):
         "a photo of sks dog on the beach --n blurry, low quality --w 768 --h 520 --d 42 --s 28"
         " --l 7 --ss euler_a\n"
         "   # an indented comment\n"
-        "a cat #1 in a hat\n",
+        "a cat #1 in a hat\n"
+        "a flux prompt --g 3.5 --w 1024\n",
     )
-    first, second = load(path)
+    first, second, third = load(path)
     assert first == SamplePrompt(
         index=0,
         prompt="a photo of sks dog on the beach",
@@ -53,10 +54,13 @@ def test_txt_options_comments_and_defaults(tmp_path):
         scale=7.0,
         sampler="euler_a",
     )
-    # A "#" inside a prompt is text; only whole lines are comments. Defaults fill the rest.
+    # A "#" inside a prompt is text; only whole lines are comments. Defaults fill the rest;
+    # scale and sampler stay unset (None): the model picks them (7.5 / ddim for SD).
     assert second == SamplePrompt(
-        1, "a cat #1 in a hat", "", 512, 512, expected_seed(42, 1), 30, 7.5, "ddim"
+        1, "a cat #1 in a hat", "", 512, 512, expected_seed(42, 1), 30, None, None
     )
+    # kohya's --g: FLUX.1 dev's distilled guidance
+    assert third.guidance_scale == 3.5 and third.width == 1024 and third.scale is None
 
 
 def test_options_in_any_order_and_case(tmp_path):
@@ -118,7 +122,7 @@ scale = 5
 """,
     )
     dog, cat = load(path)
-    assert dog == SamplePrompt(0, "a dog", "lowres", 640, 512, 1, 20, 5.0, "ddim")
+    assert dog == SamplePrompt(0, "a dog", "lowres", 640, 512, 1, 20, 5.0, None)
     # The entry's own keys win over [prompt].
     assert cat == SamplePrompt(
         1, "a cat", "blurry", 448, 512, expected_seed(42, 1), 20, 5.0, "k_euler"
@@ -132,7 +136,7 @@ def test_json_objects_and_lines(tmp_path):
     ]
     dog, cat = load(write(tmp_path, "p.json", json.dumps(data)))
     assert dog == SamplePrompt(0, "a dog", "", 512, 768, 3, 30, 6.5, "heun")
-    assert cat == SamplePrompt(1, "a cat", "", 320, 512, 9, 30, 7.5, "ddim")
+    assert cat == SamplePrompt(1, "a cat", "", 320, 512, 9, 30, None, None)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,8 @@ from library.sampling.runner import SampleRunner, due_after_epoch, due_after_ste
 
 HEAD = 'pretrained_model_name_or_path = "m"\n'
 DATASET = '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "img"\n'
+# An objective whose samplers are all usable: the runner's own checks are under test here.
+_SAMPLES = SimpleNamespace(sampler=lambda name: None)
 
 
 def config_with(tmp_path, text: str):
@@ -47,7 +49,7 @@ def recording_runner(tmp_path, monkeypatch, keys: str):
         runner_module, "sample_images", lambda comps, prompts, *, step, **kw: rounds.append(step)
     )
     runner = SampleRunner(config)
-    runner.attach(components=SimpleNamespace(family=SD1))
+    runner.attach(components=SimpleNamespace(family=SD1, objective=_SAMPLES))
     return runner, rounds
 
 
@@ -131,11 +133,11 @@ def test_images_are_logged_to_tensorboard(components, tmp_path, fresh_accelerate
 def test_attach_checks_the_family_only_when_sampling_is_on(tmp_path):
     (tmp_path / "p.txt").write_text("a\n", encoding="utf-8")
     runner = SampleRunner(config_with(tmp_path, f'sample_prompts = "{tmp_path / "p.txt"}"\n'))
-    runner.attach(SimpleNamespace(family=SDXL))  # SDXL samples
+    runner.attach(SimpleNamespace(family=SDXL, objective=_SAMPLES))  # SDXL samples
     odd = replace(SD1, name="odd", uses_pooled_text_embedding=True)
     with pytest.raises(ConfigError, match="sampling odd models during training is not supported"):
-        runner.attach(SimpleNamespace(family=odd))
-    SampleRunner(config_with(tmp_path, "")).attach(SimpleNamespace(family=odd))  # off: fine
+        runner.attach(SimpleNamespace(family=odd, objective=_SAMPLES))
+    SampleRunner(config_with(tmp_path, "")).attach(SimpleNamespace(family=odd, objective=_SAMPLES))  # off: fine
 
 
 def test_attach_passes_the_prepared_modules_to_every_round(tmp_path, monkeypatch):
@@ -147,7 +149,7 @@ def test_attach_passes_the_prepared_modules_to_every_round(tmp_path, monkeypatch
         runner_module, "sample_images", lambda comps, prompts, **kw: seen.append(kw["prepared"])
     )
     prepared = {"unet": object(), "text_encoder_2": object()}
-    runner.attach(SimpleNamespace(family=SDXL), prepared)
+    runner.attach(SimpleNamespace(family=SDXL, objective=_SAMPLES), prepared)
     runner.after_step(1)
     assert seen == [prepared]
 
