@@ -1,4 +1,4 @@
-"""Write the committed test assets in tests/assets/ (the tiny CLIP tokenizer).
+"""Write the committed test assets in tests/assets/ (the tiny CLIP and T5 tokenizers).
 
 Deterministic; a test regenerates them and checks the committed files are identical. Run from
 the repository root:  python tools/make_test_assets.py   (or: python -m tools.make_test_assets)
@@ -15,13 +15,18 @@ ASSETS_DIR = ROOT / "tests" / "assets"
 
 
 def make_test_assets(out_dir: str | Path = ASSETS_DIR) -> list[Path]:
-    """(Re)write ``out_dir``/tokenizer; returns every generated file, sorted."""
+    """(Re)write ``out_dir``/tokenizer and ``out_dir``/t5_tokenizer; returns every generated
+    file, sorted."""
+    from library.models.flux.tiny import write_tiny_t5_tokenizer
     from library.models.tiny import write_tiny_tokenizer
 
-    folder = Path(out_dir) / "tokenizer"
-    shutil.rmtree(folder, ignore_errors=True)
-    write_tiny_tokenizer(folder)
-    return sorted(p for p in folder.rglob("*") if p.is_file())
+    files = []
+    for name, write in (("tokenizer", write_tiny_tokenizer), ("t5_tokenizer", write_tiny_t5_tokenizer)):
+        folder = Path(out_dir) / name
+        shutil.rmtree(folder, ignore_errors=True)
+        write(folder)
+        files += [p for p in folder.rglob("*") if p.is_file()]
+    return sorted(files)
 
 
 def main() -> None:

@@ -39,11 +39,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         (False,),
         ignored=True,
     ),
-    **_group(
-        "fp8_base fp8_base_unet",
-        "float8 storage of the frozen base model is planned with the Flux.1 family",
-        (False,),
-    ),
     "debug_dataset": Unsupported(
         "use --dry_run to check the data and see the plan", (False,), planned=False
     ),
@@ -127,6 +122,18 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "no_token_padding": Unsupported("prompts are always padded to 77 tokens", (False,)),
     "conditioning_data_dir": Unsupported("ControlNet training is not supported", planned=False),
     "cpu_offload_checkpointing": Unsupported("CPU offload is not implemented", (False,)),
+    # kohya's Flux.1 / DiT arguments (flux_train_network.py, train_util's DiT arguments)
+    "blocks_to_swap": Unsupported("swapping blocks to the CPU is planned", (0,)),
+    "split_mode": Unsupported(
+        "deprecated in sd-scripts (use blocks_to_swap there)", (False,), planned=False
+    ),
+    "controlnet_model_name_or_path": Unsupported(
+        "ControlNet training is not supported", ("",), planned=False
+    ),
+    "text_encoder_batch_size": Unsupported(
+        "text encoders run at the training batch size; this changes no result",
+        ignored=True,
+    ),
 }
 
 # kohya's misspellings and old names that mean one of our keys.
@@ -200,6 +207,7 @@ SUPPORTED_NETWORK_ARGS = (
     "loraplus_lr_ratio",
     "loraplus_unet_lr_ratio",
     "loraplus_text_encoder_lr_ratio",
+    "split_qkv",
 )
 _NETWORK_ARG_REASONS = {
     **dict.fromkeys(

@@ -64,7 +64,10 @@ def render_toml(config: Config) -> str:
     lines = [_HEADER]
     for name in SECTIONS:
         section = getattr(config, name)
-        lines += _table(f"[{name}]", section.model_dump(exclude=SECRET_KEYS))
+        values = section.model_dump(exclude=SECRET_KEYS)
+        if all(value is None for value in values.values()):
+            continue  # a section with nothing set (e.g. [flow] for SD) would be an empty table
+        lines += _table(f"[{name}]", values)
         secrets = [k for k in SECRET_KEYS if getattr(section, k, None) is not None]
         if secrets:  # say it is set without showing it
             lines[-1:-1] = [f"# {key} is set (not shown)" for key in sorted(secrets)]

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from library.config.data_schema import DataSection
 from library.config.dataset_schema import DatasetConfig
+from library.config.flow_schema import FlowSection
 from library.config.optimizer_schema import MAX_RATE, OptimizerSection
 from library.config.sampling_schema import SamplingSection
 from library.config.section import Section
@@ -84,8 +85,10 @@ class NetworkSection(Section):
     train_mode: Literal["lora", "unet"] = Field(
         "lora", description='"lora" trains a LoRA adapter; "unet" fine-tunes every UNet weight.'
     )
-    network_module: Literal["networks.lora"] = Field(
-        "networks.lora", description='Adapter type; kohya name. Only "networks.lora" (LoRA/LoCon).'
+    network_module: Literal["networks.lora", "networks.lora_flux"] = Field(
+        "networks.lora",
+        description='Adapter type; kohya name. "networks.lora" (LoRA/LoCon), or '
+        '"networks.lora_flux" for Flux.1 (the same LoRA, saved in kohya\'s Flux names).',
     )
     network_dim: int = Field(4, ge=1, description="LoRA rank of Linear and 1x1 conv layers.")
     network_alpha: float = Field(
@@ -187,6 +190,18 @@ class TrainingSection(Section):
         description="Keep the trained weights and gradients in float16 (needs mixed_precision "
         "= \"fp16\"); the loss scaler guards against underflow. Riskier than full_bf16: "
         "float16 overflows above 65504.",
+    )
+    fp8_base: bool = Field(
+        False,
+        description="Store the frozen base model's Linear weights (denoiser and text encoders) "
+        "in float8 (e4m3), 1 byte instead of 2, and compute with them in the mixed-precision "
+        "dtype. For LoRA training; the frozen weights are rounded, so results differ slightly "
+        "from a bf16 base.",
+    )
+    fp8_base_unet: bool = Field(
+        False,
+        description="fp8_base for the denoiser only (the UNet or transformer); the text "
+        "encoders keep the weight dtype.",
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     ignore_memory_estimate: bool = Field(
@@ -435,6 +450,7 @@ class Config(BaseModel):
     saving: SavingSection = SavingSection()
     logging: LoggingSection = LoggingSection()
     sampling: SamplingSection = SamplingSection()
+    flow: FlowSection = FlowSection()
     datasets: list[DatasetConfig] = Field(default_factory=list)
     # Dataset keys written as plain keys (kohya's arguments), as given: already applied to the
     # datasets; kept so --print_config writes them back when the datasets come from elsewhere.
@@ -492,6 +508,7 @@ SECTIONS: dict[str, type[Section]] = {
     "saving": SavingSection,
     "logging": LoggingSection,
     "sampling": SamplingSection,
+    "flow": FlowSection,
 }
 
 

@@ -145,6 +145,9 @@ class TextConditioning:
 
     hidden: torch.Tensor  # [B, T, sum of the encoders' hidden sizes]
     pooled: torch.Tensor | None = None  # [B, P]: the last encoder's projected pooled embedding
+    # [B, T] 1 for caption tokens, 0 for padding, where the family masks padding (Flux.1 with
+    # apply_t5_attn_mask). Not cached: the family recomputes it from the tokenizer (text_mask).
+    mask: torch.Tensor | None = None
 
 
 def encode_text(

@@ -16,12 +16,16 @@ import pickle
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from library.config.schema import ModelSection
 from library.errors import ModelError
+
+if TYPE_CHECKING:
+    from library.config.flow_schema import FlowSection
 from library.models.families.base import ModelFamily
 
 _WEIGHT_STEMS = {"unet": "diffusion_pytorch_model", "vae": "diffusion_pytorch_model"}
@@ -71,18 +75,24 @@ class Components:
         return self.model_dir.is_file()
 
 
-def load_components(model: ModelSection, weight_dtype: torch.dtype) -> Components:
+def load_components(
+    model: ModelSection, weight_dtype: torch.dtype, flow: FlowSection | None = None
+) -> Components:
     """Load the model ``pretrained_model_name_or_path`` names, with the family that reads it.
 
-    Then the ModelSection options every family shares: the family's own option checks, and
-    ``vae`` (a replacement VAE). Nothing touches the network. Raises ModelError for any problem
-    with the model's files, ConfigError for options that do not fit the model.
+    ``flow`` is the config's [flow] section (a flow-matching model's component files and
+    options; unset: all keys unset). Then the options every family shares: the family's own
+    option checks, and ``vae`` (a replacement VAE). Nothing touches the network. Raises
+    ModelError for any problem with the model's files, ConfigError for options that do not fit
+    the model.
     """
+    from library.config.flow_schema import FlowSection
     from library.models.families import loader_for
 
+    flow = flow if flow is not None else FlowSection()
     vae_dtype = torch.float32 if model.no_half_vae else weight_dtype
-    parts = loader_for(model)(model, weight_dtype, vae_dtype)
-    parts.family.check_options(model)
+    parts = loader_for(model, flow)(model, flow, weight_dtype, vae_dtype)
+    parts.family.check_options(model, flow)
     if model.vae:
         from library.models.vae_file import load_vae
 
@@ -174,9 +184,9 @@ def load_weights(
 
     ``stem`` names the weights file (default: by ``sub``, diffusion_pytorch_model or model).
     """
-    files, variant = _find_weights(model_dir / sub, stem or _WEIGHT_STEMS.get(sub, "model"))
+    files, variant = find_weights(model_dir / sub, stem or _WEIGHT_STEMS.get(sub, "model"))
     for file in files:
-        _check_weights_file(file)
+        check_weights_file(file)
     try:
         module = cls.from_pretrained(
             str(model_dir),
@@ -199,7 +209,7 @@ def load_weights(
     return module
 
 
-def _find_weights(folder: Path, stem: str) -> tuple[list[Path], str | None]:
+def find_weights(folder: Path, stem: str) -> tuple[list[Path], str | None]:
     """The weights files from_pretrained will read, and the variant ("fp16") to ask for."""
     for variant in (None, "fp16"):
         infix = f".{variant}" if variant else ""
@@ -229,7 +239,7 @@ def _shards(index: Path) -> list[Path]:
     return shards
 
 
-def _check_weights_file(file: Path) -> None:
+def check_weights_file(file: Path) -> None:
     """safetensors validates its header against the file length: truncation shows up here."""
     if not file.name.endswith(".safetensors"):
         return

@@ -111,8 +111,10 @@ def _modelspec(
         "modelspec.title": saving.metadata_title or saving.output_name,
         "modelspec.date": datetime.fromtimestamp(int(time.time())).isoformat(),
         "modelspec.resolution": f"{width}x{height}",
-        "modelspec.prediction_type": "v" if family.prediction_type == "v_prediction" else "epsilon",
     }
+    # Flow-matching models have no prediction type in modelspec (kohya leaves it out for Flux).
+    if family.prediction_type != "flow":
+        spec["modelspec.prediction_type"] = "v" if family.prediction_type == "v_prediction" else "epsilon"
     optional = {
         "modelspec.author": saving.metadata_author,
         "modelspec.description": saving.metadata_description,

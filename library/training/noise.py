@@ -22,6 +22,8 @@ from library.errors import ConfigError
 # or off never moves the draws of the main stream.
 IP_NOISE_STREAM = "ip_noise"
 MULTIRES_STREAM = "multires"
+# A flow-matching objective's noise-level draws (one standard normal, one uniform per sample).
+FLOW_TIME_STREAM = "flow_time"
 
 
 def sample_seed(seed: int, epoch: int, position: int, stream: str = "") -> int:
@@ -75,6 +77,9 @@ class SampleDraws:
     ip_strength: torch.Tensor  # uniform [0, 1) [B]: ip_noise_gamma_random_strength
     ip_noise: torch.Tensor | None  # standard normal, shape of the latents, when ip_noise_gamma
     pyramid: torch.Tensor | None  # the multires octaves summed, when multires_noise_iterations
+    # standard normal and uniform [0, 1) [B]: a flow-matching objective's noise levels
+    time_normal: torch.Tensor | None = None
+    time_uniform: torch.Tensor | None = None
 
 
 def draw(
@@ -85,17 +90,19 @@ def draw(
     num_timesteps: int,
     device: torch.device,
     options: NoiseOptions | None = None,
+    flow_times: bool = False,
 ) -> SampleDraws:
     """Draw each sample's randoms on the CPU from its own generators, then move them to ``device``.
 
     The draw order inside the main generator is fixed, so a new kind of draw must be appended at
-    the end (or get its own stream) to keep existing runs reproducible.
+    the end (or get its own stream) to keep existing runs reproducible. ``flow_times`` adds the
+    flow-matching noise-level draws (their own stream).
     """
     options = options or NoiseOptions()
     low, high = options.timestep_range(num_timesteps)
     fields: dict[str, list[torch.Tensor]] = {name: [] for name in SampleDraws.__dataclass_fields__}
     for position in positions:
-        one = _draw_one((seed, epoch, position), latent_shape, low, high, options)
+        one = _draw_one((seed, epoch, position), latent_shape, low, high, options, flow_times)
         for name, value in one.items():
             fields[name].append(value)
     return SampleDraws(**{name: _join(name, items, device) for name, items in fields.items()})
@@ -107,6 +114,7 @@ def _draw_one(
     low: int,
     high: int,
     options: NoiseOptions,
+    flow_times: bool = False,
 ) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(sample_seed(*key))
     out = {
@@ -121,6 +129,10 @@ def _draw_one(
     if options.ip_noise_gamma:
         ip_gen = torch.Generator().manual_seed(sample_seed(*key, IP_NOISE_STREAM))
         out["ip_noise"] = torch.randn(shape, generator=ip_gen)
+    if flow_times:
+        time_gen = torch.Generator().manual_seed(sample_seed(*key, FLOW_TIME_STREAM))
+        out["time_normal"] = torch.randn((1,), generator=time_gen)
+        out["time_uniform"] = torch.rand((1,), generator=time_gen)
     if options.multires_noise_iterations:
         pyramid_gen = torch.Generator().manual_seed(sample_seed(*key, MULTIRES_STREAM))
         out["pyramid"] = pyramid_noise(
@@ -129,7 +141,13 @@ def _draw_one(
     return out
 
 
-_PER_SAMPLE_SCALARS = ("timesteps", "offset_strength", "ip_strength")
+_PER_SAMPLE_SCALARS = (
+    "timesteps",
+    "offset_strength",
+    "ip_strength",
+    "time_normal",
+    "time_uniform",
+)
 
 
 def _join(name: str, items: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:

@@ -7,19 +7,29 @@ validation evaluates, and the schedule the sampler runs. ``step.py``, ``loss.py`
 ``validation.py`` call it and know nothing of ``alphas_cumprod`` or sigmas.
 
 ``DDPMObjective`` is the discrete DDPM objective of SD 1.x/2.x/SDXL (epsilon or v target, integer
-timesteps, SNR-based weights). A noise level ``t`` is whatever the objective keeps per sample
-(integer timesteps here); only the objective interprets it.
+timesteps, SNR-based weights); ``FlowMatchingObjective`` is rectified flow as kohya trains Flux.1
+(sigma in [0, 1], velocity target, library.training.flow_matching's formulas). A noise level
+``t`` is whatever the objective keeps per sample (integer timesteps, or sigmas); only the
+objective interprets it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from library.errors import ConfigError
+from library.training import flow_matching as fm
 from library.training.loss import LossOptions, huber_thresholds, signal_to_noise, timestep_weights
 from library.training.noise import NoiseOptions, SampleDraws, draw
+
+log = logging.getLogger(__name__)
 
 
 def validation_timesteps(num_train_timesteps: int, count: int = 5) -> list[int]:
@@ -42,8 +52,13 @@ class Objective(ABC):
     name: str
 
     @abstractmethod
-    def check(self, noise: NoiseOptions, loss: LossOptions) -> None:
-        """ConfigError for noise or loss options that do not fit this objective."""
+    def describe(self) -> str:
+        """One line for the run plan: the objective and its settings."""
+
+    @abstractmethod
+    def check(self, noise: NoiseOptions, loss: LossOptions) -> tuple[NoiseOptions, LossOptions]:
+        """The noise and loss options that apply to this objective; ConfigError for options
+        that do not fit it, a warning for those it leaves out."""
 
     @abstractmethod
     def draws(
@@ -58,8 +73,8 @@ class Objective(ABC):
         """Every random input of a micro-batch, keyed per sample (library.training.noise)."""
 
     @abstractmethod
-    def levels(self, draws: SampleDraws) -> torch.Tensor:
-        """Each sample's noise level t [B], from its draws."""
+    def levels(self, draws: SampleDraws, latent_shape: tuple[int, ...]) -> torch.Tensor:
+        """Each sample's noise level t [B], from its draws (``latent_shape``: one sample's)."""
 
     @abstractmethod
     def noisy(self, latents: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -122,16 +137,21 @@ class DDPMObjective(Objective):
     def num_train_timesteps(self) -> int:
         return int(self.scheduler.config.num_train_timesteps)
 
-    def check(self, noise: NoiseOptions, loss: LossOptions) -> None:
+    def describe(self) -> str:
+        target = "v" if self.v_prediction else "epsilon"
+        return f"DDPM, {target} target, {self.num_train_timesteps} timesteps"
+
+    def check(self, noise: NoiseOptions, loss: LossOptions) -> tuple[NoiseOptions, LossOptions]:
         loss.check(self.v_prediction)
         noise.timestep_range(self.num_train_timesteps)
+        return noise, loss
 
     def draws(self, seed, epoch, positions, latent_shape, device, noise) -> SampleDraws:
         return draw(
             seed, epoch, positions, tuple(latent_shape), self.num_train_timesteps, device, noise
         )
 
-    def levels(self, draws: SampleDraws) -> torch.Tensor:
+    def levels(self, draws: SampleDraws, latent_shape: tuple[int, ...]) -> torch.Tensor:
         return draws.timesteps
 
     def noisy(self, latents, noise, t):
@@ -168,3 +188,186 @@ class DDPMObjective(Objective):
         from library.sampling.samplers import build_sampler
 
         return build_sampler(name, self.scheduler.config, self.prediction_type)
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    """The [flow] training keys with kohya's Flux defaults filled in."""
+
+    timestep_sampling: str = "sigma"
+    sigmoid_scale: float = 1.0
+    discrete_flow_shift: float = 3.0
+    model_prediction_type: str = "sigma_scaled"
+    weighting_scheme: str = "uniform"
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    mode_scale: float = 1.29
+
+    @classmethod
+    def from_section(cls, flow: object) -> FlowOptions:
+        """The options of a FlowSection (unset keys take kohya's defaults)."""
+        given = {
+            name: getattr(flow, name)
+            for name in cls.__dataclass_fields__
+            if getattr(flow, name, None) is not None
+        }
+        return cls(**given)
+
+
+# Noise keys sd-scripts applies to DDPM only (its Flux.1 trainer draws plain noise).
+_DDPM_NOISE_KEYS = ("noise_offset", "adaptive_noise_scale", "multires_noise_iterations")
+# Loss keys built on DDPM's signal-to-noise ratio: they have no meaning for a flow objective.
+_SNR_LOSS_KEYS = (
+    "min_snr_gamma",
+    "scale_v_pred_loss_like_noise_pred",
+    "v_pred_like_loss",
+    "debiased_estimation_loss",
+)
+
+
+class FlowMatchingObjective(Objective):
+    """Rectified flow (Liu et al. 2022; Esser et al. 2024) as kohya trains Flux.1.
+
+    x_t = (1 - sigma) x0 + sigma noise; the target is the velocity noise - x0; the output is
+    turned into the prediction by ``model_prediction_type``. Levels are float sigmas [B]; the
+    denoiser receives sigma itself (diffusers' Flux transformer scales it by 1000 inside). The
+    draws' ``time_normal``/``time_uniform`` (their own stream) pick each sigma.
+    """
+
+    name = "flow"
+
+    def __init__(self, options: FlowOptions, sampling_scheduler: Mapping | None = None) -> None:
+        fm.validate_flow_options(
+            timestep_sampling=options.timestep_sampling,
+            sigmoid_scale=options.sigmoid_scale,
+            discrete_flow_shift=options.discrete_flow_shift,
+            model_prediction_type=options.model_prediction_type,
+            weighting_scheme=options.weighting_scheme,
+            logit_std=options.logit_std,
+            mode_scale=options.mode_scale,
+        )
+        self.options = options
+        # The FlowMatchEulerDiscreteScheduler config samples are drawn with (the variant's
+        # released one: library.models.families.flux_sampling.flux_scheduler_config).
+        self.sampling_scheduler = dict(sampling_scheduler) if sampling_scheduler else None
+
+    def describe(self) -> str:
+        o = self.options
+        sampling = o.timestep_sampling
+        if sampling in ("sigmoid", "shift", "flux_shift"):
+            sampling += f" (sigmoid_scale {o.sigmoid_scale:g})"
+        if sampling.startswith(("shift", "sigma")):
+            sampling += f", discrete_flow_shift {o.discrete_flow_shift:g}"
+        if o.timestep_sampling == "sigma":
+            sampling += f", weighting_scheme {o.weighting_scheme}"
+        return (
+            f"rectified flow, velocity target, timestep_sampling {sampling}, "
+            f"model_prediction_type {o.model_prediction_type}"
+        )
+
+    def check(self, noise: NoiseOptions, loss: LossOptions) -> tuple[NoiseOptions, LossOptions]:
+        """Refuses a timestep range narrower than the whole schedule and Huber's snr schedule;
+        leaves out, with a warning, the SNR weights and offset/pyramid noise that sd-scripts
+        also ignores for Flux.1 (GUI presets carry them)."""
+        if noise.min_timestep or noise.max_timestep not in (None, fm.NUM_TRAIN_TIMESTEPS):
+            raise ConfigError(
+                "min_timestep / max_timestep apply to DDPM models; flow-matching models draw "
+                "sigma with timestep_sampling (kohya ignores them for Flux.1); remove them"
+            )
+        if loss.loss_type in ("huber", "smooth_l1") and loss.huber_schedule == "snr":
+            raise ConfigError(
+                f'loss_type = "{loss.loss_type}" with huber_schedule = "snr" needs DDPM\'s '
+                'signal-to-noise ratio; set huber_schedule = "constant" or "exponential"'
+            )
+        unused_loss = {k: getattr(loss, k) for k in _SNR_LOSS_KEYS if getattr(loss, k)}
+        unused_noise = {k: getattr(noise, k) for k in _DDPM_NOISE_KEYS if getattr(noise, k)}
+        unused = {**unused_loss, **unused_noise}
+        if unused:
+            listed = ", ".join(f"{k} = {v}" for k, v in unused.items())
+            log.warning(
+                "%s: not used by flow-matching models (sd-scripts ignores them for Flux.1 "
+                "too); training without them",
+                listed,
+            )
+        loss = dataclasses.replace(loss, **{k: type(v)() for k, v in unused_loss.items()})
+        noise = dataclasses.replace(noise, **{k: type(v)() for k, v in unused_noise.items()})
+        return noise, loss
+
+    def draws(self, seed, epoch, positions, latent_shape, device, noise) -> SampleDraws:
+        return draw(
+            seed,
+            epoch,
+            positions,
+            tuple(latent_shape),
+            fm.NUM_TRAIN_TIMESTEPS,
+            device,
+            noise,
+            flow_times=True,
+        )
+
+    def levels(self, draws: SampleDraws, latent_shape: tuple[int, ...]) -> torch.Tensor:
+        o = self.options
+        return fm.flux_sample_sigmas(
+            draws.time_normal,
+            draws.time_uniform,
+            timestep_sampling=o.timestep_sampling,
+            sigmoid_scale=o.sigmoid_scale,
+            discrete_flow_shift=o.discrete_flow_shift,
+            image_seq_len=fm.flux_image_seq_len(*latent_shape[-2:]),
+            weighting_scheme=o.weighting_scheme,
+            logit_mean=o.logit_mean,
+            logit_std=o.logit_std,
+            mode_scale=o.mode_scale,
+        ).sigmas
+
+    def noisy(self, latents, noise, t):
+        return fm.noisy_latents(latents, noise, t)
+
+    def target(self, latents, noise, t):
+        return fm.velocity_target(latents, noise)
+
+    def model_time(self, t):
+        return t
+
+    def prediction(self, output, noisy, t):
+        return fm.apply_model_prediction_type(
+            output, noisy.to(output.dtype), t, self.options.model_prediction_type
+        ).prediction
+
+    def huber_thresholds(self, options, t):
+        """constant: c * scale; exponential: scale * c ** (1000 sigma / 1000), kohya's formula
+        over the timestep sigma * 1000."""
+        c, scale = options.huber_c, options.huber_scale
+        sigma = t.float()
+        if options.huber_schedule == "constant":
+            return torch.full_like(sigma, c * scale)
+        return scale * torch.exp(sigma * math.log(c))
+
+    def level_weights(self, options, t):
+        o = self.options
+        if o.model_prediction_type != "sigma_scaled" or o.weighting_scheme not in (
+            "sigma_sqrt",
+            "cosmap",
+        ):
+            return None
+        return fm.loss_weighting(o.weighting_scheme, t)
+
+    def validation_levels(self, count: int = 5) -> list[float]:
+        """The midpoints of ``count`` equal strata of sigma in [0, 1], ascending."""
+        if count < 1:
+            raise ValueError(f"count of validation levels must be >= 1, got {count}")
+        return [(2 * i + 1) / (2 * count) for i in range(count)]
+
+    def level_tensor(self, values, device):
+        sigmas = [float(v) for v in values]
+        bad = [v for v in sigmas if not 0.0 <= v <= 1.0]
+        if bad:
+            raise ConfigError(f"validation level {bad[0]} is outside sigma's 0..1")
+        return torch.tensor(sigmas, dtype=torch.float32, device=device)
+
+    def sampler(self, name: str):
+        from library.sampling.samplers import build_flow_sampler
+
+        if self.sampling_scheduler is None:
+            raise ValueError("FlowMatchingObjective was built without a sampling_scheduler config")
+        return build_flow_sampler(name, self.sampling_scheduler)

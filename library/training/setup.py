@@ -9,6 +9,7 @@ import torch
 from library.config.schema import Config
 from library.errors import ConfigError
 from library.models.conditioning import freeze_unused_text_adapters
+from library.models.float8 import store_in_float8
 from library.models.loader import Components
 from library.networks.kohya_keys import UNET
 from library.networks.lora import LoraSpec, apply_lora, lora_parameter_split, lora_parameters
@@ -63,6 +64,8 @@ class TrainedParts:
 
 def setup_training(config: Config, components: Components) -> TrainedParts:
     """Inject adapters or unfreeze the denoiser, load network_weights, build parameter groups."""
+    components.family.check_training(config)
+    _base_in_float8(config, components)
     net, lr = config.network, config.optimizer.learning_rate
     unet_lr = net.unet_lr if net.unet_lr is not None else lr
     te_lrs = text_encoder_rates(net.text_encoder_lr, lr, len(components.text_encoders))
@@ -90,6 +93,25 @@ def trained_dtype(config: Config) -> torch.dtype:
     if training.full_fp16:
         return torch.float16
     return torch.float32
+
+
+def _base_in_float8(config: Config, components: Components) -> None:
+    """fp8_base / fp8_base_unet: the frozen base weights in float8, before adapters wrap them."""
+    training = config.training
+    if not (training.fp8_base or training.fp8_base_unet):
+        return
+    key = "fp8_base" if training.fp8_base else "fp8_base_unet"
+    if config.network.train_mode == "unet":
+        raise ConfigError(
+            f'{key} stores frozen weights in float8; with train_mode = "unet" every denoiser '
+            f"weight trains, so remove {key}"
+        )
+    compute = WEIGHT_DTYPES[training.mixed_precision]
+    modules = [components.denoiser]
+    if training.fp8_base and not training.fp8_base_unet:
+        modules += list(components.text_encoders)
+    for module in modules:
+        store_in_float8(module, compute)
 
 
 def _refuse_loraplus(config: Config) -> None:

@@ -47,7 +47,7 @@ class StepInputs:
     def __post_init__(self) -> None:
         self.text_encoders = tuple(self.text_encoders)
         self.tokenizers = tuple(self.tokenizers)
-        self.objective.check(self.noise, self.loss)
+        self.noise, self.loss = self.objective.check(self.noise, self.loss)
 
 
 def batch_posterior(s: StepInputs, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +81,9 @@ def batch_conditioning(s: StepInputs, batch: dict) -> Conditioning:
                     s.max_token_length,
                 )
 
-        text = s.text_cache.get(list(batch["captions"]), batch.get("cache_roots"), encode)
+        captions = list(batch["captions"])
+        text = s.text_cache.get(captions, batch.get("cache_roots"), encode)
+        text.mask = s.family.text_mask(s.tokenizers, captions, s.device)  # never cached
         return conditioning.assemble_conditioning(s.family, text, batch, s.device, s.weight_dtype)
     grad_context = nullcontext() if s.train_text_encoder else torch.no_grad()
     with grad_context:
@@ -123,7 +125,7 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
     draws = s.objective.draws(s.seed, batch["epoch"], positions, shape, s.device, s.noise)
     latents = to_latents(s.vae, mean + std * draws.latent_eps)
     noise, input_noise = training_noise(draws, latents, s.noise)
-    levels = s.objective.levels(draws)
+    levels = s.objective.levels(draws, shape)
     noisy = s.objective.noisy(latents, input_noise, levels)
     prediction = predict(s, noisy, levels, batch_conditioning(s, batch))
     return diffusion_loss(

@@ -71,7 +71,8 @@ def text_identity(
     gives another identity. ``tokenizers`` (optional) adds each tokenizer's special tokens,
     length and vocabulary (a different padding token changes the output too).
     """
-    digest = hashlib.sha256(f"{CACHE_FORMAT}|{getattr(family, 'name', family)}\n".encode())
+    name = getattr(family, "text_cache_name", getattr(family, "name", family))
+    digest = hashlib.sha256(f"{CACHE_FORMAT}|{name}\n".encode())
     for index, encoder in enumerate(text_encoders):
         inner = getattr(encoder, "module", encoder)  # unwrap DistributedDataParallel
         state = inner.state_dict()

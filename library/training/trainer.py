@@ -152,7 +152,9 @@ class Trainer:
         weight_dtype = WEIGHT_DTYPES[config.training.mixed_precision]
         # Adapter initialisation draws from the global generator: seed it so a run is reproducible.
         set_seed(config.training.seed)
-        parts = setup_training(config, load_components(config.model, weight_dtype))
+        parts = setup_training(config, load_components(config.model, weight_dtype, config.flow))
+        family, objective = parts.components.family, parts.components.objective
+        acc.print(f"model: {family.describe()}; {objective.describe()}")
         check_bucket_steps(config, parts.components)
         acc.print(check_peak_memory(config, parts, self.data.stats, acc, bool(self.sampler.prompts)))
         optimizer = build_optimizer(config.optimizer, parts.param_groups)

@@ -31,7 +31,10 @@ PLANNED = {"lycoris_example_locon.toml": 'network_module = "lycoris.kohya" is no
 
 @pytest.fixture(scope="module")
 def places(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
+    from library.models.flux.tiny_files import write_tiny_flux_files
+
     root = tmp_path_factory.mktemp("wild")
+    flux = write_tiny_flux_files(root / "flux", "dev", seed=0)
     images = root / "images"
     images.mkdir()
     # larger than every min_bucket_reso in the corpus (bucket_no_upscale), and enough of them
@@ -63,6 +66,12 @@ def places(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
         "__LOGGING_DIR__": str(root / "logs"),
         "__METADATA__": str(metadata),
         "__SAMPLE_PROMPTS__": str(prompts),
+        "__FLUX_MODEL__": str(flux["transformer"]),
+        "__FLUX_CLIP_L__": str(flux["clip_l"]),
+        "__FLUX_T5XXL__": str(flux["t5xxl"]),
+        "__FLUX_AE__": str(flux["ae"]),
+        # not a placeholder of the files: the tokenizers a FLUX.1 run needs besides them
+        "flux_tokenizers": (str(flux["tokenizer"]), str(flux["t5_tokenizer"])),
     }
 
 
@@ -78,7 +87,8 @@ def _filled(name: str, places: dict, out: Path) -> Path:
     model = places["__SDXL_MODEL__"] if "xl" in name.lower() else places["__MODEL__"]
     text = text.replace("__MODEL__", model)
     for key, value in places.items():
-        text = text.replace(key, value)
+        if key.startswith("__"):
+            text = text.replace(key, value)
     path = out / name
     path.write_text(text, encoding="utf-8")
     return path
@@ -150,3 +160,27 @@ def test_gui_values_mean_what_kohya_reads(places, tmp_path):
     assert template.model.vae is None and template.sampling.sample_prompts is None
     assert template.network.scale_weight_norms == 5
     assert any("huggingface_repo_type" in n for n in template.notices)
+
+
+def test_a_gui_flux_export_trains(places, tmp_path, capsys, caplog):
+    """The FLUX.1 export trains on tiny files as written (only paths, tokenizers, the step count
+    and the size changed); the SD-only keys the GUI writes are named in a warning."""
+    config = _filled("kohya_ss_gui_v25_flux1_lora.toml", places, tmp_path)
+    clip, t5 = places["flux_tokenizers"]
+    from library.cli import main
+
+    reset_accelerate()
+    try:
+        code = main([
+            "--config", str(config), "--tokenizer_path", clip, "--t5_tokenizer_path", t5,
+            "--max_train_steps", "1", "--resolution", "64", "--min_bucket_reso", "64",
+            "--bucket_reso_steps", "16",
+            "--sample_prompts", "", "--output_dir", str(tmp_path / "out"),
+        ])  # fmt: skip
+    finally:
+        reset_accelerate()
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "min_snr_gamma = 7.0, noise_offset = 0.05: not used by flow-matching" in caplog.text
+    assert "model: FLUX.1 dev (512 T5 tokens, T5 padding masked, guidance 1)" in out
+    assert (tmp_path / "out" / "Flux.my-super-duper-model-name-goes-here-v1.0.safetensors").is_file()

@@ -7,7 +7,7 @@ for any run. Single-process runs happen in the pytest process itself, when first
 
 - equivalence runs ``eq-<mode>-<layout>``: 2 optimizer steps of 4 images as 2x2x1 (processes
   x accumulation x batch), 1x4x1, 1x1x4 or the guard 1x2x1, for UNet LoRA, UNet + text-encoder
-  LoRA and full UNet. The 2-process runs also switch on a DDP-side option per mode (gradient
+  LoRA, full UNet and Flux.1 LoRA (on a tiny Flux folder). The 2-process runs also switch on a DDP-side option per mode (gradient
   checkpointing, gradient_as_bucket_view); the single-process references run without it.
 - schedule runs: UNet + text-encoder LoRA, 4 optimizer steps under warmup + cosine: "sync"
   (2 processes x accumulation 4, buckets counted by a DDP hook, gradients recorded), "acc1"
@@ -22,6 +22,7 @@ for any run. Single-process runs happen in the pytest process itself, when first
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -40,7 +41,21 @@ MODES: dict[str, tuple[dict, list[str]]] = {
     "unet-lora": ({"network_train_unet_only": True}, []),
     "unet+te-lora": ({}, ["--gradient_checkpointing"]),
     "full-unet": ({"train_mode": "unet", "learning_rate": 1e-4}, ["--ddp_gradient_as_bucket_view"]),
+    # Flux.1 LoRA on the tiny Flux folder (Runs.flux_dir) instead of the tiny SD model.
+    "flux-lora": (
+        {
+            "network_module": "networks.lora_flux",
+            "network_train_unet_only": True,
+            "timestep_sampling": "shift",
+            "model_prediction_type": "raw",
+            "guidance_scale": 1.0,
+            "bucket_reso_steps": 16,
+        },
+        ["--gradient_checkpointing"],
+    ),
 }
+# Modes trained on another model than the tiny SD one: mode -> Runs attribute naming its folder.
+MODE_MODELS = {"flux-lora": "flux_dir"}
 # layout name -> (processes, accumulation, batch)
 LAYOUTS = {"2x2x1": (2, 2, 1), "1x4x1": (1, 4, 1), "1x1x4": (1, 1, 4), "1x2x1": (1, 2, 1)}
 EQUIVALENCE_KEYS = {
@@ -90,6 +105,7 @@ class Runs:
         self._pool = ThreadPoolExecutor(CONCURRENT_LAUNCHES, thread_name_prefix="launch")
         self._launched: dict[str, Future] = {}
         self._done: dict[str, Run] = {}
+        self._flux_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -102,13 +118,28 @@ class Runs:
 
     def equivalence_config(self, mode: str, layout: str) -> Path:
         _, accumulation, batch = LAYOUTS[layout]
+        model = {}
+        if mode in MODE_MODELS:
+            model["pretrained_model_name_or_path"] = str(getattr(self, MODE_MODELS[mode]))
         return self.config(
             f"eq-{mode}-{layout}",
             train_batch_size=batch,
             gradient_accumulation_steps=accumulation,
             **EQUIVALENCE_KEYS,
             **MODES[mode][0],
+            **model,
         )
+
+    @property
+    def flux_dir(self) -> Path:
+        """A tiny Flux.1 dev folder, written on first use."""
+        folder = self.root / "tiny-flux"
+        with self._flux_lock:  # a launch thread and the test thread may both ask first
+            if not folder.is_dir():
+                from library.models.flux.tiny_files import write_tiny_flux_folder
+
+                write_tiny_flux_folder(folder, "dev", seed=0)
+        return folder
 
     def data_config(self, name: str, accumulation: int) -> Path:
         return self.config(name, gradient_accumulation_steps=accumulation, **DATA_KEYS)

@@ -1,7 +1,8 @@
 """The same samples and seed give the same weights however they are spread over processes.
 
 2 processes x accumulation 2 x batch 1 (torchrun, gloo), 1 x 4 x 1 and 1 x 1 x 4 must write the
-same weights after 2 optimizer steps, for UNet LoRA, UNet + text-encoder LoRA and full UNet; and
+same weights after 2 optimizer steps, for UNet LoRA, UNet + text-encoder LoRA, full UNet and
+Flux.1 LoRA; and
 the loss logged per step must be the mean over every micro-batch of every rank.
 """
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ConfigError, ModelError
 from library.models.families.sd import SD1, SDXL
@@ -113,8 +114,8 @@ def test_zero_terminal_snr_needs_v_prediction(tiny_model_dir):
 
 def test_clip_skip_is_refused_for_sdxl():
     with pytest.raises(ConfigError, match="clip_skip = 2 applies to SD 1.x/2.x"):
-        SDXL.check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=2))
-    SDXL.check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=1))
+        SDXL.check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=2), FlowSection())
+    SDXL.check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=1), FlowSection())
 
 
 @pytest.mark.parametrize("with_projection", [False, True])

@@ -14,20 +14,35 @@ from dataclasses import dataclass
 
 import torch
 
+from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
+
+Load = Callable[[ModelSection, FlowSection, torch.dtype, torch.dtype], object]
 
 
 @dataclass(frozen=True)
 class FamilyLoader:
-    """``claims(model)``: this loader reads the model; ``load(model, weight_dtype, vae_dtype)``
-    returns its Components."""
+    """``claims(model, flow)``: this loader reads the model (a cheap look at its files);
+    ``load(model, flow, weight_dtype, vae_dtype)`` returns its Components."""
 
     name: str
-    claims: Callable[[ModelSection], bool]
-    load: Callable[[ModelSection, torch.dtype, torch.dtype], object]
+    claims: Callable[[ModelSection, FlowSection], bool]
+    load: Load
 
 
-def _sd_load(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype):
+def _flux_claims(model: ModelSection, flow: FlowSection) -> bool:
+    from library.models.families.flux_load import claims_flux
+
+    return claims_flux(model, flow)
+
+
+def _flux_load(model, flow, weight_dtype, vae_dtype):
+    from library.models.families.flux_load import load_flux
+
+    return load_flux(model, flow, weight_dtype, vae_dtype)
+
+
+def _sd_load(model, flow, weight_dtype, vae_dtype):
     from library.models.families.sd_load import load_sd
 
     return load_sd(model, weight_dtype, vae_dtype)
@@ -35,13 +50,14 @@ def _sd_load(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: torch.dt
 
 # In the order they are asked; the last claims everything.
 LOADERS: tuple[FamilyLoader, ...] = (
-    FamilyLoader("sd", lambda model: True, _sd_load),
+    FamilyLoader("flux", _flux_claims, _flux_load),
+    FamilyLoader("sd", lambda model, flow: True, _sd_load),
 )
 
 
-def loader_for(model: ModelSection) -> Callable[[ModelSection, torch.dtype, torch.dtype], object]:
+def loader_for(model: ModelSection, flow: FlowSection) -> Load:
     """The load function of the first family that claims ``model``."""
     for loader in LOADERS:
-        if loader.claims(model):
+        if loader.claims(model, flow):
             return loader.load
     raise AssertionError("the SD loader claims every model")

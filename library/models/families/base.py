@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 if TYPE_CHECKING:
-    from library.config.schema import ModelSection
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import Config, ModelSection
     from library.models.conditioning import Conditioning, TextConditioning
 
 PredictionType = Literal["epsilon", "v_prediction", "flow"]
@@ -40,6 +41,7 @@ class ModelFamily:
     base_model_version: str  # ss_base_model_version
     modelspec_architecture: str  # modelspec.architecture of a full model; LoRA files add "/lora"
     default_resolution: int
+    v2: bool = False  # SD 2.x (kohya's ss_v2, written for every family)
     text_encoder_subfolders: tuple[str, ...] = ("text_encoder",)
     tokenizer_subfolders: tuple[str, ...] = ("tokenizer",)
     text_encoder_lora_prefixes: tuple[str, ...] = ("lora_te",)
@@ -63,9 +65,19 @@ class ModelFamily:
         return "v" if self.v_parameterization else self.prediction_type
 
     @property
+    def text_cache_name(self) -> str:
+        """The family and every family setting that changes encoded captions (a text-encoder
+        cache entry's identity)."""
+        return self.name
+
+    @property
     def lora_architecture(self) -> str:
         """modelspec.architecture of a LoRA file trained on this family."""
         return f"{self.modelspec_architecture}/lora"
+
+    def describe(self) -> str:
+        """The family and its run settings, for the run plan."""
+        return self.name
 
     # -- behaviours a family implements ------------------------------------------------------
 
@@ -90,6 +102,12 @@ class ModelFamily:
     ) -> TextConditioning:
         """The caption-dependent conditioning of ``captions`` (what a text cache stores)."""
         raise NotImplementedError(f"{self.name} does not define its text conditioning")
+
+    def text_mask(
+        self, tokenizers: Sequence[object], captions: Sequence[str], device: torch.device | str
+    ) -> torch.Tensor | None:
+        """[B, T] padding mask of the per-token conditioning, where the family uses one."""
+        return None
 
     def assemble_conditioning(
         self,
@@ -150,8 +168,12 @@ class ModelFamily:
             f"sdpa = false: {self.name} models have no plain-attention path here; set sdpa = true"
         )
 
-    def check_options(self, model: ModelSection) -> None:
-        """ConfigError for model options that do not fit this family."""
+    def check_options(self, model: ModelSection, flow: FlowSection) -> None:
+        """ConfigError for model options ([model] and [flow] keys) that do not fit this family."""
+
+    def check_training(self, config: Config) -> None:
+        """ConfigError for training choices this family cannot make (found before loading
+        weights where the caller can)."""
 
 
 def to_latents(vae: torch.nn.Module, sample: torch.Tensor) -> torch.Tensor:

@@ -33,11 +33,10 @@ _SD2_CONTEXT_DIM = 1024  # OpenCLIP ViT-H/14
 class SDFamily(ModelFamily):
     """SD 1.x, 2.x and SDXL: a UNet denoiser, CLIP text encoders, the DDPM objective.
 
-    Besides ModelFamily's data: ``v2`` (OpenCLIP ViT-H text encoder), which layer of each text
-    encoder conditions the UNet, and the key layout of UNet modules in LoRA files.
+    Besides ModelFamily's data: which layer of each text encoder conditions the UNet, and the
+    key layout of UNet modules in LoRA files.
     """
 
-    v2: bool = False
     # "last": each encoder's last_hidden_state (after the final layer norm; clip_skip applies).
     # "penultimate": hidden_states[-2] without the final norm, what SDXL was trained on.
     text_layer: TextLayer = "last"
@@ -122,7 +121,20 @@ class SDFamily(ModelFamily):
             return LAYOUTS["sdxl"]
         return LAYOUTS["sd2" if self.v2 else "sd1"]
 
-    def check_options(self, model):
+    def check_training(self, config):
+        if config.network.network_module == "networks.lora_flux":
+            raise ConfigError(
+                f'network_module = "networks.lora_flux" is for Flux.1 and this is a {self.name} '
+                'model; use "networks.lora"'
+            )
+
+    def check_options(self, model, flow):
+        given = [key for key in type(flow).model_fields if getattr(flow, key) is not None]
+        if given:
+            raise ConfigError(
+                f"{given[0]} is a flow-matching (Flux.1) key and {self.name} models train with "
+                f"DDPM, where it changes nothing; remove it"
+            )
         if model.zero_terminal_snr and not self.v_parameterization:
             raise ConfigError(
                 "zero_terminal_snr needs v-prediction: with epsilon prediction the last timestep "

@@ -1,0 +1,293 @@
+"""Flux.1 (dev and schnell): a rectified-flow transformer conditioned on T5-XXL and CLIP-L.
+
+The facts this implementation relies on (docs/formats.md, Flux.1):
+
+- latents: the AE's 16 channels, ``(sample - 0.1159) * 0.3611`` (from the AE's config), packed
+  into tokens of 2x2 patches (64 numbers each); image token (i, j) has position ids (0, i, j),
+  text tokens (0, 0, 0);
+- text: T5-XXL's last hidden states for the caption padded to 512 tokens (dev) or 256
+  (schnell) are the per-token conditioning; CLIP-L's pooled output (77 tokens) is the pooled one;
+- timestep: sigma in [0, 1] (diffusers' transformer multiplies by 1000 inside); dev also takes
+  the distilled guidance value, schnell has no guidance input;
+- LoRA files: kohya's names from the original module tree (library.networks.flux_keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from library.errors import ConfigError
+from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.base import ModelFamily
+
+log = logging.getLogger(__name__)
+
+# T5 tokens per caption when t5xxl_max_token_length is unset (kohya's defaults).
+T5_MAX_LENGTH = {"dev": 512, "schnell": 256}
+CLIP_LENGTH = 77
+PATCH = 2  # latents are packed 2x2 into tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class FluxFamily(ModelFamily):
+    """Flux.1 dev or schnell with the run's text and guidance settings."""
+
+    variant: str = "dev"
+    guidance_scale: float = 3.5
+    t5_max_length: int = 512
+    # apply_t5_attn_mask: T5 and the transformer's attention ignore the caption's padding.
+    t5_attention_mask: bool = False
+
+    def describe(self) -> str:
+        guidance = f", guidance {self.guidance_scale:g}" if self.has_guidance else ""
+        mask = ", T5 padding masked" if self.t5_attention_mask else ""
+        return f"FLUX.1 {self.variant} ({self.t5_max_length} T5 tokens{mask}{guidance})"
+
+    @property
+    def text_cache_name(self) -> str:
+        mask = "|t5_mask" if self.t5_attention_mask else ""
+        return f"{self.name}|t5_tokens={self.t5_max_length}{mask}"
+
+    @property
+    def has_guidance(self) -> bool:
+        """dev takes the distilled guidance value; schnell has no guidance embedding."""
+        return self.variant == "dev"
+
+    # -- conditioning ------------------------------------------------------------------------
+
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ):
+        """CLIP-L's pooled output and T5's last hidden states of ``captions``."""
+        clip_tokenizer, t5_tokenizer = tokenizers
+        clip, t5 = text_encoders
+        captions = list(captions)
+        clip_ids = clip_tokenizer(
+            captions,
+            padding="max_length",
+            max_length=CLIP_LENGTH,
+            truncation=True,
+            return_tensors="pt",
+        ).input_ids.to(device)
+        pooled = clip(clip_ids, output_hidden_states=False).pooler_output
+        t5_tokens = self._t5_tokens(t5_tokenizer, captions)
+        mask = t5_tokens.attention_mask.to(device) if self.t5_attention_mask else None
+        hidden = t5(t5_tokens.input_ids.to(device), attention_mask=mask).last_hidden_state
+        return TextConditioning(hidden, pooled, mask)
+
+    def _t5_tokens(self, tokenizer, captions):
+        return tokenizer(
+            list(captions),
+            padding="max_length",
+            max_length=self.t5_max_length,
+            truncation=True,
+            return_tensors="pt",
+        )
+
+    def text_mask(self, tokenizers, captions, device):
+        if not self.t5_attention_mask:
+            return None
+        return self._t5_tokens(tokenizers[1], captions).attention_mask.to(device)
+
+    def assemble_conditioning(self, text, batch, device, dtype=None):
+        hidden, pooled = text.hidden.to(device), text.pooled.to(device)
+        if dtype is not None:
+            hidden, pooled = hidden.to(dtype), pooled.to(dtype)
+        kwargs = {"pooled_projections": pooled}
+        if self.t5_attention_mask:
+            if text.mask is None:
+                raise ValueError("apply_t5_attn_mask needs the T5 padding mask of the captions")
+            kwargs["text_mask"] = text.mask.to(device)
+        return Conditioning(hidden, kwargs)
+
+    def predict(self, denoiser, noisy, timesteps, cond):
+        batch, channels, height, width = noisy.shape
+        tokens = pack_latents(noisy)
+        img_ids = image_position_ids(height, width, noisy.device, noisy.dtype)
+        text = cond.encoder_hidden_states
+        txt_ids = torch.zeros(text.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
+        joint = {}
+        text_mask = cond.unet_kwargs.get("text_mask")
+        if text_mask is not None:
+            # Keys of padded caption tokens are masked in every joint attention; image tokens
+            # are always attended to. [B, 1, 1, text + image tokens] broadcasts over heads.
+            image = torch.ones(batch, tokens.shape[1], dtype=torch.bool, device=noisy.device)
+            keys = torch.cat([text_mask.bool(), image], dim=1)
+            joint["attention_mask"] = keys[:, None, None, :]
+        guidance = None
+        if self.has_guidance:
+            guidance = torch.full((batch,), self.guidance_scale, device=noisy.device)
+            guidance = guidance.to(noisy.dtype)
+        out = denoiser(
+            hidden_states=tokens,
+            encoder_hidden_states=text,
+            pooled_projections=cond.unet_kwargs["pooled_projections"],
+            timestep=timesteps.to(noisy.dtype),
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+            guidance=guidance,
+            joint_attention_kwargs=joint or None,
+            return_dict=False,
+        )[0]
+        return unpack_latents(out, channels, height, width)
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def adapter_targets(self, module, role, conv):
+        from library.networks.flux_keys import target_paths, transformer_modules
+
+        if role != "unet":
+            raise ConfigError(
+                "Flux.1: training the text encoders is not supported yet; set "
+                "network_train_unet_only = true"
+            )
+        return dict.fromkeys(target_paths(transformer_modules(module)), "linear")
+
+    def lora_tensors(self, models):
+        from library.networks.flux_keys import adapter_weights, export_lora, transformer_modules
+        from library.networks.kohya_keys import UNET, unwrap
+
+        tensors = {}
+        for prefix, model in models.items():
+            if prefix != UNET:
+                raise ValueError(f"Flux.1 LoRA files hold no {prefix} adapters here")
+            plain = unwrap(model)
+            tensors.update(export_lora(transformer_modules(plain), adapter_weights(plain)))
+        return tensors
+
+    def load_lora_tensors(self, models, tensors, source):
+        from library.networks.flux_keys import (
+            import_lora,
+            load_adapter_weights,
+            transformer_modules,
+        )
+        from library.networks.kohya_keys import UNET, unwrap
+
+        plain = unwrap(models[UNET])
+        foreign = sorted(k for k in tensors if not k.startswith("lora_unet_"))
+        if foreign:
+            raise ConfigError(
+                f"network_weights: {source} holds {foreign[0]}, not a Flux.1 transformer "
+                "adapter; only transformer LoRAs can be loaded for Flux.1 here"
+            )
+        weights = import_lora(transformer_modules(plain), tensors, source)
+        load_adapter_weights(plain, weights, source)
+
+    def sampling_pipeline(self):
+        """FluxPipeline fed our conditioning, with kohya's Flux prompt options
+        (library.models.families.flux_sampling)."""
+        from library.models.families.flux_sampling import flux_pipeline_kind
+
+        return flux_pipeline_kind(guidance=self.has_guidance)
+
+    # -- sizes, options ----------------------------------------------------------------------
+
+    def bucket_grid(self, denoiser):
+        """The AE's 8 times the 2x2 packing: image sides in multiples of 16."""
+        return 8 * PATCH
+
+    def check_options(self, model, flow):
+        # GUIs write SD's neutral values into Flux.1 configs too (clip_skip = 1,
+        # max_token_length = 75): those change nothing; any other value would.
+        neutral = {"clip_skip": (None, 1), "max_token_length": (None, 75),
+                   "v2": (None, False), "v_parameterization": (None, False)}  # fmt: skip
+        for key, values in neutral.items():
+            if getattr(model, key) not in values:
+                raise ConfigError(f"{key} applies to SD models, not Flux.1; remove it")
+        if model.zero_terminal_snr:
+            raise ConfigError("zero_terminal_snr applies to DDPM models, not Flux.1; remove it")
+        if flow.split_qkv is False:
+            raise ConfigError(
+                "network_args split_qkv=False: one adapter shared by a fused layer's q, k and v "
+                "(kohya's default) is not supported yet; difftune trains them separately, as "
+                "split_qkv=True does; remove split_qkv"
+            )
+        if flow.guidance_scale is not None and not self.has_guidance:
+            raise ConfigError(
+                "guidance_scale: Flux.1 schnell has no guidance input; remove guidance_scale"
+            )
+
+    def check_training(self, config):
+        net = config.network
+        if config.flow.split_qkv is None:
+            log.warning(
+                "Flux.1 LoRA: q, k and v (and single blocks' linear1 parts) get separate "
+                "adapters, as kohya's split_qkv=True; kohya's default shares one per fused "
+                "layer. The saved file has kohya's fused names either way"
+            )
+        if net.train_mode != "lora":
+            raise ConfigError(
+                'train_mode = "unet": full fine-tuning of Flux.1 is not supported yet; use '
+                'train_mode = "lora"'
+            )
+        if not net.network_train_unet_only:
+            raise ConfigError(
+                "Flux.1: training the text encoders is not supported yet; set "
+                "network_train_unet_only = true"
+            )
+        if net.conv_dim is not None:
+            raise ConfigError("conv_dim: Flux.1's transformer has no convolutions; remove it")
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, H, W] latents -> [B, (H/2)(W/2), 4C] tokens, each a 2x2 patch (channel-major)."""
+    b, c, h, w = latents.shape
+    patches = latents.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH)
+    return patches.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // PATCH) * (w // PATCH), c * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, channels: int, height: int, width: int) -> torch.Tensor:
+    """The inverse of ``pack_latents``."""
+    b = tokens.shape[0]
+    patches = tokens.view(b, height // PATCH, width // PATCH, channels, PATCH, PATCH)
+    return patches.permute(0, 3, 1, 4, 2, 5).reshape(b, channels, height, width)
+
+
+def image_position_ids(height: int, width: int, device, dtype) -> torch.Tensor:
+    """[(H/2)(W/2), 3] position ids (0, row, column) of the packed image tokens."""
+    rows = torch.arange(height // PATCH, device=device).repeat_interleave(width // PATCH)
+    cols = torch.arange(width // PATCH, device=device).repeat(height // PATCH)
+    return torch.stack([torch.zeros_like(rows), rows, cols], dim=1).to(dtype)
+
+
+FLUX_DEV = FluxFamily(
+    name="flux-dev",
+    prediction_type="flow",
+    base_model_version="flux1",
+    modelspec_architecture="flux-1-dev",
+    default_resolution=1024,
+    text_encoder_subfolders=("text_encoder", "text_encoder_2"),
+    tokenizer_subfolders=("tokenizer", "tokenizer_2"),
+    text_encoder_lora_prefixes=("lora_te1", "lora_te3"),
+    uses_pooled_text_embedding=True,
+    lora_implementation="https://github.com/black-forest-labs/flux",
+    latent_scale=0.3611,
+    variant="dev",
+    guidance_scale=3.5,
+    t5_max_length=T5_MAX_LENGTH["dev"],
+)
+FLUX_SCHNELL = dataclasses.replace(
+    FLUX_DEV,
+    name="flux-schnell",
+    modelspec_architecture="flux-1-schnell",
+    variant="schnell",
+    t5_max_length=T5_MAX_LENGTH["schnell"],
+)
+
+
+def flux_family(variant: str, flow) -> FluxFamily:
+    """The Flux.1 family of ``variant`` ("dev" or "schnell") with the [flow] section's text and
+    guidance settings (unset: kohya's defaults)."""
+    base = FLUX_DEV if variant == "dev" else FLUX_SCHNELL
+    changes = {}
+    if flow.guidance_scale is not None:
+        changes["guidance_scale"] = float(flow.guidance_scale)
+    if flow.t5xxl_max_token_length is not None:
+        changes["t5_max_length"] = int(flow.t5xxl_max_token_length)
+    if flow.apply_t5_attn_mask:
+        changes["t5_attention_mask"] = True
+    return dataclasses.replace(base, **changes) if changes else base

@@ -1,0 +1,109 @@
+"""Flux.1 LoRA end to end through the CLI on tiny models: a diffusers folder and the single files
+users have (with fp8_base and fp8-stored files), cached text and latents, kohya's Flux names
+in the saved file, accumulation and resume equivalence."""
+
+from __future__ import annotations
+
+import pytest
+from safetensors import safe_open
+
+from library.models.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
+from tests.integration.harness import assert_close_dicts, make_images, tensors, train, write_config
+
+FLUX = {
+    "network_module": "networks.lora_flux",
+    "network_train_unet_only": True,
+    "timestep_sampling": "shift",
+    "model_prediction_type": "raw",
+    "guidance_scale": 1.0,
+    "bucket_reso_steps": 16,
+}
+
+
+@pytest.fixture(scope="module")
+def flux_dir(tmp_path_factory):
+    return write_tiny_flux_folder(tmp_path_factory.mktemp("models") / "tiny-flux", "dev", seed=0)
+
+
+@pytest.fixture(scope="module")
+def flux_files(tmp_path_factory):
+    return write_tiny_flux_files(tmp_path_factory.mktemp("flux-files"), "dev", seed=0, fp8=True)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return make_images(tmp_path_factory.mktemp("data") / "imgs", 4, size=64)
+
+
+def _config(tmp_path, model, images, out, **keys):
+    return write_config(tmp_path / "c.toml", model, images, out, resolution=64,
+                        **{**FLUX, **keys})  # fmt: skip
+
+
+def test_flux_lora_from_a_folder_saves_kohyas_names(tmp_path, flux_dir, images):
+    out = tmp_path / "out"
+    config = _config(tmp_path, flux_dir, images, out, max_train_steps=3,
+                     cache_latents=True, cache_text_encoder_outputs=True)  # fmt: skip
+    assert train(config) == 0
+    path = out / "run.safetensors"
+    saved = tensors(path)
+    names = {k.split(".")[0] for k in saved}
+    # 2 double blocks x 10 + 2 single blocks x 3 kohya modules (tiny model)
+    assert len(names) == 2 * 10 + 2 * 3
+    assert "lora_unet_double_blocks_1_txt_attn_qkv" in names
+    assert "lora_unet_single_blocks_0_linear1" in names
+    ups = [v for k, v in saved.items() if k.endswith("lora_up.weight")]
+    assert any(v.abs().max() > 0 for v in ups)  # it trained
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    assert meta["ss_base_model_version"] == "flux1"
+    assert meta["modelspec.architecture"] == "flux-1-dev/lora"
+    assert meta["modelspec.implementation"] == "https://github.com/black-forest-labs/flux"
+    assert "modelspec.prediction_type" not in meta
+
+
+def test_flux_lora_from_single_fp8_files_with_fp8_base(tmp_path, flux_files, images):
+    out = tmp_path / "out"
+    config = _config(
+        tmp_path, flux_files["transformer"], images, out, max_train_steps=2,
+        clip_l=str(flux_files["clip_l"]), t5xxl=str(flux_files["t5xxl"]),
+        ae=str(flux_files["ae"]), tokenizer_path=str(flux_files["tokenizer"]),
+        t5_tokenizer_path=str(flux_files["t5_tokenizer"]), fp8_base=True,
+    )  # fmt: skip
+    assert train(config) == 0
+    saved = tensors(out / "run.safetensors")
+    assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv.") for k in saved)
+
+
+def test_accumulation_and_resume_train_the_same_lora(tmp_path, flux_dir, images, monkeypatch):
+    """4 samples per step as one batch of 4, as 2 x 2 accumulated, and stopped and resumed."""
+    from library.training.saver import Saver
+
+    common = {"max_train_steps": 2, "train_batch_size": 4}
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    one = tmp_path / "one"
+    assert train(_config(tmp_path / "a", flux_dir, images, one, **common)) == 0
+    acc = tmp_path / "acc"
+    config = _config(tmp_path / "b", flux_dir, images, acc,
+                     **{**common, "train_batch_size": 2, "gradient_accumulation_steps": 2})  # fmt: skip
+    assert train(config) == 0
+    assert_close_dicts(tensors(acc / "run.safetensors"), tensors(one / "run.safetensors"),
+                       atol=2e-6)  # fmt: skip
+
+    resumed = tmp_path / "resumed"
+    first = _config(tmp_path / "c", flux_dir, images, resumed, save_every_n_steps=1,
+                    save_state=True, **common)  # fmt: skip
+    original = Saver.after_step
+
+    def stop_after_step_1(self, global_step):
+        original(self, global_step)
+        if global_step == 1:
+            raise KeyboardInterrupt  # stopped right after its step-1 save
+
+    monkeypatch.setattr(Saver, "after_step", stop_after_step_1)
+    assert train(first) == 130
+    monkeypatch.setattr(Saver, "after_step", original)
+    assert train(first, "--resume", str(resumed / "run-step00000001-state")) == 0
+    assert_close_dicts(tensors(resumed / "run.safetensors"), tensors(one / "run.safetensors"),
+                       atol=1e-6)  # fmt: skip
