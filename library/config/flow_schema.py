@@ -48,6 +48,12 @@ class FlowSection(Section):
         "for q, k and v (and the other parts of fused layers). difftune always trains them "
         "separately; false (one shared adapter per fused layer) is not supported yet.",
     )
+    train_t5xxl: bool | None = Field(
+        None,
+        description="kohya's networks.lora_flux argument (in network_args): with the text "
+        "encoders training, also give T5-XXL an adapter (lora_te3_ names). Unset: false, CLIP-L "
+        "only, as kohya.",
+    )
     model_type: Literal["flux"] | None = Field(
         None, description='kohya\'s model_type; "flux" (Chroma is not supported yet).'
     )

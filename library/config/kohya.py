@@ -208,6 +208,7 @@ SUPPORTED_NETWORK_ARGS = (
     "loraplus_unet_lr_ratio",
     "loraplus_text_encoder_lr_ratio",
     "split_qkv",
+    "train_t5xxl",
 )
 _NETWORK_ARG_REASONS = {
     **dict.fromkeys(

@@ -132,8 +132,8 @@ class NetworkSection(Section):
     text_encoder_lr: float | list[float] | None = Field(
         None,
         description="Learning rate of text-encoder LoRA parameters. Unset: learning_rate. A "
-        "list gives one rate per text encoder in order (SDXL: [CLIP-L, OpenCLIP-bigG]); a "
-        "shorter list repeats its last rate, as kohya does.",
+        "list gives one rate per text encoder in order (SDXL: [CLIP-L, OpenCLIP-bigG]; FLUX.1: "
+        "[CLIP-L, T5-XXL]); a shorter list repeats its last rate, as kohya does.",
     )
 
     @field_validator("text_encoder_lr")

@@ -22,7 +22,8 @@ from library.networks.lora import ADAPTER, lora_layers, lora_rank, set_lora_scal
 
 UNET = "lora_unet"
 TEXT_ENCODER = "lora_te"
-# Every prefix a kohya SD/SDXL file may use: what it adapts, and how to load such weights.
+# Every prefix a kohya SD/SDXL/FLUX.1 text-encoder or UNet name may use: what it adapts, and how
+# to load such weights (FLUX.1's transformer names are read by library/networks/flux_keys.py).
 KNOWN_PREFIXES = {
     "lora_unet": ("UNet", "set network_train_text_encoder_only = false"),
     "lora_te": ("text encoder", "set network_train_unet_only = false"),
@@ -35,6 +36,11 @@ KNOWN_PREFIXES = {
         "second SDXL text encoder",
         "set network_train_unet_only = false if the base model is SDXL (an SDXL LoRA needs an "
         "SDXL base model)",
+    ),
+    "lora_te3": (
+        "FLUX.1's T5-XXL text encoder",
+        'set network_train_unet_only = false and network_args = ["train_t5xxl=True"] if the '
+        "base model is FLUX.1",
     ),
 }
 DOWN, UP, ALPHA = "lora_down.weight", "lora_up.weight", "alpha"

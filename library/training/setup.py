@@ -31,7 +31,8 @@ class TrainedParts:
         if self.train_unet:
             out.append(("unet", self.components.denoiser))
         if self.train_text_encoder:
-            out.extend(self.text_encoders())
+            family = self.components.family
+            out.extend(e for i, e in enumerate(self.text_encoders()) if family.trains_text_encoder(i))
         return out
 
     def text_encoders(self) -> list[tuple[str, torch.nn.Module]]:
@@ -78,7 +79,18 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
         for param in parts.parameters():  # peft makes adapters float32
             param.data = param.data.to(trained_dtype(config))
     _memory_options(config, parts)
+    for _, module in parts.trained_modules():
+        _without_dropout(module)
     return parts
+
+
+def _without_dropout(module: torch.nn.Module) -> None:
+    """Switch off the base model's dropout in a module that trains (T5-XXL's config has 0.1;
+    SD's and CLIP's are 0): training mode must not draw from the global generator, or results
+    would depend on batching, processes and resumes (library.training.noise)."""
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Dropout):
+            layer.p = 0.0
 
 
 # The dtype of frozen weights and of autocast under each mixed_precision.
@@ -154,14 +166,17 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
     if train_te:
         ratio = opt.loraplus_text_encoder_lr_ratio or opt.loraplus_lr_ratio
         names = components.family.text_encoder_subfolders
-        for encoder in components.text_encoders:
-            apply_lora(encoder, family.adapter_targets(encoder, "text_encoder", conv), spec)
+        trained = [family.trains_text_encoder(i) for i in range(len(names))]
+        for encoder, trains in zip(components.text_encoders, trained, strict=True):
+            if trains:
+                apply_lora(encoder, family.adapter_targets(encoder, "text_encoder", conv), spec)
         # Layers after the one that conditions the UNet get no gradient, which DDP refuses.
         freeze_unused_text_adapters(
             components.family, components.text_encoders, config.model.clip_skip
         )
-        for name, encoder, te_lr in zip(names, components.text_encoders, te_lrs, strict=True):
-            groups += _lora_groups(encoder, name, te_lr, ratio)
+        for name, encoder, te_lr, trains in zip(names, components.text_encoders, te_lrs, trained, strict=True):
+            if trains:
+                groups += _lora_groups(encoder, name, te_lr, ratio)
     parts = TrainedParts(components, True, train_unet, train_te, groups)
     if net.network_weights:
         tensors, _ = read_lora_file(net.network_weights)

@@ -16,7 +16,8 @@ batch sizes. Its pieces:
   the training recipe.
 
 Modes: nothing here switches train/eval mode. Our adapters have no dropout (peft's lora_dropout
-is 0) and the base models' dropout probabilities are 0, so both modes compute the same thing; if
+is 0) and the base models' dropout is off in trained modules (library.training.setup switches
+T5's off; SD's and CLIP's are 0), so both modes compute the same thing; if
 adapter dropout is ever added, the caller must put the trained modules in eval mode around
 validation. Mixed precision: call it inside the same autocast context as the training step.
 """

@@ -41,11 +41,11 @@ MODES: dict[str, tuple[dict, list[str]]] = {
     "unet-lora": ({"network_train_unet_only": True}, []),
     "unet+te-lora": ({}, ["--gradient_checkpointing"]),
     "full-unet": ({"train_mode": "unet", "learning_rate": 1e-4}, ["--ddp_gradient_as_bucket_view"]),
-    # Flux.1 LoRA on the tiny Flux folder (Runs.flux_dir) instead of the tiny SD model.
+    # Flux.1 LoRA (transformer, CLIP-L and T5) on the tiny Flux folder (Runs.flux_dir).
     "flux-lora": (
         {
             "network_module": "networks.lora_flux",
-            "network_train_unet_only": True,
+            "network_args": ["train_t5xxl=True"],
             "timestep_sampling": "shift",
             "model_prediction_type": "raw",
             "guidance_scale": 1.0,

@@ -75,6 +75,19 @@ def test_flux_lora_from_single_fp8_files_with_fp8_base(tmp_path, flux_files, ima
     assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv.") for k in saved)
 
 
+def test_text_encoder_adapters_train_with_the_transformer(tmp_path, flux_dir, images):
+    """CLIP-L and (train_t5xxl) T5 adapters train beside the transformer's, under kohya's names."""
+    out = tmp_path / "out"
+    config = _config(tmp_path, flux_dir, images, out, max_train_steps=2,
+                     network_train_unet_only=False, network_args=["train_t5xxl=True"],
+                     text_encoder_lr=[1e-3, 5e-4])  # fmt: skip
+    assert train(config) == 0
+    saved = tensors(out / "run.safetensors")
+    for prefix in ("lora_unet_", "lora_te1_", "lora_te3_"):
+        ups = [v for k, v in saved.items() if k.startswith(prefix) and k.endswith("lora_up.weight")]
+        assert ups and max(v.abs().max().item() for v in ups) > 0, prefix
+
+
 def test_accumulation_and_resume_train_the_same_lora(tmp_path, flux_dir, images, monkeypatch):
     """4 samples per step as one batch of 4, as 2 x 2 accumulated, and stopped and resumed."""
     from library.training.saver import Saver

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from flux_fixtures import tiny_flux_components
+from flux_fixtures import plain_flux_pipeline, tiny_flux_components
 
 from library.config.schema import Config
 from library.errors import ConfigError
@@ -72,6 +72,56 @@ def test_lora_targets_are_kohyas_and_diffusers_loads_the_file(tmp_path):
     assert (ours - plain).abs().max() > 1e-3  # the adapter changes the output
 
 
+@pytest.mark.parametrize("t5", [False, True], ids=["clip-l", "clip-l+t5"])
+def test_text_encoder_adapters_are_kohyas_and_load_back(tmp_path, t5):
+    """With the text encoders training, CLIP-L gets kohya's adapters (lora_te1_) and, with
+    train_t5xxl, T5 too (lora_te3_); diffusers loads the CLIP-L part into its text encoder."""
+    from safetensors.torch import save_file
+
+    args = ["train_t5xxl=True"] if t5 else []
+    config = _config(network_train_unet_only=False, network_args=args)
+    flow = {"train_t5xxl": True} if t5 else {}  # what config.flow gives the loader
+    c = tiny_flux_components(**flow)
+    clip_base = copy.deepcopy(c.text_encoders[0])
+    parts = setup_training(config, c)
+    assert [n for n, _ in parts.trained_modules()] == (
+        ["unet", "text_encoder", "text_encoder_2"] if t5 else ["unet", "text_encoder"]
+    )
+    clip, t5_model = c.text_encoders
+    assert len(lora_layers(clip)) == 6 * clip.config.num_hidden_layers  # q k v out fc1 fc2
+    if t5:  # T5's config has dropout 0.1: off, or training mode would draw from the global RNG
+        assert all(m.p == 0 for m in t5_model.modules() if isinstance(m, torch.nn.Dropout))
+    t5_layers = lora_layers(t5_model)
+    # T5's self-attention q, k, v, o and gated feed-forward wi_0, wi_1, wo per block
+    assert len(t5_layers) == (7 * t5_model.config.num_layers if t5 else 0)
+    for model in (clip, t5_model):
+        randomize_lora(model, torch.Generator().manual_seed(2), std=0.3)
+    path = tmp_path / "flux-te.safetensors"
+    saved = c.family.lora_tensors(parts.lora_models())
+    save_lora_file(path, saved, {}, torch.float32)
+    assert any(k.startswith("lora_te1_text_model_encoder_layers_0_self_attn_q_proj.") for k in saved)
+    assert any(k.startswith("lora_te3_encoder_block_0_layer_0_SelfAttention_q.") for k in saved) == t5
+    again = setup_training(_config(network_train_unet_only=False, network_args=args,
+                                   network_weights=str(path)), tiny_flux_components(**flow))  # fmt: skip
+    reloaded = again.components.family.lora_tensors(again.lora_models())
+    assert reloaded.keys() == saved.keys()
+    for key, value in saved.items():
+        torch.testing.assert_close(reloaded[key], value, rtol=0, atol=1e-7)
+    # diffusers' Flux loader puts lora_te1_ into CLIP-L: the same pooled output as ours
+    clip_only = tmp_path / "clip.safetensors"
+    save_file({k: v for k, v in saved.items() if k.startswith("lora_te1_")}, str(clip_only))
+    fresh = tiny_flux_components()
+    fresh.text_encoders = (clip_base, fresh.text_encoders[1])
+    pipe = plain_flux_pipeline(fresh)
+    pipe.load_lora_weights(str(clip_only))
+    ids = c.tokenizers[0](["a red circle"], padding="max_length", max_length=77,
+                          return_tensors="pt").input_ids  # fmt: skip
+    with torch.no_grad():
+        theirs, ours = pipe.text_encoder(ids).pooler_output, clip(ids).pooler_output
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(ours, tiny_flux_components().text_encoders[0](ids).pooler_output)
+
+
 def test_our_file_loads_back_as_network_weights(tmp_path):
     c = tiny_flux_components()
     parts = setup_training(_config(), c)
@@ -89,7 +139,6 @@ def test_our_file_loads_back_as_network_weights(tmp_path):
 @pytest.mark.parametrize(
     "network,needle",
     [
-        ({"network_train_unet_only": False}, "network_train_unet_only"),
         ({"train_mode": "unet"}, "full fine-tuning"),
         ({"conv_dim": 4}, "conv_dim"),
     ],

@@ -119,6 +119,10 @@ class ModelFamily:
         """The denoiser's conditioning from the text part and the batch's per-sample entries."""
         raise NotImplementedError(f"{self.name} does not define its conditioning")
 
+    def trains_text_encoder(self, index: int) -> bool:
+        """Text encoder ``index`` gets an adapter when text encoders train (all by default)."""
+        return True
+
     def unused_text_layers(self, index: int, num_layers: int, clip_skip: int | None) -> range:
         """Layers of text encoder ``index`` whose output never reaches the conditioning."""
         return range(num_layers, num_layers)

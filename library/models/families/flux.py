@@ -41,6 +41,8 @@ class FluxFamily(ModelFamily):
     t5_max_length: int = 512
     # apply_t5_attn_mask: T5 and the transformer's attention ignore the caption's padding.
     t5_attention_mask: bool = False
+    # With the text encoders training: T5 gets an adapter too (kohya's train_t5xxl).
+    train_t5: bool = False
 
     def describe(self) -> str:
         guidance = f", guidance {self.guidance_scale:g}" if self.has_guidance else ""
@@ -137,45 +139,59 @@ class FluxFamily(ModelFamily):
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def adapter_targets(self, module, role, conv):
-        from library.networks.flux_keys import target_paths, transformer_modules
+    def trains_text_encoder(self, index):
+        """CLIP-L always; T5-XXL with train_t5xxl, as kohya's networks.lora_flux."""
+        return index == 0 or self.train_t5
 
-        if role != "unet":
-            raise ConfigError(
-                "Flux.1: training the text encoders is not supported yet; set "
-                "network_train_unet_only = true"
-            )
-        return dict.fromkeys(target_paths(transformer_modules(module)), "linear")
+    def adapter_targets(self, module, role, conv):
+        from library.networks.flux_keys import (
+            T5,
+            target_paths,
+            text_encoder_modules,
+            transformer_modules,
+        )
+        from library.networks.targets import default_targets
+
+        if role == "unet":
+            return dict.fromkeys(target_paths(transformer_modules(module)), "linear")
+        if type(module).__name__ == "T5EncoderModel":
+            return dict.fromkeys(target_paths(text_encoder_modules(module, T5)), "linear")
+        return default_targets(module, "text_encoder", conv=False)  # CLIP-L, as for SD
 
     def lora_tensors(self, models):
+        """The transformer in kohya's Flux names (fused layers); CLIP-L (lora_te1_) and T5
+        (lora_te3_) in kohya's plain names, as for SD."""
+        from library.networks import kohya_keys
         from library.networks.flux_keys import adapter_weights, export_lora, transformer_modules
-        from library.networks.kohya_keys import UNET, unwrap
 
-        tensors = {}
-        for prefix, model in models.items():
-            if prefix != UNET:
-                raise ValueError(f"Flux.1 LoRA files hold no {prefix} adapters here")
-            plain = unwrap(model)
+        tensors = kohya_keys.export_lora({p: m for p, m in models.items() if p != kohya_keys.UNET})
+        if kohya_keys.UNET in models:
+            plain = kohya_keys.unwrap(models[kohya_keys.UNET])
             tensors.update(export_lora(transformer_modules(plain), adapter_weights(plain)))
         return tensors
 
     def load_lora_tensors(self, models, tensors, source):
+        from library.networks import kohya_keys
         from library.networks.flux_keys import (
             import_lora,
             load_adapter_weights,
             transformer_modules,
         )
-        from library.networks.kohya_keys import UNET, unwrap
 
-        plain = unwrap(models[UNET])
-        foreign = sorted(k for k in tensors if not k.startswith("lora_unet_"))
-        if foreign:
+        transformer = {k: v for k, v in tensors.items() if k.startswith("lora_unet_")}
+        text = {k: v for k, v in tensors.items() if k not in transformer}
+        text_models = {p: m for p, m in models.items() if p != kohya_keys.UNET}
+        if text or text_models:
+            kohya_keys.import_lora(text_models, text, source, self.text_encoder_lora_prefixes)
+        if kohya_keys.UNET in models:
+            plain = kohya_keys.unwrap(models[kohya_keys.UNET])
+            weights = import_lora(transformer_modules(plain), transformer, source)
+            load_adapter_weights(plain, weights, source)
+        elif transformer:
             raise ConfigError(
-                f"network_weights: {source} holds {foreign[0]}, not a Flux.1 transformer "
-                "adapter; only transformer LoRAs can be loaded for Flux.1 here"
+                f"network_weights: {source} holds transformer adapters and this run trains "
+                "only the text encoders; remove network_train_text_encoder_only"
             )
-        weights = import_lora(transformer_modules(plain), tensors, source)
-        load_adapter_weights(plain, weights, source)
 
     def sampling_pipeline(self):
         """FluxPipeline fed our conditioning, with kohya's Flux prompt options
@@ -223,11 +239,6 @@ class FluxFamily(ModelFamily):
             raise ConfigError(
                 'train_mode = "unet": full fine-tuning of Flux.1 is not supported yet; use '
                 'train_mode = "lora"'
-            )
-        if not net.network_train_unet_only:
-            raise ConfigError(
-                "Flux.1: training the text encoders is not supported yet; set "
-                "network_train_unet_only = true"
             )
         if net.conv_dim is not None:
             raise ConfigError("conv_dim: Flux.1's transformer has no convolutions; remove it")
@@ -290,4 +301,6 @@ def flux_family(variant: str, flow) -> FluxFamily:
         changes["t5_max_length"] = int(flow.t5xxl_max_token_length)
     if flow.apply_t5_attn_mask:
         changes["t5_attention_mask"] = True
+    if flow.train_t5xxl:
+        changes["train_t5"] = True
     return dataclasses.replace(base, **changes) if changes else base
