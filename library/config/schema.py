@@ -83,7 +83,9 @@ class ModelSection(Section):
 
 class NetworkSection(Section):
     train_mode: Literal["lora", "unet"] = Field(
-        "lora", description='"lora" trains a LoRA adapter; "unet" fine-tunes every UNet weight.'
+        "lora",
+        description='"lora" trains a LoRA adapter; "unet" fine-tunes every weight of the '
+        "denoiser (the UNet, or FLUX.1's transformer).",
     )
     network_module: Literal["networks.lora", "networks.lora_flux"] = Field(
         "networks.lora",

@@ -79,11 +79,11 @@ def save_sizes(config, parts, ema: bool) -> SaveSizes:
         numbers = sum(saved_numbers(model) for model in parts.lora_models().values())
         weights, folder = numbers * itemsize, 0
     else:
-        modules = (components.denoiser, components.vae, *components.text_encoders)
+        modules = components.family.full_model_modules(components)
         weights = sum(_numel(m) for m in modules) * itemsize
         folder = 0
         if not components.is_single_file:
-            base = _folder_bytes(components.model_dir, skip="unet")
+            base = _folder_bytes(components.model_dir, skip=components.family.denoiser_subfolder)
             folder = base + _numel(components.denoiser) * itemsize + FILE_OVERHEAD
     # the optimizer state saved is the state held in memory: one table serves both estimates
     from library.training.memory_estimate import optimizer_state_bytes

@@ -259,6 +259,7 @@ def unet_metadata(config: Config, family: Family, run: RunInfo) -> dict[str, str
     keys["ss_unet_lr"] = _side_lr(config, config.network.unet_lr, True)
     if config.saving.no_metadata:
         keys = {k: keys[k] for k in ("ss_v2", "ss_base_model_version", "ss_session_id") if k in keys}
+    implementation = getattr(family, "checkpoint_implementation", ORIGINAL_LAYOUT)
     return _strings(keys) | _modelspec(
-        config, family.modelspec_architecture, family, run, ORIGINAL_LAYOUT
+        config, family.modelspec_architecture, family, run, implementation
     )

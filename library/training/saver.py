@@ -218,7 +218,8 @@ class Saver:
         components = self.parts.components
         write_checkpoint(path, components.denoiser, components, metadata, dtype)
         if folder and not components.is_single_file:
-            write_pipeline_folder(path.with_suffix(""), components.denoiser, components.model_dir, dtype)
+            subfolder = components.family.denoiser_subfolder
+            write_pipeline_folder(path.with_suffix(""), components.denoiser, components.model_dir, dtype, subfolder)
 
     def _metadata(self, global_step: int, final: bool) -> dict[str, str]:
         """Training metadata; with no_metadata the writers keep only what loaders need."""

@@ -7,7 +7,7 @@ for any run. Single-process runs happen in the pytest process itself, when first
 
 - equivalence runs ``eq-<mode>-<layout>``: 2 optimizer steps of 4 images as 2x2x1 (processes
   x accumulation x batch), 1x4x1, 1x1x4 or the guard 1x2x1, for UNet LoRA, UNet + text-encoder
-  LoRA, full UNet and Flux.1 LoRA (on a tiny Flux folder). The 2-process runs also switch on a DDP-side option per mode (gradient
+  LoRA, full UNet, and Flux.1 LoRA and full fine-tune (on a tiny Flux folder). The 2-process runs also switch on a DDP-side option per mode (gradient
   checkpointing, gradient_as_bucket_view); the single-process references run without it.
 - schedule runs: UNet + text-encoder LoRA, 4 optimizer steps under warmup + cosine: "sync"
   (2 processes x accumulation 4, buckets counted by a DDP hook, gradients recorded), "acc1"
@@ -54,8 +54,12 @@ MODES: dict[str, tuple[dict, list[str]]] = {
         ["--gradient_checkpointing"],
     ),
 }
+MODES["flux-full"] = (
+    {**MODES["flux-lora"][0], "train_mode": "unet", "learning_rate": 1e-3, "network_args": []},
+    ["--ddp_gradient_as_bucket_view"],
+)
 # Modes trained on another model than the tiny SD one: mode -> Runs attribute naming its folder.
-MODE_MODELS = {"flux-lora": "flux_dir"}
+MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir"}
 # layout name -> (processes, accumulation, batch)
 LAYOUTS = {"2x2x1": (2, 2, 1), "1x4x1": (1, 4, 1), "1x1x4": (1, 1, 4), "1x2x1": (1, 2, 1)}
 EQUIVALENCE_KEYS = {

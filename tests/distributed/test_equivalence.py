@@ -1,8 +1,8 @@
 """The same samples and seed give the same weights however they are spread over processes.
 
 2 processes x accumulation 2 x batch 1 (torchrun, gloo), 1 x 4 x 1 and 1 x 1 x 4 must write the
-same weights after 2 optimizer steps, for UNet LoRA, UNet + text-encoder LoRA, full UNet and
-Flux.1 LoRA; and
+same weights after 2 optimizer steps, for UNet LoRA, UNet + text-encoder LoRA, full UNet, Flux.1
+LoRA (transformer, CLIP-L, T5) and Flux.1 full fine-tune; and
 the loss logged per step must be the mean over every micro-batch of every rank.
 """
 
@@ -21,7 +21,7 @@ ATOL, RTOL = 1e-6, 1e-6
 # FLUX.1's T5 adapters sit after relative-position attention and RMS norms, whose float32 sums
 # differ by up to ~2e-6 between layouts after 2 steps (observed); a wrong reduction or a missed
 # sample still moves them by far more (test_another_effective_batch_gives_other_weights).
-MODE_ATOL = {"flux-lora": 5e-6}
+MODE_ATOL = {"flux-lora": 5e-6, "flux-full": 5e-6}
 LAUNCHES = [f"eq-{mode}-2x2x1" for mode in MODES]
 
 
@@ -39,10 +39,11 @@ def test_three_layouts_write_the_same_weights(runs, mode, tiny_model_dir):
     for rank in (0, 1):  # each process stepped its optimizer exactly twice
         assert len(ddp.rank(rank)["optimizer_lrs"]) == 2
     # the steps moved the weights (else equality would prove nothing)
-    if mode == "full-unet":  # the final save also writes a diffusers folder beside the file
-        unet = Path("unet") / "diffusion_pytorch_model.safetensors"
-        trained = tensors(ddp.out / "run" / unet)
-        assert _max_diff(trained, tensors(tiny_model_dir / unet)) > 50 * ATOL
+    if mode in ("full-unet", "flux-full"):  # the final save also writes a diffusers folder
+        sub, base = ("unet", tiny_model_dir) if mode == "full-unet" else ("transformer", runs.flux_dir)
+        denoiser = Path(sub) / "diffusion_pytorch_model.safetensors"
+        trained = tensors(ddp.out / "run" / denoiser)
+        assert _max_diff(trained, tensors(base / denoiser)) > 50 * atol
     else:
         ups = [v for k, v in weights.items() if k.endswith("lora_up.weight")]
         assert max(v.abs().max().item() for v in ups) > 100 * ATOL

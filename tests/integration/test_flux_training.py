@@ -1,10 +1,12 @@
-"""Flux.1 LoRA end to end through the CLI on tiny models: a diffusers folder and the single files
-users have (with fp8_base and fp8-stored files), cached text and latents, kohya's Flux names
-in the saved file, accumulation and resume equivalence."""
+"""FLUX.1 end to end through the CLI on tiny models: LoRA from a diffusers folder and from the
+single files users have (with fp8_base and fp8-stored files), cached text and latents, kohya's
+Flux names in the saved file, text-encoder adapters, a full fine-tune and its two outputs,
+accumulation and resume equivalence."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from library.models.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
@@ -73,6 +75,42 @@ def test_flux_lora_from_single_fp8_files_with_fp8_base(tmp_path, flux_files, ima
     assert train(config) == 0
     saved = tensors(out / "run.safetensors")
     assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv.") for k in saved)
+
+
+def test_full_fine_tune_saves_the_transformer_file_and_a_folder(tmp_path, flux_dir, images):
+    """train_mode = "unet" on FLUX.1: the transformer alone in Black Forest Labs' layout (what
+    users load as flux1-dev.safetensors) and, the base being a folder, a diffusers folder; both
+    hold the same trained weights, which diffusers' FluxPipeline and our loader read back."""
+    from diffusers import FluxPipeline
+
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.models.flux.original_keys import detect_flux
+    from library.models.loader import load_components
+
+    out = tmp_path / "out"
+    config = _config(tmp_path, flux_dir, images, out, max_train_steps=2, train_mode="unet",
+                     learning_rate=1e-4, network_module="networks.lora")  # fmt: skip
+    assert train(config) == 0
+    file = out / "run.safetensors"
+    with safe_open(str(file), "pt") as f:
+        keys, meta = list(f.keys()), f.metadata()
+    found = detect_flux(keys)
+    assert found is not None and found.layout == "original" and found.variant == "dev"
+    assert meta["modelspec.architecture"] == "flux-1-dev"
+    assert meta["modelspec.implementation"] == "https://github.com/black-forest-labs/flux"
+    folder = FluxPipeline.from_pretrained(out / "run").transformer.state_dict()
+    base = FluxPipeline.from_pretrained(flux_dir).transformer.state_dict()
+    assert any(not torch.equal(folder[k], base[k]) for k in base)  # it trained
+    parts = write_tiny_flux_files(tmp_path / "files", "dev", seed=0)  # the folder's CLIP/T5/AE
+    model = ModelSection(pretrained_model_name_or_path=str(file),
+                         tokenizer_path=str(parts["tokenizer"]))  # fmt: skip
+    flow = FlowSection(clip_l=str(parts["clip_l"]), t5xxl=str(parts["t5xxl"]),
+                       ae=str(parts["ae"]), t5_tokenizer_path=str(parts["t5_tokenizer"]))  # fmt: skip
+    loaded = load_components(model, torch.float32, flow).denoiser.state_dict()
+    assert loaded.keys() == folder.keys()
+    for key, value in folder.items():
+        torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
 
 
 def test_text_encoder_adapters_train_with_the_transformer(tmp_path, flux_dir, images):

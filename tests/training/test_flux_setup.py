@@ -139,7 +139,6 @@ def test_our_file_loads_back_as_network_weights(tmp_path):
 @pytest.mark.parametrize(
     "network,needle",
     [
-        ({"train_mode": "unet"}, "full fine-tuning"),
         ({"conv_dim": 4}, "conv_dim"),
     ],
 )

@@ -50,6 +50,9 @@ class ModelFamily:
     uses_pooled_text_embedding: bool = False
     uses_size_conditioning: bool = False
     lora_implementation: str = "diffusers"  # modelspec.implementation of a LoRA file
+    # modelspec.implementation of a full model file: the code whose key layout it uses.
+    checkpoint_implementation: str = "https://github.com/Stability-AI/generative-models"
+    denoiser_subfolder: str = "unet"  # the denoiser's subfolder in a diffusers model folder
     # scaling_factor of the family's released VAE. Training reads the loaded VAE's config; this
     # is what VAE configs we write (tiny models) carry.
     latent_scale: float = 0.18215
@@ -146,6 +149,15 @@ class ModelFamily:
     def checkpoint_layout(self):
         """How a full fine-tune is written as one original-layout file; ValueError if never."""
         raise ValueError(f"{self.name} models cannot be saved as one checkpoint file")
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype) -> None:
+        """A full fine-tune as the one file users load (atomically): the trained ``denoiser``
+        and whatever else of ``components`` the family's file holds."""
+        raise NotImplementedError(f"{self.name} does not define its full-model file")
+
+    def full_model_modules(self, components) -> tuple[torch.nn.Module, ...]:
+        """The modules a full-model file holds (what its size is reckoned from)."""
+        return (components.denoiser, components.vae, *components.text_encoders)
 
     def lora_tensors(self, models: Mapping[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
         """A LoRA file's tensors for the adapters of ``models`` (kohya prefix -> model), in

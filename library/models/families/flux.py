@@ -227,18 +227,35 @@ class FluxFamily(ModelFamily):
                 "guidance_scale: Flux.1 schnell has no guidance input; remove guidance_scale"
             )
 
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        """The trained transformer alone in Black Forest Labs' layout, as flux1-dev.safetensors
+        is distributed (ComfyUI's diffusion_models/, kohya's --pretrained_model_name_or_path),
+        with its diffusers config in the header (difftune.config.transformer) for exact
+        reloading; clip_l, t5xxl and ae stay the user's files."""
+        import json
+
+        from safetensors.torch import save_file
+
+        from library.models.checkpoint_parts import CONFIG_METADATA
+        from library.models.flux.original_keys import transformer_to_original
+        from library.saving.atomic import atomic_write_file
+
+        state = {k: v.detach().to("cpu", dtype) for k, v in denoiser.state_dict().items()}
+        tensors = {k: v.contiguous() for k, v in transformer_to_original(state).items()}
+        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
+        header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
+        atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=header))
+
+    def full_model_modules(self, components):
+        return (components.denoiser,)
+
     def check_training(self, config):
         net = config.network
-        if config.flow.split_qkv is None:
+        if net.train_mode == "lora" and config.flow.split_qkv is None:
             log.warning(
                 "Flux.1 LoRA: q, k and v (and single blocks' linear1 parts) get separate "
                 "adapters, as kohya's split_qkv=True; kohya's default shares one per fused "
                 "layer. The saved file has kohya's fused names either way"
-            )
-        if net.train_mode != "lora":
-            raise ConfigError(
-                'train_mode = "unet": full fine-tuning of Flux.1 is not supported yet; use '
-                'train_mode = "lora"'
             )
         if net.conv_dim is not None:
             raise ConfigError("conv_dim: Flux.1's transformer has no convolutions; remove it")
@@ -276,6 +293,8 @@ FLUX_DEV = FluxFamily(
     text_encoder_lora_prefixes=("lora_te1", "lora_te3"),
     uses_pooled_text_embedding=True,
     lora_implementation="https://github.com/black-forest-labs/flux",
+    checkpoint_implementation="https://github.com/black-forest-labs/flux",
+    denoiser_subfolder="transformer",
     latent_scale=0.3611,
     variant="dev",
     guidance_scale=3.5,

@@ -121,6 +121,13 @@ class SDFamily(ModelFamily):
             return LAYOUTS["sdxl"]
         return LAYOUTS["sd2" if self.v2 else "sd1"]
 
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        """One original-layout checkpoint: the trained UNet with the base VAE and text
+        encoders (A1111/Forge, ComfyUI)."""
+        from library.saving.checkpoint_export import export_full_unet_checkpoint
+
+        export_full_unet_checkpoint(path, denoiser, components, self, dtype, metadata)
+
     def check_training(self, config):
         if config.network.network_module == "networks.lora_flux":
             raise ConfigError(
