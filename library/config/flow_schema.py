@@ -48,6 +48,12 @@ class FlowSection(Section):
         "for q, k and v (and the other parts of fused layers). difftune always trains them "
         "separately; false (one shared adapter per fused layer) is not supported yet.",
     )
+    train_blocks: Literal["all", "single", "double"] | None = Field(
+        None,
+        description="kohya's networks.lora_flux argument (in network_args): which transformer "
+        "blocks get adapters, all, the 38 single-stream or the 19 double-stream ones. Unset: "
+        "all.",
+    )
     train_t5xxl: bool | None = Field(
         None,
         description="kohya's networks.lora_flux argument (in network_args): with the text "

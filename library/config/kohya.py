@@ -209,6 +209,7 @@ SUPPORTED_NETWORK_ARGS = (
     "loraplus_text_encoder_lr_ratio",
     "split_qkv",
     "train_t5xxl",
+    "train_blocks",
 )
 _NETWORK_ARG_REASONS = {
     **dict.fromkeys(

@@ -58,7 +58,7 @@ MODES["flux-full"] = (
     {**MODES["flux-lora"][0], "train_mode": "unet", "learning_rate": 1e-3, "network_args": []},
     ["--ddp_gradient_as_bucket_view"],
 )
-# Modes trained on another model than the tiny SD one: mode -> Runs attribute naming its folder.
+# Modes trained on another model than the tiny SD one: mode -> the Runs method giving its folder.
 MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir"}
 # layout name -> (processes, accumulation, batch)
 LAYOUTS = {"2x2x1": (2, 2, 1), "1x4x1": (1, 4, 1), "1x1x4": (1, 1, 4), "1x2x1": (1, 2, 1)}
@@ -124,7 +124,7 @@ class Runs:
         _, accumulation, batch = LAYOUTS[layout]
         model = {}
         if mode in MODE_MODELS:
-            model["pretrained_model_name_or_path"] = str(getattr(self, MODE_MODELS[mode]))
+            model["pretrained_model_name_or_path"] = str(getattr(self, MODE_MODELS[mode])())
         return self.config(
             f"eq-{mode}-{layout}",
             train_batch_size=batch,
@@ -134,11 +134,10 @@ class Runs:
             **model,
         )
 
-    @property
     def flux_dir(self) -> Path:
         """A tiny Flux.1 dev folder, written on first use."""
         folder = self.root / "tiny-flux"
-        with self._flux_lock:  # a launch thread and the test thread may both ask first
+        with self._flux_lock:  # written by start() first; the lock only guards a late first ask
             if not folder.is_dir():
                 from library.models.flux.tiny_files import write_tiny_flux_folder
 
@@ -213,6 +212,11 @@ class Runs:
 
     def start(self, names: list[str]) -> None:
         """Queue the launches among ``names`` (in order) without waiting for them."""
+        if any(mode in name for name in names for mode in MODE_MODELS):
+            # Written here, in the test thread, before any launch thread starts: building the
+            # tiny model seeds torch's process-wide generator, which an in-process run in this
+            # thread may be drawing from at the same moment.
+            self.flux_dir()
         launches = self._launches()
         for name in names:
             if name in launches and name not in self._launched:

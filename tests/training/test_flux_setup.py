@@ -136,6 +136,18 @@ def test_our_file_loads_back_as_network_weights(tmp_path):
         torch.testing.assert_close(reloaded[key], value, rtol=0, atol=1e-7)
 
 
+@pytest.mark.parametrize("blocks", ["single", "double"])
+def test_train_blocks_adapts_only_those_blocks(tmp_path, blocks):
+    """kohya's train_blocks network argument: adapters and saved names of those blocks only."""
+    c = tiny_flux_components(train_blocks=blocks)
+    parts = setup_training(_config(network_args=[f"train_blocks={blocks}"]), c)
+    paths = lora_layers(parts.components.denoiser)
+    inside = "single_transformer_blocks." if blocks == "single" else "transformer_blocks."
+    assert paths and all(p.startswith(inside) for p in paths)
+    names = {k.split(".")[0] for k in c.family.lora_tensors(parts.lora_models())}
+    assert names and all(n.startswith(f"lora_unet_{blocks}_blocks_") for n in names)
+
+
 @pytest.mark.parametrize(
     "network,needle",
     [

@@ -23,12 +23,10 @@ import torch
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import ModelFamily
+from library.models.flux.shapes import CLIP_MAX_LENGTH, T5_MAX_LENGTH
 
 log = logging.getLogger(__name__)
 
-# T5 tokens per caption when t5xxl_max_token_length is unset (kohya's defaults).
-T5_MAX_LENGTH = {"dev": 512, "schnell": 256}
-CLIP_LENGTH = 77
 PATCH = 2  # latents are packed 2x2 into tokens
 
 
@@ -38,11 +36,13 @@ class FluxFamily(ModelFamily):
 
     variant: str = "dev"
     guidance_scale: float = 3.5
+    # T5 tokens per caption: kohya's default of the variant unless t5xxl_max_token_length
     t5_max_length: int = 512
     # apply_t5_attn_mask: T5 and the transformer's attention ignore the caption's padding.
     t5_attention_mask: bool = False
     # With the text encoders training: T5 gets an adapter too (kohya's train_t5xxl).
     train_t5: bool = False
+    train_blocks: str = "all"  # kohya's train_blocks: "all", "single" or "double"
 
     def describe(self) -> str:
         guidance = f", guidance {self.guidance_scale:g}" if self.has_guidance else ""
@@ -71,7 +71,7 @@ class FluxFamily(ModelFamily):
         clip_ids = clip_tokenizer(
             captions,
             padding="max_length",
-            max_length=CLIP_LENGTH,
+            max_length=CLIP_MAX_LENGTH,
             truncation=True,
             return_tensors="pt",
         ).input_ids.to(device)
@@ -144,16 +144,11 @@ class FluxFamily(ModelFamily):
         return index == 0 or self.train_t5
 
     def adapter_targets(self, module, role, conv):
-        from library.networks.flux_keys import (
-            T5,
-            target_paths,
-            text_encoder_modules,
-            transformer_modules,
-        )
+        from library.networks.flux_keys import T5, target_paths, text_encoder_modules
         from library.networks.targets import default_targets
 
         if role == "unet":
-            return dict.fromkeys(target_paths(transformer_modules(module)), "linear")
+            return dict.fromkeys(target_paths(self._transformer_modules(module)), "linear")
         if type(module).__name__ == "T5EncoderModel":
             return dict.fromkeys(target_paths(text_encoder_modules(module, T5)), "linear")
         return default_targets(module, "text_encoder", conv=False)  # CLIP-L, as for SD
@@ -162,21 +157,23 @@ class FluxFamily(ModelFamily):
         """The transformer in kohya's Flux names (fused layers); CLIP-L (lora_te1_) and T5
         (lora_te3_) in kohya's plain names, as for SD."""
         from library.networks import kohya_keys
-        from library.networks.flux_keys import adapter_weights, export_lora, transformer_modules
+        from library.networks.flux_keys import adapter_weights, export_lora
 
         tensors = kohya_keys.export_lora({p: m for p, m in models.items() if p != kohya_keys.UNET})
         if kohya_keys.UNET in models:
             plain = kohya_keys.unwrap(models[kohya_keys.UNET])
-            tensors.update(export_lora(transformer_modules(plain), adapter_weights(plain)))
+            tensors.update(export_lora(self._transformer_modules(plain), adapter_weights(plain)))
         return tensors
+
+    def _transformer_modules(self, transformer):
+        """kohya's modules of the transformer that this run adapts (train_blocks)."""
+        from library.networks.flux_keys import transformer_modules
+
+        return transformer_modules(transformer, train_blocks=self.train_blocks)
 
     def load_lora_tensors(self, models, tensors, source):
         from library.networks import kohya_keys
-        from library.networks.flux_keys import (
-            import_lora,
-            load_adapter_weights,
-            transformer_modules,
-        )
+        from library.networks.flux_keys import import_lora, load_adapter_weights
 
         transformer = {k: v for k, v in tensors.items() if k.startswith("lora_unet_")}
         text = {k: v for k, v in tensors.items() if k not in transformer}
@@ -185,7 +182,7 @@ class FluxFamily(ModelFamily):
             kohya_keys.import_lora(text_models, text, source, self.text_encoder_lora_prefixes)
         if kohya_keys.UNET in models:
             plain = kohya_keys.unwrap(models[kohya_keys.UNET])
-            weights = import_lora(transformer_modules(plain), transformer, source)
+            weights = import_lora(self._transformer_modules(plain), transformer, source)
             load_adapter_weights(plain, weights, source)
         elif transformer:
             raise ConfigError(
@@ -322,4 +319,6 @@ def flux_family(variant: str, flow) -> FluxFamily:
         changes["t5_attention_mask"] = True
     if flow.train_t5xxl:
         changes["train_t5"] = True
+    if flow.train_blocks is not None:
+        changes["train_blocks"] = flow.train_blocks
     return dataclasses.replace(base, **changes) if changes else base
