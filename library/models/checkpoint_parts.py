@@ -122,11 +122,27 @@ def text_builder(tower: TextTower) -> Callable[[dict], torch.nn.Module]:
 # --- planning ------------------------------------------------------------------------------
 
 
-def _empty(build: Callable[[dict], torch.nn.Module], config: dict) -> torch.nn.Module:
+def empty_module(build: Callable[[dict], torch.nn.Module], config: dict) -> torch.nn.Module:
+    """``build(config)`` with its weights on the meta device (shapes only, no memory)."""
     from accelerate import init_empty_weights
 
     with init_empty_weights():
         return build(config)
+
+
+def shapes_problem(expected: dict, got: dict, what: str) -> str | None:
+    """None when ``got`` (name -> shape) has exactly ``expected``'s names and shapes, else why
+    not; ``what`` names the module in the message."""
+    missing = sorted(set(expected) - set(got))
+    if missing:
+        return f"{len(missing)} weights of the {what} are not in the file (e.g. {missing[0]})"
+    extra = sorted(set(got) - set(expected))
+    if extra:
+        return f"{len(extra)} tensors of the file do not belong to the {what} (e.g. {extra[0]})"
+    for key, shape in expected.items():
+        if tuple(got[key]) != tuple(shape):
+            return f"{key} has shape {tuple(got[key])} in the file, the {what} needs {tuple(shape)}"
+    return None
 
 
 def _fit_problem(
@@ -135,7 +151,7 @@ def _fit_problem(
     """None when ``config`` holds exactly the file's tensors (by name and shape), else why not."""
     stripped = {k[len(prefix) :]: torch.empty(file.shape(k), device="meta") for k in keys}
     try:
-        module = _empty(build, config)
+        module = empty_module(build, config)
         converted, unplaced = convert(stripped, config)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         return f"the config does not build ({exc})"
@@ -143,18 +159,7 @@ def _fit_problem(
         return f"{len(unplaced)} tensors have no place in it (e.g. {prefix}{unplaced[0]})"
     converted = names.fit_text_model_prefix(converted, module)
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    missing = sorted(set(expected) - set(converted))
-    if missing:
-        return f"{len(missing)} of its weights are not in the file (e.g. {missing[0]})"
-    extra = sorted(set(converted) - set(expected))
-    if extra:
-        return f"{len(extra)} tensors of the file are not in it (e.g. {extra[0]})"
-    for key, shape in expected.items():
-        if tuple(converted[key].shape) != shape:
-            return (
-                f"{key} has shape {tuple(converted[key].shape)} in the file, {shape} in the config"
-            )
-    return None
+    return shapes_problem(expected, {k: tuple(v.shape) for k, v in converted.items()}, "model")
 
 
 def plan_part(
@@ -200,7 +205,7 @@ def load_part(file: CheckpointFile, plan: PartPlan, dtype: torch.dtype) -> torch
     state = {k[len(plan.prefix) :]: file.tensor(k).to(dtype) for k in plan.keys}
     converted, _ = plan.convert(state, plan.config)
     del state
-    module = _empty(plan.build, plan.config)
+    module = empty_module(plan.build, plan.config)
     converted = names.fit_text_model_prefix(converted, module)
     module.load_state_dict(converted, strict=True, assign=True)
     floats = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]

@@ -31,7 +31,7 @@ from library.errors import ModelError
 from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
-from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
 from library.models.flux import shapes as flux_shapes
 from library.models.flux.original_keys import (
     FluxKeys,
@@ -512,32 +512,16 @@ def _config_for(
     return plan
 
 
-def _empty(build: Callable[[dict], torch.nn.Module], config: dict) -> torch.nn.Module:
-    from accelerate import init_empty_weights
-
-    with init_empty_weights():
-        return build(config)
-
-
 def _fit_problem(plan: _Plan) -> str | None:
     """None when the plan's module holds exactly the file's tensors (names and shapes)."""
     try:
-        module = _empty(plan.build, plan.config)
+        module = empty_module(plan.build, plan.config)
         got = convert_shapes(plan.convert, {k: plan.file.shape(k) for k in plan.keys})
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         return f"cannot build the {plan.part} from it ({one_line(exc)})"
     got = names.fit_text_model_prefix(got, module) if plan.part == "text_encoder" else got
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    missing = sorted(set(expected) - set(got))
-    if missing:
-        return f"{len(missing)} {plan.part} weights are not in the file (e.g. {missing[0]})"
-    extra = sorted(set(got) - set(expected))
-    if extra:
-        return f"{len(extra)} tensors do not belong to a FLUX.1 {plan.part} (e.g. {extra[0]})"
-    for key, shape in expected.items():
-        if tuple(got[key]) != shape:
-            return f"{key} has shape {tuple(got[key])}, the model needs {shape}"
-    return None
+    return shapes_problem(expected, got, f"FLUX.1 {plan.part}")
 
 
 def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -562,7 +546,7 @@ def _load_plan(plan: _Plan, dtype: torch.dtype) -> torch.nn.Module:
     for keys in groups.values():
         converted = plan.convert({k: plan.file.tensor(k).to(dtype) for k in keys})
         state.update(_unshared(converted) if plan.group else converted)
-    module = _empty(plan.build, plan.config)
+    module = empty_module(plan.build, plan.config)
     if plan.part == "text_encoder":
         state = names.fit_text_model_prefix(state, module)
     try:
