@@ -53,3 +53,16 @@ def store_in_float8(module: nn.Module, compute_dtype: torch.dtype) -> int:
         layer.compute_dtype = compute_dtype
         count += 1
     return count
+
+
+def keep_out_of_ddp(module: nn.Module) -> list[str]:
+    """Tell DistributedDataParallel to leave ``module``'s float8 weights alone; returns their
+    names. They are frozen and equal on every process (read from the same files), and DDP's
+    start-up broadcast of parameters cannot carry float8 on every backend (gloo refuses it).
+    Call after adapters are injected (they rename the wrapped layers' weights)."""
+    names = [n for n, p in module.named_parameters() if p.dtype == FLOAT8]
+    if names:
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            module, names
+        )
+    return names

@@ -22,6 +22,7 @@ from library.data.dataset import TrainData
 from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
 from library.errors import CheckpointError, TrainingError
+from library.models.float8 import keep_out_of_ddp
 from library.models.loader import load_components
 from library.networks.max_norm import apply_max_norm
 from library.sampling.runner import SampleRunner
@@ -311,6 +312,8 @@ class Trainer:
         for module in (comps.denoiser, comps.vae, *comps.text_encoders):
             module.to(acc.device)
         names = [name for name, _ in parts.trained_modules()]
+        for _, module in parts.trained_modules():
+            keep_out_of_ddp(module)  # fp8_base weights: frozen, and not every backend sends float8
         prepared = acc.prepare(*[module for _, module in parts.trained_modules()])
         prepared = list(prepared) if isinstance(prepared, tuple) else [prepared]
         self._prepared = dict(zip(names, prepared, strict=True))

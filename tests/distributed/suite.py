@@ -41,11 +41,13 @@ MODES: dict[str, tuple[dict, list[str]]] = {
     "unet-lora": ({"network_train_unet_only": True}, []),
     "unet+te-lora": ({}, ["--gradient_checkpointing"]),
     "full-unet": ({"train_mode": "unet", "learning_rate": 1e-4}, ["--ddp_gradient_as_bucket_view"]),
-    # Flux.1 LoRA (transformer, CLIP-L and T5) on the tiny Flux folder (Runs.flux_dir).
+    # Flux.1 LoRA (transformer, CLIP-L and T5) on the tiny Flux folder (Runs.flux_dir), with its
+    # frozen weights in float8 (fp8_base): DDP must leave them out of its start-up broadcast.
     "flux-lora": (
         {
             "network_module": "networks.lora_flux",
             "network_args": ["train_t5xxl=True"],
+            "fp8_base": True,
             "timestep_sampling": "shift",
             "model_prediction_type": "raw",
             "guidance_scale": 1.0,
@@ -55,7 +57,8 @@ MODES: dict[str, tuple[dict, list[str]]] = {
     ),
 }
 MODES["flux-full"] = (
-    {**MODES["flux-lora"][0], "train_mode": "unet", "learning_rate": 1e-3, "network_args": []},
+    {**MODES["flux-lora"][0], "train_mode": "unet", "learning_rate": 1e-3, "network_args": [],
+     "fp8_base": False},
     ["--ddp_gradient_as_bucket_view"],
 )
 # Modes trained on another model than the tiny SD one: mode -> the Runs method giving its folder.
