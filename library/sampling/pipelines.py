@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 import torch
 
 from library.models.conditioning import Conditioning
+from library.sampling.samplers import DEFAULT_SAMPLER
 
 # The classifier-free guidance scale of a prompt that gives none (SD's usual 7.5).
 DEFAULT_CFG_SCALE = 7.5
 
 
 def guided_inputs(cond: Conditioning, prompt) -> dict:
-    """SD's and SDXL's call keywords for one prompt: the embeddings (``pipeline_inputs``) and
-    the prompt's classifier-free guidance scale."""
-    scale = prompt.scale if prompt.scale is not None else DEFAULT_CFG_SCALE
-    return pipeline_inputs(cond) | {"guidance_scale": scale}
+    """SD's and SDXL's call keywords for one (completed) prompt: the embeddings
+    (``pipeline_inputs``) and the prompt's classifier-free guidance scale."""
+    return pipeline_inputs(cond) | {"guidance_scale": prompt.scale}
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class PipelineKind:
     call_inputs: Callable[[Conditioning, object], dict] = guided_inputs
     # SamplePrompt fields a prompt left unset (None) -> the model's default for them.
     prompt_defaults: dict = field(
-        default_factory=lambda: {"scale": DEFAULT_CFG_SCALE, "sampler": "ddim"}
+        default_factory=lambda: {"scale": DEFAULT_CFG_SCALE, "sampler": DEFAULT_SAMPLER}
     )
 
     def complete(self, prompt):
