@@ -111,3 +111,16 @@ def test_text_encoder_lr_list_longer_than_the_encoders_is_refused(tiny_model_dir
     config = _config(tiny_model_dir, text_encoder_lr=[1e-5, 2e-5])
     with pytest.raises(ConfigError, match="text_encoder_lr has 2 rates but the model has 1"):
         setup_training(config, load_components(config.model, torch.float32))
+
+
+def test_flux_keys_are_refused_on_an_sd_model(tiny_model_dir):
+    """[flow] keys and networks.lora_flux would change nothing on an SD model: refused by name."""
+    from library.config.flow_schema import FlowSection
+    from library.errors import ConfigError
+
+    model = _config(tiny_model_dir).model
+    with pytest.raises(ConfigError, match="timestep_sampling is a flow-matching"):
+        load_components(model, torch.float32, FlowSection(timestep_sampling="shift"))
+    config = _config(tiny_model_dir, network_module="networks.lora_flux")
+    with pytest.raises(ConfigError, match='"networks.lora_flux" is for Flux.1'):
+        setup_training(config, load_components(config.model, torch.float32))
