@@ -102,7 +102,7 @@ def load_single_file(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: 
         if channels != 4:
             raise ModelError(
                 f"{path}: the UNet takes {channels} input channels (an inpainting or depth "
-                "model?); only text-to-image models with 4 latent channels can be trained"
+                "model?); only text-to-image SD UNets (4 latent channels) can be trained"
             )
         tokenizers = [
             load_tokenizer_for(

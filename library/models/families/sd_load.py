@@ -134,7 +134,7 @@ def _refuse_unsupported(model_dir: Path, unet_config: dict, index: dict) -> bool
     if channels != 4:
         raise ModelError(
             f"{model_dir / 'unet'} takes {channels} input channels (an inpainting or depth "
-            "model?); only text-to-image models with 4 latent channels can be trained"
+            "model?); only text-to-image SD UNets (4 latent channels) can be trained"
         )
     return sdxl
 
