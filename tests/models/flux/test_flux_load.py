@@ -485,8 +485,12 @@ def test_full_size_files_plan_the_published_configs(tmp_path):
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     from library.models import original_names as names
-    from library.models.families import flux_load
-    from library.models.flux.original_keys import ae_to_original, transformer_to_original
+    from library.models.families import flux_files
+    from library.models.flux.original_keys import (
+        ae_to_original,
+        detect_flux,
+        transformer_to_original,
+    )
 
     def file(state) -> CheckpointFile:
         return CheckpointFile(tmp_path / "meta.safetensors", tensors=dict(state))
@@ -501,14 +505,14 @@ def test_full_size_files_plan_the_published_configs(tmp_path):
         }
     for variant in shapes.VARIANTS:
         original = file(transformer_to_original(built[variant].state_dict()))
-        found = flux_load.detect_flux(original.keys())
-        plan = flux_load._plan_transformer(original, found)
+        found = detect_flux(original.keys())
+        plan = flux_files.plan_transformer(original, found)
         assert plan.config == shapes.transformer_config(variant)
     clip_state = names.with_text_model_prefix(built["clip"].state_dict())
-    assert flux_load._plan_clip(file(clip_state)).config == shapes.clip_l_config()
+    assert flux_files.plan_clip(file(clip_state)).config == shapes.clip_l_config()
     t5_state = {
         k: v for k, v in built["t5"].state_dict().items() if not k.startswith("encoder.embed")
     }
-    assert flux_load._plan_t5(file(t5_state)).config == shapes.t5_xxl_config()
+    assert flux_files.plan_t5(file(t5_state)).config == shapes.t5_xxl_config()
     ae_state = ae_to_original(built["ae"].state_dict())
-    assert flux_load._plan_ae(file(ae_state)).config == shapes.ae_config()
+    assert flux_files.plan_ae(file(ae_state)).config == shapes.ae_config()
