@@ -258,3 +258,27 @@ def one_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = lines[0] if lines else type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def read_tokenizer(cls, folder: Path, needs: str, what: str = "tokenizer"):
+    """``cls.from_pretrained(folder)`` offline; ModelError naming ``what`` and the folder, and
+    the files such a tokenizer folder ``needs``, when it cannot be read."""
+    try:
+        return cls.from_pretrained(str(folder), local_files_only=True)
+    except LOAD_ERRORS + (TypeError,) as exc:
+        raise ModelError(
+            f"cannot load the {what} in {folder}: {one_line(exc)}; it needs {needs}"
+        ) from None
+
+
+def load_clip_tokenizer(folder: Path, max_positions: int):
+    """The CLIP tokenizer in ``folder``, its length capped at the encoder's position table."""
+    from transformers import CLIPTokenizer
+
+    tokenizer = read_tokenizer(CLIPTokenizer, folder, "vocab.json and merges.txt (or tokenizer.json)")
+    # A folder without tokenizer_config.json leaves model_max_length "unlimited"; the text
+    # encoder's position table is the real limit (77 for SD and FLUX.1's CLIP-L).
+    if tokenizer.model_max_length > max_positions:
+        tokenizer.model_max_length = max_positions
+    return tokenizer
+

@@ -18,7 +18,7 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.flux_tokenizers import (
-    load_clip_tokenizer,
+    load_flux_clip_tokenizer,
     load_t5_tokenizer,
     t5_tokenizer_files,
 )
@@ -195,7 +195,7 @@ def _load_folder(path: Path, weight_dtype: torch.dtype, vae_dtype: torch.dtype) 
     }
     with offline():
         # Tokenizers first: a broken one fails in a second, not after the weights.
-        clip_tokenizer = load_clip_tokenizer(model_dir / "tokenizer", clip_config)
+        clip_tokenizer = load_flux_clip_tokenizer(model_dir / "tokenizer", clip_config)
         t5_tokenizer = load_t5_tokenizer(t5_tokenizer_dir, t5_config["vocab_size"])
         transformer, vae, clip_l, t5 = (
             load_weights(cls, model_dir, sub, dtype, _STEMS[sub])

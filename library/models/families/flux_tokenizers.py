@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 
 from library.errors import ModelError
-from library.models.loader import LOAD_ERRORS, one_line
+from library.models.loader import load_clip_tokenizer, read_tokenizer
 
 # (repo id, subfolder) whose T5 tokenizer fits FLUX.1, for tokenizer_cache_dir and the Hub cache.
 _T5_REPOS = (
@@ -21,21 +21,10 @@ _T5_REPOS = (
 )
 
 
-def load_clip_tokenizer(folder: Path, config: dict):
-    from transformers import CLIPTokenizer
-
-    try:
-        tokenizer = CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except LOAD_ERRORS + (TypeError,) as exc:
-        raise ModelError(
-            f"cannot load the tokenizer in {folder}: {one_line(exc)}; it needs vocab.json and "
-            "merges.txt (or tokenizer.json)"
-        ) from None
+def load_flux_clip_tokenizer(folder: Path, config: dict):
+    """CLIP-L's tokenizer in ``folder``, checked against the encoder ``config``'s vocabulary."""
+    tokenizer = load_clip_tokenizer(folder, config["max_position_embeddings"])
     check_vocab(folder, tokenizer, config["vocab_size"], "CLIP-L")
-    # As for SD: a folder without tokenizer_config.json leaves model_max_length "unlimited".
-    positions = config["max_position_embeddings"]
-    if tokenizer.model_max_length > positions:
-        tokenizer.model_max_length = positions
     return tokenizer
 
 
@@ -102,13 +91,8 @@ def find_t5_tokenizer_folder(
 def load_t5_tokenizer(folder: Path, rows: int):
     from transformers import T5TokenizerFast
 
-    try:
-        tokenizer = T5TokenizerFast.from_pretrained(str(folder), local_files_only=True)
-    except LOAD_ERRORS + (TypeError,) as exc:
-        raise ModelError(
-            f"cannot load the T5 tokenizer in {folder}: {one_line(exc)}; it needs "
-            "tokenizer.json (as FLUX.1's tokenizer_2/ has)"
-        ) from None
+    needs = "tokenizer.json (as FLUX.1's tokenizer_2/ has)"
+    tokenizer = read_tokenizer(T5TokenizerFast, folder, needs, "T5 tokenizer")
     check_vocab(folder, tokenizer, rows, "T5")
     if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
         raise ModelError(

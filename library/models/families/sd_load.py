@@ -15,11 +15,10 @@ from library.errors import ModelError
 from library.models.families.base import ModelFamily
 from library.models.families.sd import detect_family
 from library.models.loader import (
-    LOAD_ERRORS,
     Components,
+    load_clip_tokenizer,
     load_weights,
     offline,
-    one_line,
     read_json,
     resolve_model_dir,
 )
@@ -72,12 +71,12 @@ def load_sd_folder(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: to
         unet = load_weights(UNet2DConditionModel, model_dir, "unet", weight_dtype)
         vae = load_weights(AutoencoderKL, model_dir, "vae", vae_dtype)
         text_encoder = load_weights(CLIPTextModel, model_dir, "text_encoder", weight_dtype)
-        tokenizer = _load_tokenizer(model_dir / "tokenizer", text_encoder)
+        tokenizer = load_clip_tokenizer(model_dir / "tokenizer", text_encoder.config.max_position_embeddings)
         if sdxl:
             encoder_2 = load_weights(
                 CLIPTextModelWithProjection, model_dir, "text_encoder_2", weight_dtype
             )
-            second = (encoder_2, _load_tokenizer(model_dir / "tokenizer_2", encoder_2))
+            second = (encoder_2, load_clip_tokenizer(model_dir / "tokenizer_2", encoder_2.config.max_position_embeddings))
     modules = (unet, vae, text_encoder, *(second[:1] if second else ()))
     for module in modules:
         module.requires_grad_(False)
@@ -137,21 +136,3 @@ def _refuse_unsupported(model_dir: Path, unet_config: dict, index: dict) -> bool
             "model?); only text-to-image SD UNets (4 latent channels) can be trained"
         )
     return sdxl
-
-
-def _load_tokenizer(folder: Path, text_encoder: torch.nn.Module):
-    from transformers import CLIPTokenizer
-
-    try:
-        tokenizer = CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except LOAD_ERRORS + (TypeError,) as exc:
-        raise ModelError(
-            f"cannot load the tokenizer in {folder}: {one_line(exc)}; it needs vocab.json and "
-            "merges.txt (or tokenizer.json)"
-        ) from None
-    # A folder without tokenizer_config.json leaves model_max_length "unlimited"; the text
-    # encoder's position table is the real limit (77 for SD).
-    positions = text_encoder.config.max_position_embeddings
-    if tokenizer.model_max_length > positions:
-        tokenizer.model_max_length = positions
-    return tokenizer
