@@ -1,4 +1,4 @@
-"""The [flow] section: flow-matching models (Flux.1) in kohya's vocabulary.
+"""The [flow] section: flow-matching models (Flux.1, SD3/SD3.5) in kohya's vocabulary.
 
 Every key is unset by default. A flow-matching model fills the unset ones with kohya's defaults
 (library.training.objectives.FlowOptions); a DDPM model (SD 1.x/2.x/SDXL) refuses any that is
@@ -19,17 +19,24 @@ ModelPredictionType = Literal["raw", "additive", "sigma_scaled"]
 
 
 class FlowSection(Section):
-    """Flux.1's separate component files and the flow-matching training options."""
+    """Flux.1's and SD3's separate component files and the flow-matching training options."""
 
     clip_l: str | None = Field(
         None,
-        description="Flux.1 given as a single transformer file: the CLIP-L text encoder file "
-        "(.safetensors, transformers' key names, as kohya and ComfyUI distribute clip_l).",
+        description="Flux.1 or SD3 given as a single model file: the CLIP-L text encoder file "
+        "(.safetensors, transformers' key names, as kohya and ComfyUI distribute clip_l). SD3: "
+        "unset takes it from the model file.",
+    )
+    clip_g: str | None = Field(
+        None,
+        description="SD3 given as a single model file: the CLIP-G text encoder file "
+        "(.safetensors, transformers' key names). Unset: from the model file.",
     )
     t5xxl: str | None = Field(
         None,
-        description="Flux.1 given as a single transformer file: the T5-XXL encoder file "
-        "(.safetensors, transformers' T5EncoderModel key names; bf16, fp16 or fp8-stored).",
+        description="Flux.1 or SD3 given as a single model file: the T5-XXL encoder file "
+        "(.safetensors, transformers' T5EncoderModel key names; bf16, fp16 or fp8-stored). SD3: "
+        "unset takes it from the model file.",
     )
     ae: str | None = Field(
         None,
@@ -44,9 +51,9 @@ class FlowSection(Section):
     )
     split_qkv: bool | None = Field(
         None,
-        description="kohya's networks.lora_flux argument (in network_args): separate adapters "
-        "for q, k and v (and the other parts of fused layers). difftune always trains them "
-        "separately; false (one shared adapter per fused layer) is not supported yet.",
+        description="kohya's networks.lora_flux / lora_sd3 argument (in network_args): separate "
+        "adapters for q, k and v (and the other parts of fused layers). difftune always trains "
+        "them separately; false (one shared adapter per fused layer) is not supported yet.",
     )
     train_blocks: Literal["all", "single", "double"] | None = Field(
         None,
@@ -56,9 +63,9 @@ class FlowSection(Section):
     )
     train_t5xxl: bool | None = Field(
         None,
-        description="kohya's networks.lora_flux argument (in network_args): with the text "
-        "encoders training, also give T5-XXL an adapter (lora_te3_ names). Unset: false, CLIP-L "
-        "only, as kohya.",
+        description="kohya's networks.lora_flux / lora_sd3 argument (in network_args): with the "
+        "text encoders training, also give T5-XXL an adapter (lora_te3_ names). Unset: false, "
+        "the CLIP encoders only, as kohya.",
     )
     model_type: Literal["flux"] | None = Field(
         None, description='kohya\'s model_type; "flux" (Chroma is not supported yet).'
@@ -67,12 +74,47 @@ class FlowSection(Section):
         None,
         ge=1,
         le=512,
-        description="T5 tokens per caption. Unset: 512 for Flux.1 dev, 256 for schnell.",
+        description="T5 tokens per caption. Unset: 512 for Flux.1 dev, 256 for schnell and SD3.",
     )
     apply_t5_attn_mask: bool | None = Field(
         None,
-        description="Mask T5's padding tokens in the T5 encoder and the transformer's attention. "
-        "Unset: false.",
+        description="Mask T5's padding tokens in the T5 encoder (Flux.1: and in the "
+        "transformer's attention). Unset: false.",
+    )
+    apply_lg_attn_mask: bool | None = Field(
+        None,
+        description="SD3: mask the caption's padding tokens inside CLIP-L and CLIP-G. Unset: false.",
+    )
+    clip_l_dropout_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="SD3: the share of samples whose CLIP-L output (hidden states and pooled) is "
+        "replaced by zeros, drawn per sample. Unset: 0.",
+    )
+    clip_g_dropout_rate: float | None = Field(
+        None, ge=0, le=1, description="SD3: the same for CLIP-G. Unset: 0."
+    )
+    t5_dropout_rate: float | None = Field(
+        None, ge=0, le=1, description="SD3: the same for T5-XXL's hidden states. Unset: 0."
+    )
+    training_shift: float | None = Field(
+        None,
+        gt=0,
+        description="SD3: shift s of the drawn noise level, u -> s*u / (1 + (s-1)*u), after "
+        "weighting_scheme's density; above 1 trains more on noisy levels. Unset: 1.",
+    )
+    enable_scaled_pos_embed: bool | None = Field(
+        None,
+        description="kohya's SD3.5 Medium option (position embeddings rescaled per bucket "
+        "size); not supported yet, only false is accepted.",
+    )
+    pos_emb_random_crop_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="kohya's SD3.5 Medium option (position embeddings cropped at random "
+        "offsets); not supported yet, only 0 is accepted.",
     )
     guidance_scale: float | None = Field(
         None,
@@ -105,8 +147,9 @@ class FlowSection(Section):
     )
     weighting_scheme: WeightingScheme | None = Field(
         None,
-        description="Density of the sigma draw (timestep_sampling sigma: logit_normal, mode, "
-        "uniform) and loss weight of sigma_scaled (sigma_sqrt, cosmap). Unset: uniform.",
+        description="Density of the sigma draw (Flux.1's timestep_sampling sigma, and SD3: "
+        "logit_normal, mode, uniform) and loss weight of sigma_scaled and SD3 (sigma_sqrt, "
+        "cosmap). Unset: uniform.",
     )
     logit_mean: float | None = Field(
         None, description="Mean of weighting_scheme logit_normal. Unset: 0."
@@ -117,3 +160,37 @@ class FlowSection(Section):
     mode_scale: float | None = Field(
         None, description="Scale of weighting_scheme mode. Unset: 1.29."
     )
+
+
+# The flow-matching families each [flow] key means something for; a family refuses the others
+# by name (they would change nothing). Keys not listed apply to every flow-matching family.
+_ONLY_FOR = {
+    "ae": ("flux",),
+    "train_blocks": ("flux",),
+    "model_type": ("flux",),
+    "guidance_scale": ("flux",),
+    "timestep_sampling": ("flux",),
+    "sigmoid_scale": ("flux",),
+    "discrete_flow_shift": ("flux",),
+    "model_prediction_type": ("flux",),
+    "clip_g": ("sd3",),
+    "apply_lg_attn_mask": ("sd3",),
+    "clip_l_dropout_rate": ("sd3",),
+    "clip_g_dropout_rate": ("sd3",),
+    "t5_dropout_rate": ("sd3",),
+    "training_shift": ("sd3",),
+    "enable_scaled_pos_embed": ("sd3",),
+    "pos_emb_random_crop_rate": ("sd3",),
+}
+_FAMILY_NAMES = {"flux": "Flux.1", "sd3": "SD3"}
+
+
+def foreign_key(flow: FlowSection, kind: str) -> str | None:
+    """The first set [flow] key that applies only to other families than ``kind`` ("flux",
+    "sd3"), as a one-line problem with its fix; None when every set key applies."""
+    for key in type(flow).model_fields:
+        owners = _ONLY_FOR.get(key)
+        if owners and kind not in owners and getattr(flow, key) is not None:
+            names = " and ".join(_FAMILY_NAMES[o] for o in owners)
+            return f"{key} applies to {names} models, not {_FAMILY_NAMES[kind]}; remove it"
+    return None

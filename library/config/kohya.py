@@ -134,6 +134,11 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "text encoders run at the training batch size; this changes no result",
         ignored=True,
     ),
+    # kohya's SD3 arguments its own help marks "[DOES NOT WORK]"; the GUI writes them anyway
+    # (t5xxl_dtype = "bf16" by default).
+    **_group("save_clip save_t5xxl", "sd-scripts does not implement it", (False,), ignored=True),
+    "t5xxl_device": Unsupported("sd-scripts does not implement it", ("",), ignored=True),
+    "t5xxl_dtype": Unsupported("sd-scripts does not implement it", ("", "bf16"), ignored=True),
 }
 
 # kohya's misspellings and old names that mean one of our keys.
@@ -227,6 +232,32 @@ _NETWORK_ARG_REASONS = {
             "conv_block_alphas",
         ],
         "per-block ranks and learning rates are planned",
+    ),
+    **dict.fromkeys(
+        [
+            # networks.lora_flux
+            "img_attn_dim",
+            "txt_attn_dim",
+            "img_mlp_dim",
+            "txt_mlp_dim",
+            "img_mod_dim",
+            "txt_mod_dim",
+            "single_dim",
+            "single_mod_dim",
+            "in_dims",
+            "train_double_block_indices",
+            "train_single_block_indices",
+            # networks.lora_sd3
+            "context_attn_dim",
+            "context_mlp_dim",
+            "context_mod_dim",
+            "x_attn_dim",
+            "x_mlp_dim",
+            "x_mod_dim",
+            "emb_dims",
+            "train_block_indices",
+        ],
+        "per-layer ranks and block selection of kohya's Flux.1 / SD3 networks are planned",
     ),
     **dict.fromkeys(
         [

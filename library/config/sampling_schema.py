@@ -54,7 +54,8 @@ class SamplingSection(Section):
     sample_sampler: SamplerName | None = Field(
         None,
         description="Sampler of prompts without --ss (kohya's names). Unset: ddim for SD "
-        "models, euler for FLUX.1 (the only sampler of flow-matching models here).",
+        "models, euler for FLUX.1 and SD3 (flow-matching models sample with Euler only; another "
+        "name samples with Euler and a warning, as sd-scripts does).",
     )
     sample_width: int = Field(
         512,
@@ -75,7 +76,7 @@ class SamplingSection(Section):
         None,
         ge=0,
         description="Classifier-free guidance scale of prompts without --l. Unset: 7.5 for SD "
-        "models, 1 (no CFG; FLUX.1 dev uses its distilled guidance, --g) for FLUX.1.",
+        "and SD3 models, 1 (no CFG; FLUX.1 dev uses its distilled guidance, --g) for FLUX.1.",
     )
     sample_seed: int | None = Field(
         None,

@@ -87,10 +87,11 @@ class NetworkSection(Section):
         description='"lora" trains a LoRA adapter; "unet" fine-tunes every weight of the '
         "denoiser (the UNet, or FLUX.1's transformer).",
     )
-    network_module: Literal["networks.lora", "networks.lora_flux"] = Field(
+    network_module: Literal["networks.lora", "networks.lora_flux", "networks.lora_sd3"] = Field(
         "networks.lora",
         description='Adapter type; kohya name. "networks.lora" (LoRA/LoCon), or '
-        '"networks.lora_flux" for Flux.1 (the same LoRA, saved in kohya\'s Flux names).',
+        '"networks.lora_flux" for Flux.1 and "networks.lora_sd3" for SD3 (the same LoRA, saved '
+        "in kohya's names for that family).",
     )
     network_dim: int = Field(4, ge=1, description="LoRA rank of Linear and 1x1 conv layers.")
     network_alpha: float = Field(
@@ -380,6 +381,13 @@ class SavingSection(Section):
     )
     save_precision: Literal["float", "fp16", "bf16"] = Field(
         "float", description="dtype of saved weights."
+    )
+    lora_format: Literal["kohya", "diffusers"] = Field(
+        "kohya",
+        description='Key layout of saved LoRA files: "kohya" (lora_unet_..., lora_down/lora_up '
+        'and alpha; what sd-scripts writes, and ComfyUI, A1111/Forge and diffusers load), or '
+        '"diffusers" (transformer.<module>.lora_A/lora_B with the scale folded in), for SD3, '
+        "whose kohya files diffusers' loader does not read. network_weights reads either.",
     )
     save_every_n_steps: int | None = Field(None, ge=1, description="Save every N optimizer steps.")
     save_every_n_epochs: int | None = Field(None, ge=1, description="Save every N epochs.")

@@ -23,7 +23,8 @@ from library.networks.lora import ADAPTER, lora_layers, lora_rank, set_lora_scal
 UNET = "lora_unet"
 TEXT_ENCODER = "lora_te"
 # Every prefix a kohya SD/SDXL/FLUX.1 text-encoder or UNet name may use: what it adapts, and how
-# to load such weights (FLUX.1's transformer names are read by library/networks/flux_keys.py).
+# to load such weights (the fused transformer names of FLUX.1 and SD3 are read by
+# library/networks/fused_keys.py with the tables of flux_keys.py and sd3_keys.py).
 KNOWN_PREFIXES = {
     "lora_unet": ("UNet", "set network_train_text_encoder_only = false"),
     "lora_te": ("text encoder", "set network_train_unet_only = false"),

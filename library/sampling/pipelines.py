@@ -54,6 +54,12 @@ class PipelineKind:
         return dataclasses.replace(prompt, **unset) if unset else prompt
 
 
+def on_grid(pixels: int, grid: int) -> int:
+    """An image side rounded down to a multiple of ``grid`` (at least 4 of them), as the
+    transformer pipelines round sizes."""
+    return max(4 * grid, pixels - pixels % grid)
+
+
 def pipeline_kind(family) -> PipelineKind:
     """The pipeline for ``family`` (its sampling_pipeline); ConfigError (sample_prompts) when
     no pipeline fits it."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import typing
 import warnings
 
 from library.config.sampling_schema import SamplerName
 from library.config.suggest import nearest
 from library.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 SAMPLER_NAMES: tuple[str, ...] = typing.get_args(SamplerName)
 
@@ -112,23 +115,29 @@ def build_sampler(name: str | None, scheduler_config: dict, prediction_type: str
         return cls.from_config(config)
 
 
-# The samplers of a flow-matching model (Flux.1): its Euler sampler, under both of kohya's names.
+# The samplers of a flow-matching model (Flux.1, SD3): its Euler sampler, under both of kohya's
+# names.
 FLOW_SAMPLER_NAMES: tuple[str, ...] = ("euler", "k_euler")
+_warned_flow_samplers: set[str] = set()
 
 
 def build_flow_sampler(name: str | None, scheduler_config: dict):
     """A fresh FlowMatchEulerDiscreteScheduler from the model's sampling ``scheduler_config``
     (its shift and dynamic-shifting keys) for sampler ``name`` (None: Euler).
 
-    Only Euler samples a flow-matching model here: diffusers' DDPM samplers integrate a noise
-    schedule such a model does not have. Any other name is a ConfigError naming sample_sampler.
+    Only Euler samples a flow-matching model: diffusers' DDPM samplers integrate a noise
+    schedule such a model does not have. sd-scripts samples Flux.1 and SD3 with Euler whatever
+    sample_sampler says, and GUIs write their SD default ("euler_a") into those configs, so an
+    SD sampler name is sampled with Euler, with a warning (once per name).
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    if name is not None and name not in FLOW_SAMPLER_NAMES:
-        raise ConfigError(
-            f'sample_sampler "{name}" cannot sample a flow-matching (Flux.1) model; set '
-            'sample_sampler = "euler" and give prompts no other --ss'
+    if name is not None and name not in FLOW_SAMPLER_NAMES and name not in _warned_flow_samplers:
+        _warned_flow_samplers.add(name)
+        log.warning(
+            'sample_sampler "%s": flow-matching models (Flux.1, SD3) sample with Euler only, as '
+            'sd-scripts does; sampling with "euler"',
+            name,
         )
     config = {k: v for k, v in dict(scheduler_config).items() if not k.startswith("_")}
     return FlowMatchEulerDiscreteScheduler.from_config(config)

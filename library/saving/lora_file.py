@@ -69,8 +69,11 @@ def save_lora_file(
     return atomic_write_file(path, lambda tmp: save_file(prepared, str(tmp), metadata=header))
 
 
-def read_lora_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Load a kohya LoRA file: (tensors on the CPU, metadata). CheckpointError if unusable."""
+def read_lora_file(
+    path: str | Path, diffusers_layout: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Load a kohya LoRA file, or with ``diffusers_layout`` also a diffusers/peft one (lora_A /
+    lora_B keys): (tensors on the CPU, metadata). CheckpointError if unusable."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -85,7 +88,10 @@ def read_lora_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str,
             f"{path}: not a readable safetensors file (truncated or corrupt?): {exc}"
         ) from exc
     if not any(key.endswith(_LORA_SUFFIXES) for key in tensors):
-        if any(key.endswith(_PEFT_SUFFIXES) for key in tensors):
+        peft = any(key.endswith(_PEFT_SUFFIXES) for key in tensors)
+        if peft and diffusers_layout:
+            return tensors, metadata
+        if peft:
             raise CheckpointError(
                 f"{path}: is a diffusers/PEFT-format LoRA (lora_A/lora_B keys); only "
                 "kohya-format files (lora_down/lora_up) can be loaded"

@@ -42,6 +42,8 @@ class Family(Protocol):
     base_model_version: str
     modelspec_architecture: str
 
+    def metadata_keys(self, config: Config) -> dict[str, Any]: ...
+
 
 @dataclass
 class RunInfo:
@@ -168,6 +170,7 @@ def _training_keys(config: Config, family: Family, run: RunInfo) -> dict[str, An
         "ss_tag_frequency": json.dumps(run.tag_frequency, ensure_ascii=False),
         "ss_dataset_dirs": json.dumps(run.dataset_dirs, ensure_ascii=False),
     }
+    keys.update(family.metadata_keys(config))
     if config.saving.training_comment is not None:
         keys["ss_training_comment"] = config.saving.training_comment
     if run.session_id is not None:

@@ -15,10 +15,11 @@ from library.saving.lora_file import save_lora_file
 SAVE_DTYPES = {"float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def write_lora(path: Path, models: dict[str, torch.nn.Module], metadata: dict[str, str] | None, dtype: torch.dtype, family) -> None:
-    """Save the adapters of ``models`` (kohya prefix -> model) as one kohya LoRA file, in the
-    key layout of ``family`` (a ModelFamily)."""
-    save_lora_file(path, family.lora_tensors(models), metadata, dtype)
+def write_lora(path: Path, models: dict[str, torch.nn.Module], metadata: dict[str, str] | None, dtype: torch.dtype, family, layout: str = "kohya") -> None:
+    """Save the adapters of ``models`` (kohya prefix -> model) as one LoRA file, in ``family``'s
+    (a ModelFamily) kohya key layout, or with ``layout`` "diffusers" in diffusers' peft one."""
+    tensors = family.diffusers_lora_tensors(models) if layout == "diffusers" else family.lora_tensors(models)
+    save_lora_file(path, tensors, metadata, dtype)
 
 
 def write_checkpoint(path: Path, denoiser: torch.nn.Module, components, metadata: dict[str, str] | None, dtype: torch.dtype) -> None:

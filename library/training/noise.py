@@ -24,6 +24,8 @@ IP_NOISE_STREAM = "ip_noise"
 MULTIRES_STREAM = "multires"
 # A flow-matching objective's noise-level draws (one standard normal, one uniform per sample).
 FLOW_TIME_STREAM = "flow_time"
+# A family's per-encoder text dropout (ModelFamily.text_dropout_draws uniforms per sample).
+TEXT_DROPOUT_STREAM = "text_dropout"
 
 
 def sample_seed(seed: int, epoch: int, position: int, stream: str = "") -> int:
@@ -148,6 +150,20 @@ _PER_SAMPLE_SCALARS = (
     "time_normal",
     "time_uniform",
 )
+
+
+def keyed_uniforms(
+    seed: int, epoch: int, positions: list[int], count: int, stream: str, device
+) -> torch.Tensor:
+    """[B, count] uniform [0, 1) draws, row i from sample (seed, epoch, positions[i])'s own
+    ``stream``: the same values however the samples are batched."""
+    rows = [
+        torch.rand(
+            count, generator=torch.Generator().manual_seed(sample_seed(seed, epoch, p, stream))
+        )
+        for p in positions
+    ]
+    return torch.stack(rows).to(device)
 
 
 def _join(name: str, items: list[torch.Tensor], device: torch.device) -> torch.Tensor | None:

@@ -192,7 +192,8 @@ class DDPMObjective(Objective):
 
 @dataclass(frozen=True)
 class FlowOptions:
-    """The [flow] training keys with kohya's Flux defaults filled in."""
+    """The [flow] training keys with kohya's defaults filled in (Flux's and SD3's keys: each
+    family's objective reads its own)."""
 
     timestep_sampling: str = "sigma"
     sigmoid_scale: float = 1.0
@@ -202,6 +203,7 @@ class FlowOptions:
     logit_mean: float = 0.0
     logit_std: float = 1.0
     mode_scale: float = 1.29
+    training_shift: float = 1.0  # SD3
 
     @classmethod
     def from_section(cls, flow: object) -> FlowOptions:

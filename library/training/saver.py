@@ -213,7 +213,8 @@ class Saver:
         dtype = SAVE_DTYPES[self.config.saving.save_precision]
         if self.parts.lora:
             family = self.parts.components.family
-            write_lora(path, self.parts.lora_models(), metadata, dtype, family)
+            layout = self.config.saving.lora_format
+            write_lora(path, self.parts.lora_models(), metadata, dtype, family, layout)
             return
         components = self.parts.components
         write_checkpoint(path, components.denoiser, components, metadata, dtype)

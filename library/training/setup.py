@@ -179,7 +179,8 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
                 groups += _lora_groups(encoder, name, te_lr, ratio)
     parts = TrainedParts(components, True, train_unet, train_te, groups)
     if net.network_weights:
-        tensors, _ = read_lora_file(net.network_weights)
+        diffusers_layout = "diffusers" in family.lora_formats
+        tensors, _ = read_lora_file(net.network_weights, diffusers_layout)
         family.load_lora_tensors(parts.lora_models(), tensors, net.network_weights)
     return parts
 

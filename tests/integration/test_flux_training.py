@@ -62,6 +62,10 @@ def test_flux_lora_from_a_folder_saves_kohyas_names(tmp_path, flux_dir, images):
     assert meta["modelspec.architecture"] == "flux-1-dev/lora"
     assert meta["modelspec.implementation"] == "https://github.com/black-forest-labs/flux"
     assert "modelspec.prediction_type" not in meta
+    # kohya's Flux.1 keys: the settings of this run, kohya's defaults for the rest
+    assert (meta["ss_timestep_sampling"], meta["ss_model_prediction_type"]) == ("shift", "raw")
+    assert (meta["ss_guidance_scale"], meta["ss_discrete_flow_shift"]) == ("1.0", "3.0")
+    assert (meta["ss_weighting_scheme"], meta["ss_model_type"]) == ("uniform", "flux")
 
 
 def test_flux_lora_from_single_fp8_files_with_fp8_base(tmp_path, flux_files, images):

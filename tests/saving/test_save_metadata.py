@@ -73,6 +73,9 @@ class Family:
     modelspec_architecture: str
     default_resolution: int
 
+    def metadata_keys(self, config) -> dict:
+        return {}  # SD families add no ss_* keys of their own
+
 
 SD1 = Family("sd1", False, "epsilon", "sd_v1", "stable-diffusion-v1", 512)
 SD2V = Family("sd2-v", True, "v_prediction", "sd_v2_v", "stable-diffusion-v2-768-v", 768)

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from library.models.conditioning import Conditioning, TextConditioning
 
 PredictionType = Literal["epsilon", "v_prediction", "flow"]
+# The batch entry holding each sample's uniform draws for a family's text dropout: [B, n] with
+# n = ModelFamily.text_dropout_draws, keyed per sample (library.training.step). Training steps
+# add it; validation and sampling do not, so they never drop text.
+TEXT_DROPOUT_KEY = "text_dropout"
+# kohya's family-specific network modules, for the message when one meets another family.
+_MODULE_FAMILIES = {"networks.lora_flux": "Flux.1", "networks.lora_sd3": "SD3/SD3.5"}
 AdapterRole = Literal["unet", "text_encoder"]
 TargetKind = Literal["linear", "conv"]
 
@@ -56,6 +62,11 @@ class ModelFamily:
     # scaling_factor of the family's released VAE. Training reads the loaded VAE's config; this
     # is what VAE configs we write (tiny models) carry.
     latent_scale: float = 0.18215
+    # Key layouts a LoRA file of this family can be written in (SavingSection.lora_format).
+    lora_formats: tuple[str, ...] = ("kohya",)
+    # kohya network_module values that train this family ("networks.lora" trains every family;
+    # the others name one family's file layout).
+    network_modules: tuple[str, ...] = ("networks.lora",)
 
     @property
     def v_parameterization(self) -> bool:
@@ -72,6 +83,12 @@ class ModelFamily:
         """The family and every family setting that changes encoded captions (a text-encoder
         cache entry's identity)."""
         return self.name
+
+    @property
+    def text_dropout_draws(self) -> int:
+        """How many uniform draws per sample ``assemble_conditioning`` reads from the batch's
+        TEXT_DROPOUT_KEY entry to drop parts of the text conditioning (0: none)."""
+        return 0
 
     @property
     def lora_architecture(self) -> str:
@@ -164,6 +181,13 @@ class ModelFamily:
         the key layout other tools load for this family."""
         raise NotImplementedError(f"{self.name} does not define its LoRA file layout")
 
+    def diffusers_lora_tensors(
+        self, models: Mapping[str, torch.nn.Module]
+    ) -> dict[str, torch.Tensor]:
+        """The adapters of ``models`` in diffusers' peft layout (lora_format = "diffusers"),
+        for a family with "diffusers" in ``lora_formats``."""
+        raise NotImplementedError(f"{self.name} writes no diffusers-layout LoRA files")
+
     def load_lora_tensors(
         self, models: Mapping[str, torch.nn.Module], tensors: Mapping[str, torch.Tensor], source: str
     ) -> None:
@@ -184,12 +208,32 @@ class ModelFamily:
             f"sdpa = false: {self.name} models have no plain-attention path here; set sdpa = true"
         )
 
+    def metadata_keys(self, config: Config) -> dict[str, object]:
+        """Family-specific ss_* keys of saved files (kohya's update_metadata of its trainer
+        for the family); values are stringified by the writer."""
+        return {}
+
     def check_options(self, model: ModelSection, flow: FlowSection) -> None:
         """ConfigError for model options ([model] and [flow] keys) that do not fit this family."""
 
     def check_training(self, config: Config) -> None:
         """ConfigError for training choices this family cannot make (found before loading
-        weights where the caller can)."""
+        weights where the caller can). Families that add checks call this one too."""
+        from library.errors import ConfigError
+
+        layout = config.saving.lora_format
+        if config.network.train_mode == "lora" and layout not in self.lora_formats:
+            raise ConfigError(
+                f'lora_format = "{layout}": {self.name} LoRA files are written in kohya\'s '
+                "layout, which diffusers' own loader converts for this family; remove lora_format"
+            )
+        module = config.network.network_module
+        if module not in self.network_modules:
+            owner = _MODULE_FAMILIES.get(module, "another model family")
+            raise ConfigError(
+                f'network_module = "{module}" is for {owner} and this is a {self.name} '
+                f'model; use "{self.network_modules[-1]}"'
+            )
 
 
 def to_latents(vae: torch.nn.Module, sample: torch.Tensor) -> torch.Tensor:

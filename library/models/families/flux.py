@@ -15,24 +15,25 @@ The facts this implementation relies on (docs/formats.md, Flux.1):
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.base import ModelFamily
+from library.models.families.transformer_family import TransformerFamily
 from library.models.flux.shapes import CLIP_MAX_LENGTH, T5_MAX_LENGTH
-
-log = logging.getLogger(__name__)
 
 PATCH = 2  # latents are packed 2x2 into tokens
 
 
 @dataclass(frozen=True, kw_only=True)
-class FluxFamily(ModelFamily):
+class FluxFamily(TransformerFamily):
     """Flux.1 dev or schnell with the run's text and guidance settings."""
+
+    FLOW_KIND: ClassVar[str] = "flux"
+    LABEL: ClassVar[str] = "Flux.1"
 
     variant: str = "dev"
     guidance_scale: float = 3.5
@@ -40,8 +41,6 @@ class FluxFamily(ModelFamily):
     t5_max_length: int = 512
     # apply_t5_attn_mask: T5 and the transformer's attention ignore the caption's padding.
     t5_attention_mask: bool = False
-    # With the text encoders training: T5 gets an adapter too (kohya's train_t5xxl).
-    train_t5: bool = False
     train_blocks: str = "all"  # kohya's train_blocks: "all", "single" or "double"
 
     def describe(self) -> str:
@@ -139,56 +138,11 @@ class FluxFamily(ModelFamily):
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def trains_text_encoder(self, index):
-        """CLIP-L always; T5-XXL with train_t5xxl, as kohya's networks.lora_flux."""
-        return index == 0 or self.train_t5
-
-    def adapter_targets(self, module, role, conv):
-        from library.networks.flux_keys import T5, target_paths, text_encoder_modules
-        from library.networks.targets import default_targets
-
-        if role == "unet":
-            return dict.fromkeys(target_paths(self._transformer_modules(module)), "linear")
-        if type(module).__name__ == "T5EncoderModel":
-            return dict.fromkeys(target_paths(text_encoder_modules(module, T5)), "linear")
-        return default_targets(module, "text_encoder", conv=False)  # CLIP-L, as for SD
-
-    def lora_tensors(self, models):
-        """The transformer in kohya's Flux names (fused layers); CLIP-L (lora_te1_) and T5
-        (lora_te3_) in kohya's plain names, as for SD."""
-        from library.networks import kohya_keys
-        from library.networks.flux_keys import adapter_weights, export_lora
-
-        tensors = kohya_keys.export_lora({p: m for p, m in models.items() if p != kohya_keys.UNET})
-        if kohya_keys.UNET in models:
-            plain = kohya_keys.unwrap(models[kohya_keys.UNET])
-            tensors.update(export_lora(self._transformer_modules(plain), adapter_weights(plain)))
-        return tensors
-
-    def _transformer_modules(self, transformer):
+    def transformer_modules(self, transformer):
         """kohya's modules of the transformer that this run adapts (train_blocks)."""
         from library.networks.flux_keys import transformer_modules
 
         return transformer_modules(transformer, train_blocks=self.train_blocks)
-
-    def load_lora_tensors(self, models, tensors, source):
-        from library.networks import kohya_keys
-        from library.networks.flux_keys import import_lora, load_adapter_weights
-
-        transformer = {k: v for k, v in tensors.items() if k.startswith("lora_unet_")}
-        text = {k: v for k, v in tensors.items() if k not in transformer}
-        text_models = {p: m for p, m in models.items() if p != kohya_keys.UNET}
-        if text or text_models:
-            kohya_keys.import_lora(text_models, text, source, self.text_encoder_lora_prefixes)
-        if kohya_keys.UNET in models:
-            plain = kohya_keys.unwrap(models[kohya_keys.UNET])
-            weights = import_lora(self._transformer_modules(plain), transformer, source)
-            load_adapter_weights(plain, weights, source)
-        elif transformer:
-            raise ConfigError(
-                f"network_weights: {source} holds transformer adapters and this run trains "
-                "only the text encoders; remove network_train_text_encoder_only"
-            )
 
     def sampling_pipeline(self):
         """FluxPipeline fed our conditioning, with kohya's Flux prompt options
@@ -199,26 +153,27 @@ class FluxFamily(ModelFamily):
 
     # -- sizes, options ----------------------------------------------------------------------
 
-    def bucket_grid(self, denoiser):
-        """The AE's 8 times the 2x2 packing: image sides in multiples of 16."""
-        return 8 * PATCH
+    def metadata_keys(self, config):
+        """kohya's Flux.1 keys, with its defaults where the [flow] key is unset."""
+        from library.training.objectives import FlowOptions
+
+        o = FlowOptions.from_section(config.flow)
+        return {
+            "ss_model_type": "flux",
+            "ss_apply_t5_attn_mask": self.t5_attention_mask,
+            "ss_weighting_scheme": o.weighting_scheme,
+            "ss_logit_mean": o.logit_mean,
+            "ss_logit_std": o.logit_std,
+            "ss_mode_scale": o.mode_scale,
+            "ss_guidance_scale": self.guidance_scale,
+            "ss_timestep_sampling": o.timestep_sampling,
+            "ss_sigmoid_scale": o.sigmoid_scale,
+            "ss_model_prediction_type": o.model_prediction_type,
+            "ss_discrete_flow_shift": o.discrete_flow_shift,
+        }
 
     def check_options(self, model, flow):
-        # GUIs write SD's neutral values into Flux.1 configs too (clip_skip = 1,
-        # max_token_length = 75): those change nothing; any other value would.
-        neutral = {"clip_skip": (None, 1), "max_token_length": (None, 75),
-                   "v2": (None, False), "v_parameterization": (None, False)}  # fmt: skip
-        for key, values in neutral.items():
-            if getattr(model, key) not in values:
-                raise ConfigError(f"{key} applies to SD models, not Flux.1; remove it")
-        if model.zero_terminal_snr:
-            raise ConfigError("zero_terminal_snr applies to DDPM models, not Flux.1; remove it")
-        if flow.split_qkv is False:
-            raise ConfigError(
-                "network_args split_qkv=False: one adapter shared by a fused layer's q, k and v "
-                "(kohya's default) is not supported yet; difftune trains them separately, as "
-                "split_qkv=True does; remove split_qkv"
-            )
+        super().check_options(model, flow)
         if flow.guidance_scale is not None and not self.has_guidance:
             raise ConfigError(
                 "guidance_scale: Flux.1 schnell has no guidance input; remove guidance_scale"
@@ -245,17 +200,6 @@ class FluxFamily(ModelFamily):
 
     def full_model_modules(self, components):
         return (components.denoiser,)
-
-    def check_training(self, config):
-        net = config.network
-        if net.train_mode == "lora" and config.flow.split_qkv is None:
-            log.warning(
-                "Flux.1 LoRA: q, k and v (and single blocks' linear1 parts) get separate "
-                "adapters, as kohya's split_qkv=True; kohya's default shares one per fused "
-                "layer. The saved file has kohya's fused names either way"
-            )
-        if net.conv_dim is not None:
-            raise ConfigError("conv_dim: Flux.1's transformer has no convolutions; remove it")
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -293,6 +237,7 @@ FLUX_DEV = FluxFamily(
     checkpoint_implementation="https://github.com/black-forest-labs/flux",
     denoiser_subfolder="transformer",
     latent_scale=0.3611,
+    network_modules=("networks.lora", "networks.lora_flux"),
     variant="dev",
     guidance_scale=3.5,
     t5_max_length=T5_MAX_LENGTH["dev"],

@@ -7,16 +7,15 @@ library/models/families/flux_files.py; the tokenizers are found by flux_tokenize
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
+from library.models.families.claims import claims_model
 from library.models.families.flux_tokenizers import (
     load_flux_clip_tokenizer,
     load_t5_tokenizer,
@@ -24,7 +23,6 @@ from library.models.families.flux_tokenizers import (
 )
 from library.models.flux import shapes as flux_shapes
 from library.models.flux.original_keys import (
-    FluxKeys,
     detect_flux,
 )
 from library.models.loader import (
@@ -79,34 +77,7 @@ def claims_flux(model: ModelSection, flow: FlowSection) -> bool:
     is FluxPipeline or its transformer a FluxTransformer2DModel (so FLUX.1 Fill, Kontext, ...
     get load_flux's refusal rather than the SD loader's "lacks unet/").
     """
-    path = Path(model.pretrained_model_name_or_path).expanduser()
-    if path.is_dir():
-        return _is_flux_folder(path)
-    if path.is_file() and path.suffix.lower() == ".safetensors":
-        return _file_flux_keys(path) is not None
-    return False
-
-
-def _is_flux_folder(path: Path) -> bool:
-    try:
-        index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False  # not a folder of ours to judge: the SD loader reports it
-    if not isinstance(index, dict):
-        return False
-    transformer = index.get("transformer")
-    return index.get("_class_name") == FLUX_PIPELINE or (
-        isinstance(transformer, list) and _TRANSFORMER_CLASS in transformer
-    )
-
-
-def _file_flux_keys(path: Path) -> FluxKeys | None:
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            keys = list(handle.keys())
-    except (SafetensorError, OSError):
-        return None
-    return detect_flux(keys)
+    return claims_model(model, FLUX_PIPELINE, _TRANSFORMER_CLASS, detect_flux)
 
 
 # --- loading ------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ library/flux_train_utils.sample_image_inference):
 from __future__ import annotations
 
 from library.models.conditioning import Conditioning
+from library.sampling.pipelines import on_grid
 
 # kohya's distilled guidance of a prompt without --g (not the run's training guidance_scale,
 # which kohya recommends setting to 1.0).
@@ -91,8 +92,8 @@ def flux_pipeline_inputs(cond: Conditioning, prompt) -> dict:
         "prompt_embeds": hidden,
         "pooled_prompt_embeds": pooled,
         "guidance_scale": float(guidance if guidance is not None else SAMPLE_GUIDANCE),
-        "width": _on_grid(prompt.width),
-        "height": _on_grid(prompt.height),
+        "width": on_grid(prompt.width, SIZE_GRID),
+        "height": on_grid(prompt.height, SIZE_GRID),
     }
     if scale > 1.0:
         inputs |= {
@@ -126,7 +127,3 @@ def _attention_mask(text_mask, inputs: dict, true_cfg: bool, prompt):
     tokens = (inputs["height"] // SIZE_GRID) * (inputs["width"] // SIZE_GRID)
     image = torch.ones(1, tokens, dtype=torch.bool, device=positive.device)
     return torch.cat([positive, image], dim=1)[:, None, None, :]
-
-
-def _on_grid(pixels: int) -> int:
-    return max(4 * SIZE_GRID, pixels - pixels % SIZE_GRID)

@@ -128,18 +128,11 @@ class SDFamily(ModelFamily):
 
         export_full_unet_checkpoint(path, denoiser, components, self, dtype, metadata)
 
-    def check_training(self, config):
-        if config.network.network_module == "networks.lora_flux":
-            raise ConfigError(
-                f'network_module = "networks.lora_flux" is for Flux.1 and this is a {self.name} '
-                'model; use "networks.lora"'
-            )
-
     def check_options(self, model, flow):
         given = [key for key in type(flow).model_fields if getattr(flow, key) is not None]
         if given:
             raise ConfigError(
-                f"{given[0]} is a flow-matching (Flux.1) key and {self.name} models train with "
+                f"{given[0]} is a flow-matching (Flux.1, SD3) key and {self.name} models train with "
                 f"DDPM, where it changes nothing; remove it"
             )
         if model.zero_terminal_snr and not self.v_parameterization:

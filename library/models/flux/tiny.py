@@ -94,8 +94,15 @@ def build_tiny_flux_components(variant: Variant = "dev", seed: int = 0) -> dict:
         "text_encoder": lambda: CLIPTextModel(CLIPTextConfig(**tiny_clip_config())),
         "text_encoder_2": lambda: T5EncoderModel(T5Config(**tiny_t5_config())),
     }
+    return build_seeded(builders, seed)
+
+
+def build_seeded(builders: dict, seed: int) -> dict:
+    """name -> the module ``builders[name]()`` builds, in eval mode, seeded with ``seed`` plus
+    its position (so one component does not depend on the others) and with its constant
+    parameters spread; the caller's random state is left alone."""
     parts = {}
-    with torch.random.fork_rng(devices=[]):  # leaves the caller's random state alone
+    with torch.random.fork_rng(devices=[]):
         for offset, (name, build) in enumerate(builders.items()):
             torch.manual_seed(seed + offset)
             parts[name] = _spread_constants(build()).eval()

@@ -1,0 +1,51 @@
+"""Whether a transformer family's loader reads a model: a cheap look at model_index.json or a
+file's header, shared by the Flux.1 and SD3 loaders."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from library.config.schema import ModelSection
+
+
+def claims_model(
+    model: ModelSection,
+    pipeline_class: str,
+    transformer_class: str,
+    detect: Callable[[Iterable[str]], object | None],
+) -> bool:
+    """True for a diffusers folder whose pipeline is ``pipeline_class`` or whose transformer is
+    a ``transformer_class`` (so the family's other pipelines get its loader's refusal rather
+    than the SD loader's "lacks unet/"), or a .safetensors file whose keys ``detect`` knows."""
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    if path.is_dir():
+        return _folder_holds(path, pipeline_class, transformer_class)
+    if path.is_file() and path.suffix.lower() == ".safetensors":
+        keys = _file_keys(path)
+        return keys is not None and detect(keys) is not None
+    return False
+
+
+def _folder_holds(path: Path, pipeline_class: str, transformer_class: str) -> bool:
+    try:
+        index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False  # not a folder of ours to judge: the SD loader reports it
+    if not isinstance(index, dict):
+        return False
+    transformer = index.get("transformer")
+    return index.get("_class_name") == pipeline_class or (
+        isinstance(transformer, list) and transformer_class in transformer
+    )
+
+
+def _file_keys(path: Path) -> list[str] | None:
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return list(handle.keys())
+    except (SafetensorError, OSError):
+        return None

@@ -1,0 +1,314 @@
+"""Modules built from single weights files, each checked on its shapes before any weight is read.
+
+A ``Plan`` says how one module comes out of one file: the keys it reads, its config, how the keys
+are renamed. ``plan_with_config`` takes the config stored in the file's header
+(``difftune.config.<part>``) when it fits, else one derived from the tensor shapes, and checks on
+the meta device that the module holds exactly the file's tensors; ``load_plan`` then reads, casts,
+renames and loads them. The FLUX.1 (flux_files.py) and SD3 (sd3_files.py) single-file loaders
+share this, and the parts both use: T5 v1.1 encoders, the 16-channel autoencoder without quant
+convs, ComfyUI's scaled-fp8 refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from library.errors import ModelError
+from library.models import original_names as names
+from library.models import shape_configs
+from library.models.checkpoint_file import CheckpointFile
+from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
+from library.models.flux.original_keys import convert_shapes, detect_flux
+from library.models.loader import one_line
+from library.models.sd3.original_keys import detect_sd3
+
+Convert = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+@dataclass
+class Plan:
+    """How to build one module from one file: the keys it reads, its config, the renaming."""
+
+    part: str  # its name in headers (difftune.config.<part>): diffusers' subfolder name
+    what: str  # how errors name the file: "clip_l = /x.safetensors"
+    file: CheckpointFile
+    keys: list[str]
+    config: dict
+    convert: Convert = field(repr=False)
+    build: Callable[[dict], torch.nn.Module] = field(repr=False)
+    # Convert the keys in groups (by the group name this gives each key), so that only one
+    # group's tensors are held twice, and copy the pieces of split tensors; None: all at once.
+    group: Callable[[str], str] | None = field(default=None, repr=False)
+    label: str = ""  # how errors name the module ("FLUX.1 transformer"); "": the part
+    tied: bool = False  # a T5 encoder: shared.weight and encoder.embed_tokens.weight are one
+
+
+def open_safetensors(path: Path, what: str, family: str) -> CheckpointFile:
+    """``path``'s header, read; ModelError naming ``what`` for another format or a broken file."""
+    if path.suffix.lower() != ".safetensors":
+        raise ModelError(
+            f"{what} = {path}: {family} component files are read as .safetensors only; convert "
+            "the file with a tool you trust"
+        )
+    try:
+        return CheckpointFile(path)
+    except ModelError as exc:
+        raise ModelError(f"{what}: {exc}") from None
+
+
+def refuse_scaled_fp8(file: CheckpointFile, what: str) -> None:
+    keys = file.keys()
+    if "scaled_fp8" in keys or any(k.endswith(".scale_weight") for k in keys):
+        raise ModelError(
+            f"{what} = {file.path} is in ComfyUI's scaled fp8 format (scale_weight tensors), "
+            "which difftune does not read; use the bf16, fp16 or plain fp8 (e4m3fn) file"
+        )
+
+
+def sample_keys(keys: Iterable[str]) -> str:
+    """The first two key names, for errors about a file that holds something else."""
+    first = sorted(keys)[:2]
+    return f"keys like {', '.join(first)}" if first else "no tensors"
+
+
+def looks_like(keys: list[str]) -> str:
+    """What a file holds, by its key names, for errors about a file given in the wrong place."""
+    if detect_sd3(keys) is not None:
+        return "an SD3 / SD3.5 model file"
+    if detect_flux(keys) is not None:
+        return "a FLUX.1 transformer"
+    if any(".SelfAttention." in k for k in keys):
+        return "a T5 encoder"
+    if any(k.endswith("embeddings.token_embedding.weight") for k in keys):
+        return "a CLIP text encoder"
+    if any(re.match(r"(first_stage_model\.|vae\.)?encoder\.down(_blocks)?\.0\.", k) for k in keys):
+        return "an autoencoder"
+    if any(k.startswith("model.diffusion_model.input_blocks.") for k in keys):
+        return "an SD UNet checkpoint"
+    return sample_keys(keys)
+
+
+def note_derived(what: str, file: CheckpointFile, config: dict, base: dict, guessed: str) -> None:
+    """Warn that a file's sizes differ from the released model's (``base``) and which field had
+    to be guessed."""
+    if any(config.get(k) != v for k, v in base.items() if k != guessed):
+        shape_configs.note_guesses(f"{what} {file.path.name}", config, (guessed,))
+
+
+def plan_with_config(
+    part: str, plan_of: Callable[[dict], Plan], file: CheckpointFile, derive: Callable[[], dict]
+) -> Plan:
+    """The plan with the file's stored config if it fits, else with ``derive()``'s.
+
+    ModelError (from ``derive`` or the fit check) when the derived config does not fit either.
+    """
+    stored = file.metadata.get(CONFIG_METADATA + part)
+    if stored:
+        try:
+            plan = plan_of(json.loads(stored))
+            if fit_problem(plan) is None:
+                return plan
+        except (ValueError, TypeError, KeyError):
+            pass  # a stale or foreign config: the shapes decide
+    plan = plan_of(derive())
+    problem = fit_problem(plan)
+    if problem:
+        raise ModelError(f"{plan.what} = {file.path}: {problem}; re-download or re-convert it")
+    return plan
+
+
+def fit_problem(plan: Plan) -> str | None:
+    """None when the plan's module holds exactly the file's tensors (names and shapes)."""
+    try:
+        module = empty_module(plan.build, plan.config)
+        got = convert_shapes(plan.convert, {k: plan.file.shape(k) for k in plan.keys})
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        return f"cannot build the {plan.part} from it ({one_line(exc)})"
+    got = names.fit_text_model_prefix(got, module)
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    return shapes_problem(expected, got, plan.label or plan.part)
+
+
+def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies of the tensors that share storage (pieces of one split fused projection), so
+    that every parameter owns its memory: replacing one (a cast, a move to the GPU) then frees
+    it, where a view would keep the whole fused tensor alive."""
+    seen: dict[int, int] = {}
+    for value in state.values():
+        ptr = value.untyped_storage().data_ptr()
+        seen[ptr] = seen.get(ptr, 0) + 1
+    return {
+        k: v.clone() if seen[v.untyped_storage().data_ptr()] > 1 else v for k, v in state.items()
+    }
+
+
+def load_plan(plan: Plan, dtype: torch.dtype) -> torch.nn.Module:
+    """Read, cast, rename and load the plan's tensors; the module frozen (no gradients, eval
+    mode), in ``dtype``."""
+    groups: dict[str, list[str]] = {}
+    for key in plan.keys:
+        groups.setdefault(plan.group(key) if plan.group else "", []).append(key)
+    state: dict[str, torch.Tensor] = {}
+    for keys in groups.values():
+        converted = plan.convert({k: plan.file.tensor(k).to(dtype) for k in keys})
+        state.update(unshared(converted) if plan.group else converted)
+    module = empty_module(plan.build, plan.config)
+    # CLIP keys in the text_model. layout -> the module's own; other modules have no such keys.
+    state = names.fit_text_model_prefix(state, module)
+    try:
+        module.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as exc:  # the shapes were checked; a changed file shows up here
+        raise ModelError(f"{plan.what} = {plan.file.path}: {one_line(exc)}") from None
+    if plan.tied:
+        module.tie_weights()
+    floats = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+    if any(t.device.type == "meta" for t in floats):
+        raise ModelError(f"{plan.what} = {plan.file.path}: some weights were not loaded")
+    if any(t.dtype != dtype for t in floats):
+        module.to(dtype)
+    module.requires_grad_(False)
+    module.eval()
+    return module
+
+
+# --- T5 encoders --------------------------------------------------------------------------------
+
+T5_EMBED = "shared.weight"
+T5_EMBED_ALIAS = "encoder.embed_tokens.weight"
+T5_FIRST_ATTENTION = "encoder.block.0.layer.0.SelfAttention."
+
+
+def t5_encoder_keys(keys: Iterable[str], prefix: str = "") -> tuple[list[str], Convert]:
+    """The keys of a T5 encoder under ``prefix`` and their converter to T5EncoderModel names
+    (without the prefix). ValueError saying what is missing when there is no T5 encoder there.
+
+    A whole T5 (encoder and decoder) also works: the decoder is left out. transformers 5 ties the
+    embedding to both names; files carry one of them, or both.
+    """
+    keys = [k for k in keys if k.startswith(prefix)]
+    present = {k[len(prefix) :] for k in keys}
+    if not any(k.startswith(T5_FIRST_ATTENTION) for k in present):
+        raise ValueError(f"it has no {prefix}{T5_FIRST_ATTENTION.rstrip('.')}")
+    if T5_EMBED not in present and T5_EMBED_ALIAS not in present:
+        raise ValueError(f"it has neither {prefix}{T5_EMBED} nor {prefix}{T5_EMBED_ALIAS}")
+    embed = T5_EMBED if T5_EMBED in present else T5_EMBED_ALIAS
+
+    def keep(key: str) -> bool:
+        return not key.startswith(("decoder.", "lm_head.")) and (
+            key == embed or key not in (T5_EMBED, T5_EMBED_ALIAS)
+        )
+
+    selected = [k for k in keys if keep(k[len(prefix) :])]
+
+    def convert(state):
+        out = {k[len(prefix) :]: v for k, v in state.items()}
+        tensor = out.pop(embed)
+        return {T5_EMBED: tensor, T5_EMBED_ALIAS: tensor, **out}
+
+    return selected, convert
+
+
+def build_t5(config: dict) -> torch.nn.Module:
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(**config))
+
+
+def t5_config_from_shapes(shapes: Mapping[str, tuple[int, ...]], base: dict) -> dict:
+    """T5Config kwargs for T5EncoderModel-named shapes: ``base`` (T5 v1.1 XXL's config) with the
+    sizes the tensors show (vocabulary, widths, heads, layers); every T5 size is visible in a
+    shape."""
+    vocab, d_model = shapes[T5_EMBED]
+    buckets, heads = shapes[T5_FIRST_ATTENTION + "relative_attention_bias.weight"]
+    gated = "encoder.block.0.layer.1.DenseReluDense.wi_0.weight" in shapes
+    d_ff = shapes[
+        "encoder.block.0.layer.1.DenseReluDense." + ("wi_0" if gated else "wi") + ".weight"
+    ]
+    layers = 1 + max(
+        int(m.group(1)) for k in shapes if (m := re.match(r"encoder\.block\.(\d+)\.", k))
+    )
+    return {
+        **base,
+        "vocab_size": vocab,
+        "d_model": d_model,
+        "d_kv": shapes[T5_FIRST_ATTENTION + "q.weight"][0] // heads,
+        "d_ff": d_ff[0],
+        "num_layers": layers,
+        "num_decoder_layers": layers,
+        "num_heads": heads,
+        "relative_attention_num_buckets": buckets,
+        "feed_forward_proj": base["feed_forward_proj"] if gated else "relu",
+    }
+
+
+# --- autoencoders -------------------------------------------------------------------------------
+
+
+def ae_keys(
+    keys: Iterable[str], prefixes: tuple[str, ...], from_original: Convert
+) -> tuple[list[str], Convert]:
+    """The keys of an autoencoder under the first of ``prefixes`` that has any (else the keys
+    without a prefix) and their converter to AutoencoderKL names: SD's LDM names
+    (``encoder.down.0.*``) are renamed by ``from_original``, diffusers' kept. ValueError when
+    they are neither."""
+    keys = list(keys)
+    prefix = next((p for p in prefixes if any(k.startswith(p) for k in keys)), "")
+    keys = [k for k in keys if k.startswith(prefix)]
+    stripped = [k[len(prefix) :] for k in keys]
+    if any(k.startswith("encoder.down.") for k in stripped):
+        rename = from_original
+    elif any(k.startswith("encoder.down_blocks.") for k in stripped):
+        rename = dict
+    else:
+        raise ValueError(
+            f"it has no {prefix}encoder.down.0.* (nor {prefix}encoder.down_blocks.0.*)"
+        )
+
+    def convert(state):
+        return rename({k[len(prefix) :]: v for k, v in state.items()})
+
+    return keys, convert
+
+
+def build_ae(config: dict) -> torch.nn.Module:
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL.from_config(config)
+
+
+def ae_config_from_shapes(shapes: Mapping[str, tuple[int, ...]], base: dict) -> dict:
+    """AutoencoderKL kwargs for diffusers-named shapes: ``base`` with the sizes the tensors show.
+    GroupNorm's group count does not show: ``base``'s where it divides every width."""
+    levels = 1 + max(
+        int(m.group(1)) for k in shapes if (m := re.match(r"encoder\.down_blocks\.(\d+)\.", k))
+    )
+    channels = [shapes[f"encoder.down_blocks.{i}.resnets.0.conv1.weight"][0] for i in range(levels)]
+    per_block = len(
+        {k.split(".")[4] for k in shapes if k.startswith("encoder.down_blocks.0.resnets.")}
+    )
+    groups = base["norm_num_groups"]
+    if any(c % groups for c in channels):
+        groups = math.gcd(groups, *channels)
+    return {
+        **base,
+        "in_channels": shapes["encoder.conv_in.weight"][1],
+        "out_channels": shapes["decoder.conv_out.weight"][0],
+        "block_out_channels": tuple(channels),
+        "down_block_types": ("DownEncoderBlock2D",) * levels,
+        "up_block_types": ("UpDecoderBlock2D",) * levels,
+        "layers_per_block": per_block,
+        "latent_channels": shapes["decoder.conv_in.weight"][1],
+        "norm_num_groups": groups,
+        "use_quant_conv": "quant_conv.weight" in shapes,
+        "use_post_quant_conv": "post_quant_conv.weight" in shapes,
+        "mid_block_add_attention": any(
+            k.startswith("encoder.mid_block.attentions.") for k in shapes
+        ),
+    }

@@ -1,0 +1,135 @@
+"""What the flow-matching transformer families (Flux.1, SD3) share.
+
+Their text encoders are one or two CLIPs followed by T5-XXL (which gets an adapter only with
+kohya's train_t5xxl); a LoRA adapts kohya's modules of the transformer, some of them fused layers
+(library.networks.fused_keys), and is written in kohya's names; images are cut into 2x2 patches
+of the VAE's 8x-downsampled latents, so sides are multiples of 16; and the SD settings GUIs write
+into every config are accepted at the values that change nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+from library.config.flow_schema import foreign_key
+from library.errors import ConfigError
+from library.models.families.base import ModelFamily
+
+log = logging.getLogger(__name__)
+
+# SD settings GUIs write into every config, at values that change nothing for a flow model
+# (kohya ignores them there too); any other value would mean something we do not do.
+_NEUTRAL = {
+    "clip_skip": (None, 1),
+    "max_token_length": (None, 75),
+    "v2": (None, False),
+    "v_parameterization": (None, False),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerFamily(ModelFamily):
+    """A flow-matching transformer family. Subclasses give ``transformer_modules`` (kohya's
+    modules of their denoiser), ``FLOW_KIND`` (whose [flow] keys apply, see
+    library.config.flow_schema) and ``LABEL`` (the name in messages)."""
+
+    FLOW_KIND: ClassVar[str]
+    LABEL: ClassVar[str]
+
+    # With the text encoders training: T5 (the last encoder) gets an adapter too (train_t5xxl).
+    train_t5: bool = False
+
+    def transformer_modules(self, transformer) -> list:
+        """kohya's modules (library.networks.fused_keys.KohyaModule) of the transformer that
+        this run adapts."""
+        raise NotImplementedError(f"{self.name} does not define its transformer modules")
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def trains_text_encoder(self, index):
+        """Every CLIP; T5-XXL (the last encoder) only with train_t5xxl, as kohya."""
+        return index < len(self.text_encoder_subfolders) - 1 or self.train_t5
+
+    def adapter_targets(self, module, role, conv):
+        from library.networks.fused_keys import target_paths, text_encoder_modules
+        from library.networks.targets import default_targets
+
+        if role == "unet":
+            return dict.fromkeys(target_paths(self.transformer_modules(module)), "linear")
+        if type(module).__name__ == "T5EncoderModel":
+            t5_prefix = self.text_encoder_lora_prefixes[-1]
+            return dict.fromkeys(target_paths(text_encoder_modules(module, t5_prefix)), "linear")
+        return default_targets(module, "text_encoder", conv=False)  # the CLIPs, as for SD
+
+    def lora_tensors(self, models):
+        """The transformer in kohya's names for the family (fused layers as one module); the
+        text encoders in kohya's plain names (lora_te1_, ...), as for SD."""
+        from library.networks import kohya_keys
+        from library.networks.fused_keys import adapter_weights, export_lora
+
+        tensors = kohya_keys.export_lora({p: m for p, m in models.items() if p != kohya_keys.UNET})
+        if kohya_keys.UNET in models:
+            plain = kohya_keys.unwrap(models[kohya_keys.UNET])
+            tensors.update(export_lora(self.transformer_modules(plain), adapter_weights(plain)))
+        return tensors
+
+    def load_lora_tensors(self, models, tensors, source):
+        from library.networks import kohya_keys
+        from library.networks.fused_keys import import_lora, load_adapter_weights
+
+        transformer = {k: v for k, v in tensors.items() if k.startswith(self.unet_lora_prefix)}
+        text = {k: v for k, v in tensors.items() if k not in transformer}
+        text_models = {p: m for p, m in models.items() if p != kohya_keys.UNET}
+        if text or text_models:
+            kohya_keys.import_lora(text_models, text, source, self.text_encoder_lora_prefixes)
+        if kohya_keys.UNET in models:
+            plain = kohya_keys.unwrap(models[kohya_keys.UNET])
+            weights = import_lora(self.transformer_modules(plain), transformer, source)
+            load_adapter_weights(plain, weights, source)
+        elif transformer:
+            raise ConfigError(
+                f"network_weights: {source} holds transformer adapters and this run trains "
+                "only the text encoders; remove network_train_text_encoder_only"
+            )
+
+    # -- sizes, options ----------------------------------------------------------------------
+
+    def bucket_grid(self, denoiser):
+        """The VAE's 8 times the 2x2 patches: image sides in multiples of 16."""
+        return 16
+
+    def check_options(self, model, flow):
+        """[flow] keys of other families, SD-only settings at a value that would change
+        something, zero_terminal_snr, and kohya's shared fused adapter (split_qkv=False)."""
+        problem = foreign_key(flow, self.FLOW_KIND)
+        if problem:
+            raise ConfigError(problem)
+        for key, values in _NEUTRAL.items():
+            if getattr(model, key) not in values:
+                raise ConfigError(f"{key} applies to SD models, not {self.LABEL}; remove it")
+        if model.zero_terminal_snr:
+            raise ConfigError(
+                f"zero_terminal_snr applies to DDPM models, not {self.LABEL}; remove it"
+            )
+        if flow.split_qkv is False:
+            raise ConfigError(
+                "network_args split_qkv=False: one adapter shared by a fused layer's q, k and v "
+                "(kohya's default) is not supported yet; difftune trains them separately, as "
+                "split_qkv=True does; remove split_qkv"
+            )
+
+    def check_training(self, config):
+        super().check_training(config)
+        if config.network.train_mode == "lora" and config.flow.split_qkv is None:
+            log.warning(
+                "%s LoRA: q, k and v get separate adapters, as kohya's split_qkv=True; kohya's "
+                "default shares one per fused layer. The saved file has kohya's fused names "
+                "either way",
+                self.LABEL,
+            )
+        if config.network.conv_dim is not None:
+            raise ConfigError(
+                f"conv_dim: {self.LABEL}'s transformer has no convolutions to adapt; remove it"
+            )

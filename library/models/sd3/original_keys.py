@@ -1,0 +1,340 @@
+"""SD3 / SD3.5 state dicts: Stability AI's MMDiT names <-> diffusers names, both directions.
+
+- Transformer: ``transformer_to_original`` / ``transformer_from_original``. The original layout is
+  that of sd3_medium.safetensors, sd3.5_medium.safetensors and sd3.5_large.safetensors
+  (``joint_blocks.N.x_block.attn.qkv``, ``x_embedder.proj``, ``pos_embed``, ...), under
+  ``model.diffusion_model.`` in those files, which ``transformer_from_original`` strips. Fused
+  q|k|v projections are split (original -> diffusers) or concatenated (diffusers -> original).
+  Two modulations hold (shift, scale) in the original and (scale, shift) in diffusers, so their
+  halves are swapped: the final layer's, and the context modulation of the last block, whose
+  context stream is "pre-only" (it feeds the last attention but has no output projection and
+  no MLP).
+- VAE: the files hold it under ``first_stage_model.`` in SD's LDM names without quant convs, as
+  FLUX.1's ae.safetensors does: ``ae_to_original`` / ``ae_from_original`` (re-exported from
+  library/models/flux/original_keys.py) rename it, without the prefix.
+- ``detect_sd3``: which layout and variant a file holds, and which other parts are inside.
+- ``transformer_config_from_shapes``: the SD3Transformer2DModel config a state dict's shapes show.
+
+All converters take a mapping of tensors and only cut, join and rename them, so they work on meta
+tensors and on any dtype (fp8 included). ``convert_shapes`` runs them on key -> shape. They take
+whole blocks: a block's pre-only context stream is recognised by its missing context MLP. Split
+pieces are views of the fused tensor: clone them before saving them with safetensors.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from library.models import shape_configs
+from library.models.flux.original_keys import ae_from_original, ae_to_original, convert_shapes
+from library.models.sd3 import shapes as sd3_shapes
+from library.models.sd3.shapes import Variant
+
+__all__ = [
+    "ORIGINAL_PREFIX",
+    "VAE_PREFIX",
+    "TEXT_ENCODER_PREFIXES",
+    "SD3Keys",
+    "ae_from_original",
+    "ae_to_original",
+    "convert_shapes",
+    "detect_sd3",
+    "transformer_config_from_shapes",
+    "transformer_from_original",
+    "transformer_to_original",
+    "variant_for",
+]
+
+ORIGINAL_PREFIX = "model.diffusion_model."
+VAE_PREFIX = "first_stage_model."
+# Where a full checkpoint keeps each text encoder, in transformers' key names (ComfyUI's
+# supported_models.SD3, sd-scripts' sd3_utils, diffusers' single_file_utils read the same).
+TEXT_ENCODER_PREFIXES = {
+    "clip_l": "text_encoders.clip_l.transformer.",
+    "clip_g": "text_encoders.clip_g.transformer.",
+    "t5xxl": "text_encoders.t5xxl.transformer.",
+}
+
+# Original parameter stem -> diffusers stem(s), in the order the original concatenates them.
+# A stem stands for ``<stem>.weight`` and ``<stem>.bias``; the entries in _WHOLE are whole keys
+# (the position table, the RMSNorm scales of the q/k norms, which have no bias).
+_TOP = {
+    "x_embedder.proj": "pos_embed.proj",
+    "pos_embed": "pos_embed.pos_embed",
+    "t_embedder.mlp.0": "time_text_embed.timestep_embedder.linear_1",
+    "t_embedder.mlp.2": "time_text_embed.timestep_embedder.linear_2",
+    "y_embedder.mlp.0": "time_text_embed.text_embedder.linear_1",
+    "y_embedder.mlp.2": "time_text_embed.text_embedder.linear_2",
+    "context_embedder": "context_embedder",
+    "final_layer.linear": "proj_out",
+    "final_layer.adaLN_modulation.1": "norm_out.linear",
+}
+_BLOCK = {
+    "x_block.adaLN_modulation.1": "norm1.linear",
+    "x_block.attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
+    "x_block.attn.ln_q.weight": "attn.norm_q.weight",
+    "x_block.attn.ln_k.weight": "attn.norm_k.weight",
+    "x_block.attn.proj": "attn.to_out.0",
+    "x_block.attn2.qkv": ("attn2.to_q", "attn2.to_k", "attn2.to_v"),
+    "x_block.attn2.ln_q.weight": "attn2.norm_q.weight",
+    "x_block.attn2.ln_k.weight": "attn2.norm_k.weight",
+    "x_block.attn2.proj": "attn2.to_out.0",
+    "x_block.mlp.fc1": "ff.net.0.proj",
+    "x_block.mlp.fc2": "ff.net.2",
+    "context_block.adaLN_modulation.1": "norm1_context.linear",
+    "context_block.attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"),
+    "context_block.attn.ln_q.weight": "attn.norm_added_q.weight",
+    "context_block.attn.ln_k.weight": "attn.norm_added_k.weight",
+    "context_block.attn.proj": "attn.to_add_out",
+    "context_block.mlp.fc1": "ff_context.net.0.proj",
+    "context_block.mlp.fc2": "ff_context.net.2",
+}
+_WHOLE = ("pos_embed", ".ln_q.weight", ".ln_k.weight")
+_ORIGINAL_BLOCKS, _DIFFUSERS_BLOCKS = "joint_blocks", "transformer_blocks"
+# Modulations whose (shift, scale) halves diffusers stores as (scale, shift).
+_SWAPPED = ("final_layer.adaLN_modulation.1.weight", "final_layer.adaLN_modulation.1.bias")
+_CONTEXT_MODULATION = (
+    "context_block.adaLN_modulation.1.weight",
+    "context_block.adaLN_modulation.1.bias",
+)
+# A block without these has a pre-only context stream (sd3_models.MMDiT: the last block).
+_CONTEXT_MLP = ("context_block.mlp.fc2.weight", "ff_context.net.2.weight")
+
+
+def _expand(table: Mapping[str, str | tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Stems -> whole keys: original key -> diffusers keys."""
+    out = {}
+    for old, new in table.items():
+        new = (new,) if isinstance(new, str) else new
+        if old.endswith(_WHOLE):
+            out[old] = new
+            continue
+        for param in ("weight", "bias"):
+            out[f"{old}.{param}"] = tuple(f"{n}.{param}" for n in new)
+    return out
+
+
+_TOP_KEYS = _expand(_TOP)
+_BLOCK_KEYS = _expand(_BLOCK)
+# diffusers key (within its block) -> (original key, index in the fused tensor, parts)
+_TOP_BACK = {n: (o, i, len(ns)) for o, ns in _TOP_KEYS.items() for i, n in enumerate(ns)}
+_BLOCK_BACK = {n: (o, i, len(ns)) for o, ns in _BLOCK_KEYS.items() for i, n in enumerate(ns)}
+_BLOCK_KEY = re.compile(r"(\w+)\.(\d+)\.(.+)")
+
+
+def _swap_halves(tensor: torch.Tensor) -> torch.Tensor:
+    first, second = tensor.chunk(2, dim=0)
+    return torch.cat([second, first], dim=0)
+
+
+def _pre_only_blocks(keys: Iterable[str], blocks: str, mlp: str) -> set[str]:
+    """Indices (as text) of the blocks in ``keys`` that have no context MLP."""
+    found: dict[str, bool] = {}
+    for key in keys:
+        m = _BLOCK_KEY.match(key)
+        if m and m.group(1) == blocks:
+            found[m.group(2)] = found.get(m.group(2), False) or m.group(3) == mlp
+    return {index for index, has_mlp in found.items() if not has_mlp}
+
+
+def _diffusers_source(key: str) -> tuple[str, int, int, str | None]:
+    """Diffusers key -> (original key, index among the fused parts, number of parts, block)."""
+    if key in _TOP_BACK:
+        return (*_TOP_BACK[key], None)
+    m = _BLOCK_KEY.match(key)
+    if m and m.group(1) == _DIFFUSERS_BLOCKS and m.group(3) in _BLOCK_BACK:
+        rest, index, parts = _BLOCK_BACK[m.group(3)]
+        return f"{_ORIGINAL_BLOCKS}.{m.group(2)}.{rest}", index, parts, m.group(2)
+    raise ValueError(f"{key!r} is not a key of a diffusers SD3Transformer2DModel")
+
+
+def transformer_to_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Diffusers SD3Transformer2DModel state dict -> Stability's MMDiT keys, without a prefix.
+
+    Raises ValueError for a key it does not know or a fused tensor with a missing part.
+    """
+    pre_only = _pre_only_blocks(state, _DIFFUSERS_BLOCKS, _CONTEXT_MLP[1])
+    out: dict[str, torch.Tensor | None] = {}
+    parts: dict[str, list[torch.Tensor | None]] = {}
+    swap: set[str] = set()
+    for key, value in state.items():
+        old, index, count, block = _diffusers_source(key)
+        if old in _SWAPPED or (block in pre_only and old.endswith(_CONTEXT_MODULATION)):
+            swap.add(old)
+        if count == 1:
+            out[old] = value
+            continue
+        out.setdefault(old, None)  # keeps the first part's position in the key order
+        parts.setdefault(old, [None] * count)[index] = value
+    for old, pieces in parts.items():
+        if any(p is None for p in pieces):
+            raise ValueError(f"cannot build {old!r}: some of its diffusers parts are missing")
+        out[old] = torch.cat(pieces, dim=0)
+    for old in swap:
+        out[old] = _swap_halves(out[old])
+    return out
+
+
+def transformer_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stability's MMDiT state dict -> diffusers SD3Transformer2DModel keys.
+
+    Keys may carry the ``model.diffusion_model.`` prefix. Raises ValueError for a key that is not
+    part of an SD3 MMDiT (the other parts of a full checkpoint must be left out).
+    """
+    state = {k.removeprefix(ORIGINAL_PREFIX): v for k, v in state.items()}
+    pre_only = _pre_only_blocks(state, _ORIGINAL_BLOCKS, _CONTEXT_MLP[0])
+    out = {}
+    for key, value in state.items():
+        block, new_keys = "", _TOP_KEYS.get(key)
+        m = _BLOCK_KEY.match(key)
+        if new_keys is None and m and m.group(1) == _ORIGINAL_BLOCKS:
+            block, new_keys = f"{_DIFFUSERS_BLOCKS}.{m.group(2)}.", _BLOCK_KEYS.get(m.group(3))
+        if new_keys is None:
+            raise ValueError(f"{key!r} is not a key of an original SD3 MMDiT")
+        if key in _SWAPPED or (m and m.group(2) in pre_only and key.endswith(_CONTEXT_MODULATION)):
+            value = _swap_halves(value)
+        pieces = value.chunk(3, dim=0) if len(new_keys) == 3 else (value,)  # q|k|v, equal sizes
+        for new, piece in zip(new_keys, pieces, strict=True):
+            out[block + new] = piece
+    return out
+
+
+# --- detection ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SD3Keys:
+    """What the key names of an SD3 / SD3.5 file say: the MMDiT's layout, prefix, variant and
+    block count, and which other parts the file holds beside it."""
+
+    layout: Literal["original", "diffusers"]
+    variant: Variant
+    prefix: str  # before every MMDiT key: "" or "model.diffusion_model."
+    blocks: int
+    clip_l: bool = False  # text_encoders.clip_l.transformer.* inside
+    clip_g: bool = False
+    t5xxl: bool = False
+    vae: bool = False  # first_stage_model.* inside
+
+    @property
+    def text_encoders(self) -> tuple[str, ...]:
+        """The text encoders inside, by their [flow] key names."""
+        return tuple(n for n in ("clip_l", "clip_g", "t5xxl") if getattr(self, n))
+
+
+# Keys only an SD3 MMDiT has together: joint blocks with a context stream and a pooled-text
+# embedder. FLUX.1 (double_blocks / single_blocks, img_in), SD and SDXL UNets (input_blocks),
+# AuraFlow (no pooled input) have other names.
+_ORIGINAL_MARKS = (
+    "x_embedder.proj.weight",
+    "pos_embed",
+    "y_embedder.mlp.0.weight",
+    "context_embedder.weight",
+    "joint_blocks.0.x_block.attn.qkv.weight",
+    "joint_blocks.0.context_block.attn.qkv.weight",
+)
+_DIFFUSERS_MARKS = (
+    "pos_embed.proj.weight",
+    "pos_embed.pos_embed",
+    "time_text_embed.text_embedder.linear_1.weight",
+    "context_embedder.weight",
+    "transformer_blocks.0.attn.to_q.weight",
+    "transformer_blocks.0.attn.add_q_proj.weight",
+)
+
+
+def _blocks(keys: Iterable[str], head: str) -> set[int]:
+    pattern = re.compile(re.escape(head) + r"\.(\d+)\.")
+    return {int(m.group(1)) for k in keys if (m := pattern.match(k))}
+
+
+def variant_for(qk_norm: bool, dual: bool) -> Variant:
+    """sd3_utils.analyze_state_dict_state's rule: no qk norm is SD3 Medium; of the SD3.5 models
+    only Medium has dual-attention blocks."""
+    if not qk_norm:
+        return "sd3-medium"
+    return "sd3.5-medium" if dual else "sd3.5-large"
+
+
+def detect_sd3(keys: Iterable[str]) -> SD3Keys | None:
+    """The layout and variant of an SD3 / SD3.5 MMDiT state dict (or a full checkpoint holding
+    one), or None for anything else. By key names only."""
+    keys = set(keys)
+    for prefix in (ORIGINAL_PREFIX, ""):
+        if all(prefix + k in keys for k in _ORIGINAL_MARKS):
+            head = prefix + _ORIGINAL_BLOCKS
+            qk = f"{head}.0.x_block.attn.ln_q.weight" in keys
+            dual = any(k.startswith(head) and ".x_block.attn2." in k for k in keys)
+            return SD3Keys(
+                "original", variant_for(qk, dual), prefix, len(_blocks(keys, head)),
+                **_inside(keys),
+            )  # fmt: skip
+    if all(k in keys for k in _DIFFUSERS_MARKS):
+        head = _DIFFUSERS_BLOCKS
+        qk = f"{head}.0.attn.norm_q.weight" in keys
+        dual = any(k.startswith(head) and ".attn2." in k for k in keys)
+        return SD3Keys("diffusers", variant_for(qk, dual), "", len(_blocks(keys, head)))
+    return None
+
+
+def _inside(keys: set[str]) -> dict[str, bool]:
+    """Which text encoders and whether a VAE a full checkpoint holds beside its MMDiT."""
+    found = {
+        name: any(k.startswith(prefix) for k in keys)
+        for name, prefix in TEXT_ENCODER_PREFIXES.items()
+    }
+    found["vae"] = any(k.startswith(VAE_PREFIX) for k in keys)
+    return found
+
+
+# --- config from shapes ---------------------------------------------------------------------
+
+
+def transformer_config_from_shapes(shapes: Mapping[str, tuple[int, ...]], found: SD3Keys) -> dict:
+    """SD3Transformer2DModel kwargs for diffusers-named shapes: the full-size config of the
+    variant with the widths, block count, position table, qk norm and dual-attention blocks the
+    tensors show.
+
+    The head width shows only in the qk norms' scales. Without them (SD3 Medium) it is SD3's 64
+    when that divides the width, else a guess (with a warning). ``sample_size`` (not in any
+    weight) stays SD3's 128 unless the position table is smaller.
+    """
+    base = sd3_shapes.transformer_config(found.variant)
+    width, in_channels, patch, _ = shapes["pos_embed.proj.weight"]
+    norm = shapes.get("transformer_blocks.0.attn.norm_q.weight")
+    guessed = ()
+    if norm is not None:
+        head_dim = norm[0]
+    else:
+        head_dim = next(
+            d for d in (base["attention_head_dim"], 32, 16, 8, 4, 2, 1) if width % d == 0
+        )
+        guessed = ("num_attention_heads",) if head_dim != base["attention_head_dim"] else ()
+    side = math.isqrt(shapes["pos_embed.pos_embed"][1])
+    caption_in = shapes["context_embedder.weight"]
+    dual = sorted(_blocks((k for k in shapes if ".attn2." in k), _DIFFUSERS_BLOCKS))
+    config = {
+        **base,
+        "sample_size": min(base["sample_size"], side * patch),
+        "patch_size": patch,
+        "in_channels": in_channels,
+        "num_layers": found.blocks,
+        "attention_head_dim": head_dim,
+        "num_attention_heads": width // head_dim,
+        "joint_attention_dim": caption_in[1],
+        "caption_projection_dim": caption_in[0],
+        "pooled_projection_dim": shapes["time_text_embed.text_embedder.linear_1.weight"][1],
+        "out_channels": shapes["proj_out.weight"][0] // (patch * patch),
+        "pos_embed_max_size": side,
+        "dual_attention_layers": tuple(dual),
+        "qk_norm": "rms_norm" if norm is not None else None,
+    }
+    if guessed:
+        shape_configs.note_guesses("transformer", config, guessed)
+    return config
