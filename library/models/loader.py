@@ -91,9 +91,10 @@ def load_components(
 
     flow = flow if flow is not None else FlowSection()
     vae_dtype = torch.float32 if model.no_half_vae else weight_dtype
-    parts = loader_for(model, flow)(model, flow, weight_dtype, vae_dtype)
+    loader = loader_for(model, flow)
+    parts = loader.load(model, flow, weight_dtype, vae_dtype)
     parts.family.check_options(model, flow)
-    if model.vae:
+    if model.vae and not loader.reads_vae:
         from library.models.vae_file import load_vae
 
         parts.vae = load_vae(model.vae, parts.vae.config, vae_dtype)

@@ -20,9 +20,7 @@ PAIRS = {
     "derrian_backend_config.toml": "derrian_backend_dataset.toml",
 }
 DATASET_FILES = sorted(
-    p.name
-    for p in WILD.glob("*.toml")
-    if p.name.startswith("dataset_") or p.name in PAIRS.values()
+    p.name for p in WILD.glob("*.toml") if p.name.startswith("dataset_") or p.name in PAIRS.values()
 )
 ARGS_FILES = sorted(p.name for p in WILD.glob("*.toml") if p.name not in DATASET_FILES)
 # Files that need a feature another issue builds: they must be refused by name, in one line.
@@ -32,9 +30,11 @@ PLANNED = {"lycoris_example_locon.toml": 'network_module = "lycoris.kohya" is no
 @pytest.fixture(scope="module")
 def places(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
     from library.models.flux.tiny_files import write_tiny_flux_files
+    from library.models.sd3.tiny_files import write_tiny_sd3_files
 
     root = tmp_path_factory.mktemp("wild")
     flux = write_tiny_flux_files(root / "flux", "dev", seed=0)
+    sd3 = write_tiny_sd3_files(root / "sd3", "sd3.5-medium", 0, text_encoders_inside=False)
     images = root / "images"
     images.mkdir()
     # larger than every min_bucket_reso in the corpus (bucket_no_upscale), and enough of them
@@ -70,8 +70,13 @@ def places(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
         "__FLUX_CLIP_L__": str(flux["clip_l"]),
         "__FLUX_T5XXL__": str(flux["t5xxl"]),
         "__FLUX_AE__": str(flux["ae"]),
-        # not a placeholder of the files: the tokenizers a FLUX.1 run needs besides them
+        "__SD3_MODEL__": str(sd3["model"]),
+        "__SD3_CLIP_L__": str(sd3["clip_l"]),
+        "__SD3_CLIP_G__": str(sd3["clip_g"]),
+        "__SD3_T5XXL__": str(sd3["t5xxl"]),
+        # not placeholders of the files: the tokenizers FLUX.1 and SD3 runs need besides them
         "flux_tokenizers": (str(flux["tokenizer"]), str(flux["t5_tokenizer"])),
+        "sd3_tokenizers": (str(sd3["tokenizer"]), str(sd3["t5_tokenizer"])),
     }
 
 
@@ -183,4 +188,35 @@ def test_a_gui_flux_export_trains(places, tmp_path, capsys, caplog):
     assert code == 0, err
     assert "min_snr_gamma = 7.0, noise_offset = 0.05: not used by flow-matching" in caplog.text
     assert "model: FLUX.1 dev (512 T5 tokens, T5 padding masked, guidance 1)" in out
-    assert (tmp_path / "out" / "Flux.my-super-duper-model-name-goes-here-v1.0.safetensors").is_file()
+    assert (
+        tmp_path / "out" / "Flux.my-super-duper-model-name-goes-here-v1.0.safetensors"
+    ).is_file()
+
+
+def test_a_gui_sd3_export_trains(places, tmp_path, capsys, caplog):
+    """The SD3 export trains on tiny files as written (only paths, tokenizers, the step count
+    and the size changed): the GUI's SD sampler is sampled with Euler, with a warning, as
+    sd-scripts does; t5xxl_dtype and text_encoder_batch_size change nothing."""
+    config = _filled("kohya_ss_gui_v25_sd3_lora.toml", places, tmp_path)
+    clip, t5 = places["sd3_tokenizers"]
+    from library.cli import main
+
+    reset_accelerate()
+    try:
+        code = main([
+            "--config", str(config), "--tokenizer_path", clip, "--t5_tokenizer_path", t5,
+            "--max_train_steps", "1", "--resolution", "64", "--min_bucket_reso", "64",
+            "--bucket_reso_steps", "16", "--sample_every_n_steps", "1",
+            "--output_dir", str(tmp_path / "out"),
+        ])  # fmt: skip
+    finally:
+        reset_accelerate()
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert 'sample_sampler "euler_a": flow-matching models (Flux.1, SD3) sample with Euler' in (
+        caplog.text
+    )
+    assert "model: SD3.5 Medium (256 T5 tokens)" in out
+    assert "weighting_scheme logit_normal (mean 0, std 1), training_shift 1" in out
+    assert (tmp_path / "out" / "SD3.my-super-duper-model-name-goes-here-v1.0.safetensors").is_file()
+    assert list((tmp_path / "out" / "sample").glob("*.png"))

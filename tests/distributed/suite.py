@@ -61,8 +61,24 @@ MODES["flux-full"] = (
      "fp8_base": False},
     ["--ddp_gradient_as_bucket_view"],
 )
+# SD3.5 Medium LoRA on the MMDiT and all three text encoders, with kohya's SD3 timestep density
+# and every text encoder's dropout at 0.5: each sample's dropout draw must follow the sample,
+# not its rank or micro-batch.
+MODES["sd3-lora"] = (
+    {
+        "network_module": "networks.lora_sd3",
+        "network_args": ["train_t5xxl=True"],
+        "weighting_scheme": "logit_normal",
+        "training_shift": 3.0,
+        "clip_l_dropout_rate": 0.5,
+        "clip_g_dropout_rate": 0.5,
+        "t5_dropout_rate": 0.5,
+        "bucket_reso_steps": 16,
+    },
+    ["--gradient_checkpointing"],
+)
 # Modes trained on another model than the tiny SD one: mode -> the Runs method giving its folder.
-MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir"}
+MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir", "sd3-lora": "sd3_dir"}
 # layout name -> (processes, accumulation, batch)
 LAYOUTS = {"2x2x1": (2, 2, 1), "1x4x1": (1, 4, 1), "1x1x4": (1, 1, 4), "1x2x1": (1, 2, 1)}
 EQUIVALENCE_KEYS = {
@@ -112,7 +128,7 @@ class Runs:
         self._pool = ThreadPoolExecutor(CONCURRENT_LAUNCHES, thread_name_prefix="launch")
         self._launched: dict[str, Future] = {}
         self._done: dict[str, Run] = {}
-        self._flux_lock = threading.Lock()
+        self._model_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -139,12 +155,23 @@ class Runs:
 
     def flux_dir(self) -> Path:
         """A tiny Flux.1 dev folder, written on first use."""
-        folder = self.root / "tiny-flux"
-        with self._flux_lock:  # written by start() first; the lock only guards a late first ask
-            if not folder.is_dir():
-                from library.models.flux.tiny_files import write_tiny_flux_folder
+        from library.models.flux.tiny_files import write_tiny_flux_folder
 
-                write_tiny_flux_folder(folder, "dev", seed=0)
+        return self._tiny_folder("tiny-flux", lambda folder: write_tiny_flux_folder(folder, "dev"))
+
+    def sd3_dir(self) -> Path:
+        """A tiny SD3.5 Medium folder, written on first use."""
+        from library.models.sd3.tiny_files import write_tiny_sd3_folder
+
+        return self._tiny_folder(
+            "tiny-sd3", lambda folder: write_tiny_sd3_folder(folder, "sd3.5-medium")
+        )
+
+    def _tiny_folder(self, name: str, write) -> Path:
+        folder = self.root / name
+        with self._model_lock:  # written by start() first; the lock only guards a late first ask
+            if not folder.is_dir():
+                write(folder)
         return folder
 
     def data_config(self, name: str, accumulation: int) -> Path:
@@ -215,11 +242,12 @@ class Runs:
 
     def start(self, names: list[str]) -> None:
         """Queue the launches among ``names`` (in order) without waiting for them."""
-        if any(mode in name for name in names for mode in MODE_MODELS):
-            # Written here, in the test thread, before any launch thread starts: building the
-            # tiny model seeds torch's process-wide generator, which an in-process run in this
-            # thread may be drawing from at the same moment.
-            self.flux_dir()
+        for mode, folder in MODE_MODELS.items():
+            if any(mode in name for name in names):
+                # Written here, in the test thread, before any launch thread starts: building a
+                # tiny model seeds torch's process-wide generator, which an in-process run in
+                # this thread may be drawing from at the same moment.
+                getattr(self, folder)()
         launches = self._launches()
         for name in names:
             if name in launches and name not in self._launched:

@@ -23,11 +23,13 @@ Load = Callable[[ModelSection, FlowSection, torch.dtype, torch.dtype], object]
 @dataclass(frozen=True)
 class FamilyLoader:
     """``claims(model, flow)``: this loader reads the model (a cheap look at its files);
-    ``load(model, flow, weight_dtype, vae_dtype)`` returns its Components."""
+    ``load(model, flow, weight_dtype, vae_dtype)`` returns its Components. ``reads_vae``: the
+    loader itself honours [model] vae (else the shared loader replaces the VAE afterwards)."""
 
     name: str
     claims: Callable[[ModelSection, FlowSection], bool]
     load: Load
+    reads_vae: bool = False
 
 
 def _flux_claims(model: ModelSection, flow: FlowSection) -> bool:
@@ -42,6 +44,18 @@ def _flux_load(model, flow, weight_dtype, vae_dtype):
     return load_flux(model, flow, weight_dtype, vae_dtype)
 
 
+def _sd3_claims(model: ModelSection, flow: FlowSection) -> bool:
+    from library.models.families.sd3_load import claims_sd3
+
+    return claims_sd3(model, flow)
+
+
+def _sd3_load(model, flow, weight_dtype, vae_dtype):
+    from library.models.families.sd3 import load_sd3
+
+    return load_sd3(model, flow, weight_dtype, vae_dtype)
+
+
 def _sd_load(model, flow, weight_dtype, vae_dtype):
     from library.models.families.sd_load import load_sd
 
@@ -51,13 +65,15 @@ def _sd_load(model, flow, weight_dtype, vae_dtype):
 # In the order they are asked; the last claims everything.
 LOADERS: tuple[FamilyLoader, ...] = (
     FamilyLoader("flux", _flux_claims, _flux_load),
+    # SD3's single files may hold no VAE: the loader needs [model] vae to build one.
+    FamilyLoader("sd3", _sd3_claims, _sd3_load, reads_vae=True),
     FamilyLoader("sd", lambda model, flow: True, _sd_load),
 )
 
 
-def loader_for(model: ModelSection, flow: FlowSection) -> Load:
-    """The load function of the first family that claims ``model``."""
+def loader_for(model: ModelSection, flow: FlowSection) -> FamilyLoader:
+    """The first family loader that claims ``model``."""
     for loader in LOADERS:
         if loader.claims(model, flow):
-            return loader.load
+            return loader
     raise AssertionError("the SD loader claims every model")

@@ -1,0 +1,364 @@
+"""SD3 and SD3.5 (Medium, Large): a rectified-flow MMDiT conditioned on CLIP-L, CLIP-G and T5-XXL.
+
+The facts this implementation relies on (docs/formats.md, SD3 / SD3.5):
+
+- latents: the VAE's 16 channels, ``(sample - 0.0609) * 1.5305`` (from the VAE's config); the
+  MMDiT patches them 2x2 itself, so image sides are multiples of 16;
+- text: CLIP-L's and CLIP-G's penultimate hidden states (77 tokens each) side by side on the
+  channels (768 + 1280), zero-padded to T5's width (4096), then T5-XXL's last hidden states
+  (256 tokens by default) appended on the tokens: [B, 77 + 256, 4096]. The pooled conditioning
+  is both CLIPs' projected pooled outputs side by side (2048). CLIP-G pads with token id 0;
+- apply_lg_attn_mask / apply_t5_attn_mask mask the caption's padding inside the text encoders
+  only; the MMDiT attends to every token (kohya's SD3 trainer passes it no mask);
+- clip_l/clip_g/t5_dropout_rate replace one encoder's output of a sample by zeros;
+- timestep: sigma * 1000 (the MMDiT embeds it as is);
+- LoRA files: kohya's names from the original module tree (library.networks.sd3_keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from library.errors import ConfigError
+from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.base import TEXT_DROPOUT_KEY
+from library.models.families.transformer_family import TransformerFamily
+
+CLIP_TOKENS = 77
+# kohya's and diffusers' T5 length for SD3 captions
+T5_TOKENS = 256
+
+# Our variant name -> (kohya's model type after "stable-diffusion-3-", its ss_base_model_version)
+_KOHYA_TYPES = {
+    "sd3-medium": "medium",
+    "sd3.5-medium": "5-medium",
+    "sd3.5-large": "5-large",
+}
+_LABELS = {"sd3-medium": "SD3 Medium", "sd3.5-medium": "SD3.5 Medium", "sd3.5-large": "SD3.5 Large"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SD3Family(TransformerFamily):
+    """SD3 Medium, SD3.5 Medium or SD3.5 Large with the run's text settings.
+
+    The widths of the loaded encoders (``clip_widths``, ``pooled_widths``: CLIP-L's then
+    CLIP-G's hidden and projection sizes) say where each encoder's part of the conditioning
+    lies, for the per-encoder dropout.
+    """
+
+    FLOW_KIND: ClassVar[str] = "sd3"
+    LABEL: ClassVar[str] = "SD3"
+
+    variant: str = "sd3.5-large"
+    t5_max_length: int = T5_TOKENS
+    t5_attention_mask: bool = False  # apply_t5_attn_mask
+    clip_attention_mask: bool = False  # apply_lg_attn_mask
+    # clip_l / clip_g / t5 dropout rates
+    dropout_rates: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    clip_widths: tuple[int, int] = (768, 1280)
+    pooled_widths: tuple[int, int] = (768, 1280)
+
+    def describe(self) -> str:
+        masks = [name for name, on in (("CLIP", self.clip_attention_mask),
+                                       ("T5", self.t5_attention_mask)) if on]  # fmt: skip
+        masked = f", {' and '.join(masks)} padding masked" if masks else ""
+        drops = ", ".join(
+            f"{name} dropout {rate:g}"
+            for name, rate in zip(("CLIP-L", "CLIP-G", "T5"), self.dropout_rates, strict=True)
+            if rate
+        )
+        return f"{_LABELS[self.variant]} ({self.t5_max_length} T5 tokens{masked}" + (
+            f", {drops})" if drops else ")"
+        )
+
+    @property
+    def text_cache_name(self) -> str:
+        masks = ("|clip_mask" if self.clip_attention_mask else "") + (
+            "|t5_mask" if self.t5_attention_mask else ""
+        )
+        return f"{self.name}|t5_tokens={self.t5_max_length}{masks}"
+
+    @property
+    def text_dropout_draws(self) -> int:
+        """Uniform draws per sample the conditioning consumes (one per encoder), when any
+        encoder's dropout rate is set."""
+        return 3 if any(self.dropout_rates) else 0
+
+    # -- conditioning ------------------------------------------------------------------------
+
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ):
+        """[B, 77 + T5 tokens, T5 width] hidden states and [B, 2048] pooled (see the module)."""
+        captions = list(captions)
+        hidden, pooled = [], []
+        for tokenizer, encoder in zip(tokenizers[:2], text_encoders[:2], strict=True):
+            tokens = self._tokens(tokenizer, captions, CLIP_TOKENS)
+            mask = tokens.attention_mask.to(device) if self.clip_attention_mask else None
+            out = encoder(
+                tokens.input_ids.to(device),
+                attention_mask=mask,
+                output_hidden_states=True,
+                return_dict=True,
+            )
+            # The penultimate layer without the final layer norm, as SD3 was trained.
+            hidden.append(out.hidden_states[-2])
+            pooled.append(out.text_embeds)
+        t5_tokens = self._tokens(tokenizers[2], captions, self.t5_max_length)
+        mask = t5_tokens.attention_mask.to(device) if self.t5_attention_mask else None
+        t5 = text_encoders[2](t5_tokens.input_ids.to(device), attention_mask=mask)
+        t5_hidden = t5.last_hidden_state
+        clip = torch.cat(hidden, dim=-1)
+        clip = F.pad(clip, (0, t5_hidden.shape[-1] - clip.shape[-1]))
+        context = torch.cat([clip.to(t5_hidden.dtype), t5_hidden], dim=-2)
+        return TextConditioning(context, torch.cat(pooled, dim=-1))
+
+    @staticmethod
+    def _tokens(tokenizer, captions, length):
+        return tokenizer(
+            captions,
+            padding="max_length",
+            max_length=length,
+            truncation=True,
+            return_tensors="pt",
+        )
+
+    def assemble_conditioning(self, text, batch, device, dtype=None):
+        hidden, pooled = text.hidden.to(device), text.pooled.to(device)
+        if dtype is not None:
+            hidden, pooled = hidden.to(dtype), pooled.to(dtype)
+        draws = None if batch is None else batch.get(TEXT_DROPOUT_KEY)
+        if draws is not None and any(self.dropout_rates):
+            hidden, pooled = self._drop(hidden, pooled, draws.to(device))
+        return Conditioning(hidden, {"pooled_projections": pooled})
+
+    def _drop(self, hidden, pooled, draws):
+        """Zero each sample's CLIP-L, CLIP-G and T5 parts where its draw is below the rate."""
+        rates = torch.tensor(self.dropout_rates, device=draws.device)
+        keep = (draws >= rates).to(hidden.dtype)  # [B, 3]
+        (l_width, g_width), (l_pooled, g_pooled) = self.clip_widths, self.pooled_widths
+        channels = torch.ones(hidden.shape[0], 1, hidden.shape[-1], device=hidden.device)
+        channels = channels.to(hidden.dtype)
+        clip_rows = channels.repeat(1, CLIP_TOKENS, 1)
+        clip_rows[:, :, :l_width] *= keep[:, 0, None, None]
+        clip_rows[:, :, l_width : l_width + g_width] *= keep[:, 1, None, None]
+        t5_rows = channels.repeat(1, hidden.shape[1] - CLIP_TOKENS, 1) * keep[:, 2, None, None]
+        hidden = hidden * torch.cat([clip_rows, t5_rows], dim=1)
+        pooled_keep = torch.cat(
+            [keep[:, :1].expand(-1, l_pooled), keep[:, 1:2].expand(-1, g_pooled)], dim=1
+        )
+        return hidden, pooled * pooled_keep
+
+    def predict(self, denoiser, noisy, timesteps, cond):
+        return denoiser(
+            hidden_states=noisy,
+            encoder_hidden_states=cond.encoder_hidden_states,
+            pooled_projections=cond.unet_kwargs["pooled_projections"],
+            # sigma in [0, 1] -> the MMDiT's timestep in [0, 1000], in float32: the weight
+            # dtype (bf16) would round it to steps of up to 4.
+            timestep=timesteps.float() * 1000,
+            return_dict=False,
+        )[0]
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def transformer_modules(self, transformer):
+        """kohya's networks.lora_sd3 modules of the MMDiT: every Linear of every joint block."""
+        from library.networks.sd3_keys import transformer_modules
+
+        return transformer_modules(transformer)
+
+    def diffusers_lora_tensors(self, models):
+        """transformer.* / text_encoder.* / text_encoder_2.* peft keys, which diffusers'
+        StableDiffusion3Pipeline.load_lora_weights (and ComfyUI) read; T5 has no place there."""
+        from library.networks.sd3_keys import diffusers_lora_tensors
+
+        try:
+            return diffusers_lora_tensors(models)
+        except ValueError as exc:
+            raise ConfigError(f'lora_format = "diffusers": {exc}') from None
+
+    def load_lora_tensors(self, models, tensors, source):
+        """kohya's layout (TransformerFamily), or the diffusers layout lora_format writes."""
+        from library.networks.fused_keys import load_adapter_weights
+        from library.networks.sd3_keys import import_diffusers_lora, is_diffusers_layout
+
+        if not is_diffusers_layout(tensors):
+            super().load_lora_tensors(models, tensors, source)
+            return
+        weights = import_diffusers_lora(models, tensors, source)
+        for prefix, per_path in weights.items():
+            load_adapter_weights(models[prefix], per_path, source)
+
+    def sampling_pipeline(self):
+        """StableDiffusion3Pipeline fed our conditioning (library.models.families.sd3_sampling)."""
+        from library.models.families.sd3_sampling import sd3_pipeline_kind
+
+        return sd3_pipeline_kind()
+
+    # -- sizes, options, files ---------------------------------------------------------------
+
+    def metadata_keys(self, config):
+        """kohya's SD3 keys (its defaults where the [flow] key is unset), and training_shift,
+        which kohya leaves out though it changes what was trained."""
+        from library.training.objectives import FlowOptions
+
+        o = FlowOptions.from_section(config.flow)
+        return {
+            "ss_apply_lg_attn_mask": self.clip_attention_mask,
+            "ss_apply_t5_attn_mask": self.t5_attention_mask,
+            "ss_weighting_scheme": o.weighting_scheme,
+            "ss_logit_mean": o.logit_mean,
+            "ss_logit_std": o.logit_std,
+            "ss_mode_scale": o.mode_scale,
+            "ss_training_shift": o.training_shift,
+        }
+
+    def check_options(self, model, flow):
+        super().check_options(model, flow)
+        if flow.enable_scaled_pos_embed:
+            raise ConfigError(
+                "enable_scaled_pos_embed is not supported yet (SD3.5 Medium's per-resolution "
+                "position embeddings); remove it"
+            )
+        if flow.pos_emb_random_crop_rate:
+            raise ConfigError(
+                "pos_emb_random_crop_rate is not supported yet (random crops of SD3.5 Medium's "
+                "position embeddings); remove it or set it to 0"
+            )
+
+    def check_training(self, config):
+        super().check_training(config)
+        t5_trains = config.flow.train_t5xxl and not config.network.network_train_unet_only
+        if config.saving.lora_format == "diffusers" and t5_trains:
+            raise ConfigError(
+                'lora_format = "diffusers" has no place for T5 adapters (diffusers\' SD3 loader '
+                "reads the MMDiT, CLIP-L and CLIP-G); remove train_t5xxl or lora_format"
+            )
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        """The trained MMDiT and the VAE in Stability AI's single-file layout
+        (``model.diffusion_model.``, ``first_stage_model.``), as sd3.5_large.safetensors is
+        distributed and kohya's SD3 trainer saves it; the text encoders stay the user's files.
+        The diffusers configs ride in the header (difftune.config.*) for exact reloading."""
+        import json
+
+        from safetensors.torch import save_file
+
+        from library.models.checkpoint_parts import CONFIG_METADATA
+        from library.models.flux.original_keys import ae_to_original
+        from library.models.sd3.original_keys import transformer_to_original
+        from library.saving.atomic import atomic_write_file
+
+        def plain(module):
+            return {k: v.detach().to("cpu", dtype) for k, v in module.state_dict().items()}
+
+        tensors = {
+            f"model.diffusion_model.{k}": v
+            for k, v in transformer_to_original(plain(denoiser)).items()
+        }
+        vae = components.vae
+        tensors |= {f"first_stage_model.{k}": v for k, v in ae_to_original(plain(vae)).items()}
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        header = {
+            CONFIG_METADATA + "transformer": json.dumps(
+                dict(denoiser.config), default=list, sort_keys=True
+            ),
+            CONFIG_METADATA + "vae": json.dumps(dict(vae.config), default=list, sort_keys=True),
+            **dict(metadata or {}),
+        }
+        atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=header))
+
+    def full_model_modules(self, components):
+        return (components.denoiser, components.vae)
+
+
+def _variant(variant: str, **data) -> SD3Family:
+    return SD3Family(
+        name=variant,
+        prediction_type="flow",
+        base_model_version=_KOHYA_TYPES[variant],
+        modelspec_architecture=f"stable-diffusion-3-{_KOHYA_TYPES[variant]}",
+        default_resolution=1024,
+        text_encoder_subfolders=("text_encoder", "text_encoder_2", "text_encoder_3"),
+        tokenizer_subfolders=("tokenizer", "tokenizer_2", "tokenizer_3"),
+        text_encoder_lora_prefixes=("lora_te1", "lora_te2", "lora_te3"),
+        uses_pooled_text_embedding=True,
+        denoiser_subfolder="transformer",
+        latent_scale=1.5305,
+        lora_formats=("kohya", "diffusers"),
+        network_modules=("networks.lora", "networks.lora_sd3"),
+        variant=variant,
+        **data,
+    )
+
+
+SD3_MEDIUM = _variant("sd3-medium")
+SD35_MEDIUM = _variant("sd3.5-medium")
+SD35_LARGE = _variant("sd3.5-large")
+VARIANT_FAMILIES = {f.variant: f for f in (SD3_MEDIUM, SD35_MEDIUM, SD35_LARGE)}
+
+
+def sd3_family(variant: str, flow, text_encoders=()) -> SD3Family:
+    """The family of ``variant`` with the [flow] section's text settings (unset: kohya's
+    defaults) and, given the loaded (CLIP-L, CLIP-G, T5), their widths."""
+    changes: dict = {}
+    if flow.t5xxl_max_token_length is not None:
+        changes["t5_max_length"] = int(flow.t5xxl_max_token_length)
+    if flow.apply_t5_attn_mask:
+        changes["t5_attention_mask"] = True
+    if flow.apply_lg_attn_mask:
+        changes["clip_attention_mask"] = True
+    if flow.train_t5xxl:
+        changes["train_t5"] = True
+    rates = (flow.clip_l_dropout_rate, flow.clip_g_dropout_rate, flow.t5_dropout_rate)
+    if any(rates):
+        changes["dropout_rates"] = tuple(float(r or 0.0) for r in rates)
+    if text_encoders:
+        clips = text_encoders[:2]
+        changes["clip_widths"] = tuple(e.config.hidden_size for e in clips)
+        changes["pooled_widths"] = tuple(e.config.projection_dim for e in clips)
+    return dataclasses.replace(VARIANT_FAMILIES[variant], **changes)
+
+
+def load_sd3(model, flow, weight_dtype: torch.dtype, vae_dtype: torch.dtype):
+    """Components of an SD3/SD3.5 model (a diffusers folder, or the single files): text
+    encoders and tokenizers are (CLIP-L, CLIP-G, T5); kohya's SD3 objective and family."""
+    from library.models.families.sd3_load import load_sd3_parts
+    from library.models.families.sd3_sampling import sd3_scheduler_config
+    from library.models.loader import Components
+    from library.training.objectives import FlowOptions
+    from library.training.sd3_objective import SD3FlowObjective
+
+    parts = load_sd3_parts(model, flow, weight_dtype, vae_dtype)
+    if model.vae and parts.model_dir.is_dir():  # the single-file route reads it itself
+        from library.models.families.sd3_files import load_vae_option
+
+        parts.vae = load_vae_option(model, vae_dtype)
+    encoders = (parts.clip_l, parts.clip_g, parts.t5)
+    return Components(
+        denoiser=parts.transformer,
+        vae=parts.vae,
+        text_encoders=encoders,
+        tokenizers=(
+            parts.clip_l_tokenizer,
+            pad_with_id_zero(parts.clip_g_tokenizer),
+            parts.t5_tokenizer,
+        ),
+        objective=SD3FlowObjective(FlowOptions.from_section(flow), sd3_scheduler_config()),
+        family=sd3_family(parts.variant, flow, encoders),
+        model_dir=parts.model_dir,
+    )
+
+
+def pad_with_id_zero(tokenizer):
+    """CLIP-G's tokenizer padding with token id 0, as SD3 was trained (the released
+    tokenizer_2 already does; one found elsewhere pads with its end token)."""
+    if tokenizer.pad_token_id != 0:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)
+    return tokenizer

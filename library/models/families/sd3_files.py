@@ -1,0 +1,483 @@
+"""SD3 / SD3.5 from the single files users have: Stability AI's model file
+(pretrained_model_name_or_path) and the [flow] clip_l, clip_g and t5xxl files for the text
+encoders it does not hold.
+
+The model file is read as Stability AI ships it (sd3_medium.safetensors, sd3.5_medium /
+sd3.5_large.safetensors, the ``_incl_clips...`` files): the MMDiT under ``model.diffusion_model.``
+(or without the prefix, or a transformer file in diffusers' names), the VAE under
+``first_stage_model.``, the text encoders under ``text_encoders.{clip_l,clip_g,t5xxl}.transformer.``
+in transformers' names. A [flow] clip_l / clip_g / t5xxl file is used instead of the one inside;
+a text encoder neither inside nor set is an error naming its key. The VAE is [model] ``vae`` when
+set, else the one inside, else an error naming ``vae``.
+
+Separate files: clip_l and clip_g in transformers' CLIPTextModelWithProjection names (with or
+without ``text_model.``), t5xxl in T5EncoderModel names, a vae file in SD's LDM names or
+diffusers' (with or without ``first_stage_model.``). The clip_l.safetensors Stability released
+with SD3 has no text_projection.weight: CLIP-L then gets the identity projection, as Stability's
+reference code and ComfyUI give it. Each file's config is the one in its metadata
+(``difftune.config.<part>``, written by difftune) when it fits, else the full-size SD3 config with
+the sizes the tensors show. Every file's header and shapes are checked, the encoders' widths
+matched with the transformer's inputs and the tokenizers found, before any weight is read;
+weights stored in fp8, fp16 or bf16 are cast to the weight dtype on load.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
+from library.errors import ModelError
+from library.models import original_names as names
+from library.models import shape_configs
+from library.models.checkpoint_file import CheckpointFile
+from library.models.families import file_plans
+from library.models.families.file_plans import (
+    Plan,
+    ae_keys,
+    build_ae,
+    build_t5,
+    load_plan,
+    looks_like,
+    note_derived,
+    open_safetensors,
+    plan_with_config,
+    refuse_scaled_fp8,
+    sample_keys,
+    t5_encoder_keys,
+)
+from library.models.families.flux_tokenizers import (
+    check_vocab,
+    find_t5_tokenizer_folder,
+    load_t5_tokenizer,
+    t5_tokenizer_files,
+)
+from library.models.families.sd3_load import refuse_channels
+from library.models.families.sd3_parts import SD3Parts
+from library.models.loader import offline, one_line
+from library.models.sd3 import shapes as sd3_shapes
+from library.models.sd3.original_keys import (
+    TEXT_ENCODER_PREFIXES,
+    VAE_PREFIX,
+    SD3Keys,
+    ae_from_original,
+    convert_shapes,
+    detect_sd3,
+    transformer_config_from_shapes,
+    transformer_from_original,
+)
+
+log = logging.getLogger(__name__)
+
+MODEL_KEY = "pretrained_model_name_or_path"
+FAMILY = "SD3"
+# [flow] key -> (diffusers part, what the file must be, how errors name the module, base config)
+_ENCODERS: dict[str, tuple[str, str, str, Callable[[], dict]]] = {
+    "clip_l": (
+        "text_encoder",
+        "the CLIP-L text encoder (clip_l.safetensors)",
+        "SD3 CLIP-L",
+        sd3_shapes.clip_l_config,
+    ),
+    "clip_g": (
+        "text_encoder_2",
+        "the CLIP-G text encoder (clip_g.safetensors)",
+        "SD3 CLIP-G",
+        sd3_shapes.clip_g_config,
+    ),
+    "t5xxl": (
+        "text_encoder_3",
+        "the T5-XXL text encoder (e.g. t5xxl_fp16.safetensors)",
+        "SD3 T5-XXL",
+        sd3_shapes.t5_xxl_config,
+    ),
+}
+_VAE = "the SD3 VAE (16 latent channels)"
+# Where the [model] and [flow] keys live, for the fix an error names.
+_SECTION = {"vae": "[model]", "clip_l": "[flow]", "clip_g": "[flow]", "t5xxl": "[flow]"}
+# Tensors of published CLIP files that CLIPTextModelWithProjection does not have: transformers
+# 4.x's position_ids buffer, CLIP's logit scale.
+_CLIP_UNUSED = ("position_ids", "logit_scale")
+# Diffusers repositories whose tokenizer_3/ is SD3's T5 tokenizer, for the Hub cache.
+_T5_REPOS = (
+    "stabilityai/stable-diffusion-3.5-large",
+    "stabilityai/stable-diffusion-3.5-medium",
+    "stabilityai/stable-diffusion-3-medium-diffusers",
+)
+
+
+def load_sd3_files(
+    path: Path,
+    model: ModelSection,
+    flow: FlowSection,
+    weight_dtype: torch.dtype,
+    vae_dtype: torch.dtype,
+) -> SD3Parts:
+    """The SD3Parts of Stability's single file ``path`` with the [flow] text-encoder files and
+    [model] vae it needs; ModelError naming the file and the fix for any problem."""
+    from library.models.tokenizers import load_tokenizer_for
+
+    if not path.is_file():
+        raise ModelError(f"model file {path} does not exist; nothing is downloaded")
+    model_file = open_safetensors(path, MODEL_KEY, FAMILY)
+    found = detect_sd3(model_file.keys())
+    if found is None:
+        raise ModelError(
+            f"{path} holds no SD3 / SD3.5 MMDiT ({sample_keys(model_file.keys())}); point "
+            f"{MODEL_KEY} at sd3_medium.safetensors, sd3.5_medium.safetensors, "
+            "sd3.5_large.safetensors or a diffusers folder"
+        )
+    transformer = plan_transformer(model_file, found)
+    refuse_channels(path, transformer.config["in_channels"])
+    clip_l, clip_g, t5 = (plan_text_encoder(model_file, found, flow, key) for key in _ENCODERS)
+    check_widths(path, transformer, clip_l, clip_g, t5)
+    vae, vae_folder = _plan_vae_source(model, model_file, found)
+    t5_folder = find_sd3_t5_tokenizer_folder(flow.t5_tokenizer_path, model.tokenizer_cache_dir)
+    if t5_folder is None:
+        raise ModelError(missing_t5_tokenizer(flow.t5_tokenizer_path, path))
+    t5_folder = t5_tokenizer_files(t5_folder, "set t5_tokenizer_path in [flow] to a folder with it")
+    with offline():
+        tokenizers = []
+        # Both CLIPs share CLIP's vocabulary; CLIP-G (OpenCLIP) looks in tokenizer_2/ first.
+        for index, (kind, plan, name) in enumerate(
+            (("clip", clip_l, "CLIP-L"), ("openclip", clip_g, "CLIP-G"))
+        ):
+            tokenizer = load_tokenizer_for(
+                kind,
+                index,
+                path,
+                model.tokenizer_path,
+                model.tokenizer_cache_dir,
+                plan.config["max_position_embeddings"],
+            )
+            where = tokenizer.name_or_path or f"the {name} tokenizer folder"
+            check_vocab(where, tokenizer, plan.config["vocab_size"], name)
+            tokenizers.append(tokenizer)
+        t5_tokenizer = load_t5_tokenizer(t5_folder, t5.config["vocab_size"])
+        modules = [load_plan(p, weight_dtype) for p in (transformer, clip_l, clip_g, t5)]
+        if vae is not None:
+            vae_module = load_plan(vae, vae_dtype)
+        else:
+            from library.models.vae_file import load_vae
+
+            vae_module = load_vae(str(vae_folder), sd3_shapes.vae_config(), vae_dtype)
+    transformer_module, clip_l_module, clip_g_module, t5_module = modules
+    return SD3Parts(
+        transformer_module, vae_module, clip_l_module, clip_g_module, t5_module,
+        *tokenizers, t5_tokenizer, found.variant, path,
+    )  # fmt: skip
+
+
+def _wrong_file(
+    what: str, file: CheckpointFile, expected: str, problem: str, key: str
+) -> ModelError:
+    return ModelError(
+        f"{what} = {file.path} is not {expected}: {problem} (the file looks like "
+        f"{looks_like(file.keys())}); set {key} in {_SECTION[key]} to {expected}'s file"
+    )
+
+
+def _flow_file(flow: FlowSection, key: str) -> CheckpointFile:
+    """The [flow] file ``key`` (set), its header read; ModelError naming the key when unusable."""
+    path = Path(getattr(flow, key)).expanduser().absolute()
+    if not path.is_file():
+        raise ModelError(
+            f"{key} = {path} does not exist; set {key} in [flow] to {_ENCODERS[key][1]}"
+        )
+    return open_safetensors(path, key, FAMILY)
+
+
+# --- transformer --------------------------------------------------------------------------------
+
+
+def plan_transformer(file: CheckpointFile, found: SD3Keys) -> Plan:
+    """The MMDiT of ``file`` (the model file, in the layout ``found`` says)."""
+    refuse_scaled_fp8(file, MODEL_KEY)
+    original = found.layout == "original"
+    if original:
+        # A full checkpoint holds other parts beside model.diffusion_model.*.
+        others = (VAE_PREFIX, "text_encoders.")
+        keys = [k for k in file if k.startswith(found.prefix) and not k.startswith(others)]
+    else:
+        keys = list(file.keys())
+    block_head = re.compile(re.escape(found.prefix) + r"joint_blocks\.\d+\.")
+
+    def block(key: str) -> str:
+        # Each block's fused tensors with its own keys: its pre-only context stream (no MLP)
+        # shows only among them.
+        found_block = block_head.match(key)
+        return found_block.group(0) if found_block else ""
+
+    def convert(state):
+        return transformer_from_original(state) if original else dict(state)
+
+    def plan_of(config: dict) -> Plan:
+        return Plan(
+            "transformer", MODEL_KEY, file, keys, config, convert, _build_transformer,
+            group=block if original else None, label=f"{FAMILY} transformer",
+        )  # fmt: skip
+
+    def derive() -> dict:
+        try:
+            shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
+            return transformer_config_from_shapes(shapes, found)
+        except (ValueError, KeyError, IndexError) as exc:
+            raise ModelError(
+                f"{MODEL_KEY} = {file.path}: {one_line(exc)}; it is not an SD3 / SD3.5 MMDiT"
+            ) from None
+
+    return plan_with_config("transformer", plan_of, file, derive)
+
+
+def _build_transformer(config: dict) -> torch.nn.Module:
+    from diffusers import SD3Transformer2DModel
+
+    # Buffers on the meta device too: the position table (0.9 GB in float32 for 3.5 Medium) is
+    # computed at construction, and the file's own is loaded over it (its only buffer).
+    with torch.device("meta"):
+        return SD3Transformer2DModel.from_config(config)
+
+
+# --- text encoders ------------------------------------------------------------------------------
+
+
+def plan_text_encoder(
+    model_file: CheckpointFile, found: SD3Keys, flow: FlowSection, key: str
+) -> Plan:
+    """The text encoder ``key`` ("clip_l", "clip_g", "t5xxl"): its [flow] file when set, else
+    the one inside the model file; ModelError naming the key when neither is there."""
+    expected = _ENCODERS[key][1]
+    inside = TEXT_ENCODER_PREFIXES[key]
+    if getattr(flow, key):
+        file, what = _flow_file(flow, key), key
+        # A file cut out of a full checkpoint keeps its prefix.
+        prefix = inside if any(k.startswith(inside) for k in file) else ""
+    elif getattr(found, key):
+        file, what, prefix = model_file, f"{MODEL_KEY} ({key} inside)", inside
+    else:
+        raise ModelError(
+            f"{model_file.path.name} does not hold {expected} ({inside}*): set {key} = "
+            f'"<path to {key}.safetensors>" in [flow] (or use a diffusers folder)'
+        )
+    refuse_scaled_fp8(file, what)
+    if key == "t5xxl":
+        return plan_t5(file, what, prefix)
+    return plan_clip(file, what, prefix, key)
+
+
+def plan_clip(file: CheckpointFile, what: str, prefix: str, key: str) -> Plan:
+    """CLIP-L (``key`` "clip_l") or CLIP-G ("clip_g") with its projection, from the keys under
+    ``prefix``."""
+    part, expected, label, base = _ENCODERS[key]
+    keys = [k for k in file if k.startswith(prefix) and not k.endswith(_CLIP_UNUSED)]
+    if not any(k.endswith("embeddings.token_embedding.weight") for k in keys):
+        raise _wrong_file(
+            what, file, expected, f"it has no {prefix}*embeddings.token_embedding.weight", key
+        )
+    identity = key == "clip_l" and prefix + "text_projection.weight" not in keys
+    if identity:
+        log.info(
+            "%s %s has no text_projection.weight: CLIP-L's projection is the identity, as in "
+            "Stability's reference code and ComfyUI",
+            what,
+            file.path.name,
+        )
+
+    def convert(state):
+        out = names.with_text_model_prefix({k[len(prefix) :]: v for k, v in state.items()})
+        if identity:
+            embed = out["text_model.embeddings.token_embedding.weight"]
+            width = embed.shape[1]
+            out["text_projection.weight"] = torch.eye(width, dtype=embed.dtype, device=embed.device)
+        return out
+
+    def plan_of(config: dict) -> Plan:
+        return Plan(part, what, file, keys, config, convert, _build_clip, label=label)
+
+    def derive() -> dict:
+        shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
+        try:
+            config = shape_configs.text_config_from_shapes(shapes, base())
+        except (KeyError, ValueError, IndexError) as exc:
+            raise _wrong_file(what, file, expected, f"it lacks {exc}", key) from None
+        note_derived(what, file, config, base(), "num_attention_heads")
+        return config
+
+    return plan_with_config(part, plan_of, file, derive)
+
+
+def _build_clip(config: dict) -> torch.nn.Module:
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    return CLIPTextModelWithProjection(CLIPTextConfig(**config))
+
+
+def plan_t5(file: CheckpointFile, what: str, prefix: str) -> Plan:
+    """The T5-XXL encoder from the keys under ``prefix``."""
+    part, expected, label, base = _ENCODERS["t5xxl"]
+    try:
+        keys, convert = t5_encoder_keys(file.keys(), prefix)
+    except ValueError as exc:
+        raise _wrong_file(what, file, expected, str(exc), "t5xxl") from None
+
+    def plan_of(config: dict) -> Plan:
+        return Plan(part, what, file, keys, config, convert, build_t5, label=label, tied=True)
+
+    def derive() -> dict:
+        shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
+        try:
+            return file_plans.t5_config_from_shapes(shapes, base())
+        except (KeyError, ValueError, IndexError, StopIteration) as exc:
+            raise _wrong_file(what, file, expected, f"it lacks {exc}", "t5xxl") from None
+
+    return plan_with_config(part, plan_of, file, derive)
+
+
+def check_widths(path: Path, transformer: Plan, clip_l: Plan, clip_g: Plan, t5: Plan) -> None:
+    """The encoders' outputs fit the transformer's inputs: the two projected pooled outputs side
+    by side, both CLIPs' states side by side within T5's width, T5's width."""
+    config = transformer.config
+    pooled = (clip_l.config["projection_dim"], clip_g.config["projection_dim"])
+    widths = (clip_l.config["hidden_size"], clip_g.config["hidden_size"])
+    context = config["joint_attention_dim"]
+    if sum(pooled) != config["pooled_projection_dim"] or sum(widths) > context:
+        raise ModelError(
+            f"the CLIPs do not fit {path.name}: CLIP-L ({clip_l.what} = {clip_l.file.path.name}) "
+            f"is {widths[0]} wide with {pooled[0]} pooled features, CLIP-G ({clip_g.what} = "
+            f"{clip_g.file.path.name}) {widths[1]} with {pooled[1]}, the transformer takes "
+            f"{config['pooled_projection_dim']} pooled features and {context}-wide text; set "
+            "clip_l and clip_g in [flow] to SD3's CLIP-L and CLIP-G files"
+        )
+    if t5.config["d_model"] != context:
+        raise ModelError(
+            f"{t5.what} = {t5.file.path} is {t5.config['d_model']} wide, {path.name} takes "
+            f"{context}-wide T5 states; set t5xxl in [flow] to the T5-XXL file"
+        )
+
+
+# --- VAE ----------------------------------------------------------------------------------------
+
+
+def load_vae_option(model: ModelSection, vae_dtype: torch.dtype) -> torch.nn.Module:
+    """The VAE [model] vae names (a file or a diffusers VAE folder), for a model whose own
+    VAE it replaces (a diffusers folder)."""
+    plan, folder = _plan_vae_source(model, None, None)
+    with offline():
+        if plan is not None:
+            return load_plan(plan, vae_dtype)
+        from library.models.vae_file import load_vae
+
+        return load_vae(str(folder), sd3_shapes.vae_config(), vae_dtype)
+
+
+def _plan_vae_source(
+    model: ModelSection, model_file: CheckpointFile | None, found: SD3Keys | None
+) -> tuple[Plan | None, Path | None]:
+    """The VAE's plan, or a diffusers VAE folder (or .ckpt file) that library.models.vae_file
+    reads: [model] vae when set, else the one inside the model file."""
+    if model.vae:
+        path = Path(model.vae).expanduser().absolute()
+        if not path.exists():
+            raise ModelError(f"vae = {path} does not exist; set vae in [model] to {_VAE}'s file")
+        if path.is_dir() or path.suffix.lower() != ".safetensors":
+            return None, path
+        return plan_vae(open_safetensors(path, "vae", FAMILY), "vae", (VAE_PREFIX, "vae.")), None
+    if found is not None and found.vae:
+        return plan_vae(model_file, f"{MODEL_KEY} (its VAE)", (VAE_PREFIX,)), None
+    raise ModelError(
+        f'{model_file.path} holds no VAE ({VAE_PREFIX}*): set vae = "<path to the SD3 VAE '
+        "file>\" in [model] (Stability's SD3 files hold one), or use a diffusers folder"
+    )
+
+
+def plan_vae(file: CheckpointFile, what: str, prefixes: tuple[str, ...]) -> Plan:
+    """The 16-channel VAE from the keys under the first of ``prefixes`` the file has, with SD3's
+    latent scale and shift whatever the file's config says (they belong to the MMDiT)."""
+    refuse_scaled_fp8(file, what)
+    base = sd3_shapes.vae_config()
+    try:
+        keys, convert = ae_keys(file.keys(), prefixes, ae_from_original)
+    except ValueError as exc:
+        raise _wrong_file(what, file, _VAE, str(exc), "vae") from None
+
+    def plan_of(config: dict) -> Plan:
+        factors = {k: base[k] for k in ("scaling_factor", "shift_factor")}
+        return Plan("vae", what, file, keys, {**config, **factors}, convert, build_ae,
+                    label=f"{FAMILY} VAE")  # fmt: skip
+
+    def derive() -> dict:
+        try:
+            shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
+            config = file_plans.ae_config_from_shapes(shapes, base)
+        except (KeyError, ValueError, IndexError) as exc:
+            raise _wrong_file(
+                what, file, _VAE, f"its keys do not fit ({one_line(exc)})", "vae"
+            ) from None
+        latent = sd3_shapes.LATENT_CHANNELS
+        if config["latent_channels"] != latent or config["use_quant_conv"]:
+            raise _wrong_file(
+                what, file, _VAE,
+                f"its latents have {config['latent_channels']} channels"
+                f"{' and it has quant convs' if config['use_quant_conv'] else ''}, SD3's "
+                f"{latent} and none (an SD VAE?)",
+                "vae",
+            )  # fmt: skip
+        note_derived(what, file, config, base, "norm_num_groups")
+        return config
+
+    return plan_with_config("vae", plan_of, file, derive)
+
+
+# --- T5 tokenizer -------------------------------------------------------------------------------
+
+
+def _has_t5_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() or (folder / "spiece.model").is_file()
+
+
+def find_sd3_t5_tokenizer_folder(
+    t5_tokenizer_path: str | None, cache_dir: str | None, hub_cache: str | Path | None = None
+) -> Path | None:
+    """The first local folder with a T5 tokenizer: ``t5_tokenizer_path`` (or its tokenizer_3/,
+    as an SD3 diffusers folder has it), else where FLUX.1's is looked for (kohya's
+    ``tokenizer_cache_dir``, the Hugging Face cache), else the SD3 repositories' tokenizer_3/ in
+    the Hugging Face cache. Never downloads."""
+    if t5_tokenizer_path:
+        sub = Path(t5_tokenizer_path).expanduser() / "tokenizer_3"
+        if _has_t5_tokenizer(sub):
+            return sub
+        return find_t5_tokenizer_folder(t5_tokenizer_path, cache_dir, hub_cache)
+    found = find_t5_tokenizer_folder(None, cache_dir, hub_cache)
+    if found is not None:
+        return found
+    from huggingface_hub import try_to_load_from_cache
+
+    for repo in _T5_REPOS:
+        for name in ("tokenizer.json", "spiece.model"):
+            try:
+                hit = try_to_load_from_cache(repo, f"tokenizer_3/{name}", hub_cache)
+            except (OSError, ValueError):
+                hit = None
+            if isinstance(hit, str):
+                return Path(hit).parent
+    return None
+
+
+def missing_t5_tokenizer(path_text: str | None, model_file: Path) -> str:
+    if path_text:
+        return (
+            f"t5_tokenizer_path {path_text} has no tokenizer.json (nor a tokenizer_3/ or "
+            "tokenizer_2/ subfolder with one); copy the T5 tokenizer files of an SD3 diffusers "
+            "folder's tokenizer_3/ there"
+        )
+    return (
+        f"{model_file.name} carries no T5 tokenizer and none was found locally: set "
+        "t5_tokenizer_path in [flow] to a folder with tokenizer.json (an SD3 diffusers folder's "
+        "tokenizer_3/, or google/t5-v1_1-xxl's files); tokenizer_cache_dir and the Hugging Face "
+        "cache were searched too, nothing is downloaded"
+    )

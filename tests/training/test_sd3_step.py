@@ -1,0 +1,168 @@
+"""SD3's micro-batch loss against a plain computation: diffusers' StableDiffusion3Pipeline for
+the text, and kohya's SD3 formulas written out for each weighting scheme and training_shift."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from cpu_inputs import cpu_inputs
+from sd3_fixtures import plain_sd3_pipeline, tiny_sd3_components
+
+from library.training.loss import LossOptions
+from library.training.noise import TEXT_DROPOUT_STREAM, NoiseOptions, draw, keyed_uniforms
+from library.training.step import micro_batch_loss
+
+SEED = 11
+BATCH = {
+    "captions": ["a red circle", "shape on gray"],
+    "loss_weights": torch.tensor([1.0, 0.5]),
+    "positions": torch.tensor([3, 8]),
+    "epoch": 2,
+}
+
+
+def _pixels() -> torch.Tensor:
+    return torch.rand(2, 3, 64, 48, generator=torch.Generator().manual_seed(5)) * 2 - 1
+
+
+def _density(scheme: str, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The SD3 paper's densities as maps of the draws (kohya's defaults: mean 0, std 1,
+    mode scale 1.29)."""
+    if scheme == "logit_normal":
+        return 1 / (1 + torch.exp(-z))
+    if scheme == "mode":
+        return 1 - u - 1.29 * (torch.cos(math.pi * u / 2) ** 2 - 1 + u)
+    return u
+
+
+def _weight(scheme: str, sigma: torch.Tensor) -> torch.Tensor:
+    if scheme == "sigma_sqrt":
+        return sigma**-2
+    if scheme == "cosmap":
+        return 2 / (math.pi * (1 - 2 * sigma + 2 * sigma**2))
+    return torch.ones_like(sigma)
+
+
+def _reference(c, pixels, scheme, shift=1.0, batch=BATCH, zero=()) -> torch.Tensor:
+    """kohya's sd3_train_network loss, written out; ``zero`` names encoder parts dropped for
+    every sample ("l", "g", "t5")."""
+    pipe = plain_sd3_pipeline(c)
+    with torch.no_grad():
+        posterior = c.vae.encode(pixels).latent_dist
+        shape = tuple(posterior.mean.shape[1:])
+        d = draw(SEED, batch["epoch"], batch["positions"].tolist(), shape, 1000,
+                 torch.device("cpu"), NoiseOptions(), flow_times=True)  # fmt: skip
+        x0 = posterior.mean + posterior.std * d.latent_eps
+        x0 = (x0 - c.vae.config.shift_factor) * c.vae.config.scaling_factor
+        u = _density(scheme, d.time_normal, d.time_uniform)
+        u = u * shift / (1 + (shift - 1) * u)
+        sigma = torch.floor(u * 1000) / 1000
+        s = sigma.view(-1, 1, 1, 1)
+        xt = s * d.noise + (1 - s) * x0
+        text, _, pooled, _ = pipe.encode_prompt(
+            batch["captions"], batch["captions"], batch["captions"],
+            do_classifier_free_guidance=False, max_sequence_length=256,
+        )  # fmt: skip
+        l_width = c.text_encoders[0].config.hidden_size
+        g_width = c.text_encoders[1].config.hidden_size
+        l_pool = c.text_encoders[0].config.projection_dim
+        if "l" in zero:
+            text[:, :77, :l_width] = 0
+            pooled[:, :l_pool] = 0
+        if "g" in zero:
+            text[:, :77, l_width : l_width + g_width] = 0
+            pooled[:, l_pool:] = 0
+        if "t5" in zero:
+            text[:, 77:] = 0
+        out = c.denoiser(hidden_states=xt, encoder_hidden_states=text, pooled_projections=pooled,
+                         timestep=sigma * 1000).sample  # fmt: skip
+        pred = out * (-s) + xt
+        per_sample = ((pred - x0) ** 2).mean(dim=(1, 2, 3)) * _weight(scheme, sigma)
+        return (per_sample * batch["loss_weights"]).mean()
+
+
+@pytest.mark.parametrize("scheme", ["uniform", "logit_normal", "mode", "sigma_sqrt", "cosmap"])
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_each_weighting_scheme_matches_kohyas_formulas(scheme, shift):
+    c = tiny_sd3_components(weighting_scheme=scheme, training_shift=shift)
+    batch = {**BATCH, "pixel_values": _pixels()}
+    with torch.no_grad():
+        ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
+    expected = _reference(c, batch["pixel_values"], scheme, shift)
+    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["sd3-medium", "sd3.5-large"])
+def test_the_other_variants_match_too(variant):
+    c = tiny_sd3_components(variant, weighting_scheme="logit_normal")
+    batch = {**BATCH, "pixel_values": _pixels()}
+    with torch.no_grad():
+        ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
+    expected = _reference(c, batch["pixel_values"], "logit_normal")
+    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("part", ["l", "g", "t5"])
+def test_a_dropout_rate_of_one_zeroes_that_encoders_part(part):
+    key = {"l": "clip_l_dropout_rate", "g": "clip_g_dropout_rate", "t5": "t5_dropout_rate"}[part]
+    c = tiny_sd3_components(**{key: 1.0})
+    batch = {**BATCH, "pixel_values": _pixels()}
+    with torch.no_grad():
+        ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
+    assert ours.item() == pytest.approx(
+        _reference(c, batch["pixel_values"], "uniform", zero=(part,)).item(), rel=1e-5
+    )
+    assert ours.item() != pytest.approx(
+        _reference(c, batch["pixel_values"], "uniform").item(), rel=1e-4
+    )
+
+
+def test_dropout_follows_each_samples_keyed_draw_whatever_the_batch():
+    """Rate 0.5 on all three: which parts a sample loses comes from its own keyed stream, so
+    the batch of two equals the two samples alone, and equals the reference per sample."""
+    c = tiny_sd3_components(clip_l_dropout_rate=0.5, clip_g_dropout_rate=0.5, t5_dropout_rate=0.5)
+    pixels = _pixels()
+    inputs = cpu_inputs(c, SEED)
+    draws = keyed_uniforms(SEED, BATCH["epoch"], BATCH["positions"].tolist(), 3,
+                           TEXT_DROPOUT_STREAM, "cpu")  # fmt: skip
+    expected = 0.0
+    with torch.no_grad():
+        together = micro_batch_loss(inputs, {**BATCH, "pixel_values": pixels})
+        singles = []
+        for i in range(2):
+            one = {"captions": BATCH["captions"][i : i + 1], "epoch": BATCH["epoch"],
+                   "loss_weights": BATCH["loss_weights"][i : i + 1],
+                   "positions": BATCH["positions"][i : i + 1]}  # fmt: skip
+            singles.append(micro_batch_loss(inputs, {**one, "pixel_values": pixels[i : i + 1]}))
+            dropped = tuple(
+                p for p, u in zip(("l", "g", "t5"), draws[i].tolist(), strict=True) if u < 0.5
+            )
+            expected += _reference(c, pixels[i : i + 1], "uniform", batch=one, zero=dropped).item()
+    assert together.item() == pytest.approx(sum(s.item() for s in singles) / 2, rel=1e-5)
+    assert together.item() == pytest.approx(expected / 2, rel=1e-5)
+
+
+def test_sigma_sqrt_at_sigma_zero_weighs_zero_instead_of_nan():
+    """sigma 0 (density below 1/1000) makes sigma^-2 infinite; the x0 prediction is exact there,
+    so the sample contributes 0 rather than sd-scripts' NaN."""
+    c = tiny_sd3_components(weighting_scheme="sigma_sqrt")
+    levels = torch.tensor([0.0, 0.5])
+    weights = c.objective.level_weights(LossOptions(), levels)
+    assert weights.tolist() == [0.0, 4.0]
+
+
+def test_min_max_timestep_narrow_the_draw_and_ip_noise_is_left_out(caplog):
+    c = tiny_sd3_components()
+    with caplog.at_level("WARNING"):
+        inputs = cpu_inputs(c, SEED, noise=NoiseOptions(min_timestep=400, max_timestep=600,
+                                                        ip_noise_gamma=0.1))  # fmt: skip
+    assert "ip_noise_gamma = 0.1" in caplog.text
+    assert inputs.noise.ip_noise_gamma == 0
+    d = draw(SEED, 0, list(range(64)), (16, 8, 8), 1000, torch.device("cpu"), inputs.noise,
+             flow_times=True)  # fmt: skip
+    sigmas = c.objective.levels(d, (16, 8, 8))
+    assert sigmas.min() >= 0.4 and sigmas.max() < 0.6
+    expected = torch.floor(d.time_uniform * 200 + 400) / 1000
+    assert torch.equal(sigmas, expected)
