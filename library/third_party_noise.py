@@ -3,6 +3,8 @@
 Each entry names the logger and a fragment of the message. bitsandbytes, imported by peft, logs
 at import time on CPUs with AVX-512 BF16 that an optional 4-bit kernel package is missing;
 difftune never runs 4-bit kernels, so the message only buries our own one-line errors.
+transformers says, when diffusers' SD3 and Flux pipelines are first built for sample images, that
+their image processors fall back to PIL without torchvision; difftune never uses them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 # (logger name, message fragment)
 _UNACTIONABLE = (
     ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward"),
+    ("transformers.utils.import_utils", "requires torchvision (not installed); falling back"),
 )
 
 
