@@ -106,15 +106,17 @@ class FlowSection(Section):
     )
     enable_scaled_pos_embed: bool | None = Field(
         None,
-        description="kohya's SD3.5 Medium option (position embeddings rescaled per bucket "
-        "size); not supported yet, only false is accepted.",
+        description="SD3 (kohya's SD3.5 Medium option): give each dataset resolution its own "
+        "position table, scaled so its central crop spans the same coordinates at every "
+        "resolution, instead of cropping the stored one. Unset: false.",
     )
     pos_emb_random_crop_rate: float | None = Field(
         None,
         ge=0,
         le=1,
-        description="kohya's SD3.5 Medium option (position embeddings cropped at random "
-        "offsets); not supported yet, only 0 is accepted.",
+        description="SD3 (kohya's SD3.5 Medium option): the share of training samples whose "
+        "position embeddings are cropped from the table at a random offset (drawn per sample) "
+        "instead of its centre. Unset: 0.",
     )
     guidance_scale: float | None = Field(
         None,

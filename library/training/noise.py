@@ -24,8 +24,9 @@ IP_NOISE_STREAM = "ip_noise"
 MULTIRES_STREAM = "multires"
 # A flow-matching objective's noise-level draws (one standard normal, one uniform per sample).
 FLOW_TIME_STREAM = "flow_time"
-# A family's per-encoder text dropout (ModelFamily.text_dropout_draws uniforms per sample).
-TEXT_DROPOUT_STREAM = "text_dropout"
+# A family's random conditioning choices (ModelFamily.conditioning_draws uniforms per sample:
+# SD3's per-encoder text dropout and position crops).
+CONDITIONING_STREAM = "conditioning"
 
 
 def sample_seed(seed: int, epoch: int, position: int, stream: str = "") -> int:

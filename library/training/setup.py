@@ -66,6 +66,7 @@ class TrainedParts:
 def setup_training(config: Config, components: Components) -> TrainedParts:
     """Inject adapters or unfreeze the denoiser, load network_weights, build parameter groups."""
     components.family.check_training(config)
+    components.family.prepare_denoiser(components.denoiser, config)
     _base_in_float8(config, components)
     net, lr = config.network, config.optimizer.learning_rate
     unet_lr = net.unet_lr if net.unet_lr is not None else lr

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 from library.models import conditioning
 from library.models.conditioning import Conditioning, encode_conditioning
-from library.models.families.base import TEXT_DROPOUT_KEY, ModelFamily, to_latents
+from library.models.families.base import CONDITIONING_DRAWS_KEY, ModelFamily, to_latents
 from library.training.loss import LossOptions, diffusion_loss
 from library.training.noise import (
-    TEXT_DROPOUT_STREAM,
+    CONDITIONING_STREAM,
     NoiseOptions,
     keyed_uniforms,
     training_noise,
@@ -132,12 +132,12 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
     noise, input_noise = training_noise(draws, latents, s.noise)
     levels = s.objective.levels(draws, shape)
     noisy = s.objective.noisy(latents, input_noise, levels)
-    if s.family.text_dropout_draws:
-        draws_per_sample = s.family.text_dropout_draws
-        dropout = keyed_uniforms(
-            s.seed, batch["epoch"], positions, draws_per_sample, TEXT_DROPOUT_STREAM, s.device
-        )
-        batch = {**batch, TEXT_DROPOUT_KEY: dropout}
+    if s.family.conditioning_draws:
+        draws = keyed_uniforms(
+            s.seed, batch["epoch"], positions, s.family.conditioning_draws, CONDITIONING_STREAM,
+            s.device,
+        )  # fmt: skip
+        batch = {**batch, CONDITIONING_DRAWS_KEY: draws}
     prediction = predict(s, noisy, levels, batch_conditioning(s, batch))
     return diffusion_loss(
         prediction,

@@ -61,18 +61,18 @@ MODES["flux-full"] = (
      "fp8_base": False},
     ["--ddp_gradient_as_bucket_view"],
 )
-# SD3.5 Medium LoRA on the MMDiT and all three text encoders, with kohya's SD3 timestep density
-# and every text encoder's dropout at 0.5: each sample's dropout draw must follow the sample,
-# not its rank or micro-batch.
+# SD3.5 Medium LoRA on the MMDiT, CLIP-L and CLIP-G (flux-lora covers T5 adapters), with kohya's
+# SD3 timestep density and every text encoder's dropout and the random position crops at 0.5:
+# each sample's draws must follow the sample, not its rank or micro-batch.
 MODES["sd3-lora"] = (
     {
         "network_module": "networks.lora_sd3",
-        "network_args": ["train_t5xxl=True"],
         "weighting_scheme": "logit_normal",
         "training_shift": 3.0,
         "clip_l_dropout_rate": 0.5,
         "clip_g_dropout_rate": 0.5,
         "t5_dropout_rate": 0.5,
+        "pos_emb_random_crop_rate": 0.5,
         "bucket_reso_steps": 16,
     },
     ["--gradient_checkpointing"],

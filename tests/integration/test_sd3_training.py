@@ -185,13 +185,15 @@ def test_full_fine_tune_writes_stabilitys_single_file_layout(tmp_path, sd3_dir, 
 
 def test_accumulation_and_resume_train_the_same_lora(tmp_path, sd3_dir, images, monkeypatch):
     """4 samples per step as one batch of 4, as 2 x 2 accumulated, and stopped and resumed, with
-    text dropout on: each sample's drop follows the sample."""
+    text dropout, random position crops and scaled position tables on: each sample's draws
+    follow the sample."""
     from library.training.saver import Saver
 
     # eps=1e-3: Adam's first updates follow the gradient instead of its sign, so the comparison
     # checks the gradients (tests/distributed does the same).
     common = {"max_train_steps": 2, "train_batch_size": 4, "clip_g_dropout_rate": 0.5,
-              "t5_dropout_rate": 0.5, "optimizer_args": ["eps=1e-3"]}  # fmt: skip
+              "t5_dropout_rate": 0.5, "pos_emb_random_crop_rate": 0.5,
+              "enable_scaled_pos_embed": True, "optimizer_args": ["eps=1e-3"]}  # fmt: skip
     for name in ("a", "b", "c"):
         (tmp_path / name).mkdir()
     one = tmp_path / "one"

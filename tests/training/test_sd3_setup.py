@@ -51,19 +51,17 @@ def test_lora_targets_every_kohya_module_and_t5_only_with_train_t5xxl():
         ({"timestep_sampling": "shift"}, "timestep_sampling applies to Flux.1 models, not SD3"),
         ({"guidance_scale": 1.0}, "guidance_scale applies to Flux.1"),
         ({"ae": "x"}, "ae applies to Flux.1"),
-        ({"enable_scaled_pos_embed": True}, "enable_scaled_pos_embed is not supported yet"),
-        ({"pos_emb_random_crop_rate": 0.2}, "pos_emb_random_crop_rate is not supported yet"),
         ({"split_qkv": False}, "split_qkv=False"),
     ],
 )
-def test_options_of_other_families_or_not_implemented_are_refused_by_name(flow, match):
+def test_options_of_other_families_or_kohyas_shared_qkv_are_refused_by_name(flow, match):
     c = tiny_sd3_components()
     with pytest.raises(ConfigError, match=match):
         c.family.check_options(ModelSection(pretrained_model_name_or_path="x"), FlowSection(**flow))
     # their off values change nothing and pass
     c.family.check_options(
         ModelSection(pretrained_model_name_or_path="x", clip_skip=1, max_token_length=75),
-        FlowSection(enable_scaled_pos_embed=False, pos_emb_random_crop_rate=0.0),
+        FlowSection(split_qkv=True, training_shift=1.0),
     )
 
 

@@ -11,7 +11,7 @@ from cpu_inputs import cpu_inputs
 from sd3_fixtures import plain_sd3_pipeline, tiny_sd3_components
 
 from library.training.loss import LossOptions
-from library.training.noise import TEXT_DROPOUT_STREAM, NoiseOptions, draw, keyed_uniforms
+from library.training.noise import CONDITIONING_STREAM, NoiseOptions, draw, keyed_uniforms
 from library.training.step import micro_batch_loss
 
 SEED = 11
@@ -126,7 +126,7 @@ def test_dropout_follows_each_samples_keyed_draw_whatever_the_batch():
     pixels = _pixels()
     inputs = cpu_inputs(c, SEED)
     draws = keyed_uniforms(SEED, BATCH["epoch"], BATCH["positions"].tolist(), 3,
-                           TEXT_DROPOUT_STREAM, "cpu")  # fmt: skip
+                           CONDITIONING_STREAM, "cpu")  # fmt: skip
     expected = 0.0
     with torch.no_grad():
         together = micro_batch_loss(inputs, {**BATCH, "pixel_values": pixels})
@@ -166,3 +166,31 @@ def test_min_max_timestep_narrow_the_draw_and_ip_noise_is_left_out(caplog):
     assert sigmas.min() >= 0.4 and sigmas.max() < 0.6
     expected = torch.floor(d.time_uniform * 200 + 400) / 1000
     assert torch.equal(sigmas, expected)
+
+
+def test_position_crops_follow_each_samples_keyed_draws():
+    """pos_emb_random_crop_rate 1: every sample crops the position table where its own keyed
+    draws say, so the batch of two equals the two samples alone, and differs from no crops."""
+    from library.models.sd3.position import install
+
+    c = tiny_sd3_components(pos_emb_random_crop_rate=1.0)
+    install(c.denoiser, 1.0)
+    inputs = cpu_inputs(c, SEED)
+    pixels = _pixels()
+    with torch.no_grad():
+        together = micro_batch_loss(inputs, {**BATCH, "pixel_values": pixels})
+        singles = [
+            micro_batch_loss(
+                inputs,
+                {
+                    "pixel_values": pixels[i : i + 1],
+                    "captions": BATCH["captions"][i : i + 1],
+                    "loss_weights": BATCH["loss_weights"][i : i + 1],
+                    "positions": BATCH["positions"][i : i + 1],
+                    "epoch": BATCH["epoch"],
+                },
+            )  # fmt: skip
+            for i in range(2)
+        ]
+    assert together.item() == pytest.approx(sum(s.item() for s in singles) / 2, rel=1e-5)
+    assert together.item() != pytest.approx(_reference(c, pixels, "uniform").item(), rel=1e-4)

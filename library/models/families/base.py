@@ -22,10 +22,11 @@ if TYPE_CHECKING:
     from library.models.conditioning import Conditioning, TextConditioning
 
 PredictionType = Literal["epsilon", "v_prediction", "flow"]
-# The batch entry holding each sample's uniform draws for a family's text dropout: [B, n] with
-# n = ModelFamily.text_dropout_draws, keyed per sample (library.training.step). Training steps
-# add it; validation and sampling do not, so they never drop text.
-TEXT_DROPOUT_KEY = "text_dropout"
+# The batch entry holding each sample's uniform draws for a family's random conditioning choices
+# (SD3's text dropout and position crops): [B, n] with n = ModelFamily.conditioning_draws, keyed
+# per sample (library.training.step). Training steps add it; validation and sampling do not, so
+# they never make those choices at random.
+CONDITIONING_DRAWS_KEY = "conditioning_draws"
 # kohya's family-specific network modules, for the message when one meets another family.
 _MODULE_FAMILIES = {"networks.lora_flux": "Flux.1", "networks.lora_sd3": "SD3/SD3.5"}
 AdapterRole = Literal["unet", "text_encoder"]
@@ -85,9 +86,9 @@ class ModelFamily:
         return self.name
 
     @property
-    def text_dropout_draws(self) -> int:
+    def conditioning_draws(self) -> int:
         """How many uniform draws per sample ``assemble_conditioning`` reads from the batch's
-        TEXT_DROPOUT_KEY entry to drop parts of the text conditioning (0: none)."""
+        CONDITIONING_DRAWS_KEY entry for random conditioning choices (0: none)."""
         return 0
 
     @property
@@ -207,6 +208,10 @@ class ModelFamily:
         raise ConfigError(
             f"sdpa = false: {self.name} models have no plain-attention path here; set sdpa = true"
         )
+
+    def prepare_denoiser(self, denoiser: torch.nn.Module, config: Config) -> None:
+        """Set up the loaded denoiser for this run's options before training (nothing by
+        default)."""
 
     def metadata_keys(self, config: Config) -> dict[str, object]:
         """Family-specific ss_* keys of saved files (kohya's update_metadata of its trainer

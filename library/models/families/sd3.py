@@ -11,6 +11,8 @@ The facts this implementation relies on (docs/formats.md, SD3 / SD3.5):
 - apply_lg_attn_mask / apply_t5_attn_mask mask the caption's padding inside the text encoders
   only; the MMDiT attends to every token (kohya's SD3 trainer passes it no mask);
 - clip_l/clip_g/t5_dropout_rate replace one encoder's output of a sample by zeros;
+- pos_emb_random_crop_rate / enable_scaled_pos_embed change the position table's crop and
+  scale (library.models.sd3.position);
 - timestep: sigma * 1000 (the MMDiT embeds it as is);
 - LoRA files: kohya's names from the original module tree (library.networks.sd3_keys).
 """
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.base import TEXT_DROPOUT_KEY
+from library.models.families.base import CONDITIONING_DRAWS_KEY
 from library.models.families.transformer_family import TransformerFamily
 
 CLIP_TOKENS = 77
@@ -39,6 +41,8 @@ _KOHYA_TYPES = {
     "sd3.5-medium": "5-medium",
     "sd3.5-large": "5-large",
 }
+# Conditioning entry of a training step's per-sample position-crop draws ([B, 3]).
+POSITION_DRAWS = "position_draws"
 _LABELS = {"sd3-medium": "SD3 Medium", "sd3.5-medium": "SD3.5 Medium", "sd3.5-large": "SD3.5 Large"}
 
 
@@ -62,19 +66,25 @@ class SD3Family(TransformerFamily):
     dropout_rates: tuple[float, float, float] = (0.0, 0.0, 0.0)
     clip_widths: tuple[int, int] = (768, 1280)
     pooled_widths: tuple[int, int] = (768, 1280)
+    # kohya's pos_emb_random_crop_rate and enable_scaled_pos_embed (library.models.sd3.position)
+    position_crop_rate: float = 0.0
+    scaled_positions: bool = False
 
     def describe(self) -> str:
         masks = [name for name, on in (("CLIP", self.clip_attention_mask),
                                        ("T5", self.t5_attention_mask)) if on]  # fmt: skip
         masked = f", {' and '.join(masks)} padding masked" if masks else ""
-        drops = ", ".join(
+        extras = [
             f"{name} dropout {rate:g}"
             for name, rate in zip(("CLIP-L", "CLIP-G", "T5"), self.dropout_rates, strict=True)
             if rate
-        )
-        return f"{_LABELS[self.variant]} ({self.t5_max_length} T5 tokens{masked}" + (
-            f", {drops})" if drops else ")"
-        )
+        ]
+        if self.position_crop_rate:
+            extras.append(f"position crops at random {self.position_crop_rate:g}")
+        if self.scaled_positions:
+            extras.append("position tables scaled per resolution")
+        listed = "".join(f", {extra}" for extra in extras)
+        return f"{_LABELS[self.variant]} ({self.t5_max_length} T5 tokens{masked}{listed})"
 
     @property
     def text_cache_name(self) -> str:
@@ -84,10 +94,10 @@ class SD3Family(TransformerFamily):
         return f"{self.name}|t5_tokens={self.t5_max_length}{masks}"
 
     @property
-    def text_dropout_draws(self) -> int:
-        """Uniform draws per sample the conditioning consumes (one per encoder), when any
-        encoder's dropout rate is set."""
-        return 3 if any(self.dropout_rates) else 0
+    def conditioning_draws(self) -> int:
+        """Uniform draws per sample: one per text encoder for the dropout, then whether to crop
+        the position table at random and where (row, column); when either option is on."""
+        return 6 if any(self.dropout_rates) or self.position_crop_rate else 0
 
     # -- conditioning ------------------------------------------------------------------------
 
@@ -132,10 +142,14 @@ class SD3Family(TransformerFamily):
         hidden, pooled = text.hidden.to(device), text.pooled.to(device)
         if dtype is not None:
             hidden, pooled = hidden.to(dtype), pooled.to(dtype)
-        draws = None if batch is None else batch.get(TEXT_DROPOUT_KEY)
+        kwargs = {"pooled_projections": pooled}
+        draws = None if batch is None else batch.get(CONDITIONING_DRAWS_KEY)
         if draws is not None and any(self.dropout_rates):
-            hidden, pooled = self._drop(hidden, pooled, draws.to(device))
-        return Conditioning(hidden, {"pooled_projections": pooled})
+            hidden, pooled = self._drop(hidden, pooled, draws[:, :3].to(device))
+            kwargs["pooled_projections"] = pooled
+        if draws is not None and self.position_crop_rate:
+            kwargs[POSITION_DRAWS] = draws[:, 3:6]  # float32: a cast could move a draw
+        return Conditioning(hidden, kwargs)
 
     def _drop(self, hidden, pooled, draws):
         """Zero each sample's CLIP-L, CLIP-G and T5 parts where its draw is below the rate."""
@@ -155,15 +169,19 @@ class SD3Family(TransformerFamily):
         return hidden, pooled * pooled_keep
 
     def predict(self, denoiser, noisy, timesteps, cond):
-        return denoiser(
-            hidden_states=noisy,
-            encoder_hidden_states=cond.encoder_hidden_states,
-            pooled_projections=cond.unet_kwargs["pooled_projections"],
-            # sigma in [0, 1] -> the MMDiT's timestep in [0, 1000], in float32: the weight
-            # dtype (bf16) would round it to steps of up to 4.
-            timestep=timesteps.float() * 1000,
-            return_dict=False,
-        )[0]
+        from library.models.sd3.position import crops
+        from library.networks.kohya_keys import unwrap
+
+        with crops(unwrap(denoiser), cond.unet_kwargs.get(POSITION_DRAWS)):
+            return denoiser(
+                hidden_states=noisy,
+                encoder_hidden_states=cond.encoder_hidden_states,
+                pooled_projections=cond.unet_kwargs["pooled_projections"],
+                # sigma in [0, 1] -> the MMDiT's timestep in [0, 1000], in float32: the weight
+                # dtype (bf16) would round it to steps of up to 4.
+                timestep=timesteps.float() * 1000,
+                return_dict=False,
+            )[0]
 
     # -- adapters ----------------------------------------------------------------------------
 
@@ -219,18 +237,17 @@ class SD3Family(TransformerFamily):
             "ss_training_shift": o.training_shift,
         }
 
-    def check_options(self, model, flow):
-        super().check_options(model, flow)
-        if flow.enable_scaled_pos_embed:
-            raise ConfigError(
-                "enable_scaled_pos_embed is not supported yet (SD3.5 Medium's per-resolution "
-                "position embeddings); remove it"
-            )
-        if flow.pos_emb_random_crop_rate:
-            raise ConfigError(
-                "pos_emb_random_crop_rate is not supported yet (random crops of SD3.5 Medium's "
-                "position embeddings); remove it or set it to 0"
-            )
+    def prepare_denoiser(self, denoiser, config):
+        """kohya's position-table options on the MMDiT: random crops, and tables scaled to
+        the datasets' resolutions (library.models.sd3.position)."""
+        if not (self.position_crop_rate or self.scaled_positions):
+            return
+        from library.models.sd3.position import install
+
+        resolutions = None
+        if self.scaled_positions:
+            resolutions = [tuple(d.resolution) for d in config.datasets]
+        install(denoiser, self.position_crop_rate, resolutions)
 
     def check_training(self, config):
         super().check_training(config)
@@ -316,6 +333,10 @@ def sd3_family(variant: str, flow, text_encoders=()) -> SD3Family:
         changes["clip_attention_mask"] = True
     if flow.train_t5xxl:
         changes["train_t5"] = True
+    if flow.pos_emb_random_crop_rate:
+        changes["position_crop_rate"] = float(flow.pos_emb_random_crop_rate)
+    if flow.enable_scaled_pos_embed:
+        changes["scaled_positions"] = True
     rates = (flow.clip_l_dropout_rate, flow.clip_g_dropout_rate, flow.t5_dropout_rate)
     if any(rates):
         changes["dropout_rates"] = tuple(float(r or 0.0) for r in rates)
