@@ -15,11 +15,10 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.families.claims import claims_model
+from library.models.families.claims import checked_pipeline_folder, claims_model
 from library.models.families.flux_tokenizers import (
     load_flux_clip_tokenizer,
     load_t5_tokenizer,
-    t5_tokenizer_files,
 )
 from library.models.flux import shapes as flux_shapes
 from library.models.flux.original_keys import (
@@ -30,7 +29,6 @@ from library.models.loader import (
     load_weights,
     offline,
     read_json,
-    resolve_model_dir,
 )
 
 FLUX_PIPELINE = "FluxPipeline"
@@ -134,28 +132,11 @@ def _load_folder(path: Path, weight_dtype: torch.dtype, vae_dtype: torch.dtype) 
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
 
-    from library.models.loader import check_weights_file, find_weights
-
-    model_dir = resolve_model_dir(str(path), _REQUIRED)
-    t5_dir = model_dir / "tokenizer_2"
-    if not t5_dir.is_dir():
-        raise ModelError(
-            f"{model_dir} lacks the tokenizer_2/ subfolder; the diffusers folder is incomplete"
-        )
-    index = read_json(model_dir / "model_index.json")
-    if index.get("_class_name") != FLUX_PIPELINE:
-        raise ModelError(
-            f"{model_dir} holds a {index.get('_class_name')}; only text-to-image FLUX.1 "
-            f"({FLUX_PIPELINE}: dev or schnell) can be trained"
-        )
-    config = read_json(model_dir / "transformer" / "config.json")
+    model_dir, t5_tokenizer_dir, config = checked_pipeline_folder(
+        path, _REQUIRED, _STEMS, FLUX_PIPELINE, "tokenizer_2", "FLUX.1 (dev or schnell)"
+    )
     refuse_channels(model_dir / "transformer", config.get("in_channels", 64))
     variant = "dev" if config.get("guidance_embeds", False) else "schnell"
-    # Every weights file is found and its header checked before minutes of loading start.
-    for sub, stem in _STEMS.items():
-        for file in find_weights(model_dir / sub, stem)[0]:
-            check_weights_file(file)
-    t5_tokenizer_dir = t5_tokenizer_files(t5_dir, "the diffusers folder is incomplete")
     clip_config = {
         **flux_shapes.clip_l_config(),
         **read_json(model_dir / "text_encoder" / "config.json"),

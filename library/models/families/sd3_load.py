@@ -15,11 +15,10 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.families.claims import claims_model
+from library.models.families.claims import checked_pipeline_folder, claims_model
 from library.models.families.flux_tokenizers import (
     check_vocab,
     load_t5_tokenizer,
-    t5_tokenizer_files,
 )
 from library.models.families.sd3_parts import SD3Parts
 from library.models.loader import (
@@ -27,7 +26,6 @@ from library.models.loader import (
     load_weights,
     offline,
     read_json,
-    resolve_model_dir,
 )
 from library.models.sd3 import shapes as sd3_shapes
 from library.models.sd3.original_keys import detect_sd3, variant_for
@@ -110,28 +108,11 @@ def _load_folder(path: Path, weight_dtype: torch.dtype, vae_dtype: torch.dtype) 
     from diffusers import AutoencoderKL, SD3Transformer2DModel
     from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
-    from library.models.loader import check_weights_file, find_weights
-
-    model_dir = resolve_model_dir(str(path), _REQUIRED)
-    t5_dir = model_dir / "tokenizer_3"
-    if not t5_dir.is_dir():
-        raise ModelError(
-            f"{model_dir} lacks the tokenizer_3/ subfolder; the diffusers folder is incomplete"
-        )
-    index = read_json(model_dir / "model_index.json")
-    if index.get("_class_name") != SD3_PIPELINE:
-        raise ModelError(
-            f"{model_dir} holds a {index.get('_class_name')}; only text-to-image SD3 / SD3.5 "
-            f"({SD3_PIPELINE}) can be trained"
-        )
-    config = read_json(model_dir / "transformer" / "config.json")
+    model_dir, t5_tokenizer_dir, config = checked_pipeline_folder(
+        path, _REQUIRED, _STEMS, SD3_PIPELINE, "tokenizer_3", "SD3 / SD3.5"
+    )
     refuse_channels(model_dir / "transformer", config.get("in_channels", 16))
     variant = variant_for(bool(config.get("qk_norm")), bool(config.get("dual_attention_layers")))
-    # Every weights file is found and its header checked before minutes of loading start.
-    for sub, stem in _STEMS.items():
-        for file in find_weights(model_dir / sub, stem)[0]:
-            check_weights_file(file)
-    t5_tokenizer_dir = t5_tokenizer_files(t5_dir, "the diffusers folder is incomplete")
     clip_configs = {
         sub: {**base, **read_json(model_dir / sub / "config.json")}
         for sub, base in (
