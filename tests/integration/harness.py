@@ -8,7 +8,14 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-COLORS = [(220, 40, 40), (40, 200, 60), (50, 70, 230), (230, 210, 40), (150, 60, 200), (30, 200, 200)]
+COLORS = [
+    (220, 40, 40),
+    (40, 200, 60),
+    (50, 70, 230),
+    (230, 210, 40),
+    (150, 60, 200),
+    (30, 200, 200),
+]
 
 
 def make_images(folder: Path, count: int, size: int = 64, captions: bool = True) -> Path:
@@ -25,7 +32,9 @@ def make_images(folder: Path, count: int, size: int = 64, captions: bool = True)
                 img.putpixel((x, y), c)
         img.save(folder / f"img{i:02d}.png")
         if captions:
-            (folder / f"img{i:02d}.txt").write_text(f"a photo of shape number {i}", encoding="utf-8")
+            (folder / f"img{i:02d}.txt").write_text(
+                f"a photo of shape number {i}", encoding="utf-8"
+            )
     return folder
 
 
@@ -97,3 +106,35 @@ def assert_close_dicts(a: dict, b: dict, atol: float, rtol: float = 0.0) -> None
     worst = max((x - b[k]).abs().max().item() for k, x in a.items())
     for key in a:
         assert torch.allclose(a[key], b[key], atol=atol, rtol=rtol), f"{key}: worst diff {worst}"
+
+
+def check_accumulation_and_resume(tmp_path: Path, make_config, common: dict, monkeypatch) -> None:
+    """The same LoRA from 4 samples per step as one batch of 4, as 2 x 2 accumulated, and from
+    a run stopped right after its step-1 save and resumed. ``make_config(folder, out, **keys)``
+    writes a config of the model under test into ``folder``; ``common`` holds the step count and
+    a batch of 4."""
+    from library.training.saver import Saver
+
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    one = tmp_path / "one"
+    assert train(make_config(tmp_path / "a", one, **common)) == 0
+    acc = tmp_path / "acc"
+    layout = {**common, "train_batch_size": 2, "gradient_accumulation_steps": 2}
+    assert train(make_config(tmp_path / "b", acc, **layout)) == 0
+    assert_close_dicts(tensors(acc / "run.safetensors"), tensors(one / "run.safetensors"), 2e-6)
+
+    resumed = tmp_path / "resumed"
+    first = make_config(tmp_path / "c", resumed, save_every_n_steps=1, save_state=True, **common)
+    original = Saver.after_step
+
+    def stop_after_step_1(self, global_step):
+        original(self, global_step)
+        if global_step == 1:
+            raise KeyboardInterrupt  # stopped right after its step-1 save
+
+    monkeypatch.setattr(Saver, "after_step", stop_after_step_1)
+    assert train(first) == 130
+    monkeypatch.setattr(Saver, "after_step", original)
+    assert train(first, "--resume", str(resumed / "run-step00000001-state")) == 0
+    assert_close_dicts(tensors(resumed / "run.safetensors"), tensors(one / "run.safetensors"), 1e-6)

@@ -10,7 +10,13 @@ import torch
 from safetensors import safe_open
 
 from library.models.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
-from tests.integration.harness import assert_close_dicts, make_images, tensors, train, write_config
+from tests.integration.harness import (
+    check_accumulation_and_resume,
+    make_images,
+    tensors,
+    train,
+    write_config,
+)
 
 FLUX = {
     "network_module": "networks.lora_flux",
@@ -132,33 +138,9 @@ def test_text_encoder_adapters_train_with_the_transformer(tmp_path, flux_dir, im
 
 def test_accumulation_and_resume_train_the_same_lora(tmp_path, flux_dir, images, monkeypatch):
     """4 samples per step as one batch of 4, as 2 x 2 accumulated, and stopped and resumed."""
-    from library.training.saver import Saver
+
+    def make_config(folder, out, **keys):
+        return _config(folder, flux_dir, images, out, **keys)
 
     common = {"max_train_steps": 2, "train_batch_size": 4}
-    for name in ("a", "b", "c"):
-        (tmp_path / name).mkdir()
-    one = tmp_path / "one"
-    assert train(_config(tmp_path / "a", flux_dir, images, one, **common)) == 0
-    acc = tmp_path / "acc"
-    config = _config(tmp_path / "b", flux_dir, images, acc,
-                     **{**common, "train_batch_size": 2, "gradient_accumulation_steps": 2})  # fmt: skip
-    assert train(config) == 0
-    assert_close_dicts(tensors(acc / "run.safetensors"), tensors(one / "run.safetensors"),
-                       atol=2e-6)  # fmt: skip
-
-    resumed = tmp_path / "resumed"
-    first = _config(tmp_path / "c", flux_dir, images, resumed, save_every_n_steps=1,
-                    save_state=True, **common)  # fmt: skip
-    original = Saver.after_step
-
-    def stop_after_step_1(self, global_step):
-        original(self, global_step)
-        if global_step == 1:
-            raise KeyboardInterrupt  # stopped right after its step-1 save
-
-    monkeypatch.setattr(Saver, "after_step", stop_after_step_1)
-    assert train(first) == 130
-    monkeypatch.setattr(Saver, "after_step", original)
-    assert train(first, "--resume", str(resumed / "run-step00000001-state")) == 0
-    assert_close_dicts(tensors(resumed / "run.safetensors"), tensors(one / "run.safetensors"),
-                       atol=1e-6)  # fmt: skip
+    check_accumulation_and_resume(tmp_path, make_config, common, monkeypatch)
