@@ -217,7 +217,7 @@ class FlowOptions:
 
 
 # Noise keys sd-scripts applies to DDPM only (its Flux.1 trainer draws plain noise).
-_DDPM_NOISE_KEYS = ("noise_offset", "adaptive_noise_scale", "multires_noise_iterations")
+DDPM_NOISE_KEYS = ("noise_offset", "adaptive_noise_scale", "multires_noise_iterations")
 # Loss keys built on DDPM's signal-to-noise ratio: they have no meaning for a flow objective.
 _SNR_LOSS_KEYS = (
     "min_snr_gamma",
@@ -237,6 +237,11 @@ class FlowMatchingObjective(Objective):
     """
 
     name = "flow"
+    LABEL = "Flux.1"  # the family whose kohya trainer this objective follows, for messages
+    # Noise keys that trainer does not apply (it draws plain noise).
+    UNUSED_NOISE_KEYS: tuple[str, ...] = DDPM_NOISE_KEYS
+    # Whether min/max_timestep narrow the draw (else anything but the whole range is refused).
+    TIMESTEP_RANGE = False
 
     def __init__(self, options: FlowOptions, sampling_scheduler: Mapping | None = None) -> None:
         fm.validate_flow_options(
@@ -249,6 +254,8 @@ class FlowMatchingObjective(Objective):
             mode_scale=options.mode_scale,
         )
         self.options = options
+        self.min_timestep: int | None = None  # set by check() where TIMESTEP_RANGE
+        self.max_timestep: int | None = None
         # The FlowMatchEulerDiscreteScheduler config samples are drawn with (the variant's
         # released one: library.models.families.flux_sampling.flux_scheduler_config).
         self.sampling_scheduler = dict(sampling_scheduler) if sampling_scheduler else None
@@ -268,10 +275,16 @@ class FlowMatchingObjective(Objective):
         )
 
     def check(self, noise: NoiseOptions, loss: LossOptions) -> tuple[NoiseOptions, LossOptions]:
-        """Refuses a timestep range narrower than the whole schedule and Huber's snr schedule;
-        leaves out, with a warning, the SNR weights and offset/pyramid noise that sd-scripts
-        also ignores for Flux.1 (GUI presets carry them)."""
-        if noise.min_timestep or noise.max_timestep not in (None, fm.NUM_TRAIN_TIMESTEPS):
+        """Refuses Huber's snr schedule, and a timestep range narrower than the whole schedule
+        unless the family's trainer draws in one (TIMESTEP_RANGE); leaves out, with a warning,
+        the SNR weights and the noise keys kohya's trainer for the family does not apply
+        (UNUSED_NOISE_KEYS; GUI presets carry them)."""
+        if self.TIMESTEP_RANGE:
+            fm.validate_flow_options(
+                min_timestep=noise.min_timestep, max_timestep=noise.max_timestep
+            )
+            self.min_timestep, self.max_timestep = noise.min_timestep, noise.max_timestep
+        elif noise.min_timestep or noise.max_timestep not in (None, fm.NUM_TRAIN_TIMESTEPS):
             raise ConfigError(
                 "min_timestep / max_timestep apply to DDPM models; flow-matching models draw "
                 "sigma with timestep_sampling (kohya ignores them for Flux.1); remove them"
@@ -282,14 +295,15 @@ class FlowMatchingObjective(Objective):
                 'signal-to-noise ratio; set huber_schedule = "constant" or "exponential"'
             )
         unused_loss = {k: getattr(loss, k) for k in _SNR_LOSS_KEYS if getattr(loss, k)}
-        unused_noise = {k: getattr(noise, k) for k in _DDPM_NOISE_KEYS if getattr(noise, k)}
+        unused_noise = {k: getattr(noise, k) for k in self.UNUSED_NOISE_KEYS if getattr(noise, k)}
         unused = {**unused_loss, **unused_noise}
         if unused:
             listed = ", ".join(f"{k} = {v}" for k, v in unused.items())
             log.warning(
-                "%s: not used by flow-matching models (sd-scripts ignores them for Flux.1 "
-                "too); training without them",
+                "%s: not used by flow-matching models (sd-scripts ignores them for %s too); "
+                "training without them",
                 listed,
+                self.LABEL,
             )
         loss = dataclasses.replace(loss, **{k: type(v)() for k, v in unused_loss.items()})
         noise = dataclasses.replace(noise, **{k: type(v)() for k, v in unused_noise.items()})

@@ -14,32 +14,24 @@ It differs from Flux's (library.training.objectives.FlowMatchingObjective) in fo
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-
 import torch
 
 from library.training import flow_matching as fm
-from library.training.loss import LossOptions
-from library.training.noise import NoiseOptions, SampleDraws
-from library.training.objectives import FlowMatchingObjective, FlowOptions
-
-log = logging.getLogger(__name__)
-
-# Noise keys sd-scripts' SD3 trainer does not apply (it draws plain noise).
-_UNUSED_NOISE = ("ip_noise_gamma", "ip_noise_gamma_random_strength")
+from library.training.noise import SampleDraws
+from library.training.objectives import DDPM_NOISE_KEYS, FlowMatchingObjective, FlowOptions
 
 
 class SD3FlowObjective(FlowMatchingObjective):
     """Rectified flow with x0 target and SD3's timestep density (kohya's SD3 trainer)."""
 
     name = "flow"
+    LABEL = "SD3"
+    UNUSED_NOISE_KEYS = (*DDPM_NOISE_KEYS, "ip_noise_gamma", "ip_noise_gamma_random_strength")
+    TIMESTEP_RANGE = True  # kohya's SD3 sampler honours min/max_timestep
 
     def __init__(self, options: FlowOptions, sampling_scheduler=None) -> None:
         fm.validate_flow_options(training_shift=options.training_shift)
         super().__init__(options, sampling_scheduler)
-        self.min_timestep: int | None = None
-        self.max_timestep: int | None = None
 
     def describe(self) -> str:
         o = self.options
@@ -55,27 +47,6 @@ class SD3FlowObjective(FlowMatchingObjective):
             f"rectified flow, x0 target (x_t - sigma * output), weighting_scheme {density}, "
             f"training_shift {o.training_shift:g}{span}"
         )
-
-    def check(self, noise: NoiseOptions, loss: LossOptions) -> tuple[NoiseOptions, LossOptions]:
-        """min/max_timestep are kept (kohya's SD3 sampler honours them); the rest as Flux,
-        plus input-perturbation noise, which sd-scripts' SD3 trainer leaves out too."""
-        fm.validate_flow_options(min_timestep=noise.min_timestep, max_timestep=noise.max_timestep)
-        self.min_timestep = noise.min_timestep
-        self.max_timestep = noise.max_timestep
-        unused = {k: getattr(noise, k) for k in _UNUSED_NOISE if getattr(noise, k)}
-        if unused:
-            listed = ", ".join(f"{k} = {v}" for k, v in unused.items())
-            log.warning(
-                "%s: not used by SD3 (sd-scripts' SD3 trainer leaves it out too); training "
-                "without it",
-                listed,
-            )
-            noise = dataclasses.replace(noise, **{k: type(v)() for k, v in unused.items()})
-        full = dataclasses.replace(noise, min_timestep=0, max_timestep=None)
-        full, loss = super().check(full, loss)
-        return dataclasses.replace(
-            full, min_timestep=noise.min_timestep, max_timestep=noise.max_timestep
-        ), loss
 
     def levels(self, draws: SampleDraws, latent_shape: tuple[int, ...]) -> torch.Tensor:
         o = self.options

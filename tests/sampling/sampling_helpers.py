@@ -39,3 +39,18 @@ def prompts_of_a_round() -> list[SamplePrompt]:
         prompt(1, "a green circle", width=96, seed=11, sampler="euler_a"),
         prompt(2, "a blue line", height=80, seed=12),
     ]
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal images up to one level of rounding (8-bit pixels)."""
+    return a.shape == b.shape and int(np.abs(a - b).max()) <= 1
+
+
+def first_image(components, p, tmp_path, step=0, name="sample") -> np.ndarray:
+    """The pixels of the first image of a sample round of prompt ``p`` at ``step``."""
+    from library.sampling.generate import sample_images
+
+    round_ = sample_images(
+        components, [p], step=step, output_dir=tmp_path / "out", output_name=name
+    )
+    return pixels(round_.images[0])

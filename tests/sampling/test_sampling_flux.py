@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from sampling_helpers import pixels, prompt
+from sampling_helpers import first_image, pixels, prompt, same
 
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning
@@ -46,16 +46,8 @@ def flux_prompt(index: int = 0, text: str = "a red circle", **kw) -> SamplePromp
     return prompt(index, text, **(values | kw))
 
 
-def same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal images up to one level of rounding (8-bit pixels)."""
-    return a.shape == b.shape and int(np.abs(a - b).max()) <= 1
-
-
 def ours(components, p, tmp_path, step=0) -> np.ndarray:
-    round_ = sample_images(
-        components, [p], step=step, output_dir=tmp_path / "out", output_name="flux"
-    )
-    return pixels(round_.images[0])
+    return first_image(components, p, tmp_path, step, "flux")
 
 
 @torch.no_grad()

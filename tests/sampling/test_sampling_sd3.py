@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sampling_helpers import pixels, prompt
+from sampling_helpers import first_image, prompt, same
 
 from library.models.conditioning import Conditioning
 from library.models.families.sd3_sampling import sd3_pipeline_inputs
 from library.networks.lora import LoraSpec, apply_lora, randomize_lora
-from library.sampling.generate import sample_images
 from library.sampling.prompts import SamplePrompt
 from tests.training.sd3_fixtures import plain_sd3_pipeline, tiny_sd3_components
 
@@ -26,16 +25,8 @@ def sd3_prompt(index: int = 0, text: str = "a red circle", **kw) -> SamplePrompt
     return prompt(index, text, **(values | kw))
 
 
-def same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal images up to one level of rounding (8-bit pixels)."""
-    return a.shape == b.shape and int(np.abs(a - b).max()) <= 1
-
-
 def ours(components, p, tmp_path, step=0) -> np.ndarray:
-    round_ = sample_images(
-        components, [p], step=step, output_dir=tmp_path / "out", output_name="sd3"
-    )
-    return pixels(round_.images[0])
+    return first_image(components, p, tmp_path, step, "sd3")
 
 
 @torch.no_grad()

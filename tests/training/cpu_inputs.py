@@ -32,3 +32,17 @@ def plain_text_states(components, captions: list[str]) -> torch.Tensor:
         captions, padding="max_length", max_length=77, truncation=True, return_tensors="pt"
     ).input_ids
     return components.text_encoder(ids)[0]
+
+
+# Two samples of a flow-matching step test: captions, loss weights, their keys.
+FLOW_BATCH = {
+    "captions": ["a red circle", "shape on gray"],
+    "loss_weights": torch.tensor([1.0, 0.5]),
+    "positions": torch.tensor([3, 8]),
+    "epoch": 2,
+}
+
+
+def flow_pixels() -> torch.Tensor:
+    """The pixels of FLOW_BATCH's two 48 x 64 images, in [-1, 1]."""
+    return torch.rand(2, 3, 64, 48, generator=torch.Generator().manual_seed(5)) * 2 - 1

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from cpu_inputs import cpu_inputs
+from cpu_inputs import FLOW_BATCH, cpu_inputs, flow_pixels
 from flux_fixtures import plain_flux_pipeline, tiny_flux_components
 
 from library.errors import ConfigError
@@ -17,16 +17,7 @@ from library.training.noise import NoiseOptions, draw
 from library.training.step import micro_batch_loss
 
 SEED = 11
-BATCH = {
-    "captions": ["a red circle", "shape on gray"],
-    "loss_weights": torch.tensor([1.0, 0.5]),
-    "positions": torch.tensor([3, 8]),
-    "epoch": 2,
-}
-
-
-def _pixels() -> torch.Tensor:
-    return torch.rand(2, 3, 64, 48, generator=torch.Generator().manual_seed(5)) * 2 - 1
+BATCH = FLOW_BATCH
 
 
 def _sigma(scheme: str, z: torch.Tensor, u: torch.Tensor, shape) -> torch.Tensor:
@@ -80,7 +71,7 @@ def _reference(c, pixels, scheme: str, prediction: str, batch=BATCH, t5_length=5
 @pytest.mark.parametrize("scheme", ["sigma", "uniform", "sigmoid", "shift", "flux_shift"])
 def test_each_timestep_sampling_matches_the_formulas(scheme):
     c = tiny_flux_components(timestep_sampling=scheme, model_prediction_type="raw")
-    batch = {**BATCH, "pixel_values": _pixels()}
+    batch = {**BATCH, "pixel_values": flow_pixels()}
     with torch.no_grad():
         ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
     expected = _reference(c, batch["pixel_values"], scheme, "raw")
@@ -90,7 +81,7 @@ def test_each_timestep_sampling_matches_the_formulas(scheme):
 @pytest.mark.parametrize("prediction", ["raw", "additive", "sigma_scaled"])
 def test_each_model_prediction_type_matches_the_formulas(prediction):
     c = tiny_flux_components(timestep_sampling="shift", model_prediction_type=prediction)
-    batch = {**BATCH, "pixel_values": _pixels()}
+    batch = {**BATCH, "pixel_values": flow_pixels()}
     with torch.no_grad():
         ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
     expected = _reference(c, batch["pixel_values"], "shift", prediction)
@@ -101,7 +92,7 @@ def test_a_masked_t5_padding_is_as_if_there_were_no_padding():
     """apply_t5_attn_mask: T5 and every joint attention ignore the padding, so each sample's loss
     equals the loss with its caption encoded at exactly its own length (no padding at all)."""
     c = tiny_flux_components(model_prediction_type="raw", apply_t5_attn_mask=True)
-    pixels = _pixels()
+    pixels = flow_pixels()
     with torch.no_grad():
         ours = micro_batch_loss(cpu_inputs(c, SEED), {**BATCH, "pixel_values": pixels})
         unmasked = tiny_flux_components(model_prediction_type="raw")
@@ -119,16 +110,21 @@ def test_a_masked_t5_padding_is_as_if_there_were_no_padding():
 def test_the_loss_is_per_sample_and_schnell_takes_no_guidance():
     """Each sample's draws follow its position, not its batch; schnell runs without guidance."""
     c = tiny_flux_components("schnell", model_prediction_type="raw")
-    pixels = _pixels()
+    pixels = flow_pixels()
     inputs = cpu_inputs(c, SEED)
     with torch.no_grad():
         together = micro_batch_loss(inputs, {**BATCH, "pixel_values": pixels})
         singles = [
-            micro_batch_loss(inputs, {
-                "pixel_values": pixels[i : i + 1], "captions": BATCH["captions"][i : i + 1],
-                "loss_weights": BATCH["loss_weights"][i : i + 1],
-                "positions": BATCH["positions"][i : i + 1], "epoch": BATCH["epoch"],
-            })  # fmt: skip
+            micro_batch_loss(
+                inputs,
+                {
+                    "pixel_values": pixels[i : i + 1],
+                    "captions": BATCH["captions"][i : i + 1],
+                    "loss_weights": BATCH["loss_weights"][i : i + 1],
+                    "positions": BATCH["positions"][i : i + 1],
+                    "epoch": BATCH["epoch"],
+                },
+            )  # fmt: skip
             for i in range(2)
         ]
     assert together.item() == pytest.approx(sum(s.item() for s in singles) / 2, rel=1e-5)
@@ -147,7 +143,7 @@ def test_ddpm_only_keys_are_left_out_with_a_warning(caplog):
     """GUI presets for Flux carry min_snr_gamma and noise_offset; sd-scripts ignores them for
     Flux.1, and so does difftune, saying so."""
     c = tiny_flux_components(model_prediction_type="raw")
-    batch = {**BATCH, "pixel_values": _pixels()}
+    batch = {**BATCH, "pixel_values": flow_pixels()}
     plain = cpu_inputs(c, SEED)
     with caplog.at_level("WARNING"):
         gui = cpu_inputs(c, SEED, loss=LossOptions(min_snr_gamma=7.0),

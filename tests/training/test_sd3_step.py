@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from cpu_inputs import cpu_inputs
+from cpu_inputs import FLOW_BATCH, cpu_inputs, flow_pixels
 from sd3_fixtures import plain_sd3_pipeline, tiny_sd3_components
 
 from library.training.loss import LossOptions
@@ -15,16 +15,7 @@ from library.training.noise import CONDITIONING_STREAM, NoiseOptions, draw, keye
 from library.training.step import micro_batch_loss
 
 SEED = 11
-BATCH = {
-    "captions": ["a red circle", "shape on gray"],
-    "loss_weights": torch.tensor([1.0, 0.5]),
-    "positions": torch.tensor([3, 8]),
-    "epoch": 2,
-}
-
-
-def _pixels() -> torch.Tensor:
-    return torch.rand(2, 3, 64, 48, generator=torch.Generator().manual_seed(5)) * 2 - 1
+BATCH = FLOW_BATCH
 
 
 def _density(scheme: str, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -87,7 +78,7 @@ def _reference(c, pixels, scheme, shift=1.0, batch=BATCH, zero=()) -> torch.Tens
 @pytest.mark.parametrize("shift", [1.0, 3.0])
 def test_each_weighting_scheme_matches_kohyas_formulas(scheme, shift):
     c = tiny_sd3_components(weighting_scheme=scheme, training_shift=shift)
-    batch = {**BATCH, "pixel_values": _pixels()}
+    batch = {**BATCH, "pixel_values": flow_pixels()}
     with torch.no_grad():
         ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
     expected = _reference(c, batch["pixel_values"], scheme, shift)
@@ -97,7 +88,7 @@ def test_each_weighting_scheme_matches_kohyas_formulas(scheme, shift):
 @pytest.mark.parametrize("variant", ["sd3-medium", "sd3.5-large"])
 def test_the_other_variants_match_too(variant):
     c = tiny_sd3_components(variant, weighting_scheme="logit_normal")
-    batch = {**BATCH, "pixel_values": _pixels()}
+    batch = {**BATCH, "pixel_values": flow_pixels()}
     with torch.no_grad():
         ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
     expected = _reference(c, batch["pixel_values"], "logit_normal")
@@ -108,7 +99,7 @@ def test_the_other_variants_match_too(variant):
 def test_a_dropout_rate_of_one_zeroes_that_encoders_part(part):
     key = {"l": "clip_l_dropout_rate", "g": "clip_g_dropout_rate", "t5": "t5_dropout_rate"}[part]
     c = tiny_sd3_components(**{key: 1.0})
-    batch = {**BATCH, "pixel_values": _pixels()}
+    batch = {**BATCH, "pixel_values": flow_pixels()}
     with torch.no_grad():
         ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
     assert ours.item() == pytest.approx(
@@ -123,7 +114,7 @@ def test_dropout_follows_each_samples_keyed_draw_whatever_the_batch():
     """Rate 0.5 on all three: which parts a sample loses comes from its own keyed stream, so
     the batch of two equals the two samples alone, and equals the reference per sample."""
     c = tiny_sd3_components(clip_l_dropout_rate=0.5, clip_g_dropout_rate=0.5, t5_dropout_rate=0.5)
-    pixels = _pixels()
+    pixels = flow_pixels()
     inputs = cpu_inputs(c, SEED)
     draws = keyed_uniforms(SEED, BATCH["epoch"], BATCH["positions"].tolist(), 3,
                            CONDITIONING_STREAM, "cpu")  # fmt: skip
@@ -176,7 +167,7 @@ def test_position_crops_follow_each_samples_keyed_draws():
     c = tiny_sd3_components(pos_emb_random_crop_rate=1.0)
     install(c.denoiser, 1.0)
     inputs = cpu_inputs(c, SEED)
-    pixels = _pixels()
+    pixels = flow_pixels()
     with torch.no_grad():
         together = micro_batch_loss(inputs, {**BATCH, "pixel_values": pixels})
         singles = [

@@ -99,7 +99,8 @@ _BLOCK_BACK = {
 }
 
 
-def _swap_halves(tensor: torch.Tensor) -> torch.Tensor:
+def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor with its two halves along dim 0 exchanged ((shift, scale) <-> (scale, shift))."""
     first, second = tensor.chunk(2, dim=0)
     return torch.cat([second, first], dim=0)
 
@@ -117,27 +118,36 @@ def _diffusers_source(key: str) -> tuple[str, int, int]:
     raise ValueError(f"{key!r} is not a key of a diffusers FluxTransformer2DModel")
 
 
+def join_parts(
+    parts: Iterable[tuple[str, int, int, torch.Tensor]],
+) -> dict[str, torch.Tensor]:
+    """Original state dict from (original key, part index, part count, tensor) of each diffusers
+    tensor: parts of one fused tensor are stacked by rows in index order, at the position of
+    the first part met. ValueError when a fused tensor lacks a part."""
+    out: dict[str, torch.Tensor | None] = {}
+    pieces: dict[str, list[torch.Tensor | None]] = {}
+    for old, index, count, value in parts:
+        if count == 1:
+            out[old] = value
+            continue
+        out.setdefault(old, None)  # keeps the first part's position in the key order
+        pieces.setdefault(old, [None] * count)[index] = value
+    for old, stack in pieces.items():
+        if any(p is None for p in stack):
+            raise ValueError(f"cannot build {old!r}: some of its diffusers parts are missing")
+        out[old] = torch.cat(stack, dim=0)
+    return out
+
+
 def transformer_to_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Diffusers FluxTransformer2DModel state dict -> original (BFL) keys, without a prefix.
 
     Raises ValueError for a key it does not know or a fused tensor with a missing part.
     """
-    out: dict[str, torch.Tensor | None] = {}
-    parts: dict[str, list[torch.Tensor | None]] = {}
-    for key, value in state.items():
-        old, index, count = _diffusers_source(key)
-        if count == 1:
-            out[old] = value
-            continue
-        out.setdefault(old, None)  # keeps the first part's position in the key order
-        parts.setdefault(old, [None] * count)[index] = value
-    for old, pieces in parts.items():
-        if any(p is None for p in pieces):
-            raise ValueError(f"cannot build {old!r}: some of its diffusers parts are missing")
-        out[old] = torch.cat(pieces, dim=0)
+    out = join_parts((*_diffusers_source(key), value) for key, value in state.items())
     for key in _SWAPPED:
         if key in out:
-            out[key] = _swap_halves(out[key])
+            out[key] = swap_halves(out[key])
     return out
 
 
@@ -169,7 +179,7 @@ def transformer_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, to
         if new_keys is None:
             raise ValueError(f"{key!r} is not a key of an original FLUX.1 transformer")
         if key in _SWAPPED:
-            value = _swap_halves(value)
+            value = swap_halves(value)
         if len(new_keys) == 3:  # q|k|v of equal size
             pieces = value.chunk(3, dim=0)
         elif len(new_keys) == 4:  # q|k|v|mlp-in: three of the hidden size, the MLP's the rest

@@ -32,7 +32,13 @@ from typing import Literal
 import torch
 
 from library.models import shape_configs
-from library.models.flux.original_keys import ae_from_original, ae_to_original, convert_shapes
+from library.models.flux.original_keys import (
+    ae_from_original,
+    ae_to_original,
+    convert_shapes,
+    join_parts,
+    swap_halves,
+)
 from library.models.sd3 import shapes as sd3_shapes
 from library.models.sd3.shapes import Variant
 
@@ -128,11 +134,6 @@ _BLOCK_BACK = {n: (o, i, len(ns)) for o, ns in _BLOCK_KEYS.items() for i, n in e
 _BLOCK_KEY = re.compile(r"(\w+)\.(\d+)\.(.+)")
 
 
-def _swap_halves(tensor: torch.Tensor) -> torch.Tensor:
-    first, second = tensor.chunk(2, dim=0)
-    return torch.cat([second, first], dim=0)
-
-
 def _pre_only_blocks(keys: Iterable[str], blocks: str, mlp: str) -> set[str]:
     """Indices (as text) of the blocks in ``keys`` that have no context MLP."""
     found: dict[str, bool] = {}
@@ -160,24 +161,17 @@ def transformer_to_original(state: Mapping[str, torch.Tensor]) -> dict[str, torc
     Raises ValueError for a key it does not know or a fused tensor with a missing part.
     """
     pre_only = _pre_only_blocks(state, _DIFFUSERS_BLOCKS, _CONTEXT_MLP[1])
-    out: dict[str, torch.Tensor | None] = {}
-    parts: dict[str, list[torch.Tensor | None]] = {}
-    swap: set[str] = set()
-    for key, value in state.items():
-        old, index, count, block = _diffusers_source(key)
-        if old in _SWAPPED or (block in pre_only and old.endswith(_CONTEXT_MODULATION)):
-            swap.add(old)
-        if count == 1:
-            out[old] = value
-            continue
-        out.setdefault(old, None)  # keeps the first part's position in the key order
-        parts.setdefault(old, [None] * count)[index] = value
-    for old, pieces in parts.items():
-        if any(p is None for p in pieces):
-            raise ValueError(f"cannot build {old!r}: some of its diffusers parts are missing")
-        out[old] = torch.cat(pieces, dim=0)
+    sources = {key: _diffusers_source(key) for key in state}
+    out = join_parts(
+        (old, index, count, state[key]) for key, (old, index, count, _) in sources.items()
+    )
+    swap = {
+        old
+        for old, _, _, block in sources.values()
+        if old in _SWAPPED or (block in pre_only and old.endswith(_CONTEXT_MODULATION))
+    }
     for old in swap:
-        out[old] = _swap_halves(out[old])
+        out[old] = swap_halves(out[old])
     return out
 
 
@@ -198,7 +192,7 @@ def transformer_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, to
         if new_keys is None:
             raise ValueError(f"{key!r} is not a key of an original SD3 MMDiT")
         if key in _SWAPPED or (m and m.group(2) in pre_only and key.endswith(_CONTEXT_MODULATION)):
-            value = _swap_halves(value)
+            value = swap_halves(value)
         pieces = value.chunk(3, dim=0) if len(new_keys) == 3 else (value,)  # q|k|v, equal sizes
         for new, piece in zip(new_keys, pieces, strict=True):
             out[block + new] = piece
