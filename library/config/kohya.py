@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from library.config.adapter_schema import BLOCKWISE_KEYS, LYCORIS_KEYS
 from library.config.suggest import show_value
 from library.errors import ConfigError
 
@@ -144,7 +145,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
 # kohya's misspellings and old names that mean one of our keys.
 ALIASES: dict[str, str] = {"caption_extention": "caption_extension"}
 
-_LYCORIS = "LyCORIS adapters (LoHa, LoKr, ...) are planned"
 # Values of supported keys that are valid in kohya but not (yet) here: key -> value -> reason.
 UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
     "optimizer_type": {
@@ -171,10 +171,22 @@ UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
         ]
     },
     "network_module": {
-        "lycoris.kohya": _LYCORIS,
         "networks.dylora": "DyLoRA is planned",
         "networks.oft": "OFT is planned",
         "networks.lora_fa": "LoRA-FA is planned",
+    },
+    "algo": {
+        name: f"LyCORIS' {label} is not supported; difftune trains lora (LoCon), loha and lokr"
+        for name, label in {
+            "ia3": "IA3",
+            "dylora": "DyLoRA",
+            "glora": "GLoRA",
+            "full": "native fine-tuning",
+            "diag-oft": "Diag-OFT",
+            "oft": "OFT",
+            "boft": "BOFT",
+            "tlora": "T-LoRA",
+        }.items()
     },
     "save_model_as": {
         "ckpt": "difftune saves .safetensors only",
@@ -215,24 +227,30 @@ SUPPORTED_NETWORK_ARGS = (
     "split_qkv",
     "train_t5xxl",
     "train_blocks",
+    *LYCORIS_KEYS,
+    *BLOCKWISE_KEYS,
 )
+# LyCORIS' older spellings, read as the key they stand for (its own deprecation table).
+NETWORK_ARG_ALIASES = {"use_cp": "use_tucker", "use_conv_cp": "use_tucker"}
+_DROPOUT = "dropout inside adapters is planned"
+# network_args difftune does not implement, accepted when they are off (the GUIs write every
+# option, off or not): key -> (the values that mean off, why another value is refused).
+_OFF_NETWORK_ARGS: dict[str, tuple[tuple[object, ...], str]] = {
+    "dropout": ((0, None), _DROPOUT),
+    "rank_dropout": ((0, None), _DROPOUT),
+    "module_dropout": ((0, None), _DROPOUT),
+    # only scales rank dropout, which is off whenever this is accepted
+    "rank_dropout_scale": ((True, False, None), _DROPOUT),
+    "bypass_mode": ((False, None), "LyCORIS' bypass mode is not supported"),
+    "train_norm": ((False, None), "LyCORIS' norm-layer adapters are planned"),
+    # options of LyCORIS algorithms difftune refuses anyway (OFT, DyLoRA, IA3)
+    "constraint": ((0, None), "it belongs to LyCORIS' OFT algorithms, which are not supported"),
+    "constrain": ((0, None), "it belongs to LyCORIS' OFT algorithms, which are not supported"),
+    "rescaled": ((False, None), "it belongs to LyCORIS' OFT algorithms, which are not supported"),
+    "block_size": ((4, None), "it belongs to LyCORIS' DyLoRA, which is not supported"),
+    "train_on_input": ((False, None), "it belongs to LyCORIS' IA3, which is not supported"),
+}
 _NETWORK_ARG_REASONS = {
-    **dict.fromkeys(
-        ("dropout", "rank_dropout", "module_dropout"), "dropout in LoRA layers is planned"
-    ),
-    **dict.fromkeys(
-        [
-            "down_lr_weight",
-            "mid_lr_weight",
-            "up_lr_weight",
-            "block_lr_zero_threshold",
-            "block_dims",
-            "block_alphas",
-            "conv_block_dims",
-            "conv_block_alphas",
-        ],
-        "per-block ranks and learning rates are planned",
-    ),
     **dict.fromkeys(
         [
             # networks.lora_flux
@@ -259,22 +277,8 @@ _NETWORK_ARG_REASONS = {
         ],
         "per-layer ranks and block selection of kohya's Flux.1 / SD3 networks are planned",
     ),
-    **dict.fromkeys(
-        [
-            "algo",
-            "preset",
-            "use_tucker",
-            "use_scalar",
-            "train_norm",
-            "factor",
-            "decompose_both",
-            "dora_wd",
-        ],
-        _LYCORIS,
-    ),
+    "disable_conv_cp": "LyCORIS reads it inconsistently; write use_tucker instead",
 }
-
-
 def same_value(value: object, other: object) -> bool:
     """Equal as TOML values: 1 and 1.0 are the same number, but true is not 1 (Python says so)."""
     if isinstance(value, bool) or isinstance(other, bool):
@@ -366,15 +370,36 @@ def parse_kv_args(items: list[str], name: str = "optimizer_args") -> dict[str, o
 
 
 def network_args_values(items: list[str]) -> dict[str, object]:
-    """SUPPORTED_NETWORK_ARGS from kohya's network_args; ConfigError for any other argument."""
+    """SUPPORTED_NETWORK_ARGS from kohya's network_args (aliases read as their key, arguments
+    that are off dropped); ConfigError for any other argument."""
     values: dict[str, object] = {}
     for item in items:
-        ((key, value),) = parse_kv_args([item], "network_args").items()
+        ((given, value),) = parse_kv_args([item], "network_args").items()
+        key = NETWORK_ARG_ALIASES.get(given, given)
+        if key in _OFF_NETWORK_ARGS:
+            off, reason = _OFF_NETWORK_ARGS[key]
+            if any(same_value(value, o) for o in off):
+                continue
+            raise ConfigError(
+                f'network_args "{item}" is not supported ({reason}); remove it'
+                + (f" or set {given}={show_value(off[0])}" if off[0] is not None else "")
+            )
         if key not in SUPPORTED_NETWORK_ARGS:
             known = ", ".join(SUPPORTED_NETWORK_ARGS)
             reason = _NETWORK_ARG_REASONS.get(key, f"difftune knows {known}")
             raise ConfigError(f'network_args "{item}" is not supported yet ({reason}); remove it')
+        problem = unsupported_value_problem(key, value)
+        if problem:
+            raise ConfigError(f'network_args "{item}": {problem}')
+        value = list(value) if isinstance(value, tuple) else value
         if key in values:
-            raise ConfigError(f'network_args sets "{key}" twice')
+            if key == "use_tucker" and isinstance(value, bool):
+                # LyCORIS reads use_tucker, use_cp and use_conv_cp and takes any that is on
+                value = value or values[key]
+            elif not same_value(values[key], value):
+                raise ConfigError(
+                    f'network_args sets "{key}" twice, to {show_value(values[key])} and '
+                    f"{show_value(value)}; keep one"
+                )
         values[key] = value
     return values

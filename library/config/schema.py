@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from library.config.adapter_schema import LYCORIS_MODULE, AdapterSection, adapter_problem
 from library.config.data_schema import DataSection
 from library.config.dataset_schema import DatasetConfig
 from library.config.flow_schema import FlowSection
@@ -87,11 +88,14 @@ class NetworkSection(Section):
         description='"lora" trains a LoRA adapter; "unet" fine-tunes every weight of the '
         "denoiser (the UNet, or FLUX.1's transformer).",
     )
-    network_module: Literal["networks.lora", "networks.lora_flux", "networks.lora_sd3"] = Field(
+    network_module: Literal[
+        "networks.lora", "networks.lora_flux", "networks.lora_sd3", "lycoris.kohya"
+    ] = Field(
         "networks.lora",
-        description='Adapter type; kohya name. "networks.lora" (LoRA/LoCon), or '
+        description='Adapter type; kohya name. "networks.lora" (LoRA/LoCon), '
         '"networks.lora_flux" for Flux.1 and "networks.lora_sd3" for SD3 (the same LoRA, saved '
-        "in kohya's names for that family).",
+        'in kohya\'s names for that family), or "lycoris.kohya" for LyCORIS\' LoCon, LoHa and '
+        "LoKr (with DoRA), chosen by algo in [adapter].",
     )
     network_dim: int = Field(4, ge=1, description="LoRA rank of Linear and 1x1 conv layers.")
     network_alpha: float = Field(
@@ -101,17 +105,20 @@ class NetworkSection(Section):
         None,
         ge=1,
         description="Rank for 3x3 convs of ResNet blocks, down- and upsamplers (LoCon). Unset: no "
-        'conv LoRA. Also accepted in network_args as "conv_dim=N".',
+        'conv LoRA (with lycoris.kohya: network_dim, as LyCORIS does). Also accepted in '
+        'network_args as "conv_dim=N".',
     )
     conv_alpha: float | None = Field(
         None,
         gt=0,
-        description="Alpha of the conv LoRA. Unset: 1 (scale 1 / conv_dim), as in kohya.",
+        description="Alpha of the conv LoRA. Unset: 1 (scale 1 / conv_dim), as in kohya; with "
+        "lycoris.kohya: network_alpha, as LyCORIS does.",
     )
     network_args: list[str] = Field(
         default_factory=list,
-        description='kohya-style extra network arguments as "key=value" strings. Supported: '
-        "conv_dim, conv_alpha.",
+        description='kohya-style extra network arguments as "key=value" strings: conv_dim, '
+        "conv_alpha, the LoRA+ ratios, the [adapter] keys (LyCORIS' and the block-wise ones) and "
+        "the [flow] adapter keys (split_qkv, train_t5xxl, train_blocks).",
     )
     scale_weight_norms: float | None = Field(
         None,
@@ -461,6 +468,7 @@ class Config(BaseModel):
     logging: LoggingSection = LoggingSection()
     sampling: SamplingSection = SamplingSection()
     flow: FlowSection = FlowSection()
+    adapter: AdapterSection = AdapterSection()
     datasets: list[DatasetConfig] = Field(default_factory=list)
     # Dataset keys written as plain keys (kohya's arguments), as given: already applied to the
     # datasets; kept so --print_config writes them back when the datasets come from elsewhere.
@@ -478,6 +486,14 @@ class Config(BaseModel):
             raise ValueError(
                 'network_weights starts a LoRA; with train_mode = "unet" remove it '
                 '(or use train_mode = "lora")'
+            )
+        problem = adapter_problem(self.adapter, self.network.network_module)
+        if problem:
+            raise ValueError(problem)
+        if self.network.network_module == LYCORIS_MODULE and self.network.train_mode == "unet":
+            raise ValueError(
+                'network_module = "lycoris.kohya" trains an adapter; with train_mode = "unet" '
+                "remove it"
             )
         self._check_data_options()
         return self
@@ -519,6 +535,7 @@ SECTIONS: dict[str, type[Section]] = {
     "logging": LoggingSection,
     "sampling": SamplingSection,
     "flow": FlowSection,
+    "adapter": AdapterSection,
 }
 
 

@@ -126,7 +126,7 @@ def freeze_unused_text_adapters(
     parameter that requires grad). They stay in the model, so saved files keep every module,
     as kohya's do (with their up weights still zero). Returns the frozen adapter paths.
     """
-    from library.networks.lora import freeze_adapters
+    from library.networks.adapters import freeze_adapters
 
     frozen = []
     for index, encoder in enumerate(encoders):

@@ -18,6 +18,7 @@ from torch import nn
 from library.errors import CheckpointError
 from library.models.families.sd import unet_lora_key_layout
 from library.models.original_names import unet_path_to_original
+from library.networks.adapters import adapter_layers, lycoris_layers
 from library.networks.lora import ADAPTER, lora_layers, lora_rank, set_lora_scale
 
 UNET = "lora_unet"
@@ -93,19 +94,25 @@ def unwrap(model: nn.Module) -> nn.Module:
 def name_table(prefix: str, model: nn.Module) -> dict[str, str]:
     """kohya module name -> module path for every adapted layer of ``model``."""
     model = unwrap(model)
-    return {kohya_name(prefix, kohya_path(model, path)): path for path in lora_layers(model)}
+    return {kohya_name(prefix, kohya_path(model, path)): path for path in adapter_layers(model)}
 
 
 def export_lora(models: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
     """All adapter tensors of ``models`` (prefix -> unwrapped model) as a kohya state dict.
 
-    Weights keep the adapter's dtype (float32); alpha is a 0-d float32 tensor.
+    LoRA weights keep the adapter's dtype (float32); alpha is a 0-d float32 tensor. A LyCORIS
+    layer writes its own tensors under LyCORIS' suffixes (``<name>.hada_w1_a``, ...).
     """
     tensors: dict[str, torch.Tensor] = {}
     for prefix, model in models.items():
         model = unwrap(model)
         layers = lora_layers(model)
+        lycoris = lycoris_layers(model)
         for name, path in name_table(prefix, model).items():
+            if path in lycoris:
+                for suffix, tensor in lycoris[path].file_tensors().items():
+                    tensors[f"{name}.{suffix}"] = tensor
+                continue
             layer = layers[path]
             tensors[f"{name}.{DOWN}"] = layer.lora_A[ADAPTER].weight.detach().clone()
             tensors[f"{name}.{UP}"] = layer.lora_B[ADAPTER].weight.detach().clone()
@@ -210,12 +217,15 @@ def import_lora(
     before anything is copied, so a refused file leaves the adapters as they were.
     """
     models = {prefix.rstrip("_"): unwrap(model) for prefix, model in models.items()}
-    groups = _group(tensors, source)
     table: dict[str, tuple[nn.Module, str, nn.Module]] = {}
     for prefix, model in models.items():
-        layers = lora_layers(model)
+        layers = adapter_layers(model)
         for name, path in name_table(prefix, model).items():
             table[name] = (model, path, layers[path])
+    if any(path in lycoris_layers(model) for model, path, _ in table.values()):
+        _import_lycoris(table, tensors, models, source, text_prefixes)
+        return
+    groups = _group(tensors, source)
     unmatched = sorted(set(groups) - set(table))
     if unmatched:
         raise CheckpointError(_unmatched_error(unmatched, models, source, text_prefixes))
@@ -237,6 +247,31 @@ def import_lora(
             alphas.setdefault(id(model), {})[path] = alpha
     for model in models.values():
         set_lora_scale(model, alphas.get(id(model), {}))
+
+
+def _import_lycoris(
+    table: Mapping[str, tuple[nn.Module, str, nn.Module]],
+    tensors: Mapping[str, torch.Tensor],
+    models: Mapping[str, nn.Module],
+    source: str,
+    text_prefixes: tuple[str, ...] | None,
+) -> None:
+    """import_lora for models whose adapters are LyCORIS layers: the same matching of file
+    modules to layers, then each layer checks and reads its own tensors."""
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        name, _, suffix = key.partition(".")
+        groups.setdefault(name, {})[suffix] = tensor
+    unmatched = sorted(set(groups) - set(table))
+    if unmatched:
+        raise CheckpointError(_unmatched_error(unmatched, models, source, text_prefixes))
+    missing = sorted(set(table) - set(groups))
+    if missing:
+        raise CheckpointError(_missing_error(missing, len(table), source))
+    for name in sorted(groups):
+        table[name][2].check_file_tensors(groups[name], f"{source}: {name}")
+    for name in sorted(groups):
+        table[name][2].load_file_tensors(groups[name], f"{source}: {name}")
 
 
 def _checked(

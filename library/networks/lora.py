@@ -61,14 +61,18 @@ def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def apply_lora(
-    model: nn.Module, targets: ModelKind | Mapping[str, TargetKind], spec: LoraSpec
+    model: nn.Module,
+    targets: ModelKind | Mapping[str, TargetKind],
+    spec: LoraSpec,
+    ranks: Mapping[str, tuple[int, float]] | None = None,
 ) -> list[str]:
     """Freeze ``model`` and inject a fresh LoRA into ``targets``; return their paths.
 
     ``targets`` maps module path -> "linear" | "conv" (a family's adapter_targets), or names a
     role ("unet", "text_encoder") whose SD/CLIP default targets are taken. Down weights start Kaiming-uniform and up weights at zero (peft's default), so the model's
     output is unchanged until training moves them. Adapter parameters are float32 and are the
-    only parameters that require grad.
+    only parameters that require grad. ``ranks`` gives some paths their own (rank, alpha)
+    (kohya's block-wise block_dims / block_alphas); the others take ``spec``'s.
     """
     from peft import LoraConfig, inject_adapter_in_model
 
@@ -78,14 +82,19 @@ def apply_lora(
         targets = default_targets(model, targets, conv=spec.conv_dim is not None)
     if not targets:
         raise ValueError(f"no LoRA target layers found in {type(model).__name__}")
-    conv_paths = [p for p, t in targets.items() if t == "conv"]
-    # rank/alpha patterns are regexes matched against the full path; escape the dots.
+    ranks = ranks or {}
+    wanted = {
+        path: ranks[path] if path in ranks else _rank_alpha(spec, kind)
+        for path, kind in targets.items()
+    }
+    own = {p: ra for p, ra in wanted.items() if ra != (spec.dim, float(spec.alpha))}
+    # rank/alpha patterns are regexes matched against the full path: anchored, dots escaped.
     config = LoraConfig(
         r=spec.dim,
         lora_alpha=float(spec.alpha),
         target_modules=sorted(targets),
-        rank_pattern={re.escape(p): spec.conv_dim for p in conv_paths},
-        alpha_pattern={re.escape(p): spec.effective_conv_alpha for p in conv_paths},
+        rank_pattern={f"^{re.escape(p)}$": rank for p, (rank, _) in own.items()},
+        alpha_pattern={f"^{re.escape(p)}$": alpha for p, (_, alpha) in own.items()},
         lora_dropout=0.0,
         bias="none",
         use_rslora=False,
@@ -98,18 +107,22 @@ def apply_lora(
         missing = sorted(set(targets) - set(adapted))
         raise RuntimeError(f"peft did not adapt {len(missing)} target layers, e.g. {missing[:3]}")
     for path, layer in adapted.items():
-        _check_scale(path, layer, targets[path], spec)
+        _check_scale(path, layer, *wanted[path])
     for param in lora_parameters(model):
         param.data = param.data.float()
         param.requires_grad_(True)
     return sorted(adapted)
 
 
-def _check_scale(path: str, layer: nn.Module, kind: str, spec: LoraSpec) -> None:
+def _rank_alpha(spec: LoraSpec, kind: str) -> tuple[int, float]:
+    """(rank, alpha) ``spec`` gives a layer of ``kind``."""
+    if kind == "conv":
+        return spec.conv_dim, float(spec.effective_conv_alpha)
+    return spec.dim, float(spec.alpha)
+
+
+def _check_scale(path: str, layer: nn.Module, rank: int, alpha: float) -> None:
     """peft must scale exactly by kohya's alpha / rank (no rsLoRA, right pattern applied)."""
-    rank, alpha = (
-        (spec.conv_dim, spec.effective_conv_alpha) if kind == "conv" else (spec.dim, spec.alpha)
-    )
     if layer.r[ADAPTER] != rank or layer.scaling[ADAPTER] != alpha / rank:
         raise RuntimeError(
             f"peft configured {path} with r={layer.r[ADAPTER]} scaling={layer.scaling[ADAPTER]}, "

@@ -1,4 +1,4 @@
-"""Max-norm regularisation of LoRA updates (kohya's ``scale_weight_norms``).
+"""Max-norm regularisation of adapter updates (kohya's ``scale_weight_norms``).
 
 After each optimizer step, every adapter whose weight update ``alpha / r * up @ down`` has a
 Frobenius norm above the limit is scaled back onto it. up and down are each multiplied by the
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from library.networks.adapters import lycoris_layers
 from library.networks.lora import ADAPTER, lora_layers
 
 
@@ -43,6 +44,11 @@ def apply_max_norm(models: Iterable[nn.Module], limit: float) -> NormStats:
                 up.mul_(root.to(up.dtype))
                 down.mul_(root.to(down.dtype))
                 scaled += 1
+        # LyCORIS layers scale their own factors (a LoHa has four, a LoKr two or more).
+        for layer in lycoris_layers(model).values():
+            norm, was_scaled = layer.apply_max_norm(limit)
+            norms.append(torch.as_tensor(float(norm)))
+            scaled += int(was_scaled)
     if not norms:
         return NormStats(0, 0.0, 0.0)
     stacked = torch.stack(norms)

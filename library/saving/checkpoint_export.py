@@ -146,12 +146,24 @@ def write_text_encoder_folder(
     return atomic_write_dir(Path(folder), write)
 
 
+def is_clip_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a transformers CLIP text encoder (its config.json says so)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and str(config.get("model_type", "")).startswith("clip")
+
+
 def ensure_text_model_layout(folder: str | Path) -> list[Path]:
     """Rewrite, in place, the safetensors weights of a transformers CLIP text-encoder folder
+    (any other folder, such as T5's, is left alone)
     (e.g. one copied from a base model saved by transformers 5) so every key uses the
     ``text_model.`` layout; tensors and header metadata are kept as they are. Returns the files
     rewritten (none when the folder already has that layout)."""
     folder = Path(folder)
+    if not is_clip_folder(folder):  # T5 (FLUX.1, SD3) has no text_model. layout to restore
+        return []
     rewritten = []
     for file in sorted(folder.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:

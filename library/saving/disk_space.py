@@ -69,7 +69,7 @@ def _numel(module: torch.nn.Module) -> int:
 
 def save_sizes(config, parts, ema: bool) -> SaveSizes:
     """The sizes of this run's outputs, from its loaded models (``parts``: TrainedParts)."""
-    from library.networks.lora import saved_numbers
+    from library.networks.adapters import saved_numbers
 
     saving = config.saving
     itemsize = _save_itemsize(saving)

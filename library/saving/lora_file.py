@@ -16,7 +16,15 @@ import torch
 from library.errors import CheckpointError
 from library.saving.atomic import atomic_write_file
 
-_LORA_SUFFIXES = (".lora_down.weight", ".lora_up.weight")
+# kohya's LoRA/LoCon, and LyCORIS' LoHa and LoKr (whose LoCon uses kohya's names).
+_LORA_SUFFIXES = (
+    ".lora_down.weight",
+    ".lora_up.weight",
+    ".hada_w1_a",
+    ".hada_w2_a",
+    ".lokr_w1",
+    ".lokr_w1_a",
+)
 _PEFT_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
 
@@ -72,7 +80,7 @@ def save_lora_file(
 def read_lora_file(
     path: str | Path, diffusers_layout: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Load a kohya LoRA file, or with ``diffusers_layout`` also a diffusers/peft one (lora_A /
+    """Load a kohya LoRA or LyCORIS file, or with ``diffusers_layout`` also a diffusers/peft one (lora_A /
     lora_B keys): (tensors on the CPU, metadata). CheckpointError if unusable."""
     from safetensors import SafetensorError, safe_open
 
@@ -96,5 +104,7 @@ def read_lora_file(
                 f"{path}: is a diffusers/PEFT-format LoRA (lora_A/lora_B keys); only "
                 "kohya-format files (lora_down/lora_up) can be loaded"
             )
-        raise CheckpointError(f"{path}: not a LoRA file (no lora_down/lora_up weights)")
+        raise CheckpointError(
+            f"{path}: not a LoRA file (no lora_down/lora_up, hada_* or lokr_* weights)"
+        )
     return tensors, metadata

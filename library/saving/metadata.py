@@ -70,12 +70,30 @@ class RunInfo:
     resume_changes: list = field(default_factory=list)  # settings changed at resumes
 
 
+def _arg_text(value: object) -> str:
+    """A config value as kohya's network_args writes it ("True", "1,2,3", "0.5")."""
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
 def network_args(config: Config) -> dict[str, str]:
-    """kohya's network_args as a dict of strings, with conv_dim/conv_alpha from the config."""
+    """kohya's network_args as a dict of strings, with conv_dim/conv_alpha and the [adapter]
+    keys from the config (keys written outside network_args included)."""
     args: dict[str, str] = {}
     for item in config.network.network_args:
         key, _, value = item.partition("=")
         args[key.strip()] = value.strip()
+    for key, value in config.adapter.model_dump().items():
+        if value is not None:
+            args.setdefault(key, _arg_text(value))
+    if config.network.network_module == "lycoris.kohya":
+        # LyCORIS' conv rank and alpha default to the linear ones: say what trained.
+        net = config.network
+        args.setdefault("algo", "lora")
+        args["conv_dim"] = str(net.conv_dim or net.network_dim)
+        args["conv_alpha"] = str(net.conv_alpha or net.network_alpha)
+        return args
     if config.network.conv_dim is not None:
         args["conv_dim"] = str(config.network.conv_dim)
     if config.network.conv_alpha is not None:

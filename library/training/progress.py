@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from library.config.schema import SECRET_KEYS, Config
 from library.data.plan import plan_lines
+from library.training.adapter_setup import adapter_name, adapter_text
 from library.training.plan import RunPlan, save_schedule_lines
 from library.training.setup import uses_sdpa
 
@@ -17,8 +18,11 @@ from library.training.setup import uses_sdpa
 def plan_text(config: Config, data, plan: RunPlan) -> str:
     """The run's plan: data, steps and saves, all counted in optimizer steps."""
     training = config.training
-    mode = "LoRA" if config.network.train_mode == "lora" else "full UNet"
+    lora = config.network.train_mode == "lora"
+    mode = adapter_name(config) if lora else "full UNet"
     lines = [f"difftune plan ({mode} on {config.model.pretrained_model_name_or_path})"]
+    if lora:
+        lines.append(f"  adapter: {adapter_text(config)}")
     lines += ["  " + line for line in plan_lines(data)]
     batches = ", ".join(str(b) for b in plan.effective_batch_sizes)
     lines += [

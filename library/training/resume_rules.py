@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from library.config.adapter_schema import LYCORIS_KEYS
 from library.config.schema import SECRET_KEYS, Config
 from library.errors import CheckpointError
 from library.training.plan import RunPlan
@@ -42,6 +43,15 @@ REFUSED_CHANGES = {
     "full_bf16": "the saved weights and optimizer state have the saved precision",
     "full_fp16": "the saved weights and optimizer state have the saved precision",
     "ema_decay": "the saved average was made with the saved decay",
+    **dict.fromkeys(LYCORIS_KEYS, "the saved LyCORIS adapters were built with the saved value"),
+    **dict.fromkeys(
+        ("block_dims", "block_alphas", "conv_block_dims", "conv_block_alphas"),
+        "the saved adapters have the saved per-block ranks and scales",
+    ),
+    **dict.fromkeys(
+        ("down_lr_weight", "mid_lr_weight", "up_lr_weight", "block_lr_zero_threshold"),
+        "the block weights decide which adapters exist and the optimizer's parameter groups",
+    ),
 }
 _REQUIRED = ("global_step", "seed", "train_mode", "steps_per_epoch", "effective_batch_sizes", "world_size")
 # Keys that name the run rather than configure it: never reported as changes.

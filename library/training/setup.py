@@ -11,9 +11,12 @@ from library.errors import ConfigError
 from library.models.conditioning import freeze_unused_text_adapters
 from library.models.float8 import store_in_float8
 from library.models.loader import Components
+from library.networks.adapters import STATE_BUFFERS, adapter_parameters, inject_adapters
 from library.networks.kohya_keys import UNET
-from library.networks.lora import LoraSpec, apply_lora, lora_parameter_split, lora_parameters
+from library.networks.lora import lora_parameter_split
 from library.saving.lora_file import read_lora_file
+from library.training.adapter_setup import adapter_settings, adapter_targets, trains_text_encoders
+from library.training.blockwise_setup import block_groups, blockwise, inject_blockwise
 
 
 @dataclass
@@ -51,13 +54,19 @@ class TrainedParts:
         return {prefixes[name]: module for name, module in self.trained_modules()}
 
     def trained_weights(self) -> dict[str, torch.Tensor]:
-        """Every trained parameter by "<model>.<parameter path>": what a state must keep."""
-        return {
+        """Every trained parameter by "<model>.<parameter path>", and the adapter buffers that
+        training changes (STATE_BUFFERS): what a state must keep."""
+        weights = {
             f"{name}.{key}": param
             for name, module in self.trained_modules()
             for key, param in module.named_parameters()
             if param.requires_grad
         }
+        for name, module in self.trained_modules():
+            for key, buffer in module.named_buffers():
+                if key.rpartition(".")[2] in STATE_BUFFERS:
+                    weights[f"{name}.{key}"] = buffer
+        return weights
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for group in self.param_groups for p in group["params"]]
@@ -127,14 +136,12 @@ def _base_in_float8(config: Config, components: Components) -> None:
         store_in_float8(module, compute)
 
 
-def _refuse_loraplus(config: Config) -> None:
+def _refuse_loraplus(config: Config, what: str = 'train_mode = "unet"') -> None:
     opt = config.optimizer
     ratios = ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio")
     for key in ratios:
         if getattr(opt, key) is not None:
-            raise ConfigError(
-                f'{key} is for LoRA up/down weights; with train_mode = "unet" remove it'
-            )
+            raise ConfigError(f"{key} is for LoRA up/down weights; with {what} remove it")
 
 
 def text_encoder_rates(rates: float | list[float] | None, lr: float, count: int) -> list[float]:
@@ -153,24 +160,39 @@ def text_encoder_rates(rates: float | list[float] | None, lr: float, count: int)
 
 def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: list[float]) -> TrainedParts:
     net = config.network
-    spec = LoraSpec(net.network_dim, net.network_alpha, net.conv_dim, net.conv_alpha)
+    settings = adapter_settings(config)
     train_unet = not net.network_train_text_encoder_only
-    train_te = not net.network_train_unet_only
+    train_te = not net.network_train_unet_only and trains_text_encoders(settings)
+    if not (train_unet or train_te):
+        raise ConfigError(
+            f"preset = {settings.preset} adapts no text encoder and network_train_text_encoder_only "
+            "leaves out the UNet: nothing would train; change one of them"
+        )
     groups = []
     opt = config.optimizer
-    family, conv = components.family, spec.conv_dim is not None
+    family = components.family
+    if settings.is_lycoris:
+        _refuse_loraplus(config, "LyCORIS adapters")
+    blocks = blockwise(config, family)
     if train_unet:
         denoiser = components.denoiser
-        apply_lora(denoiser, family.adapter_targets(denoiser, "unet", conv), spec)
         ratio = opt.loraplus_unet_lr_ratio or opt.loraplus_lr_ratio
-        groups += _lora_groups(denoiser, "unet", unet_lr, ratio)
+        if blocks is None:
+            targets = adapter_targets(family, denoiser, "unet", settings)
+            inject_adapters(denoiser, targets, settings)
+            groups += _lora_groups(denoiser, "unet", unet_lr, ratio)
+        else:
+            targets = family.adapter_targets(denoiser, "unet", blocks.conv)
+            inject_blockwise(denoiser, targets, blocks, settings.lora)
+            groups += block_groups(denoiser, blocks, unet_lr, ratio)
     if train_te:
         ratio = opt.loraplus_text_encoder_lr_ratio or opt.loraplus_lr_ratio
         names = components.family.text_encoder_subfolders
         trained = [family.trains_text_encoder(i) for i in range(len(names))]
         for encoder, trains in zip(components.text_encoders, trained, strict=True):
             if trains:
-                apply_lora(encoder, family.adapter_targets(encoder, "text_encoder", conv), spec)
+                targets = adapter_targets(family, encoder, "text_encoder", settings)
+                inject_adapters(encoder, targets, settings)
         # Layers after the one that conditions the UNet get no gradient, which DDP refuses.
         freeze_unused_text_adapters(
             components.family, components.text_encoders, config.model.clip_skip
@@ -189,7 +211,7 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
 def _lora_groups(model: torch.nn.Module, name: str, lr: float, ratio: float | None) -> list[dict]:
     """One group; with LoRA+ the down (A) weights at lr and the up (B) weights at lr * ratio."""
     if ratio is None:
-        trained = [p for p in lora_parameters(model) if p.requires_grad]
+        trained = [p for p in adapter_parameters(model) if p.requires_grad]
         return [{"params": trained, "lr": lr, "name": name}]
     down, up = lora_parameter_split(model)
     return [

@@ -232,10 +232,12 @@ def test_kohya_value_errors(write_toml):
     cases = {
         'optimizer_type = "DAdaptAdam"': 'optimizer_type = "DAdaptAdam" is not supported (D-Adapt',
         'optimizer_type = "Lionn"': 'did you mean "Lion"?',
-        'network_module = "lycoris.kohya"': 'network_module = "lycoris.kohya" is not supported',
+        'network_module = "networks.dylora"': 'network_module = "networks.dylora" is not supported',
+        'network_module = "lycoris.kohya"\nnetwork_args = ["algo=ia3"]': "LyCORIS' IA3 is not "
+        "supported",
         'lr_scheduler = "cosine_with_min_lr"': "is not supported",
-        'network_args = ["algo=locon"]': 'network_args "algo=locon" is not supported yet',
-        'network_args = ["dropout=0.1"]': 'network_args "dropout=0.1" is not supported yet',
+        'network_args = ["algo=locon"]': 'algo is a LyCORIS option; set network_module = "lycoris',
+        'network_args = ["dropout=0.1"]': 'network_args "dropout=0.1" is not supported (dropout',
         'network_args = ["conv_dim=8"]\nconv_dim = 4': "conv_dim = 4 conflicts with network_args",
         'optimizer_args = ["weight_decay"]': 'optimizer_args item "weight_decay" is not',
     }

@@ -60,8 +60,12 @@ def test_network_args_values():
         "conv_dim": 8,
         "conv_alpha": 0.5,
     }
-    for item in ("algo=locon", "dropout=0.1", "made_up=1"):
-        with pytest.raises(ConfigError, match=f'network_args "{item}" is not supported yet'):
+    assert kohya.network_args_values(["algo=locon", "dropout=0", "use_cp=True"]) == {
+        "algo": "locon",
+        "use_tucker": True,
+    }
+    for item in ("dropout=0.1", "made_up=1"):
+        with pytest.raises(ConfigError, match=f'network_args "{item}" is not supported'):
             kohya.network_args_values([item])
 
 
@@ -78,7 +82,8 @@ def test_unsupported_values_of_supported_keys():
         assert "is not supported" in kohya.unsupported_value_problem("optimizer_type", name)
     for name in ("Lion", "Prodigy", "Adafactor", "PagedAdamW8bit", "bitsandbytes.optim.Lion"):
         assert kohya.unsupported_value_problem("optimizer_type", name) is None
-    for module in ("lycoris.kohya", "networks.dylora", "networks.oft"):
+    assert kohya.unsupported_value_problem("network_module", "lycoris.kohya") is None
+    for module in ("networks.dylora", "networks.oft"):
         assert "is not supported" in kohya.unsupported_value_problem("network_module", module)
     assert kohya.unsupported_value_problem("optimizer_type", "AdamW") is None
 

@@ -24,7 +24,7 @@ DATASET_FILES = sorted(
 )
 ARGS_FILES = sorted(p.name for p in WILD.glob("*.toml") if p.name not in DATASET_FILES)
 # Files that need a feature another issue builds: they must be refused by name, in one line.
-PLANNED = {"lycoris_example_locon.toml": 'network_module = "lycoris.kohya" is not supported'}
+PLANNED: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +220,32 @@ def test_a_gui_sd3_export_trains(places, tmp_path, capsys, caplog):
     assert "weighting_scheme logit_normal (mean 0, std 1), training_shift 1" in out
     assert (tmp_path / "out" / "SD3.my-super-duper-model-name-goes-here-v1.0.safetensors").is_file()
     assert list((tmp_path / "out" / "sample").glob("*.png"))
+
+
+def test_a_gui_lycoris_export_trains(places, tmp_path, capsys):
+    """The GUI's "LyCORIS/LoHa" export (every LyCORIS option written, off or not, use_tucker
+    twice) trains on the tiny SDXL model as written: LoHa with DoRA, SGM names."""
+    from safetensors import safe_open
+
+    from library.cli import main
+
+    config = _filled("kohya_ss_gui_v25_sdxl_loha.toml", places, tmp_path)
+    reset_accelerate()
+    try:
+        code = main([
+            "--config", str(config), "--max_train_steps", "1", "--resolution", "128",
+            "--min_bucket_reso", "64", "--bucket_reso_steps", "32",
+            "--output_dir", str(tmp_path / "out"),
+        ])  # fmt: skip
+    finally:
+        reset_accelerate()
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "adapter: LyCORIS LoHa + DoRA, rank 8, alpha 4; kxk convs rank 4, alpha 2" in out
+    with safe_open(str(tmp_path / "out" / "sdxl_loha_dora.safetensors"), "pt") as handle:
+        keys = set(handle.keys())
+        network_module = handle.metadata()["ss_network_module"]
+    assert network_module == "lycoris.kohya"
+    assert "lora_unet_input_blocks_1_0_in_layers_2.hada_w1_a" in keys
+    assert any(k.endswith(".dora_scale") for k in keys)
+    assert not any(k.startswith("lora_te") for k in keys)  # network_train_unet_only

@@ -7,7 +7,8 @@ for any run. Single-process runs happen in the pytest process itself, when first
 
 - equivalence runs ``eq-<mode>-<layout>``: 2 optimizer steps of 4 images as 2x2x1 (processes
   x accumulation x batch), 1x4x1, 1x1x4 or the guard 1x2x1, for UNet LoRA, UNet + text-encoder
-  LoRA, full UNet, and Flux.1 LoRA and full fine-tune (on a tiny Flux folder). The 2-process runs also switch on a DDP-side option per mode (gradient
+  LoRA, full UNet, LyCORIS LoHa (with DoRA) and LoKr, and Flux.1 LoRA and full fine-tune (on a
+  tiny Flux folder). The 2-process runs also switch on a DDP-side option per mode (gradient
   checkpointing, gradient_as_bucket_view); the single-process references run without it.
 - schedule runs: UNet + text-encoder LoRA, 4 optimizer steps under warmup + cosine: "sync"
   (2 processes x accumulation 4, buckets counted by a DDP hook, gradients recorded), "acc1"
@@ -76,6 +77,24 @@ MODES["sd3-lora"] = (
         "bucket_reso_steps": 16,
     },
     ["--gradient_checkpointing"],
+)
+# LyCORIS adapters: LoHa with DoRA on the UNet (3x3 convs included) and the text encoder, and
+# LoKr with Tucker cores and both Kronecker halves factored, with max-norm shrinking it each step.
+MODES["loha-dora"] = (
+    {
+        "network_module": "lycoris.kohya",
+        "network_args": ["algo=loha", "dora_wd=True", "conv_dim=2", "conv_alpha=1"],
+    },
+    ["--gradient_checkpointing"],
+)
+MODES["lokr-tucker"] = (
+    {
+        "network_module": "lycoris.kohya",
+        "network_args": ["algo=lokr", "factor=4", "decompose_both=True", "use_tucker=True"],
+        "network_train_unet_only": True,
+        "scale_weight_norms": 1e-3,
+    },
+    ["--ddp_gradient_as_bucket_view"],
 )
 # Modes trained on another model than the tiny SD one: mode -> the Runs method giving its folder.
 MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir", "sd3-lora": "sd3_dir"}

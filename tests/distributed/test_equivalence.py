@@ -1,7 +1,8 @@
 """The same samples and seed give the same weights however they are spread over processes.
 
 2 processes x accumulation 2 x batch 1 (torchrun, gloo), 1 x 4 x 1 and 1 x 1 x 4 must write the
-same weights after 2 optimizer steps, for UNet LoRA, UNet + text-encoder LoRA, full UNet, Flux.1
+same weights after 2 optimizer steps, for UNet LoRA, UNet + text-encoder LoRA, full UNet,
+LyCORIS LoHa (with DoRA, text encoder too) and LoKr (Tucker, max-norm), Flux.1
 LoRA (transformer, CLIP-L, T5), Flux.1 full fine-tune and SD3.5 LoRA (MMDiT, CLIP-L, CLIP-G,
 with per-encoder text dropout and random position crops); and
 the loss logged per step must be the mean over every micro-batch of every rank.
@@ -41,13 +42,17 @@ def test_three_layouts_write_the_same_weights(runs, mode, tiny_model_dir):
         assert len(ddp.rank(rank)["optimizer_lrs"]) == 2
     # the steps moved the weights (else equality would prove nothing)
     if mode in ("full-unet", "flux-full"):  # the final save also writes a diffusers folder
-        sub, base = ("unet", tiny_model_dir) if mode == "full-unet" else ("transformer", runs.flux_dir())
+        sub, base = (
+            ("unet", tiny_model_dir) if mode == "full-unet" else ("transformer", runs.flux_dir())
+        )
         denoiser = Path(sub) / "diffusion_pytorch_model.safetensors"
         trained = tensors(ddp.out / "run" / denoiser)
         assert _max_diff(trained, tensors(base / denoiser)) > 50 * atol
     else:
-        ups = [v for k, v in weights.items() if k.endswith("lora_up.weight")]
-        assert max(v.abs().max().item() for v in ups) > 100 * ATOL
+        # the factors that start at zero (LoRA's up, LoHa's w2_a, LoKr's w2_b) moved
+        ups = [v for k, v in weights.items() if k.endswith(("lora_up.weight", "hada_w2_a",
+                                                             "lokr_w2_b"))]  # fmt: skip
+        assert ups and max(v.abs().max().item() for v in ups) > 100 * ATOL
         if mode == "unet+te-lora":
             assert any(k.startswith("lora_te_") for k in weights)
         if mode == "flux-lora":
@@ -56,7 +61,7 @@ def test_three_layouts_write_the_same_weights(runs, mode, tiny_model_dir):
             assert any(k.startswith("lora_te2_") for k in weights)
 
 
-@pytest.mark.parametrize("mode", ["unet-lora", "flux-lora", "sd3-lora"])
+@pytest.mark.parametrize("mode", ["unet-lora", "flux-lora", "sd3-lora", "loha-dora"])
 def test_another_effective_batch_gives_other_weights(runs, mode):
     """Guards the test above: 2 samples per step instead of 4 must change the result."""
     four = runs.equivalence(mode, "2x2x1").weights()

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from library.models.checkpoint_layout import LAYOUTS
 from library.models.families.sd import SD1, SD2_V
@@ -164,3 +164,21 @@ def test_copied_text_encoder_folder_is_rewritten_in_place(tiny_model_dir, tmp_pa
     assert ensure_text_model_layout(folder) == []
     loaded = CLIPTextModel.from_pretrained(str(folder), local_files_only=True).state_dict()
     assert loaded.keys() == before.keys() and all(torch.equal(loaded[k], before[k]) for k in before)
+
+
+def test_t5_folders_keep_their_keys(tmp_path):
+    """FLUX.1's and SD3's T5 folders are copied as they are: T5 has no text_model. layout, and a
+    prefix there makes transformers re-initialise the encoder."""
+    from transformers import T5Config, T5EncoderModel
+
+    from library.models.flux.shapes import tiny_t5_config
+
+    folder = tmp_path / "text_encoder_2"
+    folder.mkdir()
+    t5 = T5EncoderModel(T5Config(**tiny_t5_config()))
+    t5.config.to_json_file(str(folder / "config.json"))
+    save_file({k: v.clone() for k, v in t5.state_dict().items()}, folder / "model.safetensors")
+    before = load_file(folder / "model.safetensors")
+    assert ensure_text_model_layout(folder) == []
+    after = load_file(folder / "model.safetensors")
+    assert after.keys() == before.keys()

@@ -66,8 +66,8 @@ class ModelFamily:
     # Key layouts a LoRA file of this family can be written in (SavingSection.lora_format).
     lora_formats: tuple[str, ...] = ("kohya",)
     # kohya network_module values that train this family ("networks.lora" trains every family;
-    # the others name one family's file layout).
-    network_modules: tuple[str, ...] = ("networks.lora",)
+    # the others name one family's file layout or adapter kind). The last is the one suggested.
+    network_modules: tuple[str, ...] = ("lycoris.kohya", "networks.lora")
 
     @property
     def v_parameterization(self) -> bool:
@@ -154,6 +154,13 @@ class ModelFamily:
         """Module path -> "linear" | "conv" of the layers a default adapter adapts."""
         raise NotImplementedError(f"{self.name} does not define its adapter targets")
 
+    def lycoris_targets(
+        self, module: torch.nn.Module, role: AdapterRole, preset: str
+    ) -> dict[str, TargetKind]:
+        """The layers LyCORIS' ``preset`` adapts in ``module``, for a family that trains
+        LyCORIS adapters (``"lycoris.kohya"`` in network_modules)."""
+        raise NotImplementedError(f"{self.name} has no LyCORIS adapters")
+
     def sampling_pipeline(self):
         """The diffusers pipeline kind (library.sampling.pipelines.PipelineKind) sampling it;
         ConfigError (sample_prompts) when there is none."""
@@ -233,6 +240,11 @@ class ModelFamily:
                 "layout, which diffusers' own loader converts for this family; remove lora_format"
             )
         module = config.network.network_module
+        if module == "lycoris.kohya" and module not in self.network_modules:
+            raise ConfigError(
+                f'network_module = "lycoris.kohya": LyCORIS adapters on {self.name} models are '
+                f'not supported yet (only on SD 1.x/2.x and SDXL); use "{self.network_modules[-1]}"'
+            )
         if module not in self.network_modules:
             owner = _MODULE_FAMILIES.get(module, "another model family")
             raise ConfigError(

@@ -80,6 +80,18 @@ class SDFamily(ModelFamily):
 
         return default_targets(module, role, conv)
 
+    def lycoris_targets(self, module, role, preset):
+        from diffusers import UNet2DConditionModel
+
+        from library.networks.lycoris_targets import lycoris_targets
+
+        # sd-scripts' SDXL UNet names conv_in & co. otherwise, so LyCORIS skips them there.
+        sd_names = (
+            isinstance(module, UNet2DConditionModel)
+            and unet_lora_key_layout(module.config) != "original"
+        )
+        return lycoris_targets(module, role, preset, named_layers=sd_names)
+
     def lora_tensors(self, models):
         from library.networks.kohya_keys import export_lora
 

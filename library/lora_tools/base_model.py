@@ -1,0 +1,380 @@
+"""The base model of a toolbox command, and the layers a LoRA/LyCORIS file may name in it.
+
+Loading goes through the trainer's own loaders: the command's options become a config
+[model] section (ModelSection) and a [flow] section (FlowSection: FLUX.1's and SD3's separate
+clip_l, clip_g, t5xxl and ae files), and library.models.loader.load_components picks the family
+that claims the path. So every model the trainer loads (a diffusers folder or a single
+.safetensors checkpoint of SD 1.x/2.x, SDXL, FLUX.1 or SD3/SD3.5) works here, with the same
+one-line errors.
+
+:func:`layer_table` lists, for a loaded model, every layer a file may name, under kohya's name
+for that family (library/networks/kohya_keys.py): each Linear and Conv2d of the UNet or
+transformer and of the text encoders. FLUX.1's and SD3's transformer layers are named after the
+original model, where one weight may be several diffusers Linears (q, k, v fused) or keep its
+rows in another order (a modulation's shift and scale halves swapped): a :class:`Layer` records
+its diffusers parts in the order of the original weight's rows. Which Linears form one original
+weight is read off the family's own state-dict converter (``transformer_to_original``), so the
+table and the single-file writers can never disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from library.errors import ConfigError, ModelError
+from library.lora_tools.common import DTYPES
+
+DENOISER = -1  # Layer.component of the UNet / transformer; text encoders are 0, 1, 2
+# The component files a FLUX.1 or SD3 model given as single files may need ([flow] keys), and
+# the tokenizer folders of single-file models ([model] / [flow] keys).
+COMPONENT_OPTIONS = {
+    "clip_l": "FLUX.1 / SD3 single file: the CLIP-L text encoder file",
+    "clip_g": "SD3 single file: the CLIP-G text encoder file (unset: from the model file)",
+    "t5xxl": "FLUX.1 / SD3 single file: the T5-XXL encoder file",
+    "ae": "FLUX.1 single transformer file: the autoencoder file (ae.safetensors)",
+    "vae": "use this VAE instead of the model's (a file or diffusers VAE folder)",
+    "tokenizer_path": "single-file model: a folder with the CLIP tokenizer (vocab.json + "
+    "merges.txt), or with tokenizer/ and tokenizer_2/",
+    "t5_tokenizer_path": "FLUX.1 / SD3 single file: a folder with the T5 tokenizer "
+    "(tokenizer.json)",
+}
+_FLOW_KEYS = ("clip_l", "clip_g", "t5xxl", "ae", "t5_tokenizer_path")
+_MODEL_KEYS = ("vae", "tokenizer_path")
+# Denoiser class -> the module whose transformer_to_original names its weights originally.
+_ORIGINAL_KEYS = {
+    "FluxTransformer2DModel": "library.models.flux.original_keys",
+    "SD3Transformer2DModel": "library.models.sd3.original_keys",
+}
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+def add_model_arguments(
+    parser: argparse.ArgumentParser, flags: Mapping[str, str], precision: bool = True
+) -> None:
+    """One required path option per entry of ``flags`` (flag -> help), the component files of
+    FLUX.1 / SD3 single files (shared by every model the command loads) and --precision."""
+    for flag, text in flags.items():
+        parser.add_argument(
+            flag,
+            required=True,
+            metavar="PATH",
+            help=f"{text}: a diffusers model folder or a single .safetensors checkpoint of SD "
+            "1.x/2.x, SDXL, FLUX.1 or SD3/SD3.5 (anything the trainer loads; nothing is "
+            "downloaded)",
+        )
+    group = parser.add_argument_group(
+        "model component files (single-file FLUX.1 / SD3 models, as in the training config)"
+    )
+    for key, text in COMPONENT_OPTIONS.items():
+        group.add_argument(f"--{key}", metavar="PATH", default=None, help=text)
+    if precision:
+        parser.add_argument(
+            "--precision",
+            choices=sorted(DTYPES),
+            default="fp32",
+            help="dtype the model weights are loaded in (default fp32; bf16 halves the memory "
+            "of large models, the arithmetic is float32 either way)",
+        )
+
+
+def load_model(args: argparse.Namespace, path: str, flag: str = "--model"):
+    """The model at ``path`` with the component options of ``args``, loaded by the trainer's
+    loaders (library.models.loader.load_components): Components, every module frozen on the
+    CPU in --precision. ModelError naming ``flag`` for a path that is not there; the loaders'
+    own one-line errors otherwise."""
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.models.loader import load_components
+
+    if not path or not Path(path).expanduser().exists():
+        raise ModelError(
+            f"{flag} {path}: not found; give a diffusers model folder or a .safetensors checkpoint"
+        )
+    for key in (*_FLOW_KEYS, *_MODEL_KEYS):
+        value = getattr(args, key, None)
+        if value is not None and not Path(value).expanduser().exists():
+            raise ModelError(f"--{key} {value}: not found")
+    dtype = DTYPES[getattr(args, "precision", None) or "fp32"]
+    try:
+        model = ModelSection(
+            pretrained_model_name_or_path=str(path),
+            **{key: getattr(args, key, None) for key in _MODEL_KEYS},
+        )
+        flow = FlowSection(**{key: getattr(args, key, None) for key in _FLOW_KEYS})
+    except ValueError as exc:  # pydantic's ValidationError
+        raise ConfigError(f"{flag} {path}: {exc}") from None
+    try:
+        return load_components(model, dtype, flow)
+    except ModelError as exc:
+        raise ModelError(f"{flag} {path}: {_as_options(str(exc), flag)}") from None
+
+
+def _as_options(message: str, flag: str) -> str:
+    """A loader message in this command's terms: config keys become its options."""
+    import re
+
+    message = message.replace("pretrained_model_name_or_path", flag)
+    # 'set clip_l = "<path>" in [flow]' -> 'give --clip_l "<path>"'
+    message = re.sub(
+        r"set (\w+) = (\"[^\"]*\"|\S+) in \[(?:flow|model)\]", r"give --\1 \2", message
+    )
+    for key in COMPONENT_OPTIONS:
+        message = re.sub(rf"\b{key} = ", f"--{key} ", message)
+    return message
+
+
+def family_label(family) -> str:
+    """The family in words for messages: "SD 1.x", "SDXL", "FLUX.1 dev", "SD3.5 Medium", ..."""
+    labels = {
+        "sd1": "SD 1.x",
+        "sd1-v": "SD 1.x (v-prediction)",
+        "sd2": "SD 2.x",
+        "sd2-v": "SD 2.x 768-v",
+        "sdxl": "SDXL",
+        "sdxl-v": "SDXL (v-prediction)",
+        "flux-dev": "FLUX.1 dev",
+        "flux-schnell": "FLUX.1 schnell",
+        "sd3-medium": "SD3 Medium",
+        "sd3.5-medium": "SD3.5 Medium",
+        "sd3.5-large": "SD3.5 Large",
+    }
+    return labels.get(family.name, family.name)
+
+
+# Prefixes of kohya module names -> the family group they mark.
+_NAME_MARKS = (
+    ("lora_unet_double_blocks_", "FLUX.1"),
+    ("lora_unet_single_blocks_", "FLUX.1"),
+    ("lora_unet_joint_blocks_", "SD3/SD3.5"),
+    ("lora_unet_input_blocks_", "SDXL"),
+    ("lora_unet_middle_block_", "SDXL"),
+    ("lora_unet_output_blocks_", "SDXL"),
+    ("lora_te2_", "SDXL"),
+    ("lora_unet_down_blocks_", "SD 1.x/2.x"),
+    ("lora_unet_mid_block_", "SD 1.x/2.x"),
+    ("lora_unet_up_blocks_", "SD 1.x/2.x"),
+    ("lora_te_", "SD 1.x/2.x"),
+)
+# ss_base_model_version prefixes (kohya's and ours) -> the family group.
+_VERSION_MARKS = (
+    ("sdxl", "SDXL"),
+    ("sd_v1", "SD 1.x/2.x"),
+    ("sd_v2", "SD 1.x/2.x"),
+    ("flux", "FLUX.1"),
+    ("sd3", "SD3/SD3.5"),
+    ("medium", "SD3/SD3.5"),
+    ("large", "SD3/SD3.5"),
+    ("5-", "SD3/SD3.5"),
+)
+
+
+def family_group(family) -> str:
+    """ "SD 1.x/2.x", "SDXL", "FLUX.1" or "SD3/SD3.5": what ``guess_family`` can tell apart."""
+    if family.denoiser_subfolder != "unet":
+        return "FLUX.1" if family.name.startswith("flux") else "SD3/SD3.5"
+    return "SDXL" if len(family.text_encoder_subfolders) > 1 else "SD 1.x/2.x"
+
+
+def guess_family(names: Iterable[str], metadata: Mapping[str, str] | None = None) -> str | None:
+    """The family group (``family_group``) a LoRA file was made for, from its
+    ss_base_model_version or its kohya module names; None when neither tells."""
+    version = (metadata or {}).get("ss_base_model_version", "").lower()
+    for mark, group in _VERSION_MARKS:
+        if version.startswith(mark):
+            return group
+    votes: dict[str, int] = {}
+    for name in names:
+        for mark, group in _NAME_MARKS:
+            if name.startswith(mark):
+                votes[group] = votes.get(group, 0) + 1
+                break
+    if not votes:
+        return None
+    # the transformer names decide over the text encoders' (FLUX.1 files hold lora_te1_ too)
+    for group in ("FLUX.1", "SD3/SD3.5", "SDXL"):
+        if group in votes:
+            return group
+    return max(votes, key=votes.get)
+
+
+# -- the layers a file may name ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Layer:
+    """One module a LoRA/LyCORIS file may name, and the layer(s) of the loaded model it means.
+
+    ``name`` is kohya's (``lora_unet_...``, ``lora_te1_...``), ``prefix`` its prefix,
+    ``original`` the path kohya names (the name without the prefix, with dots),
+    ``component`` DENOISER or the text encoder's index, ``model`` that module, ``parts`` the
+    module paths in ``model`` whose weights, stacked by rows in this order, are the weight the
+    name stands for; ``swapped_halves``: that weight's two halves of rows are exchanged first
+    (the original model keeps (shift, scale) where diffusers keeps (scale, shift)).
+    """
+
+    name: str
+    prefix: str
+    original: str
+    component: int
+    model: nn.Module
+    parts: tuple[str, ...]
+    swapped_halves: bool = False
+
+    @property
+    def fused(self) -> bool:
+        return len(self.parts) > 1
+
+    @property
+    def modules(self) -> list[nn.Module]:
+        """The layers (Linear / Conv2d) of ``parts``."""
+        return [_base_layer(self.model.get_submodule(path)) for path in self.parts]
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """Output rows of each part."""
+        return tuple(int(module.weight.shape[0]) for module in self.modules)
+
+    @property
+    def shape(self) -> torch.Size:
+        """The shape of the weight the name stands for ([sum of rows, in, ...])."""
+        first = self.modules[0].weight.shape
+        return torch.Size((sum(self.rows), *first[1:]))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """That weight: the layer's own tensor for a plain layer, a new stacked tensor (in the
+        original row order) for a fused or swapped one."""
+        weights = [module.weight for module in self.modules]
+        if len(weights) == 1 and not self.swapped_halves:
+            return weights[0]
+        return self.join([w.detach() for w in weights])
+
+    def join(self, per_part: list[torch.Tensor]) -> torch.Tensor:
+        """Per-part tensors (rows of each part, diffusers order) -> the name's weight layout."""
+        stacked = torch.cat(per_part, dim=0) if len(per_part) > 1 else per_part[0]
+        return _swap_halves(stacked) if self.swapped_halves else stacked
+
+    def split(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """A tensor in the name's row layout -> one tensor per part (diffusers' row order)."""
+        if self.swapped_halves:
+            tensor = _swap_halves(tensor)
+        return list(tensor.split(self.rows, dim=0))
+
+    @torch.no_grad()
+    def set_weight(self, value: torch.Tensor) -> None:
+        """Write ``value`` (the name's layout) into the parts' weights, in their dtype."""
+        for module, piece in zip(self.modules, self.split(value), strict=True):
+            module.weight.copy_(piece.to(module.weight.device, module.weight.dtype))
+
+
+def _swap_halves(tensor: torch.Tensor) -> torch.Tensor:
+    half = tensor.shape[0] // 2
+    return torch.cat([tensor[half:], tensor[:half]], dim=0)
+
+
+def _base_layer(module: nn.Module) -> nn.Module:
+    """A layer wrapped by a peft adapter is its ``base_layer``."""
+    return getattr(module, "base_layer", module)
+
+
+def _weight_layers(model: nn.Module) -> list[str]:
+    """Paths of the Linear and Conv2d layers of ``model`` (a peft wrapper counts as its base
+    layer; the adapter's own layers inside it do not)."""
+    found: list[str] = []
+    for path, module in model.named_modules():
+        if not path or any(path.startswith(f"{outer}.") for outer in found):
+            continue
+        if isinstance(_base_layer(module), (nn.Linear, nn.Conv2d)):
+            found.append(path)
+    return found
+
+
+def layer_table(components) -> dict[str, Layer]:
+    """kohya module name -> Layer for every layer a LoRA/LyCORIS file may name in the loaded
+    model (``components``: library.models.loader.Components): every Linear and Conv2d of the
+    denoiser and of each text encoder, named as kohya names it for the family."""
+    from library.networks.kohya_keys import UNET, kohya_name, kohya_path, unwrap
+
+    family = components.family
+    table: dict[str, Layer] = {}
+    denoiser = unwrap(components.denoiser)
+    for original, parts, swapped in _denoiser_layers(denoiser):
+        name = kohya_name(UNET, original)
+        table[name] = Layer(name, UNET, original, DENOISER, denoiser, parts, swapped)
+    prefixes = family.text_encoder_lora_prefixes
+    for index, (prefix, encoder) in enumerate(zip(prefixes, components.text_encoders, strict=True)):
+        encoder = unwrap(encoder)
+        for path in _weight_layers(encoder):
+            original = kohya_path(encoder, path)
+            name = kohya_name(prefix, original)
+            table[name] = Layer(name, prefix, original, index, encoder, (path,))
+    return table
+
+
+def _denoiser_layers(denoiser: nn.Module) -> list[tuple[str, tuple[str, ...], bool]]:
+    """(kohya path, diffusers parts, swapped halves) of every weight layer of the denoiser."""
+    from library.networks.kohya_keys import kohya_path
+
+    paths = _weight_layers(denoiser)
+    converter = _ORIGINAL_KEYS.get(type(denoiser).__name__)
+    if converter is None:  # a UNet: one layer per name (SDXL's in SGM's names)
+        return [(kohya_path(denoiser, path), (path,), False) for path in paths]
+    import importlib
+
+    to_original = importlib.import_module(converter).transformer_to_original
+    # Label each layer's weight with two numbers (2i, 2i + 1); the converter stacks and swaps
+    # them as it would the weights, which shows the parts and the order of every original one.
+    labels = {f"{path}.weight": torch.tensor([2 * i, 2 * i + 1]) for i, path in enumerate(paths)}
+    layers = []
+    for key, value in to_original(labels).items():
+        ids = value.tolist()
+        swapped = ids[0] % 2 == 1
+        if swapped:
+            ids = _swap_halves(value).tolist()
+        if any(ids[j] % 2 or ids[j + 1] != ids[j] + 1 for j in range(0, len(ids), 2)):
+            raise ValueError(f"cannot tell the diffusers parts of {key}")
+        parts = tuple(paths[ids[j] // 2] for j in range(0, len(ids), 2))
+        layers.append((key.removesuffix(".weight"), parts, swapped))
+    return layers
+
+
+def default_layers(components, conv: bool) -> dict[str, Layer]:
+    """The layers a default difftune LoRA adapts (with LoCon's 3x3 convs when ``conv``), by kohya
+    name: the family's adapter targets of the denoiser and of every text encoder that trains by
+    default (not FLUX.1's or SD3's T5-XXL)."""
+    family = components.family
+    targets: dict[int, set[str]] = {
+        DENOISER: set(family.adapter_targets(components.denoiser, "unet", conv))
+    }
+    for index, encoder in enumerate(components.text_encoders):
+        if family.trains_text_encoder(index):
+            targets[index] = set(family.adapter_targets(encoder, "text_encoder", conv))
+    chosen = {}
+    for name, layer in layer_table(components).items():
+        wanted = targets.get(layer.component, set())
+        if wanted and all(path in wanted for path in layer.parts):
+            chosen[name] = layer
+    return chosen
+
+
+def component_label(components, index: int) -> str:
+    """ "UNet"/"transformer" or the text encoder's name ("CLIP-L", "T5-XXL", ...)."""
+    family = components.family
+    if index == DENOISER:
+        return "UNet" if family.denoiser_subfolder == "unet" else "transformer"
+    encoder = components.text_encoders[index]
+    kind = type(encoder).__name__
+    if kind.startswith("T5"):
+        return "T5-XXL"
+    count = sum(1 for e in components.text_encoders if type(e).__name__.startswith("CLIP"))
+    if count == 1:
+        return "text encoder" if family.denoiser_subfolder == "unet" else "CLIP-L"
+    return ("CLIP-L", "CLIP-G")[index] if index < 2 else f"text encoder {index + 1}"

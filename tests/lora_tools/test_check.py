@@ -1,0 +1,118 @@
+"""``lora_tool.py check``: nothing is dropped from our own files by any loader (exit 0); an extra
+bogus module or a file of another family is named per loader (exit 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.lora_tools.model_helpers import (
+    TrainedLora,
+    error_lines,
+    load,
+    model_dir,
+    read,
+    run_tool,
+)
+
+BOGUS = "lora_unet_down_blocks_0_attentions_0_not_a_layer"
+
+
+@pytest.fixture(scope="module")
+def sd1(tmp_path_factory):
+    root = tmp_path_factory.mktemp("check")
+    base_dir = model_dir("sd1", tmp_path_factory.getbasetemp())
+    lora = TrainedLora(load(base_dir), rank=4, alpha=2.0, conv=(2, 1.0), seed=31)
+    path = lora.save(root / "ours.safetensors", {"ss_base_model_version": "sd_v1"})
+    tensors, _ = read(path)
+    tensors[f"{BOGUS}.lora_down.weight"] = torch.zeros(4, 32)
+    tensors[f"{BOGUS}.lora_up.weight"] = torch.zeros(32, 4)
+    tensors[f"{BOGUS}.alpha"] = torch.tensor(4.0)
+    bogus = root / "bogus.safetensors"
+    save_file(tensors, str(bogus))
+    return {"root": root, "base_dir": base_dir, "ours": path, "bogus": bogus}
+
+
+def _sections(out: str) -> dict[str, str]:
+    """The printed report of each loader."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in out.splitlines():
+        head = line.split(":", 1)[0]
+        if head in ("difftune", "diffusers", "comfyui"):
+            current = head
+        if current:
+            sections.setdefault(current, []).append(line)
+    return {k: "\n".join(v) for k, v in sections.items()}
+
+
+def test_our_files_lose_nothing(sd1, capsys):
+    assert run_tool("check", "--lora", sd1["ours"], "--model", sd1["base_dir"]) == 0
+    sections = _sections(capsys.readouterr().out)
+    assert sorted(sections) == ["comfyui", "difftune", "diffusers"]
+    for report in sections.values():
+        assert "reads all 273 keys" in report
+
+
+def test_a_bogus_module_is_named_by_every_loader(sd1, capsys):
+    assert run_tool("check", "--lora", sd1["bogus"], "--model", sd1["base_dir"]) == 1
+    sections = _sections(capsys.readouterr().out)
+    for loader, report in sections.items():
+        assert "drops 3 of 276 keys" in report, loader
+        for suffix in ("lora_down.weight", "lora_up.weight", "alpha"):
+            assert f"{BOGUS}.{suffix}" in report, loader
+        assert "names no layer of this SD 1.x model" in report, loader
+
+
+def test_a_file_of_another_family(sd1, tmp_path, tmp_path_factory, capsys):
+    sdxl = load(model_dir("sdxl", tmp_path_factory.getbasetemp()))
+    path = TrainedLora(sdxl, rank=2, alpha=2.0, seed=32).save(tmp_path / "sdxl.safetensors")
+    code = run_tool("check", "--lora", path, "--model", sd1["base_dir"], "--loader", "difftune")
+    assert code == 1
+    report = _sections(capsys.readouterr().out)["difftune"]
+    assert "lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight" in report
+    assert "a LoRA for SDXL models" in report
+    code = run_tool("check", "--lora", path, "--model", sd1["base_dir"], "--loader", "comfyui")
+    assert code == 1
+    assert "lora_unet_input_blocks_4_1_proj_in.lora_up.weight" in capsys.readouterr().out
+
+
+def test_diffusers_layout_in_comfyui_and_difftune(sd1, tmp_path, capsys):
+    """A diffusers-layout SD file: diffusers reads it, difftune asks for a conversion, and
+    ComfyUI's key map has no ``unet.<path>.to_q`` names (it maps ``.processor.to_q``), so it
+    drops the attention projections."""
+    out = tmp_path / "peft.safetensors"
+    code = run_tool(
+        "convert", "--input", sd1["ours"], "--model", sd1["base_dir"], "--to", "diffusers",
+        "--output", out,
+    )  # fmt: skip
+    assert code == 0
+    capsys.readouterr()
+    assert run_tool("check", "--lora", out, "--model", sd1["base_dir"]) == 1
+    sections = _sections(capsys.readouterr().out)
+    assert "reads all" in sections["diffusers"]
+    assert "convert --to kohya" in sections["difftune"]
+    comfy = sections["comfyui"]
+    assert "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight" in comfy
+    assert "unet.down_blocks.0.attentions.0.proj_in.lora_A.weight" not in comfy
+    assert "lora_adapter_metadata" in comfy  # the note: ComfyUI ignores diffusers' alphas
+
+
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_transformer_families(family, tmp_path, tmp_path_factory, capsys):
+    """Our FLUX.1 / SD3 files (fused kohya modules) are read whole by difftune and ComfyUI."""
+    base_dir = model_dir(family, tmp_path_factory.getbasetemp())
+    path = TrainedLora(load(base_dir), rank=2, alpha=2.0, seed=33).save(tmp_path / "t.safetensors")
+    for loader in ("difftune", "comfyui"):
+        assert run_tool("check", "--lora", path, "--model", base_dir, "--loader", loader) == 0
+        assert "reads all" in capsys.readouterr().out
+
+
+def test_refusals(sd1, tmp_path, capsys):
+    code = run_tool("check", "--lora", tmp_path / "missing.safetensors", "--model", sd1["base_dir"])
+    (line,) = error_lines(capsys.readouterr().err)
+    assert code == 2 and "missing.safetensors" in line
+    code = run_tool("check", "--lora", sd1["ours"], "--model", tmp_path / "nope")
+    (line,) = error_lines(capsys.readouterr().err)
+    assert code == 2 and "--model" in line

@@ -1,0 +1,153 @@
+"""``lora_tool.py convert``: kohya <-> diffusers (peft) <-> ComfyUI layouts, there and back bit
+for bit; diffusers' own load_lora_weights reads the diffusers output without unexpected or
+missing keys and makes the same change."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.lora_tools.model_helpers import (
+    TrainedLora,
+    error_lines,
+    kohya_deltas,
+    load,
+    model_dir,
+    read,
+    run_tool,
+)
+
+METADATA = {"ss_network_module": "networks.lora", "ss_output_name": "x", "sshs_model_hash": "?"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """family -> (model folder, kohya LoRA path, the TrainedLora): SD 1.x with LoCon convs and
+    alpha != rank, SDXL, FLUX.1 (fused modules)."""
+    root = tmp_path_factory.mktemp("convert")
+    out = {}
+    for family, conv in (("sd1", (2, 1.0)), ("sdxl", None), ("flux", None)):
+        base_dir = model_dir(family, tmp_path_factory.getbasetemp())
+        lora = TrainedLora(load(base_dir), rank=4, alpha=3.0, conv=conv, seed=21, std=0.2)
+        out[family] = (base_dir, lora.save(root / f"{family}.safetensors", METADATA), lora)
+    return out
+
+
+def _convert(source, model, to, out, *extra) -> int:
+    return run_tool(
+        "convert", "--input", source, "--model", model, "--to", to, "--output", out, *extra
+    )
+
+
+def _same(first, second) -> None:
+    """Bit-identical tensors (values and dtypes) and identical metadata."""
+    a, meta_a = read(first)
+    b, meta_b = read(second)
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+        assert torch.equal(
+            a[key].reshape(-1).view(torch.uint8), b[key].reshape(-1).view(torch.uint8)
+        ), key
+    assert meta_a == meta_b
+
+
+@pytest.mark.parametrize("family", ["sd1", "sdxl", "flux"])
+@pytest.mark.parametrize("layout", ["diffusers", "comfyui"])
+def test_there_and_back_is_bit_identical(files, family, layout, tmp_path):
+    model, path, _ = files[family]
+    there, back = tmp_path / "there.safetensors", tmp_path / "back.safetensors"
+    assert _convert(path, model, layout, there) == 0
+    assert _convert(there, model, "kohya", back) == 0
+    _same(path, back)
+    tensors, _ = read(there)
+    heads = ("unet.", "text_encoder") if family != "flux" else ("transformer.", "text_encoder.")
+    if layout == "comfyui":
+        heads = ("diffusion_model.", "text_encoders.")
+    assert all(key.startswith(heads) for key in tensors)
+    if layout == "comfyui" and family == "sd1":  # the LDM names ComfyUI's own nodes write
+        assert "diffusion_model.input_blocks.1.1.proj_in.lora_up.weight" in tensors
+        assert (
+            "text_encoders.clip_l.transformer.text_model.encoder.layers.0.mlp.fc1.alpha" in tensors
+        )
+
+
+@pytest.mark.parametrize("family", ["sd1", "sdxl"])
+def test_diffusers_reads_the_diffusers_layout(files, family, tmp_path):
+    """load_lora_weights takes every key (no warning about unexpected or missing keys) and the
+    adapters make the file's change, alpha / r included (from the lora_adapter_metadata header)."""
+    from library.lora_tools.base_model import layer_table
+    from tests.lora_tools.model_helpers import module_of
+    from tests.networks.lora_load_helpers import load_quietly, peft_layers
+
+    model, path, lora = files[family]
+    out = tmp_path / "diffusers.safetensors"
+    assert _convert(path, model, "diffusers", out) == 0
+    components = load(model)
+    pipe = _pipeline(components)
+    noise = load_quietly(pipe, out)
+    assert not noise, noise
+    adapted = peft_layers(pipe.unet) + peft_layers(pipe.text_encoder)
+    if family == "sdxl":
+        adapted += peft_layers(pipe.text_encoder_2)
+    assert len(adapted) == len(lora.deltas)
+    for (role, path_), delta in lora.deltas.items():
+        layer = module_of(components, role, path_)
+        got = layer.get_delta_weight("default_0").double()
+        torch.testing.assert_close(got.reshape(delta.shape), delta, rtol=1e-4, atol=1e-6, msg=path_)
+    _, header = read(out)
+    config = json.loads(header["lora_adapter_metadata"])
+    assert config["unet.lora_alpha"] == 3.0 and config["unet.r"] == 4
+    assert len(layer_table(components)) > len(lora.deltas)
+
+
+def _pipeline(components):
+    from library.lora_tools.check import _pipeline as build
+
+    return build(components)
+
+
+def test_fold_alpha_gives_the_same_change_without_a_header(files, tmp_path):
+    model, path, lora = files["sd1"]
+    folded, back = tmp_path / "folded.safetensors", tmp_path / "back.safetensors"
+    assert _convert(path, model, "diffusers", folded, "--fold_alpha") == 0
+    _, header = read(folded)
+    assert "lora_adapter_metadata" not in header
+    assert _convert(folded, model, "kohya", back) == 0
+    tensors, _ = read(back)
+    want, got = kohya_deltas(lora.tensors), kohya_deltas(tensors)
+    assert sorted(want) == sorted(got)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-7)
+        assert float(tensors[f"{name}.alpha"]) == tensors[f"{name}.lora_down.weight"].shape[0]
+
+
+def test_flux_fused_modules_split_into_diffusers_linears(files, tmp_path):
+    model, path, _ = files["flux"]
+    out = tmp_path / "flux_diffusers.safetensors"
+    assert _convert(path, model, "diffusers", out) == 0
+    tensors, _ = read(out)
+    kohya, _ = read(path)
+    fused = kohya["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"]
+    parts = [tensors[f"transformer.transformer_blocks.0.attn.to_{p}.lora_A.weight"] for p in "qkv"]
+    assert torch.equal(torch.cat(parts), fused)  # the parts' downs are the fused module's rows
+
+
+def test_refusals(files, tmp_path, capsys):
+    model, path, _ = files["sd1"]
+    out = tmp_path / "out.safetensors"
+    assert _convert(path, model, "kohya", out) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert "already in the kohya layout" in line
+    sdxl_model, sdxl_lora, _ = files["sdxl"]
+    assert _convert(sdxl_lora, model, "comfyui", out) == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert "SDXL" in line and not out.exists()
+    assert _convert(path, tmp_path / "missing", "diffusers", out) == 2
+    assert "--model" in error_lines(capsys.readouterr().err)[0]
+    out.write_bytes(b"keep")
+    assert _convert(path, model, "diffusers", out) == 2
+    assert "--overwrite" in error_lines(capsys.readouterr().err)[0]
+    assert out.read_bytes() == b"keep"
