@@ -205,6 +205,13 @@ def guess_family(names: Iterable[str], metadata: Mapping[str, str] | None = None
     return max(votes, key=votes.get)
 
 
+def other_family(names: Iterable[str], metadata: Mapping[str, str] | None, family) -> str | None:
+    """The family group a LoRA file was made for (``guess_family``) when it is not ``family``'s;
+    None when it is, or when nothing tells."""
+    guess = guess_family(names, metadata)
+    return guess if guess is not None and guess != family_group(family) else None
+
+
 # -- the layers a file may name ----------------------------------------------------------------
 
 

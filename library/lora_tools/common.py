@@ -1,5 +1,5 @@
-"""What every toolbox command shares: reading a LoRA/LyCORIS file, grouping its tensors by
-module, and writing a result without replacing anything unasked."""
+"""What every toolbox command shares: kohya's tensor names, output options, and writing a result without replacing anything unasked (files are read with
+library.saving.lora_file.read_safetensors)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from library.errors import CheckpointError, ConfigError
+from library.errors import ConfigError
+from library.networks.kohya_keys import ALPHA, DOWN, UP  # noqa: F401  (a kohya module's tensors)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -39,35 +40,6 @@ def checked_output(path: str | Path, overwrite: bool) -> Path:
     if not path.parent.is_dir():
         raise ConfigError(f"--output {path}: folder {path.parent} does not exist; create it first")
     return path
-
-
-def read_file(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(tensors on the CPU, metadata) of any safetensors LoRA/LyCORIS file; CheckpointError
-    naming the file when it is missing or unreadable."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            metadata = dict(handle.metadata() or {})
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(
-            f"{path}: not a readable safetensors file (truncated or corrupt?): {exc}"
-        ) from exc
-    return tensors, metadata
-
-
-def group_modules(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
-    """module name -> {suffix: tensor} for kohya/LyCORIS keys ``<name>.<suffix>``
-    (``lora_unet_x.lora_down.weight`` -> ``{"lora_unet_x": {"lora_down.weight": ...}}``)."""
-    groups: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
-        name, _, suffix = key.partition(".")
-        groups.setdefault(name, {})[suffix] = tensor
-    return groups
 
 
 def write_file(
@@ -156,19 +128,31 @@ def module_algorithm(parts: Mapping[str, torch.Tensor]) -> str:
 
 
 def write_file_unchanged(
-    path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]
+    path: Path,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str],
+    dtype: torch.dtype | None = None,
+    hashes: bool = True,
 ) -> Path:
-    """Write ``tensors`` exactly as they are (dtypes and bits, alphas included) with
-    ``metadata``, atomically; kohya's hashes are recomputed for the new header."""
+    """Write ``tensors`` exactly as they are (dtypes and bits, alphas included), or with their
+    weights cast to ``dtype`` (alphas stay as they are), with ``metadata``, atomically; kohya's
+    hashes are recomputed for the new header when ``hashes``, else left out."""
     from safetensors.torch import save_file
 
     from library.saving.atomic import atomic_write_file
-    from library.saving.lora_file import _model_hashes
+    from library.saving.lora_file import model_hashes
 
-    prepared = {key: tensor.detach().to("cpu").contiguous() for key, tensor in tensors.items()}
+    prepared = {}
+    for key, tensor in tensors.items():
+        tensor = tensor.detach().to("cpu")
+        if dtype is not None and tensor.is_floating_point() and not key.endswith(".alpha"):
+            tensor = tensor.to(dtype)
+        prepared[key] = tensor.contiguous()
     header = {k: v for k, v in metadata.items() if not k.startswith("sshs_")}
-    header.update(_model_hashes(prepared, header))
-    return atomic_write_file(path, lambda tmp: save_file(prepared, str(tmp), metadata=header))
+    if hashes:
+        header.update(model_hashes(prepared, header))
+    final = header or None
+    return atomic_write_file(path, lambda tmp: save_file(prepared, str(tmp), metadata=final))
 
 
 def human_size(size: int) -> str:

@@ -30,7 +30,10 @@ from library.lora_tools.base_model import (
     load_model,
 )
 from library.lora_tools.common import (
+    ALPHA,
+    DOWN,
     DTYPES,
+    UP,
     add_output_arguments,
     checked_device,
     checked_output,
@@ -48,7 +51,6 @@ from library.lora_tools.svd import (
 )
 
 HELP = "extract a kohya LoRA from the difference between a fine-tuned model and its base (SVD)"
-DOWN, UP, ALPHA = "lora_down.weight", "lora_up.weight", "alpha"
 _LISTED = 10  # skipped layers named per component
 
 

@@ -37,10 +37,12 @@ from library.lora_tools.base_model import (
 from library.lora_tools.common import (
     DTYPES,
     checked_output,
-    group_modules,
-    read_file,
     refuse_input_as_output,
 )
+from library.lora_tools.layouts import unknown_modules_message
+from library.lora_tools.to_kohya import to_kohya
+from library.networks.kohya_keys import group_modules
+from library.saving.lora_file import read_safetensors
 
 HELP = (
     "bake LoRA/LyCORIS files into a base model and write the merged model (a checkpoint file "
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if output is not None:
         refuse_input_as_output(output, [*args.loras, args.model])
-    files = [read_file(path) for path in args.loras]  # fail on a bad file before loading
+    files = [read_safetensors(path) for path in args.loras]  # fail on a bad file before loading
     components = load_model(args, args.model)
     if folder is not None and not components.model_dir.is_dir():
         raise ConfigError(
@@ -182,8 +184,6 @@ def _written_components(components, to_file: bool, to_folder: bool) -> set[int]:
 def _plan(path, tensors, metadata, components, table, written, args):
     """({kohya name: {suffix: tensor}} to merge, lines of modules left out) of one file;
     ConfigError / CheckpointError for modules that cannot be merged."""
-    from library.lora_tools.convert import to_kohya, unknown_modules_message
-
     foreign: list[str] = []  # keys of a diffusers / ComfyUI file that name no layer
     tensors, metadata = to_kohya(tensors, metadata, components, table, path, foreign)
     groups = group_modules(tensors)
@@ -315,4 +315,3 @@ def write_model_folder(folder: Path, components, changed: set[int], dtype, repla
                 ensure_text_model_layout(tmp / sub)
 
     atomic_write_dir(folder, write)
-

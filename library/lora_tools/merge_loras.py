@@ -19,16 +19,19 @@ import torch
 from library.errors import CheckpointError, ConfigError
 from library.lora_tools import svd
 from library.lora_tools.common import (
+    ALPHA,
+    DOWN,
     DTYPES,
+    UP,
     add_output_arguments,
     checked_device,
     checked_output,
     human_size,
     input_dtype,
-    read_file,
     refuse_input_as_output,
     write_file,
 )
+from library.saving.lora_file import read_safetensors
 
 HELP = "merge LoRA/LoCon files into one: exactly (concat ranks) or by SVD to a given rank"
 
@@ -148,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     output = checked_output(args.output, args.overwrite)
     refuse_input_as_output(output, args.inputs)
     device = checked_device(args.device)
-    files = [read_file(path) for path in args.inputs]
+    files = [read_safetensors(path) for path in args.inputs]
     metadatas = [metadata for _, metadata in files]
     _check_base_models(args.inputs, metadatas, args.force)
     inputs = [
@@ -188,9 +191,9 @@ def run(args: argparse.Namespace) -> int:
             up, down = svd.split(decomposition, rank)
         # alpha = rank: the inputs' alpha / r and ratios are already in the weights
         up, down = svd.module_shapes(up, down, like)
-        out[f"{name}.{svd.DOWN}"] = down
-        out[f"{name}.{svd.UP}"] = up
-        out[f"{name}.{svd.ALPHA}"] = torch.tensor(float(rank), dtype=torch.float32)
+        out[f"{name}.{DOWN}"] = down
+        out[f"{name}.{UP}"] = up
+        out[f"{name}.{ALPHA}"] = torch.tensor(float(rank), dtype=torch.float32)
         kept[name] = (rank, float(rank), like.spatial)
 
     metadata = _metadata(args, ratios, metadatas, kept, output)

@@ -21,12 +21,12 @@ import torch
 from library.errors import ConfigError
 from library.lora_tools.common import (
     checked_output,
-    group_modules,
     module_algorithm,
-    read_file,
     refuse_input_as_output,
     write_file_unchanged,
 )
+from library.networks.kohya_keys import group_modules
+from library.saving.lora_file import read_safetensors
 
 HELP = "show or edit the metadata of a LoRA/LyCORIS file (tensors are kept bit for bit)"
 
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--output {target} is the input file; use --in_place to replace it"
             ) from exc
-    tensors, metadata = read_file(args.input)
+    tensors, metadata = read_safetensors(args.input)
     if not editing:
         return _show(args, tensors, metadata)
     target = Path(args.input) if args.in_place else target

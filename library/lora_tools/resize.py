@@ -17,16 +17,19 @@ import torch
 from library.errors import ConfigError
 from library.lora_tools import svd
 from library.lora_tools.common import (
+    ALPHA,
+    DOWN,
     DTYPES,
+    UP,
     add_output_arguments,
     checked_device,
     checked_output,
     human_size,
     input_dtype,
-    read_file,
     refuse_input_as_output,
     write_file,
 )
+from library.saving.lora_file import read_safetensors
 
 HELP = "lower the rank of a LoRA/LoCon file by SVD (fixed or dynamic per-module ranks)"
 
@@ -106,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     output = checked_output(args.output, args.overwrite)
     refuse_input_as_output(output, [args.input])
     device = checked_device(args.device)
-    tensors, metadata = read_file(args.input)
+    tensors, metadata = read_safetensors(args.input)
     modules = svd.lora_modules(tensors, args.input, "resize")
     dtype = DTYPES[args.save_precision] if args.save_precision else input_dtype(tensors)
 
@@ -124,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
         factor = module.scale * rank / alpha if alpha else 1.0  # alpha 0: the change is zero
         new_up, new_down = svd.split(decomposition, rank, factor)
         new_up, new_down = svd.module_shapes(new_up, new_down, module)
-        out[f"{name}.{svd.DOWN}"] = new_down
-        out[f"{name}.{svd.UP}"] = new_up
-        out[f"{name}.{svd.ALPHA}"] = torch.tensor(alpha, dtype=torch.float32)
+        out[f"{name}.{DOWN}"] = new_down
+        out[f"{name}.{UP}"] = new_up
+        out[f"{name}.{ALPHA}"] = torch.tensor(alpha, dtype=torch.float32)
         kept[name] = (rank, alpha, module.spatial)
         fraction = svd.retained(decomposition.S, rank)
         fractions.append(fraction)

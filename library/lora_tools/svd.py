@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from library.errors import CheckpointError, ConfigError
-from library.lora_tools.common import KOHYA_LORA, group_modules, module_algorithm
+from library.lora_tools.common import ALPHA, DOWN, KOHYA_LORA, UP, module_algorithm
+from library.networks.kohya_keys import group_modules
 
-DOWN, UP, ALPHA = "lora_down.weight", "lora_up.weight", "alpha"
 RANK_METHODS = ("sv_ratio", "sv_fro", "sv_cumulative")
 _WHY_NOT = {
     "DoRA": (

@@ -222,16 +222,21 @@ def import_lora(
         layers = adapter_layers(model)
         for name, path in name_table(prefix, model).items():
             table[name] = (model, path, layers[path])
-    if any(path in lycoris_layers(model) for model, path, _ in table.values()):
-        _import_lycoris(table, tensors, models, source, text_prefixes)
-        return
-    groups = _group(tensors, source)
+    lycoris = any(path in lycoris_layers(model) for model, path, _ in table.values())
+    groups = group_modules(tensors) if lycoris else _group(tensors, source)
     unmatched = sorted(set(groups) - set(table))
     if unmatched:
         raise CheckpointError(_unmatched_error(unmatched, models, source, text_prefixes))
     missing = sorted(set(table) - set(groups))
     if missing:
         raise CheckpointError(_missing_error(missing, len(table), source))
+    if lycoris:
+        # each LyCORIS layer knows its own tensors: check all, then load all
+        for name in sorted(groups):
+            table[name][2].check_file_tensors(groups[name], f"{source}: {name}")
+        for name in sorted(groups):
+            table[name][2].load_file_tensors(groups[name], f"{source}: {name}")
+        return
     checked = {
         name: _checked(name, parts, table[name][2], source) for name, parts in groups.items()
     }
@@ -249,29 +254,14 @@ def import_lora(
         set_lora_scale(model, alphas.get(id(model), {}))
 
 
-def _import_lycoris(
-    table: Mapping[str, tuple[nn.Module, str, nn.Module]],
-    tensors: Mapping[str, torch.Tensor],
-    models: Mapping[str, nn.Module],
-    source: str,
-    text_prefixes: tuple[str, ...] | None,
-) -> None:
-    """import_lora for models whose adapters are LyCORIS layers: the same matching of file
-    modules to layers, then each layer checks and reads its own tensors."""
+def group_modules(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """module name -> {suffix: tensor} for keys ``<name>.<suffix>``, whatever the suffixes
+    (``lora_unet_x.lora_down.weight`` -> ``{"lora_unet_x": {"lora_down.weight": ...}}``)."""
     groups: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         name, _, suffix = key.partition(".")
         groups.setdefault(name, {})[suffix] = tensor
-    unmatched = sorted(set(groups) - set(table))
-    if unmatched:
-        raise CheckpointError(_unmatched_error(unmatched, models, source, text_prefixes))
-    missing = sorted(set(table) - set(groups))
-    if missing:
-        raise CheckpointError(_missing_error(missing, len(table), source))
-    for name in sorted(groups):
-        table[name][2].check_file_tensors(groups[name], f"{source}: {name}")
-    for name in sorted(groups):
-        table[name][2].load_file_tensors(groups[name], f"{source}: {name}")
+    return groups
 
 
 def _checked(

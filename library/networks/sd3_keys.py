@@ -44,7 +44,7 @@ from library.networks.fused_keys import (
     target_paths,
     text_encoder_modules,
 )
-from library.networks.kohya_keys import kohya_path, unwrap
+from library.networks.kohya_keys import kohya_name, kohya_path, unwrap
 
 __all__ = [
     "CLIP_G",
@@ -56,6 +56,7 @@ __all__ = [
     "LoraWeights",
     "adapter_weights",
     "diffusers_lora_tensors",
+    "embedder_modules",
     "export_lora",
     "import_diffusers_lora",
     "import_lora",
@@ -155,6 +156,38 @@ def transformer_modules(
 
 
 # -- diffusers' layout -----------------------------------------------------------------------
+
+
+# Layers of the original MMDiT outside the joint blocks that LyCORIS' class list catches (its
+# PatchEmbed and TimestepEmbedding classes): original path -> diffusers path.
+_TIMESTEP_MLP = (
+    ("t_embedder.mlp.0", "time_text_embed.timestep_embedder.linear_1"),
+    ("t_embedder.mlp.2", "time_text_embed.timestep_embedder.linear_2"),
+)
+_PATCH_CONV = ("x_embedder.proj", "pos_embed.proj")
+
+
+def embedder_modules(transformer: nn.Module, *, conv: bool) -> list[KohyaModule]:
+    """The timestep MLP's two Linears (``lora_unet_t_embedder_mlp_0`` / ``_2``) and, with
+    ``conv``, the patch-embedding conv (``lora_unet_x_embedder_proj``), one-to-one."""
+    transformer = unwrap(transformer)
+    modules = [
+        kohya_module(transformer, TRANSFORMER, original, (path,)) for original, path in _TIMESTEP_MLP
+    ]
+    if conv:
+        original, path = _PATCH_CONV
+        layer = transformer.get_submodule(path)
+        layer = getattr(layer, "base_layer", layer)
+        modules.append(
+            KohyaModule(
+                name=kohya_name(TRANSFORMER, original),
+                original=original,
+                parts=(path,),
+                in_features=layer.in_channels,
+                out_features=(layer.out_channels,),
+            )
+        )
+    return modules
 
 
 def _component(prefix: str) -> str:

@@ -36,7 +36,7 @@ def _prepare(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[st
     return out
 
 
-def _model_hashes(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str]) -> dict[str, str]:
+def model_hashes(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str]) -> dict[str, str]:
     """kohya's ``sshs_model_hash`` / ``sshs_legacy_hash`` (shown by A1111's networks UI).
 
     model hash: sha256 of the tensor data after the safetensors header. legacy hash: first 8 hex
@@ -73,20 +73,18 @@ def save_lora_file(
         if bad:
             raise TypeError(f"metadata values must be strings; {bad[0]!r} is not")
         header = dict(metadata)
-        header.update(_model_hashes(prepared, header))
+        header.update(model_hashes(prepared, header))
     return atomic_write_file(path, lambda tmp: save_file(prepared, str(tmp), metadata=header))
 
 
-def read_lora_file(
-    path: str | Path, diffusers_layout: bool = False
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Load a kohya LoRA or LyCORIS file, or with ``diffusers_layout`` also a diffusers/peft one (lora_A /
-    lora_B keys): (tensors on the CPU, metadata). CheckpointError if unusable."""
+def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors on the CPU, metadata) of any safetensors file; CheckpointError naming the file
+    when it is missing or unreadable."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"LoRA file not found: {path}")
+        raise CheckpointError(f"{path}: file not found")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             metadata = dict(handle.metadata() or {})
@@ -95,6 +93,18 @@ def read_lora_file(
         raise CheckpointError(
             f"{path}: not a readable safetensors file (truncated or corrupt?): {exc}"
         ) from exc
+    return tensors, metadata
+
+
+def read_lora_file(
+    path: str | Path, diffusers_layout: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Load a kohya LoRA or LyCORIS file, or with ``diffusers_layout`` also a diffusers/peft one (lora_A /
+    lora_B keys): (tensors on the CPU, metadata). CheckpointError if unusable."""
+    path = Path(path)
+    if not path.is_file():  # the trainer's wording; read_safetensors says "<path>: file not found"
+        raise CheckpointError(f"LoRA file not found: {path}")
+    tensors, metadata = read_safetensors(path)
     if not any(key.endswith(_LORA_SUFFIXES) for key in tensors):
         peft = any(key.endswith(_PEFT_SUFFIXES) for key in tensors)
         if peft and diffusers_layout:

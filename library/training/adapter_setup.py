@@ -6,9 +6,8 @@ import torch
 
 from library.config.schema import Config
 from library.errors import ConfigError
-from library.networks.adapters import AdapterSettings
+from library.networks.adapters import AdapterSettings, inject_adapters
 from library.networks.lora import LoraSpec
-from library.networks.targets import TargetKind
 
 
 def adapter_settings(config: Config) -> AdapterSettings:
@@ -48,14 +47,14 @@ def trains_text_encoders(settings: AdapterSettings) -> bool:
     return preset_trains(settings.preset)
 
 
-def adapter_targets(
-    family, module: torch.nn.Module, role: str, settings: AdapterSettings
-) -> dict[str, TargetKind]:
-    """The layers of ``module`` (the denoiser, role "unet", or a text encoder) that get an
-    adapter: the family's LoRA targets, or the LyCORIS preset's."""
+def inject(family, module: torch.nn.Module, role: str, settings: AdapterSettings) -> None:
+    """Give ``module`` (the denoiser, role "unet", or a text encoder) the run's adapters: LoRA
+    on the family's targets, or LyCORIS on the preset's layers as the family lays them out."""
     if settings.is_lycoris:
-        return family.lycoris_targets(module, role, settings.preset)
-    return family.adapter_targets(module, role, settings.lora.conv_dim is not None)
+        family.apply_lycoris(module, role, settings.lycoris, settings.preset)
+        return
+    targets = family.adapter_targets(module, role, settings.lora.conv_dim is not None)
+    inject_adapters(module, targets, settings)
 
 
 _ALGO_NAMES = {"lora": "LoCon", "locon": "LoCon", "loha": "LoHa", "lokr": "LoKr"}

@@ -11,11 +11,11 @@ from library.errors import ConfigError
 from library.models.conditioning import freeze_unused_text_adapters
 from library.models.float8 import store_in_float8
 from library.models.loader import Components
-from library.networks.adapters import STATE_BUFFERS, adapter_parameters, inject_adapters
+from library.networks.adapters import STATE_BUFFERS, adapter_parameters
 from library.networks.kohya_keys import UNET
 from library.networks.lora import lora_parameter_split
 from library.saving.lora_file import read_lora_file
-from library.training.adapter_setup import adapter_settings, adapter_targets, trains_text_encoders
+from library.training.adapter_setup import adapter_settings, inject, trains_text_encoders
 from library.training.blockwise_setup import block_groups, blockwise, inject_blockwise
 
 
@@ -178,8 +178,7 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
         denoiser = components.denoiser
         ratio = opt.loraplus_unet_lr_ratio or opt.loraplus_lr_ratio
         if blocks is None:
-            targets = adapter_targets(family, denoiser, "unet", settings)
-            inject_adapters(denoiser, targets, settings)
+            inject(family, denoiser, "unet", settings)
             groups += _lora_groups(denoiser, "unet", unet_lr, ratio)
         else:
             targets = family.adapter_targets(denoiser, "unet", blocks.conv)
@@ -191,8 +190,7 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
         trained = [family.trains_text_encoder(i) for i in range(len(names))]
         for encoder, trains in zip(components.text_encoders, trained, strict=True):
             if trains:
-                targets = adapter_targets(family, encoder, "text_encoder", settings)
-                inject_adapters(encoder, targets, settings)
+                inject(family, encoder, "text_encoder", settings)
         # Layers after the one that conditions the UNet get no gradient, which DDP refuses.
         freeze_unused_text_adapters(
             components.family, components.text_encoders, config.model.clip_skip

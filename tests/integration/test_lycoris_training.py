@@ -212,8 +212,7 @@ def _our_models(components, path, args):
     from library.config import kohya
     from library.config.schema import Config
     from library.models.families.sd import SD1
-    from library.networks.adapters import inject_adapters
-    from library.training.adapter_setup import adapter_settings, adapter_targets
+    from library.training.adapter_setup import adapter_settings, inject
 
     parsed = kohya.network_args_values(args)
     network = {"network_module": "lycoris.kohya", "network_dim": 4, "network_alpha": 2.0}
@@ -232,12 +231,9 @@ def _our_models(components, path, args):
     with safe_open(str(path), framework="pt") as handle:
         has_text = any(k.startswith("lora_te_") for k in handle.keys())  # noqa: SIM118
     lora_models = {"lora_unet": models["unet"]}
-    inject_adapters(
-        models["unet"], adapter_targets(SD1, models["unet"], "unet", settings), settings
-    )
+    inject(SD1, models["unet"], "unet", settings)
     if has_text:
-        targets = adapter_targets(SD1, models["text_encoder"], "text_encoder", settings)
-        inject_adapters(models["text_encoder"], targets, settings)
+        inject(SD1, models["text_encoder"], "text_encoder", settings)
         lora_models["lora_te"] = models["text_encoder"]
     SD1.load_lora_tensors(lora_models, tensors(path), str(path))
     return models
@@ -293,3 +289,98 @@ def test_sdxl_names_follow_the_sgm_layout(tmp_path, tiny_sdxl_model_dir, images)
     assert any(n.startswith("lora_te1_") for n in names) and any(
         n.startswith("lora_te2_") for n in names
     )
+
+
+# -- FLUX.1 and SD3: one LyCORIS layer per (fused) original layer ---------------------------------
+
+FLOW = {
+    "bucket_reso_steps": 16,
+    "network_module": "lycoris.kohya",
+}
+
+
+@pytest.fixture(scope="module")
+def flux_dir(tmp_path_factory):
+    from library.models.flux.tiny_files import write_tiny_flux_folder
+
+    return write_tiny_flux_folder(tmp_path_factory.mktemp("models") / "tiny-flux", "dev", seed=0)
+
+
+@pytest.fixture(scope="module")
+def sd3_dir(tmp_path_factory):
+    from library.models.sd3.tiny_files import write_tiny_sd3_folder
+
+    return write_tiny_sd3_folder(tmp_path_factory.mktemp("models") / "tiny-sd3", "sd3.5-medium", 0)
+
+
+def _flow_config(folder, model_dir, images, out, args, **keys):
+    flux = "flux" in str(model_dir)
+    family = {"timestep_sampling": "shift", "guidance_scale": 1.0} if flux else {}
+    return write_config(folder / "c.toml", model_dir, images, out, resolution=64,
+                        network_args=args, **{**FLOW, **family, **keys})  # fmt: skip
+
+
+@pytest.mark.parametrize("model", ["flux", "sd3"])
+def test_transformer_files_name_the_original_layers(model, tmp_path, flux_dir, sd3_dir, images):
+    """A LoKr run on the transformer and the CLIPs: the file holds one module per original
+    (fused) layer, LoKr's tensors, the CLIPs' modules, and reads back as network_weights."""
+    from library.models.families.flux import FLUX_DEV
+    from library.models.families.sd3 import sd3_family
+
+    model_dir = flux_dir if model == "flux" else sd3_dir
+    args = ["algo=lokr", "factor=4", "dora_wd=True"]
+    out = tmp_path / "out"
+    assert train(_flow_config(tmp_path, model_dir, images, out, args, max_train_steps=2)) == 0
+    saved = tensors(out / "run.safetensors")
+    names = {k.split(".")[0] for k in saved}
+    if model == "flux":
+        from diffusers import FluxTransformer2DModel
+
+        family = FLUX_DEV
+        transformer = FluxTransformer2DModel.from_pretrained(model_dir / "transformer")
+        assert "lora_unet_double_blocks_0_img_attn_qkv" in names
+        assert "lora_unet_single_blocks_0_linear1" in names
+    else:
+        from diffusers import SD3Transformer2DModel
+
+        from library.config.flow_schema import FlowSection
+
+        family = sd3_family("sd3.5-medium", FlowSection())
+        transformer = SD3Transformer2DModel.from_pretrained(model_dir / "transformer")
+        assert {"lora_unet_joint_blocks_0_x_block_attn_qkv", "lora_unet_x_embedder_proj"} <= names
+    expected = {m.name for m in family.lycoris_modules(transformer, "full")}
+    assert {n for n in names if n.startswith("lora_unet_")} == expected
+    assert any(n.startswith("lora_te1_") for n in names)
+    assert any(k.endswith(".lokr_w1") for k in saved) and any(k.endswith(".dora_scale") for k in saved)
+
+    again = tmp_path / "again"
+    (tmp_path / "b").mkdir()
+    config = _flow_config(tmp_path / "b", model_dir, images, again, args, max_train_steps=1,
+                          learning_rate=0.0, network_weights=str(out / "run.safetensors"))  # fmt: skip
+    assert train(config) == 0
+    reread = tensors(again / "run.safetensors")
+    assert reread.keys() == saved.keys() and all(torch.equal(reread[k], saved[k]) for k in saved)
+
+
+def test_transformer_accumulation_and_resume(tmp_path, sd3_dir, images, monkeypatch):
+    def make(folder, out, **keys):
+        return _flow_config(folder, sd3_dir, images, out, ["algo=loha", "use_tucker=True"], **keys)
+
+    common = {"max_train_steps": 2, "train_batch_size": 4, "optimizer_args": ["eps=1e-3"],
+              "network_train_unet_only": True, "scale_weight_norms": 1e-4}  # fmt: skip
+    check_accumulation_and_resume(tmp_path, make, common, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["algo=loha", "train_t5xxl=True"], "train_t5xxl: LyCORIS adapts no T5-XXL layer"),
+        (["algo=loha", "preset=attn-only"], "preset = attn-only adapts no layer of SD3's"),
+        (["algo=loha", "split_qkv=True"], "split_qkv is an argument of kohya's networks.lora_flux"),
+    ],
+)
+def test_transformer_refusals(tmp_path, sd3_dir, images, capsys, args, expected):
+    config = _flow_config(tmp_path, sd3_dir, images, tmp_path / "out", args, max_train_steps=1)
+    assert train(config) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and expected in err[0], err

@@ -104,9 +104,9 @@ def test_diffusers_reads_the_diffusers_layout(files, family, tmp_path):
 
 
 def _pipeline(components):
-    from library.lora_tools.check import _pipeline as build
+    from library.lora_tools.check_diffusers import loaded_pipeline
 
-    return build(components)
+    return loaded_pipeline(components)
 
 
 def test_fold_alpha_gives_the_same_change_without_a_header(files, tmp_path):

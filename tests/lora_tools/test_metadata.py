@@ -8,7 +8,8 @@ import json
 
 import pytest
 import torch
-from conftest import BASE_METADATA, BASE_MODULES, module_tensors, save
+
+from tests.lora_tools.lora_files import BASE_METADATA, BASE_MODULES, module_tensors, save
 
 TE = "lora_te_text_model_encoder_layers_0_mlp_fc1"
 

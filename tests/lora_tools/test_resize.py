@@ -8,7 +8,8 @@ import math
 
 import pytest
 import torch
-from conftest import BASE_MODULES, module_tensors, save
+
+from tests.lora_tools.lora_files import BASE_MODULES, module_tensors, save
 
 TOL = 1e-5  # relative, float32 factors
 

@@ -161,6 +161,15 @@ class ModelFamily:
         LyCORIS adapters (``"lycoris.kohya"`` in network_modules)."""
         raise NotImplementedError(f"{self.name} has no LyCORIS adapters")
 
+    def apply_lycoris(
+        self, module: torch.nn.Module, role: AdapterRole, spec: object, preset: str
+    ) -> None:
+        """Give ``module`` the LyCORIS adapters of ``spec`` (a LycorisSpec) on the layers
+        ``preset`` adapts: by default one LycorisLayer per target layer."""
+        from library.networks.lycoris_inject import apply_lycoris
+
+        apply_lycoris(module, self.lycoris_targets(module, role, preset), spec)
+
     def sampling_pipeline(self):
         """The diffusers pipeline kind (library.sampling.pipelines.PipelineKind) sampling it;
         ConfigError (sample_prompts) when there is none."""
@@ -240,11 +249,6 @@ class ModelFamily:
                 "layout, which diffusers' own loader converts for this family; remove lora_format"
             )
         module = config.network.network_module
-        if module == "lycoris.kohya" and module not in self.network_modules:
-            raise ConfigError(
-                f'network_module = "lycoris.kohya": LyCORIS adapters on {self.name} models are '
-                f'not supported yet (only on SD 1.x/2.x and SDXL); use "{self.network_modules[-1]}"'
-            )
         if module not in self.network_modules:
             owner = _MODULE_FAMILIES.get(module, "another model family")
             raise ConfigError(

@@ -144,6 +144,17 @@ class FluxFamily(TransformerFamily):
 
         return transformer_modules(transformer, train_blocks=self.train_blocks)
 
+    def lycoris_modules(self, transformer, preset):
+        """Every Linear of the double and single blocks (LyCORIS' DoubleStreamBlock and
+        SingleStreamBlock classes, which every preset but attn-only names); attn-only: the
+        double blocks' SelfAttention Linears (qkv, proj)."""
+        from library.networks.flux_keys import transformer_modules
+
+        modules = transformer_modules(transformer)
+        if preset == "attn-only":
+            return [m for m in modules if "_attn." in m.original]
+        return modules
+
     def sampling_pipeline(self):
         """FluxPipeline fed our conditioning, with kohya's Flux prompt options
         (library.models.families.flux_sampling)."""
@@ -237,7 +248,7 @@ FLUX_DEV = FluxFamily(
     checkpoint_implementation="https://github.com/black-forest-labs/flux",
     denoiser_subfolder="transformer",
     latent_scale=0.3611,
-    network_modules=("networks.lora", "networks.lora_flux"),
+    network_modules=("lycoris.kohya", "networks.lora", "networks.lora_flux"),
     variant="dev",
     guidance_scale=3.5,
     t5_max_length=T5_MAX_LENGTH["dev"],

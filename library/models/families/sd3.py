@@ -57,6 +57,9 @@ class SD3Family(TransformerFamily):
 
     FLOW_KIND: ClassVar[str] = "sd3"
     LABEL: ClassVar[str] = "SD3"
+    # sd-scripts' MMDiT has no class LyCORIS' attn-only preset names (its attention is
+    # AttentionLinears), and no ResNet blocks.
+    LYCORIS_EMPTY_PRESETS: ClassVar[tuple[str, ...]] = ("attn-only", "unet-convblock-only")
 
     variant: str = "sd3.5-large"
     t5_max_length: int = T5_TOKENS
@@ -191,6 +194,17 @@ class SD3Family(TransformerFamily):
 
         return transformer_modules(transformer)
 
+    def lycoris_modules(self, transformer, preset):
+        """Every Linear of the joint blocks (LyCORIS' SingleDiTBlock class), plus what LyCORIS'
+        PatchEmbed and TimestepEmbedding classes catch in the original MMDiT: the timestep MLP
+        always, the patch-embedding conv where the preset adapts convs (full, unet-only)."""
+        from library.networks.lycoris_targets import PRESETS
+        from library.networks.sd3_keys import embedder_modules, transformer_modules
+
+        return transformer_modules(transformer) + embedder_modules(
+            transformer, conv=PRESETS[preset].convs
+        )
+
     def diffusers_lora_tensors(self, models):
         """transformer.* / text_encoder.* / text_encoder_2.* peft keys, which diffusers'
         StableDiffusion3Pipeline.load_lora_weights (and ComfyUI) read; T5 has no place there."""
@@ -309,7 +323,7 @@ def _variant(variant: str, **data) -> SD3Family:
         denoiser_subfolder="transformer",
         latent_scale=1.5305,
         lora_formats=("kohya", "diffusers"),
-        network_modules=("networks.lora", "networks.lora_sd3"),
+        network_modules=("lycoris.kohya", "networks.lora", "networks.lora_sd3"),
         variant=variant,
         **data,
     )

@@ -37,6 +37,8 @@ class TransformerFamily(ModelFamily):
 
     FLOW_KIND: ClassVar[str]
     LABEL: ClassVar[str]
+    # LyCORIS presets whose classes this transformer lacks (they would adapt nothing).
+    LYCORIS_EMPTY_PRESETS: ClassVar[tuple[str, ...]] = ("unet-convblock-only",)
 
     # With the text encoders training: T5 (the last encoder) gets an adapter too (train_t5xxl).
     train_t5: bool = False
@@ -45,6 +47,11 @@ class TransformerFamily(ModelFamily):
         """kohya's modules (library.networks.fused_keys.KohyaModule) of the transformer that
         this run adapts."""
         raise NotImplementedError(f"{self.name} does not define its transformer modules")
+
+    def lycoris_modules(self, transformer, preset: str) -> list:
+        """The transformer's modules (KohyaModule) LyCORIS' ``preset`` adapts, as LyCORIS
+        chooses them in sd-scripts' original model classes."""
+        raise NotImplementedError(f"{self.name} does not define its LyCORIS modules")
 
     # -- adapters ----------------------------------------------------------------------------
 
@@ -63,21 +70,44 @@ class TransformerFamily(ModelFamily):
             return dict.fromkeys(target_paths(text_encoder_modules(module, t5_prefix)), "linear")
         return default_targets(module, "text_encoder", conv=False)  # the CLIPs, as for SD
 
+    def lycoris_targets(self, module, role, preset):
+        """The CLIP text encoders' layers, as for SD (the transformer's LyCORIS adapters span
+        fused layers: apply_lycoris lays them out)."""
+        from library.networks.lycoris_targets import lycoris_targets
+
+        return lycoris_targets(module, role, preset, named_layers=False)
+
+    def apply_lycoris(self, module, role, spec, preset):
+        """The transformer: one LycorisLayer per kohya module, over its fused weight
+        (library.networks.lycoris_fused); text encoders as for SD."""
+        if role != "unet":
+            return super().apply_lycoris(module, role, spec, preset)
+        from library.networks.lycoris_fused import apply_module_lycoris
+
+        apply_module_lycoris(module, self.lycoris_modules(module, preset), spec)
+        return None
+
     def lora_tensors(self, models):
         """The transformer in kohya's names for the family (fused layers as one module); the
         text encoders in kohya's plain names (lora_te1_, ...), as for SD."""
         from library.networks import kohya_keys
         from library.networks.fused_keys import adapter_weights, export_lora
+        from library.networks.lycoris_fused import export_module_lycoris, module_layers
 
         tensors = kohya_keys.export_lora({p: m for p, m in models.items() if p != kohya_keys.UNET})
         if kohya_keys.UNET in models:
             plain = kohya_keys.unwrap(models[kohya_keys.UNET])
-            tensors.update(export_lora(self.transformer_modules(plain), adapter_weights(plain)))
+            if module_layers(plain):
+                tensors.update(export_module_lycoris(plain))
+            else:
+                modules = self.transformer_modules(plain)
+                tensors.update(export_lora(modules, adapter_weights(plain)))
         return tensors
 
     def load_lora_tensors(self, models, tensors, source):
         from library.networks import kohya_keys
         from library.networks.fused_keys import import_lora, load_adapter_weights
+        from library.networks.lycoris_fused import import_module_lycoris, module_layers
 
         transformer = {k: v for k, v in tensors.items() if k.startswith(self.unet_lora_prefix)}
         text = {k: v for k, v in tensors.items() if k not in transformer}
@@ -86,12 +116,41 @@ class TransformerFamily(ModelFamily):
             kohya_keys.import_lora(text_models, text, source, self.text_encoder_lora_prefixes)
         if kohya_keys.UNET in models:
             plain = kohya_keys.unwrap(models[kohya_keys.UNET])
+            if module_layers(plain):
+                import_module_lycoris(plain, transformer, source)
+                return
             weights = import_lora(self.transformer_modules(plain), transformer, source)
             load_adapter_weights(plain, weights, source)
         elif transformer:
             raise ConfigError(
                 f"network_weights: {source} holds transformer adapters and this run trains "
                 "only the text encoders; remove network_train_text_encoder_only"
+            )
+
+    def _check_lycoris(self, config):
+        """What LyCORIS does not do on this transformer, refused by name."""
+        flow, adapter = config.flow, config.adapter
+        for key in ("split_qkv", "train_blocks"):
+            if getattr(flow, key) is not None:
+                raise ConfigError(
+                    f"{key} is an argument of kohya's networks.lora_flux / lora_sd3, which "
+                    'LyCORIS does not read; remove it or use network_module = "networks.lora"'
+                )
+        if flow.train_t5xxl:
+            raise ConfigError(
+                "train_t5xxl: LyCORIS adapts no T5-XXL layer (its presets name no T5 block); "
+                'remove it, or use network_module = "networks.lora" for T5 adapters'
+            )
+        if config.saving.lora_format == "diffusers":
+            raise ConfigError(
+                'lora_format = "diffusers" holds LoRA factors only; LyCORIS files are written in '
+                "kohya's names (ComfyUI loads them); remove lora_format"
+            )
+        preset = adapter.preset or "full"
+        if preset in self.LYCORIS_EMPTY_PRESETS:
+            raise ConfigError(
+                f"preset = {preset} adapts no layer of {self.LABEL}'s transformer; use full, "
+                "full-lin or attn-mlp"
             )
 
     # -- sizes, options ----------------------------------------------------------------------
@@ -122,14 +181,18 @@ class TransformerFamily(ModelFamily):
 
     def check_training(self, config):
         super().check_training(config)
-        if config.network.train_mode == "lora" and config.flow.split_qkv is None:
+        if config.network.network_module == "lycoris.kohya":
+            self._check_lycoris(config)
+        elif config.network.train_mode == "lora" and config.flow.split_qkv is None:
             log.warning(
                 "%s LoRA: q, k and v get separate adapters, as kohya's split_qkv=True; kohya's "
                 "default shares one per fused layer. The saved file has kohya's fused names "
                 "either way",
                 self.LABEL,
             )
-        if config.network.conv_dim is not None:
+        lycoris = config.network.network_module == "lycoris.kohya"
+        # LyCORIS' conv rank applies to SD3's patch-embedding conv, and GUIs always write it
+        if config.network.conv_dim is not None and not lycoris:
             raise ConfigError(
                 f"conv_dim: {self.LABEL}'s transformer has no convolutions to adapt; remove it"
             )

@@ -307,12 +307,15 @@ class LycorisLayer(nn.Module):
             h = self._op(h, self.lora_up.to(dtype), geometry=False)
             gain = self.scalar * (self.scale * self.multiplier)
             return base_out + h * gain.to(dtype)
+        return base_out + self._op(x, self.weight_change().to(dtype))
+
+    def weight_change(self) -> torch.Tensor:
+        """What the adapter adds to the base weight at ``multiplier``, float32, with autograd:
+        ``multiplier * delta``, or with DoRA the decomposed weight minus the base weight."""
         delta = self._delta()
         if self.spec.dora_wd:
-            change = self._combined(delta, self.multiplier) - self.base_layer.weight.float()
-        else:
-            change = delta * self.multiplier
-        return base_out + self._op(x, change.to(dtype))
+            return self._combined(delta, self.multiplier) - self.base_layer.weight.float()
+        return delta * self.multiplier
 
     # ---------------------------------------------------------------------------------- files
     def adapter_parameters(self) -> list[nn.Parameter]:

@@ -1,0 +1,118 @@
+"""The module names ComfyUI gives a model's layers: the ones its "Extract and Save Lora" node
+writes (comfy_extras/nodes_lora_extract.py), and every one its LoRA loader accepts (a reproduction
+of comfy/lora.py ``model_lora_keys_unet`` / ``model_lora_keys_clip``, read from
+Comfy-Org/ComfyUI in 2026; written from those facts, no ComfyUI code)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from library.lora_tools.base_model import DENOISER, Layer
+
+# CLIP layers ComfyUI maps kohya's lora_te*_ names to (comfy/lora.py LORA_CLIP_MAP).
+_CLIP_LAYER = re.compile(
+    r"text_model\.encoder\.layers\.(\d+)\.(mlp\.fc1|mlp\.fc2|self_attn\.[qkv]_proj|self_attn\.out_proj)"
+)
+
+
+def comfy_clip_names(components) -> tuple[str, ...]:
+    """ComfyUI's name of each text encoder (its CLIP model's state-dict prefix): clip_l, clip_h
+    (SD 2.x's OpenCLIP-H), clip_g, t5xxl."""
+    names = []
+    clips = 0
+    for encoder in components.text_encoders:
+        if type(encoder).__name__.startswith("T5"):
+            names.append("t5xxl")
+            continue
+        if clips == 0:
+            names.append("clip_h" if components.family.v2 else "clip_l")
+        else:
+            names.append("clip_g")
+        clips += 1
+    return tuple(names)
+
+
+def comfy_name(layer: Layer, components) -> str:
+    """The module's name in ComfyUI's own layout (what its LoRA-save node writes)."""
+    from library.models.original_names import unet_path_to_original
+
+    if layer.component == DENOISER:
+        original = layer.original
+        if type(layer.model).__name__ == "UNet2DConditionModel":
+            original = unet_path_to_original(layer.parts[0], layer.model.config)
+        return f"diffusion_model.{original}"
+    clip = comfy_clip_names(components)[layer.component]
+    return f"text_encoders.{clip}.transformer.{layer.original}"
+
+
+def comfy_names(table: Mapping[str, Layer], components) -> dict[str, str]:
+    """ComfyUI's own name of each layer of the model (``comfy_name``) -> its kohya name."""
+    return {comfy_name(layer, components): name for name, layer in table.items()}
+
+
+def comfy_key_map(components, table) -> dict[str, tuple[Layer, tuple[int, ...] | None]]:
+    """The module names ComfyUI's loader accepts for this model -> (layer, the parts of it the
+    name stands for; None: all of it)."""
+    kind = type(components.denoiser).__name__
+    clips = comfy_clip_names(components)
+    key_map: dict[str, tuple[Layer, tuple[int, ...] | None]] = {}
+    for layer in table.values():
+        whole = (layer, None)
+        if layer.component == DENOISER:
+            original = comfy_name(layer, components).removeprefix("diffusion_model.")
+            key_map["lora_unet_" + original.replace(".", "_")] = whole
+            key_map["diffusion_model." + original] = whole
+            if kind == "UNet2DConditionModel":
+                path = layer.parts[0]
+                key_map["lora_unet_" + path.replace(".", "_")] = whole
+                key_map["lycoris_" + path.replace(".", "_")] = whole
+                attention = path.replace(".to_", ".processor.to_")
+                if attention.endswith(".to_out.0"):
+                    attention = attention[:-2]
+                key_map[attention] = key_map["unet." + attention] = whole
+                continue
+            for index, path in enumerate(layer.parts):
+                flat = path.replace(".", "_")
+                names = (
+                    ("transformer.", "lycoris_", "lora_transformer_", "")
+                    if kind == "FluxTransformer2DModel"
+                    else ("transformer.", "base_model.model.", "lora_transformer_", "lycoris_")
+                )
+                for head in names:
+                    key_map[head + (flat if head.endswith("_") else path)] = (layer, (index,))
+            if kind == "FluxTransformer2DModel" and original.endswith(".linear1"):
+                key_map[f"diffusion_model.{original}_qkv"] = (layer, (0, 1, 2))
+            continue
+        clip = clips[layer.component]
+        path = layer.original
+        key_map[f"text_encoders.{clip}.transformer.{path}"] = whole
+        if not clip.startswith("clip_"):
+            key_map[f"text_encoders.transformer.{path}"] = whole
+            index = 1 + ("clip_g" in clips) + ("clip_l" in clips)
+            flat = path.replace(".", "_")
+            key_map[f"lora_te{index}_{flat}"] = whole
+            if index == 2:  # OneTrainer's FLUX.1 T5 names, and kohya's after them
+                key_map[f"lora_te3_{flat}"] = whole
+            continue
+        if path == "text_projection":
+            names = {"clip_g": ("lora_prior_te_", "lora_te2_"), "clip_l": ("lora_te1_",)}
+            for head in names.get(clip, ()):
+                key_map[f"{head}text_projection"] = whole
+            continue
+        match = _CLIP_LAYER.fullmatch(path)
+        if match is None or int(match.group(1)) >= 32:
+            continue
+        flat = path.replace(".", "_")
+        if clip in ("clip_h", "clip_l"):
+            heads = ("lora_te_", "lora_te1_")
+            key_map[f"text_encoder.{path}"] = whole
+        elif "clip_l" in clips:
+            heads = ("lora_te2_",)
+            key_map[f"text_encoder_2.{path}"] = whole
+        else:
+            heads = ("lora_te_", "lora_prior_te_")
+            key_map[f"text_encoder.{path}"] = whole
+        for head in heads:
+            key_map[head + flat] = whole
+    return key_map
