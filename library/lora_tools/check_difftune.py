@@ -67,13 +67,19 @@ def _lycoris_layers(components, table) -> set[str]:
     """kohya names of the layers LyCORIS' widest preset ("full") adapts."""
     wanted: dict[int, set[str]] = {}
     family = components.family
+    # FLUX.1 / SD3: one LyCORIS module per original (fused) layer, named by the family
+    fused = getattr(family, "lycoris_modules", None)
+    named = {m.name for m in fused(components.denoiser, "full")} if fused else set()
     try:
-        wanted[DENOISER] = set(family.lycoris_targets(components.denoiser, "unet", "full"))
+        if not fused:
+            wanted[DENOISER] = set(family.lycoris_targets(components.denoiser, "unet", "full"))
         for index, encoder in enumerate(components.text_encoders):
+            if fused and index == len(components.text_encoders) - 1:
+                continue  # T5: LyCORIS' presets name no T5 block
             wanted[index] = set(family.lycoris_targets(encoder, "text_encoder", "full"))
     except (NotImplementedError, AttributeError, KeyError):
-        return set()
-    return {
+        return named
+    return named | {
         name
         for name, layer in table.items()
         if all(path in wanted.get(layer.component, ()) for path in layer.parts)

@@ -32,6 +32,8 @@ CASES = {
     "lokr-tucker": ["algo=lokr", "factor=4", "decompose_both=True", "use_tucker=True"],
     # LoCon (algo=lora) on the transformer blocks only
     "locon-attn-mlp": ["algo=lora", "preset=attn-mlp"],
+    # LoCon on everything the full preset adapts: conv_in, conv_out, time embedding, ResNets
+    "locon-full": ["algo=locon", "conv_dim=2", "conv_alpha=1"],
 }
 
 
@@ -384,3 +386,16 @@ def test_transformer_refusals(tmp_path, sd3_dir, images, capsys, args, expected)
     assert train(config) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and expected in err[0], err
+
+
+def test_diffusers_reads_every_key_of_a_locon_file(trained, tiny_model_dir, capsys):
+    """diffusers' own load_lora_weights (run by lora_tool.py check) consumes every key of a
+    LyCORIS LoCon file, conv_in, conv_out and the time embedding included. (It drops DoRA's
+    dora_scale with a warning, and reads no LoHa/LoKr for SD: ComfyUI does.)"""
+    from library.lora_tools.cli import main
+
+    code = main(["check", "--lora", str(trained["locon-full"]), "--model", str(tiny_model_dir),
+                 "--loader", "diffusers"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "reads all" in out

@@ -116,3 +116,24 @@ def test_refusals(sd1, tmp_path, capsys):
     code = run_tool("check", "--lora", sd1["ours"], "--model", tmp_path / "nope")
     (line,) = error_lines(capsys.readouterr().err)
     assert code == 2 and "--model" in line
+
+
+@pytest.mark.parametrize("family", ["sdxl", "flux", "sd3"])
+def test_lycoris_files_are_read_whole(family, tmp_path, tmp_path_factory, capsys):
+    """Our LyCORIS files (LoHa with DoRA; on FLUX.1/SD3 one module per fused original layer)
+    lose no key in difftune's import or ComfyUI's key map."""
+    from library.networks.lycoris.spec import LycorisSpec
+
+    base_dir = model_dir(family, tmp_path_factory.getbasetemp())
+    components = load(base_dir)
+    spec = LycorisSpec(algo="loha", dim=2, alpha=1.0, dora_wd=True)
+    family_obj = components.family
+    family_obj.apply_lycoris(components.denoiser, "unet", spec, "full")
+    models = {"lora_unet": components.denoiser}
+    tensors = family_obj.lora_tensors(models)
+    assert any(k.endswith(".hada_w1_a") for k in tensors)
+    path = tmp_path / "lycoris.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    for loader in ("difftune", "comfyui"):
+        assert run_tool("check", "--lora", path, "--model", base_dir, "--loader", loader) == 0
+        assert "reads all" in capsys.readouterr().out

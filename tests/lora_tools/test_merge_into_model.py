@@ -249,3 +249,46 @@ def test_lycoris_loha_module_is_merged_by_its_own_formula(sd1, tmp_path):
     delta = (p["hada_w1_a"] @ p["hada_w1_b"]) * (p["hada_w2_a"] @ p["hada_w2_b"]) * 1.5 / 3
     got = module_of(load(out), "denoiser", path).weight.double()
     torch.testing.assert_close(got, layer.weight.double() + 0.7 * delta, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_lycoris_on_fused_layers_merges_into_what_the_adapters_compute(
+    family, tmp_path, tmp_path_factory
+):
+    """A LoKr (DoRA) file of FLUX.1 / SD3, one module per original fused layer, baked into the
+    transformer: each diffusers weight equals the adapted model's (base + its rows of the
+    module's change, library/networks/lycoris_fused.py)."""
+    from safetensors.torch import save_file
+
+    from library.networks.lycoris.spec import LycorisSpec
+    from library.networks.lycoris_fused import LycorisPart, module_layers
+
+    base_dir = model_dir(family, tmp_path_factory.getbasetemp())
+    components = load(base_dir)
+    plain = {k: v.clone() for k, v in components.denoiser.state_dict().items()}
+    spec = LycorisSpec(algo="lokr", dim=2, alpha=1.0, factor=2, dora_wd=True)
+    components.family.apply_lycoris(components.denoiser, "unet", spec, "full")
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for layer in module_layers(components.denoiser).values():
+            for param in layer.adapter_parameters():
+                param.add_(torch.randn(param.shape, generator=gen) * 0.1)
+    tensors = components.family.lora_tensors({"lora_unet": components.denoiser})
+    path = tmp_path / "lokr.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    out = tmp_path / "merged"
+    assert run_tool("merge", "--model", base_dir, "--loras", path, "--output_dir", out) == 0
+    merged = load(out).denoiser.state_dict()
+    checked = 0
+    with torch.no_grad():
+        for name, module in components.denoiser.named_modules():
+            if not isinstance(module, LycorisPart):
+                continue
+            change = module._shared.weight_change()
+            if getattr(module._shared.base_layer, "swapped", False):
+                half = change.shape[0] // 2
+                change = torch.cat([change[half:], change[:half]])
+            want = plain[f"{name}.weight"] + change[module.rows[0] : module.rows[1]]
+            torch.testing.assert_close(merged[f"{name}.weight"], want, rtol=1e-5, atol=2e-6)
+            checked += 1
+    assert checked > 10
