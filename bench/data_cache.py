@@ -22,6 +22,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from library.third_party_noise import silence_unactionable_messages  # noqa: E402
+
+silence_unactionable_messages()  # before any import below loads bitsandbytes
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -31,6 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from library.third_party_noise import silence_unactionable_messages  # noqa: E402
+
+silence_unactionable_messages()  # before any import below loads bitsandbytes
 
 SD15_UNET = {  # runwayml/stable-diffusion-v1-5 unet/config.json, the fields that shape the net
     "sample_size": 64,

@@ -18,11 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     silence_unactionable_messages()  # before peft imports bitsandbytes
     from library.config.cli_args import parse_cli
     from library.config.loader import load_config
-    from library.errors import DifftuneError
+    from library.errors import STOPPED_BY_USER, DifftuneError, exit_code_of
 
     try:
         args = parse_cli(sys.argv[1:] if argv is None else argv)
-        config = load_config(args.config_path, args.overrides)
+        config = load_config(args.config_paths, args.overrides)
         if _is_main_process():
             for notice in config.notices:
                 print(f"warning: {notice}", file=sys.stderr)
@@ -33,16 +33,22 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from library.training.trainer import Trainer
 
-        Trainer(config).run(dry_run=args.dry_run)
+        trainer = Trainer(config)
+        if args.json:  # --dry_run --json: the dry run's checks, then the plan as one JSON document
+            from library.training.progress import print_plan_json
+
+            print_plan_json(trainer)
+            return 0
+        trainer.run(dry_run=args.dry_run, config_files=args.config_paths)  # for the run summary
         return 0
     except DifftuneError as exc:
         if _is_main_process():
             print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
+        return exit_code_of(exc)
+    except KeyboardInterrupt as exc:
         if _is_main_process():
-            print("stopped by the user", file=sys.stderr)
-        return 130
+            print(STOPPED_BY_USER, file=sys.stderr)
+        return exit_code_of(exc)
 
 
 def exit_process(code: int) -> None:

@@ -1,10 +1,32 @@
-"""Errors a user can fix. The CLI prints them as one line and exits with their code."""
+"""Errors a user can fix. The CLI prints them as one line and exits with their code.
+
+Exit codes (docs/batch-runs.md; the run summary records the same code):
+
+    0    finished
+    1    training started and could not finish: a non-finite loss or weights, a failed save
+         (TrainingError, SaveError), or a bug (a Python traceback); the state to resume from,
+         if any, is named in the message
+    2    bad input: the config, data, model, checkpoint or output folder (ConfigError,
+         DataError, ModelError, CheckpointError), or the output name is taken by another run;
+         nearly always found before the first optimizer step, and running it again unchanged
+         fails again
+    130  stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM: 128 + the signal, the shell's
+         convention; a state to resume from was saved unless the signal came twice
+"""
+
+from __future__ import annotations
+
+EXIT_FINISHED = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_STOPPED_BY_USER = 130  # 128 + SIGINT, also a second Ctrl-C that does not wait for a save
+STOPPED_BY_USER = "stopped by the user"
 
 
 class DifftuneError(Exception):
     """A problem in the user's input or environment, reported without a traceback."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
 
 
 class ConfigError(DifftuneError):
@@ -26,4 +48,37 @@ class CheckpointError(DifftuneError):
 class TrainingError(DifftuneError):
     """Training cannot continue (e.g. the loss became NaN); state was saved where possible."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
+
+
+def exit_code_of(exc: BaseException | None) -> int:
+    """The process exit code of a run that ended with ``exc`` (None: it finished).
+
+    A DifftuneError carries its code (a stop by signal N: 128 + N); Ctrl-C that reaches Python as
+    KeyboardInterrupt is 130; any other exception is a bug, and Python exits with 1 for it."""
+    if exc is None:
+        return EXIT_FINISHED
+    if isinstance(exc, DifftuneError):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_STOPPED_BY_USER
+    if isinstance(exc, SystemExit):
+        return (
+            exc.code
+            if isinstance(exc.code, int)
+            else (EXIT_FINISHED if exc.code is None else EXIT_FAILED)
+        )
+    return EXIT_FAILED
+
+
+def exit_reason_of(exc: BaseException | None) -> str | None:
+    """The one line the CLI prints for ``exc`` (after "error: " for a DifftuneError)."""
+    if exc is None:
+        return None
+    if isinstance(exc, KeyboardInterrupt):
+        return STOPPED_BY_USER
+    text = str(exc).strip()
+    if isinstance(exc, DifftuneError):
+        return " ".join(text.split()) if "\n" in text else text
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

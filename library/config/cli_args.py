@@ -1,4 +1,5 @@
-"""Command-line parsing: --config, --print_config, --dry_run and ``--key value`` overrides.
+"""Command-line parsing: --config (any number), --print_config, --dry_run, --json and
+``--key value`` overrides.
 
 Hand-written rather than argparse because the override keys come from the schema, their value
 forms depend on the field type (bare bool flags, multi-value k=v lists), and every mistake must
@@ -21,12 +22,12 @@ from library.config.suggest import COMMAND_LINE, Origin
 from library.errors import ConfigError
 
 OVERRIDE_HELP = """\
-Every config key can be set on the command line; the command line wins over the file.
+Every config key can be set on the command line; the command line wins over the config files.
   --key value  or  --key=value     e.g. --learning_rate 1e-4  --output_name my_lora
   --flag  (same as --flag true)    for true/false keys, e.g. --gradient_checkpointing
   --flag false                     turn a true/false key off
   --key a=1 b=2                    several "k=v" items for network_args and optimizer_args
-  --key ""                         unset a key the file sets (kohya's empty value)
+  --key ""                         unset a key a file sets (kohya's empty value)
 Values are read as TOML (1e-4, true, [768, 512]); text keys keep the text as written, and
 anything that is not valid TOML stays text (--resolution 768,512).
 Dataset keys (--shuffle_caption, --enable_bucket, --flip_aug, ...) given here are defaults for
@@ -35,29 +36,39 @@ file, and train_batch_size stands for batch_size. --dry_run also shows buckets a
 All keys, types and defaults: docs/config.md; data options explained: docs/data.md"""
 
 USAGE = f"""\
-usage: train_network.py --config FILE.toml [--print_config] [--dry_run] [--key value ...]
+usage: train_network.py --config FILE.toml [--config MORE.toml ...] [--print_config]
+                        [--dry_run [--json]] [--key value ...]
 
   --config FILE, --config_file FILE
-                  a difftune (sectioned) or kohya (flat args) TOML config
-  --print_config  print the resolved config as TOML
+                  a difftune (sectioned) or kohya (flat args) TOML config. Give several to
+                  layer presets: a later file wins over an earlier one key by key, and the
+                  command line wins over all files. A file (or option) that gives the images
+                  ([[datasets]], train_data_dir or dataset_config) replaces the earlier
+                  files' [[datasets]], [general], train_data_dir, reg_data_dir, in_json and
+                  dataset_config as a whole; dataset keys written flat layer key by key.
+  --print_config  print the resolved config as TOML, each key marked with the file, the
+                  command line or the default it came from
   --dry_run       check the config and data, print the plan (images, buckets, steps, saves), then stop
+  --json          with --dry_run: print the plan as one JSON document on stdout (schema: see
+                  "Dry-run JSON" in docs/batch-runs.md); warnings stay on stderr
   -h, --help      show this help
 
 {OVERRIDE_HELP}
 """
 
 _CONFIG_OPTIONS = ("config", "config_file")
-_ACTIONS = ("print_config", "dry_run")
+_ACTIONS = ("print_config", "dry_run", "json")
 
 
 @dataclass(frozen=True)
 class CliArgs:
     """The parsed command line."""
 
-    config_path: str | None = None
+    config_paths: tuple[str, ...] = ()  # in the order given: later files win
     overrides: list[tuple[str, RawValue]] = field(default_factory=list)
     print_config: bool = False
     dry_run: bool = False
+    json: bool = False  # with dry_run: the plan as one JSON document
 
 
 def _error(text: str) -> ConfigError:
@@ -102,7 +113,7 @@ def parse_cli(argv: list[str]) -> CliArgs:
     if any(t in ("-h", "--help") for t in argv):
         print(USAGE, end="")
         raise SystemExit(0)
-    config_path: str | None = None
+    config_paths: list[str] = []
     actions = dict.fromkeys(_ACTIONS, False)
     overrides: list[tuple[str, RawValue]] = []
     i = 0
@@ -120,11 +131,13 @@ def parse_cli(argv: list[str]) -> CliArgs:
                 raise _error(flat_key_problem(name, Origin(COMMAND_LINE), extra))
         raw, i = _take_value(name, inline, argv, i)
         if name in _CONFIG_OPTIONS:
-            if config_path is not None:
-                raise _error("the config file is given twice; pass one --config")
-            config_path = raw
+            config_paths.append(raw)
         elif name in _ACTIONS:
             actions[name] = _flag(name, raw)
         else:
             overrides.append((name, raw))
-    return CliArgs(config_path, overrides, actions["print_config"], actions["dry_run"])
+    if actions["json"] and (actions["print_config"] or not actions["dry_run"]):
+        raise _error(
+            "--json prints the plan of a dry run: use it with --dry_run, without --print_config"
+        )
+    return CliArgs(tuple(config_paths), overrides, **actions)

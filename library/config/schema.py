@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from library.config.adapter_schema import LYCORIS_MODULE, AdapterSection, adapter_problem
 from library.config.data_schema import DataSection
 from library.config.dataset_schema import DatasetConfig
 from library.config.flow_schema import FlowSection
 from library.config.optimizer_schema import MAX_RATE, OptimizerSection
+from library.config.provenance import Provenance
 from library.config.sampling_schema import SamplingSection
 from library.config.section import Section
 
@@ -475,6 +476,9 @@ class Config(BaseModel):
     dataset_defaults: dict = Field(default_factory=dict)
     # Warnings about the files as read (e.g. keys only a GUI writes, ignored), shown at start.
     notices: tuple[str, ...] = ()
+    # Where each value came from (library/config/provenance.py): set by the loader, never
+    # dumped, and equal for any two configs.
+    _provenance: Provenance = PrivateAttr(default_factory=Provenance)
 
     @model_validator(mode="after")
     def _mode_options(self) -> Config:

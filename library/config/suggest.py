@@ -127,6 +127,9 @@ class Origin:
     file: str  # the path as the user wrote it, or COMMAND_LINE
     table: str | None = None  # flat args: the TOML table the key sat in (None: top level)
     path: str | None = None  # dataset keys: "general", "datasets[0]", "datasets[0].subsets[1]"
+    # True where the schema default stands in for a value nobody wrote: errors still name
+    # ``file``, and the value's provenance is "default".
+    default: bool = False
 
     def shown(self, key: str) -> str:
         """The key as the user should look for it: ``datasets[0].subsets[1].num_repeats``."""

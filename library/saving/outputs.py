@@ -2,7 +2,9 @@
 
 Names follow kohya's so users find what they expect: ``name.safetensors`` at the end,
 ``name-step00000500.safetensors`` every N steps, ``name-000003.safetensors`` every N epochs, and a
-``-state`` folder beside each when states are saved.
+``-state`` folder beside each when states are saved. ``name-summary.json`` describes the latest
+run of the name (library/training/run_summary.py); it is a record, not an output: it never stops
+a run, and every run that takes the name replaces it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from library.config.schema import SavingSection
 from library.errors import ConfigError
 
+SUMMARY_SUFFIX = "-summary.json"
 RUN_ID_KEY = "ss_session_id"  # kohya's per-run random id; ours stays the same across resumes
 _STEP = re.compile(r"-step(\d{8})(-state|-ema\.safetensors|\.safetensors)?$")
 _EPOCH = re.compile(r"-(\d{6})(-state|-ema\.safetensors|\.safetensors)?$")
@@ -35,6 +38,11 @@ class OutputLayout:
     @property
     def final_state(self) -> Path:
         return self.dir / f"{self.name}-state"
+
+    @property
+    def summary(self) -> Path:
+        """The run summary: not one of existing_outputs(), so it is never refused or pruned."""
+        return self.dir / f"{self.name}{SUMMARY_SUFFIX}"
 
     def step_file(self, step: int) -> Path:
         return self.dir / f"{self.name}-step{step:08d}.safetensors"
@@ -116,7 +124,7 @@ class OutputLayout:
             name = path.name
             if name.startswith(".") and name.endswith((".tmp", ".old")):
                 output = name[1:].rsplit(".", 2)[0]  # drop ".<random>.tmp"
-                if self._owns(output):
+                if self._owns(output) or output == self.summary.name:
                     leftovers.append(path)
         return _remove(leftovers)
 
@@ -130,6 +138,24 @@ class OutputLayout:
             or bool(_STEP.fullmatch(rest))
             or bool(_EPOCH.fullmatch(rest))
         )
+
+    def describe(self, path: Path) -> dict:
+        """What an output of this name is: {"kind", "path"} and, where its name or its state
+        says so, "step" or "epoch"; "final" for the end-of-run outputs."""
+        rest = path.name[len(self.name) :]
+        kinds = {".safetensors": "weights", "-ema.safetensors": "ema weights", "-state": "state"}
+        entry: dict = {"path": str(path.absolute())}
+        numbered = _STEP.fullmatch(rest) or _EPOCH.fullmatch(rest)
+        if numbered:
+            entry["kind"] = kinds.get(numbered.group(2), "diffusers folder")
+            entry["step" if numbered.re is _STEP else "epoch"] = int(numbered.group(1))
+        else:
+            entry["kind"] = kinds.get(rest, "diffusers folder")
+            entry["final"] = True
+        if entry["kind"] == "state":
+            step = _state_step(path)
+            entry["step"] = step if step >= 0 else None
+        return entry
 
     def _numbered(self, pattern: re.Pattern) -> list[tuple[int, Path]]:
         out = []

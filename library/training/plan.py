@@ -49,20 +49,63 @@ def make_plan(config: Config, steps_per_epoch: int, world_size: int) -> RunPlan:
     )
 
 
+@dataclass(frozen=True)
+class SaveCadence:
+    """Saves made every ``every`` steps or epochs before the end."""
+
+    every: int
+    unit: str  # "steps" or "epochs"
+    count: int  # saves of this cadence in the run (the end's save is not one of them)
+    keep_last: int | None  # saves within the last N steps / the last N epoch saves are kept
+    state: bool  # each save also writes a training state
+
+
+@dataclass(frozen=True)
+class SaveSchedule:
+    """What the run writes when: the plan's text and its JSON both come from this."""
+
+    cadences: tuple[SaveCadence, ...]
+    what: str  # "LoRA" or "UNet"
+    final: str  # the final file: <output_dir>/<output_name>.safetensors
+    final_state: bool  # a training state is saved at the end too
+
+
+def save_schedule(config: Config, plan: RunPlan) -> SaveSchedule:
+    """The saves of a run planned as ``plan``."""
+    saving = config.saving
+    cadences = []
+    if saving.save_every_n_steps:
+        every = saving.save_every_n_steps
+        count = (plan.total_steps - 1) // every  # the last step is the final save
+        cadences.append(
+            SaveCadence(every, "steps", count, saving.save_last_n_steps, saving.save_state)
+        )
+    if saving.save_every_n_epochs:
+        every = saving.save_every_n_epochs
+        count = (plan.epochs - 1) // every
+        cadences.append(
+            SaveCadence(every, "epochs", count, saving.save_last_n_epochs, saving.save_state)
+        )
+    return SaveSchedule(
+        cadences=tuple(cadences),
+        what="LoRA" if config.network.train_mode == "lora" else "UNet",
+        final=f"{saving.output_dir}/{saving.output_name}.safetensors",
+        final_state=bool(saving.save_state or saving.save_state_on_train_end),
+    )
+
+
 def save_schedule_lines(config: Config, plan: RunPlan) -> list[str]:
     """Human-readable lines saying what is written when."""
-    saving = config.saving
-    what = "LoRA" if config.network.train_mode == "lora" else "UNet"
-    state = " + training state" if saving.save_state else ""
+    schedule = save_schedule(config, plan)
     lines = []
-    if saving.save_every_n_steps:
-        count = (plan.total_steps - 1) // saving.save_every_n_steps  # the last step is the final save
-        keep = f", keeping those of the last {saving.save_last_n_steps} steps" if saving.save_last_n_steps else ""
-        lines.append(f"every {saving.save_every_n_steps} steps ({count} saves){state}{keep}")
-    if saving.save_every_n_epochs:
-        count = (plan.epochs - 1) // saving.save_every_n_epochs
-        keep = f", keeping the last {saving.save_last_n_epochs}" if saving.save_last_n_epochs else ""
-        lines.append(f"every {saving.save_every_n_epochs} epochs ({count} saves){state}{keep}")
-    end_state = " + training state" if saving.save_state or saving.save_state_on_train_end else ""
-    lines.append(f"at the end: {what} {saving.output_dir}/{saving.output_name}.safetensors{end_state}")
+    for cadence in schedule.cadences:
+        state = " + training state" if cadence.state else ""
+        keep = ""
+        if cadence.keep_last and cadence.unit == "steps":
+            keep = f", keeping those of the last {cadence.keep_last} steps"
+        elif cadence.keep_last:
+            keep = f", keeping the last {cadence.keep_last}"
+        lines.append(f"every {cadence.every} {cadence.unit} ({cadence.count} saves){state}{keep}")
+    end_state = " + training state" if schedule.final_state else ""
+    lines.append(f"at the end: {schedule.what} {schedule.final}{end_state}")
     return lines

@@ -2,44 +2,199 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from library.config.provenance import provenance
 from library.config.schema import SECRET_KEYS, Config
-from library.data.plan import plan_lines
+from library.data.plan import DatasetStats, DataStats, plan_lines
 from library.training.adapter_setup import adapter_name, adapter_text
-from library.training.plan import RunPlan, save_schedule_lines
+from library.training.plan import RunPlan, save_schedule, save_schedule_lines
 from library.training.setup import uses_sdpa
+
+PLAN_FORMAT = "difftune-plan"
+PLAN_VERSION = 1  # raised when a field of the JSON plan changes meaning or goes away
+
+
+def _stats(data) -> DataStats:
+    return data if isinstance(data, DataStats) else data.stats
+
+
+def plan_report(config: Config, data, plan: RunPlan, resume=None) -> dict:
+    """The run's plan as plain data: what ``--dry_run --json`` prints, and what plan_text
+    writes out in words. ``data`` is the TrainData (or its DataStats); ``resume`` the
+    ResumeCheck of a resumed run."""
+    stats = _stats(data)
+    training, optimizer, net = config.training, config.optimizer, config.network
+    origin = provenance(config)
+    schedule = save_schedule(config, plan)
+    return {
+        "format": PLAN_FORMAT,
+        "version": PLAN_VERSION,
+        "config_files": list(origin.files),
+        "command_line": list(origin.command_line),
+        "model": config.model.pretrained_model_name_or_path,
+        "train_mode": net.train_mode,
+        "adapter": _adapter_report(config) if net.train_mode == "lora" else None,
+        "datasets": [_dataset_report(ds) for ds in stats.datasets],
+        "processes": plan.world_size,
+        "gradient_accumulation_steps": plan.accumulation,
+        "effective_batch_sizes": list(plan.effective_batch_sizes),
+        "samples_per_epoch": stats.samples_per_epoch,
+        "padding_per_epoch": stats.padded_per_epoch,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "total_steps": plan.total_steps,
+        "epochs": plan.epochs,
+        "warmup_steps": plan.warmup_steps,
+        "learning_rate": optimizer.learning_rate,
+        "unet_lr": net.unet_lr,
+        "text_encoder_lr": net.text_encoder_lr,
+        "lr_scheduler": optimizer.lr_scheduler,
+        "optimizer": optimizer.optimizer_type,
+        "precision": {
+            "mixed_precision": training.mixed_precision,
+            "trained_weights": _trained_precision(config),
+        },
+        "seed": training.seed,
+        "outputs": {
+            "output_dir": config.saving.output_dir,
+            "output_name": config.saving.output_name,
+            "final": schedule.final,
+            "final_kind": schedule.what,
+            "final_state": schedule.final_state,
+            "saves": [
+                {
+                    "every": c.every,
+                    "unit": c.unit,
+                    "count": c.count,
+                    "keep_last": c.keep_last,
+                    "state": c.state,
+                }
+                for c in schedule.cadences
+            ],
+        },
+        "resume": _resume_report(config, resume),
+    }
+
+
+def _adapter_report(config: Config) -> dict:
+    net = config.network
+    return {
+        "name": adapter_name(config),
+        "network_module": net.network_module,
+        "rank": net.network_dim,
+        "alpha": net.network_alpha,
+        "description": adapter_text(config),
+    }
+
+
+def _dataset_report(ds: DatasetStats) -> dict:
+    buckets = None
+    if ds.enable_bucket:
+        buckets = [
+            {
+                "width": b.size[0],
+                "height": b.size[1],
+                "images": b.images,
+                "samples_per_epoch": b.samples_per_epoch,
+                "steps_per_epoch": b.steps_per_epoch,
+                "padding_per_epoch": b.padded_per_epoch,
+            }
+            for b in ds.buckets
+        ]
+    return {
+        "resolution": list(ds.resolution),
+        "batch_size": ds.batch_size,
+        "samples_per_step": ds.step_size,
+        "subsets": [
+            {
+                "image_dir": s.image_dir,
+                "is_reg": s.is_reg,
+                "images": s.images,
+                "num_repeats": s.num_repeats,
+                "samples_per_epoch": s.samples_per_epoch,
+                "unused_images": s.unused_images,
+            }
+            for s in ds.subsets
+        ],
+        "train_images": ds.train_images,
+        "reg_images": ds.reg_images,
+        "samples_per_epoch": ds.samples_per_epoch,
+        "padding_per_epoch": ds.padded_per_epoch,
+        "steps_per_epoch": ds.steps_per_epoch,
+        "micro_batches_per_process": ds.micro_batches_per_process,
+        "validation_images": ds.validation_images,
+        "skipped_images": ds.skipped_images,
+        "buckets": buckets,
+    }
+
+
+def _resume_report(config: Config, resume) -> dict | None:
+    if resume is None:
+        return None
+    from library.training.resume_rules import change_lines
+
+    return {
+        "state": config.saving.resume,
+        "step": resume.global_step,
+        "changes": change_lines(resume.changes),
+    }
 
 
 def plan_text(config: Config, data, plan: RunPlan) -> str:
-    """The run's plan: data, steps and saves, all counted in optimizer steps."""
-    training = config.training
-    lora = config.network.train_mode == "lora"
-    mode = adapter_name(config) if lora else "full UNet"
-    lines = [f"difftune plan ({mode} on {config.model.pretrained_model_name_or_path})"]
-    if lora:
-        lines.append(f"  adapter: {adapter_text(config)}")
-    lines += ["  " + line for line in plan_lines(data)]
-    batches = ", ".join(str(b) for b in plan.effective_batch_sizes)
+    """The run's plan in words: data, steps and saves, all counted in optimizer steps. The
+    numbers are plan_report's."""
+    report = plan_report(config, data, plan)
+    adapter = report["adapter"]
+    mode = adapter["name"] if adapter else "full UNet"
+    lines = [f"difftune plan ({mode} on {report['model']})"]
+    lines.append(f"  config files (later ones win): {provenance(config).layers_text()}")
+    if adapter:
+        lines.append(f"  adapter: {adapter['description']}")
+    lines += ["  " + line for line in plan_lines(_stats(data))]
+    batches = ", ".join(str(b) for b in report["effective_batch_sizes"])
+    precision = report["precision"]
     lines += [
-        f"  processes: {plan.world_size}, gradient accumulation: {plan.accumulation}, "
-        f"effective batch per optimizer step: {batches} (batch x accumulation x processes)",
-        f"  optimizer steps per epoch: {plan.steps_per_epoch}, "
-        f"total optimizer steps: {plan.total_steps} ({plan.epochs} epochs)",
-        f"  learning rate: {config.optimizer.learning_rate:g}, {config.optimizer.lr_scheduler} "
-        f"schedule, {plan.warmup_steps} warmup steps, optimizer {config.optimizer.optimizer_type}",
-        f"  precision: {training.mixed_precision}, trained weights: {_trained_precision(config)}, "
-        f"seed: {training.seed}",
+        f"  processes: {report['processes']}, gradient accumulation: "
+        f"{report['gradient_accumulation_steps']}, effective batch per optimizer step: "
+        f"{batches} (batch x accumulation x processes)",
+        f"  optimizer steps per epoch: {report['steps_per_epoch']}, "
+        f"total optimizer steps: {report['total_steps']} ({report['epochs']} epochs)",
+        f"  learning rate: {report['learning_rate']:g}, {report['lr_scheduler']} "
+        f"schedule, {report['warmup_steps']} warmup steps, optimizer {report['optimizer']}",
+        f"  precision: {precision['mixed_precision']}, trained weights: "
+        f"{precision['trained_weights']}, seed: {report['seed']}",
         f"  attention: {attention_text(config)}",
-        *_data_lines(config, data),
+        *_data_lines(config, _stats(data)),
         "  saves:",
     ]
     lines += ["    " + line for line in save_schedule_lines(config, plan)]
     return "\n".join(lines)
+
+
+def print_plan_json(trainer) -> None:
+    """``--dry_run --json``: the dry run's checks (those of Trainer.run), then the plan as one
+    JSON document on stdout, from the main process only. Warnings go to stderr."""
+    from library.training.preflight import start_run
+
+    config, acc = trainer.config, trainer.accelerator
+    start = start_run(config, trainer.plan, acc, dry_run=True)
+    try:
+        if not acc.is_main_process:
+            return
+        skipped = trainer.data.skipped_images
+        if skipped:
+            shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+            print(f"warning: {len(skipped)} unreadable images left out: {shown}", file=sys.stderr)
+        report = plan_report(config, trainer.data, trainer.plan, start.resume)
+        print(json.dumps(report, indent=2))
+    finally:
+        start.release()
 
 
 def _trained_precision(config: Config) -> str:
@@ -69,7 +224,7 @@ def _cache_place(config: Config, to_disk: bool) -> str:
     return f"in memory and on disk ({where})"
 
 
-def _data_lines(config: Config, data) -> list[str]:
+def _data_lines(config: Config, stats: DataStats) -> list[str]:
     """How latents and text conditioning are obtained, and when validation runs."""
     d = config.data
     latents = _cache_place(config, d.cache_latents_to_disk) if d.latents_cached else None
@@ -78,7 +233,7 @@ def _data_lines(config: Config, data) -> list[str]:
         f"  latents: {'cached ' + latents if latents else 'encoded by the VAE at every step'}",
         f"  text-encoder outputs: {'cached ' + text if text else 'encoded at every step'}",
     ]
-    held = getattr(data, "num_validation_images", 0)
+    held = stats.validation_images
     if held:
         if d.validate_every_n_steps:
             when = f"every {d.validate_every_n_steps} optimizer steps"
@@ -109,7 +264,9 @@ def _tracker_config(config: Config) -> dict:
 class ProgressReporter:
     """A progress bar on the main process and, if configured, tracker logs per optimizer step."""
 
-    def __init__(self, config: Config, accelerator, plan: RunPlan, initial_step: int, group_names: list[str]):
+    def __init__(
+        self, config: Config, accelerator, plan: RunPlan, initial_step: int, group_names: list[str]
+    ):
         self.accelerator = accelerator
         self.group_names = group_names
         self.plan = plan
@@ -139,7 +296,13 @@ class ProgressReporter:
             )
 
     def step(
-        self, global_step: int, loss: float, lrs: list[float], grad_norm, applied: bool = True, extra: dict | None = None
+        self,
+        global_step: int,
+        loss: float,
+        lrs: list[float],
+        grad_norm,
+        applied: bool = True,
+        extra: dict | None = None,
     ) -> None:
         """Called on every process once per optimizer step (the loss is already reduced);
         ``extra`` holds further values to log (e.g. max-norm statistics)."""
@@ -157,7 +320,10 @@ class ProgressReporter:
             postfix["val"] = f"{self.validation_loss:.4f}"
         self.postfix = postfix
         self.bar.set_postfix(postfix, refresh=False)
-        logs = {"loss/step": loss, "samples_per_second": self.plan.effective_batch_sizes[0] / max(seconds, 1e-9)}
+        logs = {
+            "loss/step": loss,
+            "samples_per_second": self.plan.effective_batch_sizes[0] / max(seconds, 1e-9),
+        }
         if self.skipped:
             logs["skipped_steps"] = self.skipped
         for name, lr in zip(self.group_names, lrs, strict=True):

@@ -225,7 +225,7 @@ def _memory_options(config: Config, parts: TrainedParts) -> None:
             denoiser.enable_gradient_checkpointing()
         if parts.train_text_encoder:
             for encoder in parts.components.text_encoders:
-                encoder.gradient_checkpointing_enable()
+                encoder.activation_checkpointing_enable()
     if not uses_sdpa(config):
         parts.components.family.use_plain_attention(denoiser)
 

@@ -41,6 +41,7 @@ from library.training.plan import RunPlan, make_plan
 from library.training.preflight import RunStart, start_run
 from library.training.progress import ProgressReporter, plan_text, run_logging_dir
 from library.training.resume_rules import change_lines
+from library.training.run_summary import RunSummary
 from library.training.saver import Saver
 from library.training.schedulers import build_scheduler, restore_schedule
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, allow_fp16_gradients, setup_training
@@ -97,6 +98,7 @@ class Trainer:
         check_batch_sizes(self.data.stats)  # before any model loads
         self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
         self.validator = Validator(config, self.data, self.accelerator)
+        self.summary: RunSummary | None = None  # the run summary, while a run holds the name
 
     def _make_accelerator(self) -> Accelerator:
         c = self.config
@@ -136,15 +138,18 @@ class Trainer:
             shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
             self.accelerator.print(f"warning: {len(skipped)} unreadable images left out: {shown}")
 
-    def run(self, dry_run: bool = False) -> Path | None:
+    def run(self, dry_run: bool = False, config_files: tuple[str, ...] = ()) -> Path | None:
         """Check inputs and outputs, print the plan; unless ``dry_run``, train and return the
-        final output's path. The output name is locked for the whole run."""
+        final output's path. The output name is locked for the whole run, and the run summary
+        is written while it is (``config_files``: the files the config came from)."""
         start = start_run(self.config, self.plan, self.accelerator, dry_run)
         try:
             self.print_plan(start)
             if dry_run:
                 return None
-            return self.train(start)
+            summary = RunSummary(self.config, self.plan, self.accelerator, start, config_files)
+            with summary as self.summary:  # "running" now; the outcome however train() ends
+                return self.train(start)
         finally:
             start.release()
 
@@ -250,6 +255,8 @@ class Trainer:
             global_step += 1
             loss_sum.zero_()
             loop.reporter.step(global_step, step.loss, loop.scheduler.get_last_lr(), step.grad_norm, step.apply, extra)
+            if self.summary is not None:
+                self.summary.step(global_step, step.loss, step.apply)
             loop.saver.after_step(global_step)
             self.sampler.after_step(global_step)
             if self.validator.due_after_step(global_step):

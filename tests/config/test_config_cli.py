@@ -39,7 +39,7 @@ def test_parse_cli_forms():
         ]
     )
     assert args == CliArgs(
-        config_path="a.toml",
+        config_paths=("a.toml",),
         overrides=[
             ("learning_rate", "3e-4"),
             ("gradient_checkpointing", None),
@@ -50,8 +50,13 @@ def test_parse_cli_forms():
         print_config=True,
         dry_run=True,
     )
-    assert parse_cli(["--config", "b.toml"]) == CliArgs(config_path="b.toml")
+    assert parse_cli(["--config", "b.toml"]) == CliArgs(config_paths=("b.toml",))
     assert parse_cli(["--dry_run=false"]).dry_run is False
+    # several files are layers, in the order given; --config_file is the same option
+    layered = parse_cli(["--config", "a", "--config_file=b", "--seed", "1", "--config", "c"])
+    assert layered.config_paths == ("a", "b", "c")
+    assert layered.overrides == [("seed", "1")]
+    assert parse_cli(["--dry_run", "--json"]).json is True
 
 
 @pytest.mark.parametrize(
@@ -66,7 +71,9 @@ def test_parse_cli_forms():
         (["--config"], 'option "--config" needs a value'),
         (["stray"], 'unexpected argument "stray"'),
         (["--num_repeats", "2"], '"num_repeats" is a dataset key'),
-        (["--config", "a", "--config_file", "b"], "given twice"),
+        (["--json"], "--json prints the plan of a dry run"),
+        (["--dry_run", "--print_config", "--json"], "without --print_config"),
+        (["--print_config", "--json"], "--json prints the plan of a dry run"),
         (["--print_config", "maybe"], 'unexpected argument "maybe"'),
     ],
 )
@@ -110,7 +117,7 @@ def test_overrides_win_over_the_file_and_are_typed(write_toml):
             "5",
         ]
     )
-    cfg = load_config(args.config_path, args.overrides)
+    cfg = load_config(args.config_paths, args.overrides)
     assert cfg.optimizer.learning_rate == 5e-5
     assert cfg.training.gradient_checkpointing is False
     assert cfg.saving.output_name == "123"  # a str key keeps the text

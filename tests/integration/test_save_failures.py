@@ -4,6 +4,7 @@ known to be short; at a failed save, one error line and the trained weights kept
 from __future__ import annotations
 
 import errno
+import json
 import re
 import shutil
 import tempfile
@@ -85,7 +86,12 @@ def test_too_little_free_space_stops_before_the_first_step(
         errors[0],
     ), errors[0]
     assert loads == [1] and losses == [0]  # the models loaded; not one step was trained
-    assert not any(p.name.startswith("run") and p.name != "run.lock" for p in out.iterdir())
+    # no output; the run summary (not an output) says how it ended
+    assert not any(
+        p.name.startswith("run") and p.name not in ("run.lock", "run-summary.json")
+        for p in out.iterdir()
+    )
+    assert json.loads((out / "run-summary.json").read_text())["exit_code"] == 2
 
 
 def _fail_writes(monkeypatch, *targets: Path) -> dict:
