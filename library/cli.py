@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     from library.third_party_noise import silence_unactionable_messages
 
     silence_unactionable_messages()  # before peft imports bitsandbytes
+    from library.host_allocator import keep_freed_host_memory
+
+    keep_freed_host_memory()  # before the first large allocation
     from library.config.cli_args import parse_cli
     from library.config.loader import load_config
     from library.errors import STOPPED_BY_USER, DifftuneError, exit_code_of

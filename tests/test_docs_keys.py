@@ -92,6 +92,7 @@ class Vocabulary:
     optimizer_args: frozenset[str]
     lora_tool: dict[str, frozenset[str]]  # command -> its options
     launchers: dict[str, frozenset[str]]  # "accelerate" / "torchrun" -> launch options
+    bench: dict[str, frozenset[str]]  # "bench/x.py" -> its options
     prompt_options: frozenset[str]  # --w, --n, ... of a prompts .txt line
     prompt_keys: frozenset[str]  # keys of a prompts .toml / .json
 
@@ -119,6 +120,20 @@ def _optimizer_arguments() -> frozenset[str]:
     return frozenset(names - {"self", "params", "lr"})  # lr comes from learning_rate
 
 
+_ADD_ARGUMENT = re.compile(r"add_argument\(\s*\"--([\w-]+)\"")
+
+
+def _bench_options() -> dict[str, frozenset[str]]:
+    """The --options of each bench/ script, read from its add_argument calls (running the
+    scripts' --help would import torch once per script)."""
+    return {
+        path.relative_to(ROOT).as_posix(): frozenset(
+            m.group(1).replace("-", "_") for m in _ADD_ARGUMENT.finditer(path.read_text("utf-8"))
+        )
+        for path in sorted((ROOT / "bench").glob("*.py"))
+    }
+
+
 @functools.cache
 def vocabulary() -> Vocabulary:
     from accelerate.commands.launch import launch_command_parser
@@ -144,6 +159,7 @@ def vocabulary() -> Vocabulary:
             "accelerate": _option_names(launch_command_parser()),
             "torchrun": _option_names(get_args_parser()),
         },
+        bench=_bench_options(),
         prompt_options=frozenset({*prompts.OPTIONS, *prompts._UNSUPPORTED_OPTIONS}),
         prompt_keys=frozenset(prompts._KEY_TYPES),
     )
@@ -208,6 +224,8 @@ def _command_claims(text: str, line: int) -> list[Claim]:
             scope = "accelerate"
         elif word == "torchrun" or word == "torch.distributed.run":
             scope = "torchrun"
+        elif word in vocabulary().bench:
+            scope = word
         elif word.startswith("--") and len(word) > 2 and scope:
             # a command inside $( ... ) or ( ... ) ends with the closing parenthesis
             name, _, value = word[2:].rstrip(")").partition("=")
@@ -229,7 +247,7 @@ def _values_after(words: list[str], i: int) -> list[str]:
 
 def _span_claims(span: str, line: int) -> list[Claim]:
     span = span.strip()
-    if re.search(r"(train_network|lora_tool)\.py|accelerate launch|torchrun", span):
+    if re.search(r"(train_network|lora_tool)\.py|accelerate launch|torchrun|bench/\w+\.py", span):
         return _command_claims(span, line)
     if span.startswith("--") and len(span) > 2:
         name = re.split(r"[ =]", span[2:], maxsplit=1)[0]
@@ -381,10 +399,12 @@ def problem(claim: Claim) -> str | None:
         known, whose = v.lora_tool[claim.scope.split()[1]], f"`{claim.scope.replace(' ', '.py ')}`"
     elif claim.scope in v.launchers:
         known, whose = v.launchers[claim.scope], f"{claim.scope}"
+    elif claim.scope in v.bench:
+        known, whose = v.bench[claim.scope], f"`{claim.scope}`"
     else:
         known = v.train_options | v.prompt_options | SD_SCRIPTS_OPTIONS
-        known = known.union(*v.lora_tool.values(), *v.launchers.values())
-        whose = "train_network.py, lora_tool.py, a launcher or a prompt line"
+        known = known.union(*v.lora_tool.values(), *v.launchers.values(), *v.bench.values())
+        whose = "train_network.py, lora_tool.py, a launcher, a bench script or a prompt line"
     if name in known:
         return None
     return f"`--{name}` is not an option of {whose} ({did_you_mean(name, known, '--')})"
@@ -419,7 +439,7 @@ def test_the_docs_make_claims_of_every_kind():
     kinds = {(c.kind, c.scope.split()[0] if c.scope else "") for c in claims}
     for kind in [("key", ""), ("item", "network_args"), ("item", "optimizer_args"), ("bare", "")]:
         assert kind in kinds
-    for scope in ["train", "lora_tool", "accelerate", "torchrun", ""]:
+    for scope in ["train", "lora_tool", "accelerate", "torchrun", "bench/train_speed.py", ""]:
         assert ("option", scope) in kinds, scope
     assert len(claims) > 500
 
@@ -448,6 +468,7 @@ accelerate launch --num_proceses 2 train_network.py --config x.toml \\
     --max_train_step 10 --optimizer_args eps=1e-3 betass=0.9,0.99
 torchrun --nproc_per_nod 2 train_network.py --config x.toml
 python lora_tool.py merge --model m --loras a.safetensors --ratio 0.5 --output o.safetensors
+python bench/train_speed.py --cases sd15-lora --step 12
 ```
 """
 
@@ -480,6 +501,7 @@ def test_the_checker_finds_misspelled_and_stale_names(tmp_path):
         ],
         22: ["`--nproc_per_nod` is not an option of torchrun"],
         23: ["`--ratio` is not an option of `lora_tool.py merge`"],
+        24: ["`--step` is not an option of `bench/train_speed.py`"],
     }
     for line, fragments in expected.items():
         mine = [f for f in found if f.startswith(f"broken.md:{line}: ")]

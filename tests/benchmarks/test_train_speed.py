@@ -1,0 +1,83 @@
+"""The training benchmark's step timer and figures (bench/train_speed.py): the hook sees every
+optimizer step of a child process and nothing else, and s/step, images/s and first-step time
+are what the recorded times say."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from bench.train_speed import TIMER_DIR, BenchError, Run, _toml_value, read_step_timer
+
+CHILD = """
+import time, torch
+model = torch.nn.Linear(2, 1)
+adam = torch.optim.AdamW(model.parameters())
+sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+for optimizer in (adam, adam, sgd):
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    time.sleep(0.05)
+"""
+
+
+def _run_child(code: str, timer_dir) -> list[list[dict]]:
+    env = {**os.environ, "DIFFTUNE_STEP_TIMER": str(timer_dir)}
+    env["PYTHONPATH"] = os.pathsep.join([str(TIMER_DIR), env.get("PYTHONPATH", "")])
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    return read_step_timer(timer_dir)
+
+
+@pytest.mark.parametrize("ending", ["", "import os; os._exit(0)"])
+def test_step_timer_records_every_optimizer_step_of_any_optimizer(tmp_path, ending):
+    # multi-process difftune runs end with os._exit: the records must already be on disk
+    processes = _run_child(CHILD + ending, tmp_path)
+    assert len(processes) == 1
+    steps = processes[0]
+    assert len(steps) == 3  # two AdamW steps and one SGD step, through the same global hook
+    times = [s["time"] for s in steps]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert all(g >= 0.04 for g in gaps), gaps  # the child sleeps 0.05 s after each step
+    assert steps[-1]["peak_rss_bytes"] > 10 * 2**20  # torch alone takes more than 10 MiB
+    assert steps[-1]["cuda_max_allocated_bytes"] is None
+
+
+def test_processes_without_an_optimizer_step_write_nothing(tmp_path):
+    assert _run_child("import torch; torch.ones(3).sum()", tmp_path) == []
+
+
+def test_step_timer_is_inert_without_its_variable(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "DIFFTUNE_STEP_TIMER"}
+    env["PYTHONPATH"] = str(TIMER_DIR)
+    code = "import sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.stdout.strip() == "False"  # not even torch is imported
+
+
+def test_figures_from_step_times():
+    times = [10.0, 11.0, 11.5, 12.1, 12.5, 13.2]
+    run = Run(times, started=4.0, peak_rss_bytes=1, cuda_max_allocated_bytes=None,
+              samples_per_step=4)  # fmt: skip
+    figures = run.figures(warmup=2)
+    timed = [0.5, 0.6, 0.4, 0.7]  # the third to sixth steps: the first two are warm-up
+    assert figures["steps_timed"] == 4
+    assert figures["seconds_per_step"] == pytest.approx(statistics.median(timed))
+    assert figures["mean_seconds_per_step"] == pytest.approx(statistics.fmean(timed), abs=1e-4)
+    assert figures["images_per_second"] == pytest.approx(4 / statistics.median(timed), abs=1e-3)
+    assert figures["first_step_seconds"] == pytest.approx(6.0)
+    with pytest.raises(BenchError, match="raise --steps"):
+        Run(times[:2], 4.0, 1, None, 4).figures(warmup=2)
+
+
+def test_case_files_are_toml_both_trainers_read():
+    import tomllib
+
+    keys = {"a": True, "b": 1e-4, "c": 8, "d": 'C:\\path "x"'}
+    text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in keys.items())
+    assert tomllib.loads(text) == keys
