@@ -122,7 +122,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "skip_until_initial_step": Unsupported("use resume to continue from a saved state", (False,)),
     "no_token_padding": Unsupported("prompts are always padded to 77 tokens", (False,)),
     "conditioning_data_dir": Unsupported("ControlNet training is not supported", planned=False),
-    "cpu_offload_checkpointing": Unsupported("CPU offload is not implemented", (False,)),
     # kohya's Flux.1 / DiT arguments (flux_train_network.py, train_util's DiT arguments)
     "blocks_to_swap": Unsupported("swapping blocks to the CPU is planned", (0,)),
     "split_mode": Unsupported(

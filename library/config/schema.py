@@ -215,6 +215,12 @@ class TrainingSection(Section):
         "encoders keep the weight dtype.",
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    cpu_offload_checkpointing: bool = Field(
+        False,
+        description="With gradient_checkpointing: keep each checkpointed block's inputs in host "
+        "memory until the backward pass needs them, instead of on the GPU (kohya's key). Less "
+        "GPU memory, two host transfers per block and step; the same gradients.",
+    )
     ignore_memory_estimate: bool = Field(
         False,
         description="Train even when the estimated peak memory (printed in the plan) exceeds "
@@ -377,6 +383,15 @@ class TrainingSection(Section):
             raise ValueError(
                 "ddp_static_graph = true does not work with gradient_accumulation_steps > 1 "
                 "(a PyTorch limitation); set one of them back"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _offload_needs_checkpointing(self) -> TrainingSection:
+        if self.cpu_offload_checkpointing and not self.gradient_checkpointing:
+            raise ValueError(
+                "cpu_offload_checkpointing = true offloads what gradient checkpointing keeps: "
+                "set gradient_checkpointing = true too"
             )
         return self
 

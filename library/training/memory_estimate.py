@@ -11,7 +11,8 @@ the device, so a run that cannot fit stops in seconds instead of being killed mi
   path (text encoders when trained, then the UNet) on *meta* copies of the models (shapes only,
   no memory, the real modules untouched) and adding up every leaf module's output. That is what
   autograd keeps for backward to a first approximation; with gradient checkpointing only the
-  checkpointed regions' outputs and the largest region's inside are kept.
+  checkpointed regions' outputs and the largest region's inside are kept, and with
+  cpu_offload_checkpointing the regions' outputs wait in host memory instead.
 
 Not counted: the VAE's encoding (it runs without gradients before the UNet), sampling and
 validation (no gradients either), the allocator's fragmentation and CUDA's own context.
@@ -80,6 +81,7 @@ class MemoryEstimate:
     activations: int
     size: TrainingSize
     checkpointing: bool
+    offloaded: bool = False  # cpu_offload_checkpointing: the regions' outputs are on the host
 
     @property
     def total(self) -> int:
@@ -206,6 +208,9 @@ def training_activations(config: Config, parts: TrainedParts, size: TrainingSize
         counter.watch(denoiser)
         latents, levels = _noisy_latents(comps, size, dtype)
         comps.family.predict(denoiser, latents, comps.objective.model_time(levels), cond)
+    if config.training.cpu_offload_checkpointing:
+        # the checkpointed blocks' inputs wait for the backward pass in host memory
+        return counter.total - counter.boundaries
     return counter.total
 
 
@@ -249,6 +254,7 @@ def estimate_peak_memory(
         activations=activations,
         size=size,
         checkpointing=config.training.gradient_checkpointing,
+        offloaded=config.training.cpu_offload_checkpointing,
     )
 
 
@@ -300,6 +306,8 @@ def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str
     """The plan's memory line."""
     s = estimate.size
     checkpointing = " with gradient checkpointing" if estimate.checkpointing else ""
+    if estimate.offloaded:
+        checkpointing += ", block inputs in host memory"
     line = (
         f"  memory: about {show_bytes(estimate.total)} peak on {device} (weights "
         f"{show_bytes(estimate.weights)}, gradients + optimizer "
@@ -316,6 +324,8 @@ def _remedies(config: Config) -> str:
     fixes = ["lower train_batch_size or resolution"]
     if not config.training.gradient_checkpointing:
         fixes.append("turn on gradient_checkpointing")
+    elif not config.training.cpu_offload_checkpointing:
+        fixes.append("turn on cpu_offload_checkpointing")
     if not config.data.cache_latents:
         fixes.append("cache_latents")
     return ", ".join(fixes) + ", or set ignore_memory_estimate = true to try anyway"

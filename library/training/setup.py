@@ -17,6 +17,7 @@ from library.networks.lora import lora_parameter_split
 from library.saving.lora_file import read_lora_file
 from library.training.adapter_setup import adapter_settings, inject, trains_text_encoders
 from library.training.blockwise_setup import block_groups, blockwise, inject_blockwise
+from library.training.offloaded_checkpoint import offloaded_checkpoint
 
 
 @dataclass
@@ -222,7 +223,10 @@ def _memory_options(config: Config, parts: TrainedParts) -> None:
     denoiser = parts.components.denoiser
     if config.training.gradient_checkpointing:
         if parts.train_unet or parts.train_text_encoder:
-            denoiser.enable_gradient_checkpointing()
+            if config.training.cpu_offload_checkpointing:
+                denoiser.enable_gradient_checkpointing(offloaded_checkpoint)
+            else:
+                denoiser.enable_gradient_checkpointing()
         if parts.train_text_encoder:
             for encoder in parts.components.text_encoders:
                 encoder.activation_checkpointing_enable()
