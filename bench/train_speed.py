@@ -120,6 +120,18 @@ CASES = {
     "sd15-lora-256": Case(
         "sd15", 256, LORA, kohya=True, about="SD 1.5, UNet + text-encoder LoRA, 256 px"
     ),  # fmt: skip
+    "sd15-lora-cached-bf16": Case(
+        "sd15",
+        128,
+        {
+            **LORA,
+            "cache_latents": True,
+            "network_train_unet_only": True,
+            "mixed_precision": "bf16",
+        },  # fmt: skip
+        kohya=True,
+        about="SD 1.5, UNet LoRA on cached latents, 128 px, bf16 mixed precision",
+    ),
     "sd15-full-unet": Case(
         "sd15",
         128,

@@ -101,3 +101,5 @@ def test_only_rank_zero_writes_logs(runs):
     # event file names end in .<pid>.<n>: every file must come from one process
     assert files and len({f.name.split(".")[-2] for f in files}) == 1
     assert [len(ddp.rank(r)["reported"]) for r in (0, 1)] == [2, 2]  # both reached each step
+    # and one loading bar per model: transformers' bar for the text encoder, from rank 0 only
+    assert ddp.log.count("Loading weights: 100%") == 1, ddp.log
