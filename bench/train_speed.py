@@ -195,15 +195,10 @@ def _write_sd15(folder: Path) -> None:
     """A full-size SD 1.5 diffusers folder with random weights (seed 0) and the tiny tokenizer:
     the text encoder keeps CLIP's 49408-token embedding, so any id of the tiny vocabulary fits."""
     import torch
-    from diffusers import (
-        AutoencoderKL,
-        DDIMScheduler,
-        StableDiffusionPipeline,
-        UNet2DConditionModel,
-    )
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
 
-    from library.models.tiny import write_tiny_tokenizer
+    from library.models.tiny import save_sd_pipeline, write_tiny_tokenizer
 
     configs = REPO / "library" / "models" / "configs" / "sd15"
 
@@ -212,18 +207,13 @@ def _write_sd15(folder: Path) -> None:
         return {k: v for k, v in data.items() if not k.startswith("_")}
 
     torch.manual_seed(0)
-    tokenizer_dir = write_tiny_tokenizer(folder / "tokenizer")
-    pipe = StableDiffusionPipeline(
-        unet=UNet2DConditionModel(**config("unet")),
-        vae=AutoencoderKL(**config("vae")),
-        text_encoder=CLIPTextModel(CLIPTextConfig(**config("text_encoder"))),
-        tokenizer=CLIPTokenizer.from_pretrained(str(tokenizer_dir)),
-        scheduler=DDIMScheduler(**config("scheduler")),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipe.save_pretrained(folder, safe_serialization=True)
+    parts = {
+        "unet": UNet2DConditionModel(**config("unet")),
+        "vae": AutoencoderKL(**config("vae")),
+        "text_encoder": CLIPTextModel(CLIPTextConfig(**config("text_encoder"))),
+        "scheduler": DDIMScheduler(**config("scheduler")),
+    }
+    save_sd_pipeline(folder, parts, write_tiny_tokenizer(folder / "tokenizer"))
 
 
 def image_folder(resolution: int, cache: Path, count: int = 8) -> Path:

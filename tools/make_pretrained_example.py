@@ -540,24 +540,13 @@ def train_unet(means, stds, labels, embeddings, steps: int, seed: int, log=print
 
 def save_model(folder: Path, vae, unet, text_encoder, tokenizer_dir: Path) -> Path:
     """A StableDiffusionPipeline folder, loadable by difftune and diffusers."""
-    from diffusers import DDIMScheduler, StableDiffusionPipeline
-    from transformers import CLIPTokenizer
+    from diffusers import DDIMScheduler
 
-    from library.models.tiny import _drop_load_state
+    from library.models.tiny import save_sd_pipeline
 
-    pipe = StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=CLIPTokenizer.from_pretrained(str(tokenizer_dir)),
-        unet=unet,
-        scheduler=DDIMScheduler(**scheduler_config()),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipe.save_pretrained(folder, safe_serialization=True)
-    _drop_load_state(folder / "tokenizer" / "tokenizer_config.json")
-    return folder
+    parts = {"vae": vae, "text_encoder": text_encoder, "unet": unet,
+             "scheduler": DDIMScheduler(**scheduler_config())}  # fmt: skip
+    return save_sd_pipeline(folder, parts, tokenizer_dir)
 
 
 def write_concept(folder: Path, seed: int) -> list[Path]:

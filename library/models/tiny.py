@@ -152,17 +152,23 @@ def save_tiny_model(folder: str | Path, family: str = "sd1", seed: int = 0) -> P
 
     ``family`` "sdxl" writes a StableDiffusionXLPipeline folder (text_encoder_2, tokenizer_2).
     """
-    from diffusers import StableDiffusionPipeline
-    from transformers import CLIPTokenizer
-
     folder = Path(folder)
     if family == "sdxl":
         return _save_tiny_sdxl(folder, seed)
     parts = build_tiny_components(family, seed)
-    tok_dir = write_tiny_tokenizer(folder / "tokenizer")
+    return save_sd_pipeline(folder, parts, write_tiny_tokenizer(folder / "tokenizer"))
+
+
+def save_sd_pipeline(folder: Path, parts: dict, tokenizer_dir: Path) -> Path:
+    """Write ``parts`` (unet, vae, text_encoder, scheduler) and the tokenizer files in
+    ``tokenizer_dir`` (inside ``folder``) as a StableDiffusionPipeline folder without a safety
+    checker, whose files depend only on the weights."""
+    from diffusers import StableDiffusionPipeline
+    from transformers import CLIPTokenizer
+
     pipe = StableDiffusionPipeline(
         **parts,
-        tokenizer=CLIPTokenizer.from_pretrained(tok_dir),
+        tokenizer=CLIPTokenizer.from_pretrained(str(tokenizer_dir)),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,

@@ -32,6 +32,18 @@ class RunStart:
             self.lock.release()
 
 
+def check_launch_layout(num_processes: int) -> None:
+    """A launcher that started several processes got a process group: without one, each
+    process would train alone and they would fight over the output name."""
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and num_processes == 1:
+        raise ConfigError(
+            f"the launcher started {launched} processes, but accelerate set each up as a single "
+            "process (no GPU was found); on a machine without GPUs set ACCELERATE_USE_CPU=true "
+            "in the launch's environment (docs/distributed.md)"
+        )
+
+
 def check_input_files(config: Config) -> None:
     """The state folder and LoRA file a run starts from exist and are what they should be."""
     resume, weights = config.saving.resume, config.network.network_weights

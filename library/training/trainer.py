@@ -38,7 +38,7 @@ from library.training.memory_estimate import check_peak_memory
 from library.training.noise import NoiseOptions
 from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
-from library.training.preflight import RunStart, start_run
+from library.training.preflight import RunStart, check_launch_layout, start_run
 from library.training.progress import ProgressReporter, plan_text, run_logging_dir
 from library.training.resume_rules import change_lines
 from library.training.run_summary import RunSummary
@@ -122,6 +122,7 @@ class Trainer:
             step_scheduler_with_optimizer=False,  # the trainer steps the schedule once per optimizer step
             kwargs_handlers=handlers,
         )
+        check_launch_layout(accelerator.num_processes)
         if t.full_fp16:
             allow_fp16_gradients(accelerator.scaler)
         return accelerator

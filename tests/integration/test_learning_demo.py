@@ -4,9 +4,10 @@ examples/tiny-shapes/ draws its vocabulary: red, green, blue and yellow circles,
 triangles and stars on white. The quickstart (configs/quickstart.toml) trains a LoRA on
 examples/shapes-concept/: eight magenta stars captioned "a sks shape" (a colour the model never
 saw) and regularisation images of its vocabulary. Equivalence tests compare difftune with itself
-and with references; these compare what comes out with the training images, so a wrong loss
-target, noise schedule, learning rate or LoRA scale fails here even when every equivalence test
-passes. They also fail for an example model that does not draw its vocabulary.
+and with references; these compare what comes out with the training images, so a training
+that runs but does not learn (a wrong loss target, noise schedule, learning rate or LoRA scale)
+fails here even when every equivalence test passes; checked with the epsilon target's sign
+flipped. They also fail for an example model that does not draw its vocabulary.
 
 Every statistic is computed from pixels, independent of any model:
 - ``share``: of the foreground (the pixels far from the white background), the fraction near
