@@ -658,11 +658,22 @@ def make_pretrained_example(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out_dir", type=Path, default=EXAMPLES_DIR)
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument(
+        "--out_dir",
+        type=Path,
+        default=EXAMPLES_DIR,
+        help=f"where {MODEL_NAME}/ and {CONCEPT_NAME}/ go (default: examples/)",
+    )
     parser.add_argument("--preview", default=str(PREVIEW), help="the preview image; '' for none")
-    parser.add_argument("--vae_steps", type=int, default=VAE_STEPS)
-    parser.add_argument("--unet_steps", type=int, default=UNET_STEPS)
+    parser.add_argument(
+        "--vae_steps",
+        type=int,
+        default=VAE_STEPS,
+        help="VAE training steps (the default makes the committed model)",
+    )
+    parser.add_argument("--unet_steps", type=int, default=UNET_STEPS,
+                        help="UNet training steps (the default makes the committed model)")  # fmt: skip
     args = parser.parse_args(argv)
     start = time.process_time()
     folder = make_pretrained_example(args.out_dir, args.vae_steps, args.unet_steps)
@@ -675,4 +686,7 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     # Run as a script, the repository root is not on the import path.
     sys.path.insert(0, str(ROOT))
+    from library.third_party_noise import silence_unactionable_messages
+
+    silence_unactionable_messages()  # before diffusers imports bitsandbytes
     main()

@@ -178,9 +178,12 @@ def trained_state_bytes(config: Config, parts: TrainedParts, world_size: int) ->
     return total
 
 
-def training_activations(config: Config, parts: TrainedParts, size: TrainingSize) -> int:
-    """What one micro-batch of ``size`` keeps for backward: the trained text encoders' forward
-    and the UNet's, run on meta copies through the trainer's own conditioning code."""
+def training_activations(
+    config: Config, parts: TrainedParts, size: TrainingSize, offloaded: bool = False
+) -> int:
+    """What one micro-batch of ``size`` keeps for backward on the device: the trained text
+    encoders' forward and the UNet's, run on meta copies through the trainer's own conditioning
+    code. ``offloaded``: the checkpointed blocks' inputs are kept in host memory instead."""
     comps = parts.components
     precision = config.training.mixed_precision
     dtype = WEIGHT_DTYPES[precision]
@@ -208,10 +211,7 @@ def training_activations(config: Config, parts: TrainedParts, size: TrainingSize
         counter.watch(denoiser)
         latents, levels = _noisy_latents(comps, size, dtype)
         comps.family.predict(denoiser, latents, comps.objective.model_time(levels), cond)
-    if config.training.cpu_offload_checkpointing:
-        # the checkpointed blocks' inputs wait for the backward pass in host memory
-        return counter.total - counter.boundaries
-    return counter.total
+    return counter.total - counter.boundaries if offloaded else counter.total
 
 
 def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -242,11 +242,20 @@ def training_sizes(stats: DataStats) -> list[TrainingSize]:
 
 
 def estimate_peak_memory(
-    config: Config, parts: TrainedParts, stats: DataStats, world_size: int, draws_samples: bool
+    config: Config,
+    parts: TrainedParts,
+    stats: DataStats,
+    world_size: int,
+    draws_samples: bool,
+    device_type: str = "cuda",
 ) -> MemoryEstimate:
-    """The estimate for this run (see the module docstring); activations at the size of the
-    datasets that needs most."""
-    measured = [(training_activations(config, parts, s), s) for s in training_sizes(stats)]
+    """The estimate for this run on a device of ``device_type`` (see the module docstring);
+    activations at the size of the datasets that needs most."""
+    # on the CPU, host memory is the device's: offloading moves nothing out of it
+    offloaded = config.training.cpu_offload_checkpointing and device_type != "cpu"
+    measured = [
+        (training_activations(config, parts, s, offloaded), s) for s in training_sizes(stats)
+    ]
     activations, size = max(measured, key=lambda pair: pair[0])
     return MemoryEstimate(
         weights=weight_bytes(config, parts, draws_samples),
@@ -254,7 +263,7 @@ def estimate_peak_memory(
         activations=activations,
         size=size,
         checkpointing=config.training.gradient_checkpointing,
-        offloaded=config.training.cpu_offload_checkpointing,
+        offloaded=offloaded,
     )
 
 
@@ -342,7 +351,7 @@ def check_peak_memory(
     device = accelerator.device
     try:
         estimate = estimate_peak_memory(
-            config, parts, stats, accelerator.num_processes, draws_samples
+            config, parts, stats, accelerator.num_processes, draws_samples, device.type
         )
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
         # a model the meta forward cannot run must not stop training: the estimate is advice

@@ -3,13 +3,19 @@ gradients are those of plain gradient checkpointing (and of no checkpointing).""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from library.config.schema import Config
 from library.models.loader import load_components
 from library.training import offloaded_checkpoint as offload
-from library.training.memory_estimate import TrainingSize, training_activations
+from library.training.memory_estimate import (
+    TrainingSize,
+    estimate_peak_memory,
+    training_activations,
+)
 from library.training.setup import setup_training
 
 
@@ -77,17 +83,25 @@ def test_offloaded_checkpointing_gives_the_gradients_of_plain_checkpointing(tiny
         torch.testing.assert_close(offloaded[name], none[name], rtol=1e-5, atol=1e-6)
 
 
+def _stats(size: TrainingSize):
+    """Data statistics of one dataset whose largest bucket is ``size`` (what the estimate
+    reads of them)."""
+    dataset = SimpleNamespace(buckets=[], resolution=(size.width, size.height),
+                              batch_size=size.batch)  # fmt: skip
+    return SimpleNamespace(datasets=[dataset])
+
+
 def test_the_estimate_leaves_the_offloaded_block_inputs_out(tiny_model_dir):
     size = TrainingSize(128, 128, 2)
 
-    def activations(**training):
-        config = _config(tiny_model_dir, **training)
-        parts = setup_training(config, load_components(config.model, torch.float32))
-        return training_activations(config, parts, size)
-
-    plain = activations(gradient_checkpointing=True)
-    offloaded = activations(gradient_checkpointing=True, cpu_offload_checkpointing=True)
-    assert 0 < offloaded < plain
+    config = _config(tiny_model_dir, gradient_checkpointing=True, cpu_offload_checkpointing=True)
+    parts = setup_training(config, load_components(config.model, torch.float32))
+    on_gpu = estimate_peak_memory(config, parts, _stats(size), 1, False, "cuda")
+    on_cpu = estimate_peak_memory(config, parts, _stats(size), 1, False, "cpu")
+    assert on_gpu.offloaded and not on_cpu.offloaded  # host memory is a CPU run's device memory
+    assert on_cpu.activations == training_activations(config, parts, size)
+    assert 0 < on_gpu.activations < on_cpu.activations
+    assert on_gpu.activations == training_activations(config, parts, size, offloaded=True)
 
 
 def test_offload_without_checkpointing_is_refused(tiny_model_dir):
