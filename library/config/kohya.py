@@ -123,7 +123,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "no_token_padding": Unsupported("prompts are always padded to 77 tokens", (False,)),
     "conditioning_data_dir": Unsupported("ControlNet training is not supported", planned=False),
     # kohya's Flux.1 / DiT arguments (flux_train_network.py, train_util's DiT arguments)
-    "blocks_to_swap": Unsupported("swapping blocks to the CPU is planned", (0,)),
     "split_mode": Unsupported(
         "deprecated in sd-scripts (use blocks_to_swap there)", (False,), planned=False
     ),

@@ -221,6 +221,14 @@ class TrainingSection(Section):
         "memory until the backward pass needs them, instead of on the GPU (kohya's key). Less "
         "GPU memory, two host transfers per block and step; the same gradients.",
     )
+    blocks_to_swap: int = Field(
+        0,
+        ge=0,
+        description="FLUX.1 and SD3 LoRA: keep the frozen weights of this many of the "
+        "transformer's last blocks in host memory, copied to the GPU only while a layer uses "
+        "them (kohya's key and block split). Less GPU memory, one host transfer per swapped "
+        "weight per forward and backward pass; the same results.",
+    )
     ignore_memory_estimate: bool = Field(
         False,
         description="Train even when the estimated peak memory (printed in the plan) exceeds "
@@ -515,7 +523,22 @@ class Config(BaseModel):
                 "remove it"
             )
         self._check_data_options()
+        self._check_block_swap()
         return self
+
+    def _check_block_swap(self) -> None:
+        count, net = self.training.blocks_to_swap, self.network
+        if count and net.train_mode == "unet":
+            raise ValueError(
+                f"blocks_to_swap = {count} keeps frozen weights in host memory, and with "
+                'train_mode = "unet" every weight trains: use it with a LoRA'
+            )
+        if count and net.network_module == LYCORIS_MODULE:
+            raise ValueError(
+                f"blocks_to_swap = {count} does not work with LyCORIS adapters yet (they read "
+                "the base weights): use networks.lora_flux / networks.lora_sd3, or set "
+                "blocks_to_swap = 0"
+            )
 
     def _check_data_options(self) -> None:
         data, net = self.data, self.network

@@ -25,6 +25,12 @@ def meta_copy(module: torch.nn.Module, dtype: torch.dtype | None = None) -> torc
     memo: dict[int, torch.Tensor] = {}
     for tensor in itertools.chain(module.parameters(), module.buffers()):
         memo[id(tensor)] = _meta_like(tensor, dtype)
+    # tensors a module keeps as plain attributes (block swap's host weights) are not copied
+    # either: deepcopy would duplicate them in host memory
+    for sub in module.modules():
+        for value in vars(sub).values():
+            if isinstance(value, torch.Tensor) and id(value) not in memo:
+                memo[id(value)] = _meta_like(value, dtype)
     return copy.deepcopy(module, memo)
 
 

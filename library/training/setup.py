@@ -16,6 +16,7 @@ from library.networks.kohya_keys import UNET
 from library.networks.lora import lora_parameter_split
 from library.saving.lora_file import read_lora_file
 from library.training.adapter_setup import adapter_settings, inject, trains_text_encoders
+from library.training.block_swap import swap_linears
 from library.training.blockwise_setup import block_groups, blockwise, inject_blockwise
 from library.training.offloaded_checkpoint import offloaded_checkpoint
 
@@ -232,6 +233,16 @@ def _memory_options(config: Config, parts: TrainedParts) -> None:
                 encoder.activation_checkpointing_enable()
     if not uses_sdpa(config):
         parts.components.family.use_plain_attention(denoiser)
+    if config.training.blocks_to_swap:
+        _swap_blocks(config, parts)
+
+
+def _swap_blocks(config: Config, parts: TrainedParts) -> None:
+    """blocks_to_swap: the frozen Linears of the transformer's last blocks to host memory."""
+    blocks = parts.components.family.swap_blocks(
+        parts.components.denoiser, config.training.blocks_to_swap
+    )
+    swap_linears(blocks)
 
 
 def uses_sdpa(config: Config) -> bool:

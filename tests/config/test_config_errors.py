@@ -175,7 +175,7 @@ def test_dataset_sources_conflict(write_toml):
         ("torch_compile = true", "remove it or set it to false"),
         ("network_dropout = 0.1", "remove it or set it to 0"),
         ('face_crop_aug_range = "2.0,4.0"', "remove it"),
-        ("blocks_to_swap = 8", "remove it or set it to 0"),
+        ("fused_optimizer_groups = 8", "remove it or set it to 0"),
         ("weighted_captions = true", "remove it or set it to false"),
     ],
 )

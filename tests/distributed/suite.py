@@ -96,8 +96,12 @@ MODES["lokr-tucker"] = (
     },
     ["--ddp_gradient_as_bucket_view"],
 )
+# flux-lora with its last double block and both single blocks swapped to host memory
+# (blocks_to_swap, over float8 weights): DDP must neither broadcast nor sync the host weights.
+MODES["flux-swap"] = ({**MODES["flux-lora"][0], "blocks_to_swap": 2}, ["--gradient_checkpointing"])
 # Modes trained on another model than the tiny SD one: mode -> the Runs method giving its folder.
-MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir", "sd3-lora": "sd3_dir"}
+MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir", "sd3-lora": "sd3_dir",
+               "flux-swap": "flux_dir"}  # fmt: skip
 # layout name -> (processes, accumulation, batch)
 LAYOUTS = {"2x2x1": (2, 2, 1), "1x4x1": (1, 4, 1), "1x1x4": (1, 1, 4), "1x2x1": (1, 2, 1)}
 EQUIVALENCE_KEYS = {

@@ -237,6 +237,16 @@ class ModelFamily:
     def check_options(self, model: ModelSection, flow: FlowSection) -> None:
         """ConfigError for model options ([model] and [flow] keys) that do not fit this family."""
 
+    def swap_blocks(self, denoiser, count: int) -> list:
+        """The denoiser's blocks whose frozen weights blocks_to_swap keeps in host memory
+        (library/training/block_swap.py); ConfigError where the family has no such blocks."""
+        from library.errors import ConfigError
+
+        raise ConfigError(
+            f"blocks_to_swap = {count}: block swap is for the FLUX.1 and SD3 transformers, not "
+            f"{self.name}; lower the memory with gradient_checkpointing or fp8_base instead"
+        )
+
     def check_training(self, config: Config) -> None:
         """ConfigError for training choices this family cannot make (found before loading
         weights where the caller can). Families that add checks call this one too."""

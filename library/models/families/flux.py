@@ -22,7 +22,7 @@ import torch
 
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.transformer_family import TransformerFamily
+from library.models.families.transformer_family import TransformerFamily, swappable_tails
 from library.models.flux.shapes import CLIP_MAX_LENGTH, T5_MAX_LENGTH
 
 PATCH = 2  # latents are packed 2x2 into tokens
@@ -143,6 +143,16 @@ class FluxFamily(TransformerFamily):
         from library.networks.flux_keys import transformer_modules
 
         return transformer_modules(transformer, train_blocks=self.train_blocks)
+
+    def swap_blocks(self, transformer, count):
+        # kohya's split (flux_models.enable_block_swap): half the count in double blocks, and
+        # two single blocks (each about half a double block's size) for every other one
+        double, single = count // 2, (count - count // 2) * 2
+        return swappable_tails(
+            ("double", transformer.transformer_blocks, double),
+            ("single", transformer.single_transformer_blocks, single),
+            count=count,
+        )
 
     def lycoris_modules(self, transformer, preset):
         """Every Linear of the double and single blocks (LyCORIS' DoubleStreamBlock and

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import CONDITIONING_DRAWS_KEY
-from library.models.families.transformer_family import TransformerFamily
+from library.models.families.transformer_family import TransformerFamily, swappable_tails
 
 CLIP_TOKENS = 77
 # kohya's and diffusers' T5 length for SD3 captions
@@ -193,6 +193,9 @@ class SD3Family(TransformerFamily):
         from library.networks.sd3_keys import transformer_modules
 
         return transformer_modules(transformer)
+
+    def swap_blocks(self, transformer, count):
+        return swappable_tails(("joint", transformer.transformer_blocks, count), count=count)
 
     def lycoris_modules(self, transformer, preset):
         """Every Linear of the joint blocks (LyCORIS' SingleDiTBlock class), plus what LyCORIS'

@@ -29,6 +29,21 @@ _NEUTRAL = {
 }
 
 
+def swappable_tails(*groups: tuple[str, list, int], count: int) -> list:
+    """The last ``n`` blocks of each (kind, blocks, n) group, for blocks_to_swap = ``count``.
+    (kohya's trainers keep two blocks of each kind on the device for their rotation; streaming
+    each weight needs none, so every block may be swapped.)"""
+    chosen = []
+    for kind, blocks, n in groups:
+        if n > len(blocks):
+            raise ConfigError(
+                f"blocks_to_swap = {count} would swap {n} {kind} blocks, and the model has "
+                f"{len(blocks)}: lower blocks_to_swap"
+            )
+        chosen += list(blocks)[len(blocks) - n :] if n else []
+    return chosen
+
+
 @dataclass(frozen=True, kw_only=True)
 class TransformerFamily(ModelFamily):
     """A flow-matching transformer family. Subclasses give ``transformer_modules`` (kohya's
