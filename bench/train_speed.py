@@ -192,26 +192,24 @@ def model_folder(name: str, cache: Path) -> Path:
 
 
 def _write_sd15(folder: Path) -> None:
-    """A full-size SD 1.5 diffusers folder with random weights (seed 0) and the tiny tokenizer:
-    the text encoder keeps CLIP's 49408-token embedding, so any id of the tiny vocabulary fits."""
+    """A full-size SD 1.5 diffusers folder with random weights (seed 0), built from the configs
+    the single-file loader ships, and the tiny tokenizer: the text encoder keeps CLIP's
+    49408-token embedding, so any id of the tiny vocabulary fits."""
     import torch
-    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    from diffusers import DDIMScheduler
     from transformers import CLIPTextConfig, CLIPTextModel
 
+    from library.models.checkpoint_layout import CONFIGS_DIR
+    from library.models.checkpoint_parts import build_unet, build_vae, read_config
     from library.models.tiny import save_sd_pipeline, write_tiny_tokenizer
 
-    configs = REPO / "library" / "models" / "configs" / "sd15"
-
-    def config(part: str) -> dict:
-        data = json.loads((configs / f"{part}.json").read_text(encoding="utf-8"))
-        return {k: v for k, v in data.items() if not k.startswith("_")}
-
+    configs = CONFIGS_DIR / "sd15"
     torch.manual_seed(0)
     parts = {
-        "unet": UNet2DConditionModel(**config("unet")),
-        "vae": AutoencoderKL(**config("vae")),
-        "text_encoder": CLIPTextModel(CLIPTextConfig(**config("text_encoder"))),
-        "scheduler": DDIMScheduler(**config("scheduler")),
+        "unet": build_unet(read_config(configs, "unet")),
+        "vae": build_vae(read_config(configs, "vae")),
+        "text_encoder": CLIPTextModel(CLIPTextConfig(**read_config(configs, "text_encoder"))),
+        "scheduler": DDIMScheduler.from_config(read_config(configs, "scheduler")),
     }
     save_sd_pipeline(folder, parts, write_tiny_tokenizer(folder / "tokenizer"))
 
@@ -247,12 +245,11 @@ def kohya_tokenizer_dir(model: Path, cache: Path) -> Path:
     return folder
 
 
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # a TOML basic string is a JSON string
+def case_text(keys: dict) -> str:
+    """``keys`` as the flat TOML args file both trainers read."""
+    import tomli_w
+
+    return tomli_w.dumps(keys)
 
 
 def write_case_config(case: Case, steps: int, cache: Path, folder: Path) -> Path:
@@ -269,7 +266,7 @@ def write_case_config(case: Case, steps: int, cache: Path, folder: Path) -> Path
     if case.kohya:
         keys["tokenizer_cache_dir"] = str(kohya_tokenizer_dir(model, cache))
     path = folder / "case.toml"
-    path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in keys.items()), "utf-8")
+    path.write_text(case_text(keys), "utf-8")
     return path
 
 
@@ -361,8 +358,8 @@ def read_step_timer(folder: Path) -> list[list[dict]]:
     ]
 
 
-def samples_per_step(config: Path, processes: int) -> int:
-    """batch x accumulation x processes, as difftune's plan computes it."""
+def samples_per_process(config: Path) -> float:
+    """Samples per optimizer step and process (batch x accumulation), from difftune's plan."""
     result = subprocess.run(
         [sys.executable, str(REPO / "train_network.py"), "--config_file", str(config),
          "--output_dir", str(config.parent / "plan-output"), "--dry_run", "--json"],
@@ -372,8 +369,7 @@ def samples_per_step(config: Path, processes: int) -> int:
         raise BenchError(f"{config}: the plan failed:\n{result.stderr.strip()[-2000:]}")
     plan = json.loads(result.stdout)
     # one figure per dataset; datasets take turns, so their mean is the average step's
-    per_process = statistics.fmean(plan["effective_batch_sizes"]) / plan["processes"]
-    return round(per_process * processes)
+    return statistics.fmean(plan["effective_batch_sizes"]) / plan["processes"]
 
 
 def log(message: str) -> None:
@@ -432,8 +428,9 @@ def bench_case(name, case, args, cache, folder, machine) -> list[dict]:
         trainers.append(("sd-scripts", args.sd_scripts / "train_network.py", args.sd_scripts,
                          args.sd_scripts_python or sys.executable))  # fmt: skip
     results, single = [], {}
+    per_process = samples_per_process(config)  # one plan: the batch does not change with N
     for processes in args.processes:
-        per_step = samples_per_step(config, processes)
+        per_step = round(per_process * processes)
         for repeat in range(args.repeats):
             for trainer, script, cwd, python in trainers:
                 out = folder / f"{trainer}-{processes}p-{repeat}"

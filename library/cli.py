@@ -13,13 +13,11 @@ def _is_main_process() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run difftune; return the process exit code."""
-    from library.third_party_noise import (
-        quiet_other_ranks_progress_bars,
-        silence_unactionable_messages,
-    )
+    from library.third_party_noise import silence_unactionable_messages, turn_off_loading_bars
 
     silence_unactionable_messages()  # before peft imports bitsandbytes
-    quiet_other_ranks_progress_bars()
+    if not _is_main_process():
+        turn_off_loading_bars()
     from library.host_allocator import keep_freed_host_memory
 
     keep_freed_host_memory()  # before the first large allocation

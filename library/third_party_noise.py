@@ -71,14 +71,10 @@ def silence_unactionable_messages() -> None:
         warnings.filterwarnings("ignore", message=re.escape(start), category=category)
 
 
-def quiet_other_ranks_progress_bars() -> None:
-    """On every process of a multi-process run but the first, turn off the loading progress
-    bars of transformers, diffusers and huggingface_hub: each process loads the same models, and
-    N copies of each bar say nothing the first one does not."""
-    import os
-
-    if os.environ.get("RANK", "0") == "0":
-        return
+def turn_off_loading_bars() -> None:
+    """Turn off the loading progress bars of transformers, diffusers and huggingface_hub (for
+    the processes of a multi-process run but the first: each loads the same models, and N
+    copies of each bar say nothing the first one does not)."""
     from diffusers.utils import logging as diffusers_logging
     from huggingface_hub.utils import disable_progress_bars
     from transformers.utils import logging as transformers_logging

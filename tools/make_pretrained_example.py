@@ -33,7 +33,6 @@ torch build may give slightly different weights (floating-point order): the same
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shutil
 import sys
@@ -81,7 +80,6 @@ WORDS = (
     + SHAPES
     + tuple(w for phrase in POSITIONS for w in phrase.split())
 )
-SPECIAL = ("<|startoftext|>", "<|endoftext|>")
 
 SEED = 0
 # What each part draws its randomness from: SEED + its offset.
@@ -242,7 +240,7 @@ def write_tokenizer(folder: Path) -> Path:
     for any other word): vocab.json, merges.txt and the configs."""
     from transformers import CLIPTokenizer
 
-    from library.models.tiny import _byte_alphabet
+    from library.models.tiny import _byte_alphabet, write_clip_tokenizer_files
 
     folder.mkdir(parents=True, exist_ok=True)
     alphabet = _byte_alphabet()
@@ -253,7 +251,7 @@ def write_tokenizer(folder: Path) -> Path:
     broken: list[str] = []
     for _ in range(10 * len(words)):
         merges = [m for w in order for m in chains[w]]
-        _write_tokenizer_files(folder, base, merges)
+        write_clip_tokenizer_files(folder, base, merges)
         tokenizer = CLIPTokenizer.from_pretrained(str(folder))
         broken = [w for w in order if len(tokenizer.tokenize(w)) != 1]
         if not broken:
@@ -272,28 +270,6 @@ def _merge_chain(word: str) -> list[tuple[str, str]]:
         merges.append((prefix, c))
         prefix += c
     return merges
-
-
-def _write_tokenizer_files(folder: Path, base: list[str], merges) -> None:
-    tokens = base + [a + b for a, b in merges] + list(SPECIAL)
-    vocab = {tok: i for i, tok in enumerate(dict.fromkeys(tokens))}
-    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    lines = ["#version: 0.2"] + [f"{a} {b}" for a, b in merges]
-    (folder / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    config = {
-        "tokenizer_class": "CLIPTokenizer",
-        "model_max_length": 77,
-        "bos_token": SPECIAL[0],
-        "eos_token": SPECIAL[1],
-        "unk_token": SPECIAL[1],
-        "pad_token": SPECIAL[1],
-        "do_lower_case": True,
-    }
-    text = json.dumps(config, indent=2, sort_keys=True)
-    (folder / "tokenizer_config.json").write_text(text + "\n", encoding="utf-8")
-    special = {k: config[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
-    text = json.dumps(special, indent=2, sort_keys=True)
-    (folder / "special_tokens_map.json").write_text(text + "\n", encoding="utf-8")
 
 
 def build_text_encoder(vocab_size: int, seed: int):

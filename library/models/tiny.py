@@ -37,13 +37,22 @@ def write_tiny_tokenizer(folder: str | Path) -> Path:
     No merges: every character is one token, which keeps the files small (~20 KB) while using
     the same tokenizer class, special tokens and 77-token padding as SD's CLIP tokenizer.
     """
+    alphabet = _byte_alphabet()
+    return write_clip_tokenizer_files(folder, alphabet + [c + "</w>" for c in alphabet])
+
+
+def write_clip_tokenizer_files(
+    folder: str | Path, base: list[str], merges: list[tuple[str, str]] = ()
+) -> Path:
+    """CLIP tokenizer files in ``folder``: the vocabulary is ``base``, then each merge's
+    result, then CLIP's special tokens; ``merges`` in the order the tokenizer applies them."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    alphabet = _byte_alphabet()
-    tokens = alphabet + [c + "</w>" for c in alphabet] + list(_SPECIAL)
-    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tokens = [*base, *(a + b for a, b in merges), *_SPECIAL]
+    vocab = {tok: i for i, tok in enumerate(dict.fromkeys(tokens))}
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    lines = ["#version: 0.2", *(f"{a} {b}" for a, b in merges)]
+    (folder / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     config = {
         "tokenizer_class": "CLIPTokenizer",
         "model_max_length": 77,

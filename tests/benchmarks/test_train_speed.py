@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench.train_speed import TIMER_DIR, BenchError, Run, _toml_value, read_step_timer
+from bench.train_speed import TIMER_DIR, BenchError, Run, case_text, read_step_timer
 
 CHILD = """
 import time, torch
@@ -79,5 +79,5 @@ def test_case_files_are_toml_both_trainers_read():
     import tomllib
 
     keys = {"a": True, "b": 1e-4, "c": 8, "d": 'C:\\path "x"'}
-    text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in keys.items())
+    text = case_text(keys)
     assert tomllib.loads(text) == keys

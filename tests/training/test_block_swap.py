@@ -12,12 +12,8 @@ from library.models.flux.tiny_files import write_tiny_flux_folder
 from library.models.sd3.tiny_files import write_tiny_sd3_folder
 from library.training.block_swap import HostLinear, swap_linears
 from tests.integration.harness import make_images, tensors, train, write_config
-
-FLUX = {"network_module": "networks.lora_flux", "network_train_unet_only": True,
-        "timestep_sampling": "shift", "model_prediction_type": "raw", "guidance_scale": 1.0,
-        "bucket_reso_steps": 16}  # fmt: skip
-SD3 = {"network_module": "networks.lora_sd3", "network_train_unet_only": True,
-       "weighting_scheme": "logit_normal", "bucket_reso_steps": 16}  # fmt: skip
+from tests.integration.test_flux_training import FLUX
+from tests.integration.test_sd3_training import SD3
 
 
 def _pair(seed=0, dtype=torch.float32):
