@@ -152,9 +152,14 @@ def _kohya_tables() -> list[str]:
         "| key | accepted | why |",
         "|---|---|---|",
     ]
-    for key in sorted(kohya.UNSUPPORTED):
+    translated = {k: e for k, e in kohya.UNSUPPORTED.items() if e.translated}
+    for key in sorted(set(kohya.UNSUPPORTED) - set(translated)):
         entry = kohya.UNSUPPORTED[key]
         lines.append(f"| `{key}` | {_cell(_accepted(entry))} | {_cell(entry.reason)} |")
+    lines += ["", "kohya keys that difftune turns into its own:", ""]
+    lines += ["| key | what it does here |", "|---|---|"]
+    for key in sorted(translated):
+        lines.append(f"| `{key}` | {_cell(translated[key].reason)} |")
     lines += ["", "Values of supported keys that are not supported:", ""]
     lines += ["| key | value | why |", "|---|---|---|"]
     for key, values in kohya.UNSUPPORTED_VALUES.items():

@@ -24,6 +24,9 @@ class Unsupported:
     # changes nothing here (it only acts together with another unsupported key, or only tunes
     # how kohya itself loads files): any value is dropped
     ignored: bool = False
+    # read and turned into our own key (the reason says which): not unsupported at all, but
+    # kept here so the key is known, typed by its off value, and listed in the docs
+    translated: bool = False
 
 
 def _group(keys: str, reason: str, off: tuple = (), **kw: bool) -> dict[str, Unsupported]:
@@ -31,7 +34,7 @@ def _group(keys: str, reason: str, off: tuple = (), **kw: bool) -> dict[str, Uns
 
 
 _HUB = "difftune never uses the network; upload the saved files yourself"
-_DEEPSPEED = "only used with deepspeed, which is not supported"
+_DEEPSPEED = "it only tunes DeepSpeed itself; difftune shards with FSDP2 (fsdp)"
 
 UNSUPPORTED: dict[str, Unsupported] = {
     **_group(
@@ -107,14 +110,30 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "fused_backward_pass": Unsupported("fused optimizer steps are planned", (False,)),
     "fused_optimizer_groups": Unsupported("fused optimizer steps are planned", (0,)),
     "deepspeed": Unsupported(
-        "DeepSpeed is not supported; accelerate DDP is used", (False,), planned=False
+        'true trains with PyTorch\'s FSDP2 sharding instead: fsdp = "shard_grad_op" (zero_stage '
+        '1 or 2, the default) or "full_shard" (zero_stage 3)',
+        (False,),
+        translated=True,
     ),
+    "zero_stage": Unsupported(
+        "with deepspeed = true, picks the fsdp value (0: no sharding); ignored without it",
+        (2,),
+        translated=True,
+    ),
+    # what else DeepSpeed reads:
     **_group(
-        "zero_stage offload_optimizer_device offload_optimizer_nvme_path offload_param_device "
-        "offload_param_nvme_path zero3_init_flag zero3_save_16bit_model "
-        "fp16_master_weights_and_gradients",
+        "offload_optimizer_nvme_path offload_param_nvme_path zero3_init_flag "
+        "zero3_save_16bit_model",
         _DEEPSPEED,
         ignored=True,
+    ),
+    **_group(
+        "offload_optimizer_device offload_param_device",
+        "offloading sharded weights or optimizer state to host memory is planned",
+        ("", "none"),
+    ),
+    "fp16_master_weights_and_gradients": Unsupported(
+        "trained weights stay float32 (or bfloat16 with full_bf16)", (False,), planned=False
     ),
     "torch_compile": Unsupported("torch.compile is planned", (False,)),
     "dynamo_backend": Unsupported("only used with torch_compile", ("no", "inductor"), ignored=True),
@@ -401,3 +420,31 @@ def network_args_values(items: list[str]) -> dict[str, object]:
                 )
         values[key] = value
     return values
+
+
+# kohya's ZeRO stage -> the fsdp value that shards as much or more: stage 0 is plain data
+# parallelism; 1 (optimizer state) and 2 (plus gradients) keep whole weights through the step,
+# as shard_grad_op does between a block's forward and backward pass; 3 shards them too.
+ZERO_STAGES = {0: "no", 1: "shard_grad_op", 2: "shard_grad_op", 3: "full_shard"}
+KOHYA_ZERO_STAGE = 2  # sd-scripts' default
+
+
+def deepspeed_to_fsdp(
+    deepspeed: object, zero_stage: object, fsdp: object | None
+) -> tuple[str | None, str | None]:
+    """(the fsdp value kohya's deepspeed and zero_stage mean, or None for none; a problem).
+    ``fsdp`` is the fsdp key's own value when the files also give it."""
+    if deepspeed in (False, "", None):
+        return None, None
+    if deepspeed is not True:
+        return None, f"deepspeed = {deepspeed!r}: give true or false"
+    stage = KOHYA_ZERO_STAGE if zero_stage in ("", None) else zero_stage
+    if stage not in ZERO_STAGES or isinstance(stage, bool):
+        return None, f"zero_stage = {stage!r}: give 0, 1, 2 or 3"
+    mapped = ZERO_STAGES[stage]
+    if fsdp is not None and fsdp != mapped:
+        return None, (
+            f'deepspeed with zero_stage = {stage} means fsdp = "{mapped}", but fsdp = '
+            f'"{fsdp}" is set too; keep one of them'
+        )
+    return mapped, None

@@ -321,6 +321,7 @@ def _apply_kohya(
     """Drop "off" unsupported keys (and ignored ones, noting those that are not off), reject
     the others, and expand kohya conveniences. ``order`` ranks the layers by file."""
     out: dict[str, Entry] = {}
+    _deepspeed_keys(flat, notices)
     for key, (value, origin) in flat.items():
         if key in kohya.UNSUPPORTED:
             problem = kohya.unsupported_problem(key, value)
@@ -344,6 +345,28 @@ def _apply_kohya(
         except ConfigError as e:
             raise origin.error(str(e)) from None
     return out
+
+
+def _deepspeed_keys(flat: dict[str, Entry], notices: list[str]) -> None:
+    """kohya's deepspeed and zero_stage, taken out of ``flat``: as the fsdp they mean."""
+    deepspeed, origin = flat.pop("deepspeed", (False, None))
+    stage, stage_origin = flat.pop("zero_stage", ("", None))
+    fsdp = flat.get("fsdp", (None, None))[0]
+    mapped, problem = kohya.deepspeed_to_fsdp(deepspeed, stage, fsdp)
+    if problem:
+        raise (origin or stage_origin).error(problem)
+    if mapped is None:
+        if stage_origin is not None and stage not in ("", kohya.KOHYA_ZERO_STAGE):
+            notices.append(
+                f"{stage_origin.file}: zero_stage is ignored: it only acts with deepspeed = true"
+            )
+        return
+    flat["fsdp"] = (mapped, origin)
+    shown = f"zero_stage = {stage}" if stage_origin else f"zero_stage {kohya.KOHYA_ZERO_STAGE}"
+    notices.append(
+        f"{origin.file}: deepspeed = true ({shown}) trains with PyTorch's FSDP2 sharding: "
+        f'fsdp = "{mapped}"'
+    )
 
 
 def _is_str_list(value: object) -> bool:

@@ -27,6 +27,20 @@ SchedulerName = Literal[
 ]
 
 
+# Optimizers whose step is element-wise (or uses only per-group scalars), so each process can
+# step its slices alone and get what an unsharded step gives (tests/distributed/
+# fsdp_optimizers.py checks each). Prodigy and Adafactor reduce over whole tensors and
+# bitsandbytes' kernels take plain tensors only.
+SHARDABLE_OPTIMIZERS = (
+    "AdamW",
+    "Lion",
+    "SGDNesterov",
+    "AdamWScheduleFree",
+    "RAdamScheduleFree",
+    "SGDScheduleFree",
+)
+
+
 class OptimizerSection(Section):
     optimizer_type: str = Field(
         "AdamW",

@@ -15,7 +15,7 @@ from library.config.adapter_schema import LYCORIS_MODULE, AdapterSection, adapte
 from library.config.data_schema import DataSection
 from library.config.dataset_schema import DatasetConfig
 from library.config.flow_schema import FlowSection
-from library.config.optimizer_schema import MAX_RATE, OptimizerSection
+from library.config.optimizer_schema import MAX_RATE, SHARDABLE_OPTIMIZERS, OptimizerSection
 from library.config.provenance import Provenance
 from library.config.sampling_schema import SamplingSection
 from library.config.section import Section
@@ -228,6 +228,15 @@ class TrainingSection(Section):
         "transformer's last blocks in host memory, copied to the GPU only while a layer uses "
         "them (kohya's key and block split). Less GPU memory, one host transfer per swapped "
         "weight per forward and backward pass; the same results.",
+    )
+    fsdp: Literal["no", "full_shard", "shard_grad_op"] = Field(
+        "no",
+        description="With several processes, shard the denoiser over them with PyTorch's FSDP2 "
+        "instead of copying it to each: its weights (frozen and trained), gradients and "
+        'optimizer state are split, each block gathered only while it computes. "full_shard" '
+        'frees each block again after its forward pass (least memory); "shard_grad_op" keeps it '
+        "gathered until its backward pass (less communication). kohya's deepspeed + zero_stage "
+        "map onto it. The same results as without.",
     )
     ignore_memory_estimate: bool = Field(
         False,
@@ -524,7 +533,38 @@ class Config(BaseModel):
             )
         self._check_data_options()
         self._check_block_swap()
+        self._check_sharding()
         return self
+
+    def _check_sharding(self) -> None:
+        training = self.training
+        if training.fsdp == "no":
+            return
+        mode = f'fsdp = "{training.fsdp}"'
+        if training.mixed_precision == "fp16":
+            # each process sees only its shard of the gradients, so torch's loss scaler could
+            # skip a step on one process and apply it on another
+            raise ValueError(
+                f'{mode} does not work with mixed_precision = "fp16" yet (the loss scaler would '
+                'decide per shard): use mixed_precision = "bf16"'
+            )
+        for key in ("fp8_base", "fp8_base_unet"):
+            if getattr(training, key):
+                raise ValueError(
+                    f"{mode} does not work with {key} yet (float8 weights are not gathered): "
+                    f"remove {key} or set fsdp = \"no\""
+                )
+        optimizer = self.optimizer.optimizer_type
+        if optimizer not in SHARDABLE_OPTIMIZERS:
+            raise ValueError(
+                f'{mode} does not work with optimizer_type = "{optimizer}" yet (it needs whole '
+                f"tensors); use one of {', '.join(SHARDABLE_OPTIMIZERS)}"
+            )
+        if training.blocks_to_swap:
+            raise ValueError(
+                f"{mode} and blocks_to_swap = {training.blocks_to_swap} both keep weights off "
+                "the device; use one of them"
+            )
 
     def _check_block_swap(self) -> None:
         count, net = self.training.blocks_to_swap, self.network

@@ -7,6 +7,7 @@ from library.sampling.generate import SampleRound, check_sampling, sample_images
 from library.sampling.prompts import SamplePrompt, load_prompts
 from library.sampling.samplers import check_zero_terminal_snr
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
+from library.training.sharding import shards
 
 
 def due_after_step(sampling: SamplingSection, step: int) -> bool:
@@ -33,6 +34,9 @@ class SampleRunner:
         self.output_dir = config.saving.output_dir
         self.output_name = config.saving.output_name
         self.accelerator = accelerator
+        # a sharded denoiser computes only with every process taking part
+        several = accelerator is not None and accelerator.num_processes > 1
+        self.lockstep = several and shards(config, accelerator)
         self.prompts: list[SamplePrompt] = []
         if self.sampling.sample_prompts:
             self.prompts = load_prompts(
@@ -105,4 +109,5 @@ class SampleRunner:
             prepared=self.prepared,
             clip_skip=self.clip_skip,
             max_token_length=self.max_token_length,
+            lockstep=self.lockstep,
         )

@@ -34,9 +34,36 @@ class WeightAverage:
         finally:
             self._ema.restore(self.params)
 
+    @contextmanager
+    def gathered(self, whole: dict[int, torch.nn.Parameter], keep: bool) -> Iterator[None]:
+        """While inside (FSDP, library/training/sharding.py): on the process with ``keep``, the
+        averages of sharded weights are whole, in host memory, and pair with ``whole`` (id of a
+        sharded parameter -> its whole stand-in), so swapped_in and state_dict see an unsharded
+        model. Every process must enter: the gathers are collectives."""
+        from library.training.sharding import full_value, is_sharded
+
+        shadows = [full_value(s, keep) if is_sharded(s) else s for s in self._ema.shadow_params]
+        if not keep:
+            yield
+            return
+        params, saved = self.params, self._ema.shadow_params
+        self.params = [whole.get(id(p), p) for p in params]
+        self._ema.shadow_params = shadows
+        try:
+            yield
+        finally:
+            self.params, self._ema.shadow_params = params, saved
+
     def state_dict(self) -> dict:
         return self._ema.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        """Load a saved average (whole tensors); each is placed as its weight is (this
+        process's slice of a sharded weight)."""
+        from library.training.sharding import shard_like
+
         self._ema.load_state_dict(state)
-        self._ema.to(self.params[0].device)
+        self._ema.shadow_params = [
+            shard_like(s, p, torch.float32)
+            for s, p in zip(self._ema.shadow_params, self.params, strict=True)
+        ]

@@ -7,6 +7,11 @@ the device, so a run that cannot fit stops in seconds instead of being killed mi
   half-precision copies of float32 trained weights under mixed precision;
 - trained state: gradients (in the trained weights' dtype; a second copy in DDP's buckets under
   several processes), the optimizer state by ``optimizer_type`` (a small table), the EMA copy;
+- with fsdp over N processes (library/training/sharding.py): the denoiser's weights, and its
+  trained parameters' gradients, optimizer state and EMA, at 1/N each, plus what is gathered at
+  once: two blocks under "full_shard" (the one computing and the next, fetched ahead), the
+  whole denoiser under "shard_grad_op" (every block stays gathered from its forward pass to its
+  backward pass), and the whole gradients while an accumulation window adds them up;
 - activations: one micro-batch at the largest training size, measured by running the trained
   path (text encoders when trained, then the UNet) on *meta* copies of the models (shapes only,
   no memory, the real modules untouched) and adding up every leaf module's output. That is what
@@ -36,6 +41,7 @@ from library.models.conditioning import assemble_conditioning, encode_text, plai
 from library.training.activation_memory import ActivationCounter, meta_copy
 from library.training.optimizers import optimizer_kwargs
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
+from library.training.sharding import shard_units
 
 GIB = 1024**3
 MIB = 1024**2
@@ -108,14 +114,37 @@ def vae_stays_on_device(config: Config, draws_samples: bool) -> bool:
     return not config.data.latents_cached or draws_samples
 
 
-def weight_bytes(config: Config, parts: TrainedParts, draws_samples: bool) -> int:
+def sharding(config: Config, world_size: int) -> str | None:
+    """The fsdp mode this run shards the denoiser with, or None."""
+    mode = config.training.fsdp
+    return mode if mode != "no" and world_size > 1 else None
+
+
+def denoiser_weight_bytes(config: Config, denoiser: torch.nn.Module, world_size: int) -> int:
+    """The denoiser's weights on one device at the step's peak (see the module docstring)."""
+    whole = module_bytes(denoiser)
+    mode = sharding(config, world_size)
+    if mode is None:
+        return whole
+    gathered = whole
+    if mode == "full_shard":
+        units = sorted((module_bytes(u) for u in shard_units(denoiser)), reverse=True)[:2]
+        root = whole - sum(module_bytes(u) for u in shard_units(denoiser))
+        gathered = sum(units) + root  # the root stays gathered through the step
+    return math.ceil(whole / world_size) + gathered
+
+
+def weight_bytes(
+    config: Config, parts: TrainedParts, draws_samples: bool, world_size: int = 1
+) -> int:
     """Every model kept on the device during training, plus autocast's copies of trained
     float32 weights in the mixed-precision dtype (kept for backward)."""
     comps = parts.components
-    modules = [comps.denoiser, *comps.text_encoders]
+    modules = [*comps.text_encoders]
     if vae_stays_on_device(config, draws_samples):
         modules.append(comps.vae)
     total = sum(module_bytes(m) for m in modules)
+    total += denoiser_weight_bytes(config, comps.denoiser, world_size)
     compute = WEIGHT_DTYPES[config.training.mixed_precision]
     params = parts.parameters()
     if compute != torch.float32 and trained_dtype(config) == torch.float32:
@@ -167,14 +196,27 @@ def _adafactor_elements(param: torch.Tensor, kwargs: dict) -> int:
 
 
 def trained_state_bytes(config: Config, parts: TrainedParts, world_size: int) -> int:
-    """Gradients, optimizer state and the EMA copy (float32) of the trained parameters."""
+    """Gradients, optimizer state and the EMA copy (float32) of the trained parameters; with
+    fsdp, the denoiser's share of them sharded (see the module docstring)."""
     params = parts.parameters()
     training = config.training
-    total = gradient_bytes(params, world_size, training.ddp_gradient_as_bucket_view)
+    in_denoiser = {id(p) for p in parts.components.denoiser.parameters()}
+    shards = world_size if sharding(config, world_size) else 1
+    sharded = [p for p in params if id(p) in in_denoiser] if shards > 1 else []
+    whole = [p for p in params if id(p) not in {id(q) for q in sharded}]
+    total = gradient_bytes(whole, world_size, training.ddp_gradient_as_bucket_view)
     kwargs = optimizer_kwargs(config.optimizer)
-    total += optimizer_state_bytes(config.optimizer.optimizer_type, params, kwargs)
+    total += optimizer_state_bytes(config.optimizer.optimizer_type, whole, kwargs)
     if training.ema_decay:
-        total += sum(p.numel() for p in params) * 4
+        total += sum(p.numel() for p in whole) * 4
+    if sharded:
+        own = optimizer_state_bytes(config.optimizer.optimizer_type, sharded, kwargs)
+        own += tensor_bytes(sharded)  # the gradient slices
+        if training.ema_decay:
+            own += sum(p.numel() for p in sharded) * 4
+        total += math.ceil(own / shards)
+        if training.gradient_accumulation_steps > 1:  # whole gradients between reductions
+            total += tensor_bytes(sharded)
     return total
 
 
@@ -258,7 +300,7 @@ def estimate_peak_memory(
     ]
     activations, size = max(measured, key=lambda pair: pair[0])
     return MemoryEstimate(
-        weights=weight_bytes(config, parts, draws_samples),
+        weights=weight_bytes(config, parts, draws_samples, world_size),
         trained_state=trained_state_bytes(config, parts, world_size),
         activations=activations,
         size=size,
@@ -337,6 +379,8 @@ def _remedies(config: Config) -> str:
         fixes.append("turn on cpu_offload_checkpointing")
     if not config.data.cache_latents:
         fixes.append("cache_latents")
+    if config.training.fsdp != "full_shard":
+        fixes.append('with several GPUs, fsdp = "full_shard"')
     return ", ".join(fixes) + ", or set ignore_memory_estimate = true to try anyway"
 
 

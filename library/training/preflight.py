@@ -32,9 +32,18 @@ class RunStart:
             self.lock.release()
 
 
-def check_launch_layout(num_processes: int) -> None:
+def check_launch_layout(num_processes: int, distributed_type: object = None) -> None:
     """A launcher that started several processes got a process group: without one, each
-    process would train alone and they would fight over the output name."""
+    process would train alone and they would fight over the output name. An accelerate
+    config that asks accelerate itself to shard (FSDP, DeepSpeed) is refused: difftune wraps
+    the models itself, and sharding is its own fsdp key."""
+    kind = getattr(distributed_type, "value", distributed_type)
+    if kind in ("FSDP", "DEEPSPEED"):
+        raise ConfigError(
+            f"accelerate is configured for {kind} (accelerate config or launch flags); difftune "
+            'shards the denoiser itself: launch with plain multi-GPU and set fsdp = "full_shard" '
+            'or "shard_grad_op" in the config (docs/distributed.md)'
+        )
     launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if launched > 1 and num_processes == 1:
         raise ConfigError(

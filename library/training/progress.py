@@ -43,6 +43,7 @@ def plan_report(config: Config, data, plan: RunPlan, resume=None) -> dict:
         "adapter": _adapter_report(config) if net.train_mode == "lora" else None,
         "datasets": [_dataset_report(ds) for ds in stats.datasets],
         "processes": plan.world_size,
+        "fsdp": training.fsdp if plan.world_size > 1 else "no",
         "gradient_accumulation_steps": plan.accumulation,
         "effective_batch_sizes": list(plan.effective_batch_sizes),
         "samples_per_epoch": stats.samples_per_epoch,
@@ -162,7 +163,12 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
     lines += [
         f"  processes: {report['processes']}, gradient accumulation: "
         f"{report['gradient_accumulation_steps']}, effective batch per optimizer step: "
-        f"{batches} (batch x accumulation x processes)",
+        f"{batches} (batch x accumulation x processes)"
+        + (
+            f'; the denoiser sharded over them (fsdp = "{report["fsdp"]}")'
+            if report["fsdp"] != "no"
+            else ""
+        ),
         f"  optimizer steps per epoch: {report['steps_per_epoch']}, "
         f"total optimizer steps: {report['total_steps']} ({report['epochs']} epochs)",
         f"  learning rate: {report['learning_rate']:g}, {report['lr_scheduler']} "

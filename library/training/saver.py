@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+
+import torch
 
 from library.config.schema import Config
 from library.data.content_hash import all_finite
@@ -28,6 +31,7 @@ from library.training.optimizers import optimizer_eval_mode, optimizer_train_mod
 from library.training.plan import RunPlan
 from library.training.resume_rules import write_settings
 from library.training.setup import TrainedParts
+from library.training.sharding import full_optimizer_state, gathered_weights, local_part, shards
 from library.training.state import Progress, save_state
 
 
@@ -42,6 +46,7 @@ class Saver:
         self.resume_changes: list = []  # what resumes changed, oldest first (see resume_rules)
         self.started_at = time.time()
         self.optimizer = self.scheduler = self.ema = None
+        self.sharded = shards(config, accelerator)  # FSDP: saves gather the trained weights
 
     def attach(self, optimizer, scheduler, ema: WeightAverage | None) -> None:
         self.optimizer, self.scheduler, self.ema = optimizer, scheduler, ema
@@ -82,8 +87,14 @@ class Saver:
 
     def check_finite(self, global_step: int, what: Path) -> None:
         """Refuse to write ``what`` when a trained weight is NaN or infinite: such a file or state
-        would look good and hold nothing. Called on every process (the weights are the same)."""
-        broken = [k for k, t in self.parts.trained_weights().items() if not all_finite(t.detach())]
+        would look good and hold nothing. Called on every process (the weights are the same,
+        or, sharded, each process checks its slices and all learn what any found)."""
+        weights = self.parts.trained_weights().items()
+        broken = [k for k, t in weights if not all_finite(local_part(t).detach())]
+        if self.sharded:
+            found: list = [None] * self.accelerator.num_processes
+            torch.distributed.all_gather_object(found, broken)
+            broken = sorted({k for keys in found for k in keys})
         if not broken:
             return
         last = self.layout.latest_state(before=what)
@@ -113,34 +124,48 @@ class Saver:
 
     def save_state(self, path: Path, global_step: int) -> None:
         self.check_finite(global_step, path)
+        with self._gathered():
+            optimizer_state = (
+                full_optimizer_state(self.optimizer, self.accelerator.is_main_process)
+                if self.sharded
+                else self.optimizer.state_dict()
+            )
+            self._on_main(lambda: self._write_state(path, global_step, optimizer_state), path)
 
-        def write() -> None:
-            try:
-                save_state(
-                    path,
-                    self.parts.trained_weights(),
-                    self.optimizer,
-                    self.scheduler,
-                    self.accelerator.scaler,
-                    self.progress(global_step),
-                    ema=self.ema.state_dict() if self.ema else None,
-                    extra=lambda tmp: write_settings(tmp, self.config),
-                )
-            except SaveError as failed:
-                last = self.layout.latest_state(before=path)
-                message = f"{_what_failed(failed)}; {_resume_hint(last, failed)}" if last else (
-                    f"{failed}; no earlier state was saved"
-                )
-                raise SaveError(message, failed.path, failed.reason) from failed
+    def _write_state(self, path: Path, global_step: int, optimizer_state: dict) -> None:
+        try:
+            save_state(
+                path,
+                self.parts.trained_weights(),
+                optimizer_state,
+                self.scheduler,
+                self.accelerator.scaler,
+                self.progress(global_step),
+                ema=self.ema.state_dict() if self.ema else None,
+                extra=lambda tmp: write_settings(tmp, self.config),
+            )
+        except SaveError as failed:
+            last = self.layout.latest_state(before=path)
+            message = f"{_what_failed(failed)}; {_resume_hint(last, failed)}" if last else (
+                f"{failed}; no earlier state was saved"
+            )
+            raise SaveError(message, failed.path, failed.reason) from failed
 
-        self._on_main(write, path)
+    def _gathered(self) -> AbstractContextManager:
+        """Sharded: the main process's modules (and EMA) hold whole trained weights while
+        inside; every process enters. Otherwise nothing changes."""
+        if not self.sharded:
+            return nullcontext()
+        modules = [module for _, module in self.parts.trained_modules()]
+        return gathered_weights(modules, self.ema, self.accelerator.is_main_process)
 
     def _save(self, path: Path, global_step: int, with_state: bool, final: bool = False) -> None:
         self.check_finite(global_step, path)
         # schedule-free optimizers hold the weights to save only while in eval mode
         optimizer_eval_mode(self.optimizer)
         try:
-            self._on_main(lambda: self._write_or_rescue(path, global_step, final), path)
+            with self._gathered():
+                self._on_main(lambda: self._write_or_rescue(path, global_step, final), path)
         finally:
             optimizer_train_mode(self.optimizer)
         if with_state:

@@ -58,7 +58,7 @@ class LoadedState:
 def save_state(
     path: Path,
     weights: dict[str, torch.Tensor],
-    optimizer: torch.optim.Optimizer,
+    optimizer_state: dict,
     scheduler,
     scaler,
     progress: Progress,
@@ -67,6 +67,7 @@ def save_state(
 ) -> None:
     """Write the state folder atomically: a reader never sees a half-written state.
 
+    ``optimizer_state`` is the optimizer's state_dict (whole tensors: see sharding).
     ``extra(tmp)`` may add files (e.g. the run's settings) to the folder before it is renamed.
     """
 
@@ -74,7 +75,7 @@ def save_state(
         if extra is not None:
             extra(tmp)
         save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, tmp / _WEIGHTS)
-        torch.save(optimizer.state_dict(), tmp / _OPTIMIZER)
+        torch.save(optimizer_state, tmp / _OPTIMIZER)
         torch.save(scheduler.state_dict(), tmp / _SCHEDULER)
         if scaler is not None:
             torch.save(scaler.state_dict(), tmp / _SCALER)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import signal
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -45,6 +46,16 @@ from library.training.run_summary import RunSummary
 from library.training.saver import Saver
 from library.training.schedulers import build_scheduler, restore_schedule
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, allow_fp16_gradients, setup_training
+from library.training.sharding import (
+    is_sharded,
+    optimizer_params,
+    set_gradient_sync,
+    shard_like,
+    shard_trained_denoiser,
+    sharded_optimizer_state,
+    shards,
+    whole_trained_weights,
+)
 from library.training.state import load_state
 from library.training.step import StepInputs, micro_batch_loss
 from library.training.stops import StopSignals, TrainingStopped, agree_on_step
@@ -84,6 +95,7 @@ class Trainer:
     def __init__(self, config: Config):
         self.config = config
         self.accelerator = self._make_accelerator()
+        self.sharded = shards(config, self.accelerator)  # fsdp over several processes
         training = config.training
         self.data = TrainData(
             config.datasets,
@@ -122,7 +134,7 @@ class Trainer:
             step_scheduler_with_optimizer=False,  # the trainer steps the schedule once per optimizer step
             kwargs_handlers=handlers,
         )
-        check_launch_layout(accelerator.num_processes)
+        check_launch_layout(accelerator.num_processes, accelerator.distributed_type)
         if t.full_fp16:
             allow_fp16_gradients(accelerator.scaler)
         return accelerator
@@ -164,9 +176,9 @@ class Trainer:
         acc.print(f"model: {family.describe()}; {objective.describe()}")
         check_bucket_steps(config, parts.components)
         acc.print(check_peak_memory(config, parts, self.data.stats, acc, bool(self.sampler.prompts)))
+        trained = self._prepare(parts)  # before the optimizer: FSDP replaces the parameters
         optimizer = build_optimizer(config.optimizer, parts.param_groups)
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)
-        trained = self._prepare(parts)
         optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
         group = cache_group(config, acc)
         source = SampleSource(
@@ -236,6 +248,8 @@ class Trainer:
         loss_sum = torch.zeros((), device=acc.device)
         for micro, batch in enumerate(loader):
             with acc.accumulate(*loop.trained):
+                if self.sharded:  # accelerate's no_sync covers DDP modules, not FSDP ones
+                    set_gradient_sync(loop.inputs.denoiser, acc.sync_gradients)
                 with acc.autocast():
                     loss = micro_batch_loss(loop.inputs, batch)
                 acc.backward(loss)  # DDP all-reduces only on the window's last micro-batch
@@ -274,7 +288,10 @@ class Trainer:
         limit = self.config.network.scale_weight_norms
         if not limit or not loop.saver.parts.lora:
             return None
-        stats = apply_max_norm(loop.saver.parts.lora_models().values(), limit)
+        models = list(loop.saver.parts.lora_models().values())
+        # sharded: each adapter's norm spans its whole factors, so they are gathered for it
+        with whole_trained_weights(models) if self.sharded else nullcontext():
+            stats = apply_max_norm(models, limit)
         return {
             "max_norm/keys_scaled": stats.scaled,
             "max_norm/average_key_norm": stats.mean_norm,
@@ -293,6 +310,8 @@ class Trainer:
         max_norm = self.config.optimizer.max_grad_norm
         if apply and max_norm > 0:
             grad_norm = self.accelerator.clip_grad_norm_(loop.params, max_norm)
+            if is_sharded(grad_norm):  # the same on every process, kept as a replicated DTensor
+                grad_norm = grad_norm.full_tensor()
         return _StepResult(summary.loss, grad_norm, apply, summary.signum)
 
     def _stop_not_finite(self, step_loss: float, global_step: int, saver: Saver) -> None:
@@ -315,19 +334,25 @@ class Trainer:
         )
 
     def _prepare(self, parts: TrainedParts) -> list[torch.nn.Module]:
-        """Move every model to the device; wrap only the trained ones (DDP under several processes)."""
+        """Move every model to the device; wrap only the trained ones (DDP under several
+        processes); with fsdp, shard the denoiser instead (trained or not)."""
         acc, comps = self.accelerator, parts.components
         for module in (comps.denoiser, comps.vae, *comps.text_encoders):
             module.to(acc.device)
-        names = [name for name, _ in parts.trained_modules()]
-        for _, module in parts.trained_modules():
+        if self.sharded:
+            shard_trained_denoiser(parts, self.config.training.fsdp, acc.device, acc.num_processes)
+        wrapped = [(n, m) for n, m in parts.trained_modules() if not (self.sharded and n == "unet")]
+        for _, module in wrapped:
             keep_out_of_ddp(module)  # fp8_base weights: frozen, and not every backend sends float8
-        prepared = acc.prepare(*[module for _, module in parts.trained_modules()])
-        prepared = list(prepared) if isinstance(prepared, tuple) else [prepared]
-        self._prepared = dict(zip(names, prepared, strict=True))
-        for module in prepared:
+        prepared = acc.prepare(*[module for _, module in wrapped]) if wrapped else []
+        prepared = list(prepared) if isinstance(prepared, (tuple, list)) else [prepared]
+        self._prepared = dict(zip([n for n, _ in wrapped], prepared, strict=True))
+        if self.sharded:
+            self._prepared["unet"] = comps.denoiser
+        trained = [self._prepared[name] for name, _ in parts.trained_modules()]
+        for module in trained:
             module.train()
-        return prepared
+        return trained
 
     def _step_inputs(self, parts: TrainedParts, weight_dtype, text_cache=None) -> StepInputs:
         comps, training = parts.components, self.config.training
@@ -366,9 +391,9 @@ class Trainer:
                 )
         with torch.no_grad():
             for key, param in weights.items():
-                param.copy_(state.weights[key].to(param.device, param.dtype))
+                param.copy_(shard_like(state.weights[key], param))  # this process's slice
         try:
-            optimizer.load_state_dict(state.optimizer)
+            optimizer.load_state_dict(sharded_optimizer_state(state.optimizer, optimizer_params(optimizer)))
         except ValueError as exc:  # e.g. other parameter groups (LoRA+ or text encoder on/off)
             raise CheckpointError(f"resume: {path} has optimizer state for other parameter groups ({exc})") from exc
         restore_schedule(scheduler, state.scheduler)  # at the saved step, with this run's rates

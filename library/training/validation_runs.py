@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 from library.config.schema import Config
 from library.data.dataset import TrainData
 from library.data.samples import SampleSource
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
+from library.training.sharding import shards
 from library.training.step import StepInputs
 from library.training.validation import validation_loss
 
@@ -28,6 +31,8 @@ class Validator:
         self.inputs: StepInputs | None = None
         self.source = SampleSource()
         self.optimizer = None
+        # a sharded denoiser computes only with every process taking part: each scores all
+        self.lockstep = shards(config, accelerator)
 
     def attach(self, inputs: StepInputs, source: SampleSource, optimizer=None) -> None:
         """What the loss needs: the live models (StepInputs), where latents come from, and the
@@ -48,15 +53,21 @@ class Validator:
     def run(self) -> float:
         """The mean validation loss over every validation image of every process."""
         acc, inputs = self.accelerator, self.inputs
-        batches = self.data.validation_loader(acc.process_index, self.source, self.max_batches)
+        reduce = lambda x: acc.reduce(x, "sum")  # noqa: E731
+        if self.lockstep:
+            shares = range(acc.num_processes)
+            batches = itertools.chain.from_iterable(
+                self.data.validation_loader(rank, self.source, self.max_batches) for rank in shares
+            )
+            reduce = None  # every process scored every batch already
+        else:
+            batches = self.data.validation_loader(acc.process_index, self.source, self.max_batches)
         timesteps = inputs.objective.validation_levels()
         if self.optimizer is not None:
             optimizer_eval_mode(self.optimizer)
         try:
             with acc.autocast():
-                return validation_loss(
-                    inputs, batches, timesteps, self.seed, reduce=lambda x: acc.reduce(x, "sum")
-                )
+                return validation_loss(inputs, batches, timesteps, self.seed, reduce=reduce)
         finally:
             if self.optimizer is not None:
                 optimizer_train_mode(self.optimizer)

@@ -4,6 +4,7 @@ A ``Probe`` monkeypatches accelerate, torch and the trainer's module namespace (
 files) and records, per process:
 
 - which modules ``Accelerator.prepare`` wrapped in DistributedDataParallel, and the world size;
+- with fsdp: how much of the denoiser each process holds once it is sharded;
 - with ``hook``: every DDP gradient bucket all-reduce, through a communication hook registered
   on each wrapped module (it does what DDP's built-in reduction does: divide by the world size,
   all-reduce, so results are unchanged; without ``hook`` DDP's own C++ reduction runs);
@@ -41,6 +42,8 @@ _COLLECTIVES = (
     "scatter",
     "barrier",
     "_broadcast_coalesced",  # DDP's weight sync at wrap time and its buffer sync before forward
+    "reduce_scatter_single",  # FSDP2's gradient reduction (torch 2.13)
+    "all_gather_single",  # and its weight gathers
 )
 _MODULE_NAMES = {"UNet2DConditionModel": "unet", "CLIPTextModel": "text_encoder"}
 
@@ -68,6 +71,7 @@ class Probe:
             "optimizer_lrs": [],
             "micro_losses": [],
             "reported": [],
+            "sharded": None,
         }
         self.grads: list[dict[str, torch.Tensor]] = []  # after each backward
         self.bucket_inputs: list[tuple[int, dict[str, torch.Tensor]]] = []  # (micro, local grads)
@@ -93,6 +97,7 @@ class Probe:
         for op in _COLLECTIVES:
             self._patch(dist, op, self._wrap_collective(op))
         self._patch(trainer_module, "micro_batch_loss", self._wrap_loss)
+        self._patch(trainer_module, "shard_trained_denoiser", self._wrap_shard)
         self._patch(ProgressReporter, "step", self._wrap_report)
         if self.interrupt is not None:
             self._patch(Saver, "after_step", self._wrap_after_step)
@@ -211,6 +216,24 @@ class Probe:
             return loss
 
         return micro_batch_loss
+
+    def _wrap_shard(self, original):
+        probe = self
+
+        def shard(parts, *args, **kwargs):
+            from torch.distributed.tensor import DTensor
+
+            original(parts, *args, **kwargs)
+            params = list(parts.components.denoiser.parameters())
+            local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+            probe.record["sharded"] = {
+                "tensors": len(params),
+                "dtensors": sum(isinstance(p, DTensor) for p in params),
+                "numel": sum(p.numel() for p in params),
+                "local_numel": sum(t.numel() for t in local),
+            }
+
+        return shard
 
     def _wrap_report(self, original):
         probe = self

@@ -122,6 +122,18 @@ def torchrun(
     return _logged(Run(done.returncode, out, done.stdout + done.stderr, probe))
 
 
+def torchrun_script(script: Path, *args: str, out: Path, nproc: int = 2) -> Run:
+    """``torchrun --nproc_per_node nproc script args...`` (a test script, not a training run)."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), *args,
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, env=launch_env(None), cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    return _logged(Run(done.returncode, out, done.stdout + done.stderr))
+
+
 def _logged(run: Run, name: str = "console.log") -> Run:
     """Keep the whole console output beside the run's files, for reading after a failure."""
     run.out.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,8 @@ for any run. Single-process runs happen in the pytest process itself, when first
 
 - equivalence runs ``eq-<mode>-<layout>``: 2 optimizer steps of 4 images as 2x2x1 (processes
   x accumulation x batch), 1x4x1, 1x1x4 or the guard 1x2x1, for UNet LoRA, UNet + text-encoder
-  LoRA, full UNet, LyCORIS LoHa (with DoRA) and LoKr, and Flux.1 LoRA and full fine-tune (on a
-  tiny Flux folder). The 2-process runs also switch on a DDP-side option per mode (gradient
+  LoRA, full UNet, LyCORIS LoHa (with DoRA), Flux.1 LoRA and full fine-tune (on a tiny Flux
+  folder), and FSDP2-sharded LyCORIS LoKr and full UNet. The 2-process runs also switch on a DDP-side option per mode (gradient
   checkpointing, gradient_as_bucket_view); the single-process references run without it.
 - schedule runs: UNet + text-encoder LoRA, 4 optimizer steps under warmup + cosine: "sync"
   (2 processes x accumulation 4, buckets counted by a DDP hook, gradients recorded), "acc1"
@@ -29,10 +29,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from tests.distributed.runs import (
+    REPO,
     TRAIN_NETWORK,
     Run,
     in_process,
     torchrun,
+    torchrun_script,
     torchrun_two_nodes,
 )
 from tests.integration.harness import write_config
@@ -78,8 +80,8 @@ MODES["sd3-lora"] = (
     },
     ["--gradient_checkpointing"],
 )
-# LyCORIS adapters: LoHa with DoRA on the UNet (3x3 convs included) and the text encoder, and
-# LoKr with Tucker cores and both Kronecker halves factored, with max-norm shrinking it each step.
+# LyCORIS adapters: LoHa with DoRA on the UNet (3x3 convs included) and the text encoder (LoKr
+# runs sharded, below).
 MODES["loha-dora"] = (
     {
         "network_module": "lycoris.kohya",
@@ -87,18 +89,30 @@ MODES["loha-dora"] = (
     },
     ["--gradient_checkpointing"],
 )
-MODES["lokr-tucker"] = (
-    {
-        "network_module": "lycoris.kohya",
-        "network_args": ["algo=lokr", "factor=4", "decompose_both=True", "use_tucker=True"],
-        "network_train_unet_only": True,
-        "scale_weight_norms": 1e-3,
-    },
-    ["--ddp_gradient_as_bucket_view"],
-)
 # flux-lora with its last double block and both single blocks swapped to host memory
 # (blocks_to_swap, over float8 weights): DDP must neither broadcast nor sync the host weights.
 MODES["flux-swap"] = ({**MODES["flux-lora"][0], "blocks_to_swap": 2}, ["--gradient_checkpointing"])
+# FSDP2: the 2-process runs shard the denoiser (one process has nothing to shard with, so the
+# single-process reference trains it whole). LyCORIS LoKr (Tucker cores, both Kronecker halves
+# factored, max-norm shrinking it each step) on the UNet and the text encoder, fully sharded,
+# with the text encoder under DDP beside it and a state saved every step; the full UNet with the
+# blocks kept gathered through the backward pass, an EMA and gradient clipping across the shards.
+MODES["fsdp-lora"] = (
+    {
+        "network_module": "lycoris.kohya",
+        "network_args": ["algo=lokr", "factor=4", "decompose_both=True", "use_tucker=True"],
+        "scale_weight_norms": 1e-3,
+        "fsdp": "full_shard",
+        "save_every_n_steps": 1,
+        "save_state": True,
+    },
+    ["--gradient_checkpointing"],
+)
+MODES["fsdp-full"] = (
+    {**MODES["full-unet"][0], "learning_rate": 1e-2, "fsdp": "shard_grad_op", "ema_decay": 0.5,
+     "max_grad_norm": 0.01},  # fmt: skip
+    [],
+)
 # Modes trained on another model than the tiny SD one: mode -> the Runs method giving its folder.
 MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir", "sd3-lora": "sd3_dir",
                "flux-swap": "flux_dir"}  # fmt: skip
@@ -126,6 +140,13 @@ DATA_KEYS = {
     "optimizer_args": ["eps=1e-3"],
     "log_with": "tensorboard",
 }
+# The sharded data run samples these after every step: three prompts of different step counts,
+# which two processes could not split between them (each denoiser call needs both).
+FSDP_PROMPTS = (
+    "a red square --w 64 --h 64 --s 2 --d 1\n"
+    "a blue circle --w 64 --h 64 --s 3 --d 2\n"
+    "a green dot --w 64 --h 64 --s 1 --d 3\n"
+)
 SCHEDULE_KEYS = {
     "max_train_steps": 4,
     "lr_scheduler": "cosine",
@@ -197,8 +218,17 @@ class Runs:
                 write(folder)
         return folder
 
-    def data_config(self, name: str, accumulation: int) -> Path:
-        return self.config(name, gradient_accumulation_steps=accumulation, **DATA_KEYS)
+    def data_config(self, name: str, accumulation: int, **keys) -> Path:
+        return self.config(name, gradient_accumulation_steps=accumulation, **DATA_KEYS, **keys)
+
+    def fsdp_data_config(self) -> Path:
+        """The data run's settings, sharded, sampling FSDP_PROMPTS after every step."""
+        prompts = self.root / "fsdp-prompts.txt"
+        prompts.write_text(FSDP_PROMPTS, encoding="utf-8")
+        return self.data_config(
+            "fsdp-data-2x1x1", 1, fsdp="full_shard", sample_prompts=str(prompts),
+            sample_every_n_steps=1,
+        )  # fmt: skip
 
     def schedule_config(self, accumulation: int, **keys) -> Path:
         name = f"sched-acc{accumulation}" + "".join(f"-{k}" for k in sorted(keys))
@@ -208,6 +238,11 @@ class Runs:
         """The "stopped" run's state of optimizer step ``step``."""
         self.get("stopped")
         return self.root / "stopped" / f"run-step{step:08d}-state"
+
+    def fsdp_state(self, layout: str = "2x2x1") -> Path:
+        """The state the fsdp-lora run of ``layout`` saved after its first optimizer step."""
+        self.get(f"eq-fsdp-lora-{layout}")
+        return self.root / f"eq-fsdp-lora-{layout}" / "run-step00000001-state"
 
     # -- the runs ---------------------------------------------------------------------------
 
@@ -247,6 +282,23 @@ class Runs:
             "data-2x1x1": lambda: torchrun(
                 self.data_config("data-2x1x1", 1), out=out("data-2x1x1")
             ),
+            "fsdp-data-2x1x1": lambda: torchrun(
+                self.fsdp_data_config(), out=out("fsdp-data-2x1x1")
+            ),
+            # the FSDP LoRA run continued from the state its own first step saved (gathered
+            # whole), so a resume cuts every saved tensor back into each process's slice
+            "fsdp-resumed": lambda: torchrun(
+                self.equivalence_config("fsdp-lora", "2x2x1"),
+                *MODES["fsdp-lora"][1],
+                "--resume",
+                str(self.fsdp_state()),
+                out=out("fsdp-resumed"),
+            ),
+            "fsdp-optimizers": lambda: torchrun_script(
+                REPO / "tests" / "distributed" / "fsdp_optimizers.py",
+                str(out("fsdp-optimizers.json")),
+                out=out("fsdp-optimizers"),
+            ),
             "two-nodes": lambda: torchrun_two_nodes(
                 self.equivalence_config("unet-lora", "2x2x1"), out=out("two-nodes")
             ),
@@ -260,6 +312,9 @@ class Runs:
             return in_process(self.equivalence_config(mode, layout), out=out)
         if name == "data-1x2x1":
             return in_process(self.data_config(name, 2), out=out)
+        if name == "fsdp-resumed-1x4x1":  # one process continues what two sharded ones saved
+            config = self.equivalence_config("fsdp-lora", "1x4x1")
+            return in_process(config, "--resume", str(self.fsdp_state()), out=out)
         accumulation = {"single_acc2": 2, "single_acc1": 1}[name]
         return in_process(self.schedule_config(accumulation), out=out)
 

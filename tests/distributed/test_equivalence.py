@@ -2,7 +2,8 @@
 
 2 processes x accumulation 2 x batch 1 (torchrun, gloo), 1 x 4 x 1 and 1 x 1 x 4 must write the
 same weights after 2 optimizer steps, for UNet LoRA, UNet + text-encoder LoRA, full UNet,
-LyCORIS LoHa (with DoRA, text encoder too) and LoKr (Tucker, max-norm), Flux.1
+LyCORIS LoHa (with DoRA, text encoder too), sharded (FSDP2) LyCORIS LoKr (Tucker, max-norm)
+and full UNet (with EMA), Flux.1
 LoRA (transformer, CLIP-L, T5), Flux.1 full fine-tune and SD3.5 LoRA (MMDiT, CLIP-L, CLIP-G,
 with per-encoder text dropout and random position crops); and
 the loss logged per step must be the mean over every micro-batch of every rank.
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.runs import scalars
-from tests.distributed.suite import MODES
+from tests.distributed.suite import MODE_MODELS, MODES
 from tests.integration.harness import assert_close_dicts, tensors
 
 # Only the float summation order differs (observed: ~2e-8 for LoRA, 1 ulp = 1.2e-7 for UNet
@@ -36,14 +37,22 @@ def test_three_layouts_write_the_same_weights(runs, mode, tiny_model_dir):
     ddp = runs.equivalence(mode, "2x2x1")
     weights = ddp.weights()
     atol = MODE_ATOL.get(mode, ATOL)
-    for layout in ("1x4x1", "1x1x4"):
+    # a sharded run is compared with one process only: the other modes show 1x4x1 = 1x1x4
+    layouts = ("1x4x1",) if "fsdp" in MODES[mode][0] else ("1x4x1", "1x1x4")
+    for layout in layouts:
         assert_close_dicts(weights, runs.equivalence(mode, layout).weights(), atol=atol, rtol=RTOL)
     for rank in (0, 1):  # each process stepped its optimizer exactly twice
         assert len(ddp.rank(rank)["optimizer_lrs"]) == 2
+    if "ema_decay" in MODES[mode][0]:  # the average, gathered from the shards, too
+        ema = ddp.weights("run-ema.safetensors")
+        for layout in layouts:
+            reference = runs.equivalence(mode, layout).weights("run-ema.safetensors")
+            assert_close_dicts(ema, reference, atol=atol, rtol=RTOL)
+        assert _max_diff(ema, weights) > 50 * atol  # not the weights themselves
     # the steps moved the weights (else equality would prove nothing)
-    if mode in ("full-unet", "flux-full"):  # the final save also writes a diffusers folder
+    if MODES[mode][0].get("train_mode") == "unet":  # the final save writes a diffusers folder
         sub, base = (
-            ("unet", tiny_model_dir) if mode == "full-unet" else ("transformer", runs.flux_dir())
+            ("transformer", runs.flux_dir()) if mode in MODE_MODELS else ("unet", tiny_model_dir)
         )
         denoiser = Path(sub) / "diffusion_pytorch_model.safetensors"
         trained = tensors(ddp.out / "run" / denoiser)

@@ -23,6 +23,7 @@ TOP_FIELDS = {
     "adapter",
     "datasets",
     "processes",
+    "fsdp",
     "gradient_accumulation_steps",
     "effective_batch_sizes",
     "samples_per_epoch",
@@ -179,6 +180,7 @@ def test_the_documented_fields(runs, layers):
     assert plan["outputs"]["output_name"] == "run"
     assert plan["outputs"]["final"] == f"{root / 'out'}/run.safetensors"
     assert plan["resume"] is None
+    assert (plan["processes"], plan["fsdp"]) == (1, "no")
 
 
 def test_numbers_match_the_images_on_disk(runs):

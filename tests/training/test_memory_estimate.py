@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 import pytest
 import torch
@@ -309,6 +310,52 @@ def test_trained_state_adds_gradients_ddp_buckets_and_ema(tiny_model_dir):
     assert trained_state_bytes(plain, parts, world_size=2) == 2 * grads + adam
     ema = _config(tiny_model_dir, training={"ema_decay": 0.99})
     assert trained_state_bytes(ema, parts, world_size=1) == grads + adam + grads  # float32 copy
+
+
+def test_fsdp_splits_the_denoisers_trained_state_over_the_processes(tiny_model_dir):
+    """Full UNet, 2 processes: gradients, Adam's state and the EMA at half (the real optimizer
+    state, measured); accumulation adds the whole gradients it sums between reductions. The
+    text encoder's LoRA is not sharded: its share stays whole."""
+    keys = {"fsdp": "full_shard", "ema_decay": 0.9}
+    unet = _config(tiny_model_dir, network={"train_mode": "unet"}, training=keys)
+    parts = _parts(unet)
+    grads = _bytes(parts.parameters())
+    whole = grads + _real_state_bytes(unet, parts) + grads  # gradients, Adam, float32 EMA
+    assert trained_state_bytes(unet, parts, world_size=2) == math.ceil(whole / 2)
+    assert trained_state_bytes(unet, parts, world_size=1) == whole  # nothing to shard with
+    accumulating = _config(
+        tiny_model_dir, network={"train_mode": "unet"},
+        training={**keys, "gradient_accumulation_steps": 2},
+    )  # fmt: skip
+    assert trained_state_bytes(accumulating, parts, world_size=2) == math.ceil(whole / 2) + grads
+    lora = _config(tiny_model_dir, training={"fsdp": "full_shard"})
+    parts = _parts(lora)
+    text = [p for g in parts.param_groups if g["name"].startswith("text") for p in g["params"]]
+    unet_params = [p for g in parts.param_groups if g["name"] == "unet" for p in g["params"]]
+    assert text and unet_params
+    expected = 2 * _bytes(text) + 2 * _bytes(text)  # gradient + DDP bucket, AdamW's 2 states
+    expected += math.ceil(3 * _bytes(unet_params) / 2)  # gradient and 2 states, halved
+    assert trained_state_bytes(lora, parts, world_size=2) == expected
+
+
+def test_fsdp_weights_hold_a_slice_plus_what_is_gathered(tiny_model_dir):
+    """full_shard: half the UNet plus its two largest blocks and its root layers, less than the
+    whole UNet; shard_grad_op: half plus the whole (every block stays gathered until its
+    backward pass), so more than without sharding."""
+    plain = _config(tiny_model_dir)
+    parts = _parts(plain)
+    unet = parts.components.denoiser
+    whole = _bytes(_module_tensors(unet))
+    blocks = [*unet.down_blocks, *unet.up_blocks, unet.mid_block]
+    sizes = sorted((_bytes(_module_tensors(b)) for b in blocks), reverse=True)
+    root = whole - sum(sizes)
+    unsharded = weight_bytes(plain, parts, draws_samples=True, world_size=2)
+    full = _config(tiny_model_dir, training={"fsdp": "full_shard"})
+    grad_op = _config(tiny_model_dir, training={"fsdp": "shard_grad_op"})
+    half = math.ceil(whole / 2)
+    assert weight_bytes(full, parts, True, 2) == unsharded - whole + half + sizes[0] + sizes[1] + root
+    assert weight_bytes(grad_op, parts, True, 2) == unsharded + half
+    assert weight_bytes(full, parts, True, 1) == unsharded
 
 
 # --- the check in a run ------------------------------------------------------------------------
