@@ -34,3 +34,15 @@ def tiny_sdxl_model_dir(tmp_path_factory):
     from library.models.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sdxl", family="sdxl")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quickstart_in_background(request, tmp_path_factory):
+    """When the session runs a test of the README's quickstart run (about a minute of
+    training), start that run at once, beside the other tests, instead of when its first test
+    asks for it."""
+    needs = ("test_quickstart.py", "test_learning_demo.py")
+    if any(item.path.name in needs for item in request.session.items):
+        from tests.integration.test_quickstart import start_quickstart
+
+        start_quickstart(tmp_path_factory)

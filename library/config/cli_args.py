@@ -48,7 +48,8 @@ usage: train_network.py --config FILE.toml [--config MORE.toml ...] [--print_con
                   dataset_config as a whole; dataset keys written flat layer key by key.
   --print_config  print the resolved config as TOML, each key marked with the file, the
                   command line or the default it came from
-  --dry_run       check the config and data, print the plan (images, buckets, steps, saves), then stop
+  --dry_run       check the config, data and model, print the plan (images, buckets, steps, saves,
+                  peak memory), then stop; the model is built at its shapes, no weights are read
   --json          with --dry_run: print the plan as one JSON document on stdout (schema: see
                   "Dry-run JSON" in docs/batch-runs.md); warnings stay on stderr
   -h, --help      show this help

@@ -144,7 +144,9 @@ class NetworkSection(Section):
         None,
         description="Learning rate of text-encoder LoRA parameters. Unset: learning_rate. A "
         "list gives one rate per text encoder in order (SDXL: [CLIP-L, OpenCLIP-bigG]; FLUX.1: "
-        "[CLIP-L, T5-XXL]); a shorter list repeats its last rate, as kohya does.",
+        "[CLIP-L, T5-XXL]); a shorter list repeats its last rate, as kohya does, and rates "
+        "beyond the model's text encoders are not used (sd-scripts ignores them too; a warning "
+        "says so when they differ).",
     )
 
     @field_validator("text_encoder_lr")

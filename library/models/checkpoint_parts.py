@@ -201,7 +201,12 @@ def plan_part(
 
 
 def load_part(file: CheckpointFile, plan: PartPlan, dtype: torch.dtype) -> torch.nn.Module:
-    """Build the module of ``plan`` and fill it with the file's tensors in ``dtype``."""
+    """Build the module of ``plan`` and fill it with the file's tensors in ``dtype`` (inside
+    loader.shapes_only(): only build it, on the meta device)."""
+    from library.models.loader import reads_weights
+
+    if not reads_weights():
+        return empty_module(plan.build, plan.config).to(dtype).requires_grad_(False).eval()
     state = {k[len(plan.prefix) :]: file.tensor(k).to(dtype) for k in plan.keys}
     converted, _ = plan.convert(state, plan.config)
     del state

@@ -25,7 +25,8 @@ class Float8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
-        if torch.is_autocast_enabled(device):
+        # meta: the memory estimate's shapes-only pass, which has no autocast of its own
+        if device != "meta" and torch.is_autocast_enabled(device):
             dtype = torch.get_autocast_dtype(device)
         else:
             dtype = self.compute_dtype

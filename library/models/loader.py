@@ -10,6 +10,7 @@ and the VAE replacement of ModelSection's ``vae`` option.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import pickle
@@ -94,7 +95,7 @@ def load_components(
     loader = loader_for(model, flow)
     parts = loader.load(model, flow, weight_dtype, vae_dtype)
     parts.family.check_options(model, flow)
-    if model.vae and not loader.reads_vae:
+    if model.vae and not loader.reads_vae and reads_weights():  # the same shapes either way
         from library.models.vae_file import load_vae
 
         parts.vae = load_vae(model.vae, parts.vae.config, vae_dtype)
@@ -178,14 +179,58 @@ def offline() -> Iterator[None]:
                 os.environ[key] = value
 
 
+_SHAPES_ONLY = contextvars.ContextVar("shapes_only", default=False)
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """While inside, the loaders build every module with its real shapes and dtypes on the meta
+    device and read no weight (only configs, file headers and tokenizers): what the dry run's
+    memory estimate needs, in a second or two for any model."""
+    token = _SHAPES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.reset(token)
+
+
+def reads_weights() -> bool:
+    """False inside shapes_only()."""
+    return not _SHAPES_ONLY.get()
+
+
+def empty_from_folder(cls, folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """``cls`` (a diffusers or transformers model class) built from ``folder``'s config on the
+    meta device, in ``dtype``: the module load_weights would give, without its weights."""
+    with offline():
+        if hasattr(cls, "load_config"):  # diffusers
+            config = cls.load_config(str(folder), local_files_only=True)
+            with torch.device("meta"):
+                module = cls.from_config(config)
+        else:  # transformers
+            config = cls.config_class.from_pretrained(str(folder), local_files_only=True)
+            with torch.device("meta"):
+                module = cls(config)
+    return module.to(dtype)
+
+
 def load_weights(
     cls, model_dir: Path, sub: str, dtype: torch.dtype, stem: str | None = None
 ) -> torch.nn.Module:
     """Load one model component, after checking its weights files are whole.
 
     ``stem`` names the weights file (default: by ``sub``, diffusion_pytorch_model or model).
+    Inside shapes_only(), the component is built from its config on the meta device instead.
     """
     files, variant = find_weights(model_dir / sub, stem or _WEIGHT_STEMS.get(sub, "model"))
+    if not reads_weights():
+        try:
+            return empty_from_folder(cls, model_dir / sub, dtype)
+        except LOAD_ERRORS as exc:
+            raise ModelError(
+                f"cannot read the config in {model_dir / sub}: {one_line(exc)}; re-download "
+                "or re-convert the model"
+            ) from None
     for file in files:
         check_weights_file(file)
     try:

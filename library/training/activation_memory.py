@@ -34,6 +34,17 @@ def meta_copy(module: torch.nn.Module, dtype: torch.dtype | None = None) -> torc
     return copy.deepcopy(module, memo)
 
 
+def _weights(module: torch.nn.Module) -> list[torch.Tensor]:
+    """A leaf layer's floating weights: its parameters, or, for a layer that keeps them as
+    plain tensor attributes (block swap's host weights), those."""
+    params = [p for p in module.parameters() if p.is_floating_point()]
+    if params:
+        return params
+    return [
+        t for t in vars(module).values() if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
+
+
 def _meta_like(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     to = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
     meta = torch.empty_like(tensor, device="meta", dtype=to)
@@ -90,9 +101,7 @@ class ActivationCounter:
             if self.plain_attention and isinstance(sub, Attention):
                 sub.register_forward_pre_hook(self._attention_probs, with_kwargs=True)
             if next(sub.children(), None) is None:
-                if self.autocast is not None and any(
-                    p.is_floating_point() for p in sub.parameters()
-                ):
+                if self.autocast is not None and _weights(sub):
                     sub.register_forward_pre_hook(self._cast_inputs)
                 sub.register_forward_hook(self._leaf_output)
 
@@ -127,7 +136,7 @@ class ActivationCounter:
         return output
 
     def _cast_inputs(self, module, inputs):
-        dtype = next(p.dtype for p in module.parameters() if p.is_floating_point())
+        dtype = _weights(module)[0].dtype
         return tuple(
             t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
             for t in inputs

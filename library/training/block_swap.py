@@ -59,6 +59,8 @@ class HostLinear(nn.Linear):
         def host(tensor):
             if tensor is None:
                 return None
+            if tensor.is_meta:  # a shapes-only model (the dry run's) has no data to move
+                return tensor.detach()  # a plain tensor, or setattr would make it a parameter
             tensor = tensor.detach().to("cpu")
             return tensor.pin_memory() if pin else tensor
 
@@ -87,7 +89,7 @@ class HostLinear(nn.Linear):
         dtype = None
         if self.host_weight.dtype == FLOAT8:  # as Float8Linear.forward
             device = x.device.type
-            if torch.is_autocast_enabled(device):
+            if device != "meta" and torch.is_autocast_enabled(device):
                 dtype = torch.get_autocast_dtype(device)
             else:
                 dtype = self.compute_dtype

@@ -384,10 +384,37 @@ def _remedies(config: Config) -> str:
     return ", ".join(fixes) + ", or set ignore_memory_estimate = true to try anyway"
 
 
+@dataclass(frozen=True)
+class MemoryCheck:
+    """What check_peak_memory found: the plan's line, the estimate (None when the meta forward
+    pass failed) and the device's (total, free) bytes (None when unknown)."""
+
+    line: str
+    estimate: MemoryEstimate | None = None
+    device_memory: tuple[int, int] | None = None
+
+    def report(self) -> dict | None:
+        """The estimate for ``--dry_run --json`` (bytes), or None when there is none."""
+        e = self.estimate
+        if e is None:
+            return None
+        total, free = self.device_memory or (None, None)
+        return {
+            "peak_bytes": e.total,
+            "weights_bytes": e.weights,
+            "trained_state_bytes": e.trained_state,
+            "activations_bytes": e.activations,
+            "at": {"width": e.size.width, "height": e.size.height, "batch": e.size.batch},
+            "gradient_checkpointing": e.checkpointing,
+            "device_total_bytes": total,
+            "device_free_bytes": free,
+        }
+
+
 def check_peak_memory(
     config: Config, parts: TrainedParts, stats: DataStats, accelerator, draws_samples: bool
-) -> str:
-    """Estimate the peak memory on the accelerator's device; return the plan's memory line.
+) -> MemoryCheck:
+    """Estimate the peak memory on the accelerator's device, for the plan's memory line.
 
     Raises ConfigError when the estimate exceeds the device's total memory, unless
     ignore_memory_estimate is set. ``draws_samples``: sample images are made during training.
@@ -400,11 +427,19 @@ def check_peak_memory(
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
         # a model the meta forward cannot run must not stop training: the estimate is advice
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return f"  memory: not estimated (the meta-device forward pass failed: {reason})"
+        return MemoryCheck(
+            f"  memory: not estimated (the meta-device forward pass failed: {reason})"
+        )
     memory = device_memory(device)
     line = estimate_line(estimate, device, memory)
-    if memory is None or estimate.total <= memory[1]:
-        return line
+    if memory is not None and estimate.total > memory[1]:
+        line += _over_line(config, estimate, device, memory)
+    return MemoryCheck(line, estimate, memory)
+
+
+def _over_line(config: Config, estimate: MemoryEstimate, device, memory: tuple[int, int]) -> str:
+    """The warning added to the line when the estimate is above what is free (ConfigError when
+    it is above the device's total, unless ignore_memory_estimate)."""
     total = memory[0]
     if estimate.total > total:
         exceeds = (
@@ -413,8 +448,5 @@ def check_peak_memory(
         )
         if not config.training.ignore_memory_estimate:
             raise ConfigError(f"{exceeds}; {_remedies(config)}")
-        return line + f"\nwarning: {exceeds}; trying anyway (ignore_memory_estimate = true)"
-    return (
-        line
-        + f"\nwarning: the estimate is more than the {show_bytes(memory[1])} free on {device} now"
-    )
+        return f"\nwarning: {exceeds}; trying anyway (ignore_memory_estimate = true)"
+    return f"\nwarning: the estimate is more than the {show_bytes(memory[1])} free on {device} now"

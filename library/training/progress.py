@@ -25,10 +25,10 @@ def _stats(data) -> DataStats:
     return data if isinstance(data, DataStats) else data.stats
 
 
-def plan_report(config: Config, data, plan: RunPlan, resume=None) -> dict:
+def plan_report(config: Config, data, plan: RunPlan, resume=None, memory=None) -> dict:
     """The run's plan as plain data: what ``--dry_run --json`` prints, and what plan_text
     writes out in words. ``data`` is the TrainData (or its DataStats); ``resume`` the
-    ResumeCheck of a resumed run."""
+    ResumeCheck of a resumed run; ``memory`` the dry run's memory estimate (MemoryCheck.report)."""
     stats = _stats(data)
     training, optimizer, net = config.training, config.optimizer, config.network
     origin = provenance(config)
@@ -80,6 +80,7 @@ def plan_report(config: Config, data, plan: RunPlan, resume=None) -> dict:
             ],
         },
         "resume": _resume_report(config, resume),
+        "memory": memory,
     }
 
 
@@ -191,13 +192,14 @@ def print_plan_json(trainer) -> None:
     config, acc = trainer.config, trainer.accelerator
     start = start_run(config, trainer.plan, acc, dry_run=True)
     try:
+        memory = trainer.check_model().report()
         if not acc.is_main_process:
             return
         skipped = trainer.data.skipped_images
         if skipped:
             shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
             print(f"warning: {len(skipped)} unreadable images left out: {shown}", file=sys.stderr)
-        report = plan_report(config, trainer.data, trainer.plan, start.resume)
+        report = plan_report(config, trainer.data, trainer.plan, start.resume, memory)
         print(json.dumps(report, indent=2))
     finally:
         start.release()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,8 @@ from library.training.adapter_setup import adapter_settings, inject, trains_text
 from library.training.block_swap import swap_linears
 from library.training.blockwise_setup import block_groups, blockwise, inject_blockwise
 from library.training.offloaded_checkpoint import offloaded_checkpoint
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -153,10 +156,15 @@ def text_encoder_rates(rates: float | list[float] | None, lr: float, count: int)
     if not isinstance(rates, list):
         return [rates] * count
     if len(rates) > count:
-        raise ConfigError(
-            f"text_encoder_lr has {len(rates)} rates but the model has {count} text encoder"
-            f"{'s' if count > 1 else ''}; give at most {count}"
-        )
+        # sd-scripts uses the first rates and ignores the rest (the kohya_ss GUI writes two rates
+        # for SD 1.5's one encoder), so a file written for it must load; say so when they differ
+        extra = rates[count:]
+        if any(rate != rates[count - 1] for rate in extra):
+            log.warning(
+                "text_encoder_lr has %d rates but the model has %d text encoder%s: %s not used",
+                len(rates), count, "s" if count > 1 else "", ", ".join(f"{r:g}" for r in extra),
+            )  # fmt: skip
+        rates = rates[:count]
     return [rates[min(i, len(rates) - 1)] for i in range(count)]
 
 

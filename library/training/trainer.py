@@ -24,8 +24,9 @@ from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
 from library.errors import CheckpointError, TrainingError
 from library.models.float8 import keep_out_of_ddp
-from library.models.loader import load_components
+from library.models.loader import load_components, shapes_only
 from library.networks.max_norm import apply_max_norm
+from library.sampling.generate import check_sampling
 from library.sampling.runner import SampleRunner
 from library.training.caching import (
     build_latent_cache,
@@ -35,7 +36,7 @@ from library.training.caching import (
 )
 from library.training.ema import WeightAverage
 from library.training.loss import LossOptions
-from library.training.memory_estimate import check_peak_memory
+from library.training.memory_estimate import MemoryCheck, check_peak_memory
 from library.training.noise import NoiseOptions
 from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
@@ -151,6 +152,20 @@ class Trainer:
             shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
             self.accelerator.print(f"warning: {len(skipped)} unreadable images left out: {shown}")
 
+    def check_model(self) -> MemoryCheck:
+        """The dry run's model checks, reading no weight: the models built at their shapes on
+        the meta device (shapes_only), what trains set up on them, the bucket grid and the
+        sample prompts checked against the model, and the peak memory estimated (ConfigError
+        when it cannot fit, as at the start of training)."""
+        config = self.config
+        weight_dtype = WEIGHT_DTYPES[config.training.mixed_precision]
+        with shapes_only():
+            parts = setup_training(config, load_components(config.model, weight_dtype, config.flow))
+        check_bucket_steps(config, parts.components)
+        if self.sampler.prompts:
+            check_sampling(parts.components, self.sampler.prompts)
+        return check_peak_memory(config, parts, self.data.stats, self.accelerator, bool(self.sampler.prompts))
+
     def run(self, dry_run: bool = False, config_files: tuple[str, ...] = ()) -> Path | None:
         """Check inputs and outputs, print the plan; unless ``dry_run``, train and return the
         final output's path. The output name is locked for the whole run, and the run summary
@@ -159,6 +174,7 @@ class Trainer:
         try:
             self.print_plan(start)
             if dry_run:
+                self.accelerator.print(self.check_model().line)
                 return None
             summary = RunSummary(self.config, self.plan, self.accelerator, start, config_files)
             with summary as self.summary:  # "running" now; the outcome however train() ends
@@ -175,7 +191,7 @@ class Trainer:
         family, objective = parts.components.family, parts.components.objective
         acc.print(f"model: {family.describe()}; {objective.describe()}")
         check_bucket_steps(config, parts.components)
-        acc.print(check_peak_memory(config, parts, self.data.stats, acc, bool(self.sampler.prompts)))
+        acc.print(check_peak_memory(config, parts, self.data.stats, acc, bool(self.sampler.prompts)).line)
         trained = self._prepare(parts)  # before the optimizer: FSDP replaces the parameters
         optimizer = build_optimizer(config.optimizer, parts.param_groups)
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)

@@ -41,6 +41,17 @@ TOP_FIELDS = {
     "seed",
     "outputs",
     "resume",
+    "memory",
+}
+MEMORY_FIELDS = {
+    "peak_bytes",
+    "weights_bytes",
+    "trained_state_bytes",
+    "activations_bytes",
+    "at",
+    "gradient_checkpointing",
+    "device_total_bytes",
+    "device_free_bytes",
 }
 ADAPTER_FIELDS = {"name", "network_module", "rank", "alpha", "description"}
 DATASET_FIELDS = {
@@ -87,7 +98,7 @@ BATCH, ACCUMULATION, EPOCHS, WARMUP, SAVE_EVERY = 2, 2, 3, 2, 4
 
 
 @pytest.fixture(scope="module")
-def layers(tmp_path_factory):
+def layers(tmp_path_factory, tiny_model_dir):
     """base.toml (model, data, schedule) and run.toml (accumulation, name, a GUI-only key)."""
     root = tmp_path_factory.mktemp("json")
     subsets = []
@@ -100,10 +111,9 @@ def layers(tmp_path_factory):
             f"[[datasets.subsets]]\nimage_dir = '{root / name}'\nnum_repeats = {repeats}\n"
             f"is_reg = {'true' if is_reg else 'false'}\n"
         )
-    (root / "model").mkdir()  # a dry run loads no model
     base = root / "base.toml"
     base.write_text(
-        f"pretrained_model_name_or_path = '{root / 'model'}'\n"
+        f"pretrained_model_name_or_path = '{tiny_model_dir}'\n"
         f"output_dir = '{root / 'out'}'\noutput_name = 'base'\n"
         f"learning_rate = 1e-3\nlr_scheduler = 'cosine'\nlr_warmup_steps = {WARMUP}\n"
         f"max_train_epochs = {EPOCHS}\nsave_every_n_steps = {SAVE_EVERY}\nnetwork_dim = 8\n"
@@ -277,3 +287,36 @@ def test_json_without_a_dry_run_is_a_one_line_error(capfd, layers, extra, needle
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: config error in command line:")
     assert needle in err
+
+
+def test_the_memory_estimate_counts_the_models_without_reading_them(runs, tiny_model_dir):
+    """The dry run builds the models at their shapes only; its weights figure is what the
+    loaded models with their LoRA hold (counted here by hand), its peak the sum of its parts at
+    the largest bucket, and the text plan prints the same estimate."""
+    import itertools
+
+    import torch
+
+    from library.config.schema import Config
+    from library.models.loader import load_components
+    from library.training.setup import setup_training
+
+    (_, out, _), (_, text, _) = runs
+    plan = json.loads(out)
+    memory = plan["memory"]
+    assert set(memory) == MEMORY_FIELDS
+    config = Config(
+        model={"pretrained_model_name_or_path": str(tiny_model_dir)},
+        network={"network_dim": 8},
+        datasets=[{"subsets": [{"image_dir": "unused"}]}],
+    )
+    comps = setup_training(config, load_components(config.model, torch.float32)).components
+    modules = (comps.denoiser, comps.vae, *comps.text_encoders)
+    tensors = {id(t): t for m in modules for t in itertools.chain(m.parameters(), m.buffers())}
+    assert memory["weights_bytes"] == sum(t.numel() * t.element_size() for t in tensors.values())
+    parts = ("weights_bytes", "trained_state_bytes", "activations_bytes")
+    assert memory["peak_bytes"] == sum(memory[k] for k in parts)
+    largest = max(plan["datasets"][0]["buckets"], key=lambda b: b["width"] * b["height"])
+    at = {"width": largest["width"], "height": largest["height"], "batch": BATCH}
+    assert memory["at"] == at
+    assert f"at {at['width']}x{at['height']} x {BATCH}" in text.split("  memory: about ")[1]

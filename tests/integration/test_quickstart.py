@@ -16,23 +16,43 @@ from library.saving.lora_file import read_lora_file
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _output(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "quickstart-output"
+
+
+def start_quickstart(tmp_path_factory) -> subprocess.Popen:
+    """Start ``accelerate launch train_network.py --config configs/quickstart.toml`` into the
+    session's quickstart folder, in the background. One thread: the tests go on beside it (a
+    fixture in tests/conftest.py starts it when the session begins)."""
+    global _RUNNING
+    accelerate = shutil.which("accelerate")
+    assert accelerate, "accelerate's launcher is installed with requirements.txt"
+    out = _output(tmp_path_factory)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # files, not pipes: nobody reads a pipe while the tests go on, and a full one would block
+    with open(out / "stdout.part", "w") as stdout, open(out / "stderr.txt", "w") as stderr:
+        _RUNNING = subprocess.Popen(
+            [accelerate, "launch", "train_network.py", "--config", "configs/quickstart.toml", "--output_dir", str(out)],
+            cwd=REPO, env=env, stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+    return _RUNNING
+
+
+_RUNNING: subprocess.Popen | None = None
+
+
 def run_quickstart(tmp_path_factory) -> Path:
-    """Run ``accelerate launch train_network.py --config configs/quickstart.toml`` once per test
-    session into a temporary output folder, and return the folder (its stdout is kept there in
-    ``stdout.txt``)."""
-    out = tmp_path_factory.getbasetemp() / "quickstart-output"
+    """The quickstart run's output folder once it has finished (its stdout is kept there in
+    ``stdout.txt``): started now unless the session started it already; once per session."""
+    out = _output(tmp_path_factory)
     stdout = out / "stdout.txt"
     if stdout.exists():
         return out
-    accelerate = shutil.which("accelerate")
-    assert accelerate, "accelerate's launcher is installed with requirements.txt"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [accelerate, "launch", "train_network.py", "--config", "configs/quickstart.toml", "--output_dir", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    stdout.write_text(result.stdout, encoding="utf-8")
+    proc = _RUNNING or start_quickstart(tmp_path_factory)
+    code = proc.wait(timeout=900)
+    assert code == 0, (out / "stderr.txt").read_text(encoding="utf-8")[-3000:]
+    (out / "stdout.part").rename(stdout)
     return out
 
 

@@ -105,12 +105,11 @@ def test_text_encoder_lr_list_gives_one_rate_per_encoder(tiny_sdxl_model_dir):
     assert [g["lr"] for g in parts.param_groups if g["name"] != "unet"] == [4e-5, 4e-5]
 
 
-def test_text_encoder_lr_list_longer_than_the_encoders_is_refused(tiny_model_dir):
-    from library.errors import ConfigError
-
+def test_text_encoder_lr_list_longer_than_the_encoders_uses_the_first_rates(tiny_model_dir):
+    """As sd-scripts: the kohya_ss GUI writes two rates for SD 1.5's one text encoder."""
     config = _config(tiny_model_dir, text_encoder_lr=[1e-5, 2e-5])
-    with pytest.raises(ConfigError, match="text_encoder_lr has 2 rates but the model has 1"):
-        setup_training(config, load_components(config.model, torch.float32))
+    parts = setup_training(config, load_components(config.model, torch.float32))
+    assert [g["lr"] for g in parts.param_groups if g["name"] != "unet"] == [1e-5]
 
 
 def test_flux_keys_are_refused_on_an_sd_model(tiny_model_dir):

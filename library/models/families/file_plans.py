@@ -151,7 +151,14 @@ def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def load_plan(plan: Plan, dtype: torch.dtype) -> torch.nn.Module:
     """Read, cast, rename and load the plan's tensors; the module frozen (no gradients, eval
-    mode), in ``dtype``."""
+    mode), in ``dtype``. Inside loader.shapes_only(): built on the meta device, nothing read."""
+    from library.models.loader import reads_weights
+
+    if not reads_weights():
+        module = empty_module(plan.build, plan.config).to(dtype)
+        if plan.tied:
+            module.tie_weights()
+        return module.requires_grad_(False).eval()
     groups: dict[str, list[str]] = {}
     for key in plan.keys:
         groups.setdefault(plan.group(key) if plan.group else "", []).append(key)

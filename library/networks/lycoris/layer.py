@@ -129,7 +129,8 @@ class LycorisLayer(nn.Module):
             else:
                 norm = weight.transpose(0, 1).reshape(weight.shape[1], -1).norm(dim=1)
                 norm = norm.reshape(1, weight.shape[1], *(1,) * (weight.dim() - 2))
-            self.dora_scale = nn.Parameter(norm.cpu())
+            # a shapes-only base layer (the dry run's, on the meta device) has no data to move
+            self.dora_scale = nn.Parameter(norm if norm.is_meta else norm.cpu())
         self.to(device)
         # A model-level load_state_dict may bring another alpha; the scale follows it.
         self.register_load_state_dict_post_hook(_refresh_scale)

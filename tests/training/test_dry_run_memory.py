@@ -1,0 +1,111 @@
+"""The dry run's memory estimate: the models built at their shapes on the meta device
+(loader.shapes_only, no weight read) give exactly the estimate the loaded models give at the
+start of training, for every way a model comes (diffusers folders, single files, FLUX.1 and SD3
+component files) and the options that change what is on the device."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from library.config.loader import load_config
+from library.models.loader import load_components, shapes_only
+from library.training.memory_estimate import TrainingSize, estimate_peak_memory
+from library.training.setup import WEIGHT_DTYPES, setup_training
+
+TOKENIZER = Path(__file__).parents[1] / "assets" / "tokenizer"
+SIZE = TrainingSize(64, 64, 2)
+
+
+def _stats():
+    dataset = SimpleNamespace(buckets=[], resolution=(SIZE.width, SIZE.height),
+                              batch_size=SIZE.batch)  # fmt: skip
+    return SimpleNamespace(datasets=[dataset])
+
+
+def _config(tmp_path: Path, keys: dict):
+    lines = [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
+    lines += ["[[datasets]]", "[[datasets.subsets]]", 'image_dir = "unused"']
+    path = tmp_path / "c.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return load_config(str(path))
+
+
+def _parts(config):
+    dtype = WEIGHT_DTYPES[config.training.mixed_precision]
+    torch.manual_seed(0)
+    return setup_training(config, load_components(config.model, dtype, config.flow))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
+    from library.models.families.sd import SD1
+    from library.models.flux.tiny_files import write_tiny_flux_files
+    from library.models.sd3.tiny_files import write_tiny_sd3_files
+    from library.models.tiny import build_tiny_components
+    from library.saving.checkpoint_export import write_single_file
+
+    root = tmp_path_factory.mktemp("dry-run-models")
+    sd1 = build_tiny_components("sd1", seed=0)
+    single = write_single_file(
+        root / "sd1.safetensors", sd1["unet"], sd1["vae"], [sd1["text_encoder"]], SD1,
+        torch.float32,
+    )  # fmt: skip
+    flux = write_tiny_flux_files(root / "flux", "dev", seed=0)
+    sd3 = write_tiny_sd3_files(root / "sd3", "sd3.5-medium", 0, text_encoders_inside=False)
+    return {
+        "sd1-folder": {"pretrained_model_name_or_path": str(tiny_model_dir)},
+        "sd1-file": {
+            "pretrained_model_name_or_path": str(single),
+            "tokenizer_path": str(TOKENIZER),
+        },
+        "sdxl-folder": {"pretrained_model_name_or_path": str(tiny_sdxl_model_dir)},
+        "flux-files": {
+            "pretrained_model_name_or_path": str(flux["transformer"]),
+            "clip_l": str(flux["clip_l"]),
+            "t5xxl": str(flux["t5xxl"]),
+            "ae": str(flux["ae"]),
+            "tokenizer_path": str(flux["tokenizer"]),
+            "t5_tokenizer_path": str(flux["t5_tokenizer"]),
+            "network_module": "networks.lora_flux",
+        },
+        "sd3-files": {
+            "pretrained_model_name_or_path": str(sd3["model"]),
+            "clip_l": str(sd3["clip_l"]),
+            "clip_g": str(sd3["clip_g"]),
+            "t5xxl": str(sd3["t5xxl"]),
+            "tokenizer_path": str(sd3["tokenizer"]),
+            "t5_tokenizer_path": str(sd3["t5_tokenizer"]),
+            "network_module": "networks.lora_sd3",
+        },
+    }
+
+
+CASES = {
+    "sd1-folder": {"mixed_precision": "bf16", "gradient_checkpointing": True},
+    "sd1-file": {"network_module": "lycoris.kohya", "network_args": ["algo=loha", "conv_dim=2"]},
+    "sdxl-folder": {"train_mode": "unet", "learning_rate": 1e-5, "ema_decay": 0.99},
+    "flux-files": {"fp8_base": True, "blocks_to_swap": 1, "mixed_precision": "bf16"},
+    "sd3-files": {"mixed_precision": "bf16", "cache_latents": True},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_shapes_only_models_give_the_loaded_models_estimate(models, tmp_path, case):
+    config = _config(tmp_path, {**models[case], **CASES[case]})
+    loaded = _parts(config)
+    with shapes_only():
+        shapes = _parts(config)
+    # nothing was read: every weight of every model is shapes only
+    modules = (shapes.components.denoiser, shapes.components.vae, *shapes.components.text_encoders)
+    tensors = list(itertools.chain.from_iterable(m.parameters() for m in modules))
+    assert tensors and all(t.is_meta for t in tensors)
+    for draws in (False, True):
+        expected = estimate_peak_memory(config, loaded, _stats(), 1, draws, "cuda")
+        assert estimate_peak_memory(config, shapes, _stats(), 1, draws, "cuda") == expected
+        assert expected.weights > 0 and expected.activations > 0
