@@ -42,6 +42,17 @@ def _parts(config):
     return setup_training(config, load_components(config.model, dtype, config.flow))
 
 
+def _component_keys(files: dict, model: str, parts: tuple[str, ...], module: str) -> dict:
+    """Config keys of a FLUX.1 or SD3 model given as component files (and its tokenizers)."""
+    keys = {
+        "pretrained_model_name_or_path": str(files[model]),
+        "tokenizer_path": str(files["tokenizer"]),
+        "t5_tokenizer_path": str(files["t5_tokenizer"]),
+        "network_module": module,
+    }
+    return keys | {part: str(files[part]) for part in parts}
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
     from library.models.families.sd import SD1
@@ -65,24 +76,12 @@ def models(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
             "tokenizer_path": str(TOKENIZER),
         },
         "sdxl-folder": {"pretrained_model_name_or_path": str(tiny_sdxl_model_dir)},
-        "flux-files": {
-            "pretrained_model_name_or_path": str(flux["transformer"]),
-            "clip_l": str(flux["clip_l"]),
-            "t5xxl": str(flux["t5xxl"]),
-            "ae": str(flux["ae"]),
-            "tokenizer_path": str(flux["tokenizer"]),
-            "t5_tokenizer_path": str(flux["t5_tokenizer"]),
-            "network_module": "networks.lora_flux",
-        },
-        "sd3-files": {
-            "pretrained_model_name_or_path": str(sd3["model"]),
-            "clip_l": str(sd3["clip_l"]),
-            "clip_g": str(sd3["clip_g"]),
-            "t5xxl": str(sd3["t5xxl"]),
-            "tokenizer_path": str(sd3["tokenizer"]),
-            "t5_tokenizer_path": str(sd3["t5_tokenizer"]),
-            "network_module": "networks.lora_sd3",
-        },
+        "flux-files": _component_keys(
+            flux, "transformer", ("clip_l", "t5xxl", "ae"), "networks.lora_flux"
+        ),
+        "sd3-files": _component_keys(
+            sd3, "model", ("clip_l", "clip_g", "t5xxl"), "networks.lora_sd3"
+        ),
     }
 
 
