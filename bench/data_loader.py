@@ -2,6 +2,7 @@
 
     python bench/data_loader.py                          # 64 images, 512 px buckets, 0 workers
     python bench/data_loader.py --images 512 --workers 4 --batch-size 4
+    python bench/data_loader.py --images 16 --workers 2 --epochs 20   # one loader vs one per epoch
 
 Not a test and not timed in CI. Three sources of the same epoch (bucketed, flip_aug on):
 - pixels: every sample's image file is decoded, resized, cropped and flipped (what training
@@ -61,11 +62,17 @@ def make_data(folder: Path, args: argparse.Namespace) -> TrainData:
 
 
 def batches_per_second(
-    data: TrainData, source: SampleSource | None, workers: int
+    data: TrainData, source: SampleSource | None, workers: int, epochs: int = 1, one: bool = True
 ) -> tuple[float, int]:
-    """(batches/s, batches) of one full epoch of rank 0's loader."""
+    """(batches/s, batches) of ``epochs`` full epochs of rank 0's batches: from one loader
+    (``one``, what the trainer does) or from a new loader per epoch (what it did before, so
+    workers started again at every epoch)."""
     start = time.perf_counter()
-    count = sum(1 for _ in data.loader(0, 0, num_workers=workers, source=source))
+    if one:
+        loaders = [data.loader(0, 0, num_workers=workers, source=source, epochs=epochs)]
+    else:
+        loaders = (data.loader(e, 0, num_workers=workers, source=source) for e in range(epochs))
+    count = sum(1 for loader in loaders for _ in loader)
     return count / (time.perf_counter() - start), count
 
 
@@ -75,6 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resolution", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--workers", type=int, default=0, help="data-loader worker processes")
+    parser.add_argument(
+        "--epochs", type=int, default=1,
+        help="epochs per measurement; above 1 also measures a new loader per epoch",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     with tempfile.TemporaryDirectory(prefix="difftune-bench-") as work:
@@ -95,8 +106,12 @@ def main(argv: list[str] | None = None) -> None:
             ("memory cache", SampleSource(memory)),
             ("disk cache", SampleSource(LatentCache("stand-in", torch.float32, to_disk=True))),
         ):
-            rate, count = batches_per_second(data, source, args.workers)
-            print(f"{label:13s} {rate:9.1f} batches/s  ({count} batches)")
+            rate, count = batches_per_second(data, source, args.workers, args.epochs)
+            line = f"{label:13s} {rate:9.1f} batches/s  ({count} batches)"
+            if args.epochs > 1:
+                per_epoch, _ = batches_per_second(data, source, args.workers, args.epochs, False)
+                line += f"; a loader per epoch {per_epoch:9.1f} batches/s ({rate / per_epoch:.2f}x)"
+            print(line)
 
 
 if __name__ == "__main__":

@@ -351,10 +351,16 @@ class TrainingSection(Section):
 
     prior_loss_weight: float = Field(1.0, ge=0, description="Loss weight of regularisation images.")
     max_data_loader_n_workers: int = Field(
-        0, ge=0, description="Data-loader worker processes (0 loads in the training process)."
+        0,
+        ge=0,
+        description="Data-loader worker processes (0 loads in the training process). They "
+        "start once per run and load across epoch boundaries.",
     )
     persistent_data_loader_workers: bool = Field(
-        False, description="Keep data-loader workers alive between epochs."
+        False,
+        description="kohya's switch to keep data-loader workers alive between epochs; "
+        "difftune's workers always live for the whole run (one loader per run), so either "
+        "value trains the same, as fast.",
     )
     ddp_timeout: int | None = Field(
         None,

@@ -156,8 +156,11 @@ class TrainData:
         num_workers: int = 0,
         persistent_workers: bool = False,
         source: SampleSource | None = None,
+        epochs: int = 1,
     ) -> DataLoader:
-        """This rank's micro-batches of `epoch` from optimizer step `start_step`, in order.
+        """This rank's micro-batches of `epochs` epochs from `epoch` (the first from its
+        optimizer step `start_step`), in order, from one loader: its workers load across the
+        epoch boundaries instead of starting again for each epoch.
 
         Each batch (see library.data.samples.collate): "pixel_values" float [B, 3, H, W] in
         [-1, 1], or with a latent cache "latent_means"/"latent_stds" [B, 4, h, w]; "captions"
@@ -169,8 +172,8 @@ class TrainData:
         """
         source = source or SampleSource()
         return DataLoader(
-            TrainSamples(self, epoch, source),
-            batch_sampler=self.schedule.micro_batches(epoch, rank, start_step),
+            TrainSamples(self, source),
+            batch_sampler=EpochBatches(self.schedule, rank, epoch, epochs, start_step),
             num_workers=num_workers,
             persistent_workers=persistent_workers and num_workers > 0,
             collate_fn=collate,
@@ -203,3 +206,25 @@ class TrainData:
             batch_sampler=chunks,
             collate_fn=collate,
         )
+
+
+class EpochBatches:
+    """The batch sampler of TrainData.loader: rank `rank`'s micro-batches of each epoch from
+    `first` on (the first from optimizer step `start_step`) as lists of (epoch, SampleRef),
+    each epoch's schedule made when the loader reaches it."""
+
+    def __init__(self, schedule, rank: int, first: int, epochs: int, start_step: int = 0):
+        self.schedule, self.rank, self.first, self.epochs = schedule, rank, first, epochs
+        # the first epoch's batches now: a bad rank or start step is an error here, not later
+        self.opening = schedule.micro_batches(first, rank, start_step)
+
+    def __iter__(self):
+        for epoch in range(self.first, self.first + self.epochs):
+            batches = (
+                self.opening
+                if epoch == self.first
+                else self.schedule.micro_batches(epoch, self.rank)
+            )
+            for batch in batches:
+                yield [(epoch, ref) for ref in batch]
+

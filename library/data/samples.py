@@ -97,18 +97,19 @@ def validation_caption(image: ScannedImage, options: SubsetOptions) -> str:
 
 
 class TrainSamples(Dataset):
-    """Map-style dataset indexed by SampleRef (the loader's batch_sampler yields lists of them)."""
+    """Map-style dataset indexed by (epoch, SampleRef) pairs (the loader's batch sampler yields
+    lists of them, so one loader can serve several epochs)."""
 
-    def __init__(self, data: TrainData, epoch: int, source: SampleSource) -> None:
+    def __init__(self, data: TrainData, source: SampleSource) -> None:
         self.data = data
-        self.epoch = epoch
         self.source = source
 
     def __len__(self) -> int:
         return self.data.schedule.samples_per_epoch
 
-    def __getitem__(self, ref: SampleRef) -> dict:
-        data, epoch = self.data, self.epoch
+    def __getitem__(self, item: tuple[int, SampleRef]) -> dict:
+        epoch, ref = item
+        data = self.data
         group = data.groups[ref.dataset]
         spec = group.samples[ref.index]
         scanned = data.scanned[group.dataset]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import signal
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -227,8 +229,10 @@ class Trainer:
         self.sampler.at_start(global_step)
         try:
             with loop.signals:
-                for epoch in range(plan.epoch_of_step(global_step), plan.epochs):
-                    global_step = self._train_epoch(loop, epoch, global_step)
+                first = plan.epoch_of_step(global_step)
+                batches = self._batches(loop, first, global_step)
+                for epoch in range(first, plan.epochs):
+                    global_step = self._train_epoch(loop, epoch, global_step, batches)
                     self.sampler.after_epoch(epoch + 1, global_step)
                     if self.validator.due_after_epoch(epoch + 1):
                         loop.reporter.validation(global_step, self.validator.run())
@@ -249,20 +253,29 @@ class Trainer:
         # entry point ends launched processes with os._exit instead (library/cli.py).
         return final
 
-    def _train_epoch(self, loop: _Loop, epoch: int, global_step: int) -> int:
-        """Run the optimizer steps of one epoch from ``global_step``; return the new step count."""
-        acc, plan, training = self.accelerator, self.plan, self.config.training
-        start = global_step - epoch * plan.steps_per_epoch
+    def _batches(self, loop: _Loop, first: int, global_step: int) -> Iterator[dict]:
+        """This process's micro-batches from ``global_step`` to the end of the run, from one
+        loader: its workers start once and load across epoch boundaries."""
+        plan, training = self.plan, self.config.training
         loader = self.data.loader(
-            epoch,
-            acc.process_index,
-            start,
+            first,
+            self.accelerator.process_index,
+            global_step - first * plan.steps_per_epoch,
             training.max_data_loader_n_workers,
             training.persistent_data_loader_workers,
             loop.source,
+            epochs=plan.epochs - first,
         )
+        return iter(loader)
+
+    def _train_epoch(self, loop: _Loop, epoch: int, global_step: int, batches: Iterator[dict]) -> int:
+        """Run the optimizer steps of one epoch from ``global_step``, taking its micro-batches
+        from ``batches``; return the new step count."""
+        acc, plan = self.accelerator, self.plan
+        start = global_step - epoch * plan.steps_per_epoch
+        epoch_batches = itertools.islice(batches, (plan.steps_per_epoch - start) * plan.accumulation)
         loss_sum = torch.zeros((), device=acc.device)
-        for micro, batch in enumerate(loader):
+        for micro, batch in enumerate(epoch_batches):
             with acc.accumulate(*loop.trained):
                 if self.sharded:  # accelerate's no_sync covers DDP modules, not FSDP ones
                     set_gradient_sync(loop.inputs.denoiser, acc.sync_gradients)

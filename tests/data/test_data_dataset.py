@@ -88,6 +88,26 @@ def test_loader_follows_the_schedule_and_start_step(tmp_path):
     assert [b["positions"].tolist() for b in batches] == [[r.position for r in m] for m in expected]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_one_loader_serves_several_epochs_as_one_loader_each(tmp_path, num_workers):
+    """The trainer's run-long loader (its workers start once): epochs 1 to 3 from step 1 of
+    epoch 1 give, in order, the batches three loaders of one epoch each give."""
+    config, _ = _folders(tmp_path)
+    data = TrainData([config], seed=5, accumulation=2, world_size=1, prior_loss_weight=0.25)
+    each = [
+        *data.loader(1, 0, start_step=1),
+        *data.loader(2, 0),
+        *data.loader(3, 0),
+    ]
+    run = list(data.loader(1, 0, start_step=1, num_workers=num_workers, epochs=3))
+    assert len(run) == len(each) > 2 * data.schedule.steps_per_epoch  # more than one epoch
+    for a, b in zip(run, each, strict=True):
+        assert a["epoch"] == b["epoch"] and a["captions"] == b["captions"]
+        assert torch.equal(a["positions"], b["positions"])
+        assert torch.equal(a["pixel_values"], b["pixel_values"])  # flips and crops keyed alike
+    assert [b["epoch"] for b in run][0] == 1 and [b["epoch"] for b in run][-1] == 3
+
+
 def test_bad_image_stops_before_training(tmp_path):
     config, _ = _folders(tmp_path)
     (tmp_path / "2_sks dog" / "img1.png").write_bytes(b"broken")

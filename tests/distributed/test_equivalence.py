@@ -70,9 +70,10 @@ def test_three_layouts_write_the_same_weights(runs, mode, tiny_model_dir):
             assert any(k.startswith("lora_te2_") for k in weights)
 
 
-@pytest.mark.parametrize("mode", ["unet-lora", "flux-lora", "sd3-lora", "loha-dora"])
+@pytest.mark.parametrize("mode", ["unet-lora", "flux-lora"])
 def test_another_effective_batch_gives_other_weights(runs, mode):
-    """Guards the test above: 2 samples per step instead of 4 must change the result."""
+    """Guards the test above at both of its tolerances: 2 samples per step instead of 4 must
+    change the result."""
     four = runs.equivalence(mode, "2x2x1").weights()
     two = runs.equivalence(mode, "1x2x1").weights()
     assert _max_diff(four, two) > 100 * MODE_ATOL.get(mode, ATOL)
