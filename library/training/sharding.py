@@ -25,14 +25,11 @@ from torch import nn
 RESHARD_AFTER_FORWARD = {"full_shard": True, "shard_grad_op": False}
 
 
-def _dtensor_type():
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """A DTensor: a slice of a tensor spread over the processes."""
     from torch.distributed.tensor import DTensor
 
-    return DTensor
-
-
-def is_sharded(tensor: torch.Tensor) -> bool:
-    return isinstance(tensor, _dtensor_type())
+    return isinstance(tensor, DTensor)
 
 
 def local_part(tensor: torch.Tensor) -> torch.Tensor:
@@ -201,14 +198,6 @@ def sharded_optimizer_state(state: dict, params: list[torch.Tensor]) -> dict:
 def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """The optimizer's parameters in state_dict order."""
     return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def any_process(accelerator, flag: bool) -> bool:
-    """True on every process when ``flag`` is True on any (a collective)."""
-    if accelerator.num_processes == 1:
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
-    return bool(accelerator.reduce(value, "sum").item() > 0)
 
 
 def shards(config, accelerator) -> bool:

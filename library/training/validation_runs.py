@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from library.config.schema import Config
@@ -53,15 +54,15 @@ class Validator:
     def run(self) -> float:
         """The mean validation loss over every validation image of every process."""
         acc, inputs = self.accelerator, self.inputs
-        reduce = lambda x: acc.reduce(x, "sum")  # noqa: E731
-        if self.lockstep:
+        if self.lockstep:  # every process scores every batch: nothing to sum over processes
             shares = range(acc.num_processes)
             batches = itertools.chain.from_iterable(
                 self.data.validation_loader(rank, self.source, self.max_batches) for rank in shares
             )
-            reduce = None  # every process scored every batch already
+            reduce = None
         else:
             batches = self.data.validation_loader(acc.process_index, self.source, self.max_batches)
+            reduce = functools.partial(acc.reduce, reduction="sum")
         timesteps = inputs.objective.validation_levels()
         if self.optimizer is not None:
             optimizer_eval_mode(self.optimizer)
