@@ -37,12 +37,27 @@ def tiny_sdxl_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def quickstart_in_background(request, tmp_path_factory):
+def quickstart_process(request, tmp_path_factory):
     """When the session runs a test of the README's quickstart run (about a minute of
-    training), start that run at once, beside the other tests, instead of when its first test
-    asks for it."""
+    training), that run starts at once, beside the other tests, instead of when its first test
+    asks for it (quickstart_output). None when no selected test needs it."""
     needs = ("test_quickstart.py", "test_learning_demo.py")
-    if any(item.path.name in needs for item in request.session.items):
-        from tests.integration.test_quickstart import start_quickstart
+    if not any(item.path.name in needs for item in request.session.items):
+        yield None
+        return
+    from tests.integration.test_quickstart import start_quickstart
 
-        start_quickstart(tmp_path_factory)
+    proc = start_quickstart(tmp_path_factory)
+    yield proc
+    if proc.poll() is None:  # the session ended (-x, Ctrl-C) before a test waited for it
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def quickstart_output(quickstart_process, tmp_path_factory):
+    """The quickstart run's output folder, once the run has finished."""
+    from tests.integration.test_quickstart import finish_quickstart, start_quickstart
+
+    proc = quickstart_process or start_quickstart(tmp_path_factory)
+    return finish_quickstart(proc, tmp_path_factory)

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.test_quickstart import REPO, run_quickstart
+from tests.integration.test_quickstart import REPO
 
 MODEL = REPO / "examples" / "tiny-shapes"
 CONCEPT_IMAGES = REPO / "examples" / "shapes-concept" / "train" / "10_sks shape"
@@ -203,8 +203,8 @@ def test_example_model_does_not_know_the_concept(base_pipe):
 
 
 @pytest.fixture(scope="module")
-def quickstart(tmp_path_factory):
-    return run_quickstart(tmp_path_factory)
+def quickstart(quickstart_output):
+    return quickstart_output
 
 
 def test_quickstart_samples_show_the_concept_learned(quickstart, training_stats):

@@ -1,7 +1,7 @@
 """The README's quickstart command, as a user types it, produces a LoRA file that loads.
 
 The run is shared with tests/integration/test_learning_demo.py, which measures what it learned:
-``run_quickstart`` runs it once per test session.
+the ``quickstart_output`` fixture (tests/conftest.py) runs it once per test session.
 """
 
 import os
@@ -22,9 +22,8 @@ def _output(tmp_path_factory) -> Path:
 
 def start_quickstart(tmp_path_factory) -> subprocess.Popen:
     """Start ``accelerate launch train_network.py --config configs/quickstart.toml`` into the
-    session's quickstart folder, in the background. One thread: the tests go on beside it (a
-    fixture in tests/conftest.py starts it when the session begins)."""
-    global _RUNNING
+    session's quickstart folder, in the background, with one thread: the tests go on beside it
+    (tests/conftest.py starts it when the session begins)."""
     accelerate = shutil.which("accelerate")
     assert accelerate, "accelerate's launcher is installed with requirements.txt"
     out = _output(tmp_path_factory)
@@ -32,32 +31,24 @@ def start_quickstart(tmp_path_factory) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     # files, not pipes: nobody reads a pipe while the tests go on, and a full one would block
     with open(out / "stdout.part", "w") as stdout, open(out / "stderr.txt", "w") as stderr:
-        _RUNNING = subprocess.Popen(
+        return subprocess.Popen(
             [accelerate, "launch", "train_network.py", "--config", "configs/quickstart.toml", "--output_dir", str(out)],
             cwd=REPO, env=env, stdout=stdout, stderr=stderr,
         )  # fmt: skip
-    return _RUNNING
 
 
-_RUNNING: subprocess.Popen | None = None
-
-
-def run_quickstart(tmp_path_factory) -> Path:
-    """The quickstart run's output folder once it has finished (its stdout is kept there in
-    ``stdout.txt``): started now unless the session started it already; once per session."""
+def finish_quickstart(proc: subprocess.Popen, tmp_path_factory) -> Path:
+    """Wait for the quickstart run ``proc``; its output folder, with its stdout kept in
+    ``stdout.txt``."""
     out = _output(tmp_path_factory)
-    stdout = out / "stdout.txt"
-    if stdout.exists():
-        return out
-    proc = _RUNNING or start_quickstart(tmp_path_factory)
     code = proc.wait(timeout=900)
     assert code == 0, (out / "stderr.txt").read_text(encoding="utf-8")[-3000:]
-    (out / "stdout.part").rename(stdout)
+    (out / "stdout.part").rename(out / "stdout.txt")
     return out
 
 
-def test_quickstart_command(tmp_path_factory):
-    out = run_quickstart(tmp_path_factory)
+def test_quickstart_command(quickstart_output):
+    out = quickstart_output
     assert "total optimizer steps" in (out / "stdout.txt").read_text(encoding="utf-8")
     tensors, metadata = read_lora_file(out / "quickstart.safetensors")
     assert metadata["ss_network_module"] == "networks.lora"
