@@ -21,13 +21,16 @@ def main(argv: list[str] | None = None) -> int:
     from library.host_allocator import keep_freed_host_memory
 
     keep_freed_host_memory()  # before the first large allocation
-    from library.config.cli_args import parse_cli
+    from library.config.cli_args import parse_cli, wants_json
     from library.config.loader import load_config
     from library.errors import STOPPED_BY_USER, DifftuneError, exit_code_of
+    from library.plan_json import failure_document
 
+    argv = sys.argv[1:] if argv is None else argv
+    json_out = wants_json(argv)
     try:
-        args = parse_cli(sys.argv[1:] if argv is None else argv)
-        config = load_config(args.config_paths, args.overrides)
+        args = parse_cli(argv)
+        config = load_config(args.config_paths, args.overrides, args.ignore_unknown_keys)
         if _is_main_process():
             for notice in config.notices:
                 print(f"warning: {notice}", file=sys.stderr)
@@ -49,11 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     except DifftuneError as exc:
         if _is_main_process():
             print(f"error: {exc}", file=sys.stderr)
+            if json_out:
+                print(failure_document(exc))
         return exit_code_of(exc)
     except KeyboardInterrupt as exc:
         if _is_main_process():
             print(STOPPED_BY_USER, file=sys.stderr)
+            if json_out:
+                print(failure_document(exc))
         return exit_code_of(exc)
+    except Exception as exc:  # a bug: the traceback goes to stderr, the JSON still to stdout
+        if json_out and _is_main_process():
+            print(failure_document(exc))
+        raise
 
 
 def exit_process(code: int) -> None:

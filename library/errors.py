@@ -16,6 +16,8 @@ Exit codes (docs/batch-runs.md; the run summary records the same code):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 EXIT_FINISHED = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -23,10 +25,38 @@ EXIT_STOPPED_BY_USER = 130  # 128 + SIGINT, also a second Ctrl-C that does not w
 STOPPED_BY_USER = "stopped by the user"
 
 
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input: what (the message, with its fix) and, where known, the
+    file and the key it concerns (for ``--dry_run --json``)."""
+
+    message: str
+    file: str | None = None
+    key: str | None = None
+
+    def report(self) -> dict:
+        return {"file": self.file, "key": self.key, "message": self.message}
+
+
 class DifftuneError(Exception):
-    """A problem in the user's input or environment, reported without a traceback."""
+    """A problem in the user's input or environment, reported without a traceback.
+
+    ``problems`` lists every problem the message reports (one error may name several); each
+    says which file and key it concerns where that is known.
+    """
 
     exit_code = EXIT_BAD_INPUT
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        file: str | None = None,
+        key: str | None = None,
+        problems: tuple[Problem, ...] = (),
+    ):
+        super().__init__(message)
+        self.problems = tuple(problems) or (Problem(message, file, key),)
 
 
 class ConfigError(DifftuneError):
@@ -79,6 +109,8 @@ def exit_reason_of(exc: BaseException | None) -> str | None:
         return STOPPED_BY_USER
     text = str(exc).strip()
     if isinstance(exc, DifftuneError):
-        return " ".join(text.split()) if "\n" in text else text
+        # one error listing several problems: "<header>: <first>; <second>; ..."
+        lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+        return lines[0] + (" " + "; ".join(lines[1:]) if len(lines) > 1 else "")
     first = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

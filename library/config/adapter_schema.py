@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from library.config.section import Section
+from library.networks.lycoris.spec import LycorisSpec
 
 LYCORIS_MODULE = "lycoris.kohya"
 Algo = Literal["lora", "locon", "loha", "lokr"]
@@ -181,3 +182,14 @@ def adapter_problem(adapter: AdapterSection, network_module: str) -> str | None:
             )
         return f'{key} is a LyCORIS option; set network_module = "{LYCORIS_MODULE}" or remove it'
     return None
+
+
+def lycoris_spec(config) -> LycorisSpec:
+    """The LyCORIS spec a config (its ``network`` and ``adapter`` sections) asks for;
+    ValueError naming the network_args item LyCORIS would refuse. The config check calls it, so
+    such a value stops at config load, before any model is read."""
+    net, adapter = config.network, config.adapter
+    options = {k: v for k, v in adapter.model_dump().items() if v is not None and k != "preset"}
+    return LycorisSpec.from_config(
+        options, net.network_dim, net.network_alpha, net.conv_dim, net.conv_alpha
+    )

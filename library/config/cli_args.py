@@ -37,7 +37,7 @@ All keys, types and defaults: docs/config.md; data options explained: docs/data.
 
 USAGE = f"""\
 usage: train_network.py --config FILE.toml [--config MORE.toml ...] [--print_config]
-                        [--dry_run [--json]] [--key value ...]
+                        [--dry_run [--json]] [--ignore_unknown_keys] [--key value ...]
 
   --config FILE, --config_file FILE
                   a difftune (sectioned) or kohya (flat args) TOML config. Give several to
@@ -51,14 +51,19 @@ usage: train_network.py --config FILE.toml [--config MORE.toml ...] [--print_con
   --dry_run       check the config, data and model, print the plan (images, buckets, steps, saves,
                   peak memory), then stop; the model is built at its shapes, no weights are read
   --json          with --dry_run: print the plan as one JSON document on stdout (schema: see
-                  "Dry-run JSON" in docs/batch-runs.md); warnings stay on stderr
+                  "Dry-run JSON" in docs/batch-runs.md); warnings stay on stderr. A refused
+                  run prints a JSON document too, with the error and every problem.
+  --ignore_unknown_keys
+                  load config files that hold keys no tool defines (a front end's leftovers)
+                  without them, listing them in one warning; without it they are errors, so
+                  a typo is never ignored. Other problems still stop the run.
   -h, --help      show this help
 
 {OVERRIDE_HELP}
 """
 
 _CONFIG_OPTIONS = ("config", "config_file")
-_ACTIONS = ("print_config", "dry_run", "json")
+_ACTIONS = ("print_config", "dry_run", "json", "ignore_unknown_keys")
 
 
 @dataclass(frozen=True)
@@ -70,10 +75,11 @@ class CliArgs:
     print_config: bool = False
     dry_run: bool = False
     json: bool = False  # with dry_run: the plan as one JSON document
+    ignore_unknown_keys: bool = False  # load files without the keys no tool defines
 
 
-def _error(text: str) -> ConfigError:
-    return Origin(COMMAND_LINE).error(text)
+def _error(text: str, key: str | None = None) -> ConfigError:
+    return Origin(COMMAND_LINE).error(text, key)
 
 
 def _is_option(token: str) -> bool:
@@ -105,6 +111,13 @@ def _flag(name: str, raw: RawValue) -> bool:
     raise _error(f'option "--{name}" takes true or false, got "{raw}"')
 
 
+def wants_json(argv: list[str]) -> bool:
+    """Whether the command line asks for the dry run's JSON document (--dry_run --json, no
+    --print_config), judged from the tokens alone, so a refused command line still gets JSON."""
+    names = {token[2:].partition("=")[0].replace("-", "_") for token in argv if _is_option(token)}
+    return {"dry_run", "json"} <= names and "print_config" not in names
+
+
 def parse_cli(argv: list[str]) -> CliArgs:
     """Parse the arguments after the program name.
 
@@ -129,7 +142,7 @@ def parse_cli(argv: list[str]) -> CliArgs:
             canonical = ALIASES.get(name, name)
             if key_kind(canonical) in ("dataset", "unknown"):
                 extra = _CONFIG_OPTIONS + _ACTIONS
-                raise _error(flat_key_problem(name, Origin(COMMAND_LINE), extra))
+                raise _error(flat_key_problem(name, Origin(COMMAND_LINE), extra), name)
         raw, i = _take_value(name, inline, argv, i)
         if name in _CONFIG_OPTIONS:
             config_paths.append(raw)

@@ -2,7 +2,7 @@
 
 Keys live in one flat namespace: top-level keys and the keys of any table are collected (kohya
 flattens one level) and routed to their section by name. ``[general]`` and ``[[datasets]]`` are
-kohya's dataset schema, resolved with kohya's precedence (see docs/config.md).
+kohya's dataset schema, resolved with kohya's precedence (library.config.dataset_loader).
 
 Several config files are layers, applied in order with the command line last. Each file is read
 and checked on its own (within a file, a key written twice with different values is an error);
@@ -11,12 +11,13 @@ clears it. The training data is replaced whole: a layer that gives ``[[datasets]
 ``train_data_dir`` or ``dataset_config`` drops what earlier layers said about the data (their
 ``[[datasets]]``, ``[general]``, ``train_data_dir``, ``reg_data_dir``, ``in_json`` and
 ``dataset_config``). Dataset keys written flat are defaults and layer key by key.
+
+Every problem of the files is collected and refused in one error (library.config.problems).
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,14 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from library.config import kohya
-from library.config.dataset_schema import DatasetConfig, SubsetConfig
+from library.config.dataset_loader import (
+    UPPER_KEYS,
+    DataGiven,
+    DatasetInputs,
+    build_datasets,
+    check_dataset_keys,
+    table_keys,
+)
 from library.config.frontend_keys import FRONTEND_ONLY_KEYS
 from library.config.kohya_values import UNSET, normalise
 from library.config.overrides import (
@@ -32,43 +40,29 @@ from library.config.overrides import (
     DEFAULT_KEYS,
     SUBSET_KEYS,
     RawValue,
-    all_key_names,
     annotation,
     flat_key_problem,
     key_kind,
     parse_override,
 )
-from library.config.provenance import DEFAULT, Provenance
+from library.config.problems import Entry, Problems, source_of, sources_note, validate
+from library.config.provenance import Provenance
 from library.config.schema import SECTIONS, Config, field_sections
-from library.config.suggest import (
-    COMMAND_LINE,
-    Origin,
-    did_you_mean,
-    show_value,
-    validation_lines,
-)
+from library.config.suggest import COMMAND_LINE, Origin, show_value
+from library.config.toml_files import read_toml
 from library.errors import ConfigError
-from library.user_files import read_user_text
-
-# A value and where it was written.
-Entry = tuple[object, Origin]
 
 _MODEL_KEY = "pretrained_model_name_or_path"
 # Flat keys that give the training images; a layer with one of them (or [[datasets]]) replaces
 # the earlier layers' data, these keys and the folders that only go with them included.
 _DATA_SOURCE_KEYS = ("train_data_dir", "dataset_config")
 _DATA_KEYS = (*_DATA_SOURCE_KEYS, "reg_data_dir", "in_json")
+# kohya turns sampling off, with a warning, when these are negative (0 is off here too).
+_SAMPLE_CADENCES = ("sample_every_n_steps", "sample_every_n_epochs")
+# sd-scripts' deprecated Flux.1 switch: it sets blocks_to_swap to this when that is unset.
+_SPLIT_MODE_BLOCKS = 18
 
 ConfigPaths = str | os.PathLike | Sequence[str | os.PathLike] | None
-
-
-def read_toml(path: str, what: str = "config file") -> dict:
-    """Parse a TOML file; ConfigError naming the file (and line) when it cannot be read or parsed."""
-    text = read_user_text(path, what)
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config error in {path}: not valid TOML: {e}") from None
 
 
 @dataclass
@@ -88,18 +82,10 @@ class _Layer:
         return given + (["[[datasets]]"] if self.inline is not None else [])
 
 
-@dataclass
-class _Data:
-    """The training data after layering: what the last layer that gave data said, plus the
-    [general] keys of the layers after it."""
-
-    general: dict[str, Entry]
-    inline: list | None
-    inline_file: str | None
-
-
 def load_config(
-    config_paths: ConfigPaths, overrides: Sequence[tuple[str, RawValue]] = ()
+    config_paths: ConfigPaths,
+    overrides: Sequence[tuple[str, RawValue]] = (),
+    ignore_unknown_keys: bool = False,
 ) -> Config:
     """The resolved, validated, immutable Config of TOML files plus overrides (which win).
 
@@ -107,39 +93,44 @@ def load_config(
     earlier one, key by key; see the module docstring for the datasets). ``overrides`` are
     ``(key, raw)`` pairs as parse_cli returns them: raw is the text after ``--key``, a list of
     texts (``--network_args a=1 b=2``) or None for a bare ``--flag``.
-    Raises ConfigError (or DataError from the folder scan) with one line naming file and key.
-    Keys that front ends write and sd-scripts never reads are ignored and listed in
-    ``Config.notices``. Where each value came from is in ``provenance(config)``.
+    Raises ConfigError naming every problem of the files at once (or DataError from the folder
+    scan). Keys that front ends write and sd-scripts never reads are ignored and listed in
+    ``Config.notices``; so are keys no tool defines when ``ignore_unknown_keys`` is true.
+    Where each value came from is in ``provenance(config)``.
     """
     paths = _paths(config_paths)
-    layers = [_file_layer(path) for path in paths]
-    cli = _command_line_layer(overrides)
-    flat, data = _combine([*layers, cli])
+    problems = Problems(ignore_unknown=ignore_unknown_keys)
+    layers = [_file_layer(path, problems) for path in paths]
+    cli = _command_line_layer(overrides, problems)
+    flat, data = _combine([*layers, cli], problems)
     files = _files_text(paths)
+    notices: list[str] = list(_notices(layers))
     if _MODEL_KEY not in flat:
         if not paths:
             raise ConfigError("no config given: pass --config FILE (a difftune or kohya TOML)")
-        raise Origin(files).error(
-            f'"{_MODEL_KEY}" is missing: set it to the local folder of a diffusers-format model'
+        problems.add(
+            Origin(files),
+            f'"{_MODEL_KEY}" is missing: set it to the local folder of a diffusers-format model',
+            _MODEL_KEY,
         )
-    notices: list[str] = []
     order = {layer.file: i for i, layer in enumerate([*layers, cli])}
-    flat = _apply_kohya(flat, notices, order)
+    flat = _apply_kohya(flat, notices, order, problems)
     dataset_defaults = {k: flat.pop(k) for k in list(flat) if k in DEFAULT_KEYS}
-    sources = {key: _source(origin) for key, (_, origin) in {**flat, **dataset_defaults}.items()}
-    sections = _build_sections(flat, files)
-    datasets = _build_datasets(flat, sections, data, files, dataset_defaults, sources)
+    sources = {key: source_of(o) for key, (_, o) in {**flat, **dataset_defaults}.items()}
+    sections = _build_sections(flat, files, problems)
+    problems.raise_if_any()
+    inputs = DatasetInputs(flat, sections, files, dataset_defaults, sources, problems, notices)
+    datasets = build_datasets(data, inputs)
+    problems.raise_if_any()
+    notices += problems.ignored_notices()
     try:
         plain = {key: value for key, (value, _) in dataset_defaults.items()}
         config = Config(
-            **sections,
-            datasets=datasets,
-            dataset_defaults=plain,
-            notices=_notices(layers) + tuple(notices),
+            **sections, datasets=datasets, dataset_defaults=plain, notices=tuple(notices)
         )
     except ValidationError as exc:  # rules across sections; each field is already valid
         message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
-        raise Origin(files).error(message) from None
+        raise Origin(files).error(message + sources_note(message, sources, files)) from None
     given = (kohya.ALIASES.get(key, key) for key, _ in overrides)
     config._provenance = Provenance(tuple(paths), tuple(dict.fromkeys(given)), sources)
     return config
@@ -156,10 +147,6 @@ def _paths(config_paths: ConfigPaths) -> list[str]:
 def _files_text(paths: list[str]) -> str:
     """The config files for a message that concerns all of them: "a.toml and b.toml"."""
     return " and ".join(dict.fromkeys(paths)) or COMMAND_LINE
-
-
-def _source(origin: Origin) -> str:
-    return DEFAULT if origin.default else origin.file
 
 
 def _with_toml_suffix(path: str) -> str:
@@ -186,55 +173,41 @@ def _notices(layers: list[_Layer]) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _file_layer(path: str) -> _Layer:
-    """Read one config file: its flat keys (checked: unknown keys and a key set twice with
-    different values are errors), its [general] keys and its [[datasets]] (keys checked)."""
+def _file_layer(path: str, problems: Problems) -> _Layer:
+    """Read one config file: its flat keys (unknown keys and a key set twice with different
+    values go to ``problems``), its [general] keys and its [[datasets]] (keys checked)."""
     layer = _Layer(path)
     general: dict = {}
     for name, value in read_toml(path).items():
         if name == "datasets":
             layer.inline = value
         elif name == "general" and isinstance(value, dict):
-            general = _split_general(value, layer)
+            general = _split_general(value, layer, problems)
         elif isinstance(value, dict) and name not in field_sections():
             for key, item in value.items():
-                _put(layer, key, item, Origin(path, table=name))
+                _put(layer, key, item, Origin(path, table=name), problems)
         else:
-            _put(layer, name, value, Origin(path))
+            _put(layer, name, value, Origin(path), problems)
     # a key written "" in one table and set in another is set (kohya flattens the tables)
     layer.unset = {k: o for k, o in layer.unset.items() if k not in layer.flat}
-    layer.general = _level(general, Origin(path, path="general"), _UPPER_KEYS, layer.general_unset)
+    origin = Origin(path, path="general")
+    layer.general = table_keys(general, origin, UPPER_KEYS, problems, layer.general_unset)
     if layer.inline is not None:
-        _check_dataset_keys(layer.inline, path)
+        check_dataset_keys(layer.inline, path, problems)
     return layer
 
 
-def _split_general(table: dict, layer: _Layer) -> dict:
+def _split_general(table: dict, layer: _Layer, problems: Problems) -> dict:
     # A flat-args preset may name a table [general]; its non-dataset keys are plain arguments.
     dataset_keys = set(DATASET_KEYS + SUBSET_KEYS)
     general = {}
     for key, value in table.items():
         name = kohya.ALIASES.get(key, key)
         if (key_kind(name) == "flat" and name not in dataset_keys) or name in FRONTEND_ONLY_KEYS:
-            _put(layer, key, value, Origin(layer.file, table="general"))
+            _put(layer, key, value, Origin(layer.file, table="general"), problems)
         else:
             general[key] = value
     return general
-
-
-def _check_dataset_keys(datasets: object, file: str) -> None:
-    """Check the keys of every [[datasets]] and [[datasets.subsets]] table of a file, also of
-    those a later layer replaces; the datasets used are checked in full by _resolve."""
-    if not isinstance(datasets, list):
-        return
-    for i, raw in enumerate(datasets):
-        if not isinstance(raw, dict):
-            continue
-        _level(_without(raw, "subsets"), Origin(file, path=f"datasets[{i}]"), _UPPER_KEYS)
-        subsets = raw.get("subsets")
-        for j, sub in enumerate(subsets if isinstance(subsets, list) else []):
-            if isinstance(sub, dict):
-                _level(sub, Origin(file, path=f"datasets[{i}].subsets[{j}]"), SUBSET_KEYS)
 
 
 def _typed_value(name: str, value: object) -> object:
@@ -244,14 +217,18 @@ def _typed_value(name: str, value: object) -> object:
     )
 
 
-def _put(layer: _Layer, key: str, value: object, origin: Origin) -> None:
+def _put(layer: _Layer, key: str, value: object, origin: Origin, problems: Problems) -> None:
     name = kohya.ALIASES.get(key, key)
     kind = key_kind(name)
     if kind == "unknown" and name in FRONTEND_ONLY_KEYS:
         layer.ignored.append(name)
         return
-    if kind in ("dataset", "unknown"):
-        raise origin.error(flat_key_problem(key, origin))
+    if kind == "unknown":
+        problems.add_unknown(origin, flat_key_problem(key, origin), key)
+        return
+    if kind == "dataset":
+        problems.add(origin, flat_key_problem(key, origin), key)
+        return
     value = _typed_value(name, value)
     if value is UNSET:
         layer.unset.setdefault(name, origin)
@@ -260,25 +237,31 @@ def _put(layer: _Layer, key: str, value: object, origin: Origin) -> None:
         first_value, first = layer.flat[name]
         if kohya.same_value(first_value, value):
             return  # kohya flattens tables: the same value written twice is one setting
-        raise origin.error(
+        problems.add(
+            origin,
             f'"{name}" is set twice with different values: {show_value(first_value)} '
             f"{first.where().strip() or 'at the top level'} and {show_value(value)}"
-            f"{origin.where()}; keep one"
+            f"{origin.where()}; keep one",
+            name,
         )
+        return
     layer.flat[name] = (value, origin)
 
 
-def _command_line_layer(overrides: Sequence[tuple[str, RawValue]]) -> _Layer:
+def _command_line_layer(overrides: Sequence[tuple[str, RawValue]], problems: Problems) -> _Layer:
     """The overrides as the last layer; a key given twice takes its last value."""
     layer = _Layer(COMMAND_LINE)
     origin = Origin(COMMAND_LINE)
     for key, raw in overrides:
         name = kohya.ALIASES.get(key, key)
         if key_kind(name) in ("dataset", "unknown"):
-            raise origin.error(flat_key_problem(key, origin))
+            # never an "unknown key" that --ignore_unknown_keys drops: a typed option is meant
+            problems.add(origin, flat_key_problem(key, origin), key)
+            continue
         value = parse_override(name, raw)
         if value is None:
-            raise origin.error(f'option "--{key}" needs a value')
+            problems.add(origin, f'option "--{key}" needs a value', key)
+            continue
         value = _typed_value(name, value)
         if value is UNSET:  # --vae "" unsets what a file set
             layer.flat.pop(name, None)
@@ -289,21 +272,21 @@ def _command_line_layer(overrides: Sequence[tuple[str, RawValue]]) -> _Layer:
     return layer
 
 
-def _combine(layers: list[_Layer]) -> tuple[dict[str, Entry], _Data]:
+def _combine(layers: list[_Layer], problems: Problems) -> tuple[dict[str, Entry], DataGiven]:
     """Apply the layers in order: a later value replaces an earlier one, a later unset clears
     it, and a layer that gives the training images replaces the earlier layers' data whole."""
     flat: dict[str, Entry] = {}
-    data = _Data({}, None, None)
+    data = DataGiven({}, None, None)
     for layer in layers:
         given = layer.data_sources()
         if len(given) > 1:
-            raise Origin(layer.file).error(
-                f"{' and '.join(given)} both give the training images; use one"
+            problems.add(
+                Origin(layer.file), f"{' and '.join(given)} both give the training images; use one"
             )
         if given:
             for key in _DATA_KEYS:
                 flat.pop(key, None)
-            data = _Data({}, None, None)
+            data = DataGiven({}, None, None)
         for key in layer.unset:
             flat.pop(key, None)
         flat.update(layer.flat)
@@ -316,17 +299,18 @@ def _combine(layers: list[_Layer]) -> tuple[dict[str, Entry], _Data]:
 
 
 def _apply_kohya(
-    flat: dict[str, Entry], notices: list[str], order: dict[str, int]
+    flat: dict[str, Entry], notices: list[str], order: dict[str, int], problems: Problems
 ) -> dict[str, Entry]:
-    """Drop "off" unsupported keys (and ignored ones, noting those that are not off), reject
+    """Drop "off" unsupported keys (and ignored ones, noting those that are not off), report
     the others, and expand kohya conveniences. ``order`` ranks the layers by file."""
     out: dict[str, Entry] = {}
-    _deepspeed_keys(flat, notices)
+    _deepspeed_keys(flat, notices, problems)
+    _split_mode(flat, notices)
     for key, (value, origin) in flat.items():
         if key in kohya.UNSUPPORTED:
             problem = kohya.unsupported_problem(key, value)
             if problem:
-                raise origin.error(problem)
+                problems.add(origin, problem, key)
             notice = kohya.ignored_notice(key, value)
             if notice:
                 notices.append(f"{origin.file}: {notice}")
@@ -335,26 +319,37 @@ def _apply_kohya(
             value = kohya.normalise_optimizer(value)
         problem = kohya.unsupported_value_problem(key, value)
         if problem:
-            raise origin.error(problem)
+            problems.add(origin, problem, key)
+            continue
+        if key in _SAMPLE_CADENCES and _is_number(value) and value < 0:
+            notices.append(f"{origin.file}: {key} = {value} turns sampling off, as in sd-scripts")
+            continue
         out[key] = (value, origin)
-    _expand_network_args(out, order)
+    _expand_network_args(out, order, problems)
     if "optimizer_args" in out and _is_str_list(out["optimizer_args"][0]):
         value, origin = out["optimizer_args"]
         try:
             kohya.parse_kv_args(value)  # only to report a bad item now; the list is kept
         except ConfigError as e:
-            raise origin.error(str(e)) from None
+            problems.add(origin, str(e), "optimizer_args")
+            del out["optimizer_args"]  # reported; the section check would say it again
     return out
 
 
-def _deepspeed_keys(flat: dict[str, Entry], notices: list[str]) -> None:
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _deepspeed_keys(flat: dict[str, Entry], notices: list[str], problems: Problems) -> None:
     """kohya's deepspeed and zero_stage, taken out of ``flat``: as the fsdp they mean."""
     deepspeed, origin = flat.pop("deepspeed", (False, None))
     stage, stage_origin = flat.pop("zero_stage", ("", None))
     fsdp = flat.get("fsdp", (None, None))[0]
     mapped, problem = kohya.deepspeed_to_fsdp(deepspeed, stage, fsdp)
     if problem:
-        raise (origin or stage_origin).error(problem)
+        where = origin or stage_origin
+        problems.add(where, problem, "deepspeed" if origin else "zero_stage")
+        return
     if mapped is None:
         if stage_origin is not None and stage not in ("", kohya.KOHYA_ZERO_STAGE):
             notices.append(
@@ -369,18 +364,40 @@ def _deepspeed_keys(flat: dict[str, Entry], notices: list[str]) -> None:
     )
 
 
+def _split_mode(flat: dict[str, Entry], notices: list[str]) -> None:
+    """sd-scripts' deprecated split_mode, taken out of ``flat``: as sd-scripts reads it, the
+    block swap of 18 blocks when blocks_to_swap is unset, else nothing (with its warning)."""
+    value, origin = flat.pop("split_mode", (False, None))
+    if value is not True:
+        if origin is not None and value is not False:
+            flat["split_mode"] = (value, origin)  # not true or false: the schema check names it
+        return
+    if "blocks_to_swap" in flat:
+        notices.append(
+            f"{origin.file}: split_mode is ignored because blocks_to_swap is set, as in "
+            "sd-scripts (split_mode is deprecated there)"
+        )
+        return
+    flat["blocks_to_swap"] = (_SPLIT_MODE_BLOCKS, origin)
+    notices.append(
+        f"{origin.file}: split_mode = true means blocks_to_swap = {_SPLIT_MODE_BLOCKS}, as in "
+        "sd-scripts (split_mode is deprecated there; write blocks_to_swap)"
+    )
+
+
 def _is_str_list(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _expand_network_args(out: dict[str, Entry], order: dict[str, int]) -> None:
+def _expand_network_args(out: dict[str, Entry], order: dict[str, int], problems: Problems) -> None:
     if "network_args" not in out or not _is_str_list(out["network_args"][0]):
         return
     items, origin = out["network_args"]
     try:
         values = kohya.network_args_values(items)
     except ConfigError as e:
-        raise origin.error(str(e)) from None
+        problems.add(origin, str(e), "network_args")
+        return
     for key, value in values.items():
         value = _typed_value(key, value)
         if value is UNSET:  # e.g. "conv_dim=0": kohya adapts no layer with rank 0
@@ -390,224 +407,28 @@ def _expand_network_args(out: dict[str, Entry], order: dict[str, int]) -> None:
             if order[written.file] > order[origin.file]:
                 continue  # a later layer's own key wins over an earlier layer's network_args
             if order[written.file] == order[origin.file]:
-                raise origin.error(
+                problems.add(
+                    origin,
                     f"{key} = {show_value(out[key][0])} conflicts with network_args "
-                    f'"{key}={value}"; keep one'
+                    f'"{key}={value}"; keep one',
+                    key,
                 )
+                continue
         out[key] = (value, origin)
 
 
-def _validate(model: type[BaseModel], values: dict[str, Entry], fallback: Origin) -> BaseModel:
-    """Validate one model; ConfigError naming the file and key of the first problem."""
-    plain = {k: v for k, (v, _) in values.items()}
-    try:
-        return model.model_validate(plain)
-    except ValidationError as exc:
-
-        def locate(key: str | None) -> tuple[str, str]:
-            if key is None:
-                written = {o.file for _, o in values.values() if not o.default}
-                files = sorted(written or {fallback.file})
-                return " and ".join(files), fallback.path or ""
-            origin = values[key][1] if key in values else fallback
-            return origin.file, origin.shown(key)
-
-        raise ConfigError(validation_lines(model, exc, locate, plain)) from None
-
-
-def _build_sections(flat: dict[str, Entry], main_file: str) -> dict[str, BaseModel]:
+def _build_sections(
+    flat: dict[str, Entry], files: str, problems: Problems
+) -> dict[str, BaseModel | None]:
+    """Every section validated (None where it has problems, added to ``problems``)."""
     owner = field_sections()
     grouped: dict[str, dict[str, Entry]] = {name: {} for name in SECTIONS}
     for key, entry in flat.items():
         grouped[owner[key]][key] = entry
-    return {
-        name: _validate(model, grouped[name], Origin(main_file)) for name, model in SECTIONS.items()
-    }
-
-
-def _build_datasets(
-    flat: dict[str, Entry],
-    sections: dict[str, BaseModel],
-    data_given: _Data,
-    files: str,
-    dataset_defaults: dict[str, Entry],
-    sources: dict[str, str],
-) -> list[DatasetConfig]:
-    """Resolve the datasets from the one source left after layering: train_data_dir,
-    dataset_config or [[datasets]]; record where each dataset key came from in ``sources``.
-
-    ``dataset_defaults`` are dataset and subset keys written flat (kohya's plain arguments).
-    """
-    data = sections["data"]
-    general, inline = data_given.general, data_given.inline
-    if data.reg_data_dir is not None and data.train_data_dir is None:
-        raise flat["reg_data_dir"][1].error(
-            "reg_data_dir needs train_data_dir; in a dataset config add the folder as a subset "
-            "with is_reg = true"
-        )
-    if data.train_data_dir is None and data.dataset_config is None and inline is None:
-        raise Origin(files).error(
-            "no training images: set train_data_dir, dataset_config or [[datasets]]"
-        )
-    if general and data.dataset_config is not None:
-        written = next(iter(general.values()))[1].file
-        raise Origin(written).error(
-            "[general] dataset keys in the config file cannot be combined with dataset_config; "
-            "move them into the [general] table of the dataset config"
-        )
-    defaults = {
-        **dataset_defaults,
-        "batch_size": _entry(flat, "train_batch_size", sections["training"], files),
-        "resolution": _entry(flat, "resolution", data, files),
-        "caption_extension": _entry(flat, "caption_extension", data, files),
-    }
-    if data.dataset_config is not None:
-        path = data.dataset_config
-        raw_general, inline = _read_dataset_file(path)
-        general = _level(raw_general, Origin(path, path="general"), _UPPER_KEYS)
-        return _resolve(inline, general, defaults, path, sources)
-    if data.train_data_dir is None:
-        return _resolve(inline, general, defaults, data_given.inline_file, sources)
-    where = flat["train_data_dir"][1]
-    if data.in_json is not None:
-        subset = {
-            "image_dir": data.train_data_dir,
-            "metadata_file": data.in_json,
-            "num_repeats": data.dataset_repeats,
-        }
-        inline = [{"subsets": [subset]}]
-    else:
-        inline = [{"subsets": _folder_subsets(data.train_data_dir, data.reg_data_dir, where)}]
-    return _resolve(inline, general, defaults, where.file, sources)
-
-
-def _entry(flat: dict[str, Entry], key: str, section: BaseModel, files: str) -> Entry:
-    # The validated value (schema default when unset) and where the user wrote it.
-    origin = flat[key][1] if key in flat else Origin(files, default=True)
-    return getattr(section, key), origin
-
-
-def _read_dataset_file(path: str) -> tuple[dict, list]:
-    doc = read_toml(path, "dataset_config file")
-    for key in doc:
-        if key not in ("general", "datasets"):
-            raise Origin(path).error(_not_dataset_key(key, Origin(path)))
-    general = doc.get("general", {})
-    if not isinstance(general, dict):
-        raise Origin(path).error("general must be a table: [general]")
-    if not doc.get("datasets"):
-        raise Origin(path).error("no [[datasets]] in the dataset config")
-    return general, doc["datasets"]
-
-
-def _folder_subsets(train_dir: str, reg_dir: str | None, origin: Origin) -> list[dict]:
-    from library.data.folders import dreambooth_subsets  # lazy: data imports heavier modules
-
-    # A folder named "10" has no class tokens (None): leave the key unset so [general] applies.
-    subsets = [
-        {k: v for k, v in subset.items() if v is not None}
-        for subset in dreambooth_subsets(train_dir, reg_dir)
-    ]
-    if not subsets:
-        raise origin.error(
-            f'train_data_dir "{train_dir}" has no "<repeats>_<class tokens>" subfolders'
-        )
-    return subsets
-
-
-def _not_dataset_key(key: str, origin: Origin) -> str:
-    name = kohya.ALIASES.get(key, key)
-    if name in DATASET_KEYS:
-        return f'"{name}" is a dataset key; set it in [[datasets]] or [general], not a subset'
-    if name in SUBSET_KEYS:
-        return f'"{name}" belongs in [[datasets.subsets]]'
-    if key_kind(name) == "flat":
-        return f'"{name}" is a training argument, not a dataset key; set it in the main config'
-    return f'unknown key "{key}"{origin.where()}; {did_you_mean(key, all_key_names())}'
-
-
-def _level(
-    raw: object, origin: Origin, allowed: tuple[str, ...], unset: set[str] | None = None
-) -> dict[str, Entry]:
-    """The keys of one [general] / [[datasets]] / [[datasets.subsets]] table, checked; the
-    keys written with kohya's empty value go into ``unset`` when given."""
-    if not isinstance(raw, dict):
-        raise origin.error(f"{origin.path} must be a table")
-    out: dict[str, Entry] = {}
-    for key, value in raw.items():
-        name = kohya.ALIASES.get(key, key)
-        value = normalise(name, value, _dataset_annotation(name))
-        if value is UNSET:
-            if unset is not None:
-                unset.add(name)
+    sections: dict[str, BaseModel | None] = {}
+    for name, model in SECTIONS.items():
+        if name == "model" and _MODEL_KEY not in flat:
+            sections[name] = None  # already reported, with the fix
             continue
-        if name in kohya.UNSUPPORTED:
-            problem = kohya.unsupported_problem(name, value, origin.shown(name))
-            if problem:
-                raise origin.error(problem)
-        elif name not in allowed:
-            raise origin.error(_not_dataset_key(key, origin))
-        elif name in out:
-            raise origin.error(f'"{name}" is set twice{origin.where()}')
-        else:
-            out[name] = (value, origin)
-    return out
-
-
-def _dataset_annotation(name: str) -> object | None:
-    for model in (DatasetConfig, SubsetConfig):
-        if name in model.model_fields:
-            return model.model_fields[name].annotation
-    return None
-
-
-_UPPER_KEYS = DATASET_KEYS + tuple(
-    k for k in SUBSET_KEYS if k not in ("image_dir", "metadata_file")
-)
-
-
-def _resolve(
-    datasets: object,
-    general: dict[str, Entry],
-    defaults: dict[str, Entry],
-    file: str,
-    sources: dict[str, str],
-) -> list[DatasetConfig]:
-    """Apply subset > dataset > [general] > flat args > default and validate every dataset.
-
-    ``file`` is where the [[datasets]] tables were written; ``sources`` receives the source of
-    every dataset and subset key ("datasets[0].subsets[1].num_repeats").
-    """
-    if not isinstance(datasets, list) or not datasets:
-        raise Origin(file).error("datasets must be a non-empty array of tables: [[datasets]]")
-    upper = {**defaults, **general}
-    resolved = []
-    for i, raw in enumerate(datasets):
-        origin = Origin(file, path=f"datasets[{i}]")
-        if not isinstance(raw, dict):
-            raise origin.error(f"{origin.path} must be a table")
-        fields = {**upper, **_level(_without(raw, "subsets"), origin, _UPPER_KEYS)}
-        subsets_raw = raw.get("subsets")
-        if not isinstance(subsets_raw, list) or not subsets_raw:
-            raise origin.error(f"{origin.path} has no subsets: add [[datasets.subsets]] tables")
-        subsets = []
-        for j, sub in enumerate(subsets_raw):
-            sub_origin = Origin(file, path=f"{origin.path}.subsets[{j}]")
-            merged = {k: v for k, v in fields.items() if k in SUBSET_KEYS}
-            merged.update(_level(sub, sub_origin, SUBSET_KEYS))
-            subsets.append(_validate(SubsetConfig, merged, sub_origin))
-            _record(sources, sub_origin.path, merged)
-        own = {k: v for k, v in fields.items() if k in DATASET_KEYS}
-        _record(sources, origin.path, own)
-        own["subsets"] = (subsets, origin)
-        resolved.append(_validate(DatasetConfig, own, origin))
-    return resolved
-
-
-def _without(table: object, key: str) -> object:
-    return {k: v for k, v in table.items() if k != key} if isinstance(table, dict) else table
-
-
-def _record(sources: dict[str, str], prefix: str, entries: dict[str, Entry]) -> None:
-    for key, (_, origin) in entries.items():
-        sources[f"{prefix}.{key}"] = _source(origin)
+        sections[name] = validate(model, grouped[name], Origin(files), problems)
+    return sections

@@ -11,7 +11,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from library.config.adapter_schema import LYCORIS_MODULE, AdapterSection, adapter_problem
+from library.config.adapter_schema import (
+    LYCORIS_MODULE,
+    AdapterSection,
+    adapter_problem,
+    lycoris_spec,
+)
 from library.config.data_schema import DataSection
 from library.config.dataset_schema import DatasetConfig
 from library.config.flow_schema import FlowSection
@@ -539,6 +544,8 @@ class Config(BaseModel):
                 'network_module = "lycoris.kohya" trains an adapter; with train_mode = "unet" '
                 "remove it"
             )
+        if self.network.network_module == LYCORIS_MODULE:
+            lycoris_spec(self)  # LyCORIS' own rules for its network_args (e.g. factor)
         self._check_data_options()
         self._check_block_swap()
         self._check_sharding()

@@ -89,32 +89,52 @@ def field_problem(model: type[BaseModel], key: str, errors: list[dict]) -> str:
     return f"expected {describe_type(annotation)}"
 
 
+def validation_problems(
+    model: type[BaseModel],
+    exc: ValidationError,
+    locate: Callable[[str | None], tuple[str, str]],
+    values: dict[str, object],
+) -> list[tuple[str, str | None, str]]:
+    """Every problem of a ValidationError, one per field (model-level checks last), as
+    (file, shown key or None, text without the "config error in <file>: " prefix).
+
+    ``locate(key)`` returns (file, shown key name) for a field, e.g. ("d.toml",
+    "datasets[0].subsets[1].num_repeats"); ``locate(None)`` the file of a model-level check and
+    the table it concerns (or "").
+    """
+    by_key: dict[str | None, list[dict]] = {}
+    for err in exc.errors():
+        key = err["loc"][0] if err["loc"] else None
+        if not isinstance(key, str) or key not in model.model_fields:
+            key = None
+        by_key.setdefault(key, []).append(err)
+    problems = []
+    for key, errors in by_key.items():
+        if key is None:
+            continue
+        file, shown = locate(key)
+        problem = field_problem(model, key, errors)
+        if problem == "missing":
+            problems.append((file, shown, f'key "{shown}" is required'))
+        else:
+            value = show_value(values.get(key))
+            problems.append((file, shown, f'key "{shown}" = {value} is not valid: {problem}'))
+    for err in by_key.get(None, []):
+        file, where = locate(None)
+        msg = err["msg"].removeprefix("Value error, ")
+        problems.append((file, None, f"{where + ': ' if where else ''}{msg}"))
+    return problems
+
+
 def validation_lines(
     model: type[BaseModel],
     exc: ValidationError,
     locate: Callable[[str | None], tuple[str, str]],
     values: dict[str, object],
 ) -> str:
-    """The first problem of a ValidationError as one line.
-
-    ``locate(key)`` returns (file, shown key name) for a field, e.g. ("d.toml",
-    "datasets[0].subsets[1].num_repeats"); ``locate(None)`` the file of a model-level check and the table it concerns (or "").
-    """
-    by_key: dict[str | None, list[dict]] = {}
-    for err in exc.errors():
-        key = err["loc"][0] if err["loc"] else None
-        by_key.setdefault(key if isinstance(key, str) else None, []).append(err)
-    key, errors = next(iter(by_key.items()))
-    if key is None or key not in model.model_fields:
-        file, where = locate(None)
-        msg = errors[0]["msg"].removeprefix("Value error, ")
-        return f"config error in {file}: {where + ': ' if where else ''}{msg}"
-    file, shown = locate(key)
-    problem = field_problem(model, key, errors)
-    if problem == "missing":
-        return f'config error in {file}: key "{shown}" is required'
-    value = show_value(values.get(key))
-    return f'config error in {file}: key "{shown}" = {value} is not valid: {problem}'
+    """The first problem of a ValidationError as one line (see validation_problems)."""
+    file, _, text = validation_problems(model, exc, locate, values)[0]
+    return f"config error in {file}: {text}"
 
 
 COMMAND_LINE = "command line"
@@ -143,6 +163,8 @@ class Origin:
             return f" in [{self.table}]"
         return "" if self.file == COMMAND_LINE else " at the top level"
 
-    def error(self, text: str) -> ConfigError:
-        """A ConfigError whose message starts with 'config error in <file>: '."""
-        return ConfigError(f"config error in {self.file}: {text}")
+    def error(self, text: str, key: str | None = None) -> ConfigError:
+        """A ConfigError whose message starts with 'config error in <file>: ' (``key``: the
+        key it concerns, as shown to the user)."""
+        file = None if self.file == COMMAND_LINE else self.file
+        return ConfigError(f"config error in {self.file}: {text}", file=file, key=key)

@@ -73,24 +73,30 @@ def _subfolders(parent: str, role: str, key: str) -> list[Path]:
 
 
 def _parse_folder_name(folder: Path) -> tuple[int, str | None]:
+    """(repeats, class tokens) of a "<repeats>_<class tokens>" folder; DataError without a
+    repeat count. 0 repeats is returned as 0 (the caller leaves the folder out)."""
     match = _REPEATS.match(folder.name)
     if match is None:
         raise DataError(
             f'image folder {folder} has no repeat count; rename it "<repeats>_<class tokens>", '
             'e.g. "10_sks dog"'
         )
-    if int(match.group(1)) < 1:
-        raise DataError(f"image folder {folder} repeats its images 0 times; use 1 or more")
     tokens = (match.group(2) or "").strip()
     return int(match.group(1)), tokens or None
 
 
-def dreambooth_subsets(train_data_dir: str, reg_data_dir: str | None) -> list[dict]:
+def dreambooth_subsets(
+    train_data_dir: str, reg_data_dir: str | None, skipped: list[str] | None = None
+) -> list[dict]:
     """Subset dicts for a kohya DreamBooth layout: train subfolders (sorted), then reg ones.
 
     "10_sks dog" -> {"image_dir": ".../10_sks dog", "class_tokens": "sks dog", "num_repeats": 10,
     "is_reg": False}. Underscores after the first are kept ("10_sks_dog" -> "sks_dog"); a folder
     named "10" or "10_" has no class tokens (None).
+
+    A subfolder without a repeat count, or with 0 repeats, is an error; with ``skipped`` given it
+    is left out instead and a line saying so is appended there (sd-scripts ignores such folders
+    with a warning), unless no folder of the parent is left.
     """
     roles = [(train_data_dir, "train_data_dir", False)]
     if reg_data_dir is not None:
@@ -98,16 +104,26 @@ def dreambooth_subsets(train_data_dir: str, reg_data_dir: str | None) -> list[di
     subsets = []
     for parent, key, is_reg in roles:
         role = "regularisation image" if is_reg else "training image"
-        for folder in _subfolders(parent, role, key):
-            repeats, tokens = _parse_folder_name(folder)
+        left_out = []
+        folders = _subfolders(parent, role, key)
+        for folder in folders:
+            try:
+                repeats, tokens = _parse_folder_name(folder)
+                if repeats < 1:
+                    raise DataError(f"image folder {folder} repeats its images 0 times; use 1 or more")
+            except DataError as error:
+                if skipped is None:
+                    raise
+                left_out.append((folder, error))
+                continue
             subsets.append(
-                {
-                    "image_dir": str(folder),
-                    "class_tokens": tokens,
-                    "num_repeats": repeats,
-                    "is_reg": is_reg,
-                }
+                {"image_dir": str(folder), "class_tokens": tokens, "num_repeats": repeats, "is_reg": is_reg}
             )
+        if left_out and len(left_out) == len(folders):
+            raise left_out[0][1]
+        for folder, _ in left_out:
+            reason = "0 repeats" if _REPEATS.match(folder.name) else "no repeat count in its name"
+            skipped.append(f'{key} subfolder "{folder.name}" is left out: {reason}, as sd-scripts does')
     return subsets
 
 

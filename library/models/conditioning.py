@@ -89,10 +89,8 @@ def _hidden_and_pooled(
     """
     if family.text_layer == "last" and not pooled:
         return encode_token_ids(text_encoder, input_ids, clip_skip), None
-    if clip_skip is not None and clip_skip > 1:
-        raise ValueError(
-            f"clip_skip does not apply to {family.name}: it conditions on fixed layers"
-        )
+    # clip_skip does not apply to a family that conditions on fixed layers (SDXL): sd-scripts
+    # ignores it there, and the family's option check says so once at start
     flat, windows = flatten_windows(input_ids)
     out = text_encoder(flat, output_hidden_states=True, return_dict=True)
     # The penultimate layer is taken without the final layer norm, as SDXL was trained.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from library.config.adapter_schema import lycoris_spec
 from library.config.schema import Config
 from library.errors import ConfigError
 from library.networks.adapters import AdapterSettings, inject_adapters
@@ -17,22 +18,8 @@ def adapter_settings(config: Config) -> AdapterSettings:
     lora = LoraSpec(net.network_dim, net.network_alpha, net.conv_dim, net.conv_alpha)
     if net.network_module != "lycoris.kohya":
         return AdapterSettings(lora)
-    from library.networks.lycoris.spec import LycorisSpec
-
-    options = {
-        key: value
-        for key, value in adapter.model_dump().items()
-        if value is not None and key not in ("preset",) and key in LycorisSpec.__dataclass_fields__
-    }
     try:
-        spec = LycorisSpec(
-            dim=net.network_dim,
-            alpha=float(net.network_alpha),
-            # LyCORIS: the conv rank and alpha default to the linear ones
-            conv_dim=net.conv_dim or net.network_dim,
-            conv_alpha=float(net.conv_alpha or net.network_alpha),
-            **options,
-        )
+        spec = lycoris_spec(config)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return AdapterSettings(lora, spec, adapter.preset or "full")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -13,12 +12,10 @@ from tqdm.auto import tqdm
 from library.config.provenance import provenance
 from library.config.schema import SECRET_KEYS, Config
 from library.data.plan import DatasetStats, DataStats, plan_lines
+from library.plan_json import plan_document
 from library.training.adapter_setup import adapter_name, adapter_text
 from library.training.plan import RunPlan, save_schedule, save_schedule_lines
 from library.training.setup import uses_sdpa
-
-PLAN_FORMAT = "difftune-plan"
-PLAN_VERSION = 1  # raised when a field of the JSON plan changes meaning or goes away
 
 
 def _stats(data) -> DataStats:
@@ -34,8 +31,6 @@ def plan_report(config: Config, data, plan: RunPlan, resume=None, memory=None) -
     origin = provenance(config)
     schedule = save_schedule(config, plan)
     return {
-        "format": PLAN_FORMAT,
-        "version": PLAN_VERSION,
         "config_files": list(origin.files),
         "command_line": list(origin.command_line),
         "model": config.model.pretrained_model_name_or_path,
@@ -200,7 +195,7 @@ def print_plan_json(trainer) -> None:
             shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
             print(f"warning: {len(skipped)} unreadable images left out: {shown}", file=sys.stderr)
         report = plan_report(config, trainer.data, trainer.plan, start.resume, memory)
-        print(json.dumps(report, indent=2))
+        print(plan_document(report))
     finally:
         start.release()
 

@@ -19,7 +19,7 @@ def test_unknown_key_names_file_table_and_nearest_key(write_toml):
     path = write_toml("my.toml", HEAD + "[training_arguments]\nlearning_rat = 1e-4\n" + DATASET)
     assert error_of(path) == (
         f'config error in {path}: unknown key "learning_rat" in [training_arguments]; '
-        'did you mean "learning_rate"?'
+        'did you mean "learning_rate"? (or load the file without it: --ignore_unknown_keys)'
     )
 
 
@@ -81,8 +81,8 @@ def test_dataset_key_error_names_dataset_file_and_location(write_toml):
 
 
 def test_value_from_general_is_blamed_on_general(write_toml):
-    path = write_toml("a.toml", HEAD + "[general]\nnum_repeats = 0\n" + DATASET)
-    assert 'key "general.num_repeats" = 0 is not valid' in error_of(path)
+    path = write_toml("a.toml", HEAD + "[general]\nnum_repeats = -1\n" + DATASET)
+    assert 'key "general.num_repeats" = -1 is not valid' in error_of(path)
 
 
 def test_unknown_and_misplaced_dataset_keys(write_toml):
@@ -91,7 +91,7 @@ def test_unknown_and_misplaced_dataset_keys(write_toml):
     )
     assert error_of(path) == (
         f'config error in {path}: unknown key "num_repeat" in datasets[0].subsets[0]; '
-        'did you mean "num_repeats"?'
+        'did you mean "num_repeats"? (or load the file without it: --ignore_unknown_keys)'
     )
     path = write_toml(
         "b.toml", HEAD + "[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'a'\nbatch_size = 2\n"

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 
+from library.config import dataset_loader
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.config.loader import load_config
 
@@ -90,7 +88,7 @@ def fake_folders(monkeypatch):
     """Replace library.data.folders.dreambooth_subsets; records its calls."""
     calls = []
 
-    def dreambooth_subsets(train_data_dir, reg_data_dir):
+    def dreambooth_subsets(train_data_dir, reg_data_dir, skipped=None):
         calls.append((train_data_dir, reg_data_dir))
         subsets = [
             {
@@ -111,9 +109,7 @@ def fake_folders(monkeypatch):
             )
         return subsets
 
-    module = types.ModuleType("library.data.folders")
-    module.dreambooth_subsets = dreambooth_subsets
-    monkeypatch.setitem(sys.modules, "library.data.folders", module)
+    monkeypatch.setattr(dataset_loader, "dreambooth_subsets", dreambooth_subsets)
     return calls
 
 
@@ -176,11 +172,13 @@ def test_reg_data_dir_adds_reg_subsets(write_toml, fake_folders):
 
 
 def test_folder_without_class_tokens_takes_them_from_general(write_toml, monkeypatch):
-    module = types.ModuleType("library.data.folders")
-    module.dreambooth_subsets = lambda train, reg: [
-        {"image_dir": f"{train}/5", "class_tokens": None, "num_repeats": 5, "is_reg": False}
-    ]
-    monkeypatch.setitem(sys.modules, "library.data.folders", module)
+    monkeypatch.setattr(
+        dataset_loader,
+        "dreambooth_subsets",
+        lambda train, reg, skipped=None: [
+            {"image_dir": f"{train}/5", "class_tokens": None, "num_repeats": 5, "is_reg": False}
+        ],
+    )
     path = write_toml(
         "a.toml",
         'pretrained_model_name_or_path = "m"\ntrain_data_dir = "t"\n'

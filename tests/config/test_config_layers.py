@@ -100,7 +100,7 @@ def test_errors_name_the_file_and_table_of_the_bad_key(write_toml):
     # unknown keys are errors in every file, also in one whose values a later file overrides
     assert error_of([bad, base]) == (
         f'config error in {bad}: unknown key "learning_rat" in [training_arguments]; '
-        'did you mean "learning_rate"?'
+        'did you mean "learning_rate"? (or load the file without it: --ignore_unknown_keys)'
     )
     # a bad value names the layer whose value won
     wrong = write_toml("wrong.toml", '[opt]\nlearning_rate = "fast"\n')
@@ -118,7 +118,7 @@ def test_errors_name_the_file_and_table_of_the_bad_key(write_toml):
     assert message.startswith(f"config error in {path}: ")
     assert 'unknown key "num_repeat" in datasets[0].subsets[0]' in message
     # a dataset value: the file that defined the datasets in use
-    path = write_toml("bad_value.toml", BASE.replace("num_repeats = 3", "num_repeats = 0"))
+    path = write_toml("bad_value.toml", BASE.replace("num_repeats = 3", "num_repeats = -1"))
     message = error_of([path, write_toml("r.toml", RUN)])
     assert message.startswith(f'config error in {path}: key "datasets[0].subsets[0].num_repeats"')
     # the model missing from every file names them all

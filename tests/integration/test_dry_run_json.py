@@ -16,6 +16,7 @@ from tests.integration.harness import reset_accelerate
 TOP_FIELDS = {
     "format",
     "version",
+    "status",
     "config_files",
     "command_line",
     "model",
@@ -320,3 +321,30 @@ def test_the_memory_estimate_counts_the_models_without_reading_them(runs, tiny_m
     at = {"width": largest["width"], "height": largest["height"], "batch": BATCH}
     assert memory["at"] == at
     assert f"at {at['width']}x{at['height']} x {BATCH}" in text.split("  memory: about ")[1]
+
+
+def test_a_refused_dry_run_prints_json_naming_every_problem(capfd, layers):
+    """A batch script that asked for JSON gets one document on a refusal too."""
+    root, base, _ = layers
+    bad = root / "bad.toml"
+    bad.write_text("learnin_rate = 1e-4\n[training]\nnetwork_dim = 'eight'\n", encoding="utf-8")
+    code, out, err = cli(capfd, "--config", base, "--config", bad, "--dry_run", "--json")
+    assert code == 2 and err.startswith("error: config error in")
+    document = json.loads(out)  # the whole of stdout
+    assert (document["format"], document["status"], document["exit_code"]) == (
+        "difftune-plan",
+        "refused",
+        2,
+    )
+    assert (document["file"], document["key"]) == (str(bad), "learnin_rate")
+    assert [(p["file"], p["key"]) for p in document["problems"]] == [
+        (str(bad), "learnin_rate"),
+        (str(bad), "network_dim"),
+    ]
+    assert "did you mean" in document["problems"][0]["message"]
+    assert "\n" not in document["error"] and "learnin_rate" in document["error"]
+    # a refusal of the command line itself: JSON as well, with the option as the key
+    code, out, _ = cli(capfd, "--config", base, "--dry_run", "--json", "--learnin_rate", "1")
+    document = json.loads(out)
+    assert code == 2 and document["status"] == "refused"
+    assert (document["file"], document["key"]) == (None, "learnin_rate")

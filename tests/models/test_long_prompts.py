@@ -193,3 +193,18 @@ def test_gradients_reach_every_window(sd1):
 def test_other_lengths_are_refused(sd1, bad):
     with pytest.raises(ValueError, match="75, 150, 225"):
         tokenize(sd1.tokenizer, ["a"], bad)
+
+
+@torch.no_grad()
+def test_sdxl_ignores_clip_skip_as_sd_scripts_does(sdxl):
+    """SDXL conditions on fixed layers: clip_skip = 2 gives exactly the conditioning of none."""
+    parts, tokenizers = sdxl
+    sizes = {"original_sizes": torch.tensor([[64, 64]] * 3)}
+    sizes |= {"crop_top_lefts": torch.zeros(3, 2), "target_sizes": torch.tensor([[64, 64]] * 3)}
+    plain = encode_conditioning(parts.family, tokenizers, parts.text_encoders, CAPTIONS, "cpu", sizes)
+    skipped = encode_conditioning(
+        parts.family, tokenizers, parts.text_encoders, CAPTIONS, "cpu", sizes, clip_skip=2
+    )
+    assert torch.equal(plain.encoder_hidden_states, skipped.encoder_hidden_states)
+    assert torch.equal(plain.unet_kwargs["added_cond_kwargs"]["text_embeds"],
+                       skipped.unet_kwargs["added_cond_kwargs"]["text_embeds"])

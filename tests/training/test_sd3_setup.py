@@ -65,6 +65,24 @@ def test_options_of_other_families_or_kohyas_shared_qkv_are_refused_by_name(flow
     )
 
 
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_sd_settings_sd_scripts_ignores_on_flow_models_warn_and_load(family, caplog):
+    """sd-scripts warns that max_token_length (and clip_skip, v_parameterization) are not used
+    by its Flux.1 and SD3 trainers and trains; v2 = true names another model and stops."""
+    from flux_fixtures import tiny_flux_components
+
+    c = tiny_flux_components() if family == "flux" else tiny_sd3_components()
+    model = ModelSection(
+        pretrained_model_name_or_path="x", clip_skip=2, max_token_length=225, v_parameterization=True
+    )
+    with caplog.at_level("WARNING"):
+        c.family.check_options(model, FlowSection())
+    for shown in ("clip_skip = 2", "max_token_length = 225", "v_parameterization = true"):
+        assert f"{shown} is ignored" in caplog.text
+    with pytest.raises(ConfigError, match="v2 = true names an SD 2.x model"):
+        c.family.check_options(ModelSection(pretrained_model_name_or_path="x", v2=True), FlowSection())
+
+
 def test_sd3_keys_are_refused_on_flux():
     from flux_fixtures import tiny_flux_components
 

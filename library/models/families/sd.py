@@ -154,9 +154,11 @@ class SDFamily(ModelFamily):
                 "v_parameterization = true or remove zero_terminal_snr"
             )
         if model.clip_skip and model.clip_skip > 1 and self.uses_pooled_text_embedding:
-            raise ConfigError(
-                f"clip_skip = {model.clip_skip} applies to SD 1.x/2.x; SDXL conditions on its "
-                "text encoders' penultimate layers already; remove clip_skip"
+            # sd-scripts warns and trains; so do we (anime SDXL presets carry clip_skip = 2)
+            log.warning(
+                "clip_skip = %d is ignored: SDXL conditions on its text encoders' penultimate "
+                "layers whatever it says (sd-scripts ignores it for SDXL too)",
+                model.clip_skip,
             )
 
 

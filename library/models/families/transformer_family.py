@@ -14,17 +14,17 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from library.config.flow_schema import foreign_key
+from library.config.suggest import show_value
 from library.errors import ConfigError
 from library.models.families.base import ModelFamily
 
 log = logging.getLogger(__name__)
 
-# SD settings GUIs write into every config, at values that change nothing for a flow model
-# (kohya ignores them there too); any other value would mean something we do not do.
-_NEUTRAL = {
+# SD settings GUIs write into every config. At these values they change nothing for a flow
+# model; at others sd-scripts warns that they are not used and trains, and so do we.
+_IGNORED_SD_SETTINGS = {
     "clip_skip": (None, 1),
     "max_token_length": (None, 75),
-    "v2": (None, False),
     "v_parameterization": (None, False),
 }
 
@@ -180,9 +180,18 @@ class TransformerFamily(ModelFamily):
         problem = foreign_key(flow, self.FLOW_KIND)
         if problem:
             raise ConfigError(problem)
-        for key, values in _NEUTRAL.items():
-            if getattr(model, key) not in values:
-                raise ConfigError(f"{key} applies to SD models, not {self.LABEL}; remove it")
+        for key, values in _IGNORED_SD_SETTINGS.items():
+            value = getattr(model, key)
+            if value not in values:
+                log.warning(
+                    "%s = %s is ignored: it applies to SD models, not %s (sd-scripts ignores it "
+                    "there too)",
+                    key,
+                    show_value(value),
+                    self.LABEL,
+                )
+        if model.v2:  # sd-scripts stops too: the file asks for an SD 2.x model
+            raise ConfigError(f"v2 = true names an SD 2.x model, not {self.LABEL}; remove it")
         if model.zero_terminal_snr:
             raise ConfigError(
                 f"zero_terminal_snr applies to DDPM models, not {self.LABEL}; remove it"

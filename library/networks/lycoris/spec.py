@@ -123,6 +123,28 @@ class LycorisSpec:
                 "remove it or set dora_wd=true"
             )
 
+    @classmethod
+    def from_config(
+        cls,
+        options: dict[str, object],
+        dim: int,
+        alpha: float,
+        conv_dim: int | None,
+        conv_alpha: float | None,
+    ) -> LycorisSpec:
+        """The spec of a run: ``options`` are the [adapter] keys that are set (LyCORIS'
+        network_args), the ranks and alphas those of [network]; ValueError naming the
+        network_args item LyCORIS would refuse."""
+        fields = {k: v for k, v in options.items() if k in cls.__dataclass_fields__}
+        return cls(
+            dim=dim,
+            alpha=float(alpha),
+            # LyCORIS: the conv rank and alpha default to the linear ones
+            conv_dim=conv_dim or dim,
+            conv_alpha=float(conv_alpha or alpha),
+            **fields,
+        )
+
     @staticmethod
     def _check_alpha(name: str, value: object) -> None:
         if not _is_number(value) or not math.isfinite(value) or value < 0:
