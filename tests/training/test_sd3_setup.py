@@ -75,6 +75,30 @@ def test_sd3_keys_are_refused_on_flux():
         )
 
 
+def test_sd_text_settings_are_named_as_unused_and_sd_model_settings_refused_together(caplog):
+    """clip_skip and max_token_length change nothing for SD3 or FLUX.1 (sd-scripts ignores them
+    there; front ends write clip_skip = 2 or max_token_length = 225): a warning names them.
+    v2 and v_parameterization would mean another model: one message names both."""
+    from flux_fixtures import tiny_flux_components
+
+    for c, label in ((tiny_sd3_components(), "SD3"), (tiny_flux_components(), "Flux.1")):
+        caplog.clear()
+        c.family.check_options(
+            ModelSection(pretrained_model_name_or_path="x", clip_skip=2, max_token_length=225),
+            FlowSection(),
+        )
+        assert (
+            f"clip_skip = 2, max_token_length = 225: SD text settings, not used by {label}"
+            in caplog.text
+        )
+        sd_model = ModelSection(pretrained_model_name_or_path="x", v2=True, v_parameterization=True)
+        with pytest.raises(ConfigError) as refused:
+            c.family.check_options(sd_model, FlowSection())
+        assert str(refused.value) == (
+            f"v2 and v_parameterization apply to SD models, not {label}; remove them"
+        )
+
+
 @pytest.mark.parametrize(
     ("keys", "match"),
     [

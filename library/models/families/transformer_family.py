@@ -19,14 +19,14 @@ from library.models.families.base import ModelFamily
 
 log = logging.getLogger(__name__)
 
-# SD settings GUIs write into every config, at values that change nothing for a flow model
-# (kohya ignores them there too); any other value would mean something we do not do.
-_NEUTRAL = {
-    "clip_skip": (None, 1),
-    "max_token_length": (None, 75),
-    "v2": (None, False),
-    "v_parameterization": (None, False),
-}
+# SD text settings front ends write into their FLUX.1 / SD3 configs (the kohya_ss GUI at these
+# values, lora-scripts clip_skip = 2, LoRA_Easy_Training_Scripts max_token_length = 225).
+# kohya's trainers for these families do not read them (flux_train_network.py and
+# sd3_train_network.py say max_token_length is not used; no FLUX.1 / SD3 text strategy takes
+# clip_skip), so another value is named in a warning and changes nothing, as there.
+_UNUSED_TEXT = {"clip_skip": (None, 1), "max_token_length": (None, 75)}
+# SD model settings: another value would mean another model than the one given.
+_NEUTRAL = {"v2": (None, False), "v_parameterization": (None, False)}
 
 
 def swappable_tails(*groups: tuple[str, list, int], count: int) -> list:
@@ -175,14 +175,27 @@ class TransformerFamily(ModelFamily):
         return 16
 
     def check_options(self, model, flow):
-        """[flow] keys of other families, SD-only settings at a value that would change
-        something, zero_terminal_snr, and kohya's shared fused adapter (split_qkv=False)."""
+        """[flow] keys of other families, SD model settings (v2, v_parameterization) and
+        zero_terminal_snr, and kohya's shared fused adapter (split_qkv=False); SD text settings
+        (clip_skip, max_token_length) at other values than the GUI's get a warning."""
         problem = foreign_key(flow, self.FLOW_KIND)
         if problem:
             raise ConfigError(problem)
-        for key, values in _NEUTRAL.items():
-            if getattr(model, key) not in values:
-                raise ConfigError(f"{key} applies to SD models, not {self.LABEL}; remove it")
+        wrong = [key for key, values in _NEUTRAL.items() if getattr(model, key) not in values]
+        if wrong:
+            raise ConfigError(
+                f"{' and '.join(wrong)} {'apply' if len(wrong) > 1 else 'applies'} to SD "
+                f"models, not {self.LABEL}; remove {'them' if len(wrong) > 1 else 'it'}"
+            )
+        unused = {
+            k: getattr(model, k) for k, v in _UNUSED_TEXT.items() if getattr(model, k) not in v
+        }
+        if unused:
+            log.warning(
+                "%s: SD text settings, not used by %s (sd-scripts ignores them there too)",
+                ", ".join(f"{k} = {v}" for k, v in unused.items()),
+                self.LABEL,
+            )
         if model.zero_terminal_snr:
             raise ConfigError(
                 f"zero_terminal_snr applies to DDPM models, not {self.LABEL}; remove it"
