@@ -371,8 +371,9 @@ def problem(claim: Claim) -> str | None:
     if name in PLACEHOLDERS:
         return None
     if claim.kind == "bare":
-        if name.startswith(("ss_", "sshs_")) or name in v.config or name in OTHER_NAMES:
-            return None  # kohya's metadata names, or a key
+        known = v.config | v.prompt_keys
+        if name.startswith(("ss_", "sshs_")) or name in known or name in OTHER_NAMES:
+            return None  # kohya's metadata names, or a key (of a config or a prompts file)
         near = _near_key(name, v.config)
         return f"`{name}` is not a config key (did you mean `{near}`?)" if near else None
     if claim.kind == "key":

@@ -77,8 +77,8 @@ def test_sd_settings_sd_scripts_ignores_on_flow_models_warn_and_load(family, cap
     )
     with caplog.at_level("WARNING"):
         c.family.check_options(model, FlowSection())
-    for shown in ("clip_skip = 2", "max_token_length = 225", "v_parameterization = true"):
-        assert f"{shown} is ignored" in caplog.text
+    shown = "clip_skip = 2, max_token_length = 225, v_parameterization = true"
+    assert f"{shown}: SD settings, not used by {c.family.LABEL}; ignored" in caplog.text
     with pytest.raises(ConfigError, match="v2 = true names an SD 2.x model"):
         c.family.check_options(ModelSection(pretrained_model_name_or_path="x", v2=True), FlowSection())
 

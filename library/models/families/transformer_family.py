@@ -20,8 +20,11 @@ from library.models.families.base import ModelFamily
 
 log = logging.getLogger(__name__)
 
-# SD settings GUIs write into every config. At these values they change nothing for a flow
-# model; at others sd-scripts warns that they are not used and trains, and so do we.
+# SD settings front ends write into their FLUX.1 / SD3 configs (the kohya_ss GUI at these values,
+# lora-scripts clip_skip = 2, LoRA_Easy_Training_Scripts max_token_length = 225). kohya's
+# trainers for these families do not read them (flux_train_network.py and sd3_train_network.py
+# say max_token_length is not used and warn about v_parameterization; no FLUX.1 / SD3 text
+# strategy takes clip_skip), so another value is named in a warning and changes nothing, as there.
 _IGNORED_SD_SETTINGS = {
     "clip_skip": (None, 1),
     "max_token_length": (None, 75),
@@ -175,23 +178,25 @@ class TransformerFamily(ModelFamily):
         return 16
 
     def check_options(self, model, flow):
-        """[flow] keys of other families, SD-only settings at a value that would change
-        something, zero_terminal_snr, and kohya's shared fused adapter (split_qkv=False)."""
+        """[flow] keys of other families, SD model settings (v2, v_parameterization) and
+        zero_terminal_snr, and kohya's shared fused adapter (split_qkv=False); SD text settings
+        (clip_skip, max_token_length) at other values than the GUI's get a warning."""
         problem = foreign_key(flow, self.FLOW_KIND)
         if problem:
             raise ConfigError(problem)
-        for key, values in _IGNORED_SD_SETTINGS.items():
-            value = getattr(model, key)
-            if value not in values:
-                log.warning(
-                    "%s = %s is ignored: it applies to SD models, not %s (sd-scripts ignores it "
-                    "there too)",
-                    key,
-                    show_value(value),
-                    self.LABEL,
-                )
         if model.v2:  # sd-scripts stops too: the file asks for an SD 2.x model
             raise ConfigError(f"v2 = true names an SD 2.x model, not {self.LABEL}; remove it")
+        ignored = {
+            key: getattr(model, key)
+            for key, values in _IGNORED_SD_SETTINGS.items()
+            if getattr(model, key) not in values
+        }
+        if ignored:
+            log.warning(
+                "%s: SD settings, not used by %s; ignored, as sd-scripts does",
+                ", ".join(f"{key} = {show_value(value)}" for key, value in ignored.items()),
+                self.LABEL,
+            )
         if model.zero_terminal_snr:
             raise ConfigError(
                 f"zero_terminal_snr applies to DDPM models, not {self.LABEL}; remove it"
