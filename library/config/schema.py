@@ -24,6 +24,7 @@ from library.config.optimizer_schema import MAX_RATE, SHARDABLE_OPTIMIZERS, Opti
 from library.config.provenance import Provenance
 from library.config.sampling_schema import SamplingSection
 from library.config.section import Section
+from library.saving.output_names import reserved_ending
 
 
 class ModelSection(Section):
@@ -428,7 +429,12 @@ class TrainingSection(Section):
 
 class SavingSection(Section):
     output_dir: str = Field("output", description="Folder for saved networks, models and states.")
-    output_name: str = Field("last", description="Base name of the saved files.")
+    output_name: str = Field(
+        "last",
+        description="Base name of the saved files. It may not end like another name's outputs "
+        "(-ema, -state, -stepNNNNNNNN, -NNNNNN, .safetensors, -summary.json, .lock): two runs "
+        "could then write the same files.",
+    )
     save_model_as: Literal["safetensors"] = Field(
         "safetensors", description="File format of saved weights."
     )
@@ -458,7 +464,10 @@ class SavingSection(Section):
     )
     resume: str | None = Field(None, description="A saved state folder to continue from.")
     overwrite: bool = Field(
-        False, description="Allow replacing an existing final output (otherwise refused)."
+        False,
+        description="Allow replacing an earlier run's outputs of this output_name (otherwise "
+        "refused). Never an input of the run: a run that would write over its model, VAE, "
+        "network_weights, resume state, images or other inputs is refused either way.",
     )
     no_metadata: bool = Field(False, description="Write no training metadata into saved files.")
     training_comment: str | None = Field(None, description="Stored as ss_training_comment.")
@@ -477,6 +486,23 @@ class SavingSection(Section):
     metadata_is_negative_embedding: str | None = Field(
         None, description="modelspec.is_negative_embedding."
     )
+
+    @field_validator("output_name")
+    @classmethod
+    def _name_of_its_own(cls, value: str) -> str:
+        ending = reserved_ending(value)
+        if ending == ".safetensors":
+            raise ValueError(
+                f'leave ".safetensors" out of "{value}": it is added to the name of every file'
+            )
+        if ending is not None:
+            base = value[: -len(ending)]
+            raise ValueError(
+                f'"{value}" ends in "{ending}", like the files output_name "{base}" writes, so '
+                f'two runs could replace each other\'s files; choose a name that does not end in '
+                f'"{ending}" (e.g. "{base}_{ending.strip("-.")}")'
+            )
+        return value
 
 
 class LoggingSection(Section):

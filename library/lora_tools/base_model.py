@@ -85,6 +85,13 @@ def add_model_arguments(
         )
 
 
+def model_inputs(args: argparse.Namespace, models: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(option, path) of the models a command reads (``models``: option -> path) and of the
+    component files and tokenizer folders given with them: what its output must not touch."""
+    components = [(f"--{key}", getattr(args, key, None)) for key in COMPONENT_OPTIONS]
+    return [*models.items(), *((flag, path) for flag, path in components if path)]
+
+
 def load_model(args: argparse.Namespace, path: str, flag: str = "--model"):
     """The model at ``path`` with the component options of ``args``, loaded by the trainer's
     loaders (library.models.loader.load_components): Components, every module frozen on the

@@ -20,7 +20,11 @@ Three loaders, each checked against the loaded base model:
 Each check gets the file's keys sorted by the model's layers, whatever the file's layout
 (file_modules.py), and answers with a Report (loader_report.py).
 
-Exit status: 0 when no checked loader drops anything, 1 when one does, 2 for bad input.
+Tensors holding NaN or infinite values are reported before the loaders: every loader reads
+them, and a model they are applied to computes NaN.
+
+Exit status: 0 when no checked loader drops anything and every tensor is finite, 1 otherwise,
+2 for bad input.
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ from library.lora_tools.base_model import add_model_arguments, family_label, lay
 from library.lora_tools.check_comfyui import check_comfyui
 from library.lora_tools.check_difftune import check_difftune
 from library.lora_tools.check_diffusers import check_diffusers
+from library.lora_tools.common import first_non_finite
 from library.lora_tools.file_modules import sort_keys
 from library.lora_tools.loader_report import Report, print_report
 from library.saving.lora_file import read_safetensors
 
 HELP = (
     "list the keys of a LoRA file that difftune, diffusers or ComfyUI would drop or not "
-    "understand, and why (exit 1 if any key is dropped, 0 if none)"
+    "understand, and why, and tensors that are not finite (exit 1 if any, 0 if none)"
 )
 LOADERS = ("difftune", "diffusers", "comfyui")
 
@@ -51,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=(*LOADERS, "all"),
         default="all",
         help="which loader to check against (default all). Exit status: 0 when nothing is "
-        "dropped, 1 when some key is, 2 for bad input",
+        "dropped and every tensor is finite, 1 otherwise, 2 for bad input",
     )
 
 
@@ -69,9 +74,26 @@ def run(args: argparse.Namespace) -> int:
     }
     label = family_label(components.family)
     print(f"{args.lora}: {len(tensors)} keys ({found.layout} layout), against a {label} model")
-    failed = False
+    failed = _report_non_finite(tensors)
     for loader in chosen:
         report = checks[loader](found, tensors, metadata, components, table, args.lora)
         failed |= bool(report.dropped)
         print_report(report, len(tensors))
     return 1 if failed else 0
+
+
+def _report_non_finite(tensors) -> bool:
+    """Print the tensors that hold NaN or infinite values; whether there are any."""
+    broken = []
+    for key in sorted(tensors):
+        if first_non_finite({key: tensors[key]}) is not None:
+            broken.append(key)
+    if not broken:
+        return False
+    print(
+        f"not finite: {len(broken)} of {len(tensors)} tensors hold NaN or infinite values; every "
+        "loader reads them and the adapted model computes NaN (a training that diverged?)"
+    )
+    for key in broken:
+        print(f"    {key}")
+    return True

@@ -3,13 +3,19 @@
 Each command lives in its own module of library.lora_tools, which provides ``HELP`` (one line),
 ``add_arguments(parser)`` and ``run(args) -> int``. Errors a user can fix are DifftuneErrors:
 they print as one ``error:`` line and exit with their code.
+
+Ctrl-C and SIGTERM stop a command by an exception, so the writes under way remove their
+temporary files on the way out (exit 130 / 143); a command killed outright leaves them, and the
+next command writing that output removes them (library/lora_tools/common.py ``writing``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+from contextlib import contextmanager
 
 # command -> module of library.lora_tools, in the order --help lists them.
 COMMANDS = {
@@ -50,10 +56,39 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        return int(_module(args.command).run(args) or 0)
+        with _terminate_by_exception():
+            return int(_module(args.command).run(args) or 0)
     except DifftuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("stopped by the user", file=sys.stderr)
         return 130
+    except Terminated:
+        print("stopped by SIGTERM", file=sys.stderr)
+        return 128 + int(signal.SIGTERM)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. A BaseException, like KeyboardInterrupt, so that no ``except
+    Exception`` on the way out keeps the command going; ``finally`` blocks still run."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
+@contextmanager
+def _terminate_by_exception():
+    """SIGTERM raises Terminated while inside (the default would end the process at once,
+    leaving the temporary file of a write under way)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        installed = True
+    except ValueError:  # not the main thread: leave signals alone
+        installed = False
+    try:
+        yield
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, previous)

@@ -1,18 +1,33 @@
-"""What every toolbox command shares: kohya's tensor names, output options, and writing a result without replacing anything unasked (files are read with
-library.saving.lora_file.read_safetensors)."""
+"""What every toolbox command shares: kohya's tensor names, output options, reading LoRA files
+whose numbers are finite, and writing a result without replacing anything unasked: never over
+an input (library/saving/input_clash.py), an existing output only with --overwrite, under the
+output name's lock, after clearing what a killed earlier write of it left behind."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from library.errors import ConfigError
+from library.errors import CheckpointError, ConfigError
 from library.networks.kohya_keys import ALPHA, DOWN, UP  # noqa: F401  (a kohya module's tensors)
+from library.saving.atomic import remove_leftovers
+from library.saving.input_clash import OUTPUT_INSIDE, SAME, clash
+from library.saving.lora_file import read_safetensors
+from library.saving.output_names import owner_of
+from library.saving.run_lock import RunLock
+
+# (option, path) of a command's inputs, e.g. ("--loras", "a.safetensors")
+Inputs = Sequence[tuple[str, str | Path | None]]
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# The largest strength --ratios takes, either sign: ComfyUI's LoRA loaders take [-100, 100] too.
+# Beyond it a LoRA swamps the weights it is added to, and far beyond it they overflow.
+RATIO_LIMIT = 100.0
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, what: str = "LoRA file") -> None:
@@ -29,17 +44,111 @@ def add_output_arguments(parser: argparse.ArgumentParser, what: str = "LoRA file
     )
 
 
-def checked_output(path: str | Path, overwrite: bool) -> Path:
-    """``path`` as the output of a command: a .safetensors file that does not exist yet (or
-    ``overwrite``), in a folder that exists. ConfigError otherwise, before any work is done."""
+def checked_output(path: str | Path, overwrite: bool, inputs: Inputs = ()) -> Path:
+    """``path`` as the output of a command: a .safetensors file that touches none of the
+    ``inputs`` (even with ``overwrite``), does not exist yet (or ``overwrite``), in a folder
+    that exists. ConfigError otherwise, before any work is done."""
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ConfigError(f"--output {path}: must end in .safetensors")
+    refuse_clash("--output", path, inputs)
     if path.exists() and not overwrite:
         raise ConfigError(f"--output {path} exists; choose another name or add --overwrite")
     if not path.parent.is_dir():
         raise ConfigError(f"--output {path}: folder {path.parent} does not exist; create it first")
     return path
+
+
+def refuse_clash(flag: str, output: Path, inputs: Inputs) -> None:
+    """ConfigError when writing ``output`` (the value of ``flag``) would touch one of the
+    ``inputs``: it is one, lies inside an input folder, or is a folder that holds one. Inputs
+    are never replaced, so the fix is another output, whatever --overwrite says (only
+    ``metadata --in_place`` replaces its input, and only when asked)."""
+    for option, source in inputs:
+        if not source:
+            continue
+        found = clash(output, source, None)
+        if found is None:
+            continue
+        what = "is" if found.relation == SAME else found.relation
+        where = "" if found.relation in (SAME, OUTPUT_INSIDE) else f" ({found.output})"
+        raise ConfigError(
+            f"{flag} {output}{where} {what} {option} {source}; choose another {flag} (inputs "
+            "are never replaced)"
+        )
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Hold the lock of ``path``'s output name while it is written (``<name>.lock`` beside it,
+    the lock a training run of that output_name holds), after removing the temporary files a
+    killed earlier write of ``path`` left; ConfigError naming the holder if another run has it."""
+    lock = RunLock(path.parent, owner_of(path.name)).acquire()
+    try:
+        remove_leftovers(path.parent, lambda output: output == path.name)
+        yield
+    finally:
+        lock.release()
+
+
+def read_lora(path: str | Path, flag: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) of a LoRA file a command computes with; CheckpointError naming the
+    file and a key when a tensor holds NaN or infinite values."""
+    tensors, metadata = read_safetensors(path)
+    key = first_non_finite(tensors)
+    if key is not None:
+        raise CheckpointError(
+            f"{flag} {path}: {key} holds NaN or infinite values, so every result made from it "
+            "would too (a training that diverged?); use another save of that LoRA"
+        )
+    return tensors, metadata
+
+
+def check_ratios(ratios: Sequence[float]) -> None:
+    """ConfigError for a --ratios value that is not finite or beyond +-RATIO_LIMIT."""
+    for ratio in ratios:
+        if not math.isfinite(ratio) or abs(ratio) > RATIO_LIMIT:
+            raise ConfigError(
+                f"--ratios {ratio:g}: give a number from -{RATIO_LIMIT:g} to {RATIO_LIMIT:g} "
+                "(the range ComfyUI's LoRA loaders take)"
+            )
+
+
+def first_non_finite(
+    tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None
+) -> str | None:
+    """The first key whose tensor is not finite, or would not be once its weights are cast to
+    ``dtype`` (alphas are written as float32 whatever the dtype); None when all are."""
+    for key, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            continue
+        if dtype is not None:
+            tensor = tensor.to(torch.float32 if key.endswith(".alpha") else dtype)
+        if not bool(torch.isfinite(tensor).all()):
+            return key
+    return None
+
+
+def refuse_non_finite_result(
+    tensors: Mapping[str, torch.Tensor], dtype: torch.dtype, cause: str, fix: str | None = None
+) -> None:
+    """ConfigError naming ``cause`` (what made them so) and ``fix`` when a result's tensors
+    are not finite in the saved ``dtype``; called before anything is written. Where fp32
+    would hold the result, --save_precision fp32 is named too (alone when ``fix`` is None)."""
+    key = first_non_finite(tensors, dtype)
+    if key is None:
+        return
+    label = next((name for name, d in DTYPES.items() if d == dtype), str(dtype))
+    fits = dtype != torch.float32 and first_non_finite({key: tensors[key]}, torch.float32) is None
+    wider = "--save_precision fp32, which holds it" if fits else None
+    if fix is None:
+        fix = wider or "the values are too large for any dtype"
+    elif wider:
+        fix = f"{fix} (or {wider})"
+    raise ConfigError(
+        f"{cause}: {key} of the result is not finite in {label} (beyond "
+        f"+-{torch.finfo(dtype).max:.4g}); {fix}"
+    )
 
 
 def write_file(
@@ -48,13 +157,15 @@ def write_file(
     metadata: Mapping[str, str] | None,
     dtype: torch.dtype,
 ) -> Path:
-    """Write atomically (alphas stay float32, kohya's hashes are refreshed)."""
+    """Write atomically under the output's lock (alphas stay float32, kohya's hashes are
+    refreshed)."""
     from library.saving.lora_file import save_lora_file
 
     cleaned = None
     if metadata is not None:
         cleaned = {k: v for k, v in metadata.items() if not k.startswith("sshs_")}
-    return save_lora_file(path, tensors, cleaned, dtype)
+    with writing(path):
+        return save_lora_file(path, tensors, cleaned, dtype)
 
 
 def input_dtype(tensors: Mapping[str, torch.Tensor]) -> torch.dtype:
@@ -63,23 +174,6 @@ def input_dtype(tensors: Mapping[str, torch.Tensor]) -> torch.dtype:
         if not key.endswith(".alpha") and tensor.is_floating_point():
             return tensor.dtype
     return torch.float32
-
-
-def refuse_input_as_output(output: Path, inputs: list[str | Path]) -> None:
-    """ConfigError if ``output`` is one of the ``inputs`` (even with --overwrite): a command
-    writes a new file; only ``metadata --in_place`` replaces its input, and only when asked."""
-    for source in inputs:
-        source = Path(source)
-        same = (
-            output.samefile(source)
-            if output.exists() and source.exists()
-            else output.resolve() == source.resolve()
-        )
-        if same:
-            raise ConfigError(
-                f"--output {output} is the input file; choose another name (inputs are never "
-                "replaced)"
-            )
 
 
 def checked_device(name: str) -> torch.device:
@@ -152,7 +246,8 @@ def write_file_unchanged(
     if hashes:
         header.update(model_hashes(prepared, header))
     final = header or None
-    return atomic_write_file(path, lambda tmp: save_file(prepared, str(tmp), metadata=final))
+    with writing(path):
+        return atomic_write_file(path, lambda tmp: save_file(prepared, str(tmp), metadata=final))
 
 
 def human_size(size: int) -> str:

@@ -13,18 +13,23 @@ from __future__ import annotations
 import argparse
 
 from library.errors import ConfigError
-from library.lora_tools.base_model import add_model_arguments, layer_table, load_model
+from library.lora_tools.base_model import (
+    add_model_arguments,
+    layer_table,
+    load_model,
+    model_inputs,
+)
 from library.lora_tools.common import (
     DTYPES,
     add_output_arguments,
     checked_output,
-    refuse_input_as_output,
+    read_lora,
+    refuse_non_finite_result,
     write_file_unchanged,
 )
 from library.lora_tools.from_kohya import kohya_to_comfy, kohya_to_diffusers
 from library.lora_tools.layouts import LAYOUTS, check_kohya_names, detect_layout
 from library.lora_tools.to_kohya import to_kohya
-from library.saving.lora_file import read_safetensors
 
 HELP = (
     "convert a LoRA file between kohya's, diffusers' (peft) and ComfyUI's key layouts "
@@ -60,11 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    output = checked_output(args.output, args.overwrite)
-    refuse_input_as_output(output, [args.input])
+    inputs = [("--input", args.input), *model_inputs(args, {"--model": args.model})]
+    output = checked_output(args.output, args.overwrite, inputs)
     if args.fold_alpha and args.to != "diffusers":
         raise ConfigError("--fold_alpha applies to --to diffusers only; remove it")
-    tensors, metadata = read_safetensors(args.input)
+    tensors, metadata = read_lora(args.input, "--input")
     source = detect_layout(tensors, args.input)
     if source == args.to:
         raise ConfigError(
@@ -86,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             out, out_meta = kohya_to_comfy(kohya, meta, table, components)
     dtype = DTYPES[args.save_precision] if args.save_precision else None
+    if dtype is not None:
+        cause = f"--save_precision {args.save_precision}"
+        refuse_non_finite_result(out, dtype, cause)
     write_file_unchanged(output, out, out_meta, dtype, hashes="sshs_model_hash" in metadata)
     print(
         f"converted {args.input} ({source} layout, {len(tensors)} tensors) to the {args.to} "

@@ -13,6 +13,7 @@ rank. Layers whose largest change is at most ``--min_diff`` are skipped and list
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from datetime import datetime
 from pathlib import Path
@@ -28,6 +29,7 @@ from library.lora_tools.base_model import (
     family_label,
     layer_table,
     load_model,
+    model_inputs,
 )
 from library.lora_tools.common import (
     ALPHA,
@@ -37,7 +39,7 @@ from library.lora_tools.common import (
     add_output_arguments,
     checked_device,
     checked_output,
-    refuse_input_as_output,
+    refuse_non_finite_result,
     write_file,
 )
 from library.lora_tools.svd import (
@@ -113,8 +115,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    output = checked_output(args.output, args.overwrite)
-    refuse_input_as_output(output, [args.base, args.tuned])
+    models = {"--base": args.base, "--tuned": args.tuned}
+    output = checked_output(args.output, args.overwrite, model_inputs(args, models))
+    if not math.isfinite(args.min_diff):
+        raise ConfigError(f"--min_diff {args.min_diff}: give a finite number >= 0")
     check_dynamic(args.dynamic_method, args.dynamic_param)
     for flag, value in (("--rank", args.rank), ("--conv_rank", args.conv_rank)):
         if value is not None and value < 1:
@@ -167,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         )
     _report(base, skipped, args.min_diff)
     dtype = DTYPES[args.save_precision or "fp32"]
+    cause = f"--save_precision {args.save_precision or 'fp32'}"
+    refuse_non_finite_result(tensors, dtype, cause)
     metadata = _metadata(base, ranks, args, output)
     write_file(output, tensors, metadata, dtype)
     print(

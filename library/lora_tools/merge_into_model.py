@@ -33,16 +33,20 @@ from library.lora_tools.base_model import (
     family_label,
     layer_table,
     load_model,
+    model_inputs,
 )
 from library.lora_tools.common import (
     DTYPES,
+    check_ratios,
     checked_output,
-    refuse_input_as_output,
+    read_lora,
+    refuse_clash,
+    refuse_non_finite_result,
+    writing,
 )
 from library.lora_tools.layouts import unknown_modules_message
 from library.lora_tools.to_kohya import to_kohya
 from library.networks.kohya_keys import group_modules
-from library.saving.lora_file import read_safetensors
 
 HELP = (
     "bake LoRA/LyCORIS files into a base model and write the merged model (a checkpoint file "
@@ -65,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="R",
         default=None,
-        help="strength of each file, one per --loras entry (default: 1.0 each); a LoRA adds "
-        "ratio * alpha / rank * up @ down",
+        help="strength of each file, one per --loras entry, from -100 to 100 (default: 1.0 "
+        "each); a LoRA adds ratio * alpha / rank * up @ down",
     )
     parser.add_argument(
         "--output",
@@ -111,17 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.output is None and args.output_dir is None:
         raise ConfigError("give --output FILE.safetensors and/or --output_dir FOLDER")
-    output = checked_output(args.output, args.overwrite) if args.output else None
-    folder = _checked_folder(args.output_dir, args.overwrite) if args.output_dir else None
-    ratios = args.ratios if args.ratios is not None else [1.0] * len(args.loras)
-    if len(ratios) != len(args.loras):
-        raise ConfigError(
-            f"--ratios has {len(ratios)} values for {len(args.loras)} --loras files; give one "
-            "per file (or none for 1.0 each)"
-        )
-    if output is not None:
-        refuse_input_as_output(output, [*args.loras, args.model])
-    files = [read_safetensors(path) for path in args.loras]  # fail on a bad file before loading
+    inputs = [*model_inputs(args, {"--model": args.model}), *(("--loras", p) for p in args.loras)]
+    output = checked_output(args.output, args.overwrite, inputs) if args.output else None
+    folder = _checked_folder(args.output_dir, args.overwrite, inputs) if args.output_dir else None
+    ratios = _ratios(args)
+    files = [read_lora(path, "--loras") for path in args.loras]  # bad files fail before loading
     components = load_model(args, args.model)
     if folder is not None and not components.model_dir.is_dir():
         raise ConfigError(
@@ -135,28 +133,48 @@ def run(args: argparse.Namespace) -> int:
         modules, left_out = _plan(path, tensors, metadata, components, table, written, args)
         plans.append((path, ratio, modules))
         skipped.extend(left_out)
+    dtype = DTYPES[args.save_precision or args.precision]
     changed = set()
     for path, ratio, modules in plans:
         for name, parts in modules.items():
             layer = table[name]
-            layer.set_weight(_merged(layer.weight, parts, ratio, path, name))
+            merged = _merged(layer.weight, parts, ratio, path, name)
+            # the layer keeps --precision, the file --save_precision: both must hold the result
+            cause = f"--ratios {ratio:g} ({path})"
+            for held in {dtype, layer.weight.dtype}:
+                refuse_non_finite_result({name: merged}, held, cause, "give a smaller ratio")
+            layer.set_weight(merged)
             changed.add(layer.component)
         print(f"merged {len(modules)} modules of {path} at ratio {ratio:g}")
     for line in skipped:
         print(f"left out: {line}")
-    dtype = DTYPES[args.save_precision or args.precision]
     metadata = _model_metadata(components, args.loras, ratios, output or folder)
     if output is not None:
-        components.family.write_full_model(output, components.denoiser, components, metadata, dtype)
+        with writing(output):
+            family = components.family
+            family.write_full_model(output, components.denoiser, components, metadata, dtype)
         print(f"wrote {output}")
     if folder is not None:
-        write_model_folder(folder, components, changed, dtype, replace_vae=bool(args.vae))
+        with writing(folder):
+            write_model_folder(folder, components, changed, dtype, replace_vae=bool(args.vae))
         print(f"wrote {folder}")
     return 0
 
 
-def _checked_folder(path: str, overwrite: bool) -> Path:
+def _ratios(args: argparse.Namespace) -> list[float]:
+    ratios = args.ratios if args.ratios is not None else [1.0] * len(args.loras)
+    if len(ratios) != len(args.loras):
+        raise ConfigError(
+            f"--ratios has {len(ratios)} values for {len(args.loras)} --loras files; give one "
+            "per file (or none for 1.0 each)"
+        )
+    check_ratios(ratios)
+    return ratios
+
+
+def _checked_folder(path: str, overwrite: bool, inputs) -> Path:
     folder = Path(path)
+    refuse_clash("--output_dir", folder, inputs)
     if folder.exists() and not overwrite:
         raise ConfigError(f"--output_dir {folder} exists; choose another name or add --overwrite")
     if folder.exists() and not folder.is_dir():

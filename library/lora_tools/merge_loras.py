@@ -24,14 +24,15 @@ from library.lora_tools.common import (
     DTYPES,
     UP,
     add_output_arguments,
+    check_ratios,
     checked_device,
     checked_output,
     human_size,
     input_dtype,
-    refuse_input_as_output,
+    read_lora,
+    refuse_non_finite_result,
     write_file,
 )
-from library.saving.lora_file import read_safetensors
 
 HELP = "merge LoRA/LoCon files into one: exactly (concat ranks) or by SVD to a given rank"
 
@@ -58,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="RATIO",
-        help="the weight of each input's change, one per input (default: 1 each; negative "
-        "subtracts)",
+        help="the weight of each input's change, one per input, from -100 to 100 (default: 1 "
+        "each; negative subtracts)",
     )
     parser.add_argument(
         "--method",
@@ -95,9 +96,7 @@ def _ratios(args: argparse.Namespace) -> list[float]:
             f"--ratios has {len(ratios)} values for {len(args.inputs)} --inputs; give one per "
             "input (or none for 1 each)"
         )
-    bad = [r for r in ratios if not math.isfinite(r)]
-    if bad:
-        raise ConfigError(f"--ratios {bad[0]}: not a number")
+    check_ratios(ratios)
     if args.method == "svd" and args.rank is None:
         raise ConfigError("--method svd needs --rank")
     if args.method == "concat" and (args.rank is not None or args.conv_rank is not None):
@@ -148,10 +147,9 @@ def _title(path: str, metadata: dict[str, str]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     ratios = _ratios(args)
-    output = checked_output(args.output, args.overwrite)
-    refuse_input_as_output(output, args.inputs)
+    output = checked_output(args.output, args.overwrite, [("--inputs", p) for p in args.inputs])
     device = checked_device(args.device)
-    files = [read_safetensors(path) for path in args.inputs]
+    files = [read_lora(path, "--inputs") for path in args.inputs]
     metadatas = [metadata for _, metadata in files]
     _check_base_models(args.inputs, metadatas, args.force)
     inputs = [
@@ -196,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
         out[f"{name}.{ALPHA}"] = torch.tensor(float(rank), dtype=torch.float32)
         kept[name] = (rank, float(rank), like.spatial)
 
+    shown_ratios = " ".join(f"{r:g}" for r in ratios)
+    refuse_non_finite_result(out, dtype, f"--ratios {shown_ratios}", "give smaller ratios")
     metadata = _metadata(args, ratios, metadatas, kept, output)
     write_file(output, out, metadata, dtype)
 

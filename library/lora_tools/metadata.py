@@ -22,7 +22,7 @@ from library.errors import ConfigError
 from library.lora_tools.common import (
     checked_output,
     module_algorithm,
-    refuse_input_as_output,
+    refuse_clash,
     write_file_unchanged,
 )
 from library.networks.kohya_keys import group_modules
@@ -198,13 +198,13 @@ def run(args: argparse.Namespace) -> int:
     if editing and (args.json or args.full):
         raise ConfigError("--json and --full are for showing a file; leave them out when editing")
     if args.output:
-        target = checked_output(args.output, args.overwrite)
         try:
-            refuse_input_as_output(target, [args.input])
+            refuse_clash("--output", Path(args.output), [("--input", args.input)])
         except ConfigError as exc:
             raise ConfigError(
-                f"--output {target} is the input file; use --in_place to replace it"
+                f"--output {args.output} is the input file; use --in_place to replace it"
             ) from exc
+        target = checked_output(args.output, args.overwrite)
     tensors, metadata = read_safetensors(args.input)
     if not editing:
         return _show(args, tensors, metadata)

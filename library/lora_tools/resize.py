@@ -10,6 +10,7 @@ module by a --dynamic_method rule with --rank as the ceiling. A module's rank ne
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import torch
@@ -26,10 +27,10 @@ from library.lora_tools.common import (
     checked_output,
     human_size,
     input_dtype,
-    refuse_input_as_output,
+    read_lora,
+    refuse_non_finite_result,
     write_file,
 )
-from library.saving.lora_file import read_safetensors
 
 HELP = "lower the rank of a LoRA/LoCon file by SVD (fixed or dynamic per-module ranks)"
 
@@ -83,8 +84,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for option, value in (("--rank", args.rank), ("--conv_rank", args.conv_rank)):
         if value is not None and value < 1:
             raise ConfigError(f"{option} {value}: a rank is at least 1")
-    if args.new_alpha is not None and (args.new_alpha == 0 or args.new_alpha != args.new_alpha):
-        raise ConfigError(f"--new_alpha {args.new_alpha}: must be a non-zero number")
+    if args.new_alpha is not None and (args.new_alpha == 0 or not math.isfinite(args.new_alpha)):
+        raise ConfigError(f"--new_alpha {args.new_alpha}: must be a finite, non-zero number")
 
 
 def _comment(args, old_ranks: set[int], old_conv: set[int], previous: str | None) -> str:
@@ -106,10 +107,9 @@ def _comment(args, old_ranks: set[int], old_conv: set[int], previous: str | None
 
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
-    output = checked_output(args.output, args.overwrite)
-    refuse_input_as_output(output, [args.input])
+    output = checked_output(args.output, args.overwrite, [("--input", args.input)])
     device = checked_device(args.device)
-    tensors, metadata = read_safetensors(args.input)
+    tensors, metadata = read_lora(args.input, "--input")
     modules = svd.lora_modules(tensors, args.input, "resize")
     dtype = DTYPES[args.save_precision] if args.save_precision else input_dtype(tensors)
 
@@ -140,6 +140,12 @@ def run(args: argparse.Namespace) -> int:
                 f"Frobenius norm kept {fraction:.2%}"
             )
 
+    if args.new_alpha is not None:
+        cause = f"--new_alpha {args.new_alpha:g}"
+        refuse_non_finite_result(out, dtype, cause, "give another value")
+    else:
+        written = f"--save_precision {args.save_precision}" if args.save_precision else None
+        refuse_non_finite_result(out, dtype, written or f"{args.input}'s dtype")
     metadata = {k: v for k, v in metadata.items() if k != "ss_session_id"}
     metadata.update(
         svd.rank_metadata(kept, metadata.get("ss_network_args"), bool(args.dynamic_method))

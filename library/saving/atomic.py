@@ -2,6 +2,10 @@
 
 Everything is first written beside its destination (same folder, so the same file system) and
 then renamed into place; on failure the temporary is removed and the old output is untouched.
+Temporaries are named ``.<output>.<random>.tmp`` (and ``.<output>.<random>.old`` for a replaced
+folder while it is swapped out); a process killed with no chance to clean up (kill -9, power
+loss) leaves them behind, and :func:`remove_leftovers` clears them before that output is written
+again.
 
 A write that fails (disk full, no permission, I/O error) becomes a one-line SaveError naming the
 destination, whichever writer failed: Python's OSError, safetensors' SafetensorError or torch's
@@ -59,6 +63,8 @@ _TORCH_WRITE_FAILURE = re.compile(r"inline_container|PytorchStreamWriter|file wr
 _ENFORCE_PREFIX = re.compile(r"^\[enforce fail at [^\]]*\]\s*\.?\s*")
 _OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
 _MAX_REASON = 200
+# ".<output>.<random>.tmp" / ".old": mkstemp's random part has no dot
+_TEMPORARY = re.compile(r"^\.(?P<output>.+)\.[^.]+\.(?P<kind>tmp|old)$")
 
 
 def _first_line(text: str) -> str:
@@ -229,3 +235,38 @@ def atomic_write_dir(path: str | Path, write: Callable[[Path], None]) -> Path:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def temporary_of(entry: str) -> str | None:
+    """The output whose atomic write made the temporary named ``entry``; None when ``entry``
+    is not such a temporary."""
+    match = _TEMPORARY.match(entry)
+    return match.group("output") if match else None
+
+
+def remove_leftovers(folder: str | Path, outputs: Callable[[str], bool]) -> list[Path]:
+    """Remove the temporaries that killed atomic writes of ``folder``'s outputs whose names
+    ``outputs`` accepts left behind; return them. Call only while no other process can be
+    writing those outputs (while holding their lock).
+
+    A previous folder set aside (``.old``) whose output is missing was the only copy of it (a
+    write killed between its two renames): it is moved back instead of removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        output = temporary_of(path.name)
+        if output is None or not outputs(output):
+            continue
+        target = folder / output
+        if path.name.endswith(".old") and path.is_dir() and not os.path.lexists(target):
+            os.replace(path, target)
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed

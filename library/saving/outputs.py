@@ -4,7 +4,8 @@ Names follow kohya's so users find what they expect: ``name.safetensors`` at the
 ``name-step00000500.safetensors`` every N steps, ``name-000003.safetensors`` every N epochs, and a
 ``-state`` folder beside each when states are saved. ``name-summary.json`` describes the latest
 run of the name (library/training/run_summary.py); it is a record, not an output: it never stops
-a run, and every run that takes the name replaces it.
+a run, and every run that takes the name replaces it. Which names a run owns, and why no two
+accepted output names share one, is in library/saving/output_names.py.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from pathlib import Path
 
 from library.config.schema import SavingSection
 from library.errors import ConfigError
+from library.saving import atomic
+from library.saving.output_names import EPOCH as _EPOCH
+from library.saving.output_names import LOCK_SUFFIX, SUMMARY_SUFFIX, is_output
+from library.saving.output_names import STEP as _STEP
 
-SUMMARY_SUFFIX = "-summary.json"
 RUN_ID_KEY = "ss_session_id"  # kohya's per-run random id; ours stays the same across resumes
-_STEP = re.compile(r"-step(\d{8})(-state|-ema\.safetensors|\.safetensors)?$")
-_EPOCH = re.compile(r"-(\d{6})(-state|-ema\.safetensors|\.safetensors)?$")
 
 
 class OutputLayout:
@@ -117,27 +119,21 @@ class OutputLayout:
         """Delete the temporary files and folders an interrupted save of this output_name left
         (atomic writes make ``.<output>.<random>.tmp`` and ``.old`` beside each output). Call
         only while holding the run lock, so no other run of this name is writing them."""
-        if not self.dir.is_dir():
-            return []
-        leftovers = []
-        for path in self.dir.iterdir():
-            name = path.name
-            if name.startswith(".") and name.endswith((".tmp", ".old")):
-                output = name[1:].rsplit(".", 2)[0]  # drop ".<random>.tmp"
-                if self._owns(output) or output == self.summary.name:
-                    leftovers.append(path)
-        return _remove(leftovers)
+        return atomic.remove_leftovers(
+            self.dir, lambda output: self._owns(output) or output == self.summary.name
+        )
+
+    def writes(self, entry: str) -> bool:
+        """Whether a run of this output_name may create, replace or delete ``entry`` in
+        output_dir: its outputs, its summary, its lock and the temporaries of its saves."""
+        output = atomic.temporary_of(entry)
+        if output is not None:
+            return self._owns(output) or output == self.summary.name
+        return self._owns(entry) or entry in (self.summary.name, f"{self.name}{LOCK_SUFFIX}")
 
     def _owns(self, file_name: str) -> bool:
         """Whether ``file_name`` is one of this output_name's outputs."""
-        if not file_name.startswith(self.name):
-            return False
-        rest = file_name[len(self.name) :]
-        return (
-            rest in (".safetensors", "-ema.safetensors", "-state", "")
-            or bool(_STEP.fullmatch(rest))
-            or bool(_EPOCH.fullmatch(rest))
-        )
+        return is_output(self.name, file_name)
 
     def describe(self, path: Path) -> dict:
         """What an output of this name is: {"kind", "path"} and, where its name or its state

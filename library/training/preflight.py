@@ -1,5 +1,6 @@
-"""Checks made before any model loads: the files a run starts from, where it writes, who owns
-the output name, and what a resume may change. Everything here fails fast with one line."""
+"""Checks made before any model loads: the files a run starts from, where it writes (never over
+them), who owns the output name, and what a resume may change. Everything here fails fast with
+one line."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from library.config.provenance import provenance
 from library.config.schema import Config
 from library.errors import CheckpointError, ConfigError, DifftuneError
+from library.saving.input_clash import OUTPUT_INSIDE, SAME, Clash, clash
+from library.saving.output_names import EPOCH, STEP
 from library.saving.outputs import OutputLayout
 from library.saving.run_lock import RunLock
 from library.training.from_main import from_main
@@ -96,6 +100,97 @@ def check_output_dir(config: Config) -> None:
         raise ConfigError(f"output_dir {folder} is not writable ({reason}); choose another output_dir") from None
 
 
+def run_inputs(config: Config) -> list[tuple[str, str]]:
+    """(key, path) of every file and folder the run reads, as the config gives them."""
+    model, flow, data = config.model, config.flow, config.data
+    named = [
+        ("pretrained_model_name_or_path", model.pretrained_model_name_or_path),
+        ("vae", model.vae),
+        ("tokenizer_path", model.tokenizer_path),
+        ("tokenizer_cache_dir", model.tokenizer_cache_dir),
+        *((key, getattr(flow, key)) for key in ("clip_l", "clip_g", "t5xxl", "ae")),
+        ("t5_tokenizer_path", flow.t5_tokenizer_path),
+        ("network_weights", config.network.network_weights),
+        ("resume", config.saving.resume),
+        ("train_data_dir", data.train_data_dir),
+        ("reg_data_dir", data.reg_data_dir),
+        ("in_json", data.in_json),
+        ("dataset_config", data.dataset_config),
+        ("sample_prompts", config.sampling.sample_prompts),
+    ]
+    for i, dataset in enumerate(config.datasets):
+        for j, subset in enumerate(dataset.subsets):
+            key = f"datasets[{i}].subsets[{j}]"
+            named += [(f"{key}.image_dir", subset.image_dir)]
+            named += [(f"{key}.metadata_file", subset.metadata_file)]
+    named += [("config file", file) for file in provenance(config).files]
+    return [(key, path) for key, path in named if path]
+
+
+def check_inputs_untouched(config: Config, plan: RunPlan, resume: ResumeCheck | None) -> None:
+    """ConfigError when a path the run may write (an output of its name, its summary, its lock,
+    their temporaries) is an input of the run, lies inside an input folder or holds an input;
+    --overwrite changes nothing here. The resume state is the one output of the run that may be
+    an input: the run continues it and never writes at its path (see _writes_resume_state)."""
+    layout = OutputLayout(config.saving)
+    kept = _resume_entry(config, layout)
+    if kept is not None and _writes_resume_state(config, plan, resume, kept):
+        kept = None
+
+    def writes(entry: str) -> bool:
+        return entry != kept and layout.writes(entry)
+
+    for key, path in run_inputs(config):
+        found = clash(layout.dir, path, writes)
+        if found is not None:
+            raise ConfigError(
+                f"{_clash_text(found, layout, key, path)}; choose another output_dir or "
+                "output_name (a run never writes over its inputs)"
+            )
+
+
+def _clash_text(found: Clash, layout: OutputLayout, key: str, path: str) -> str:
+    if found.relation == OUTPUT_INSIDE:
+        return f"output_dir {layout.dir} lies inside {key} {path}"
+    output = layout.dir / found.output.name
+    if found.relation == SAME:
+        return f'{key} {path} is {output}, an output of output_name "{layout.name}"'
+    return f'{output}, an output of output_name "{layout.name}", {found.relation} {key} {path}'
+
+
+def _resume_entry(config: Config, layout: OutputLayout) -> str | None:
+    """The name of the resume state in output_dir when it is one of this name's outputs."""
+    if not config.saving.resume:
+        return None
+    state = Path(os.path.realpath(config.saving.resume))
+    if state.parent != Path(os.path.realpath(layout.dir)) or not layout.writes(state.name):
+        return None
+    return state.name
+
+
+def _writes_resume_state(
+    config: Config, plan: RunPlan, resume: ResumeCheck | None, entry: str
+) -> bool:
+    """Whether this run writes a state at the resume state's own name: the final state when it
+    saves one at the end, a numbered state on its save cadence after the step resumed at. (A
+    stop right at the resumed step keeps the existing state of that step; save_last_n_steps
+    prunes the resumed state with the run's other old saves, as kohya does.)"""
+    layout, saving = OutputLayout(config.saving), config.saving
+    rest = entry[len(layout.name) :]
+    if rest == "-state":
+        return bool(saving.save_state or saving.save_state_on_train_end)
+    step = resume.global_step if resume is not None else 0
+    numbered = STEP.fullmatch(rest) or EPOCH.fullmatch(rest)
+    if numbered is None or numbered.group(2) != "-state":
+        return True  # weights, a diffusers folder: written whole at the end
+    if not saving.save_state:
+        return False
+    number = int(numbered.group(1))
+    if numbered.re is STEP:
+        return layout.step_due(number, plan.total_steps) and number > step
+    return layout.epoch_due(number, plan.epochs) and number * plan.steps_per_epoch > step
+
+
 def start_run(config: Config, plan: RunPlan, accelerator, dry_run: bool) -> RunStart:
     """Run every check before models load and, unless ``dry_run``, take the output name's lock.
 
@@ -106,6 +201,7 @@ def start_run(config: Config, plan: RunPlan, accelerator, dry_run: bool) -> RunS
     resume = None
     if config.saving.resume:
         resume = check_resume(Path(config.saving.resume), config, plan)
+    check_inputs_untouched(config, plan, resume)
     lock, outcome = None, None
     if accelerator.is_main_process:
         try:

@@ -23,7 +23,7 @@ from library.saving.disk_space import (
     space_problem,
 )
 from library.saving.metadata import RunInfo, lora_metadata, unet_metadata
-from library.saving.outputs import OutputLayout
+from library.saving.outputs import OutputLayout, output_run_id
 from library.saving.writers import SAVE_DTYPES, write_checkpoint, write_lora, write_pipeline_folder
 from library.training.ema import WeightAverage
 from library.training.from_main import from_main
@@ -121,6 +121,20 @@ class Saver:
         problem = from_main(self.accelerator, problem)
         if problem is not None:
             raise ConfigError(problem)
+
+    def stop_state(self, global_step: int) -> Path:
+        """The state a stop at ``global_step`` names: one this run already has at that step
+        (saved on its cadence, or the state it resumed from, which is never written over), else
+        one saved now. Called on every process."""
+        state = self.layout.dir / f"{self.layout.name}-step{global_step:08d}-state"
+        resumed = self.config.saving.resume
+        own = state.is_dir() and (
+            output_run_id(state) == self.run_id
+            or (resumed is not None and Path(resumed).is_dir() and state.samefile(resumed))
+        )
+        if not own:
+            self.save_state(state, global_step)
+        return state
 
     def save_state(self, path: Path, global_step: int) -> None:
         self.check_finite(global_step, path)

@@ -345,8 +345,7 @@ class Trainer:
 
     def _stop_not_finite(self, step_loss: float, global_step: int, saver: Saver) -> None:
         """Stop before a non-finite loss reaches the weights; keep the last good state."""
-        state = saver.layout.dir / f"{saver.layout.name}-step{global_step:08d}-state"
-        saver.save_state(state, global_step)
+        state = saver.stop_state(global_step)
         raise TrainingError(
             f"the loss became {step_loss} at optimizer step {global_step + 1}; the weights before it "
             f'were saved to {state}. Lower learning_rate, use mixed_precision = "bf16" instead of '
@@ -354,9 +353,7 @@ class Trainer:
         )
 
     def _stop_on_signal(self, signum: int, global_step: int, saver: Saver) -> None:
-        state = saver.layout.dir / f"{saver.layout.name}-step{global_step:08d}-state"
-        if not state.exists():  # the step's own save may already have written it
-            saver.save_state(state, global_step)
+        state = saver.stop_state(global_step)
         name = signal.Signals(signum).name
         raise TrainingStopped(
             f"stopped by {name} after optimizer step {global_step}; continue with --resume {state}", signum

@@ -136,8 +136,21 @@ def test_leftovers_of_this_output_name_are_removed(tmp_path):
         _touch(tmp_path / ".runner.safetensors.k2.tmp"),  # another output name sharing "run"
         _touch(tmp_path / ".other.safetensors.m4.tmp"),
         _touch(tmp_path / "run.safetensors"),
+        _touch(tmp_path / "run-state" / "progress.json"),  # the new state the .old gave way to
     ]
     removed = layout.remove_leftovers()
     assert len(removed) == len(ours)
     assert not any(p.exists() for p in ours[:2]) and not (tmp_path / ".run-state.z3.old").exists()
     assert all(p.exists() for p in theirs)
+
+
+def test_a_folder_set_aside_by_a_killed_swap_is_put_back(tmp_path):
+    """A folder write killed between its two renames leaves the previous folder as ``.old``
+    and nothing at the output's name: that folder is the only copy, so it is moved back."""
+    layout = OutputLayout(SavingSection(output_dir=str(tmp_path), output_name="run"))
+    (tmp_path / ".run-state.z3.old").mkdir()
+    (tmp_path / ".run-state.z3.old" / "progress.json").write_text("previous")
+    _touch(tmp_path / ".run-state.k1.tmp" / "progress.json")  # the new one, never renamed
+    assert layout.remove_leftovers() == [tmp_path / ".run-state.k1.tmp"]
+    assert (tmp_path / "run-state" / "progress.json").read_text() == "previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-state"]
