@@ -16,7 +16,15 @@ from typing import Literal
 UNSET = object()  # the value means "not set": the key takes its default
 
 # Optional numbers kohya tests for truth: 0 means off (``if args.min_snr_gamma:``).
-ZERO_MEANS_OFF = frozenset({"min_snr_gamma", "ddp_timeout", "conv_dim", "scale_weight_norms"})
+ZERO_MEANS_OFF = frozenset(
+    {
+        "min_snr_gamma",
+        "ddp_timeout",
+        "conv_dim",
+        "scale_weight_norms",
+        "lr_scheduler_timescale",
+    }
+)
 
 
 def _members(annotation: object) -> tuple[object, ...]:

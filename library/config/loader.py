@@ -39,6 +39,7 @@ from library.config.overrides import (
     parse_override,
 )
 from library.config.provenance import DEFAULT, Provenance
+from library.config.scheduler_args import unused_notes
 from library.config.schema import SECTIONS, Config, field_sections
 from library.config.suggest import (
     COMMAND_LINE,
@@ -128,6 +129,8 @@ def load_config(
     dataset_defaults = {k: flat.pop(k) for k in list(flat) if k in DEFAULT_KEYS}
     sources = {key: _source(origin) for key, (_, origin) in {**flat, **dataset_defaults}.items()}
     sections = _build_sections(flat, files)
+    given = {key: (value, origin.file) for key, (value, origin) in flat.items()}
+    notices += unused_notes(given, sections["optimizer"].lr_scheduler)
     datasets = _build_datasets(flat, sections, data, files, dataset_defaults, sources)
     try:
         plain = {key: value for key, (value, _) in dataset_defaults.items()}

@@ -488,6 +488,11 @@ class LoggingSection(Section):
     wandb_run_name: str | None = Field(
         None, description="Name of the run in Weights & Biases. Unset: the run folder name."
     )
+    log_config: bool = Field(
+        True,
+        description="Give the tracker the resolved config (secrets such as wandb_api_key left "
+        "out) as the run's hyper-parameters. kohya's default is false.",
+    )
     wandb_api_key: str | None = Field(
         None,
         description="Weights & Biases API key, used when WANDB_API_KEY is not set. Never "

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from library.config.schema import Config
-from library.training.schedulers import warmup_steps
+from library.training.schedulers import decay_steps, warmup_steps
 
 DEFAULT_MAX_TRAIN_STEPS = 1600  # kohya's default when neither steps nor epochs are given
 
@@ -36,6 +36,8 @@ def make_plan(config: Config, steps_per_epoch: int, world_size: int) -> RunPlan:
     else:
         total = training.max_train_steps or DEFAULT_MAX_TRAIN_STEPS
     accumulation = training.gradient_accumulation_steps
+    if config.optimizer.lr_scheduler == "warmup_stable_decay":
+        decay_steps(config.optimizer, total)  # a decay that does not fit stops before training
     return RunPlan(
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
@@ -109,3 +111,4 @@ def save_schedule_lines(config: Config, plan: RunPlan) -> list[str]:
     end_state = " + training state" if schedule.final_state else ""
     lines.append(f"at the end: {schedule.what} {schedule.final}{end_state}")
     return lines
+

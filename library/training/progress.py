@@ -299,7 +299,7 @@ class ProgressReporter:
             wandb = {"name": logging.wandb_run_name or run, "dir": str(accelerator.logging_dir)}
             accelerator.init_trackers(
                 logging.log_tracker_name or config.saving.output_name,
-                config=_tracker_config(config),
+                config=_tracker_config(config) if logging.log_config else None,
                 init_kwargs={"wandb": wandb},
             )
 

@@ -1,0 +1,97 @@
+"""Every option of every sd-scripts training script is known: implemented, accepted with a note,
+or refused by name; never an "unknown key". The same for options of newer sd-scripts releases."""
+
+from __future__ import annotations
+
+import pytest
+
+from library.config import kohya
+from library.config.kohya_script_keys import NEWER_RELEASE, OTHER_TRAININGS
+from library.config.loader import load_config
+from library.config.overrides import key_kind
+from library.errors import ConfigError
+from tests.config.kohya_arguments import KOHYA_OFF_VALUES, KOHYA_SCRIPTS, SCRIPTS
+
+HEAD = 'pretrained_model_name_or_path = "m"\n'
+DATASET = '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "img"\n'
+
+# sd-scripts' scripts of trainings difftune does not do, and the words that name them.
+OTHER_SCRIPTS = {
+    "lumina_train": "Lumina",
+    "lumina_train_network": "Lumina",
+    "anima_train": "Anima",
+    "anima_train_network": "Anima",
+    "hunyuan_image_train_network": "HunyuanImage",
+    "train_textual_inversion": "textual-inversion",
+    "train_textual_inversion_XTI": "textual-inversion",
+    "sdxl_train_textual_inversion": "textual-inversion",
+    "train_control_net": "ControlNet",
+    "train_controlnet": "ControlNet",
+    "sdxl_train_control_net": "ControlNet",
+    "sdxl_train_control_net_lllite": "ControlNet",
+    "sdxl_train_control_net_lllite_old": "ControlNet",
+    "flux_train_control_net": "ControlNet",
+}
+
+
+def _not_off(off: tuple) -> object:
+    """A value that is none of ``off`` (kohya's defaults), of the same kind."""
+    first = off[0] if off else ""
+    if isinstance(first, bool):
+        return not first
+    if isinstance(first, (int, float)):
+        return first * 2 + 3
+    return "something"
+
+
+def test_inventory_covers_every_training_script():
+    assert set(OTHER_SCRIPTS) < set(SCRIPTS)
+    assert {"train_network", "flux_train", "sd3_train", "sdxl_train", "fine_tune", "train_db"} < set(
+        SCRIPTS
+    )
+
+
+@pytest.mark.parametrize("key", sorted(KOHYA_OFF_VALUES))
+def test_every_sd_scripts_key_is_known(key):
+    # known as a schema key, a dataset default or a kohya key difftune classifies
+    assert key_kind(kohya.ALIASES.get(key, key)) in ("flat", "default", "unsupported"), key
+
+
+def _only_in_other_trainings() -> list[str]:
+    # t5_tokenizer_path is only Anima's in sd-scripts; difftune has its own key of that name
+    only = (k for k, where in KOHYA_SCRIPTS.items() if set(where) <= set(OTHER_SCRIPTS))
+    return sorted(k for k in only if key_kind(k) != "flat")
+
+
+def _toml(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else repr(value).replace("'", '"')
+
+
+@pytest.mark.parametrize("key", _only_in_other_trainings())
+def test_keys_of_other_trainings_are_refused_saying_which(write_toml, key):
+    assert key in OTHER_TRAININGS, key
+    value = _not_off(kohya.UNSUPPORTED[key].off)
+    path = write_toml("a.toml", HEAD + f"{key} = {_toml(value)}\n" + DATASET)
+    names = {OTHER_SCRIPTS[s] for s in KOHYA_SCRIPTS[key]}
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert f'"{key}" is not supported' in message
+    assert any(name in message for name in names), message
+    assert "unknown key" not in message
+
+
+def test_newer_release_keys_are_not_in_the_pinned_inventory():
+    # they come from sd-scripts releases after the commit the inventory was taken from
+    assert set(NEWER_RELEASE).isdisjoint(KOHYA_OFF_VALUES)
+
+
+@pytest.mark.parametrize("key", sorted(NEWER_RELEASE))
+def test_newer_release_keys_are_refused_by_name(write_toml, key):
+    release = NEWER_RELEASE[key].release
+    path = write_toml("on.toml", HEAD + f"{key} = true\n" + DATASET)
+    with pytest.raises(ConfigError, match=f'"{key}" is not supported .*sd-scripts {release}'):
+        load_config(path)
+    with pytest.raises(ConfigError, match=f'"{key}" is not supported'):
+        load_config(write_toml("cli.toml", HEAD + DATASET), [(key, None)])  # bare --flag
+    assert load_config(write_toml("off.toml", HEAD + f"{key} = false\n" + DATASET))
