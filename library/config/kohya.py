@@ -47,10 +47,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "dataset_class": Unsupported("custom dataset classes are not supported", planned=False),
     "resize_interpolation": Unsupported("choosing the resize filter is planned", ("",)),
     "save_n_epoch_ratio": Unsupported("use save_every_n_epochs", (0,)),
-    **_group(
-        "save_last_n_steps_state save_last_n_epochs_state",
-        "pruning old training states is planned; every saved state is kept",
-    ),
     "huggingface_repo_id": Unsupported(_HUB, ("",), planned=False),
     # without a repo id sd-scripts uploads nothing either: these settings do nothing
     **_group(

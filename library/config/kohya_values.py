@@ -23,6 +23,8 @@ ZERO_MEANS_OFF = frozenset(
         "conv_dim",
         "scale_weight_norms",
         "lr_scheduler_timescale",
+        "save_last_n_steps_state",
+        "save_last_n_epochs_state",
     }
 )
 

@@ -75,6 +75,7 @@ def plan_report(config: Config, data, plan: RunPlan, resume=None, memory=None) -
                     "count": c.count,
                     "keep_last": c.keep_last,
                     "state": c.state,
+                    "keep_last_state": c.keep_last_state if c.state else None,
                 }
                 for c in schedule.cadences
             ],
