@@ -107,8 +107,9 @@ FULL_FINE_TUNE: dict[str, Unsupported] = {
         ignored=True,
     ),
     "mem_eff_save": Unsupported(
-        "difftune's full-model saves always write one tensor at a time, so a save needs no "
-        "copy of the whole model in host memory (what mem_eff_save does in sd-scripts)",
+        "difftune's full-model saves always write the model piece by piece (a tensor, or a "
+        "transformer block, at a time), so a save holds no second copy of the model in host "
+        "memory: what mem_eff_save asks sd-scripts for",
         (False, True),
         ignored=True,
     ),
