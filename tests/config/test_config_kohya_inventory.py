@@ -95,3 +95,31 @@ def test_newer_release_keys_are_refused_by_name(write_toml, key):
     with pytest.raises(ConfigError, match=f'"{key}" is not supported'):
         load_config(write_toml("cli.toml", HEAD + DATASET), [(key, None)])  # bare --flag
     assert load_config(write_toml("off.toml", HEAD + f"{key} = false\n" + DATASET))
+
+
+@pytest.mark.parametrize(
+    ("line", "noted"),
+    [
+        ("mem_eff_save = true", False),  # always so here: full-model saves stream
+        ("use_safetensors = true", False),
+        ("console_log_simple = true", False),
+        ('console_log_level = "DEBUG"', True),
+        ("diffusers_xformers = true", True),
+        ("learning_rate_te1 = 1e-5", True),  # only with train_text_encoder, refused itself
+    ],
+)
+def test_options_that_change_nothing_here_load(write_toml, line, noted):
+    config = load_config(write_toml("a.toml", HEAD + line + "\n" + DATASET))
+    key = line.split(" =")[0]
+    assert any(key in notice for notice in config.notices) == noted, config.notices
+
+
+def test_options_of_the_full_fine_tune_scripts_are_refused_saying_what_works(write_toml):
+    for line, instead in [
+        ("train_text_encoder = true", "train a LoRA"),
+        ("double_blocks_to_swap = 4", "use blocks_to_swap"),
+        ("use_t5xxl_cache_only = true", "use cache_text_encoder_outputs"),
+        ('console_log_file = "log.txt"', "tee train.log"),
+    ]:
+        with pytest.raises(ConfigError, match=instead):
+            load_config(write_toml("a.toml", HEAD + line + "\n" + DATASET))
