@@ -44,6 +44,10 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "masks from conditioning images are planned; alpha_mask takes the mask from the image",
         (False,),
     ),
+    "conditioning_data_dir": Unsupported(
+        "it gives ControlNet's conditioning images, which difftune does not train, or the masks "
+        "of masked_loss, which are planned (alpha_mask takes the mask from the image)"
+    ),
     "dataset_class": Unsupported("custom dataset classes are not supported", planned=False),
     "resize_interpolation": Unsupported("choosing the resize filter is planned", ("",)),
     "save_n_epoch_ratio": Unsupported("use save_every_n_epochs", (0,)),

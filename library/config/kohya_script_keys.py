@@ -60,7 +60,7 @@ OTHER_TRAININGS: dict[str, Unsupported] = {
     **_refused("init_word token_string weights", _TEXTUAL_INVERSION),
     **_refused("num_vectors_per_token", _TEXTUAL_INVERSION, (1,)),
     **_refused("use_object_template use_style_template", _TEXTUAL_INVERSION, (False,)),
-    **_refused("cond_emb_dim conditioning_data_dir controlnet_model_name_or_path", _CONTROL_NET),
+    **_refused("cond_emb_dim controlnet_model_name_or_path", _CONTROL_NET),
     **_refused("control_net_lr", _CONTROL_NET, (0.0001,)),
 }
 

@@ -123,3 +123,18 @@ def test_options_of_the_full_fine_tune_scripts_are_refused_saying_what_works(wri
     ]:
         with pytest.raises(ConfigError, match=instead):
             load_config(write_toml("a.toml", HEAD + line + "\n" + DATASET))
+
+
+def test_schedule_keys_the_schedule_does_not_read_are_noted(write_toml):
+    # lora-scripts writes lr_scheduler_min_lr_ratio = 0.1 and lr_scheduler_timescale = 0 for
+    # every schedule; sd-scripts ignores what the schedule does not read
+    keys = "lr_scheduler_min_lr_ratio = 0.1\nlr_scheduler_timescale = 0\nlr_decay_steps = 10\n"
+    cosine = load_config(write_toml("a.toml", HEAD + 'lr_scheduler = "cosine"\n' + keys + DATASET))
+    noted = [n for n in cosine.notices if "is not used" in n]
+    assert len(noted) == 2, cosine.notices
+    assert "lr_scheduler_min_lr_ratio = 0.1 is not used" in noted[0]
+    assert 'lr_scheduler "warmup_stable_decay" read it, and lr_scheduler is "cosine"' in noted[1]
+    wsd = 'lr_scheduler = "warmup_stable_decay"\n'
+    used = load_config(write_toml("b.toml", HEAD + wsd + keys + DATASET))
+    assert not [n for n in used.notices if "is not used" in n]
+    assert used.optimizer.lr_scheduler_timescale is None  # 0 is unset, as lora-scripts means
