@@ -9,10 +9,11 @@ What counts as a claim, and what makes it true:
   ``[prompt]`` tables hold sample-prompt keys (library/sampling/prompts.py), a ``*.optimizer_args``
   table optimizer arguments. The value must read as a TOML value, so arithmetic in backquotes
   (``scale = alpha / r``) is no claim; names with capitals are environment variables.
-- ``name=value`` (no spaces) in backquotes, and each ``"name=value"`` item of network_args or
-  optimizer_args: a network_args name (kohya.py's supported, aliased and refused ones), an
-  argument of an optimizer difftune builds (the classes' signatures, as
-  library/training/optimizers.py checks them) or a config key.
+- ``name=value`` (no spaces) in backquotes, and each ``"name=value"`` item of network_args,
+  optimizer_args or lr_scheduler_args: a network_args name (kohya.py's supported, aliased and
+  refused ones), an argument of an optimizer difftune builds (the classes' signatures, as
+  library/training/optimizers.py checks them), a schedule argument
+  (library/config/scheduler_args.py) or a config key.
 - ``--name`` anywhere in a command line after ``train_network.py``: an option train_network.py
   takes (library/config/cli_args.py: config keys that are not per-dataset, --config, --dry_run,
   ...); after ``lora_tool.py COMMAND``: an option of that command (its argparse parser); between
@@ -51,6 +52,7 @@ from library.config.kohya import (
     UNSUPPORTED,
 )
 from library.config.overrides import DEFAULT_KEYS, all_key_names, flat_keys
+from library.config.scheduler_args import SCHEDULE_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,6 +92,7 @@ class Vocabulary:
     train_options: frozenset[str]  # train_network.py's --options
     network_args: frozenset[str]
     optimizer_args: frozenset[str]
+    scheduler_args: frozenset[str]
     lora_tool: dict[str, frozenset[str]]  # command -> its options
     launchers: dict[str, frozenset[str]]  # "accelerate" / "torchrun" -> launch options
     bench: dict[str, frozenset[str]]  # "bench/x.py" -> its options
@@ -154,6 +157,7 @@ def vocabulary() -> Vocabulary:
         train_options=frozenset(train_options),
         network_args=frozenset(network_args),
         optimizer_args=_optimizer_arguments(),
+        scheduler_args=frozenset(k for args in SCHEDULE_ARGS.values() for k in args),
         lora_tool={c: _option_names(subparsers[c]) for c in COMMANDS},
         launchers={
             "accelerate": _option_names(launch_command_parser()),
@@ -199,7 +203,7 @@ def _is_toml_value(text: str) -> bool:
 
 def _list_items(name: str, value: str, line: int) -> list[Claim]:
     """The "k=v" items of a network_args / optimizer_args list value."""
-    if name not in ("network_args", "optimizer_args"):
+    if name not in ("network_args", "optimizer_args", "lr_scheduler_args"):
         return []
     return [Claim(line, "item", m.group(1), name) for m in _STRING_ITEM.finditer(value)]
 
@@ -388,7 +392,8 @@ def problem(claim: Claim) -> str | None:
         known = {
             "network_args": v.network_args,
             "optimizer_args": v.optimizer_args,
-        }.get(claim.scope, v.network_args | v.optimizer_args | v.config)
+            "lr_scheduler_args": v.scheduler_args,
+        }.get(claim.scope, v.network_args | v.optimizer_args | v.scheduler_args | v.config)
         if name in known:
             return None
         what = f"{claim.scope} argument" if claim.scope else "argument"

@@ -131,6 +131,8 @@ def _fields_table(model: type[BaseModel], skip: tuple[str, ...] = ()) -> list[st
 
 
 def _accepted(entry: kohya.Unsupported) -> str:
+    if entry.ignored and {False, True} <= set(entry.off):
+        return "any value (no effect)"
     if entry.ignored and entry.off:
         offs = " or ".join(f"`{show_value(v)}`" for v in entry.off)
         return f"any value (no effect; a warning names values other than {offs})"

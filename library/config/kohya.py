@@ -7,31 +7,13 @@ and dropped; any other value is an error that says what is missing, never silent
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from library.config.adapter_schema import BLOCKWISE_KEYS, LYCORIS_KEYS
+from library.config.kohya_script_keys import FULL_FINE_TUNE, NEWER_UNSUPPORTED, OTHER_TRAININGS
 from library.config.suggest import show_value
+from library.config.unsupported import Unsupported
+from library.config.unsupported import group as _group
 from library.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Unsupported:
-    """A kohya key difftune does not implement."""
-
-    reason: str
-    off: tuple = ()  # values that mean "off" (kohya's defaults); accepted and dropped
-    planned: bool = True  # "not supported yet" rather than "not supported"
-    # changes nothing here (it only acts together with another unsupported key, or only tunes
-    # how kohya itself loads files): any value is dropped
-    ignored: bool = False
-    # read and turned into our own key (the reason says which): not unsupported at all, but
-    # kept here so the key is known, typed by its off value, and listed in the docs
-    translated: bool = False
-
-
-def _group(keys: str, reason: str, off: tuple = (), **kw: bool) -> dict[str, Unsupported]:
-    return {k: Unsupported(reason, off, **kw) for k in keys.split()}
-
 
 _HUB = "difftune never uses the network; upload the saved files yourself"
 _DEEPSPEED = "it only tunes DeepSpeed itself; difftune shards with FSDP2 (fsdp)"
@@ -62,13 +44,13 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "masks from conditioning images are planned; alpha_mask takes the mask from the image",
         (False,),
     ),
+    "conditioning_data_dir": Unsupported(
+        "it gives ControlNet's conditioning images, which difftune does not train, or the masks "
+        "of masked_loss, which are planned (alpha_mask takes the mask from the image)"
+    ),
     "dataset_class": Unsupported("custom dataset classes are not supported", planned=False),
     "resize_interpolation": Unsupported("choosing the resize filter is planned", ("",)),
     "save_n_epoch_ratio": Unsupported("use save_every_n_epochs", (0,)),
-    **_group(
-        "save_last_n_steps_state save_last_n_epochs_state",
-        "pruning old training states is planned; every saved state is kept",
-    ),
     "huggingface_repo_id": Unsupported(_HUB, ("",), planned=False),
     # without a repo id sd-scripts uploads nothing either: these settings do nothing
     **_group(
@@ -86,25 +68,28 @@ UNSUPPORTED: dict[str, Unsupported] = {
     ),
     "output_config": Unsupported("use --print_config", (False,), planned=False),
     "log_tracker_config": Unsupported("a tracker config file is planned", ("",)),
-    "log_config": Unsupported("logging the config to the tracker is planned", (False,)),
-    **_group(
-        "console_log_level console_log_file", "console log options are not implemented", ("",)
+    "console_log_level": Unsupported(
+        "it only sets how much sd-scripts prints; difftune prints its plan, warnings and errors",
+        ("",),
+        ignored=True,
     ),
-    "console_log_simple": Unsupported("console log options are not implemented", (False,)),
+    "console_log_file": Unsupported(
+        "difftune prints to the terminal; to keep a log file, redirect it (2>&1 | tee train.log)",
+        ("",),
+        planned=False,
+    ),
+    "console_log_simple": Unsupported(
+        "difftune prints plain lines, never rich formatting", (False, True), ignored=True
+    ),
     "network_dropout": Unsupported("dropout in LoRA layers is planned", (0,)),
     "dim_from_weights": Unsupported("set network_dim to the rank of network_weights", (False,)),
     "base_weights": Unsupported("merging other LoRA files into the model is planned", ([],)),
     "base_weights_multiplier": Unsupported("only used with base_weights", ignored=True),
     "network_multiplier": Unsupported("a training multiplier other than 1 is planned", (1,)),
     "stop_text_encoder_training": Unsupported("stopping text-encoder training early is planned"),
-    "lr_scheduler_args": Unsupported("scheduler arguments are planned", ([],)),
     "lr_scheduler_type": Unsupported(
         "custom scheduler classes are not supported", ("",), planned=False
     ),
-    **_group(
-        "lr_scheduler_min_lr_ratio lr_scheduler_timescale", "this scheduler option is planned"
-    ),
-    "lr_decay_steps": Unsupported("this scheduler option is planned", (0,)),
     "use_8bit_adam": Unsupported('use optimizer_type = "AdamW8bit"', (False,), planned=False),
     "use_lion_optimizer": Unsupported('use optimizer_type = "Lion"', (False,), planned=False),
     "fused_backward_pass": Unsupported("fused optimizer steps are planned", (False,)),
@@ -140,13 +125,9 @@ UNSUPPORTED: dict[str, Unsupported] = {
     **_group("initial_epoch initial_step", "use resume to continue from a saved state"),
     "skip_until_initial_step": Unsupported("use resume to continue from a saved state", (False,)),
     "no_token_padding": Unsupported("prompts are always padded to 77 tokens", (False,)),
-    "conditioning_data_dir": Unsupported("ControlNet training is not supported", planned=False),
     # kohya's Flux.1 / DiT arguments (flux_train_network.py, train_util's DiT arguments)
     "split_mode": Unsupported(
         "deprecated in sd-scripts (use blocks_to_swap there)", (False,), planned=False
-    ),
-    "controlnet_model_name_or_path": Unsupported(
-        "ControlNet training is not supported", ("",), planned=False
     ),
     "text_encoder_batch_size": Unsupported(
         "text encoders run at the training batch size; this changes no result",
@@ -157,6 +138,10 @@ UNSUPPORTED: dict[str, Unsupported] = {
     **_group("save_clip save_t5xxl", "sd-scripts does not implement it", (False,), ignored=True),
     "t5xxl_device": Unsupported("sd-scripts does not implement it", ("",), ignored=True),
     "t5xxl_dtype": Unsupported("sd-scripts does not implement it", ("", "bf16"), ignored=True),
+    # options of the other scripts (kohya_script_keys): other trainings and newer releases
+    **FULL_FINE_TUNE,
+    **OTHER_TRAININGS,
+    **NEWER_UNSUPPORTED,
 }
 
 # kohya's misspellings and old names that mean one of our keys.
@@ -177,15 +162,6 @@ UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
                 "dadaptsgd",
             ]
         },
-    },
-    "lr_scheduler": {
-        n: "this schedule is planned"
-        for n in [
-            "cosine_with_min_lr",
-            "inverse_sqrt",
-            "warmup_stable_decay",
-            "piecewise_constant",
-        ]
     },
     "network_module": {
         "networks.dylora": "DyLoRA is planned",

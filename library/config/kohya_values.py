@@ -16,7 +16,17 @@ from typing import Literal
 UNSET = object()  # the value means "not set": the key takes its default
 
 # Optional numbers kohya tests for truth: 0 means off (``if args.min_snr_gamma:``).
-ZERO_MEANS_OFF = frozenset({"min_snr_gamma", "ddp_timeout", "conv_dim", "scale_weight_norms"})
+ZERO_MEANS_OFF = frozenset(
+    {
+        "min_snr_gamma",
+        "ddp_timeout",
+        "conv_dim",
+        "scale_weight_norms",
+        "lr_scheduler_timescale",
+        "save_last_n_steps_state",
+        "save_last_n_epochs_state",
+    }
+)
 
 
 def _members(annotation: object) -> tuple[object, ...]:

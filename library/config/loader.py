@@ -47,6 +47,7 @@ from library.config.overrides import (
 )
 from library.config.problems import Entry, Problems, source_of, sources_note, validate
 from library.config.provenance import Provenance
+from library.config.scheduler_args import unused_notes
 from library.config.schema import SECTIONS, Config, field_sections
 from library.config.suggest import COMMAND_LINE, Origin, show_value
 from library.config.toml_files import read_toml
@@ -119,6 +120,8 @@ def load_config(
     sources = {key: source_of(o) for key, (_, o) in {**flat, **dataset_defaults}.items()}
     sections = _build_sections(flat, files, problems)
     problems.raise_if_any()
+    given = {key: (value, origin.file) for key, (value, origin) in flat.items()}
+    notices += unused_notes(given, sections["optimizer"].lr_scheduler)
     inputs = DatasetInputs(flat, sections, files, dataset_defaults, sources, problems, notices)
     datasets = build_datasets(data, inputs)
     problems.raise_if_any()

@@ -9,6 +9,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from library.config import kohya
+from library.config.scheduler_args import scheduler_args, scheduler_args_problem
 from library.config.section import Section
 from library.config.suggest import nearest
 from library.errors import ConfigError
@@ -24,6 +25,10 @@ SchedulerName = Literal[
     "cosine_with_restarts",
     "polynomial",
     "adafactor",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+    "inverse_sqrt",
+    "piecewise_constant",
 ]
 
 
@@ -68,15 +73,50 @@ class OptimizerSection(Section):
     )
     lr_scheduler: SchedulerName = Field(
         "constant",
-        description='Learning-rate schedule; "adafactor" reports the step size of Adafactor.',
+        description='Learning-rate schedule (docs/training-options.md#learning-rate-schedules); '
+        '"adafactor" reports the step size of Adafactor.',
     )
     lr_warmup_steps: int | float = Field(
         0,
         ge=0,
         description="Warmup length in optimizer steps; a float below 1 is a ratio of the total steps.",
     )
-    lr_scheduler_num_cycles: int = Field(1, ge=1, description="Cycles of cosine_with_restarts.")
+    lr_decay_steps: int | float = Field(
+        0,
+        ge=0,
+        description='warmup_stable_decay: length of the final decay in optimizer steps (a float '
+        "below 1 is a ratio of the total steps); the steps between warmup and decay keep the "
+        "full rate. 0: no decay.",
+    )
+    lr_scheduler_num_cycles: int = Field(
+        1,
+        ge=1,
+        description="Cycles of cosine_with_restarts; cosine_with_min_lr and warmup_stable_decay "
+        "make N/2 cosine waves of it (1: one half wave, down to the floor), as sd-scripts.",
+    )
     lr_scheduler_power: float = Field(1.0, gt=0, description="Power of the polynomial schedule.")
+    lr_scheduler_min_lr_ratio: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="The floor of cosine_with_min_lr and warmup_stable_decay, as a ratio of each "
+        "learning rate (warmup_stable_decay also warms up from it). Unset: 0 for "
+        "warmup_stable_decay; cosine_with_min_lr needs it (or min_lr in lr_scheduler_args).",
+    )
+    lr_scheduler_timescale: int | None = Field(
+        None,
+        ge=1,
+        description="inverse_sqrt: after warmup the rate is sqrt(timescale / (step + timescale - "
+        "warmup)) times the learning rate. Unset or 0: the warmup length (10000 without warmup).",
+    )
+    lr_scheduler_args: list[str] | dict[str, bool | int | float | str] = Field(
+        default_factory=list,
+        description='Extra schedule arguments: kohya\'s "key=value" strings (values read as '
+        'Python literals) or a table. piecewise_constant needs step_rules ("1:100,0.5:200,0.1": '
+        "x1 before step 100, x0.5 before step 200, then x0.1); also min_lr (cosine_with_min_lr, "
+        'a rate), warmup_type and decay_type ("linear", "cosine", "1-sqrt"; '
+        "warmup_stable_decay), lr_end (polynomial), num_cycles (cosine).",
+    )
     loraplus_lr_ratio: float | None = Field(
         None,
         gt=0,
@@ -142,6 +182,43 @@ class OptimizerSection(Section):
             raise ValueError(
                 f'{name} needs no schedule: set lr_scheduler = "constant" and lr_warmup_steps = 0 '
                 '(warmup: optimizer_args "warmup_steps=N")'
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_args(self) -> OptimizerSection:
+        try:
+            args = scheduler_args(self.lr_scheduler_args)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        problem = scheduler_args_problem(self.lr_scheduler, args)
+        if problem:
+            raise ValueError(problem)
+        ratio, scheduler = self.lr_scheduler_min_lr_ratio, self.lr_scheduler
+        if scheduler == "cosine_with_min_lr" and ratio is None and "min_lr" not in args:
+            raise ValueError(
+                'lr_scheduler = "cosine_with_min_lr" needs its floor: set '
+                'lr_scheduler_min_lr_ratio (e.g. 0.1) or lr_scheduler_args "min_lr=..."'
+            )
+        if "min_lr" in args and not self.learning_rate:
+            raise ValueError(
+                'lr_scheduler_args "min_lr" is a share of learning_rate, which is 0; use '
+                "lr_scheduler_min_lr_ratio"
+            )
+        if ratio is not None and "min_lr" in args:
+            raise ValueError(
+                'lr_scheduler_min_lr_ratio and lr_scheduler_args "min_lr" both set the floor; '
+                "keep one"
+            )
+        if scheduler == "piecewise_constant" and "step_rules" not in args:
+            raise ValueError(
+                'lr_scheduler = "piecewise_constant" needs lr_scheduler_args '
+                '"step_rules=1:100,0.5:200,0.1" (multiplier:until step, ..., last multiplier)'
+            )
+        if scheduler == "piecewise_constant" and self.lr_warmup_steps:
+            raise ValueError(
+                'lr_scheduler = "piecewise_constant" has no warmup (sd-scripts ignores it); set '
+                "lr_warmup_steps = 0 or start step_rules with a lower multiplier"
             )
         return self
 

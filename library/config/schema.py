@@ -451,10 +451,30 @@ class SavingSection(Section):
     save_every_n_steps: int | None = Field(None, ge=1, description="Save every N optimizer steps.")
     save_every_n_epochs: int | None = Field(None, ge=1, description="Save every N epochs.")
     save_last_n_steps: int | None = Field(
-        None, ge=1, description="Delete step saves older than this many steps."
+        None,
+        ge=1,
+        description="Keep only the step saves of the last N optimizer steps: each new one "
+        "deletes those older than N steps (their states too, unless save_last_n_steps_state is "
+        "set).",
+    )
+    save_last_n_steps_state: int | None = Field(
+        None,
+        ge=1,
+        description="With save_state: keep only the step states of the last N optimizer steps, "
+        "instead of save_last_n_steps' N (the weights files keep following save_last_n_steps). "
+        "The state a resume started from stays until a newer state is written.",
     )
     save_last_n_epochs: int | None = Field(
-        None, ge=1, description="Keep only the last N epoch saves."
+        None,
+        ge=1,
+        description="Keep only the last N epoch saves (their states too, unless "
+        "save_last_n_epochs_state is set).",
+    )
+    save_last_n_epochs_state: int | None = Field(
+        None,
+        ge=1,
+        description="With save_state: keep only the last N epoch states, instead of "
+        "save_last_n_epochs' N (the weights files keep following save_last_n_epochs).",
     )
     save_state: bool = Field(
         False, description="Also save the resumable training state with every save."
@@ -518,6 +538,11 @@ class LoggingSection(Section):
     )
     wandb_run_name: str | None = Field(
         None, description="Name of the run in Weights & Biases. Unset: the run folder name."
+    )
+    log_config: bool = Field(
+        True,
+        description="Give the tracker the resolved config (secrets such as wandb_api_key left "
+        "out) as the run's hyper-parameters. kohya's default is false.",
     )
     wandb_api_key: str | None = Field(
         None,

@@ -27,7 +27,8 @@ from safetensors.torch import load_file, save_file
 from library.models import original_names as names
 from library.models.checkpoint_layout import FileLayout, TextTower
 from library.models.checkpoint_parts import CONFIG_METADATA
-from library.saving.atomic import atomic_write_dir, atomic_write_file
+from library.saving.atomic import atomic_write_dir
+from library.saving.streamed import save_streamed
 
 
 def layout_for(family) -> FileLayout:
@@ -75,28 +76,28 @@ def _config_json(module: torch.nn.Module) -> str:
     return json.dumps(data, default=list, sort_keys=True)
 
 
-def single_file_state(
+def single_file_parts(
     unet: torch.nn.Module,
     vae: torch.nn.Module,
     text_encoders: Sequence[torch.nn.Module],
     family,
-    dtype: torch.dtype,
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors of an original-layout checkpoint and the config metadata that goes with it."""
+) -> tuple[list[dict[str, torch.Tensor]], dict[str, str]]:
+    """The tensors of an original-layout checkpoint, one group per component, as the modules
+    hold them (not yet cast), and the config metadata that goes with them."""
     layout = layout_for(family)
     if len(text_encoders) != len(layout.towers):
         raise ValueError(
             f"a {layout.name} checkpoint has {len(layout.towers)} text encoders, got "
             f"{len(text_encoders)}"
         )
-    tensors = {**unet_tensors(unet), **vae_tensors(vae)}
+    groups = [unet_tensors(unet), vae_tensors(vae)]
     configs = {"unet": _config_json(unet), "vae": _config_json(vae)}
     for encoder, tower in zip(text_encoders, layout.towers, strict=True):
-        tensors.update(text_tensors(encoder, tower))
+        groups.append(text_tensors(encoder, tower))
         configs[tower.subfolder] = _config_json(encoder)
     metadata = {CONFIG_METADATA + name: text for name, text in configs.items()}
     metadata["modelspec.prediction_type"] = family.modelspec_prediction_type
-    return _cast(tensors, dtype), metadata
+    return groups, metadata
 
 
 def write_single_file(
@@ -109,11 +110,12 @@ def write_single_file(
     metadata: Mapping[str, str] | None = None,
 ) -> Path:
     """Write UNet, VAE and text encoders (diffusers/transformers modules) as one original-layout
-    ``.safetensors`` file, atomically. ``metadata`` (all strings) is added to the header; a
+    ``.safetensors`` file, atomically, one tensor at a time (library.saving.streamed: no second
+    copy of the model in memory). ``metadata`` (all strings) is added to the header; a
     ``modelspec.prediction_type`` in it wins over the family's."""
-    tensors, own = single_file_state(unet, vae, text_encoders, family, dtype)
+    groups, own = single_file_parts(unet, vae, text_encoders, family)
     header = {**own, **dict(metadata or {})}
-    return atomic_write_file(path, lambda tmp: save_file(tensors, tmp, metadata=header))
+    return save_streamed(path, groups, header, dtype)
 
 
 def export_full_unet_checkpoint(

@@ -102,6 +102,32 @@ def _plural(count: int, what: str) -> str:
     return f"{count} {what}" + ("s" if count != 1 else "")
 
 
+def _kept_saves(
+    saving: SavingSection, total_steps: int, steps_per_epoch: int, epochs: int, start_step: int
+) -> list[tuple[str, tuple[int, int]]]:
+    """Per cadence ("step", "epoch"): the saves this run makes that are still there at its end,
+    as (weights files, states); each kind is pruned by its own save_last_n_* key."""
+    out = []
+    every = saving.save_every_n_steps
+    if every:
+        made = max((total_steps - 1) // every - start_step // every, 0)
+        keeps = (saving.save_last_n_steps, saving.save_last_n_steps_state)
+        # pruning keeps the saves of the last N steps, the newest included
+        kept = [min(made, k // every + 1) if k else made for k in _with_fallback(keeps)]
+        out.append(("step", tuple(kept)))
+    every = saving.save_every_n_epochs
+    if every:
+        made = max((epochs - 1) // every - (start_step // steps_per_epoch) // every, 0)
+        keeps = (saving.save_last_n_epochs, saving.save_last_n_epochs_state)
+        out.append(("epoch", tuple(min(made, k) if k else made for k in _with_fallback(keeps))))
+    return out
+
+
+def _with_fallback(keeps: tuple[int | None, int | None]) -> tuple[int | None, int | None]:
+    """(weights' save_last_n_*, states' save_last_n_*_state or else the weights' one)."""
+    return keeps[0], keeps[1] or keeps[0]
+
+
 def estimate_run(
     saving: SavingSection,
     sizes: SaveSizes,
@@ -112,27 +138,16 @@ def estimate_run(
 ) -> Estimate:
     """Bytes on disk at the end of a run that starts at ``start_step`` (a resume) and what they
     are. Saves made before ``start_step`` already sit on the disk; they are not counted."""
-    one_save = sizes.weights * (2 if sizes.ema else 1) + (sizes.state if saving.save_state else 0)
-    total = sizes.weights * (2 if sizes.ema else 1) + sizes.final_folder
+    weights = sizes.weights * (2 if sizes.ema else 1)
+    total = weights + sizes.final_folder
     parts = ["final file" + (" and folder" if sizes.final_folder else "")]
-
-    every = saving.save_every_n_steps
-    if every:
-        made = max((total_steps - 1) // every - start_step // every, 0)
-        keep = saving.save_last_n_steps
-        # pruning keeps the saves of the last save_last_n_steps steps, the newest included
-        kept = min(made, keep // every + 1) if keep else made
-        if kept:
-            total += kept * one_save
-            parts.append(_plural(kept, "step save"))
-    every = saving.save_every_n_epochs
-    if every:
-        made = max((epochs - 1) // every - (start_step // steps_per_epoch) // every, 0)
-        keep = saving.save_last_n_epochs
-        kept = min(made, keep) if keep else made
-        if kept:
-            total += kept * one_save
-            parts.append(_plural(kept, "epoch save"))
+    for unit, kept in _kept_saves(saving, total_steps, steps_per_epoch, epochs, start_step):
+        saves, states = kept[0], kept[1] if saving.save_state else 0
+        total += saves * weights + states * sizes.state
+        if saves:
+            parts.append(_plural(saves, f"{unit} save"))
+        if states and states != saves:
+            parts.append(_plural(states, f"{unit} state"))
     if saving.save_state or saving.save_state_on_train_end:
         total += sizes.state
         parts.append("states")

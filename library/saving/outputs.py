@@ -161,21 +161,51 @@ class OutputLayout:
                 out.append((int(match.group(1)), path))
         return out
 
-    def prune_steps(self, step: int) -> list[Path]:
-        """Remove step saves older than save_last_n_steps steps (kohya's meaning)."""
-        keep = self.saving.save_last_n_steps
-        if not keep:
-            return []
-        doomed = [p for n, p in self._numbered(_STEP) if n < step - keep]
+    def prune_steps(
+        self, step: int, states: bool = False, protect: Path | None = None
+    ) -> list[Path]:
+        """Remove the step saves older than save_last_n_steps steps; when ``states`` (this save
+        wrote a state, so a newer one exists), also the step states older than
+        save_last_n_steps_state steps (unset: save_last_n_steps), as sd-scripts does. ``protect``
+        (the state a resume started from) is never removed."""
+        saving = self.saving
+        keep = (saving.save_last_n_steps, saving.save_last_n_steps_state or saving.save_last_n_steps)
+        doomed = [
+            path
+            for n, path in self._numbered(_STEP)
+            if self._prunable(path, keep, states, protect) and n < step - self._keep(path, keep)
+        ]
         return _remove(doomed)
 
-    def prune_epochs(self, epoch: int) -> list[Path]:
-        """Keep only the last save_last_n_epochs epoch saves."""
-        keep, every = self.saving.save_last_n_epochs, self.saving.save_every_n_epochs or 1
-        if not keep:
-            return []
-        doomed = [p for n, p in self._numbered(_EPOCH) if n <= epoch - keep * every]
+    def prune_epochs(
+        self, epoch: int, states: bool = False, protect: Path | None = None
+    ) -> list[Path]:
+        """Keep only the last save_last_n_epochs epoch saves and, when ``states`` (this save
+        wrote a state), the last save_last_n_epochs_state epoch states (unset:
+        save_last_n_epochs). ``protect`` is never removed."""
+        saving, every = self.saving, self.saving.save_every_n_epochs or 1
+        keep = (
+            saving.save_last_n_epochs,
+            saving.save_last_n_epochs_state or saving.save_last_n_epochs,
+        )
+        doomed = [
+            path
+            for n, path in self._numbered(_EPOCH)
+            if self._prunable(path, keep, states, protect)
+            and n <= epoch - self._keep(path, keep) * every
+        ]
         return _remove(doomed)
+
+    @staticmethod
+    def _keep(path: Path, keep: tuple[int | None, int | None]) -> int:
+        return keep[1] if path.name.endswith("-state") else keep[0]
+
+    def _prunable(
+        self, path: Path, keep: tuple[int | None, int | None], states: bool, protect: Path | None
+    ) -> bool:
+        if path == protect or (path.name.endswith("-state") and not states):
+            return False
+        return bool(self._keep(path, keep))
 
 
 def output_run_id(path: Path) -> str | None:

@@ -6,11 +6,11 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from library.saving.atomic import atomic_write_dir
 from library.saving.checkpoint_export import ensure_text_model_layout
 from library.saving.lora_file import save_lora_file
+from library.saving.streamed import save_streamed
 
 SAVE_DTYPES = {"float": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -36,7 +36,6 @@ def write_pipeline_folder(folder: Path, denoiser: torch.nn.Module, base_dir: Pat
     Text encoders copied from a folder that transformers 5 wrote lack the ``text_model.`` key
     prefix, which transformers 4.x then silently re-initialises; they are rewritten with it.
     """
-    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in denoiser.state_dict().items()}
 
     def write(tmp: Path) -> None:
         for entry in base_dir.iterdir():
@@ -50,6 +49,7 @@ def write_pipeline_folder(folder: Path, denoiser: torch.nn.Module, base_dir: Pat
             ensure_text_model_layout(encoder)
         (tmp / subfolder).mkdir()
         denoiser.save_config(tmp / subfolder)
-        save_file(tensors, tmp / subfolder / "diffusion_pytorch_model.safetensors")
+        weights = tmp / subfolder / "diffusion_pytorch_model.safetensors"
+        save_streamed(weights, [denoiser.state_dict()], dtype=dtype)  # one tensor at a time
 
     atomic_write_dir(folder, write)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from library.config.schema import Config
-from library.training.schedulers import warmup_steps
+from library.training.schedulers import decay_steps, warmup_steps
 
 DEFAULT_MAX_TRAIN_STEPS = 1600  # kohya's default when neither steps nor epochs are given
 
@@ -36,6 +36,8 @@ def make_plan(config: Config, steps_per_epoch: int, world_size: int) -> RunPlan:
     else:
         total = training.max_train_steps or DEFAULT_MAX_TRAIN_STEPS
     accumulation = training.gradient_accumulation_steps
+    if config.optimizer.lr_scheduler == "warmup_stable_decay":
+        decay_steps(config.optimizer, total)  # a decay that does not fit stops before training
     return RunPlan(
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
@@ -58,6 +60,7 @@ class SaveCadence:
     count: int  # saves of this cadence in the run (the end's save is not one of them)
     keep_last: int | None  # saves within the last N steps / the last N epoch saves are kept
     state: bool  # each save also writes a training state
+    keep_last_state: int | None = None  # the same for the states (save_last_n_*_state)
 
 
 @dataclass(frozen=True)
@@ -77,14 +80,20 @@ def save_schedule(config: Config, plan: RunPlan) -> SaveSchedule:
     if saving.save_every_n_steps:
         every = saving.save_every_n_steps
         count = (plan.total_steps - 1) // every  # the last step is the final save
+        states = saving.save_last_n_steps_state or saving.save_last_n_steps
         cadences.append(
-            SaveCadence(every, "steps", count, saving.save_last_n_steps, saving.save_state)
+            SaveCadence(
+                every, "steps", count, saving.save_last_n_steps, saving.save_state, states
+            )
         )
     if saving.save_every_n_epochs:
         every = saving.save_every_n_epochs
         count = (plan.epochs - 1) // every
+        states = saving.save_last_n_epochs_state or saving.save_last_n_epochs
         cadences.append(
-            SaveCadence(every, "epochs", count, saving.save_last_n_epochs, saving.save_state)
+            SaveCadence(
+                every, "epochs", count, saving.save_last_n_epochs, saving.save_state, states
+            )
         )
     return SaveSchedule(
         cadences=tuple(cadences),
@@ -105,7 +114,18 @@ def save_schedule_lines(config: Config, plan: RunPlan) -> list[str]:
             keep = f", keeping those of the last {cadence.keep_last} steps"
         elif cadence.keep_last:
             keep = f", keeping the last {cadence.keep_last}"
+        if cadence.state and cadence.keep_last_state != cadence.keep_last:
+            keep += _state_keep(cadence)
         lines.append(f"every {cadence.every} {cadence.unit} ({cadence.count} saves){state}{keep}")
     end_state = " + training state" if schedule.final_state else ""
     lines.append(f"at the end: {schedule.what} {schedule.final}{end_state}")
     return lines
+
+
+def _state_keep(cadence: SaveCadence) -> str:
+    """The plan's words for states kept by their own save_last_n_*_state."""
+    if cadence.keep_last_state is None:
+        return "; every state is kept"
+    if cadence.unit == "steps":
+        return f"; states: those of the last {cadence.keep_last_state} steps"
+    return f"; states: the last {cadence.keep_last_state}"

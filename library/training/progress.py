@@ -70,6 +70,7 @@ def plan_report(config: Config, data, plan: RunPlan, resume=None, memory=None) -
                     "count": c.count,
                     "keep_last": c.keep_last,
                     "state": c.state,
+                    "keep_last_state": c.keep_last_state if c.state else None,
                 }
                 for c in schedule.cadences
             ],
@@ -294,7 +295,7 @@ class ProgressReporter:
             wandb = {"name": logging.wandb_run_name or run, "dir": str(accelerator.logging_dir)}
             accelerator.init_trackers(
                 logging.log_tracker_name or config.saving.output_name,
-                config=_tracker_config(config),
+                config=_tracker_config(config) if logging.log_config else None,
                 init_kwargs={"wandb": wandb},
             )
 

@@ -47,6 +47,8 @@ class Saver:
         self.started_at = time.time()
         self.optimizer = self.scheduler = self.ema = None
         self.sharded = shards(config, accelerator)  # FSDP: saves gather the trained weights
+        # the state this run resumed from: never pruned until the run has written a newer one
+        self.resumed_from = Path(config.saving.resume) if config.saving.resume else None
 
     def attach(self, optimizer, scheduler, ema: WeightAverage | None) -> None:
         self.optimizer, self.scheduler, self.ema = optimizer, scheduler, ema
@@ -66,17 +68,19 @@ class Saver:
     def after_step(self, global_step: int) -> None:
         if self.layout.step_due(global_step, self.plan.total_steps):
             path = self.layout.step_file(global_step)
-            self._save(path, global_step, with_state=self.config.saving.save_state)
+            state = self.config.saving.save_state
+            self._save(path, global_step, with_state=state)
             if self.accelerator.is_main_process:
-                self.layout.prune_steps(global_step)
+                self.layout.prune_steps(global_step, states=state, protect=self.resumed_from)
 
     def after_epoch(self, epoch: int, global_step: int) -> None:
         """``epoch`` is 1-based: the number of epochs completed."""
         if self.layout.epoch_due(epoch, self.plan.epochs) and global_step < self.plan.total_steps:
             path = self.layout.epoch_file(epoch)
-            self._save(path, global_step, with_state=self.config.saving.save_state)
+            state = self.config.saving.save_state
+            self._save(path, global_step, with_state=state)
             if self.accelerator.is_main_process:
-                self.layout.prune_epochs(epoch)
+                self.layout.prune_epochs(epoch, states=state, protect=self.resumed_from)
 
     def at_end(self, global_step: int) -> Path:
         saving = self.config.saving
@@ -158,6 +162,7 @@ class Saver:
                 ema=self.ema.state_dict() if self.ema else None,
                 extra=lambda tmp: write_settings(tmp, self.config),
             )
+            self.resumed_from = None  # a newer state exists now: pruning may reach that one
         except SaveError as failed:
             last = self.layout.latest_state(before=path)
             message = f"{_what_failed(failed)}; {_resume_hint(last, failed)}" if last else (

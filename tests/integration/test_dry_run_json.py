@@ -87,7 +87,7 @@ BUCKET_FIELDS = {
     "padding_per_epoch",
 }
 OUTPUT_FIELDS = {"output_dir", "output_name", "final", "final_kind", "final_state", "saves"}
-SAVE_FIELDS = {"every", "unit", "count", "keep_last", "state"}
+SAVE_FIELDS = {"every", "unit", "count", "keep_last", "state", "keep_last_state"}
 
 # Images on disk: (folder, count, width, height, repeats, is_reg)
 FOLDERS = [

@@ -78,6 +78,35 @@ def test_counted_saves_are_those_the_cadence_leaves(
     assert counted == left
 
 
+@pytest.mark.parametrize(
+    "steps, states, epochs, epoch_states",
+    [(10, 30, None, None), (30, 10, None, None), (None, 10, 1, None), (None, None, 3, 1)],
+)
+def test_states_kept_by_their_own_windows_are_counted(tmp_path, steps, states, epochs, epoch_states):
+    saving = SavingSection(
+        output_dir=str(tmp_path), output_name="run", save_state=True, save_every_n_steps=10,
+        save_last_n_steps=steps, save_last_n_steps_state=states, save_every_n_epochs=1,
+        save_last_n_epochs=epochs, save_last_n_epochs_state=epoch_states,
+    )  # fmt: skip
+    layout = OutputLayout(saving)
+    layout.dir.mkdir(parents=True, exist_ok=True)
+    total, per_epoch = 100, 25
+    for step in range(1, total):
+        if layout.step_due(step, total):
+            layout.step_file(step).write_bytes(b"w")
+            layout.state_of(layout.step_file(step)).mkdir()
+            layout.prune_steps(step, states=True)
+        if step % per_epoch == 0:
+            layout.epoch_file(step // per_epoch).write_bytes(b"w")
+            layout.state_of(layout.epoch_file(step // per_epoch)).mkdir()
+            layout.prune_epochs(step // per_epoch, states=True)
+    left = layout.existing_outputs()
+    folders = sum(p.is_dir() for p in left)
+    estimate = estimate_run(saving, SaveSizes(1, 0, 1000, False), total, per_epoch, 4)
+    # the final file and final state, and every weights file and state still there at the end
+    assert estimate.bytes == 1 + 1000 + (len(left) - folders) + 1000 * folders
+
+
 def test_states_ema_and_the_final_folder_are_counted(tmp_path):
     saving = SavingSection(
         output_dir=str(tmp_path), save_every_n_steps=10, save_last_n_steps=10, save_state=True

@@ -1,8 +1,11 @@
+import re
+
 import pytest
 
 from library.config.schema import SavingSection
 from library.errors import ConfigError
 from library.saving.outputs import OutputLayout
+from tests.saving.sd_scripts_pruning import sd_scripts_epochs, sd_scripts_steps
 
 
 def _touch(path):
@@ -42,7 +45,7 @@ def test_prune_steps_keeps_the_last_n_steps(tmp_path):
         _touch(layout.state_of(layout.step_file(step)) / "progress.json")
     _touch(layout.ema_of(layout.step_file(20)))
     _touch(layout.ema_of(layout.step_file(30)))
-    removed = layout.prune_steps(50)
+    removed = layout.prune_steps(50, states=True)  # this save wrote a state too
     left = sorted(p.name for p in tmp_path.iterdir())
     assert len(removed) == 5
     assert left == [
@@ -68,6 +71,91 @@ def test_prune_epochs_keeps_the_last_n_saves(tmp_path):
         "run-000004.safetensors",
         "run-000006.safetensors",
     ]
+
+
+def _left(folder, numbered: str) -> tuple[set[int], set[int]]:
+    """(numbers of the weights files left, numbers of the state folders left)."""
+    weights, states = set(), set()
+    for path in folder.iterdir():
+        found = re.fullmatch(numbered + r"(\.safetensors|-state)", path.name)
+        if found:
+            (weights if found.group(2) == ".safetensors" else states).add(int(found.group(1)))
+    return weights, states
+
+
+STEP_WINDOWS = [  # every, save_last_n_steps, save_last_n_steps_state
+    (10, 20, None),
+    (10, 10, 30),
+    (10, None, 20),
+    (10, 40, 10),
+    (7, 15, 8),
+    (5, 3, None),
+]
+
+
+@pytest.mark.parametrize(("every", "last", "last_state"), STEP_WINDOWS)
+def test_step_saves_and_states_are_pruned_as_sd_scripts_does(tmp_path, every, last, last_state):
+    saving = SavingSection(
+        output_dir=str(tmp_path), output_name="run", save_every_n_steps=every,
+        save_last_n_steps=last, save_last_n_steps_state=last_state,
+    )  # fmt: skip
+    layout = OutputLayout(saving)
+    saves = range(every, 12 * every + 1, every)
+    for step in saves:
+        _touch(layout.step_file(step))
+        _touch(layout.state_of(layout.step_file(step)) / "progress.json")
+        layout.prune_steps(step, states=True)
+    assert _left(tmp_path, r"run-step(\d{8})") == sd_scripts_steps(every, last, last_state, saves)
+
+
+@pytest.mark.parametrize(("every", "last", "last_state"), [(1, 3, 1), (2, 2, None), (1, None, 2)])
+def test_epoch_saves_and_states_are_pruned_as_sd_scripts_does(tmp_path, every, last, last_state):
+    saving = SavingSection(
+        output_dir=str(tmp_path), output_name="run", save_every_n_epochs=every,
+        save_last_n_epochs=last, save_last_n_epochs_state=last_state,
+    )  # fmt: skip
+    layout = OutputLayout(saving)
+    saves = range(every, 9 * every + 1, every)
+    for epoch in saves:
+        _touch(layout.epoch_file(epoch))
+        _touch(layout.state_of(layout.epoch_file(epoch)) / "progress.json")
+        layout.prune_epochs(epoch, states=True)
+    assert _left(tmp_path, r"run-(\d{6})") == sd_scripts_epochs(every, last, last_state, saves)
+
+
+def test_states_are_pruned_only_by_a_save_that_wrote_one(tmp_path):
+    # a save without a state (save_state = false) leaves every state: the newest one may be
+    # the only way to continue the run
+    saving = SavingSection(
+        output_dir=str(tmp_path), output_name="run", save_every_n_steps=10, save_last_n_steps=10
+    )
+    layout = OutputLayout(saving)
+    for step in (10, 20):
+        _touch(layout.state_of(layout.step_file(step)) / "progress.json")
+    for step in (30, 40):
+        _touch(layout.step_file(step))
+        layout.prune_steps(step, states=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "run-step00000010-state", "run-step00000020-state",
+        "run-step00000030.safetensors", "run-step00000040.safetensors",
+    ]  # fmt: skip
+
+
+def test_the_state_a_resume_started_from_is_protected(tmp_path):
+    saving = SavingSection(
+        output_dir=str(tmp_path), output_name="run", save_every_n_steps=10,
+        save_last_n_steps=10, save_every_n_epochs=1, save_last_n_epochs=1,
+    )  # fmt: skip
+    layout = OutputLayout(saving)
+    resumed = _touch(layout.state_of(layout.step_file(10)) / "progress.json").parent
+    epoch_state = _touch(layout.state_of(layout.epoch_file(1)) / "progress.json").parent
+    _touch(layout.state_of(layout.step_file(40)) / "progress.json")
+    _touch(layout.state_of(layout.epoch_file(3)) / "progress.json")
+    layout.prune_steps(40, states=True, protect=resumed)
+    layout.prune_epochs(3, states=True, protect=epoch_state)
+    assert resumed.is_dir() and epoch_state.is_dir()
+    layout.prune_steps(40, states=True)
+    assert not resumed.exists()
 
 
 def _weights(path, session_id=None):

@@ -207,17 +207,15 @@ class FluxFamily(TransformerFamily):
         reloading; clip_l, t5xxl and ae stay the user's files."""
         import json
 
-        from safetensors.torch import save_file
-
         from library.models.checkpoint_parts import CONFIG_METADATA
         from library.models.flux.original_keys import transformer_to_original
-        from library.saving.atomic import atomic_write_file
+        from library.saving.streamed import block_groups, save_streamed
 
-        state = {k: v.detach().to("cpu", dtype) for k, v in denoiser.state_dict().items()}
-        tensors = {k: v.contiguous() for k, v in transformer_to_original(state).items()}
+        # one block at a time: the fused tensors of a block are built only while it is written
+        blocks = block_groups(denoiser.state_dict(), ("transformer_blocks.", "single_transformer_blocks."))
         config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
         header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
-        atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=header))
+        save_streamed(path, [(b, transformer_to_original) for b in blocks], header, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser,)

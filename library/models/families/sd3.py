@@ -282,23 +282,21 @@ class SD3Family(TransformerFamily):
         The diffusers configs ride in the header (difftune.config.*) for exact reloading."""
         import json
 
-        from safetensors.torch import save_file
-
         from library.models.checkpoint_parts import CONFIG_METADATA
         from library.models.flux.original_keys import ae_to_original
         from library.models.sd3.original_keys import transformer_to_original
-        from library.saving.atomic import atomic_write_file
+        from library.saving.streamed import block_groups, save_streamed
 
-        def plain(module):
-            return {k: v.detach().to("cpu", dtype) for k, v in module.state_dict().items()}
+        def mmdit(state):
+            return {f"model.diffusion_model.{k}": v for k, v in transformer_to_original(state).items()}
 
-        tensors = {
-            f"model.diffusion_model.{k}": v
-            for k, v in transformer_to_original(plain(denoiser)).items()
-        }
+        def autoencoder(state):
+            return {f"first_stage_model.{k}": v for k, v in ae_to_original(state).items()}
+
         vae = components.vae
-        tensors |= {f"first_stage_model.{k}": v for k, v in ae_to_original(plain(vae)).items()}
-        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        # one block at a time: the fused tensors of a block are built only while it is written
+        groups = [(b, mmdit) for b in block_groups(denoiser.state_dict(), ("transformer_blocks.",))]
+        groups.append((vae.state_dict(), autoencoder))
         header = {
             CONFIG_METADATA + "transformer": json.dumps(
                 dict(denoiser.config), default=list, sort_keys=True
@@ -306,7 +304,7 @@ class SD3Family(TransformerFamily):
             CONFIG_METADATA + "vae": json.dumps(dict(vae.config), default=list, sort_keys=True),
             **dict(metadata or {}),
         }
-        atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=header))
+        save_streamed(path, groups, header, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser, components.vae)

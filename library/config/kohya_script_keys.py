@@ -1,0 +1,147 @@
+"""Options of sd-scripts' scripts for trainings difftune does not do, and of newer releases.
+
+sd-scripts defines them in its full fine-tuning scripts (options of what those scripts train that
+difftune's full fine-tune does not), its scripts for other model families (Lumina, Anima,
+HunyuanImage), its textual-inversion and ControlNet scripts, and, in ``NEWER_RELEASE``, releases
+newer than the one difftune follows (tests/config/kohya_arguments.py names that commit). Each key is
+known by name, so a file that has it is never met with "unknown key": at its off value (argparse's
+default) it changes nothing and is accepted; any other value is refused, saying what the option
+belongs to and what to use instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from library.config.unsupported import Unsupported, group
+
+_FAMILIES = "difftune trains SD 1.x/2.x, SDXL, FLUX.1 and SD3/SD3.5 models"
+
+
+def _family(name: str, scripts: str) -> str:
+    return f"it belongs to sd-scripts' {name} training ({scripts}); {_FAMILIES}"
+
+
+_LUMINA = _family("Lumina Image 2.0", "lumina_train.py, lumina_train_network.py")
+_ANIMA = _family("Anima", "anima_train.py, anima_train_network.py")
+_HUNYUAN = _family("HunyuanImage 2.1", "hunyuan_image_train_network.py")
+_ANIMA_OR_HUNYUAN = _family(
+    "Anima and HunyuanImage", "anima_train*.py, hunyuan_image_train_network.py"
+)
+_TEXTUAL_INVERSION = (
+    "it belongs to sd-scripts' textual-inversion training (train_textual_inversion*.py), which "
+    "difftune does not do; train a LoRA instead"
+)
+_CONTROL_NET = (
+    "it belongs to sd-scripts' ControlNet / ControlNet-LLLite training, which difftune does not "
+    "do"
+)
+_TEXT_ENCODER = (
+    "difftune's full fine-tune trains the denoiser only; to train the text encoders too, train "
+    "a LoRA (network_train_unet_only = false)"
+)
+
+def _refused(keys: str, reason: str, off: tuple = ()) -> dict[str, Unsupported]:
+    return group(keys, reason, off, planned=False)
+
+
+OTHER_TRAININGS: dict[str, Unsupported] = {
+    **_refused("gemma2 gemma2_max_token_length system_prompt sample_batch_size", _LUMINA),
+    **_refused("use_flash_attn use_sage_attn", _LUMINA, (False,)),
+    **_refused(
+        "cross_attn_lr llm_adapter_lr llm_adapter_path mlp_lr mod_lr qwen3 self_attn_lr", _ANIMA
+    ),
+    **_refused("qwen3_max_token_length t5_max_token_length", _ANIMA, (512,)),
+    **_refused("unsloth_offload_checkpointing vae_disable_cache", _ANIMA, (False,)),
+    **_refused("attn_mode vae_chunk_size", _ANIMA_OR_HUNYUAN),
+    **_refused("split_attn", _ANIMA_OR_HUNYUAN, (False,)),
+    **_refused("byt5 text_encoder", _HUNYUAN),
+    **_refused("fp8_scaled fp8_vl text_encoder_cpu", _HUNYUAN, (False,)),
+    **_refused("init_word token_string weights", _TEXTUAL_INVERSION),
+    **_refused("num_vectors_per_token", _TEXTUAL_INVERSION, (1,)),
+    **_refused("use_object_template use_style_template", _TEXTUAL_INVERSION, (False,)),
+    **_refused("cond_emb_dim controlnet_model_name_or_path", _CONTROL_NET),
+    **_refused("control_net_lr", _CONTROL_NET, (0.0001,)),
+}
+
+# Options of sd-scripts' full fine-tuning scripts (sdxl_train.py, fine_tune.py, train_db.py,
+# flux_train.py, sd3_train.py) that difftune's full fine-tune (train_mode = "unet") does not have.
+FULL_FINE_TUNE: dict[str, Unsupported] = {
+    **_refused("train_text_encoder", _TEXT_ENCODER, (False,)),
+    # their rates only act with train_text_encoder, refused above when true
+    **group(
+        "learning_rate_te learning_rate_te1 learning_rate_te2 learning_rate_te3",
+        "it only acts with train_text_encoder, which difftune does not do",
+        ("",),
+        ignored=True,
+    ),
+    "block_lr": Unsupported(
+        "per-block learning rates of a full fine-tune are planned (LoRA has down_lr_weight, "
+        "mid_lr_weight and up_lr_weight)"
+    ),
+    "blockwise_fused_optimizers": Unsupported("fused optimizer steps are planned", (False,)),
+    "num_last_block_to_freeze": Unsupported("freezing the last blocks of a full fine-tune is planned"),
+    "use_t5xxl_cache_only": Unsupported(
+        "the text encoders never train in a full fine-tune here: use cache_text_encoder_outputs",
+        (False,),
+        planned=False,
+    ),
+    **group(
+        "double_blocks_to_swap single_blocks_to_swap",
+        "deprecated in sd-scripts; use blocks_to_swap (difftune swaps blocks for LoRA training)",
+        planned=False,
+    ),
+    "skip_latents_validity_check": Unsupported(
+        "deprecated in sd-scripts for skip_cache_check; difftune checks every cache entry "
+        "against the image's content",
+        (False,),
+        planned=False,
+    ),
+    "use_safetensors": Unsupported(
+        "difftune always saves .safetensors", (False, True), ignored=True
+    ),
+    "diffusers_xformers": Unsupported(
+        "attention always runs through PyTorch's scaled-dot-product attention, whose "
+        "memory-efficient kernel is xformers' algorithm (see xformers)",
+        (False,),
+        ignored=True,
+    ),
+    "mem_eff_save": Unsupported(
+        "difftune's full-model saves always write the model piece by piece (a tensor, or a "
+        "transformer block, at a time), so a save holds no second copy of the model in host "
+        "memory: what mem_eff_save asks sd-scripts for",
+        (False, True),
+        ignored=True,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class NewerKey:
+    """An option sd-scripts added after the commit difftune follows."""
+
+    release: str  # the first sd-scripts release that has it
+    source: str  # where the name comes from
+    what: str  # what it does there
+
+
+# Keep separate from the inventory: these names are not in the sd-scripts commit that
+# tests/config/kohya_arguments.py was generated from, and the inventory tool cannot see them.
+NEWER_RELEASE: dict[str, NewerKey] = {
+    "train_inpainting": NewerKey(
+        "v0.10.4",
+        "kohya-ss/sd-scripts pull requests #2309 and #2318 (docs/inpainting_training.md)",
+        "inpainting training of SD 1.x and SDXL: the UNet gets 9 input channels, the noisy "
+        "latents plus a random mask and the masked image's latents",
+    ),
+}
+
+NEWER_UNSUPPORTED: dict[str, Unsupported] = {
+    key: Unsupported(
+        f"sd-scripts {entry.release} added it for {entry.what}; difftune follows an earlier "
+        "sd-scripts and does not do this training",
+        (False,),
+        planned=False,
+    )
+    for key, entry in NEWER_RELEASE.items()
+}
