@@ -344,6 +344,11 @@ class ProgressReporter:
             self.epoch_losses.clear()
         self.accelerator.log(logs, step=global_step)
 
+    def warn(self, line: str) -> None:
+        """A warning line above the bar, from the main process (``line`` without "warning: ")."""
+        if self.accelerator.is_main_process:
+            self.bar.write(f"warning: {line}", file=sys.stderr)
+
     def validation(self, global_step: int, loss: float) -> None:
         """Show and log a validation loss computed after optimizer step `global_step`."""
         self.validation_loss = loss

@@ -267,6 +267,12 @@ class ModelFamily:
             )
 
 
+def latent_grid(vae: torch.nn.Module) -> tuple[int, int]:
+    """(channels, downscale factor) of the VAE's latents: an H x W image gives latents of shape
+    [channels, H / factor, W / factor]."""
+    return vae.config.latent_channels, 2 ** (len(vae.config.block_out_channels) - 1)
+
+
 def to_latents(vae: torch.nn.Module, sample: torch.Tensor) -> torch.Tensor:
     """A VAE posterior sample in the denoiser's latent space: (sample - shift) * scale.
 
