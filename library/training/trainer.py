@@ -38,13 +38,14 @@ from library.training.caching import (
     check_bucket_steps,
 )
 from library.training.ema import WeightAverage
+from library.training.image_sizes import check_image_sizes
 from library.training.loss import LossOptions
 from library.training.memory_estimate import MemoryCheck, check_peak_memory
 from library.training.noise import NoiseOptions
 from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
 from library.training.preflight import RunStart, check_launch_layout, start_run
-from library.training.progress import ProgressReporter, plan_text, run_logging_dir
+from library.training.progress import ProgressReporter, plan_text, plan_warnings, run_logging_dir
 from library.training.resume_rules import change_lines
 from library.training.run_summary import RunSummary
 from library.training.saver import Saver
@@ -115,6 +116,7 @@ class Trainer:
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads
         self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
+        self.size_notes = check_image_sizes(config, self.sampler.prompts)  # reads no weight
         self.validator = Validator(config, self.data, self.accelerator)
         self.summary: RunSummary | None = None  # the run summary, while a run holds the name
 
@@ -152,10 +154,8 @@ class Trainer:
             self.accelerator.print(f"  resuming {self.config.saving.resume} at optimizer step {resume.global_step}")
             for line in change_lines(resume.changes):
                 self.accelerator.print(f"    changed since the state was saved: {line}")
-        skipped = self.data.skipped_images
-        if skipped:
-            shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
-            self.accelerator.print(f"warning: {len(skipped)} unreadable images left out: {shown}")
+        for line in plan_warnings(self):
+            self.accelerator.print(f"warning: {line}")
 
     def check_model(self) -> MemoryCheck:
         """The dry run's model checks, reading no weight: the models built at their shapes on

@@ -96,7 +96,9 @@ def test_a_cache_file_damaged_after_the_build_becomes_a_stand_in(tmp_path):
     for batch in batches:
         for j, readable in enumerate(batch["readable"].tolist()):
             assert batch["latent_means"][j].shape == (4, 64 // 8, 128 // 8)
-            assert readable or (batch["loss_weights"][j] == 0 and not batch["latent_means"][j].any())
+            assert readable or (
+                batch["loss_weights"][j] == 0 and not batch["latent_means"][j].any()
+            )
 
 
 def test_a_broken_validation_image_is_marked_unreadable(tmp_path):
