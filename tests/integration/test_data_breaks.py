@@ -125,7 +125,9 @@ def test_a_deleted_image_stops_and_the_run_resumes_without_it(
     assert (summary["status"], summary["steps_done"], summary["total_steps"]) == (
         "finished", EPOCHS * (IMAGES - 1), EPOCHS * (IMAGES - 1)
     )  # fmt: skip
-    assert (tmp_path / "c" / "run.safetensors").exists()
+    with safe_open(str(tmp_path / "c" / "run.safetensors"), framework="pt") as file:
+        changes = json.loads(file.metadata()["ss_resume_changes"])
+    assert changes == [{"step": step, "changes": {"steps_per_epoch": [IMAGES, IMAGES - 1]}}]
 
 
 def test_the_first_step_failing_names_the_image_and_saves_nothing(
