@@ -25,6 +25,14 @@ def source_images(tmp_path_factory):
     return make_images(tmp_path_factory.mktemp("data") / "imgs", IMAGES)
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, tiny_model_dir, source_images):
+    """The weights of the run that never breaks (the images' folder does not change them)."""
+    root = tmp_path_factory.mktemp("straight")
+    assert train(_config(root, tiny_model_dir, source_images, "straight")) == 0
+    return tensors(root / "straight" / "run.safetensors")
+
+
 @pytest.fixture
 def images(tmp_path, source_images):
     """A copy of the images this test may damage."""
@@ -92,9 +100,8 @@ def _stopped_state(err: str, out: Path) -> tuple[Path, int]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_broken_image_stops_with_a_state_that_resumes_once_it_is_back(
-    tmp_path, tiny_model_dir, images, monkeypatch, capsys, workers
+    tmp_path, tiny_model_dir, images, straight, monkeypatch, capsys, workers
 ):
-    assert train(_config(tmp_path, tiny_model_dir, images, "straight")) == 0
     config = _config(tmp_path, tiny_model_dir, images, "b", max_data_loader_n_workers=workers)
     good = (images / BROKEN).read_bytes()
     _damage_after_step(monkeypatch, 2, images / BROKEN, "truncate")
@@ -106,7 +113,7 @@ def test_a_broken_image_stops_with_a_state_that_resumes_once_it_is_back(
     (images / BROKEN).write_bytes(good)
     assert train(config, "--resume", str(state)) == 0
     resumed = tensors(tmp_path / "b" / "run.safetensors")
-    assert_close_dicts(resumed, tensors(tmp_path / "straight" / "run.safetensors"), atol=1e-6)
+    assert_close_dicts(resumed, straight, atol=1e-6)
 
 
 def test_a_deleted_image_stops_and_the_run_resumes_without_it(
@@ -143,9 +150,8 @@ def test_the_first_step_failing_names_the_image_and_saves_nothing(
 
 
 def test_skip_bad_images_leaves_a_broken_image_out_and_trains_on(
-    tmp_path, tiny_model_dir, images, monkeypatch, capsys
+    tmp_path, tiny_model_dir, images, straight, monkeypatch, capsys
 ):
-    assert train(_config(tmp_path, tiny_model_dir, images, "straight")) == 0
     good = (images / BROKEN).read_bytes()
     weights = {}
     for workers in (0, 2):
@@ -166,7 +172,6 @@ def test_skip_bad_images_leaves_a_broken_image_out_and_trains_on(
         weights[workers] = tensors(tmp_path / name / "run.safetensors")
     # the image's samples weigh nothing, whichever worker met them
     assert_close_dicts(weights[0], weights[2], atol=1e-7)
-    straight = tensors(tmp_path / "straight" / "run.safetensors")
     assert max((weights[0][k] - straight[k]).abs().max().item() for k in straight) > 1e-4
 
 
