@@ -3,9 +3,9 @@
 Exit codes (docs/batch-runs.md; the run summary records the same code):
 
     0    finished
-    1    training started and could not finish: a non-finite loss or weights, a failed save
-         (TrainingError, SaveError), or a bug (a Python traceback); the state to resume from,
-         if any, is named in the message
+    1    training started and could not finish: a non-finite loss or weights, a failed save,
+         an image that could not be read any more (TrainingError, SaveError), or a bug (a
+         Python traceback); the state to resume from, if any, is named in the message
     2    bad input: the config, data, model, checkpoint or output folder (ConfigError,
          DataError, ModelError, CheckpointError), or the output name is taken by another run;
          nearly always found before the first optimizer step, and running it again unchanged

@@ -38,8 +38,9 @@ class DataSection(Section):
     caption_extension: str = Field(".txt", description="Extension of sidecar caption files.")
     skip_bad_images: bool = Field(
         False,
-        description="Leave out images that cannot be read, with a warning and a count. Default: "
-        "stop before training, naming the file.",
+        description="Leave out images that cannot be read, with a warning and a count (also "
+        "one that breaks while the run trains). Default: stop before training, naming the file "
+        "(or, for an image that breaks later, after the last whole step, with a state).",
     )
     cache_latents: bool = Field(
         False,

@@ -166,8 +166,10 @@ class TrainData:
         [-1, 1], or with a latent cache "latent_means"/"latent_stds" [B, 4, h, w]; "captions"
         (after caption processing); "loss_weights" float [B] (0 for padding samples);
         "positions" long [B]; "epoch"; "cache_roots"; "alpha_masks" [B, 1, H, W] when a subset
-        has alpha_mask; and SDXL's "original_sizes", "crop_top_lefts", "target_sizes" long
-        [B, 2]. The order is fixed by the schedule and every random choice is keyed by (seed,
+        has alpha_mask; SDXL's "original_sizes", "crop_top_lefts", "target_sizes" long [B, 2];
+        "readable" bool [B] and "unreadable", the problems of the images that could not be
+        read now (their samples are stand-ins with loss weight 0, see library.data.samples).
+        The order is fixed by the schedule and every random choice is keyed by (seed,
         epoch, position), so workers and process layouts cannot change the results.
         """
         source = source or SampleSource()

@@ -31,6 +31,7 @@ from PIL import features
 
 from library.config.dataset_schema import SubsetConfig
 from library.errors import DataError
+from library.saving.disk_space import format_size
 
 # Formats of pictures people train on that Pillow opens with a known value mapping (images.py).
 # AVIF needs Pillow built with libavif; without it .avif files are listed as ignored.
@@ -40,6 +41,11 @@ IMAGE_EXTENSIONS = frozenset(
 )
 SIDECAR_EXTENSIONS = frozenset({".txt", ".caption", ".json", ".jsonl", ".csv", ".npz", ".toml"})
 SYSTEM_FILES = frozenset({"thumbs.db", "desktop.ini"})  # written by Windows Explorer
+# The most a caption (a caption file, or one entry of a metadata file) may hold. Real captions
+# are a sentence or a tag list of a few KB, a wildcard file a few dozen lines; a file hundreds of
+# times larger is something else saved under a caption's name (a log, a dump), and read whole
+# and split into tags and tokens it takes gigabytes of memory.
+MAX_CAPTION_BYTES = 1 << 20
 
 _REPEATS = re.compile(r"^(\d+)(?:_(.*))?$", re.DOTALL)
 
@@ -127,11 +133,25 @@ def dreambooth_subsets(
     return subsets
 
 
+def caption_too_long(what: str, size: int) -> str:
+    """The message for a caption of ``size`` bytes above MAX_CAPTION_BYTES; ``what`` names it."""
+    return (
+        f"{what} holds {format_size(size)} ({size:,} bytes), more than the "
+        f"{format_size(MAX_CAPTION_BYTES)} ({MAX_CAPTION_BYTES:,} bytes) a "
+        "caption may have; a caption is a sentence or a tag list: check that this is the "
+        "caption (not a log or other file saved under its name) and shorten it"
+    )
+
+
 def read_caption_file(path: Path, all_lines: bool = False) -> str:
     """The caption in a sidecar file: its first non-empty line, stripped; with ``all_lines``
     every non-empty line, stripped and joined by newlines (wildcard alternatives)."""
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        with open(path, "rb") as file:
+            data = file.read(MAX_CAPTION_BYTES + 1)  # never more: the file may be huge
+        if len(data) > MAX_CAPTION_BYTES:
+            raise DataError(caption_too_long(f"caption file {path}", os.path.getsize(path)))
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise DataError(
             f"caption file {path} is not UTF-8 text ({error.reason} at byte {error.start}); "

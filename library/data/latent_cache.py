@@ -23,6 +23,9 @@ Decisions:
   are in memory. Disk writes run on the same pool, behind the loads they were queued after.
 - A disk cache holds nothing in memory: `get` reads and verifies the file each time, which keeps
   memory flat for large datasets and lets data-loader workers read in parallel.
+- The key of every request the build saw is kept, so `get` never reads the image again: an image
+  deleted or edited while the run trains keeps training from the entry made at the start (the
+  next build re-encodes an edited image).
 """
 
 from __future__ import annotations
@@ -134,6 +137,7 @@ class LatentCache:
         self.to_disk = to_disk
         self._memory: dict[str, CachedLatent] = {}
         self._on_disk: set[str] = set()
+        self._built: dict[LatentRequest, str] = {}  # the key parts of every request built
 
     def _parts(self, request: LatentRequest) -> str:
         crop = request.crop_fraction
@@ -165,7 +169,7 @@ class LatentCache:
         (checksum mismatch, NaN or Inf, wrong shapes), and KeyError for a memory cache that was
         not built for this request.
         """
-        parts = self._parts(request)
+        parts = self._built.get(request) or self._parts(request)
         key = _key_of(parts)
         entry = self._memory.get(key)
         if entry is not None:
@@ -247,6 +251,7 @@ class LatentCache:
     def _jobs(self, requests: Sequence[LatentRequest], pool: ThreadPoolExecutor) -> dict:
         jobs: dict[str, _Job] = {}
         for request, parts in zip(requests, pool.map(self._parts, requests), strict=True):
+            self._built[request] = parts
             job = jobs.setdefault(_key_of(parts), _Job(request, parts))
             if request.root not in job.roots:
                 job.roots.append(request.root)
@@ -470,7 +475,7 @@ def _get_from_disk(
         entry = _read_entry(file, parts, request, dtype)
     except _Unusable as bad:
         if bad.kind == "unreadable":
-            message = f"latent cache file {file} {bad.reason}; {fix}"
+            message = f"latent cache file {file} for {request.path} {bad.reason}; {fix}"
         elif bad.kind == "foreign":
             message = (
                 f"latent cache file {file} was not made for {request.path} with these settings "

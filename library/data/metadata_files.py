@@ -30,7 +30,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from library.data.folders import IMAGE_EXTENSIONS, missing_folder
+from library.data.folders import (
+    IMAGE_EXTENSIONS,
+    MAX_CAPTION_BYTES,
+    caption_too_long,
+    missing_folder,
+)
 from library.errors import DataError
 
 _KOHYA_LOOKUP = (".png", ".jpg", ".jpeg", ".webp", ".bmp")  # kohya's order
@@ -113,6 +118,9 @@ def _text_field(record: dict, name: str, where: str) -> str:
         return ""
     if not isinstance(value, str):
         raise DataError(f'{where}: "{name}" must be a string, got {type(value).__name__}')
+    # 4 bytes per character at most: only a long text needs encoding to be measured
+    if len(value) * 4 > MAX_CAPTION_BYTES and len(value.encode()) > MAX_CAPTION_BYTES:
+        raise DataError(caption_too_long(f'{where}: "{name}"', len(value.encode())))
     return value.strip()
 
 

@@ -3,6 +3,13 @@
 Every random choice of a sample (caption operations, flip, crop, hue) is keyed by (seed, epoch,
 position) in library.data.captions / library.data.augment, so a sample is the same whichever
 process, micro-batch or data-loader worker builds it.
+
+An image (or its latent cache file) that cannot be read any more while the run trains (deleted,
+truncated, overwritten since the scan) does not raise here: a data-loader worker's exception
+would end one process alone, and the others would wait for it at the step's collective. The
+sample comes out as a stand-in of the same shape with loss weight 0 (it adds nothing to the
+gradient, like a padding slot) and the problem in its "unreadable" entry; the trainer agrees
+with the other processes at the step's end on what to do (library.training.unreadable).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from library.data.images import load_training_image
 from library.data.items import ScannedImage, SubsetOptions
 from library.data.latent_cache import LatentCache, LatentRequest
 from library.data.schedule import SampleRef, stable_seed
+from library.errors import DataError
 
 if TYPE_CHECKING:  # dataset.py imports this module
     from library.data.dataset import TrainData
@@ -28,11 +36,13 @@ _NO_AUGMENT = AugmentDraws(flip=False, crop_fraction=None, hue_shift=0.0)
 
 @dataclass(frozen=True)
 class SampleSource:
-    """What samples need beyond the scanned data: the latent cache (None: load the pixels) and
-    the run's optimizer steps (token warmup given as a fraction of them)."""
+    """What samples need beyond the scanned data: the latent cache (None: load the pixels), the
+    run's optimizer steps (token warmup given as a fraction of them) and, with a latent cache,
+    the latents' (channels, downscale factor): the shape of a stand-in for an unreadable entry."""
 
     latents: LatentCache | None = None
     max_train_steps: int = 1
+    latent_grid: tuple[int, int] | None = None
 
 
 def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> LatentRequest:
@@ -88,6 +98,39 @@ def _image_entries(
     return entries
 
 
+def _stand_in(image: ScannedImage, source: SampleSource) -> dict:
+    """Zeros where an unreadable image's pixels (or cached latents) would be, at its bucket size;
+    the sample's loss weight 0 makes their values irrelevant."""
+    width, height = image.bucket
+    if source.latents is None:
+        entries = {"pixel_values": torch.zeros(3, height, width)}
+    else:
+        channels, factor = source.latent_grid
+        latent = torch.zeros(channels, height // factor, width // factor)
+        entries = {"latent_mean": latent, "latent_std": latent}
+    return {
+        **entries,
+        "alpha": None,
+        "original_size": (height, width),
+        "crop_top_left": (0, 0),
+        "target_size": (height, width),
+        "cache_root": str(image.cache_root),
+    }
+
+
+def _readable_entries(
+    image: ScannedImage, options: SubsetOptions, draws: AugmentDraws, source: SampleSource
+) -> tuple[dict, str | None]:
+    """_image_entries, or a stand-in and the problem when the image or its cache file cannot
+    be read now (module docstring)."""
+    try:
+        return _image_entries(image, options, draws, source), None
+    except DataError as error:
+        if source.latents is not None and source.latent_grid is None:
+            raise  # no shape to stand in with (a cache used outside a training run)
+        return _stand_in(image, source), str(error)
+
+
 def validation_caption(image: ScannedImage, options: SubsetOptions) -> str:
     """The caption of a validation image: the same every time (no shuffling or dropout; a
     wildcard resolves by the image's key)."""
@@ -126,12 +169,14 @@ class TrainSamples(Dataset):
             max_train_steps=self.source.max_train_steps,
         )
         draws = draw_augment(options.augment, data.seed, epoch, ref.position)
+        entries, unreadable = _readable_entries(image, options, draws, self.source)
         return {
-            **_image_entries(image, options, draws, self.source),
+            **entries,
             "caption": caption,
-            "loss_weight": 0.0 if ref.padding else spec.loss_weight,
+            "loss_weight": 0.0 if ref.padding or unreadable else spec.loss_weight,
             "position": ref.position,
             "epoch": epoch,
+            "unreadable": unreadable,
         }
 
 
@@ -150,10 +195,12 @@ class ValidationSamples(Dataset):
         scanned = self.data.scanned[d]
         image = scanned.validation[i]
         options = scanned.options[image.subset]
+        entries, unreadable = _readable_entries(image, options, _NO_AUGMENT, self.source)
         return {
-            **_image_entries(image, options, _NO_AUGMENT, self.source),
+            **entries,
             "caption": validation_caption(image, options),
-            "loss_weight": 1.0,
+            "loss_weight": 0.0 if unreadable else 1.0,
+            "unreadable": unreadable,
             "position": 0,
             "epoch": 0,
             "validation_key": f"{d}:{image.key}",  # keys its fixed noise; unique over datasets
@@ -181,6 +228,9 @@ def collate(samples: list[dict]) -> dict:
         "original_sizes": torch.tensor([s["original_size"] for s in samples], dtype=torch.long),
         "crop_top_lefts": torch.tensor([s["crop_top_left"] for s in samples], dtype=torch.long),
         "target_sizes": torch.tensor([s["target_size"] for s in samples], dtype=torch.long),
+        # what could not be read: stand-ins with loss weight 0 (module docstring)
+        "readable": torch.tensor([not s.get("unreadable") for s in samples]),
+        "unreadable": [s["unreadable"] for s in samples if s.get("unreadable")],
     }
     if "pixel_values" in samples[0]:
         batch["pixel_values"] = torch.stack([s["pixel_values"] for s in samples])

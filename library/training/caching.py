@@ -16,6 +16,7 @@ from library.data.samples import latent_requests, load_for_cache, validation_cap
 from library.errors import ConfigError
 from library.models.conditioning import encode_text
 from library.models.loader import Components
+from library.training.image_sizes import nearest_multiples
 from library.training.text_cache import TextEncoderCache, text_identity
 
 # Cached latents stay float32 whatever the training precision: a cached run then trains on the
@@ -27,11 +28,13 @@ def check_bucket_steps(config: Config, components: Components) -> None:
     """Bucket sides must fit the denoiser's downsampling (its family's ``bucket_grid``)."""
     need = components.family.bucket_grid(components.denoiser)
     for d, dataset in enumerate(config.datasets):
-        if dataset.enable_bucket and dataset.bucket_reso_steps % need:
+        steps = dataset.bucket_reso_steps
+        if dataset.enable_bucket and steps % need:
+            use = " or ".join(str(v) for v in nearest_multiples(steps, need))
             raise ConfigError(
-                f"datasets[{d}].bucket_reso_steps = {dataset.bucket_reso_steps} does not fit "
-                f"{components.family.name}, whose denoiser needs sides that are multiples of {need}; "
-                f"use {need} or a multiple of it"
+                f"datasets[{d}].bucket_reso_steps = {steps} does not fit "
+                f"{components.family.name}, whose denoiser needs sides that are multiples of "
+                f"{need}; use {use}"
             )
 
 

@@ -38,6 +38,7 @@ from library.config.schema import Config
 from library.data.plan import DataStats
 from library.errors import ConfigError
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
+from library.models.families.base import latent_grid
 from library.training.activation_memory import ActivationCounter, meta_copy
 from library.training.optimizers import optimizer_kwargs
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
@@ -258,8 +259,7 @@ def training_activations(
 
 def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """Meta latents [B, C, H / f, W / f] (f the VAE's downscaling) and noise levels [B]."""
-    factor = 2 ** (len(comps.vae.config.block_out_channels) - 1)
-    channels = comps.vae.config.latent_channels
+    channels, factor = latent_grid(comps.vae)
     shape = (size.batch, channels, size.height // factor, size.width // factor)
     latents = torch.empty(shape, device="meta", dtype=dtype)
     levels = comps.objective.level_tensor(comps.objective.validation_levels(1), "meta")

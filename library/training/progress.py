@@ -180,6 +180,17 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
     return "\n".join(lines)
 
 
+def plan_warnings(trainer) -> list[str]:
+    """The plan's warnings (without "warning: "): unreadable images the scan left out, sample
+    sizes the model's pipeline rounds."""
+    lines = []
+    skipped = trainer.data.skipped_images
+    if skipped:
+        shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        lines.append(f"{len(skipped)} unreadable images left out: {shown}")
+    return lines + list(trainer.size_notes)
+
+
 def print_plan_json(trainer) -> None:
     """``--dry_run --json``: the dry run's checks (those of Trainer.run), then the plan as one
     JSON document on stdout, from the main process only. Warnings go to stderr."""
@@ -191,10 +202,8 @@ def print_plan_json(trainer) -> None:
         memory = trainer.check_model().report()
         if not acc.is_main_process:
             return
-        skipped = trainer.data.skipped_images
-        if skipped:
-            shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
-            print(f"warning: {len(skipped)} unreadable images left out: {shown}", file=sys.stderr)
+        for line in plan_warnings(trainer):
+            print(f"warning: {line}", file=sys.stderr)
         report = plan_report(config, trainer.data, trainer.plan, start.resume, memory)
         print(plan_document(report))
     finally:
@@ -339,6 +348,11 @@ class ProgressReporter:
             logs["loss/epoch"] = sum(self.epoch_losses) / len(self.epoch_losses)
             self.epoch_losses.clear()
         self.accelerator.log(logs, step=global_step)
+
+    def warn(self, line: str) -> None:
+        """A warning line above the bar, from the main process (``line`` without "warning: ")."""
+        if self.accelerator.is_main_process:
+            self.bar.write(f"warning: {line}", file=sys.stderr)
 
     def validation(self, global_step: int, loss: float) -> None:
         """Show and log a validation loss computed after optimizer step `global_step`."""

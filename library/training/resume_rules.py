@@ -21,6 +21,7 @@ from library.training.plan import RunPlan
 from library.training.state import Progress, check_compatible
 
 CONFIG_FILE = "config.json"
+STEPS_PER_EPOCH = "steps_per_epoch"  # a change of the images, reported with the settings
 
 # Keys whose change makes the saved weights or optimizer state meaningless for this run.
 REFUSED_CHANGES = {
@@ -95,6 +96,8 @@ def check_resume(folder: Path, config: Config, plan: RunPlan) -> ResumeCheck:
             "max_train_epochs) to continue it"
         )
     changes = _changes(folder, config)
+    if saved.steps_per_epoch != plan.steps_per_epoch:  # the images changed (check_compatible)
+        changes = {STEPS_PER_EPOCH: (saved.steps_per_epoch, plan.steps_per_epoch), **changes}
     for key, (was, now) in changes.items():
         if key in REFUSED_CHANGES:
             raise CheckpointError(
@@ -162,6 +165,11 @@ def change_lines(changes: dict[str, tuple[object, object]]) -> list[str]:
     for key, (was, now) in changes.items():
         if key == "datasets":
             lines.append("datasets: subset options differ from the saved run (applied)")
+        elif key == STEPS_PER_EPOCH:
+            lines.append(
+                f"{key}: {was} -> {now} (the images changed; the run goes on from its optimizer "
+                "step, in the epochs of the images there are now)"
+            )
         else:
             lines.append(f"{key}: {json.dumps(was)} -> {json.dumps(now)} (applied)")
     return lines

@@ -115,13 +115,14 @@ def _load_optional(file: Path) -> dict | None:
 
 
 def check_compatible(saved: Progress, current: Progress, path: Path) -> None:
-    """Refuse a resume that would not continue the same trajectory."""
-    for name in ("seed", "train_mode", "effective_batch_sizes", "steps_per_epoch"):
+    """Refuse a resume that would not continue the same run. Another number of steps per epoch
+    is not refused: the images changed (one that broke was removed, new ones were added), and
+    the run goes on from its step with the epochs of the new data (resume_rules)."""
+    for name in ("seed", "train_mode", "effective_batch_sizes"):
         was, now = getattr(saved, name), getattr(current, name)
         if was != now:
             hint = {
                 "effective_batch_sizes": " (batch size x accumulation x processes must stay the "
                 "same; with another process count, change gradient_accumulation_steps to match)",
-                "steps_per_epoch": " (the dataset changed since the state was saved)",
             }.get(name, "")
             raise CheckpointError(f"resume: {path} was saved with {name} = {was}, this run has {now}{hint}")

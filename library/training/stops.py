@@ -57,12 +57,19 @@ class StepSummary:
 
     loss: float  # mean over the step's micro-batches and processes
     signum: int  # a stop signal seen by any process, else 0
+    unreadable: int = 0  # samples of the step that no process could read (training.unreadable)
 
 
-def agree_on_step(accelerator, loss_sum: torch.Tensor, accumulation: int, signum: int) -> StepSummary:
-    """One collective carries the summed loss and the stop flag of every process."""
-    local = torch.stack([loss_sum.detach().float(), torch.tensor(float(signum), device=loss_sum.device)])
-    gathered = accelerator.gather(local.unsqueeze(0))  # [processes, 2]
+def agree_on_step(
+    accelerator, loss_sum: torch.Tensor, accumulation: int, signum: int, unreadable: int = 0
+) -> StepSummary:
+    """One collective carries the summed loss, the stop flag and the count of unreadable
+    samples of every process."""
+    flags = torch.tensor([float(signum), float(unreadable)], device=loss_sum.device)
+    local = torch.cat([loss_sum.detach().float().reshape(1), flags])
+    gathered = accelerator.gather(local.unsqueeze(0))  # [processes, 3]
     loss = gathered[:, 0].mean().item() / accumulation
     signals = [int(s) for s in gathered[:, 1].tolist() if s]
-    return StepSummary(loss=loss, signum=signals[0] if signals else 0)
+    return StepSummary(
+        loss=loss, signum=signals[0] if signals else 0, unreadable=int(gathered[:, 2].sum().item())
+    )

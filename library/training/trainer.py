@@ -25,6 +25,7 @@ from library.data.dataset import TrainData
 from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
 from library.errors import CheckpointError, TrainingError
+from library.models.families.base import latent_grid
 from library.models.float8 import keep_out_of_ddp
 from library.models.loader import load_components, shapes_only
 from library.networks.max_norm import apply_max_norm
@@ -37,13 +38,14 @@ from library.training.caching import (
     check_bucket_steps,
 )
 from library.training.ema import WeightAverage
+from library.training.image_sizes import check_image_sizes
 from library.training.loss import LossOptions
 from library.training.memory_estimate import MemoryCheck, check_peak_memory
 from library.training.noise import NoiseOptions
 from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
 from library.training.preflight import RunStart, check_launch_layout, start_run
-from library.training.progress import ProgressReporter, plan_text, run_logging_dir
+from library.training.progress import ProgressReporter, plan_text, plan_warnings, run_logging_dir
 from library.training.resume_rules import change_lines
 from library.training.run_summary import RunSummary
 from library.training.saver import Saver
@@ -62,6 +64,7 @@ from library.training.sharding import (
 from library.training.state import load_state
 from library.training.step import StepInputs, micro_batch_loss
 from library.training.stops import StopSignals, TrainingStopped, agree_on_step
+from library.training.unreadable import UnreadableImages, left_out_line, stop_error
 from library.training.validation_runs import Validator
 
 DEFAULT_DDP_TIMEOUT_MINUTES = 30
@@ -80,6 +83,7 @@ class _Loop:
     reporter: ProgressReporter
     signals: StopSignals
     source: SampleSource  # where the loaders take latents from (a cache, or the images)
+    unreadable: UnreadableImages  # images that broke while the run trains
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class Trainer:
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads
         self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
+        self.size_notes = check_image_sizes(config, self.sampler.prompts)  # reads no weight
         self.validator = Validator(config, self.data, self.accelerator)
         self.summary: RunSummary | None = None  # the run summary, while a run holds the name
 
@@ -149,10 +154,8 @@ class Trainer:
             self.accelerator.print(f"  resuming {self.config.saving.resume} at optimizer step {resume.global_step}")
             for line in change_lines(resume.changes):
                 self.accelerator.print(f"    changed since the state was saved: {line}")
-        skipped = self.data.skipped_images
-        if skipped:
-            shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
-            self.accelerator.print(f"warning: {len(skipped)} unreadable images left out: {shown}")
+        for line in plan_warnings(self):
+            self.accelerator.print(f"warning: {line}")
 
     def check_model(self) -> MemoryCheck:
         """The dry run's model checks, reading no weight: the models built at their shapes on
@@ -199,9 +202,8 @@ class Trainer:
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)
         optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
         group = cache_group(config, acc)
-        source = SampleSource(
-            build_latent_cache(config, self.data, parts.components.vae, acc, group), plan.total_steps
-        )
+        latents = build_latent_cache(config, self.data, parts.components.vae, acc, group)
+        source = SampleSource(latents, plan.total_steps, latent_grid(parts.components.vae))
         text_cache = build_text_cache(config, self.data, parts.components, weight_dtype, acc, group)
         if source.latents is not None and not self.sampler.prompts:
             parts.components.vae.to("cpu")  # every latent is cached and nothing is decoded: free its memory
@@ -222,6 +224,7 @@ class Trainer:
             ),
             signals=StopSignals(),
             source=source,
+            unreadable=UnreadableImages(acc, config.data.skip_bad_images),
         )
         optimizer_train_mode(optimizer)  # a resumed schedule-free state may be in eval mode
         self.sampler.attach(parts.components, self._prepared, optimizer)
@@ -235,7 +238,7 @@ class Trainer:
                     global_step = self._train_epoch(loop, epoch, global_step, batches)
                     self.sampler.after_epoch(epoch + 1, global_step)
                     if self.validator.due_after_epoch(epoch + 1):
-                        loop.reporter.validation(global_step, self.validator.run())
+                        self._validate(loop, global_step)
                     if global_step >= plan.total_steps:
                         break
                     saver.after_epoch(epoch + 1, global_step)
@@ -276,6 +279,7 @@ class Trainer:
         epoch_batches = itertools.islice(batches, (plan.steps_per_epoch - start) * plan.accumulation)
         loss_sum = torch.zeros((), device=acc.device)
         for micro, batch in enumerate(epoch_batches):
+            loop.unreadable.note(batch)
             with acc.accumulate(*loop.trained):
                 if self.sharded:  # accelerate's no_sync covers DDP modules, not FSDP ones
                     set_gradient_sync(loop.inputs.denoiser, acc.sync_gradients)
@@ -304,7 +308,7 @@ class Trainer:
             loop.saver.after_step(global_step)
             self.sampler.after_step(global_step)
             if self.validator.due_after_step(global_step):
-                loop.reporter.validation(global_step, self.validator.run())
+                self._validate(loop, global_step)
             if step.signum:
                 self._stop_on_signal(step.signum, global_step, loop.saver)
             if global_step >= plan.total_steps:
@@ -331,7 +335,15 @@ class Trainer:
         """At the window's last micro-batch: agree on loss and stop signals, then clip."""
         if (micro + 1) % self.plan.accumulation:  # our schedule and accelerate's counter disagree
             raise RuntimeError(f"gradient sync after micro-batch {micro + 1}, inside an accumulation window")
-        summary = agree_on_step(self.accelerator, loss_sum, self.plan.accumulation, loop.signals.signum)
+        summary = agree_on_step(
+            self.accelerator,
+            loss_sum,
+            self.plan.accumulation,
+            loop.signals.signum,
+            len(loop.unreadable.pending),
+        )
+        if summary.unreadable:  # stops here without skip_bad_images, before the step is applied
+            self._on_unreadable(loop, global_step, f"from optimizer step {global_step + 1} on")
         apply = math.isfinite(summary.loss)
         if not apply and self.config.training.nan_policy == "stop":
             self._stop_not_finite(summary.loss, global_step, loop.saver)
@@ -351,6 +363,30 @@ class Trainer:
             f'were saved to {state}. Lower learning_rate, use mixed_precision = "bf16" instead of '
             'fp16, check the data, or set nan_policy = "skip"'
         )
+
+    def _validate(self, loop: _Loop, global_step: int) -> None:
+        """The validation loss after optimizer step ``global_step``; images that cannot be read
+        now are left out, or stop the run (training.unreadable)."""
+        loss = self.validator.run(loop.unreadable)
+        if self.validator.met_unreadable(loop.unreadable):
+            self._on_unreadable(loop, global_step, f"of the validation loss from step {global_step} on")
+        if loss is not None:
+            loop.reporter.validation(global_step, loss)
+
+    def _on_unreadable(self, loop: _Loop, global_step: int, since: str) -> None:
+        """Some process met images it could not read: every process learns which; with
+        skip_bad_images each is named once and the run goes on, else the state of step
+        ``global_step`` is saved (none before the first step) and the run stops."""
+        problems = loop.unreadable.agree()
+        fresh = loop.unreadable.new(problems)
+        if loop.unreadable.skip:
+            for problem in fresh:
+                loop.reporter.warn(left_out_line(problem, since))
+            return
+        for problem in problems[1:]:  # the error line names the first
+            loop.reporter.warn(problem)
+        state = loop.saver.stop_state(global_step) if global_step else None
+        raise stop_error(problems, global_step, state)
 
     def _stop_on_signal(self, signum: int, global_step: int, saver: Saver) -> None:
         state = saver.stop_state(global_step)

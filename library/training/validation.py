@@ -42,7 +42,17 @@ from library.training.step import (
     predict,
 )
 
-__all__ = ["VALIDATION_TIMESTEPS_DEFAULT", "validation_loss", "validation_timesteps"]
+__all__ = [
+    "VALIDATION_TIMESTEPS_DEFAULT",
+    "NoValidationSamples",
+    "validation_loss",
+    "validation_timesteps",
+]
+
+
+class NoValidationSamples(ValueError):
+    """No process had a (readable) validation sample to score."""
+
 
 # validation_timesteps(1000): one timestep in each fifth of the noise levels.
 VALIDATION_TIMESTEPS_DEFAULT = (100, 300, 500, 700, 900)
@@ -105,7 +115,8 @@ def batch_validation_loss(
     """(sum over the batch's samples and ``timesteps`` of each per-sample loss, number of terms).
 
     The sum is a float32 scalar on ``s.device``. ``batch`` is a training-loader batch plus
-    "validation_keys" (one name per sample, keying its noise). Runs without gradients on the
+    "validation_keys" (one name per sample, keying its noise); samples its "readable" marks
+    False (images that could not be read) are left out. Runs without gradients on the
     unwrapped modules (see _unwrapped); the result does not depend on how samples are batched.
     """
     plain = _unwrapped(s)
@@ -119,10 +130,12 @@ def batch_validation_loss(
         latents = to_latents(plain.vae, mean)
         cond = batch_conditioning(plain, batch)
         mask = latent_mask(batch, latents.shape)
+        readable = batch.get("readable", torch.ones(len(keys), dtype=torch.bool)).to(s.device)
         total = torch.zeros((), dtype=torch.float32, device=s.device)
         for t in steps:
-            total = total + _per_sample_loss(plain, latents, cond, mask, keys, t, seed).sum()
-    return total, len(keys) * len(steps)
+            per_sample = _per_sample_loss(plain, latents, cond, mask, keys, t, seed)
+            total = total + torch.where(readable, per_sample, 0.0).sum()
+    return total, int(readable.sum().item()) * len(steps)
 
 
 def validation_loss(
@@ -149,5 +162,5 @@ def validation_loss(
         sums = reduce(sums)
     total_sum, total_count = sums.tolist()
     if total_count == 0:
-        raise ValueError("validation_loss got no validation samples on any process")
+        raise NoValidationSamples("validation_loss got no validation samples on any process")
     return total_sum / total_count

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Iterable, Iterator
+
+import torch
 
 from library.config.schema import Config
 from library.data.dataset import TrainData
@@ -11,7 +14,8 @@ from library.data.samples import SampleSource
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.sharding import shards
 from library.training.step import StepInputs
-from library.training.validation import validation_loss
+from library.training.unreadable import UnreadableImages
+from library.training.validation import NoValidationSamples, validation_loss
 
 
 class Validator:
@@ -51,8 +55,9 @@ class Validator:
             return epoch % self.every_epochs == 0
         return not self.every_steps
 
-    def run(self) -> float:
-        """The mean validation loss over every validation image of every process."""
+    def run(self, unreadable: UnreadableImages) -> float | None:
+        """The mean validation loss over every validation image of every process; images that
+        cannot be read now are left out and noted in ``unreadable`` (None: every one was)."""
         acc, inputs = self.accelerator, self.inputs
         if self.lockstep:  # every process scores every batch: nothing to sum over processes
             shares = range(acc.num_processes)
@@ -68,7 +73,25 @@ class Validator:
             optimizer_eval_mode(self.optimizer)
         try:
             with acc.autocast():
-                return validation_loss(inputs, batches, timesteps, self.seed, reduce=reduce)
+                noted = _noting(batches, unreadable)
+                return validation_loss(inputs, noted, timesteps, self.seed, reduce=reduce)
+        except NoValidationSamples:  # every image unreadable now, on every process
+            return None
         finally:
             if self.optimizer is not None:
                 optimizer_train_mode(self.optimizer)
+
+    def met_unreadable(self, unreadable: UnreadableImages) -> bool:
+        """Whether any process met an unreadable image in the last run; call it on every process
+        after ``run`` (a collective unless every process scored every batch)."""
+        acc = self.accelerator
+        if self.lockstep or acc.num_processes == 1:
+            return bool(unreadable.pending)
+        count = torch.tensor([float(len(unreadable.pending))], device=acc.device)
+        return bool(acc.reduce(count, reduction="sum").item())
+
+
+def _noting(batches: Iterable[dict], unreadable: UnreadableImages) -> Iterator[dict]:
+    for batch in batches:
+        unreadable.note(batch)
+        yield batch

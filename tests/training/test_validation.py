@@ -128,6 +128,16 @@ def test_total_does_not_depend_on_batch_composition(sd1):
     )
 
 
+def test_unreadable_samples_are_left_out(sd1):
+    s = _inputs(sd1)
+    both = _batch(3)
+    marked = {**both, "readable": torch.tensor([True, False, True])}
+    total, n = batch_validation_loss(s, marked, TIMESTEPS, SEED)
+    kept = [batch_validation_loss(s, _slice(both, i, i + 1), TIMESTEPS, SEED) for i in (0, 2)]
+    assert n == 2 * len(TIMESTEPS)
+    assert total.item() == pytest.approx(sum(p[0].item() for p in kept), rel=1e-5)
+
+
 def _slice(batch, i, j):
     return {k: v if k == "epoch" else v[i:j] for k, v in batch.items()}
 

@@ -23,12 +23,15 @@ Load = Callable[[ModelSection, FlowSection, torch.dtype, torch.dtype], object]
 @dataclass(frozen=True)
 class FamilyLoader:
     """``claims(model, flow)``: this loader reads the model (a cheap look at its files);
-    ``load(model, flow, weight_dtype, vae_dtype)`` returns its Components. ``reads_vae``: the
-    loader itself honours [model] vae (else the shared loader replaces the VAE afterwards)."""
+    ``load(model, flow, weight_dtype, vae_dtype)`` returns its Components; ``family()`` the
+    class of the family it loads (its class-level data, such as PIXEL_MULTIPLE, is known before
+    any weight is read). ``reads_vae``: the loader itself honours [model] vae (else the shared
+    loader replaces the VAE afterwards)."""
 
     name: str
     claims: Callable[[ModelSection, FlowSection], bool]
     load: Load
+    family: Callable[[], type]
     reads_vae: bool = False
 
 
@@ -56,6 +59,24 @@ def _sd3_load(model, flow, weight_dtype, vae_dtype):
     return load_sd3(model, flow, weight_dtype, vae_dtype)
 
 
+def _flux_family() -> type:
+    from library.models.families.flux import FluxFamily
+
+    return FluxFamily
+
+
+def _sd3_family() -> type:
+    from library.models.families.sd3 import SD3Family
+
+    return SD3Family
+
+
+def _sd_family() -> type:
+    from library.models.families.sd import SDFamily
+
+    return SDFamily
+
+
 def _sd_load(model, flow, weight_dtype, vae_dtype):
     from library.models.families.sd_load import load_sd
 
@@ -64,10 +85,10 @@ def _sd_load(model, flow, weight_dtype, vae_dtype):
 
 # In the order they are asked; the last claims everything.
 LOADERS: tuple[FamilyLoader, ...] = (
-    FamilyLoader("flux", _flux_claims, _flux_load),
+    FamilyLoader("flux", _flux_claims, _flux_load, _flux_family),
     # SD3's single files may hold no VAE: the loader needs [model] vae to build one.
-    FamilyLoader("sd3", _sd3_claims, _sd3_load, reads_vae=True),
-    FamilyLoader("sd", lambda model, flow: True, _sd_load),
+    FamilyLoader("sd3", _sd3_claims, _sd3_load, _sd3_family, reads_vae=True),
+    FamilyLoader("sd", lambda model, flow: True, _sd_load, _sd_family),
 )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
@@ -42,6 +42,12 @@ class ModelFamily:
     in the same order. ``unet_lora_prefix`` (kohya names the denoiser "unet" in every family)
     includes its underscore.
     """
+
+    # Pixels every image side must be a multiple of for the model to run at all: the VAE's 8
+    # (SD's UNets pad their up-sampling to the skip connections, so any latent size runs).
+    # Class data: known from the loader before any weight is read (families.FamilyLoader).
+    PIXEL_MULTIPLE: ClassVar[int] = 8
+    LABEL: ClassVar[str] = "SD"  # the family's name in messages
 
     name: str
     prediction_type: PredictionType
@@ -265,6 +271,12 @@ class ModelFamily:
                 f'network_module = "{module}" is for {owner} and this is a {self.name} '
                 f'model; use "{self.network_modules[-1]}"'
             )
+
+
+def latent_grid(vae: torch.nn.Module) -> tuple[int, int]:
+    """(channels, downscale factor) of the VAE's latents: an H x W image gives latents of shape
+    [channels, H / factor, W / factor]."""
+    return vae.config.latent_channels, 2 ** (len(vae.config.block_out_channels) - 1)
 
 
 def to_latents(vae: torch.nn.Module, sample: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,8 @@ class TransformerFamily(ModelFamily):
 
     FLOW_KIND: ClassVar[str]
     LABEL: ClassVar[str]
+    # The VAE's 8 times the 2x2 patches the transformer cuts the latents into.
+    PIXEL_MULTIPLE: ClassVar[int] = 16
     # LyCORIS presets whose classes this transformer lacks (they would adapt nothing).
     LYCORIS_EMPTY_PRESETS: ClassVar[tuple[str, ...]] = ("unet-convblock-only",)
 
@@ -175,7 +177,7 @@ class TransformerFamily(ModelFamily):
 
     def bucket_grid(self, denoiser):
         """The VAE's 8 times the 2x2 patches: image sides in multiples of 16."""
-        return 16
+        return self.PIXEL_MULTIPLE
 
     def check_options(self, model, flow):
         """[flow] keys of other families, SD model settings (v2, v_parameterization) and

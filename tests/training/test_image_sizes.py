@@ -1,0 +1,120 @@
+"""Sizes the model cannot run are found while the plan is made, in --dry_run too, before any
+weight is read: FLUX.1's and SD3's transformers need image sides in multiples of 16 (the VAE's 8
+times their 2x2 patches), SD's UNets multiples of 8."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from library.models.flux.tiny_files import write_tiny_flux_folder
+from library.models.sd3.tiny_files import write_tiny_sd3_folder
+from library.training import trainer
+from library.training.image_sizes import nearest_multiples
+from tests.integration.harness import make_images, train, write_config
+
+FLUX = {
+    "network_module": "networks.lora_flux",
+    "network_train_unet_only": True,
+    "timestep_sampling": "shift",
+    "model_prediction_type": "raw",
+    "guidance_scale": 1.0,
+}
+SD3 = {"network_module": "networks.lora_sd3", "network_train_unet_only": True}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_model_dir):
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "flux": (write_tiny_flux_folder(root / "flux", "dev", seed=0), FLUX),
+        "sd3": (write_tiny_sd3_folder(root / "sd3", "sd3.5-medium", 0), SD3),
+        "sd": (tiny_model_dir, {}),
+    }
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return make_images(tmp_path_factory.mktemp("data") / "imgs", 2, size=96)
+
+
+def _config(tmp_path: Path, models, family: str, images, name: str = "run", **keys) -> Path:
+    model, family_keys = models[family]
+    keys = {"max_train_steps": 1, **family_keys, **keys}
+    return write_config(tmp_path / f"{name}.toml", model, images, tmp_path / name, **keys)
+
+
+def _error(capsys) -> str:
+    lines = re.findall(r"(?m)^error: (.*)$", capsys.readouterr().err)
+    assert len(lines) == 1
+    return lines[0]
+
+
+def test_nearest_multiples():
+    assert nearest_multiples(1000, 16) == [992, 1008]
+    assert nearest_multiples(1024, 16) == [1024]
+    assert nearest_multiples(24, 16) == [16, 32]
+    assert nearest_multiples(8, 16) == [16]
+
+
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_a_resolution_off_the_transformers_grid_is_refused_in_the_dry_run(
+    tmp_path, models, images, capsys, family
+):
+    config = _config(tmp_path, models, family, images, resolution=72)
+    assert train(config, "--dry_run") == 2
+    error = _error(capsys)
+    assert "datasets[0].resolution = 72 (set in" in error and "multiples of 16" in error
+    assert "use 64 or 80" in error
+    # found before the run takes its output name: no weight read, nothing written
+    assert train(config) == 2 and "datasets[0].resolution = 72" in _error(capsys)
+    assert not (tmp_path / "run").exists()
+    rectangle = _config(tmp_path, models, family, images, "r", resolution=[72, 64])
+    assert train(rectangle, "--dry_run") == 2
+    assert "use [64, 64] or [80, 64]" in _error(capsys)
+
+
+def test_the_refused_resolution_would_fail_and_the_suggested_one_trains(
+    tmp_path, models, images, monkeypatch, capsys
+):
+    assert train(_config(tmp_path, models, "flux", images, "ok", resolution=80)) == 0
+    monkeypatch.setattr(trainer, "check_image_sizes", lambda config, prompts=(): [])
+    # without the check, the run gets to its first step and fails there
+    with pytest.raises(RuntimeError, match="is invalid for input of size"):
+        train(_config(tmp_path, models, "flux", images, "bad", resolution=72))
+    assert not (tmp_path / "bad" / "run.safetensors").exists()
+
+
+def test_sd_models_take_any_multiple_of_8(tmp_path, models, images):
+    assert train(_config(tmp_path, models, "sd", images, resolution=72)) == 0
+
+
+def test_bucket_steps_off_the_grid_are_refused_before_the_model_loads(
+    tmp_path, models, images, capsys
+):
+    keys = {"enable_bucket": True, "bucket_reso_steps": 24, "min_bucket_reso": 72}
+    config = _config(tmp_path, models, "flux", images, resolution=96, max_bucket_reso=96, **keys)
+    assert train(config) == 2
+    error = _error(capsys)
+    assert "datasets[0].bucket_reso_steps = 24" in error and "use 16 or 32" in error
+    assert not (tmp_path / "run").exists()
+
+
+def test_sample_sizes_off_the_grid_are_drawn_rounded_with_a_warning(
+    tmp_path, models, images, capsys
+):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a shape --w 104 --h 64\nanother --w 96 --h 96\n", encoding="utf-8")
+    config = _config(
+        tmp_path, models, "flux", images, resolution=64, sample_prompts=str(prompts),
+        sample_every_n_steps=1,
+    )  # fmt: skip
+    assert train(config, "--dry_run") == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "sample prompt" in line]
+    assert said == [
+        "warning: sample prompt 1 asks for 104x64; Flux.1 draws sides in multiples of 16 (as "
+        "sd-scripts does), so it is drawn at 96x64"
+    ]
