@@ -190,9 +190,20 @@ _FAMILY_NAMES = {"flux": "Flux.1", "sd3": "SD3"}
 def foreign_key(flow: FlowSection, kind: str) -> str | None:
     """The first set [flow] key that applies only to other families than ``kind`` ("flux",
     "sd3"), as a one-line problem with its fix; None when every set key applies."""
+    found = foreign_flow_key(flow, kind)
+    if found is None:
+        return None
+    key, owners = found
+    names = " and ".join(_FAMILY_NAMES[o] for o in owners)
+    return f"{key} applies to {names} models, not {_FAMILY_NAMES[kind]}; remove it"
+
+
+def foreign_flow_key(flow: FlowSection, kind: str) -> tuple[str, tuple[str, ...]] | None:
+    """(the first set [flow] key that does not apply to the family ``kind``, the flow-matching
+    families it applies to); None when every set key applies. ``kind`` "sd" (a DDPM model):
+    every [flow] key is another family's."""
     for key in type(flow).model_fields:
-        owners = _ONLY_FOR.get(key)
-        if owners and kind not in owners and getattr(flow, key) is not None:
-            names = " and ".join(_FAMILY_NAMES[o] for o in owners)
-            return f"{key} applies to {names} models, not {_FAMILY_NAMES[kind]}; remove it"
+        owners = _ONLY_FOR.get(key, ("flux", "sd3"))
+        if kind not in owners and getattr(flow, key) is not None:
+            return key, owners
     return None
