@@ -31,8 +31,8 @@ def non_finite_model_weights(parts: TrainedParts, global_step: int, sharded: boo
     ]
     broken = []
     for name, module in modules:
-        for key, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
-            if id(tensor) in trained or not tensor.is_floating_point():
+        for key, tensor in _named_tensors(module):
+            if id(tensor) in trained or tensor is None or not tensor.is_floating_point():
                 continue
             if not all_finite(local_part(tensor).detach()):
                 broken.append(f"{name}.{key}")
@@ -41,3 +41,13 @@ def non_finite_model_weights(parts: TrainedParts, global_step: int, sharded: boo
         torch.distributed.all_gather_object(found, broken)
         broken = sorted({k for keys in found for k in keys})
     return broken
+
+
+def _named_tensors(module: torch.nn.Module):
+    """The module's parameters and buffers, and the weights blocks_to_swap keeps in host memory
+    (library.training.block_swap.HostLinear: plain attributes, not parameters)."""
+    yield from itertools.chain(module.named_parameters(), module.named_buffers())
+    for path, layer in module.named_modules():
+        if hasattr(layer, "host_weight"):
+            yield f"{path}.weight", layer.host_weight
+            yield f"{path}.bias", layer.host_bias

@@ -9,7 +9,7 @@ Each tokenizer is checked against its encoder's config before any weight is read
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from library.errors import ModelError
@@ -112,11 +112,12 @@ def located_t5_tokenizer(
 
 def folder_t5_tokenizer(
     model_dir: Path, folder: Path | None, t5_tokenizer_path: str | None, config: Mapping,
-    sub: str, find=None, missing=None,
+    sub: str, find: Callable[[str, None], Path | None] | None = None,
+    missing: Callable[[str, Path], str] | None = None,
 ):  # fmt: skip
     """A diffusers folder's T5 tokenizer (in ``folder``, its ``sub``/), or t5_tokenizer_path's,
-    which replaces it: found by ``find`` (default: find_t5_tokenizer_folder), ``missing`` the
-    message when it is not there."""
+    which replaces it: found by ``find`` (default: find_t5_tokenizer_folder), with ``missing``'s
+    message (default: missing_t5_tokenizer's) when it is not there."""
     if t5_tokenizer_path:
         found = (find or find_t5_tokenizer_folder)(t5_tokenizer_path, None)
         message = (missing or missing_t5_tokenizer)(t5_tokenizer_path, model_dir)
