@@ -156,6 +156,11 @@ def test_tokenizer_path_replaces_a_folders_tokenizer(tiny_model_dir, tmp_path):
     assert message.startswith("tokenizer_path: ") and "it is a T5 tokenizer" in message
     a_file = own / "vocab.json"
     assert f"tokenizer_path {a_file} is a file" in error(tiny_model_dir, tokenizer_path=a_file)
+    # the folder's own tokenizer is then not needed
+    model = copy(tiny_model_dir, tmp_path)
+    shutil.rmtree(model / "tokenizer")
+    assert "lacks the tokenizer/ subfolder" in error(model)
+    assert Path(load(model, tokenizer_path=own).tokenizers[0].name_or_path) == own
 
 
 # --- FLUX.1 -----------------------------------------------------------------------------------

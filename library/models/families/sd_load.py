@@ -35,12 +35,15 @@ _REQUIRED = {
 _SDXL_REQUIRED = {"text_encoder_2": "config.json", "tokenizer_2": None}
 
 
-def required_parts(path_text: str) -> dict[str, str | None]:
-    """The subfolders (and the file each needs) of an SD 1.x/2.x or SDXL diffusers folder."""
+def required_parts(path_text: str, tokenizer_path: str | None = None) -> dict[str, str | None]:
+    """The subfolders (and the file each needs) of an SD 1.x/2.x or SDXL diffusers folder;
+    with ``tokenizer_path``, which replaces them, not its tokenizer folders."""
     index = Path(path_text).expanduser().absolute() / "model_index.json"
     needed = dict(_REQUIRED)
     if index.is_file() and "text_encoder_2" in read_json(index):
         needed.update(_SDXL_REQUIRED)
+    if tokenizer_path:
+        needed = {sub: file for sub, file in needed.items() if not sub.startswith("tokenizer")}
     return needed
 
 
@@ -58,9 +61,8 @@ def load_sd_folder(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: to
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
-    model_dir = resolve_model_dir(
-        model.pretrained_model_name_or_path, required_parts(model.pretrained_model_name_or_path)
-    )
+    path = model.pretrained_model_name_or_path
+    model_dir = resolve_model_dir(path, required_parts(path, model.tokenizer_path))
     unet_config = read_json(model_dir / "unet" / "config.json")
     scheduler_config = read_json(model_dir / "scheduler" / "scheduler_config.json")
     model_index = read_json(model_dir / "model_index.json")
