@@ -100,10 +100,17 @@ def load_components(
     check_config_family(loader, model, flow, network_module)
     parts = loader.load(model, flow, weight_dtype, vae_dtype)
     parts.family.check_options(model, flow)
-    if model.vae and not loader.reads_vae and reads_weights():  # the same shapes either way
+    if model.vae and not loader.reads_vae:  # read from its header alone in the dry run
         from library.models.vae_file import load_vae
 
-        parts.vae = load_vae(model.vae, parts.vae.config, vae_dtype)
+        vae = load_vae(model.vae, parts.vae.config, vae_dtype)
+        own, given = parts.vae.config.latent_channels, vae.config.latent_channels
+        if given != own:  # an SD VAE for FLUX.1 (or the reverse) would fail at the first step
+            raise ModelError(
+                f"vae = {model.vae} makes {given}-channel latents and this {parts.family.name} "
+                f"model takes {own}; set vae to a VAE of this model's family (or remove it)"
+            )
+        parts.vae = vae
     return parts
 
 

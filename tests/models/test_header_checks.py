@@ -144,3 +144,17 @@ def test_sd_checkpoint_given_as_sd3_vae(tmp_path_factory, sd_checkpoint):
     )  # fmt: skip
     assert message.startswith(f"vae = {sd_checkpoint} is not the SD3 VAE")
     assert "its latents have 4 channels" in message
+
+
+def test_vae_option_of_another_latent_width(flux_files, sd_checkpoint, tiny_model_dir):
+    """[model] vae replaces a FLUX.1 or SD model's VAE after loading; an SD VAE for FLUX.1 (or
+    FLUX.1's for SD) used to pass the dry run, which did not read it, and fail at step 1."""
+    message = error(flux_files["transformer"], **flux_keys(flux_files, vae=sd_checkpoint))
+    assert message == (
+        f"vae = {sd_checkpoint} makes 4-channel latents and this flux-dev model takes 16; set "
+        "vae to a VAE of this model's family (or remove it)"
+    )
+    message = error(tiny_model_dir, vae=flux_files["ae"])
+    assert message.startswith(f"vae = {flux_files['ae']} makes 16-channel latents and this sd1")
+    sd_vae = tiny_model_dir / "vae" / "diffusion_pytorch_model.safetensors"
+    assert load(tiny_model_dir, vae=sd_vae).vae.config.latent_channels == 4
