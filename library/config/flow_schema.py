@@ -23,31 +23,36 @@ class FlowSection(Section):
 
     clip_l: str | None = Field(
         None,
-        description="Flux.1 or SD3 given as a single model file: the CLIP-L text encoder file "
-        "(.safetensors, transformers' key names, as kohya and ComfyUI distribute clip_l). SD3: "
-        "unset takes it from the model file.",
+        description="Flux.1 or SD3: the CLIP-L text encoder file (.safetensors, transformers' "
+        "key names, as kohya and ComfyUI distribute clip_l). Needed with a Flux.1 transformer "
+        "file; with SD3's model file unset takes the one inside; with a diffusers folder it "
+        "replaces the folder's text_encoder/.",
     )
     clip_g: str | None = Field(
         None,
-        description="SD3 given as a single model file: the CLIP-G text encoder file "
-        "(.safetensors, transformers' key names). Unset: from the model file.",
+        description="SD3: the CLIP-G text encoder file (.safetensors, transformers' key names). "
+        "Unset: the one inside the model file; with a diffusers folder it replaces the "
+        "folder's text_encoder_2/.",
     )
     t5xxl: str | None = Field(
         None,
-        description="Flux.1 or SD3 given as a single model file: the T5-XXL encoder file "
-        "(.safetensors, transformers' T5EncoderModel key names; bf16, fp16 or fp8-stored). SD3: "
-        "unset takes it from the model file.",
+        description="Flux.1 or SD3: the T5-XXL encoder file (.safetensors, transformers' "
+        "T5EncoderModel key names; bf16, fp16 or fp8-stored). Needed with a Flux.1 transformer "
+        "file; with SD3's model file unset takes the one inside; with a diffusers folder it "
+        "replaces the folder's T5 (text_encoder_2/, SD3: text_encoder_3/).",
     )
     ae: str | None = Field(
         None,
-        description="Flux.1 given as a single transformer file: the autoencoder file "
-        "(Black Forest Labs' ae.safetensors layout, or diffusers' AutoencoderKL names).",
+        description="Flux.1: the autoencoder file (Black Forest Labs' ae.safetensors layout, or "
+        "diffusers' AutoencoderKL names). Needed with a transformer file; with a diffusers "
+        "folder it replaces the folder's vae/.",
     )
     t5_tokenizer_path: str | None = Field(
         None,
         description="A folder with the T5 tokenizer (tokenizer.json, as in google/t5-v1_1-xxl "
-        "or a Flux diffusers folder's tokenizer_2/). Unset: tokenizer_cache_dir, then the local "
-        "Hugging Face cache. Nothing is downloaded.",
+        "or a Flux diffusers folder's tokenizer_2/). Unset: a diffusers folder's own, else "
+        "tokenizer_cache_dir, then the local Hugging Face cache. Nothing is downloaded. Checked "
+        "against the T5 encoder's config (kind, vocabulary, end and padding ids).",
     )
     split_qkv: bool | None = Field(
         None,
@@ -190,9 +195,20 @@ _FAMILY_NAMES = {"flux": "Flux.1", "sd3": "SD3"}
 def foreign_key(flow: FlowSection, kind: str) -> str | None:
     """The first set [flow] key that applies only to other families than ``kind`` ("flux",
     "sd3"), as a one-line problem with its fix; None when every set key applies."""
+    found = foreign_flow_key(flow, kind)
+    if found is None:
+        return None
+    key, owners = found
+    names = " and ".join(_FAMILY_NAMES[o] for o in owners)
+    return f"{key} applies to {names} models, not {_FAMILY_NAMES[kind]}; remove it"
+
+
+def foreign_flow_key(flow: FlowSection, kind: str) -> tuple[str, tuple[str, ...]] | None:
+    """(the first set [flow] key that does not apply to the family ``kind``, the flow-matching
+    families it applies to); None when every set key applies. ``kind`` "sd" (a DDPM model):
+    every [flow] key is another family's."""
     for key in type(flow).model_fields:
-        owners = _ONLY_FOR.get(key)
-        if owners and kind not in owners and getattr(flow, key) is not None:
-            names = " and ".join(_FAMILY_NAMES[o] for o in owners)
-            return f"{key} applies to {names} models, not {_FAMILY_NAMES[kind]}; remove it"
+        owners = _ONLY_FOR.get(key, ("flux", "sd3"))
+        if kind not in owners and getattr(flow, key) is not None:
+            return key, owners
     return None

@@ -48,10 +48,12 @@ class ModelSection(Section):
     )
     tokenizer_path: str | None = Field(
         None,
-        description="For a single-file model: a folder with the CLIP tokenizer files (vocab.json "
-        "+ merges.txt, e.g. those of openai/clip-vit-large-patch14), or with tokenizer/ and "
-        "tokenizer_2/ subfolders. All SD text encoders share this vocabulary. Unset: "
-        "tokenizer_cache_dir, then the local Hugging Face cache.",
+        description="A folder with the CLIP tokenizer files (vocab.json + merges.txt, e.g. those "
+        "of openai/clip-vit-large-patch14), or with tokenizer/ and tokenizer_2/ subfolders. All "
+        "SD text encoders share this vocabulary. Unset: a diffusers folder's own tokenizers; "
+        "for a single-file model tokenizer_cache_dir, then the local Hugging Face cache. Each "
+        "tokenizer is checked against its text encoder's config (kind, vocabulary, special "
+        "tokens).",
     )
     tokenizer_cache_dir: str | None = Field(
         None,

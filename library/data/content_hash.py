@@ -71,6 +71,8 @@ def all_finite(tensor: torch.Tensor) -> bool:
     if not tensor.is_floating_point():
         return True
     if tensor.device.type != "cpu":  # not every accelerator has float64; there this is cheap
+        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # no isfinite for float8
+            tensor = tensor.to(torch.bfloat16)
         return bool(torch.isfinite(tensor).all())
     # One float64 sum is several times cheaper than isfinite().all() and exact for this question:
     # any NaN or Inf makes the sum non-finite, and finite float32 values cannot overflow float64.

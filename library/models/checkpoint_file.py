@@ -27,9 +27,15 @@ class CheckpointFile:
     string map (empty for pickled files)."""
 
     def __init__(
-        self, path: Path, tensors: Mapping[str, torch.Tensor] | None = None, metadata=None
+        self,
+        path: Path,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        metadata=None,
+        label: str = "the file",
     ):
+        """``label`` names the file in the advice of a damaged file's error ("the FLUX.1 file")."""
         self.path = path
+        self.label = label
         self._handle = None
         self._keys: list[str] | None = None
         self._tensors: Mapping[str, torch.Tensor] = tensors or {}
@@ -50,7 +56,8 @@ class CheckpointFile:
             self._handle = safe_open(str(self.path), framework="pt")
         except (SafetensorError, OSError) as exc:
             raise ModelError(
-                f"{self.path} is corrupt or truncated ({_one_line(exc)}); re-download the file"
+                f"{self.path} is corrupt or truncated ({_one_line(exc)}); re-download "
+                f"{self.label}"
             ) from None
         self.metadata = dict(self._handle.metadata() or {})
 

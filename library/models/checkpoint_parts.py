@@ -162,6 +162,30 @@ def _fit_problem(
     return shapes_problem(expected, {k: tuple(v.shape) for k, v in converted.items()}, "model")
 
 
+def _refuse_truncated(
+    file: CheckpointFile, name: str, prefix: str, keys: list[str], config: dict, convert, build
+) -> None:
+    """ModelError when the file lacks tensors the config in its own header promises while
+    every tensor it has fits: it was cut short (shapes alone would build a smaller model)."""
+    stripped = {k[len(prefix) :]: torch.empty(file.shape(k), device="meta") for k in keys}
+    try:
+        module = empty_module(build, config)
+        converted, unplaced = convert(stripped, config)
+    except (ValueError, TypeError, KeyError, IndexError):
+        return
+    converted = names.fit_text_model_prefix(converted, module)
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    if unplaced or any(expected.get(k) != tuple(v.shape) for k, v in converted.items()):
+        return
+    lacking = sorted(set(expected) - set(converted))
+    if lacking:
+        raise ModelError(
+            f"{file.path}: cannot build the {name} its header ({CONFIG_METADATA}{name}) "
+            f"describes: {len(lacking)} of its tensors are not in the file (e.g. {lacking[0]}), "
+            "so the file is truncated; re-download it"
+        )
+
+
 def plan_part(
     file: CheckpointFile,
     name: str,
@@ -192,6 +216,8 @@ def plan_part(
             problem = f"its sizes cannot be read ({type(exc).__name__}: {exc})"
             continue
         problem = _fit_problem(file, keys, prefix, config, convert, build)
+        if problem is not None and source == "metadata":
+            _refuse_truncated(file, name, prefix, keys, config, convert, build)
         if problem is None:
             if source == "derived":
                 kind = "text" if name.startswith("text") else name

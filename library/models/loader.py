@@ -77,7 +77,10 @@ class Components:
 
 
 def load_components(
-    model: ModelSection, weight_dtype: torch.dtype, flow: FlowSection | None = None
+    model: ModelSection,
+    weight_dtype: torch.dtype,
+    flow: FlowSection | None = None,
+    network_module: str | None = None,
 ) -> Components:
     """Load the model ``pretrained_model_name_or_path`` names, with the family that reads it.
 
@@ -85,20 +88,29 @@ def load_components(
     options; unset: all keys unset). Then the options every family shares: the family's own
     option checks, and ``vae`` (a replacement VAE). Nothing touches the network. Raises
     ModelError for any problem with the model's files, ConfigError for options that do not fit
-    the model.
+    the model: before anything loads, those of a config written for another family (its
+    [flow] keys or ``network_module``).
     """
     from library.config.flow_schema import FlowSection
-    from library.models.families import loader_for
+    from library.models.families import check_config_family, loader_for
 
     flow = flow if flow is not None else FlowSection()
     vae_dtype = torch.float32 if model.no_half_vae else weight_dtype
     loader = loader_for(model, flow)
+    check_config_family(loader, model, flow, network_module)
     parts = loader.load(model, flow, weight_dtype, vae_dtype)
     parts.family.check_options(model, flow)
-    if model.vae and not loader.reads_vae and reads_weights():  # the same shapes either way
+    if model.vae and not loader.reads_vae:  # read from its header alone in the dry run
         from library.models.vae_file import load_vae
 
-        parts.vae = load_vae(model.vae, parts.vae.config, vae_dtype)
+        vae = load_vae(model.vae, parts.vae.config, vae_dtype)
+        own, given = parts.vae.config.latent_channels, vae.config.latent_channels
+        if given != own:  # an SD VAE for FLUX.1 (or the reverse) would fail at the first step
+            raise ModelError(
+                f"vae = {model.vae} makes {given}-channel latents and this {parts.family.name} "
+                f"model takes {own}; set vae to a VAE of this model's family (or remove it)"
+            )
+        parts.vae = vae
     return parts
 
 
@@ -285,17 +297,19 @@ def _shards(index: Path) -> list[Path]:
     return shards
 
 
-def check_weights_file(file: Path) -> None:
-    """safetensors validates its header against the file length: truncation shows up here."""
+def check_weights_file(file: Path, family: str | None = None) -> None:
+    """safetensors validates its header against the file length: truncation shows up here.
+    ``family`` names the model in the message."""
     if not file.name.endswith(".safetensors"):
         return
     try:
         with safe_open(str(file), framework="pt"):
             pass
     except (SafetensorError, OSError) as exc:
+        model = f"{family} model" if family else "model"
         raise ModelError(
             f"weights file {file} is corrupt or truncated ({one_line(exc)}); re-download or "
-            "re-convert the model"
+            f"re-convert the {model}"
         ) from None
 
 
@@ -315,16 +329,3 @@ def read_tokenizer(cls, folder: Path, needs: str, what: str = "tokenizer"):
         raise ModelError(
             f"cannot load the {what} in {folder}: {one_line(exc)}; it needs {needs}"
         ) from None
-
-
-def load_clip_tokenizer(folder: Path, max_positions: int):
-    """The CLIP tokenizer in ``folder``, its length capped at the encoder's position table."""
-    from transformers import CLIPTokenizer
-
-    tokenizer = read_tokenizer(CLIPTokenizer, folder, "vocab.json and merges.txt (or tokenizer.json)")
-    # A folder without tokenizer_config.json leaves model_max_length "unlimited"; the text
-    # encoder's position table is the real limit (77 for SD and FLUX.1's CLIP-L).
-    if tokenizer.model_max_length > max_positions:
-        tokenizer.model_max_length = max_positions
-    return tokenizer
-

@@ -23,7 +23,7 @@ from library.models.checkpoint_parts import load_part, plan_components, read_con
 from library.models.families import sd as families
 from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.sd import family_for
-from library.models.tokenizers import load_tokenizer_for
+from library.models.tokenizers import encoder_label, load_tokenizer_for
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ def load_single_file(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: 
                 path,
                 model.tokenizer_path,
                 model.tokenizer_cache_dir,
-                plan.config.get("max_position_embeddings", 77),
+                plan.config,
+                encoder_label(tower.subfolder, len(layout.towers)),
             )
             for i, (tower, plan) in enumerate(zip(layout.towers, plans[2:], strict=True))
         ]

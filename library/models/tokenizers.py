@@ -1,4 +1,7 @@
-"""Tokenizers for single-file checkpoints, which carry none: found locally, never downloaded.
+"""CLIP tokenizers: a model folder's own, or, for single-file checkpoints, which carry none (and
+for a folder whose tokenizers ``tokenizer_path`` replaces), found locally, never downloaded.
+Each is checked against its encoder's config before any weight is read
+(library.models.tokenizer_fit).
 
 Every SD text encoder (OpenAI CLIP-L, OpenCLIP ViT-H and ViT-bigG) uses the same BPE
 vocabulary, so one set of CLIP tokenizer files (vocab.json + merges.txt) serves each of them.
@@ -17,10 +20,18 @@ Where the files are looked for, first match wins, per text encoder:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
 from library.errors import ModelError
+from library.models.loader import read_tokenizer
+from library.models.tokenizer_fit import (
+    TokenizerSource,
+    check_folder_kind,
+    check_tokenizer,
+    encoder_kind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,38 +111,95 @@ def _hub_cached_folder(repo: str, sub: str, hub_cache: str | Path | None) -> Pat
     return folder if has_tokenizer_files(folder) else None
 
 
+def encoder_label(subfolder: str, count: int) -> str:
+    """How messages name an SD model's text encoder ``subfolder`` of ``count``."""
+    if count == 1:
+        return "the text encoder"
+    return "the second text encoder" if subfolder == "text_encoder_2" else "the first text encoder"
+
+
+def load_clip_tokenizer(folder: Path, config: Mapping, encoder: str, source: TokenizerSource):
+    """The CLIP tokenizer in ``folder``, checked against its encoder's ``config`` (kind,
+    vocabulary, special tokens; library.models.tokenizer_fit), its length capped at the
+    encoder's position table."""
+    from transformers import CLIPTokenizer
+
+    kind = encoder_kind(config, "clip")
+    check_folder_kind(folder, kind, encoder, source)
+    needs = "vocab.json and merges.txt (or tokenizer.json)"
+    tokenizer = read_tokenizer(CLIPTokenizer, folder, needs)
+    # A folder without tokenizer_config.json leaves model_max_length "unlimited"; the text
+    # encoder's position table is the real limit (77 for SD and FLUX.1's CLIP-L).
+    max_positions = config.get("max_position_embeddings", 77)
+    if tokenizer.model_max_length > max_positions:
+        tokenizer.model_max_length = max_positions
+    check_tokenizer(tokenizer, folder, config, kind, encoder, source)
+    return tokenizer
+
+
 def load_tokenizer_for(
     kind: EncoderKind,
     index: int,
     model_file: Path,
     tokenizer_path: str | None,
     cache_dir: str | None,
-    max_length: int,
+    config: Mapping,
+    encoder: str,
     hub_cache: str | Path | None = None,
 ):
-    """A CLIPTokenizer for text encoder ``index`` of a single-file model; ModelError if none.
+    """A CLIPTokenizer for text encoder ``index`` (``encoder`` in messages) of a model that
+    carries none; ModelError if none is found or it does not fit the encoder's ``config``.
 
-    ``max_length`` is the encoder's position table (77): the tokenizer pads and truncates to it.
+    The tokenizer pads and truncates to the encoder's position table (77).
     """
-    from transformers import CLIPTokenizer
-
+    if tokenizer_path and Path(tokenizer_path).expanduser().is_file():
+        raise ModelError(
+            f"tokenizer_path {tokenizer_path} is a file; set it to the folder that holds "
+            "vocab.json and merges.txt"
+        )
     folder = find_tokenizer_folder(kind, index, tokenizer_path, cache_dir, hub_cache)
     if folder is None:
         raise ModelError(_missing_message(kind, index, model_file, tokenizer_path))
-    try:
-        tokenizer = CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise ModelError(
-            f"cannot load the tokenizer in {folder}: {exc}; it needs vocab.json and merges.txt"
-        ) from None
+    source = _source(folder, tokenizer_path, cache_dir, encoder)
+    tokenizer = load_clip_tokenizer(folder, config, encoder, source)
     if kind == "openclip" and tokenizer.pad_token != OPENCLIP_PAD:
         if OPENCLIP_PAD not in tokenizer.get_vocab():
             raise ModelError(f'the tokenizer in {folder} has no "{OPENCLIP_PAD}" token to pad with')
         tokenizer.pad_token = OPENCLIP_PAD
-    if tokenizer.model_max_length > max_length:
-        tokenizer.model_max_length = max_length
     log.info("text encoder %d of %s: tokenizer from %s", index + 1, model_file.name, folder)
     return tokenizer
+
+
+def folder_tokenizer(
+    model_dir: Path, sub: str, kind: EncoderKind, index: int, tokenizer_path: str | None,
+    config: Mapping, encoder: str,
+):  # fmt: skip
+    """The CLIP tokenizer of text encoder ``index`` of the diffusers folder ``model_dir``: the
+    one in its ``sub``/, or, when set, ``tokenizer_path``'s (which replaces the folder's)."""
+    if tokenizer_path:
+        return load_tokenizer_for(kind, index, model_dir, tokenizer_path, None, config, encoder)
+    fix = f"{model_dir} must hold its text encoder's own tokenizer in {sub}/: restore it"
+    source = TokenizerSource("pretrained_model_name_or_path", fix)
+    return load_clip_tokenizer(model_dir / sub, config, encoder, source)
+
+
+def _source(
+    folder: Path, tokenizer_path: str | None, cache_dir: str | None, encoder: str
+) -> TokenizerSource:
+    """Which key chose ``folder``, and what to do when its tokenizer is the wrong one."""
+    files = "CLIP's vocab.json and merges.txt"
+    if tokenizer_path:
+        return TokenizerSource("tokenizer_path", f"point tokenizer_path at a folder with {files}")
+    if cache_dir and Path(cache_dir).expanduser() in folder.parents:
+        return TokenizerSource(
+            "tokenizer_cache_dir",
+            f"replace {folder} with {files}, or set tokenizer_path to a folder with them",
+        )
+    return TokenizerSource(
+        "pretrained_model_name_or_path",
+        f"it was found in the Hugging Face cache for {encoder}; set tokenizer_path to a folder "
+        f"with {files}",
+    )
 
 
 def _missing_message(kind: EncoderKind, index: int, model_file: Path, path: str | None) -> str:

@@ -5,7 +5,8 @@ a weights file whose keys are in the original layout (``first_stage_model.encode
 with or without that prefix, e.g. vae-ft-mse-840000-ema-pruned) or in diffusers' layout
 (``encoder.down_blocks.0...``). A file has no config: the model's own VAE config is used when
 every tensor fits it (a VAE fine-tune), else one derived from the shapes. The scaling factor stays
-the model's.
+the model's. Inside loader.shapes_only() (the dry run) only the file's header or the folder's
+config is read, so a VAE of another latent width is refused there too (library.models.loader).
 """
 
 from __future__ import annotations

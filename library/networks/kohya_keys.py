@@ -45,6 +45,13 @@ KNOWN_PREFIXES = {
         "base model is FLUX.1",
     ),
 }
+# Each family's text-encoder prefixes (kohya's names), to name the family of a file's prefix.
+TEXT_PREFIX_FAMILIES = {
+    ("lora_te",): "SD 1.x/2.x",
+    ("lora_te1", "lora_te2"): "SDXL",
+    ("lora_te1", "lora_te3"): "FLUX.1",
+    ("lora_te1", "lora_te2", "lora_te3"): "SD3/SD3.5",
+}
 DOWN, UP, ALPHA = "lora_down.weight", "lora_up.weight", "alpha"
 
 
@@ -158,8 +165,8 @@ def _unmatched_error(
         if prefix is None or prefix == UNET or text_prefixes is None or prefix in text_prefixes:
             continue
         # text-encoder weights of another family: no setting makes this model load them
-        made_for = "SDXL" if prefix in ("lora_te1", "lora_te2") else "SD 1.x/2.x"
-        this = "SD 1.x/2.x" if made_for == "SDXL" else "SDXL"
+        made_for = " or ".join(f for p, f in TEXT_PREFIX_FAMILIES.items() if prefix in p)
+        this = TEXT_PREFIX_FAMILIES.get(tuple(text_prefixes), "another family")
         return (
             f"{source}: is a LoRA for {made_for} models ({group[0]}, ...), but the base model is "
             f"{this}; use a {made_for} base model or a LoRA made for {this}"

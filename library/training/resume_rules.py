@@ -98,6 +98,7 @@ def check_resume(folder: Path, config: Config, plan: RunPlan) -> ResumeCheck:
     changes = _changes(folder, config)
     if saved.steps_per_epoch != plan.steps_per_epoch:  # the images changed (check_compatible)
         changes = {STEPS_PER_EPOCH: (saved.steps_per_epoch, plan.steps_per_epoch), **changes}
+    _check_adapter_kind(folder, changes)
     for key, (was, now) in changes.items():
         if key in REFUSED_CHANGES:
             raise CheckpointError(
@@ -106,6 +107,31 @@ def check_resume(folder: Path, config: Config, plan: RunPlan) -> ResumeCheck:
                 "(network_weights starts a LoRA from a saved file)"
             )
     return ResumeCheck(step, progress.get("run_id"), changes)
+
+
+def _adapter_kind(module: object, algo: object) -> str:
+    if module == "lycoris.kohya":
+        return f"LyCORIS ({algo or 'lora'})"
+    return "LoRA"
+
+
+def _check_adapter_kind(folder: Path, changes: dict[str, tuple[object, object]]) -> None:
+    """A state of one adapter kind (LoRA, LyCORIS) resumed as the other: both named, since
+    the kind decides every saved weight's meaning (and their LyCORIS keys differ anyway)."""
+    if "network_module" not in changes:
+        return
+    (was, now), algos = changes["network_module"], changes.get("algo")
+    saved, this = (
+        _adapter_kind(module, algos[i] if algos else None) for i, module in enumerate((was, now))
+    )
+    if saved.split()[0] == this.split()[0]:
+        return  # the same kind under another module name: the generic refusal says it
+    raise CheckpointError(
+        f"resume: {folder} holds {saved} adapters (network_module = {json.dumps(was)}) and this "
+        f"run trains {this} adapters (network_module = {json.dumps(now)}); a state continues "
+        f"only the adapter kind it holds: set network_module = {json.dumps(was)} (with the "
+        "network_args it was saved with) to continue it, or start a new run"
+    )
 
 
 def expected_progress(config: Config, plan: RunPlan) -> Progress:

@@ -15,6 +15,7 @@ from library.models.loader import Components
 from library.networks.adapters import STATE_BUFFERS, adapter_parameters
 from library.networks.kohya_keys import UNET
 from library.networks.lora import lora_parameter_split
+from library.networks.lora_file_checks import check_lora_file
 from library.saving.lora_file import read_lora_file
 from library.training.adapter_setup import adapter_settings, inject, trains_text_encoders
 from library.training.block_swap import swap_linears
@@ -212,6 +213,7 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
     if net.network_weights:
         diffusers_layout = "diffusers" in family.lora_formats
         tensors, _ = read_lora_file(net.network_weights, diffusers_layout)
+        check_lora_file(tensors, net.network_weights, family.modelspec_architecture)
         family.load_lora_tensors(parts.lora_models(), tensors, net.network_weights)
     return parts
 

@@ -24,13 +24,14 @@ from library.config.schema import Config
 from library.data.dataset import TrainData
 from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
-from library.errors import CheckpointError, TrainingError
+from library.errors import CheckpointError, ModelError, TrainingError
 from library.models.families.base import latent_grid
 from library.models.float8 import keep_out_of_ddp
 from library.models.loader import load_components, shapes_only
 from library.networks.max_norm import apply_max_norm
 from library.sampling.generate import check_sampling
 from library.sampling.runner import SampleRunner
+from library.training.base_weights import non_finite_model_weights
 from library.training.caching import (
     build_latent_cache,
     build_text_cache,
@@ -165,7 +166,10 @@ class Trainer:
         config = self.config
         weight_dtype = WEIGHT_DTYPES[config.training.mixed_precision]
         with shapes_only():
-            parts = setup_training(config, load_components(config.model, weight_dtype, config.flow))
+            components = load_components(
+                config.model, weight_dtype, config.flow, config.network.network_module
+            )
+            parts = setup_training(config, components)
         check_bucket_steps(config, parts.components)
         if self.sampler.prompts:
             check_sampling(parts.components, self.sampler.prompts)
@@ -192,7 +196,10 @@ class Trainer:
         weight_dtype = WEIGHT_DTYPES[config.training.mixed_precision]
         # Adapter initialisation draws from the global generator: seed it so a run is reproducible.
         set_seed(config.training.seed)
-        parts = setup_training(config, load_components(config.model, weight_dtype, config.flow))
+        components = load_components(
+            config.model, weight_dtype, config.flow, config.network.network_module
+        )
+        parts = setup_training(config, components)
         family, objective = parts.components.family, parts.components.objective
         acc.print(f"model: {family.describe()}; {objective.describe()}")
         check_bucket_steps(config, parts.components)
@@ -356,8 +363,19 @@ class Trainer:
         return _StepResult(summary.loss, grad_norm, apply, summary.signum)
 
     def _stop_not_finite(self, step_loss: float, global_step: int, saver: Saver) -> None:
-        """Stop before a non-finite loss reaches the weights; keep the last good state."""
+        """Stop before a non-finite loss reaches the weights; keep the last good state. When the
+        model's own weights are not finite, say so (no learning rate would help)."""
         state = saver.stop_state(global_step)
+        broken = non_finite_model_weights(saver.parts, global_step, self.sharded)
+        if broken:
+            more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
+            raise ModelError(
+                f"the loss became {step_loss} at optimizer step {global_step + 1} because the "
+                f"model's own weights hold NaN or infinite values ({broken[0]}{more}): its "
+                f"{broken[0].split('.')[0]} is damaged (pretrained_model_name_or_path "
+                f"{self.config.model.pretrained_model_name_or_path}, or the file given for that "
+                f"part); re-download or re-convert it. The trained weights were saved to {state}"
+            )
         raise TrainingError(
             f"the loss became {step_loss} at optimizer step {global_step + 1}; the weights before it "
             f'were saved to {state}. Lower learning_rate, use mixed_precision = "bf16" instead of '

@@ -163,8 +163,6 @@ def test_wrong_inputs_are_clear(parts):
         encode_conditioning(
             parts.family, parts.tokenizers[:1], parts.text_encoders[:1], CAPTIONS, "cpu", _sizes()
         )
-    with pytest.raises(ValueError, match="clip_skip"):
-        _encode(parts, clip_skip=2)
 
 
 def test_unused_text_layers():

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from library.config.flow_schema import FlowSection
+from library.config.flow_schema import FlowSection, foreign_flow_key
 from library.config.schema import ModelSection
+from library.errors import ConfigError
 
 Load = Callable[[ModelSection, FlowSection, torch.dtype, torch.dtype], object]
 
@@ -26,7 +27,8 @@ class FamilyLoader:
     ``load(model, flow, weight_dtype, vae_dtype)`` returns its Components; ``family()`` the
     class of the family it loads (its class-level data, such as PIXEL_MULTIPLE, is known before
     any weight is read). ``reads_vae``: the loader itself honours [model] vae (else the shared
-    loader replaces the VAE afterwards)."""
+    loader replaces the VAE afterwards). ``name`` is the family's kind in the [flow] key table
+    (library.config.flow_schema)."""
 
     name: str
     claims: Callable[[ModelSection, FlowSection], bool]
@@ -98,3 +100,40 @@ def loader_for(model: ModelSection, flow: FlowSection) -> FamilyLoader:
         if loader.claims(model, flow):
             return loader
     raise AssertionError("the SD loader claims every model")
+
+
+# How messages name each loader's models, and the network_module each family's kohya trainer
+# uses (the fix offered when a config names another family's).
+_LABELS = {"flux": "FLUX.1", "sd3": "SD3/SD3.5", "sd": "SD 1.x/2.x/SDXL"}
+_MODULES = {"flux": "networks.lora_flux", "sd3": "networks.lora_sd3", "sd": "networks.lora"}
+
+
+def check_config_family(
+    loader: FamilyLoader, model: ModelSection, flow: FlowSection, network_module: str | None
+) -> None:
+    """ConfigError, before anything loads, when the config was written for another family than
+    the model ``loader`` claimed: another family's network_module or [flow] key (the loader
+    would otherwise stop on a part that family does not need, or load and refuse it later)."""
+    this = f"pretrained_model_name_or_path {model.pretrained_model_name_or_path} is " + _a(
+        _LABELS[loader.name]
+    )
+    owner = next((k for k, m in _MODULES.items() if m == network_module and k != "sd"), None)
+    if owner is not None and owner != loader.name:
+        raise ConfigError(
+            f'network_module = "{network_module}" is for {_LABELS[owner]} models, and {this} '
+            f"model; point it at {_a(_LABELS[owner])} model, or use network_module = "
+            f'"{_MODULES[loader.name]}"'
+        )
+    found = foreign_flow_key(flow, loader.name)
+    if found is not None:
+        key, owners = found
+        names = " or ".join(_LABELS[k] for k in owners)
+        raise ConfigError(
+            f"{key} is {_a(names)} key, and {this} model; point it at {_a(names)} model, or "
+            f"remove {key}"
+        )
+
+
+def _a(label: str) -> str:
+    """``label`` with its article ("an SD3/SD3.5", "a FLUX.1")."""
+    return f"{'an' if label.startswith('S') else 'a'} {label}"

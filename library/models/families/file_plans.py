@@ -58,7 +58,7 @@ def open_safetensors(path: Path, what: str, family: str) -> CheckpointFile:
             "the file with a tool you trust"
         )
     try:
-        return CheckpointFile(path)
+        return CheckpointFile(path, label=f"the {family} file")
     except ModelError as exc:
         raise ModelError(f"{what}: {exc}") from None
 
@@ -86,12 +86,12 @@ def looks_like(keys: list[str]) -> str:
         return "a FLUX.1 transformer"
     if any(".SelfAttention." in k for k in keys):
         return "a T5 encoder"
+    if any(k.startswith("model.diffusion_model.input_blocks.") for k in keys):
+        return "an SD UNet checkpoint"
     if any(k.endswith("embeddings.token_embedding.weight") for k in keys):
         return "a CLIP text encoder"
     if any(re.match(r"(first_stage_model\.|vae\.)?encoder\.down(_blocks)?\.0\.", k) for k in keys):
         return "an autoencoder"
-    if any(k.startswith("model.diffusion_model.input_blocks.") for k in keys):
-        return "an SD UNet checkpoint"
     return sample_keys(keys)
 
 
@@ -107,7 +107,9 @@ def plan_with_config(
 ) -> Plan:
     """The plan with the file's stored config if it fits, else with ``derive()``'s.
 
-    ModelError (from ``derive`` or the fit check) when the derived config does not fit either.
+    ModelError (from ``derive`` or the fit check) when the derived config does not fit either,
+    and when the file lacks tensors its stored config promises while every tensor it has fits:
+    the file was cut short (a smaller model derived from the rest would train silently).
     """
     stored = file.metadata.get(CONFIG_METADATA + part)
     if stored:
@@ -115,8 +117,15 @@ def plan_with_config(
             plan = plan_of(json.loads(stored))
             if fit_problem(plan) is None:
                 return plan
+            lacking = lacking_tensors(plan)
         except (ValueError, TypeError, KeyError):
-            pass  # a stale or foreign config: the shapes decide
+            lacking = []  # a stale or foreign config: the shapes decide
+        if lacking:
+            raise ModelError(
+                f"{plan.what} = {file.path}: its header ({CONFIG_METADATA}{part}) describes a "
+                f"{plan.label or part} with {len(lacking)} tensors the file does not hold (e.g. "
+                f"{lacking[0]}): the file is truncated; re-download it"
+            )
     plan = plan_of(derive())
     problem = fit_problem(plan)
     if problem:
@@ -124,16 +133,33 @@ def plan_with_config(
     return plan
 
 
+def _shapes(plan: Plan) -> tuple[dict, dict]:
+    """(the plan's module's tensor shapes, the file's after renaming), by module name."""
+    module = empty_module(plan.build, plan.config)
+    got = convert_shapes(plan.convert, {k: plan.file.shape(k) for k in plan.keys})
+    got = names.fit_text_model_prefix(got, module)
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}, got
+
+
 def fit_problem(plan: Plan) -> str | None:
     """None when the plan's module holds exactly the file's tensors (names and shapes)."""
     try:
-        module = empty_module(plan.build, plan.config)
-        got = convert_shapes(plan.convert, {k: plan.file.shape(k) for k in plan.keys})
+        expected, got = _shapes(plan)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         return f"cannot build the {plan.part} from it ({one_line(exc)})"
-    got = names.fit_text_model_prefix(got, module)
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     return shapes_problem(expected, got, plan.label or plan.part)
+
+
+def lacking_tensors(plan: Plan) -> list[str]:
+    """The tensors of the plan's module that the file lacks, when every tensor the file has
+    fits the module (a file cut short of it); [] otherwise."""
+    try:
+        expected, got = _shapes(plan)
+    except (ValueError, TypeError, KeyError, IndexError):
+        return []
+    if any(expected.get(k) != tuple(shape) for k, shape in got.items()):
+        return []
+    return sorted(set(expected) - set(got))
 
 
 def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -288,6 +314,16 @@ def build_ae(config: dict) -> torch.nn.Module:
     from diffusers import AutoencoderKL
 
     return AutoencoderKL.from_config(config)
+
+
+def latent_problem(config: dict, channels: int, family: str) -> str | None:
+    """Why an autoencoder ``config`` cannot serve a family whose latents have ``channels``
+    channels and no quant convolutions (an SD VAE has 4 and both); None when it can."""
+    latent, quant = config.get("latent_channels"), config.get("use_quant_conv", True)
+    if latent == channels and not quant:
+        return None
+    convs = " and it has quant convs" if quant else ""
+    return f"its latents have {latent} channels{convs}, {family} {channels} and none (an SD VAE?)"
 
 
 def ae_config_from_shapes(shapes: Mapping[str, tuple[int, ...]], base: dict) -> dict:

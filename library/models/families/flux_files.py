@@ -31,6 +31,7 @@ from library.models.families.file_plans import (
     ae_keys,
     build_ae,
     build_t5,
+    latent_problem,
     load_plan,
     looks_like,
     note_derived,
@@ -42,11 +43,10 @@ from library.models.families.file_plans import (
 )
 from library.models.families.flux_load import FluxParts, refuse_channels
 from library.models.families.flux_tokenizers import (
-    check_vocab,
     find_t5_tokenizer_folder,
     load_t5_tokenizer,
+    located_t5_tokenizer,
     missing_t5_tokenizer,
-    t5_tokenizer_files,
 )
 from library.models.flux import shapes as flux_shapes
 from library.models.flux.original_keys import (
@@ -91,23 +91,22 @@ def load_flux_files(
         plan_ae(files["ae"]),
     ]
     refuse_channels(path, plans[0].config["in_channels"])
-    t5_folder = find_t5_tokenizer_folder(flow.t5_tokenizer_path, model.tokenizer_cache_dir)
-    if t5_folder is None:
-        raise ModelError(missing_t5_tokenizer(flow.t5_tokenizer_path, path))
-    t5_folder = t5_tokenizer_files(t5_folder, "set t5_tokenizer_path in [flow] to a folder with it")
-    clip_config, t5_config = plans[1].config, plans[2].config
+    check_widths(
+        path, plans[0].config, (f"clip_l = {files['clip_l'].path}", plans[1].config),
+        (f"t5xxl = {files['t5xxl'].path}", plans[2].config),
+    )  # fmt: skip
+    t5_folder, t5_source = located_t5_tokenizer(
+        find_t5_tokenizer_folder(flow.t5_tokenizer_path, model.tokenizer_cache_dir),
+        flow.t5_tokenizer_path,
+        model.tokenizer_cache_dir,
+        missing_t5_tokenizer(flow.t5_tokenizer_path, path),
+    )
     with offline():
         clip_tokenizer = load_tokenizer_for(
-            "clip",
-            0,
-            path,
-            model.tokenizer_path,
-            model.tokenizer_cache_dir,
-            clip_config["max_position_embeddings"],
-        )
-        where = clip_tokenizer.name_or_path or "the CLIP tokenizer folder"
-        check_vocab(where, clip_tokenizer, clip_config["vocab_size"], "CLIP-L")
-        t5_tokenizer = load_t5_tokenizer(t5_folder, t5_config["vocab_size"])
+            "clip", 0, path, model.tokenizer_path, model.tokenizer_cache_dir, plans[1].config,
+            "CLIP-L",
+        )  # fmt: skip
+        t5_tokenizer = load_t5_tokenizer(t5_folder, plans[2].config, t5_source)
         transformer, clip_l, t5 = (load_plan(p, weight_dtype) for p in plans[:3])
         vae = load_plan(plans[3], vae_dtype)
     return FluxParts(
@@ -128,11 +127,41 @@ def _flow_file(flow: FlowSection, key: str) -> CheckpointFile:
             f'"<path to {key}.safetensors>" in [flow] (or use a diffusers folder)'
         )
     path = Path(value).expanduser().absolute()
+    if path.is_dir():
+        raise ModelError(
+            f"{key} = {path} is a folder; set {key} in [flow] to the .safetensors file of "
+            f"{_FLOW_FILES[key]}"
+        )
     if not path.is_file():
         raise ModelError(
             f"{key} = {path} does not exist; set {key} in [flow] to {_FLOW_FILES[key]}"
         )
     return _open(path, key)
+
+
+def component_plans(flow: FlowSection) -> dict[str, Plan]:
+    """[flow] key -> the plan of its file, for the clip_l, t5xxl and ae files that are set
+    (each checked before any weight is read); with a diffusers folder they replace its parts."""
+    planners = {"clip_l": plan_clip, "t5xxl": plan_t5, "ae": plan_ae}
+    return {key: planners[key](_flow_file(flow, key)) for key in _FLOW_FILES if getattr(flow, key)}
+
+
+def check_widths(
+    where: Path, config: dict, clip: tuple[str, dict], t5: tuple[str, dict]
+) -> None:
+    """The encoders' outputs fit the transformer ``config`` (of ``where``): CLIP-L's pooled
+    output its pooled projection, T5's states its text input. ``clip`` and ``t5`` are (how
+    messages name the encoder, its config)."""
+    checks = (
+        (clip, "clip_l", "hidden_size", "pooled_projection_dim", "CLIP-L"),
+        (t5, "t5xxl", "d_model", "joint_attention_dim", "T5-XXL"),
+    )
+    for (source, encoder), key, width, takes, name in checks:
+        if encoder[width] != config[takes]:
+            raise ModelError(
+                f"{source} is {encoder[width]} wide and the transformer of {where} takes "
+                f"{config[takes]}-wide {name} output; set {key} in [flow] to FLUX.1's {name} file"
+            )
 
 
 def _wrong_file(what: str, file: CheckpointFile, expected: str, problem: str) -> ModelError:
@@ -310,18 +339,16 @@ def plan_ae(file: CheckpointFile) -> Plan:
             raise _wrong_file(
                 what, file, expected, f"its keys do not fit ({one_line(exc)})"
             ) from None
-        latent = flux_shapes.LATENT_CHANNELS
-        if config["latent_channels"] != latent or config["use_quant_conv"]:
-            raise _wrong_file(
-                what, file, expected,
-                f"its latents have {config['latent_channels']} channels"
-                f"{' and it has quant convs' if config['use_quant_conv'] else ''}, FLUX.1's "
-                f"{latent} and none (an SD VAE?)",
-            )  # fmt: skip
         note_derived(what, file, config, flux_shapes.ae_config(), "norm_num_groups")
         return config
 
-    return plan_with_config("vae", plan_of, file, derive)
+    plan = plan_with_config("vae", plan_of, file, derive)
+    # Checked on the plan, whatever config chose it: an SD checkpoint's own header describes
+    # its 4-channel VAE exactly, and that VAE cannot encode FLUX.1's latents.
+    problem = latent_problem(plan.config, flux_shapes.LATENT_CHANNELS, "FLUX.1's")
+    if problem:
+        raise _wrong_file(what, file, expected, problem)
+    return plan
 
 
 def ae_config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict:

@@ -1,12 +1,14 @@
 """Loading FLUX.1 (dev / schnell): which models are FLUX.1, and a diffusers FluxPipeline folder.
 
-The folder is read with from_pretrained after every part and weights file is checked. A single
-transformer file with its separate clip_l, t5xxl and ae files is read by
-library/models/families/flux_files.py; the tokenizers are found by flux_tokenizers.py.
+The folder is read with from_pretrained after every part and weights file is checked; the
+[flow] clip_l, t5xxl and ae files replace its parts when set. A single transformer file with its
+separate clip_l, t5xxl and ae files is read by library/models/families/flux_files.py; the
+tokenizers are found by flux_tokenizers.py.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,23 +17,25 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.families.claims import checked_pipeline_folder, claims_model
-from library.models.families.flux_tokenizers import (
-    load_flux_clip_tokenizer,
-    load_t5_tokenizer,
+from library.models.families.claims import (
+    checked_pipeline_folder,
+    claims_model,
+    part_config,
+    part_source,
+    without,
 )
+from library.models.families.file_plans import load_plan
+from library.models.families.flux_tokenizers import folder_t5_tokenizer
 from library.models.flux import shapes as flux_shapes
-from library.models.flux.original_keys import (
-    detect_flux,
-)
-from library.models.loader import (
-    Components,
-    load_weights,
-    offline,
-    read_json,
-)
+from library.models.flux.original_keys import detect_flux
+from library.models.loader import Components, load_weights, offline
+from library.models.tokenizers import folder_tokenizer
 
 FLUX_PIPELINE = "FluxPipeline"
+# Key names a damaged FLUX.1 transformer file's header text shows (original or diffusers names).
+_DAMAGED_MARKS = re.compile(
+    r'"(model\.diffusion_model\.)?(double|single)_blocks\.\d+\.|"single_transformer_blocks\.\d+\.'
+)
 _TRANSFORMER_CLASS = "FluxTransformer2DModel"
 # Subfolder -> the file that must be in it. tokenizer_2 (T5) is checked on its own: the CLIP
 # tokenizer check would ask a T5 folder for vocab.json + merges.txt.
@@ -42,6 +46,8 @@ _REQUIRED = {
     "text_encoder_2": "config.json",
     "tokenizer": None,
 }
+# The folder's part each [flow] component file replaces.
+_REPLACES = {"clip_l": "text_encoder", "t5xxl": "text_encoder_2", "ae": "vae"}
 # Weights file stem per subfolder (loader.find_weights' names).
 _STEMS = {
     "transformer": "diffusion_pytorch_model",
@@ -73,9 +79,10 @@ def claims_flux(model: ModelSection, flow: FlowSection) -> bool:
 
     Reads only model_index.json or the file's header. A folder counts when its pipeline class
     is FluxPipeline or its transformer a FluxTransformer2DModel (so FLUX.1 Fill, Kontext, ...
-    get load_flux's refusal rather than the SD loader's "lacks unet/").
+    get load_flux's refusal rather than the SD loader's "lacks unet/"); a damaged file counts
+    when its header text shows FLUX.1's block names (so its error names FLUX.1).
     """
-    return claims_model(model, FLUX_PIPELINE, _TRANSFORMER_CLASS, detect_flux)
+    return claims_model(model, FLUX_PIPELINE, _TRANSFORMER_CLASS, detect_flux, _DAMAGED_MARKS)
 
 
 # --- loading ------------------------------------------------------------------------------------
@@ -113,7 +120,7 @@ def load_flux_parts(
     """The modules and tokenizers of ``load_flux``, with the variant the model is."""
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if path.is_dir():
-        return _load_folder(path, weight_dtype, vae_dtype)
+        return _load_folder(path, model, flow, weight_dtype, vae_dtype)
     from library.models.families.flux_files import load_flux_files
 
     return load_flux_files(path, model, flow, weight_dtype, vae_dtype)
@@ -128,36 +135,59 @@ def freeze(*modules: torch.nn.Module) -> None:
 # --- a diffusers folder -------------------------------------------------------------------------
 
 
-def _load_folder(path: Path, weight_dtype: torch.dtype, vae_dtype: torch.dtype) -> FluxParts:
+def _load_folder(
+    path: Path, model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype,
+    vae_dtype: torch.dtype,
+) -> FluxParts:  # fmt: skip
+    """A FluxPipeline folder. A [flow] clip_l, t5xxl or ae file replaces the folder's part, and
+    t5_tokenizer_path (tokenizer_path) its T5 (CLIP) tokenizer, as for the single files; the
+    parts replaced need not be in the folder."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
 
+    # flux_files imports this module (FluxParts), so it is imported here.
+    from library.models.families.flux_files import check_widths, component_plans
+
+    plans = component_plans(flow)  # the [flow] files set, each header read and checked
+    skip = {_REPLACES[key] for key in plans} | ({"tokenizer"} if model.tokenizer_path else set())
     model_dir, t5_tokenizer_dir, config = checked_pipeline_folder(
-        path, _REQUIRED, _STEMS, FLUX_PIPELINE, "tokenizer_2", "FLUX.1 (dev or schnell)"
-    )
+        path, without(_REQUIRED, skip), without(_STEMS, skip), FLUX_PIPELINE,
+        None if flow.t5_tokenizer_path else "tokenizer_2", "FLUX.1 (dev or schnell)",
+    )  # fmt: skip
     refuse_channels(model_dir / "transformer", config.get("in_channels", 64))
     variant = "dev" if config.get("guidance_embeds", False) else "schnell"
-    clip_config = {
-        **flux_shapes.clip_l_config(),
-        **read_json(model_dir / "text_encoder" / "config.json"),
-    }
-    t5_config = {
-        **flux_shapes.t5_xxl_config(),
-        **read_json(model_dir / "text_encoder_2" / "config.json"),
-    }
+    clip_config, t5_config = (
+        part_config(plans, key, model_dir / _REPLACES[key], base)
+        for key, base in (
+            ("clip_l", flux_shapes.clip_l_config),
+            ("t5xxl", flux_shapes.t5_xxl_config),
+        )
+    )
+    check_widths(
+        model_dir / "transformer", {**flux_shapes.transformer_config(variant), **config},
+        (part_source(plans, "clip_l", model_dir / "text_encoder"), clip_config),
+        (part_source(plans, "t5xxl", model_dir / "text_encoder_2"), t5_config),
+    )  # fmt: skip
     with offline():
         # Tokenizers first: a broken one fails in a second, not after the weights.
-        clip_tokenizer = load_flux_clip_tokenizer(model_dir / "tokenizer", clip_config)
-        t5_tokenizer = load_t5_tokenizer(t5_tokenizer_dir, t5_config["vocab_size"])
-        transformer, vae, clip_l, t5 = (
-            load_weights(cls, model_dir, sub, dtype, _STEMS[sub])
-            for cls, sub, dtype in (
-                (FluxTransformer2DModel, "transformer", weight_dtype),
-                (AutoencoderKL, "vae", vae_dtype),
-                (CLIPTextModel, "text_encoder", weight_dtype),
-                (T5EncoderModel, "text_encoder_2", weight_dtype),
-            )
+        clip_tokenizer = folder_tokenizer(
+            model_dir, "tokenizer", "clip", 0, model.tokenizer_path, clip_config, "CLIP-L"
         )
+        t5_tokenizer = folder_t5_tokenizer(
+            model_dir, t5_tokenizer_dir, flow.t5_tokenizer_path, t5_config, "tokenizer_2"
+        )
+        transformer = load_weights(
+            FluxTransformer2DModel, model_dir, "transformer", weight_dtype, _STEMS["transformer"]
+        )
+        vae, clip_l, t5 = (
+            load_plan(plans[key], dtype) if key in plans
+            else load_weights(cls, model_dir, _REPLACES[key], dtype, _STEMS[_REPLACES[key]])
+            for key, cls, dtype in (
+                ("ae", AutoencoderKL, vae_dtype),
+                ("clip_l", CLIPTextModel, weight_dtype),
+                ("t5xxl", T5EncoderModel, weight_dtype),
+            )
+        )  # fmt: skip
     freeze(transformer, vae, clip_l, t5)
     return FluxParts(transformer, vae, clip_l, t5, clip_tokenizer, t5_tokenizer, variant, model_dir)
 

@@ -2,16 +2,24 @@
 
 T5's comes from ``t5_tokenizer_path``, else kohya's ``tokenizer_cache_dir``, else the local Hugging
 Face cache (google/t5-v1_1-xxl, or a FLUX.1 repository's tokenizer_2/); nothing is downloaded.
-Each tokenizer is checked against its encoder's vocabulary before any weight is read.
+Each tokenizer is checked against its encoder's config before any weight is read
+(library.models.tokenizer_fit).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from library.errors import ModelError
-from library.models.loader import load_clip_tokenizer, read_tokenizer
+from library.models.loader import read_tokenizer
+from library.models.tokenizer_fit import (
+    TokenizerSource,
+    check_folder_kind,
+    check_tokenizer,
+    encoder_kind,
+)
 
 # (repo id, subfolder) whose T5 tokenizer fits FLUX.1, for tokenizer_cache_dir and the Hub cache.
 _T5_REPOS = (
@@ -19,22 +27,6 @@ _T5_REPOS = (
     ("black-forest-labs/FLUX.1-dev", "tokenizer_2"),
     ("black-forest-labs/FLUX.1-schnell", "tokenizer_2"),
 )
-
-
-def load_flux_clip_tokenizer(folder: Path, config: dict):
-    """CLIP-L's tokenizer in ``folder``, checked against the encoder ``config``'s vocabulary."""
-    tokenizer = load_clip_tokenizer(folder, config["max_position_embeddings"])
-    check_vocab(folder, tokenizer, config["vocab_size"], "CLIP-L")
-    return tokenizer
-
-
-def check_vocab(folder: Path | str, tokenizer, rows: int, encoder: str) -> None:
-    """A tokenizer with more ids than the encoder has embeddings is another model's."""
-    if len(tokenizer) > rows:
-        raise ModelError(
-            f"the tokenizer in {folder} has {len(tokenizer)} tokens but the {encoder} encoder "
-            f"only {rows} embeddings: it is not {encoder}'s tokenizer; point at the right folder"
-        )
 
 
 # --- T5 tokenizer -------------------------------------------------------------------------------
@@ -88,18 +80,71 @@ def find_t5_tokenizer_folder(
     return None
 
 
-def load_t5_tokenizer(folder: Path, rows: int):
+def load_t5_tokenizer(folder: Path, config: Mapping, source: TokenizerSource):
+    """The T5 tokenizer in ``folder``, checked against T5-XXL's ``config`` (kind, vocabulary,
+    end and padding ids)."""
     from transformers import T5TokenizerFast
 
+    kind = encoder_kind(config, "t5")
+    check_folder_kind(folder, kind, "T5-XXL", source)
     needs = "tokenizer.json (as FLUX.1's tokenizer_2/ has)"
     tokenizer = read_tokenizer(T5TokenizerFast, folder, needs, "T5 tokenizer")
-    check_vocab(folder, tokenizer, rows, "T5")
-    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-        raise ModelError(
-            f"the tokenizer in {folder} has no pad or end token; it is not T5's tokenizer"
-        )
+    check_tokenizer(tokenizer, folder, config, kind, "T5-XXL", source)
     # model_max_length stays as the folder says: the family decides how many tokens to use.
     return tokenizer
+
+
+def located_t5_tokenizer(
+    found: Path | None, t5_tokenizer_path: str | None, cache_dir: str | None, missing: str
+) -> tuple[Path, TokenizerSource]:
+    """The T5 tokenizer folder a finder ``found`` (None: ModelError ``missing``) and which key
+    chose it, after checking it has files transformers can read."""
+    if t5_tokenizer_path and Path(t5_tokenizer_path).expanduser().is_file():
+        raise ModelError(
+            f"t5_tokenizer_path {t5_tokenizer_path} is a file; set it to the folder that holds "
+            "tokenizer.json"
+        )
+    if found is None:
+        raise ModelError(missing)
+    folder = t5_tokenizer_files(found, "set t5_tokenizer_path in [flow] to a folder with it")
+    return folder, t5_source(folder, t5_tokenizer_path, cache_dir)
+
+
+def folder_t5_tokenizer(
+    model_dir: Path, folder: Path | None, t5_tokenizer_path: str | None, config: Mapping,
+    sub: str, find: Callable[[str, None], Path | None] | None = None,
+    missing: Callable[[str, Path], str] | None = None,
+):  # fmt: skip
+    """A diffusers folder's T5 tokenizer (in ``folder``, its ``sub``/), or t5_tokenizer_path's,
+    which replaces it: found by ``find`` (default: find_t5_tokenizer_folder), with ``missing``'s
+    message (default: missing_t5_tokenizer's) when it is not there."""
+    if t5_tokenizer_path:
+        found = (find or find_t5_tokenizer_folder)(t5_tokenizer_path, None)
+        message = (missing or missing_t5_tokenizer)(t5_tokenizer_path, model_dir)
+        folder, source = located_t5_tokenizer(found, t5_tokenizer_path, None, message)
+    else:
+        fix = f"{model_dir} must hold T5-XXL's own tokenizer in {sub}/: restore it"
+        source = TokenizerSource("pretrained_model_name_or_path", fix)
+    return load_t5_tokenizer(folder, config, source)
+
+
+def t5_source(
+    folder: Path, t5_tokenizer_path: str | None, cache_dir: str | None
+) -> TokenizerSource:
+    """Which key chose the T5 tokenizer ``folder``, and what to do when it is the wrong one."""
+    files = "T5-XXL's tokenizer.json"
+    if t5_tokenizer_path:
+        fix = f"point t5_tokenizer_path at a folder with {files}"
+        return TokenizerSource("t5_tokenizer_path", fix)
+    if cache_dir and Path(cache_dir).expanduser() in folder.parents:
+        return TokenizerSource(
+            "tokenizer_cache_dir",
+            f"replace {folder} with {files}, or set t5_tokenizer_path to a folder with it",
+        )
+    return TokenizerSource(
+        "pretrained_model_name_or_path",
+        f"it was found in the Hugging Face cache; set t5_tokenizer_path to a folder with {files}",
+    )
 
 
 def missing_t5_tokenizer(path_text: str | None, model_file: Path) -> str:

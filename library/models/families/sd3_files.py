@@ -42,6 +42,7 @@ from library.models.families.file_plans import (
     ae_keys,
     build_ae,
     build_t5,
+    latent_problem,
     load_plan,
     looks_like,
     note_derived,
@@ -51,14 +52,13 @@ from library.models.families.file_plans import (
     sample_keys,
     t5_encoder_keys,
 )
-from library.models.families.flux_tokenizers import (
-    check_vocab,
-    find_t5_tokenizer_folder,
-    load_t5_tokenizer,
-    t5_tokenizer_files,
-)
+from library.models.families.flux_tokenizers import load_t5_tokenizer, located_t5_tokenizer
 from library.models.families.sd3_load import refuse_channels
 from library.models.families.sd3_parts import SD3Parts
+from library.models.families.sd3_tokenizers import (
+    find_sd3_t5_tokenizer_folder,
+    missing_t5_tokenizer,
+)
 from library.models.loader import offline, one_line
 from library.models.sd3 import shapes as sd3_shapes
 from library.models.sd3.original_keys import (
@@ -103,12 +103,6 @@ _SECTION = {"vae": "[model]", "clip_l": "[flow]", "clip_g": "[flow]", "t5xxl": "
 # Tensors of published CLIP files that CLIPTextModelWithProjection does not have: transformers
 # 4.x's position_ids buffer, CLIP's logit scale.
 _CLIP_UNUSED = ("position_ids", "logit_scale")
-# Diffusers repositories whose tokenizer_3/ is SD3's T5 tokenizer, for the Hub cache.
-_T5_REPOS = (
-    "stabilityai/stable-diffusion-3.5-large",
-    "stabilityai/stable-diffusion-3.5-medium",
-    "stabilityai/stable-diffusion-3-medium-diffusers",
-)
 
 
 def load_sd3_files(
@@ -135,30 +129,26 @@ def load_sd3_files(
     transformer = plan_transformer(model_file, found)
     refuse_channels(path, transformer.config["in_channels"])
     clip_l, clip_g, t5 = (plan_text_encoder(model_file, found, flow, key) for key in _ENCODERS)
-    check_widths(path, transformer, clip_l, clip_g, t5)
+    check_widths(path, transformer.config, *(named_config(plan) for plan in (clip_l, clip_g, t5)))
     vae, vae_folder = _plan_vae_source(model, model_file, found)
-    t5_folder = find_sd3_t5_tokenizer_folder(flow.t5_tokenizer_path, model.tokenizer_cache_dir)
-    if t5_folder is None:
-        raise ModelError(missing_t5_tokenizer(flow.t5_tokenizer_path, path))
-    t5_folder = t5_tokenizer_files(t5_folder, "set t5_tokenizer_path in [flow] to a folder with it")
+    t5_folder, t5_source = located_t5_tokenizer(
+        find_sd3_t5_tokenizer_folder(flow.t5_tokenizer_path, model.tokenizer_cache_dir),
+        flow.t5_tokenizer_path,
+        model.tokenizer_cache_dir,
+        missing_t5_tokenizer(flow.t5_tokenizer_path, path),
+    )
     with offline():
-        tokenizers = []
         # Both CLIPs share CLIP's vocabulary; CLIP-G (OpenCLIP) looks in tokenizer_2/ first.
-        for index, (kind, plan, name) in enumerate(
-            (("clip", clip_l, "CLIP-L"), ("openclip", clip_g, "CLIP-G"))
-        ):
-            tokenizer = load_tokenizer_for(
-                kind,
-                index,
-                path,
-                model.tokenizer_path,
-                model.tokenizer_cache_dir,
-                plan.config["max_position_embeddings"],
+        tokenizers = [
+            load_tokenizer_for(
+                kind, index, path, model.tokenizer_path, model.tokenizer_cache_dir, plan.config,
+                name,
+            )  # fmt: skip
+            for index, (kind, plan, name) in enumerate(
+                (("clip", clip_l, "CLIP-L"), ("openclip", clip_g, "CLIP-G"))
             )
-            where = tokenizer.name_or_path or f"the {name} tokenizer folder"
-            check_vocab(where, tokenizer, plan.config["vocab_size"], name)
-            tokenizers.append(tokenizer)
-        t5_tokenizer = load_t5_tokenizer(t5_folder, t5.config["vocab_size"])
+        ]
+        t5_tokenizer = load_t5_tokenizer(t5_folder, t5.config, t5_source)
         modules = [load_plan(p, weight_dtype) for p in (transformer, clip_l, clip_g, t5)]
         if vae is not None:
             vae_module = load_plan(vae, vae_dtype)
@@ -185,6 +175,11 @@ def _wrong_file(
 def _flow_file(flow: FlowSection, key: str) -> CheckpointFile:
     """The [flow] file ``key`` (set), its header read; ModelError naming the key when unusable."""
     path = Path(getattr(flow, key)).expanduser().absolute()
+    if path.is_dir():
+        raise ModelError(
+            f"{key} = {path} is a folder; set {key} in [flow] to the .safetensors file of "
+            f"{_ENCODERS[key][1]}"
+        )
     if not path.is_file():
         raise ModelError(
             f"{key} = {path} does not exist; set {key} in [flow] to {_ENCODERS[key][1]}"
@@ -251,19 +246,22 @@ def plan_text_encoder(
 ) -> Plan:
     """The text encoder ``key`` ("clip_l", "clip_g", "t5xxl"): its [flow] file when set, else
     the one inside the model file; ModelError naming the key when neither is there."""
-    expected = _ENCODERS[key][1]
-    inside = TEXT_ENCODER_PREFIXES[key]
     if getattr(flow, key):
-        file, what = _flow_file(flow, key), key
-        # A file cut out of a full checkpoint keeps its prefix.
-        prefix = inside if any(k.startswith(inside) for k in file) else ""
-    elif getattr(found, key):
-        file, what, prefix = model_file, f"{MODEL_KEY} ({key} inside)", inside
-    else:
+        return _plan_encoder(_flow_file(flow, key), key, key)
+    if not getattr(found, key):
         raise ModelError(
-            f"{model_file.path.name} does not hold {expected} ({inside}*): set {key} = "
-            f'"<path to {key}.safetensors>" in [flow] (or use a diffusers folder)'
+            f"{model_file.path.name} does not hold {_ENCODERS[key][1]} "
+            f"({TEXT_ENCODER_PREFIXES[key]}*): set {key} = \"<path to {key}.safetensors>\" in "
+            "[flow] (or use a diffusers folder)"
         )
+    return _plan_encoder(model_file, f"{MODEL_KEY} ({key} inside)", key)
+
+
+def _plan_encoder(file: CheckpointFile, what: str, key: str) -> Plan:
+    """The text encoder ``key`` from ``file`` (named ``what`` in messages): under its prefix in
+    a full checkpoint (a file cut out of one keeps it), else from the file's own keys."""
+    inside = TEXT_ENCODER_PREFIXES[key]
+    prefix = inside if any(k.startswith(inside) for k in file) else ""
     refuse_scaled_fp8(file, what)
     if key == "t5xxl":
         return plan_t5(file, what, prefix)
@@ -338,26 +336,44 @@ def plan_t5(file: CheckpointFile, what: str, prefix: str) -> Plan:
     return plan_with_config(part, plan_of, file, derive)
 
 
-def check_widths(path: Path, transformer: Plan, clip_l: Plan, clip_g: Plan, t5: Plan) -> None:
-    """The encoders' outputs fit the transformer's inputs: the two projected pooled outputs side
-    by side, both CLIPs' states side by side within T5's width, T5's width."""
-    config = transformer.config
-    pooled = (clip_l.config["projection_dim"], clip_g.config["projection_dim"])
-    widths = (clip_l.config["hidden_size"], clip_g.config["hidden_size"])
+def named_config(plan: Plan) -> tuple[str, dict]:
+    """(how messages name the plan's file, its config), for check_widths."""
+    return f"{plan.what} = {plan.file.path.name}", plan.config
+
+
+def check_widths(
+    path: Path, config: dict, clip_l: tuple[str, dict], clip_g: tuple[str, dict],
+    t5: tuple[str, dict],
+) -> None:  # fmt: skip
+    """The encoders' outputs fit the transformer ``config`` (of ``path``): the two projected
+    pooled outputs side by side, both CLIPs' states side by side within T5's width, T5's width.
+    Each encoder is (how messages name it, its config)."""
+    pooled = (clip_l[1]["projection_dim"], clip_g[1]["projection_dim"])
+    widths = (clip_l[1]["hidden_size"], clip_g[1]["hidden_size"])
     context = config["joint_attention_dim"]
     if sum(pooled) != config["pooled_projection_dim"] or sum(widths) > context:
         raise ModelError(
-            f"the CLIPs do not fit {path.name}: CLIP-L ({clip_l.what} = {clip_l.file.path.name}) "
-            f"is {widths[0]} wide with {pooled[0]} pooled features, CLIP-G ({clip_g.what} = "
-            f"{clip_g.file.path.name}) {widths[1]} with {pooled[1]}, the transformer takes "
-            f"{config['pooled_projection_dim']} pooled features and {context}-wide text; set "
-            "clip_l and clip_g in [flow] to SD3's CLIP-L and CLIP-G files"
+            f"the CLIPs do not fit {path.name}: CLIP-L ({clip_l[0]}) is {widths[0]} wide with "
+            f"{pooled[0]} pooled features, CLIP-G ({clip_g[0]}) {widths[1]} with {pooled[1]}, "
+            f"the transformer takes {config['pooled_projection_dim']} pooled features and "
+            f"{context}-wide text; set clip_l and clip_g in [flow] to SD3's CLIP-L and CLIP-G "
+            "files"
         )
-    if t5.config["d_model"] != context:
+    if t5[1]["d_model"] != context:
         raise ModelError(
-            f"{t5.what} = {t5.file.path} is {t5.config['d_model']} wide, {path.name} takes "
-            f"{context}-wide T5 states; set t5xxl in [flow] to the T5-XXL file"
+            f"{t5[0]} is {t5[1]['d_model']} wide, {path.name} takes {context}-wide T5 states; "
+            "set t5xxl in [flow] to the T5-XXL file"
         )
+
+
+def component_plans(flow: FlowSection) -> dict[str, Plan]:
+    """[flow] key -> the plan of its file, for the clip_l, clip_g and t5xxl files that are set
+    (each checked before any weight is read); with a diffusers folder they replace its parts."""
+    return {
+        key: _plan_encoder(_flow_file(flow, key), key, key)
+        for key in _ENCODERS
+        if getattr(flow, key)
+    }
 
 
 # --- VAE ----------------------------------------------------------------------------------------
@@ -418,66 +434,13 @@ def plan_vae(file: CheckpointFile, what: str, prefixes: tuple[str, ...]) -> Plan
             raise _wrong_file(
                 what, file, _VAE, f"its keys do not fit ({one_line(exc)})", "vae"
             ) from None
-        latent = sd3_shapes.LATENT_CHANNELS
-        if config["latent_channels"] != latent or config["use_quant_conv"]:
-            raise _wrong_file(
-                what, file, _VAE,
-                f"its latents have {config['latent_channels']} channels"
-                f"{' and it has quant convs' if config['use_quant_conv'] else ''}, SD3's "
-                f"{latent} and none (an SD VAE?)",
-                "vae",
-            )  # fmt: skip
         note_derived(what, file, config, base, "norm_num_groups")
         return config
 
-    return plan_with_config("vae", plan_of, file, derive)
-
-
-# --- T5 tokenizer -------------------------------------------------------------------------------
-
-
-def _has_t5_tokenizer(folder: Path) -> bool:
-    return (folder / "tokenizer.json").is_file() or (folder / "spiece.model").is_file()
-
-
-def find_sd3_t5_tokenizer_folder(
-    t5_tokenizer_path: str | None, cache_dir: str | None, hub_cache: str | Path | None = None
-) -> Path | None:
-    """The first local folder with a T5 tokenizer: ``t5_tokenizer_path`` (or its tokenizer_3/,
-    as an SD3 diffusers folder has it), else where FLUX.1's is looked for (kohya's
-    ``tokenizer_cache_dir``, the Hugging Face cache), else the SD3 repositories' tokenizer_3/ in
-    the Hugging Face cache. Never downloads."""
-    if t5_tokenizer_path:
-        sub = Path(t5_tokenizer_path).expanduser() / "tokenizer_3"
-        if _has_t5_tokenizer(sub):
-            return sub
-        return find_t5_tokenizer_folder(t5_tokenizer_path, cache_dir, hub_cache)
-    found = find_t5_tokenizer_folder(None, cache_dir, hub_cache)
-    if found is not None:
-        return found
-    from huggingface_hub import try_to_load_from_cache
-
-    for repo in _T5_REPOS:
-        for name in ("tokenizer.json", "spiece.model"):
-            try:
-                hit = try_to_load_from_cache(repo, f"tokenizer_3/{name}", hub_cache)
-            except (OSError, ValueError):
-                hit = None
-            if isinstance(hit, str):
-                return Path(hit).parent
-    return None
-
-
-def missing_t5_tokenizer(path_text: str | None, model_file: Path) -> str:
-    if path_text:
-        return (
-            f"t5_tokenizer_path {path_text} has no tokenizer.json (nor a tokenizer_3/ or "
-            "tokenizer_2/ subfolder with one); copy the T5 tokenizer files of an SD3 diffusers "
-            "folder's tokenizer_3/ there"
-        )
-    return (
-        f"{model_file.name} carries no T5 tokenizer and none was found locally: set "
-        "t5_tokenizer_path in [flow] to a folder with tokenizer.json (an SD3 diffusers folder's "
-        "tokenizer_3/, or google/t5-v1_1-xxl's files); tokenizer_cache_dir and the Hugging Face "
-        "cache were searched too, nothing is downloaded"
-    )
+    plan = plan_with_config("vae", plan_of, file, derive)
+    # Checked on the plan, whatever config chose it (an SD checkpoint's header describes its
+    # 4-channel VAE exactly).
+    problem = latent_problem(plan.config, sd3_shapes.LATENT_CHANNELS, "SD3's")
+    if problem:
+        raise _wrong_file(what, file, _VAE, problem, "vae")
+    return plan

@@ -16,12 +16,12 @@ from library.models.families.base import ModelFamily
 from library.models.families.sd import detect_family
 from library.models.loader import (
     Components,
-    load_clip_tokenizer,
     load_weights,
     offline,
     read_json,
     resolve_model_dir,
 )
+from library.models.tokenizers import encoder_label, folder_tokenizer
 
 # Subfolder -> the file that must be in it. CLIP tokenizers come as vocab.json + merges.txt,
 # tokenizer.json, or both, so the tokenizer has its own check.
@@ -35,12 +35,15 @@ _REQUIRED = {
 _SDXL_REQUIRED = {"text_encoder_2": "config.json", "tokenizer_2": None}
 
 
-def required_parts(path_text: str) -> dict[str, str | None]:
-    """The subfolders (and the file each needs) of an SD 1.x/2.x or SDXL diffusers folder."""
+def required_parts(path_text: str, tokenizer_path: str | None = None) -> dict[str, str | None]:
+    """The subfolders (and the file each needs) of an SD 1.x/2.x or SDXL diffusers folder;
+    with ``tokenizer_path``, which replaces them, not its tokenizer folders."""
     index = Path(path_text).expanduser().absolute() / "model_index.json"
     needed = dict(_REQUIRED)
     if index.is_file() and "text_encoder_2" in read_json(index):
         needed.update(_SDXL_REQUIRED)
+    if tokenizer_path:
+        needed = {sub: file for sub, file in needed.items() if not sub.startswith("tokenizer")}
     return needed
 
 
@@ -58,9 +61,8 @@ def load_sd_folder(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: to
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
-    model_dir = resolve_model_dir(
-        model.pretrained_model_name_or_path, required_parts(model.pretrained_model_name_or_path)
-    )
+    path = model.pretrained_model_name_or_path
+    model_dir = resolve_model_dir(path, required_parts(path, model.tokenizer_path))
     unet_config = read_json(model_dir / "unet" / "config.json")
     scheduler_config = read_json(model_dir / "scheduler" / "scheduler_config.json")
     model_index = read_json(model_dir / "model_index.json")
@@ -68,15 +70,18 @@ def load_sd_folder(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: to
     family = detect_family(model, unet_config, scheduler_config, model_index)
     second = None
     with offline():
+        # Tokenizers first, checked against their encoders' configs: a wrong one fails in a
+        # second, not after the weights.
+        tokenizers = sd_folder_tokenizers(model_dir, model.tokenizer_path, sdxl)
         unet = load_weights(UNet2DConditionModel, model_dir, "unet", weight_dtype)
         vae = load_weights(AutoencoderKL, model_dir, "vae", vae_dtype)
         text_encoder = load_weights(CLIPTextModel, model_dir, "text_encoder", weight_dtype)
-        tokenizer = load_clip_tokenizer(model_dir / "tokenizer", text_encoder.config.max_position_embeddings)
+        tokenizer = tokenizers[0]
         if sdxl:
             encoder_2 = load_weights(
                 CLIPTextModelWithProjection, model_dir, "text_encoder_2", weight_dtype
             )
-            second = (encoder_2, load_clip_tokenizer(model_dir / "tokenizer_2", encoder_2.config.max_position_embeddings))
+            second = (encoder_2, tokenizers[1])
     modules = (unet, vae, text_encoder, *(second[:1] if second else ()))
     for module in modules:
         module.requires_grad_(False)
@@ -90,6 +95,19 @@ def load_sd_folder(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: to
         family=family,
         model_dir=model_dir,
     )
+
+
+def sd_folder_tokenizers(model_dir: Path, tokenizer_path: str | None, sdxl: bool) -> list:
+    """The folder's CLIP tokenizers (tokenizer/, and SDXL's tokenizer_2/), or ``tokenizer_path``'s
+    (as for a single file), each checked against its encoder's config."""
+    subs = (("tokenizer", "text_encoder"), ("tokenizer_2", "text_encoder_2"))[: 2 if sdxl else 1]
+    return [
+        folder_tokenizer(
+            model_dir, sub, "openclip" if index else "clip", index, tokenizer_path,
+            read_json(model_dir / encoder / "config.json"), encoder_label(encoder, len(subs)),
+        )  # fmt: skip
+        for index, (sub, encoder) in enumerate(subs)
+    ]
 
 
 def ddpm_objective(scheduler_config: dict, family: ModelFamily, zero_terminal_snr: bool = False):

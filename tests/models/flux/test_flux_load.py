@@ -144,9 +144,13 @@ def test_claims_flux_folders_and_transformer_files(folder, files, tmp_path, tiny
         tmp_path / "sd1.safetensors", sd["unet"], sd["vae"], [sd["text_encoder"]], SD1,
         torch.float32,
     )  # fmt: skip
+    # A damaged FLUX.1 file is FLUX.1's to report, by the key names its header still shows.
     truncated = tmp_path / "cut.safetensors"
     truncated.write_bytes(files["transformer"].read_bytes()[:1000])
-    for other in (tiny_model_dir, sd_file, files["clip_l"], files["ae"], truncated):
+    assert claims(truncated)
+    sd_cut = tmp_path / "sd-cut.safetensors"
+    sd_cut.write_bytes(sd_file.read_bytes()[:1000])
+    for other in (tiny_model_dir, sd_file, files["clip_l"], files["ae"], sd_cut):
         assert not claims(other), other
     assert not claims(tmp_path / "missing")
     assert not claims(tmp_path / "missing.safetensors")
@@ -431,7 +435,8 @@ def test_clip_tokenizer_given_as_t5_tokenizer(files, tmp_path, no_weights_read):
     clip = tmp_path / "clip"  # with tokenizer.json, which the T5 check looks for
     CLIPTokenizer.from_pretrained(str(files["tokenizer"])).save_pretrained(str(clip))
     message = error(files["transformer"], files, t5_tokenizer_path=clip)
-    assert f"T5 tokenizer in {clip}" in message
+    assert f"t5_tokenizer_path: the tokenizer in {clip} does not fit T5-XXL" in message
+    assert "it is a CLIP tokenizer" in message
 
 
 @pytest.mark.parametrize("sub", ["text_encoder_2", "tokenizer_2", "transformer"])

@@ -173,12 +173,19 @@ def test_claims_sd3_folders_and_model_files(
         tmp_path / "sd1.safetensors", sd["unet"], sd["vae"], [sd["text_encoder"]], SD1,
         torch.float32,
     )  # fmt: skip
+    # A damaged SD3 file is SD3's to report, by the key names its header still shows; a header
+    # cut before any of them tells nothing.
     truncated = tmp_path / "cut.safetensors"
-    truncated.write_bytes(inside["model"].read_bytes()[:1000])
+    truncated.write_bytes(inside["model"].read_bytes()[:-100])
+    assert claims(truncated) and not claims_flux(*section(truncated))
+    header_cut = tmp_path / "header-cut.safetensors"
+    header_cut.write_bytes(inside["model"].read_bytes()[:1000])
+    flux_cut = tmp_path / "flux-cut.safetensors"
+    flux_cut.write_bytes(flux_files["transformer"].read_bytes()[:-100])
     others = (
         flux_folder, flux_files["transformer"], flux_files["ae"], tiny_model_dir,
         tiny_sdxl_model_dir, sd_file,
-        separate["clip_g"], separate["t5xxl"], truncated, tmp_path / "missing",
+        separate["clip_g"], separate["t5xxl"], header_cut, flux_cut, tmp_path / "missing",
         tmp_path / "missing.safetensors",
     )  # fmt: skip
     for other in others:
@@ -565,7 +572,9 @@ def test_full_size_files_plan_the_published_configs(tmp_path):
         transformer = sd3_files.plan_transformer(file, found)
         assert transformer.config == shapes.transformer_config(variant)
         plans = [sd3_files.plan_text_encoder(file, found, FlowSection(), key) for key in FLOW_FILES]
-        sd3_files.check_widths(file.path, transformer, *plans)
+        sd3_files.check_widths(
+            file.path, transformer.config, *(sd3_files.named_config(p) for p in plans)
+        )
     configs = [shapes.clip_l_config(), shapes.clip_g_config(), shapes.t5_xxl_config()]
     assert [plan.config for plan in plans] == configs
     vae_plan, _ = sd3_files._plan_vae_source(
