@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# tests/tiers.py: the tier markers, assigned and checked; pytester runs pytest inside a test
+pytest_plugins = ["pytester", "tests.tiers"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
@@ -41,8 +44,7 @@ def quickstart_process(request, tmp_path_factory):
     """When the session runs a test of the README's quickstart run (about a minute of
     training), that run starts at once, beside the other tests, instead of when its first test
     asks for it (quickstart_output). None when no selected test needs it."""
-    needs = ("test_quickstart.py", "test_learning_demo.py")
-    if not any(item.path.name in needs for item in request.session.items):
+    if not any("quickstart_output" in getattr(item, "fixturenames", ()) for item in request.session.items):
         yield None
         return
     from tests.integration.test_quickstart import start_quickstart
