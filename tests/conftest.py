@@ -13,6 +13,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# One compute thread, read when torch is first imported (after this file): the tiny models gain
+# nothing from a second one, and beside the background runs (quickstart, torchrun launches) or
+# other work on 2 cores the threads only wait for each other. The fast tier took 4x the CPU time
+# with torch's default (tests/sampling: 24 s of CPU against 128 s). Set it to choose another.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
