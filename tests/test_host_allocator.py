@@ -43,6 +43,7 @@ def _faults(mode: str) -> int:
     return int(out.stdout.strip())
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_freed_memory_is_reused_without_page_faults():
     pages = 4 * 400 * 2**20 // os.sysconf("SC_PAGE_SIZE")  # pages the four rounds write

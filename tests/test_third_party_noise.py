@@ -60,6 +60,8 @@ def _lines(stderr: str) -> list[str]:
     return [line for line in re.split(r"[\r\n]+", stderr) if line.strip()]
 
 
+@pytest.mark.integration
+@pytest.mark.subprocess
 def test_a_real_run_prints_only_our_own_lines_and_progress_bars(tmp_path, tiny_model_dir):
     """A full fine-tune (the denoiser is cast: diffusers' float32 note) that samples an image
     (diffusers builds the pipeline: transformers' torchvision note), with peft imported
@@ -167,6 +169,7 @@ def sections(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     return found
 
 
+@pytest.mark.subprocess
 def test_bitsandbytes_kernels_note_is_dropped_its_other_warnings_show(sections):
     out = sections["bitsandbytes"]
     assert "gemm_4bit_forward" not in out
@@ -174,6 +177,7 @@ def test_bitsandbytes_kernels_note_is_dropped_its_other_warnings_show(sections):
     assert "bitsandbytes library load error: example" in out
 
 
+@pytest.mark.subprocess
 def test_transformers_torchvision_note_is_dropped_its_other_warnings_show(sections):
     out = sections["transformers"]
     assert "requires torchvision" not in out
@@ -181,12 +185,14 @@ def test_transformers_torchvision_note_is_dropped_its_other_warnings_show(sectio
     assert "LOAD REPORT" in out and "MISSING" in out  # the checkpoint that lacks a weight
 
 
+@pytest.mark.subprocess
 def test_diffusers_empty_float32_note_is_dropped_a_real_one_shows(sections):
     out = sections["diffusers"]
     assert "should be kept in float32: []" not in out
     assert "should be kept in float32: ['conv_in']" in out
 
 
+@pytest.mark.subprocess
 def test_ddp_broadcast_buffers_note_is_dropped_other_future_warnings_show(sections):
     out = sections["torch"]
     assert "`broadcast_buffers` is deprecated. Use `forward_sync_buffers`" not in out

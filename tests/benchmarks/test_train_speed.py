@@ -33,6 +33,7 @@ def _run_child(code: str, timer_dir) -> list[list[dict]]:
     return read_step_timer(timer_dir)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("ending", ["", "import os; os._exit(0)"])
 def test_step_timer_records_every_optimizer_step_of_any_optimizer(tmp_path, ending):
     # multi-process difftune runs end with os._exit: the records must already be on disk
@@ -47,10 +48,12 @@ def test_step_timer_records_every_optimizer_step_of_any_optimizer(tmp_path, endi
     assert steps[-1]["cuda_max_allocated_bytes"] is None
 
 
+@pytest.mark.subprocess
 def test_processes_without_an_optimizer_step_write_nothing(tmp_path):
     assert _run_child("import torch; torch.ones(3).sum()", tmp_path) == []
 
 
+@pytest.mark.subprocess
 def test_step_timer_is_inert_without_its_variable(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "DIFFTUNE_STEP_TIMER"}
     env["PYTHONPATH"] = str(TIMER_DIR)

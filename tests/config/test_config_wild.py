@@ -143,6 +143,7 @@ def _error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(_args_params()))
 def test_args_file_dry_runs_unchanged(name, places, tmp_path, capsys):
     config = _filled(name, places, tmp_path)
@@ -165,6 +166,7 @@ def test_args_file_dry_runs_unchanged(name, places, tmp_path, capsys):
     assert "attention: torch scaled-dot-product attention" in out
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", DATASET_FILES)
 def test_dataset_file_dry_runs_unchanged(name, places, tmp_path, capsys):
     dataset = _filled(name, places, tmp_path)
@@ -181,6 +183,7 @@ def test_dataset_file_dry_runs_unchanged(name, places, tmp_path, capsys):
     assert "total optimizer steps" in out
 
 
+@pytest.mark.integration
 def test_ignored_keys_are_listed_in_one_warning(places, tmp_path, capsys):
     config = _filled("kohya_ss_gui_v24_sd15_lora.toml", places, tmp_path)
     assert _dry_run(config) == 0
@@ -203,6 +206,7 @@ def test_gui_values_mean_what_kohya_reads(places, tmp_path):
     assert any("huggingface_repo_type" in n for n in template.notices)
 
 
+@pytest.mark.integration
 def test_a_gui_flux_export_trains(places, tmp_path, capsys, caplog):
     """The FLUX.1 export trains on tiny files as written (only paths, tokenizers, the step count
     and the size changed); the SD-only keys the GUI writes are named in a warning."""
@@ -229,6 +233,7 @@ def test_a_gui_flux_export_trains(places, tmp_path, capsys, caplog):
     ).is_file()
 
 
+@pytest.mark.integration
 def test_a_gui_sd3_export_trains(places, tmp_path, capsys, caplog, monkeypatch):
     """The SD3 export trains on tiny files as written (only paths, tokenizers, the step count
     and the size changed): the GUI's SD sampler is sampled with Euler, with a warning, as
@@ -262,6 +267,7 @@ def test_a_gui_sd3_export_trains(places, tmp_path, capsys, caplog, monkeypatch):
     assert list((tmp_path / "out" / "sample").glob("*.png"))
 
 
+@pytest.mark.integration
 def test_a_gui_lycoris_export_trains(places, tmp_path, capsys):
     """The GUI's "LyCORIS/LoHa" export (every LyCORIS option written, off or not, use_tucker
     twice) trains on the tiny SDXL model as written: LoHa with DoRA, SGM names."""

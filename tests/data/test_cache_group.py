@@ -102,6 +102,8 @@ def two_ranks(tmp_path_factory):
     return data, records, memories
 
 
+@pytest.mark.distributed
+@pytest.mark.subprocess
 def test_group_collectives_across_two_processes(two_ranks):
     _, records, _ = two_ranks
     for rank, record in enumerate(records):
@@ -110,17 +112,23 @@ def test_group_collectives_across_two_processes(two_ranks):
         assert record["rounds"] == [0, 0, 0, 1, 1, 1, 1]
 
 
+@pytest.mark.distributed
+@pytest.mark.subprocess
 def test_failure_on_one_rank_raises_on_every_rank(two_ranks):
     _, records, _ = two_ranks
     assert records[1]["peer_error"] == "image bad.png cannot be read"
     assert "bad.png" in records[0]["peer_error"] and "rank 1" in records[0]["peer_error"]
 
 
+@pytest.mark.distributed
+@pytest.mark.subprocess
 def test_ranks_with_different_images_refuse_together(two_ranks):
     _, records, _ = two_ranks
     assert all("differ between processes" in record["mismatch"] for record in records)
 
 
+@pytest.mark.distributed
+@pytest.mark.subprocess
 def test_disk_cache_encodes_each_entry_once_across_ranks(two_ranks):
     data, records, _ = two_ranks
     requests = make_requests(data)
@@ -143,6 +151,8 @@ def test_disk_cache_encodes_each_entry_once_across_ranks(two_ranks):
         torch.testing.assert_close(cache.get(request).mean, expected_mean(request))
 
 
+@pytest.mark.distributed
+@pytest.mark.subprocess
 def test_memory_cache_ends_with_every_entry_on_every_rank(two_ranks):
     data, records, memories = two_ranks
     requests = make_requests(data)

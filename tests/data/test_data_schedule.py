@@ -157,6 +157,7 @@ def test_start_step_skips_whole_optimizer_steps():
     assert schedule.micro_batches(2, 1, start_step=schedule.steps_per_epoch) == []
 
 
+@pytest.mark.subprocess
 def test_order_is_the_same_in_a_fresh_python_with_another_hash_seed():
     code = (
         "from library.data.schedule import EpochSchedule, SampleSpec\n"

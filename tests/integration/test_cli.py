@@ -12,6 +12,7 @@ import pytest
 from tests.integration.harness import make_images, write_config
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.subprocess  # every test runs train_network.py as users do (run_cli)
 
 
 def run_cli(*args, cwd=REPO):

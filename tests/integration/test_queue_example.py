@@ -78,6 +78,7 @@ def _queue(jobs: Path, env: dict, log: Path) -> subprocess.Popen:
         )
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(os.name != "posix", reason="a bash script")
 def test_the_queue_runs_sets_in_parallel_handles_failures_and_resumes_what_was_stopped(
     tmp_path, tiny_model_dir

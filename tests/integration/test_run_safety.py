@@ -44,6 +44,7 @@ def _stop_after(monkeypatch, step: int) -> None:
     monkeypatch.setattr(Saver, "after_step", stop)
 
 
+@pytest.mark.subprocess
 def test_a_second_run_on_the_same_output_is_refused(tmp_path, tiny_model_dir, images, capsys):
     config = _config(tmp_path, tiny_model_dir, images)
     hold = (

@@ -21,6 +21,7 @@ def images(tmp_path_factory):
     return make_images(tmp_path_factory.mktemp("data") / "imgs", 3)
 
 
+@pytest.mark.subprocess
 def test_sigterm_saves_a_state_that_resumes_to_the_same_weights(tmp_path, tiny_model_dir, images):
     keys = dict(train_batch_size=1, max_train_steps=40, lr_scheduler="cosine", save_every_n_steps=1)
     straight = write_config(tmp_path / "a.toml", tiny_model_dir, images, tmp_path / "a", **keys)

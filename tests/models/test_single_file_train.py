@@ -15,6 +15,7 @@ from tests.integration.harness import make_images, tensors, train, write_config
 TOKENIZER = Path(__file__).parents[1] / "assets" / "tokenizer"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("name", "family"), [("sd1", SD1), ("sd2-v", SD2_V)])
 def test_lora_trains_from_a_single_file(tmp_path, name, family):
     parts = build_tiny_components(name)

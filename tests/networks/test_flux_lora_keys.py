@@ -311,6 +311,7 @@ def test_diffusers_runs_our_file_like_a_hand_merged_model(tmp_path):
     assert (run_flux(plain, inputs) - expected).abs().max() > 1e-2  # the LoRA mattered
 
 
+@pytest.mark.slow  # one Flux block at full width (3072): about 10 s of CPU by itself
 def test_diffusers_runs_linear1_at_flux_width():
     plain = build_flux(WIDE_SINGLE)
     inputs = flux_inputs(WIDE_SINGLE, image_tokens=4, text_tokens=2)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from PIL import Image
 
 from tests.integration.harness import assert_close_dicts, make_images, tensors, train, write_config
 
 
+@pytest.mark.integration
 def test_sdxl_sampling_leaves_training_untouched(tmp_path, tiny_sdxl_model_dir):
     images = make_images(tmp_path / "imgs", 2)
     prompts = tmp_path / "prompts.txt"

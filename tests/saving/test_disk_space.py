@@ -223,6 +223,7 @@ def _written(out: Path) -> int:
     ],
     ids=["lora-states-ema", "lora-fp16-lion", "unet-checkpoint-and-folder"],
 )
+@pytest.mark.integration
 def test_estimate_brackets_what_a_run_writes(tmp_path, tiny_model_dir, images, monkeypatch, keys):
     seen = _spy_estimates(monkeypatch)
     out = tmp_path / "out"

@@ -31,6 +31,7 @@ def _holder(folder: Path) -> subprocess.Popen:
     return process
 
 
+@pytest.mark.subprocess
 def test_second_run_is_refused_naming_the_holder_until_it_is_killed(tmp_path):
     holder = _holder(tmp_path)
     try:

@@ -203,6 +203,7 @@ def test_torch_write_failure_without_errno_checks_free_space(tmp_path, monkeypat
     _one_line_no_space(str(err.value), target)
 
 
+@pytest.mark.subprocess
 @needs_dev_full
 def test_torch_cpp_backtrace_is_not_in_the_message(tmp_path):
     # With TORCH_SHOW_CPP_STACKTRACES=1 torch appends a C++ backtrace to the message (the

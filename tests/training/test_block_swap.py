@@ -89,6 +89,7 @@ def _train(tmp_path, model, images, family_keys, **keys):
     return tensors(out / "run.safetensors")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("family", "keys", "count"), [("flux", FLUX, 2), ("sd3", SD3, 2)])
 def test_training_with_swapped_blocks_gives_the_same_lora(tmp_path, models, images, family,
                                                           keys, count):  # fmt: skip

@@ -378,6 +378,7 @@ def _count_steps(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.integration
 def test_an_estimate_above_the_device_stops_before_any_step(
     tmp_path, tiny_model_dir, images, monkeypatch, capsys
 ):
@@ -396,6 +397,7 @@ def test_an_estimate_above_the_device_stops_before_any_step(
     assert steps == [] and not (tmp_path / "o" / "run.safetensors").exists()
 
 
+@pytest.mark.integration
 def test_ignore_memory_estimate_trains_anyway(
     tmp_path, tiny_model_dir, images, monkeypatch, capsys
 ):
@@ -415,6 +417,7 @@ def test_ignore_memory_estimate_trains_anyway(
     assert steps and (tmp_path / "o" / "run.safetensors").exists()
 
 
+@pytest.mark.integration
 def test_the_plan_prints_the_estimate(tmp_path, tiny_model_dir, images, capsys):
     config = write_config(
         tmp_path / "c.toml",
