@@ -7,10 +7,10 @@ Marks come from three places:
 - the test's directory (``DIRECTORY_MARKS``) and the fixtures it uses (``FIXTURE_MARKS``), at
   collection;
 - explicit ``@pytest.mark.<tier>`` marks, where neither can know;
-- a guard that watches every test run: a test that starts another Python process (torchrun
-  also needs ``distributed``, train_network.py also ``integration``) or runs the CLI
-  (``library.cli.main``) inside pytest fails unless it carries the matching mark, naming the
-  mark and what it started. A fixture seen doing so is remembered, and every test using it must
+- a guard that watches every test run: a test of the fast tier that starts another Python
+  process (torchrun also needs ``distributed``, train_network.py also ``integration``) or runs
+  the CLI (``library.cli.main``) inside pytest fails, naming the mark it needs and what it
+  started. A fixture seen doing so is remembered, and every test using it must
   carry the mark too. So a new test cannot slip into the fast tier, and a test that forgot its
   mark fails in the fast tier itself.
 
@@ -133,7 +133,10 @@ class Guard:
             needs.setdefault(kind, what)
 
     def missing(self, item: pytest.Item) -> list[str]:
-        """One line per tier the test needs and does not carry."""
+        """One line per tier a fast-tier test needs (none for a test already out of the fast
+        tier: the rule keeps the fast tier fast, it does not ask for every fitting mark)."""
+        if any(item.get_closest_marker(tier) for tier in TIERS):
+            return []
         needs = {kind: (what, None) for kind, what in self.seen.items()}
         for key in _used_fixtures(item):
             for kind, what in self.fixture_needs.get(key, {}).items():

@@ -86,7 +86,15 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "base_weights": Unsupported("merging other LoRA files into the model is planned", ([],)),
     "base_weights_multiplier": Unsupported("only used with base_weights", ignored=True),
     "network_multiplier": Unsupported("a training multiplier other than 1 is planned", (1,)),
-    "stop_text_encoder_training": Unsupported("stopping text-encoder training early is planned"),
+    # train_db.py's: it stops training the text encoder after that many steps. sd-scripts' LoRA
+    # scripts never read it (the kohya_ss GUI writes it into LoRA configs all the same), and
+    # difftune's full fine-tune never trains the text encoders.
+    "stop_text_encoder_training": Unsupported(
+        "only sd-scripts' train_db.py reads it, to stop training the text encoder early; its LoRA "
+        "scripts ignore it and difftune's full fine-tune never trains the text encoders",
+        ("",),
+        ignored=True,
+    ),
     "lr_scheduler_type": Unsupported(
         "custom scheduler classes are not supported", ("",), planned=False
     ),
@@ -242,6 +250,13 @@ _OFF_NETWORK_ARGS: dict[str, tuple[tuple[object, ...], str]] = {
     "rescaled": ((False, None), "it belongs to LyCORIS' OFT algorithms, which are not supported"),
     "block_size": ((4, None), "it belongs to LyCORIS' DyLoRA, which is not supported"),
     "train_on_input": ((False, None), "it belongs to LyCORIS' IA3, which is not supported"),
+    # networks.lora_flux: "all" (the kohya_ss GUI's default, written into every FLUX.1 export)
+    # is every block, as without them
+    "train_double_block_indices": ((None, "all"), "choosing FLUX.1 blocks by index is planned"),
+    "train_single_block_indices": ((None, "all"), "choosing FLUX.1 blocks by index is planned"),
+    # networks.lora_flux's GGPO (gradient-guided perturbation), on only when both are set
+    "ggpo_beta": ((None,), "kohya's GGPO perturbation of FLUX.1 LoRA weights is planned"),
+    "ggpo_sigma": ((None,), "kohya's GGPO perturbation of FLUX.1 LoRA weights is planned"),
 }
 _NETWORK_ARG_REASONS = {
     **dict.fromkeys(
@@ -256,8 +271,6 @@ _NETWORK_ARG_REASONS = {
             "single_dim",
             "single_mod_dim",
             "in_dims",
-            "train_double_block_indices",
-            "train_single_block_indices",
             # networks.lora_sd3
             "context_attn_dim",
             "context_mlp_dim",

@@ -86,10 +86,15 @@ FULL_FINE_TUNE: dict[str, Unsupported] = {
         (False,),
         planned=False,
     ),
+    # flux_train.py turns them into blocks_to_swap = double + single / 2; its LoRA script never
+    # reads them, and the kohya_ss GUI writes its "(deprecated)" sliders into LoRA exports too
     **group(
         "double_blocks_to_swap single_blocks_to_swap",
-        "deprecated in sd-scripts; use blocks_to_swap (difftune swaps blocks for LoRA training)",
-        planned=False,
+        "deprecated in sd-scripts, where only flux_train.py (the full fine-tune) reads them, as "
+        "blocks_to_swap = double + single / 2, which saves memory and changes no result; write "
+        "blocks_to_swap (difftune swaps blocks for LoRA training)",
+        (0,),
+        ignored=True,
     ),
     "skip_latents_validity_check": Unsupported(
         "deprecated in sd-scripts for skip_cache_check; difftune checks every cache entry "
@@ -120,10 +125,19 @@ FULL_FINE_TUNE: dict[str, Unsupported] = {
 class NewerKey:
     """An option sd-scripts added after the commit difftune follows."""
 
-    release: str  # the first sd-scripts release that has it
+    release: str  # the first sd-scripts release known to have it
     source: str  # where the name comes from
     what: str  # what it does there
+    off: tuple = (False,)  # its values that change nothing
+    # it only acts together with another option (refused itself when on): any value is
+    # dropped, with a note when it is not off
+    ignored: bool = False
 
+
+_GUI_V26 = (
+    "written by the kohya_ss GUI v26 (bmaltais/kohya_ss), which runs sd-scripts v0.11.1; "
+    "sd-scripts defines it in library/args.py"
+)
 
 # Keep separate from the inventory: these names are not in the sd-scripts commit that
 # tests/config/kohya_arguments.py was generated from, and the inventory tool cannot see them.
@@ -134,14 +148,55 @@ NEWER_RELEASE: dict[str, NewerKey] = {
         "inpainting training of SD 1.x and SDXL: the UNet gets 9 input channels, the noisy "
         "latents plus a random mask and the masked image's latents",
     ),
+    "show_timesteps": NewerKey(
+        "v0.11.1",
+        _GUI_V26 + " (add_dit_training_arguments; kohya_ss issue #3530)",
+        "shows the run's timestep distribution on the console or as an image, then exits "
+        "without training",
+        ("",),
+    ),
+    "show_timesteps_resolution": NewerKey(
+        "v0.11.1",
+        _GUI_V26 + " (add_dit_training_arguments; kohya_ss issue #3530)",
+        "the image size of show_timesteps' picture; it only acts with show_timesteps",
+        ignored=True,
+    ),
+    "compile": NewerKey(
+        "v0.11.1",
+        _GUI_V26 + " (its Anima and DiT options)",
+        "torch.compile of the transformer's blocks",
+    ),
+    **{
+        key: NewerKey(
+            "v0.11.1",
+            _GUI_V26 + " (its Anima and DiT options)",
+            f"a torch.compile setting ({key}); it only acts with compile",
+            ignored=True,
+        )
+        for key in (
+            "compile_backend",
+            "compile_mode",
+            "compile_dynamic",
+            "compile_fullgraph",
+            "compile_cache_size_limit",
+        )
+    },
+    "qwen_image_vae_2d": NewerKey(
+        "v0.11.1",
+        _GUI_V26 + " (its Anima options)",
+        "Anima: encode and decode with a 2-D form of the Qwen-Image VAE; it acts only on "
+        "that VAE, which no model difftune trains uses",
+        ignored=True,
+    ),
 }
 
 NEWER_UNSUPPORTED: dict[str, Unsupported] = {
     key: Unsupported(
-        f"sd-scripts {entry.release} added it for {entry.what}; difftune follows an earlier "
-        "sd-scripts and does not do this training",
-        (False,),
+        f"sd-scripts {entry.release} added it: {entry.what}"
+        + ("" if entry.ignored else "; difftune follows an earlier sd-scripts and does not do this"),
+        entry.off,
         planned=False,
+        ignored=entry.ignored,
     )
     for key, entry in NEWER_RELEASE.items()
 }

@@ -143,9 +143,10 @@ def check_inputs_untouched(config: Config, plan: RunPlan, resume: ResumeCheck | 
     for key, path in run_inputs(config):
         found = clash(layout.dir, path, writes)
         if found is not None:
+            why = "this run would save its own state there, and " if key == "resume" else ""
             raise ConfigError(
                 f"{_clash_text(found, layout, key, path)}; choose another output_dir or "
-                "output_name (a run never writes over its inputs)"
+                f"output_name ({why}a run never writes over its inputs)"
             )
 
 

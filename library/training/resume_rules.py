@@ -33,6 +33,8 @@ REFUSED_CHANGES = {
     "conv_alpha": "the conv adapters' scale is part of the saved weights' meaning",
     "network_train_unet_only": "the state holds weights for other models",
     "network_train_text_encoder_only": "the state holds weights for other models",
+    # with text-encoder adapters: those after the conditioning layer get none (a change with
+    # frozen text encoders only changes the conditioning, like a caption edit, and is applied)
     "clip_skip": "the trained text-encoder layers depend on it",
     "v2": "the state was trained on another model",
     "v_parameterization": "the state was trained for another prediction target",
@@ -100,6 +102,8 @@ def check_resume(folder: Path, config: Config, plan: RunPlan) -> ResumeCheck:
         changes = {STEPS_PER_EPOCH: (saved.steps_per_epoch, plan.steps_per_epoch), **changes}
     _check_adapter_kind(folder, changes)
     for key, (was, now) in changes.items():
+        if key == "clip_skip" and not _trains_text_encoders(config):
+            continue
         if key in REFUSED_CHANGES:
             raise CheckpointError(
                 f"resume: {key} was {json.dumps(was)} in {folder}, this run has "
@@ -107,6 +111,11 @@ def check_resume(folder: Path, config: Config, plan: RunPlan) -> ResumeCheck:
                 "(network_weights starts a LoRA from a saved file)"
             )
     return ResumeCheck(step, progress.get("run_id"), changes)
+
+
+def _trains_text_encoders(config: Config) -> bool:
+    net = config.network
+    return net.train_mode == "lora" and not net.network_train_unet_only
 
 
 def _adapter_kind(module: object, algo: object) -> str:

@@ -86,15 +86,30 @@ def test_newer_release_keys_are_not_in_the_pinned_inventory():
     assert set(NEWER_RELEASE).isdisjoint(KOHYA_OFF_VALUES)
 
 
-@pytest.mark.parametrize("key", sorted(NEWER_RELEASE))
+_ON = {"show_timesteps": '"console"'}  # a value that asks for something; true for the others
+
+
+@pytest.mark.parametrize("key", sorted(k for k, e in NEWER_RELEASE.items() if not e.ignored))
 def test_newer_release_keys_are_refused_by_name(write_toml, key):
-    release = NEWER_RELEASE[key].release
-    path = write_toml("on.toml", HEAD + f"{key} = true\n" + DATASET)
-    with pytest.raises(ConfigError, match=f'"{key}" is not supported .*sd-scripts {release}'):
+    entry = NEWER_RELEASE[key]
+    on = _ON.get(key, "true")
+    path = write_toml("on.toml", HEAD + f"{key} = {on}\n" + DATASET)
+    with pytest.raises(ConfigError, match=f'"{key}" is not supported .*sd-scripts {entry.release}'):
         load_config(path)
-    with pytest.raises(ConfigError, match=f'"{key}" is not supported'):
-        load_config(write_toml("cli.toml", HEAD + DATASET), [(key, None)])  # bare --flag
-    assert load_config(write_toml("off.toml", HEAD + f"{key} = false\n" + DATASET))
+    if entry.off == (False,):
+        with pytest.raises(ConfigError, match=f'"{key}" is not supported'):
+            load_config(write_toml("cli.toml", HEAD + DATASET), [(key, None)])  # bare --flag
+    off = "false" if entry.off == (False,) else '""'
+    assert load_config(write_toml("off.toml", HEAD + f"{key} = {off}\n" + DATASET))
+
+
+@pytest.mark.parametrize("key", sorted(k for k, e in NEWER_RELEASE.items() if e.ignored))
+def test_newer_release_settings_of_refused_options_load_with_a_note(write_toml, key):
+    """They only act with another option (compile, show_timesteps) or on a VAE no model here
+    uses: a value changes nothing, and the note says why."""
+    config = load_config(write_toml("a.toml", HEAD + f"{key} = 1\n" + DATASET))
+    (note,) = [n for n in config.notices if key in n]
+    assert f"{key} = 1 is ignored: sd-scripts {NEWER_RELEASE[key].release} added it" in note
 
 
 @pytest.mark.parametrize(
@@ -117,7 +132,6 @@ def test_options_that_change_nothing_here_load(write_toml, line, noted):
 def test_options_of_the_full_fine_tune_scripts_are_refused_saying_what_works(write_toml):
     for line, instead in [
         ("train_text_encoder = true", "train a LoRA"),
-        ("double_blocks_to_swap = 4", "use blocks_to_swap"),
         ("use_t5xxl_cache_only = true", "use cache_text_encoder_outputs"),
         ('console_log_file = "log.txt"', "tee train.log"),
     ]:
@@ -138,3 +152,26 @@ def test_schedule_keys_the_schedule_does_not_read_are_noted(write_toml):
     used = load_config(write_toml("b.toml", HEAD + wsd + keys + DATASET))
     assert not [n for n in used.notices if "is not used" in n]
     assert used.optimizer.lr_scheduler_timescale is None  # 0 is unset, as lora-scripts means
+
+
+def test_what_front_ends_write_into_flux_lora_configs_loads(write_toml):
+    """The kohya_ss GUI writes its FLUX.1 block-index defaults ("all"), its deprecated split
+    block-swap sliders and train_db's stop_text_encoder_training into LoRA exports; sd-scripts'
+    LoRA scripts train as if they were not there, and so does difftune (with a note where a
+    value is set)."""
+    text = (
+        HEAD
+        + 'network_args = ["train_double_block_indices=all", "train_single_block_indices=all"]\n'
+        + "double_blocks_to_swap = 6\nsingle_blocks_to_swap = 12\nstop_text_encoder_training = 5\n"
+        + DATASET
+    )
+    config = load_config(write_toml("gui.toml", text))
+    notes = " ".join(config.notices)
+    for key in ("double_blocks_to_swap = 6", "single_blocks_to_swap = 12", "stop_text_encoder_training = 5"):
+        assert f"{key} is ignored" in notes
+    assert config.training.blocks_to_swap == 0
+    # a real block selection, or GGPO, would change what trains: refused by name
+    for item in ("train_double_block_indices=0-5", "ggpo_beta=0.01"):
+        path = write_toml("sel.toml", HEAD + f'network_args = ["{item}"]\n' + DATASET)
+        with pytest.raises(ConfigError, match=f'network_args "{item}" is not supported'):
+            load_config(path)

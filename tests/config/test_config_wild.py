@@ -26,19 +26,6 @@ DATASET_FILES = sorted(
 ARGS_FILES = sorted(p.name for p in WILD.glob("*.toml") if p.name not in DATASET_FILES)
 # Files that need a feature another issue builds: they must be refused by name, in one line.
 PLANNED: dict[str, str] = {}
-# Files refused today because of keys sd-scripts defines and difftune does not take yet:
-# file -> those keys. The mark goes when difftune takes them.
-_ALL_BLOCKS = (
-    'network_args "train_double_block_indices=all" and "train_single_block_indices=all" '
-    "(networks.lora_flux: every block) are refused"
-)
-REFUSED_KOHYA_KEYS = {
-    "kohya_ss_gui_v25_0_flux1_lora.toml": (
-        "double_blocks_to_swap, single_blocks_to_swap and mem_eff_save (flux_train.py's) are "
-        f"unknown; {_ALL_BLOCKS}"
-    ),
-    "gradients_god_flux_template.toml": f"mem_eff_save (flux_train.py's) is unknown; {_ALL_BLOCKS}",
-}
 # Files written by Windows front ends, with their CRLF line endings kept.
 CRLF_FILES = (
     "lora_scripts_flux1_lora.toml",
@@ -46,13 +33,6 @@ CRLF_FILES = (
     "derrian_backend_flux1_config.toml",
     "derrian_backend_flux1_dataset.toml",
 )
-
-
-def _args_params():
-    for name in ARGS_FILES:
-        reason = REFUSED_KOHYA_KEYS.get(name)
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        yield pytest.param(name, marks=marks, id=name)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +124,7 @@ def _error_lines(err: str) -> list[str]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", list(_args_params()))
+@pytest.mark.parametrize("name", ARGS_FILES)
 def test_args_file_dry_runs_unchanged(name, places, tmp_path, capsys):
     config = _filled(name, places, tmp_path)
     extra = []
@@ -321,6 +301,7 @@ def test_front_end_keys_are_neither_sd_scripts_arguments_nor_difftune_keys():
     assert [k for k in FRONTEND_ONLY_KEYS if key_kind(k) != "unknown"] == []
 
 
+@pytest.mark.integration
 def test_lora_scripts_preview_fields_are_ignored_in_one_warning(places, tmp_path, capsys, caplog):
     """SD-Trainer leaves its preview fields in the args file when a prompt file is given: they
     are named in one line; its sample size is read as difftune's sample_width / _height, the
@@ -351,6 +332,7 @@ def _train_tiny(config: Path, tokenizers: tuple[str, str], out: Path, *extra: st
         return main([
             "--config", str(config), "--tokenizer_path", tokenizers[0],
             "--t5_tokenizer_path", tokenizers[1], "--max_train_steps", "2",
+            "--max_train_epochs", "", "--lr_warmup_steps", "",  # the files' own run length
             "--resolution", "64", "--min_bucket_reso", "64", "--bucket_reso_steps", "16",
             "--output_dir", str(out), *extra,
         ])  # fmt: skip
@@ -358,6 +340,7 @@ def _train_tiny(config: Path, tokenizers: tuple[str, str], out: Path, *extra: st
         reset_accelerate()
 
 
+@pytest.mark.integration
 def test_a_lora_scripts_flux_file_trains(places, tmp_path, capsys):
     """SD-Trainer's FLUX.1 file (CRLF, top-level train_t5xxl = false, model_type = "flux")
     trains two steps on tiny files as written (paths, tokenizers, steps and size changed)."""
@@ -378,6 +361,7 @@ def test_a_lora_scripts_flux_file_trains(places, tmp_path, capsys):
     assert not any(k.startswith("lora_te") for k in keys)  # network_train_unet_only
 
 
+@pytest.mark.integration
 def test_a_lora_scripts_sd3_file_trains(places, tmp_path, capsys):
     """SD-Trainer's SD3 file trains two steps on tiny SD3.5 Medium files as written: CLIP-L and
     CLIP-G adapters (network_train_unet_only = false) and no T5 one (train_t5xxl = false),

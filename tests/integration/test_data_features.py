@@ -135,7 +135,7 @@ def test_buckets_and_validation_loss_in_a_run(tmp_path, tiny_model_dir, capsys):
 
 
 def test_bad_image_stops_before_training_or_is_skipped(tmp_path, tiny_model_dir, capsys):
-    folder = make_images(tmp_path / "bad", 3)
+    folder = make_images(tmp_path / "bad_images", 3)
     (folder / "img01.png").write_bytes(b"not a png")
     config = _config(tmp_path, tiny_model_dir, folder, "bad", max_train_steps=1)
     assert train(config) == 2

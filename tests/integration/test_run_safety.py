@@ -130,6 +130,7 @@ def test_resume_refusals_are_one_line_before_models_load(tmp_path, tiny_model_di
     cases = [
         (["--network_dim", "8", "--max_train_steps", "4"], "network_dim was 4 in"),
         (["--optimizer_type", "Lion", "--max_train_steps", "4"], "optimizer_type was"),
+        (["--clip_skip", "2", "--max_train_steps", "4"], "clip_skip was"),  # text adapters train
         ([], "is at optimizer step 2, and this run ends at step 2"),
     ]
     for extra, expected in cases:
@@ -194,3 +195,17 @@ def test_non_finite_or_unusable_numbers_are_refused_at_load(tmp_path, tiny_model
     assert train(config, f"--{key}", value) == 2
     error = capsys.readouterr().err
     assert f'key "{key}"' in error and ("finite" in error or "<= 3e+38" in error), error
+
+
+def test_resume_with_frozen_text_encoders_applies_a_new_clip_skip(tmp_path, tiny_model_dir, images, capsys):
+    """Without text-encoder adapters, clip_skip only changes the conditioning (like editing the
+    captions): a resume applies it and says so instead of refusing."""
+    config = _config(
+        tmp_path, tiny_model_dir, images, save_every_n_steps=1, save_state=True,
+        network_train_unet_only=True,
+    )
+    assert train(config) == 0
+    capsys.readouterr()
+    state = str(tmp_path / "c" / "run-step00000001-state")
+    assert train(config, "--resume", state, "--clip_skip", "2") == 0
+    assert "clip_skip: null -> 2 (applied)" in capsys.readouterr().out

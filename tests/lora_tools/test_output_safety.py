@@ -122,6 +122,7 @@ def _temporaries(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.subprocess
 def test_a_killed_merge_leaves_nothing_the_next_one_does_not_remove(sd1, tmp_path):
     out = tmp_path / "merged.safetensors"
     process = _merge_until_written(sd1, out)
@@ -136,6 +137,7 @@ def test_a_killed_merge_leaves_nothing_the_next_one_does_not_remove(sd1, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged.safetensors"]  # no lock left
 
 
+@pytest.mark.subprocess
 def test_sigterm_stops_a_merge_and_removes_its_temporary_file(sd1, tmp_path):
     out = tmp_path / "merged.safetensors"
     process = _merge_until_written(sd1, out)
@@ -155,6 +157,7 @@ time.sleep(300)
 """
 
 
+@pytest.mark.subprocess
 def test_an_output_name_a_run_is_writing_is_refused(sd1, tmp_path, capsys):
     """A training run (or another command) holding output name "merged" in this folder."""
     holder = subprocess.Popen(

@@ -29,7 +29,13 @@ def _rss() -> int:
 
 
 def _peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    # VmHWM, the peak of this process image: getrusage's ru_maxrss survives execve, so a probe
+    # started from a large parent (a long pytest session) would report the parent's size
+    with open("/proc/self/status", encoding="ascii") as file:
+        for line in file:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _model():

@@ -127,6 +127,7 @@ def test_sd_checkpoint_is_unchanged(tmp_path):
     _same_file(path, reference)
 
 
+@pytest.mark.subprocess
 def test_a_full_model_save_holds_no_second_copy_of_the_model(tmp_path):
     probe = ROOT / "tests" / "saving" / "save_memory_probe.py"
     done = subprocess.run(

@@ -59,6 +59,7 @@ def test_nearest_multiples():
     assert nearest_multiples(8, 16) == [16]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["flux", "sd3"])
 def test_a_resolution_off_the_transformers_grid_is_refused_in_the_dry_run(
     tmp_path, models, images, capsys, family
@@ -76,6 +77,7 @@ def test_a_resolution_off_the_transformers_grid_is_refused_in_the_dry_run(
     assert "use [64, 64] or [80, 64]" in _error(capsys)
 
 
+@pytest.mark.integration
 def test_the_refused_resolution_would_fail_and_the_suggested_one_trains(
     tmp_path, models, images, monkeypatch, capsys
 ):
@@ -87,10 +89,12 @@ def test_the_refused_resolution_would_fail_and_the_suggested_one_trains(
     assert not (tmp_path / "bad" / "run.safetensors").exists()
 
 
+@pytest.mark.integration
 def test_sd_models_take_any_multiple_of_8(tmp_path, models, images):
     assert train(_config(tmp_path, models, "sd", images, resolution=72)) == 0
 
 
+@pytest.mark.integration
 def test_bucket_steps_off_the_grid_are_refused_before_the_model_loads(
     tmp_path, models, images, capsys
 ):
@@ -102,6 +106,7 @@ def test_bucket_steps_off_the_grid_are_refused_before_the_model_loads(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.integration
 def test_sample_sizes_off_the_grid_are_drawn_rounded_with_a_warning(
     tmp_path, models, images, capsys
 ):
