@@ -104,6 +104,19 @@ def read_lora(path: str | Path, flag: str) -> tuple[dict[str, torch.Tensor], dic
     return tensors, metadata
 
 
+def ratios_for(given: Sequence[float] | None, count: int, inputs: str) -> list[float]:
+    """One --ratios value per input (1.0 each when none is given), each checked; ``inputs``
+    names the inputs in the message ("--loras files")."""
+    ratios = list(given) if given is not None else [1.0] * count
+    if len(ratios) != count:
+        raise ConfigError(
+            f"--ratios has {len(ratios)} values for {count} {inputs}; give one per input (or "
+            "none for 1.0 each)"
+        )
+    check_ratios(ratios)
+    return ratios
+
+
 def check_ratios(ratios: Sequence[float]) -> None:
     """ConfigError for a --ratios value that is not finite or beyond +-RATIO_LIMIT."""
     for ratio in ratios:

@@ -37,8 +37,8 @@ from library.lora_tools.base_model import (
 )
 from library.lora_tools.common import (
     DTYPES,
-    check_ratios,
     checked_output,
+    ratios_for,
     read_lora,
     refuse_clash,
     refuse_non_finite_result,
@@ -162,14 +162,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ratios(args: argparse.Namespace) -> list[float]:
-    ratios = args.ratios if args.ratios is not None else [1.0] * len(args.loras)
-    if len(ratios) != len(args.loras):
-        raise ConfigError(
-            f"--ratios has {len(ratios)} values for {len(args.loras)} --loras files; give one "
-            "per file (or none for 1.0 each)"
-        )
-    check_ratios(ratios)
-    return ratios
+    return ratios_for(args.ratios, len(args.loras), "--loras files")
 
 
 def _checked_folder(path: str, overwrite: bool, inputs) -> Path:

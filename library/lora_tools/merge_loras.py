@@ -24,11 +24,11 @@ from library.lora_tools.common import (
     DTYPES,
     UP,
     add_output_arguments,
-    check_ratios,
     checked_device,
     checked_output,
     human_size,
     input_dtype,
+    ratios_for,
     read_lora,
     refuse_non_finite_result,
     write_file,
@@ -90,13 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _ratios(args: argparse.Namespace) -> list[float]:
-    ratios = args.ratios if args.ratios is not None else [1.0] * len(args.inputs)
-    if len(ratios) != len(args.inputs):
-        raise ConfigError(
-            f"--ratios has {len(ratios)} values for {len(args.inputs)} --inputs; give one per "
-            "input (or none for 1 each)"
-        )
-    check_ratios(ratios)
+    ratios = ratios_for(args.ratios, len(args.inputs), "--inputs")
     if args.method == "svd" and args.rank is None:
         raise ConfigError("--method svd needs --rank")
     if args.method == "concat" and (args.rank is not None or args.conv_rank is not None):

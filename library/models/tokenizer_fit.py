@@ -40,6 +40,23 @@ class TokenizerSource:
     key: str
     fix: str
 
+    @classmethod
+    def chosen(
+        cls, folder: Path, key: str, given: str | None, cache_dir: str | None, files: str, seen_for: str = ""
+    ) -> TokenizerSource:
+        """The key that chose ``folder``: ``key`` (tokenizer_path, t5_tokenizer_path) when it is
+        ``given``, tokenizer_cache_dir when the folder lies there, else the Hugging Face cache
+        (found ``seen_for`` an encoder); ``files`` names what the right folder holds."""
+        if given:
+            return cls(key, f"point {key} at a folder with {files}")
+        if cache_dir and Path(cache_dir).expanduser() in folder.parents:
+            fix = f"replace {folder} with {files}, or set {key} to a folder with those files"
+            return cls("tokenizer_cache_dir", fix)
+        return cls(
+            "pretrained_model_name_or_path",
+            f"it was found in the Hugging Face cache{seen_for}; set {key} to a folder with {files}",
+        )
+
 
 def encoder_kind(config: Mapping, default: TokenizerKind) -> TokenizerKind:
     """The tokenizer kind an encoder takes: by its config's ``model_type`` (a diffusers folder's

@@ -160,7 +160,10 @@ def load_tokenizer_for(
     folder = find_tokenizer_folder(kind, index, tokenizer_path, cache_dir, hub_cache)
     if folder is None:
         raise ModelError(_missing_message(kind, index, model_file, tokenizer_path))
-    source = _source(folder, tokenizer_path, cache_dir, encoder)
+    files = "CLIP's vocab.json and merges.txt"
+    source = TokenizerSource.chosen(
+        folder, "tokenizer_path", tokenizer_path, cache_dir, files, f" for {encoder}"
+    )
     tokenizer = load_clip_tokenizer(folder, config, encoder, source)
     if kind == "openclip" and tokenizer.pad_token != OPENCLIP_PAD:
         if OPENCLIP_PAD not in tokenizer.get_vocab():
@@ -181,25 +184,6 @@ def folder_tokenizer(
     fix = f"{model_dir} must hold its text encoder's own tokenizer in {sub}/: restore it"
     source = TokenizerSource("pretrained_model_name_or_path", fix)
     return load_clip_tokenizer(model_dir / sub, config, encoder, source)
-
-
-def _source(
-    folder: Path, tokenizer_path: str | None, cache_dir: str | None, encoder: str
-) -> TokenizerSource:
-    """Which key chose ``folder``, and what to do when its tokenizer is the wrong one."""
-    files = "CLIP's vocab.json and merges.txt"
-    if tokenizer_path:
-        return TokenizerSource("tokenizer_path", f"point tokenizer_path at a folder with {files}")
-    if cache_dir and Path(cache_dir).expanduser() in folder.parents:
-        return TokenizerSource(
-            "tokenizer_cache_dir",
-            f"replace {folder} with {files}, or set tokenizer_path to a folder with them",
-        )
-    return TokenizerSource(
-        "pretrained_model_name_or_path",
-        f"it was found in the Hugging Face cache for {encoder}; set tokenizer_path to a folder "
-        f"with {files}",
-    )
 
 
 def _missing_message(kind: EncoderKind, index: int, model_file: Path, path: str | None) -> str:

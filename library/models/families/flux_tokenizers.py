@@ -107,7 +107,10 @@ def located_t5_tokenizer(
     if found is None:
         raise ModelError(missing)
     folder = t5_tokenizer_files(found, "set t5_tokenizer_path in [flow] to a folder with it")
-    return folder, t5_source(folder, t5_tokenizer_path, cache_dir)
+    files = "T5-XXL's tokenizer.json"
+    return folder, TokenizerSource.chosen(
+        folder, "t5_tokenizer_path", t5_tokenizer_path, cache_dir, files
+    )
 
 
 def folder_t5_tokenizer(
@@ -126,25 +129,6 @@ def folder_t5_tokenizer(
         fix = f"{model_dir} must hold T5-XXL's own tokenizer in {sub}/: restore it"
         source = TokenizerSource("pretrained_model_name_or_path", fix)
     return load_t5_tokenizer(folder, config, source)
-
-
-def t5_source(
-    folder: Path, t5_tokenizer_path: str | None, cache_dir: str | None
-) -> TokenizerSource:
-    """Which key chose the T5 tokenizer ``folder``, and what to do when it is the wrong one."""
-    files = "T5-XXL's tokenizer.json"
-    if t5_tokenizer_path:
-        fix = f"point t5_tokenizer_path at a folder with {files}"
-        return TokenizerSource("t5_tokenizer_path", fix)
-    if cache_dir and Path(cache_dir).expanduser() in folder.parents:
-        return TokenizerSource(
-            "tokenizer_cache_dir",
-            f"replace {folder} with {files}, or set t5_tokenizer_path to a folder with it",
-        )
-    return TokenizerSource(
-        "pretrained_model_name_or_path",
-        f"it was found in the Hugging Face cache; set t5_tokenizer_path to a folder with {files}",
-    )
 
 
 def missing_t5_tokenizer(path_text: str | None, model_file: Path) -> str:
