@@ -100,7 +100,14 @@ def element_loss(
         return diff.abs()
     if loss_type in ("huber", "smooth_l1"):
         c = huber_c.float().view(-1, *([1] * (diff.dim() - 1)))
-        smooth = torch.sqrt(diff.pow(2) + c.pow(2)) - c
+        # sqrt(d^2 + c^2) - c, written as d^2 / (sqrt(d^2 + c^2) + c): the same value without
+        # the cancellation that loses most float32 digits when c is large beside d.
+        squared = diff.pow(2)
+        # (The floor keeps d = 0 at 0 where an exponential schedule's c underflows to 0.)
+        denominator = (torch.sqrt(squared + c.pow(2)) + c).clamp_min(
+            torch.finfo(torch.float32).tiny
+        )
+        smooth = squared / denominator
         return 2.0 * c * smooth if loss_type == "huber" else 2.0 * smooth
     raise ConfigError(f'loss_type "{loss_type}" is not one of l2, l1, huber, smooth_l1')
 

@@ -1,6 +1,7 @@
 """Loss types, Huber schedules and SNR weights against formulas written out by hand."""
 
 import math
+from decimal import Decimal, localcontext
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from library.errors import ConfigError
 from library.training.loss import (
     LossOptions,
     diffusion_loss,
+    element_loss,
     huber_thresholds,
     min_snr_weight,
     signal_to_noise,
@@ -219,3 +221,22 @@ def test_alpha_mask_weights_each_latent_pixel():
     )
     assert unmasked.item() != pytest.approx(loss.item(), rel=1e-3)
     assert latent_mask({}, prediction.shape) is None
+
+
+def test_huber_stays_exact_for_a_large_threshold_and_finite_for_a_vanishing_one():
+    diff = torch.tensor([[0.0, 1e-3, 0.5, 3.0]])
+    target = torch.zeros_like(diff)
+    for c in (1e3, 0.1):
+        # the textbook formula in 40-digit decimals, where its cancellation costs nothing
+        with localcontext() as ctx:
+            ctx.prec = 40
+            k = Decimal(c)
+            exact = [
+                2 * k * ((Decimal(d) ** 2 + k * k).sqrt() - k) for d in diff.flatten().tolist()
+            ]
+            expected = [float(x) for x in exact]
+        got = element_loss(diff, target, "huber", torch.tensor([c])).flatten().tolist()
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-12)
+    # an exponential schedule's threshold can underflow to 0: smooth_l1 is then 2|d|, not NaN
+    got = element_loss(diff, target, "smooth_l1", torch.tensor([0.0])).flatten()
+    assert torch.equal(got, 2 * diff.abs().flatten())
