@@ -163,9 +163,10 @@ class TrainData:
         epoch boundaries instead of starting again for each epoch.
 
         Each batch (see library.data.samples.collate): "pixel_values" float [B, 3, H, W] in
-        [-1, 1], or with a latent cache "latent_means"/"latent_stds" [B, 4, h, w]; "captions"
-        (after caption processing); "loss_weights" float [B] (0 for padding samples);
-        "positions" long [B]; "epoch"; "cache_roots"; "alpha_masks" [B, 1, H, W] when a subset
+        [-1, 1], or with a latent cache "latent_means"/"latent_stds" in the latent codec's
+        layout ([B, C, h, w] for an image VAE); "captions" (after caption processing);
+        "loss_weights" float [B] (0 for padding samples); "positions" long [B]; "epoch";
+        "cache_roots"; "alpha_masks" [B, 1, H, W] when a subset
         has alpha_mask; SDXL's "original_sizes", "crop_top_lefts", "target_sizes" long [B, 2];
         "readable" bool [B] and "unreadable", the problems of the images that could not be
         read now (their samples are stand-ins with loss weight 0, see library.data.samples).

@@ -76,7 +76,7 @@ class LatentRequest:
 class CachedLatent:
     """The VAE posterior of one request and what SDXL's size conditioning needs (CPU tensors)."""
 
-    mean: torch.Tensor  # [4, h, w] in the cache dtype
+    mean: torch.Tensor  # one image's posterior mean ([C, h, w] for an image VAE), cache dtype
     std: torch.Tensor
     alpha: torch.Tensor | None  # [1, H, W] pixel-space mask in [0, 1] when with_alpha
     original_size: tuple[int, int]  # (h, w)
@@ -129,12 +129,16 @@ class _Unusable(Exception):
 
 class LatentCache:
     """Latents of one VAE in one dtype, in memory or (to_disk) in files under each request's
-    root; see the module docstring."""
+    root; see the module docstring. ``sample_dims``: dimensions of one entry's mean and std
+    (3 for an image VAE's [C, h, w]; a video VAE's [C, F, h, w] has 4)."""
 
-    def __init__(self, vae_identity: str, dtype: torch.dtype, to_disk: bool) -> None:
+    def __init__(
+        self, vae_identity: str, dtype: torch.dtype, to_disk: bool, sample_dims: int = 3
+    ) -> None:
         self.vae_identity = vae_identity
         self.dtype = dtype
         self.to_disk = to_disk
+        self.sample_dims = sample_dims
         self._memory: dict[str, CachedLatent] = {}
         self._on_disk: set[str] = set()
         self._built: dict[LatentRequest, str] = {}  # the key parts of every request built
@@ -176,7 +180,9 @@ class LatentCache:
             return entry
         if not self.to_disk:
             raise KeyError(f"no cached latent for {request.path} at {request.size}; build first")
-        return _get_from_disk(cache_file(request.root, key), parts, request, self.dtype)
+        return _get_from_disk(
+            cache_file(request.root, key), parts, request, self.dtype, self.sample_dims
+        )
 
     def build(
         self,
@@ -193,9 +199,10 @@ class LatentCache:
 
         `requests` must be the same list in the same order on every rank. `load(request)` gives
         (pixels [3, H, W] in [-1, 1], alpha [1, H, W] or None, original (h, w), crop (top,
-        left)); `encode(pixels [B, 3, H, W] on the CPU)` gives (mean, std), each [B, 4, h, w],
-        and is called under torch.no_grad() with batches of one size. With several processes
-        `group` defaults to a new CacheGroup (a collective); if any rank fails, all raise.
+        left)); `encode(pixels [B, 3, H, W] on the CPU)` gives (mean, std), B entries of
+        `sample_dims` dimensions each ([B, C, h, w] for an image VAE), and is called under
+        torch.no_grad() with batches of one size. With several processes `group` defaults to a
+        new CacheGroup (a collective); if any rank fails, all raise.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -280,7 +287,7 @@ class LatentCache:
                 faults[str(file)] = ""
                 continue
             try:
-                _read_entry(file, job.parts, job.request, self.dtype, verify)
+                _read_entry(file, job.parts, job.request, self.dtype, self.sample_dims, verify)
             except _Unusable as bad:
                 faults[str(file)] = bad.reason
         return faults
@@ -310,7 +317,7 @@ class LatentCache:
         pixels = torch.stack([item[0] for item in loaded])
         with torch.no_grad():
             mean, std = encode(pixels)
-        if mean.shape != std.shape or mean.ndim != 4 or mean.shape[0] != len(jobs):
+        if mean.shape != std.shape or mean.ndim != 1 + self.sample_dims or len(mean) != len(jobs):
             raise ValueError(f"encode gave mean {tuple(mean.shape)}, std {tuple(std.shape)}")
         mean, std = mean.to(self.dtype).cpu(), std.to(self.dtype).cpu()
         if not (all_finite(mean) and all_finite(std)):
@@ -423,11 +430,17 @@ def _write_entry(key: str, job: _Job, entry: CachedLatent) -> None:
 
 
 def _read_entry(
-    file: Path, parts: str, request: LatentRequest, dtype: torch.dtype, verify: bool = True
+    file: Path,
+    parts: str,
+    request: LatentRequest,
+    dtype: torch.dtype,
+    sample_dims: int,
+    verify: bool = True,
 ) -> CachedLatent | None:
     """The entry in `file` for `request`, checked against the key parts, its checksum, finite
-    values and the expected names, dtypes and shapes; with verify=False only the header is read
-    and checked (safetensors refuses a file shorter than its header says) and None returned.
+    values and the expected names, dtypes and shapes (means and stds of `sample_dims`
+    dimensions); with verify=False only the header is read and checked (safetensors refuses a
+    file shorter than its header says) and None returned.
 
     Raises _Unusable saying what is wrong.
     """
@@ -455,7 +468,7 @@ def _read_entry(
     if (
         mean.dtype != dtype
         or std.dtype != dtype
-        or mean.ndim != 3
+        or mean.ndim != sample_dims
         or mean.shape != std.shape
         or (alpha is not None and tuple(alpha.shape) != (1, height, width))
         or any(len(size) != 2 for size in sizes)
@@ -465,14 +478,14 @@ def _read_entry(
 
 
 def _get_from_disk(
-    file: Path, parts: str, request: LatentRequest, dtype: torch.dtype
+    file: Path, parts: str, request: LatentRequest, dtype: torch.dtype, sample_dims: int
 ) -> CachedLatent:
     """The verified entry in `file`; a DataError naming the file and the fix when unusable."""
     fix = f"delete the folder {file.parent} and run again to rebuild the cache"
     if not file.exists():
         raise DataError(f"latent cache file {file} for {request.path} is missing; {fix}")
     try:
-        entry = _read_entry(file, parts, request, dtype)
+        entry = _read_entry(file, parts, request, dtype, sample_dims)
     except _Unusable as bad:
         if bad.kind == "unreadable":
             message = f"latent cache file {file} for {request.path} {bad.reason}; {fix}"

@@ -27,6 +27,7 @@ from library.data.items import ScannedImage, SubsetOptions
 from library.data.latent_cache import LatentCache, LatentRequest
 from library.data.schedule import SampleRef, stable_seed
 from library.errors import DataError
+from library.models.latent_codec import LatentLayout
 
 if TYPE_CHECKING:  # dataset.py imports this module
     from library.data.dataset import TrainData
@@ -38,11 +39,11 @@ _NO_AUGMENT = AugmentDraws(flip=False, crop_fraction=None, hue_shift=0.0)
 class SampleSource:
     """What samples need beyond the scanned data: the latent cache (None: load the pixels), the
     run's optimizer steps (token warmup given as a fraction of them) and, with a latent cache,
-    the latents' (channels, downscale factor): the shape of a stand-in for an unreadable entry."""
+    the latents' layout: the shape of a stand-in for an unreadable entry."""
 
     latents: LatentCache | None = None
     max_train_steps: int = 1
-    latent_grid: tuple[int, int] | None = None
+    latent_layout: LatentLayout | None = None
 
 
 def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> LatentRequest:
@@ -105,8 +106,7 @@ def _stand_in(image: ScannedImage, source: SampleSource) -> dict:
     if source.latents is None:
         entries = {"pixel_values": torch.zeros(3, height, width)}
     else:
-        channels, factor = source.latent_grid
-        latent = torch.zeros(channels, height // factor, width // factor)
+        latent = torch.zeros(source.latent_layout.shape(1, height, width)[1:])
         entries = {"latent_mean": latent, "latent_std": latent}
     return {
         **entries,
@@ -126,7 +126,7 @@ def _readable_entries(
     try:
         return _image_entries(image, options, draws, source), None
     except DataError as error:
-        if source.latents is not None and source.latent_grid is None:
+        if source.latents is not None and source.latent_layout is None:
             raise  # no shape to stand in with (a cache used outside a training run)
         return _stand_in(image, source), str(error)
 

@@ -45,20 +45,24 @@ def cache_group(config: Config, accelerator) -> CacheGroup:
 
 
 def build_latent_cache(
-    config: Config, data: TrainData, vae: torch.nn.Module, accelerator, group: CacheGroup
+    config: Config, data: TrainData, components: Components, accelerator, group: CacheGroup
 ) -> LatentCache | None:
-    """Encode every image the run can use (both flips with flip_aug), or find it on disk."""
+    """Encode every image the run can use (both flips with flip_aug), or find it on disk: the
+    posterior of the family's latent codec over the components' VAE."""
     if not config.data.latents_cached:
         return None
     device = accelerator.device
+    codec = components.family.latent_codec(components.vae)
 
     def encode(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.no_grad(), torch.autocast(device.type, enabled=False):
-            posterior = vae.encode(pixels.to(device, dtype=vae.dtype)).latent_dist
-        return posterior.mean.float().cpu(), posterior.std.float().cpu()
+        mean, std = codec.posterior(pixels.to(device))
+        return mean.cpu(), std.cpu()
 
     cache = LatentCache(
-        tensor_digest(vae), LATENT_CACHE_DTYPE, to_disk=config.data.cache_latents_to_disk
+        tensor_digest(components.vae),
+        LATENT_CACHE_DTYPE,
+        to_disk=config.data.cache_latents_to_disk,
+        sample_dims=codec.layout.sample_dims,
     )
     requests = latent_requests(data)
     stats = cache.build(

@@ -147,9 +147,9 @@ def diffusion_loss(
 
     ``levels`` are the samples' noise levels and ``objective`` the training objective
     (library.training.objectives) that gives their Huber thresholds and level weights (min-SNR
-    and the like). ``mask`` [B, 1, h, w] (alpha_mask) multiplies the element losses before their
-    mean, as kohya's masked loss does: a half-transparent image contributes half the loss of an
-    opaque one.
+    and the like). ``mask`` (alpha_mask: [B, 1, h, w], or any shape that broadcasts over the
+    latents, see step.latent_mask) multiplies the element losses before their mean, as kohya's
+    masked loss does: a half-transparent image contributes half the loss of an opaque one.
     """
     huber_c = None
     if options.loss_type in ("huber", "smooth_l1"):

@@ -38,7 +38,6 @@ from library.config.schema import Config
 from library.data.plan import DataStats
 from library.errors import ConfigError
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
-from library.models.families.base import latent_grid
 from library.training.activation_memory import ActivationCounter, meta_copy
 from library.training.optimizers import optimizer_kwargs
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
@@ -258,9 +257,10 @@ def training_activations(
 
 
 def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Meta latents [B, C, H / f, W / f] (f the VAE's downscaling) and noise levels [B]."""
-    channels, factor = latent_grid(comps.vae)
-    shape = (size.batch, channels, size.height // factor, size.width // factor)
+    """Meta latents of the family's latent codec for the size ([B, C, H / f, W / f] for an image
+    VAE, f its downscaling) and noise levels [B]."""
+    layout = comps.family.latent_codec(comps.vae).layout
+    shape = layout.shape(size.batch, size.height, size.width)
     latents = torch.empty(shape, device="meta", dtype=dtype)
     levels = comps.objective.level_tensor(comps.objective.validation_levels(1), "meta")
     return latents, levels.expand(size.batch)

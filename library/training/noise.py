@@ -11,6 +11,7 @@ micro-batches and ranks.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -75,7 +76,7 @@ class SampleDraws:
     latent_eps: torch.Tensor  # standard normal, shape of the latents: samples the VAE posterior
     noise: torch.Tensor  # standard normal, shape of the latents: the diffusion noise
     timesteps: torch.Tensor  # long [B]
-    offset: torch.Tensor  # standard normal [B, C, 1, 1] for noise_offset
+    offset: torch.Tensor  # standard normal [B, C, 1, ...] (1 for every other axis): noise_offset
     offset_strength: torch.Tensor  # uniform [0, 1) [B]: noise_offset_random_strength
     ip_strength: torch.Tensor  # uniform [0, 1) [B]: ip_noise_gamma_random_strength
     ip_noise: torch.Tensor | None  # standard normal, shape of the latents, when ip_noise_gamma
@@ -89,7 +90,7 @@ def draw(
     seed: int,
     epoch: int,
     positions: list[int],
-    latent_shape: tuple[int, int, int],
+    latent_shape: tuple[int, ...],
     num_timesteps: int,
     device: torch.device,
     options: NoiseOptions | None = None,
@@ -113,7 +114,7 @@ def draw(
 
 def _draw_one(
     key: tuple[int, int, int],
-    shape: tuple[int, int, int],
+    shape: tuple[int, ...],
     low: int,
     high: int,
     options: NoiseOptions,
@@ -125,7 +126,7 @@ def _draw_one(
         "noise": torch.randn(shape, generator=gen),
         # randint consumes the stream alike whatever the range, so later draws never move.
         "timesteps": torch.randint(low, max(high, low + 1), (1,), generator=gen),
-        "offset": torch.randn((shape[0], 1, 1), generator=gen),
+        "offset": torch.randn((shape[0], *([1] * (len(shape) - 1))), generator=gen),
         "offset_strength": torch.rand((1,), generator=gen),
         "ip_strength": torch.rand((1,), generator=gen),
     }
@@ -138,9 +139,12 @@ def _draw_one(
         out["time_uniform"] = torch.rand((1,), generator=time_gen)
     if options.multires_noise_iterations:
         pyramid_gen = torch.Generator().manual_seed(sample_seed(*key, MULTIRES_STREAM))
+        # Every axis before the two spatial ones counts as a channel (a video VAE's frame axis
+        # too): the octaves are images, and [C, h, w] latents draw exactly as they always did.
+        flat = (math.prod(shape[:-2]), *shape[-2:])
         out["pyramid"] = pyramid_noise(
-            pyramid_gen, shape, options.multires_noise_iterations, options.multires_noise_discount
-        )
+            pyramid_gen, flat, options.multires_noise_iterations, options.multires_noise_discount
+        ).view(shape)
     return out
 
 
@@ -206,22 +210,24 @@ def training_noise(
     to unit standard deviation on its own), then input perturbation on the input side only.
     """
     noise = draws.noise
+    dims = latents.dim()
+    per_sample = (-1, *([1] * (dims - 1)))  # a [B] value broadcast over each sample's latents
     if options.noise_offset:
         strength = torch.full_like(draws.offset_strength, options.noise_offset)
         if options.noise_offset_random_strength:
             strength = strength * draws.offset_strength
-        strength = strength.view(-1, 1, 1, 1)
+        strength = strength.view(per_sample)
         if options.adaptive_noise_scale:
-            channel_mean = latents.float().mean(dim=(2, 3), keepdim=True).abs()
+            channel_mean = latents.float().mean(dim=tuple(range(2, dims)), keepdim=True).abs()
             strength = (strength + options.adaptive_noise_scale * channel_mean).clamp(min=0.0)
         noise = noise + strength * draws.offset
     if options.multires_noise_iterations:
         noise = noise + draws.pyramid
-        noise = noise / noise.std(dim=(1, 2, 3), keepdim=True)
+        noise = noise / noise.std(dim=tuple(range(1, dims)), keepdim=True)
     input_noise = noise
     if options.ip_noise_gamma:
         gamma = torch.full_like(draws.ip_strength, options.ip_noise_gamma)
         if options.ip_noise_gamma_random_strength:
             gamma = gamma * draws.ip_strength
-        input_noise = noise + gamma.view(-1, 1, 1, 1) * draws.ip_noise
+        input_noise = noise + gamma.view(per_sample) * draws.ip_noise
     return noise, input_noise

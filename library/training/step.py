@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from library.models import conditioning
 from library.models.conditioning import Conditioning, encode_conditioning
-from library.models.families.base import CONDITIONING_DRAWS_KEY, ModelFamily, to_latents
+from library.models.families.base import CONDITIONING_DRAWS_KEY, ModelFamily
+from library.models.latent_codec import LatentCodec
 from library.training.loss import LossOptions, diffusion_loss
 from library.training.noise import (
     CONDITIONING_STREAM,
@@ -54,19 +55,20 @@ class StepInputs:
         self.tokenizers = tuple(self.tokenizers)
         self.noise, self.loss = self.objective.check(self.noise, self.loss)
 
+    @property
+    def codec(self) -> LatentCodec:
+        """The family's latent codec over ``vae``."""
+        return self.family.latent_codec(self.vae)
+
 
 def batch_posterior(s: StepInputs, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """The VAE posterior's (mean, std) [B, 4, h, w] in float32: cached in the batch
-    ("latent_means"/"latent_stds", see library.data.dataset) or encoded from its pixels."""
+    """The VAE posterior's (mean, std) in float32, in the codec's layout ([B, C, h, w] for an
+    image VAE): cached in the batch ("latent_means"/"latent_stds", see library.data.dataset) or
+    encoded from its pixels."""
     if "latent_means" in batch:
         mean = batch["latent_means"].to(s.device, dtype=torch.float32)
         return mean, batch["latent_stds"].to(s.device, dtype=torch.float32)
-    # The VAE runs in its own dtype (float32 with no_half_vae), outside the step's autocast,
-    # which would otherwise recast it to the mixed-precision dtype.
-    pixels = batch["pixel_values"].to(s.device, dtype=s.vae.dtype)
-    with torch.no_grad(), torch.autocast(s.device.type, enabled=False):
-        posterior = s.vae.encode(pixels).latent_dist
-    return posterior.mean.float(), posterior.std.float()
+    return s.codec.posterior(batch["pixel_values"].to(s.device))
 
 
 def batch_conditioning(s: StepInputs, batch: dict) -> Conditioning:
@@ -106,11 +108,13 @@ def batch_conditioning(s: StepInputs, batch: dict) -> Conditioning:
 
 
 def latent_mask(batch: dict, latent_shape: torch.Size) -> torch.Tensor | None:
-    """The batch's alpha masks [B, 1, H, W] averaged down to the latents' size, or None."""
+    """The batch's alpha masks [B, 1, H, W] averaged down to the latents' spatial size (their
+    last two axes), with a 1 for every other latent axis so it broadcasts over them; or None."""
     masks = batch.get("alpha_masks")
     if masks is None:
         return None
-    return F.interpolate(masks.float(), size=tuple(latent_shape[-2:]), mode="area")
+    mask = F.interpolate(masks.float(), size=tuple(latent_shape[-2:]), mode="area")
+    return mask.view(mask.shape[0], *([1] * (len(latent_shape) - 3)), *mask.shape[-2:])
 
 
 def predict(s: StepInputs, noisy: torch.Tensor, levels: torch.Tensor, cond: Conditioning):
@@ -128,7 +132,7 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
     positions = batch["positions"].tolist()
     shape = tuple(mean.shape[1:])
     draws = s.objective.draws(s.seed, batch["epoch"], positions, shape, s.device, s.noise)
-    latents = to_latents(s.vae, mean + std * draws.latent_eps)
+    latents = s.codec.to_latents(mean + std * draws.latent_eps)
     noise, input_noise = training_noise(draws, latents, s.noise)
     levels = s.objective.levels(draws, shape)
     noisy = s.objective.noisy(latents, input_noise, levels)

@@ -25,7 +25,6 @@ from library.data.dataset import TrainData
 from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
 from library.errors import CheckpointError, ModelError, TrainingError
-from library.models.families.base import latent_grid
 from library.models.float8 import keep_out_of_ddp
 from library.models.loader import load_components, shapes_only
 from library.networks.max_norm import apply_max_norm
@@ -209,8 +208,9 @@ class Trainer:
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)
         optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
         group = cache_group(config, acc)
-        latents = build_latent_cache(config, self.data, parts.components.vae, acc, group)
-        source = SampleSource(latents, plan.total_steps, latent_grid(parts.components.vae))
+        latents = build_latent_cache(config, self.data, parts.components, acc, group)
+        layout = family.latent_codec(parts.components.vae).layout
+        source = SampleSource(latents, plan.total_steps, layout)
         text_cache = build_text_cache(config, self.data, parts.components, weight_dtype, acc, group)
         if source.latents is not None and not self.sampler.prompts:
             parts.components.vae.to("cpu")  # every latent is cached and nothing is decoded: free its memory

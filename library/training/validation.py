@@ -31,7 +31,6 @@ import torch
 
 from library.data.schedule import stable_seed
 from library.errors import ConfigError
-from library.models.families.base import to_latents
 from library.training.loss import element_loss
 from library.training.objectives import validation_timesteps
 from library.training.step import (
@@ -127,7 +126,7 @@ def batch_validation_loss(
     keys = _keys(batch, len(batch["captions"]))
     with torch.no_grad():
         mean, _ = batch_posterior(plain, batch)
-        latents = to_latents(plain.vae, mean)
+        latents = plain.codec.to_latents(mean)
         cond = batch_conditioning(plain, batch)
         mask = latent_mask(batch, latents.shape)
         readable = batch.get("readable", torch.ones(len(keys), dtype=torch.bool)).to(s.device)

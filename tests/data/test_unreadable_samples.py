@@ -12,8 +12,9 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.dataset import TrainData
 from library.data.latent_cache import LatentCache, cache_file
 from library.data.samples import SampleSource, latent_requests, load_for_cache
+from library.models.latent_codec import LatentLayout
 
-LATENT_GRID = (4, 8)  # the stand-in VAE below: 4 channels, 8x smaller
+LATENT_LAYOUT = LatentLayout(4, 8)  # the stand-in VAE below: 4 channels, 8x smaller
 
 
 def _encode(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +75,7 @@ def test_cached_latents_do_not_read_the_image_again(tmp_path):
     data = _data(tmp_path)
     cache = LatentCache("stand-in", torch.float32, to_disk=False)
     cache.build(latent_requests(data), _encode, load_for_cache, batch_size=2)
-    source = SampleSource(cache, latent_grid=LATENT_GRID)
+    source = SampleSource(cache, latent_layout=LATENT_LAYOUT)
     before = _batches(data, source)
     _break(data, 1, "delete")
     after = _batches(data, source)
@@ -90,7 +91,7 @@ def test_a_cache_file_damaged_after_the_build_becomes_a_stand_in(tmp_path):
     cache.build(requests, _encode, load_for_cache, batch_size=2)
     file = cache_file(requests[2].root, cache.key(requests[2]))
     file.write_bytes(b"not a safetensors file")
-    batches = _batches(data, SampleSource(cache, latent_grid=LATENT_GRID))
+    batches = _batches(data, SampleSource(cache, latent_layout=LATENT_LAYOUT))
     named = [problem for batch in batches for problem in batch["unreadable"]]
     assert len(named) == 1 and str(file) in named[0]
     for batch in batches:

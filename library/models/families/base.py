@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
+from library.models.latent_codec import LatentCodec, ScaledLatentCodec
+
 if TYPE_CHECKING:
     from library.config.flow_schema import FlowSection
     from library.config.schema import Config, ModelSection
@@ -66,8 +68,8 @@ class ModelFamily:
     # modelspec.implementation of a full model file: the code whose key layout it uses.
     checkpoint_implementation: str = "https://github.com/Stability-AI/generative-models"
     denoiser_subfolder: str = "unet"  # the denoiser's subfolder in a diffusers model folder
-    # scaling_factor of the family's released VAE. Training reads the loaded VAE's config; this
-    # is what VAE configs we write (tiny models) carry.
+    # scaling_factor of the family's released VAE. Training reads the loaded VAE's config (through
+    # latent_codec); this is what VAE configs we write (tiny models) carry.
     latent_scale: float = 0.18215
     # Key layouts a LoRA file of this family can be written in (SavingSection.lora_format).
     lora_formats: tuple[str, ...] = ("kohya",)
@@ -115,7 +117,8 @@ class ModelFamily:
         timesteps: torch.Tensor,
         cond: Conditioning,
     ) -> torch.Tensor:
-        """The denoiser's raw output for noisy latents [B, C, h, w] at ``timesteps``."""
+        """The denoiser's raw output for noisy latents (in the layout of the family's
+        latent_codec, [B, C, h, w] for an image VAE) at ``timesteps``."""
         raise NotImplementedError(f"{self.name} does not define how its denoiser is called")
 
     def encode_text(
@@ -218,6 +221,11 @@ class ModelFamily:
         ``source`` for a file that does not fit them."""
         raise NotImplementedError(f"{self.name} does not define its LoRA file layout")
 
+    def latent_codec(self, vae: torch.nn.Module) -> LatentCodec:
+        """How ``vae`` (this family's loaded VAE) turns pixels into the denoiser's latents and
+        back: diffusers' AutoencoderKL scale and shift by default."""
+        return ScaledLatentCodec(vae)
+
     def bucket_grid(self, denoiser: torch.nn.Module) -> int:
         """Pixels an image side must be a multiple of for this denoiser."""
         raise NotImplementedError(f"{self.name} does not define its size grid")
@@ -271,20 +279,3 @@ class ModelFamily:
                 f'network_module = "{module}" is for {owner} and this is a {self.name} '
                 f'model; use "{self.network_modules[-1]}"'
             )
-
-
-def latent_grid(vae: torch.nn.Module) -> tuple[int, int]:
-    """(channels, downscale factor) of the VAE's latents: an H x W image gives latents of shape
-    [channels, H / factor, W / factor]."""
-    return vae.config.latent_channels, 2 ** (len(vae.config.block_out_channels) - 1)
-
-
-def to_latents(vae: torch.nn.Module, sample: torch.Tensor) -> torch.Tensor:
-    """A VAE posterior sample in the denoiser's latent space: (sample - shift) * scale.
-
-    ``scaling_factor`` and ``shift_factor`` come from the VAE's own config (SD's VAEs have no
-    shift; Flux's and SD3's do).
-    """
-    shift = getattr(vae.config, "shift_factor", None) or 0.0
-    scaled = sample - shift if shift else sample
-    return scaled * vae.config.scaling_factor
