@@ -1,6 +1,6 @@
-"""Write the committed test assets in tests/assets/ (the tiny CLIP and T5 tokenizers).
+"""Write the committed test assets in tests/assets/ (the tiny CLIP, T5 and Qwen3 tokenizers).
 
-Deterministic; a test regenerates them and checks the committed files are identical. Run from
+Deterministic; tests regenerate them and check the committed files are identical. Run from
 the repository root:  python tools/make_test_assets.py   (or: python -m tools.make_test_assets)
 """
 
@@ -8,29 +8,45 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS_DIR = ROOT / "tests" / "assets"
+# The folders make_test_assets writes when not told which: the CLIP and T5 tokenizers, the set
+# tests/models/test_example_assets.py compares. main() writes every folder of asset_writers().
+DEFAULT_ASSETS = ("tokenizer", "t5_tokenizer")
 
 
-def make_test_assets(out_dir: str | Path = ASSETS_DIR) -> list[Path]:
-    """(Re)write ``out_dir``/tokenizer and ``out_dir``/t5_tokenizer; returns every generated
-    file, sorted."""
+def asset_writers() -> dict[str, Callable[[Path], object]]:
+    """Folder name under tests/assets/ -> the function writing it."""
+    from library.models.families.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
     from library.models.flux.tiny import write_tiny_t5_tokenizer
     from library.models.tiny import write_tiny_tokenizer
 
+    return {
+        "tokenizer": write_tiny_tokenizer,
+        "t5_tokenizer": write_tiny_t5_tokenizer,
+        "qwen3_tokenizer": write_tiny_qwen3_tokenizer,  # Z-Image's text encoder's tokenizer
+    }
+
+
+def make_test_assets(
+    out_dir: str | Path = ASSETS_DIR, names: Sequence[str] = DEFAULT_ASSETS
+) -> list[Path]:
+    """(Re)write the folders ``names`` under ``out_dir``; returns every generated file, sorted."""
+    writers = asset_writers()
     files = []
-    for name, write in (("tokenizer", write_tiny_tokenizer), ("t5_tokenizer", write_tiny_t5_tokenizer)):
+    for name in names:
         folder = Path(out_dir) / name
         shutil.rmtree(folder, ignore_errors=True)
-        write(folder)
+        writers[name](folder)
         files += [p for p in folder.rglob("*") if p.is_file()]
     return sorted(files)
 
 
 def main() -> None:
-    files = make_test_assets(ASSETS_DIR)
+    files = make_test_assets(ASSETS_DIR, tuple(asset_writers()))
     print(f"wrote {len(files)} files under {ASSETS_DIR}")
 
 

@@ -1,0 +1,17 @@
+"""Z-Image (Tongyi-MAI's 6B single-stream DiT, Base and Turbo): the family's self-contained core.
+
+One module per concern, each stating the facts it follows (from diffusers 0.42.1's
+ZImagePipeline, ZImageTransformer2DModel and single-file converter):
+
+- shapes: the released component configs as data, and tiny ones of the same layout;
+- tiny_tokenizer, tiny: a tiny Qwen3-style tokenizer, tiny components and a tiny diffusers
+  ZImagePipeline folder for offline tests;
+- keys: the name table between single-file (original) transformer checkpoints and diffusers;
+- conditioning: captions -> the list of variable-length Qwen3 hidden states the model takes;
+- denoise: latents [B, C, h, w] + timestep + caption states -> the transformer's raw output;
+- objective: sigma draws, noising, the model timestep (1 - sigma), the target (x0 - noise),
+  the sampling sigmas and Euler step;
+- latents: the VAE's scaling and shift.
+
+Nothing here is wired into the trainer yet (no ModelFamily, loader or saver entry).
+"""

@@ -1,0 +1,157 @@
+"""Z-Image component configs as data: the released models and tiny ones of the same layout.
+
+Every function returns a fresh dict of constructor kwargs:
+``ZImageTransformer2DModel(**transformer_config())``, ``Qwen3Model(Qwen3Config(**...))``,
+``AutoencoderKL(**ae_config())``, ``FlowMatchEulerDiscreteScheduler(**scheduler_config(v))``.
+
+Z-Image (Base) and Z-Image-Turbo share every architecture number; they differ in weights and in
+the scheduler's shift. Sources of the full-size numbers:
+- [hub] the transformer/, text_encoder/, vae/ and scheduler/ config files of the
+  Tongyi-MAI/Z-Image-Turbo and Tongyi-MAI/Z-Image repositories, as public ports quote them
+  verbatim (e.g. utensils/mold's config tests and Z-Image.swift's model-layout notes, which list
+  the Base repository's transformer and text-encoder numbers as equal to Turbo's and its shift
+  as 6.0);
+- [diffusers] ``ZImageTransformer2DModel``'s defaults in diffusers 0.42.1, which equal [hub] but
+  for ``axes_lens`` (1024 there, 1536 in the released config);
+- [flux] the AE config of library/models/flux/shapes.py: Z-Image ships FLUX.1's AE (same
+  channels, 16 latent channels, scaling_factor 0.3611, shift_factor 0.1159).
+The tests build the full-size models on the meta device and check their parameter counts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from library.models.flux.shapes import ae_config as flux_ae_config
+from library.models.flux.shapes import tiny_ae_config as flux_tiny_ae_config
+
+Variant = Literal["turbo", "base"]
+VARIANTS: tuple[Variant, ...] = ("turbo", "base")
+
+LATENT_CHANNELS = 16
+PATCH_SIZE = 2  # 2x2 latent patches per token ([hub] all_patch_size [2])
+F_PATCH_SIZE = 1  # one frame per token ([hub] all_f_patch_size [1]): images are 1-frame videos
+TEXT_WIDTH = 2560  # Qwen3-4B's hidden size = the transformer's cap_feat_dim
+# [hub] scheduler_config.json: static shift (use_dynamic_shifting false) of 3.0 for the distilled
+# Turbo and 6.0 for Base.
+SCHEDULER_SHIFT: dict[str, float] = {"turbo": 3.0, "base": 6.0}
+
+
+def _check(variant: str) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown Z-Image variant {variant!r}; expected one of {VARIANTS}")
+
+
+# --- full size --------------------------------------------------------------------------------
+
+
+def transformer_config() -> dict:
+    """ZImageTransformer2DModel kwargs of Z-Image and Z-Image-Turbo (about 6.15B parameters)."""
+    return {
+        "all_patch_size": (PATCH_SIZE,),
+        "all_f_patch_size": (F_PATCH_SIZE,),
+        "in_channels": LATENT_CHANNELS,
+        "dim": 3840,
+        "n_layers": 30,  # the joint (image + caption) blocks
+        "n_refiner_layers": 2,  # per stream: noise_refiner (image) and context_refiner (caption)
+        "n_heads": 30,  # head dim 128
+        "n_kv_heads": 30,  # no grouped-query attention
+        "norm_eps": 1e-5,
+        "qk_norm": True,
+        "cap_feat_dim": TEXT_WIDTH,
+        "rope_theta": 256.0,
+        "t_scale": 1000.0,  # the model multiplies its timestep input (in [0, 1]) by this
+        "axes_dims": [32, 48, 48],  # RoPE split of the head dim: (frame/caption index, row, column)
+        "axes_lens": [1536, 512, 512],  # [hub]; diffusers' default is [1024, 512, 512]
+    }
+
+
+def text_encoder_config() -> dict:
+    """Qwen3Config kwargs of Qwen3-4B, Z-Image's text encoder (loaded as ``Qwen3Model``).
+
+    [hub] text_encoder/config.json (architectures Qwen3ForCausalLM; the pipeline loads the
+    base model without the LM head). Query width 32 * 128 = 4096 differs from the 2560 hidden
+    size, and keys/values use 8 heads (grouped-query attention).
+    """
+    return {
+        "vocab_size": 151936,
+        "hidden_size": TEXT_WIDTH,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+    }
+
+
+def ae_config() -> dict:
+    """AutoencoderKL kwargs of Z-Image's VAE: FLUX.1's AE ([flux]; the same [hub] numbers)."""
+    return flux_ae_config()
+
+
+def scheduler_config(variant: Variant = "turbo") -> dict:
+    """FlowMatchEulerDiscreteScheduler kwargs of ``variant``: a static shift, no dynamic one.
+
+    The pipeline computes a resolution-dependent ``mu`` (calculate_shift) and passes it, but the
+    scheduler only uses ``mu`` when use_dynamic_shifting is true, which neither release sets.
+    """
+    _check(variant)
+    return {
+        "num_train_timesteps": 1000,
+        "use_dynamic_shifting": False,
+        "shift": SCHEDULER_SHIFT[variant],
+    }
+
+
+# --- tiny -------------------------------------------------------------------------------------
+
+TINY_DIM, TINY_HEADS = 32, 2  # transformer width and heads: head dim 16 = sum(TINY_AXES_DIMS)
+TINY_AXES_DIMS = [4, 6, 6]  # even parts (RoPE rotates pairs)
+TINY_TEXT_WIDTH = 40  # distinct from TINY_DIM, so a caption fed where an image goes fails
+TINY_TEXT_VOCAB = 272  # more rows than the tiny tokenizer's 267 tokens, as Qwen3's 151936 has
+TINY_SIZE = 64  # pixels: latents 8 x 8, 16 image tokens, padded to 32 inside the transformer
+
+
+def tiny_transformer_config() -> dict:
+    """ZImageTransformer2DModel kwargs: 2 joint + 2 + 2 refiner blocks at width 32.
+
+    The timestep embedder keeps its fixed 1024-wide hidden layer (diffusers hard-codes it), so
+    this is ~0.4M parameters. ``axes_lens`` stay the released ones: caption positions run past
+    512 at the default caption length.
+    """
+    return {
+        **transformer_config(),
+        "dim": TINY_DIM,
+        "n_layers": 2,
+        "n_heads": TINY_HEADS,
+        "n_kv_heads": TINY_HEADS,
+        "cap_feat_dim": TINY_TEXT_WIDTH,
+        "axes_dims": list(TINY_AXES_DIMS),
+    }
+
+
+def tiny_text_encoder_config() -> dict:
+    """Qwen3Config kwargs: three layers (so hidden_states[-2] is neither the embeddings nor the
+    last layer), grouped-query attention and a query width unlike the hidden size, as Qwen3-4B."""
+    return {
+        **text_encoder_config(),
+        "vocab_size": TINY_TEXT_VOCAB,
+        "hidden_size": TINY_TEXT_WIDTH,
+        "intermediate_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "max_position_embeddings": 1024,  # the pipeline's 512-token captions fit
+    }
+
+
+def tiny_ae_config() -> dict:
+    """AutoencoderKL kwargs: the tiny FLUX.1 AE (four levels, 8x down, 16 latent channels)."""
+    return flux_tiny_ae_config()
