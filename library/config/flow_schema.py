@@ -1,8 +1,9 @@
 """The [flow] section: flow-matching models (Flux.1, SD3/SD3.5) in kohya's vocabulary.
 
 Every key is unset by default. A flow-matching model fills the unset ones with kohya's defaults
-(library.training.objectives.FlowOptions); a DDPM model (SD 1.x/2.x/SDXL) refuses any that is
-set, since it would change nothing there.
+(library.training.objectives.FlowOptions). Which family reads which key is its entry's in the
+family registry (library.models.families.registry): a family refuses a set key it does not read,
+naming the families that do, since it would change nothing there.
 """
 
 from __future__ import annotations
@@ -167,48 +168,3 @@ class FlowSection(Section):
     mode_scale: float | None = Field(
         None, description="Scale of weighting_scheme mode. Unset: 1.29."
     )
-
-
-# The flow-matching families each [flow] key means something for; a family refuses the others
-# by name (they would change nothing). Keys not listed apply to every flow-matching family.
-_ONLY_FOR = {
-    "ae": ("flux",),
-    "train_blocks": ("flux",),
-    "model_type": ("flux",),
-    "guidance_scale": ("flux",),
-    "timestep_sampling": ("flux",),
-    "sigmoid_scale": ("flux",),
-    "discrete_flow_shift": ("flux",),
-    "model_prediction_type": ("flux",),
-    "clip_g": ("sd3",),
-    "apply_lg_attn_mask": ("sd3",),
-    "clip_l_dropout_rate": ("sd3",),
-    "clip_g_dropout_rate": ("sd3",),
-    "t5_dropout_rate": ("sd3",),
-    "training_shift": ("sd3",),
-    "enable_scaled_pos_embed": ("sd3",),
-    "pos_emb_random_crop_rate": ("sd3",),
-}
-_FAMILY_NAMES = {"flux": "Flux.1", "sd3": "SD3"}
-
-
-def foreign_key(flow: FlowSection, kind: str) -> str | None:
-    """The first set [flow] key that applies only to other families than ``kind`` ("flux",
-    "sd3"), as a one-line problem with its fix; None when every set key applies."""
-    found = foreign_flow_key(flow, kind)
-    if found is None:
-        return None
-    key, owners = found
-    names = " and ".join(_FAMILY_NAMES[o] for o in owners)
-    return f"{key} applies to {names} models, not {_FAMILY_NAMES[kind]}; remove it"
-
-
-def foreign_flow_key(flow: FlowSection, kind: str) -> tuple[str, tuple[str, ...]] | None:
-    """(the first set [flow] key that does not apply to the family ``kind``, the flow-matching
-    families it applies to); None when every set key applies. ``kind`` "sd" (a DDPM model):
-    every [flow] key is another family's."""
-    for key in type(flow).model_fields:
-        owners = _ONLY_FOR.get(key, ("flux", "sd3"))
-        if kind not in owners and getattr(flow, key) is not None:
-            return key, owners
-    return None

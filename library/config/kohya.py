@@ -7,6 +7,8 @@ and dropped; any other value is an error that says what is missing, never silent
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from library.config.adapter_schema import BLOCKWISE_KEYS, LYCORIS_KEYS
 from library.config.kohya_script_keys import FULL_FINE_TUNE, NEWER_UNSUPPORTED, OTHER_TRAININGS
@@ -14,6 +16,14 @@ from library.config.suggest import show_value
 from library.config.unsupported import Unsupported
 from library.config.unsupported import group as _group
 from library.errors import ConfigError
+from library.models.families.family_entry import KohyaVocabulary
+from library.models.families.registry import FAMILIES
+
+
+def _of_families(table: Callable[[KohyaVocabulary], Mapping[str, Any]]) -> dict[str, Any]:
+    """One of the registered families' kohya tables, all merged (in registry order)."""
+    return {key: value for entry in FAMILIES for key, value in table(entry.kohya).items()}
+
 
 _HUB = "difftune never uses the network; upload the saved files yourself"
 _DEEPSPEED = "it only tunes DeepSpeed itself; difftune shards with FSDP2 (fsdp)"
@@ -133,19 +143,8 @@ UNSUPPORTED: dict[str, Unsupported] = {
     **_group("initial_epoch initial_step", "use resume to continue from a saved state"),
     "skip_until_initial_step": Unsupported("use resume to continue from a saved state", (False,)),
     "no_token_padding": Unsupported("prompts are always padded to 77 tokens", (False,)),
-    # kohya's Flux.1 / DiT arguments (flux_train_network.py, train_util's DiT arguments)
-    "split_mode": Unsupported(
-        "deprecated in sd-scripts (use blocks_to_swap there)", (False,), planned=False
-    ),
-    "text_encoder_batch_size": Unsupported(
-        "text encoders run at the training batch size; this changes no result",
-        ignored=True,
-    ),
-    # kohya's SD3 arguments its own help marks "[DOES NOT WORK]"; the GUI writes them anyway
-    # (t5xxl_dtype = "bf16" by default).
-    **_group("save_clip save_t5xxl", "sd-scripts does not implement it", (False,), ignored=True),
-    "t5xxl_device": Unsupported("sd-scripts does not implement it", ("",), ignored=True),
-    "t5xxl_dtype": Unsupported("sd-scripts does not implement it", ("", "bf16"), ignored=True),
+    # options of the registered families' own scripts (flux_train_network.py, ...)
+    **_of_families(lambda kohya: kohya.options),
     # options of the other scripts (kohya_script_keys): other trainings and newer releases
     **FULL_FINE_TUNE,
     **OTHER_TRAININGS,
@@ -225,9 +224,8 @@ SUPPORTED_NETWORK_ARGS = (
     "loraplus_lr_ratio",
     "loraplus_unet_lr_ratio",
     "loraplus_text_encoder_lr_ratio",
-    "split_qkv",
-    "train_t5xxl",
-    "train_blocks",
+    # the arguments of the families' own networks (split_qkv, ...), read into [flow]
+    *dict.fromkeys(arg for entry in FAMILIES for arg in entry.kohya.network_args),
     *LYCORIS_KEYS,
     *BLOCKWISE_KEYS,
 )
@@ -250,39 +248,10 @@ _OFF_NETWORK_ARGS: dict[str, tuple[tuple[object, ...], str]] = {
     "rescaled": ((False, None), "it belongs to LyCORIS' OFT algorithms, which are not supported"),
     "block_size": ((4, None), "it belongs to LyCORIS' DyLoRA, which is not supported"),
     "train_on_input": ((False, None), "it belongs to LyCORIS' IA3, which is not supported"),
-    # networks.lora_flux: "all" (the kohya_ss GUI's default, written into every FLUX.1 export)
-    # is every block, as without them
-    "train_double_block_indices": ((None, "all"), "choosing FLUX.1 blocks by index is planned"),
-    "train_single_block_indices": ((None, "all"), "choosing FLUX.1 blocks by index is planned"),
-    # networks.lora_flux's GGPO (gradient-guided perturbation), on only when both are set
-    "ggpo_beta": ((None,), "kohya's GGPO perturbation of FLUX.1 LoRA weights is planned"),
-    "ggpo_sigma": ((None,), "kohya's GGPO perturbation of FLUX.1 LoRA weights is planned"),
+    **_of_families(lambda kohya: kohya.off_network_args),
 }
 _NETWORK_ARG_REASONS = {
-    **dict.fromkeys(
-        [
-            # networks.lora_flux
-            "img_attn_dim",
-            "txt_attn_dim",
-            "img_mlp_dim",
-            "txt_mlp_dim",
-            "img_mod_dim",
-            "txt_mod_dim",
-            "single_dim",
-            "single_mod_dim",
-            "in_dims",
-            # networks.lora_sd3
-            "context_attn_dim",
-            "context_mlp_dim",
-            "context_mod_dim",
-            "x_attn_dim",
-            "x_mlp_dim",
-            "x_mod_dim",
-            "emb_dims",
-            "train_block_indices",
-        ],
-        "per-layer ranks and block selection of kohya's Flux.1 / SD3 networks are planned",
-    ),
+    **_of_families(lambda kohya: kohya.refused_network_args),
     "disable_conv_cp": "LyCORIS reads it inconsistently; write use_tucker instead",
 }
 def same_value(value: object, other: object) -> bool:

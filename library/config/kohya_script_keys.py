@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from library.config.unsupported import Unsupported, group
+from library.models.families.registry import trained_lines
 
-_FAMILIES = "difftune trains SD 1.x/2.x, SDXL, FLUX.1 and SD3/SD3.5 models"
+_FAMILIES = f"difftune trains {trained_lines()} models"
 
 
 def _family(name: str, scripts: str) -> str:

@@ -24,7 +24,19 @@ from library.config.optimizer_schema import MAX_RATE, SHARDABLE_OPTIMIZERS, Opti
 from library.config.provenance import Provenance
 from library.config.sampling_schema import SamplingSection
 from library.config.section import Section
+from library.models.families.family_entry import GENERIC_LORA_MODULE
+from library.models.families.registry import FAMILIES, listed, network_modules
 from library.saving.output_names import reserved_ending
+
+# The network_module values: kohya's LoRA, each registered family's own module, LyCORIS.
+NetworkModule = Literal[network_modules()]
+_FAMILY_MODULES = listed(
+    [
+        f'"{entry.network_module}" for {entry.label}'
+        for entry in FAMILIES
+        if entry.network_module != GENERIC_LORA_MODULE
+    ]
+)
 
 
 class ModelSection(Section):
@@ -97,14 +109,12 @@ class NetworkSection(Section):
         description='"lora" trains a LoRA adapter; "unet" fine-tunes every weight of the '
         "denoiser (the UNet, or FLUX.1's transformer).",
     )
-    network_module: Literal[
-        "networks.lora", "networks.lora_flux", "networks.lora_sd3", "lycoris.kohya"
-    ] = Field(
-        "networks.lora",
-        description='Adapter type; kohya name. "networks.lora" (LoRA/LoCon), '
-        '"networks.lora_flux" for Flux.1 and "networks.lora_sd3" for SD3 (the same LoRA, saved '
-        'in kohya\'s names for that family), or "lycoris.kohya" for LyCORIS\' LoCon, LoHa and '
-        "LoKr (with DoRA), chosen by algo in [adapter].",
+    network_module: NetworkModule = Field(
+        GENERIC_LORA_MODULE,
+        description=f'Adapter type; kohya name. "{GENERIC_LORA_MODULE}" (LoRA/LoCon), '
+        f"{_FAMILY_MODULES} (the same LoRA, saved in kohya's names for that family), or "
+        f'"{LYCORIS_MODULE}" for LyCORIS\' LoCon, LoHa and LoKr (with DoRA), chosen by algo in '
+        "[adapter].",
     )
     network_dim: int = Field(4, ge=1, description="LoRA rank of Linear and 1x1 conv layers.")
     network_alpha: float = Field(

@@ -27,30 +27,44 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
 from library.errors import ConfigError, ModelError
 from library.lora_tools.common import DTYPES
+from library.models.families.family_entry import FamilyEntry
+from library.models.families.registry import (
+    FAMILIES,
+    claim_order,
+    entry_of,
+    families,
+    trained_lines,
+)
 
 DENOISER = -1  # Layer.component of the UNet / transformer; text encoders are 0, 1, 2
-# The component files a FLUX.1 or SD3 model given as single files may need ([flow] keys), and
-# the tokenizer folders of single-file models ([model] / [flow] keys).
-COMPONENT_OPTIONS = {
-    "clip_l": "FLUX.1 / SD3 single file: the CLIP-L text encoder file",
-    "clip_g": "SD3 single file: the CLIP-G text encoder file (unset: from the model file)",
-    "t5xxl": "FLUX.1 / SD3 single file: the T5-XXL encoder file",
-    "ae": "FLUX.1 single transformer file: the autoencoder file (ae.safetensors)",
+# The [model] keys of every model: a replacement VAE, the tokenizer folders of single files.
+_MODEL_OPTIONS = {
     "vae": "use this VAE instead of the model's (a file or diffusers VAE folder)",
     "tokenizer_path": "single-file model: a folder with the CLIP tokenizer (vocab.json + "
     "merges.txt), or with tokenizer/ and tokenizer_2/",
-    "t5_tokenizer_path": "FLUX.1 / SD3 single file: a folder with the T5 tokenizer "
-    "(tokenizer.json)",
 }
-_FLOW_KEYS = ("clip_l", "clip_g", "t5xxl", "ae", "t5_tokenizer_path")
-_MODEL_KEYS = ("vae", "tokenizer_path")
-# Denoiser class -> the module whose transformer_to_original names its weights originally.
-_ORIGINAL_KEYS = {
-    "FluxTransformer2DModel": "library.models.flux.original_keys",
-    "SD3Transformer2DModel": "library.models.sd3.original_keys",
-}
+
+
+def _family_options() -> dict[str, str]:
+    """The component files a registered family's single files may need ([flow] keys, in the
+    section's order) -> help naming the families."""
+    owners: dict[str, list[FamilyEntry]] = {}
+    for entry in FAMILIES:
+        for key in entry.tool.component_options:
+            owners.setdefault(key, []).append(entry)
+    return {
+        key: f"{' or '.join(e.models for e in owners[key])} single file: "
+        + owners[key][0].tool.component_options[key]
+        for key in sorted(owners, key=list(FlowSection.model_fields).index)
+    }
+
+
+_FLOW_OPTIONS = _family_options()
+COMPONENT_OPTIONS = {**_FLOW_OPTIONS, **_MODEL_OPTIONS}
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -60,18 +74,18 @@ def add_model_arguments(
     parser: argparse.ArgumentParser, flags: Mapping[str, str], precision: bool = True
 ) -> None:
     """One required path option per entry of ``flags`` (flag -> help), the component files of
-    FLUX.1 / SD3 single files (shared by every model the command loads) and --precision."""
+    single-file models (shared by every model the command loads) and --precision."""
     for flag, text in flags.items():
         parser.add_argument(
             flag,
             required=True,
             metavar="PATH",
-            help=f"{text}: a diffusers model folder or a single .safetensors checkpoint of SD "
-            "1.x/2.x, SDXL, FLUX.1 or SD3/SD3.5 (anything the trainer loads; nothing is "
-            "downloaded)",
+            help=f"{text}: a diffusers model folder or a single .safetensors checkpoint of "
+            f"{trained_lines('or')} (anything the trainer loads; nothing is downloaded)",
         )
+    with_files = " or ".join(e.models for e in FAMILIES if e.tool.component_options)
     group = parser.add_argument_group(
-        "model component files (single-file FLUX.1 / SD3 models, as in the training config)"
+        f"model component files (single-file {with_files} models, as in the training config)"
     )
     for key, text in COMPONENT_OPTIONS.items():
         group.add_argument(f"--{key}", metavar="PATH", default=None, help=text)
@@ -97,15 +111,13 @@ def load_model(args: argparse.Namespace, path: str, flag: str = "--model"):
     loaders (library.models.loader.load_components): Components, every module frozen on the
     CPU in --precision. ModelError naming ``flag`` for a path that is not there; the loaders'
     own one-line errors otherwise."""
-    from library.config.flow_schema import FlowSection
-    from library.config.schema import ModelSection
     from library.models.loader import load_components
 
     if not path or not Path(path).expanduser().exists():
         raise ModelError(
             f"{flag} {path}: not found; give a diffusers model folder or a .safetensors checkpoint"
         )
-    for key in (*_FLOW_KEYS, *_MODEL_KEYS):
+    for key in COMPONENT_OPTIONS:
         value = getattr(args, key, None)
         if value is not None and not Path(value).expanduser().exists():
             raise ModelError(f"--{key} {value}: not found")
@@ -113,9 +125,9 @@ def load_model(args: argparse.Namespace, path: str, flag: str = "--model"):
     try:
         model = ModelSection(
             pretrained_model_name_or_path=str(path),
-            **{key: getattr(args, key, None) for key in _MODEL_KEYS},
+            **{key: getattr(args, key, None) for key in _MODEL_OPTIONS},
         )
-        flow = FlowSection(**{key: getattr(args, key, None) for key in _FLOW_KEYS})
+        flow = FlowSection(**{key: getattr(args, key, None) for key in _FLOW_OPTIONS})
     except ValueError as exc:  # pydantic's ValidationError
         raise ConfigError(f"{flag} {path}: {exc}") from None
     try:
@@ -140,80 +152,36 @@ def _as_options(message: str, flag: str) -> str:
 
 def family_label(family) -> str:
     """The family in words for messages: "SD 1.x", "SDXL", "FLUX.1 dev", "SD3.5 Medium", ..."""
-    labels = {
-        "sd1": "SD 1.x",
-        "sd1-v": "SD 1.x (v-prediction)",
-        "sd2": "SD 2.x",
-        "sd2-v": "SD 2.x 768-v",
-        "sdxl": "SDXL",
-        "sdxl-v": "SDXL (v-prediction)",
-        "flux-dev": "FLUX.1 dev",
-        "flux-schnell": "FLUX.1 schnell",
-        "sd3-medium": "SD3 Medium",
-        "sd3.5-medium": "SD3.5 Medium",
-        "sd3.5-large": "SD3.5 Large",
-    }
-    return labels.get(family.name, family.name)
-
-
-# Prefixes of kohya module names -> the family group they mark.
-_NAME_MARKS = (
-    ("lora_unet_double_blocks_", "FLUX.1"),
-    ("lora_unet_single_blocks_", "FLUX.1"),
-    ("lora_unet_joint_blocks_", "SD3/SD3.5"),
-    ("lora_unet_input_blocks_", "SDXL"),
-    ("lora_unet_middle_block_", "SDXL"),
-    ("lora_unet_output_blocks_", "SDXL"),
-    ("lora_te2_", "SDXL"),
-    ("lora_unet_down_blocks_", "SD 1.x/2.x"),
-    ("lora_unet_mid_block_", "SD 1.x/2.x"),
-    ("lora_unet_up_blocks_", "SD 1.x/2.x"),
-    ("lora_te_", "SD 1.x/2.x"),
-)
-# ss_base_model_version prefixes (kohya's and ours) -> the family group.
-_VERSION_MARKS = (
-    ("sdxl", "SDXL"),
-    ("sd_v1", "SD 1.x/2.x"),
-    ("sd_v2", "SD 1.x/2.x"),
-    ("flux", "FLUX.1"),
-    ("sd3", "SD3/SD3.5"),
-    ("medium", "SD3/SD3.5"),
-    ("large", "SD3/SD3.5"),
-    ("5-", "SD3/SD3.5"),
-)
+    for entry in families():
+        if family.name in entry.tool.variant_labels:
+            return entry.tool.variant_labels[family.name]
+    return family.name
 
 
 def family_group(family) -> str:
-    """ "SD 1.x/2.x", "SDXL", "FLUX.1" or "SD3/SD3.5": what ``guess_family`` can tell apart."""
-    if family.denoiser_subfolder != "unet":
-        return "FLUX.1" if family.name.startswith("flux") else "SD3/SD3.5"
-    return "SDXL" if len(family.text_encoder_subfolders) > 1 else "SD 1.x/2.x"
+    """The model line of a loaded family ("SD 1.x/2.x", "SDXL", "FLUX.1", ...): what
+    ``guess_family`` can tell apart."""
+    entry = entry_of(family)
+    return entry.tool.line_of(family) if entry.tool.line_of else entry.lines[0]
 
 
 def guess_family(names: Iterable[str], metadata: Mapping[str, str] | None = None) -> str | None:
-    """The family group (``family_group``) a LoRA file was made for, from its
+    """The model line (``family_group``) a LoRA file was made for, from its
     ss_base_model_version or its kohya module names; None when neither tells."""
     version = (metadata or {}).get("ss_base_model_version", "").lower()
-    for mark, group in _VERSION_MARKS:
-        if version.startswith(mark):
-            return group
-    votes: dict[str, int] = {}
-    for name in names:
-        for mark, group in _NAME_MARKS:
-            if name.startswith(mark):
-                votes[group] = votes.get(group, 0) + 1
-                break
-    if not votes:
-        return None
-    # the transformer names decide over the text encoders' (FLUX.1 files hold lora_te1_ too)
-    for group in ("FLUX.1", "SD3/SD3.5", "SDXL"):
-        if group in votes:
-            return group
-    return max(votes, key=votes.get)
+    for entry in claim_order():
+        for mark, line in entry.tool.version_marks:
+            if version.startswith(mark):
+                return line
+    # In the order they decide: the transformers' names over the text encoders' (FLUX.1 files
+    # hold lora_te1_ too), SDXL's over SD 1.x/2.x's.
+    marks = [mark for entry in claim_order() for mark in entry.tool.lora_marks]
+    found = {next((line for mark, line in marks if name.startswith(mark)), None) for name in names}
+    return next((line for _, line in marks if line in found), None)
 
 
 def other_family(names: Iterable[str], metadata: Mapping[str, str] | None, family) -> str | None:
-    """The family group a LoRA file was made for (``guess_family``) when it is not ``family``'s;
+    """The model line a LoRA file was made for (``guess_family``) when it is not ``family``'s;
     None when it is, or when nothing tells."""
     guess = guess_family(names, metadata)
     return guess if guess is not None and guess != family_group(family) else None
@@ -320,7 +288,7 @@ def layer_table(components) -> dict[str, Layer]:
     family = components.family
     table: dict[str, Layer] = {}
     denoiser = unwrap(components.denoiser)
-    for original, parts, swapped in _denoiser_layers(denoiser):
+    for original, parts, swapped in _denoiser_layers(denoiser, entry_of(family).tool.to_original):
         name = kohya_name(UNET, original)
         table[name] = Layer(name, UNET, original, DENOISER, denoiser, parts, swapped)
     prefixes = family.text_encoder_lora_prefixes
@@ -333,17 +301,14 @@ def layer_table(components) -> dict[str, Layer]:
     return table
 
 
-def _denoiser_layers(denoiser: nn.Module) -> list[tuple[str, tuple[str, ...], bool]]:
-    """(kohya path, diffusers parts, swapped halves) of every weight layer of the denoiser."""
+def _denoiser_layers(denoiser: nn.Module, to_original) -> list[tuple[str, tuple[str, ...], bool]]:
+    """(kohya path, diffusers parts, swapped halves) of every weight layer of the denoiser;
+    ``to_original``: the family's converter to the original model's names (None: a UNet)."""
     from library.networks.kohya_keys import kohya_path
 
     paths = _weight_layers(denoiser)
-    converter = _ORIGINAL_KEYS.get(type(denoiser).__name__)
-    if converter is None:  # a UNet: one layer per name (SDXL's in SGM's names)
+    if to_original is None:  # a UNet: one layer per name (SDXL's in SGM's names)
         return [(kohya_path(denoiser, path), (path,), False) for path in paths]
-    import importlib
-
-    to_original = importlib.import_module(converter).transformer_to_original
     # Label each layer's weight with two numbers (2i, 2i + 1); the converter stacks and swaps
     # them as it would the weights, which shows the parts and the order of every original one.
     labels = {f"{path}.weight": torch.tensor([2 * i, 2 * i + 1]) for i, path in enumerate(paths)}

@@ -96,7 +96,7 @@ def _difftune_module(name, parts, layer: Layer, adaptable, lycoris, label) -> st
                 "cannot load it"
             )
     elif lycoris is None:
-        return f"a {algorithm} module: difftune reads LyCORIS modules only for SD 1.x/2.x/SDXL"
+        return f"a {algorithm} module: difftune reads no LyCORIS modules for {label}"
     elif name not in lycoris:
         return "no LyCORIS preset difftune trains adapts this layer"
     try:

@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 
 from library.lora_tools.base_model import DENOISER, Layer
+from library.models.families.registry import entry_of
 
 # CLIP layers ComfyUI maps kohya's lora_te*_ names to (comfy/lora.py LORA_CLIP_MAP).
 _CLIP_LAYER = re.compile(
@@ -35,13 +36,9 @@ def comfy_clip_names(components) -> tuple[str, ...]:
 
 def comfy_name(layer: Layer, components) -> str:
     """The module's name in ComfyUI's own layout (what its LoRA-save node writes)."""
-    from library.models.original_names import unet_path_to_original
-
     if layer.component == DENOISER:
-        original = layer.original
-        if type(layer.model).__name__ == "UNet2DConditionModel":
-            original = unet_path_to_original(layer.parts[0], layer.model.config)
-        return f"diffusion_model.{original}"
+        comfy_original = entry_of(components.family).tool.comfy_original
+        return f"diffusion_model.{comfy_original(layer) if comfy_original else layer.original}"
     clip = comfy_clip_names(components)[layer.component]
     return f"text_encoders.{clip}.transformer.{layer.original}"
 
@@ -54,7 +51,7 @@ def comfy_names(table: Mapping[str, Layer], components) -> dict[str, str]:
 def comfy_key_map(components, table) -> dict[str, tuple[Layer, tuple[int, ...] | None]]:
     """The module names ComfyUI's loader accepts for this model -> (layer, the parts of it the
     name stands for; None: all of it)."""
-    kind = type(components.denoiser).__name__
+    family_keys = entry_of(components.family).tool.comfy_keys
     clips = comfy_clip_names(components)
     key_map: dict[str, tuple[Layer, tuple[int, ...] | None]] = {}
     for layer in table.values():
@@ -63,26 +60,10 @@ def comfy_key_map(components, table) -> dict[str, tuple[Layer, tuple[int, ...] |
             original = comfy_name(layer, components).removeprefix("diffusion_model.")
             key_map["lora_unet_" + original.replace(".", "_")] = whole
             key_map["diffusion_model." + original] = whole
-            if kind == "UNet2DConditionModel":
-                path = layer.parts[0]
-                key_map["lora_unet_" + path.replace(".", "_")] = whole
-                key_map["lycoris_" + path.replace(".", "_")] = whole
-                attention = path.replace(".to_", ".processor.to_")
-                if attention.endswith(".to_out.0"):
-                    attention = attention[:-2]
-                key_map[attention] = key_map["unet." + attention] = whole
-                continue
-            for index, path in enumerate(layer.parts):
-                flat = path.replace(".", "_")
-                names = (
-                    ("transformer.", "lycoris_", "lora_transformer_", "")
-                    if kind == "FluxTransformer2DModel"
-                    else ("transformer.", "base_model.model.", "lora_transformer_", "lycoris_")
-                )
-                for head in names:
-                    key_map[head + (flat if head.endswith("_") else path)] = (layer, (index,))
-            if kind == "FluxTransformer2DModel" and original.endswith(".linear1"):
-                key_map[f"diffusion_model.{original}_qkv"] = (layer, (0, 1, 2))
+            # the family's own names: diffusers', kohya's and LyCORIS' paths of the layer or of
+            # its parts (library.models.families.family_entry.ToolFacts.comfy_keys)
+            for name, parts in (family_keys(layer, original) if family_keys else {}).items():
+                key_map[name] = (layer, parts)
             continue
         clip = clips[layer.component]
         path = layer.original

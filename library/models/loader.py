@@ -1,10 +1,11 @@
 """Load a model, offline, frozen, in one dtype (the VAE may stay float32): the shared parts.
 
-Which family's loader reads a path is decided by library.models.families (each family knows
-its diffusers folders and single files); this module holds what every loader shares: the
-Components a loader returns, the checks that turn a broken file or folder into a one-line
-ModelError naming the path and the fix (checked before any weights are read where possible),
-and the VAE replacement of ModelSection's ``vae`` option.
+Which family's loader reads a path is asked of the family registry
+(library.models.families.family_choice: each family knows its diffusers folders and single
+files); this module holds what every loader shares: the Components a loader returns, the checks
+that turn a broken file or folder into a one-line ModelError naming the path and the fix
+(checked before any weights are read where possible), and the VAE replacement of ModelSection's
+``vae`` option.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from library.errors import ModelError
 if TYPE_CHECKING:
     from library.config.flow_schema import FlowSection
 from library.models.families.base import ModelFamily
+from library.models.families.family_choice import check_config_family, entry_for
 
 _WEIGHT_STEMS = {"unet": "diffusion_pytorch_model", "vae": "diffusion_pytorch_model"}
 LOAD_ERRORS = (
@@ -92,15 +94,14 @@ def load_components(
     [flow] keys or ``network_module``).
     """
     from library.config.flow_schema import FlowSection
-    from library.models.families import check_config_family, loader_for
 
     flow = flow if flow is not None else FlowSection()
     vae_dtype = torch.float32 if model.no_half_vae else weight_dtype
-    loader = loader_for(model, flow)
-    check_config_family(loader, model, flow, network_module)
-    parts = loader.load(model, flow, weight_dtype, vae_dtype)
+    entry = entry_for(model, flow)
+    check_config_family(entry, model, flow, network_module)
+    parts = entry.load(model, flow, weight_dtype, vae_dtype)
     parts.family.check_options(model, flow)
-    if model.vae and not loader.reads_vae:  # read from its header alone in the dry run
+    if model.vae and not entry.reads_vae:  # read from its header alone in the dry run
         from library.models.vae_file import load_vae
 
         vae = load_vae(model.vae, parts.vae.config, vae_dtype)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
+from library.models.families.registry import text_prefix_line, text_prefix_lines
 from library.models.families.sd import unet_lora_key_layout
 from library.models.original_names import unet_path_to_original
 from library.networks.adapters import adapter_layers, lycoris_layers
@@ -44,13 +45,6 @@ KNOWN_PREFIXES = {
         'set network_train_unet_only = false and network_args = ["train_t5xxl=True"] if the '
         "base model is FLUX.1",
     ),
-}
-# Each family's text-encoder prefixes (kohya's names), to name the family of a file's prefix.
-TEXT_PREFIX_FAMILIES = {
-    ("lora_te",): "SD 1.x/2.x",
-    ("lora_te1", "lora_te2"): "SDXL",
-    ("lora_te1", "lora_te3"): "FLUX.1",
-    ("lora_te1", "lora_te2", "lora_te3"): "SD3/SD3.5",
 }
 DOWN, UP, ALPHA = "lora_down.weight", "lora_up.weight", "alpha"
 
@@ -165,8 +159,8 @@ def _unmatched_error(
         if prefix is None or prefix == UNET or text_prefixes is None or prefix in text_prefixes:
             continue
         # text-encoder weights of another family: no setting makes this model load them
-        made_for = " or ".join(f for p, f in TEXT_PREFIX_FAMILIES.items() if prefix in p)
-        this = TEXT_PREFIX_FAMILIES.get(tuple(text_prefixes), "another family")
+        made_for = " or ".join(text_prefix_lines(prefix))
+        this = text_prefix_line(tuple(text_prefixes)) or "another family"
         return (
             f"{source}: is a LoRA for {made_for} models ({group[0]}, ...), but the base model is "
             f"{this}; use a {made_for} base model or a LoRA made for {this}"

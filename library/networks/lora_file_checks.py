@@ -15,25 +15,8 @@ import torch
 
 from library.data.content_hash import all_finite
 from library.errors import CheckpointError
+from library.models.families.registry import families, text_prefix_line
 from library.networks.kohya_keys import TEXT_ENCODER
-
-# The start of a LoRA module name -> the family whose denoiser has that module (kohya's names:
-# diffusers' paths for SD 1.x/2.x, Stability's SGM paths for SDXL, the original FLUX.1 and SD3
-# paths; diffusers' FLUX.1 layout for files other trainers write).
-_DENOISER_NAMES = (
-    (("lora_unet_down_blocks_", "lora_unet_mid_block_", "lora_unet_up_blocks_"), "SD 1.x/2.x"),
-    (("lora_unet_input_blocks_", "lora_unet_middle_block_", "lora_unet_output_blocks_"), "SDXL"),
-    (("lora_unet_double_blocks_", "lora_unet_single_blocks_"), "FLUX.1"),
-    (("transformer.single_transformer_blocks.",), "FLUX.1"),
-    (("lora_unet_joint_blocks_",), "SD3/SD3.5"),
-)
-# modelspec.architecture of a base model -> the family a LoRA names it by
-_ARCHITECTURES = (
-    ("stable-diffusion-xl", "SDXL"),
-    ("stable-diffusion-v", "SD 1.x/2.x"),
-    ("stable-diffusion-3", "SD3/SD3.5"),
-    ("flux-1", "FLUX.1"),
-)
 
 
 def check_lora_file(tensors: Mapping[str, torch.Tensor], source: str, architecture: str) -> None:
@@ -47,7 +30,8 @@ def check_lora_file(tensors: Mapping[str, torch.Tensor], source: str, architectu
             "file is damaged (or was saved from a run that diverged): use an earlier save of it"
         )
     made_for, example = lora_family(tensors)
-    this = next((label for start, label in _ARCHITECTURES if architecture.startswith(start)), None)
+    architectures = [mark for entry in families() for mark in entry.lora_files.architectures]
+    this = next((line for start, line in architectures if architecture.startswith(start)), None)
     if made_for is not None and this is not None and made_for != this:
         raise CheckpointError(
             f"network_weights: {source} is a LoRA for {made_for} models ({example}, ...), but "
@@ -56,13 +40,15 @@ def check_lora_file(tensors: Mapping[str, torch.Tensor], source: str, architectu
 
 
 def lora_family(tensors: Mapping[str, torch.Tensor]) -> tuple[str | None, str]:
-    """(the family whose denoiser a LoRA file's module names belong to, one such key); for a
-    file without denoiser modules, SD 1.x/2.x when it has kohya's lora_te_ names (the only
-    family with one unnumbered text encoder); None when the names do not tell."""
+    """(the model line whose denoiser a LoRA file's module names belong to, one such key); for
+    a file without denoiser modules, the line whose only text-encoder prefix is kohya's lora_te
+    (SD 1.x/2.x: one unnumbered text encoder) when it has lora_te_ names; None when the names
+    do not tell."""
     keys = sorted(tensors)
+    marks = [mark for entry in families() for mark in entry.lora_files.denoiser_marks]
     for key in keys:
-        for starts, family in _DENOISER_NAMES:
-            if key.startswith(starts):
-                return family, key.split(".")[0] if key.startswith("lora_") else key
+        for start, line in marks:
+            if key.startswith(start):
+                return line, key.split(".")[0] if key.startswith("lora_") else key
     text = next((k for k in keys if k.startswith(TEXT_ENCODER + "_")), None)
-    return ("SD 1.x/2.x", text.split(".")[0]) if text else (None, "")
+    return (text_prefix_line((TEXT_ENCODER,)), text.split(".")[0]) if text else (None, "")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from library.config.provenance import DEFAULT, provenance
 from library.config.schema import Config
 from library.errors import ConfigError
-from library.models.families import loader_for
+from library.models.families.family_choice import entry_for
 from library.sampling.pipelines import on_grid
 
 
@@ -95,7 +95,7 @@ def check_image_sizes(config: Config, prompts: Sequence = ()) -> list[str]:
     """ConfigError for a resolution or bucket step the model cannot run (module docstring);
     the warnings about rounded sample sizes. Reads no weight: the model's family is known from
     a look at its files."""
-    family = loader_for(config.model, config.flow).family()
+    family = entry_for(config.model, config.flow).family()
     for d, dataset in enumerate(config.datasets):
         if dataset.enable_bucket:
             _check_bucket_steps(config, d, family)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
+from library.models.families.registry import network_module_owner
 from library.models.latent_codec import LatentCodec, ScaledLatentCodec
 
 if TYPE_CHECKING:
@@ -29,8 +30,6 @@ PredictionType = Literal["epsilon", "v_prediction", "flow"]
 # per sample (library.training.step). Training steps add it; validation and sampling do not, so
 # they never make those choices at random.
 CONDITIONING_DRAWS_KEY = "conditioning_draws"
-# kohya's family-specific network modules, for the message when one meets another family.
-_MODULE_FAMILIES = {"networks.lora_flux": "Flux.1", "networks.lora_sd3": "SD3/SD3.5"}
 AdapterRole = Literal["unet", "text_encoder"]
 TargetKind = Literal["linear", "conv"]
 
@@ -47,7 +46,7 @@ class ModelFamily:
 
     # Pixels every image side must be a multiple of for the model to run at all: the VAE's 8
     # (SD's UNets pad their up-sampling to the skip connections, so any latent size runs).
-    # Class data: known from the loader before any weight is read (families.FamilyLoader).
+    # Class data: known before any weight is read (family_entry.FamilyEntry.family).
     PIXEL_MULTIPLE: ClassVar[int] = 8
     LABEL: ClassVar[str] = "SD"  # the family's name in messages
 
@@ -274,8 +273,9 @@ class ModelFamily:
             )
         module = config.network.network_module
         if module not in self.network_modules:
-            owner = _MODULE_FAMILIES.get(module, "another model family")
+            owner = network_module_owner(module)
+            family = owner.label if owner is not None else "another model family"
             raise ConfigError(
-                f'network_module = "{module}" is for {owner} and this is a {self.name} '
+                f'network_module = "{module}" is for {family} and this is a {self.name} '
                 f'model; use "{self.network_modules[-1]}"'
             )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.base import ModelFamily
@@ -47,8 +48,11 @@ def required_parts(path_text: str, tokenizer_path: str | None = None) -> dict[st
     return needed
 
 
-def load_sd(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype):
-    """Components of an SD 1.x/2.x/SDXL model: a single-file checkpoint or a diffusers folder."""
+def load_sd(
+    model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
+):
+    """Components of an SD 1.x/2.x/SDXL model: a single-file checkpoint or a diffusers folder
+    (``flow`` is every family loader's argument; SD reads no [flow] key)."""
     from library.models.single_file import is_single_file, load_single_file
 
     if is_single_file(model.pretrained_model_name_or_path):

@@ -13,10 +13,10 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from library.config.flow_schema import foreign_key
 from library.config.suggest import show_value
 from library.errors import ConfigError
 from library.models.families.base import ModelFamily
+from library.models.families.registry import foreign_flow_key
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ def swappable_tails(*groups: tuple[str, list, int], count: int) -> list:
 @dataclass(frozen=True, kw_only=True)
 class TransformerFamily(ModelFamily):
     """A flow-matching transformer family. Subclasses give ``transformer_modules`` (kohya's
-    modules of their denoiser), ``FLOW_KIND`` (whose [flow] keys apply, see
-    library.config.flow_schema) and ``LABEL`` (the name in messages)."""
+    modules of their denoiser), ``FLOW_KIND`` (their name in the family registry, whose entry
+    says which [flow] keys apply) and ``LABEL`` (the name in messages)."""
 
     FLOW_KIND: ClassVar[str]
     LABEL: ClassVar[str]
@@ -183,9 +183,11 @@ class TransformerFamily(ModelFamily):
         """[flow] keys of other families, SD model settings (v2, v_parameterization) and
         zero_terminal_snr, and kohya's shared fused adapter (split_qkv=False); SD text settings
         (clip_skip, max_token_length) at other values than the GUI's get a warning."""
-        problem = foreign_key(flow, self.FLOW_KIND)
-        if problem:
-            raise ConfigError(problem)
+        found = foreign_flow_key(flow, self.FLOW_KIND)
+        if found is not None:
+            key, owners = found
+            names = " and ".join(owner.label for owner in owners)
+            raise ConfigError(f"{key} applies to {names} models, not {self.LABEL}; remove it")
         if model.v2:  # sd-scripts stops too: the file asks for an SD 2.x model
             raise ConfigError(f"v2 = true names an SD 2.x model, not {self.LABEL}; remove it")
         ignored = {

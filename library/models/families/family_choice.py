@@ -1,0 +1,49 @@
+"""Which registered family reads a model, and whether the config was written for that family."""
+
+from __future__ import annotations
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
+from library.errors import ConfigError
+from library.models.families.family_entry import FamilyEntry
+from library.models.families.registry import (
+    claim_order,
+    foreign_flow_key,
+    network_module_owner,
+)
+
+
+def entry_for(model: ModelSection, flow: FlowSection) -> FamilyEntry:
+    """The first family (in claim order) that claims ``model``: a cheap look at its files."""
+    for entry in claim_order():
+        if entry.claims is None or entry.claims(model, flow):
+            return entry
+    raise AssertionError("one registered family takes every model")
+
+
+def check_config_family(
+    entry: FamilyEntry, model: ModelSection, flow: FlowSection, network_module: str | None
+) -> None:
+    """ConfigError, before anything loads, when the config was written for another family than
+    the one that claimed the model (``entry``): another family's network_module or [flow] key
+    (the loader would otherwise stop on a part that family does not need, or load and refuse it
+    later)."""
+    this = (
+        f"pretrained_model_name_or_path {model.pretrained_model_name_or_path} is {entry.a_models}"
+    )
+    owner = network_module_owner(network_module)
+    if owner is not None and owner is not entry:
+        raise ConfigError(
+            f'network_module = "{network_module}" is for {owner.models} models, and {this} '
+            f"model; point it at {owner.a_models} model, or use network_module = "
+            f'"{entry.network_module}"'
+        )
+    found = foreign_flow_key(flow, entry.name)
+    if found is not None:
+        key, owners = found
+        names = " or ".join(owner.models for owner in owners)
+        article = owners[0].article if owners else "a"
+        raise ConfigError(
+            f"{key} is {article} {names} key, and {this} model; point it at {article} {names} "
+            f"model, or remove {key}"
+        )

@@ -1,0 +1,139 @@
+"""What shared code may ask of a model family before, and without, loading it: its entry.
+
+An entry is data and a few functions: the family's names in messages, its loader, the config
+keys and kohya vocabulary it owns, and what the toolbox (lora_tool.py) needs to label its models
+and name their layers. Each family module set defines its entry (``sd_entry``, ``flux_entry``,
+...) and library.models.families.registry lists them; shared modules ask the registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.config.unsupported import Unsupported
+    from library.models.families.base import ModelFamily
+
+# kohya's LoRA module, which trains every family (a family's own module is its entry's).
+GENERIC_LORA_MODULE = "networks.lora"
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A function or class of a family module, imported on first use: ``"package.module:name"``.
+
+    Entries name their loaders this way because the family modules import the shared loading
+    code (library.models.loader, the family base class), which asks the registry: importing
+    them from the entry would be a cycle, and would load diffusers for a config check."""
+
+    target: str
+
+    def get(self) -> Any:
+        """The object ``target`` names."""
+        module, name = self.target.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def __call__(self, *args: object) -> Any:
+        return self.get()(*args)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KohyaVocabulary:
+    """What sd-scripts' scripts and network module for the family call their options.
+
+    ``options``: options of its sd-scripts scripts that difftune does not implement (known by
+    name, accepted at their off value). ``network_args``: arguments of its kohya network module
+    difftune reads (they are [flow] keys). ``off_network_args``: argument -> (values that mean
+    off, why another is refused). ``refused_network_args``: argument -> why it is refused."""
+
+    options: Mapping[str, Unsupported] = field(default_factory=dict)
+    network_args: tuple[str, ...] = ()
+    off_network_args: Mapping[str, tuple[tuple[object, ...], str]] = field(default_factory=dict)
+    refused_network_args: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraFiles:
+    """How the trainer tells which of the family's lines a LoRA file (network_weights) was made
+    for, to refuse another line's file by name.
+
+    ``denoiser_marks``: (start, line) of denoiser module names only that line's files hold
+    (kohya's, and diffusers' where other trainers write those). ``text_prefixes``: the kohya
+    text-encoder prefixes of a line's files -> the line. ``architectures``: (start of a base
+    model's modelspec.architecture, its line)."""
+
+    denoiser_marks: tuple[tuple[str, str], ...] = ()
+    text_prefixes: Mapping[tuple[str, ...], str] = field(default_factory=dict)
+    architectures: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolFacts:
+    """What lora_tool.py needs to label the family's models and find its layers.
+
+    ``component_options``: [flow] keys of component files its single-file models may need ->
+    what the file is (they become the toolbox's --options). ``variant_labels``: a family
+    instance's name -> its label ("flux-dev" -> "FLUX.1 dev"). ``line_of``: which of the entry's
+    ``lines`` a family instance is (unset: the only one). ``lora_marks``: (kohya module-name
+    prefix, line) that mark a LoRA file as made for a line, in the order they decide (a file
+    with marks of several lines is the first's); ``version_marks``: (ss_base_model_version
+    prefix, line). ``to_original``: the family's ``transformer_to_original``, which names the
+    denoiser's weights as the original model does (unset: one layer per name, as a UNet).
+    ``comfy_original`` / ``comfy_keys``: the denoiser layer's path in ComfyUI's own layout, and
+    the further names ComfyUI's LoRA loader accepts for it (name -> the layer's parts the name
+    stands for, None: all), as library.lora_tools.comfyui_keys reproduces them."""
+
+    component_options: Mapping[str, str] = field(default_factory=dict)
+    variant_labels: Mapping[str, str] = field(default_factory=dict)
+    line_of: Callable[[ModelFamily], str] | None = None
+    lora_marks: tuple[tuple[str, str], ...] = ()
+    version_marks: tuple[tuple[str, str], ...] = ()
+    to_original: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    comfy_original: Callable[[Any], str] | None = None
+    comfy_keys: Callable[[Any, str], dict[str, tuple[int, ...] | None]] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FamilyEntry:
+    """One registered model family.
+
+    ``name``: its kind ("flux"), the owner of [flow] keys. ``label``: its short name in messages
+    ("Flux.1": "applies to Flux.1 models"); ``models``: what config messages call its models
+    ("FLUX.1": "is a FLUX.1 model"), after ``article``; ``lines``: its model lines where
+    messages list what difftune trains ("SD 1.x/2.x", "SDXL"). ``family``: its ModelFamily
+    class (class data such as PIXEL_MULTIPLE is known before any weight is read).
+    ``claims(model, flow)``: the family reads this model (a cheap look at its files); unset for
+    the one family that reads every model no other family claims. ``load(model, flow,
+    weight_dtype, vae_dtype)``: its Components. ``reads_vae``: the loader itself honours [model]
+    vae (else the shared loader replaces the VAE afterwards). ``network_module``: the kohya
+    network_module of its trainer (the one suggested to a config written for another family).
+    ``flow_matching``: trained and sampled by flow matching (Euler sampling only), not DDPM.
+    ``flow_keys``: the [flow] keys it reads (the other families refuse them by name).
+    ``kohya``, ``lora_files``, ``tool``: its kohya vocabulary, how its LoRA files are told
+    apart, what lora_tool.py needs."""
+
+    name: str
+    label: str
+    models: str
+    article: str = "a"
+    lines: tuple[str, ...]
+    family: Callable[[], type]
+    load: Callable[[ModelSection, FlowSection, object, object], object]
+    claims: Callable[[ModelSection, FlowSection], bool] | None = None
+    reads_vae: bool = False
+    network_module: str
+    flow_matching: bool = False
+    flow_keys: frozenset[str] = frozenset()
+    kohya: KohyaVocabulary = KohyaVocabulary()
+    lora_files: LoraFiles = LoraFiles()
+    tool: ToolFacts = ToolFacts()
+
+    @property
+    def a_models(self) -> str:
+        """``models`` with its article ("a FLUX.1", "an SD3/SD3.5")."""
+        return f"{self.article} {self.models}"

@@ -1,0 +1,130 @@
+"""The registered model families, and the questions shared code asks about them.
+
+FAMILIES is the one list of families difftune trains, in the order messages list them; each
+entry (library.models.families.family_entry) is defined beside its family. Rather than name
+families, shared modules ask this module which family claims a model, owns a [flow] key or a
+kohya network_module, or what to call it (tests/test_family_names.py lists the shared modules
+that still name one). A new family adds its modules and one line to FAMILIES.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from library.config.adapter_schema import LYCORIS_MODULE
+from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry
+from library.models.families.flux_entry import FLUX
+from library.models.families.sd3_entry import SD3
+from library.models.families.sd_entry import SD
+
+if TYPE_CHECKING:
+    from library.config.flow_schema import FlowSection
+    from library.models.families.base import ModelFamily
+
+FAMILIES: tuple[FamilyEntry, ...] = (
+    SD,
+    FLUX,
+    SD3,
+)
+_TEST_ENTRIES: list[FamilyEntry] = []
+
+
+def families() -> tuple[FamilyEntry, ...]:
+    """Every registered family, in the order messages list them."""
+    return (*FAMILIES, *_TEST_ENTRIES)
+
+
+@contextlib.contextmanager
+def registered(entry: FamilyEntry) -> Iterator[FamilyEntry]:
+    """For tests: ``entry`` is registered, after FAMILIES, inside the block. What modules build
+    from the registry as they are imported (the network_module values the config schema takes,
+    kohya's option tables, lora_tool's options and help) keeps to FAMILIES."""
+    _TEST_ENTRIES.append(entry)
+    try:
+        yield entry
+    finally:
+        _TEST_ENTRIES.remove(entry)
+
+
+def claim_order() -> tuple[FamilyEntry, ...]:
+    """The families in the order they are asked whether they read a model (or a LoRA file):
+    those that claim theirs first, then the one that takes every other model."""
+    return tuple(sorted(families(), key=lambda entry: entry.claims is None))
+
+
+def family_entry(name: str) -> FamilyEntry:
+    """The family named ``name`` ("flux")."""
+    return next(entry for entry in families() if entry.name == name)
+
+
+def entry_of(family: ModelFamily) -> FamilyEntry:
+    """The registered family a loaded family (a ModelFamily instance) belongs to."""
+    matches = [entry for entry in families() if isinstance(family, entry.family())]
+    if not matches:
+        raise LookupError(f"{family.name} is no registered family")
+    # a family class derived from another family's is that family's most specific match
+    return max(matches, key=lambda entry: len(entry.family().__mro__))
+
+
+def network_module_owner(module: str | None) -> FamilyEntry | None:
+    """The family whose own kohya network module ``module`` is; None for one every family
+    takes (networks.lora, lycoris.kohya) or none does."""
+    if module in (GENERIC_LORA_MODULE, LYCORIS_MODULE):
+        return None
+    return next((entry for entry in families() if entry.network_module == module), None)
+
+
+def network_modules() -> tuple[str, ...]:
+    """Every kohya network_module a config may name: kohya's LoRA, each family's own, LyCORIS."""
+    own = (entry.network_module for entry in families())
+    return tuple(dict.fromkeys((GENERIC_LORA_MODULE, *own, LYCORIS_MODULE)))
+
+
+def flow_key_owners(key: str) -> tuple[FamilyEntry, ...]:
+    """The families that read the [flow] key ``key``."""
+    return tuple(entry for entry in families() if key in entry.flow_keys)
+
+
+def foreign_flow_key(flow: FlowSection, name: str) -> tuple[str, tuple[FamilyEntry, ...]] | None:
+    """(the first set [flow] key the family ``name`` does not read, the families that read it);
+    None when it reads every set key."""
+    for key in type(flow).model_fields:
+        if getattr(flow, key) is not None and key not in family_entry(name).flow_keys:
+            return key, flow_key_owners(key)
+    return None
+
+
+def text_prefix_line(prefixes: tuple[str, ...]) -> str | None:
+    """The model line whose LoRA files name their text encoders with exactly ``prefixes``
+    (kohya's: ("lora_te1", "lora_te2") is SDXL's); None for no line."""
+    return next(
+        (
+            line
+            for entry in families()
+            for own, line in entry.lora_files.text_prefixes.items()
+            if own == tuple(prefixes)
+        ),
+        None,
+    )
+
+
+def text_prefix_lines(prefix: str) -> list[str]:
+    """The model lines whose LoRA files use the text-encoder prefix ``prefix``."""
+    return [
+        line
+        for entry in families()
+        for own, line in entry.lora_files.text_prefixes.items()
+        if prefix in own
+    ]
+
+
+def listed(words: list[str] | tuple[str, ...], last: str = "and") -> str:
+    """ "A, B and C" (``last`` joins the last two)."""
+    return f" {last} ".join(filter(None, (", ".join(words[:-1]), words[-1])))
+
+
+def trained_lines(last: str = "and") -> str:
+    """The model lines difftune trains, in words: "SD 1.x/2.x, SDXL, FLUX.1 and SD3/SD3.5"."""
+    return listed([line for entry in families() for line in entry.lines], last)

@@ -1,0 +1,165 @@
+"""The family registry: its entries agree with the families, and a family added to it is known
+everywhere shared code asks which family (config checks, network_module, [flow] keys, LoRA
+file checks, lora_tool's labels) with no shared module edited."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import ClassVar
+
+import pytest
+import torch
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection, NetworkSection
+from library.errors import CheckpointError, ConfigError
+from library.lora_tools.base_model import family_group, family_label, guess_family, other_family
+from library.models.families import flux, registry, sd, sd3
+from library.models.families.base import ModelFamily
+from library.models.families.family_choice import check_config_family, entry_for
+from library.models.families.family_entry import FamilyEntry, LoraFiles, ToolFacts
+from library.models.families.flux_entry import FLUX
+from library.models.families.sd3_entry import SD3
+from library.models.families.sd_entry import SD
+from library.networks.lora_file_checks import check_lora_file, lora_family
+
+_INSTANCES = [
+    value
+    for module in (sd, flux, sd3)
+    for value in vars(module).values()
+    if isinstance(value, ModelFamily)
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FakeFamily(ModelFamily):
+    LABEL: ClassVar[str] = "Fake"
+
+
+FAKE_MODEL = FakeFamily(
+    name="fake-a",
+    prediction_type="flow",
+    base_model_version="fake_v1",
+    modelspec_architecture="fake-1",
+    default_resolution=64,
+    network_modules=("networks.lora", "networks.lora_fake"),
+)
+FAKE = FamilyEntry(
+    name="fake",
+    label="Fake",
+    models="FAKE-1",
+    lines=("FAKE-1",),
+    family=lambda: FakeFamily,
+    claims=lambda model, flow: model.pretrained_model_name_or_path.endswith("fake-model"),
+    load=lambda *args: pytest.fail("nothing loads a fake model"),
+    network_module="networks.lora_fake",
+    flow_matching=True,
+    flow_keys=frozenset({"t5xxl", "ae"}),
+    lora_files=LoraFiles(
+        denoiser_marks=(("lora_unet_fake_blocks_", "FAKE-1"),),
+        text_prefixes={("lora_te1", "lora_te9"): "FAKE-1"},
+        architectures=(("fake-1", "FAKE-1"),),
+    ),
+    tool=ToolFacts(
+        variant_labels={"fake-a": "FAKE-1 a"},
+        lora_marks=(("lora_unet_fake_blocks_", "FAKE-1"),),
+        version_marks=(("fake", "FAKE-1"),),
+    ),
+)
+MODEL = ModelSection(pretrained_model_name_or_path="/models/fake-model")
+
+
+def test_every_family_instance_agrees_with_its_entry():
+    assert registry.FAMILIES == (SD, FLUX, SD3)
+    assert {registry.entry_of(family).name for family in _INSTANCES} == {"sd", "flux", "sd3"}
+    for family in _INSTANCES:
+        entry = registry.entry_of(family)
+        assert family.name in entry.tool.variant_labels
+        assert family.network_modules[-1] == entry.network_module  # the one suggested
+        assert entry.label == type(family).LABEL
+        assert getattr(type(family), "FLOW_KIND", entry.name) == entry.name
+        assert (family.prediction_type == "flow") == entry.flow_matching
+        assert family_group(family) in entry.lines
+
+
+def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_registry():
+    assert [key for key in FlowSection.model_fields if not registry.flow_key_owners(key)] == []
+    annotation = NetworkSection.model_fields["network_module"].annotation
+    assert typing.get_args(annotation) == registry.network_modules()
+    assert registry.network_modules() == (
+        "networks.lora",
+        "networks.lora_flux",
+        "networks.lora_sd3",
+        "lycoris.kohya",
+    )
+    assert registry.trained_lines() == "SD 1.x/2.x, SDXL, FLUX.1 and SD3/SD3.5"
+
+
+def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
+    assert entry_for(MODEL, FlowSection()) is SD  # SD takes every model no family claims
+    with registry.registered(FAKE):
+        assert entry_for(MODEL, FlowSection()) is FAKE
+        assert registry.claim_order()[-1] is SD
+        assert registry.trained_lines("or") == "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5 or FAKE-1"
+        assert "networks.lora_fake" in registry.network_modules()
+    assert entry_for(MODEL, FlowSection()) is SD
+    assert "networks.lora_fake" not in registry.network_modules()
+
+
+def test_config_checks_know_a_registered_family():
+    where = "pretrained_model_name_or_path /models/fake-model"
+    with registry.registered(FAKE):
+        with pytest.raises(ConfigError) as error:
+            check_config_family(FAKE, MODEL, FlowSection(), "networks.lora_flux")
+        assert str(error.value) == (
+            f'network_module = "networks.lora_flux" is for FLUX.1 models, and {where} is a '
+            'FAKE-1 model; point it at a FLUX.1 model, or use network_module = "networks.lora_fake"'
+        )
+        with pytest.raises(ConfigError, match='"networks.lora_fake" is for FAKE-1 models, and'):
+            check_config_family(SD, MODEL, FlowSection(), "networks.lora_fake")
+        # the network_module check of a loaded family's training choices
+        config = SimpleNamespace(
+            saving=SimpleNamespace(lora_format="kohya"),
+            network=SimpleNamespace(train_mode="lora", network_module="networks.lora_fake"),
+        )
+        with pytest.raises(ConfigError, match='"networks.lora_fake" is for Fake and this is a sd1'):
+            sd.SD1.check_training(config)
+        config.network.network_module = "networks.lora_flux"
+        with pytest.raises(ConfigError, match='is for Flux.1 and this is a fake-a model; use "n'):
+            FAKE_MODEL.check_training(config)
+
+
+def test_flow_keys_of_a_registered_family():
+    with registry.registered(FAKE):
+        assert registry.flow_key_owners("ae") == (FLUX, FAKE)
+        check_config_family(FAKE, MODEL, FlowSection(ae="ae.safetensors"), None)
+        with pytest.raises(ConfigError, match="ae is a FLUX.1 or FAKE-1 key, and pretrained"):
+            check_config_family(SD3, MODEL, FlowSection(ae="ae.safetensors"), None)
+        with pytest.raises(ConfigError, match="clip_g is an SD3/SD3.5 key, and .* a FAKE-1 model"):
+            check_config_family(FAKE, MODEL, FlowSection(clip_g="clip_g.safetensors"), None)
+        with pytest.raises(ConfigError, match="^ae applies to Flux.1 and Fake models, not SD3"):
+            sd3.SD3_MEDIUM.check_options(
+                ModelSection(pretrained_model_name_or_path="m"), FlowSection(ae="ae.safetensors")
+            )
+    assert registry.flow_key_owners("ae") == (FLUX,)
+
+
+def test_lora_files_and_lora_tool_labels_of_a_registered_family():
+    tensors = {"lora_unet_fake_blocks_0_proj.lora_down.weight": torch.zeros(1, 1)}
+    with registry.registered(FAKE):
+        assert family_label(FAKE_MODEL) == "FAKE-1 a"
+        assert family_group(FAKE_MODEL) == "FAKE-1"
+        assert guess_family(["lora_unet_fake_blocks_0_proj"]) == "FAKE-1"
+        assert guess_family([], {"ss_base_model_version": "fake_v1"}) == "FAKE-1"
+        assert other_family(["lora_unet_double_blocks_0_img_attn_qkv"], None, FAKE_MODEL) == (
+            "FLUX.1"
+        )
+        assert other_family(["lora_unet_fake_blocks_0_proj"], None, FAKE_MODEL) is None
+        assert lora_family(tensors) == ("FAKE-1", "lora_unet_fake_blocks_0_proj")
+        assert registry.text_prefix_lines("lora_te9") == ["FAKE-1"]
+        with pytest.raises(CheckpointError, match="is a LoRA for FAKE-1 models .* model is SDXL"):
+            check_lora_file(tensors, "fake.safetensors", "stable-diffusion-xl-v1-base")
+    assert guess_family(["lora_unet_fake_blocks_0_proj"]) is None
+    assert family_label(FAKE_MODEL) == "fake-a"

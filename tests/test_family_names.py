@@ -1,0 +1,134 @@
+"""Shared modules do not name model families: the modules that still do may only get fewer.
+
+A family lives in its own modules (library/models/families/, library/models/flux/,
+library/models/sd3/) and is known to shared code through its entry in the family registry
+(library/models/families/registry.py): shared code asks the registry which family claims a
+model, owns a key or what to call it, so adding a family edits no shared module.
+
+What counts as naming a family: a word starting with flux, sd3 or sdxl (any case, also after an
+underscore: ``FluxTransformer2DModel``, ``networks.lora_sd3``, ``"SDXL"``) in a module's code,
+that is its identifiers and string literals (messages and config help are what users read).
+Comments and docstrings are prose and do not count. Module names do not count either: a
+family-specific module outside the family packages (networks/sd3_keys.py) is listed by what it
+says, not by its name.
+
+ALLOWED lists the library modules outside the family packages that still name a family, each
+with why. A module that starts naming one fails (ask the registry instead, or put the code in
+the family's package); a listed module that no longer names one fails too, so that it is
+removed from the list and cannot start again unnoticed.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILY_PACKAGES = ("library/models/families/", "library/models/flux/", "library/models/sd3/")
+FAMILY_WORD = re.compile(r"(?<![a-z0-9])(flux|sd3|sdxl)", re.IGNORECASE)
+
+_CONFIG_HELP = "config key descriptions (the generated docs/config.md) say what differs per family"
+_SD_ONLY = "SD 1.x/2.x/SDXL-specific code that belongs in the SD family's package"
+ALLOWED = {
+    "library/config/adapter_schema.py": _CONFIG_HELP + " (SDXL's block-wise block counts)",
+    "library/config/dataset_schema.py": _CONFIG_HELP + " (bucket steps)",
+    "library/config/flow_schema.py": "the [flow] section: each key's field and help; a family "
+    'with new [flow] keys adds fields here (model_type "flux", timestep_sampling "flux_shift")',
+    "library/config/kohya_script_keys.py": "why sd-scripts options are refused: flux_train.py's "
+    "block-swap sliders, SD 1.x/SDXL inpainting",
+    "library/config/sampling_schema.py": _CONFIG_HELP + " (default sampler and CFG)",
+    "library/config/schema.py": _CONFIG_HELP,
+    "library/lora_tools/merge_into_model.py": "--output's help describes each family's "
+    "full-model file",
+    "library/models/checkpoint_layout.py": _SD_ONLY + " (SD/SDXL original-layout checkpoints)",
+    "library/models/single_file.py": _SD_ONLY + " (SD/SDXL single-file checkpoints)",
+    "library/models/tiny.py": _SD_ONLY + " (tiny SD/SDXL models for tests)",
+    "library/networks/blocks.py": _SD_ONLY + " (kohya's block-wise rules of the SD/SDXL UNets)",
+    "library/networks/kohya_keys.py": "kohya's text-encoder prefixes explained by the families "
+    "whose files hold them (lora_te1/2: SDXL, lora_te3: FLUX.1's T5-XXL)",
+    "library/networks/sd3_keys.py": "SD3's diffusers LoRA key layout (belongs in SD3's package)",
+    "library/training/blockwise_setup.py": "block-wise options apply to SD/SDXL UNets only, "
+    "asked by family name",
+    "library/training/flow_matching.py": "kohya's flow-matching schedules, Flux.1's "
+    "resolution-dependent shift (flux_shift) among them",
+    "library/training/objectives.py": "the flow-matching objective follows kohya's Flux.1 "
+    "trainer (its label and flux_shift)",
+    "library/training/sd3_objective.py": "SD3's objective (belongs in SD3's package)",
+}
+
+
+def _docstring_starts(tree: ast.AST) -> set[tuple[int, int]]:
+    """Where each module, class and function docstring starts (line, column)."""
+    starts = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                starts.add((first.lineno, first.col_offset))
+    return starts
+
+
+def family_names(source: str) -> list[tuple[int, str]]:
+    """(line, token) of each identifier or string literal of ``source`` naming a family."""
+    docstrings = _docstring_starts(ast.parse(source))
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.STRING and token.start in docstrings:
+            continue
+        if token.type in (tokenize.NAME, tokenize.STRING) and FAMILY_WORD.search(token.string):
+            found.append((token.start[0], token.string))
+    return found
+
+
+def _shared_modules() -> list[Path]:
+    return [
+        path
+        for path in sorted((ROOT / "library").rglob("*.py"))
+        if not path.relative_to(ROOT).as_posix().startswith(FAMILY_PACKAGES)
+    ]
+
+
+def test_only_listed_shared_modules_name_a_family():
+    naming = {}
+    for path in _shared_modules():
+        names = family_names(path.read_text(encoding="utf-8"))
+        if names:
+            naming[path.relative_to(ROOT).as_posix()] = names
+    new = [
+        f"{module}:{line}: {text[:60]}"
+        for module, names in naming.items()
+        if module not in ALLOWED
+        for line, text in names[:3]
+    ]
+    assert not new, (
+        "shared modules name a model family; ask the family registry "
+        "(library/models/families/registry.py) or move the code into the family's package:\n"
+        + "\n".join(new)
+    )
+    cleared = sorted(set(ALLOWED) - set(naming))
+    assert not cleared, (
+        f"these modules no longer name a family: remove them from ALLOWED in {Path(__file__).name}"
+        f": {', '.join(cleared)}"
+    )
+
+
+def test_comments_docstrings_and_other_words_are_not_names():
+    source = (
+        '"""FLUX.1 docs."""\n'
+        "# an SD3 comment\n"
+        "def f():\n"
+        '    """SDXL docs."""\n'
+        '    return "influx", reflux_rate, "sd3.5-large"\n'
+    )
+    assert family_names(source) == [(5, '"sd3.5-large"')]
+    assert [text for _, text in family_names('x = is_sdxl or "FLUX.1"\n')] == [
+        "is_sdxl",
+        '"FLUX.1"',
+    ]
