@@ -11,7 +11,10 @@ ZImagePipeline, ZImageTransformer2DModel and single-file converter):
 - denoise: latents [B, C, h, w] + timestep + caption states -> the transformer's raw output;
 - objective: sigma draws, noising, the model timestep (1 - sigma), the target (x0 - noise),
   the sampling sigmas and Euler step;
-- latents: the VAE's scaling and shift.
+- latents: the VAE's scaling and shift;
+- targets: the Linears a default LoRA adapts (musubi-tuner's set);
+- lora_keys, lora_file, lycoris_file: adapter file names (``diffusion_model.<diffusers path>``,
+  read by ComfyUI and diffusers) and the other tools' layouts, both ways.
 
 Nothing here is wired into the trainer yet (no ModelFamily, loader or saver entry).
 """
