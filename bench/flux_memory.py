@@ -4,15 +4,15 @@
     python bench/flux_memory.py --variant schnell --dims 16 32 --no-markdown
 
 Not a test and not timed in CI. Nothing is downloaded and no weight memory is allocated: every
-component is built from library/models/flux/shapes.py on ``torch.device("meta")``, which gives
-parameters their shapes and dtypes but no storage, and the figures are sums over those shapes. It
-prints three tables, meant to be pasted into the docs:
+component is built from library/models/families/flux/shapes.py on ``torch.device("meta")``, which
+gives parameters their shapes and dtypes but no storage, and the figures are sums over those shapes.
+It prints three tables, meant to be pasted into the docs:
 
 1. each component's parameter count and bytes at bf16, and for the transformer and T5-XXL at
    float8 storage (fp8_base): nn.Linear weights at 1 byte except T5's feed-forward output
    layers (library/models/float8.py keeps them), every other parameter (Linear biases, norms,
    embeddings) kept at bf16;
-2. the transformer LoRA of kohya's default targets (library/networks/flux_keys.py
+2. the transformer LoRA of kohya's default targets (library/models/families/flux/lora_keys.py
    ``transformer_modules``) per rank: the parameters difftune trains, the count kohya's own
    fused layout would have, and the size of the file difftune writes, at bf16 and fp32;
 3. a lower bound of LoRA training memory on the device, bf16 base vs fp8 base: frozen weights,
@@ -37,9 +37,9 @@ silence_unactionable_messages()  # before any import below loads bitsandbytes
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from library.models.families.flux import shapes  # noqa: E402
+from library.models.families.flux.lora_keys import KohyaModule, transformer_modules  # noqa: E402
 from library.models.float8 import KEPT_SUFFIXES as FLOAT8_KEPT  # noqa: E402
-from library.models.flux import shapes  # noqa: E402
-from library.networks.flux_keys import KohyaModule, transformer_modules  # noqa: E402
 
 GIB = 1024**3
 MIB = 1024**2

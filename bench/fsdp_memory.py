@@ -4,12 +4,12 @@
     python bench/fsdp_memory.py --gpus 8 --no-markdown
 
 Not a test and not timed in CI; nothing is downloaded. The full-size SDXL UNet (from the shipped
-config, library/models/configs/sdxl-base) and FLUX.1 [dev] transformer (library/models/flux/
-shapes.py) are built on the meta device (shapes, no storage), and the figures come from the
-trainer's own memory estimate (library/training/memory_estimate.py): the weights one GPU holds
-at the step's peak (denoiser_weight_bytes: a 1/N slice plus what is gathered at once) and, for
-full fine-tuning with AdamW and float32 trained weights, gradients and AdamW's two moments
-(12 bytes per parameter, sharded 1/N under fsdp; DDP keeps a second gradient copy in its
+config, library/models/configs/sdxl-base) and FLUX.1 [dev] transformer
+(library/models/families/flux/shapes.py) are built on the meta device (shapes, no storage), and the
+figures come from the trainer's own memory estimate (library/training/memory_estimate.py): the
+weights one GPU holds at the step's peak (denoiser_weight_bytes: a 1/N slice plus what is gathered
+at once) and, for full fine-tuning with AdamW and float32 trained weights, gradients and AdamW's two
+moments (12 bytes per parameter, sharded 1/N under fsdp; DDP keeps a second gradient copy in its
 buckets). Activations, text encoders and the VAE are not included: they do not change with
 fsdp. A LoRA's own trained state is megabytes; for LoRA runs only the frozen weights matter.
 """
@@ -48,7 +48,7 @@ def sdxl_unet() -> torch.nn.Module:
 def flux_transformer() -> torch.nn.Module:
     from diffusers import FluxTransformer2DModel
 
-    from library.models.flux import shapes
+    from library.models.families.flux import shapes
 
     with torch.device("meta"):
         return FluxTransformer2DModel(**shapes.transformer_config("dev")).to(torch.bfloat16)

@@ -176,11 +176,11 @@ def model_folder(name: str, cache: Path) -> Path:
 
         save_tiny_model(tmp, "sd1" if name == "tiny-sd1" else "sdxl", seed=0)
     elif name == "tiny-flux":
-        from library.models.flux.tiny_files import write_tiny_flux_folder
+        from library.models.families.flux.tiny_files import write_tiny_flux_folder
 
         write_tiny_flux_folder(tmp, "dev", seed=0)
     elif name == "tiny-sd3":
-        from library.models.sd3.tiny_files import write_tiny_sd3_folder
+        from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
 
         write_tiny_sd3_folder(tmp, seed=0)
     elif name == "sd15":
@@ -199,8 +199,8 @@ def _write_sd15(folder: Path) -> None:
     from diffusers import DDIMScheduler
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from library.models.checkpoint_layout import CONFIGS_DIR
     from library.models.checkpoint_parts import build_unet, build_vae, read_config
+    from library.models.families.sd.checkpoint_layout import CONFIGS_DIR
     from library.models.tiny import save_sd_pipeline, write_tiny_tokenizer
 
     configs = CONFIGS_DIR / "sd15"

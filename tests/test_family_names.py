@@ -1,7 +1,7 @@
 """Shared modules do not name model families: the modules that still do may only get fewer.
 
-A family lives in its own modules (library/models/families/, library/models/flux/,
-library/models/sd3/) and is known to shared code through its entry in the family registry
+A family lives in its own package under library/models/families/ (flux/, sd/, sd3/, ...) and is
+known to shared code through its entry in the family registry
 (library/models/families/registry.py): shared code asks the registry which family claims a
 model, owns a key or what to call it, so adding a family edits no shared module.
 
@@ -9,8 +9,8 @@ What counts as naming a family: a word starting with flux, sd3 or sdxl (any case
 underscore: ``FluxTransformer2DModel``, ``networks.lora_sd3``, ``"SDXL"``) in a module's code,
 that is its identifiers and string literals (messages and config help are what users read).
 Comments and docstrings are prose and do not count. Module names do not count either: a
-family-specific module outside the family packages (networks/sd3_keys.py) is listed by what it
-says, not by its name.
+family-specific module outside the family packages would be listed by what it says, not by its
+name.
 
 ALLOWED lists the library modules outside the family packages that still name a family, each
 with why. A module that starts naming one fails (ask the registry instead, or put the code in
@@ -27,11 +27,10 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILY_PACKAGES = ("library/models/families/", "library/models/flux/", "library/models/sd3/")
+FAMILY_PACKAGES = ("library/models/families/",)
 FAMILY_WORD = re.compile(r"(?<![a-z0-9])(flux|sd3|sdxl)", re.IGNORECASE)
 
 _CONFIG_HELP = "config key descriptions (the generated docs/config.md) say what differs per family"
-_SD_ONLY = "SD 1.x/2.x/SDXL-specific code that belongs in the SD family's package"
 ALLOWED = {
     "library/config/adapter_schema.py": _CONFIG_HELP + " (SDXL's block-wise block counts)",
     "library/config/dataset_schema.py": _CONFIG_HELP + " (bucket steps)",
@@ -43,20 +42,16 @@ ALLOWED = {
     "library/config/schema.py": _CONFIG_HELP,
     "library/lora_tools/merge_into_model.py": "--output's help describes each family's "
     "full-model file",
-    "library/models/checkpoint_layout.py": _SD_ONLY + " (SD/SDXL original-layout checkpoints)",
-    "library/models/single_file.py": _SD_ONLY + " (SD/SDXL single-file checkpoints)",
-    "library/models/tiny.py": _SD_ONLY + " (tiny SD/SDXL models for tests)",
-    "library/networks/blocks.py": _SD_ONLY + " (kohya's block-wise rules of the SD/SDXL UNets)",
+    "library/models/tiny.py": "tiny SD/SDXL models for tests, beside the tiny CLIP tokenizer "
+    "and text config every family's tiny models use",
     "library/networks/kohya_keys.py": "kohya's text-encoder prefixes explained by the families "
     "whose files hold them (lora_te1/2: SDXL, lora_te3: FLUX.1's T5-XXL)",
-    "library/networks/sd3_keys.py": "SD3's diffusers LoRA key layout (belongs in SD3's package)",
     "library/training/blockwise_setup.py": "block-wise options apply to SD/SDXL UNets only, "
     "asked by family name",
     "library/training/flow_matching.py": "kohya's flow-matching schedules, Flux.1's "
     "resolution-dependent shift (flux_shift) among them",
     "library/training/objectives.py": "the flow-matching objective follows kohya's Flux.1 "
     "trainer (its label and flux_shift)",
-    "library/training/sd3_objective.py": "SD3's objective (belongs in SD3's package)",
 }
 
 

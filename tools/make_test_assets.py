@@ -17,8 +17,8 @@ ASSETS_DIR = ROOT / "tests" / "assets"
 
 def asset_writers() -> dict[str, Callable[[Path], object]]:
     """Folder name under tests/assets/ -> the function writing it."""
+    from library.models.families.flux.tiny import write_tiny_t5_tokenizer
     from library.models.families.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
-    from library.models.flux.tiny import write_tiny_t5_tokenizer
     from library.models.tiny import write_tiny_tokenizer
 
     return {

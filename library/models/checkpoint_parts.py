@@ -23,7 +23,7 @@ from library.errors import ModelError
 from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
-from library.models.checkpoint_layout import IGNORED_SUFFIXES, FileLayout, TextTower
+from library.models.families.sd.checkpoint_layout import IGNORED_SUFFIXES, FileLayout, TextTower
 
 CONFIG_METADATA = "difftune.config."  # + component name: its diffusers config as JSON
 _GUESSED = {

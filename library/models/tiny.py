@@ -259,7 +259,7 @@ def build_tiny_sdxl_components(seed: int = 0) -> dict:
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    from library.models.families.sd import SDXL
+    from library.models.families.sd.family import SDXL
 
     torch.manual_seed(seed)
     first, second = tiny_sdxl_text_configs()

@@ -8,7 +8,8 @@ where diffusers has separate Linears, and a few original Linears keep their outp
 another order than diffusers' (SD3's pre-only context modulation: shift, scale where diffusers
 has scale, shift). A :class:`KohyaModule` records which diffusers Linears one kohya name stands
 for, in the order of the original weight's rows, and whether the two halves of those rows are
-exchanged; a family's key table (library/networks/flux_keys.py, sd3_keys.py) lists them.
+exchanged; a family's key table (library/models/families/flux/lora_keys.py,
+library/models/families/sd3/lora_keys.py) lists them.
 
 Separate adapters on the parts of a fused layer are written as ONE kohya module whose down
 weights are stacked ([sum r, in]) and whose up weight is block-diagonal ([sum out, sum r]). Its

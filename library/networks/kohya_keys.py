@@ -17,7 +17,7 @@ from torch import nn
 
 from library.errors import CheckpointError
 from library.models.families.registry import text_prefix_line, text_prefix_lines
-from library.models.families.sd import unet_lora_key_layout
+from library.models.families.sd.family import unet_lora_key_layout
 from library.models.original_names import unet_path_to_original
 from library.networks.adapters import adapter_layers, lycoris_layers
 from library.networks.lora import ADAPTER, lora_layers, lora_rank, set_lora_scale
@@ -26,7 +26,8 @@ UNET = "lora_unet"
 TEXT_ENCODER = "lora_te"
 # Every prefix a kohya SD/SDXL/FLUX.1 text-encoder or UNet name may use: what it adapts, and how
 # to load such weights (the fused transformer names of FLUX.1 and SD3 are read by
-# library/networks/fused_keys.py with the tables of flux_keys.py and sd3_keys.py).
+# library/networks/fused_keys.py with the tables of the families' flux/lora_keys.py and
+# sd3/lora_keys.py).
 KNOWN_PREFIXES = {
     "lora_unet": ("UNet", "set network_train_text_encoder_only = false"),
     "lora_te": ("text encoder", "set network_train_unet_only = false"),

@@ -25,8 +25,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from library.models import original_names as names
-from library.models.checkpoint_layout import FileLayout, TextTower
 from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.families.sd.checkpoint_layout import FileLayout, TextTower
 from library.saving.atomic import atomic_write_dir
 from library.saving.streamed import save_streamed
 

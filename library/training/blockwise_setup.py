@@ -1,8 +1,8 @@
 """kohya's block-wise networks.lora options at training set-up: per-block ranks and alphas of
 the UNet's adapters, blocks left out, and one parameter group per block learning rate.
 
-The rules (block numbers, presets, defaults) are library/networks/blocks.py's; this module
-applies them to a loaded SD 1.x/2.x or SDXL UNet.
+The rules (block numbers, presets, defaults) are library/models/families/sd/blocks.py's; this
+module applies them to a loaded SD 1.x/2.x or SDXL UNet.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from library.config.adapter_schema import BLOCKWISE_KEYS
 from library.config.schema import Config
 from library.errors import ConfigError
-from library.networks.blocks import BlockwiseSpec, blockwise_spec
+from library.models.families.sd.blocks import BlockwiseSpec, blockwise_spec
 from library.networks.kohya_keys import UNET, kohya_name, kohya_path
 from library.networks.lora import ADAPTER, LoraSpec, apply_lora, lora_layers
 from library.networks.targets import TargetKind

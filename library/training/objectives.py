@@ -257,7 +257,7 @@ class FlowMatchingObjective(Objective):
         self.min_timestep: int | None = None  # set by check() where TIMESTEP_RANGE
         self.max_timestep: int | None = None
         # The FlowMatchEulerDiscreteScheduler config samples are drawn with (the variant's
-        # released one: library.models.families.flux_sampling.flux_scheduler_config).
+        # released one: library.models.families.flux.sampling.flux_scheduler_config).
         self.sampling_scheduler = dict(sampling_scheduler) if sampling_scheduler else None
 
     def describe(self) -> str:

@@ -199,13 +199,13 @@ class Runs:
 
     def flux_dir(self) -> Path:
         """A tiny Flux.1 dev folder, written on first use."""
-        from library.models.flux.tiny_files import write_tiny_flux_folder
+        from library.models.families.flux.tiny_files import write_tiny_flux_folder
 
         return self._tiny_folder("tiny-flux", lambda folder: write_tiny_flux_folder(folder, "dev"))
 
     def sd3_dir(self) -> Path:
         """A tiny SD3.5 Medium folder, written on first use."""
-        from library.models.sd3.tiny_files import write_tiny_sd3_folder
+        from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
 
         return self._tiny_folder(
             "tiny-sd3", lambda folder: write_tiny_sd3_folder(folder, "sd3.5-medium")

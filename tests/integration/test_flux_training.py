@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from library.models.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
+from library.models.families.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
 from tests.integration.harness import (
     check_accumulation_and_resume,
     make_images,
@@ -95,7 +95,7 @@ def test_full_fine_tune_saves_the_transformer_file_and_a_folder(tmp_path, flux_d
 
     from library.config.flow_schema import FlowSection
     from library.config.schema import ModelSection
-    from library.models.flux.original_keys import detect_flux
+    from library.models.families.flux.original_keys import detect_flux
     from library.models.loader import load_components
 
     out = tmp_path / "out"

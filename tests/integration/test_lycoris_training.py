@@ -213,7 +213,7 @@ def _our_models(components, path, args):
     ``path`` through the trainer's own import."""
     from library.config import kohya
     from library.config.schema import Config
-    from library.models.families.sd import SD1
+    from library.models.families.sd.family import SD1
     from library.training.adapter_setup import adapter_settings, inject
 
     parsed = kohya.network_args_values(args)
@@ -303,14 +303,14 @@ FLOW = {
 
 @pytest.fixture(scope="module")
 def flux_dir(tmp_path_factory):
-    from library.models.flux.tiny_files import write_tiny_flux_folder
+    from library.models.families.flux.tiny_files import write_tiny_flux_folder
 
     return write_tiny_flux_folder(tmp_path_factory.mktemp("models") / "tiny-flux", "dev", seed=0)
 
 
 @pytest.fixture(scope="module")
 def sd3_dir(tmp_path_factory):
-    from library.models.sd3.tiny_files import write_tiny_sd3_folder
+    from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
 
     return write_tiny_sd3_folder(tmp_path_factory.mktemp("models") / "tiny-sd3", "sd3.5-medium", 0)
 
@@ -326,8 +326,8 @@ def _flow_config(folder, model_dir, images, out, args, **keys):
 def test_transformer_files_name_the_original_layers(model, tmp_path, flux_dir, sd3_dir, images):
     """A LoKr run on the transformer and the CLIPs: the file holds one module per original
     (fused) layer, LoKr's tensors, the CLIPs' modules, and reads back as network_weights."""
-    from library.models.families.flux import FLUX_DEV
-    from library.models.families.sd3 import sd3_family
+    from library.models.families.flux.family import FLUX_DEV
+    from library.models.families.sd3.family import sd3_family
 
     model_dir = flux_dir if model == "flux" else sd3_dir
     args = ["algo=lokr", "factor=4", "dora_wd=True"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from library.models.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
+from library.models.families.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
 from tests.integration.harness import (
     assert_close_dicts,
     check_accumulation_and_resume,
@@ -157,8 +157,8 @@ def test_full_fine_tune_writes_stabilitys_single_file_layout(tmp_path, sd3_dir, 
 
     from library.config.flow_schema import FlowSection
     from library.config.schema import ModelSection
+    from library.models.families.sd3.original_keys import detect_sd3
     from library.models.loader import load_components
-    from library.models.sd3.original_keys import detect_sd3
 
     out = tmp_path / "out"
     config = _config(tmp_path, sd3_dir, images, out, max_train_steps=2, train_mode="unet",

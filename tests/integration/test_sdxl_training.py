@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from library.config.schema import ModelSection
-from library.models.families.sd import SDXL
+from library.models.families.sd.family import SDXL
 from library.models.loader import load_components
 from library.training.noise import draw
 from tests.integration.harness import make_images, tensors, train, write_config

@@ -24,8 +24,8 @@ def model_dir(family: str, root: Path) -> Path:
     """A tiny model of ``family`` ("sd1", "sdxl", "flux", "sd3") as a diffusers folder under
     ``root``, written once per process."""
     if family not in _MODELS:
-        from library.models.flux.tiny_files import write_tiny_flux_folder
-        from library.models.sd3.tiny_files import write_tiny_sd3_folder
+        from library.models.families.flux.tiny_files import write_tiny_flux_folder
+        from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
         from library.models.tiny import save_tiny_model
 
         path = Path(root) / f"tiny-{family}"

@@ -119,7 +119,7 @@ def test_output_is_the_trainers_full_model_layout(sd1):
 def test_sdxl_original_names_and_fused_flux_modules(tmp_path, tmp_path_factory):
     """SDXL (kohya names in SGM's layout) into a folder, and FLUX.1 (fused q/k/v modules) into
     its one-file layout, the transformer in Black Forest Labs' names."""
-    from library.models.flux.original_keys import transformer_from_original
+    from library.models.families.flux.original_keys import transformer_from_original
 
     for family, ratio in (("sdxl", 1.3), ("flux", 0.6)):
         base_dir = model_dir(family, tmp_path_factory.getbasetemp())

@@ -16,13 +16,16 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection, NetworkSection
 from library.errors import CheckpointError, ConfigError
 from library.lora_tools.base_model import family_group, family_label, guess_family, other_family
-from library.models.families import flux, registry, sd, sd3
+from library.models.families import registry
 from library.models.families.base import ModelFamily
 from library.models.families.family_choice import check_config_family, entry_for
 from library.models.families.family_entry import FamilyEntry, LoraFiles, ToolFacts
-from library.models.families.flux_entry import FLUX
-from library.models.families.sd3_entry import SD3
-from library.models.families.sd_entry import SD
+from library.models.families.flux import family as flux
+from library.models.families.flux.entry import FLUX
+from library.models.families.sd import family as sd
+from library.models.families.sd.entry import SD
+from library.models.families.sd3 import family as sd3
+from library.models.families.sd3.entry import SD3
 from library.networks.lora_file_checks import check_lora_file, lora_family
 
 _INSTANCES = [

@@ -8,12 +8,12 @@ import pytest
 import torch
 from diffusers import AutoencoderKL, AutoencoderKLQwenImage
 
-from library.models.families.flux import FLUX_DEV
-from library.models.families.sd import SD1, SDXL
-from library.models.families.sd3 import SD35_MEDIUM
-from library.models.flux.shapes import tiny_ae_config
+from library.models.families.flux.family import FLUX_DEV
+from library.models.families.flux.shapes import tiny_ae_config
+from library.models.families.sd.family import SD1, SDXL
+from library.models.families.sd3.family import SD35_MEDIUM
+from library.models.families.sd3.shapes import tiny_vae_config as sd3_tiny_vae_config
 from library.models.latent_codec import LatentLayout, ScaledLatentCodec
-from library.models.sd3.shapes import tiny_vae_config as sd3_tiny_vae_config
 from library.models.tiny import tiny_vae_config
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from library.config.schema import ModelSection
-from library.models.families.sd import SD1, SD1_V, SD2, SD2_V, detect_family
+from library.models.families.sd.family import SD1, SD1_V, SD2, SD2_V, detect_family
 
 SD15_UNET = {"cross_attention_dim": 768, "use_linear_projection": False}
 SD21_UNET = {"cross_attention_dim": 1024, "use_linear_projection": True}

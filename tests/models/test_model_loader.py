@@ -10,7 +10,7 @@ import torch
 
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.families.sd import SD1, SD2, SD2_V
+from library.models.families.sd.family import SD1, SD2, SD2_V
 from library.models.loader import load_components, model_fingerprint
 
 
@@ -107,7 +107,8 @@ def test_missing_folder(tmp_path):
 
 @pytest.mark.parametrize("name", ["model.safetensors", "model.ckpt"])
 def test_garbage_single_file_checkpoint(tmp_path, name):
-    # Single files load through library/models/single_file.py (tests/models/test_single_file*).
+    # Single files load through library/models/families/sd/single_file.py
+    # (tests/models/test_single_file*).
     path = tmp_path / name
     path.write_bytes(b"\0" * 16)
     expect_model_error(path, str(path), "corrupt or truncated")

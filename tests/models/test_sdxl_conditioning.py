@@ -16,7 +16,7 @@ from library.models.conditioning import (
     size_time_ids,
     unused_text_layers,
 )
-from library.models.families.sd import SD1, SDXL
+from library.models.families.sd.family import SD1, SDXL
 from library.models.loader import load_components
 from library.models.text import encode_prompts
 

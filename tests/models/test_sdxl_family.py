@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from library.config.schema import Config, ModelSection, SavingSection
-from library.models.families.sd import (
+from library.models.families.sd.family import (
     SD1,
     SDXL,
     SDXL_V,

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from library.config.schema import ModelSection
-from library.models.families.sd import SD1, SD2, SD2_V, SDXL
+from library.models.families.sd.family import SD1, SD2, SD2_V, SDXL
 from library.models.loader import load_components
 from library.models.tiny import build_tiny_components
 from library.saving.checkpoint_export import write_single_file

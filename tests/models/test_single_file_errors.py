@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.families.sd import SD1
+from library.models.families.sd.family import SD1
 from library.models.loader import load_components
 from library.models.tiny import build_tiny_components, tiny_unet_config
 from library.saving.checkpoint_export import write_single_file

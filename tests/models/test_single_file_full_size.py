@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from library.models.checkpoint_file import CheckpointFile
-from library.models.checkpoint_layout import CONFIGS_DIR, LAYOUTS
 from library.models.checkpoint_parts import plan_components
+from library.models.families.sd.checkpoint_layout import CONFIGS_DIR, LAYOUTS
 from library.saving.checkpoint_export import text_tensors, unet_tensors, vae_tensors
 
 TOKENIZER = Path(__file__).parents[1] / "assets" / "tokenizer"
@@ -72,7 +72,7 @@ def test_export_fits_the_shipped_configs_with_every_key_used(folder, layout, cou
 @pytest.mark.slow
 def test_full_size_sd15_file_round_trip(tmp_path):
     from library.config.schema import ModelSection
-    from library.models.families.sd import SD1
+    from library.models.families.sd.family import SD1
     from library.models.loader import load_components
     from library.saving.checkpoint_export import write_single_file
 

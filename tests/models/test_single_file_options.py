@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ConfigError, ModelError
-from library.models.families.sd import SD1, SDXL
+from library.models.families.sd.family import SD1, SDXL
 from library.models.loader import load_components
 from library.models.original_names import VAE_PREFIX, vae_state_dict_to_original
 from library.models.text import encode_token_ids

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from library.models.families.sd import SD1, SD2_V
+from library.models.families.sd.family import SD1, SD2_V
 from library.models.tiny import build_tiny_components
 from library.saving.checkpoint_export import write_single_file
 from tests.integration.harness import make_images, tensors, train, write_config

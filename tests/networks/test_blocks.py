@@ -1,7 +1,7 @@
-"""kohya's block-wise network_args (library/networks/blocks.py), checked against independent
-computations: block numbers counted off the UNets' own structure (full-size SD 1.5, SD 2.x and
-SDXL built on the meta device, the tiny test UNets), a hand-written table of kohya's SD 1.x rule,
-and the lr-weight curves' formulas."""
+"""kohya's block-wise network_args (library/models/families/sd/blocks.py), checked against
+independent computations: block numbers counted off the UNets' own structure (full-size SD 1.5,
+SD 2.x and SDXL built on the meta device, the tiny test UNets), a hand-written table of kohya's
+SD 1.x rule, and the lr-weight curves' formulas."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from library.networks.blocks import (
+from library.models.families.sd.blocks import (
     PRESETS,
     BlockRank,
     BlockwiseSpec,
@@ -30,7 +30,7 @@ from library.networks.blocks import (
 def _meta_unet(folder: str):
     from diffusers import UNet2DConditionModel
 
-    from library.models.checkpoint_layout import CONFIGS_DIR
+    from library.models.families.sd.checkpoint_layout import CONFIGS_DIR
 
     config = json.loads((CONFIGS_DIR / folder / "unet.json").read_text())
     with torch.device("meta"):
@@ -325,7 +325,7 @@ def test_one_number_sets_every_block_of_its_side():
 
 
 def test_a_short_list_is_filled_with_ones(caplog):
-    with caplog.at_level(logging.WARNING, logger="library.networks.blocks"):
+    with caplog.at_level(logging.WARNING, logger="library.models.families.sd.blocks"):
         got = lr_weights((0.5, 0.25), None, None, sdxl=False)
     assert got == [0.5, 0.25] + [1.0] * 10 + [1.0] * 13
     assert "down_lr_weight has 2 of 12 values" in caplog.text
@@ -335,7 +335,7 @@ def test_mid_weights(caplog):
     assert lr_weights(None, 0.5, None, sdxl=False) == [1.0] * 12 + [0.5] + [1.0] * 12
     got = lr_weights(None, (0.1, 0.2, 0.3), None, sdxl=True)
     assert got == [1.0] * 10 + [0.1, 0.2, 0.3] + [1.0] * 10
-    with caplog.at_level(logging.WARNING, logger="library.networks.blocks"):
+    with caplog.at_level(logging.WARNING, logger="library.models.families.sd.blocks"):
         got = lr_weights(None, 0.5, None, sdxl=True)
     # one number on SDXL is the first middle block's; kohya fills the other two with 1
     assert got == [1.0] * 10 + [0.5, 1.0, 1.0] + [1.0] * 10
@@ -501,7 +501,7 @@ TE = "lora_te_text_model_encoder_layers_0_self_attn_q_proj"
 
 def test_no_blockwise_keys_means_no_spec(caplog):
     assert blockwise_spec({"conv_dim": 4}, dim=8, alpha=4, sdxl=False) is None
-    with caplog.at_level(logging.WARNING, logger="library.networks.blocks"):
+    with caplog.at_level(logging.WARNING, logger="library.models.families.sd.blocks"):
         assert blockwise_spec({"block_lr_zero_threshold": 0.5}, dim=8, alpha=4, sdxl=True) is None
     assert "block_lr_zero_threshold has no effect" in caplog.text
 

@@ -1,8 +1,8 @@
 """Flux LoRA files in kohya's layout: names, fused (block-diagonal) modules, and other readers.
 
-Every expectation comes from outside library/networks/flux_keys.py: the original Black Forest
-Labs module tree written out by hand, diffusers' own kohya-Flux converter and LoRA loader, and
-merges computed here (``W += alpha / r * up @ down``).
+Every expectation comes from outside library/models/families/flux/lora_keys.py: the original Black
+Forest Labs module tree written out by hand, diffusers' own kohya-Flux converter and LoRA loader,
+and merges computed here (``W += alpha / r * up @ down``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
-from library.networks.flux_keys import (
+from library.models.families.flux.lora_keys import (
     CLIP,
     T5,
     adapter_weights,

@@ -28,8 +28,8 @@ SPECS = {
 
 
 def _family(kind: str):
-    from library.models.families.flux import FLUX_SCHNELL
-    from library.models.families.sd3 import sd3_family
+    from library.models.families.flux.family import FLUX_SCHNELL
+    from library.models.families.sd3.family import sd3_family
 
     if kind == "flux":
         return FLUX_SCHNELL
@@ -53,7 +53,7 @@ def _randomize(model, seed: int) -> None:
 
 def _to_original(kind: str, state):
     if kind == "flux":
-        from library.models.flux.original_keys import transformer_to_original
+        from library.models.families.flux.original_keys import transformer_to_original
 
         return transformer_to_original(state)
     return to_original(state)
@@ -61,7 +61,7 @@ def _to_original(kind: str, state):
 
 def _from_original(kind: str, original):
     if kind == "flux":
-        from library.models.flux.original_keys import transformer_from_original
+        from library.models.families.flux.original_keys import transformer_from_original
 
         return transformer_from_original(original)
     return from_original(original)  # diffusers' own converter

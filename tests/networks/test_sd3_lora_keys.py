@@ -1,8 +1,8 @@
 """SD3 / SD3.5 LoRA files: kohya's layout (original MMDiT names, fused qkv, the pre-only block's
 swapped modulation halves) and diffusers' layout (peft keys, scale folded into lora_B).
 
-Every expectation comes from outside library/networks/sd3_keys.py: the original-layout state
-dict is diffusers' own converter inverted (tests/networks/sd3_helpers.py, checked against the
+Every expectation comes from outside library/models/families/sd3/lora_keys.py: the original-layout
+state dict is diffusers' own converter inverted (tests/networks/sd3_helpers.py, checked against the
 converter), kohya's naming rule is applied to its keys, merges are peft's, and diffusers'
 StableDiffusion3Pipeline loads the diffusers-layout file.
 """
@@ -17,9 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from library.errors import CheckpointError
-from library.networks import kohya_keys
-from library.networks.lora import randomize_lora, set_lora_scale
-from library.networks.sd3_keys import (
+from library.models.families.sd3.lora_keys import (
     CLIP_G,
     CLIP_L,
     T5,
@@ -35,6 +33,8 @@ from library.networks.sd3_keys import (
     text_encoder_modules,
     transformer_modules,
 )
+from library.networks import kohya_keys
+from library.networks.lora import randomize_lora, set_lora_scale
 from library.saving.lora_file import read_lora_file, save_lora_file
 from tests.networks.flux_helpers import adapt, capture_diffusers_warnings
 from tests.networks.sd3_helpers import (

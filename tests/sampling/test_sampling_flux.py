@@ -13,7 +13,7 @@ from sampling_helpers import first_image, pixels, prompt, same
 
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning
-from library.models.families.flux_sampling import (
+from library.models.families.flux.sampling import (
     flux_pipeline_inputs,
     flux_scheduler_config,
 )

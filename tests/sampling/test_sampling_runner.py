@@ -12,7 +12,7 @@ import library.sampling.runner as runner_module
 from library.config.loader import load_config
 from library.config.sampling_schema import SamplingSection
 from library.errors import ConfigError
-from library.models.families.sd import SD1, SDXL
+from library.models.families.sd.family import SD1, SDXL
 from library.sampling.runner import SampleRunner, due_after_epoch, due_after_step
 
 HEAD = 'pretrained_model_name_or_path = "m"\n'

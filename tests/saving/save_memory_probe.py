@@ -41,7 +41,7 @@ def _peak() -> int:
 def _model():
     from diffusers import FluxTransformer2DModel
 
-    from library.models.flux.shapes import tiny_transformer_config
+    from library.models.families.flux.shapes import tiny_transformer_config
 
     config = {
         **tiny_transformer_config("dev"),
@@ -64,7 +64,7 @@ def _model():
 def _eager(path: Path, model) -> None:
     from safetensors.torch import save_file
 
-    from library.models.flux.original_keys import transformer_to_original
+    from library.models.families.flux.original_keys import transformer_to_original
 
     state = {k: v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()}
     tensors = {k: v.contiguous() for k, v in transformer_to_original(state).items()}
@@ -73,7 +73,7 @@ def _eager(path: Path, model) -> None:
 
 def main() -> None:
     from library.config.flow_schema import FlowSection
-    from library.models.families.flux import flux_family
+    from library.models.families.flux.family import flux_family
 
     folder = Path(sys.argv[1])
     model = _model()

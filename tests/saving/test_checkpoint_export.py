@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from library.models.checkpoint_layout import LAYOUTS
-from library.models.families.sd import SD1, SD2_V
+from library.models.families.sd.checkpoint_layout import LAYOUTS
+from library.models.families.sd.family import SD1, SD2_V
 from library.models.tiny import build_tiny_components, tiny_text_config
 from library.saving.checkpoint_export import (
     ensure_text_model_layout,
@@ -171,7 +171,7 @@ def test_t5_folders_keep_their_keys(tmp_path):
     prefix there makes transformers re-initialise the encoder."""
     from transformers import T5Config, T5EncoderModel
 
-    from library.models.flux.shapes import tiny_t5_config
+    from library.models.families.flux.shapes import tiny_t5_config
 
     folder = tmp_path / "text_encoder_2"
     folder.mkdir()

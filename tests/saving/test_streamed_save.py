@@ -78,9 +78,9 @@ def test_a_conversion_runs_per_group(tmp_path):
 
 
 def test_flux_and_sd3_full_model_files_are_unchanged(tmp_path):
-    from library.models.flux.original_keys import ae_to_original
-    from library.models.flux.original_keys import transformer_to_original as flux_original
-    from library.models.sd3.original_keys import transformer_to_original as sd3_original
+    from library.models.families.flux.original_keys import ae_to_original
+    from library.models.families.flux.original_keys import transformer_to_original as flux_original
+    from library.models.families.sd3.original_keys import transformer_to_original as sd3_original
     from tests.training.flux_fixtures import tiny_flux_components
     from tests.training.sd3_fixtures import tiny_sd3_components
 
@@ -109,8 +109,8 @@ def test_flux_and_sd3_full_model_files_are_unchanged(tmp_path):
 
 
 def test_sd_checkpoint_is_unchanged(tmp_path):
-    from library.models.checkpoint_layout import LAYOUTS
-    from library.models.families.sd import family_for
+    from library.models.families.sd.checkpoint_layout import LAYOUTS
+    from library.models.families.sd.family import family_for
     from library.models.tiny import build_tiny_components
     from library.saving.checkpoint_export import write_single_file
 

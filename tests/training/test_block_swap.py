@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from library.models.families.flux.tiny_files import write_tiny_flux_folder
+from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
 from library.models.float8 import store_in_float8
-from library.models.flux.tiny_files import write_tiny_flux_folder
-from library.models.sd3.tiny_files import write_tiny_sd3_folder
 from library.training.block_swap import HostLinear, swap_linears
 from tests.integration.harness import make_images, tensors, train, write_config
 from tests.integration.test_flux_training import FLUX

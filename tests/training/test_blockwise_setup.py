@@ -1,6 +1,7 @@
 """kohya's block-wise networks.lora options applied to a UNet: each block's rank and alpha, no
 adapters in blocks whose learning-rate weight is 0, and one parameter group per block rate.
-Block numbers come from library/networks/blocks.py, whose own tests count them independently."""
+Block numbers come from library/models/families/sd/blocks.py, whose own tests count them
+independently."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import torch
 
 from library.config.schema import Config
 from library.errors import ConfigError
+from library.models.families.sd.blocks import block_index
 from library.models.loader import load_components
-from library.networks.blocks import block_index
 from library.networks.kohya_keys import UNET, kohya_name, kohya_path
 from library.networks.lora import lora_alpha, lora_layers, lora_rank
 from library.networks.targets import default_targets

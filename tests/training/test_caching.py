@@ -8,7 +8,7 @@ import pytest
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.errors import ConfigError
-from library.models.families.sd import SD1, SDXL
+from library.models.families.sd.family import SD1, SDXL
 from library.training.caching import check_bucket_steps
 
 # block_out_channels of the real UNets: SD 1.x/2.x downsample 3 times, SDXL twice.

@@ -11,7 +11,7 @@ from flux_fixtures import plain_flux_pipeline, tiny_flux_components
 
 from library.config.schema import Config
 from library.errors import ConfigError
-from library.networks.flux_keys import target_paths, transformer_modules
+from library.models.families.flux.lora_keys import target_paths, transformer_modules
 from library.networks.lora import lora_layers, randomize_lora, set_lora_scale
 from library.saving.lora_file import read_lora_file, save_lora_file
 from library.training.setup import setup_training

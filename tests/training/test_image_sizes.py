@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from library.models.flux.tiny_files import write_tiny_flux_folder
-from library.models.sd3.tiny_files import write_tiny_sd3_folder
+from library.models.families.flux.tiny_files import write_tiny_flux_folder
+from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
 from library.training import trainer
 from library.training.image_sizes import nearest_multiples
 from tests.integration.harness import make_images, train, write_config

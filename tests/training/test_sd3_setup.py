@@ -12,9 +12,9 @@ from sd3_fixtures import tiny_sd3_components
 from library.config.flow_schema import FlowSection
 from library.config.schema import Config, ModelSection
 from library.errors import ConfigError
+from library.models.families.sd3.lora_keys import T5, transformer_modules
 from library.networks.fused_keys import target_paths, text_encoder_modules
 from library.networks.lora import lora_layers
-from library.networks.sd3_keys import T5, transformer_modules
 from library.training.setup import setup_training
 
 

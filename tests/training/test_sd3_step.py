@@ -162,7 +162,7 @@ def test_min_max_timestep_narrow_the_draw_and_ip_noise_is_left_out(caplog):
 def test_position_crops_follow_each_samples_keyed_draws():
     """pos_emb_random_crop_rate 1: every sample crops the position table where its own keyed
     draws say, so the batch of two equals the two samples alone, and differs from no crops."""
-    from library.models.sd3.position import install
+    from library.models.families.sd3.position import install
 
     c = tiny_sd3_components(pos_emb_random_crop_rate=1.0)
     install(c.denoiser, 1.0)

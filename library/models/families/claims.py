@@ -91,7 +91,7 @@ def checked_pipeline_folder(
     (``weights``: subfolder -> weights file stem), so a broken folder fails before minutes of
     loading. ModelError naming the folder otherwise. ``t5_subfolder`` None: the T5 tokenizer
     comes from elsewhere (t5_tokenizer_path), and the folder's is not looked at."""
-    from library.models.families.flux_tokenizers import t5_tokenizer_files
+    from library.models.families.flux.tokenizers import t5_tokenizer_files
     from library.models.loader import check_weights_file, find_weights, read_json, resolve_model_dir
 
     model_dir = resolve_model_dir(str(path), required)

@@ -2,7 +2,7 @@
 
 An entry is data and a few functions: the family's names in messages, its loader, the config
 keys and kohya vocabulary it owns, and what the toolbox (lora_tool.py) needs to label its models
-and name their layers. Each family module set defines its entry (``sd_entry``, ``flux_entry``,
+and name their layers. Each family package defines its entry (``sd.entry``, ``flux.entry``,
 ...) and library.models.families.registry lists them; shared modules ask the registry.
 """
 

@@ -4,7 +4,7 @@ A ``Plan`` says how one module comes out of one file: the keys it reads, its con
 are renamed. ``plan_with_config`` takes the config stored in the file's header
 (``difftune.config.<part>``) when it fits, else one derived from the tensor shapes, and checks on
 the meta device that the module holds exactly the file's tensors; ``load_plan`` then reads, casts,
-renames and loads them. The FLUX.1 (flux_files.py) and SD3 (sd3_files.py) single-file loaders
+renames and loads them. The FLUX.1 (flux/files.py) and SD3 (sd3/files.py) single-file loaders
 share this, and the parts both use: T5 v1.1 encoders, the 16-channel autoencoder without quant
 convs, ComfyUI's scaled-fp8 refusal.
 """
@@ -25,9 +25,9 @@ from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
-from library.models.flux.original_keys import convert_shapes, detect_flux
+from library.models.families.flux.original_keys import convert_shapes, detect_flux
+from library.models.families.sd3.original_keys import detect_sd3
 from library.models.loader import one_line
-from library.models.sd3.original_keys import detect_sd3
 
 Convert = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 

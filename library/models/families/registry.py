@@ -4,7 +4,7 @@ FAMILIES is the one list of families difftune trains, in the order messages list
 entry (library.models.families.family_entry) is defined beside its family. Rather than name
 families, shared modules ask this module which family claims a model, owns a [flow] key or a
 kohya network_module, or what to call it (tests/test_family_names.py lists the shared modules
-that still name one). A new family adds its modules and one line to FAMILIES.
+that still name one). A new family adds its package and one line to FAMILIES.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from library.config.adapter_schema import LYCORIS_MODULE
 from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry
-from library.models.families.flux_entry import FLUX
-from library.models.families.sd3_entry import SD3
-from library.models.families.sd_entry import SD
+from library.models.families.flux.entry import FLUX
+from library.models.families.sd.entry import SD
+from library.models.families.sd3.entry import SD3
 
 if TYPE_CHECKING:
     from library.config.flow_schema import FlowSection

@@ -8,9 +8,9 @@ import inspect
 import pytest
 import torch
 
-from library.models.flux import original_keys as keys
-from library.models.flux import shapes
-from library.models.flux.tiny import build_tiny_flux_components
+from library.models.families.flux import original_keys as keys
+from library.models.families.flux import shapes
+from library.models.families.flux.tiny import build_tiny_flux_components
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.flux_load import claims_flux, load_flux
-from library.models.flux import shapes
-from library.models.flux.original_keys import ORIGINAL_PREFIX
-from library.models.flux.tiny import build_tiny_flux_components
-from library.models.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
+from library.models.families.flux import shapes
+from library.models.families.flux.load import claims_flux, load_flux
+from library.models.families.flux.original_keys import ORIGINAL_PREFIX
+from library.models.families.flux.tiny import build_tiny_flux_components
+from library.models.families.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
 
 PARTS = ("denoiser", "vae", "clip_l", "t5")
 
@@ -126,7 +126,7 @@ def error(path: Path, files=None, **flow) -> str:
 
 
 def test_claims_flux_folders_and_transformer_files(folder, files, tmp_path, tiny_model_dir):
-    from library.models.families.sd import SD1
+    from library.models.families.sd.family import SD1
     from library.models.tiny import build_tiny_components
     from library.saving.checkpoint_export import write_single_file
 
@@ -449,7 +449,7 @@ def test_folder_missing_a_part(folder, tmp_path, sub):
 
 
 def test_folder_with_truncated_t5_fails_before_loading(folder, tmp_path, monkeypatch):
-    from library.models.families import flux_load
+    from library.models.families.flux import load as flux_load
 
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
@@ -490,8 +490,8 @@ def test_full_size_files_plan_the_published_configs(tmp_path):
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     from library.models import original_names as names
-    from library.models.families import flux_files
-    from library.models.flux.original_keys import (
+    from library.models.families.flux import files as flux_files
+    from library.models.families.flux.original_keys import (
         ae_to_original,
         detect_flux,
         transformer_to_original,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from library.models.flux import shapes
-from library.models.flux.tiny import (
+from library.models.families.flux import shapes
+from library.models.families.flux.tiny import (
     SPACE,
     build_tiny_flux_components,
     tiny_t5_pieces,

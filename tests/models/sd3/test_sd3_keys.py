@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
-from library.models.sd3 import original_keys as keys
-from library.models.sd3 import shapes
-from library.models.sd3.tiny import build_tiny_sd3_components
+from library.models.families.sd3 import original_keys as keys
+from library.models.families.sd3 import shapes
+from library.models.families.sd3.tiny import build_tiny_sd3_components
 
 
 @pytest.fixture(scope="module")
@@ -281,8 +281,8 @@ def test_detect_sd3(tiny, variant):
 
 
 def test_detect_sd3_refuses_other_models(tiny):
-    from library.models.flux import original_keys as flux_keys
-    from library.models.flux.tiny import build_tiny_flux_components
+    from library.models.families.flux import original_keys as flux_keys
+    from library.models.families.flux.tiny import build_tiny_flux_components
     from tests.models.flux.test_flux_keys import sd_file_keys
 
     flux = build_tiny_flux_components("dev")["transformer"].state_dict()

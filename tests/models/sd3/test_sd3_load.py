@@ -18,11 +18,11 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.sd3_load import claims_sd3, load_sd3_parts
-from library.models.sd3 import shapes
-from library.models.sd3.original_keys import TEXT_ENCODER_PREFIXES, VAE_PREFIX
-from library.models.sd3.tiny import build_tiny_sd3_components
-from library.models.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
+from library.models.families.sd3 import shapes
+from library.models.families.sd3.load import claims_sd3, load_sd3_parts
+from library.models.families.sd3.original_keys import TEXT_ENCODER_PREFIXES, VAE_PREFIX
+from library.models.families.sd3.tiny import build_tiny_sd3_components
+from library.models.families.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
 
 VARIANT = "sd3.5-medium"
 # SD3Parts field -> build_tiny_sd3_components name
@@ -152,9 +152,12 @@ def error(path: Path, files=None, vae=None, **flow) -> str:
 def test_claims_sd3_folders_and_model_files(
     folder, inside, separate, tmp_path, tiny_model_dir, tiny_sdxl_model_dir
 ):
-    from library.models.families.flux_load import claims_flux
-    from library.models.families.sd import SD1
-    from library.models.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
+    from library.models.families.flux.load import claims_flux
+    from library.models.families.flux.tiny_files import (
+        write_tiny_flux_files,
+        write_tiny_flux_folder,
+    )
+    from library.models.families.sd.family import SD1
     from library.models.tiny import build_tiny_components
     from library.saving.checkpoint_export import write_single_file
 
@@ -501,7 +504,7 @@ def test_folder_missing_a_part(folder, tmp_path, sub):
 
 
 def test_folder_with_truncated_clip_g_fails_before_loading(folder, tmp_path, monkeypatch):
-    from library.models.families import sd3_load
+    from library.models.families.sd3 import load as sd3_load
 
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
@@ -534,8 +537,8 @@ def test_full_size_files_plan_the_published_configs(tmp_path):
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     from library.models import original_names as names
-    from library.models.families import sd3_files
-    from library.models.sd3.original_keys import (
+    from library.models.families.sd3 import files as sd3_files
+    from library.models.families.sd3.original_keys import (
         ORIGINAL_PREFIX,
         ae_to_original,
         detect_sd3,

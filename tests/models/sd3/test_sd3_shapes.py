@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from library.models.sd3 import shapes
+from library.models.families.sd3 import shapes
 
 # Published sizes of the MMDiTs (Stability AI's model cards and release posts), in parameters.
 PUBLISHED = {"sd3-medium": 2.0e9, "sd3.5-medium": 2.5e9, "sd3.5-large": 8.1e9}

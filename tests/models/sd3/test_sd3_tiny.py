@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from library.models.sd3 import original_keys as keys
-from library.models.sd3 import shapes
-from library.models.sd3.tiny import build_tiny_sd3_components
-from library.models.sd3.tiny_files import (
+from library.models.families.sd3 import original_keys as keys
+from library.models.families.sd3 import shapes
+from library.models.families.sd3.tiny import build_tiny_sd3_components
+from library.models.families.sd3.tiny_files import (
     tiny_configs,
     write_tiny_sd3_files,
     write_tiny_sd3_folder,
@@ -40,7 +40,7 @@ def test_tiny_chain(variant, tmp_path):
     pooled outputs side by side."""
     from transformers import CLIPTokenizer, T5TokenizerFast
 
-    from library.models.flux.tiny import write_tiny_t5_tokenizer
+    from library.models.families.flux.tiny import write_tiny_t5_tokenizer
     from library.models.tiny import write_tiny_tokenizer
 
     parts = build_tiny_sd3_components(variant)

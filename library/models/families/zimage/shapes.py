@@ -13,7 +13,7 @@ the scheduler's shift. Sources of the full-size numbers:
   as 6.0);
 - [diffusers] ``ZImageTransformer2DModel``'s defaults in diffusers 0.42.1, which equal [hub] but
   for ``axes_lens`` (1024 there, 1536 in the released config);
-- [flux] the AE config of library/models/flux/shapes.py: Z-Image ships FLUX.1's AE (same
+- [flux] the AE config of library/models/families/flux/shapes.py: Z-Image ships FLUX.1's AE (same
   channels, 16 latent channels, scaling_factor 0.3611, shift_factor 0.1159).
 The tests build the full-size models on the meta device and check their parameter counts.
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from library.models.flux.shapes import ae_config as flux_ae_config
-from library.models.flux.shapes import tiny_ae_config as flux_tiny_ae_config
+from library.models.families.flux.shapes import ae_config as flux_ae_config
+from library.models.families.flux.shapes import tiny_ae_config as flux_tiny_ae_config
 
 Variant = Literal["turbo", "base"]
 VARIANTS: tuple[Variant, ...] = ("turbo", "base")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from library.models.families.flux.tiny import build_seeded
 from library.models.families.zimage.shapes import (
     Variant,
     scheduler_config,
@@ -18,7 +19,6 @@ from library.models.families.zimage.shapes import (
     tiny_transformer_config,
 )
 from library.models.families.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
-from library.models.flux.tiny import build_seeded
 
 
 def build_tiny_zimage_components(seed: int = 0) -> dict:

@@ -41,20 +41,20 @@ from library.models.families.file_plans import (
     sample_keys,
     t5_encoder_keys,
 )
-from library.models.families.flux_load import FluxParts, refuse_channels
-from library.models.families.flux_tokenizers import (
-    find_t5_tokenizer_folder,
-    load_t5_tokenizer,
-    located_t5_tokenizer,
-    missing_t5_tokenizer,
-)
-from library.models.flux import shapes as flux_shapes
-from library.models.flux.original_keys import (
+from library.models.families.flux import shapes as flux_shapes
+from library.models.families.flux.load import FluxParts, refuse_channels
+from library.models.families.flux.original_keys import (
     FluxKeys,
     ae_from_original,
     convert_shapes,
     detect_flux,
     transformer_from_original,
+)
+from library.models.families.flux.tokenizers import (
+    find_t5_tokenizer_folder,
+    load_t5_tokenizer,
+    located_t5_tokenizer,
+    missing_t5_tokenizer,
 )
 from library.models.loader import offline, one_line
 

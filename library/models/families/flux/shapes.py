@@ -178,7 +178,8 @@ def tiny_clip_config() -> dict:
 
 
 def tiny_t5_config() -> dict:
-    """T5Config kwargs: two gated-GELU layers for the tiny T5 tokenizer (library/models/flux/tiny)."""
+    """T5Config kwargs: two gated-GELU layers for the tiny T5 tokenizer
+    (library/models/families/flux/tiny.py)."""
     return {
         **t5_xxl_config(),
         "vocab_size": TINY_T5_VOCAB_SIZE,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from library.models.flux.shapes import (
+from library.models.families.flux.shapes import (
     T5_MAX_LENGTH,
     Variant,
     tiny_ae_config,

@@ -1,7 +1,7 @@
-"""Loading SD 1.x/2.x/SDXL diffusers folders (single files: library/models/single_file.py).
+"""Loading SD 1.x/2.x/SDXL diffusers folders (single files: single_file.py beside this module).
 
-The folder's parts, its family (library.models.families.sd.detect_family), its modules frozen in
-the weight dtype, and the DDPM objective over the folder's noise schedule.
+The folder's parts, its family (library.models.families.sd.family.detect_family), its modules
+frozen in the weight dtype, and the DDPM objective over the folder's noise schedule.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.base import ModelFamily
-from library.models.families.sd import detect_family
+from library.models.families.sd.family import detect_family
 from library.models.loader import (
     Components,
     load_weights,
@@ -53,7 +53,7 @@ def load_sd(
 ):
     """Components of an SD 1.x/2.x/SDXL model: a single-file checkpoint or a diffusers folder
     (``flow`` is every family loader's argument; SD reads no [flow] key)."""
-    from library.models.single_file import is_single_file, load_single_file
+    from library.models.families.sd.single_file import is_single_file, load_single_file
 
     if is_single_file(model.pretrained_model_name_or_path):
         return load_single_file(model, weight_dtype, vae_dtype)

@@ -41,9 +41,9 @@ FLUX = FamilyEntry(
     label="Flux.1",
     models=_LINE,
     lines=(_LINE,),
-    family=Deferred("library.models.families.flux:FluxFamily").get,
-    claims=Deferred("library.models.families.flux_load:claims_flux"),
-    load=Deferred("library.models.families.flux_load:load_flux"),
+    family=Deferred("library.models.families.flux.family:FluxFamily").get,
+    claims=Deferred("library.models.families.flux.load:claims_flux"),
+    load=Deferred("library.models.families.flux.load:load_flux"),
     network_module="networks.lora_flux",
     flow_matching=True,
     flow_keys=FLOW_MATCHING_KEYS
@@ -95,7 +95,7 @@ FLUX = FamilyEntry(
         variant_labels={"flux-dev": "FLUX.1 dev", "flux-schnell": "FLUX.1 schnell"},
         lora_marks=tuple((start, _LINE) for start in _KOHYA_BLOCKS),
         version_marks=(("flux", _LINE),),
-        to_original=Deferred("library.models.flux.original_keys:transformer_to_original"),
+        to_original=Deferred("library.models.families.flux.original_keys:transformer_to_original"),
         comfy_keys=_comfy_keys,
     ),
 )

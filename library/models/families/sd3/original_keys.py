@@ -11,7 +11,7 @@
   no MLP).
 - VAE: the files hold it under ``first_stage_model.`` in SD's LDM names without quant convs, as
   FLUX.1's ae.safetensors does: ``ae_to_original`` / ``ae_from_original`` (re-exported from
-  library/models/flux/original_keys.py) rename it, without the prefix.
+  library/models/families/flux/original_keys.py) rename it, without the prefix.
 - ``detect_sd3``: which layout and variant a file holds, and which other parts are inside.
 - ``transformer_config_from_shapes``: the SD3Transformer2DModel config a state dict's shapes show.
 
@@ -32,15 +32,15 @@ from typing import Literal
 import torch
 
 from library.models import shape_configs
-from library.models.flux.original_keys import (
+from library.models.families.flux.original_keys import (
     ae_from_original,
     ae_to_original,
     convert_shapes,
     join_parts,
     swap_halves,
 )
-from library.models.sd3 import shapes as sd3_shapes
-from library.models.sd3.shapes import Variant
+from library.models.families.sd3 import shapes as sd3_shapes
+from library.models.families.sd3.shapes import Variant
 
 __all__ = [
     "ORIGINAL_PREFIX",

@@ -4,7 +4,7 @@ StableDiffusion3Pipeline folder.
 The folder is read with from_pretrained after every part and weights file is checked; the
 [flow] clip_l, clip_g and t5xxl files replace its text encoders when set. Stability AI's single
 file (the MMDiT, usually the VAE, and maybe the text encoders) with its separate
-clip_l, clip_g and t5xxl files is read by library/models/families/sd3_files.py.
+clip_l, clip_g and t5xxl files is read by library/models/families/sd3/files.py.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from library.models.families.claims import (
     without,
 )
 from library.models.families.file_plans import load_plan
-from library.models.families.flux_tokenizers import folder_t5_tokenizer
-from library.models.families.sd3_parts import SD3Parts
-from library.models.families.sd3_tokenizers import (
+from library.models.families.flux.tokenizers import folder_t5_tokenizer
+from library.models.families.sd3 import shapes as sd3_shapes
+from library.models.families.sd3.original_keys import detect_sd3, variant_for
+from library.models.families.sd3.parts import SD3Parts
+from library.models.families.sd3.tokenizers import (
     find_sd3_t5_tokenizer_folder,
     missing_t5_tokenizer,
 )
 from library.models.loader import load_weights, offline
-from library.models.sd3 import shapes as sd3_shapes
-from library.models.sd3.original_keys import detect_sd3, variant_for
 from library.models.tokenizers import folder_tokenizer
 
 SD3_PIPELINE = "StableDiffusion3Pipeline"
@@ -92,7 +92,7 @@ def load_sd3_parts(
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if path.is_dir():
         return _load_folder(path, model, flow, weight_dtype, vae_dtype)
-    from library.models.families.sd3_files import load_sd3_files
+    from library.models.families.sd3.files import load_sd3_files
 
     return load_sd3_files(path, model, flow, weight_dtype, vae_dtype)
 
@@ -125,8 +125,8 @@ def _load_folder(
     from diffusers import AutoencoderKL, SD3Transformer2DModel
     from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
-    # sd3_files imports this module (refuse_channels), so it is imported here.
-    from library.models.families.sd3_files import check_widths, component_plans
+    # sd3.files imports this module (refuse_channels), so it is imported here.
+    from library.models.families.sd3.files import check_widths, component_plans
 
     plans = component_plans(flow)  # the [flow] files set, each header read and checked
     skip = {_REPLACES[key] for key in plans}

@@ -21,15 +21,15 @@ Sources of the full-size numbers:
   Medium, 38 blocks for 3.5 Large), ``StableDiffusion3Pipeline`` (T5 max_sequence_length 256);
 - [comfy] ComfyUI comfy/supported_models.py ``SD3`` (16 latent channels) and
   comfy/latent_formats.py ``SD3`` (scale 1.5305, shift 0.0609).
-The T5-XXL encoder and CLIP-L are the ones FLUX.1 uses (library/models/flux/shapes.py), here with
-CLIP-L's text projection. The tests check the parameter counts against published figures.
+The T5-XXL encoder and CLIP-L are the ones FLUX.1 uses (library/models/families/flux/shapes.py),
+here with CLIP-L's text projection. The tests check the parameter counts against published figures.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from library.models.flux import shapes as flux_shapes
+from library.models.families.flux import shapes as flux_shapes
 
 Variant = Literal["sd3-medium", "sd3.5-medium", "sd3.5-large"]
 VARIANTS: tuple[Variant, ...] = ("sd3-medium", "sd3.5-medium", "sd3.5-large")
@@ -198,5 +198,6 @@ def tiny_clip_g_config() -> dict:
 
 
 def tiny_t5_config() -> dict:
-    """T5Config kwargs of FLUX.1's tiny T5 (for the tiny T5 tokenizer of library/models/flux)."""
+    """T5Config kwargs of FLUX.1's tiny T5 (for the tiny T5 tokenizer of
+    library/models/families/flux/tiny.py)."""
     return flux_shapes.tiny_t5_config()

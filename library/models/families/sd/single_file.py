@@ -18,11 +18,11 @@ import torch
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import PICKLE_SUFFIXES, CheckpointFile
-from library.models.checkpoint_layout import FileLayout, detect_layout
 from library.models.checkpoint_parts import load_part, plan_components, read_config
-from library.models.families import sd as families
 from library.models.families.base import ModelFamily, PredictionType
-from library.models.families.sd import family_for
+from library.models.families.sd import family as families
+from library.models.families.sd.checkpoint_layout import FileLayout, detect_layout
+from library.models.families.sd.family import family_for
 from library.models.tokenizers import encoder_label, load_tokenizer_for
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def load_single_file(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: 
 
     Tokenizers are found before any weight is read, so a missing one fails in a second.
     """
-    from library.models.families.sd_load import ddpm_objective
+    from library.models.families.sd.load import ddpm_objective
     from library.models.loader import Components, offline
 
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()

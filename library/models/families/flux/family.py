@@ -9,7 +9,7 @@ The facts this implementation relies on (docs/formats.md, Flux.1):
   (schnell) are the per-token conditioning; CLIP-L's pooled output (77 tokens) is the pooled one;
 - timestep: sigma in [0, 1] (diffusers' transformer multiplies by 1000 inside); dev also takes
   the distilled guidance value, schnell has no guidance input;
-- LoRA files: kohya's names from the original module tree (library.networks.flux_keys).
+- LoRA files: kohya's names from the original module tree (library.models.families.flux.lora_keys).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import torch
 
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.flux.shapes import CLIP_MAX_LENGTH, T5_MAX_LENGTH
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
-from library.models.flux.shapes import CLIP_MAX_LENGTH, T5_MAX_LENGTH
 
 PATCH = 2  # latents are packed 2x2 into tokens
 
@@ -140,7 +140,7 @@ class FluxFamily(TransformerFamily):
 
     def transformer_modules(self, transformer):
         """kohya's modules of the transformer that this run adapts (train_blocks)."""
-        from library.networks.flux_keys import transformer_modules
+        from library.models.families.flux.lora_keys import transformer_modules
 
         return transformer_modules(transformer, train_blocks=self.train_blocks)
 
@@ -158,7 +158,7 @@ class FluxFamily(TransformerFamily):
         """Every Linear of the double and single blocks (LyCORIS' DoubleStreamBlock and
         SingleStreamBlock classes, which every preset but attn-only names); attn-only: the
         double blocks' SelfAttention Linears (qkv, proj)."""
-        from library.networks.flux_keys import transformer_modules
+        from library.models.families.flux.lora_keys import transformer_modules
 
         modules = transformer_modules(transformer)
         if preset == "attn-only":
@@ -167,8 +167,8 @@ class FluxFamily(TransformerFamily):
 
     def sampling_pipeline(self):
         """FluxPipeline fed our conditioning, with kohya's Flux prompt options
-        (library.models.families.flux_sampling)."""
-        from library.models.families.flux_sampling import flux_pipeline_kind
+        (library.models.families.flux.sampling)."""
+        from library.models.families.flux.sampling import flux_pipeline_kind
 
         return flux_pipeline_kind(guidance=self.has_guidance)
 
@@ -208,7 +208,7 @@ class FluxFamily(TransformerFamily):
         import json
 
         from library.models.checkpoint_parts import CONFIG_METADATA
-        from library.models.flux.original_keys import transformer_to_original
+        from library.models.families.flux.original_keys import transformer_to_original
         from library.saving.streamed import block_groups, save_streamed
 
         # one block at a time: the fused tensors of a block are built only while it is written

@@ -1,6 +1,6 @@
 """What an original-layout (single-file) checkpoint holds, by family: prefixes and text towers.
 
-Data shared by the loader (library/models/single_file.py) and the exporter
+Data shared by the loader (library/models/families/sd/single_file.py) and the exporter
 (library/saving/checkpoint_export.py), so both read and write the same layout.
 """
 
@@ -15,7 +15,8 @@ from library.errors import ModelError
 from library.models.original_names import UNET_PREFIX, VAE_PREFIX
 
 LayoutName = Literal["sd1", "sd2", "sdxl"]
-CONFIGS_DIR = Path(__file__).with_name("configs")
+# the shipped component configs of the released models: library/models/configs
+CONFIGS_DIR = Path(__file__).parents[2] / "configs"
 
 
 @dataclass(frozen=True)

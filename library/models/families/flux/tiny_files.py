@@ -16,16 +16,16 @@ from pathlib import Path
 import torch
 
 from library.models.checkpoint_parts import CONFIG_METADATA
-from library.models.families.flux_sampling import flux_scheduler_config
-from library.models.flux.original_keys import ae_to_original, transformer_to_original
-from library.models.flux.shapes import (
+from library.models.families.flux.original_keys import ae_to_original, transformer_to_original
+from library.models.families.flux.sampling import flux_scheduler_config
+from library.models.families.flux.shapes import (
     Variant,
     tiny_ae_config,
     tiny_clip_config,
     tiny_t5_config,
     tiny_transformer_config,
 )
-from library.models.flux.tiny import build_tiny_flux_components, write_tiny_t5_tokenizer
+from library.models.families.flux.tiny import build_tiny_flux_components, write_tiny_t5_tokenizer
 
 FP8 = torch.float8_e4m3fn
 

@@ -12,8 +12,9 @@ import torch
 class SD3Parts:
     """What an SD3 loader (a diffusers folder, or the single files) returns.
 
-    ``variant`` is "sd3-medium", "sd3.5-medium" or "sd3.5-large" (library.models.sd3.shapes);
-    ``model_dir`` is the diffusers folder, or the MMDiT checkpoint file.
+    ``variant`` is "sd3-medium", "sd3.5-medium" or "sd3.5-large"
+    (library.models.families.sd3.shapes); ``model_dir`` is the diffusers folder, or the MMDiT
+    checkpoint file.
     """
 
     transformer: torch.nn.Module  # diffusers SD3Transformer2DModel

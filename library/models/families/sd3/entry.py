@@ -30,9 +30,9 @@ SD3 = FamilyEntry(
     models=_LINE,
     article="an",
     lines=(_LINE,),
-    family=Deferred("library.models.families.sd3:SD3Family").get,
-    claims=Deferred("library.models.families.sd3_load:claims_sd3"),
-    load=Deferred("library.models.families.sd3:load_sd3"),
+    family=Deferred("library.models.families.sd3.family:SD3Family").get,
+    claims=Deferred("library.models.families.sd3.load:claims_sd3"),
+    load=Deferred("library.models.families.sd3.family:load_sd3"),
     # SD3's single files may hold no VAE: the loader needs [model] vae to build one.
     reads_vae=True,
     network_module="networks.lora_sd3",
@@ -82,7 +82,7 @@ SD3 = FamilyEntry(
         lora_marks=_KOHYA_BLOCKS,
         # kohya's SD3 versions are its model types: "medium", "5-medium", "5-large", ...
         version_marks=tuple((mark, _LINE) for mark in ("sd3", "medium", "large", "5-")),
-        to_original=Deferred("library.models.sd3.original_keys:transformer_to_original"),
+        to_original=Deferred("library.models.families.sd3.original_keys:transformer_to_original"),
         comfy_keys=comfy_part_keys(
             ("transformer.", "base_model.model.", "lora_transformer_", "lycoris_")
         ),

@@ -2,8 +2,8 @@
 
 The folder is read with from_pretrained after every part and weights file is checked; the
 [flow] clip_l, t5xxl and ae files replace its parts when set. A single transformer file with its
-separate clip_l, t5xxl and ae files is read by library/models/families/flux_files.py; the
-tokenizers are found by flux_tokenizers.py.
+separate clip_l, t5xxl and ae files is read by library/models/families/flux/files.py; the
+tokenizers are found by tokenizers.py.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from library.models.families.claims import (
     without,
 )
 from library.models.families.file_plans import load_plan
-from library.models.families.flux_tokenizers import folder_t5_tokenizer
-from library.models.flux import shapes as flux_shapes
-from library.models.flux.original_keys import detect_flux
+from library.models.families.flux import shapes as flux_shapes
+from library.models.families.flux.original_keys import detect_flux
+from library.models.families.flux.tokenizers import folder_t5_tokenizer
 from library.models.loader import Components, load_weights, offline
 from library.models.tokenizers import folder_tokenizer
 
@@ -96,8 +96,8 @@ def load_flux(
     Text encoders and tokenizers are (CLIP-L, T5). Every module is frozen, in eval mode, on the
     CPU, in ``weight_dtype`` (the AE in ``vae_dtype``). ModelError for any problem with the files.
     """
-    from library.models.families.flux import flux_family
-    from library.models.families.flux_sampling import flux_scheduler_config
+    from library.models.families.flux.family import flux_family
+    from library.models.families.flux.sampling import flux_scheduler_config
     from library.training.objectives import FlowMatchingObjective, FlowOptions
 
     parts = load_flux_parts(model, flow, weight_dtype, vae_dtype)
@@ -121,7 +121,7 @@ def load_flux_parts(
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if path.is_dir():
         return _load_folder(path, model, flow, weight_dtype, vae_dtype)
-    from library.models.families.flux_files import load_flux_files
+    from library.models.families.flux.files import load_flux_files
 
     return load_flux_files(path, model, flow, weight_dtype, vae_dtype)
 
@@ -145,8 +145,8 @@ def _load_folder(
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
 
-    # flux_files imports this module (FluxParts), so it is imported here.
-    from library.models.families.flux_files import check_widths, component_plans
+    # flux.files imports this module (FluxParts), so it is imported here.
+    from library.models.families.flux.files import check_widths, component_plans
 
     plans = component_plans(flow)  # the [flow] files set, each header read and checked
     skip = {_REPLACES[key] for key in plans} | ({"tokenizer"} if model.tokenizer_path else set())

@@ -52,16 +52,10 @@ from library.models.families.file_plans import (
     sample_keys,
     t5_encoder_keys,
 )
-from library.models.families.flux_tokenizers import load_t5_tokenizer, located_t5_tokenizer
-from library.models.families.sd3_load import refuse_channels
-from library.models.families.sd3_parts import SD3Parts
-from library.models.families.sd3_tokenizers import (
-    find_sd3_t5_tokenizer_folder,
-    missing_t5_tokenizer,
-)
-from library.models.loader import offline, one_line
-from library.models.sd3 import shapes as sd3_shapes
-from library.models.sd3.original_keys import (
+from library.models.families.flux.tokenizers import load_t5_tokenizer, located_t5_tokenizer
+from library.models.families.sd3 import shapes as sd3_shapes
+from library.models.families.sd3.load import refuse_channels
+from library.models.families.sd3.original_keys import (
     TEXT_ENCODER_PREFIXES,
     VAE_PREFIX,
     SD3Keys,
@@ -71,6 +65,12 @@ from library.models.sd3.original_keys import (
     transformer_config_from_shapes,
     transformer_from_original,
 )
+from library.models.families.sd3.parts import SD3Parts
+from library.models.families.sd3.tokenizers import (
+    find_sd3_t5_tokenizer_folder,
+    missing_t5_tokenizer,
+)
+from library.models.loader import offline, one_line
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ The facts this implementation relies on (docs/formats.md, SD3 / SD3.5):
   only; the MMDiT attends to every token (kohya's SD3 trainer passes it no mask);
 - clip_l/clip_g/t5_dropout_rate replace one encoder's output of a sample by zeros;
 - pos_emb_random_crop_rate / enable_scaled_pos_embed change the position table's crop and
-  scale (library.models.sd3.position);
+  scale (library.models.families.sd3.position);
 - timestep: sigma * 1000 (the MMDiT embeds it as is);
-- LoRA files: kohya's names from the original module tree (library.networks.sd3_keys).
+- LoRA files: kohya's names from the original module tree (library.models.families.sd3.lora_keys).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class SD3Family(TransformerFamily):
     dropout_rates: tuple[float, float, float] = (0.0, 0.0, 0.0)
     clip_widths: tuple[int, int] = (768, 1280)
     pooled_widths: tuple[int, int] = (768, 1280)
-    # kohya's pos_emb_random_crop_rate and enable_scaled_pos_embed (library.models.sd3.position)
+    # kohya's pos_emb_random_crop_rate and enable_scaled_pos_embed
+    # (library.models.families.sd3.position)
     position_crop_rate: float = 0.0
     scaled_positions: bool = False
 
@@ -172,7 +173,7 @@ class SD3Family(TransformerFamily):
         return hidden, pooled * pooled_keep
 
     def predict(self, denoiser, noisy, timesteps, cond):
-        from library.models.sd3.position import crops
+        from library.models.families.sd3.position import crops
         from library.networks.kohya_keys import unwrap
 
         with crops(unwrap(denoiser), cond.unet_kwargs.get(POSITION_DRAWS)):
@@ -190,7 +191,7 @@ class SD3Family(TransformerFamily):
 
     def transformer_modules(self, transformer):
         """kohya's networks.lora_sd3 modules of the MMDiT: every Linear of every joint block."""
-        from library.networks.sd3_keys import transformer_modules
+        from library.models.families.sd3.lora_keys import transformer_modules
 
         return transformer_modules(transformer)
 
@@ -201,8 +202,8 @@ class SD3Family(TransformerFamily):
         """Every Linear of the joint blocks (LyCORIS' SingleDiTBlock class), plus what LyCORIS'
         PatchEmbed and TimestepEmbedding classes catch in the original MMDiT: the timestep MLP
         always, the patch-embedding conv where the preset adapts convs (full, unet-only)."""
+        from library.models.families.sd3.lora_keys import embedder_modules, transformer_modules
         from library.networks.lycoris_targets import PRESETS
-        from library.networks.sd3_keys import embedder_modules, transformer_modules
 
         return transformer_modules(transformer) + embedder_modules(
             transformer, conv=PRESETS[preset].convs
@@ -211,7 +212,7 @@ class SD3Family(TransformerFamily):
     def diffusers_lora_tensors(self, models):
         """transformer.* / text_encoder.* / text_encoder_2.* peft keys, which diffusers'
         StableDiffusion3Pipeline.load_lora_weights (and ComfyUI) read; T5 has no place there."""
-        from library.networks.sd3_keys import diffusers_lora_tensors
+        from library.models.families.sd3.lora_keys import diffusers_lora_tensors
 
         try:
             return diffusers_lora_tensors(models)
@@ -220,8 +221,8 @@ class SD3Family(TransformerFamily):
 
     def load_lora_tensors(self, models, tensors, source):
         """kohya's layout (TransformerFamily), or the diffusers layout lora_format writes."""
+        from library.models.families.sd3.lora_keys import import_diffusers_lora, is_diffusers_layout
         from library.networks.fused_keys import load_adapter_weights
-        from library.networks.sd3_keys import import_diffusers_lora, is_diffusers_layout
 
         if not is_diffusers_layout(tensors):
             super().load_lora_tensors(models, tensors, source)
@@ -231,8 +232,8 @@ class SD3Family(TransformerFamily):
             load_adapter_weights(models[prefix], per_path, source)
 
     def sampling_pipeline(self):
-        """StableDiffusion3Pipeline fed our conditioning (library.models.families.sd3_sampling)."""
-        from library.models.families.sd3_sampling import sd3_pipeline_kind
+        """StableDiffusion3Pipeline fed our conditioning (library.models.families.sd3.sampling)."""
+        from library.models.families.sd3.sampling import sd3_pipeline_kind
 
         return sd3_pipeline_kind()
 
@@ -256,10 +257,10 @@ class SD3Family(TransformerFamily):
 
     def prepare_denoiser(self, denoiser, config):
         """kohya's position-table options on the MMDiT: random crops, and tables scaled to
-        the datasets' resolutions (library.models.sd3.position)."""
+        the datasets' resolutions (library.models.families.sd3.position)."""
         if not (self.position_crop_rate or self.scaled_positions):
             return
-        from library.models.sd3.position import install
+        from library.models.families.sd3.position import install
 
         resolutions = None
         if self.scaled_positions:
@@ -283,8 +284,8 @@ class SD3Family(TransformerFamily):
         import json
 
         from library.models.checkpoint_parts import CONFIG_METADATA
-        from library.models.flux.original_keys import ae_to_original
-        from library.models.sd3.original_keys import transformer_to_original
+        from library.models.families.flux.original_keys import ae_to_original
+        from library.models.families.sd3.original_keys import transformer_to_original
         from library.saving.streamed import block_groups, save_streamed
 
         def mmdit(state):
@@ -365,15 +366,15 @@ def sd3_family(variant: str, flow, text_encoders=()) -> SD3Family:
 def load_sd3(model, flow, weight_dtype: torch.dtype, vae_dtype: torch.dtype):
     """Components of an SD3/SD3.5 model (a diffusers folder, or the single files): text
     encoders and tokenizers are (CLIP-L, CLIP-G, T5); kohya's SD3 objective and family."""
-    from library.models.families.sd3_load import load_sd3_parts
-    from library.models.families.sd3_sampling import sd3_scheduler_config
+    from library.models.families.sd3.load import load_sd3_parts
+    from library.models.families.sd3.objective import SD3FlowObjective
+    from library.models.families.sd3.sampling import sd3_scheduler_config
     from library.models.loader import Components
     from library.training.objectives import FlowOptions
-    from library.training.sd3_objective import SD3FlowObjective
 
     parts = load_sd3_parts(model, flow, weight_dtype, vae_dtype)
     if model.vae and parts.model_dir.is_dir():  # the single-file route reads it itself
-        from library.models.families.sd3_files import load_vae_option
+        from library.models.families.sd3.files import load_vae_option
 
         parts.vae = load_vae_option(model, vae_dtype)
     encoders = (parts.clip_l, parts.clip_g, parts.t5)

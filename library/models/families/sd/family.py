@@ -127,7 +127,7 @@ class SDFamily(ModelFamily):
 
     def checkpoint_layout(self):
         """SDXL (two text encoders), SD 2.x or SD 1.x original layout."""
-        from library.models.checkpoint_layout import LAYOUTS
+        from library.models.families.sd.checkpoint_layout import LAYOUTS
 
         if len(self.text_encoder_subfolders) > 1 or self.uses_pooled_text_embedding:
             return LAYOUTS["sdxl"]

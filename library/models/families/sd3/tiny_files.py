@@ -17,16 +17,16 @@ from pathlib import Path
 import torch
 
 from library.models.checkpoint_parts import CONFIG_METADATA
-from library.models.families.sd3_sampling import sd3_scheduler_config
-from library.models.flux.tiny import write_tiny_t5_tokenizer
-from library.models.sd3.original_keys import (
+from library.models.families.flux.tiny import write_tiny_t5_tokenizer
+from library.models.families.sd3.original_keys import (
     ORIGINAL_PREFIX,
     TEXT_ENCODER_PREFIXES,
     VAE_PREFIX,
     ae_to_original,
     transformer_to_original,
 )
-from library.models.sd3.shapes import (
+from library.models.families.sd3.sampling import sd3_scheduler_config
+from library.models.families.sd3.shapes import (
     Variant,
     tiny_clip_g_config,
     tiny_clip_l_config,
@@ -34,7 +34,7 @@ from library.models.sd3.shapes import (
     tiny_transformer_config,
     tiny_vae_config,
 )
-from library.models.sd3.tiny import build_tiny_sd3_components
+from library.models.families.sd3.tiny import build_tiny_sd3_components
 
 SD3_PIPELINE = "StableDiffusion3Pipeline"
 # The released single files' names (Stability AI's Hugging Face repositories).

@@ -4,13 +4,13 @@ The components have the layout of each variant (joint blocks with the pre-only l
 stream; the qk norms of SD3.5; 3.5 Medium's dual-attention block; the 16-channel VAE without
 quant convs; CLIP-L and CLIP-G with their projections and T5 v1.1) at a fraction of the size, for
 offline tests. The tokenizers are the tiny CLIP one of library/models/tiny.py (for both CLIPs, as
-SD3's share CLIP's vocabulary) and the tiny T5 one of library/models/flux/tiny.py.
+SD3's share CLIP's vocabulary) and the tiny T5 one of library/models/families/flux/tiny.py.
 """
 
 from __future__ import annotations
 
-from library.models.flux.tiny import build_seeded
-from library.models.sd3.shapes import (
+from library.models.families.flux.tiny import build_seeded
+from library.models.families.sd3.shapes import (
     Variant,
     tiny_clip_g_config,
     tiny_clip_l_config,
