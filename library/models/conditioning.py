@@ -146,6 +146,10 @@ class TextConditioning:
     # [B, T] 1 for caption tokens, 0 for padding, where the family masks padding (Flux.1 with
     # apply_t5_attn_mask). Not cached: the family recomputes it from the tokenizer (text_mask).
     mask: torch.Tensor | None = None
+    # [B] each caption's own token count, where captions keep their own lengths (the family
+    # drops row i's states after lengths[i], which are zeros): the text cache stores each row
+    # cut to it and pads a batch of rows again. None: every row is whole (all T tokens count).
+    lengths: torch.Tensor | None = None
 
 
 def encode_text(

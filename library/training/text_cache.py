@@ -13,7 +13,11 @@ grows with the number of distinct variants seen, not with the number of steps. D
 captions (no augmentation) can all be encoded up front with ``prefill``, after which training
 encodes nothing.
 
-Memory entries live on the CPU in the dtype ``encode`` returned. With ``to_disk`` each entry
+Memory entries live on the CPU in the dtype ``encode`` returned. Where ``encode`` gives each
+caption's own length (``TextConditioning.lengths``: a family whose captions keep their own
+lengths), an entry holds that caption's states alone, and a batch of rows of different lengths
+comes back zero-padded to the longest, with the lengths; other families' rows all have the
+encoders' fixed length and come back stacked as before. With ``to_disk`` each entry
 is also a file ``<root>/text/<key>.safetensors`` (``root`` is the sample's dataset folder),
 holding "hidden" [T, C] and, for SDXL, "pooled" [P], with metadata {"caption", "identity",
 "checksum"} (the checksum is content_hash.tensor_digest of the tensors). A file that is damaged
@@ -127,7 +131,7 @@ class TextEncoderCache:
         for caption in captions:
             if caption in fresh:
                 out, j = fresh[caption]
-                hidden_rows.append(out.hidden[j])
+                hidden_rows.append(_own_row(out, j))
                 pooled_rows.append(None if out.pooled is None else out.pooled[j])
             else:
                 hidden, pooled = self._memory[caption]
@@ -210,7 +214,7 @@ class TextEncoderCache:
                 "another precision"
             )
         for j, caption in enumerate(captions):
-            hidden = out.hidden[j].detach().to("cpu").clone()
+            hidden = _own_row(out, j).detach().to("cpu").clone()
             pooled = None if out.pooled is None else out.pooled[j].detach().to("cpu").clone()
             self._memory[caption] = (hidden, pooled)
             for root in sorted(folders.get(caption, ())):
@@ -287,13 +291,27 @@ def _shard(
     return [captions[i] for i in keep], None if roots is None else [roots[i] for i in keep]
 
 
+def _own_row(out: TextConditioning, j: int) -> torch.Tensor:
+    """Row ``j`` of ``out``'s hidden states, cut to the caption's own length when ``out`` has
+    lengths (the rest is padding)."""
+    if out.lengths is None:
+        return out.hidden[j]
+    return out.hidden[j, : int(out.lengths[j])]
+
+
 def _stack(hidden_rows: list[torch.Tensor], pooled_rows: list) -> TextConditioning:
-    hidden = torch.stack(hidden_rows)
+    sizes = [row.shape[0] for row in hidden_rows]
+    lengths = None
+    if len(set(sizes)) > 1:  # captions of their own lengths: zero-padded to the longest
+        hidden = torch.nn.utils.rnn.pad_sequence(hidden_rows, batch_first=True)
+        lengths = torch.tensor(sizes, dtype=torch.long)
+    else:
+        hidden = torch.stack(hidden_rows)
     if all(p is None for p in pooled_rows):
-        return TextConditioning(hidden, None)
+        return TextConditioning(hidden, None, lengths=lengths)
     if any(p is None for p in pooled_rows):
         raise DataError(
             "text cache entries disagree on having a pooled embedding; delete the datasets' "
             "text/ cache folders so they are rebuilt"
         )
-    return TextConditioning(hidden, torch.stack(pooled_rows))
+    return TextConditioning(hidden, torch.stack(pooled_rows), lengths=lengths)

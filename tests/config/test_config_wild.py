@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from library.models.families.registry import families
 from tests.integration.harness import reset_accelerate
 
 WILD = Path(__file__).parent / "wild"
@@ -238,7 +239,9 @@ def test_a_gui_sd3_export_trains(places, tmp_path, capsys, caplog, monkeypatch):
         reset_accelerate()
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert 'sample_sampler "euler_a": flow-matching models (Flux.1, SD3) sample with Euler' in (
+    flow_models = ", ".join(entry.label for entry in families() if entry.flow_matching)
+    assert "Flux.1, SD3" in flow_models
+    assert f'sample_sampler "euler_a": flow-matching models ({flow_models}) sample with Euler' in (
         caplog.text
     )
     assert "model: SD3.5 Medium (256 T5 tokens)" in out

@@ -26,6 +26,8 @@ from library.models.families.sd import family as sd
 from library.models.families.sd.entry import SD
 from library.models.families.sd3 import family as sd3
 from library.models.families.sd3.entry import SD3
+from library.models.families.zimage.entry import ZIMAGE
+from library.models.families.zimage.family import zimage_family
 from library.networks.lora_file_checks import check_lora_file, lora_family
 
 _INSTANCES = [
@@ -33,7 +35,7 @@ _INSTANCES = [
     for module in (sd, flux, sd3)
     for value in vars(module).values()
     if isinstance(value, ModelFamily)
-]
+] + [zimage_family(variant, shift) for variant, shift in (("turbo", 3.0), ("base", 6.0))]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +77,9 @@ MODEL = ModelSection(pretrained_model_name_or_path="/models/fake-model")
 
 
 def test_every_family_instance_agrees_with_its_entry():
-    assert registry.FAMILIES == (SD, FLUX, SD3)
-    assert {registry.entry_of(family).name for family in _INSTANCES} == {"sd", "flux", "sd3"}
+    assert registry.FAMILIES == (SD, FLUX, SD3, ZIMAGE)
+    names = {registry.entry_of(family).name for family in _INSTANCES}
+    assert names == {"sd", "flux", "sd3", "zimage"}
     for family in _INSTANCES:
         entry = registry.entry_of(family)
         assert family.name in entry.tool.variant_labels
@@ -95,9 +98,10 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "networks.lora",
         "networks.lora_flux",
         "networks.lora_sd3",
+        "networks.lora_zimage",
         "lycoris.kohya",
     )
-    assert registry.trained_lines() == "SD 1.x/2.x, SDXL, FLUX.1 and SD3/SD3.5"
+    assert registry.trained_lines() == "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5 and Z-Image"
 
 
 def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
@@ -105,7 +109,8 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
     with registry.registered(FAKE):
         assert entry_for(MODEL, FlowSection()) is FAKE
         assert registry.claim_order()[-1] is SD
-        assert registry.trained_lines("or") == "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5 or FAKE-1"
+        lines = "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image or FAKE-1"
+        assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()
     assert entry_for(MODEL, FlowSection()) is SD
     assert "networks.lora_fake" not in registry.network_modules()

@@ -18,6 +18,7 @@ from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntr
 from library.models.families.flux.entry import FLUX
 from library.models.families.sd.entry import SD
 from library.models.families.sd3.entry import SD3
+from library.models.families.zimage.entry import ZIMAGE
 
 if TYPE_CHECKING:
     from library.config.flow_schema import FlowSection
@@ -27,6 +28,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     SD,
     FLUX,
     SD3,
+    ZIMAGE,
 )
 _TEST_ENTRIES: list[FamilyEntry] = []
 

@@ -18,6 +18,7 @@ from typing import Literal
 from library.config.schema import ModelSection
 from library.errors import ConfigError
 from library.models.families.base import ModelFamily, PredictionType
+from library.models.families.registry import families
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,9 @@ class SDFamily(ModelFamily):
     def check_options(self, model, flow):
         given = [key for key in type(flow).model_fields if getattr(flow, key) is not None]
         if given:
+            owners = ", ".join(entry.label for entry in families() if entry.flow_matching)
             raise ConfigError(
-                f"{given[0]} is a flow-matching (Flux.1, SD3) key and {self.name} models train with "
+                f"{given[0]} is a flow-matching ({owners}) key and {self.name} models train with "
                 f"DDPM, where it changes nothing; remove it"
             )
         if model.zero_terminal_snr and not self.v_parameterization:

@@ -1,4 +1,4 @@
-"""Z-Image (Tongyi-MAI's 6B single-stream DiT, Base and Turbo): the family's self-contained core.
+"""Z-Image (Tongyi-MAI's 6B single-stream DiT, Base and Turbo): the whole family in one package.
 
 One module per concern, each stating the facts it follows (from diffusers 0.42.1's
 ZImagePipeline, ZImageTransformer2DModel and single-file converter):
@@ -16,5 +16,7 @@ ZImagePipeline, ZImageTransformer2DModel and single-file converter):
 - lora_keys, lora_file, lycoris_file: adapter file names (``diffusion_model.<diffusers path>``,
   read by ComfyUI and diffusers) and the other tools' layouts, both ways.
 
-Nothing here is wired into the trainer yet (no ModelFamily, loader or saver entry).
+- flow_objective: the training objective (the shared rectified flow in Z-Image's conventions);
+- family, load, entry: the ModelFamily the trainer calls, the ZImagePipeline folder loader and
+  the registry entry (library/models/families/registry.py lists it).
 """

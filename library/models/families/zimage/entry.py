@@ -1,0 +1,60 @@
+"""Z-Image's entry in the family registry: what shared code asks of it before loading it.
+
+Readable without torch or diffusers: the loader, the family class and the objective are named
+and imported on first use."""
+
+from __future__ import annotations
+
+from library.models.families.family_entry import Deferred, FamilyEntry, LoraFiles, ToolFacts
+
+_LINE = "Z-Image"
+_PACKAGE = "library.models.families.zimage"
+# The [flow] keys Z-Image reads: the flow-matching draw of its objective (flow_objective.py).
+FLOW_KEYS = frozenset(
+    {
+        "timestep_sampling",
+        "sigmoid_scale",
+        "discrete_flow_shift",
+        "weighting_scheme",
+        "logit_mean",
+        "logit_std",
+        "mode_scale",
+    }
+)
+# Module names only Z-Image LoRA files hold (lora_keys.py): ours and ai-toolkit's, diffusers'
+# peft names, musubi-tuner's kohya names; joint and refiner blocks.
+_DENOISER_MARKS = tuple(
+    (head + block, _LINE)
+    for head, blocks in (
+        ("diffusion_model.", ("layers.", "noise_refiner.", "context_refiner.")),
+        ("transformer.", ("noise_refiner.", "context_refiner.")),
+        ("lora_unet_", ("layers_", "noise_refiner_", "context_refiner_")),
+    )
+    for block in blocks
+)
+
+ZIMAGE = FamilyEntry(
+    name="zimage",
+    label="Z-Image",
+    models=_LINE,
+    lines=(_LINE,),
+    family=Deferred(f"{_PACKAGE}.family:ZImageFamily").get,
+    claims=Deferred(f"{_PACKAGE}.load:claims_zimage"),
+    load=Deferred(f"{_PACKAGE}.load:load_zimage"),
+    # musubi-tuner's LoRA module for Z-Image (its files say ss_network_module so)
+    network_module="networks.lora_zimage",
+    flow_matching=True,
+    flow_keys=FLOW_KEYS,
+    lora_files=LoraFiles(
+        denoiser_marks=_DENOISER_MARKS,
+        architectures=(("Z-Image", _LINE),),
+    ),
+    tool=ToolFacts(
+        variant_labels={
+            "zimage-turbo": "Z-Image Turbo",
+            "zimage-base": "Z-Image Base",
+            "zimage-custom": "Z-Image",
+        },
+        version_marks=(("z_image", _LINE),),
+    ),
+)

@@ -1,0 +1,285 @@
+"""Z-Image (Base and Turbo) as a ModelFamily: what the trainer asks of the model.
+
+The facts are the package's (docs/zimage.md): conditioning.py encodes captions, denoise.py packs
+latents for the transformer, flow_objective.py trains it, targets.py / lora_file.py /
+lycoris_file.py choose and write the adapters. This module joins them behind the family seam:
+
+- captions keep their own lengths: ``encode_text`` gives the batch padded to its longest
+  caption with each caption's length (TextConditioning.lengths), ``assemble_conditioning``
+  carries the lengths, and ``predict`` hands the transformer one [L_i, 2560] tensor per image,
+  as ZImagePipeline does;
+- only the transformer trains (musubi-tuner's and ai-toolkit's Z-Image LoRAs adapt no Qwen3
+  layer), so a LoRA file holds ``diffusion_model.<diffusers path>`` modules alone;
+- Base and Turbo differ only in weights and in the sampling shift of their scheduler
+  (6.0 / 3.0); the loader tells them apart by the folder's scheduler config.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from library.config.suggest import show_value
+from library.errors import CheckpointError, ConfigError
+from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.base import ModelFamily
+from library.models.families.registry import foreign_flow_key
+from library.models.families.zimage import conditioning as captions_
+from library.models.families.zimage.denoise import pack, unpack
+from library.models.families.zimage.shapes import F_PATCH_SIZE, PATCH_SIZE, SCHEDULER_SHIFT
+
+log = logging.getLogger(__name__)
+
+FLOW_KIND = "zimage"  # the family's name in the registry
+LENGTHS = "caption_lengths"  # Conditioning.unet_kwargs entry: each caption's own length [B]
+# SD settings GUIs write into every config; Z-Image reads none of them (warned at other values).
+_IGNORED_SD_SETTINGS = {
+    "clip_skip": (None, 1),
+    "max_token_length": (None, 75),
+    "v_parameterization": (None, False),
+}
+# LyCORIS presets -> (adapt the blocks' modulation, adapt the refiner blocks), over the joint
+# blocks' attention and feed-forward Linears (targets.default_targets).
+_LYCORIS_PRESETS = {
+    "full": (True, True),
+    "full-lin": (True, True),
+    "unet-only": (True, True),
+    "attn-mlp": (False, False),
+    "unet-transformer-only": (False, False),
+    "attn-only": (False, False),
+}
+
+
+def variant_of_shift(shift: float) -> str:
+    """ "turbo" or "base" for a released scheduler shift; "custom" for another."""
+    return next((v for v, s in SCHEDULER_SHIFT.items() if s == shift), "custom")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZImageFamily(ModelFamily):
+    """Z-Image with its variant and caption length."""
+
+    PIXEL_MULTIPLE: ClassVar[int] = 16  # the VAE's 8 times the 2x2 patches
+    LABEL: ClassVar[str] = "Z-Image"
+
+    variant: str = "turbo"  # "turbo", "base" or "custom" (by the scheduler's shift)
+    sampling_shift: float = SCHEDULER_SHIFT["turbo"]
+    caption_tokens: int = captions_.MAX_LENGTH  # Qwen3 tokens per caption (the pipeline's 512)
+
+    def describe(self) -> str:
+        return (
+            f"Z-Image {self.variant} (sampling shift {self.sampling_shift:g}, "
+            f"{self.caption_tokens} Qwen3 tokens)"
+        )
+
+    @property
+    def text_cache_name(self) -> str:
+        return f"{self.name}|qwen3_tokens={self.caption_tokens}"
+
+    # -- conditioning ------------------------------------------------------------------------
+
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ) -> TextConditioning:
+        """Qwen3's next-to-last hidden states of the chat-formatted captions (conditioning.py),
+        run as the pipeline runs them (padded to 512 tokens, padding masked), given as the
+        batch cut to its longest caption, padding zeroed, with each caption's length."""
+        (tokenizer,), (encoder,) = tokenizers, text_encoders
+        ids, mask = captions_.tokenize_captions(tokenizer, list(captions), self.caption_tokens)
+        hidden = encoder(
+            input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True
+        ).hidden_states[captions_.HIDDEN_STATE_INDEX]
+        lengths = mask.sum(dim=1)
+        longest = int(lengths.max())
+        kept = mask[:, :longest, None].to(hidden.device)
+        hidden = hidden[:, :longest] * kept.to(hidden.dtype)
+        return TextConditioning(hidden, None, None, lengths=lengths)
+
+    def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        hidden = text.hidden.to(device)
+        if dtype is not None:
+            hidden = hidden.to(dtype)
+        lengths = text.lengths
+        if lengths is None:  # every row whole (a text cache batch of equal lengths)
+            lengths = torch.full((hidden.shape[0],), hidden.shape[1], dtype=torch.long)
+        return Conditioning(hidden, {LENGTHS: lengths.cpu()})
+
+    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
+        """The transformer's raw output [B, C, h, w] (x0 - noise at its best): one one-frame
+        latent and one caption of its own length per image; ``timesteps`` is 1 - sigma."""
+        hidden = cond.encoder_hidden_states
+        lengths = cond.unet_kwargs[LENGTHS].tolist()
+        states = [hidden[i, :n] for i, n in enumerate(lengths)]
+        outputs = denoiser(
+            pack(noisy),
+            timesteps,
+            states,
+            patch_size=PATCH_SIZE,
+            f_patch_size=F_PATCH_SIZE,
+            return_dict=False,
+        )[0]
+        return unpack(outputs)
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def trains_text_encoder(self, index: int) -> bool:
+        return False  # check_training refuses text-encoder LoRAs before this is asked
+
+    def adapter_targets(self, module, role, conv):
+        """musubi-tuner's Linears of the transformer (targets.py)."""
+        from library.models.families.zimage.targets import default_targets
+
+        if role != "unet":
+            raise ConfigError("Z-Image LoRAs adapt the transformer only")
+        return default_targets(module)
+
+    def lycoris_targets(self, module, role, preset):
+        """The joint blocks' attention and feed-forward Linears for attn-mlp and attn-only
+        (attention alone there), with the blocks' modulation and the refiner blocks for the
+        presets that adapt every layer (full, full-lin, unet-only)."""
+        from library.models.families.zimage.targets import default_targets
+
+        if role != "unet" or preset not in _LYCORIS_PRESETS:
+            raise ConfigError(
+                f"preset = {preset}: adapts no layer of Z-Image's transformer; use full, "
+                "full-lin or attn-mlp"
+            )
+        modulation, refiners = _LYCORIS_PRESETS[preset]
+        targets = default_targets(module, modulation=modulation, refiners=refiners)
+        if preset == "attn-only":
+            targets = {p: k for p, k in targets.items() if ".attention." in p}
+        return targets
+
+    def lora_tensors(self, models):
+        """The transformer's adapters as ``diffusion_model.<diffusers path>`` modules
+        (lora_file.py / lycoris_file.py)."""
+        from library.models.families.zimage.lora_file import write_lora
+        from library.models.families.zimage.lycoris_file import write_lycoris
+        from library.networks.adapters import lycoris_layers
+        from library.networks.fused_keys import adapter_weights
+        from library.networks.kohya_keys import UNET, unwrap
+
+        plain = unwrap(models[UNET])
+        lycoris = lycoris_layers(plain)
+        if lycoris:
+            return write_lycoris({path: layer.file_tensors() for path, layer in lycoris.items()})
+        return write_lora(adapter_weights(plain))
+
+    def load_lora_tensors(self, models, tensors, source):
+        """A Z-Image LoRA or LyCORIS file of any layout lora_file.py reads, into the
+        transformer's adapters; CheckpointError naming ``source`` when it does not fit them."""
+        from library.models.families.zimage.lora_file import read_lora
+        from library.models.families.zimage.lycoris_file import read_lycoris
+        from library.networks.adapters import lycoris_layers
+        from library.networks.fused_keys import load_adapter_weights
+        from library.networks.kohya_keys import UNET, unwrap
+
+        plain = unwrap(models[UNET])
+        lycoris = lycoris_layers(plain)
+        if not lycoris:
+            load_adapter_weights(plain, read_lora(tensors, plain, source=source), source)
+            return
+        modules = read_lycoris(tensors, plain, source)
+        if set(modules) != set(lycoris):
+            extra = sorted(set(modules) ^ set(lycoris))
+            raise CheckpointError(
+                f"{source}: its LyCORIS modules are not this preset's ({extra[0]} is in one "
+                "only); check network_args preset"
+            )
+        for path in sorted(modules):
+            lycoris[path].check_file_tensors(modules[path], f"{source}: {path}")
+        for path in sorted(modules):
+            lycoris[path].load_file_tensors(modules[path], f"{source}: {path}")
+
+    # -- sizes, options ----------------------------------------------------------------------
+
+    def bucket_grid(self, denoiser) -> int:
+        return self.PIXEL_MULTIPLE
+
+    def swap_blocks(self, denoiser, count):
+        """The last ``count`` joint blocks (the refiners are small and stay)."""
+        from library.models.families.transformer_family import swappable_tails
+
+        return swappable_tails(("joint", denoiser.layers, count), count=count)
+
+    def metadata_keys(self, config):
+        """The run's flow-matching draw, in kohya's ss_* names."""
+        from library.models.families.zimage.flow_objective import zimage_flow_options
+
+        o = zimage_flow_options(config.flow)
+        return {
+            "ss_timestep_sampling": o.timestep_sampling,
+            "ss_sigmoid_scale": o.sigmoid_scale,
+            "ss_discrete_flow_shift": o.discrete_flow_shift,
+            "ss_weighting_scheme": o.weighting_scheme,
+            "ss_logit_mean": o.logit_mean,
+            "ss_logit_std": o.logit_std,
+            "ss_mode_scale": o.mode_scale,
+        }
+
+    def check_options(self, model, flow):
+        """Other families' [flow] keys and SD 2.x's v2 are refused; SD text settings at other
+        values than the GUIs' get a warning (Z-Image reads none of them)."""
+        found = foreign_flow_key(flow, FLOW_KIND)
+        if found is not None:
+            key, owners = found
+            names = " and ".join(owner.label for owner in owners)
+            raise ConfigError(f"{key} applies to {names} models, not Z-Image; remove it")
+        if model.v2:
+            raise ConfigError("v2 = true names an SD 2.x model, not Z-Image; remove it")
+        if model.zero_terminal_snr:
+            raise ConfigError("zero_terminal_snr applies to DDPM models, not Z-Image; remove it")
+        ignored = {
+            key: getattr(model, key)
+            for key, values in _IGNORED_SD_SETTINGS.items()
+            if getattr(model, key) not in values
+        }
+        if ignored:
+            log.warning(
+                "%s: SD settings, not used by Z-Image; ignored",
+                ", ".join(f"{key} = {show_value(value)}" for key, value in ignored.items()),
+            )
+
+    def check_training(self, config):
+        """A LoRA or LyCORIS of the transformer: no text-encoder adapters, no conv rank, no
+        full fine-tune (not written yet)."""
+        super().check_training(config)
+        net = config.network
+        if net.train_mode != "lora":
+            raise ConfigError(
+                f'train_mode = "{net.train_mode}": full Z-Image fine-tunes are not supported '
+                'yet; train a LoRA (train_mode = "lora")'
+            )
+        if not net.network_train_unet_only:
+            raise ConfigError(
+                "network_train_unet_only = false: Z-Image LoRAs adapt the transformer only "
+                "(no Qwen3 adapters, as musubi-tuner and ai-toolkit); set "
+                "network_train_unet_only = true"
+            )
+        lycoris = net.network_module == "lycoris.kohya"
+        if net.conv_dim is not None and not lycoris:
+            raise ConfigError("conv_dim: Z-Image's transformer has no convolutions; remove it")
+
+
+def zimage_family(variant: str, sampling_shift: float) -> ZImageFamily:
+    """The Z-Image family of a model whose scheduler samples with ``sampling_shift``."""
+    return ZImageFamily(
+        name=f"zimage-{variant}",
+        prediction_type="flow",
+        base_model_version="z_image",  # musubi-tuner's ss_base_model_version
+        modelspec_architecture="Z-Image",  # musubi-tuner's ARCH_Z_IMAGE; LoRAs: "Z-Image/lora"
+        default_resolution=1024,
+        text_encoder_subfolders=("text_encoder",),
+        tokenizer_subfolders=("tokenizer",),
+        text_encoder_lora_prefixes=("lora_te",),
+        lora_implementation="https://github.com/Tongyi-MAI/Z-Image",
+        checkpoint_implementation="https://github.com/Tongyi-MAI/Z-Image",
+        denoiser_subfolder="transformer",
+        latent_scale=0.3611,
+        network_modules=("lycoris.kohya", "networks.lora", "networks.lora_zimage"),
+        variant=variant,
+        sampling_shift=float(sampling_shift),
+    )
