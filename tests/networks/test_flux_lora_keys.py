@@ -17,21 +17,16 @@ from library.errors import CheckpointError
 from library.models.families.flux.lora_keys import (
     CLIP,
     T5,
-    adapter_weights,
     export_lora,
     import_lora,
-    load_adapter_weights,
     target_paths,
     text_encoder_modules,
     transformer_modules,
 )
-from library.networks.lora import randomize_lora
-from library.saving.lora_file import read_lora_file, save_lora_file
 from tests.networks.flux_helpers import (
     DEV,
     TINY,
     WIDE_SINGLE,
-    adapt,
     build_flux,
     capture_diffusers_warnings,
     flux_inputs,
@@ -283,34 +278,6 @@ def test_diffusers_converts_every_module_of_a_full_size_file():
     assert a.shape[0] == 1 + 2 + 1 + 2  # unequal ranks: diffusers keeps the dense reading
 
 
-def test_diffusers_runs_our_file_like_a_hand_merged_model(tmp_path):
-    """Our adapters -> kohya file -> diffusers' loader gives the hand-merged model's output.
-
-    diffusers splits single blocks' linear1 with Flux.1's sizes (3072 x 3 + 12288) written in,
-    so at this size only the other modules can go through it; the next test does linear1.
-    """
-    plain = build_flux(TINY)
-    inputs = flux_inputs(TINY)
-    modules = [m for m in transformer_modules(plain) if not m.name.endswith("linear1")]
-    ours = copy.deepcopy(plain)
-    adapt(ours, target_paths(modules), rank=4, alpha=2.0)
-    randomize_lora(ours, torch.Generator().manual_seed(6), std=0.05)
-    weights = adapter_weights(ours)
-    assert sorted(weights) == target_paths(modules)
-    path = save_lora_file(
-        tmp_path / "flux.safetensors", export_lora(modules, weights), {}, torch.float32
-    )
-    merged = copy.deepcopy(plain)
-    merge_by_hand(merged, weights)
-    converted = diffusers_state_dict(str(path))
-    plain.load_lora_adapter(converted, prefix="transformer")
-    expected = run_flux(merged, inputs)
-    torch.testing.assert_close(run_flux(plain, inputs), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(run_flux(ours, inputs), expected, rtol=1e-5, atol=1e-5)
-    plain.disable_adapters()
-    assert (run_flux(plain, inputs) - expected).abs().max() > 1e-2  # the LoRA mattered
-
-
 @pytest.mark.slow  # one Flux block at full width (3072): about 10 s of CPU by itself
 def test_diffusers_runs_linear1_at_flux_width():
     plain = build_flux(WIDE_SINGLE)
@@ -389,31 +356,6 @@ def test_diffusers_loads_clip_and_skips_t5_in_one_file():
 
 
 # Import ----------------------------------------------------------------------------------------
-
-
-def test_our_file_imports_back_exactly_and_into_adapters(tmp_path):
-    plain = build_flux(TINY)
-    inputs = flux_inputs(TINY)
-    modules = transformer_modules(plain)
-    ours = copy.deepcopy(plain)
-    adapt(ours, target_paths(modules), rank=4, alpha=3.0)
-    assert transformer_modules(ours) == modules  # peft's wrappers stand for their Linears
-    randomize_lora(ours, torch.Generator().manual_seed(10), std=0.05)
-    weights = adapter_weights(ours)
-    path = save_lora_file(
-        tmp_path / "flux.safetensors", export_lora(modules, weights), {}, torch.float32
-    )
-    tensors, _ = read_lora_file(path)
-    back = import_lora(modules, tensors, str(path))
-    assert sorted(back) == sorted(weights)
-    for key, (down, up, alpha) in weights.items():
-        torch.testing.assert_close(back[key][0], down, rtol=0, atol=0)
-        torch.testing.assert_close(back[key][1], up, rtol=0, atol=0)
-        assert back[key][2] == pytest.approx(alpha, rel=1e-6)
-    fresh = copy.deepcopy(plain)
-    adapt(fresh, target_paths(modules), rank=4, alpha=1.0)
-    load_adapter_weights(fresh, back, str(path))
-    torch.testing.assert_close(run_flux(fresh, inputs), run_flux(ours, inputs), rtol=0, atol=0)
 
 
 def test_dense_fused_kohya_file_gives_each_part_its_rows():

@@ -115,7 +115,9 @@ class FamilyEntry:
     ``flow_matching``: trained and sampled by flow matching (Euler sampling only), not DDPM.
     ``flow_keys``: the [flow] keys it reads (the other families refuse them by name).
     ``kohya``, ``lora_files``, ``tool``: its kohya vocabulary, how its LoRA files are told
-    apart, what lora_tool.py needs."""
+    apart, what lora_tool.py needs. ``test_kit``: its ConformanceKit
+    (library.models.families.testkit), which enters it in the conformance suite (unset: the
+    suite skips it, saying so)."""
 
     name: str
     label: str
@@ -132,6 +134,7 @@ class FamilyEntry:
     kohya: KohyaVocabulary = KohyaVocabulary()
     lora_files: LoraFiles = LoraFiles()
     tool: ToolFacts = ToolFacts()
+    test_kit: Callable[[], Any] | None = None
 
     @property
     def a_models(self) -> str:

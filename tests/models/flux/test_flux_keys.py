@@ -25,22 +25,6 @@ def assert_same(got: dict, want: dict) -> None:
         assert torch.equal(got[key], value), key
 
 
-class TinyWidthTorch:
-    """``torch`` as diffusers' FLUX converter sees it, except that ``split`` scales the sizes.
-
-    diffusers splits ``linear1`` at FLUX.1's width (3072, hard-coded); scaling its split sizes to
-    the tensor keeps diffusers' order of the parts while letting it read a tiny model.
-    """
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    @staticmethod
-    def split(tensor, sizes, dim=0):
-        total = sum(sizes)
-        return torch.split(tensor, [s * tensor.shape[dim] // total for s in sizes], dim=dim)
-
-
 # --- hand-written names -----------------------------------------------------------------------
 
 # From the BFL module definitions (sd-scripts library/flux_models.py) and diffusers'
@@ -88,52 +72,6 @@ def test_fused_and_swapped_parts(tiny):
 # --- round trips and diffusers' converters ----------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", shapes.VARIANTS)
-def test_transformer_round_trip(tiny, variant):
-    state = tiny[variant]["transformer"].state_dict()
-    original = keys.transformer_to_original(state)
-    assert ("guidance_in.in_layer.weight" in original) == (variant == "dev")
-    assert_same(keys.transformer_from_original(original), state)
-    prefixed = {keys.ORIGINAL_PREFIX + k: v for k, v in original.items()}
-    assert_same(keys.transformer_from_original(prefixed), state)
-
-
-@pytest.mark.parametrize("variant", shapes.VARIANTS)
-def test_transformer_matches_diffusers_converter(tiny, variant, monkeypatch):
-    from diffusers.loaders import single_file_utils
-
-    monkeypatch.setattr(single_file_utils, "torch", TinyWidthTorch())
-    state = tiny[variant]["transformer"].state_dict()
-    original = keys.transformer_to_original(state)
-    checkpoint = dict(original)
-    converted = single_file_utils.convert_flux_transformer_checkpoint_to_diffusers(checkpoint)
-    assert checkpoint == {}  # diffusers pops what it reads: every key was consumed
-    assert_same(converted, state)
-
-
-def test_ae_round_trip_and_diffusers_converter(tiny):
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-
-    state = tiny["dev"]["vae"].state_dict()
-    original = keys.ae_to_original(state)
-    assert not any(k.startswith(("quant_conv", "post_quant_conv")) for k in original)
-    assert original["encoder.mid.attn_1.q.weight"].dim() == 4  # BFL's 1x1 convolutions
-    assert_same(keys.ae_from_original(original), state)
-    assert_same(convert_ldm_vae_checkpoint(dict(original), shapes.tiny_ae_config()), state)
-
-
-def test_fp8_weights_are_moved_bit_for_bit(tiny):
-    """Conversions only cut and join, so fp8-stored files convert without arithmetic."""
-    state = {
-        k: v.to(torch.float8_e4m3fn) for k, v in tiny["dev"]["transformer"].state_dict().items()
-    }
-    back = keys.transformer_from_original(keys.transformer_to_original(state))
-    assert set(back) == set(state)
-    for key, value in state.items():
-        assert back[key].dtype == torch.float8_e4m3fn
-        assert torch.equal(back[key].view(torch.uint8), value.view(torch.uint8)), key
-
-
 def test_unknown_and_incomplete_keys_fail(tiny):
     state = tiny["dev"]["transformer"].state_dict()
     with pytest.raises(ValueError, match="not a key"):
@@ -143,6 +81,26 @@ def test_unknown_and_incomplete_keys_fail(tiny):
         keys.transformer_to_original(incomplete)
     with pytest.raises(ValueError, match="not a key"):
         keys.transformer_from_original({"text_encoders.clip_l.foo": torch.zeros(1)})
+
+
+# --- what the conformance suite does not know ------------------------------------------------
+# (tests/conformance: the round trips, diffusers' converters and fp8 for every family)
+
+
+@pytest.mark.parametrize("variant", shapes.VARIANTS)
+def test_prefixed_keys_and_guidance(tiny, variant):
+    """ComfyUI's prefixed keys read as bare ones; only dev has the guidance embedder."""
+    state = tiny[variant]["transformer"].state_dict()
+    original = keys.transformer_to_original(state)
+    assert ("guidance_in.in_layer.weight" in original) == (variant == "dev")
+    prefixed = {keys.ORIGINAL_PREFIX + k: v for k, v in original.items()}
+    assert_same(keys.transformer_from_original(prefixed), state)
+
+
+def test_ae_original_layout(tiny):
+    original = keys.ae_to_original(tiny["dev"]["vae"].state_dict())
+    assert not any(k.startswith(("quant_conv", "post_quant_conv")) for k in original)
+    assert original["encoder.mid.attn_1.q.weight"].dim() == 4  # BFL's 1x1 convolutions
 
 
 # --- full size, on the meta device ------------------------------------------------------------

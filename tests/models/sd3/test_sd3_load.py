@@ -207,45 +207,6 @@ def test_claims_reads_only_headers(folder, inside, monkeypatch):
 # --- a diffusers folder ---------------------------------------------------------------------
 
 
-def test_folder_loads_what_diffusers_loads(folder, built):
-    from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
-    from transformers import (
-        CLIPTextModelWithProjection,
-        CLIPTokenizer,
-        T5EncoderModel,
-        T5TokenizerFast,
-    )
-
-    pipeline = StableDiffusion3Pipeline.from_pretrained(str(folder), local_files_only=True)
-    parts = load(folder)
-    assert parts.variant == VARIANT and parts.model_dir == folder.absolute()
-    types = {
-        "transformer": SD3Transformer2DModel,
-        "vae": AutoencoderKL,
-        "clip_l": CLIPTextModelWithProjection,
-        "clip_g": CLIPTextModelWithProjection,
-        "t5": T5EncoderModel,
-    }
-    for field, module in modules(parts).items():
-        assert type(module) is types[field], field
-        assert_state(module, getattr(pipeline, PARTS[field]).state_dict())
-        assert_state(module, built[field])
-        assert not module.training and not any(p.requires_grad for p in module.parameters())
-        assert all(p.device.type == "cpu" for p in module.parameters())
-    assert isinstance(parts.clip_l_tokenizer, CLIPTokenizer)
-    assert isinstance(parts.clip_g_tokenizer, CLIPTokenizer)
-    assert isinstance(parts.t5_tokenizer, T5TokenizerFast)
-    assert parts.t5_tokenizer("a cat").input_ids[-1] == 1  # T5's </s>
-    assert len(parts.clip_g_tokenizer("a cat", padding="max_length").input_ids) == 77
-
-
-def test_folder_dtypes(folder, built):
-    parts = modules(load(folder, weight_dtype=torch.bfloat16, vae_dtype=torch.float32))
-    for field, module in parts.items():
-        dtype = torch.float32 if field == "vae" else torch.bfloat16
-        assert_state(module, {k: v.to(dtype) for k, v in built[field].items()})
-
-
 @pytest.mark.parametrize("variant", ["sd3-medium", "sd3.5-large"])
 def test_other_variants_by_folder_and_file(variant, tmp_path):
     folder = write_tiny_sd3_folder(tmp_path / "folder", variant, 1)

@@ -1,0 +1,392 @@
+"""The family conformance suite: what every registered family must do, checked the same way for
+each, against references outside the family's code (diffusers' converters, pipelines and LoRA
+loader, peft's merge, LyCORIS' formulas).
+
+It runs over ``registry.families()``. A family joins by giving its registry entry a test kit
+(``test_kit=Deferred("library.models.families.<family>.testkit:KIT").get``, a ConformanceKit of
+library/models/families/testkit.py: its tiny models, its diffusers pipeline class, its name
+tables and diffusers' converters for them); a family without one is listed here as skipped,
+with the reason. Properties a family does not have (no original-layout name tables, no fused
+LyCORIS modules) skip with their reason too.
+
+Properties, per family (and per tiny variant where they are cheap):
+- name tables: diffusers <-> original names of the denoiser and the VAE round trip exactly,
+  agree with diffusers' own single-file converter, and move fp8 weights bit for bit;
+- a diffusers folder loads what diffusers' pipeline loads (module types, weights, tokenizers,
+  frozen, eval, CPU), in the weight and VAE dtypes asked for;
+- LoRA: the default adapters written as the family's file read back exactly, into fresh
+  adapters whose merged weights are the same; diffusers' load_lora_weights reads every key of
+  the file and, fused, gives peft's merge of our adapters;
+- LyCORIS (families whose files name fused original layers): the file merged into the original
+  layout with LyCORIS' formulas and converted back by diffusers is the adapted model, output
+  for output; the file reads back into fresh adapters exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+from library.models.families import registry
+from library.networks.lora import LoraSpec, apply_lora, lora_layers, randomize_lora
+from library.saving.lora_file import read_lora_file, save_lora_file
+from tests.networks.lora_load_helpers import load_quietly, peft_layers
+
+UNET = "lora_unet"  # kohya's prefix of the denoiser in every family
+DENOISERS = ("transformer", "unet")  # diffusers' component name of the denoiser
+
+
+def _kits() -> dict[str, object]:
+    return {e.name: (e.test_kit() if e.test_kit else None) for e in registry.families()}
+
+
+def _no_kit(entry) -> pytest.MarkDecorator:
+    return pytest.mark.skip(
+        reason=f"{entry.label} has no test kit (FamilyEntry.test_kit): not in the conformance suite"
+    )
+
+
+def family_params():
+    """One parameter per registered family: its name (the default variant's checks)."""
+    kits = _kits()
+    return [
+        pytest.param(e.name, id=e.name, marks=() if kits[e.name] else _no_kit(e))
+        for e in registry.families()
+    ]
+
+
+def variant_params():
+    """One parameter per tiny variant of each family with a kit: (family, variant)."""
+    params = []
+    for entry in registry.families():
+        kit = _kits()[entry.name]
+        if kit is None:
+            params.append(pytest.param((entry.name, None), id=entry.name, marks=_no_kit(entry)))
+            continue
+        params += [pytest.param((entry.name, v), id=f"{entry.name}-{v}") for v in kit.variants]
+    return params
+
+
+def kit_of(name: str):
+    return registry.family_entry(name).test_kit()
+
+
+@functools.cache
+def _built(name: str, variant: str, seed: int = 0) -> dict[str, torch.nn.Module]:
+    return kit_of(name).build(variant, seed)
+
+
+def built(name: str, variant: str) -> dict[str, torch.nn.Module]:
+    """The kit's tiny modules of ``variant``, a private copy."""
+    return copy.deepcopy(_built(name, variant))
+
+
+def denoiser_name(modules) -> str:
+    return next(n for n in DENOISERS if n in modules)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """(family, variant) -> its tiny diffusers folder, written on first use."""
+    cache = {}
+
+    def folder(name: str, variant: str):
+        if (name, variant) not in cache:
+            path = tmp_path_factory.mktemp(name) / f"tiny-{variant}"
+            cache[name, variant] = kit_of(name).write_folder(path, variant, 0)
+        return cache[name, variant]
+
+    return folder
+
+
+def pipeline(folder):
+    """diffusers' own reading of a folder: the class model_index.json names, its modules."""
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(str(folder), local_files_only=True)
+
+
+def pipeline_modules(pipe) -> list[tuple[str, torch.nn.Module]]:
+    """(component name, module) of the denoiser, the VAE and the text encoders, in the order
+    Components holds them."""
+    names = [denoiser_name(pipe.components), "vae"]
+    names += [
+        f"text_encoder{s}" for s in ("", "_2", "_3") if getattr(pipe, f"text_encoder{s}", None)
+    ]
+    return [(n, getattr(pipe, n)) for n in names]
+
+
+def assert_same(got, want, dtype_too: bool = True) -> None:
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key].shape == value.shape, key
+        if dtype_too:
+            assert got[key].dtype == value.dtype, key
+        assert torch.equal(got[key], value), key
+
+
+# --- name tables ------------------------------------------------------------------------------
+
+
+def _table_check(table, module) -> None:
+    state, config = module.state_dict(), dict(module.config)
+    original = table.to_original(state, config)
+    assert_same(table.from_original(original, config), state)
+    assert_same(table.reference(original, config), state)  # diffusers' converter
+    # Conversions only cut and join: fp8-stored files convert without arithmetic.
+    fp8 = {k: v.to(torch.float8_e4m3fn) for k, v in state.items()}
+    back = table.from_original(table.to_original(fp8, config), config)
+    assert set(back) == set(fp8)
+    for key, value in fp8.items():
+        assert back[key].dtype == torch.float8_e4m3fn, key
+        assert torch.equal(back[key].view(torch.uint8), value.view(torch.uint8)), key
+
+
+@pytest.mark.parametrize("family_variant", variant_params())
+def test_denoiser_names_round_trip_and_match_diffusers(family_variant):
+    name, variant = family_variant
+    kit = kit_of(name)
+    if kit.denoiser_names is None:
+        pytest.skip(f"{name}'s files name the denoiser as diffusers does")
+    modules = _built(name, variant)
+    _table_check(kit.denoiser_names, modules[denoiser_name(modules)])
+
+
+@pytest.mark.parametrize("name", family_params())
+def test_vae_names_round_trip_and_match_diffusers(name):
+    kit = kit_of(name)
+    if kit.vae_names is None:
+        pytest.skip(f"{name}'s files name the VAE as diffusers does")
+    _table_check(kit.vae_names, _built(name, kit.variant)["vae"])
+
+
+# --- a diffusers folder -----------------------------------------------------------------------
+
+
+def _load(name: str, folder, weight_dtype, vae_dtype):
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+
+    model = ModelSection(pretrained_model_name_or_path=str(folder))
+    return registry.family_entry(name).load(model, FlowSection(), weight_dtype, vae_dtype)
+
+
+@pytest.mark.parametrize("name", family_params())
+def test_folder_loads_what_diffusers_loads(name, folders):
+    kit = kit_of(name)
+    folder = folders(name, kit.variant)
+    pipe = pipeline(folder)
+    assert type(pipe).__name__ == kit.pipeline(kit.variant)
+    parts = _load(name, folder, torch.float32, torch.float32)
+    assert parts.model_dir == folder.absolute()
+    ours = [parts.denoiser, parts.vae, *parts.text_encoders]
+    theirs = pipeline_modules(pipe)
+    assert len(ours) == len(theirs)
+    for module, (component, reference) in zip(ours, theirs, strict=True):
+        assert type(module) is type(reference), component
+        assert_same(module.state_dict(), reference.state_dict())
+        assert not module.training and not any(p.requires_grad for p in module.parameters())
+        assert all(p.device.type == "cpu" for p in module.parameters()), component
+    # The tokenizers are diffusers' and read a caption as diffusers' do.
+    suffixes = ("", "_2", "_3")[: len(parts.tokenizers)]
+    for tokenizer, suffix in zip(parts.tokenizers, suffixes, strict=True):
+        reference = getattr(pipe, f"tokenizer{suffix}")
+        assert type(tokenizer) is type(reference), suffix
+        assert tokenizer("a cat").input_ids == reference("a cat").input_ids
+
+    # In the dtypes asked for: the weights in bfloat16, the VAE in float32.
+    cast = _load(name, folder, torch.bfloat16, torch.float32)
+    for module, (component, reference) in zip(
+        [cast.denoiser, cast.vae, *cast.text_encoders], theirs, strict=True
+    ):
+        dtype = torch.float32 if component == "vae" else torch.bfloat16
+        want = {
+            k: v.to(dtype) if v.is_floating_point() else v
+            for k, v in reference.state_dict().items()
+        }
+        assert_same(module.state_dict(), want)
+
+
+# --- LoRA files -------------------------------------------------------------------------------
+
+
+def _adapted(kit, family, modules, seed=None, skip=None, alpha=2.0):
+    """kohya prefix -> model with the family's default LoRA (random with ``seed``, fresh
+    without), on the denoiser and every text encoder the family trains."""
+    models = {UNET: modules[denoiser_name(modules)]}
+    pairs = zip(family.text_encoder_lora_prefixes, family.text_encoder_subfolders, strict=True)
+    for index, (prefix, sub) in enumerate(pairs):
+        if family.trains_text_encoder(index):
+            models[prefix] = modules[sub]
+    conv = 2 if kit.lora_conv else None
+    spec = LoraSpec(4, alpha, conv_dim=conv, conv_alpha=None if conv is None else alpha)
+    gen = torch.Generator().manual_seed(seed or 0)
+    for prefix, model in models.items():
+        role = "unet" if prefix == UNET else "text_encoder"
+        targets = family.adapter_targets(model, role, kit.lora_conv)
+        if skip is not None and prefix == UNET:
+            targets = {p: k for p, k in targets.items() if not skip(p)}
+        apply_lora(model, targets, spec)
+        if seed is not None:
+            randomize_lora(model, gen, std=0.05)
+    return models
+
+
+@torch.no_grad()
+def peft_merged(model) -> dict[str, torch.Tensor]:
+    """``model``'s weights with its peft adapters merged by peft, by the unadapted paths (a
+    copy is merged; ``model`` keeps its adapters)."""
+    model = copy.deepcopy(model)
+    for layer in lora_layers(model).values():
+        layer.merge()
+    return {
+        k.replace(".base_layer.", "."): v
+        for k, v in model.state_dict().items()
+        if ".lora_" not in k
+    }
+
+
+@pytest.mark.parametrize("family_variant", variant_params())
+def test_lora_file_round_trip_is_exact(family_variant, tmp_path):
+    name, variant = family_variant
+    kit = kit_of(name)
+    modules = built(name, variant)
+    family = kit.family(variant, modules)
+    ours = _adapted(kit, family, modules, seed=3)
+    tensors = family.lora_tensors(ours)
+    path = save_lora_file(tmp_path / "lora.safetensors", tensors, {}, torch.float32)
+    read, _ = read_lora_file(path)
+    assert_same(read, tensors)
+    fresh = _adapted(kit, family, built(name, variant), alpha=1.0)
+    family.load_lora_tensors(fresh, read, str(path))
+    assert_same(family.lora_tensors(fresh), tensors)  # the adapters hold what was written
+    for prefix, model in ours.items():  # and, alphas too, are the same adapters
+        assert_same(peft_merged(fresh[prefix]), peft_merged(model))
+
+
+@pytest.mark.parametrize("family_variant", variant_params())
+def test_diffusers_loads_every_key_of_our_lora_file(family_variant, folders, tmp_path):
+    """diffusers' load_lora_weights (as A1111/ComfyUI, it reads kohya's names; a family that
+    also writes diffusers' layout is checked in that one) takes every key of the file, adapts
+    the layers we adapted and, fused, holds peft's merge of our adapters."""
+    name, variant = family_variant
+    kit = kit_of(name)
+    pipe = pipeline(folders(name, variant))
+    modules = {n: copy.deepcopy(m) for n, m in pipeline_modules(pipe)}
+    before = {n: m.state_dict() for n, m in modules.items()}
+    family = kit.family(variant, modules)
+    ours = _adapted(kit, family, modules, seed=7, skip=kit.diffusers_lora_skips)
+    if "diffusers" in family.lora_formats:
+        tensors = family.diffusers_lora_tensors(ours)
+    else:
+        tensors = family.lora_tensors(ours)
+    path = save_lora_file(tmp_path / "lora.safetensors", tensors, {}, torch.float32)
+    noise = load_quietly(pipe, path)
+    assert not noise, noise  # e.g. "unexpected keys not found in the model"
+    components = {UNET: denoiser_name(modules)}
+    pairs = zip(family.text_encoder_lora_prefixes, family.text_encoder_subfolders, strict=True)
+    components.update(pairs)
+    for prefix, model in ours.items():
+        component = getattr(pipe, components[prefix])
+        assert sorted(peft_layers(component)) == sorted(lora_layers(model)), prefix
+    pipe.fuse_lora(components=[components[prefix] for prefix in ours])
+    for prefix, model in ours.items():
+        state = getattr(pipe, components[prefix]).state_dict()
+        theirs = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+        mine = peft_merged(model)
+        assert sorted(theirs) == sorted(mine), prefix
+        for key, value in mine.items():
+            torch.testing.assert_close(theirs[key], value, rtol=1e-5, atol=1e-6, msg=key)
+        plain = before[components[prefix]]
+        assert any(not torch.equal(theirs[k], v) for k, v in plain.items()), prefix  # it mattered
+
+
+# --- LyCORIS files ----------------------------------------------------------------------------
+
+LYCORIS = {
+    "loha-dora": dict(algo="loha", dim=4, alpha=2.0, dora_wd=True),
+    "lokr": dict(algo="lokr", dim=4, alpha=2.0, factor=4, decompose_both=True),
+    "locon": dict(algo="lora", dim=4, alpha=2.0, use_tucker=True),
+}
+
+
+def _fused_lycoris(name: str):
+    """(kit, modules, family) of a family whose LyCORIS files name its original fused layers."""
+    kit = kit_of(name)
+    modules = built(name, kit.variant)
+    family = kit.family(kit.variant, modules)
+    if not hasattr(family, "lycoris_modules") or kit.denoiser_names is None:
+        pytest.skip(f"{name}'s LyCORIS files name each diffusers layer (tests/networks/lycoris)")
+    return kit, modules, family
+
+
+@torch.no_grad()
+def _randomize_lycoris(model, seed: int) -> None:
+    """Non-zero values in every adapter tensor (a fresh adapter changes nothing)."""
+    from library.networks.lycoris_fused import module_layers
+
+    gen = torch.Generator().manual_seed(seed)
+    for layer in module_layers(model).values():
+        for param in layer.adapter_parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * 0.1)
+
+
+def _run(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+@pytest.mark.parametrize("case", list(LYCORIS))
+@pytest.mark.parametrize("name", family_params())
+def test_lycoris_file_merged_into_the_original_layout_is_the_adapted_model(name, case):
+    """The file names the ORIGINAL model's layers (fused q/k/v, swapped modulation halves): each
+    module merged into the original layout's weight with LyCORIS' formulas (file_math, itself
+    compared with the lycoris-lora package) and converted back by diffusers' converter is the
+    adapted model, output for output."""
+    from library.networks.lycoris import file_math
+    from library.networks.lycoris.spec import LycorisSpec
+
+    kit, modules, family = _fused_lycoris(name)
+    model = modules[denoiser_name(modules)]
+    plain = copy.deepcopy(model)
+    family.apply_lycoris(model, "unet", LycorisSpec(**LYCORIS[case]), "full")
+    _randomize_lycoris(model, seed=3)
+    tensors = family.lora_tensors({UNET: model})
+
+    lycoris = {m.name: m for m in family.lycoris_modules(plain, "full")}
+    assert {key.split(".", 1)[0] for key in tensors} == set(lycoris)
+    assert any(m.fused for m in lycoris.values())
+    config = dict(plain.config)
+    original = kit.denoiser_names.to_original(plain.state_dict(), config)
+    original = {k: v.clone() for k, v in original.items()}
+    for module_name, module in lycoris.items():
+        parts = {
+            k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".")[0] == module_name
+        }
+        key = f"{module.original}.weight"
+        original[key] = file_math.merged_weight(original[key], parts).to(original[key].dtype)
+    reference = copy.deepcopy(plain)
+    reference.load_state_dict(kit.denoiser_names.reference(original, config))
+    inputs = kit.denoiser_inputs(plain, 1)
+    ours, theirs = _run(model, inputs), _run(reference, inputs)
+    assert torch.allclose(ours, theirs, atol=2e-5, rtol=1e-4), (ours - theirs).abs().max()
+    assert (theirs - _run(plain, inputs)).abs().max() > 1e-3  # the adapters change the output
+
+
+@pytest.mark.parametrize("name", family_params())
+def test_lycoris_file_reads_back_into_fresh_adapters(name):
+    from library.networks.lycoris.spec import LycorisSpec
+
+    kit, modules, family = _fused_lycoris(name)
+    spec = LycorisSpec(**LYCORIS["loha-dora"])
+    model = modules[denoiser_name(modules)]
+    family.apply_lycoris(model, "unet", spec, "full")
+    _randomize_lycoris(model, seed=5)
+    tensors = family.lora_tensors({UNET: model})
+    fresh = built(name, kit.variant)[denoiser_name(modules)]
+    family.apply_lycoris(fresh, "unet", spec, "full")
+    family.load_lora_tensors({UNET: fresh}, tensors, "f.safetensors")
+    assert_same(family.lora_tensors({UNET: fresh}), tensors)
