@@ -31,7 +31,13 @@ import pytest
 import torch
 
 from library.models.families import registry
-from library.networks.lora import LoraSpec, apply_lora, lora_layers, randomize_lora
+from library.networks.lora import (
+    LoraSpec,
+    apply_lora,
+    lora_layers,
+    randomize_lora,
+    set_lora_scale,
+)
 from library.saving.lora_file import read_lora_file, save_lora_file
 from tests.networks.lora_load_helpers import load_quietly, peft_layers
 
@@ -213,9 +219,10 @@ def test_folder_loads_what_diffusers_loads(name, folders):
 # --- LoRA files -------------------------------------------------------------------------------
 
 
-def _adapted(kit, family, modules, seed=None, skip=None, alpha=2.0):
+def _adapted(kit, family, modules, seed=None, skip=None, alpha=2.0, vary_alpha=False):
     """kohya prefix -> model with the family's default LoRA (random with ``seed``, fresh
-    without), on the denoiser and every text encoder the family trains."""
+    without), on the denoiser and every text encoder the family trains; ``vary_alpha``: the
+    layers of each block get that block's own alpha."""
     models = {UNET: modules[denoiser_name(modules)]}
     pairs = zip(family.text_encoder_lora_prefixes, family.text_encoder_subfolders, strict=True)
     for index, (prefix, sub) in enumerate(pairs):
@@ -232,7 +239,17 @@ def _adapted(kit, family, modules, seed=None, skip=None, alpha=2.0):
         apply_lora(model, targets, spec)
         if seed is not None:
             randomize_lora(model, gen, std=0.05)
+        if vary_alpha:
+            # alpha 1, 2 or 3 by block (layers fused into one file module, such as q, k and v,
+            # share a block and so an alpha): a file that kept one alpha for all, or gave a
+            # layer another block's, cannot round-trip
+            set_lora_scale(model, {path: 1.0 + _block(path) % 3 for path in lora_layers(model)})
     return models
+
+
+def _block(path: str) -> int:
+    """The first index in a module path (its block), 0 for none."""
+    return next((int(part) for part in path.split(".") if part.isdigit()), 0)
 
 
 @torch.no_grad()
@@ -255,7 +272,7 @@ def test_lora_file_round_trip_is_exact(family_variant, tmp_path):
     kit = kit_of(name)
     modules = built(name, variant)
     family = kit.family(variant, modules)
-    ours = _adapted(kit, family, modules, seed=3)
+    ours = _adapted(kit, family, modules, seed=3, vary_alpha=True)
     tensors = family.lora_tensors(ours)
     path = save_lora_file(tmp_path / "lora.safetensors", tensors, {}, torch.float32)
     read, _ = read_lora_file(path)
