@@ -153,20 +153,13 @@ class ZImageFamily(ModelFamily):
             targets = {p: k for p, k in targets.items() if ".attention." in p}
         return targets
 
-    def lora_tensors(self, models):
-        """The transformer's adapters as ``diffusion_model.<diffusers path>`` modules
-        (lora_file.py / lycoris_file.py)."""
-        from library.models.families.zimage.lora_file import write_lora
-        from library.models.families.zimage.lycoris_file import write_lycoris
-        from library.networks.adapters import lycoris_layers
-        from library.networks.fused_keys import adapter_weights
-        from library.networks.kohya_keys import UNET, unwrap
+    def adapter_key_map(self):
+        """The transformer's adapted Linears as ``diffusion_model.<diffusers path>`` modules
+        (lora_keys.py)."""
+        from library.models.families.zimage.lora_keys import PREFIX
+        from library.networks.key_maps import PathNames
 
-        plain = unwrap(models[UNET])
-        lycoris = lycoris_layers(plain)
-        if lycoris:
-            return write_lycoris({path: layer.file_tensors() for path, layer in lycoris.items()})
-        return write_lora(adapter_weights(plain))
+        return PathNames(PREFIX)
 
     def load_lora_tensors(self, models, tensors, source):
         """A Z-Image LoRA or LyCORIS file of any layout lora_file.py reads, into the
