@@ -68,13 +68,13 @@ def _lycoris_layers(components, table) -> set[str]:
     wanted: dict[int, set[str]] = {}
     family = components.family
     # FLUX.1 / SD3: one LyCORIS module per original (fused) layer, named by the family
-    fused = family.lycoris_modules(components.denoiser, "full")
-    named = {m.name for m in fused} if fused is not None else set()
+    fused = getattr(family, "lycoris_modules", None)
+    named = {m.name for m in fused(components.denoiser, "full")} if fused else set()
     try:
-        if fused is None:
+        if not fused:
             wanted[DENOISER] = set(family.lycoris_targets(components.denoiser, "unet", "full"))
         for index, encoder in enumerate(components.text_encoders):
-            if fused is not None and index == len(components.text_encoders) - 1:
+            if fused and index == len(components.text_encoders) - 1:
                 continue  # T5: LyCORIS' presets name no T5 block
             wanted[index] = set(family.lycoris_targets(encoder, "text_encoder", "full"))
     except (NotImplementedError, AttributeError, KeyError):

@@ -76,9 +76,12 @@ class LycorisKind(AdapterKind):
 
     def inject(self, family, module, role, settings):
         """The preset's layers as ``family`` chooses them: one layer per file module where the
-        family's denoiser has fused layers (``lycoris_modules``), else one per target layer."""
-        modules = family.lycoris_modules(module, settings.preset) if role == "unet" else None
-        if modules is not None:
+        family's original model fuses layers diffusers splits (the family defines
+        ``lycoris_modules(denoiser, preset)``, its key-map entries), else one per target layer
+        (``lycoris_targets``)."""
+        fused = getattr(family, "lycoris_modules", None)
+        if fused is not None and role == "unet":
+            modules = fused(module, settings.preset)
             return apply_module_lycoris(module, modules, settings.spec)
         targets = family.lycoris_targets(module, role, settings.preset)
         return apply_lycoris(module, targets, settings.spec)

@@ -169,12 +169,6 @@ class ModelFamily:
         LyCORIS adapters (``"lycoris.kohya"`` in network_modules)."""
         raise NotImplementedError(f"{self.name} has no LyCORIS adapters")
 
-    def lycoris_modules(self, denoiser: torch.nn.Module, preset: str) -> list | None:
-        """The denoiser's file modules (key-map entries) LyCORIS' ``preset`` adapts as one
-        layer each, where its original model fuses layers diffusers splits; None: one layer
-        per ``lycoris_targets`` layer."""
-        return None
-
     def apply_lycoris(
         self, module: torch.nn.Module, role: AdapterRole, spec: object, preset: str
     ) -> None:
