@@ -1,22 +1,34 @@
 """The adapter seam: what the trainer, the saver and the key tables ask of an adapted model,
 whichever adapter kind it carries.
 
-Two kinds exist: kohya's LoRA/LoCon (``networks.lora`` and the FLUX.1/SD3 variants), injected as
-peft LoRA layers by library/networks/lora.py, and LyCORIS' LoCon/LoHa/LoKr with optional DoRA
-(``lycoris.kohya``), injected as our own LycorisLayer (library/networks/lycoris/). Both replace
-the adapted Linear/Conv2d in place and keep it as ``base_layer``, so the model's own forward runs
-the adapter and DDP syncs its gradients like any other parameter's.
+Each kind is an entry of the registry (library/networks/kinds.py): kohya's LoRA/LoCon (the
+default, library/networks/lora_kind.py, peft LoRA layers) and LyCORIS' LoCon/LoHa/LoKr with
+optional DoRA (``lycoris.kohya``, library/networks/lycoris_kind.py, our own LycorisLayer). Each
+replaces the adapted Linear/Conv2d in place and keeps it as ``base_layer``, so the model's own
+forward runs the adapter and DDP syncs its gradients like any other parameter's. The functions
+here ask every registered kind, so none of them names one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from torch import nn
 
-from library.networks.lora import LoraSpec, apply_lora, lora_layers, lora_parameters
+from library.networks.kind_base import AdapterSettings
+from library.networks.kinds import adapter_kinds, kind_named
 from library.networks.targets import TargetKind
+
+__all__ = [
+    "STATE_BUFFERS",
+    "AdapterSettings",
+    "adapter_layers",
+    "adapter_parameters",
+    "freeze_adapters",
+    "inject_adapters",
+    "lycoris_layers",
+    "saved_numbers",
+]
 
 # Buffers of adapter layers that training changes, so a saved state must keep them: LyCORIS'
 # fixed scalar, which max-norm (scale_weight_norms) shrinks in LoCon and LoHa layers.
@@ -25,67 +37,42 @@ STATE_BUFFERS = ("scalar",)
 
 def lycoris_layers(model: nn.Module) -> dict[str, nn.Module]:
     """Module path -> LycorisLayer for every LyCORIS-adapted layer of ``model``, in module order."""
-    from library.networks.lycoris.layer import LycorisLayer
-
-    return {path: m for path, m in model.named_modules() if isinstance(m, LycorisLayer)}
+    return kind_named("lycoris").layers(model)
 
 
 def adapter_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Module path -> adapted layer (a peft LoRA layer or a LycorisLayer), in module order."""
-    layers = {**lora_layers(model), **lycoris_layers(model)}
+    """Module path -> adapted layer of any kind (a peft LoRA layer, a LycorisLayer), in module
+    order."""
+    layers = {path: layer for kind in adapter_kinds() for path, layer in kind.layers(model).items()}
     order = {path: index for index, (path, _) in enumerate(model.named_modules())}
     return dict(sorted(layers.items(), key=lambda item: order[item[0]]))
 
 
 def adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Every adapter parameter of ``model`` (trained or frozen), in module order."""
-    params = list(lora_parameters(model))
-    for layer in lycoris_layers(model).values():
-        params.extend(layer.adapter_parameters())
-    return params
+    """Every adapter parameter of ``model`` (trained or frozen), kind by kind in module order."""
+    return [
+        param
+        for kind in adapter_kinds()
+        for layer in kind.layers(model).values()
+        for param in kind.layer_parameters(layer)
+    ]
 
 
 def freeze_adapters(model: nn.Module, chosen: Callable[[str], bool]) -> list[str]:
     """Stop training the adapters of the layers whose path ``chosen`` accepts; they stay in the
     model (and in saved files). Returns their paths."""
     frozen = []
-    for path, layer in adapter_layers(model).items():
-        if chosen(path):
-            params = (
-                layer.adapter_parameters()
-                if path in lycoris_layers(model)
-                else [*layer.lora_A.parameters(), *layer.lora_B.parameters()]
-            )
-            for param in params:
-                param.requires_grad_(False)
-            frozen.append(path)
+    for kind in adapter_kinds():
+        for path, layer in kind.layers(model).items():
+            if chosen(path):
+                kind.freeze(layer)
+                frozen.append(path)
     return frozen
 
 
 def saved_numbers(model: nn.Module) -> int:
     """How many numbers an adapter file stores for ``model``'s adapters."""
-    from library.networks.lora import saved_numbers as lora_numbers
-
-    return lora_numbers(model) + sum(
-        layer.saved_numbers() for layer in lycoris_layers(model).values()
-    )
-
-
-@dataclass(frozen=True)
-class AdapterSettings:
-    """One run's adapter: kohya's LoRA (``lycoris`` None) or a LyCORIS algorithm.
-
-    ``lora`` holds the ranks and alphas the LoRA path uses; ``lycoris`` a
-    library.networks.lycoris.spec.LycorisSpec, and ``preset`` LyCORIS' layer preset.
-    """
-
-    lora: LoraSpec
-    lycoris: object | None = None
-    preset: str = "full"
-
-    @property
-    def is_lycoris(self) -> bool:
-        return self.lycoris is not None
+    return sum(kind.saved_numbers(model) for kind in adapter_kinds())
 
 
 def inject_adapters(
@@ -93,8 +80,4 @@ def inject_adapters(
 ) -> list[str]:
     """Freeze ``model`` and give each target layer a fresh adapter of the run's kind; return
     their paths. Every adapter starts as the identity (the model's output is unchanged)."""
-    if not settings.is_lycoris:
-        return apply_lora(model, targets, settings.lora)
-    from library.networks.lycoris_inject import apply_lycoris
-
-    return apply_lycoris(model, targets, settings.lycoris)
+    return kind_named(settings.kind).inject_targets(model, targets, settings)

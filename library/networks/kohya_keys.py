@@ -19,8 +19,10 @@ from library.errors import CheckpointError
 from library.models.families.registry import text_prefix_line, text_prefix_lines
 from library.models.families.sd.family import unet_lora_key_layout
 from library.models.original_names import unet_path_to_original
-from library.networks.adapters import adapter_layers, lycoris_layers
-from library.networks.lora import ADAPTER, lora_layers, lora_rank, set_lora_scale
+from library.networks.adapters import adapter_layers
+from library.networks.kind_base import FileModule
+from library.networks.kinds import kind_in
+from library.networks.module_files import adapted_paths, write_modules
 
 UNET = "lora_unet"
 TEXT_ENCODER = "lora_te"
@@ -99,35 +101,26 @@ def name_table(prefix: str, model: nn.Module) -> dict[str, str]:
     return {kohya_name(prefix, kohya_path(model, path)): path for path in adapter_layers(model)}
 
 
+def plain_modules(prefix: str, model: nn.Module) -> list[FileModule]:
+    """One file module per adapted layer of ``model`` (unwrapped), under kohya's name for it."""
+    return [
+        FileModule(kohya_name(prefix, kohya_path(model, path)), (path,))
+        for path in adapted_paths(model)
+    ]
+
+
 def export_lora(models: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
     """All adapter tensors of ``models`` (prefix -> unwrapped model) as a kohya state dict.
 
-    LoRA weights keep the adapter's dtype (float32); alpha is a 0-d float32 tensor. A LyCORIS
-    layer writes its own tensors under LyCORIS' suffixes (``<name>.hada_w1_a``, ...).
+    Each module holds its kind's tensors (library.networks.kinds): a LoRA's down and up weights
+    in the adapter's dtype (float32) and a 0-d float32 alpha; a LyCORIS layer's own tensors under
+    LyCORIS' suffixes (``<name>.hada_w1_a``, ...).
     """
     tensors: dict[str, torch.Tensor] = {}
     for prefix, model in models.items():
         model = unwrap(model)
-        layers = lora_layers(model)
-        lycoris = lycoris_layers(model)
-        for name, path in name_table(prefix, model).items():
-            if path in lycoris:
-                for suffix, tensor in lycoris[path].file_tensors().items():
-                    tensors[f"{name}.{suffix}"] = tensor
-                continue
-            layer = layers[path]
-            tensors[f"{name}.{DOWN}"] = layer.lora_A[ADAPTER].weight.detach().clone()
-            tensors[f"{name}.{UP}"] = layer.lora_B[ADAPTER].weight.detach().clone()
-            alpha = float(layer.lora_alpha[ADAPTER])
-            tensors[f"{name}.{ALPHA}"] = torch.tensor(alpha, dtype=torch.float32)
+        tensors.update(write_modules(model, plain_modules(prefix, model)))
     return tensors
-
-
-def _split_key(key: str, source: str) -> tuple[str, str]:
-    name, _, kind = key.partition(".")
-    if kind not in (DOWN, UP, ALPHA):
-        raise CheckpointError(f"{source}: unexpected key {key!r} (not a kohya LoRA/LoCon tensor)")
-    return name, kind
 
 
 def _prefix_of(name: str) -> str | None:
@@ -136,14 +129,6 @@ def _prefix_of(name: str) -> str | None:
         if name.startswith(prefix + "_"):
             return prefix
     return None
-
-
-def _group(tensors: Mapping[str, torch.Tensor], source: str) -> dict[str, dict[str, torch.Tensor]]:
-    groups: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
-        name, kind = _split_key(key, source)
-        groups.setdefault(name, {})[kind] = tensor
-    return groups
 
 
 def _unmatched_error(
@@ -219,41 +204,21 @@ def import_lora(
     before anything is copied, so a refused file leaves the adapters as they were.
     """
     models = {prefix.rstrip("_"): unwrap(model) for prefix, model in models.items()}
-    table: dict[str, tuple[nn.Module, str, nn.Module]] = {}
+    table: dict[str, nn.Module] = {}
     for prefix, model in models.items():
         layers = adapter_layers(model)
         for name, path in name_table(prefix, model).items():
-            table[name] = (model, path, layers[path])
-    lycoris = any(path in lycoris_layers(model) for model, path, _ in table.values())
-    groups = group_modules(tensors) if lycoris else _group(tensors, source)
+            table[name] = layers[path]
+    # the file's tensors are the adapters' kind's to group, check and load
+    kind = kind_in(models.values())
+    groups = kind.group_tensors(tensors, source)
     unmatched = sorted(set(groups) - set(table))
     if unmatched:
         raise CheckpointError(_unmatched_error(unmatched, models, source, text_prefixes))
     missing = sorted(set(table) - set(groups))
     if missing:
         raise CheckpointError(_missing_error(missing, len(table), source))
-    if lycoris:
-        # each LyCORIS layer knows its own tensors: check all, then load all
-        for name in sorted(groups):
-            table[name][2].check_file_tensors(groups[name], f"{source}: {name}")
-        for name in sorted(groups):
-            table[name][2].load_file_tensors(groups[name], f"{source}: {name}")
-        return
-    checked = {
-        name: _checked(name, parts, table[name][2], source) for name, parts in groups.items()
-    }
-    alphas: dict[int, dict[str, float]] = {}
-    with torch.no_grad():
-        for name, (down, up, alpha) in checked.items():
-            model, path, layer = table[name]
-            for weight, value in (
-                (layer.lora_A[ADAPTER].weight, down),
-                (layer.lora_B[ADAPTER].weight, up),
-            ):
-                weight.copy_(value.to(weight.device, weight.dtype))
-            alphas.setdefault(id(model), {})[path] = alpha
-    for model in models.values():
-        set_lora_scale(model, alphas.get(id(model), {}))
+    kind.load_modules(table, groups, source)
 
 
 def group_modules(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
@@ -264,41 +229,3 @@ def group_modules(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict[str, to
         name, _, suffix = key.partition(".")
         groups.setdefault(name, {})[suffix] = tensor
     return groups
-
-
-def _checked(
-    name: str, parts: dict[str, torch.Tensor], layer: nn.Module, source: str
-) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(down, up, alpha) of one module, shaped for ``layer``; alpha = rank when absent."""
-    for kind in (DOWN, UP):
-        if kind not in parts:
-            raise CheckpointError(f"{source}: {name} has no {kind} tensor")
-    down = parts[DOWN]
-    rank = lora_rank(layer)
-    if down.shape[0] != rank:
-        rank_key = "conv_dim" if down.dim() == 4 and down.shape[-1] > 1 else "network_dim"
-        raise CheckpointError(
-            f"{source}: {name} has rank {down.shape[0]} but the configured rank is {rank}; "
-            f"set {rank_key} = {down.shape[0]}"
-        )
-    fitted = []
-    for kind, target in ((DOWN, layer.lora_A[ADAPTER]), (UP, layer.lora_B[ADAPTER])):
-        tensor = _fit(parts[kind], target.weight.shape)
-        if tensor is None:
-            raise CheckpointError(
-                f"{source}: {name}.{kind} has shape {list(parts[kind].shape)}, the model needs "
-                f"{list(target.weight.shape)}; the file was made for a different base model"
-            )
-        fitted.append(tensor)
-    alpha = float(parts[ALPHA].float().item()) if ALPHA in parts else float(rank)
-    return fitted[0], fitted[1], alpha
-
-
-def _fit(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
-    """``tensor`` in ``shape``, allowing only [r, in] <-> [r, in, 1, 1] (Linear vs 1x1 conv)."""
-    if tensor.shape == shape:
-        return tensor
-    # Same leading [out|r, in|r] and same element count: the rest are all size-1 dims.
-    if tensor.shape[:2] == shape[:2] and tensor.numel() == shape.numel():
-        return tensor.reshape(shape)
-    return None

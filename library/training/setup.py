@@ -17,7 +17,12 @@ from library.networks.kohya_keys import UNET
 from library.networks.lora import lora_parameter_split
 from library.networks.lora_file_checks import check_lora_file
 from library.saving.lora_file import read_lora_file
-from library.training.adapter_setup import adapter_settings, inject, trains_text_encoders
+from library.training.adapter_setup import (
+    adapter_settings,
+    inject,
+    loraplus_refusal,
+    trains_text_encoders,
+)
 from library.training.block_swap import swap_linears
 from library.training.blockwise_setup import block_groups, blockwise, inject_blockwise
 from library.training.offloaded_checkpoint import offloaded_checkpoint
@@ -182,8 +187,9 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
     groups = []
     opt = config.optimizer
     family = components.family
-    if settings.is_lycoris:
-        _refuse_loraplus(config, "LyCORIS adapters")
+    refusal = loraplus_refusal(settings)
+    if refusal is not None:
+        _refuse_loraplus(config, refusal)
     blocks = blockwise(config, family)
     if train_unet:
         denoiser = components.denoiser

@@ -173,10 +173,13 @@ class ModelFamily:
         self, module: torch.nn.Module, role: AdapterRole, spec: object, preset: str
     ) -> None:
         """Give ``module`` the LyCORIS adapters of ``spec`` (a LycorisSpec) on the layers
-        ``preset`` adapts: by default one LycorisLayer per target layer."""
-        from library.networks.lycoris_inject import apply_lycoris
+        ``preset`` adapts: the LyCORIS kind's inject (library.networks.lycoris_kind)."""
+        from library.networks.kind_base import AdapterSettings
+        from library.networks.kinds import kind_named
 
-        apply_lycoris(module, self.lycoris_targets(module, role, preset), spec)
+        kind_named("lycoris").inject(
+            self, module, role, AdapterSettings(None, spec, preset, "lycoris")
+        )
 
     def sampling_pipeline(self):
         """The diffusers pipeline kind (library.sampling.pipelines.PipelineKind) sampling it;
@@ -201,10 +204,17 @@ class ModelFamily:
         """The modules a full-model file holds (what its size is reckoned from)."""
         return (components.denoiser, components.vae, *components.text_encoders)
 
+    def adapter_key_map(self):
+        """How this family's adapter files name its models' layers
+        (library.networks.key_maps.KeyMap): kohya's one-to-one names by default."""
+        from library.networks.key_maps import KohyaNames
+
+        return KohyaNames(self.text_encoder_lora_prefixes)
+
     def lora_tensors(self, models: Mapping[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
-        """A LoRA file's tensors for the adapters of ``models`` (kohya prefix -> model), in
-        the key layout other tools load for this family."""
-        raise NotImplementedError(f"{self.name} does not define its LoRA file layout")
+        """An adapter file's tensors for the adapters of ``models`` (kohya prefix -> model),
+        whatever their kind, in the key layout other tools load for this family."""
+        return self.adapter_key_map().write(models)
 
     def diffusers_lora_tensors(
         self, models: Mapping[str, torch.nn.Module]
@@ -216,9 +226,9 @@ class ModelFamily:
     def load_lora_tensors(
         self, models: Mapping[str, torch.nn.Module], tensors: Mapping[str, torch.Tensor], source: str
     ) -> None:
-        """Copy a LoRA file's tensors into the adapters of ``models``; CheckpointError naming
-        ``source`` for a file that does not fit them."""
-        raise NotImplementedError(f"{self.name} does not define its LoRA file layout")
+        """Copy an adapter file's tensors into the adapters of ``models``; CheckpointError
+        naming ``source`` for a file that does not fit them."""
+        self.adapter_key_map().read(models, tensors, source)
 
     def latent_codec(self, vae: torch.nn.Module) -> LatentCodec:
         """How ``vae`` (this family's loaded VAE) turns pixels into the denoiser's latents and

@@ -92,60 +92,24 @@ class TransformerFamily(ModelFamily):
 
     def lycoris_targets(self, module, role, preset):
         """The CLIP text encoders' layers, as for SD (the transformer's LyCORIS adapters span
-        fused layers: apply_lycoris lays them out)."""
+        fused layers: lycoris_modules names them)."""
         from library.networks.lycoris_targets import lycoris_targets
 
         return lycoris_targets(module, role, preset, named_layers=False)
 
-    def apply_lycoris(self, module, role, spec, preset):
-        """The transformer: one LycorisLayer per kohya module, over its fused weight
-        (library.networks.lycoris_fused); text encoders as for SD."""
-        if role != "unet":
-            return super().apply_lycoris(module, role, spec, preset)
-        from library.networks.lycoris_fused import apply_module_lycoris
+    def file_modules(self, transformer) -> list:
+        """Every module (KohyaModule) of the original model a file may name for the
+        transformer: the key map's denoiser entries, whichever kind and preset adapt them."""
+        raise NotImplementedError(f"{self.name} does not define its file modules")
 
-        apply_module_lycoris(module, self.lycoris_modules(module, preset), spec)
-        return None
+    def adapter_key_map(self):
+        """The transformer in kohya's names of the original model (fused layers as one module);
+        the text encoders in kohya's plain names (lora_te1_, ...), as for SD."""
+        from library.networks.key_maps import OriginalNames
 
-    def lora_tensors(self, models):
-        """The transformer in kohya's names for the family (fused layers as one module); the
-        text encoders in kohya's plain names (lora_te1_, ...), as for SD."""
-        from library.networks import kohya_keys
-        from library.networks.fused_keys import adapter_weights, export_lora
-        from library.networks.lycoris_fused import export_module_lycoris, module_layers
-
-        tensors = kohya_keys.export_lora({p: m for p, m in models.items() if p != kohya_keys.UNET})
-        if kohya_keys.UNET in models:
-            plain = kohya_keys.unwrap(models[kohya_keys.UNET])
-            if module_layers(plain):
-                tensors.update(export_module_lycoris(plain))
-            else:
-                modules = self.transformer_modules(plain)
-                tensors.update(export_lora(modules, adapter_weights(plain)))
-        return tensors
-
-    def load_lora_tensors(self, models, tensors, source):
-        from library.networks import kohya_keys
-        from library.networks.fused_keys import import_lora, load_adapter_weights
-        from library.networks.lycoris_fused import import_module_lycoris, module_layers
-
-        transformer = {k: v for k, v in tensors.items() if k.startswith(self.unet_lora_prefix)}
-        text = {k: v for k, v in tensors.items() if k not in transformer}
-        text_models = {p: m for p, m in models.items() if p != kohya_keys.UNET}
-        if text or text_models:
-            kohya_keys.import_lora(text_models, text, source, self.text_encoder_lora_prefixes)
-        if kohya_keys.UNET in models:
-            plain = kohya_keys.unwrap(models[kohya_keys.UNET])
-            if module_layers(plain):
-                import_module_lycoris(plain, transformer, source)
-                return
-            weights = import_lora(self.transformer_modules(plain), transformer, source)
-            load_adapter_weights(plain, weights, source)
-        elif transformer:
-            raise ConfigError(
-                f"network_weights: {source} holds transformer adapters and this run trains "
-                "only the text encoders; remove network_train_text_encoder_only"
-            )
+        return OriginalNames(
+            self.text_encoder_lora_prefixes, self.unet_lora_prefix, self.file_modules
+        )
 
     def _check_lycoris(self, config):
         """What LyCORIS does not do on this transformer, refused by name."""

@@ -154,6 +154,12 @@ class FluxFamily(TransformerFamily):
             count=count,
         )
 
+    def file_modules(self, transformer):
+        """kohya's modules of every double and single block (whatever train_blocks says)."""
+        from library.models.families.flux.lora_keys import transformer_modules
+
+        return transformer_modules(transformer)
+
     def lycoris_modules(self, transformer, preset):
         """Every Linear of the double and single blocks (LyCORIS' DoubleStreamBlock and
         SingleStreamBlock classes, which every preset but attn-only names); attn-only: the

@@ -93,16 +93,6 @@ class SDFamily(ModelFamily):
         )
         return lycoris_targets(module, role, preset, named_layers=sd_names)
 
-    def lora_tensors(self, models):
-        from library.networks.kohya_keys import export_lora
-
-        return export_lora(models)
-
-    def load_lora_tensors(self, models, tensors, source):
-        from library.networks.kohya_keys import import_lora
-
-        import_lora(models, tensors, source, self.text_encoder_lora_prefixes)
-
     def bucket_grid(self, denoiser):
         """The VAE's 8 times 2 per UNet downsampling stage (64 for SD 1.x/2.x, 32 for SDXL)."""
         return 8 * 2 ** (len(denoiser.config.block_out_channels) - 1)

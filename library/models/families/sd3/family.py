@@ -198,6 +198,12 @@ class SD3Family(TransformerFamily):
     def swap_blocks(self, transformer, count):
         return swappable_tails(("joint", transformer.transformer_blocks, count), count=count)
 
+    def file_modules(self, transformer):
+        """kohya's modules of the joint blocks, then the embedders' LyCORIS adapts."""
+        from library.models.families.sd3.lora_keys import embedder_modules, transformer_modules
+
+        return transformer_modules(transformer) + embedder_modules(transformer, conv=True)
+
     def lycoris_modules(self, transformer, preset):
         """Every Linear of the joint blocks (LyCORIS' SingleDiTBlock class), plus what LyCORIS'
         PatchEmbed and TimestepEmbedding classes catch in the original MMDiT: the timestep MLP

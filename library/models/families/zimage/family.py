@@ -1,8 +1,8 @@
 """Z-Image (Base and Turbo) as a ModelFamily: what the trainer asks of the model.
 
 The facts are the package's (docs/zimage.md): conditioning.py encodes captions, denoise.py packs
-latents for the transformer, flow_objective.py trains it, targets.py / lora_file.py /
-lycoris_file.py choose and write the adapters. This module joins them behind the family seam:
+latents for the transformer, flow_objective.py trains it, targets.py chooses the adapted
+Linears and key_map.py names them in files. This module joins them behind the family seam:
 
 - captions keep their own lengths: ``encode_text`` gives the batch padded to its longest
   caption with each caption's length (TextConditioning.lengths), ``assemble_conditioning``
@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 
 from library.config.suggest import show_value
-from library.errors import CheckpointError, ConfigError
+from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import ModelFamily
 from library.models.families.registry import foreign_flow_key
@@ -153,46 +153,12 @@ class ZImageFamily(ModelFamily):
             targets = {p: k for p, k in targets.items() if ".attention." in p}
         return targets
 
-    def lora_tensors(self, models):
-        """The transformer's adapters as ``diffusion_model.<diffusers path>`` modules
-        (lora_file.py / lycoris_file.py)."""
-        from library.models.families.zimage.lora_file import write_lora
-        from library.models.families.zimage.lycoris_file import write_lycoris
-        from library.networks.adapters import lycoris_layers
-        from library.networks.fused_keys import adapter_weights
-        from library.networks.kohya_keys import UNET, unwrap
+    def adapter_key_map(self):
+        """The transformer's adapted Linears as ``diffusion_model.<diffusers path>`` modules,
+        read under every name other tools give them (key_map.py)."""
+        from library.models.families.zimage.key_map import ZImageNames
 
-        plain = unwrap(models[UNET])
-        lycoris = lycoris_layers(plain)
-        if lycoris:
-            return write_lycoris({path: layer.file_tensors() for path, layer in lycoris.items()})
-        return write_lora(adapter_weights(plain))
-
-    def load_lora_tensors(self, models, tensors, source):
-        """A Z-Image LoRA or LyCORIS file of any layout lora_file.py reads, into the
-        transformer's adapters; CheckpointError naming ``source`` when it does not fit them."""
-        from library.models.families.zimage.lora_file import read_lora
-        from library.models.families.zimage.lycoris_file import read_lycoris
-        from library.networks.adapters import lycoris_layers
-        from library.networks.fused_keys import load_adapter_weights
-        from library.networks.kohya_keys import UNET, unwrap
-
-        plain = unwrap(models[UNET])
-        lycoris = lycoris_layers(plain)
-        if not lycoris:
-            load_adapter_weights(plain, read_lora(tensors, plain, source=source), source)
-            return
-        modules = read_lycoris(tensors, plain, source)
-        if set(modules) != set(lycoris):
-            extra = sorted(set(modules) ^ set(lycoris))
-            raise CheckpointError(
-                f"{source}: its LyCORIS modules are not this preset's ({extra[0]} is in one "
-                "only); check network_args preset"
-            )
-        for path in sorted(modules):
-            lycoris[path].check_file_tensors(modules[path], f"{source}: {path}")
-        for path in sorted(modules):
-            lycoris[path].load_file_tensors(modules[path], f"{source}: {path}")
+        return ZImageNames()
 
     # -- sizes, options ----------------------------------------------------------------------
 

@@ -1,0 +1,108 @@
+"""Key maps: how a family's adapter files name its models' layers, whatever the adapter kind.
+
+A family picks one (``ModelFamily.adapter_key_map``); the map lists the file modules of each
+model (kohya prefix -> adapted model) and the kinds (library/networks/kinds.py) give each
+module's tensors, so writing and reading a file is the same code for every kind:
+
+- :class:`KohyaNames`: kohya's one-to-one names for every model (``lora_unet_<path>``,
+  ``lora_te1_<path>``; SD 1.x/2.x and SDXL, whose UNet paths library/networks/kohya_keys.py
+  renames to the original layout).
+- :class:`OriginalNames`: the text encoders as above, the denoiser in its original model's
+  module names, some of which stand for several diffusers layers (FLUX.1's and SD3's fused
+  qkv; library/networks/fused_keys.py). A file may leave some of those modules out.
+- :class:`PathNames`: the denoiser alone, each layer as a fixed prefix plus its module path
+  (Z-Image's ``diffusion_model.<path>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from library.errors import ConfigError
+from library.networks import kohya_keys
+from library.networks.kind_base import FileModule
+from library.networks.kinds import kind_in
+from library.networks.module_files import adapted_modules, adapted_paths, write_modules
+
+
+class KeyMap:
+    """Names of one family's adapter file modules."""
+
+    def modules(self, prefix: str, model: nn.Module) -> list[FileModule]:
+        """The file modules of ``model`` (unwrapped; ``prefix`` its kohya prefix) that may hold
+        its adapters (the writer keeps those whose layers carry one)."""
+        raise NotImplementedError
+
+    def write(self, models: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
+        """The file tensors of the adapters of ``models`` (kohya prefix -> model)."""
+        tensors: dict[str, torch.Tensor] = {}
+        for prefix, model in models.items():
+            model = kohya_keys.unwrap(model)
+            tensors.update(write_modules(model, self.modules(prefix, model)))
+        return tensors
+
+    def read(
+        self, models: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], source: str
+    ) -> None:
+        """Load a file's tensors into the adapters of ``models``; CheckpointError naming
+        ``source`` for a file that does not fit them (nothing is loaded then)."""
+        raise NotImplementedError(f"{type(self).__name__} reads no files")
+
+
+@dataclass(frozen=True)
+class KohyaNames(KeyMap):
+    """kohya's one-to-one names; ``text_prefixes`` are the family's text-encoder prefixes
+    (which tell a file of another family from one whose text encoder does not train)."""
+
+    text_prefixes: tuple[str, ...] | None = None
+
+    def modules(self, prefix, model):
+        return kohya_keys.plain_modules(prefix, model)
+
+    def read(self, models, tensors, source):
+        kohya_keys.import_lora(models, tensors, source, self.text_prefixes)
+
+
+@dataclass(frozen=True)
+class OriginalNames(KeyMap):
+    """Text encoders by :class:`KohyaNames`; the denoiser (``denoiser_prefix``, with its
+    underscore) by ``denoiser_modules(model)``, every module its original model has."""
+
+    text_prefixes: tuple[str, ...]
+    denoiser_prefix: str
+    denoiser_modules: Callable[[nn.Module], list]
+
+    def modules(self, prefix, model):
+        if prefix.rstrip("_") == kohya_keys.UNET:
+            return self.denoiser_modules(model)
+        return kohya_keys.plain_modules(prefix, model)
+
+    def read(self, models, tensors, source):
+        denoiser = {k: v for k, v in tensors.items() if k.startswith(self.denoiser_prefix)}
+        text = {k: v for k, v in tensors.items() if k not in denoiser}
+        text_models = {p: m for p, m in models.items() if p != kohya_keys.UNET}
+        if text or text_models:
+            kohya_keys.import_lora(text_models, text, source, self.text_prefixes)
+        if kohya_keys.UNET in models:
+            model = kohya_keys.unwrap(models[kohya_keys.UNET])
+            modules = adapted_modules(model, self.denoiser_modules(model))
+            kind_in([model]).load_original_modules(model, modules, denoiser, source)
+        elif denoiser:
+            raise ConfigError(
+                f"network_weights: {source} holds transformer adapters and this run trains "
+                "only the text encoders; remove network_train_text_encoder_only"
+            )
+
+
+@dataclass(frozen=True)
+class PathNames(KeyMap):
+    """The denoiser's layers as ``prefix`` + module path, sorted by path."""
+
+    prefix: str
+
+    def modules(self, prefix, model):
+        return [FileModule(self.prefix + path, (path,)) for path in sorted(adapted_paths(model))]
