@@ -5,7 +5,7 @@ known to shared code through its entry in the family registry
 (library/models/families/registry.py): shared code asks the registry which family claims a
 model, owns a key or what to call it, so adding a family edits no shared module.
 
-What counts as naming a family: a word starting with flux, sd3 or sdxl (any case, also after an
+What counts as naming a family: a word starting with flux, sd3, sdxl or zimage (any case, also after an
 underscore: ``FluxTransformer2DModel``, ``networks.lora_sd3``, ``"SDXL"``) in a module's code,
 that is its identifiers and string literals (messages and config help are what users read).
 Comments and docstrings are prose and do not count. Module names do not count either: a
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY_PACKAGES = ("library/models/families/",)
-FAMILY_WORD = re.compile(r"(?<![a-z0-9])(flux|sd3|sdxl)", re.IGNORECASE)
+FAMILY_WORD = re.compile(r"(?<![a-z0-9])(flux|sd3|sdxl|z_?-?image)", re.IGNORECASE)
 
 _CONFIG_HELP = "config key descriptions (the generated docs/config.md) say what differs per family"
 ALLOWED = {
