@@ -5,9 +5,9 @@ known to shared code through its entry in the family registry
 (library/models/families/registry.py): shared code asks the registry which family claims a
 model, owns a key or what to call it, so adding a family edits no shared module.
 
-What counts as naming a family: a word starting with flux, sd3, sdxl or zimage (any case, also after an
-underscore: ``FluxTransformer2DModel``, ``networks.lora_sd3``, ``"SDXL"``) in a module's code,
-that is its identifiers and string literals (messages and config help are what users read).
+What counts as naming a family: a word starting with flux, sd3, sdxl or zimage (any case, also
+after an underscore, z_image and z-image too: ``FluxTransformer2DModel``, ``networks.lora_sd3``,
+``"SDXL"``) in a module's code, that is its identifiers and string literals (messages and config help are what users read).
 Comments and docstrings are prose and do not count. Module names do not count either: a
 family-specific module outside the family packages would be listed by what it says, not by its
 name.
