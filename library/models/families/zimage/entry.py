@@ -9,8 +9,8 @@ from library.models.families.family_entry import Deferred, FamilyEntry, LoraFile
 
 _LINE = "Z-Image"
 _PACKAGE = "library.models.families.zimage"
-# The [flow] keys Z-Image reads: the flow-matching draw of its objective (flow_objective.py).
-FLOW_KEYS = frozenset(
+# The [flow] keys of the flow-matching draw of Z-Image's objective (flow_objective.py)
+SIGMA_KEYS = frozenset(
     {
         "timestep_sampling",
         "sigmoid_scale",
@@ -21,6 +21,8 @@ FLOW_KEYS = frozenset(
         "mode_scale",
     }
 )
+# ...and its component files beside a single transformer file (files.py).
+FLOW_KEYS = SIGMA_KEYS | {"ae", "text_encoder"}
 # Module names only Z-Image LoRA files hold (lora_keys.py): ours and ai-toolkit's, diffusers'
 # peft names, musubi-tuner's kohya names; joint and refiner blocks.
 _DENOISER_MARKS = tuple(
