@@ -44,9 +44,9 @@ class FlowSection(Section):
     )
     ae: str | None = Field(
         None,
-        description="Flux.1 or Z-Image: the autoencoder file (Black Forest Labs' ae.safetensors "
-        "layout, or diffusers' AutoencoderKL names; Z-Image uses FLUX.1's). Needed with a "
-        "transformer file; with a diffusers folder it replaces the folder's vae/.",
+        description="Flux.1: the autoencoder file (Black Forest Labs' ae.safetensors layout, or "
+        "diffusers' AutoencoderKL names). Needed with a transformer file; with a diffusers "
+        "folder it replaces the folder's vae/.",
     )
     text_encoder: str | None = Field(
         None,
