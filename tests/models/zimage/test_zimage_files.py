@@ -25,10 +25,12 @@ def folder_parts(zimage_dir):
 
 
 def _load(files: dict, dtype=torch.float32, **flow):
-    model = ModelSection(pretrained_model_name_or_path=str(files["transformer"]),
-                         tokenizer_path=str(files["tokenizer"]))  # fmt: skip
-    flow = {"ae": str(files["ae"]), "text_encoder": str(files["text_encoder"]), **flow}
-    return load_zimage(model, FlowSection(**flow), dtype, dtype)
+    keys = {"pretrained_model_name_or_path": str(files["transformer"]),
+            "tokenizer_path": str(files["tokenizer"]), "vae": str(files["ae"])}  # fmt: skip
+    keys |= {k: v for k, v in flow.items() if k in ModelSection.model_fields}
+    flow = {"text_encoder": str(files["text_encoder"]), **flow}
+    flow = {k: v for k, v in flow.items() if k in FlowSection.model_fields}
+    return load_zimage(ModelSection(**keys), FlowSection(**flow), dtype, dtype)
 
 
 def _modules(components):
@@ -78,8 +80,8 @@ def test_the_base_file_name_samples_as_base(tmp_path):
 
 def test_flow_files_replace_the_folders_parts(tmp_path, zimage_dir, folder_parts):
     files = write_tiny_zimage_files(tmp_path, seed=1, dtype=torch.float32)
-    model = ModelSection(pretrained_model_name_or_path=str(zimage_dir))
-    flow = FlowSection(ae=str(files["ae"]), text_encoder=str(files["text_encoder"]))
+    model = ModelSection(pretrained_model_name_or_path=str(zimage_dir), vae=str(files["ae"]))
+    flow = FlowSection(text_encoder=str(files["text_encoder"]))
     parts = load_zimage(model, flow, torch.float32, torch.float32)
     seed1 = _load(files)
     assert_same_weights(parts.denoiser, folder_parts.denoiser)
@@ -141,10 +143,11 @@ def test_missing_component_files_and_tokenizer_are_named(tmp_path):
     files = write_tiny_zimage_files(tmp_path)
     with pytest.raises(ModelError, match="set text_encoder"):
         _load(files, text_encoder=None)
-    with pytest.raises(ModelError, match="set ae"):
-        _load(files, ae=None)
-    model = ModelSection(pretrained_model_name_or_path=str(files["transformer"]))
-    flow = FlowSection(ae=str(files["ae"]), text_encoder=str(files["text_encoder"]))
+    with pytest.raises(ModelError, match=r"set vae = .* in \[model\]"):
+        _load(files, vae=None)
+    model = ModelSection(pretrained_model_name_or_path=str(files["transformer"]),
+                         vae=str(files["ae"]))  # fmt: skip
+    flow = FlowSection(text_encoder=str(files["text_encoder"]))
     with pytest.raises(ModelError, match="set tokenizer_path"):
         load_zimage(model, flow, torch.float32, torch.float32)
 
@@ -153,5 +156,12 @@ def test_files_given_in_the_wrong_place_are_refused(tmp_path):
     files = write_tiny_zimage_files(tmp_path)
     with pytest.raises(ModelError, match="text_encoder = .*ae.safetensors is not"):
         _load(files, text_encoder=str(files["ae"]))
-    with pytest.raises(ModelError, match="ae = .*qwen_3_4b.safetensors is not"):
-        _load(files, ae=str(files["text_encoder"]))
+    with pytest.raises(ModelError, match="^vae = .*qwen_3_4b.safetensors is not") as caught:
+        _load(files, vae=str(files["text_encoder"]))
+    assert "set vae in [model]" in str(caught.value)
+
+
+def test_a_vae_folder_serves_the_single_files(tmp_path, zimage_dir, folder_parts):
+    files = write_tiny_zimage_files(tmp_path, seed=2, dtype=torch.float32)
+    parts = _load(files, vae=str(zimage_dir / "vae"))
+    assert_same_weights(parts.vae, folder_parts.vae)

@@ -21,8 +21,9 @@ SIGMA_KEYS = frozenset(
         "mode_scale",
     }
 )
-# ...and its component files beside a single transformer file (files.py).
-FLOW_KEYS = SIGMA_KEYS | {"ae", "text_encoder"}
+# ...and its text-encoder file beside a single transformer file (files.py; the AE file is
+# [model] vae, which the loader reads itself: reads_vae).
+FLOW_KEYS = SIGMA_KEYS | {"text_encoder"}
 # Module names only Z-Image LoRA files hold (lora_keys.py): ours and ai-toolkit's, diffusers'
 # peft names, musubi-tuner's kohya names; joint and refiner blocks.
 _DENOISER_MARKS = tuple(
@@ -43,6 +44,7 @@ ZIMAGE = FamilyEntry(
     family=Deferred(f"{_PACKAGE}.family:ZImageFamily").get,
     claims=Deferred(f"{_PACKAGE}.load:claims_zimage"),
     load=Deferred(f"{_PACKAGE}.load:load_zimage"),
+    reads_vae=True,
     # musubi-tuner's LoRA module for Z-Image (its files say ss_network_module so)
     network_module="networks.lora_zimage",
     flow_matching=True,

@@ -1,6 +1,7 @@
 """Z-Image from the single files ComfyUI users have: the transformer file
-(pretrained_model_name_or_path), the Qwen3-4B text encoder ([flow] text_encoder) and FLUX.1's AE
-([flow] ae), with the Qwen3 tokenizer from tokenizer_path.
+(pretrained_model_name_or_path), the Qwen3-4B text encoder ([flow] text_encoder, musubi-tuner's
+--text_encoder) and FLUX.1's AE ([model] vae, musubi-tuner's --vae), with the Qwen3 tokenizer from
+tokenizer_path.
 
 As Comfy-Org distributes them (Comfy-Org/z_image_turbo, Comfy-Org/z_image, ``split_files/``):
 
@@ -53,10 +54,10 @@ from library.models.loader import offline, one_line
 log = logging.getLogger(__name__)
 
 FAMILY = "Z-Image"
-# [flow] key -> what it names, for messages
-FLOW_FILES = {
-    "text_encoder": "the Qwen3-4B text encoder (qwen_3_4b.safetensors)",
-    "ae": "the autoencoder (ae.safetensors, FLUX.1's)",
+# config key -> (its section, what it names) for messages
+COMPONENT_FILES = {
+    "text_encoder": ("[flow]", "the Qwen3-4B text encoder (qwen_3_4b.safetensors)"),
+    "vae": ("[model]", "the autoencoder (ae.safetensors, FLUX.1's)"),
 }
 TEXT_PREFIX = "model."  # transformers' Qwen3ForCausalLM names the base model so
 _UNUSED_TEXT_KEYS = ("lm_head.weight",)  # the LM head: Qwen3Model has none (tied to embed_tokens)
@@ -80,48 +81,82 @@ def load_zimage_files(
     path: Path, model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype,
     vae_dtype: torch.dtype,
 ) -> ZImageFiles:  # fmt: skip
-    """The transformer file ``path`` with [flow] text_encoder and ae and the tokenizer_path
+    """The transformer file ``path`` with [flow] text_encoder, [model] vae and the tokenizer_path
     tokenizer; ModelError for any problem, found before any weight is read."""
     if not path.is_file():
         raise ModelError(f"model file {path} does not exist; nothing is downloaded")
     transformer_file = open_safetensors(path, "pretrained_model_name_or_path", FAMILY)
     plans = {
         "transformer": plan_transformer(transformer_file),
-        "text_encoder": plan_text_encoder(flow_file(flow, "text_encoder")),
-        "ae": plan_ae(flow_file(flow, "ae")),
+        "text_encoder": plan_text_encoder(component_file(flow.text_encoder, "text_encoder")),
     }
+    vae_folder = Path(model.vae).expanduser().absolute() if model.vae else None
+    if vae_folder is None or not vae_folder.is_dir():
+        plans["ae"], vae_folder = plan_ae(component_file(model.vae, "vae")), None
     check_caption_width(plans["transformer"], plans["text_encoder"])
     tokenizer = load_qwen3_tokenizer(model.tokenizer_path, plans["text_encoder"].config, path)
     with offline():
         transformer, text_encoder = (
             load_plan(plans[p], weight_dtype) for p in ("transformer", "text_encoder")
         )
-        vae = load_plan(plans["ae"], vae_dtype)
+        if vae_folder is None:
+            vae = load_plan(plans["ae"], vae_dtype)
+        else:
+            vae = load_vae_option(vae_folder, vae_dtype)
     scheduler = file_scheduler(transformer_file)
     return ZImageFiles(transformer, vae, text_encoder, tokenizer, scheduler, path)
 
 
-def flow_file(flow: FlowSection, key: str) -> CheckpointFile:
-    """The [flow] file ``key``, its header read; ModelError naming the key when unusable."""
-    value = getattr(flow, key)
+def component_file(value: str | None, key: str) -> CheckpointFile:
+    """The component file the config key ``key`` names (``value``), its header read; ModelError
+    naming the key when unusable."""
+    section, what = COMPONENT_FILES[key]
     if not value:
         raise ModelError(
-            f"Z-Image as a single transformer file needs {FLOW_FILES[key]}: set {key} = "
-            f'"<path>" in [flow] (or point pretrained_model_name_or_path at a diffusers folder)'
+            f'Z-Image as a single transformer file needs {what}: set {key} = "<path>" in '
+            f"{section} (or point pretrained_model_name_or_path at a diffusers folder)"
         )
     path = Path(value).expanduser().absolute()
     if path.is_dir():
-        raise ModelError(f"{key} = {path} is a folder; set {key} to {FLOW_FILES[key]}")
+        raise ModelError(f"{key} = {path} is a folder; set {key} to {what}")
     if not path.is_file():
-        raise ModelError(f"{key} = {path} does not exist; set {key} to {FLOW_FILES[key]}")
+        raise ModelError(f"{key} = {path} does not exist; set {key} to {what}")
     return open_safetensors(path, key, FAMILY)
 
 
+def load_vae_option(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """[model] vae as a diffusers VAE folder or a .ckpt (library.models.vae_file), which must
+    make FLUX.1's 16-channel latents."""
+    from library.models.families.zimage.shapes import LATENT_CHANNELS, ae_config
+    from library.models.vae_file import load_vae
+
+    vae = load_vae(str(path), ae_config(), dtype)
+    channels = vae.config.latent_channels
+    if channels != LATENT_CHANNELS:
+        raise ModelError(
+            f"vae = {path} makes {channels}-channel latents and Z-Image takes "
+            f"{LATENT_CHANNELS} (FLUX.1's AE); set vae to Z-Image's ae.safetensors"
+        )
+    return vae
+
+
 def plan_ae(file: CheckpointFile) -> Plan:
-    """FLUX.1's AE reader: Z-Image ships FLUX.1's AE (same keys, 16 latent channels)."""
+    """FLUX.1's AE reader: Z-Image ships FLUX.1's AE (same keys, 16 latent channels). Its
+    messages name the file as ``vae``, the key it is given by."""
+    import dataclasses
+
     from library.models.families.flux.files import plan_ae as flux_plan_ae
 
-    return flux_plan_ae(file)
+    try:
+        plan = flux_plan_ae(file)
+    except ModelError as exc:
+        raise ModelError(_as_vae(str(exc))) from None
+    return dataclasses.replace(plan, what="vae", label="Z-Image vae")
+
+
+def _as_vae(message: str) -> str:
+    """FLUX.1's AE messages, which name its [flow] ae key, with Z-Image's [model] vae."""
+    return message.replace("ae = ", "vae = ", 1).replace("set ae in [flow]", "set vae in [model]")
 
 
 def file_scheduler(file: CheckpointFile) -> dict:
@@ -269,7 +304,7 @@ def plan_text_encoder(file: CheckpointFile) -> Plan:
     prefix = TEXT_PREFIX if any(k.startswith(TEXT_PREFIX + "layers.") for k in file) else ""
     if f"{prefix}layers.0.self_attn.q_norm.weight" not in file:
         raise ModelError(
-            f"{what} = {file.path} is not {FLOW_FILES[what]}: it has no "
+            f"{what} = {file.path} is not {COMPONENT_FILES[what][1]}: it has no "
             f"{prefix}layers.0.self_attn.q_norm.weight (the file looks like "
             f"{_looks_like(file)}); set {what} in [flow] to qwen_3_4b.safetensors"
         )

@@ -4,8 +4,9 @@ The folder (Tongyi-MAI/Z-Image or Z-Image-Turbo, or tiny.write_tiny_zimage_folde
 transformer/, vae/, text_encoder/ (Qwen3), tokenizer/ and scheduler/; every part and weights
 file is checked before anything loads, and nothing is downloaded. The variant is the
 scheduler's: Turbo samples with shift 3.0, Base with 6.0 (the only difference besides the
-weights). A single transformer file with its [flow] text_encoder and ae files is read by
-files.py; with a folder, those [flow] files replace the folder's text_encoder/ and vae/.
+weights). A single transformer file with its [flow] text_encoder and [model] vae files is read
+by files.py; with a folder, those files replace the folder's text_encoder/ and vae/ (a vae that
+is a folder or a .ckpt is read by library.models.vae_file).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def _load_folder(
     path: Path, model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype,
     vae_dtype: torch.dtype,
 ):  # fmt: skip
-    """A ZImagePipeline folder; a [flow] text_encoder or ae file replaces the folder's part
+    """A ZImagePipeline folder; a [flow] text_encoder or [model] vae replaces the folder's part
     (which then need not be there), tokenizer_path its tokenizer."""
     from diffusers import AutoencoderKL, ZImageTransformer2DModel
     from transformers import AutoTokenizer, Qwen3Model
@@ -103,10 +104,14 @@ def _load_folder(
 
     plans = {}
     if flow.text_encoder:
-        plans["text_encoder"] = files.plan_text_encoder(files.flow_file(flow, "text_encoder"))
-    if flow.ae:
-        plans["vae"] = files.plan_ae(files.flow_file(flow, "ae"))
-    skip = set(plans) | ({"tokenizer"} if model.tokenizer_path else set())
+        plans["text_encoder"] = files.plan_text_encoder(
+            files.component_file(flow.text_encoder, "text_encoder")
+        )
+    vae_path = Path(model.vae).expanduser().absolute() if model.vae else None
+    if vae_path is not None and vae_path.suffix.lower() == ".safetensors":
+        plans["vae"] = files.plan_ae(files.component_file(model.vae, "vae"))
+    skip = set(plans) | ({"vae"} if vae_path else set())
+    skip |= {"tokenizer"} if model.tokenizer_path else set()
     model_dir, _, _ = checked_pipeline_folder(
         path, without(_REQUIRED, skip), without(_STEMS, skip), PIPELINE, None,
         "Z-Image (Base or Turbo)",
@@ -132,12 +137,14 @@ def _load_folder(
         transformer = load_weights(
             ZImageTransformer2DModel, model_dir, "transformer", weight_dtype, _STEMS["transformer"]
         )
-        vae, text_encoder = (
-            load_plan(plans[sub], dtype) if sub in plans
-            else load_weights(cls, model_dir, sub, dtype, _STEMS[sub])
-            for cls, sub, dtype in (
-                (AutoencoderKL, "vae", vae_dtype),
-                (Qwen3Model, "text_encoder", weight_dtype),
-            )
+        text_encoder = (
+            load_plan(plans["text_encoder"], weight_dtype) if "text_encoder" in plans
+            else load_weights(Qwen3Model, model_dir, "text_encoder", weight_dtype, "model")
         )  # fmt: skip
+        if "vae" in plans:
+            vae = load_plan(plans["vae"], vae_dtype)
+        elif vae_path is not None:  # a diffusers VAE folder or a .ckpt
+            vae = files.load_vae_option(vae_path, vae_dtype)
+        else:
+            vae = load_weights(AutoencoderKL, model_dir, "vae", vae_dtype, _STEMS["vae"])
     return files.ZImageFiles(transformer, vae, text_encoder, tokenizer, scheduler, model_dir)
