@@ -11,7 +11,10 @@ lycoris_file.py choose and write the adapters. This module joins them behind the
 - only the transformer trains (musubi-tuner's and ai-toolkit's Z-Image LoRAs adapt no Qwen3
   layer), so a LoRA file holds ``diffusion_model.<diffusers path>`` modules alone;
 - Base and Turbo differ only in weights and in the sampling shift of their scheduler
-  (6.0 / 3.0); the loader tells them apart by the folder's scheduler config.
+  (6.0 / 3.0); the loader tells them apart by the folder's scheduler config (a single
+  transformer file: its header, else its name);
+- a full fine-tune is written as the transformer alone in the original names (full_file.py),
+  and samples are drawn through ZImagePipeline (sampling.py).
 """
 
 from __future__ import annotations
