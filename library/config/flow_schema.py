@@ -20,7 +20,7 @@ ModelPredictionType = Literal["raw", "additive", "sigma_scaled"]
 
 
 class FlowSection(Section):
-    """Flux.1's and SD3's separate component files and the flow-matching training options."""
+    """The flow-matching families' separate component files and training options."""
 
     clip_l: str | None = Field(
         None,
@@ -47,6 +47,13 @@ class FlowSection(Section):
         description="Flux.1: the autoencoder file (Black Forest Labs' ae.safetensors layout, or "
         "diffusers' AutoencoderKL names). Needed with a transformer file; with a diffusers "
         "folder it replaces the folder's vae/.",
+    )
+    text_encoder: str | None = Field(
+        None,
+        description="Z-Image: the Qwen3-4B text encoder file (.safetensors, transformers' key "
+        "names with or without model., as ComfyUI distributes qwen_3_4b.safetensors; "
+        "musubi-tuner's --text_encoder). Needed with a transformer file; with a diffusers "
+        "folder it replaces the folder's text_encoder/.",
     )
     t5_tokenizer_path: str | None = Field(
         None,

@@ -56,7 +56,7 @@ OTHER_TRAININGS: dict[str, Unsupported] = {
     **_refused("unsloth_offload_checkpointing vae_disable_cache", _ANIMA, (False,)),
     **_refused("attn_mode vae_chunk_size", _ANIMA_OR_HUNYUAN),
     **_refused("split_attn", _ANIMA_OR_HUNYUAN, (False,)),
-    **_refused("byt5 text_encoder", _HUNYUAN),
+    **_refused("byt5", _HUNYUAN),
     **_refused("fp8_scaled fp8_vl text_encoder_cpu", _HUNYUAN, (False,)),
     **_refused("init_word token_string weights", _TEXTUAL_INVERSION),
     **_refused("num_vectors_per_token", _TEXTUAL_INVERSION, (1,)),

@@ -108,7 +108,7 @@ def run_inputs(config: Config) -> list[tuple[str, str]]:
         ("vae", model.vae),
         ("tokenizer_path", model.tokenizer_path),
         ("tokenizer_cache_dir", model.tokenizer_cache_dir),
-        *((key, getattr(flow, key)) for key in ("clip_l", "clip_g", "t5xxl", "ae")),
+        *((key, getattr(flow, key)) for key in ("clip_l", "clip_g", "t5xxl", "ae", "text_encoder")),
         ("t5_tokenizer_path", flow.t5_tokenizer_path),
         ("network_weights", config.network.network_weights),
         ("resume", config.saving.resume),

@@ -137,3 +137,79 @@ def test_cached_text_and_latents_train_the_same_lora(tmp_path, zimage_dir, image
         with safe_open(str(file), "pt") as f:
             lengths.add(f.get_tensor("hidden").shape[0])
     assert len(lengths) == 2  # each caption stored at its own length
+
+
+def test_full_fine_tune_writes_the_trained_transformer_in_the_original_layout(
+    tmp_path, zimage_dir, images, pipe, monkeypatch
+):
+    """train_mode = "unet": the transformer alone in the original names (what ComfyUI loads),
+    which diffusers' single-file converter turns back into exactly the trained transformer's
+    state dict; the base being a folder, a diffusers folder holds the same weights."""
+    from diffusers import ZImageTransformer2DModel
+    from diffusers.loaders.single_file_utils import (
+        convert_z_image_transformer_checkpoint_to_diffusers,
+    )
+
+    from library.models.families.zimage.family import ZImageFamily
+
+    trained = {}
+    real = ZImageFamily.write_full_model
+
+    def recording(self, path, denoiser, *args):
+        trained.update({k: v.detach().clone() for k, v in denoiser.state_dict().items()})
+        return real(self, path, denoiser, *args)
+
+    monkeypatch.setattr(ZImageFamily, "write_full_model", recording)
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", zimage_dir, images, out, train_mode="unet",
+                          learning_rate=1e-4, save_precision="float", bucket_reso_steps=16,
+                          max_train_steps=2)  # fmt: skip
+    assert train(config) == 0
+    path = out / "run.safetensors"
+    saved = tensors(path)
+    assert "layers.0.attention.qkv.weight" in saved and "all_x_embedder.2-1.weight" not in saved
+    checkpoint = {"model.diffusion_model." + k: v for k, v in saved.items()}
+    converted = convert_z_image_transformer_checkpoint_to_diffusers(checkpoint)
+    assert converted.keys() == trained.keys()
+    for key, value in trained.items():
+        assert torch.equal(converted[key], value), key
+    base = pipe.transformer.state_dict()
+    assert any(not torch.equal(trained[k], base[k]) for k in base)  # it trained
+    folder = ZImageTransformer2DModel.from_pretrained(out / "run" / "transformer").state_dict()
+    assert all(torch.equal(folder[k], trained[k]) for k in trained)
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    assert meta["modelspec.architecture"] == "Z-Image"
+    assert meta["ss_base_model_version"] == "z_image"
+
+
+def test_lora_trains_from_single_files_and_samples_during_training(tmp_path, images):
+    """Comfy-Org's single files with [flow] text_encoder, [model] vae and tokenizer_path: a LoRA
+    trains and sample images are drawn through ZImagePipeline."""
+    from library.models.families.zimage.tiny_files import write_tiny_zimage_files
+
+    files = write_tiny_zimage_files(tmp_path / "files")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cube --w 64 --h 80 --s 2 --d 3\n", encoding="utf-8")
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", files["transformer"], images, out, **ZIMAGE,
+                          tokenizer_path=str(files["tokenizer"]), vae=str(files["ae"]),
+                          text_encoder=str(files["text_encoder"]), sample_prompts=str(prompts),
+                          sample_every_n_steps=2)  # fmt: skip
+    assert train(config) == 0
+    saved = tensors(out / "run.safetensors")
+    assert any(v.abs().max() > 0 for k, v in saved.items() if k.endswith("lora_up.weight"))
+    samples = sorted((out / "sample").glob("*.png"))
+    assert samples
+    from PIL import Image
+
+    assert Image.open(samples[0]).size == (64, 80)
+
+
+def test_the_dry_run_estimates_memory(tmp_path, zimage_dir, images, capfd):
+    config = write_config(tmp_path / "c.toml", zimage_dir, images, tmp_path / "out", **ZIMAGE)
+    assert train(config, "--dry_run") == 0
+    out, err = capfd.readouterr()
+    text = out + err
+    assert "memory: not estimated" not in text
+    assert "  memory: about " in text and "activations" in text.split("  memory: about ")[1]

@@ -9,8 +9,8 @@ from library.models.families.family_entry import Deferred, FamilyEntry, LoraFile
 
 _LINE = "Z-Image"
 _PACKAGE = "library.models.families.zimage"
-# The [flow] keys Z-Image reads: the flow-matching draw of its objective (flow_objective.py).
-FLOW_KEYS = frozenset(
+# The [flow] keys of the flow-matching draw of Z-Image's objective (flow_objective.py)
+SIGMA_KEYS = frozenset(
     {
         "timestep_sampling",
         "sigmoid_scale",
@@ -21,6 +21,9 @@ FLOW_KEYS = frozenset(
         "mode_scale",
     }
 )
+# ...and its text-encoder file beside a single transformer file (files.py; the AE file is
+# [model] vae, which the loader reads itself: reads_vae).
+FLOW_KEYS = SIGMA_KEYS | {"text_encoder"}
 # Module names only Z-Image LoRA files hold (lora_keys.py): ours and ai-toolkit's, diffusers'
 # peft names, musubi-tuner's kohya names; joint and refiner blocks.
 _DENOISER_MARKS = tuple(
@@ -41,6 +44,7 @@ ZIMAGE = FamilyEntry(
     family=Deferred(f"{_PACKAGE}.family:ZImageFamily").get,
     claims=Deferred(f"{_PACKAGE}.load:claims_zimage"),
     load=Deferred(f"{_PACKAGE}.load:load_zimage"),
+    reads_vae=True,
     # musubi-tuner's LoRA module for Z-Image (its files say ss_network_module so)
     network_module="networks.lora_zimage",
     flow_matching=True,

@@ -11,7 +11,10 @@ Linears and key_map.py names them in files. This module joins them behind the fa
 - only the transformer trains (musubi-tuner's and ai-toolkit's Z-Image LoRAs adapt no Qwen3
   layer), so a LoRA file holds ``diffusion_model.<diffusers path>`` modules alone;
 - Base and Turbo differ only in weights and in the sampling shift of their scheduler
-  (6.0 / 3.0); the loader tells them apart by the folder's scheduler config.
+  (6.0 / 3.0); the loader tells them apart by the folder's scheduler config (a single
+  transformer file: its header, else its name);
+- a full fine-tune is written as the transformer alone in the original names (full_file.py),
+  and samples are drawn through ZImagePipeline (sampling.py).
 """
 
 from __future__ import annotations
@@ -89,11 +92,19 @@ class ZImageFamily(ModelFamily):
         batch cut to its longest caption, padding zeroed, with each caption's length."""
         (tokenizer,), (encoder,) = tokenizers, text_encoders
         ids, mask = captions_.tokenize_captions(tokenizer, list(captions), self.caption_tokens)
+        lengths = mask.sum(dim=1)
+        longest = int(lengths.max())
+        weight = next(encoder.parameters())
+        if weight.is_meta:
+            # The dry run's memory estimate runs the models on the meta device, where Qwen3's
+            # padding-mask code reads values (.item()). Qwen3 never trains here, so its forward
+            # keeps nothing for backward: only the states' shape and dtype matter.
+            width = encoder.config.hidden_size
+            hidden = torch.empty(len(ids), longest, width, device="meta", dtype=weight.dtype)
+            return TextConditioning(hidden, None, None, lengths=lengths)
         hidden = encoder(
             input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True
         ).hidden_states[captions_.HIDDEN_STATE_INDEX]
-        lengths = mask.sum(dim=1)
-        longest = int(lengths.max())
         kept = mask[:, :longest, None].to(hidden.device)
         hidden = hidden[:, :longest] * kept.to(hidden.dtype)
         return TextConditioning(hidden, None, None, lengths=lengths)
@@ -210,15 +221,12 @@ class ZImageFamily(ModelFamily):
             )
 
     def check_training(self, config):
-        """A LoRA or LyCORIS of the transformer: no text-encoder adapters, no conv rank, no
-        full fine-tune (not written yet)."""
+        """A LoRA or LyCORIS of the transformer (no text-encoder adapters, no conv rank), or a
+        full fine-tune of the transformer (train_mode = "unet")."""
         super().check_training(config)
         net = config.network
         if net.train_mode != "lora":
-            raise ConfigError(
-                f'train_mode = "{net.train_mode}": full Z-Image fine-tunes are not supported '
-                'yet; train a LoRA (train_mode = "lora")'
-            )
+            return  # the transformer trains whole; Qwen3 stays frozen (setup_training)
         if not net.network_train_unet_only:
             raise ConfigError(
                 "network_train_unet_only = false: Z-Image LoRAs adapt the transformer only "
@@ -228,6 +236,28 @@ class ZImageFamily(ModelFamily):
         lycoris = net.network_module == "lycoris.kohya"
         if net.conv_dim is not None and not lycoris:
             raise ConfigError("conv_dim: Z-Image's transformer has no convolutions; remove it")
+
+    # -- full fine-tunes, sampling ------------------------------------------------------------
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        """The trained transformer alone in the original names (keys.py), as Comfy-Org's
+        z_image_turbo_bf16.safetensors is distributed (ComfyUI's diffusion_models/; difftune
+        reads it back as pretrained_model_name_or_path), with its diffusers config and the
+        sampling scheduler's in the header (difftune.config.transformer / .scheduler) for exact
+        reloading; Qwen3 and the AE stay the user's files."""
+        from library.models.families.zimage.full_file import write_transformer_file
+
+        write_transformer_file(path, denoiser, self.sampling_shift, metadata, dtype)
+
+    def full_model_modules(self, components):
+        return (components.denoiser,)
+
+    def sampling_pipeline(self):
+        """ZImagePipeline fed our conditioning (sampling.py): Turbo without guidance, Base with
+        it."""
+        from library.models.families.zimage.sampling import zimage_pipeline_kind
+
+        return zimage_pipeline_kind(self.variant)
 
 
 def zimage_family(variant: str, sampling_shift: float) -> ZImageFamily:

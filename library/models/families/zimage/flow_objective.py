@@ -18,14 +18,14 @@ import dataclasses
 import torch
 
 from library.models.families.zimage import objective as facts
-from library.models.families.zimage.entry import FLOW_KEYS
+from library.models.families.zimage.entry import SIGMA_KEYS
 from library.training import flow_matching as fm
 from library.training.objectives import FlowMatchingObjective, FlowOptions
 
 
 def zimage_flow_options(flow: object) -> FlowOptions:
     """The objective's options: the set [flow] keys over musubi-tuner's Z-Image defaults."""
-    given = {key: getattr(flow, key) for key in FLOW_KEYS if getattr(flow, key, None) is not None}
+    given = {key: getattr(flow, key) for key in SIGMA_KEYS if getattr(flow, key, None) is not None}
     # the raw output is the prediction: model_prediction_type is not a Z-Image key
     defaults = {**facts.DEFAULT_SIGMA_SAMPLING, "model_prediction_type": "raw"}
     return dataclasses.replace(FlowOptions(), **{**defaults, **given})
