@@ -7,7 +7,7 @@ It runs over ``registry.families()``. A family joins by giving its registry entr
 library/models/families/testkit.py: its tiny models, its diffusers pipeline class, its name
 tables and diffusers' converters for them); a family without one is listed here as skipped,
 with the reason. Properties a family does not have (no original-layout name tables, no fused
-LyCORIS modules) skip with their reason too.
+LyCORIS modules) skip with their reason too: the kit's (ConformanceKit.skips) where it gives one.
 
 Properties, per family (and per tiny variant where they are cheap):
 - name tables: diffusers <-> original names of the denoiser and the VAE round trip exactly,
@@ -17,9 +17,10 @@ Properties, per family (and per tiny variant where they are cheap):
 - LoRA: the default adapters written as the family's file read back exactly, into fresh
   adapters whose merged weights are the same; diffusers' load_lora_weights reads every key of
   the file and, fused, gives peft's merge of our adapters;
-- LyCORIS (families whose files name fused original layers): the file merged into the original
+- LyCORIS: the file reads back into fresh adapters exactly (every family that trains LyCORIS);
+  for families whose files name fused original layers, the file merged into the original
   layout with LyCORIS' formulas and converted back by diffusers is the adapted model, output
-  for output; the file reads back into fresh adapters exactly.
+  for output.
 """
 
 from __future__ import annotations
@@ -156,7 +157,9 @@ def test_denoiser_names_round_trip_and_match_diffusers(family_variant):
     name, variant = family_variant
     kit = kit_of(name)
     if kit.denoiser_names is None:
-        pytest.skip(f"{name}'s files name the denoiser as diffusers does")
+        pytest.skip(
+            kit.skip_reason("denoiser_names", f"{name}'s files name the denoiser as diffusers does")
+        )
     modules = _built(name, variant)
     _table_check(kit.denoiser_names, modules[denoiser_name(modules)])
 
@@ -165,7 +168,7 @@ def test_denoiser_names_round_trip_and_match_diffusers(family_variant):
 def test_vae_names_round_trip_and_match_diffusers(name):
     kit = kit_of(name)
     if kit.vae_names is None:
-        pytest.skip(f"{name}'s files name the VAE as diffusers does")
+        pytest.skip(kit.skip_reason("vae_names", f"{name}'s files name the VAE as diffusers does"))
     _table_check(kit.vae_names, _built(name, kit.variant)["vae"])
 
 
@@ -336,17 +339,20 @@ def _fused_lycoris(name: str):
     modules = built(name, kit.variant)
     family = kit.family(kit.variant, modules)
     if not hasattr(family, "lycoris_modules") or kit.denoiser_names is None:
-        pytest.skip(f"{name}'s LyCORIS files name each diffusers layer (tests/networks/lycoris)")
+        default = f"{name}'s LyCORIS files name each diffusers layer (tests/networks/lycoris)"
+        pytest.skip(kit.skip_reason("lycoris_fused", default))
     return kit, modules, family
 
 
 @torch.no_grad()
 def _randomize_lycoris(model, seed: int) -> None:
-    """Non-zero values in every adapter tensor (a fresh adapter changes nothing)."""
+    """Non-zero values in every adapter tensor (a fresh adapter changes nothing): of the fused
+    modules, or of each adapted layer in a family without them."""
+    from library.networks.adapters import lycoris_layers
     from library.networks.lycoris_fused import module_layers
 
     gen = torch.Generator().manual_seed(seed)
-    for layer in module_layers(model).values():
+    for layer in (module_layers(model) or lycoris_layers(model)).values():
         for param in layer.adapter_parameters():
             param.add_(torch.randn(param.shape, generator=gen) * 0.1)
 
@@ -395,9 +401,14 @@ def test_lycoris_file_merged_into_the_original_layout_is_the_adapted_model(name,
 
 @pytest.mark.parametrize("name", family_params())
 def test_lycoris_file_reads_back_into_fresh_adapters(name):
+    """Every family that trains LyCORIS (fused original layers or one module per layer)."""
     from library.networks.lycoris.spec import LycorisSpec
 
-    kit, modules, family = _fused_lycoris(name)
+    kit = kit_of(name)
+    modules = built(name, kit.variant)
+    family = kit.family(kit.variant, modules)
+    if "lycoris.kohya" not in family.network_modules:
+        pytest.skip(kit.skip_reason("lycoris", f"{name} trains no LyCORIS adapters"))
     spec = LycorisSpec(**LYCORIS["loha-dora"])
     model = modules[denoiser_name(modules)]
     family.apply_lycoris(model, "unet", spec, "full")
@@ -407,3 +418,5 @@ def test_lycoris_file_reads_back_into_fresh_adapters(name):
     family.apply_lycoris(fresh, "unet", spec, "full")
     family.load_lora_tensors({UNET: fresh}, tensors, "f.safetensors")
     assert_same(family.lora_tensors({UNET: fresh}), tensors)
+    # and every adapter parameter, not only what the file holds
+    assert_same(fresh.state_dict(), model.state_dict())

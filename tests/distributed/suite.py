@@ -8,14 +8,18 @@ for any run. Single-process runs happen in the pytest process itself, when first
 - equivalence runs ``eq-<mode>-<layout>``: 2 optimizer steps of 4 images as 2x2x1 (processes
   x accumulation x batch), 1x4x1, 1x1x4 or the guard 1x2x1, for UNet LoRA, UNet + text-encoder
   LoRA, full UNet, LyCORIS LoHa (with DoRA), Flux.1 LoRA and full fine-tune (on a tiny Flux
-  folder), and FSDP2-sharded LyCORIS LoKr and full UNet. The 2-process runs also switch on a DDP-side option per mode (gradient
-  checkpointing, gradient_as_bucket_view); the single-process references run without it.
+  folder), Z-Image LoRA (on a tiny Z-Image folder, captions of four lengths), and FSDP2-sharded
+  LyCORIS LoKr, full UNet and Z-Image LoRA. The 2-process runs also switch on a DDP-side option
+  per mode (gradient checkpointing, gradient_as_bucket_view); the single-process references run
+  without it.
 - schedule runs: UNet + text-encoder LoRA, 4 optimizer steps under warmup + cosine: "sync"
   (2 processes x accumulation 4, buckets counted by a DDP hook, gradients recorded), "acc1"
   (2 x 1, static graph, buckets counted), "stopped" (2 x 1, states every 2 steps, SIGINT to
   rank 1 after step 2), "resumed" (2 x 1 from the state it stopped with, through train_network.py), "single_acc2" and "single_acc1" (1 process).
   Runs without a hook use DDP's own C++ reduction.
 - "two-nodes": the unet-lora 2x2x1 config as 2 nodes x 1 process.
+- "zimage-lora-resumed" (2 processes) and "zimage-lora-resumed-1x4x1" (in-process): the
+  zimage-lora 2x2x1 run continued from the state its own first step saved.
 - data runs ``data-2x1x1`` (torchrun) and ``data-1x2x1`` (in-process): a latent cache, flips,
   caption shuffling and a validation loss every step, as 2 processes x batch 1 and as one
   process x accumulation 2.
@@ -23,6 +27,7 @@ for any run. Single-process runs happen in the pytest process itself, when first
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -108,6 +113,27 @@ MODES["fsdp-lora"] = (
     },
     ["--gradient_checkpointing"],
 )
+# Z-Image LoRA (musubi-tuner's targets) on the tiny Z-Image folder (Runs.zimage_dir), on images
+# whose captions have four lengths (Runs.zimage_images): alone in a micro-batch each caption is
+# its own length, in the batch of 4 it is padded to the longest (TextConditioning.lengths cut
+# it back); both must train the same LoRA. A state every step: zimage-lora-resumed continues it.
+MODES["zimage-lora"] = (
+    {
+        "network_module": "networks.lora_zimage",
+        "network_train_unet_only": True,
+        "bucket_reso_steps": 16,
+        "save_every_n_steps": 1,
+        "save_state": True,
+    },
+    ["--gradient_checkpointing"],
+)
+# The same run with the transformer sharded (FSDP2: each block and the rest, the pad tokens
+# among it, split over the processes).
+MODES["zimage-fsdp"] = (
+    {k: v for k, v in MODES["zimage-lora"][0].items() if not k.startswith("save_")}
+    | {"fsdp": "full_shard"},
+    [],
+)
 MODES["fsdp-full"] = (
     {**MODES["full-unet"][0], "learning_rate": 1e-2, "fsdp": "shard_grad_op", "ema_decay": 0.5,
      "max_grad_norm": 0.01},  # fmt: skip
@@ -115,7 +141,19 @@ MODES["fsdp-full"] = (
 )
 # Modes trained on another model than the tiny SD one: mode -> the Runs method giving its folder.
 MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir", "sd3-lora": "sd3_dir",
-               "flux-swap": "flux_dir"}  # fmt: skip
+               "flux-swap": "flux_dir", "zimage-lora": "zimage_dir",
+               "zimage-fsdp": "zimage_dir"}  # fmt: skip
+# Modes trained on other images than the shared ones: mode -> the Runs method giving the folder.
+MODE_IMAGES = {"zimage-lora": "zimage_images", "zimage-fsdp": "zimage_images"}
+# Z-Image's captions (Runs.zimage_images), one per image: 21, 42, 73 and 151 tokens with Qwen3's
+# chat template, so the transformer pads them to 32, 64, 96 and 160.
+ZIMAGE_CAPTIONS = (
+    "red",
+    "a photo of shape number 1",
+    "a photo of shape number 2 on a gradient, centred in the frame",
+    "a much longer caption of shape number three, a coloured square on a soft gradient of warm "
+    "and cool tones, photographed from above in even daylight",
+)
 # layout name -> (processes, accumulation, batch)
 LAYOUTS = {"2x2x1": (2, 2, 1), "1x4x1": (1, 4, 1), "1x1x4": (1, 1, 4), "1x2x1": (1, 2, 1)}
 EQUIVALENCE_KEYS = {
@@ -179,17 +217,20 @@ class Runs:
 
     # -- configs ----------------------------------------------------------------------------
 
-    def config(self, name: str, **keys) -> Path:
+    def config(self, name: str, images: Path | None = None, **keys) -> Path:
         out = self.root / name
-        return write_config(self.root / f"{name}.toml", self.model_dir, self.images, out, **keys)
+        images = images or self.images
+        return write_config(self.root / f"{name}.toml", self.model_dir, images, out, **keys)
 
     def equivalence_config(self, mode: str, layout: str) -> Path:
         _, accumulation, batch = LAYOUTS[layout]
         model = {}
         if mode in MODE_MODELS:
             model["pretrained_model_name_or_path"] = str(getattr(self, MODE_MODELS[mode])())
+        images = getattr(self, MODE_IMAGES[mode])() if mode in MODE_IMAGES else None
         return self.config(
             f"eq-{mode}-{layout}",
+            images,
             train_batch_size=batch,
             gradient_accumulation_steps=accumulation,
             **EQUIVALENCE_KEYS,
@@ -210,6 +251,31 @@ class Runs:
         return self._tiny_folder(
             "tiny-sd3", lambda folder: write_tiny_sd3_folder(folder, "sd3.5-medium")
         )
+
+    def zimage_dir(self) -> Path:
+        """A tiny Z-Image-Turbo folder, written on first use."""
+        from library.models.families.zimage.tiny import write_tiny_zimage_folder
+
+        return self._tiny_folder(
+            "tiny-zimage", lambda folder: write_tiny_zimage_folder(folder, "turbo")
+        )
+
+    def zimage_images(self) -> Path:
+        """The shared images with ZIMAGE_CAPTIONS (four lengths), written on first use."""
+
+        def write(folder: Path) -> None:
+            folder.mkdir()
+            for image in sorted(self.images.glob("*.png")):
+                shutil.copy(image, folder / image.name)
+            for image, caption in zip(sorted(folder.glob("*.png")), ZIMAGE_CAPTIONS, strict=True):
+                image.with_suffix(".txt").write_text(caption, encoding="utf-8")
+
+        return self._tiny_folder("zimage-imgs", write)
+
+    def zimage_state(self) -> Path:
+        """The state the zimage-lora 2x2x1 run saved after its first optimizer step."""
+        self.get("eq-zimage-lora-2x2x1")
+        return self.root / "eq-zimage-lora-2x2x1" / "run-step00000001-state"
 
     def _tiny_folder(self, name: str, write) -> Path:
         folder = self.root / name
@@ -299,6 +365,14 @@ class Runs:
                 str(out("fsdp-optimizers.json")),
                 out=out("fsdp-optimizers"),
             ),
+            # the Z-Image LoRA run continued from the state its own first step saved
+            "zimage-lora-resumed": lambda: torchrun(
+                self.equivalence_config("zimage-lora", "2x2x1"),
+                *MODES["zimage-lora"][1],
+                "--resume",
+                str(self.zimage_state()),
+                out=out("zimage-lora-resumed"),
+            ),
             "two-nodes": lambda: torchrun_two_nodes(
                 self.equivalence_config("unet-lora", "2x2x1"), out=out("two-nodes")
             ),
@@ -315,17 +389,21 @@ class Runs:
         if name == "fsdp-resumed-1x4x1":  # one process continues what two sharded ones saved
             config = self.equivalence_config("fsdp-lora", "1x4x1")
             return in_process(config, "--resume", str(self.fsdp_state()), out=out)
+        if name == "zimage-lora-resumed-1x4x1":  # one process continues what two saved
+            config = self.equivalence_config("zimage-lora", "1x4x1")
+            return in_process(config, "--resume", str(self.zimage_state()), out=out)
         accumulation = {"single_acc2": 2, "single_acc1": 1}[name]
         return in_process(self.schedule_config(accumulation), out=out)
 
     def start(self, names: list[str]) -> None:
         """Queue the launches among ``names`` (in order) without waiting for them."""
-        for mode, folder in MODE_MODELS.items():
-            if any(mode in name for name in names):
-                # Written here, in the test thread, before any launch thread starts: building a
-                # tiny model seeds torch's process-wide generator, which an in-process run in
-                # this thread may be drawing from at the same moment.
-                getattr(self, folder)()
+        for table in (MODE_MODELS, MODE_IMAGES):
+            for mode, folder in table.items():
+                if any(mode in name for name in names):
+                    # Written here, in the test thread, before any launch thread starts:
+                    # building a tiny model seeds torch's process-wide generator, which an
+                    # in-process run in this thread may be drawing from at the same moment.
+                    getattr(self, folder)()
         launches = self._launches()
         for name in names:
             if name in launches and name not in self._launched:

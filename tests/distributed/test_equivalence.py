@@ -4,8 +4,9 @@
 same weights after 2 optimizer steps, for UNet LoRA, UNet + text-encoder LoRA, full UNet,
 LyCORIS LoHa (with DoRA, text encoder too), sharded (FSDP2) LyCORIS LoKr (Tucker, max-norm)
 and full UNet (with EMA), Flux.1
-LoRA (transformer, CLIP-L, T5), Flux.1 full fine-tune and SD3.5 LoRA (MMDiT, CLIP-L, CLIP-G,
-with per-encoder text dropout and random position crops); and
+LoRA (transformer, CLIP-L, T5), Flux.1 full fine-tune, SD3.5 LoRA (MMDiT, CLIP-L, CLIP-G,
+with per-encoder text dropout and random position crops) and Z-Image LoRA (captions of four
+lengths, each alone in its micro-batch or padded beside the others; also sharded); and
 the loss logged per step must be the mean over every micro-batch of every rank.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.runs import scalars
-from tests.distributed.suite import MODE_MODELS, MODES
+from tests.distributed.suite import MODE_MODELS, MODES, ZIMAGE_CAPTIONS
 from tests.integration.harness import assert_close_dicts, tensors
 
 # Only the float summation order differs (observed: ~2e-8 for LoRA, 1 ulp = 1.2e-7 for UNet
@@ -68,15 +69,33 @@ def test_three_layouts_write_the_same_weights(runs, mode, tiny_model_dir):
             assert any(k.startswith("lora_te3_") for k in weights)
         if mode == "sd3-lora":
             assert any(k.startswith("lora_te2_") for k in weights)
+        if mode.startswith("zimage"):  # the transformer's joint blocks, in Z-Image's own names
+            assert all(k.startswith("diffusion_model.layers.") for k in weights)
 
 
-@pytest.mark.parametrize("mode", ["unet-lora", "flux-lora"])
+@pytest.mark.parametrize("mode", ["unet-lora", "flux-lora", "zimage-lora"])
 def test_another_effective_batch_gives_other_weights(runs, mode):
     """Guards the test above at both of its tolerances: 2 samples per step instead of 4 must
     change the result."""
     four = runs.equivalence(mode, "2x2x1").weights()
     two = runs.equivalence(mode, "1x2x1").weights()
     assert _max_diff(four, two) > 100 * MODE_ATOL.get(mode, ATOL)
+
+
+@pytest.mark.parametrize("mode", ["zimage-lora"])
+def test_zimage_captions_differ_in_length(runs, mode):
+    """What makes zimage-lora a proof of batching by TextConditioning.lengths: the captions it
+    trains on are four lengths, which the transformer pads to four lengths again."""
+    from transformers import AutoTokenizer
+
+    from library.models.families.zimage.conditioning import tokenize_captions
+
+    folder = runs.zimage_images()
+    captions = [p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.txt"))]
+    assert captions == list(ZIMAGE_CAPTIONS)
+    tokenizer = AutoTokenizer.from_pretrained(str(runs.zimage_dir() / "tokenizer"))
+    lengths = tokenize_captions(tokenizer, captions)[1].sum(dim=1).tolist()
+    assert len(set(lengths)) == 4 and len({-(-n // 32) for n in lengths}) == 4, lengths
 
 
 def test_logged_loss_is_the_mean_over_ranks_and_micro_batches(runs):

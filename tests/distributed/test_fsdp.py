@@ -3,7 +3,7 @@ are reduced once per optimizer step, and a state saved by sharded processes is t
 resumable with any process count and back into shards.
 
 The weights themselves are compared with one-process runs in test_equivalence.py (modes
-fsdp-lora and fsdp-full); here the runs are taken apart.
+fsdp-lora, fsdp-full and zimage-fsdp); here the runs are taken apart.
 """
 
 import json
@@ -19,6 +19,7 @@ from tests.integration.harness import assert_close_dicts, tensors
 LAUNCHES = [
     "eq-fsdp-lora-2x2x1",
     "eq-fsdp-full-2x2x1",
+    "eq-zimage-fsdp-2x2x1",
     "fsdp-resumed",
     "fsdp-data-2x1x1",
     "fsdp-optimizers",
@@ -27,7 +28,7 @@ ATOL, RTOL = 1e-6, 1e-6
 STATE = "run-step00000001-state"
 
 
-@pytest.mark.parametrize("mode", ["fsdp-lora", "fsdp-full"])
+@pytest.mark.parametrize("mode", ["fsdp-lora", "fsdp-full", "zimage-fsdp"])
 def test_each_process_holds_half_of_the_denoiser(runs, mode):
     run = runs.equivalence(mode, "2x2x1")
     fsdp = MODES[mode][0]["fsdp"]

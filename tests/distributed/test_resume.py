@@ -6,15 +6,21 @@ to stop at the end of step 3 and leave a step-3 state. "resumed" continues that 
 processes. The step-2 state is also resumed on 1 process with accumulation 2 (same effective
 batch: must work and match) and on 1 process with accumulation 1 (another effective batch:
 must be refused, exit code 2).
+
+Z-Image (zimage-lora, captions of four lengths): the 2-process LoRA run continued from the state
+its own first step saved, on 2 processes and on 1 process x accumulation 4, ends on the
+uninterrupted run's weights.
 """
 
 import json
+
+import pytest
 
 from tests.distributed.runs import in_process, scalars
 from tests.distributed.suite import SAVE_EVERY, STOPPED_AT
 from tests.integration.harness import assert_close_dicts
 
-LAUNCHES = ["acc1", "stopped", "resumed"]
+LAUNCHES = ["acc1", "stopped", "resumed", "eq-zimage-lora-2x2x1", "zimage-lora-resumed"]
 STEPS = 4
 SAME_LAYOUT_ATOL = 1e-7  # same processes, same order of every sum: only a replay
 OTHER_LAYOUT_ATOL, OTHER_LAYOUT_RTOL = 1e-6, 1e-6  # summation order differs (see test_equivalence)
@@ -63,3 +69,16 @@ def test_resume_with_another_effective_batch_is_refused(runs, capsys):
     err = capsys.readouterr().err
     assert "effective_batch_sizes" in err and "gradient_accumulation_steps" in err
     assert not (runs.root / "refused" / "run.safetensors").exists()
+
+
+@pytest.mark.parametrize("mode", ["zimage-lora"])
+def test_a_mid_run_state_resumes_to_the_uninterrupted_weights(runs, mode):
+    whole = runs.equivalence(mode, "2x2x1").weights()
+    again = runs.get(f"{mode}-resumed").check()
+    assert "resumed from" in again.log
+    for rank in (0, 1):  # the resumed processes stepped once, from step 1
+        assert len(again.rank(rank)["optimizer_lrs"]) == 1
+    assert_close_dicts(again.weights(), whole, atol=SAME_LAYOUT_ATOL)
+    single = runs.get(f"{mode}-resumed-1x4x1").check()
+    assert len(single.rank(0)["optimizer_lrs"]) == 1
+    assert_close_dicts(single.weights(), whole, atol=OTHER_LAYOUT_ATOL, rtol=OTHER_LAYOUT_RTOL)

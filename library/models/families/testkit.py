@@ -11,7 +11,7 @@ The kit only builds tiny models and names diffusers' own readers; it computes no
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +47,11 @@ class ConformanceKit:
     of a family whose single files use the original layout. ``denoiser_inputs(denoiser,
     seed)``: keyword arguments of one forward call. ``lora_conv``: its default LoRA also adapts
     convolutions (LoCon). ``diffusers_lora_skips(path)``: denoiser layers diffusers' LoRA
-    loader cannot read at the tiny models' width (left out of that check only)."""
+    loader cannot read at the tiny models' width (left out of that check only).
+    ``skips``: property -> why it does not apply to the family, said when the suite skips it
+    ("denoiser_names", "vae_names": no table of the family's own; "lycoris_fused": its LyCORIS
+    files name no fused original layer; "lycoris": it trains no LyCORIS); a property without one
+    skips with the suite's own reason."""
 
     variants: tuple[str, ...]
     build: Callable[[str, int], dict]
@@ -59,6 +63,11 @@ class ConformanceKit:
     vae_names: NameTable | None = None
     lora_conv: bool = False
     diffusers_lora_skips: Callable[[str], bool] | None = None
+    skips: Mapping[str, str] = field(default_factory=dict)
+
+    def skip_reason(self, prop: str, default: str) -> str:
+        """Why ``prop`` is skipped for this family: the kit's reason, else ``default``."""
+        return self.skips.get(prop, default)
 
     @property
     def variant(self) -> str:

@@ -61,4 +61,5 @@ ZIMAGE = FamilyEntry(
         },
         version_marks=(("z_image", _LINE),),
     ),
+    test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )
