@@ -260,13 +260,20 @@ class FlowMatchingObjective(Objective):
         # released one: library.models.families.flux.sampling.flux_scheduler_config).
         self.sampling_scheduler = dict(sampling_scheduler) if sampling_scheduler else None
 
-    def describe(self) -> str:
+    def sampling_text(self) -> str:
+        """The noise-level draw in the run plan's words: timestep_sampling and the settings it
+        reads."""
         o = self.options
         sampling = o.timestep_sampling
         if sampling in ("sigmoid", "shift", "flux_shift"):
             sampling += f" (sigmoid_scale {o.sigmoid_scale:g})"
         if sampling.startswith(("shift", "sigma")):
             sampling += f", discrete_flow_shift {o.discrete_flow_shift:g}"
+        return sampling
+
+    def describe(self) -> str:
+        o = self.options
+        sampling = self.sampling_text()
         if o.timestep_sampling == "sigma":
             sampling += f", weighting_scheme {o.weighting_scheme}"
         return (

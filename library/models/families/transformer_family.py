@@ -13,10 +13,9 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from library.config.suggest import show_value
 from library.errors import ConfigError
 from library.models.families.base import ModelFamily
-from library.models.families.registry import foreign_flow_key
+from library.models.families.flow_options import check_flow_model_options
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +24,6 @@ log = logging.getLogger(__name__)
 # trainers for these families do not read them (flux_train_network.py and sd3_train_network.py
 # say max_token_length is not used and warn about v_parameterization; no FLUX.1 / SD3 text
 # strategy takes clip_skip), so another value is named in a warning and changes nothing, as there.
-_IGNORED_SD_SETTINGS = {
-    "clip_skip": (None, 1),
-    "max_token_length": (None, 75),
-    "v_parameterization": (None, False),
-}
 
 
 def swappable_tails(*groups: tuple[str, list, int], count: int) -> list:
@@ -147,28 +141,7 @@ class TransformerFamily(ModelFamily):
         """[flow] keys of other families, SD model settings (v2, v_parameterization) and
         zero_terminal_snr, and kohya's shared fused adapter (split_qkv=False); SD text settings
         (clip_skip, max_token_length) at other values than the GUI's get a warning."""
-        found = foreign_flow_key(flow, self.FLOW_KIND)
-        if found is not None:
-            key, owners = found
-            names = " and ".join(owner.label for owner in owners)
-            raise ConfigError(f"{key} applies to {names} models, not {self.LABEL}; remove it")
-        if model.v2:  # sd-scripts stops too: the file asks for an SD 2.x model
-            raise ConfigError(f"v2 = true names an SD 2.x model, not {self.LABEL}; remove it")
-        ignored = {
-            key: getattr(model, key)
-            for key, values in _IGNORED_SD_SETTINGS.items()
-            if getattr(model, key) not in values
-        }
-        if ignored:
-            log.warning(
-                "%s: SD settings, not used by %s; ignored, as sd-scripts does",
-                ", ".join(f"{key} = {show_value(value)}" for key, value in ignored.items()),
-                self.LABEL,
-            )
-        if model.zero_terminal_snr:
-            raise ConfigError(
-                f"zero_terminal_snr applies to DDPM models, not {self.LABEL}; remove it"
-            )
+        check_flow_model_options(model, flow, self.FLOW_KIND, self.LABEL, True)
         if flow.split_qkv is False:
             raise ConfigError(
                 "network_args split_qkv=False: one adapter shared by a fused layer's q, k and v "

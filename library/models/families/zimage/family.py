@@ -19,31 +19,21 @@ Linears and key_map.py names them in files. This module joins them behind the fa
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from library.config.suggest import show_value
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import ModelFamily
-from library.models.families.registry import foreign_flow_key
+from library.models.families.flow_options import check_flow_model_options
 from library.models.families.zimage import conditioning as captions_
 from library.models.families.zimage.denoise import pack, unpack
 from library.models.families.zimage.shapes import F_PATCH_SIZE, PATCH_SIZE, SCHEDULER_SHIFT
 
-log = logging.getLogger(__name__)
-
 FLOW_KIND = "zimage"  # the family's name in the registry
 LENGTHS = "caption_lengths"  # Conditioning.unet_kwargs entry: each caption's own length [B]
-# SD settings GUIs write into every config; Z-Image reads none of them (warned at other values).
-_IGNORED_SD_SETTINGS = {
-    "clip_skip": (None, 1),
-    "max_token_length": (None, 75),
-    "v_parameterization": (None, False),
-}
 # LyCORIS presets -> (adapt the blocks' modulation, adapt the refiner blocks), over the joint
 # blocks' attention and feed-forward Linears (targets.default_targets).
 _LYCORIS_PRESETS = {
@@ -200,25 +190,7 @@ class ZImageFamily(ModelFamily):
     def check_options(self, model, flow):
         """Other families' [flow] keys and SD 2.x's v2 are refused; SD text settings at other
         values than the GUIs' get a warning (Z-Image reads none of them)."""
-        found = foreign_flow_key(flow, FLOW_KIND)
-        if found is not None:
-            key, owners = found
-            names = " and ".join(owner.label for owner in owners)
-            raise ConfigError(f"{key} applies to {names} models, not Z-Image; remove it")
-        if model.v2:
-            raise ConfigError("v2 = true names an SD 2.x model, not Z-Image; remove it")
-        if model.zero_terminal_snr:
-            raise ConfigError("zero_terminal_snr applies to DDPM models, not Z-Image; remove it")
-        ignored = {
-            key: getattr(model, key)
-            for key, values in _IGNORED_SD_SETTINGS.items()
-            if getattr(model, key) not in values
-        }
-        if ignored:
-            log.warning(
-                "%s: SD settings, not used by Z-Image; ignored",
-                ", ".join(f"{key} = {show_value(value)}" for key, value in ignored.items()),
-            )
+        check_flow_model_options(model, flow, FLOW_KIND, "Z-Image", False)
 
     def check_training(self, config):
         """A LoRA or LyCORIS of the transformer (no text-encoder adapters, no conv rank), or a

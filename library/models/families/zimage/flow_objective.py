@@ -37,15 +37,9 @@ class ZImageFlowObjective(FlowMatchingObjective):
     LABEL = "Z-Image"
 
     def describe(self) -> str:
-        o = self.options
-        sampling = o.timestep_sampling
-        if sampling in ("sigmoid", "shift", "flux_shift"):
-            sampling += f" (sigmoid_scale {o.sigmoid_scale:g})"
-        if sampling.startswith(("shift", "sigma")):
-            sampling += f", discrete_flow_shift {o.discrete_flow_shift:g}"
         return (
             f"rectified flow, x0 - noise target at timestep 1 - sigma, timestep_sampling "
-            f"{sampling}, weighting_scheme {o.weighting_scheme}"
+            f"{self.sampling_text()}, weighting_scheme {self.options.weighting_scheme}"
         )
 
     def target(self, latents, noise, t):

@@ -1,0 +1,52 @@
+"""The model options every flow-matching family checks the same way: other families' [flow]
+keys, SD 2.x's v2 and zero_terminal_snr are refused; SD's text and prediction settings that a
+flow model does not read get a warning."""
+
+from __future__ import annotations
+
+import logging
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
+from library.config.suggest import show_value
+from library.errors import ConfigError
+from library.models.families.registry import foreign_flow_key
+
+log = logging.getLogger(__name__)
+
+# SD settings a flow-matching model does not read, and the values GUIs write into every config
+# (left alone without a warning).
+IGNORED_SD_SETTINGS = {
+    "clip_skip": (None, 1),
+    "max_token_length": (None, 75),
+    "v_parameterization": (None, False),
+}
+
+
+def check_flow_model_options(
+    model: ModelSection, flow: FlowSection, kind: str, label: str, sd_scripts_trains: bool
+) -> None:
+    """ConfigError for the options a flow-matching family ``kind`` (called ``label``) refuses;
+    a warning for the SD settings it ignores (``sd_scripts_trains``: sd-scripts trains the
+    family and ignores them too, which the warning says)."""
+    found = foreign_flow_key(flow, kind)
+    if found is not None:
+        key, owners = found
+        names = " and ".join(owner.label for owner in owners)
+        raise ConfigError(f"{key} applies to {names} models, not {label}; remove it")
+    if model.v2:  # sd-scripts stops too: the file asks for an SD 2.x model
+        raise ConfigError(f"v2 = true names an SD 2.x model, not {label}; remove it")
+    ignored = {
+        key: getattr(model, key)
+        for key, values in IGNORED_SD_SETTINGS.items()
+        if getattr(model, key) not in values
+    }
+    if ignored:
+        log.warning(
+            "%s: SD settings, not used by %s; ignored%s",
+            ", ".join(f"{key} = {show_value(value)}" for key, value in ignored.items()),
+            label,
+            ", as sd-scripts does" if sd_scripts_trains else "",
+        )
+    if model.zero_terminal_snr:
+        raise ConfigError(f"zero_terminal_snr applies to DDPM models, not {label}; remove it")
