@@ -15,26 +15,15 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from library.networks.lora import LoraSpec, apply_lora, lora_layers, lora_parameters
+from library.networks.adapted_layers import adapter_layers, lycoris_layers
+from library.networks.lora import LoraSpec, apply_lora, lora_parameters
+from library.networks.lora import saved_numbers as lora_numbers
+from library.networks.lycoris_inject import apply_lycoris
 from library.networks.targets import TargetKind
 
 # Buffers of adapter layers that training changes, so a saved state must keep them: LyCORIS'
 # fixed scalar, which max-norm (scale_weight_norms) shrinks in LoCon and LoHa layers.
 STATE_BUFFERS = ("scalar",)
-
-
-def lycoris_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Module path -> LycorisLayer for every LyCORIS-adapted layer of ``model``, in module order."""
-    from library.networks.lycoris.layer import LycorisLayer
-
-    return {path: m for path, m in model.named_modules() if isinstance(m, LycorisLayer)}
-
-
-def adapter_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Module path -> adapted layer (a peft LoRA layer or a LycorisLayer), in module order."""
-    layers = {**lora_layers(model), **lycoris_layers(model)}
-    order = {path: index for index, (path, _) in enumerate(model.named_modules())}
-    return dict(sorted(layers.items(), key=lambda item: order[item[0]]))
 
 
 def adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -64,8 +53,6 @@ def freeze_adapters(model: nn.Module, chosen: Callable[[str], bool]) -> list[str
 
 def saved_numbers(model: nn.Module) -> int:
     """How many numbers an adapter file stores for ``model``'s adapters."""
-    from library.networks.lora import saved_numbers as lora_numbers
-
     return lora_numbers(model) + sum(
         layer.saved_numbers() for layer in lycoris_layers(model).values()
     )
@@ -95,6 +82,4 @@ def inject_adapters(
     their paths. Every adapter starts as the identity (the model's output is unchanged)."""
     if not settings.is_lycoris:
         return apply_lora(model, targets, settings.lora)
-    from library.networks.lycoris_inject import apply_lycoris
-
     return apply_lycoris(model, targets, settings.lycoris)

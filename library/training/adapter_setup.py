@@ -9,6 +9,8 @@ from library.config.schema import Config
 from library.errors import ConfigError
 from library.networks.adapters import AdapterSettings, inject_adapters
 from library.networks.lora import LoraSpec
+from library.networks.lycoris_targets import PRESETS
+from library.networks.lycoris_targets import trains_text_encoders as preset_trains
 
 
 def adapter_settings(config: Config) -> AdapterSettings:
@@ -29,8 +31,6 @@ def trains_text_encoders(settings: AdapterSettings) -> bool:
     """Whether the adapter has text-encoder layers at all (LyCORIS' unet-only presets have none)."""
     if not settings.is_lycoris:
         return True
-    from library.networks.lycoris_targets import trains_text_encoders as preset_trains
-
     return preset_trains(settings.preset)
 
 
@@ -69,9 +69,7 @@ def adapter_text(config: Config) -> str:
     parts = [f"{adapter_name(config)}, rank {net.network_dim}, alpha {net.network_alpha:g}"]
     if net.network_module == "lycoris.kohya":
         preset = adapter.preset or "full"
-        from library.networks.lycoris_targets import PRESETS, trains_text_encoders
-
-        if not trains_text_encoders(preset):
+        if not preset_trains(preset):
             where = "UNet only"
         if PRESETS[preset].convs:
             conv_dim = net.conv_dim or net.network_dim

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
+from library.errors import ConfigError
 from library.models.families.registry import network_module_owner
 from library.models.latent_codec import LatentCodec, ScaledLatentCodec
+from library.networks.lycoris_inject import apply_lycoris
 
 if TYPE_CHECKING:
     from library.config.flow_schema import FlowSection
@@ -174,15 +176,11 @@ class ModelFamily:
     ) -> None:
         """Give ``module`` the LyCORIS adapters of ``spec`` (a LycorisSpec) on the layers
         ``preset`` adapts: by default one LycorisLayer per target layer."""
-        from library.networks.lycoris_inject import apply_lycoris
-
         apply_lycoris(module, self.lycoris_targets(module, role, preset), spec)
 
     def sampling_pipeline(self):
         """The diffusers pipeline kind (library.sampling.pipelines.PipelineKind) sampling it;
         ConfigError (sample_prompts) when there is none."""
-        from library.errors import ConfigError
-
         raise ConfigError(
             f"sample_prompts: sampling {self.name} models during training is not supported; "
             "remove sample_prompts"
@@ -232,8 +230,6 @@ class ModelFamily:
     def use_plain_attention(self, denoiser: torch.nn.Module) -> None:
         """Switch the denoiser from scaled-dot-product attention to plain attention (kohya's
         behaviour with every attention flag off)."""
-        from library.errors import ConfigError
-
         raise ConfigError(
             f"sdpa = false: {self.name} models have no plain-attention path here; set sdpa = true"
         )
@@ -253,8 +249,6 @@ class ModelFamily:
     def swap_blocks(self, denoiser, count: int) -> list:
         """The denoiser's blocks whose frozen weights blocks_to_swap keeps in host memory
         (library/training/block_swap.py); ConfigError where the family has no such blocks."""
-        from library.errors import ConfigError
-
         raise ConfigError(
             f"blocks_to_swap = {count}: block swap is for the FLUX.1 and SD3 transformers, not "
             f"{self.name}; lower the memory with gradient_checkpointing or fp8_base instead"
@@ -263,8 +257,6 @@ class ModelFamily:
     def check_training(self, config: Config) -> None:
         """ConfigError for training choices this family cannot make (found before loading
         weights where the caller can). Families that add checks call this one too."""
-        from library.errors import ConfigError
-
         layout = config.saving.lora_format
         if config.network.train_mode == "lora" and layout not in self.lora_formats:
             raise ConfigError(

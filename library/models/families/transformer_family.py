@@ -17,6 +17,23 @@ from library.config.suggest import show_value
 from library.errors import ConfigError
 from library.models.families.base import ModelFamily
 from library.models.families.registry import foreign_flow_key
+from library.networks import kohya_keys
+from library.networks.fused_keys import (
+    adapter_weights,
+    export_lora,
+    import_lora,
+    load_adapter_weights,
+    target_paths,
+    text_encoder_modules,
+)
+from library.networks.lycoris_fused import (
+    apply_module_lycoris,
+    export_module_lycoris,
+    import_module_lycoris,
+    module_layers,
+)
+from library.networks.lycoris_targets import lycoris_targets
+from library.networks.targets import default_targets
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +97,6 @@ class TransformerFamily(ModelFamily):
         return index < len(self.text_encoder_subfolders) - 1 or self.train_t5
 
     def adapter_targets(self, module, role, conv):
-        from library.networks.fused_keys import target_paths, text_encoder_modules
-        from library.networks.targets import default_targets
-
         if role == "unet":
             return dict.fromkeys(target_paths(self.transformer_modules(module)), "linear")
         if type(module).__name__ == "T5EncoderModel":
@@ -93,8 +107,6 @@ class TransformerFamily(ModelFamily):
     def lycoris_targets(self, module, role, preset):
         """The CLIP text encoders' layers, as for SD (the transformer's LyCORIS adapters span
         fused layers: apply_lycoris lays them out)."""
-        from library.networks.lycoris_targets import lycoris_targets
-
         return lycoris_targets(module, role, preset, named_layers=False)
 
     def apply_lycoris(self, module, role, spec, preset):
@@ -102,18 +114,12 @@ class TransformerFamily(ModelFamily):
         (library.networks.lycoris_fused); text encoders as for SD."""
         if role != "unet":
             return super().apply_lycoris(module, role, spec, preset)
-        from library.networks.lycoris_fused import apply_module_lycoris
-
         apply_module_lycoris(module, self.lycoris_modules(module, preset), spec)
         return None
 
     def lora_tensors(self, models):
         """The transformer in kohya's names for the family (fused layers as one module); the
         text encoders in kohya's plain names (lora_te1_, ...), as for SD."""
-        from library.networks import kohya_keys
-        from library.networks.fused_keys import adapter_weights, export_lora
-        from library.networks.lycoris_fused import export_module_lycoris, module_layers
-
         tensors = kohya_keys.export_lora({p: m for p, m in models.items() if p != kohya_keys.UNET})
         if kohya_keys.UNET in models:
             plain = kohya_keys.unwrap(models[kohya_keys.UNET])
@@ -125,10 +131,6 @@ class TransformerFamily(ModelFamily):
         return tensors
 
     def load_lora_tensors(self, models, tensors, source):
-        from library.networks import kohya_keys
-        from library.networks.fused_keys import import_lora, load_adapter_weights
-        from library.networks.lycoris_fused import import_module_lycoris, module_layers
-
         transformer = {k: v for k, v in tensors.items() if k.startswith(self.unet_lora_prefix)}
         text = {k: v for k, v in tensors.items() if k not in transformer}
         text_models = {p: m for p, m in models.items() if p != kohya_keys.UNET}
