@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
+from library.errors import STOPPED_BY_USER, DifftuneError, exit_code_of
+from library.host_allocator import keep_freed_host_memory
+from library.plan_json import failure_document
+from library.third_party_noise import silence_unactionable_messages, turn_off_loading_bars
+
 
 def _is_main_process() -> bool:
     # Before accelerate starts, the launcher's RANK says which process prints errors.
@@ -13,18 +18,14 @@ def _is_main_process() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run difftune; return the process exit code."""
-    from library.third_party_noise import silence_unactionable_messages, turn_off_loading_bars
-
     silence_unactionable_messages()  # before peft imports bitsandbytes
     if not _is_main_process():
         turn_off_loading_bars()
-    from library.host_allocator import keep_freed_host_memory
-
     keep_freed_host_memory()  # before the first large allocation
+    # The rest is imported here: library.cli stays light to import (tests/tiers.py does in every
+    # pytest session), and torch and the libraries that log on import load after the filters.
     from library.config.cli_args import parse_cli, wants_json
     from library.config.loader import load_config
-    from library.errors import STOPPED_BY_USER, DifftuneError, exit_code_of
-    from library.plan_json import failure_document
 
     argv = sys.argv[1:] if argv is None else argv
     json_out = wants_json(argv)

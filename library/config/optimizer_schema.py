@@ -13,6 +13,7 @@ from library.config.scheduler_args import scheduler_args, scheduler_args_problem
 from library.config.section import Section
 from library.config.suggest import nearest
 from library.errors import ConfigError
+from library.training.optimizers import check_optimizer_args
 
 # Learning rates multiply float32 weights: above float32's largest value they cannot be applied.
 MAX_RATE = 3.0e38
@@ -225,8 +226,6 @@ class OptimizerSection(Section):
     @model_validator(mode="after")
     def _args_accepted(self) -> OptimizerSection:
         if self.optimizer_args:  # only then is the optimizer's class worth importing
-            from library.training.optimizers import check_optimizer_args
-
             try:
                 check_optimizer_args(self)
             except ConfigError as exc:

@@ -31,7 +31,7 @@ from PIL import features
 
 from library.config.dataset_schema import SubsetConfig
 from library.errors import DataError
-from library.saving.disk_space import format_size
+from library.saving.sizes import format_size
 
 # Formats of pictures people train on that Pillow opens with a known value mapping (images.py).
 # AVIF needs Pillow built with libavif; without it .avif files are listed as ignored.

@@ -39,6 +39,8 @@ from library.models.families.registry import (
     families,
     trained_lines,
 )
+from library.models.loader import load_components
+from library.networks.kohya_keys import UNET, kohya_name, kohya_path, unwrap
 
 DENOISER = -1  # Layer.component of the UNet / transformer; text encoders are 0, 1, 2
 # The [model] keys of every model: a replacement VAE, the tokenizer folders of single files.
@@ -111,8 +113,6 @@ def load_model(args: argparse.Namespace, path: str, flag: str = "--model"):
     loaders (library.models.loader.load_components): Components, every module frozen on the
     CPU in --precision. ModelError naming ``flag`` for a path that is not there; the loaders'
     own one-line errors otherwise."""
-    from library.models.loader import load_components
-
     if not path or not Path(path).expanduser().exists():
         raise ModelError(
             f"{flag} {path}: not found; give a diffusers model folder or a .safetensors checkpoint"
@@ -283,8 +283,6 @@ def layer_table(components) -> dict[str, Layer]:
     """kohya module name -> Layer for every layer a LoRA/LyCORIS file may name in the loaded
     model (``components``: library.models.loader.Components): every Linear and Conv2d of the
     denoiser and of each text encoder, named as kohya names it for the family."""
-    from library.networks.kohya_keys import UNET, kohya_name, kohya_path, unwrap
-
     family = components.family
     table: dict[str, Layer] = {}
     denoiser = unwrap(components.denoiser)
@@ -304,8 +302,6 @@ def layer_table(components) -> dict[str, Layer]:
 def _denoiser_layers(denoiser: nn.Module, to_original) -> list[tuple[str, tuple[str, ...], bool]]:
     """(kohya path, diffusers parts, swapped halves) of every weight layer of the denoiser;
     ``to_original``: the family's converter to the original model's names (None: a UNet)."""
-    from library.networks.kohya_keys import kohya_path
-
     paths = _weight_layers(denoiser)
     if to_original is None:  # a UNet: one layer per name (SDXL's in SGM's names)
         return [(kohya_path(denoiser, path), (path,), False) for path in paths]

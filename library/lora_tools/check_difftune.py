@@ -18,6 +18,9 @@ from library.lora_tools.file_modules import FileModules, report_unreadable
 from library.lora_tools.from_kohya import split_module
 from library.lora_tools.layouts import DIFFUSERS_HEADER
 from library.lora_tools.loader_report import Report
+from library.networks.kohya_keys import UNET
+from library.networks.lora import LoraSpec, apply_lora
+from library.networks.lycoris import file_math
 
 
 def check_difftune(found: FileModules, tensors, metadata, components, table, source) -> Report:
@@ -100,31 +103,15 @@ def _difftune_module(name, parts, layer: Layer, adaptable, lycoris, label) -> st
     elif name not in lycoris:
         return "no LyCORIS preset difftune trains adapts this layer"
     try:
-        from library.networks.lycoris import file_math
-
         file_math.check_shapes(parts, layer.shape)
-    except ImportError:
-        return _plain_shapes(parts, layer)
     except ValueError as exc:
         return f"does not fit the layer: {exc}"
-    return None
-
-
-def _plain_shapes(parts, layer: Layer) -> str | None:
-    down, up = parts.get(DOWN), parts.get(UP)
-    if down is None or up is None:
-        return "lacks its lora_down or lora_up tensor"
-    if up.shape[0] != layer.shape[0] or down[0].numel() != layer.shape[1:].numel():
-        return f"down {list(down.shape)} / up {list(up.shape)} do not fit {list(layer.shape)}"
     return None
 
 
 def _trial_import(found: FileModules, tensors, components, table, source):
     """Inject adapters with the file's ranks on its layers and run family.load_lora_tensors;
     ("error", why) when it refuses, ("note", what) when no trial is possible, else None."""
-    from library.networks.kohya_keys import UNET
-    from library.networks.lora import LoraSpec, apply_lora
-
     targets: dict[int, dict[str, str]] = {}
     ranks: dict[str, set[int]] = {"linear": set(), "conv": set()}
     for name, parts in found.modules.items():

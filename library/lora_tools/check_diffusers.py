@@ -17,6 +17,9 @@ from library.lora_tools.adapters import remove_adapters
 from library.lora_tools.base_model import Layer
 from library.lora_tools.file_modules import FileModules, report_unreadable
 from library.lora_tools.loader_report import Report
+from library.models.loader import one_line
+from library.networks.lycoris import file_math
+from library.sampling.pipelines import build_pipeline
 
 _ADAPTER = "difftune_check"  # the adapter name the file is loaded under, then unloaded
 
@@ -59,8 +62,6 @@ def _captured(call: Callable[[], object]) -> tuple[Exception | None, list[str]]:
 
 def check_diffusers(found: FileModules, tensors, metadata, components, table, source) -> Report:
     """diffusers' own pipeline.load_lora_weights on the file, then each module's change."""
-    from library.models.loader import one_line
-
     report = Report("diffusers")
     pipe = loaded_pipeline(components)
     error, messages = _captured(lambda: pipe.load_lora_weights(str(source), adapter_name=_ADAPTER))
@@ -91,8 +92,6 @@ def _failure(error: Exception) -> str:
     """An exception in one line, with where it was raised when its message says little."""
     import traceback
 
-    from library.models.loader import one_line
-
     text = one_line(error)
     frames = traceback.extract_tb(error.__traceback__)
     if frames and len(str(error).strip()) < 20:
@@ -107,8 +106,6 @@ def _failure(error: Exception) -> str:
 def loaded_pipeline(components):
     """The family's diffusers pipeline over the loaded modules (library.sampling)."""
     from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
-
-    from library.sampling.pipelines import build_pipeline
 
     flow = components.family.prediction_type == "flow"
     scheduler = (
@@ -142,10 +139,8 @@ def _peft_delta(module: nn.Module) -> torch.Tensor | None:
 def _diffusers_module(layer: Layer, parts) -> str | None:
     """Why diffusers' adapted model does not reproduce a module's change (None if it does)."""
     try:
-        from library.networks.lycoris import file_math
-
         expected = file_math.module_delta(parts, layer.shape)
-    except (ImportError, ValueError):
+    except ValueError:
         return None  # nothing to compare with; the difftune check names the problem
     got = [_peft_delta(layer.model.get_submodule(path)) for path in layer.parts]
     if all(delta is None for delta in got):

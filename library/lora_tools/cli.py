@@ -17,6 +17,9 @@ import signal
 import sys
 from contextlib import contextmanager
 
+from library.errors import DifftuneError
+from library.third_party_noise import silence_unactionable_messages
+
 # command -> module of library.lora_tools, in the order --help lists them.
 COMMANDS = {
     "merge": "merge_into_model",
@@ -49,11 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one toolbox command; return the process exit code."""
-    from library.third_party_noise import silence_unactionable_messages
-
     silence_unactionable_messages()
-    from library.errors import DifftuneError
-
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         with _terminate_by_exception():

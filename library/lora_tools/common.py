@@ -15,9 +15,9 @@ import torch
 
 from library.errors import CheckpointError, ConfigError
 from library.networks.kohya_keys import ALPHA, DOWN, UP  # noqa: F401  (a kohya module's tensors)
-from library.saving.atomic import remove_leftovers
+from library.saving.atomic import atomic_write_file, remove_leftovers
 from library.saving.input_clash import OUTPUT_INSIDE, SAME, clash
-from library.saving.lora_file import read_safetensors
+from library.saving.lora_file import model_hashes, read_safetensors, save_lora_file
 from library.saving.output_names import owner_of
 from library.saving.run_lock import RunLock
 
@@ -172,8 +172,6 @@ def write_file(
 ) -> Path:
     """Write atomically under the output's lock (alphas stay float32, kohya's hashes are
     refreshed)."""
-    from library.saving.lora_file import save_lora_file
-
     cleaned = None
     if metadata is not None:
         cleaned = {k: v for k, v in metadata.items() if not k.startswith("sshs_")}
@@ -245,9 +243,6 @@ def write_file_unchanged(
     weights cast to ``dtype`` (alphas stay as they are), with ``metadata``, atomically; kohya's
     hashes are recomputed for the new header when ``hashes``, else left out."""
     from safetensors.torch import save_file
-
-    from library.saving.atomic import atomic_write_file
-    from library.saving.lora_file import model_hashes
 
     prepared = {}
     for key, tensor in tensors.items():

@@ -51,6 +51,7 @@ from library.lora_tools.svd import (
     split,
     svd_of_matrix,
 )
+from library.saving.metadata import MODELSPEC_VERSION
 
 HELP = "extract a kohya LoRA from the difference between a fine-tuned model and its base (SVD)"
 _LISTED = 10  # skipped layers named per component
@@ -236,8 +237,6 @@ def _report(components, skipped: dict[int, list[tuple[str, float]]], min_diff: f
 def _metadata(components, ranks, args, output: Path) -> dict[str, str]:
     """kohya's ss_* keys of a LoRA as the trainer writes them (network module, dims, base
     model version) and the modelspec keys of a LoRA file."""
-    from library.saving.metadata import MODELSPEC_VERSION
-
     family = components.family
     has_text = any(not name.startswith(family.unet_lora_prefix) for name in ranks)
     has_unet = any(name.startswith(family.unet_lora_prefix) for name in ranks)

@@ -30,7 +30,7 @@ import torch
 
 from library.errors import CheckpointError
 from library.lora_tools.base_model import DENOISER, Layer, family_label, other_family
-from library.networks.kohya_keys import group_modules
+from library.networks.kohya_keys import group_modules, kohya_path
 
 LAYOUTS = ("kohya", "diffusers", "comfyui")
 LORA_A, LORA_B = "lora_A.weight", "lora_B.weight"
@@ -78,8 +78,6 @@ def diffusers_component(layer: Layer, components) -> str:
 def diffusers_path(layer: Layer, index: int) -> str:
     """The module path of part ``index`` in diffusers' layout: the model's own, CLIP's with
     ``text_model.`` (as diffusers, peft and ComfyUI key text encoders)."""
-    from library.networks.kohya_keys import kohya_path
-
     return (
         kohya_path(layer.model, layer.parts[index])
         if layer.component != DENOISER

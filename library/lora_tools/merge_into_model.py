@@ -47,6 +47,10 @@ from library.lora_tools.common import (
 from library.lora_tools.layouts import unknown_modules_message
 from library.lora_tools.to_kohya import to_kohya
 from library.networks.kohya_keys import group_modules
+from library.networks.lycoris import file_math
+from library.saving.atomic import atomic_write_dir
+from library.saving.checkpoint_export import ensure_text_model_layout
+from library.saving.metadata import MODELSPEC_VERSION
 
 HELP = (
     "bake LoRA/LyCORIS files into a base model and write the merged model (a checkpoint file "
@@ -228,36 +232,13 @@ def _plan(path, tensors, metadata, components, table, written, args):
 def _merged(weight: torch.Tensor, parts, ratio: float, path, name) -> torch.Tensor:
     """The layer's weight with one file module merged at ``ratio`` (float32)."""
     try:
-        from library.networks.lycoris import file_math
-    except ImportError:  # plain kohya LoRA only
-        file_math = None
-    try:
-        if file_math is not None:
-            return file_math.merged_weight(weight, parts, ratio)
-        return _merged_lora(weight, parts, ratio)
+        return file_math.merged_weight(weight, parts, ratio)
     except ValueError as exc:
         raise CheckpointError(f"{path}: module {name}: {exc}") from None
 
 
-def _merged_lora(weight: torch.Tensor, parts, ratio: float) -> torch.Tensor:
-    from library.networks.merge import lora_delta
-
-    extra = sorted(set(parts) - {"lora_down.weight", "lora_up.weight", "alpha"})
-    if extra or "lora_down.weight" not in parts or "lora_up.weight" not in parts:
-        raise ValueError(
-            f"{extra[0] if extra else 'lora_down/lora_up missing'}: only kohya LoRA modules can "
-            "be merged without library/networks/lycoris/file_math.py"
-        )
-    down, up = parts["lora_down.weight"], parts["lora_up.weight"]
-    rank = down.shape[0]
-    alpha = float(parts["alpha"].float().item()) if "alpha" in parts else float(rank)
-    return weight.float() + lora_delta(down, up, ratio * alpha / rank, weight.shape)
-
-
 def _model_metadata(components, loras, ratios, output) -> dict[str, str]:
     """modelspec keys of the merged model, and which files at which ratios made it."""
-    from library.saving.metadata import MODELSPEC_VERSION
-
     family = components.family
     size = family.default_resolution
     meta = {
@@ -283,9 +264,6 @@ def write_model_folder(folder: Path, components, changed: set[int], dtype, repla
     """A diffusers folder: the base folder's parts, with the merged denoiser and the changed
     text encoders (and a --vae replacement) written in place of theirs, atomically."""
     from safetensors.torch import save_file
-
-    from library.saving.atomic import atomic_write_dir
-    from library.saving.checkpoint_export import ensure_text_model_layout
 
     family = components.family
     base_dir = Path(components.model_dir)

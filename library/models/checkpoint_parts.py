@@ -24,6 +24,7 @@ from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
 from library.models.families.sd.checkpoint_layout import IGNORED_SUFFIXES, FileLayout, TextTower
+from library.models.loader import reads_weights
 
 CONFIG_METADATA = "difftune.config."  # + component name: its diffusers config as JSON
 _GUESSED = {
@@ -229,8 +230,6 @@ def plan_part(
 def load_part(file: CheckpointFile, plan: PartPlan, dtype: torch.dtype) -> torch.nn.Module:
     """Build the module of ``plan`` and fill it with the file's tensors in ``dtype`` (inside
     loader.shapes_only(): only build it, on the meta device)."""
-    from library.models.loader import reads_weights
-
     if not reads_weights():
         return empty_module(plan.build, plan.config).to(dtype).requires_grad_(False).eval()
     state = {k[len(plan.prefix) :]: file.tensor(k).to(dtype) for k in plan.keys}

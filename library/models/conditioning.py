@@ -25,6 +25,7 @@ import torch
 
 from library.models.families.base import ModelFamily
 from library.models.text import encode_token_ids, flatten_windows, join_windows, tokenize
+from library.networks.adapters import freeze_adapters
 
 # Batch keys of the size conditioning (library/data/dataset.py), in SDXL's time-ids order.
 SIZE_KEYS = ("original_sizes", "crop_top_lefts", "target_sizes")
@@ -124,8 +125,6 @@ def freeze_unused_text_adapters(
     parameter that requires grad). They stay in the model, so saved files keep every module,
     as kohya's do (with their up weights still zero). Returns the frozen adapter paths.
     """
-    from library.networks.adapters import freeze_adapters
-
     frozen = []
     for index, encoder in enumerate(encoders):
         layers = encoder.config.num_hidden_layers

@@ -18,16 +18,13 @@ import pickle
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
 
+from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
-
-if TYPE_CHECKING:
-    from library.config.flow_schema import FlowSection
 from library.models.families.base import ModelFamily
 from library.models.families.family_choice import check_config_family, entry_for
 
@@ -93,8 +90,6 @@ def load_components(
     the model: before anything loads, those of a config written for another family (its
     [flow] keys or ``network_module``).
     """
-    from library.config.flow_schema import FlowSection
-
     flow = flow if flow is not None else FlowSection()
     vae_dtype = torch.float32 if model.no_half_vae else weight_dtype
     entry = entry_for(model, flow)

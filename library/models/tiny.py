@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from library.models.families.sd.family import SDXL
+
 TINY_SIZE = 64  # pixels; the tiny VAE downsamples by 8 like the real one
 _SPECIAL = ("<|startoftext|>", "<|endoftext|>")
 
@@ -258,8 +260,6 @@ def build_tiny_sdxl_components(seed: int = 0) -> dict:
     """
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    from library.models.families.sd.family import SDXL
 
     torch.manual_seed(seed)
     first, second = tiny_sdxl_text_configs()

@@ -20,12 +20,11 @@ from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import build_vae, convert_vae, load_part, plan_part
+from library.models.loader import load_weights, offline
 
 
 def load_vae(source: str, model_config, dtype: torch.dtype) -> torch.nn.Module:
     """The VAE at ``source`` (file or folder), frozen, in ``dtype``; ModelError if unusable."""
-    from library.models.loader import load_weights, offline
-
     path = Path(source).expanduser().absolute()
     base = {k: v for k, v in dict(model_config).items() if not k.startswith("_")}
     with offline():

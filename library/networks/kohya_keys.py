@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
-from library.models.families.registry import text_prefix_line, text_prefix_lines
-from library.models.families.sd.family import unet_lora_key_layout
+from library.models.families.registry import families, text_prefix_line, text_prefix_lines
 from library.models.original_names import unet_path_to_original
 from library.networks.adapters import adapter_layers
 from library.networks.kind_base import FileModule
@@ -75,11 +74,15 @@ def kohya_path(model: nn.Module, path: str) -> str:
 
 
 def _original_layout_config(model: nn.Module):
-    """The UNet config when LoRA files name ``model``'s modules in the original layout."""
+    """The UNet config when LoRA files name ``model``'s modules in the original layout (the
+    family registry says which UNets: SDXL's)."""
     from diffusers import UNet2DConditionModel
 
-    original = isinstance(model, UNet2DConditionModel)
-    if original and unet_lora_key_layout(model.config) == "original":
+    if isinstance(model, UNet2DConditionModel) and any(
+        entry.lora_files.unet_key_layout(model.config) == "original"
+        for entry in families()
+        if entry.lora_files.unet_key_layout is not None
+    ):
         return model.config
     return None
 

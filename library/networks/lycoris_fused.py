@@ -21,8 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from library.errors import CheckpointError
+from library.networks.adapted_layers import adapter_layers
 from library.networks.fused_keys import KohyaModule
 from library.networks.kohya_keys import group_modules, unwrap
+from library.networks.lycoris.layer import LycorisLayer, layer_kind
 
 MODULES = "lycoris_modules"  # the ModuleDict (kohya name -> LycorisLayer) on the transformer
 
@@ -109,9 +111,6 @@ def apply_module_lycoris(model: nn.Module, modules: Iterable[KohyaModule], spec)
     """Freeze ``model`` and give each kohya module one LycorisLayer of ``spec`` over its
     (fused) weight, with a LycorisPart in place of each of its diffusers layers; returns the
     kohya names. Adapter parameters are float32 and the only ones that require grad."""
-    from library.networks.adapters import adapter_layers
-    from library.networks.lycoris.layer import LycorisLayer, layer_kind
-
     model = unwrap(model)
     if adapter_layers(model):
         raise ValueError("model already has an adapter")

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 from torch import nn
 
+from library.networks.adapted_layers import adapter_layers
+from library.networks.lycoris.layer import LycorisLayer
 from library.networks.targets import TargetKind
 
 
@@ -13,9 +15,6 @@ def apply_lycoris(model: nn.Module, targets: Mapping[str, TargetKind], spec) -> 
     """Freeze ``model`` and replace each target Linear/Conv2d by a LycorisLayer of ``spec``
     ("linear" targets take network_dim/alpha, "conv" ones conv_dim/conv_alpha); return the
     sorted paths. Adapter parameters are float32 and are the only ones that require grad."""
-    from library.networks.adapters import adapter_layers
-    from library.networks.lycoris.layer import LycorisLayer
-
     if adapter_layers(model):
         raise ValueError("model already has an adapter")
     if not targets:

@@ -22,6 +22,10 @@ from pathlib import Path
 import torch
 
 from library.config.schema import SavingSection
+from library.networks.adapters import saved_numbers
+from library.saving.sizes import format_size
+from library.training.memory_estimate import optimizer_state_bytes
+from library.training.optimizers import optimizer_kwargs
 
 # safetensors header with kohya's metadata (tag frequencies, bucket info) and small state files
 FILE_OVERHEAD = 2**20
@@ -69,8 +73,6 @@ def _numel(module: torch.nn.Module) -> int:
 
 def save_sizes(config, parts, ema: bool) -> SaveSizes:
     """The sizes of this run's outputs, from its loaded models (``parts``: TrainedParts)."""
-    from library.networks.adapters import saved_numbers
-
     saving = config.saving
     itemsize = _save_itemsize(saving)
     components = parts.components
@@ -86,9 +88,6 @@ def save_sizes(config, parts, ema: bool) -> SaveSizes:
             base = _folder_bytes(components.model_dir, skip=components.family.denoiser_subfolder)
             folder = base + _numel(components.denoiser) * itemsize + FILE_OVERHEAD
     # the optimizer state saved is the state held in memory: one table serves both estimates
-    from library.training.memory_estimate import optimizer_state_bytes
-    from library.training.optimizers import optimizer_kwargs
-
     trained = parts.trained_weights().values()
     state = sum(t.numel() * t.element_size() for t in trained)
     opt = config.optimizer
@@ -154,15 +153,6 @@ def estimate_run(
     if sizes.ema:
         parts.append("EMA copies")
     return Estimate(total, tuple(parts))
-
-
-def format_size(count: int) -> str:
-    """Bytes for people: GiB with one decimal, smaller amounts in MiB or KiB."""
-    if count >= 2**30:
-        return f"{count / 2**30:.1f} GiB"
-    if count >= 2**20:
-        return f"{count / 2**20:.0f} MiB"
-    return f"{max(count, 0) / 2**10:.0f} KiB"
 
 
 def free_bytes(folder: Path) -> int:

@@ -8,6 +8,8 @@ from contextlib import contextmanager
 import torch
 from diffusers.training_utils import EMAModel
 
+from library.training.sharding import full_value, is_sharded, shard_like
+
 
 class WeightAverage:
     """EMA of ``params`` (diffusers' EMAModel: decay ramps up as (1 + n) / (10 + n) to ``decay``)."""
@@ -40,8 +42,6 @@ class WeightAverage:
         averages of sharded weights are whole, in host memory, and pair with ``whole`` (id of a
         sharded parameter -> its whole stand-in), so swapped_in and state_dict see an unsharded
         model. Every process must enter: the gathers are collectives."""
-        from library.training.sharding import full_value, is_sharded
-
         shadows = [full_value(s, keep) if is_sharded(s) else s for s in self._ema.shadow_params]
         if not keep:
             yield
@@ -60,8 +60,6 @@ class WeightAverage:
     def load_state_dict(self, state: dict) -> None:
         """Load a saved average (whole tensors); each is placed as its weight is (this
         process's slice of a sharded weight)."""
-        from library.training.sharding import shard_like
-
         self._ema.load_state_dict(state)
         self._ema.shadow_params = [
             shard_like(s, p, torch.float32)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from library.errors import ConfigError
+from library.sampling.samplers import build_flow_sampler, build_sampler
 from library.training import flow_matching as fm
 from library.training.loss import LossOptions, huber_thresholds, signal_to_noise, timestep_weights
 from library.training.noise import NoiseOptions, SampleDraws, draw
@@ -185,8 +186,6 @@ class DDPMObjective(Objective):
         return torch.tensor(steps, dtype=torch.long, device=device)
 
     def sampler(self, name: str):
-        from library.sampling.samplers import build_sampler
-
         return build_sampler(name, self.scheduler.config, self.prediction_type)
 
 
@@ -389,8 +388,6 @@ class FlowMatchingObjective(Objective):
         return torch.tensor(sigmas, dtype=torch.float32, device=device)
 
     def sampler(self, name: str):
-        from library.sampling.samplers import build_flow_sampler
-
         if self.sampling_scheduler is None:
             raise ValueError("FlowMatchingObjective was built without a sampling_scheduler config")
         return build_flow_sampler(name, self.sampling_scheduler)

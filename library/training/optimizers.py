@@ -14,11 +14,15 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from library.config.schema import OptimizerSection
+from library.config.kohya import parse_kv_args
 from library.errors import ConfigError
+
+if TYPE_CHECKING:
+    from library.config.schema import OptimizerSection
 
 
 @dataclass(frozen=True)
@@ -88,8 +92,6 @@ def optimizer_class_path(name: str) -> str:
 
 def optimizer_kwargs(section: OptimizerSection) -> dict:
     """The optimizer_args as keyword arguments (kohya's "k=v" list or a TOML table)."""
-    from library.config.kohya import parse_kv_args
-
     args = section.optimizer_args
     kwargs = dict(args) if isinstance(args, dict) else parse_kv_args(list(args))
     return {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}

@@ -15,6 +15,8 @@ from library.data.plan import DatasetStats, DataStats, plan_lines
 from library.plan_json import plan_document
 from library.training.adapter_setup import adapter_name, adapter_text
 from library.training.plan import RunPlan, save_schedule, save_schedule_lines
+from library.training.preflight import start_run
+from library.training.resume_rules import change_lines
 from library.training.setup import uses_sdpa
 
 
@@ -135,8 +137,6 @@ def _dataset_report(ds: DatasetStats) -> dict:
 def _resume_report(config: Config, resume) -> dict | None:
     if resume is None:
         return None
-    from library.training.resume_rules import change_lines
-
     return {
         "state": config.saving.resume,
         "step": resume.global_step,
@@ -194,8 +194,6 @@ def plan_warnings(trainer) -> list[str]:
 def print_plan_json(trainer) -> None:
     """``--dry_run --json``: the dry run's checks (those of Trainer.run), then the plan as one
     JSON document on stdout, from the main process only. Warnings go to stderr."""
-    from library.training.preflight import start_run
-
     config, acc = trainer.config, trainer.accelerator
     start = start_run(config, trainer.plan, acc, dry_run=True)
     try:

@@ -30,7 +30,9 @@ from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
+from library import __version__
 from library.errors import exit_code_of, exit_reason_of
+from library.sampling.grid import sample_dir
 from library.saving.atomic import atomic_write_file
 from library.saving.outputs import OutputLayout, output_run_id
 from library.training.stops import TrainingStopped
@@ -121,8 +123,6 @@ class RunSummary:
 
     def fields(self, status: str, exc: BaseException | None = None) -> dict:
         """Everything the summary says, as JSON-ready values (docs/batch-runs.md)."""
-        from library import __version__
-
         now, plan, saving = time.time(), self.plan, self.config.saving
         outputs = self.outputs()
         states = [o for o in outputs if o["kind"] == "state" and o.get("step") is not None]
@@ -175,8 +175,6 @@ class RunSummary:
         """The sample images folder and how many images of this output name it holds."""
         if not self.config.sampling.sample_prompts:
             return None
-        from library.sampling.grid import sample_dir
-
         folder = sample_dir(self.config.saving.output_dir)
         pattern = re.compile(re.escape(self.layout.name) + r"_\d{6}_(\d{2}_\d+|grid)\.png")
         count = (

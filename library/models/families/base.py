@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
+from library.errors import ConfigError
 from library.models.families.registry import network_module_owner
 from library.models.latent_codec import LatentCodec, ScaledLatentCodec
+from library.networks.lycoris_inject import apply_lycoris
 
 if TYPE_CHECKING:
     from library.config.flow_schema import FlowSection
@@ -184,8 +186,6 @@ class ModelFamily:
     def sampling_pipeline(self):
         """The diffusers pipeline kind (library.sampling.pipelines.PipelineKind) sampling it;
         ConfigError (sample_prompts) when there is none."""
-        from library.errors import ConfigError
-
         raise ConfigError(
             f"sample_prompts: sampling {self.name} models during training is not supported; "
             "remove sample_prompts"
@@ -242,8 +242,6 @@ class ModelFamily:
     def use_plain_attention(self, denoiser: torch.nn.Module) -> None:
         """Switch the denoiser from scaled-dot-product attention to plain attention (kohya's
         behaviour with every attention flag off)."""
-        from library.errors import ConfigError
-
         raise ConfigError(
             f"sdpa = false: {self.name} models have no plain-attention path here; set sdpa = true"
         )
@@ -263,8 +261,6 @@ class ModelFamily:
     def swap_blocks(self, denoiser, count: int) -> list:
         """The denoiser's blocks whose frozen weights blocks_to_swap keeps in host memory
         (library/training/block_swap.py); ConfigError where the family has no such blocks."""
-        from library.errors import ConfigError
-
         raise ConfigError(
             f"blocks_to_swap = {count}: block swap is for the FLUX.1 and SD3 transformers, not "
             f"{self.name}; lower the memory with gradient_checkpointing or fp8_base instead"
@@ -273,8 +269,6 @@ class ModelFamily:
     def check_training(self, config: Config) -> None:
         """ConfigError for training choices this family cannot make (found before loading
         weights where the caller can). Families that add checks call this one too."""
-        from library.errors import ConfigError
-
         layout = config.saving.lora_format
         if config.network.train_mode == "lora" and layout not in self.lora_formats:
             raise ConfigError(

@@ -14,6 +14,8 @@ from safetensors import SafetensorError, safe_open
 
 from library.config.schema import ModelSection
 from library.errors import ModelError
+from library.models.families.flux.tokenizers import t5_tokenizer_files
+from library.models.loader import check_weights_file, find_weights, read_json, resolve_model_dir
 
 V = TypeVar("V")
 
@@ -91,9 +93,6 @@ def checked_pipeline_folder(
     (``weights``: subfolder -> weights file stem), so a broken folder fails before minutes of
     loading. ModelError naming the folder otherwise. ``t5_subfolder`` None: the T5 tokenizer
     comes from elsewhere (t5_tokenizer_path), and the folder's is not looked at."""
-    from library.models.families.flux.tokenizers import t5_tokenizer_files
-    from library.models.loader import check_weights_file, find_weights, read_json, resolve_model_dir
-
     model_dir = resolve_model_dir(str(path), required)
     index = read_json(model_dir / "model_index.json")
     if index.get("_class_name") != pipeline_class:
@@ -124,8 +123,6 @@ def without(parts: Mapping[str, V], skip: set[str]) -> dict[str, V]:
 def part_config(plans: Mapping, key: str, folder: Path, base: Callable[[], dict]) -> dict:
     """The config of the part [flow] ``key`` names: its file's plan's when the key is set
     (``plans``), else the folder's config.json over ``base()`` (the full-size model's)."""
-    from library.models.loader import read_json
-
     if key in plans:
         return plans[key].config
     return {**base(), **read_json(folder / "config.json")}

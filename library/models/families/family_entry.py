@@ -65,11 +65,14 @@ class LoraFiles:
     ``denoiser_marks``: (start, line) of denoiser module names only that line's files hold
     (kohya's, and diffusers' where other trainers write those). ``text_prefixes``: the kohya
     text-encoder prefixes of a line's files -> the line. ``architectures``: (start of a base
-    model's modelspec.architecture, its line)."""
+    model's modelspec.architecture, its line). ``unet_key_layout(unet_config)``: how kohya's
+    files name the modules of the family's UNet with that config, "original" (the SGM layout,
+    library.models.original_names) or "diffusers" (its module paths); unset: no UNet."""
 
     denoiser_marks: tuple[tuple[str, str], ...] = ()
     text_prefixes: Mapping[tuple[str, ...], str] = field(default_factory=dict)
     architectures: tuple[tuple[str, str], ...] = ()
+    unet_key_layout: Callable[[Mapping], str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

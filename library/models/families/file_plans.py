@@ -27,7 +27,7 @@ from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
 from library.models.families.flux.original_keys import convert_shapes, detect_flux
 from library.models.families.sd3.original_keys import detect_sd3
-from library.models.loader import one_line
+from library.models.loader import one_line, reads_weights
 
 Convert = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
@@ -178,8 +178,6 @@ def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def load_plan(plan: Plan, dtype: torch.dtype) -> torch.nn.Module:
     """Read, cast, rename and load the plan's tensors; the module frozen (no gradients, eval
     mode), in ``dtype``. Inside loader.shapes_only(): built on the meta device, nothing read."""
-    from library.models.loader import reads_weights
-
     if not reads_weights():
         module = empty_module(plan.build, plan.config).to(dtype)
         if plan.tied:

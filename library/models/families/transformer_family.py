@@ -74,9 +74,6 @@ class TransformerFamily(ModelFamily):
         return index < len(self.text_encoder_subfolders) - 1 or self.train_t5
 
     def adapter_targets(self, module, role, conv):
-        from library.networks.fused_keys import target_paths, text_encoder_modules
-        from library.networks.targets import default_targets
-
         if role == "unet":
             return dict.fromkeys(target_paths(self.transformer_modules(module)), "linear")
         if type(module).__name__ == "T5EncoderModel":

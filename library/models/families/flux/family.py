@@ -21,9 +21,15 @@ from typing import ClassVar
 import torch
 
 from library.errors import ConfigError
+from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.flux.lora_keys import transformer_modules
+from library.models.families.flux.original_keys import transformer_to_original
+from library.models.families.flux.sampling import flux_pipeline_kind
 from library.models.families.flux.shapes import CLIP_MAX_LENGTH, T5_MAX_LENGTH
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
+from library.saving.streamed import block_groups, save_streamed
+from library.training.objectives import FlowOptions
 
 PATCH = 2  # latents are packed 2x2 into tokens
 
@@ -140,8 +146,6 @@ class FluxFamily(TransformerFamily):
 
     def transformer_modules(self, transformer):
         """kohya's modules of the transformer that this run adapts (train_blocks)."""
-        from library.models.families.flux.lora_keys import transformer_modules
-
         return transformer_modules(transformer, train_blocks=self.train_blocks)
 
     def swap_blocks(self, transformer, count):
@@ -164,8 +168,6 @@ class FluxFamily(TransformerFamily):
         """Every Linear of the double and single blocks (LyCORIS' DoubleStreamBlock and
         SingleStreamBlock classes, which every preset but attn-only names); attn-only: the
         double blocks' SelfAttention Linears (qkv, proj)."""
-        from library.models.families.flux.lora_keys import transformer_modules
-
         modules = transformer_modules(transformer)
         if preset == "attn-only":
             return [m for m in modules if "_attn." in m.original]
@@ -174,16 +176,12 @@ class FluxFamily(TransformerFamily):
     def sampling_pipeline(self):
         """FluxPipeline fed our conditioning, with kohya's Flux prompt options
         (library.models.families.flux.sampling)."""
-        from library.models.families.flux.sampling import flux_pipeline_kind
-
         return flux_pipeline_kind(guidance=self.has_guidance)
 
     # -- sizes, options ----------------------------------------------------------------------
 
     def metadata_keys(self, config):
         """kohya's Flux.1 keys, with its defaults where the [flow] key is unset."""
-        from library.training.objectives import FlowOptions
-
         o = FlowOptions.from_section(config.flow)
         return {
             "ss_model_type": "flux",
@@ -212,10 +210,6 @@ class FluxFamily(TransformerFamily):
         with its diffusers config in the header (difftune.config.transformer) for exact
         reloading; clip_l, t5xxl and ae stay the user's files."""
         import json
-
-        from library.models.checkpoint_parts import CONFIG_METADATA
-        from library.models.families.flux.original_keys import transformer_to_original
-        from library.saving.streamed import block_groups, save_streamed
 
         # one block at a time: the fused tensors of a block are built only while it is written
         blocks = block_groups(denoiser.state_dict(), ("transformer_blocks.", "single_transformer_blocks."))

@@ -42,7 +42,6 @@ from library.models.families.file_plans import (
     t5_encoder_keys,
 )
 from library.models.families.flux import shapes as flux_shapes
-from library.models.families.flux.load import FluxParts, refuse_channels
 from library.models.families.flux.original_keys import (
     FluxKeys,
     ae_from_original,
@@ -50,6 +49,7 @@ from library.models.families.flux.original_keys import (
     detect_flux,
     transformer_from_original,
 )
+from library.models.families.flux.parts import FluxParts, refuse_channels
 from library.models.families.flux.tokenizers import (
     find_t5_tokenizer_folder,
     load_t5_tokenizer,
@@ -57,6 +57,7 @@ from library.models.families.flux.tokenizers import (
     missing_t5_tokenizer,
 )
 from library.models.loader import offline, one_line
+from library.models.tokenizers import load_tokenizer_for
 
 _FLOW_FILES = {
     "clip_l": "the CLIP-L text encoder (clip_l.safetensors)",
@@ -72,8 +73,6 @@ def load_flux_files(
     weight_dtype: torch.dtype,
     vae_dtype: torch.dtype,
 ) -> FluxParts:
-    from library.models.tokenizers import load_tokenizer_for
-
     if not path.is_file():
         raise ModelError(f"model file {path} does not exist; nothing is downloaded")
     transformer_file = _open(path, "pretrained_model_name_or_path")

@@ -9,14 +9,12 @@ tokenizers are found by tokenizers.py.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
-from library.errors import ModelError
 from library.models.families.claims import (
     checked_pipeline_folder,
     claims_model,
@@ -26,10 +24,15 @@ from library.models.families.claims import (
 )
 from library.models.families.file_plans import load_plan
 from library.models.families.flux import shapes as flux_shapes
+from library.models.families.flux.family import flux_family
+from library.models.families.flux.files import check_widths, component_plans, load_flux_files
 from library.models.families.flux.original_keys import detect_flux
+from library.models.families.flux.parts import FluxParts, refuse_channels
+from library.models.families.flux.sampling import flux_scheduler_config
 from library.models.families.flux.tokenizers import folder_t5_tokenizer
 from library.models.loader import Components, load_weights, offline
 from library.models.tokenizers import folder_tokenizer
+from library.training.objectives import FlowMatchingObjective, FlowOptions
 
 FLUX_PIPELINE = "FluxPipeline"
 # Key names a damaged FLUX.1 transformer file's header text shows (original or diffusers names).
@@ -57,20 +60,6 @@ _STEMS = {
 }
 
 
-@dataclass
-class FluxParts:
-    """The modules and tokenizers of one FLUX.1 model, before family and objective are chosen."""
-
-    transformer: torch.nn.Module
-    vae: torch.nn.Module
-    clip_l: torch.nn.Module
-    t5: torch.nn.Module
-    clip_tokenizer: object
-    t5_tokenizer: object
-    variant: str  # "dev" or "schnell"
-    model_dir: Path  # the diffusers folder, or the transformer file
-
-
 # --- which models are FLUX.1 ------------------------------------------------------------------
 
 
@@ -96,10 +85,6 @@ def load_flux(
     Text encoders and tokenizers are (CLIP-L, T5). Every module is frozen, in eval mode, on the
     CPU, in ``weight_dtype`` (the AE in ``vae_dtype``). ModelError for any problem with the files.
     """
-    from library.models.families.flux.family import flux_family
-    from library.models.families.flux.sampling import flux_scheduler_config
-    from library.training.objectives import FlowMatchingObjective, FlowOptions
-
     parts = load_flux_parts(model, flow, weight_dtype, vae_dtype)
     return Components(
         denoiser=parts.transformer,
@@ -121,8 +106,6 @@ def load_flux_parts(
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if path.is_dir():
         return _load_folder(path, model, flow, weight_dtype, vae_dtype)
-    from library.models.families.flux.files import load_flux_files
-
     return load_flux_files(path, model, flow, weight_dtype, vae_dtype)
 
 
@@ -144,9 +127,6 @@ def _load_folder(
     parts replaced need not be in the folder."""
     from diffusers import AutoencoderKL, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
-
-    # flux.files imports this module (FluxParts), so it is imported here.
-    from library.models.families.flux.files import check_widths, component_plans
 
     plans = component_plans(flow)  # the [flow] files set, each header read and checked
     skip = {_REPLACES[key] for key in plans} | ({"tokenizer"} if model.tokenizer_path else set())
@@ -191,11 +171,3 @@ def _load_folder(
     freeze(transformer, vae, clip_l, t5)
     return FluxParts(transformer, vae, clip_l, t5, clip_tokenizer, t5_tokenizer, variant, model_dir)
 
-
-def refuse_channels(where: Path, channels: int) -> None:
-    expected = flux_shapes.transformer_config()["in_channels"]
-    if channels != expected:
-        raise ModelError(
-            f"{where} takes {channels} input channels (FLUX.1 Fill or Depth?); only text-to-image "
-            f"FLUX.1 models with {expected} (16 latent channels, 2x2 packed) can be trained"
-        )

@@ -21,8 +21,9 @@ library/flux_train_utils.sample_image_inference):
 
 from __future__ import annotations
 
+from library.errors import ConfigError
 from library.models.conditioning import Conditioning
-from library.sampling.pipelines import on_grid
+from library.sampling.pipelines import PipelineKind, on_grid
 
 # kohya's distilled guidance of a prompt without --g (not the run's training guidance_scale,
 # which kohya recommends setting to 1.0).
@@ -64,8 +65,6 @@ def flux_pipeline_kind(guidance: bool = True):
     """FluxPipeline, taking Flux.1's conditioning through ``flux_pipeline_inputs``; a prompt's
     unset sampler and CFG scale become Euler and 1 (off), and with ``guidance`` (dev) its
     distilled guidance 3.5."""
-    from library.sampling.pipelines import PipelineKind
-
     defaults = {"sampler": "euler", "scale": SAMPLE_CFG_SCALE}
     if guidance:
         defaults["guidance_scale"] = SAMPLE_GUIDANCE
@@ -113,8 +112,6 @@ def _attention_mask(text_mask, inputs: dict, true_cfg: bool, prompt):
     """apply_t5_attn_mask while sampling: the prompt's T5 padding masked as keys in every joint
     attention, image tokens always attended to ([1, 1, 1, text + image tokens])."""
     import torch
-
-    from library.errors import ConfigError
 
     if true_cfg:
         # The pipeline runs the negative prompt with the same attention arguments, and its

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from library.models.tiny import tiny_text_config
+
 Variant = Literal["dev", "schnell"]
 VARIANTS: tuple[Variant, ...] = ("dev", "schnell")
 
@@ -166,8 +168,6 @@ def tiny_ae_config() -> dict:
 
 def tiny_clip_config() -> dict:
     """CLIPTextConfig kwargs for the tiny CLIP tokenizer of library/models/tiny.py."""
-    from library.models.tiny import tiny_text_config
-
     return {
         **tiny_text_config("sd1"),  # quick-GELU, 77 positions, the tiny tokenizer's ids
         "hidden_size": TINY_CLIP_WIDTH,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from library.models import original_names as names
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.flux.original_keys import ae_to_original, transformer_to_original
 from library.models.families.flux.sampling import flux_scheduler_config
@@ -26,6 +27,7 @@ from library.models.families.flux.shapes import (
     tiny_transformer_config,
 )
 from library.models.families.flux.tiny import build_tiny_flux_components, write_tiny_t5_tokenizer
+from library.models.tiny import write_tiny_tokenizer
 
 FP8 = torch.float8_e4m3fn
 
@@ -53,8 +55,6 @@ def write_tiny_flux_folder(path: str | Path, variant: Variant = "dev", seed: int
     tokenizer/ (the tiny CLIP tokenizer), tokenizer_2/ (the tiny T5 tokenizer), scheduler/.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
-
-    from library.models.tiny import write_tiny_tokenizer
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -91,9 +91,6 @@ def write_tiny_flux_files(
     (``difftune.config.<part>``, as difftune's SD exports do); without it the loader reads the
     sizes off the shapes and has to guess CLIP's head count.
     """
-    from library.models import original_names as names
-    from library.models.tiny import write_tiny_tokenizer
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     parts = build_tiny_flux_components(variant, seed)

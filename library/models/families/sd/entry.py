@@ -56,6 +56,7 @@ SD = FamilyEntry(
         denoiser_marks=(*((start, SD12) for start in _SD12_UNET), *((s, SDXL) for s in _SDXL_UNET)),
         text_prefixes={("lora_te",): SD12, ("lora_te1", "lora_te2"): SDXL},
         architectures=(("stable-diffusion-xl", SDXL), ("stable-diffusion-v", SD12)),
+        unet_key_layout=Deferred("library.models.families.sd.family:unet_lora_key_layout"),
     ),
     tool=ToolFacts(
         variant_labels={

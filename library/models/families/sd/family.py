@@ -17,6 +17,7 @@ from typing import Literal
 
 from library.config.schema import ModelSection
 from library.errors import ConfigError
+from library.models.conditioning import clip_text_conditioning, unet_conditioning
 from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.registry import families
 
@@ -51,15 +52,11 @@ class SDFamily(ModelFamily):
     def encode_text(
         self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
     ):
-        from library.models.conditioning import clip_text_conditioning
-
         return clip_text_conditioning(
             self, tokenizers, text_encoders, captions, device, clip_skip, max_token_length
         )
 
     def assemble_conditioning(self, text, batch, device, dtype=None):
-        from library.models.conditioning import unet_conditioning
-
         return unet_conditioning(self, text, batch, device, dtype)
 
     def unused_text_layers(self, index, num_layers, clip_skip=None):
@@ -77,14 +74,10 @@ class SDFamily(ModelFamily):
         return range(max(used, 0), num_layers)
 
     def adapter_targets(self, module, role, conv):
-        from library.networks.targets import default_targets
-
         return default_targets(module, role, conv)
 
     def lycoris_targets(self, module, role, preset):
         from diffusers import UNet2DConditionModel
-
-        from library.networks.lycoris_targets import lycoris_targets
 
         # sd-scripts' SDXL UNet names conv_in & co. otherwise, so LyCORIS skips them there.
         sd_names = (
@@ -103,8 +96,6 @@ class SDFamily(ModelFamily):
         denoiser.set_attn_processor(AttnProcessor())
 
     def sampling_pipeline(self):
-        from library.sampling.pipelines import PipelineKind
-
         key = (
             len(self.text_encoder_subfolders),
             self.uses_pooled_text_embedding,
@@ -118,8 +109,6 @@ class SDFamily(ModelFamily):
 
     def checkpoint_layout(self):
         """SDXL (two text encoders), SD 2.x or SD 1.x original layout."""
-        from library.models.families.sd.checkpoint_layout import LAYOUTS
-
         if len(self.text_encoder_subfolders) > 1 or self.uses_pooled_text_embedding:
             return LAYOUTS["sdxl"]
         return LAYOUTS["sd2" if self.v2 else "sd1"]
@@ -127,8 +116,6 @@ class SDFamily(ModelFamily):
     def write_full_model(self, path, denoiser, components, metadata, dtype):
         """One original-layout checkpoint: the trained UNet with the base VAE and text
         encoders (A1111/Forge, ComfyUI)."""
-        from library.saving.checkpoint_export import export_full_unet_checkpoint
-
         export_full_unet_checkpoint(path, denoiser, components, self, dtype, metadata)
 
     def check_options(self, model, flow):

@@ -13,8 +13,9 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.families.base import ModelFamily
 from library.models.families.sd.family import detect_family
+from library.models.families.sd.objective import ddpm_objective
+from library.models.families.sd.single_file import is_single_file, load_single_file
 from library.models.loader import (
     Components,
     load_weights,
@@ -53,8 +54,6 @@ def load_sd(
 ):
     """Components of an SD 1.x/2.x/SDXL model: a single-file checkpoint or a diffusers folder
     (``flow`` is every family loader's argument; SD reads no [flow] key)."""
-    from library.models.families.sd.single_file import is_single_file, load_single_file
-
     if is_single_file(model.pretrained_model_name_or_path):
         return load_single_file(model, weight_dtype, vae_dtype)
     return load_sd_folder(model, weight_dtype, vae_dtype)
@@ -112,32 +111,6 @@ def sd_folder_tokenizers(model_dir: Path, tokenizer_path: str | None, sdxl: bool
         )  # fmt: skip
         for index, (sub, encoder) in enumerate(subs)
     ]
-
-
-def ddpm_objective(scheduler_config: dict, family: ModelFamily, zero_terminal_snr: bool = False):
-    """The DDPM training objective over ``build_noise_scheduler``'s scheduler."""
-    from library.training.objectives import DDPMObjective
-
-    scheduler = build_noise_scheduler(scheduler_config, family, zero_terminal_snr)
-    return DDPMObjective(scheduler, family.v_parameterization)
-
-
-def build_noise_scheduler(
-    scheduler_config: dict, family: ModelFamily, zero_terminal_snr: bool = False
-):
-    """A DDPMScheduler with the model's beta schedule; training needs only its alphas_cumprod,
-    add_noise and get_velocity, whatever sampler the folder ships for inference.
-
-    ``zero_terminal_snr`` rescales the betas so that alphas_cumprod ends at exactly 0 (diffusers'
-    rescale_betas_zero_snr, Lin et al. 2023, algorithm 1).
-    """
-    from diffusers import DDPMScheduler
-
-    return DDPMScheduler.from_config(
-        scheduler_config,
-        prediction_type=family.prediction_type,
-        rescale_betas_zero_snr=zero_terminal_snr,
-    )
 
 
 def _refuse_unsupported(model_dir: Path, unet_config: dict, index: dict) -> bool:

@@ -23,6 +23,8 @@ from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.sd import family as families
 from library.models.families.sd.checkpoint_layout import FileLayout, detect_layout
 from library.models.families.sd.family import family_for
+from library.models.families.sd.objective import ddpm_objective
+from library.models.loader import Components, offline
 from library.models.tokenizers import encoder_label, load_tokenizer_for
 
 log = logging.getLogger(__name__)
@@ -86,9 +88,6 @@ def load_single_file(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: 
 
     Tokenizers are found before any weight is read, so a missing one fails in a second.
     """
-    from library.models.families.sd.load import ddpm_objective
-    from library.models.loader import Components, offline
-
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if not path.is_file():
         raise ModelError(f"model file {path} does not exist; nothing is downloaded")

@@ -27,9 +27,30 @@ import torch
 import torch.nn.functional as F
 
 from library.errors import ConfigError
+from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import CONDITIONING_DRAWS_KEY
+from library.models.families.flux.original_keys import ae_to_original
+from library.models.families.sd3.files import load_vae_option
+from library.models.families.sd3.load import load_sd3_parts
+from library.models.families.sd3.lora_keys import (
+    diffusers_lora_tensors,
+    embedder_modules,
+    import_diffusers_lora,
+    is_diffusers_layout,
+    transformer_modules,
+)
+from library.models.families.sd3.objective import SD3FlowObjective
+from library.models.families.sd3.original_keys import transformer_to_original
+from library.models.families.sd3.position import crops, install
+from library.models.families.sd3.sampling import sd3_pipeline_kind, sd3_scheduler_config
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
+from library.models.loader import Components
+from library.networks.fused_keys import load_adapter_weights
+from library.networks.kohya_keys import unwrap
+from library.networks.lycoris_targets import PRESETS
+from library.saving.streamed import block_groups, save_streamed
+from library.training.objectives import FlowOptions
 
 CLIP_TOKENS = 77
 # kohya's and diffusers' T5 length for SD3 captions
@@ -173,9 +194,6 @@ class SD3Family(TransformerFamily):
         return hidden, pooled * pooled_keep
 
     def predict(self, denoiser, noisy, timesteps, cond):
-        from library.models.families.sd3.position import crops
-        from library.networks.kohya_keys import unwrap
-
         with crops(unwrap(denoiser), cond.unet_kwargs.get(POSITION_DRAWS)):
             return denoiser(
                 hidden_states=noisy,
@@ -191,8 +209,6 @@ class SD3Family(TransformerFamily):
 
     def transformer_modules(self, transformer):
         """kohya's networks.lora_sd3 modules of the MMDiT: every Linear of every joint block."""
-        from library.models.families.sd3.lora_keys import transformer_modules
-
         return transformer_modules(transformer)
 
     def swap_blocks(self, transformer, count):
@@ -208,9 +224,6 @@ class SD3Family(TransformerFamily):
         """Every Linear of the joint blocks (LyCORIS' SingleDiTBlock class), plus what LyCORIS'
         PatchEmbed and TimestepEmbedding classes catch in the original MMDiT: the timestep MLP
         always, the patch-embedding conv where the preset adapts convs (full, unet-only)."""
-        from library.models.families.sd3.lora_keys import embedder_modules, transformer_modules
-        from library.networks.lycoris_targets import PRESETS
-
         return transformer_modules(transformer) + embedder_modules(
             transformer, conv=PRESETS[preset].convs
         )
@@ -218,8 +231,6 @@ class SD3Family(TransformerFamily):
     def diffusers_lora_tensors(self, models):
         """transformer.* / text_encoder.* / text_encoder_2.* peft keys, which diffusers'
         StableDiffusion3Pipeline.load_lora_weights (and ComfyUI) read; T5 has no place there."""
-        from library.models.families.sd3.lora_keys import diffusers_lora_tensors
-
         try:
             return diffusers_lora_tensors(models)
         except ValueError as exc:
@@ -227,9 +238,6 @@ class SD3Family(TransformerFamily):
 
     def load_lora_tensors(self, models, tensors, source):
         """kohya's layout (TransformerFamily), or the diffusers layout lora_format writes."""
-        from library.models.families.sd3.lora_keys import import_diffusers_lora, is_diffusers_layout
-        from library.networks.fused_keys import load_adapter_weights
-
         if not is_diffusers_layout(tensors):
             super().load_lora_tensors(models, tensors, source)
             return
@@ -239,8 +247,6 @@ class SD3Family(TransformerFamily):
 
     def sampling_pipeline(self):
         """StableDiffusion3Pipeline fed our conditioning (library.models.families.sd3.sampling)."""
-        from library.models.families.sd3.sampling import sd3_pipeline_kind
-
         return sd3_pipeline_kind()
 
     # -- sizes, options, files ---------------------------------------------------------------
@@ -248,8 +254,6 @@ class SD3Family(TransformerFamily):
     def metadata_keys(self, config):
         """kohya's SD3 keys (its defaults where the [flow] key is unset), and training_shift,
         which kohya leaves out though it changes what was trained."""
-        from library.training.objectives import FlowOptions
-
         o = FlowOptions.from_section(config.flow)
         return {
             "ss_apply_lg_attn_mask": self.clip_attention_mask,
@@ -266,8 +270,6 @@ class SD3Family(TransformerFamily):
         the datasets' resolutions (library.models.families.sd3.position)."""
         if not (self.position_crop_rate or self.scaled_positions):
             return
-        from library.models.families.sd3.position import install
-
         resolutions = None
         if self.scaled_positions:
             resolutions = [tuple(d.resolution) for d in config.datasets]
@@ -288,11 +290,6 @@ class SD3Family(TransformerFamily):
         distributed and kohya's SD3 trainer saves it; the text encoders stay the user's files.
         The diffusers configs ride in the header (difftune.config.*) for exact reloading."""
         import json
-
-        from library.models.checkpoint_parts import CONFIG_METADATA
-        from library.models.families.flux.original_keys import ae_to_original
-        from library.models.families.sd3.original_keys import transformer_to_original
-        from library.saving.streamed import block_groups, save_streamed
 
         def mmdit(state):
             return {f"model.diffusion_model.{k}": v for k, v in transformer_to_original(state).items()}
@@ -372,16 +369,8 @@ def sd3_family(variant: str, flow, text_encoders=()) -> SD3Family:
 def load_sd3(model, flow, weight_dtype: torch.dtype, vae_dtype: torch.dtype):
     """Components of an SD3/SD3.5 model (a diffusers folder, or the single files): text
     encoders and tokenizers are (CLIP-L, CLIP-G, T5); kohya's SD3 objective and family."""
-    from library.models.families.sd3.load import load_sd3_parts
-    from library.models.families.sd3.objective import SD3FlowObjective
-    from library.models.families.sd3.sampling import sd3_scheduler_config
-    from library.models.loader import Components
-    from library.training.objectives import FlowOptions
-
     parts = load_sd3_parts(model, flow, weight_dtype, vae_dtype)
     if model.vae and parts.model_dir.is_dir():  # the single-file route reads it itself
-        from library.models.families.sd3.files import load_vae_option
-
         parts.vae = load_vae_option(model, vae_dtype)
     encoders = (parts.clip_l, parts.clip_g, parts.t5)
     return Components(

@@ -54,7 +54,6 @@ from library.models.families.file_plans import (
 )
 from library.models.families.flux.tokenizers import load_t5_tokenizer, located_t5_tokenizer
 from library.models.families.sd3 import shapes as sd3_shapes
-from library.models.families.sd3.load import refuse_channels
 from library.models.families.sd3.original_keys import (
     TEXT_ENCODER_PREFIXES,
     VAE_PREFIX,
@@ -65,12 +64,14 @@ from library.models.families.sd3.original_keys import (
     transformer_config_from_shapes,
     transformer_from_original,
 )
-from library.models.families.sd3.parts import SD3Parts
+from library.models.families.sd3.parts import SD3Parts, refuse_channels
 from library.models.families.sd3.tokenizers import (
     find_sd3_t5_tokenizer_folder,
     missing_t5_tokenizer,
 )
 from library.models.loader import offline, one_line
+from library.models.tokenizers import load_tokenizer_for
+from library.models.vae_file import load_vae
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,6 @@ def load_sd3_files(
 ) -> SD3Parts:
     """The SD3Parts of Stability's single file ``path`` with the [flow] text-encoder files and
     [model] vae it needs; ModelError naming the file and the fix for any problem."""
-    from library.models.tokenizers import load_tokenizer_for
-
     if not path.is_file():
         raise ModelError(f"model file {path} does not exist; nothing is downloaded")
     model_file = open_safetensors(path, MODEL_KEY, FAMILY)
@@ -153,8 +152,6 @@ def load_sd3_files(
         if vae is not None:
             vae_module = load_plan(vae, vae_dtype)
         else:
-            from library.models.vae_file import load_vae
-
             vae_module = load_vae(str(vae_folder), sd3_shapes.vae_config(), vae_dtype)
     transformer_module, clip_l_module, clip_g_module, t5_module = modules
     return SD3Parts(
@@ -386,8 +383,6 @@ def load_vae_option(model: ModelSection, vae_dtype: torch.dtype) -> torch.nn.Mod
     with offline():
         if plan is not None:
             return load_plan(plan, vae_dtype)
-        from library.models.vae_file import load_vae
-
         return load_vae(str(folder), sd3_shapes.vae_config(), vae_dtype)
 
 

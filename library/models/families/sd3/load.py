@@ -16,7 +16,6 @@ import torch
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
-from library.errors import ModelError
 from library.models.families.claims import (
     checked_pipeline_folder,
     claims_model,
@@ -27,8 +26,9 @@ from library.models.families.claims import (
 from library.models.families.file_plans import load_plan
 from library.models.families.flux.tokenizers import folder_t5_tokenizer
 from library.models.families.sd3 import shapes as sd3_shapes
+from library.models.families.sd3.files import check_widths, component_plans, load_sd3_files
 from library.models.families.sd3.original_keys import detect_sd3, variant_for
-from library.models.families.sd3.parts import SD3Parts
+from library.models.families.sd3.parts import SD3Parts, refuse_channels
 from library.models.families.sd3.tokenizers import (
     find_sd3_t5_tokenizer_folder,
     missing_t5_tokenizer,
@@ -92,8 +92,6 @@ def load_sd3_parts(
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if path.is_dir():
         return _load_folder(path, model, flow, weight_dtype, vae_dtype)
-    from library.models.families.sd3.files import load_sd3_files
-
     return load_sd3_files(path, model, flow, weight_dtype, vae_dtype)
 
 
@@ -101,15 +99,6 @@ def freeze(*modules: torch.nn.Module) -> None:
     for module in modules:
         module.requires_grad_(False)
         module.eval()
-
-
-def refuse_channels(where: Path, channels: int) -> None:
-    expected = sd3_shapes.LATENT_CHANNELS
-    if channels != expected:
-        raise ModelError(
-            f"{where} takes {channels} input channels (an inpainting or control model?); only "
-            f"text-to-image SD3 / SD3.5 models with {expected} (the VAE's latents) can be trained"
-        )
 
 
 # --- a diffusers folder -------------------------------------------------------------------------
@@ -124,9 +113,6 @@ def _load_folder(
     for the single file; the parts replaced need not be in the folder."""
     from diffusers import AutoencoderKL, SD3Transformer2DModel
     from transformers import CLIPTextModelWithProjection, T5EncoderModel
-
-    # sd3.files imports this module (refuse_channels), so it is imported here.
-    from library.models.families.sd3.files import check_widths, component_plans
 
     plans = component_plans(flow)  # the [flow] files set, each header read and checked
     skip = {_REPLACES[key] for key in plans}

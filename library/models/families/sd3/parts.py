@@ -1,4 +1,5 @@
-"""The loaded modules of one SD3/SD3.5 model, before its family and objective are chosen."""
+"""The loaded modules of one SD3/SD3.5 model, before its family and objective are chosen, and the
+check both its loaders (a diffusers folder, the single files) make on the transformer first."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from library.errors import ModelError
+from library.models.families.sd3 import shapes as sd3_shapes
 
 
 @dataclass
@@ -27,3 +31,12 @@ class SD3Parts:
     t5_tokenizer: object
     variant: str
     model_dir: Path
+
+
+def refuse_channels(where: Path, channels: int) -> None:
+    expected = sd3_shapes.LATENT_CHANNELS
+    if channels != expected:
+        raise ModelError(
+            f"{where} takes {channels} input channels (an inpainting or control model?); only "
+            f"text-to-image SD3 / SD3.5 models with {expected} (the VAE's latents) can be trained"
+        )

@@ -13,7 +13,7 @@ SD3 Medium and SD3.5, kohya's library/sd3_train_utils.sample_image_inference):
 from __future__ import annotations
 
 from library.models.conditioning import Conditioning
-from library.sampling.pipelines import on_grid
+from library.sampling.pipelines import PipelineKind, on_grid
 
 SAMPLE_CFG_SCALE = 7.5
 SIZE_GRID = 16
@@ -31,8 +31,6 @@ def sd3_scheduler_config() -> dict:
 def sd3_pipeline_kind():
     """StableDiffusion3Pipeline taking SD3's conditioning through ``sd3_pipeline_inputs``; a
     prompt's unset sampler and CFG scale become Euler and 7.5."""
-    from library.sampling.pipelines import PipelineKind
-
     return PipelineKind(
         "StableDiffusion3Pipeline",
         denoiser_argument="transformer",

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Literal
 
 from library.models.families.flux import shapes as flux_shapes
+from library.models.tiny import tiny_text_config
 
 Variant = Literal["sd3-medium", "sd3.5-medium", "sd3.5-large"]
 VARIANTS: tuple[Variant, ...] = ("sd3-medium", "sd3.5-medium", "sd3.5-large")
@@ -171,8 +172,6 @@ def tiny_vae_config() -> dict:
 def tiny_clip_l_config() -> dict:
     """CLIPTextConfig kwargs for the tiny CLIP tokenizer of library/models/tiny.py: quick-GELU,
     a projection as wide as the tower."""
-    from library.models.tiny import tiny_text_config
-
     return {
         **tiny_text_config("sd1"),
         "hidden_size": TINY_CLIP_L_WIDTH,
@@ -185,8 +184,6 @@ def tiny_clip_l_config() -> dict:
 def tiny_clip_g_config() -> dict:
     """CLIPTextConfig kwargs for the same tokenizer: GELU like OpenCLIP, one layer more than
     CLIP-L's, a projection as wide as the tower."""
-    from library.models.tiny import tiny_text_config
-
     return {
         **tiny_text_config("sd2"),
         "hidden_size": TINY_CLIP_G_WIDTH,

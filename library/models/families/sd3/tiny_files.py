@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from library.models import original_names as names
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.flux.tiny import write_tiny_t5_tokenizer
 from library.models.families.sd3.original_keys import (
@@ -35,6 +36,7 @@ from library.models.families.sd3.shapes import (
     tiny_vae_config,
 )
 from library.models.families.sd3.tiny import build_tiny_sd3_components
+from library.models.tiny import write_tiny_tokenizer
 
 SD3_PIPELINE = "StableDiffusion3Pipeline"
 # The released single files' names (Stability AI's Hugging Face repositories).
@@ -77,8 +79,6 @@ def write_tiny_sd3_folder(
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from library.models.tiny import write_tiny_tokenizer
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     for name, module in build_tiny_sd3_components(variant, seed).items():
@@ -97,8 +97,6 @@ def tiny_original_states(variant: Variant = "sd3.5-medium", seed: int = 0) -> di
     (without the prefixes of a full checkpoint): the MMDiT and the VAE in Stability's names, the
     CLIPs in transformers' ``text_model.`` names with ``text_projection.weight``, T5 with its
     embedding as ``shared.weight`` only."""
-    from library.models import original_names as names
-
     parts = build_tiny_sd3_components(variant, seed)
     states = {
         "transformer": transformer_to_original(parts["transformer"].state_dict()),
@@ -149,8 +147,6 @@ def write_tiny_sd3_files(
     config into its file's header (``difftune.config.<part>``); without it the loader reads the
     sizes off the shapes and has to guess what they do not show.
     """
-    from library.models.tiny import write_tiny_tokenizer
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     states = tiny_original_states(variant, seed)
