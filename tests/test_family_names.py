@@ -44,7 +44,7 @@ ALLOWED = {
     "full-model file",
     "library/models/tiny.py": "tiny SD/SDXL models for tests, beside the tiny CLIP tokenizer "
     "and text config every family's tiny models use",
-    "library/networks/kohya_keys.py": "kohya's text-encoder prefixes explained by the families "
+    "library/networks/kohya_names.py": "kohya's text-encoder prefixes explained by the families "
     "whose files hold them (lora_te1/2: SDXL, lora_te3: FLUX.1's T5-XXL)",
     "library/training/blockwise_setup.py": "block-wise options apply to SD/SDXL UNets only, "
     "asked by family name",

@@ -40,7 +40,7 @@ from library.models.families.registry import (
     trained_lines,
 )
 from library.models.loader import load_components
-from library.networks.kohya_keys import UNET, kohya_name, kohya_path, unwrap
+from library.networks.kohya_names import UNET, kohya_name, kohya_path, unwrap
 
 DENOISER = -1  # Layer.component of the UNet / transformer; text encoders are 0, 1, 2
 # The [model] keys of every model: a replacement VAE, the tokenizer folders of single files.

@@ -18,7 +18,7 @@ from library.lora_tools.file_modules import FileModules, report_unreadable
 from library.lora_tools.from_kohya import split_module
 from library.lora_tools.layouts import DIFFUSERS_HEADER
 from library.lora_tools.loader_report import Report
-from library.networks.kohya_keys import UNET
+from library.networks.kohya_names import UNET
 from library.networks.lora import LoraSpec, apply_lora
 from library.networks.lycoris import file_math
 

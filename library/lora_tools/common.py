@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from library.errors import CheckpointError, ConfigError
-from library.networks.kohya_keys import ALPHA, DOWN, UP  # noqa: F401  (a kohya module's tensors)
+from library.networks.kohya_names import ALPHA, DOWN, UP  # noqa: F401  (a kohya module's tensors)
 from library.saving.atomic import atomic_write_file, remove_leftovers
 from library.saving.input_clash import OUTPUT_INSIDE, SAME, clash
 from library.saving.lora_file import model_hashes, read_safetensors, save_lora_file

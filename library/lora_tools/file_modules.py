@@ -13,7 +13,7 @@ from library.lora_tools.comfyui_keys import comfy_names
 from library.lora_tools.layouts import detect_layout, diffusers_names, split_keys
 from library.lora_tools.loader_report import Report
 from library.lora_tools.to_kohya import to_kohya
-from library.networks.kohya_keys import group_modules
+from library.networks.kohya_names import group_modules
 
 
 @dataclass

@@ -27,7 +27,7 @@ from library.lora_tools.layouts import (
     loadable_components,
     without_layout_headers,
 )
-from library.networks.kohya_keys import group_modules
+from library.networks.kohya_names import group_modules
 
 
 def kohya_to_comfy(tensors, metadata, table: Mapping[str, Layer], components):

@@ -30,7 +30,7 @@ import torch
 
 from library.errors import CheckpointError
 from library.lora_tools.base_model import DENOISER, Layer, family_label, other_family
-from library.networks.kohya_keys import group_modules, kohya_path
+from library.networks.kohya_names import group_modules, kohya_path
 
 LAYOUTS = ("kohya", "diffusers", "comfyui")
 LORA_A, LORA_B = "lora_A.weight", "lora_B.weight"

@@ -46,7 +46,7 @@ from library.lora_tools.common import (
 )
 from library.lora_tools.layouts import unknown_modules_message
 from library.lora_tools.to_kohya import to_kohya
-from library.networks.kohya_keys import group_modules
+from library.networks.kohya_names import group_modules
 from library.networks.lycoris import file_math
 from library.saving.atomic import atomic_write_dir
 from library.saving.checkpoint_export import ensure_text_model_layout

@@ -25,7 +25,7 @@ from library.lora_tools.common import (
     refuse_clash,
     write_file_unchanged,
 )
-from library.networks.kohya_keys import group_modules
+from library.networks.kohya_names import group_modules
 from library.saving.lora_file import read_safetensors
 
 HELP = "show or edit the metadata of a LoRA/LyCORIS file (tensors are kept bit for bit)"

@@ -24,7 +24,7 @@ import torch
 
 from library.errors import CheckpointError, ConfigError
 from library.lora_tools.common import ALPHA, DOWN, KOHYA_LORA, UP, module_algorithm
-from library.networks.kohya_keys import group_modules
+from library.networks.kohya_names import group_modules
 
 RANK_METHODS = ("sv_ratio", "sv_fro", "sv_cumulative")
 _WHY_NOT = {

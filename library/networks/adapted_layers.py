@@ -1,7 +1,8 @@
-"""Which layers of a model carry an adapter, of either kind (peft LoRA or LycorisLayer).
+"""Which layers of a model carry one of the built-in adapters (peft LoRA or LycorisLayer).
 
-Below the adapter seam (adapters.py, which exports these): the injectors of each kind ask it
-whether a model is adapted already.
+Below the adapter kinds (library/networks/kinds.py): the LyCORIS injectors, which the LyCORIS
+kind is built on, ask it whether a model is adapted already. Everything above the kinds asks
+library.networks.adapters.adapter_layers, which covers every registered kind.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
-from library.networks.kohya_keys import ALPHA, DOWN, UP, kohya_name, kohya_path, unwrap
+from library.networks.kohya_names import ALPHA, DOWN, UP, kohya_name, kohya_path, unwrap
 from library.networks.lora import ADAPTER, lora_layers, lora_rank, set_lora_scale
 
 # (down [r, in], up [out, r], alpha) of one adapted diffusers Linear; its scale is alpha / r.

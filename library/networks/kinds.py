@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from torch import nn
 
 from library.networks.kind_base import AdapterKind
+from library.networks.lora_kind import LORA
+from library.networks.lycoris_kind import LYCORIS
 
 _KINDS: list[AdapterKind] = []
 
@@ -18,8 +20,6 @@ _KINDS: list[AdapterKind] = []
 def _builtins() -> list[AdapterKind]:
     if not _KINDS:
         # imported on first use: the built-in kinds read the key tables, which ask this registry
-        from library.networks.lora_kind import LORA
-        from library.networks.lycoris_kind import LYCORIS
 
         _KINDS.extend((LORA, LYCORIS))
     return _KINDS

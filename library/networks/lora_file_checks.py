@@ -16,7 +16,7 @@ import torch
 from library.data.content_hash import all_finite
 from library.errors import CheckpointError
 from library.models.families.registry import families, text_prefix_line
-from library.networks.kohya_keys import TEXT_ENCODER
+from library.networks.kohya_names import TEXT_ENCODER
 
 
 def check_lora_file(tensors: Mapping[str, torch.Tensor], source: str, architecture: str) -> None:

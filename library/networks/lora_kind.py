@@ -15,7 +15,7 @@ from torch import nn
 from library.errors import CheckpointError
 from library.networks import fused_keys
 from library.networks.kind_base import AdapterKind, AdapterSettings, FileModule
-from library.networks.kohya_keys import ALPHA, DOWN, UP
+from library.networks.kohya_names import ALPHA, DOWN, UP
 from library.networks.lora import (
     ADAPTER,
     LoraSpec,

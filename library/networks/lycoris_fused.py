@@ -23,7 +23,7 @@ from torch import nn
 from library.errors import CheckpointError
 from library.networks.adapted_layers import adapter_layers
 from library.networks.fused_keys import KohyaModule
-from library.networks.kohya_keys import group_modules, unwrap
+from library.networks.kohya_names import group_modules, unwrap
 from library.networks.lycoris.layer import LycorisLayer, layer_kind
 
 MODULES = "lycoris_modules"  # the ModuleDict (kohya name -> LycorisLayer) on the transformer

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from library.config.adapter_schema import lycoris_spec
 from library.errors import ConfigError
 from library.networks.kind_base import AdapterKind, AdapterSettings, FileModule
 from library.networks.lora import LoraSpec
@@ -32,7 +33,6 @@ class LycorisKind(AdapterKind):
     loraplus_refusal = "LyCORIS adapters"
 
     def settings(self, config) -> AdapterSettings:
-        from library.config.adapter_schema import lycoris_spec
 
         net, adapter = config.network, config.adapter
         lora = LoraSpec(net.network_dim, net.network_alpha, net.conv_dim, net.conv_alpha)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
-from library.networks.kohya_keys import ALPHA, DOWN, UP, kohya_name, kohya_path
+from library.networks.kohya_names import ALPHA, DOWN, UP, kohya_name, kohya_path
 
 
 def lora_delta(

@@ -13,7 +13,7 @@ from library.config.adapter_schema import BLOCKWISE_KEYS
 from library.config.schema import Config
 from library.errors import ConfigError
 from library.models.families.sd.blocks import BlockwiseSpec, blockwise_spec
-from library.networks.kohya_keys import UNET, kohya_name, kohya_path
+from library.networks.kohya_names import UNET, kohya_name, kohya_path
 from library.networks.lora import ADAPTER, LoraSpec, apply_lora, lora_layers
 from library.networks.targets import TargetKind
 

@@ -13,7 +13,7 @@ from library.models.conditioning import freeze_unused_text_adapters
 from library.models.float8 import store_in_float8
 from library.models.loader import Components
 from library.networks.adapters import STATE_BUFFERS, adapter_parameters
-from library.networks.kohya_keys import UNET
+from library.networks.kohya_names import UNET
 from library.networks.lora import lora_parameter_split
 from library.networks.lora_file_checks import check_lora_file
 from library.saving.lora_file import read_lora_file

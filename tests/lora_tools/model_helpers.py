@@ -79,7 +79,7 @@ class TrainedLora:
     """
 
     def __init__(self, components, rank=4, alpha=2.0, conv=None, text=True, seed=0, std=0.1):
-        from library.networks.kohya_keys import UNET
+        from library.networks.kohya_names import UNET
         from library.networks.lora import LoraSpec, apply_lora, lora_layers, randomize_lora
 
         family = components.family

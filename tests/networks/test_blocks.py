@@ -49,7 +49,7 @@ def _tiny_unet(family: str):
 
 def _target_names(unet) -> dict[str, str]:
     """kohya name -> diffusers path of every layer a LoRA with conv adapts (difftune's naming)."""
-    from library.networks.kohya_keys import kohya_name, kohya_path
+    from library.networks.kohya_names import kohya_name, kohya_path
     from library.networks.targets import default_targets
 
     paths = default_targets(unet, "unet", conv=True)

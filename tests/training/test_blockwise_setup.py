@@ -12,7 +12,7 @@ from library.config.schema import Config
 from library.errors import ConfigError
 from library.models.families.sd.blocks import block_index
 from library.models.loader import load_components
-from library.networks.kohya_keys import UNET, kohya_name, kohya_path
+from library.networks.kohya_names import UNET, kohya_name, kohya_path
 from library.networks.lora import lora_alpha, lora_layers, lora_rank
 from library.networks.targets import default_targets
 from library.training.setup import setup_training

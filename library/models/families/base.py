@@ -19,7 +19,9 @@ import torch
 from library.errors import ConfigError
 from library.models.families.registry import network_module_owner
 from library.models.latent_codec import LatentCodec, ScaledLatentCodec
-from library.networks.lycoris_inject import apply_lycoris
+from library.networks.key_maps import KohyaNames
+from library.networks.kind_base import AdapterSettings
+from library.networks.kinds import kind_named
 
 if TYPE_CHECKING:
     from library.config.flow_schema import FlowSection
@@ -176,8 +178,6 @@ class ModelFamily:
     ) -> None:
         """Give ``module`` the LyCORIS adapters of ``spec`` (a LycorisSpec) on the layers
         ``preset`` adapts: the LyCORIS kind's inject (library.networks.lycoris_kind)."""
-        from library.networks.kind_base import AdapterSettings
-        from library.networks.kinds import kind_named
 
         kind_named("lycoris").inject(
             self, module, role, AdapterSettings(None, spec, preset, "lycoris")
@@ -207,7 +207,6 @@ class ModelFamily:
     def adapter_key_map(self):
         """How this family's adapter files name its models' layers
         (library.networks.key_maps.KeyMap): kohya's one-to-one names by default."""
-        from library.networks.key_maps import KohyaNames
 
         return KohyaNames(self.text_encoder_lora_prefixes)
 

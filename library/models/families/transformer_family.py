@@ -16,6 +16,10 @@ from typing import ClassVar
 from library.errors import ConfigError
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
+from library.networks.fused_keys import target_paths, text_encoder_modules
+from library.networks.key_maps import OriginalNames
+from library.networks.lycoris_targets import lycoris_targets
+from library.networks.targets import default_targets
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,6 @@ class TransformerFamily(ModelFamily):
     def lycoris_targets(self, module, role, preset):
         """The CLIP text encoders' layers, as for SD (the transformer's LyCORIS adapters span
         fused layers: lycoris_modules names them)."""
-        from library.networks.lycoris_targets import lycoris_targets
 
         return lycoris_targets(module, role, preset, named_layers=False)
 
@@ -96,7 +99,6 @@ class TransformerFamily(ModelFamily):
     def adapter_key_map(self):
         """The transformer in kohya's names of the original model (fused layers as one module);
         the text encoders in kohya's plain names (lora_te1_, ...), as for SD."""
-        from library.networks.key_maps import OriginalNames
 
         return OriginalNames(
             self.text_encoder_lora_prefixes, self.unet_lora_prefix, self.file_modules

@@ -160,7 +160,6 @@ class FluxFamily(TransformerFamily):
 
     def file_modules(self, transformer):
         """kohya's modules of every double and single block (whatever train_blocks says)."""
-        from library.models.families.flux.lora_keys import transformer_modules
 
         return transformer_modules(transformer)
 

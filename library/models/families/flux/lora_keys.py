@@ -40,7 +40,7 @@ from library.networks.fused_keys import (
     target_paths,
     text_encoder_modules,
 )
-from library.networks.kohya_keys import unwrap
+from library.networks.kohya_names import unwrap
 
 __all__ = [
     "CLIP",

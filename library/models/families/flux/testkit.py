@@ -6,7 +6,9 @@ from unittest import mock
 
 import torch
 
+from library.config.flow_schema import FlowSection
 from library.models.families.flux import original_keys
+from library.models.families.flux.family import flux_family
 from library.models.families.flux.shapes import VARIANTS
 from library.models.families.flux.tiny import build_tiny_flux_components
 from library.models.families.flux.tiny_files import write_tiny_flux_folder
@@ -46,8 +48,6 @@ def _reference_ae(original, config):
 
 
 def _family(variant, modules):
-    from library.config.flow_schema import FlowSection
-    from library.models.families.flux.family import flux_family
 
     return flux_family(variant, FlowSection())
 

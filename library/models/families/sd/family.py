@@ -20,6 +20,11 @@ from library.errors import ConfigError
 from library.models.conditioning import clip_text_conditioning, unet_conditioning
 from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.registry import families
+from library.models.families.sd.checkpoint_layout import LAYOUTS
+from library.networks.lycoris_targets import lycoris_targets
+from library.networks.targets import default_targets
+from library.sampling.pipelines import PipelineKind
+from library.saving.checkpoint_export import export_full_unet_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from library.models import original_names as names
+from library.models.families.sd.family import SD1, SDXL
 from library.models.families.testkit import ConformanceKit, NameTable
 from library.models.tiny import build_tiny_components, save_tiny_model
 
@@ -41,7 +42,6 @@ def _reference_vae(original, config):
 
 
 def _family(variant, modules):
-    from library.models.families.sd.family import SD1, SDXL
 
     return SDXL if variant == "sdxl" else SD1
 

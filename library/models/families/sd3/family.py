@@ -47,7 +47,7 @@ from library.models.families.sd3.sampling import sd3_pipeline_kind, sd3_schedule
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
 from library.models.loader import Components
 from library.networks.fused_keys import load_adapter_weights
-from library.networks.kohya_keys import unwrap
+from library.networks.kohya_names import unwrap
 from library.networks.lycoris_targets import PRESETS
 from library.saving.streamed import block_groups, save_streamed
 from library.training.objectives import FlowOptions
@@ -216,7 +216,6 @@ class SD3Family(TransformerFamily):
 
     def file_modules(self, transformer):
         """kohya's modules of the joint blocks, then the embedders' LyCORIS adapts."""
-        from library.models.families.sd3.lora_keys import embedder_modules, transformer_modules
 
         return transformer_modules(transformer) + embedder_modules(transformer, conv=True)
 

@@ -44,7 +44,7 @@ from library.networks.fused_keys import (
     target_paths,
     text_encoder_modules,
 )
-from library.networks.kohya_keys import kohya_name, kohya_path, unwrap
+from library.networks.kohya_names import kohya_name, kohya_path, unwrap
 
 __all__ = [
     "CLIP_G",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from library.config.flow_schema import FlowSection
 from library.models.families.sd3 import original_keys
+from library.models.families.sd3.family import sd3_family
 from library.models.families.sd3.shapes import VARIANTS
 from library.models.families.sd3.tiny import build_tiny_sd3_components
 from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
@@ -33,8 +35,6 @@ def _reference_vae(original, config):
 
 
 def _family(variant, modules):
-    from library.config.flow_schema import FlowSection
-    from library.models.families.sd3.family import sd3_family
 
     encoders = tuple(modules[f"text_encoder{s}"] for s in ("", "_2", "_3"))
     return sd3_family(variant, FlowSection(), encoders)

@@ -24,6 +24,10 @@ from collections.abc import Sequence
 
 import torch
 
+# The Conditioning.unet_kwargs entry holding each caption's own length [B] (the rest of the
+# batch's caption states is padding).
+LENGTHS = "caption_lengths"
+
 MAX_LENGTH = 512  # the pipeline's default max_sequence_length
 HIDDEN_STATE_INDEX = -2  # hidden_states[-2]: the next-to-last decoder layer's output
 

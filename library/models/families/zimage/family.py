@@ -28,12 +28,18 @@ from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
+from library.models.families.transformer_family import swappable_tails
 from library.models.families.zimage import conditioning as captions_
+from library.models.families.zimage.conditioning import LENGTHS
 from library.models.families.zimage.denoise import pack, unpack
+from library.models.families.zimage.flow_objective import zimage_flow_options
+from library.models.families.zimage.full_file import write_transformer_file
+from library.models.families.zimage.key_map import ZImageNames
+from library.models.families.zimage.sampling import zimage_pipeline_kind
 from library.models.families.zimage.shapes import F_PATCH_SIZE, PATCH_SIZE, SCHEDULER_SHIFT
+from library.models.families.zimage.targets import default_targets
 
 FLOW_KIND = "zimage"  # the family's name in the registry
-LENGTHS = "caption_lengths"  # Conditioning.unet_kwargs entry: each caption's own length [B]
 # LyCORIS presets -> (adapt the blocks' modulation, adapt the refiner blocks), over the joint
 # blocks' attention and feed-forward Linears (targets.default_targets).
 _LYCORIS_PRESETS = {
@@ -131,7 +137,6 @@ class ZImageFamily(ModelFamily):
 
     def adapter_targets(self, module, role, conv):
         """musubi-tuner's Linears of the transformer (targets.py)."""
-        from library.models.families.zimage.targets import default_targets
 
         if role != "unet":
             raise ConfigError("Z-Image LoRAs adapt the transformer only")
@@ -141,8 +146,6 @@ class ZImageFamily(ModelFamily):
         """The joint blocks' attention and feed-forward Linears for attn-mlp and attn-only
         (attention alone there), with the blocks' modulation and the refiner blocks for the
         presets that adapt every layer (full, full-lin, unet-only)."""
-        from library.models.families.zimage.targets import default_targets
-
         if role != "unet" or preset not in _LYCORIS_PRESETS:
             raise ConfigError(
                 f"preset = {preset}: adapts no layer of Z-Image's transformer; use full, "
@@ -157,7 +160,6 @@ class ZImageFamily(ModelFamily):
     def adapter_key_map(self):
         """The transformer's adapted Linears as ``diffusion_model.<diffusers path>`` modules,
         read under every name other tools give them (key_map.py)."""
-        from library.models.families.zimage.key_map import ZImageNames
 
         return ZImageNames()
 
@@ -168,13 +170,11 @@ class ZImageFamily(ModelFamily):
 
     def swap_blocks(self, denoiser, count):
         """The last ``count`` joint blocks (the refiners are small and stay)."""
-        from library.models.families.transformer_family import swappable_tails
 
         return swappable_tails(("joint", denoiser.layers, count), count=count)
 
     def metadata_keys(self, config):
         """The run's flow-matching draw, in kohya's ss_* names."""
-        from library.models.families.zimage.flow_objective import zimage_flow_options
 
         o = zimage_flow_options(config.flow)
         return {
@@ -217,7 +217,6 @@ class ZImageFamily(ModelFamily):
         reads it back as pretrained_model_name_or_path), with its diffusers config and the
         sampling scheduler's in the header (difftune.config.transformer / .scheduler) for exact
         reloading; Qwen3 and the AE stay the user's files."""
-        from library.models.families.zimage.full_file import write_transformer_file
 
         write_transformer_file(path, denoiser, self.sampling_shift, metadata, dtype)
 
@@ -227,7 +226,6 @@ class ZImageFamily(ModelFamily):
     def sampling_pipeline(self):
         """ZImagePipeline fed our conditioning (sampling.py): Turbo without guidance, Base with
         it."""
-        from library.models.families.zimage.sampling import zimage_pipeline_kind
 
         return zimage_pipeline_kind(self.variant)
 

@@ -47,9 +47,17 @@ from library.models.families.file_plans import (
     refuse_scaled_fp8,
     sample_keys,
 )
+from library.models.families.flux.files import plan_ae as flux_plan_ae
 from library.models.families.zimage import file_configs, keys
-from library.models.families.zimage.shapes import SCHEDULER_SHIFT, scheduler_config
+from library.models.families.zimage.detect import detect_zimage
+from library.models.families.zimage.shapes import (
+    LATENT_CHANNELS,
+    SCHEDULER_SHIFT,
+    ae_config,
+    scheduler_config,
+)
 from library.models.loader import offline, one_line
+from library.models.vae_file import load_vae
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +135,6 @@ def component_file(value: str | None, key: str) -> CheckpointFile:
 def load_vae_option(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     """[model] vae as a diffusers VAE folder or a .ckpt (library.models.vae_file), which must
     make FLUX.1's 16-channel latents."""
-    from library.models.families.zimage.shapes import LATENT_CHANNELS, ae_config
-    from library.models.vae_file import load_vae
 
     vae = load_vae(str(path), ae_config(), dtype)
     channels = vae.config.latent_channels
@@ -145,7 +151,6 @@ def plan_ae(file: CheckpointFile) -> Plan:
     messages name the file as ``vae``, the key it is given by."""
     import dataclasses
 
-    from library.models.families.flux.files import plan_ae as flux_plan_ae
 
     try:
         plan = flux_plan_ae(file)
@@ -229,7 +234,6 @@ def _stored_config(file: CheckpointFile, part: str) -> dict | None:
 def plan_transformer(file: CheckpointFile) -> Plan:
     """The transformer's plan: original names (with or without ``model.diffusion_model.``) or
     diffusers' names, checked tensor by tensor against the config."""
-    from library.models.families.zimage.load import detect_zimage
 
     what, label = "pretrained_model_name_or_path", "Z-Image transformer"
     refuse_scaled_fp8(file, what)

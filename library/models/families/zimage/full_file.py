@@ -17,6 +17,7 @@ import torch
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.zimage import keys
 from library.models.families.zimage.shapes import SCHEDULER_SHIFT
+from library.saving.streamed import block_groups, save_streamed
 
 
 def scheduler_header(shift: float) -> dict:
@@ -34,7 +35,6 @@ def write_transformer_file(
 ) -> Path:
     """Write ``transformer`` (a ZImageTransformer2DModel) to ``path`` in the original names,
     without a prefix, floating tensors in ``dtype`` (None: as they are), atomically."""
-    from library.saving.streamed import block_groups, save_streamed
 
     blocks = block_groups(transformer.state_dict(), tuple(g + "." for g in keys.BLOCK_GROUPS))
     config = json.dumps(dict(transformer.config), default=list, sort_keys=True)

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 from library.errors import CheckpointError
 from library.models.families.zimage import lora_keys
+from library.models.families.zimage.lora_file import read_lora
+from library.models.families.zimage.lycoris_file import read_lycoris
 from library.networks.fused_keys import load_adapter_weights
 from library.networks.key_maps import PathNames
 from library.networks.kinds import kind_in
-from library.networks.kohya_keys import UNET, unwrap
+from library.networks.kohya_names import UNET, unwrap
 
 
 @dataclass(frozen=True)
@@ -34,13 +36,11 @@ class ZImageNames(PathNames):
 
 
 def _read_lora(kind, transformer, tensors, source) -> None:
-    from library.models.families.zimage.lora_file import read_lora
 
     load_adapter_weights(transformer, read_lora(tensors, transformer, source=source), source)
 
 
 def _read_lycoris(kind, transformer, tensors, source) -> None:
-    from library.models.families.zimage.lycoris_file import read_lycoris
 
     layers = kind.layers(transformer)
     modules = read_lycoris(tensors, transformer, source)

@@ -12,7 +12,6 @@ is a folder or a .ckpt is read by library.models.vae_file).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -21,12 +20,19 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.claims import checked_pipeline_folder, claims_model, without
+from library.models.families.file_plans import load_plan
+from library.models.families.zimage import files
+from library.models.families.zimage.detect import detect_zimage
+from library.models.families.zimage.family import variant_of_shift, zimage_family
+from library.models.families.zimage.files import load_zimage_files
+from library.models.families.zimage.flow_objective import (
+    ZImageFlowObjective,
+    zimage_flow_options,
+)
 from library.models.loader import Components, load_weights, offline, read_json
 
 PIPELINE = "ZImagePipeline"
 TRANSFORMER_CLASS = "ZImageTransformer2DModel"
-# Block names only Z-Image's transformer has, in the original or diffusers layout.
-_MARKS = ("noise_refiner.", "context_refiner.")
 _DAMAGED_MARKS = re.compile(r'"(model\.diffusion_model\.)?(noise|context)_refiner\.\d+\.')
 _REQUIRED = {
     "transformer": "config.json",
@@ -42,15 +48,6 @@ _STEMS = {
 }
 
 
-def detect_zimage(keys: Iterable[str]) -> str | None:
-    """ "transformer" when the keys are a Z-Image transformer's (refiner blocks), else None."""
-    for key in keys:
-        plain = key.removeprefix("model.diffusion_model.")
-        if plain.startswith(_MARKS):
-            return "transformer"
-    return None
-
-
 def claims_zimage(model: ModelSection, flow: FlowSection) -> bool:
     """True for a ZImagePipeline folder (or one whose transformer is Z-Image's), or a
     .safetensors file of a Z-Image transformer (damaged ones by their header text)."""
@@ -63,12 +60,6 @@ def load_zimage(
     """Components of Z-Image as a diffusers folder or single files (files.py): the transformer,
     FLUX.1's AE, Qwen3 and its tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype``
     (the AE in ``vae_dtype``). ModelError for any problem with the files."""
-    from library.models.families.zimage.family import variant_of_shift, zimage_family
-    from library.models.families.zimage.files import load_zimage_files
-    from library.models.families.zimage.flow_objective import (
-        ZImageFlowObjective,
-        zimage_flow_options,
-    )
 
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if path.is_dir():
@@ -98,9 +89,6 @@ def _load_folder(
     (which then need not be there), tokenizer_path its tokenizer."""
     from diffusers import AutoencoderKL, ZImageTransformer2DModel
     from transformers import AutoTokenizer, Qwen3Model
-
-    from library.models.families.file_plans import load_plan
-    from library.models.families.zimage import files
 
     plans = {}
     if flow.text_encoder:

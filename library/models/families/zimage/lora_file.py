@@ -31,7 +31,7 @@ from torch import nn
 from library.errors import CheckpointError
 from library.models.families.zimage import lora_keys
 from library.networks.fused_keys import LoraWeights
-from library.networks.kohya_keys import ALPHA, DOWN, UP, unwrap
+from library.networks.kohya_names import ALPHA, DOWN, UP, unwrap
 
 PEFT_DOWN, PEFT_UP = "lora_A.weight", "lora_B.weight"
 # file suffix -> the part of a LoRA module it holds

@@ -19,7 +19,7 @@ from torch import nn
 
 from library.errors import CheckpointError
 from library.models.families.zimage import lora_keys
-from library.networks.kohya_keys import unwrap
+from library.networks.kohya_names import unwrap
 from library.networks.lycoris.file_math import LOCON_KEYS, LOHA_KEYS, LOKR_KEYS, SHARED_KEYS
 
 SUFFIXES = LOCON_KEYS + LOHA_KEYS + LOKR_KEYS + SHARED_KEYS

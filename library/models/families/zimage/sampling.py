@@ -17,7 +17,8 @@ The facts (diffusers' ZImagePipeline, the released model cards and ComfyUI's tem
 from __future__ import annotations
 
 from library.models.conditioning import Conditioning
-from library.sampling.pipelines import on_grid
+from library.models.families.zimage.conditioning import LENGTHS
+from library.sampling.pipelines import PipelineKind, on_grid
 
 SIZE_GRID = 16
 # The usual CFG scale of a prompt that gives none, per variant.
@@ -27,7 +28,6 @@ SAMPLE_CFG_SCALE = {"turbo": 1.0, "base": 4.0, "custom": 4.0}
 def zimage_pipeline_kind(variant: str):
     """ZImagePipeline, taking Z-Image's conditioning through ``zimage_pipeline_inputs``; a
     prompt's unset sampler and scale become Euler and the variant's scale."""
-    from library.sampling.pipelines import PipelineKind
 
     return PipelineKind(
         "ZImagePipeline",
@@ -41,7 +41,6 @@ def zimage_pipeline_inputs(cond: Conditioning, prompt) -> dict:
     """ZImagePipeline call keywords from the conditioning of [prompt, negative prompt] and the
     prompt's settings: each caption's states at its own length, the pipeline's guidance scale
     (the usual scale - 1; the negative prompt only when it is above 0) and the 16-pixel size."""
-    from library.models.families.zimage.family import LENGTHS
 
     extra = sorted(set(cond.unet_kwargs) - {LENGTHS})
     if extra:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import nn
 
 from library.networks.fused_keys import linears_inside
-from library.networks.kohya_keys import unwrap
+from library.networks.kohya_names import unwrap
 from library.networks.targets import TargetKind
 
 BLOCK_CLASS = "ZImageTransformerBlock"  # diffusers' (and musubi-tuner's) block class

@@ -11,6 +11,7 @@ import torch
 
 from library.models.families.testkit import ConformanceKit, NameTable
 from library.models.families.zimage import keys
+from library.models.families.zimage.family import zimage_family
 from library.models.families.zimage.shapes import SCHEDULER_SHIFT, VARIANTS
 from library.models.families.zimage.tiny import (
     build_tiny_zimage_components,
@@ -32,7 +33,6 @@ def _reference_transformer(original, config):
 
 
 def _family(variant, modules):
-    from library.models.families.zimage.family import zimage_family
 
     return zimage_family(variant, SCHEDULER_SHIFT[variant])
 
