@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from library.errors import ConfigError
-from library.networks import kohya_keys
+from library.networks import kohya_keys, kohya_names
 from library.networks.kind_base import FileModule
 from library.networks.kinds import kind_in
 from library.networks.module_files import adapted_modules, adapted_paths, write_modules
@@ -41,7 +41,7 @@ class KeyMap:
         """The file tensors of the adapters of ``models`` (kohya prefix -> model)."""
         tensors: dict[str, torch.Tensor] = {}
         for prefix, model in models.items():
-            model = kohya_keys.unwrap(model)
+            model = kohya_names.unwrap(model)
             tensors.update(write_modules(model, self.modules(prefix, model)))
         return tensors
 
@@ -77,18 +77,18 @@ class OriginalNames(KeyMap):
     denoiser_modules: Callable[[nn.Module], list]
 
     def modules(self, prefix, model):
-        if prefix.rstrip("_") == kohya_keys.UNET:
+        if prefix.rstrip("_") == kohya_names.UNET:
             return self.denoiser_modules(model)
         return kohya_keys.plain_modules(prefix, model)
 
     def read(self, models, tensors, source):
         denoiser = {k: v for k, v in tensors.items() if k.startswith(self.denoiser_prefix)}
         text = {k: v for k, v in tensors.items() if k not in denoiser}
-        text_models = {p: m for p, m in models.items() if p != kohya_keys.UNET}
+        text_models = {p: m for p, m in models.items() if p != kohya_names.UNET}
         if text or text_models:
             kohya_keys.import_lora(text_models, text, source, self.text_prefixes)
-        if kohya_keys.UNET in models:
-            model = kohya_keys.unwrap(models[kohya_keys.UNET])
+        if kohya_names.UNET in models:
+            model = kohya_names.unwrap(models[kohya_names.UNET])
             modules = adapted_modules(model, self.denoiser_modules(model))
             kind_in([model]).load_original_modules(model, modules, denoiser, source)
         elif denoiser:

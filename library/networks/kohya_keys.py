@@ -20,13 +20,10 @@ from library.models.families.registry import text_prefix_line, text_prefix_lines
 from library.networks.adapters import adapter_layers
 from library.networks.kind_base import FileModule
 from library.networks.kinds import kind_in
-from library.networks.kohya_names import (  # noqa: F401  (also read as kohya_keys.UNET, ...)
-    ALPHA,
-    DOWN,
+from library.networks.kohya_names import (
     KNOWN_PREFIXES,
     TEXT_ENCODER,
     UNET,
-    UP,
     kohya_name,
     kohya_path,
     unwrap,

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
-from library.networks.kohya_keys import export_lora, import_lora, kohya_name
+from library.networks.kohya_keys import export_lora, import_lora
+from library.networks.kohya_names import kohya_name
 from library.networks.lora import (
     LoraSpec,
     apply_lora,
