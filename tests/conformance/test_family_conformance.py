@@ -20,7 +20,14 @@ Properties, per family (and per tiny variant where they are cheap):
 - LyCORIS: the file reads back into fresh adapters exactly (every family that trains LyCORIS);
   for families whose files name fused original layers, the file merged into the original
   layout with LyCORIS' formulas and converted back by diffusers is the adapted model, output
-  for output.
+  for output;
+- sampling: each of the kit's prompts (ConformanceKit.sample_cases), sampled during training, is
+  the image diffusers' pipeline draws itself from the same folder (its prompt encoding, the
+  released scheduler, guidance, VAE), and the settings the case names each change the image;
+- the training loss: micro_batch_loss equals the kit's plain reference (loss_reference: the
+  family's objective facts written out on diffusers' pipeline modules, with the same keyed
+  draws) for each of its configurations (loss_cases); each gives another loss, and other sample
+  positions give another loss.
 """
 
 from __future__ import annotations
@@ -420,3 +427,141 @@ def test_lycoris_file_reads_back_into_fresh_adapters(name):
     assert_same(family.lora_tensors({UNET: fresh}), tensors)
     # and every adapter parameter, not only what the file holds
     assert_same(fresh.state_dict(), model.state_dict())
+
+
+# --- sampling ---------------------------------------------------------------------------------
+
+PROMPT = dict(index=0, prompt="a red circle", negative_prompt="", width=64, height=64, seed=7,
+              steps=2, scale=None, sampler=None)  # fmt: skip
+
+
+def _pixels_of(path):
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"), dtype=np.int16)
+
+
+def _components(folder, case):
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.models.loader import load_components
+
+    model = ModelSection(pretrained_model_name_or_path=str(folder), **case.model)
+    return load_components(model, torch.float32, FlowSection(**case.flow))
+
+
+@torch.no_grad()
+def _their_image(folder, pipe, case, p, **changes):
+    import numpy as np
+
+    call = {**case.call, **changes}
+    scheduler = call.pop("scheduler", case.scheduler)
+    if scheduler is not None:
+        pipe.scheduler = scheduler(folder)
+    image = pipe(
+        prompt=p.prompt,
+        width=p.width,
+        height=p.height,
+        num_inference_steps=p.steps,
+        generator=torch.Generator().manual_seed(p.seed),
+        **call,
+    ).images[0]
+    return np.asarray(image.convert("RGB"), dtype=np.int16)
+
+
+@pytest.mark.parametrize("family_variant", variant_params())
+def test_sample_equals_the_diffusers_pipeline(family_variant, folders, tmp_path):
+    """Each of the kit's prompts, sampled during training (sample_images on the folder as our
+    loader reads it), is the image diffusers' pipeline draws from the same folder itself (its
+    own prompt encoding, released scheduler, guidance and VAE) for the same prompt, seed and
+    steps; and each of the case's other settings gives another image (the comparison pins it)."""
+    from diffusers import DiffusionPipeline
+
+    from library.sampling.generate import sample_images
+    from library.sampling.prompts import SamplePrompt
+
+    name, variant = family_variant
+    kit = kit_of(name)
+    cases = kit.sample_cases(variant) if kit.sample_cases else ()
+    if not cases:
+        pytest.skip(kit.skip_reason("sample", f"{name}-{variant} gives no sampling case"))
+    folder = folders(name, variant)
+    for index, case in enumerate(cases):
+        p = SamplePrompt(**{**PROMPT, **case.prompt})
+        done = sample_images(_components(folder, case), [p], step=index,
+                             output_dir=tmp_path / "out", output_name="s")  # fmt: skip
+        ours = _pixels_of(done.images[0])
+        assert ours.shape == (p.height, p.width, 3) and ours.std() > 0, index
+        keys = case.pipeline_keys
+        keys = keys(folder) if callable(keys) else keys
+        pipe = DiffusionPipeline.from_pretrained(str(folder), local_files_only=True, **keys)
+        pipe.set_progress_bar_config(disable=True)
+        theirs = _their_image(folder, pipe, case, p)
+        assert int(abs(ours - theirs).max()) <= case.tolerance, (index, abs(ours - theirs).max())
+        for changes in case.differs:
+            other = _their_image(folder, pipe, case, p, **changes)
+            assert int(abs(ours - other).max()) > 1, (index, changes)
+
+
+# --- the training loss ------------------------------------------------------------------------
+
+SEED = 11
+LOSS_BATCH = {
+    "captions": ["a red circle", "a much longer caption about a shape on gray paper"],
+    "loss_weights": torch.tensor([1.0, 0.5]),
+    "positions": torch.tensor([3, 8]),
+    "epoch": 2,
+}
+
+
+def _loss_pixels() -> torch.Tensor:
+    """Two 64 x 48 images in [-1, 1]."""
+    return torch.rand(2, 3, 64, 48, generator=torch.Generator().manual_seed(5)) * 2 - 1
+
+
+def _step_inputs(c, case):
+    from library.config.schema import TrainingSection
+    from library.training.loss import LossOptions
+    from library.training.noise import NoiseOptions
+    from library.training.step import StepInputs
+
+    training = TrainingSection(**case.training)
+    return StepInputs(
+        denoiser=c.denoiser, vae=c.vae, family=c.family, objective=c.objective,
+        text_encoders=c.text_encoders, tokenizers=c.tokenizers, train_text_encoder=False,
+        weight_dtype=torch.float32, device=torch.device("cpu"), seed=SEED,
+        noise=NoiseOptions.from_training(training), loss=LossOptions.from_training(training),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("family_variant", variant_params())
+def test_loss_equals_a_plain_reference(family_variant, folders):
+    """The trainer's micro-batch loss (micro_batch_loss on the folder as our loader reads it)
+    equals the kit's plain reference, written from the family's objective facts on diffusers'
+    pipeline of the same folder with the same keyed draws, for each of the kit's configurations;
+    each configuration gives another loss (its options reach the loss), and each sample's draws
+    follow its position (other positions, another loss)."""
+    from library.training.step import micro_batch_loss
+
+    name, variant = family_variant
+    kit = kit_of(name)
+    cases = kit.loss_cases(variant) if kit.loss_cases and kit.loss_reference else ()
+    if not cases:
+        pytest.skip(kit.skip_reason("loss", f"{name}-{variant} gives no plain reference loss"))
+    folder = folders(name, variant)
+    pipe = pipeline(folder)
+    batch = {**LOSS_BATCH, "pixel_values": _loss_pixels()}
+    losses = []
+    for case in cases:
+        inputs = _step_inputs(_components(folder, case), case)
+        with torch.no_grad():
+            ours = micro_batch_loss(inputs, batch)
+            expected = kit.loss_reference(pipe, batch, SEED, case)
+        torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-7, msg=str(case))
+        losses.append(ours.item())
+    assert len(set(losses)) == len(losses), losses
+    with torch.no_grad():
+        other = micro_batch_loss(inputs, {**batch, "positions": torch.tensor([5, 1])})
+    assert not torch.allclose(ours, other)

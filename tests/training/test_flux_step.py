@@ -1,10 +1,10 @@
-"""Flux.1's micro-batch loss against a plain computation: diffusers' FluxPipeline for the text,
-packing and position ids, and the rectified-flow formulas written out for each of kohya's
-timestep_sampling schemes and model_prediction_types."""
+"""Flux.1's micro-batch loss: the T5 mask against the plain computation (the FLUX.1 kit's
+reference_loss: diffusers' FluxPipeline for the text, packing and position ids, and the
+rectified-flow formulas; the conformance suite's test_loss_equals_a_plain_reference checks each
+timestep_sampling scheme and model_prediction_type with it), per-sample draws, refused and
+ignored options."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -12,80 +12,13 @@ from cpu_inputs import FLOW_BATCH, cpu_inputs, flow_pixels
 from flux_fixtures import plain_flux_pipeline, tiny_flux_components
 
 from library.errors import ConfigError
+from library.models.families.flux.testkit import reference_loss
 from library.training.loss import LossOptions
-from library.training.noise import NoiseOptions, draw
+from library.training.noise import NoiseOptions
 from library.training.step import micro_batch_loss
 
 SEED = 11
 BATCH = FLOW_BATCH
-
-
-def _sigma(scheme: str, z: torch.Tensor, u: torch.Tensor, shape) -> torch.Tensor:
-    """kohya's Flux sigma for each scheme, written from the formulas (defaults: scale 1,
-    shift 3, uniform density)."""
-    if scheme == "uniform":
-        return u
-    if scheme == "sigmoid":
-        return torch.sigmoid(z)
-    if scheme == "shift":
-        t = torch.sigmoid(z)
-        return 3 * t / (1 + 2 * t)
-    if scheme == "flux_shift":
-        tokens = (shape[-2] // 2) * (shape[-1] // 2)
-        mu = 0.5 + (1.15 - 0.5) * (tokens - 256) / (4096 - 256)
-        t = torch.sigmoid(z)
-        return math.exp(mu) / (math.exp(mu) + (1 / t - 1))
-    # "sigma": index floor(1000 u) of the descending shifted table sigma_k = shift(1 - k / 1000)
-    k = torch.floor(u * 1000).clamp(max=999)
-    t = 1 - k / 1000
-    return 3 * t / (1 + 2 * t)
-
-
-def _reference(c, pixels, scheme: str, prediction: str, batch=BATCH, t5_length=512) -> torch.Tensor:
-    pipe = plain_flux_pipeline(c)
-    with torch.no_grad():
-        posterior = c.vae.encode(pixels).latent_dist
-        shape = tuple(posterior.mean.shape[1:])
-        d = draw(SEED, batch["epoch"], batch["positions"].tolist(), shape, 1000,
-                 torch.device("cpu"), NoiseOptions(), flow_times=True)  # fmt: skip
-        sample = posterior.mean + posterior.std * d.latent_eps
-        x0 = (sample - c.vae.config.shift_factor) * c.vae.config.scaling_factor
-        sigma = _sigma(scheme, d.time_normal, d.time_uniform, shape).view(-1, 1, 1, 1)
-        xt = (1 - sigma) * x0 + sigma * d.noise
-        text, pooled, text_ids = pipe.encode_prompt(
-            batch["captions"], None, max_sequence_length=t5_length
-        )
-        b, ch, h, w = xt.shape
-        packed = pipe._pack_latents(xt, b, ch, h, w)
-        image_ids = pipe._prepare_latent_image_ids(b, h // 2, w // 2, xt.device, xt.dtype)
-        guidance = torch.full((b,), 3.5)
-        out = c.denoiser(hidden_states=packed, encoder_hidden_states=text, pooled_projections=pooled,
-                         timestep=sigma.view(-1), img_ids=image_ids, txt_ids=text_ids,
-                         guidance=guidance).sample  # fmt: skip
-        v = pipe._unpack_latents(out, h * 8, w * 8, 8)
-        pred = {"raw": v, "additive": v + xt, "sigma_scaled": xt - sigma * v}[prediction]
-        per_sample = ((pred - (d.noise - x0)) ** 2).mean(dim=(1, 2, 3))
-        return (per_sample * batch["loss_weights"]).mean()
-
-
-@pytest.mark.parametrize("scheme", ["sigma", "uniform", "sigmoid", "shift", "flux_shift"])
-def test_each_timestep_sampling_matches_the_formulas(scheme):
-    c = tiny_flux_components(timestep_sampling=scheme, model_prediction_type="raw")
-    batch = {**BATCH, "pixel_values": flow_pixels()}
-    with torch.no_grad():
-        ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
-    expected = _reference(c, batch["pixel_values"], scheme, "raw")
-    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
-
-
-@pytest.mark.parametrize("prediction", ["raw", "additive", "sigma_scaled"])
-def test_each_model_prediction_type_matches_the_formulas(prediction):
-    c = tiny_flux_components(timestep_sampling="shift", model_prediction_type=prediction)
-    batch = {**BATCH, "pixel_values": flow_pixels()}
-    with torch.no_grad():
-        ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
-    expected = _reference(c, batch["pixel_values"], "shift", prediction)
-    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_a_masked_t5_padding_is_as_if_there_were_no_padding():
@@ -102,7 +35,9 @@ def test_a_masked_t5_padding_is_as_if_there_were_no_padding():
             length = len(c.tokenizers[1](caption).input_ids)  # its tokens and </s>
             one = {"captions": [caption], "loss_weights": BATCH["loss_weights"][i : i + 1],
                    "positions": BATCH["positions"][i : i + 1], "epoch": BATCH["epoch"]}  # fmt: skip
-            expected += _reference(c, pixels[i : i + 1], "sigma", "raw", one, length).item() / 2
+            one["pixel_values"] = pixels[i : i + 1]
+            pipe = plain_flux_pipeline(c)
+            expected += reference_loss(pipe, one, SEED, "sigma", "raw", length).item() / 2
     assert ours.item() == pytest.approx(expected, rel=1e-5)
     assert padded.item() != pytest.approx(expected, rel=1e-3)  # the padding does matter
 

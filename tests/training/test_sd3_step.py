@@ -1,15 +1,17 @@
-"""SD3's micro-batch loss against a plain computation: diffusers' StableDiffusion3Pipeline for
-the text, and kohya's SD3 formulas written out for each weighting scheme and training_shift."""
+"""SD3's micro-batch loss against a plain computation (the SD3 kit's reference_loss:
+diffusers' StableDiffusion3Pipeline for the text, kohya's SD3 formulas written out; the
+conformance suite's test_loss_equals_a_plain_reference checks each weighting scheme, training
+shift and variant with it): encoder dropout, sigma_sqrt at 0, the timestep range, position
+crops."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 from cpu_inputs import FLOW_BATCH, cpu_inputs, flow_pixels
 from sd3_fixtures import plain_sd3_pipeline, tiny_sd3_components
 
+from library.models.families.sd3.testkit import reference_loss
 from library.training.loss import LossOptions
 from library.training.noise import CONDITIONING_STREAM, NoiseOptions, draw, keyed_uniforms
 from library.training.step import micro_batch_loss
@@ -18,81 +20,12 @@ SEED = 11
 BATCH = FLOW_BATCH
 
 
-def _density(scheme: str, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The SD3 paper's densities as maps of the draws (kohya's defaults: mean 0, std 1,
-    mode scale 1.29)."""
-    if scheme == "logit_normal":
-        return 1 / (1 + torch.exp(-z))
-    if scheme == "mode":
-        return 1 - u - 1.29 * (torch.cos(math.pi * u / 2) ** 2 - 1 + u)
-    return u
-
-
-def _weight(scheme: str, sigma: torch.Tensor) -> torch.Tensor:
-    if scheme == "sigma_sqrt":
-        return sigma**-2
-    if scheme == "cosmap":
-        return 2 / (math.pi * (1 - 2 * sigma + 2 * sigma**2))
-    return torch.ones_like(sigma)
-
-
-def _reference(c, pixels, scheme, shift=1.0, batch=BATCH, zero=()) -> torch.Tensor:
-    """kohya's sd3_train_network loss, written out; ``zero`` names encoder parts dropped for
-    every sample ("l", "g", "t5")."""
-    pipe = plain_sd3_pipeline(c)
+def _reference(c, pixels, scheme, batch=BATCH, zero=()) -> torch.Tensor:
+    """kohya's sd3_train_network loss, written out on diffusers' pipeline over ``c``'s modules;
+    ``zero`` names encoder parts dropped for every sample ("l", "g", "t5")."""
     with torch.no_grad():
-        posterior = c.vae.encode(pixels).latent_dist
-        shape = tuple(posterior.mean.shape[1:])
-        d = draw(SEED, batch["epoch"], batch["positions"].tolist(), shape, 1000,
-                 torch.device("cpu"), NoiseOptions(), flow_times=True)  # fmt: skip
-        x0 = posterior.mean + posterior.std * d.latent_eps
-        x0 = (x0 - c.vae.config.shift_factor) * c.vae.config.scaling_factor
-        u = _density(scheme, d.time_normal, d.time_uniform)
-        u = u * shift / (1 + (shift - 1) * u)
-        sigma = torch.floor(u * 1000) / 1000
-        s = sigma.view(-1, 1, 1, 1)
-        xt = s * d.noise + (1 - s) * x0
-        text, _, pooled, _ = pipe.encode_prompt(
-            batch["captions"], batch["captions"], batch["captions"],
-            do_classifier_free_guidance=False, max_sequence_length=256,
-        )  # fmt: skip
-        l_width = c.text_encoders[0].config.hidden_size
-        g_width = c.text_encoders[1].config.hidden_size
-        l_pool = c.text_encoders[0].config.projection_dim
-        if "l" in zero:
-            text[:, :77, :l_width] = 0
-            pooled[:, :l_pool] = 0
-        if "g" in zero:
-            text[:, :77, l_width : l_width + g_width] = 0
-            pooled[:, l_pool:] = 0
-        if "t5" in zero:
-            text[:, 77:] = 0
-        out = c.denoiser(hidden_states=xt, encoder_hidden_states=text, pooled_projections=pooled,
-                         timestep=sigma * 1000).sample  # fmt: skip
-        pred = out * (-s) + xt
-        per_sample = ((pred - x0) ** 2).mean(dim=(1, 2, 3)) * _weight(scheme, sigma)
-        return (per_sample * batch["loss_weights"]).mean()
-
-
-@pytest.mark.parametrize("scheme", ["uniform", "logit_normal", "mode", "sigma_sqrt", "cosmap"])
-@pytest.mark.parametrize("shift", [1.0, 3.0])
-def test_each_weighting_scheme_matches_kohyas_formulas(scheme, shift):
-    c = tiny_sd3_components(weighting_scheme=scheme, training_shift=shift)
-    batch = {**BATCH, "pixel_values": flow_pixels()}
-    with torch.no_grad():
-        ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
-    expected = _reference(c, batch["pixel_values"], scheme, shift)
-    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
-
-
-@pytest.mark.parametrize("variant", ["sd3-medium", "sd3.5-large"])
-def test_the_other_variants_match_too(variant):
-    c = tiny_sd3_components(variant, weighting_scheme="logit_normal")
-    batch = {**BATCH, "pixel_values": flow_pixels()}
-    with torch.no_grad():
-        ours = micro_batch_loss(cpu_inputs(c, SEED), batch)
-    expected = _reference(c, batch["pixel_values"], "logit_normal")
-    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
+        return reference_loss(plain_sd3_pipeline(c), {**batch, "pixel_values": pixels}, SEED,
+                              scheme, zero=zero)  # fmt: skip
 
 
 @pytest.mark.parametrize("part", ["l", "g", "t5"])

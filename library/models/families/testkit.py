@@ -5,7 +5,9 @@ A family joins the suite by defining a ``ConformanceKit`` in its package (``<fam
 suite then checks, for every registered family with a kit, the properties every family must
 have (name tables against diffusers' converters, folders against diffusers' pipelines, LoRA and
 LyCORIS files round trip and load in diffusers) against references outside the family's code.
-The kit only builds tiny models and names diffusers' own readers; it computes no expectation.
+The kit builds tiny models and names diffusers' own readers; the only expectations it computes
+are its plain reference losses (``loss_reference``): the family's objective facts written out
+on diffusers' pipeline modules, independently of the family's training code.
 """
 
 from __future__ import annotations
@@ -35,6 +37,43 @@ class NameTable:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SampleCase:
+    """One prompt sampled by us (``sample_images`` on the folder as our loader reads it) and by
+    diffusers' pipeline on the same folder.
+
+    ``prompt``: SamplePrompt fields over the suite's. ``call``: the pipeline call's arguments for
+    the same sample besides prompt, size, steps and generator (guidance, negative prompt, text
+    length). ``model`` / ``flow``: ModelSection / FlowSection keys our loader reads the folder
+    with. ``pipeline_keys``: from_pretrained arguments of the pipeline (or a function of the
+    folder giving them, e.g. a tokenizer as released where the tiny folder's differs). ``scheduler(folder)``:
+    the pipeline's scheduler, as released (None: the folder's, as diffusers reads it).
+    ``differs``: call overrides (a "scheduler" key: such a function) that each give another
+    image, so the comparison pins what they change. ``tolerance``: the largest pixel difference
+    (1: one level of rounding)."""
+
+    prompt: Mapping[str, Any] = field(default_factory=dict)
+    call: Mapping[str, Any] = field(default_factory=dict)
+    model: Mapping[str, Any] = field(default_factory=dict)
+    flow: Mapping[str, Any] = field(default_factory=dict)
+    pipeline_keys: Mapping[str, Any] | Callable[[Path], Mapping[str, Any]] = field(
+        default_factory=dict
+    )
+    scheduler: Callable[[Path], Any] | None = None
+    differs: tuple[Mapping[str, Any], ...] = ()
+    tolerance: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossCase:
+    """One training configuration of the loss property: ModelSection, FlowSection and
+    TrainingSection keys (``model``, ``flow``, ``training``) our loader and step read."""
+
+    model: Mapping[str, Any] = field(default_factory=dict)
+    flow: Mapping[str, Any] = field(default_factory=dict)
+    training: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ConformanceKit:
     """A family's tiny models and the diffusers readers they are checked against.
 
@@ -48,9 +87,15 @@ class ConformanceKit:
     seed)``: keyword arguments of one forward call. ``lora_conv``: its default LoRA also adapts
     convolutions (LoCon). ``diffusers_lora_skips(path)``: denoiser layers diffusers' LoRA
     loader cannot read at the tiny models' width (left out of that check only).
+    ``sample_cases(variant)``: prompts whose samples must equal diffusers' pipeline's
+    (SampleCase). ``loss_cases(variant)`` and ``loss_reference(pipe, batch, seed, case)``: the
+    configurations whose micro-batch loss must equal the plain reference, written from the
+    family's objective facts on the modules of diffusers' pipeline ``pipe`` with the trainer's
+    keyed draws (library.training.noise.draw) for ``seed``.
     ``skips``: property -> why it does not apply to the family, said when the suite skips it
     ("denoiser_names", "vae_names": no table of the family's own; "lycoris_fused": its LyCORIS
-    files name no fused original layer; "lycoris": it trains no LyCORIS); a property without one
+    files name no fused original layer; "lycoris": it trains no LyCORIS; "sample", "loss":
+    no case or reference for the variant); a property without one
     skips with the suite's own reason."""
 
     variants: tuple[str, ...]
@@ -63,6 +108,9 @@ class ConformanceKit:
     vae_names: NameTable | None = None
     lora_conv: bool = False
     diffusers_lora_skips: Callable[[str], bool] | None = None
+    sample_cases: Callable[[str], tuple[SampleCase, ...]] | None = None
+    loss_cases: Callable[[str], tuple[LossCase, ...]] | None = None
+    loss_reference: Callable[[Any, Mapping[str, Any], int, LossCase], torch.Tensor] | None = None
     skips: Mapping[str, str] = field(default_factory=dict)
 
     def skip_reason(self, prop: str, default: str) -> str:

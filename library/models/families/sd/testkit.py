@@ -6,7 +6,7 @@ import torch
 
 from library.models import original_names as names
 from library.models.families.sd.family import SD1, SDXL
-from library.models.families.testkit import ConformanceKit, NameTable
+from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
 from library.models.tiny import build_tiny_components, save_tiny_model
 
 
@@ -63,6 +63,115 @@ def _inputs(unet, seed):
     return inputs
 
 
+def _scheduler(kind: str, prediction: str):
+    """diffusers' ``kind`` scheduler on the folder's config, predicting ``prediction``."""
+
+    def scheduler(folder):
+        import diffusers
+
+        return getattr(diffusers, kind).from_pretrained(
+            folder, subfolder="scheduler", prediction_type=prediction
+        )
+
+    return scheduler
+
+
+def _sample_cases(variant):
+    """A prompt with a negative prompt at CFG 7.5: DDIM for SD 1.x, DDIM with v-prediction for
+    SD 2.x (v_parameterization reaches the sampler), Euler for SDXL with and without it."""
+    prompt = dict(prompt="a blue circle", negative_prompt="green", seed=3, scale=7.5)
+    call = {"negative_prompt": "green", "guidance_scale": 7.5}
+    kind = "EulerDiscreteScheduler" if variant == "sdxl" else "DDIMScheduler"
+    prompt["sampler"] = "euler" if variant == "sdxl" else "ddim"
+    if variant == "sdxl":
+        prompt |= dict(width=64, height=80)
+    keys = {"add_watermarker": False} if variant == "sdxl" else {}
+    epsilon = SampleCase(prompt=prompt, call=call,
+                         pipeline_keys=keys, scheduler=_scheduler(kind, "epsilon"))  # fmt: skip
+    v = SampleCase(
+        prompt=prompt, call=call, pipeline_keys=keys,
+        model={"v_parameterization": True}, scheduler=_scheduler(kind, "v_prediction"),
+        differs=({"scheduler": _scheduler(kind, "epsilon")},),
+    )  # fmt: skip
+    return {"sd1": (epsilon,), "sd2": (v,), "sdxl": (epsilon, v)}[variant]
+
+
+def _alpha_bar(steps):
+    """SD's scaled-linear schedule: betas from 0.00085 to 0.012 over 1000 steps."""
+    betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
+    return torch.cumprod(1 - betas, 0)[steps].float().view(-1, 1, 1, 1)
+
+
+def _noise(d, training):
+    """Target noise and input noise, composed by hand from the keyed draws."""
+    offset = training.get("noise_offset", 0.0)
+    multires, ip_gamma = training.get("multires_noise_iterations"), training.get("ip_noise_gamma")
+    eps = d.noise + offset * d.offset
+    if multires:
+        eps = eps + d.pyramid
+        eps = torch.stack([e / e.std() for e in eps])
+    return eps, (eps + ip_gamma * d.ip_noise if ip_gamma else eps)
+
+
+def reference_loss(pipe, batch, seed, case) -> torch.Tensor:
+    """The textbook loss, written out on the pipeline's modules: x_t = sqrt(a) x0 +
+    sqrt(1-a) eps; v = sqrt(a) eps - sqrt(1-a) x0; min-SNR, kohya's SNR Huber schedule and
+    debiased estimation as their formulas; text: CLIP's last hidden states at 77 tokens."""
+    from library.training.noise import NoiseOptions, draw
+
+    training = case.training
+    gamma = training.get("min_snr_gamma")
+    v_pred = bool(case.model.get("v_parameterization"))
+    posterior = pipe.vae.encode(batch["pixel_values"]).latent_dist
+    shape = tuple(posterior.mean.shape[1:])
+    options = NoiseOptions(
+        multires_noise_iterations=training.get("multires_noise_iterations", 0),
+        ip_noise_gamma=training.get("ip_noise_gamma", 0.0),
+    )
+    d = draw(seed, batch["epoch"], batch["positions"].tolist(), shape, 1000,
+             torch.device("cpu"), options)  # fmt: skip
+    x0 = (posterior.mean + posterior.std * d.latent_eps) * pipe.vae.config.scaling_factor
+    eps, eps_in = _noise(d, training)
+    a = _alpha_bar(d.timesteps)
+    xt = a.sqrt() * x0 + (1 - a).sqrt() * eps_in
+    ids = pipe.tokenizer(batch["captions"], padding="max_length", max_length=77,
+                         truncation=True, return_tensors="pt").input_ids  # fmt: skip
+    hidden = pipe.text_encoder(ids)[0]
+    pred = pipe.unet(xt, d.timesteps, hidden).sample
+    target = a.sqrt() * eps - (1 - a).sqrt() * x0 if v_pred else eps
+    snr = (a / (1 - a)).view(-1)
+    snr_w = (
+        torch.clamp(snr, max=gamma) / (snr + 1 if v_pred else snr) if gamma else torch.ones_like(snr)
+    )
+    huber_c = training.get("huber_c") if training.get("loss_type") == "huber" else None
+    if huber_c:  # kohya's snr schedule: c_t = (1 - c) / (1 + sigma_t)^2 + c
+        ct = ((1 - huber_c) / (1 + snr.rsqrt()) ** 2 + huber_c).view(-1, 1, 1, 1)
+        elements = 2 * ct * (torch.sqrt((pred - target) ** 2 + ct**2) - ct)
+    else:
+        elements = (pred - target) ** 2
+    if training.get("debiased_estimation_loss"):
+        capped = torch.clamp(snr, max=1000)
+        snr_w = snr_w * (1 / (capped + 1) if v_pred else capped.rsqrt())
+    per_sample = elements.mean(dim=(1, 2, 3))
+    return (per_sample * batch["loss_weights"] * snr_w).mean()
+
+
+# min-SNR with noise offset; then kohya's SNR Huber loss with multires and input-perturbation
+# noise and debiased estimation
+_LOSS_TRAINING = (
+    {},
+    {"min_snr_gamma": 5.0, "noise_offset": 0.1},
+    {"noise_offset": 0.05, "multires_noise_iterations": 5, "multires_noise_discount": 0.3,
+     "ip_noise_gamma": 0.1, "loss_type": "huber", "huber_schedule": "snr", "huber_c": 0.2,
+     "debiased_estimation_loss": True, "min_snr_gamma": 5.0},
+)  # fmt: skip
+
+
+def _loss_cases(variant):
+    model = {"v_parameterization": True} if variant == "sd2" else {}
+    return tuple(LossCase(model=model, training=t) for t in _LOSS_TRAINING)
+
+
 KIT = ConformanceKit(
     variants=("sd1", "sd2", "sdxl"),
     build=_build,
@@ -83,4 +192,11 @@ KIT = ConformanceKit(
         reference=_reference_vae,
     ),
     lora_conv=True,
+    sample_cases=_sample_cases,
+    loss_cases=lambda variant: () if variant == "sdxl" else _loss_cases(variant),
+    loss_reference=reference_loss,
+    skips={
+        "loss": "SDXL's plain reference (both encoders, size conditioning) is not written yet; "
+        "tests/training/test_step_loss.py covers SD 1.x and 2.x's",
+    },
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from library.models.families.testkit import ConformanceKit, NameTable
+from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
 from library.models.families.zimage import keys
 from library.models.families.zimage.family import zimage_family
 from library.models.families.zimage.shapes import SCHEDULER_SHIFT, VARIANTS
@@ -49,6 +49,55 @@ def _inputs(transformer, seed):
     }
 
 
+def _sample_cases(variant):
+    """Turbo's default without guidance, and a guided prompt with a negative prompt (the usual
+    CFG scale 3 is the pipeline's pos + 2 * (pos - neg)); Base's default CFG scale 4."""
+    turbo = dict(prompt="a red cube on a table", seed=11, steps=3)
+    if variant == "base":
+        return (SampleCase(prompt=turbo, call={"guidance_scale": 3.0, "negative_prompt": ""},
+                           differs=({"guidance_scale": 0.0},), tolerance=0),)  # fmt: skip
+    return (
+        SampleCase(prompt=turbo, call={"guidance_scale": 0.0}, tolerance=0),
+        SampleCase(
+            prompt=dict(prompt="a red cube on a table", scale=3.0,
+                        negative_prompt="blurry, dark", seed=4, steps=2, width=80),
+            call={"guidance_scale": 2.0, "negative_prompt": "blurry, dark"},
+            differs=({"guidance_scale": 0.0, "negative_prompt": None},),
+            tolerance=0,
+        ),  # fmt: skip
+    )
+
+
+def reference_loss(pipe, batch, seed, shift=2.0) -> torch.Tensor:
+    """The loss written out from the pipeline's parts and facts (noisy = (1 - sigma) x0 +
+    sigma noise, the transformer at 1 - sigma, target x0 - noise), with the trainer's keyed
+    draws (the posterior sample's eps, the noise, the sigma draw z) and musubi-tuner's "shift"
+    sigma draw."""
+    from library.training.noise import NoiseOptions, draw
+
+    posterior = pipe.vae.encode(batch["pixel_values"]).latent_dist
+    shape = tuple(posterior.mean.shape[1:])
+    d = draw(seed, batch["epoch"], batch["positions"].tolist(), shape, 1000,
+             torch.device("cpu"), NoiseOptions(), flow_times=True)  # fmt: skip
+    z = posterior.mean + posterior.std * d.latent_eps
+    x0 = (z - pipe.vae.config.shift_factor) * pipe.vae.config.scaling_factor
+    u = torch.sigmoid(d.time_normal)
+    sigma = shift * u / (1 + (shift - 1) * u)
+    s = sigma.view(-1, 1, 1, 1)
+    noisy = (1 - s) * x0 + s * d.noise
+    states, _ = pipe.encode_prompt(batch["captions"], do_classifier_free_guidance=False)
+    timestep = (1000 - sigma * 1000) / 1000  # as the pipeline computes it from the scheduler's
+    out = pipe.transformer(list(noisy.unsqueeze(2).unbind(0)), timestep, states,
+                           return_dict=False)[0]  # fmt: skip
+    out = torch.stack(out).squeeze(2)
+    per_sample = ((out - (x0 - d.noise)) ** 2).mean(dim=(1, 2, 3))
+    return (per_sample * batch["loss_weights"]).mean()
+
+
+def _loss_reference(pipe, batch, seed, case):
+    return reference_loss(pipe, batch, seed, case.flow.get("discrete_flow_shift", 2.0))
+
+
 KIT = ConformanceKit(
     variants=VARIANTS,
     build=lambda variant, seed: build_tiny_zimage_components(seed),
@@ -61,6 +110,9 @@ KIT = ConformanceKit(
         from_original=lambda original, config: keys.original_to_diffusers(original),
         reference=_reference_transformer,
     ),
+    sample_cases=_sample_cases,
+    loss_cases=lambda variant: (LossCase(), LossCase(flow={"discrete_flow_shift": 4.0})),
+    loss_reference=_loss_reference,
     skips={
         "vae_names": (
             "Z-Image's VAE is FLUX.1's AE, read from the folder's vae/ in diffusers' names; "
