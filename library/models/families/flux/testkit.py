@@ -14,6 +14,7 @@ from library.models.families.flux.shapes import VARIANTS
 from library.models.families.flux.tiny import build_tiny_flux_components
 from library.models.families.flux.tiny_files import write_tiny_flux_folder
 from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
+from library.training.noise import NoiseOptions, draw
 
 
 class TinyWidthTorch:
@@ -148,8 +149,6 @@ def reference_loss(pipe, batch, seed, scheme="sigma", prediction="sigma_scaled",
     """kohya's Flux.1 loss written out on FluxPipeline's parts (its text encoding, packing and
     position ids): x_t = (1 - sigma) x0 + sigma noise, target noise - x0, distilled guidance
     3.5 (dev), the model prediction type's formula."""
-    from library.training.noise import NoiseOptions, draw
-
     guided = pipe.transformer.config.guidance_embeds
     t5_length = t5_length or T5_LENGTH["dev" if guided else "schnell"]
     posterior = pipe.vae.encode(batch["pixel_values"]).latent_dist

@@ -8,6 +8,7 @@ from library.models import original_names as names
 from library.models.families.sd.family import SD1, SDXL
 from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
 from library.models.tiny import build_tiny_components, save_tiny_model
+from library.training.noise import NoiseOptions, draw
 
 
 def _build(variant, seed):
@@ -117,8 +118,6 @@ def reference_loss(pipe, batch, seed, case) -> torch.Tensor:
     """The textbook loss, written out on the pipeline's modules: x_t = sqrt(a) x0 +
     sqrt(1-a) eps; v = sqrt(a) eps - sqrt(1-a) x0; min-SNR, kohya's SNR Huber schedule and
     debiased estimation as their formulas; text: CLIP's last hidden states at 77 tokens."""
-    from library.training.noise import NoiseOptions, draw
-
     training = case.training
     gamma = training.get("min_snr_gamma")
     v_pred = bool(case.model.get("v_parameterization"))

@@ -14,6 +14,7 @@ from library.models.families.sd3.shapes import VARIANTS
 from library.models.families.sd3.tiny import build_tiny_sd3_components
 from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
 from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
+from library.training.noise import NoiseOptions, draw
 
 # The default variant first: 3.5 Medium has every kind of block (dual attention, qk norms).
 _VARIANTS = ("sd3.5-medium", *(v for v in VARIANTS if v != "sd3.5-medium"))
@@ -113,8 +114,6 @@ def _weight(scheme: str, sigma: torch.Tensor) -> torch.Tensor:
 def reference_loss(pipe, batch, seed, scheme="uniform", shift=1.0, zero=()) -> torch.Tensor:
     """kohya's sd3_train_network loss, written out on StableDiffusion3Pipeline's parts (its
     text encoding); ``zero`` names encoder parts dropped for every sample ("l", "g", "t5")."""
-    from library.training.noise import NoiseOptions, draw
-
     posterior = pipe.vae.encode(batch["pixel_values"]).latent_dist
     shape = tuple(posterior.mean.shape[1:])
     d = draw(seed, batch["epoch"], batch["positions"].tolist(), shape, 1000,

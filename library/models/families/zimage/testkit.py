@@ -17,6 +17,7 @@ from library.models.families.zimage.tiny import (
     build_tiny_zimage_components,
     write_tiny_zimage_folder,
 )
+from library.training.noise import NoiseOptions, draw
 
 
 def _reference_transformer(original, config):
@@ -73,8 +74,6 @@ def reference_loss(pipe, batch, seed, shift=2.0) -> torch.Tensor:
     sigma noise, the transformer at 1 - sigma, target x0 - noise), with the trainer's keyed
     draws (the posterior sample's eps, the noise, the sigma draw z) and musubi-tuner's "shift"
     sigma draw."""
-    from library.training.noise import NoiseOptions, draw
-
     posterior = pipe.vae.encode(batch["pixel_values"]).latent_dist
     shape = tuple(posterior.mean.shape[1:])
     d = draw(seed, batch["epoch"], batch["positions"].tolist(), shape, 1000,
