@@ -6,40 +6,16 @@ component files) and the options that change what is on the device."""
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from library.config.loader import load_config
-from library.models.loader import load_components, shapes_only
-from library.training.memory_estimate import TrainingSize, estimate_peak_memory
-from library.training.setup import WEIGHT_DTYPES, setup_training
+from library.models.loader import shapes_only
+from library.training.memory_estimate import estimate_peak_memory
+from tests.training.memory_helpers import size_stats, training_parts, write_config
 
 TOKENIZER = Path(__file__).parents[1] / "assets" / "tokenizer"
-SIZE = TrainingSize(64, 64, 2)
-
-
-def _stats():
-    dataset = SimpleNamespace(buckets=[], resolution=(SIZE.width, SIZE.height),
-                              batch_size=SIZE.batch)  # fmt: skip
-    return SimpleNamespace(datasets=[dataset])
-
-
-def _config(tmp_path: Path, keys: dict):
-    lines = [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
-    lines += ["[[datasets]]", "[[datasets.subsets]]", 'image_dir = "unused"']
-    path = tmp_path / "c.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return load_config(str(path))
-
-
-def _parts(config):
-    dtype = WEIGHT_DTYPES[config.training.mixed_precision]
-    torch.manual_seed(0)
-    return setup_training(config, load_components(config.model, dtype, config.flow))
 
 
 def _component_keys(files: dict, model: str, parts: tuple[str, ...], module: str) -> dict:
@@ -96,15 +72,15 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_shapes_only_models_give_the_loaded_models_estimate(models, tmp_path, case):
-    config = _config(tmp_path, {**models[case], **CASES[case]})
-    loaded = _parts(config)
+    config = write_config(tmp_path, {**models[case], **CASES[case]})
+    loaded = training_parts(config)
     with shapes_only():
-        shapes = _parts(config)
+        shapes = training_parts(config)
     # nothing was read: every weight of every model is shapes only
     modules = (shapes.components.denoiser, shapes.components.vae, *shapes.components.text_encoders)
     tensors = list(itertools.chain.from_iterable(m.parameters() for m in modules))
     assert tensors and all(t.is_meta for t in tensors)
     for draws in (False, True):
-        expected = estimate_peak_memory(config, loaded, _stats(), 1, draws, "cuda")
-        assert estimate_peak_memory(config, shapes, _stats(), 1, draws, "cuda") == expected
+        expected = estimate_peak_memory(config, loaded, size_stats(), 1, draws, "cuda")
+        assert estimate_peak_memory(config, shapes, size_stats(), 1, draws, "cuda") == expected
         assert expected.weights > 0 and expected.activations > 0
