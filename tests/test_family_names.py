@@ -46,8 +46,6 @@ ALLOWED = {
     "and text config every family's tiny models use",
     "library/networks/kohya_names.py": "kohya's text-encoder prefixes explained by the families "
     "whose files hold them (lora_te1/2: SDXL, lora_te3: FLUX.1's T5-XXL)",
-    "library/training/blockwise_setup.py": "block-wise options apply to SD/SDXL UNets only, "
-    "asked by family name",
     "library/training/flow_matching.py": "kohya's flow-matching schedules, Flux.1's "
     "resolution-dependent shift (flux_shift) among them",
     "library/training/objectives.py": "the flow-matching objective follows kohya's Flux.1 "

@@ -151,14 +151,14 @@ NEWER_RELEASE: dict[str, NewerKey] = {
     ),
     "show_timesteps": NewerKey(
         "v0.11.1",
-        _GUI_V26 + " (add_dit_training_arguments; kohya_ss issue #3530)",
+        _GUI_V26 + " (add_dit_training_arguments)",
         "shows the run's timestep distribution on the console or as an image, then exits "
         "without training",
         ("",),
     ),
     "show_timesteps_resolution": NewerKey(
         "v0.11.1",
-        _GUI_V26 + " (add_dit_training_arguments; kohya_ss issue #3530)",
+        _GUI_V26 + " (add_dit_training_arguments)",
         "the image size of show_timesteps' picture; it only acts with show_timesteps",
         ignored=True,
     ),

@@ -13,7 +13,7 @@ config does not fit.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from library.errors import ModelError
 from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.sd.checkpoint_layout import IGNORED_SUFFIXES, FileLayout, TextTower
+from library.models.checkpoint_towers import IGNORED_SUFFIXES, TextTower
 from library.models.loader import reads_weights
 
 CONFIG_METADATA = "difftune.config."  # + component name: its diffusers config as JSON
@@ -252,9 +252,11 @@ def read_config(folder: Path, name: str) -> dict:
     return json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
 
 
-def plan_components(file: CheckpointFile, layout: FileLayout, config_dir: Path) -> list[PartPlan]:
-    """Plans for the UNet, the VAE and each text encoder of ``layout``, in that order."""
-    towers = layout.towers
+def plan_components(
+    file: CheckpointFile, towers: Sequence[TextTower], config_dir: Path
+) -> list[PartPlan]:
+    """Plans for the UNet, the VAE and each text encoder of ``towers`` (the file layout's), in
+    that order."""
     pooled = None
     if towers[-1].with_projection and towers[-1].prefix + "text_projection" in file:
         pooled = file.shape(towers[-1].prefix + "text_projection")[1]

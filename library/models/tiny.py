@@ -13,8 +13,6 @@ from pathlib import Path
 
 import torch
 
-from library.models.families.sd.family import SDXL
-
 TINY_SIZE = 64  # pixels; the tiny VAE downsamples by 8 like the real one
 _SPECIAL = ("<|startoftext|>", "<|endoftext|>")
 
@@ -238,6 +236,12 @@ def tiny_sdxl_unet_config() -> dict:
     }
 
 
+def _released_sdxl_vae_scale() -> float:
+    """The scaling_factor of SDXL's released VAE, from the shipped config (library/models/configs)."""
+    config = Path(__file__).with_name("configs") / "sdxl-base" / "vae.json"
+    return json.loads(config.read_text(encoding="utf-8"))["scaling_factor"]
+
+
 def tiny_sdxl_text_configs() -> tuple[dict, dict]:
     """CLIPTextConfig kwargs of text_encoder (quick-GELU, like CLIP-L) and text_encoder_2
     (GELU and a projection, like OpenCLIP bigG)."""
@@ -264,7 +268,7 @@ def build_tiny_sdxl_components(seed: int = 0) -> dict:
     torch.manual_seed(seed)
     first, second = tiny_sdxl_text_configs()
     unet = UNet2DConditionModel(**tiny_sdxl_unet_config())
-    vae = AutoencoderKL(**{**tiny_vae_config(), "scaling_factor": SDXL.latent_scale})
+    vae = AutoencoderKL(**{**tiny_vae_config(), "scaling_factor": _released_sdxl_vae_scale()})
     text_encoder = CLIPTextModel(CLIPTextConfig(**first))
     text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**second))
     schedule = {**tiny_scheduler_config("sd1"), "timestep_spacing": "leading"}

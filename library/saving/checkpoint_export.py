@@ -26,14 +26,9 @@ from safetensors.torch import load_file, save_file
 
 from library.models import original_names as names
 from library.models.checkpoint_parts import CONFIG_METADATA
-from library.models.families.sd.checkpoint_layout import FileLayout, TextTower
+from library.models.checkpoint_towers import TextTower
 from library.saving.atomic import atomic_write_dir
 from library.saving.streamed import save_streamed
-
-
-def layout_for(family) -> FileLayout:
-    """The checkpoint layout of a ModelFamily (its checkpoint_layout)."""
-    return family.checkpoint_layout()
 
 
 def _cast(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -84,7 +79,7 @@ def single_file_parts(
 ) -> tuple[list[dict[str, torch.Tensor]], dict[str, str]]:
     """The tensors of an original-layout checkpoint, one group per component, as the modules
     hold them (not yet cast), and the config metadata that goes with them."""
-    layout = layout_for(family)
+    layout = family.checkpoint_layout()
     if len(text_encoders) != len(layout.towers):
         raise ValueError(
             f"a {layout.name} checkpoint has {len(layout.towers)} text encoders, got "

@@ -1,8 +1,8 @@
 """kohya's block-wise networks.lora options at training set-up: per-block ranks and alphas of
 the UNet's adapters, blocks left out, and one parameter group per block learning rate.
 
-The rules (block numbers, presets, defaults) are library/models/families/sd/blocks.py's; this
-module applies them to a loaded SD 1.x/2.x or SDXL UNet.
+The family turns the options into its per-block spec (ModelFamily.blockwise_spec; SD's rules are
+library/models/families/sd/blocks.py's); this module applies a spec to the loaded UNet.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import torch
 from library.config.adapter_schema import BLOCKWISE_KEYS
 from library.config.schema import Config
 from library.errors import ConfigError
-from library.models.families.sd.blocks import BlockwiseSpec, blockwise_spec
 from library.networks.kohya_names import UNET, kohya_name, kohya_path
 from library.networks.lora import ADAPTER, LoraSpec, apply_lora, lora_layers
 from library.networks.targets import TargetKind
 
 
-def blockwise(config: Config, family) -> BlockwiseSpec | None:
-    """The run's block-wise setting, or None when no block-wise key is set. ConfigError for a
+def blockwise(config: Config, family):
+    """The run's block-wise setting (the family's spec: library.models.families.sd.blocks.
+    BlockwiseSpec for SD's UNets), or None when no block-wise key is set. ConfigError for a
     family without kohya's UNet blocks or a value kohya's rules refuse."""
     adapter, net = config.adapter, config.network
     args = {
@@ -27,19 +27,13 @@ def blockwise(config: Config, family) -> BlockwiseSpec | None:
     }
     if not args:
         return None
-    if family.name.split("-")[0] not in ("sd1", "sd2", "sdxl"):
-        raise ConfigError(
-            f"{next(iter(args))}: block-wise options number the blocks of an SD or SDXL UNet; "
-            f"a {family.name} model has none, so remove it"
-        )
     try:
-        return blockwise_spec(
+        return family.blockwise_spec(
             args,
             dim=net.network_dim,
             alpha=float(net.network_alpha),
             conv_dim=net.conv_dim,
             conv_alpha=net.conv_alpha,
-            sdxl=family.name.startswith("sdxl"),
         )
     except ValueError as exc:
         raise ConfigError(f"network_args: {exc}") from None
@@ -52,7 +46,7 @@ def _names(denoiser: torch.nn.Module, paths) -> dict[str, str]:
 def inject_blockwise(
     denoiser: torch.nn.Module,
     targets: dict[str, TargetKind],
-    spec: BlockwiseSpec,
+    spec,
     lora: LoraSpec,
 ) -> list[str]:
     """LoRA on the ``targets`` of ``denoiser`` whose block keeps an adapter, each with its
@@ -68,9 +62,7 @@ def inject_blockwise(
     return apply_lora(denoiser, kept, lora, {p: ranks[p] for p in kept})
 
 
-def block_groups(
-    denoiser: torch.nn.Module, spec: BlockwiseSpec, lr: float, ratio: float | None
-) -> list[dict]:
+def block_groups(denoiser: torch.nn.Module, spec, lr: float, ratio: float | None) -> list[dict]:
     """One parameter group per block learning rate (``unet_block<N>``, lr x the block's
     weight; with LoRA+ the up weights in a second group at lr x weight x ratio), as kohya
     groups them. Without lr weights: one UNet group."""

@@ -57,7 +57,7 @@ def test_export_fits_the_shipped_configs_with_every_key_used(folder, layout, cou
     assert [len(p) for p in parts] == counts
     tensors = {k: v for part in parts for k, v in part.items()}
     file = CheckpointFile(Path(f"{folder}.safetensors"), tensors=tensors)
-    plans = plan_components(file, LAYOUTS[layout], CONFIGS_DIR / folder)
+    plans = plan_components(file, LAYOUTS[layout].towers, CONFIGS_DIR / folder)
     assert [p.source for p in plans] == ["shipped"] * len(plans)
     used = {k for p in plans for k in p.keys}
     unused = set(tensors) - used
@@ -87,7 +87,7 @@ def test_full_size_sd15_file_round_trip(tmp_path):
         tmp_path / "sd15.safetensors", unet, vae, [encoder], SD1, torch.float16
     )
     file = CheckpointFile(path)
-    plans = plan_components(file, LAYOUTS["sd1"], CONFIGS_DIR / "sd15")
+    plans = plan_components(file, LAYOUTS["sd1"].towers, CONFIGS_DIR / "sd15")
     assert {k for p in plans for k in p.keys} == set(file.keys())
     model = ModelSection(pretrained_model_name_or_path=str(path), tokenizer_path=str(TOKENIZER))
     loaded = load_components(model, torch.float16)

@@ -257,6 +257,22 @@ class ModelFamily:
     def check_options(self, model: ModelSection, flow: FlowSection) -> None:
         """ConfigError for model options ([model] and [flow] keys) that do not fit this family."""
 
+    def blockwise_spec(
+        self,
+        args: Mapping[str, object],
+        dim: int,
+        alpha: float,
+        conv_dim: int | None,
+        conv_alpha: float | None,
+    ):
+        """kohya's block-wise networks.lora options ``args`` (network_args key -> value) as this
+        family's per-block ranks, alphas and rates; ValueError for a value kohya's rules refuse,
+        ConfigError for a family whose denoiser has no kohya blocks (every family but SD's)."""
+        raise ConfigError(
+            f"{next(iter(args))}: block-wise options number the blocks of an SD or SDXL UNet; "
+            f"a {self.name} model has none, so remove it"
+        )
+
     def swap_blocks(self, denoiser, count: int) -> list:
         """The denoiser's blocks whose frozen weights blocks_to_swap keeps in host memory
         (library/training/block_swap.py); ConfigError where the family has no such blocks."""

@@ -12,24 +12,12 @@ from pathlib import Path
 from typing import Literal
 
 from library.errors import ModelError
+from library.models.checkpoint_towers import TextTower
 from library.models.original_names import UNET_PREFIX, VAE_PREFIX
 
 LayoutName = Literal["sd1", "sd2", "sdxl"]
 # the shipped component configs of the released models: library/models/configs
 CONFIGS_DIR = Path(__file__).parents[2] / "configs"
-
-
-@dataclass(frozen=True)
-class TextTower:
-    """One text encoder inside a checkpoint file."""
-
-    kind: Literal["clip", "openclip"]  # OpenAI CLIP (transformers names) or OpenCLIP names
-    prefix: str  # key prefix in the file
-    subfolder: str  # diffusers name: text_encoder / text_encoder_2
-    with_projection: bool = False  # CLIPTextModelWithProjection (SDXL's pooled embedding)
-    # SD 2.x conditions on OpenCLIP's penultimate block: original files carry one block more than
-    # the diffusers encoder has; the loader drops it and the exporter writes a copy of the last.
-    extra_last_block: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,9 +47,6 @@ LAYOUTS: dict[str, FileLayout] = {
         ),
     ),
 }
-# Keys a checkpoint may hold that are not weights of a component (the training noise schedule,
-# EMA copies, OpenCLIP's contrastive temperature): never loaded, never an error.
-IGNORED_SUFFIXES = ("position_ids", "logit_scale", "attn_mask")
 
 
 def _has(keys: set[str], prefix: str) -> bool:

@@ -20,6 +20,7 @@ from library.errors import ConfigError
 from library.models.conditioning import clip_text_conditioning, unet_conditioning
 from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.registry import families
+from library.models.families.sd.blocks import blockwise_spec
 from library.models.families.sd.checkpoint_layout import LAYOUTS
 from library.networks.lycoris_targets import lycoris_targets
 from library.networks.targets import default_targets
@@ -122,6 +123,16 @@ class SDFamily(ModelFamily):
         """One original-layout checkpoint: the trained UNet with the base VAE and text
         encoders (A1111/Forge, ComfyUI)."""
         export_full_unet_checkpoint(path, denoiser, components, self, dtype, metadata)
+
+    def blockwise_spec(self, args, dim, alpha, conv_dim, conv_alpha):
+        return blockwise_spec(
+            args,
+            dim=dim,
+            alpha=alpha,
+            conv_dim=conv_dim,
+            conv_alpha=conv_alpha,
+            sdxl=self.name.startswith("sdxl"),
+        )
 
     def check_options(self, model, flow):
         given = [key for key in type(flow).model_fields if getattr(flow, key) is not None]

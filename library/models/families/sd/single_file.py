@@ -96,7 +96,7 @@ def load_single_file(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: 
     family = file_family(model, layout, file.metadata, path)
     config_dir = layout.config_dir(family.v_parameterization)
     with offline():
-        plans = plan_components(file, layout, config_dir)
+        plans = plan_components(file, layout.towers, config_dir)
         channels = plans[0].config.get("in_channels", 4)
         if channels != 4:
             raise ModelError(
