@@ -34,8 +34,9 @@ _CONFIG_HELP = "config key descriptions (the generated docs/config.md) say what 
 ALLOWED = {
     "library/config/adapter_schema.py": _CONFIG_HELP + " (SDXL's block-wise block counts)",
     "library/config/dataset_schema.py": _CONFIG_HELP + " (bucket steps)",
-    "library/config/flow_schema.py": "the [flow] section: each key's field and help; a family "
-    'with new [flow] keys adds fields here (model_type "flux", timestep_sampling "flux_shift")',
+    "library/config/flow_schema.py": "the shared flow-matching keys' help and kohya's "
+    'timestep_sampling value "flux_shift" (families define their own [flow] keys in their '
+    "packages)",
     "library/config/kohya_script_keys.py": "why sd-scripts options are refused: flux_train.py's "
     "block-swap sliders, SD 1.x/SDXL inpainting",
     "library/config/sampling_schema.py": _CONFIG_HELP + " (default sampler and CFG)",
@@ -110,6 +111,35 @@ def test_only_listed_shared_modules_name_a_family():
         f"these modules no longer name a family: remove them from ALLOWED in {Path(__file__).name}"
         f": {', '.join(cleared)}"
     )
+
+
+# Families added once the registry existed: each is its package plus its line in the registry,
+# so no other module names it, shared or another family's (its own package's name aside).
+PACKAGE_ONLY = {"zimage": re.compile(r"(?<![a-z0-9])z_?-?image", re.IGNORECASE)}
+REGISTRY = "library/models/families/registry.py"
+
+
+def test_a_new_family_is_its_package_and_one_registry_line():
+    for family, word in PACKAGE_ONLY.items():
+        own = f"library/models/families/{family}/"
+        naming = {}
+        for path in sorted((ROOT / "library").rglob("*.py")):
+            module = path.relative_to(ROOT).as_posix()
+            if module.startswith(own):
+                continue
+            found = [
+                (line, text)
+                for line, text in family_names(path.read_text(encoding="utf-8"))
+                if word.search(text)
+            ]
+            if found:
+                naming[module] = found
+        registry_lines = naming.pop(REGISTRY, [])
+        assert not naming, f"modules outside {own} name {family}: " + ", ".join(
+            f"{module}:{line}" for module, found in naming.items() for line, _ in found
+        )
+        # the import of its entry and its line in FAMILIES
+        assert len({line for line, _ in registry_lines}) == 2, registry_lines
 
 
 def test_comments_docstrings_and_other_words_are_not_names():

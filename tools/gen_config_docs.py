@@ -23,6 +23,7 @@ from library.config.frontend_keys import FRONTEND_ONLY_KEYS  # noqa: E402
 from library.config.kohya_values import ZERO_MEANS_OFF  # noqa: E402
 from library.config.schema import SECTIONS  # noqa: E402
 from library.config.suggest import show_value  # noqa: E402
+from library.models.families.registry import flow_key_owners  # noqa: E402
 
 DOCS_PATH = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
@@ -86,6 +87,13 @@ validation keys do is explained in [data.md](data.md).
 """
 
 
+_FLOW = (
+    "Each family defines its own keys here (its component files and options) beside the "
+    "shared flow-matching ones; a set key that the model's family does not read is an error "
+    "naming the families that do."
+)
+
+
 def _type_name(tp: object) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -119,13 +127,23 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _fields_table(model: type[BaseModel], skip: tuple[str, ...] = ()) -> list[str]:
-    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+def _read_by(name: str) -> str:
+    """The families that read the [flow] key ``name``."""
+    return ", ".join(entry.models for entry in flow_key_owners(name))
+
+
+def _fields_table(
+    model: type[BaseModel], skip: tuple[str, ...] = (), owners: bool = False
+) -> list[str]:
+    """A section's keys as a table; ``owners``: with the families that read each key."""
+    head = ["key", "type", "default", *(["read by"] if owners else []), "description"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, field in model.model_fields.items():
         if name in skip:
             continue
         kind = _type_name(field.annotation) + _bounds(field)
-        cells = (f"`{name}`", kind, _default(field), field.description)
+        read_by = [_read_by(name)] if owners else []
+        cells = (f"`{name}`", kind, _default(field), *read_by, field.description)
         lines.append("| " + " | ".join(_cell(c or "") for c in cells) + " |")
     return lines + [""]
 
@@ -196,7 +214,9 @@ def render_docs() -> str:
         lines += [f"## [{name}]", ""]
         if model.__doc__ and not model.__doc__.startswith("Base"):
             lines += [model.__doc__.strip(), ""]
-        lines += _fields_table(model)
+        if name == "flow":
+            lines += [_FLOW, ""]
+        lines += _fields_table(model, owners=name == "flow")
     zero_keys = ", ".join(f"`{k}`" for k in sorted(ZERO_MEANS_OFF))
     lines += [_KOHYA_VALUES.format(zero_keys=zero_keys)]
     lines += [_DATASETS, "### Dataset keys ([[datasets]])", ""]

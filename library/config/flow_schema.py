@@ -1,9 +1,11 @@
-"""The [flow] section: flow-matching models (Flux.1, SD3/SD3.5) in kohya's vocabulary.
+"""The [flow] section: flow-matching models' options in kohya's vocabulary.
 
 Every key is unset by default. A flow-matching model fills the unset ones with kohya's defaults
-(library.training.objectives.FlowOptions). Which family reads which key is its entry's in the
-family registry (library.models.families.registry): a family refuses a set key it does not read,
-naming the families that do, since it would change nothing there.
+(library.training.objectives.FlowOptions). The section is composed: the keys of the
+flow-matching draw and loss are defined here, and every other key by the family that owns it
+(its entry's ``config_keys``: its component files and its own training options, in its
+package). Which family reads which key is its entry's ``flow_keys``: a family refuses a set key
+it does not read, naming the families that do, since it would change nothing there.
 """
 
 from __future__ import annotations
@@ -13,130 +15,16 @@ from typing import Literal
 from pydantic import Field
 
 from library.config.section import Section
+from library.models.families.registry import FAMILIES
 
 TimestepSampling = Literal["sigma", "uniform", "sigmoid", "shift", "flux_shift"]
 WeightingScheme = Literal["sigma_sqrt", "logit_normal", "mode", "cosmap", "none", "uniform"]
 ModelPredictionType = Literal["raw", "additive", "sigma_scaled"]
 
 
-class FlowSection(Section):
-    """The flow-matching families' separate component files and training options."""
+class FlowMatchingKeys(Section):
+    """How the noise level is drawn and the prediction compared with the target."""
 
-    clip_l: str | None = Field(
-        None,
-        description="Flux.1 or SD3: the CLIP-L text encoder file (.safetensors, transformers' "
-        "key names, as kohya and ComfyUI distribute clip_l). Needed with a Flux.1 transformer "
-        "file; with SD3's model file unset takes the one inside; with a diffusers folder it "
-        "replaces the folder's text_encoder/.",
-    )
-    clip_g: str | None = Field(
-        None,
-        description="SD3: the CLIP-G text encoder file (.safetensors, transformers' key names). "
-        "Unset: the one inside the model file; with a diffusers folder it replaces the "
-        "folder's text_encoder_2/.",
-    )
-    t5xxl: str | None = Field(
-        None,
-        description="Flux.1 or SD3: the T5-XXL encoder file (.safetensors, transformers' "
-        "T5EncoderModel key names; bf16, fp16 or fp8-stored). Needed with a Flux.1 transformer "
-        "file; with SD3's model file unset takes the one inside; with a diffusers folder it "
-        "replaces the folder's T5 (text_encoder_2/, SD3: text_encoder_3/).",
-    )
-    ae: str | None = Field(
-        None,
-        description="Flux.1: the autoencoder file (Black Forest Labs' ae.safetensors layout, or "
-        "diffusers' AutoencoderKL names). Needed with a transformer file; with a diffusers "
-        "folder it replaces the folder's vae/.",
-    )
-    text_encoder: str | None = Field(
-        None,
-        description="Z-Image: the Qwen3-4B text encoder file (.safetensors, transformers' key "
-        "names with or without model., as ComfyUI distributes qwen_3_4b.safetensors; "
-        "musubi-tuner's --text_encoder). Needed with a transformer file; with a diffusers "
-        "folder it replaces the folder's text_encoder/.",
-    )
-    t5_tokenizer_path: str | None = Field(
-        None,
-        description="A folder with the T5 tokenizer (tokenizer.json, as in google/t5-v1_1-xxl "
-        "or a Flux diffusers folder's tokenizer_2/). Unset: a diffusers folder's own, else "
-        "tokenizer_cache_dir, then the local Hugging Face cache. Nothing is downloaded. Checked "
-        "against the T5 encoder's config (kind, vocabulary, end and padding ids).",
-    )
-    split_qkv: bool | None = Field(
-        None,
-        description="kohya's networks.lora_flux / lora_sd3 argument (in network_args): separate "
-        "adapters for q, k and v (and the other parts of fused layers). difftune always trains "
-        "them separately; false (one shared adapter per fused layer) is not supported yet.",
-    )
-    train_blocks: Literal["all", "single", "double"] | None = Field(
-        None,
-        description="kohya's networks.lora_flux argument (in network_args): which transformer "
-        "blocks get adapters, all, the 38 single-stream or the 19 double-stream ones. Unset: "
-        "all.",
-    )
-    train_t5xxl: bool | None = Field(
-        None,
-        description="kohya's networks.lora_flux / lora_sd3 argument (in network_args): with the "
-        "text encoders training, also give T5-XXL an adapter (lora_te3_ names). Unset: false, "
-        "the CLIP encoders only, as kohya.",
-    )
-    model_type: Literal["flux"] | None = Field(
-        None, description='kohya\'s model_type; "flux" (Chroma is not supported yet).'
-    )
-    t5xxl_max_token_length: int | None = Field(
-        None,
-        ge=1,
-        le=512,
-        description="T5 tokens per caption. Unset: 512 for Flux.1 dev, 256 for schnell and SD3.",
-    )
-    apply_t5_attn_mask: bool | None = Field(
-        None,
-        description="Mask T5's padding tokens in the T5 encoder (Flux.1: and in the "
-        "transformer's attention). Unset: false.",
-    )
-    apply_lg_attn_mask: bool | None = Field(
-        None,
-        description="SD3: mask the caption's padding tokens inside CLIP-L and CLIP-G. Unset: false.",
-    )
-    clip_l_dropout_rate: float | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="SD3: the share of samples whose CLIP-L output (hidden states and pooled) is "
-        "replaced by zeros, drawn per sample. Unset: 0.",
-    )
-    clip_g_dropout_rate: float | None = Field(
-        None, ge=0, le=1, description="SD3: the same for CLIP-G. Unset: 0."
-    )
-    t5_dropout_rate: float | None = Field(
-        None, ge=0, le=1, description="SD3: the same for T5-XXL's hidden states. Unset: 0."
-    )
-    training_shift: float | None = Field(
-        None,
-        gt=0,
-        description="SD3: shift s of the drawn noise level, u -> s*u / (1 + (s-1)*u), after "
-        "weighting_scheme's density; above 1 trains more on noisy levels. Unset: 1.",
-    )
-    enable_scaled_pos_embed: bool | None = Field(
-        None,
-        description="SD3 (kohya's SD3.5 Medium option): give each dataset resolution its own "
-        "position table, scaled so its central crop spans the same coordinates at every "
-        "resolution, instead of cropping the stored one. Unset: false.",
-    )
-    pos_emb_random_crop_rate: float | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="SD3 (kohya's SD3.5 Medium option): the share of training samples whose "
-        "position embeddings are cropped from the table at a random offset (drawn per sample) "
-        "instead of its centre. Unset: 0.",
-    )
-    guidance_scale: float | None = Field(
-        None,
-        ge=0,
-        description="The distilled guidance value Flux.1 dev is trained with (its guidance "
-        "embedding). Unset: 3.5; 1.0 is common for LoRA training. schnell has no guidance input.",
-    )
     timestep_sampling: TimestepSampling | None = Field(
         None,
         description="How each sample's noise level sigma is drawn: sigma (an index into the "
@@ -175,3 +63,33 @@ class FlowSection(Section):
     mode_scale: float | None = Field(
         None, description="Scale of weighting_scheme mode. Unset: 1.29."
     )
+
+
+def _compose() -> type[Section]:
+    """The [flow] section: each registered family's keys (in registry order), then the shared
+    ones. A key two families define differently is a mistake in the family packages, refused
+    when this module is imported."""
+    owners: dict[str, type[Section]] = dict.fromkeys(FlowMatchingKeys.model_fields, FlowMatchingKeys)
+    parts: list[type[Section]] = []
+    for entry in FAMILIES:
+        for keys in entry.config_keys:
+            if keys in parts:  # shared by several families (transformer_keys.py)
+                continue
+            for name in keys.model_fields:
+                if name in owners:
+                    raise TypeError(
+                        f"[flow] key {name} is defined by both {owners[name].__name__} and "
+                        f"{keys.__name__} ({entry.name}); define it once"
+                    )
+                owners[name] = keys
+            parts.append(keys)
+    # pydantic lists the fields of the bases from the last to the first
+    return type(
+        "FlowSection",
+        (FlowMatchingKeys, *reversed(parts)),
+        {"__module__": __name__, "__doc__": "The flow-matching families' component files and "
+         "training options."},
+    )
+
+
+FlowSection = _compose()

@@ -13,6 +13,7 @@ from pathlib import Path
 from library.config.provenance import provenance
 from library.config.schema import Config
 from library.errors import CheckpointError, ConfigError, DifftuneError
+from library.models.families.registry import component_file_keys
 from library.saving.input_clash import OUTPUT_INSIDE, SAME, Clash, clash
 from library.saving.output_names import EPOCH, STEP
 from library.saving.outputs import OutputLayout
@@ -108,8 +109,7 @@ def run_inputs(config: Config) -> list[tuple[str, str]]:
         ("vae", model.vae),
         ("tokenizer_path", model.tokenizer_path),
         ("tokenizer_cache_dir", model.tokenizer_cache_dir),
-        *((key, getattr(flow, key)) for key in ("clip_l", "clip_g", "t5xxl", "ae", "text_encoder")),
-        ("t5_tokenizer_path", flow.t5_tokenizer_path),
+        *((key, getattr(flow, key)) for key in component_file_keys()),
         ("network_weights", config.network.network_weights),
         ("resume", config.saving.resume),
         ("train_data_dir", data.train_data_dir),

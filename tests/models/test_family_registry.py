@@ -4,6 +4,7 @@ file checks, lora_tool's labels) with no shared module edited."""
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -12,8 +13,10 @@ from typing import ClassVar
 import pytest
 import torch
 
-from library.config.flow_schema import FlowSection
+from library.config import flow_schema
+from library.config.flow_schema import FlowMatchingKeys, FlowSection
 from library.config.schema import ModelSection, NetworkSection
+from library.config.section import Section
 from library.errors import CheckpointError, ConfigError
 from library.lora_tools.base_model import family_group, family_label, guess_family, other_family
 from library.models.families import registry
@@ -102,6 +105,37 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "lycoris.kohya",
     )
     assert registry.trained_lines() == "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5 and Z-Image"
+
+
+def test_flow_keys_come_from_the_families_that_define_them():
+    """Each [flow] key is a field of the shared flow-matching keys or of exactly one class a
+    family names in config_keys; a family reads every key it defines, and every key it reads
+    is a field of the section (a key read but not defined would be refused as unknown)."""
+    defined = {}
+    for entry in registry.FAMILIES:
+        for keys in entry.config_keys:
+            assert set(keys.model_fields) <= entry.flow_keys, (entry.name, keys.__name__)
+            for name in keys.model_fields:
+                assert defined.setdefault(name, keys) is keys, name
+        assert entry.flow_keys <= set(FlowSection.model_fields), entry.name
+    shared = set(FlowSection.model_fields) - set(defined)
+    assert shared == set(FlowMatchingKeys.model_fields)
+    # the composed section validates each key with its owner's field
+    with pytest.raises(ValueError, match="clip_l_dropout_rate"):
+        FlowSection(clip_l_dropout_rate=2.0)
+    assert FlowSection(text_encoder="te.safetensors").text_encoder == "te.safetensors"
+
+
+def test_a_family_key_defined_twice_is_refused(monkeypatch):
+    class Twice(Section):
+        clip_l: str | None = None
+
+    monkeypatch.setattr(
+        registry, "FAMILIES", (*registry.FAMILIES, dataclasses.replace(FAKE, config_keys=(Twice,)))
+    )
+    monkeypatch.setattr(flow_schema, "FAMILIES", registry.FAMILIES)
+    with pytest.raises(TypeError, match="clip_l is defined by both TransformerFlowKeys and Twice"):
+        flow_schema._compose()
 
 
 def test_a_registered_family_claims_its_models_and_leaves_with_the_block():

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from library.config.flow_schema import FlowSection
     from library.config.schema import ModelSection
+    from library.config.section import Section
     from library.config.unsupported import Unsupported
     from library.models.families.base import ModelFamily
 
@@ -116,7 +117,11 @@ class FamilyEntry:
     vae (else the shared loader replaces the VAE afterwards). ``network_module``: the kohya
     network_module of its trainer (the one suggested to a config written for another family).
     ``flow_matching``: trained and sampled by flow matching (Euler sampling only), not DDPM.
-    ``flow_keys``: the [flow] keys it reads (the other families refuse them by name).
+    ``config_keys``: the config Sections (pydantic models) defining the [flow] keys it owns,
+    each key's type, bounds and help (library.config.flow_schema composes the section of every
+    family's and the shared flow-matching keys; a class several families share is named by each).
+    ``flow_keys``: the [flow] keys it reads, its own and shared ones (the other families refuse
+    them by name).
     ``kohya``, ``lora_files``, ``tool``: its kohya vocabulary, how its LoRA files are told
     apart, what lora_tool.py needs. ``test_kit``: its ConformanceKit
     (library.models.families.testkit), which enters it in the conformance suite (unset: the
@@ -133,6 +138,7 @@ class FamilyEntry:
     reads_vae: bool = False
     network_module: str
     flow_matching: bool = False
+    config_keys: tuple[type[Section], ...] = ()
     flow_keys: frozenset[str] = frozenset()
     kohya: KohyaVocabulary = KohyaVocabulary()
     lora_files: LoraFiles = LoraFiles()

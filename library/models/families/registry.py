@@ -89,6 +89,12 @@ def flow_key_owners(key: str) -> tuple[FamilyEntry, ...]:
     return tuple(entry for entry in families() if key in entry.flow_keys)
 
 
+def component_file_keys() -> tuple[str, ...]:
+    """The [flow] keys of the component files and folders a family's single files may need
+    (its entry's ``tool.component_options``), each once, in registry order."""
+    return tuple(dict.fromkeys(key for entry in families() for key in entry.tool.component_options))
+
+
 def foreign_flow_key(flow: FlowSection, name: str) -> tuple[str, tuple[FamilyEntry, ...]] | None:
     """(the first set [flow] key the family ``name`` does not read, the families that read it);
     None when it reads every set key."""

@@ -10,6 +10,7 @@ from library.models.families.family_entry import (
     LoraFiles,
     ToolFacts,
 )
+from library.models.families.flux.config_keys import FluxFlowKeys
 from library.models.families.transformer_entry import (
     COMPONENT_OPTIONS,
     DIT_OPTIONS,
@@ -18,6 +19,7 @@ from library.models.families.transformer_entry import (
     comfy_part_keys,
     refused_network_args,
 )
+from library.models.families.transformer_keys import TransformerFlowKeys
 
 _LINE = "FLUX.1"
 # kohya's names of the double- and single-stream blocks (the original model's)
@@ -46,6 +48,7 @@ FLUX = FamilyEntry(
     load=Deferred("library.models.families.flux.load:load_flux"),
     network_module="networks.lora_flux",
     flow_matching=True,
+    config_keys=(TransformerFlowKeys, FluxFlowKeys),
     flow_keys=FLOW_MATCHING_KEYS
     | {
         "ae",

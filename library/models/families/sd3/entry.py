@@ -11,6 +11,7 @@ from library.models.families.family_entry import (
     LoraFiles,
     ToolFacts,
 )
+from library.models.families.sd3.config_keys import SD3FlowKeys
 from library.models.families.transformer_entry import (
     COMPONENT_OPTIONS,
     DIT_OPTIONS,
@@ -19,6 +20,7 @@ from library.models.families.transformer_entry import (
     comfy_part_keys,
     refused_network_args,
 )
+from library.models.families.transformer_keys import TransformerFlowKeys
 
 _LINE = "SD3/SD3.5"
 _KOHYA_BLOCKS = (("lora_unet_joint_blocks_", _LINE),)
@@ -37,6 +39,7 @@ SD3 = FamilyEntry(
     reads_vae=True,
     network_module="networks.lora_sd3",
     flow_matching=True,
+    config_keys=(TransformerFlowKeys, SD3FlowKeys),
     flow_keys=FLOW_MATCHING_KEYS
     | {
         "clip_g",

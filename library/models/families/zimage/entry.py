@@ -6,6 +6,7 @@ and imported on first use."""
 from __future__ import annotations
 
 from library.models.families.family_entry import Deferred, FamilyEntry, LoraFiles, ToolFacts
+from library.models.families.zimage.config_keys import ZImageFlowKeys
 
 _LINE = "Z-Image"
 _PACKAGE = "library.models.families.zimage"
@@ -48,12 +49,16 @@ ZIMAGE = FamilyEntry(
     # musubi-tuner's LoRA module for Z-Image (its files say ss_network_module so)
     network_module="networks.lora_zimage",
     flow_matching=True,
+    config_keys=(ZImageFlowKeys,),
     flow_keys=FLOW_KEYS,
     lora_files=LoraFiles(
         denoiser_marks=_DENOISER_MARKS,
         architectures=(("Z-Image", _LINE),),
     ),
     tool=ToolFacts(
+        component_options={
+            "text_encoder": "the Qwen3 text encoder file of a transformer file (qwen_3_4b)"
+        },
         variant_labels={
             "zimage-turbo": "Z-Image Turbo",
             "zimage-base": "Z-Image Base",
