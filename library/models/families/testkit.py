@@ -87,14 +87,19 @@ class ConformanceKit:
     seed)``: keyword arguments of one forward call. ``lora_conv``: its default LoRA also adapts
     convolutions (LoCon). ``diffusers_lora_skips(path)``: denoiser layers diffusers' LoRA
     loader cannot read at the tiny models' width (left out of that check only).
+    ``write_single_files(path, variant, seed)``: the same modules as the single files users
+    have (the original-layout checkpoint, or the family's separate component files and
+    tokenizer folders), written in float32 under ``path``; returns the ModelSection and
+    FlowSection keys that load them (``pretrained_model_name_or_path`` and the rest).
     ``sample_cases(variant)``: prompts whose samples must equal diffusers' pipeline's
     (SampleCase). ``loss_cases(variant)`` and ``loss_reference(pipe, batch, seed, case)``: the
     configurations whose micro-batch loss must equal the plain reference, written from the
     family's objective facts on the modules of diffusers' pipeline ``pipe`` with the trainer's
     keyed draws (library.training.noise.draw) for ``seed``.
     ``skips``: property -> why it does not apply to the family, said when the suite skips it
-    ("denoiser_names", "vae_names": no table of the family's own; "lycoris_fused": its LyCORIS
-    files name no fused original layer; "lycoris": it trains no LyCORIS; "sample", "loss":
+    ("denoiser_names", "vae_names": no table of the family's own; "single_files": the variant
+    has no single-file form; "merge": lora_tool.py cannot merge its LoRA files into the model;
+    "lycoris_fused": its LyCORIS files name no fused original layer; "lycoris": it trains no LyCORIS; "sample", "loss":
     no case or reference for the variant); a property without one
     skips with the suite's own reason."""
 
@@ -108,6 +113,9 @@ class ConformanceKit:
     vae_names: NameTable | None = None
     lora_conv: bool = False
     diffusers_lora_skips: Callable[[str], bool] | None = None
+    write_single_files: (
+        Callable[[Path, str, int], tuple[Mapping[str, Any], Mapping[str, Any]]] | None
+    ) = None
     sample_cases: Callable[[str], tuple[SampleCase, ...]] | None = None
     loss_cases: Callable[[str], tuple[LossCase, ...]] | None = None
     loss_reference: Callable[[Any, Mapping[str, Any], int, LossCase], torch.Tensor] | None = None

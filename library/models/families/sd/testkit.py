@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from library.models import original_names as names
-from library.models.families.sd.family import SD1, SDXL
+from library.models.families.sd.family import SD1, SD2, SDXL
 from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
-from library.models.tiny import build_tiny_components, save_tiny_model
+from library.models.tiny import build_tiny_components, save_tiny_model, write_tiny_tokenizer
+from library.saving.checkpoint_export import write_single_file
 from library.training.noise import NoiseOptions, draw
 
 
@@ -62,6 +65,26 @@ def _inputs(unet, seed):
             "time_ids": torch.tensor([[64.0, 64.0, 0.0, 0.0, 64.0, 64.0]]),
         }
     return inputs
+
+
+_FILE_FAMILIES = {"sd1": SD1, "sd2": SD2, "sdxl": SDXL}  # the family each file is written as
+
+
+def _single_file(path, variant, seed):
+    """The original-layout checkpoint (LDM's names; SDXL: SGM's), UNet, VAE and text encoders
+    in one file, with the tokenizer folder(s) beside it."""
+    modules = _build(variant, seed)
+    encoders = [modules[k] for k in ("text_encoder", "text_encoder_2") if k in modules]
+    file = Path(path) / f"{variant}.safetensors"
+    family = _FILE_FAMILIES[variant]
+    write_single_file(file, modules["unet"], modules["vae"], encoders, family, torch.float32)
+    if variant == "sdxl":
+        tokenizers = Path(path) / "tokenizers"
+        for sub in ("tokenizer", "tokenizer_2"):
+            write_tiny_tokenizer(tokenizers / sub)
+    else:
+        tokenizers = write_tiny_tokenizer(Path(path) / "tokenizer")
+    return {"pretrained_model_name_or_path": str(file), "tokenizer_path": str(tokenizers)}, {}
 
 
 def _scheduler(kind: str, prediction: str):
@@ -140,7 +163,9 @@ def reference_loss(pipe, batch, seed, case) -> torch.Tensor:
     target = a.sqrt() * eps - (1 - a).sqrt() * x0 if v_pred else eps
     snr = (a / (1 - a)).view(-1)
     snr_w = (
-        torch.clamp(snr, max=gamma) / (snr + 1 if v_pred else snr) if gamma else torch.ones_like(snr)
+        torch.clamp(snr, max=gamma) / (snr + 1 if v_pred else snr)
+        if gamma
+        else torch.ones_like(snr)
     )
     huber_c = training.get("huber_c") if training.get("loss_type") == "huber" else None
     if huber_c:  # kohya's snr schedule: c_t = (1 - c) / (1 + sigma_t)^2 + c
@@ -191,6 +216,7 @@ KIT = ConformanceKit(
         reference=_reference_vae,
     ),
     lora_conv=True,
+    write_single_files=_single_file,
     sample_cases=_sample_cases,
     loss_cases=lambda variant: () if variant == "sdxl" else _loss_cases(variant),
     loss_reference=reference_loss,
