@@ -1,22 +1,28 @@
 """The family conformance suite: what every registered family must do, checked the same way for
 each, against references outside the family's code (diffusers' converters, pipelines and LoRA
-loader, peft's merge, LyCORIS' formulas).
+loader, peft's merge, LyCORIS' formulas, the model's diffusers folder).
 
 It runs over ``registry.families()``. A family joins by giving its registry entry a test kit
 (``test_kit=Deferred("library.models.families.<family>.testkit:KIT").get``, a ConformanceKit of
 library/models/families/testkit.py: its tiny models, its diffusers pipeline class, its name
 tables and diffusers' converters for them); a family without one is listed here as skipped,
 with the reason. Properties a family does not have (no original-layout name tables, no fused
-LyCORIS modules) skip with their reason too: the kit's (ConformanceKit.skips) where it gives one.
+LyCORIS modules, no single files, no merge by lora_tool) skip with their reason too: the kit's (ConformanceKit.skips) where it gives one.
 
 Properties, per family (and per tiny variant where they are cheap):
 - name tables: diffusers <-> original names of the denoiser and the VAE round trip exactly,
   agree with diffusers' own single-file converter, and move fp8 weights bit for bit;
 - a diffusers folder loads what diffusers' pipeline loads (module types, weights, tokenizers,
   frozen, eval, CPU), in the weight and VAE dtypes asked for;
+- single files: the model as the files users have (ConformanceKit.write_single_files: the
+  original-layout checkpoint, or the family's component files) loads to what its folder loads:
+  the same family, module types and configs, every weight equal in the same dtype, tokenizers
+  that read a caption alike;
 - LoRA: the default adapters written as the family's file read back exactly, into fresh
   adapters whose merged weights are the same; diffusers' load_lora_weights reads every key of
-  the file and, fused, gives peft's merge of our adapters;
+  the file and, fused, gives peft's merge of our adapters; ``lora_tool.py merge`` of the file
+  into the folder gives peft's merge of them too (read back by diffusers' pipeline), every
+  other component untouched;
 - LyCORIS: the file reads back into fresh adapters exactly (every family that trains LyCORIS);
   for families whose files name fused original layers, the file merged into the original
   layout with LyCORIS' formulas and converted back by diffusers is the adapted model, output
@@ -25,9 +31,10 @@ Properties, per family (and per tiny variant where they are cheap):
   the image diffusers' pipeline draws itself from the same folder (its prompt encoding, the
   released scheduler, guidance, VAE), and the settings the case names each change the image;
 - the training loss: micro_batch_loss equals the kit's plain reference (loss_reference: the
-  family's objective facts written out on diffusers' pipeline modules, with the same keyed
-  draws) for each of its configurations (loss_cases); each gives another loss, and other sample
-  positions give another loss.
+  family's objective facts written out on diffusers' pipeline modules, conditioned as the
+  pipeline conditions them, with the same keyed draws) for each of its configurations
+  (loss_cases), on a batch as the data loader gives it (with each image's original size, crop
+  and bucket size); each gives another loss, and other sample positions give another loss.
 """
 
 from __future__ import annotations
@@ -626,6 +633,11 @@ LOSS_BATCH = {
     "loss_weights": torch.tensor([1.0, 0.5]),
     "positions": torch.tensor([3, 8]),
     "epoch": 2,
+    # what the data loader gives every batch (height, width): each image's size before the
+    # bucket's resize, the crop's top-left corner, the bucket's size (the pixels' 64 x 48)
+    "original_sizes": torch.tensor([[96, 48], [64, 96]]),
+    "crop_top_lefts": torch.tensor([[16, 0], [0, 24]]),
+    "target_sizes": torch.tensor([[64, 48], [64, 48]]),
 }
 
 

@@ -137,10 +137,44 @@ def _noise(d, training):
     return eps, (eps + ip_gamma * d.ip_noise if ip_gamma else eps)
 
 
+def _text(pipe, batch) -> tuple[torch.Tensor, dict]:
+    """SD 1.x/2.x: CLIP's last hidden states at 77 tokens, nothing else."""
+    ids = pipe.tokenizer(batch["captions"], padding="max_length", max_length=77,
+                         truncation=True, return_tensors="pt").input_ids  # fmt: skip
+    return pipe.text_encoder(ids)[0], {}
+
+
+def _sdxl_text(pipe, batch) -> tuple[torch.Tensor, dict]:
+    """SDXL as StableDiffusionXLPipeline conditions its UNet: encode_prompt (both encoders'
+    penultimate layers, joined along the channels; the second's pooled projection) and, through
+    added_cond_kwargs, the time ids _get_add_time_ids makes of each sample's sizes, which
+    training takes from the batch (the image's original size, the crop's top-left corner, the
+    bucket's size, each as height and width)."""
+    hidden, _, pooled, _ = pipe.encode_prompt(
+        batch["captions"], device=torch.device("cpu"), do_classifier_free_guidance=False
+    )
+    projection = pipe.text_encoder_2.config.projection_dim
+    sizes = zip(
+        batch["original_sizes"].tolist(),
+        batch["crop_top_lefts"].tolist(),
+        batch["target_sizes"].tolist(),
+        strict=True,
+    )
+    time_ids = [
+        pipe._get_add_time_ids(
+            tuple(original), tuple(crop), tuple(target), hidden.dtype, projection
+        )
+        for original, crop, target in sizes
+    ]
+    added = {"text_embeds": pooled, "time_ids": torch.cat(time_ids)}
+    return hidden, {"added_cond_kwargs": added}
+
+
 def reference_loss(pipe, batch, seed, case) -> torch.Tensor:
     """The textbook loss, written out on the pipeline's modules: x_t = sqrt(a) x0 +
     sqrt(1-a) eps; v = sqrt(a) eps - sqrt(1-a) x0; min-SNR, kohya's SNR Huber schedule and
-    debiased estimation as their formulas; text: CLIP's last hidden states at 77 tokens."""
+    debiased estimation as their formulas; the UNet conditioned as the pipeline conditions it
+    (_text, _sdxl_text)."""
     training = case.training
     gamma = training.get("min_snr_gamma")
     v_pred = bool(case.model.get("v_parameterization"))
@@ -156,10 +190,9 @@ def reference_loss(pipe, batch, seed, case) -> torch.Tensor:
     eps, eps_in = _noise(d, training)
     a = _alpha_bar(d.timesteps)
     xt = a.sqrt() * x0 + (1 - a).sqrt() * eps_in
-    ids = pipe.tokenizer(batch["captions"], padding="max_length", max_length=77,
-                         truncation=True, return_tensors="pt").input_ids  # fmt: skip
-    hidden = pipe.text_encoder(ids)[0]
-    pred = pipe.unet(xt, d.timesteps, hidden).sample
+    text = _sdxl_text if pipe.unet.config.addition_embed_type == "text_time" else _text
+    hidden, added = text(pipe, batch)
+    pred = pipe.unet(xt, d.timesteps, hidden, **added).sample
     target = a.sqrt() * eps - (1 - a).sqrt() * x0 if v_pred else eps
     snr = (a / (1 - a)).view(-1)
     snr_w = (
@@ -218,10 +251,6 @@ KIT = ConformanceKit(
     lora_conv=True,
     write_single_files=_single_file,
     sample_cases=_sample_cases,
-    loss_cases=lambda variant: () if variant == "sdxl" else _loss_cases(variant),
+    loss_cases=_loss_cases,
     loss_reference=reference_loss,
-    skips={
-        "loss": "SDXL's plain reference (both encoders, size conditioning) is not written yet; "
-        "tests/training/test_step_loss.py covers SD 1.x and 2.x's",
-    },
 )
