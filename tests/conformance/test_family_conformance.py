@@ -1,22 +1,28 @@
 """The family conformance suite: what every registered family must do, checked the same way for
 each, against references outside the family's code (diffusers' converters, pipelines and LoRA
-loader, peft's merge, LyCORIS' formulas).
+loader, peft's merge, LyCORIS' formulas, the model's diffusers folder).
 
 It runs over ``registry.families()``. A family joins by giving its registry entry a test kit
 (``test_kit=Deferred("library.models.families.<family>.testkit:KIT").get``, a ConformanceKit of
 library/models/families/testkit.py: its tiny models, its diffusers pipeline class, its name
 tables and diffusers' converters for them); a family without one is listed here as skipped,
 with the reason. Properties a family does not have (no original-layout name tables, no fused
-LyCORIS modules) skip with their reason too: the kit's (ConformanceKit.skips) where it gives one.
+LyCORIS modules, no single files, no merge by lora_tool) skip with their reason too: the kit's (ConformanceKit.skips) where it gives one.
 
 Properties, per family (and per tiny variant where they are cheap):
 - name tables: diffusers <-> original names of the denoiser and the VAE round trip exactly,
   agree with diffusers' own single-file converter, and move fp8 weights bit for bit;
 - a diffusers folder loads what diffusers' pipeline loads (module types, weights, tokenizers,
   frozen, eval, CPU), in the weight and VAE dtypes asked for;
+- single files: the model as the files users have (ConformanceKit.write_single_files: the
+  original-layout checkpoint, or the family's component files) loads to what its folder loads:
+  the same family, module types and configs, every weight equal in the same dtype, tokenizers
+  that read a caption alike;
 - LoRA: the default adapters written as the family's file read back exactly, into fresh
   adapters whose merged weights are the same; diffusers' load_lora_weights reads every key of
-  the file and, fused, gives peft's merge of our adapters;
+  the file and, fused, gives peft's merge of our adapters; ``lora_tool.py merge`` of the file
+  into the folder gives peft's merge of them too (read back by diffusers' pipeline), every
+  other component untouched;
 - LyCORIS: the file reads back into fresh adapters exactly (every family that trains LyCORIS);
   for families whose files name fused original layers, the file merged into the original
   layout with LyCORIS' formulas and converted back by diffusers is the adapted model, output
@@ -25,15 +31,18 @@ Properties, per family (and per tiny variant where they are cheap):
   the image diffusers' pipeline draws itself from the same folder (its prompt encoding, the
   released scheduler, guidance, VAE), and the settings the case names each change the image;
 - the training loss: micro_batch_loss equals the kit's plain reference (loss_reference: the
-  family's objective facts written out on diffusers' pipeline modules, with the same keyed
-  draws) for each of its configurations (loss_cases); each gives another loss, and other sample
-  positions give another loss.
+  family's objective facts written out on diffusers' pipeline modules, conditioned as the
+  pipeline conditions them, with the same keyed draws) for each of its configurations
+  (loss_cases), on a batch as the data loader gives it (with each image's original size, crop
+  and bucket size); each gives another loss, and other sample positions give another loss.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -226,6 +235,59 @@ def test_folder_loads_what_diffusers_loads(name, folders):
         assert_same(module.state_dict(), want)
 
 
+# --- single files -----------------------------------------------------------------------------
+
+
+def _modules_of(parts) -> list[torch.nn.Module]:
+    return [parts.denoiser, parts.vae, *parts.text_encoders]
+
+
+@pytest.mark.parametrize("family_variant", variant_params())
+def test_single_files_load_what_the_folder_loads(family_variant, folders, tmp_path):
+    """The model as the single files users have (the original-layout checkpoint, or the
+    family's component files), read by our loader, is the model its diffusers folder is: the
+    same family, module types and configs, every weight equal in the same dtype, and the
+    tokenizers read a caption the same way. The folder's modules are diffusers' own
+    (test_folder_loads_what_diffusers_loads); the files are written in the original names
+    checked against diffusers' converters above."""
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.models.loader import load_components
+
+    name, variant = family_variant
+    kit = kit_of(name)
+    if kit.write_single_files is None:
+        pytest.skip(kit.skip_reason("single_files", f"{name}-{variant} has no single files"))
+    model, flow = kit.write_single_files(tmp_path / "files", variant, 0)
+    parts = load_components(ModelSection(**model), torch.float32, FlowSection(**flow))
+    folder = folders(name, variant)
+    want = _load(name, folder, torch.float32, torch.float32)
+    assert (
+        parts.is_single_file
+        and parts.model_dir == Path(model["pretrained_model_name_or_path"]).absolute()
+    )
+    assert parts.family == want.family
+    assert len(parts.text_encoders) == len(want.text_encoders)
+    for module, reference in zip(_modules_of(parts), _modules_of(want), strict=True):
+        assert type(module) is type(reference)
+        assert _config(module) == _config(reference), type(module).__name__
+        assert_same(module.state_dict(), reference.state_dict())
+        assert not module.training and not any(p.requires_grad for p in module.parameters())
+    assert len(parts.tokenizers) == len(want.tokenizers)
+    for tokenizer, reference in zip(parts.tokenizers, want.tokenizers, strict=True):
+        caption = LOSS_BATCH["captions"][1]
+        assert tokenizer(caption).input_ids == reference(caption).input_ids
+
+
+def _config(module) -> dict:
+    """A module's config as plain JSON values, without the how-it-was-saved keys."""
+    config = module.config
+    config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    skip = ("transformers_version", "dtype", "torch_dtype", "architectures")
+    data = {k: v for k, v in config.items() if not k.startswith("_") and k not in skip}
+    return json.loads(json.dumps(data, default=list))
+
+
 # --- LoRA files -------------------------------------------------------------------------------
 
 
@@ -276,15 +338,33 @@ def peft_merged(model) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.fixture(scope="module")
+def lora_files(tmp_path_factory):
+    """(family, variant) -> (its family instance, the adapted models by kohya prefix, the
+    file's tensors, the file): the family's default LoRA on the variant's tiny modules, random,
+    each block with its own alpha, written on first use."""
+    cache = {}
+
+    def lora_file(name: str, variant: str):
+        if (name, variant) not in cache:
+            kit = kit_of(name)
+            modules = built(name, variant)
+            family = kit.family(variant, modules)
+            ours = _adapted(kit, family, modules, seed=3, vary_alpha=True)
+            tensors = family.lora_tensors(ours)
+            path = tmp_path_factory.mktemp(f"lora-{name}") / f"{variant}.safetensors"
+            save_lora_file(path, tensors, {}, torch.float32)
+            cache[name, variant] = (family, ours, tensors, path)
+        return cache[name, variant]
+
+    return lora_file
+
+
 @pytest.mark.parametrize("family_variant", variant_params())
-def test_lora_file_round_trip_is_exact(family_variant, tmp_path):
+def test_lora_file_round_trip_is_exact(family_variant, lora_files):
     name, variant = family_variant
     kit = kit_of(name)
-    modules = built(name, variant)
-    family = kit.family(variant, modules)
-    ours = _adapted(kit, family, modules, seed=3, vary_alpha=True)
-    tensors = family.lora_tensors(ours)
-    path = save_lora_file(tmp_path / "lora.safetensors", tensors, {}, torch.float32)
+    family, ours, tensors, path = lora_files(name, variant)
     read, _ = read_lora_file(path)
     assert_same(read, tensors)
     fresh = _adapted(kit, family, built(name, variant), alpha=1.0)
@@ -292,6 +372,46 @@ def test_lora_file_round_trip_is_exact(family_variant, tmp_path):
     assert_same(family.lora_tensors(fresh), tensors)  # the adapters hold what was written
     for prefix, model in ours.items():  # and, alphas too, are the same adapters
         assert_same(peft_merged(fresh[prefix]), peft_merged(model))
+
+
+@pytest.mark.parametrize("family_variant", variant_params())
+def test_lora_file_merged_into_the_base_is_peft_merge(
+    family_variant, folders, lora_files, tmp_path
+):
+    """``lora_tool.py merge`` of the family's default LoRA file into the tiny folder (a diffusers
+    folder out, read back by diffusers' own pipeline) holds, in every adapted denoiser and text
+    encoder, peft's merge of the adapters the file was written from (W + alpha / r * B @ A,
+    each block its own alpha); the other components are the base's, bit for bit."""
+    from library.lora_tools import cli
+
+    name, variant = family_variant
+    kit = kit_of(name)
+    if "merge" in kit.skips:
+        pytest.skip(kit.skips["merge"])
+    family, ours, _, path = lora_files(name, variant)
+    base = folders(name, variant)
+    out = tmp_path / "merged"
+    assert cli.main(["merge", "--model", str(base), "--loras", str(path),
+                     "--output_dir", str(out)]) == 0  # fmt: skip
+    merged = dict(pipeline_modules(pipeline(out)))
+    plain = dict(pipeline_modules(pipeline(base)))
+    components = {UNET: denoiser_name(merged)}
+    pairs = zip(family.text_encoder_lora_prefixes, family.text_encoder_subfolders, strict=True)
+    components.update(pairs)
+    assert ours.keys() <= components.keys()
+    for prefix, model in ours.items():
+        theirs = merged[components[prefix]].state_dict()
+        mine = peft_merged(model)
+        assert sorted(theirs) == sorted(mine), prefix
+        for key, value in mine.items():
+            assert theirs[key].dtype == value.dtype, key
+            torch.testing.assert_close(theirs[key], value, rtol=1e-5, atol=1e-6, msg=key)
+        base_state = plain[components[prefix]].state_dict()
+        assert any(not torch.equal(theirs[k], v) for k, v in base_state.items()), prefix
+    adapted = {components[prefix] for prefix in ours}
+    for component, module in merged.items():
+        if component not in adapted:
+            assert_same(module.state_dict(), plain[component].state_dict())
 
 
 @pytest.mark.parametrize("family_variant", variant_params())
@@ -513,6 +633,11 @@ LOSS_BATCH = {
     "loss_weights": torch.tensor([1.0, 0.5]),
     "positions": torch.tensor([3, 8]),
     "epoch": 2,
+    # what the data loader gives every batch (height, width): each image's size before the
+    # bucket's resize, the crop's top-left corner, the bucket's size (the pixels' 64 x 48)
+    "original_sizes": torch.tensor([[96, 48], [64, 96]]),
+    "crop_top_lefts": torch.tensor([[16, 0], [0, 24]]),
+    "target_sizes": torch.tensor([[64, 48], [64, 48]]),
 }
 
 

@@ -3,11 +3,14 @@
 A family joins the suite by defining a ``ConformanceKit`` in its package (``<family>/testkit.py``,
 ``KIT``) and naming it in its registry entry (``test_kit=Deferred("...testkit:KIT").get``). The
 suite then checks, for every registered family with a kit, the properties every family must
-have (name tables against diffusers' converters, folders against diffusers' pipelines, LoRA and
-LyCORIS files round trip and load in diffusers) against references outside the family's code.
-The kit builds tiny models and names diffusers' own readers; the only expectations it computes
-are its plain reference losses (``loss_reference``): the family's objective facts written out
-on diffusers' pipeline modules, independently of the family's training code.
+have (name tables against diffusers' converters, folders against diffusers' pipelines, single
+files against the folder, LoRA and LyCORIS files round trip and load in diffusers, LoRA files
+merged by lora_tool against peft's merge, samples against diffusers' pipelines, the training
+loss against a plain reference) against references outside the family's code. The kit builds
+tiny models (as modules, a diffusers folder and single files) and names diffusers' own
+readers; the only expectations it computes are its plain reference losses
+(``loss_reference``): the family's objective facts written out on diffusers' pipeline modules
+(their text encoding and conditioning), independently of the family's training code.
 """
 
 from __future__ import annotations
@@ -81,21 +84,29 @@ class ConformanceKit:
     use). ``build(variant, seed)``: its modules by diffusers pipeline component name
     ("transformer" or "unet", "vae", "text_encoder", "text_encoder_2", ...).
     ``write_folder(path, variant, seed)``: the same modules as a diffusers folder, which
-    diffusers reads as the pipeline class ``pipeline(variant)`` names. ``family(variant, modules)``: the
-    ModelFamily instance of those modules. ``denoiser_names`` / ``vae_names``: the name tables
-    of a family whose single files use the original layout. ``denoiser_inputs(denoiser,
-    seed)``: keyword arguments of one forward call. ``lora_conv``: its default LoRA also adapts
-    convolutions (LoCon). ``diffusers_lora_skips(path)``: denoiser layers diffusers' LoRA
-    loader cannot read at the tiny models' width (left out of that check only).
+    diffusers reads as the pipeline class ``pipeline(variant)`` names.
+    ``write_single_files(path, variant, seed)``: the same modules as the single files users
+    have (the original-layout checkpoint, or the family's separate component files, with
+    tokenizer folders), written in float32 under ``path``; returns the ModelSection and
+    FlowSection keys that load them (``pretrained_model_name_or_path`` and the rest).
+    ``family(variant, modules)``: the ModelFamily instance of those modules.
+    ``denoiser_names`` / ``vae_names``: the name tables of a family whose single files use the
+    original layout. ``denoiser_inputs(denoiser, seed)``: keyword arguments of one forward
+    call. ``lora_conv``: its default LoRA also adapts convolutions (LoCon).
+    ``diffusers_lora_skips(path)``: denoiser layers diffusers' LoRA loader cannot read at the
+    tiny models' width (left out of that check only).
     ``sample_cases(variant)``: prompts whose samples must equal diffusers' pipeline's
     (SampleCase). ``loss_cases(variant)`` and ``loss_reference(pipe, batch, seed, case)``: the
     configurations whose micro-batch loss must equal the plain reference, written from the
-    family's objective facts on the modules of diffusers' pipeline ``pipe`` with the trainer's
-    keyed draws (library.training.noise.draw) for ``seed``.
+    family's objective facts on the modules of diffusers' pipeline ``pipe`` (conditioned as the
+    pipeline conditions them) with the trainer's keyed draws (library.training.noise.draw) for
+    ``seed``; ``batch`` is as the data loader gives it (captions, pixels, loss weights,
+    positions, epoch, and each image's original size, crop top-left and bucket size).
     ``skips``: property -> why it does not apply to the family, said when the suite skips it
-    ("denoiser_names", "vae_names": no table of the family's own; "lycoris_fused": its LyCORIS
-    files name no fused original layer; "lycoris": it trains no LyCORIS; "sample", "loss":
-    no case or reference for the variant); a property without one
+    ("denoiser_names", "vae_names": no table of the family's own; "single_files": the family
+    has no single-file form; "merge": lora_tool.py cannot merge its LoRA files into the model;
+    "lycoris_fused": its LyCORIS files name no fused original layer; "lycoris": it trains no
+    LyCORIS; "sample", "loss": no case or reference for the variant); a property without one
     skips with the suite's own reason."""
 
     variants: tuple[str, ...]
@@ -108,6 +119,9 @@ class ConformanceKit:
     vae_names: NameTable | None = None
     lora_conv: bool = False
     diffusers_lora_skips: Callable[[str], bool] | None = None
+    write_single_files: (
+        Callable[[Path, str, int], tuple[Mapping[str, Any], Mapping[str, Any]]] | None
+    ) = None
     sample_cases: Callable[[str], tuple[SampleCase, ...]] | None = None
     loss_cases: Callable[[str], tuple[LossCase, ...]] | None = None
     loss_reference: Callable[[Any, Mapping[str, Any], int, LossCase], torch.Tensor] | None = None

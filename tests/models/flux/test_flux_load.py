@@ -183,15 +183,6 @@ def test_folder_components(folder):
     assert len(clip_tokenizer("a cat", padding="max_length").input_ids) == 77
 
 
-def test_schnell_folder_and_file(tmp_path):
-    folder = write_tiny_flux_folder(tmp_path / "schnell", "schnell", 1)
-    files = write_tiny_flux_files(tmp_path / "files", "schnell", 1, dtype=torch.float32)
-    by_folder, by_files = load(folder), load(files["transformer"], files)
-    assert by_folder.family.variant == by_files.family.variant == "schnell"
-    assert not by_files.denoiser.config.guidance_embeds
-    assert_state(by_files.denoiser, by_folder.denoiser.state_dict())
-
-
 # --- single files ---------------------------------------------------------------------------
 
 

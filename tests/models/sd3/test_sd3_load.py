@@ -1,7 +1,8 @@
-"""Loading SD3 / SD3.5 offline: which models the SD3 loader claims, a diffusers folder against
-diffusers' own StableDiffusion3Pipeline.from_pretrained, Stability's single file (text encoders
-inside or beside it; bf16, fp8; other layouts) against the in-memory build of the same seed, and
-one-line errors naming what to fix."""
+"""Loading SD3 / SD3.5 offline: which models the SD3 loader claims, Stability's single file
+(text encoders inside or beside it; bf16, fp8; other layouts) against the in-memory build of the
+same seed, and one-line errors naming what to fix. (A folder against diffusers' own pipeline, and
+each variant's float32 all-in-one file against its folder: the conformance suite,
+tests/conformance.)"""
 
 from __future__ import annotations
 
@@ -202,22 +203,6 @@ def test_claims_reads_only_headers(folder, inside, monkeypatch):
     monkeypatch.setattr(CheckpointFile, "tensor", no_reading)
     monkeypatch.setattr("safetensors.torch.load_file", no_reading)
     assert claims_sd3(*section(inside["model"])) and claims_sd3(*section(folder))
-
-
-# --- a diffusers folder ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("variant", ["sd3-medium", "sd3.5-large"])
-def test_other_variants_by_folder_and_file(variant, tmp_path):
-    folder = write_tiny_sd3_folder(tmp_path / "folder", variant, 1)
-    files = write_tiny_sd3_files(
-        tmp_path / "files", variant, 1, text_encoders_inside=True, dtype=torch.float32
-    )
-    by_folder, by_file = load(folder), load(files["model"], files)
-    assert by_folder.variant == by_file.variant == variant
-    assert by_file.transformer.config.qk_norm == shapes.QK_NORM[variant]
-    for field in PARTS:
-        assert_state(getattr(by_file, field), getattr(by_folder, field).state_dict())
 
 
 # --- single files ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from library.models.families.flux import original_keys
 from library.models.families.flux.family import flux_family
 from library.models.families.flux.shapes import VARIANTS
 from library.models.families.flux.tiny import build_tiny_flux_components
-from library.models.families.flux.tiny_files import write_tiny_flux_folder
+from library.models.families.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
 from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
 from library.training.noise import NoiseOptions, draw
 
@@ -77,6 +77,15 @@ def _linear1_part(path: str) -> bool:
     return path.startswith("single_transformer_blocks.") and path.endswith(
         ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
     )
+
+
+def _single_files(path, variant, seed):
+    """Black Forest Labs' transformer file with ComfyUI's clip_l, t5xxl and ae beside it."""
+    files = write_tiny_flux_files(path, variant, seed, dtype=torch.float32)
+    model = {"pretrained_model_name_or_path": str(files["transformer"]),
+             "tokenizer_path": str(files["tokenizer"])}  # fmt: skip
+    flow = {k: str(files[k]) for k in ("clip_l", "t5xxl", "ae")}
+    return model, {**flow, "t5_tokenizer_path": str(files["t5_tokenizer"])}
 
 
 # black-forest-labs/FLUX.1-{dev,schnell} scheduler/scheduler_config.json, written out here so the
@@ -212,6 +221,7 @@ KIT = ConformanceKit(
         reference=_reference_ae,
     ),
     diffusers_lora_skips=_linear1_part,
+    write_single_files=_single_files,
     sample_cases=_sample_cases,
     loss_cases=_loss_cases,
     loss_reference=_loss_reference,

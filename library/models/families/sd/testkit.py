@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from library.models import original_names as names
-from library.models.families.sd.family import SD1, SDXL
+from library.models.families.sd.family import SD1, SD2, SDXL
 from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
-from library.models.tiny import build_tiny_components, save_tiny_model
+from library.models.tiny import build_tiny_components, save_tiny_model, write_tiny_tokenizer
+from library.saving.checkpoint_export import write_single_file
 from library.training.noise import NoiseOptions, draw
 
 
@@ -64,6 +67,26 @@ def _inputs(unet, seed):
     return inputs
 
 
+_FILE_FAMILIES = {"sd1": SD1, "sd2": SD2, "sdxl": SDXL}  # the family each file is written as
+
+
+def _single_file(path, variant, seed):
+    """The original-layout checkpoint (LDM's names; SDXL: SGM's), UNet, VAE and text encoders
+    in one file, with the tokenizer folder(s) beside it."""
+    modules = _build(variant, seed)
+    encoders = [modules[k] for k in ("text_encoder", "text_encoder_2") if k in modules]
+    file = Path(path) / f"{variant}.safetensors"
+    family = _FILE_FAMILIES[variant]
+    write_single_file(file, modules["unet"], modules["vae"], encoders, family, torch.float32)
+    if variant == "sdxl":
+        tokenizers = Path(path) / "tokenizers"
+        for sub in ("tokenizer", "tokenizer_2"):
+            write_tiny_tokenizer(tokenizers / sub)
+    else:
+        tokenizers = write_tiny_tokenizer(Path(path) / "tokenizer")
+    return {"pretrained_model_name_or_path": str(file), "tokenizer_path": str(tokenizers)}, {}
+
+
 def _scheduler(kind: str, prediction: str):
     """diffusers' ``kind`` scheduler on the folder's config, predicting ``prediction``."""
 
@@ -114,10 +137,44 @@ def _noise(d, training):
     return eps, (eps + ip_gamma * d.ip_noise if ip_gamma else eps)
 
 
+def _text(pipe, batch) -> tuple[torch.Tensor, dict]:
+    """SD 1.x/2.x: CLIP's last hidden states at 77 tokens, nothing else."""
+    ids = pipe.tokenizer(batch["captions"], padding="max_length", max_length=77,
+                         truncation=True, return_tensors="pt").input_ids  # fmt: skip
+    return pipe.text_encoder(ids)[0], {}
+
+
+def _sdxl_text(pipe, batch) -> tuple[torch.Tensor, dict]:
+    """SDXL as StableDiffusionXLPipeline conditions its UNet: encode_prompt (both encoders'
+    penultimate layers, joined along the channels; the second's pooled projection) and, through
+    added_cond_kwargs, the time ids _get_add_time_ids makes of each sample's sizes, which
+    training takes from the batch (the image's original size, the crop's top-left corner, the
+    bucket's size, each as height and width)."""
+    hidden, _, pooled, _ = pipe.encode_prompt(
+        batch["captions"], device=torch.device("cpu"), do_classifier_free_guidance=False
+    )
+    projection = pipe.text_encoder_2.config.projection_dim
+    sizes = zip(
+        batch["original_sizes"].tolist(),
+        batch["crop_top_lefts"].tolist(),
+        batch["target_sizes"].tolist(),
+        strict=True,
+    )
+    time_ids = [
+        pipe._get_add_time_ids(
+            tuple(original), tuple(crop), tuple(target), hidden.dtype, projection
+        )
+        for original, crop, target in sizes
+    ]
+    added = {"text_embeds": pooled, "time_ids": torch.cat(time_ids)}
+    return hidden, {"added_cond_kwargs": added}
+
+
 def reference_loss(pipe, batch, seed, case) -> torch.Tensor:
     """The textbook loss, written out on the pipeline's modules: x_t = sqrt(a) x0 +
     sqrt(1-a) eps; v = sqrt(a) eps - sqrt(1-a) x0; min-SNR, kohya's SNR Huber schedule and
-    debiased estimation as their formulas; text: CLIP's last hidden states at 77 tokens."""
+    debiased estimation as their formulas; the UNet conditioned as the pipeline conditions it
+    (_text, _sdxl_text)."""
     training = case.training
     gamma = training.get("min_snr_gamma")
     v_pred = bool(case.model.get("v_parameterization"))
@@ -133,14 +190,15 @@ def reference_loss(pipe, batch, seed, case) -> torch.Tensor:
     eps, eps_in = _noise(d, training)
     a = _alpha_bar(d.timesteps)
     xt = a.sqrt() * x0 + (1 - a).sqrt() * eps_in
-    ids = pipe.tokenizer(batch["captions"], padding="max_length", max_length=77,
-                         truncation=True, return_tensors="pt").input_ids  # fmt: skip
-    hidden = pipe.text_encoder(ids)[0]
-    pred = pipe.unet(xt, d.timesteps, hidden).sample
+    text = _sdxl_text if pipe.unet.config.addition_embed_type == "text_time" else _text
+    hidden, added = text(pipe, batch)
+    pred = pipe.unet(xt, d.timesteps, hidden, **added).sample
     target = a.sqrt() * eps - (1 - a).sqrt() * x0 if v_pred else eps
     snr = (a / (1 - a)).view(-1)
     snr_w = (
-        torch.clamp(snr, max=gamma) / (snr + 1 if v_pred else snr) if gamma else torch.ones_like(snr)
+        torch.clamp(snr, max=gamma) / (snr + 1 if v_pred else snr)
+        if gamma
+        else torch.ones_like(snr)
     )
     huber_c = training.get("huber_c") if training.get("loss_type") == "huber" else None
     if huber_c:  # kohya's snr schedule: c_t = (1 - c) / (1 + sigma_t)^2 + c
@@ -191,11 +249,8 @@ KIT = ConformanceKit(
         reference=_reference_vae,
     ),
     lora_conv=True,
+    write_single_files=_single_file,
     sample_cases=_sample_cases,
-    loss_cases=lambda variant: () if variant == "sdxl" else _loss_cases(variant),
+    loss_cases=_loss_cases,
     loss_reference=reference_loss,
-    skips={
-        "loss": "SDXL's plain reference (both encoders, size conditioning) is not written yet; "
-        "tests/training/test_step_loss.py covers SD 1.x and 2.x's",
-    },
 )

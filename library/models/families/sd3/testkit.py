@@ -12,7 +12,7 @@ from library.models.families.sd3 import original_keys
 from library.models.families.sd3.family import sd3_family
 from library.models.families.sd3.shapes import VARIANTS
 from library.models.families.sd3.tiny import build_tiny_sd3_components
-from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
+from library.models.families.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
 from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
 from library.training.noise import NoiseOptions, draw
 
@@ -53,6 +53,15 @@ def _inputs(transformer, seed):
         "pooled_projections": torch.randn(1, config.pooled_projection_dim, generator=gen),
         "timestep": torch.tensor([500.0]),
     }
+
+
+def _single_file(path, variant, seed):
+    """Stability's one file with the MMDiT, the VAE and the three text encoders inside."""
+    files = write_tiny_sd3_files(path, variant, seed, text_encoders_inside=True,
+                                 dtype=torch.float32)  # fmt: skip
+    model = {"pretrained_model_name_or_path": str(files["model"]),
+             "tokenizer_path": str(files["tokenizer"])}  # fmt: skip
+    return model, {"t5_tokenizer_path": str(files["t5_tokenizer"])}
 
 
 # stabilityai/stable-diffusion-3.5-large scheduler/scheduler_config.json (shift 3.0), written
@@ -183,6 +192,7 @@ KIT = ConformanceKit(
         from_original=lambda state, config: original_keys.ae_from_original(state),
         reference=_reference_vae,
     ),
+    write_single_files=_single_file,
     sample_cases=_sample_cases,
     loss_cases=_loss_cases,
     loss_reference=_loss_reference,

@@ -17,6 +17,7 @@ from library.models.families.zimage.tiny import (
     build_tiny_zimage_components,
     write_tiny_zimage_folder,
 )
+from library.models.families.zimage.tiny_files import write_tiny_zimage_files
 from library.training.noise import NoiseOptions, draw
 
 
@@ -50,6 +51,14 @@ def _inputs(transformer, seed):
     }
 
 
+def _single_files(path, variant, seed):
+    """Comfy-Org's transformer, Qwen3 (qwen_3_4b) and AE files, with the tokenizer folder."""
+    files = write_tiny_zimage_files(path, variant, seed, dtype=torch.float32)
+    model = {"pretrained_model_name_or_path": str(files["transformer"]),
+             "tokenizer_path": str(files["tokenizer"]), "vae": str(files["ae"])}  # fmt: skip
+    return model, {"text_encoder": str(files["text_encoder"])}
+
+
 def _sample_cases(variant):
     """Turbo's default without guidance, and a guided prompt with a negative prompt (the usual
     CFG scale 3 is the pipeline's pos + 2 * (pos - neg)); Base's default CFG scale 4."""
@@ -60,8 +69,14 @@ def _sample_cases(variant):
     return (
         SampleCase(prompt=turbo, call={"guidance_scale": 0.0}, tolerance=0),
         SampleCase(
-            prompt=dict(prompt="a red cube on a table", scale=3.0,
-                        negative_prompt="blurry, dark", seed=4, steps=2, width=80),
+            prompt=dict(
+                prompt="a red cube on a table",
+                scale=3.0,
+                negative_prompt="blurry, dark",
+                seed=4,
+                steps=2,
+                width=80,
+            ),
             call={"guidance_scale": 2.0, "negative_prompt": "blurry, dark"},
             differs=({"guidance_scale": 0.0, "negative_prompt": None},),
             tolerance=0,
@@ -109,6 +124,7 @@ KIT = ConformanceKit(
         from_original=lambda original, config: keys.original_to_diffusers(original),
         reference=_reference_transformer,
     ),
+    write_single_files=_single_files,
     sample_cases=_sample_cases,
     loss_cases=lambda variant: (LossCase(), LossCase(flow={"discrete_flow_shift": 4.0})),
     loss_reference=_loss_reference,
