@@ -119,7 +119,12 @@ def _open(path: Path, what: str) -> CheckpointFile:
 
 def _flow_file(flow: FlowSection, key: str) -> CheckpointFile:
     """The [flow] file ``key``, its header read; ModelError naming the key when unusable."""
-    value = getattr(flow, key)
+    return _component_file(key, getattr(flow, key))
+
+
+def _component_file(key: str, value: str | None) -> CheckpointFile:
+    """The [flow] file ``key`` names (``value``), its header read; ModelError naming the key
+    when unusable."""
     if not value:
         raise ModelError(
             f"Flux.1 as a single transformer file needs {_FLOW_FILES[key]}: set {key} = "
@@ -138,11 +143,11 @@ def _flow_file(flow: FlowSection, key: str) -> CheckpointFile:
     return _open(path, key)
 
 
-def component_plans(flow: FlowSection) -> dict[str, Plan]:
-    """[flow] key -> the plan of its file, for the clip_l, t5xxl and ae files that are set
-    (each checked before any weight is read); with a diffusers folder they replace its parts."""
+def plan_flow_file(key: str, value: str) -> Plan:
+    """The plan of the [flow] clip_l, t5xxl or ae file ``key`` names (``value``), checked before
+    any weight is read: with a diffusers folder it replaces the folder's part."""
     planners = {"clip_l": plan_clip, "t5xxl": plan_t5, "ae": plan_ae}
-    return {key: planners[key](_flow_file(flow, key)) for key in _FLOW_FILES if getattr(flow, key)}
+    return planners[key](_component_file(key, value))
 
 
 def check_widths(

@@ -169,9 +169,10 @@ def _wrong_file(
     )
 
 
-def _flow_file(flow: FlowSection, key: str) -> CheckpointFile:
-    """The [flow] file ``key`` (set), its header read; ModelError naming the key when unusable."""
-    path = Path(getattr(flow, key)).expanduser().absolute()
+def _flow_file(key: str, value: str) -> CheckpointFile:
+    """The [flow] file ``key`` names (``value``), its header read; ModelError naming the key
+    when unusable."""
+    path = Path(value).expanduser().absolute()
     if path.is_dir():
         raise ModelError(
             f"{key} = {path} is a folder; set {key} in [flow] to the .safetensors file of "
@@ -244,7 +245,7 @@ def plan_text_encoder(
     """The text encoder ``key`` ("clip_l", "clip_g", "t5xxl"): its [flow] file when set, else
     the one inside the model file; ModelError naming the key when neither is there."""
     if getattr(flow, key):
-        return _plan_encoder(_flow_file(flow, key), key, key)
+        return plan_flow_file(key, getattr(flow, key))
     if not getattr(found, key):
         raise ModelError(
             f"{model_file.path.name} does not hold {_ENCODERS[key][1]} "
@@ -363,14 +364,10 @@ def check_widths(
         )
 
 
-def component_plans(flow: FlowSection) -> dict[str, Plan]:
-    """[flow] key -> the plan of its file, for the clip_l, clip_g and t5xxl files that are set
-    (each checked before any weight is read); with a diffusers folder they replace its parts."""
-    return {
-        key: _plan_encoder(_flow_file(flow, key), key, key)
-        for key in _ENCODERS
-        if getattr(flow, key)
-    }
+def plan_flow_file(key: str, value: str) -> Plan:
+    """The plan of the [flow] clip_l, clip_g or t5xxl file ``key`` names (``value``), checked
+    before any weight is read: with a diffusers folder it replaces the folder's text encoder."""
+    return _plan_encoder(_flow_file(key, value), key, key)
 
 
 # --- VAE ----------------------------------------------------------------------------------------
