@@ -1,16 +1,11 @@
 """One loader for the diffusers pipeline folders of the transformer families, driven by data.
 
-A family declares its folder as a ``PipelineFolder``: the pipeline class its model_index.json
-names, each part (``FolderPart``: its subfolder, the class that reads it, the file it must hold,
-its weights file's stem, whether it loads in the weight or the VAE dtype, and the config key
-whose component file replaces it), the function that plans such a file, its tokenizers
-(``FolderTokenizer``: subfolder, the config key whose tokenizer replaces the folder's, the
-function that reads it) and any other subfolder it needs. ``load_folder`` plans the component
-files that are set, checks every part and weights file the folder must give before any weight
-loads (``checked_pipeline_folder``), lets the family look at the checked folder (``inspect``: its
-variant, its channel and width checks), reads the tokenizers, then the parts, each from its
-component file where one replaces it, and freezes every module. What a family builds from the
-loaded modules (its parts, its Components) stays in its own package.
+A family declares its folder as a ``PipelineFolder`` (its pipeline class, parts, tokenizers, the
+function planning a component file that replaces a part, and its own look at the folder);
+``load_folder`` plans the component files set, checks every part, tokenizer folder and weights
+file before any weight is read, lets the family look at the checked folder (``inspect``), reads
+the tokenizers, then the parts (from their component files where set), and freezes every module.
+What a family builds from the loaded modules stays in its own package.
 """
 
 from __future__ import annotations
@@ -26,7 +21,11 @@ from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.family_entry import Deferred
 from library.models.families.file_plans import Plan, load_plan
-from library.models.families.flux.tokenizers import folder_t5_tokenizer, t5_tokenizer_files
+from library.models.families.flux.tokenizers import (
+    load_t5_tokenizer,
+    located_t5_tokenizer,
+    t5_tokenizer_files,
+)
 from library.models.loader import (
     check_weights_file,
     find_weights,
@@ -35,6 +34,7 @@ from library.models.loader import (
     read_json,
     resolve_model_dir,
 )
+from library.models.tokenizer_fit import TokenizerSource
 from library.models.tokenizers import EncoderKind, folder_tokenizer
 
 # What a component file gives in place of a folder's part: the plan of a checked .safetensors
@@ -45,30 +45,23 @@ Replacement = Plan | Callable[[torch.dtype], torch.nn.Module]
 
 @dataclass(frozen=True)
 class FolderPart:
-    """One model part of a pipeline folder, in ``sub``/.
+    """One model part of a pipeline folder, in ``sub``/ (which must hold config.json).
 
     ``cls``: the diffusers or transformers class reading it, as ``"module:Class"``, imported
-    when the part loads. ``file_key``: the config key ([model] or [flow]) whose component file
-    replaces the part (the folder then need not hold it). ``base``: the full-size config the
-    folder's config.json is read over, for a part whose config the family checks (a text
-    encoder's widths). ``vae``: it loads in the VAE dtype, not the weight dtype. ``required``:
-    the file ``sub``/ must hold; ``stem``: its weights file's name (loader.find_weights), by
-    default the one its library saves (transformers: model, diffusers:
-    diffusion_pytorch_model)."""
+    when the part loads; its weights file is the one that library writes. ``file_key``: the
+    config key whose component file replaces the part (the folder then need not hold it).
+    ``base``: the full-size config the folder's config.json is read over, for a part whose
+    config the family checks. ``vae``: it loads in the VAE dtype, not the weight dtype."""
 
     sub: str
     cls: str
     file_key: str | None = None
     base: Callable[[], dict] | None = None
     vae: bool = False
-    required: str = "config.json"
-    stem: str | None = None
 
     @property
-    def weights_stem(self) -> str:
-        """The stem of the part's weights file."""
-        if self.stem:
-            return self.stem
+    def stem(self) -> str:
+        """The stem of the part's weights file (loader.find_weights)."""
         return "model" if self.cls.startswith("transformers:") else "diffusion_pytorch_model"
 
 
@@ -77,18 +70,13 @@ class FolderTokenizer:
     """One tokenizer of a pipeline folder, in ``sub``/.
 
     ``read(folder)`` reads it: the folder's, or, when the config key ``key`` is set, the one
-    that key names (the folder then need not hold it). ``t5``: a T5 tokenizer folder
-    (tokenizer.json or spiece.model), checked by ``checked_pipeline_folder``; else one with
-    vocab.json + merges.txt or tokenizer.json (loader.resolve_model_dir)."""
+    that key names (the folder then need not hold it). ``t5``: a T5 tokenizer folder, which
+    must hold tokenizer.json or spiece.model; else vocab.json + merges.txt or tokenizer.json."""
 
     sub: str
     read: Callable[[CheckedFolder], object]
     key: str = "tokenizer_path"
     t5: bool = False
-
-
-def _nothing(folder: CheckedFolder) -> None:
-    return None
 
 
 @dataclass(frozen=True)
@@ -106,9 +94,9 @@ class PipelineFolder:
     family: str
     parts: tuple[FolderPart, ...]
     tokenizers: tuple[FolderTokenizer, ...]
+    inspect: Callable[[CheckedFolder], object]
     plan_file: Callable[[str, str], Replacement] | None = None
     other: Mapping[str, str] = field(default_factory=dict)
-    inspect: Callable[[CheckedFolder], object] = _nothing
 
 
 def option(model: ModelSection, flow: FlowSection, key: str):
@@ -129,7 +117,6 @@ class CheckedFolder:
     spec: PipelineFolder
     model: ModelSection
     flow: FlowSection
-    _configs: dict[str, dict] = field(default_factory=dict)
 
     def _part(self, sub: str) -> FolderPart:
         return next(part for part in self.spec.parts if part.sub == sub)
@@ -137,14 +124,13 @@ class CheckedFolder:
     def part_config(self, sub: str) -> dict:
         """The config of the part in ``sub``/: its component file's plan's when one replaces
         it, else its config.json over the part's ``base``."""
-        if sub not in self._configs:
-            part = self._part(sub)
-            if part.file_key in self.plans:
-                self._configs[sub] = self.plans[part.file_key].config
-            else:
-                config = read_json(self.model_dir / sub / "config.json")
-                self._configs[sub] = {**(part.base() if part.base else {}), **config}
-        return self._configs[sub]
+        part = self._part(sub)
+        if part.file_key in self.plans:
+            return self.plans[part.file_key].config
+        return {
+            **(part.base() if part.base else {}),
+            **read_json(self.model_dir / sub / "config.json"),
+        }
 
     def part_source(self, sub: str) -> str:
         """How messages name the part in ``sub``/: its component file, or the subfolder."""
@@ -178,19 +164,7 @@ def load_folder(
         for part in sorted(spec.parts, key=lambda part: part.vae)
         if part.file_key and (value := option(model, flow, part.file_key))
     }
-    skip = {part.sub for part in spec.parts if part.file_key in plans}
-    skip |= {tokenizer.sub for tokenizer in spec.tokenizers if option(model, flow, tokenizer.key)}
-    required = {part.sub: part.required for part in spec.parts} | dict(spec.other)
-    required |= {tokenizer.sub: None for tokenizer in spec.tokenizers if not tokenizer.t5}
-    model_dir, t5_dir, config = checked_pipeline_folder(
-        path,
-        {sub: file for sub, file in required.items() if sub not in skip},
-        {part.sub: part.weights_stem for part in spec.parts if part.sub not in skip},
-        spec.pipeline,
-        next((t.sub for t in spec.tokenizers if t.t5 and t.sub not in skip), None),
-        spec.family,
-    )
-    folder = CheckedFolder(model_dir, config, t5_dir, plans, spec, model, flow)
+    folder = _checked_folder(spec, path, model, flow, plans)
     facts = spec.inspect(folder)
     with offline():
         # Tokenizers first: a broken one fails in a second, not after the weights.
@@ -202,7 +176,44 @@ def load_folder(
     for module in modules.values():
         module.requires_grad_(False)
         module.eval()
-    return LoadedFolder(model_dir, facts, modules, tokenizers)
+    return LoadedFolder(folder.model_dir, facts, modules, tokenizers)
+
+
+def _checked_folder(
+    spec: PipelineFolder, path: Path, model: ModelSection, flow: FlowSection,
+    plans: dict[str, Replacement],
+) -> CheckedFolder:  # fmt: skip
+    """``path`` after checking it holds the pipeline ``spec`` names, each part and tokenizer
+    folder no config key replaces, and whole weights files, so a broken folder fails before
+    minutes of loading; ModelError naming the folder otherwise."""
+    skip = {part.sub for part in spec.parts if part.file_key in plans}
+    skip |= {tokenizer.sub for tokenizer in spec.tokenizers if option(model, flow, tokenizer.key)}
+    required = {part.sub: "config.json" for part in spec.parts} | dict(spec.other)
+    required |= {tokenizer.sub: None for tokenizer in spec.tokenizers if not tokenizer.t5}
+    model_dir = resolve_model_dir(str(path), {s: f for s, f in required.items() if s not in skip})
+    index = read_json(model_dir / "model_index.json")
+    if index.get("_class_name") != spec.pipeline:
+        raise ModelError(
+            f"{model_dir} holds a {index.get('_class_name')}; only text-to-image {spec.family} "
+            f"({spec.pipeline}) can be trained"
+        )
+    for part in spec.parts:
+        if part.sub not in skip:
+            for file in find_weights(model_dir / part.sub, part.stem)[0]:
+                check_weights_file(file, spec.family)
+    t5_dir = None
+    for tokenizer in spec.tokenizers:
+        # The CLIP tokenizer check would ask a T5 folder for vocab.json + merges.txt.
+        if tokenizer.t5 and tokenizer.sub not in skip:
+            t5_dir = model_dir / tokenizer.sub
+            if not t5_dir.is_dir():
+                raise ModelError(
+                    f"{model_dir} lacks the {tokenizer.sub}/ subfolder; the diffusers folder is "
+                    "incomplete (or set t5_tokenizer_path in [flow])"
+                )
+            t5_dir = t5_tokenizer_files(t5_dir, "the diffusers folder is incomplete")
+    config = read_json(model_dir / "transformer" / "config.json")
+    return CheckedFolder(model_dir, config, t5_dir, plans, spec, model, flow)
 
 
 def _load_part(part: FolderPart, folder: CheckedFolder, dtype: torch.dtype) -> torch.nn.Module:
@@ -212,7 +223,7 @@ def _load_part(part: FolderPart, folder: CheckedFolder, dtype: torch.dtype) -> t
     if replacement is not None:
         return replacement(dtype)
     cls = Deferred(part.cls).get()
-    return load_weights(cls, folder.model_dir, part.sub, dtype, part.weights_stem)
+    return load_weights(cls, folder.model_dir, part.sub, dtype, part.stem)
 
 
 def clip_tokenizer(sub: str, kind: EncoderKind, index: int, encoder: str, name: str):
@@ -228,51 +239,22 @@ def clip_tokenizer(sub: str, kind: EncoderKind, index: int, encoder: str, name: 
 
 
 def t5_tokenizer(
-    sub: str, encoder: str, find: Callable | None = None, missing: Callable | None = None
-) -> FolderTokenizer:
-    """The T5 tokenizer in ``sub``/ (t5_tokenizer_path's replaces it: found by ``find``, with
-    ``missing``'s message; flux.tokenizers.folder_t5_tokenizer), checked against the config of
-    the encoder in ``encoder``/."""
+    sub: str, encoder: str, find: Callable[[str, None], Path | None],
+    missing: Callable[[str, Path], str],
+) -> FolderTokenizer:  # fmt: skip
+    """The T5 tokenizer in ``sub``/, checked against the config of the encoder in ``encoder``/;
+    t5_tokenizer_path's replaces it, found by ``find``, with ``missing``'s message when it is
+    not there."""
 
     def read(folder: CheckedFolder):
-        return folder_t5_tokenizer(
-            folder.model_dir, folder.t5_tokenizer_dir, folder.flow.t5_tokenizer_path,
-            folder.part_config(encoder), sub, find, missing,
-        )  # fmt: skip
+        path_text, model_dir = folder.flow.t5_tokenizer_path, folder.model_dir
+        if path_text:
+            message = missing(path_text, model_dir)
+            found, source = located_t5_tokenizer(find(path_text, None), path_text, None, message)
+        else:
+            fix = f"{model_dir} must hold T5-XXL's own tokenizer in {sub}/: restore it"
+            found = folder.t5_tokenizer_dir
+            source = TokenizerSource("pretrained_model_name_or_path", fix)
+        return load_t5_tokenizer(found, folder.part_config(encoder), source)
 
     return FolderTokenizer(sub, read, key="t5_tokenizer_path", t5=True)
-
-
-def checked_pipeline_folder(
-    path: Path,
-    required: dict[str, str | None],
-    weights: dict[str, str],
-    pipeline_class: str,
-    t5_subfolder: str | None,
-    family: str,
-) -> tuple[Path, Path | None, dict]:
-    """(model folder, its T5 tokenizer folder, the transformer's config.json) of a diffusers
-    ``pipeline_class`` folder, after checking its parts and the header of every weights file
-    (``weights``: subfolder -> weights file stem), so a broken folder fails before minutes of
-    loading. ModelError naming the folder otherwise. ``t5_subfolder`` None: the T5 tokenizer
-    comes from elsewhere (t5_tokenizer_path), and the folder's is not looked at."""
-    model_dir = resolve_model_dir(str(path), required)
-    index = read_json(model_dir / "model_index.json")
-    if index.get("_class_name") != pipeline_class:
-        raise ModelError(
-            f"{model_dir} holds a {index.get('_class_name')}; only text-to-image {family} "
-            f"({pipeline_class}) can be trained"
-        )
-    for sub, stem in weights.items():
-        for file in find_weights(model_dir / sub, stem)[0]:
-            check_weights_file(file, family)
-    t5_tokenizer = None
-    if t5_subfolder is not None:
-        t5_dir = model_dir / t5_subfolder
-        if not t5_dir.is_dir():
-            raise ModelError(
-                f"{model_dir} lacks the {t5_subfolder}/ subfolder; the diffusers folder is "
-                "incomplete (or set t5_tokenizer_path in [flow])"
-            )
-        t5_tokenizer = t5_tokenizer_files(t5_dir, "the diffusers folder is incomplete")
-    return model_dir, t5_tokenizer, read_json(model_dir / "transformer" / "config.json")

@@ -23,6 +23,7 @@ from library.models.families.flux.files import check_widths, load_flux_files, pl
 from library.models.families.flux.original_keys import detect_flux
 from library.models.families.flux.parts import FluxParts, refuse_channels
 from library.models.families.flux.sampling import flux_scheduler_config
+from library.models.families.flux.tokenizers import find_t5_tokenizer_folder, missing_t5_tokenizer
 from library.models.families.folder_loader import (
     CheckedFolder,
     FolderPart,
@@ -67,7 +68,15 @@ def load_flux(
     Text encoders and tokenizers are (CLIP-L, T5). Every module is frozen, in eval mode, on the
     CPU, in ``weight_dtype`` (the AE in ``vae_dtype``). ModelError for any problem with the files.
     """
-    parts = load_flux_parts(model, flow, weight_dtype, vae_dtype)
+    path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
+    if path.is_dir():
+        loaded = load_folder(FOLDER, path, model, flow, weight_dtype, vae_dtype)
+        # The modules and tokenizers come in FOLDER's order, which is FluxParts'.
+        parts = FluxParts(
+            *loaded.modules.values(), *loaded.tokenizers.values(), loaded.facts, loaded.model_dir
+        )
+    else:
+        parts = load_flux_files(path, model, flow, weight_dtype, vae_dtype)
     return Components(
         denoiser=parts.transformer,
         vae=parts.vae,
@@ -78,20 +87,6 @@ def load_flux(
         ),
         family=flux_family(parts.variant, flow),
         model_dir=parts.model_dir,
-    )
-
-
-def load_flux_parts(
-    model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
-) -> FluxParts:
-    """The modules and tokenizers of ``load_flux``, with the variant the model is."""
-    path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
-    if not path.is_dir():
-        return load_flux_files(path, model, flow, weight_dtype, vae_dtype)
-    loaded = load_folder(FOLDER, path, model, flow, weight_dtype, vae_dtype)
-    # The modules and tokenizers come in FOLDER's order, which is FluxParts'.
-    return FluxParts(
-        *loaded.modules.values(), *loaded.tokenizers.values(), loaded.facts, loaded.model_dir
     )
 
 
@@ -132,7 +127,9 @@ FOLDER = PipelineFolder(
     ),
     tokenizers=(
         clip_tokenizer("tokenizer", "clip", 0, "text_encoder", "CLIP-L"),
-        t5_tokenizer("tokenizer_2", "text_encoder_2"),
+        t5_tokenizer(
+            "tokenizer_2", "text_encoder_2", find_t5_tokenizer_folder, missing_t5_tokenizer
+        ),
     ),
     plan_file=plan_flow_file,
     inspect=_variant,

@@ -34,23 +34,19 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models import original_names as names
-from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families import file_plans
 from library.models.families.file_plans import (
     Plan,
-    ae_keys,
-    build_ae,
-    build_t5,
-    latent_problem,
+    component_file,
     load_plan,
     looks_like,
-    note_derived,
     open_safetensors,
+    plan_autoencoder,
+    plan_clip_encoder,
+    plan_t5_encoder,
     plan_with_config,
     refuse_scaled_fp8,
     sample_keys,
-    t5_encoder_keys,
 )
 from library.models.families.flux.tokenizers import load_t5_tokenizer, located_t5_tokenizer
 from library.models.families.sd3 import shapes as sd3_shapes
@@ -169,22 +165,6 @@ def _wrong_file(
     )
 
 
-def _flow_file(key: str, value: str) -> CheckpointFile:
-    """The [flow] file ``key`` names (``value``), its header read; ModelError naming the key
-    when unusable."""
-    path = Path(value).expanduser().absolute()
-    if path.is_dir():
-        raise ModelError(
-            f"{key} = {path} is a folder; set {key} in [flow] to the .safetensors file of "
-            f"{_ENCODERS[key][1]}"
-        )
-    if not path.is_file():
-        raise ModelError(
-            f"{key} = {path} does not exist; set {key} in [flow] to {_ENCODERS[key][1]}"
-        )
-    return open_safetensors(path, key, FAMILY)
-
-
 # --- transformer --------------------------------------------------------------------------------
 
 
@@ -292,19 +272,10 @@ def plan_clip(file: CheckpointFile, what: str, prefix: str, key: str) -> Plan:
             out["text_projection.weight"] = torch.eye(width, dtype=embed.dtype, device=embed.device)
         return out
 
-    def plan_of(config: dict) -> Plan:
-        return Plan(part, what, file, keys, config, convert, _build_clip, label=label)
-
-    def derive() -> dict:
-        shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-        try:
-            config = shape_configs.text_config_from_shapes(shapes, base())
-        except (KeyError, ValueError, IndexError) as exc:
-            raise _wrong_file(what, file, expected, f"it lacks {exc}", key) from None
-        note_derived(what, file, config, base(), "num_attention_heads")
-        return config
-
-    return plan_with_config(part, plan_of, file, derive)
+    return plan_clip_encoder(
+        file, what, keys, part, label, base(), convert, _build_clip,
+        lambda problem: _wrong_file(what, file, expected, problem, key),
+    )  # fmt: skip
 
 
 def _build_clip(config: dict) -> torch.nn.Module:
@@ -316,22 +287,10 @@ def _build_clip(config: dict) -> torch.nn.Module:
 def plan_t5(file: CheckpointFile, what: str, prefix: str) -> Plan:
     """The T5-XXL encoder from the keys under ``prefix``."""
     part, expected, label, base = _ENCODERS["t5xxl"]
-    try:
-        keys, convert = t5_encoder_keys(file.keys(), prefix)
-    except ValueError as exc:
-        raise _wrong_file(what, file, expected, str(exc), "t5xxl") from None
-
-    def plan_of(config: dict) -> Plan:
-        return Plan(part, what, file, keys, config, convert, build_t5, label=label, tied=True)
-
-    def derive() -> dict:
-        shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-        try:
-            return file_plans.t5_config_from_shapes(shapes, base())
-        except (KeyError, ValueError, IndexError, StopIteration) as exc:
-            raise _wrong_file(what, file, expected, f"it lacks {exc}", "t5xxl") from None
-
-    return plan_with_config(part, plan_of, file, derive)
+    return plan_t5_encoder(
+        file, what, prefix, part, label, base(),
+        lambda problem: _wrong_file(what, file, expected, problem, "t5xxl"),
+    )  # fmt: skip
 
 
 def named_config(plan: Plan) -> tuple[str, dict]:
@@ -367,7 +326,7 @@ def check_widths(
 def plan_flow_file(key: str, value: str) -> Plan:
     """The plan of the [flow] clip_l, clip_g or t5xxl file ``key`` names (``value``), checked
     before any weight is read: with a diffusers folder it replaces the folder's text encoder."""
-    return _plan_encoder(_flow_file(key, value), key, key)
+    return _plan_encoder(component_file(key, value, _ENCODERS[key][1], FAMILY), key, key)
 
 
 # --- VAE ----------------------------------------------------------------------------------------
@@ -406,33 +365,10 @@ def _plan_vae_source(
 def plan_vae(file: CheckpointFile, what: str, prefixes: tuple[str, ...]) -> Plan:
     """The 16-channel VAE from the keys under the first of ``prefixes`` the file has, with SD3's
     latent scale and shift whatever the file's config says (they belong to the MMDiT)."""
-    refuse_scaled_fp8(file, what)
     base = sd3_shapes.vae_config()
-    try:
-        keys, convert = ae_keys(file.keys(), prefixes, ae_from_original)
-    except ValueError as exc:
-        raise _wrong_file(what, file, _VAE, str(exc), "vae") from None
-
-    def plan_of(config: dict) -> Plan:
-        factors = {k: base[k] for k in ("scaling_factor", "shift_factor")}
-        return Plan("vae", what, file, keys, {**config, **factors}, convert, build_ae,
-                    label=f"{FAMILY} VAE")  # fmt: skip
-
-    def derive() -> dict:
-        try:
-            shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-            config = file_plans.ae_config_from_shapes(shapes, base)
-        except (KeyError, ValueError, IndexError) as exc:
-            raise _wrong_file(
-                what, file, _VAE, f"its keys do not fit ({one_line(exc)})", "vae"
-            ) from None
-        note_derived(what, file, config, base, "norm_num_groups")
-        return config
-
-    plan = plan_with_config("vae", plan_of, file, derive)
-    # Checked on the plan, whatever config chose it (an SD checkpoint's header describes its
-    # 4-channel VAE exactly).
-    problem = latent_problem(plan.config, sd3_shapes.LATENT_CHANNELS, "SD3's")
-    if problem:
-        raise _wrong_file(what, file, _VAE, problem, "vae")
-    return plan
+    return plan_autoencoder(
+        file, what, prefixes, ae_from_original, base, f"{FAMILY} VAE",
+        (sd3_shapes.LATENT_CHANNELS, "SD3's"),
+        lambda problem: _wrong_file(what, file, _VAE, problem, "vae"),
+        fixed={k: base[k] for k in ("scaling_factor", "shift_factor")},
+    )  # fmt: skip
