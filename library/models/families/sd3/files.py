@@ -43,8 +43,8 @@ from library.models.families.file_plans import (
     open_safetensors,
     plan_autoencoder,
     plan_clip_encoder,
+    plan_part,
     plan_t5_encoder,
-    plan_with_config,
     refuse_scaled_fp8,
     sample_keys,
 )
@@ -55,7 +55,6 @@ from library.models.families.sd3.original_keys import (
     VAE_PREFIX,
     SD3Keys,
     ae_from_original,
-    convert_shapes,
     detect_sd3,
     transformer_config_from_shapes,
     transformer_from_original,
@@ -189,22 +188,14 @@ def plan_transformer(file: CheckpointFile, found: SD3Keys) -> Plan:
     def convert(state):
         return transformer_from_original(state) if original else dict(state)
 
-    def plan_of(config: dict) -> Plan:
-        return Plan(
-            "transformer", MODEL_KEY, file, keys, config, convert, _build_transformer,
-            group=block if original else None, label=f"{FAMILY} transformer",
-        )  # fmt: skip
-
-    def derive() -> dict:
-        try:
-            shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-            return transformer_config_from_shapes(shapes, found)
-        except (ValueError, KeyError, IndexError) as exc:
-            raise ModelError(
-                f"{MODEL_KEY} = {file.path}: {one_line(exc)}; it is not an SD3 / SD3.5 MMDiT"
-            ) from None
-
-    return plan_with_config("transformer", plan_of, file, derive)
+    return plan_part(
+        "transformer", MODEL_KEY, file, keys, convert, _build_transformer,
+        lambda shapes: transformer_config_from_shapes(shapes, found),
+        lambda exc: ModelError(
+            f"{MODEL_KEY} = {file.path}: {one_line(exc)}; it is not an SD3 / SD3.5 MMDiT"
+        ),
+        group=block if original else None, label=f"{FAMILY} transformer",
+    )  # fmt: skip
 
 
 def _build_transformer(config: dict) -> torch.nn.Module:
