@@ -66,9 +66,6 @@ def load_zimage(
         )
     else:
         parts = load_zimage_files(path, model, flow, weight_dtype, vae_dtype)
-    for module in (parts.transformer, parts.vae, parts.text_encoder):
-        module.requires_grad_(False)
-        module.eval()
     shift = float(parts.scheduler.get("shift", 1.0))
     return Components(
         denoiser=parts.transformer,
