@@ -226,7 +226,9 @@ def _load_part(part: FolderPart, folder: CheckedFolder, dtype: torch.dtype) -> t
     return load_weights(cls, folder.model_dir, part.sub, dtype, part.stem)
 
 
-def clip_tokenizer(sub: str, kind: EncoderKind, index: int, encoder: str, name: str):
+def clip_tokenizer(
+    sub: str, kind: EncoderKind, index: int, encoder: str, name: str
+) -> FolderTokenizer:
     """The CLIP tokenizer in ``sub``/ (tokenizer_path's replaces it) of text encoder ``index``
     (``name`` in messages), checked against the config of the encoder in ``encoder``/."""
 
