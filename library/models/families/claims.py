@@ -1,23 +1,16 @@
-"""Whether a transformer family's loader reads a model (a cheap look at model_index.json or a
-file's header), and the checks of its diffusers folder before loading; shared by the Flux.1 and
-SD3 loaders."""
+"""Whether a transformer family's loader reads a model: a cheap look at model_index.json or a
+file's header, shared by the transformer families' ``claims`` functions."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
 
 from safetensors import SafetensorError, safe_open
 
 from library.config.schema import ModelSection
-from library.errors import ModelError
-from library.models.families.flux.tokenizers import t5_tokenizer_files
-from library.models.loader import check_weights_file, find_weights, read_json, resolve_model_dir
-
-V = TypeVar("V")
 
 
 def claims_model(
@@ -78,56 +71,3 @@ def _file_keys(path: Path) -> list[str] | None:
             return list(handle.keys())
     except (SafetensorError, OSError):
         return None
-
-
-def checked_pipeline_folder(
-    path: Path,
-    required: dict[str, str | None],
-    weights: dict[str, str],
-    pipeline_class: str,
-    t5_subfolder: str | None,
-    family: str,
-) -> tuple[Path, Path | None, dict]:
-    """(model folder, its T5 tokenizer folder, the transformer's config.json) of a diffusers
-    ``pipeline_class`` folder, after checking its parts and the header of every weights file
-    (``weights``: subfolder -> weights file stem), so a broken folder fails before minutes of
-    loading. ModelError naming the folder otherwise. ``t5_subfolder`` None: the T5 tokenizer
-    comes from elsewhere (t5_tokenizer_path), and the folder's is not looked at."""
-    model_dir = resolve_model_dir(str(path), required)
-    index = read_json(model_dir / "model_index.json")
-    if index.get("_class_name") != pipeline_class:
-        raise ModelError(
-            f"{model_dir} holds a {index.get('_class_name')}; only text-to-image {family} "
-            f"({pipeline_class}) can be trained"
-        )
-    for sub, stem in weights.items():
-        for file in find_weights(model_dir / sub, stem)[0]:
-            check_weights_file(file, family)
-    t5_tokenizer = None
-    if t5_subfolder is not None:
-        t5_dir = model_dir / t5_subfolder
-        if not t5_dir.is_dir():
-            raise ModelError(
-                f"{model_dir} lacks the {t5_subfolder}/ subfolder; the diffusers folder is "
-                "incomplete (or set t5_tokenizer_path in [flow])"
-            )
-        t5_tokenizer = t5_tokenizer_files(t5_dir, "the diffusers folder is incomplete")
-    return model_dir, t5_tokenizer, read_json(model_dir / "transformer" / "config.json")
-
-
-def without(parts: Mapping[str, V], skip: set[str]) -> dict[str, V]:
-    """``parts`` (subfolder -> anything) without the subfolders in ``skip``."""
-    return {sub: value for sub, value in parts.items() if sub not in skip}
-
-
-def part_config(plans: Mapping, key: str, folder: Path, base: Callable[[], dict]) -> dict:
-    """The config of the part [flow] ``key`` names: its file's plan's when the key is set
-    (``plans``), else the folder's config.json over ``base()`` (the full-size model's)."""
-    if key in plans:
-        return plans[key].config
-    return {**base(), **read_json(folder / "config.json")}
-
-
-def part_source(plans: Mapping, key: str, folder: Path) -> str:
-    """How messages name the part [flow] ``key`` names: its file, or the folder's subfolder."""
-    return f"{key} = {plans[key].file.path}" if key in plans else str(folder)

@@ -30,7 +30,9 @@ class Deferred:
 
     Entries name their loaders this way because the family modules import the shared loading
     code (library.models.loader, the family base class), which asks the registry: importing
-    them from the entry would be a cycle, and would load diffusers for a config check."""
+    them from the entry would be a cycle, and would load diffusers for a config check. A
+    family's pipeline folder (folder_loader.FolderPart) names the diffusers and transformers
+    classes reading its parts this way too, so declaring the folder loads neither."""
 
     target: str
 

@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,6 +96,26 @@ def looks_like(keys: list[str]) -> str:
     return sample_keys(keys)
 
 
+def plan_clip_encoder(
+    file: CheckpointFile, what: str, keys: list[str], part: str, label: str, base: dict,
+    convert: Convert, build: Callable[[dict], torch.nn.Module],
+    wrong: Callable[[str], ModelError],
+) -> Plan:  # fmt: skip
+    """A CLIP text encoder from ``keys`` of ``file`` renamed by ``convert``, as ``part``
+    (``label`` in errors), its config ``base`` with the sizes the tensors show; ``wrong(problem)``:
+    the error for a file that holds none."""
+
+    def from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict:
+        config = shape_configs.text_config_from_shapes(shapes, base)
+        note_derived(what, file, config, base, "num_attention_heads")
+        return config
+
+    return plan_part(
+        part, what, file, keys, convert, build, from_shapes,
+        lambda exc: wrong(f"it lacks {exc}"), label=label,
+    )  # fmt: skip
+
+
 def note_derived(what: str, file: CheckpointFile, config: dict, base: dict, guessed: str) -> None:
     """Warn that a file's sizes differ from the released model's (``base``) and which field had
     to be guessed."""
@@ -131,6 +152,42 @@ def plan_with_config(
     if problem:
         raise ModelError(f"{plan.what} = {file.path}: {problem}; re-download or re-convert it")
     return plan
+
+
+def plan_part(
+    part: str, what: str, file: CheckpointFile, keys: list[str], convert: Convert,
+    build: Callable[[dict], torch.nn.Module], from_shapes: Callable[[dict], dict],
+    misfit: Callable[[Exception], ModelError], fixed: Mapping[str, object] | None = None,
+    **fields: Any,
+) -> Plan:  # fmt: skip
+    """The plan of ``part`` from ``keys`` of ``file`` (Plan's fields; ``fields``: its optional
+    ones) with the file's stored config when it fits, else ``from_shapes`` of the renamed
+    tensors' shapes; ``misfit(exc)`` is the error when those give no config. ``fixed``: config
+    values kept whatever config is chosen."""
+
+    def plan_of(config: dict) -> Plan:
+        return Plan(part, what, file, keys, {**config, **(fixed or {})}, convert, build, **fields)
+
+    def derive() -> dict:
+        try:
+            return from_shapes(convert_shapes(convert, {k: file.shape(k) for k in keys}))
+        except (KeyError, ValueError, IndexError, StopIteration) as exc:
+            raise misfit(exc) from None
+
+    return plan_with_config(part, plan_of, file, derive)
+
+
+def component_file(key: str, value: str, what: str, family: str) -> CheckpointFile:
+    """The [flow] file ``key`` names (``value``: a path), its header read; ModelError naming the
+    key when it is a folder, missing or unreadable. ``what``: what the file must hold."""
+    path = Path(value).expanduser().absolute()
+    if path.is_dir():
+        raise ModelError(
+            f"{key} = {path} is a folder; set {key} in [flow] to the .safetensors file of {what}"
+        )
+    if not path.is_file():
+        raise ModelError(f"{key} = {path} does not exist; set {key} in [flow] to {what}")
+    return open_safetensors(path, key, family)
 
 
 def _shapes(plan: Plan) -> tuple[dict, dict]:
@@ -246,6 +303,24 @@ def t5_encoder_keys(keys: Iterable[str], prefix: str = "") -> tuple[list[str], C
     return selected, convert
 
 
+def plan_t5_encoder(
+    file: CheckpointFile, what: str, prefix: str, part: str, label: str, base: dict,
+    wrong: Callable[[str], ModelError],
+) -> Plan:  # fmt: skip
+    """The T5 encoder under ``prefix`` in ``file`` as ``part`` (``label`` in errors), its config
+    ``base`` (T5 v1.1 XXL's) with the sizes the tensors show; ``wrong(problem)``: the error for a
+    file that holds none."""
+    try:
+        keys, convert = t5_encoder_keys(file.keys(), prefix)
+    except ValueError as exc:
+        raise wrong(str(exc)) from None
+    return plan_part(
+        part, what, file, keys, convert, build_t5,
+        lambda shapes: t5_config_from_shapes(shapes, base),
+        lambda exc: wrong(f"it lacks {exc}"), label=label, tied=True,
+    )  # fmt: skip
+
+
 def build_t5(config: dict) -> torch.nn.Module:
     from transformers import T5Config, T5EncoderModel
 
@@ -306,6 +381,38 @@ def ae_keys(
         return rename({k[len(prefix) :]: v for k, v in state.items()})
 
     return keys, convert
+
+
+def plan_autoencoder(
+    file: CheckpointFile, what: str, prefixes: tuple[str, ...], from_original: Convert,
+    base: dict, label: str, latents: tuple[int, str], wrong: Callable[[str], ModelError],
+    fixed: Mapping[str, object] | None = None,
+) -> Plan:  # fmt: skip
+    """The autoencoder under the first of ``prefixes`` in ``file`` (ae_keys), its config ``base``
+    with the sizes the tensors show, ``fixed`` kept; ``latents``: (channels, the family's name
+    in messages) its latents must have, without quant convs; ``wrong(problem)``: the error for
+    a file that holds no such autoencoder."""
+    refuse_scaled_fp8(file, what)
+    try:
+        keys, convert = ae_keys(file.keys(), prefixes, from_original)
+    except ValueError as exc:
+        raise wrong(str(exc)) from None
+
+    def from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict:
+        config = ae_config_from_shapes(shapes, base)
+        note_derived(what, file, config, base, "norm_num_groups")
+        return config
+
+    plan = plan_part(
+        "vae", what, file, keys, convert, build_ae, from_shapes,
+        lambda exc: wrong(f"its keys do not fit ({one_line(exc)})"), fixed, label=label,
+    )  # fmt: skip
+    # Checked on the plan, whatever config chose it: an SD checkpoint's own header describes
+    # its 4-channel VAE exactly, and that VAE cannot encode these latents.
+    problem = latent_problem(plan.config, *latents)
+    if problem:
+        raise wrong(problem)
+    return plan
 
 
 def build_ae(config: dict) -> torch.nn.Module:

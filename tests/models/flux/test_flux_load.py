@@ -414,13 +414,13 @@ def test_folder_missing_a_part(folder, tmp_path, sub):
 
 
 def test_folder_with_truncated_t5_fails_before_loading(folder, tmp_path, monkeypatch):
-    from library.models.families.flux import load as flux_load
+    from library.models.families import folder_loader
 
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
     weights = broken / "text_encoder_2" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
-    monkeypatch.setattr(flux_load, "load_weights", lambda *a, **k: pytest.fail("loaded weights"))
+    monkeypatch.setattr(folder_loader, "load_weights", lambda *a, **k: pytest.fail("loaded weights"))
     message = error(broken)
     assert str(weights) in message and "corrupt or truncated" in message
 

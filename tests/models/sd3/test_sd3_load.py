@@ -450,13 +450,13 @@ def test_folder_missing_a_part(folder, tmp_path, sub):
 
 
 def test_folder_with_truncated_clip_g_fails_before_loading(folder, tmp_path, monkeypatch):
-    from library.models.families.sd3 import load as sd3_load
+    from library.models.families import folder_loader
 
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
     weights = broken / "text_encoder_2" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
-    monkeypatch.setattr(sd3_load, "load_weights", lambda *a, **k: pytest.fail("loaded weights"))
+    monkeypatch.setattr(folder_loader, "load_weights", lambda *a, **k: pytest.fail("loaded weights"))
     message = error(broken)
     assert str(weights) in message and "corrupt or truncated" in message
 

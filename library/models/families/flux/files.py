@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,21 +26,18 @@ from library.errors import ModelError
 from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families import file_plans
 from library.models.families.file_plans import (
     Plan,
-    ae_keys,
-    build_ae,
-    build_t5,
-    latent_problem,
+    component_file,
     load_plan,
     looks_like,
-    note_derived,
     open_safetensors,
+    plan_autoencoder,
+    plan_clip_encoder,
+    plan_t5_encoder,
     plan_with_config,
     refuse_scaled_fp8,
     sample_keys,
-    t5_encoder_keys,
 )
 from library.models.families.flux import shapes as flux_shapes
 from library.models.families.flux.original_keys import (
@@ -82,7 +80,7 @@ def load_flux_files(
             f"{path} holds no FLUX.1 transformer ({sample_keys(transformer_file.keys())}); point "
             "pretrained_model_name_or_path at flux1-dev/schnell.safetensors or a diffusers folder"
         )
-    files = {key: _flow_file(flow, key) for key in _FLOW_FILES}
+    files = {key: _component_file(key, getattr(flow, key)) for key in _FLOW_FILES}
     plans = [
         plan_transformer(transformer_file, found),
         plan_clip(files["clip_l"]),
@@ -117,32 +115,22 @@ def _open(path: Path, what: str) -> CheckpointFile:
     return open_safetensors(path, what, "FLUX.1")
 
 
-def _flow_file(flow: FlowSection, key: str) -> CheckpointFile:
-    """The [flow] file ``key``, its header read; ModelError naming the key when unusable."""
-    value = getattr(flow, key)
+def _component_file(key: str, value: str | None) -> CheckpointFile:
+    """The [flow] file ``key`` names (``value``), its header read; ModelError naming the key
+    when unusable."""
     if not value:
         raise ModelError(
             f"Flux.1 as a single transformer file needs {_FLOW_FILES[key]}: set {key} = "
             f'"<path to {key}.safetensors>" in [flow] (or use a diffusers folder)'
         )
-    path = Path(value).expanduser().absolute()
-    if path.is_dir():
-        raise ModelError(
-            f"{key} = {path} is a folder; set {key} in [flow] to the .safetensors file of "
-            f"{_FLOW_FILES[key]}"
-        )
-    if not path.is_file():
-        raise ModelError(
-            f"{key} = {path} does not exist; set {key} in [flow] to {_FLOW_FILES[key]}"
-        )
-    return _open(path, key)
+    return component_file(key, value, _FLOW_FILES[key], "FLUX.1")
 
 
-def component_plans(flow: FlowSection) -> dict[str, Plan]:
-    """[flow] key -> the plan of its file, for the clip_l, t5xxl and ae files that are set
-    (each checked before any weight is read); with a diffusers folder they replace its parts."""
+def plan_flow_file(key: str, value: str) -> Plan:
+    """The plan of the [flow] clip_l, t5xxl or ae file ``key`` names (``value``), checked before
+    any weight is read: with a diffusers folder it replaces the folder's part."""
     planners = {"clip_l": plan_clip, "t5xxl": plan_t5, "ae": plan_ae}
-    return {key: planners[key](_flow_file(flow, key)) for key in _FLOW_FILES if getattr(flow, key)}
+    return planners[key](_component_file(key, value))
 
 
 def check_widths(
@@ -258,23 +246,10 @@ def plan_clip(file: CheckpointFile) -> Plan:
     keys = [k for k in file if not k.endswith(_CLIP_UNUSED)]
     if not any(k.endswith("embeddings.token_embedding.weight") for k in keys):
         raise _wrong_file(what, file, expected, "it has no embeddings.token_embedding.weight")
-
-    def plan_of(config: dict) -> Plan:
-        return Plan(
-            "text_encoder", what, file, keys, config, names.with_text_model_prefix, _build_clip,
-            label="FLUX.1 text_encoder",
-        )  # fmt: skip
-
-    def derive() -> dict:
-        shapes = convert_shapes(names.with_text_model_prefix, {k: file.shape(k) for k in keys})
-        try:
-            config = shape_configs.text_config_from_shapes(shapes, flux_shapes.clip_l_config())
-        except (KeyError, ValueError, IndexError) as exc:
-            raise _wrong_file(what, file, expected, f"it lacks {exc}") from None
-        note_derived(what, file, config, flux_shapes.clip_l_config(), "num_attention_heads")
-        return config
-
-    return plan_with_config("text_encoder", plan_of, file, derive)
+    return plan_clip_encoder(
+        file, what, keys, "text_encoder", "FLUX.1 text_encoder", flux_shapes.clip_l_config(),
+        names.with_text_model_prefix, _build_clip, partial(_wrong_file, what, file, expected),
+    )  # fmt: skip
 
 
 def _build_clip(config: dict) -> torch.nn.Module:
@@ -289,75 +264,18 @@ def _build_clip(config: dict) -> torch.nn.Module:
 def plan_t5(file: CheckpointFile) -> Plan:
     what, expected = "t5xxl", "the T5-XXL text encoder"
     refuse_scaled_fp8(file, what)
-    try:
-        keys, convert = t5_encoder_keys(file.keys())
-    except ValueError as exc:
-        raise _wrong_file(what, file, expected, str(exc)) from None
-
-    def plan_of(config: dict) -> Plan:
-        return Plan(
-            "text_encoder_2", what, file, keys, config, convert, build_t5,
-            label="FLUX.1 text_encoder_2", tied=True,
-        )  # fmt: skip
-
-    def derive() -> dict:
-        shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-        try:
-            return t5_config_from_shapes(shapes)
-        except (KeyError, ValueError, IndexError, StopIteration) as exc:
-            raise _wrong_file(what, file, expected, f"it lacks {exc}") from None
-
-    return plan_with_config("text_encoder_2", plan_of, file, derive)
-
-
-def t5_config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict:
-    """T5Config kwargs for T5EncoderModel-named shapes: T5 v1.1 XXL's config with the sizes the
-    tensors show (vocabulary, widths, heads, layers); every T5 size is visible in a shape."""
-    return file_plans.t5_config_from_shapes(shapes, flux_shapes.t5_xxl_config())
+    return plan_t5_encoder(
+        file, what, "", "text_encoder_2", "FLUX.1 text_encoder_2", flux_shapes.t5_xxl_config(),
+        partial(_wrong_file, what, file, expected),
+    )  # fmt: skip
 
 
 # --- AE -----------------------------------------------------------------------------------------
 
 
 def plan_ae(file: CheckpointFile) -> Plan:
-    what, expected = "ae", "the FLUX.1 autoencoder"
-    refuse_scaled_fp8(file, what)
-    try:
-        keys, convert = ae_keys(file.keys(), ("first_stage_model.", "vae."), ae_from_original)
-    except ValueError as exc:
-        raise _wrong_file(what, file, expected, str(exc)) from None
-
-    def plan_of(config: dict) -> Plan:
-        return Plan("vae", what, file, keys, config, convert, build_ae, label="FLUX.1 vae")
-
-    def derive() -> dict:
-        try:
-            shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-            config = ae_config_from_shapes(shapes)
-        except (KeyError, ValueError, IndexError) as exc:
-            raise _wrong_file(
-                what, file, expected, f"its keys do not fit ({one_line(exc)})"
-            ) from None
-        note_derived(what, file, config, flux_shapes.ae_config(), "norm_num_groups")
-        return config
-
-    plan = plan_with_config("vae", plan_of, file, derive)
-    # Checked on the plan, whatever config chose it: an SD checkpoint's own header describes
-    # its 4-channel VAE exactly, and that VAE cannot encode FLUX.1's latents.
-    problem = latent_problem(plan.config, flux_shapes.LATENT_CHANNELS, "FLUX.1's")
-    if problem:
-        raise _wrong_file(what, file, expected, problem)
-    return plan
-
-
-def ae_config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict:
-    """AutoencoderKL kwargs for diffusers-named shapes: the FLUX.1 AE's config with the sizes
-    the tensors show. GroupNorm's group count does not show: 32 where it divides every width."""
-    return file_plans.ae_config_from_shapes(shapes, flux_shapes.ae_config())
-
-
-def load_flux_ae(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
-    """A FLUX.1 AE file (BFL's ae.safetensors names or diffusers'), frozen, in ``dtype``."""
-    file = _open(Path(path).expanduser().absolute(), "ae")
-    with offline():
-        return load_plan(plan_ae(file), dtype)
+    return plan_autoencoder(
+        file, "ae", ("first_stage_model.", "vae."), ae_from_original, flux_shapes.ae_config(),
+        "FLUX.1 vae", (flux_shapes.LATENT_CHANNELS, "FLUX.1's"),
+        partial(_wrong_file, "ae", file, "the FLUX.1 autoencoder"),
+    )  # fmt: skip

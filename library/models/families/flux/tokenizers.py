@@ -9,7 +9,7 @@ Each tokenizer is checked against its encoder's config before any weight is read
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from library.errors import ModelError
@@ -67,9 +67,17 @@ def find_t5_tokenizer_folder(
             folder = Path(cache_dir).expanduser() / repo.replace("/", "_")
             if usable(folder):
                 return folder
+    return hub_t5_tokenizer_folder(_T5_REPOS, hub_cache)
+
+
+def hub_t5_tokenizer_folder(
+    repos: tuple[tuple[str, str], ...], hub_cache: str | Path | None
+) -> Path | None:
+    """The first folder of ``repos`` ((repo id, subfolder)) with a T5 tokenizer in the local
+    Hugging Face cache; never a network call."""
     from huggingface_hub import try_to_load_from_cache
 
-    for repo, sub in _T5_REPOS:
+    for repo, sub in repos:
         for name in ("tokenizer.json", "spiece.model"):
             try:
                 hit = try_to_load_from_cache(repo, f"{sub}/{name}" if sub else name, hub_cache)
@@ -111,24 +119,6 @@ def located_t5_tokenizer(
     return folder, TokenizerSource.chosen(
         folder, "t5_tokenizer_path", t5_tokenizer_path, cache_dir, files
     )
-
-
-def folder_t5_tokenizer(
-    model_dir: Path, folder: Path | None, t5_tokenizer_path: str | None, config: Mapping,
-    sub: str, find: Callable[[str, None], Path | None] | None = None,
-    missing: Callable[[str, Path], str] | None = None,
-):  # fmt: skip
-    """A diffusers folder's T5 tokenizer (in ``folder``, its ``sub``/), or t5_tokenizer_path's,
-    which replaces it: found by ``find`` (default: find_t5_tokenizer_folder), with ``missing``'s
-    message (default: missing_t5_tokenizer's) when it is not there."""
-    if t5_tokenizer_path:
-        found = (find or find_t5_tokenizer_folder)(t5_tokenizer_path, None)
-        message = (missing or missing_t5_tokenizer)(t5_tokenizer_path, model_dir)
-        folder, source = located_t5_tokenizer(found, t5_tokenizer_path, None, message)
-    else:
-        fix = f"{model_dir} must hold T5-XXL's own tokenizer in {sub}/: restore it"
-        source = TokenizerSource("pretrained_model_name_or_path", fix)
-    return load_t5_tokenizer(folder, config, source)
 
 
 def missing_t5_tokenizer(path_text: str | None, model_file: Path) -> str:

@@ -34,23 +34,19 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models import original_names as names
-from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families import file_plans
 from library.models.families.file_plans import (
     Plan,
-    ae_keys,
-    build_ae,
-    build_t5,
-    latent_problem,
+    component_file,
     load_plan,
     looks_like,
-    note_derived,
     open_safetensors,
-    plan_with_config,
+    plan_autoencoder,
+    plan_clip_encoder,
+    plan_part,
+    plan_t5_encoder,
     refuse_scaled_fp8,
     sample_keys,
-    t5_encoder_keys,
 )
 from library.models.families.flux.tokenizers import load_t5_tokenizer, located_t5_tokenizer
 from library.models.families.sd3 import shapes as sd3_shapes
@@ -59,7 +55,6 @@ from library.models.families.sd3.original_keys import (
     VAE_PREFIX,
     SD3Keys,
     ae_from_original,
-    convert_shapes,
     detect_sd3,
     transformer_config_from_shapes,
     transformer_from_original,
@@ -169,21 +164,6 @@ def _wrong_file(
     )
 
 
-def _flow_file(flow: FlowSection, key: str) -> CheckpointFile:
-    """The [flow] file ``key`` (set), its header read; ModelError naming the key when unusable."""
-    path = Path(getattr(flow, key)).expanduser().absolute()
-    if path.is_dir():
-        raise ModelError(
-            f"{key} = {path} is a folder; set {key} in [flow] to the .safetensors file of "
-            f"{_ENCODERS[key][1]}"
-        )
-    if not path.is_file():
-        raise ModelError(
-            f"{key} = {path} does not exist; set {key} in [flow] to {_ENCODERS[key][1]}"
-        )
-    return open_safetensors(path, key, FAMILY)
-
-
 # --- transformer --------------------------------------------------------------------------------
 
 
@@ -208,22 +188,14 @@ def plan_transformer(file: CheckpointFile, found: SD3Keys) -> Plan:
     def convert(state):
         return transformer_from_original(state) if original else dict(state)
 
-    def plan_of(config: dict) -> Plan:
-        return Plan(
-            "transformer", MODEL_KEY, file, keys, config, convert, _build_transformer,
-            group=block if original else None, label=f"{FAMILY} transformer",
-        )  # fmt: skip
-
-    def derive() -> dict:
-        try:
-            shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-            return transformer_config_from_shapes(shapes, found)
-        except (ValueError, KeyError, IndexError) as exc:
-            raise ModelError(
-                f"{MODEL_KEY} = {file.path}: {one_line(exc)}; it is not an SD3 / SD3.5 MMDiT"
-            ) from None
-
-    return plan_with_config("transformer", plan_of, file, derive)
+    return plan_part(
+        "transformer", MODEL_KEY, file, keys, convert, _build_transformer,
+        lambda shapes: transformer_config_from_shapes(shapes, found),
+        lambda exc: ModelError(
+            f"{MODEL_KEY} = {file.path}: {one_line(exc)}; it is not an SD3 / SD3.5 MMDiT"
+        ),
+        group=block if original else None, label=f"{FAMILY} transformer",
+    )  # fmt: skip
 
 
 def _build_transformer(config: dict) -> torch.nn.Module:
@@ -244,7 +216,7 @@ def plan_text_encoder(
     """The text encoder ``key`` ("clip_l", "clip_g", "t5xxl"): its [flow] file when set, else
     the one inside the model file; ModelError naming the key when neither is there."""
     if getattr(flow, key):
-        return _plan_encoder(_flow_file(flow, key), key, key)
+        return plan_flow_file(key, getattr(flow, key))
     if not getattr(found, key):
         raise ModelError(
             f"{model_file.path.name} does not hold {_ENCODERS[key][1]} "
@@ -291,19 +263,10 @@ def plan_clip(file: CheckpointFile, what: str, prefix: str, key: str) -> Plan:
             out["text_projection.weight"] = torch.eye(width, dtype=embed.dtype, device=embed.device)
         return out
 
-    def plan_of(config: dict) -> Plan:
-        return Plan(part, what, file, keys, config, convert, _build_clip, label=label)
-
-    def derive() -> dict:
-        shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-        try:
-            config = shape_configs.text_config_from_shapes(shapes, base())
-        except (KeyError, ValueError, IndexError) as exc:
-            raise _wrong_file(what, file, expected, f"it lacks {exc}", key) from None
-        note_derived(what, file, config, base(), "num_attention_heads")
-        return config
-
-    return plan_with_config(part, plan_of, file, derive)
+    return plan_clip_encoder(
+        file, what, keys, part, label, base(), convert, _build_clip,
+        lambda problem: _wrong_file(what, file, expected, problem, key),
+    )  # fmt: skip
 
 
 def _build_clip(config: dict) -> torch.nn.Module:
@@ -315,22 +278,10 @@ def _build_clip(config: dict) -> torch.nn.Module:
 def plan_t5(file: CheckpointFile, what: str, prefix: str) -> Plan:
     """The T5-XXL encoder from the keys under ``prefix``."""
     part, expected, label, base = _ENCODERS["t5xxl"]
-    try:
-        keys, convert = t5_encoder_keys(file.keys(), prefix)
-    except ValueError as exc:
-        raise _wrong_file(what, file, expected, str(exc), "t5xxl") from None
-
-    def plan_of(config: dict) -> Plan:
-        return Plan(part, what, file, keys, config, convert, build_t5, label=label, tied=True)
-
-    def derive() -> dict:
-        shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-        try:
-            return file_plans.t5_config_from_shapes(shapes, base())
-        except (KeyError, ValueError, IndexError, StopIteration) as exc:
-            raise _wrong_file(what, file, expected, f"it lacks {exc}", "t5xxl") from None
-
-    return plan_with_config(part, plan_of, file, derive)
+    return plan_t5_encoder(
+        file, what, prefix, part, label, base(),
+        lambda problem: _wrong_file(what, file, expected, problem, "t5xxl"),
+    )  # fmt: skip
 
 
 def named_config(plan: Plan) -> tuple[str, dict]:
@@ -363,14 +314,10 @@ def check_widths(
         )
 
 
-def component_plans(flow: FlowSection) -> dict[str, Plan]:
-    """[flow] key -> the plan of its file, for the clip_l, clip_g and t5xxl files that are set
-    (each checked before any weight is read); with a diffusers folder they replace its parts."""
-    return {
-        key: _plan_encoder(_flow_file(flow, key), key, key)
-        for key in _ENCODERS
-        if getattr(flow, key)
-    }
+def plan_flow_file(key: str, value: str) -> Plan:
+    """The plan of the [flow] clip_l, clip_g or t5xxl file ``key`` names (``value``), checked
+    before any weight is read: with a diffusers folder it replaces the folder's text encoder."""
+    return _plan_encoder(component_file(key, value, _ENCODERS[key][1], FAMILY), key, key)
 
 
 # --- VAE ----------------------------------------------------------------------------------------
@@ -409,33 +356,10 @@ def _plan_vae_source(
 def plan_vae(file: CheckpointFile, what: str, prefixes: tuple[str, ...]) -> Plan:
     """The 16-channel VAE from the keys under the first of ``prefixes`` the file has, with SD3's
     latent scale and shift whatever the file's config says (they belong to the MMDiT)."""
-    refuse_scaled_fp8(file, what)
     base = sd3_shapes.vae_config()
-    try:
-        keys, convert = ae_keys(file.keys(), prefixes, ae_from_original)
-    except ValueError as exc:
-        raise _wrong_file(what, file, _VAE, str(exc), "vae") from None
-
-    def plan_of(config: dict) -> Plan:
-        factors = {k: base[k] for k in ("scaling_factor", "shift_factor")}
-        return Plan("vae", what, file, keys, {**config, **factors}, convert, build_ae,
-                    label=f"{FAMILY} VAE")  # fmt: skip
-
-    def derive() -> dict:
-        try:
-            shapes = convert_shapes(convert, {k: file.shape(k) for k in keys})
-            config = file_plans.ae_config_from_shapes(shapes, base)
-        except (KeyError, ValueError, IndexError) as exc:
-            raise _wrong_file(
-                what, file, _VAE, f"its keys do not fit ({one_line(exc)})", "vae"
-            ) from None
-        note_derived(what, file, config, base, "norm_num_groups")
-        return config
-
-    plan = plan_with_config("vae", plan_of, file, derive)
-    # Checked on the plan, whatever config chose it (an SD checkpoint's header describes its
-    # 4-channel VAE exactly).
-    problem = latent_problem(plan.config, sd3_shapes.LATENT_CHANNELS, "SD3's")
-    if problem:
-        raise _wrong_file(what, file, _VAE, problem, "vae")
-    return plan
+    return plan_autoencoder(
+        file, what, prefixes, ae_from_original, base, f"{FAMILY} VAE",
+        (sd3_shapes.LATENT_CHANNELS, "SD3's"),
+        lambda problem: _wrong_file(what, file, _VAE, problem, "vae"),
+        fixed={k: base[k] for k in ("scaling_factor", "shift_factor")},
+    )  # fmt: skip

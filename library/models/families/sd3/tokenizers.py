@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from library.models.families.flux.tokenizers import find_t5_tokenizer_folder
+from library.models.families.flux.tokenizers import (
+    find_t5_tokenizer_folder,
+    hub_t5_tokenizer_folder,
+)
 
 # Diffusers repositories whose tokenizer_3/ is SD3's T5 tokenizer, for the Hub cache.
 _T5_REPOS = (
-    "stabilityai/stable-diffusion-3.5-large",
-    "stabilityai/stable-diffusion-3.5-medium",
-    "stabilityai/stable-diffusion-3-medium-diffusers",
+    ("stabilityai/stable-diffusion-3.5-large", "tokenizer_3"),
+    ("stabilityai/stable-diffusion-3.5-medium", "tokenizer_3"),
+    ("stabilityai/stable-diffusion-3-medium-diffusers", "tokenizer_3"),
 )
 
 
@@ -33,19 +36,7 @@ def find_sd3_t5_tokenizer_folder(
             return sub
         return find_t5_tokenizer_folder(t5_tokenizer_path, cache_dir, hub_cache)
     found = find_t5_tokenizer_folder(None, cache_dir, hub_cache)
-    if found is not None:
-        return found
-    from huggingface_hub import try_to_load_from_cache
-
-    for repo in _T5_REPOS:
-        for name in ("tokenizer.json", "spiece.model"):
-            try:
-                hit = try_to_load_from_cache(repo, f"tokenizer_3/{name}", hub_cache)
-            except (OSError, ValueError):
-                hit = None
-            if isinstance(hit, str):
-                return Path(hit).parent
-    return None
+    return found or hub_t5_tokenizer_folder(_T5_REPOS, hub_cache)
 
 
 def missing_t5_tokenizer(path_text: str | None, model_file: Path) -> str:

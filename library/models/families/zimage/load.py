@@ -12,6 +12,7 @@ is a folder or a .ckpt is read by library.models.vae_file).
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,8 +20,15 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.families.claims import checked_pipeline_folder, claims_model, without
-from library.models.families.file_plans import load_plan
+from library.models.families.claims import claims_model
+from library.models.families.folder_loader import (
+    CheckedFolder,
+    FolderPart,
+    FolderTokenizer,
+    PipelineFolder,
+    Replacement,
+    load_folder,
+)
 from library.models.families.zimage import files
 from library.models.families.zimage.detect import detect_zimage
 from library.models.families.zimage.family import variant_of_shift, zimage_family
@@ -29,23 +37,11 @@ from library.models.families.zimage.flow_objective import (
     ZImageFlowObjective,
     zimage_flow_options,
 )
-from library.models.loader import Components, load_weights, offline, read_json
+from library.models.loader import Components, read_json
 
 PIPELINE = "ZImagePipeline"
 TRANSFORMER_CLASS = "ZImageTransformer2DModel"
 _DAMAGED_MARKS = re.compile(r'"(model\.diffusion_model\.)?(noise|context)_refiner\.\d+\.')
-_REQUIRED = {
-    "transformer": "config.json",
-    "vae": "config.json",
-    "text_encoder": "config.json",
-    "scheduler": "scheduler_config.json",
-    "tokenizer": None,
-}
-_STEMS = {
-    "transformer": "diffusion_pytorch_model",
-    "vae": "diffusion_pytorch_model",
-    "text_encoder": "model",
-}
 
 
 def claims_zimage(model: ModelSection, flow: FlowSection) -> bool:
@@ -63,12 +59,13 @@ def load_zimage(
 
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if path.is_dir():
-        parts = _load_folder(path, model, flow, weight_dtype, vae_dtype)
+        loaded = load_folder(FOLDER, path, model, flow, weight_dtype, vae_dtype)
+        # The modules come in FOLDER's order, which is ZImageFiles'.
+        parts = files.ZImageFiles(
+            *loaded.modules.values(), *loaded.tokenizers.values(), loaded.facts, loaded.model_dir
+        )
     else:
         parts = load_zimage_files(path, model, flow, weight_dtype, vae_dtype)
-    for module in (parts.transformer, parts.vae, parts.text_encoder):
-        module.requires_grad_(False)
-        module.eval()
     shift = float(parts.scheduler.get("shift", 1.0))
     return Components(
         denoiser=parts.transformer,
@@ -81,58 +78,55 @@ def load_zimage(
     )
 
 
-def _load_folder(
-    path: Path, model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype,
-    vae_dtype: torch.dtype,
-):  # fmt: skip
-    """A ZImagePipeline folder; a [flow] text_encoder or [model] vae replaces the folder's part
-    (which then need not be there), tokenizer_path its tokenizer."""
-    from diffusers import AutoencoderKL, ZImageTransformer2DModel
-    from transformers import AutoTokenizer, Qwen3Model
-
-    plans = {}
-    if flow.text_encoder:
-        plans["text_encoder"] = files.plan_text_encoder(
-            files.component_file(flow.text_encoder, "text_encoder")
-        )
-    vae_path = Path(model.vae).expanduser().absolute() if model.vae else None
-    if vae_path is not None and vae_path.suffix.lower() == ".safetensors":
-        plans["vae"] = files.plan_ae(files.component_file(model.vae, "vae"))
-    skip = set(plans) | ({"vae"} if vae_path else set())
-    skip |= {"tokenizer"} if model.tokenizer_path else set()
-    model_dir, _, _ = checked_pipeline_folder(
-        path, without(_REQUIRED, skip), without(_STEMS, skip), PIPELINE, None,
-        "Z-Image (Base or Turbo)",
-    )  # fmt: skip
-    scheduler = read_json(model_dir / "scheduler" / "scheduler_config.json")
+def _scheduler(folder: CheckedFolder) -> dict:
+    """The folder's sampling scheduler config; ModelError for a resolution-dependent shift."""
+    scheduler = read_json(folder.model_dir / "scheduler" / "scheduler_config.json")
     if scheduler.get("use_dynamic_shifting"):
         raise ModelError(
-            f"{model_dir / 'scheduler'} asks for a resolution-dependent shift; the released "
-            "Z-Image schedulers use a static one (shift 3.0 Turbo, 6.0 Base)"
+            f"{folder.model_dir / 'scheduler'} asks for a resolution-dependent shift; the "
+            "released Z-Image schedulers use a static one (shift 3.0 Turbo, 6.0 Base)"
         )
-    with offline():
-        if model.tokenizer_path:
-            config = plans["text_encoder"].config if "text_encoder" in plans else None
-            tokenizer = files.load_qwen3_tokenizer(model.tokenizer_path, config, model_dir)
-        else:
-            tokenizer_dir = model_dir / "tokenizer"
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-            except (OSError, ValueError) as exc:
-                raise ModelError(
-                    f"cannot read the Qwen3 tokenizer in {tokenizer_dir}: {exc}"
-                ) from None
-        transformer = load_weights(
-            ZImageTransformer2DModel, model_dir, "transformer", weight_dtype, _STEMS["transformer"]
-        )
-        text_encoder = (
-            load_plan(plans["text_encoder"], weight_dtype) if "text_encoder" in plans
-            else load_weights(Qwen3Model, model_dir, "text_encoder", weight_dtype, "model")
-        )  # fmt: skip
-        if "vae" in plans:
-            vae = load_plan(plans["vae"], vae_dtype)
-        elif vae_path is not None:  # a diffusers VAE folder or a .ckpt
-            vae = files.load_vae_option(vae_path, vae_dtype)
-        else:
-            vae = load_weights(AutoencoderKL, model_dir, "vae", vae_dtype, _STEMS["vae"])
-    return files.ZImageFiles(transformer, vae, text_encoder, tokenizer, scheduler, model_dir)
+    return scheduler
+
+
+def _tokenizer(folder: CheckedFolder):
+    """The folder's Qwen3 tokenizer, or tokenizer_path's."""
+    from transformers import AutoTokenizer
+
+    if folder.model.tokenizer_path:
+        plan = folder.plans.get("text_encoder")
+        config = plan.config if plan is not None else None
+        return files.load_qwen3_tokenizer(folder.model.tokenizer_path, config, folder.model_dir)
+    tokenizer_dir = folder.model_dir / "tokenizer"
+    try:
+        return AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the Qwen3 tokenizer in {tokenizer_dir}: {exc}") from None
+
+
+def _plan_file(key: str, value: str) -> Replacement:
+    """[flow] text_encoder's file, or [model] vae: a .safetensors file is planned as FLUX.1's
+    AE, a diffusers VAE folder or a .ckpt read by library.models.vae_file."""
+    if key == "text_encoder":
+        return files.plan_text_encoder(files.component_file(value, key))
+    path = Path(value).expanduser().absolute()
+    if path.suffix.lower() == ".safetensors":
+        return files.plan_ae(files.component_file(value, key))
+    return partial(files.load_vae_option, path)
+
+
+# A ZImagePipeline folder; a [flow] text_encoder or [model] vae replaces the folder's part (which
+# then need not be there), tokenizer_path its tokenizer.
+FOLDER = PipelineFolder(
+    pipeline=PIPELINE,
+    family="Z-Image (Base or Turbo)",
+    parts=(
+        FolderPart("transformer", "diffusers:ZImageTransformer2DModel"),
+        FolderPart("vae", "diffusers:AutoencoderKL", "vae", vae=True),
+        FolderPart("text_encoder", "transformers:Qwen3Model", "text_encoder"),
+    ),
+    tokenizers=(FolderTokenizer("tokenizer", _tokenizer),),
+    plan_file=_plan_file,
+    other={"scheduler": "scheduler_config.json"},
+    inspect=_scheduler,
+)
