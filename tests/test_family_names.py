@@ -5,8 +5,8 @@ known to shared code through its entry in the family registry
 (library/models/families/registry.py): shared code asks the registry which family claims a
 model, owns a key or what to call it, so adding a family edits no shared module.
 
-What counts as naming a family: a word starting with flux, sd3, sdxl or zimage (any case, also
-after an underscore, z_image and z-image too: ``FluxTransformer2DModel``, ``networks.lora_sd3``,
+What counts as naming a family: a word starting with flux, sd3, sdxl, zimage or qwenimage (any
+case, also after an underscore, z_image, z-image, qwen_image and qwen-image too: ``FluxTransformer2DModel``, ``networks.lora_sd3``,
 ``"SDXL"``) in a module's code, that is its identifiers and string literals (messages and config help are what users read).
 Comments and docstrings are prose and do not count. Module names do not count either: a
 family-specific module outside the family packages would be listed by what it says, not by its
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY_PACKAGES = ("library/models/families/",)
-FAMILY_WORD = re.compile(r"(?<![a-z0-9])(flux|sd3|sdxl|z_?-?image)", re.IGNORECASE)
+FAMILY_WORD = re.compile(r"(?<![a-z0-9])(flux|sd3|sdxl|z_?-?image|qwen_?-?image)", re.IGNORECASE)
 
 _CONFIG_HELP = "config key descriptions (the generated docs/config.md) say what differs per family"
 ALLOWED = {
@@ -115,7 +115,12 @@ def test_only_listed_shared_modules_name_a_family():
 
 # Families added once the registry existed: each is its package plus its line in the registry,
 # so no other module names it, shared or another family's (its own package's name aside).
-PACKAGE_ONLY = {"zimage": re.compile(r"(?<![a-z0-9])z_?-?image", re.IGNORECASE)}
+PACKAGE_ONLY = {
+    "zimage": re.compile(r"(?<![a-z0-9])z_?-?image", re.IGNORECASE),
+    # Qwen-Image, not Qwen3 or Qwen2.5-VL (the text encoders of other families too), nor the
+    # Qwen-Image VAE that sd-scripts' Anima options name (library/config/kohya_script_keys.py)
+    "qwenimage": re.compile(r"(?<![a-z0-9])qwen_?-?image(?![ _-]?vae)", re.IGNORECASE),
+}
 REGISTRY = "library/models/families/registry.py"
 
 

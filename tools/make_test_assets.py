@@ -1,4 +1,5 @@
-"""Write the committed test assets in tests/assets/ (the tiny CLIP, T5 and Qwen3 tokenizers).
+"""Write the committed test assets in tests/assets/ (the tiny CLIP, T5, Qwen3 and Qwen2.5-VL
+tokenizers).
 
 Deterministic; tests regenerate them and check the committed files are identical. Run from
 the repository root:  python tools/make_test_assets.py   (or: python -m tools.make_test_assets)
@@ -18,6 +19,7 @@ ASSETS_DIR = ROOT / "tests" / "assets"
 def asset_writers() -> dict[str, Callable[[Path], object]]:
     """Folder name under tests/assets/ -> the function writing it."""
     from library.models.families.flux.tiny import write_tiny_t5_tokenizer
+    from library.models.families.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
     from library.models.families.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
     from library.models.tiny import write_tiny_tokenizer
 
@@ -25,6 +27,7 @@ def asset_writers() -> dict[str, Callable[[Path], object]]:
         "tokenizer": write_tiny_tokenizer,
         "t5_tokenizer": write_tiny_t5_tokenizer,
         "qwen3_tokenizer": write_tiny_qwen3_tokenizer,  # Z-Image's text encoder's tokenizer
+        "qwen25vl_tokenizer": write_tiny_qwen25vl_tokenizer,  # Qwen-Image's (Qwen2.5-VL's)
     }
 
 

@@ -25,6 +25,8 @@ from library.models.families.family_choice import check_config_family, entry_for
 from library.models.families.family_entry import FamilyEntry, LoraFiles, ToolFacts
 from library.models.families.flux import family as flux
 from library.models.families.flux.entry import FLUX
+from library.models.families.qwenimage.entry import QWENIMAGE
+from library.models.families.qwenimage.family import qwenimage_family
 from library.models.families.sd import family as sd
 from library.models.families.sd.entry import SD
 from library.models.families.sd3 import family as sd3
@@ -39,6 +41,7 @@ _INSTANCES = [
     for value in vars(module).values()
     if isinstance(value, ModelFamily)
 ] + [zimage_family(variant, shift) for variant, shift in (("turbo", 3.0), ("base", 6.0))]
+_INSTANCES += [qwenimage_family()]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,9 +83,9 @@ MODEL = ModelSection(pretrained_model_name_or_path="/models/fake-model")
 
 
 def test_every_family_instance_agrees_with_its_entry():
-    assert registry.FAMILIES == (SD, FLUX, SD3, ZIMAGE)
+    assert registry.FAMILIES == (SD, FLUX, SD3, ZIMAGE, QWENIMAGE)
     names = {registry.entry_of(family).name for family in _INSTANCES}
-    assert names == {"sd", "flux", "sd3", "zimage"}
+    assert names == {"sd", "flux", "sd3", "zimage", "qwenimage"}
     for family in _INSTANCES:
         entry = registry.entry_of(family)
         assert family.name in entry.tool.variant_labels
@@ -102,9 +105,10 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "networks.lora_flux",
         "networks.lora_sd3",
         "networks.lora_zimage",
+        "networks.lora_qwen_image",
         "lycoris.kohya",
     )
-    assert registry.trained_lines() == "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5 and Z-Image"
+    assert registry.trained_lines() == "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image and Qwen-Image"
 
 
 def test_flow_keys_come_from_the_families_that_define_them():
@@ -143,7 +147,7 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
     with registry.registered(FAKE):
         assert entry_for(MODEL, FlowSection()) is FAKE
         assert registry.claim_order()[-1] is SD
-        lines = "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image or FAKE-1"
+        lines = "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image, Qwen-Image or FAKE-1"
         assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()
     assert entry_for(MODEL, FlowSection()) is SD

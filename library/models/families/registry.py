@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from library.config.adapter_schema import LYCORIS_MODULE
 from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry
 from library.models.families.flux.entry import FLUX
+from library.models.families.qwenimage.entry import QWENIMAGE
 from library.models.families.sd.entry import SD
 from library.models.families.sd3.entry import SD3
 from library.models.families.zimage.entry import ZIMAGE
@@ -29,6 +30,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FLUX,
     SD3,
     ZIMAGE,
+    QWENIMAGE,
 )
 _TEST_ENTRIES: list[FamilyEntry] = []
 

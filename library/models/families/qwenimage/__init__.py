@@ -1,0 +1,21 @@
+"""Qwen-Image (Alibaba Qwen's 20B MMDiT, text to image): the whole family in one package.
+
+One module per concern, each stating the facts it follows (from diffusers 0.42.1's
+QwenImagePipeline, QwenImageTransformer2DModel and AutoencoderKLQwenImage):
+
+- shapes: the released component configs as data, and tiny ones of the same layout;
+- tiny: tiny components and a tiny diffusers QwenImagePipeline folder for offline tests (the
+  tokenizer is Z-Image's tiny Qwen-style one);
+- conditioning: captions -> the prompt template, Qwen2.5-VL's last hidden states without the
+  template's first 34 tokens, at each caption's own length;
+- denoise: one-frame latents [B, 16, 1, h, w] <-> the transformer's 2x2-patch tokens,
+  img_shapes, the caption mask;
+- objective: the rectified flow in Qwen-Image's conventions (sigma in, noise - x0 out) with
+  musubi-tuner's draw;
+- targets, key_map: the Linears a default LoRA adapts (musubi-tuner's set) and their file
+  names (``diffusion_model.<diffusers path>``, read by ComfyUI and diffusers);
+- family, load, entry: the ModelFamily the trainer calls, the folder loader (through
+  families/folder_loader.py) and the registry entry (registry.py lists it);
+- sampling: sampling during training through QwenImagePipeline;
+- testkit: the conformance suite's kit.
+"""

@@ -1,0 +1,75 @@
+"""Calling Qwen-Image's transformer on a batch of latents, as ``QwenImagePipeline`` calls it.
+
+The facts (diffusers 0.42.1, QwenImagePipeline and QwenImageTransformer2DModel.forward):
+
+- Latents are one-frame clips of the video VAE, [B, 16, 1, H/8, W/8] (the latent codec's
+  layout); image sides are multiples of 16, so H/8 and W/8 are even.
+- The transformer takes them packed into 2x2 patches: [B, (h/2)(w/2), 64], each token the
+  16 channels of its patch times the 2x2 positions (channel-major: c, row, column), patches in
+  raster order (``_pack_latents``); the output comes back in the same packing
+  (``_unpack_latents``).
+- ``img_shapes``: per image, the list of its frames' (frames, h/2, w/2) token grids, here
+  ``[(1, h/2, w/2)]`` (the RoPE positions of the image tokens).
+- The caption states [B, L, 3584] with ``encoder_hidden_states_mask`` [B, L] (None when every
+  caption has length L); the text RoPE runs over L positions.
+- The timestep input is sigma in [0, 1] (the scheduler's timestep / 1000); no guidance input
+  (Qwen-Image is not guidance-distilled).
+- The output is the velocity d x_t / d sigma = noise - x0, passed to the Euler step as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from library.models.families.qwenimage.shapes import PATCH_SIZE
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, 1, h, w] -> [B, (h/2)(w/2), 4C], the pipeline's packing."""
+    if latents.dim() != 5 or latents.shape[2] != 1:
+        raise ValueError(f"latents must be one-frame [B, C, 1, h, w]; got {tuple(latents.shape)}")
+    b, c, _, h, w = latents.shape
+    if h % PATCH_SIZE or w % PATCH_SIZE:
+        raise ValueError(
+            f"latent size {h}x{w} is not a multiple of the {PATCH_SIZE}x{PATCH_SIZE} patch: "
+            f"image sides must be multiples of {8 * PATCH_SIZE} pixels"
+        )
+    p = PATCH_SIZE
+    x = latents.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // p) * (w // p), c * p * p)
+
+
+def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """[B, (h/2)(w/2), 4C] -> [B, C, 1, h, w] for a latent of ``height`` x ``width``."""
+    b, _, channels = tokens.shape
+    p = PATCH_SIZE
+    c = channels // (p * p)
+    x = tokens.reshape(b, height // p, width // p, c, p, p).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, c, 1, height, width)
+
+
+def img_shapes(batch: int, height: int, width: int) -> list[list[tuple[int, int, int]]]:
+    """The transformer's img_shapes for ``batch`` one-frame latents of height x width."""
+    return [[(1, height // PATCH_SIZE, width // PATCH_SIZE)]] * batch
+
+
+def denoise(
+    transformer: torch.nn.Module,
+    latents: torch.Tensor,
+    sigmas: torch.Tensor,
+    states: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """The transformer's velocity [B, C, 1, h, w] for noisy latents [B, C, 1, h, w] at noise
+    levels ``sigmas`` [B], with caption states [B, L, width] and their mask (None: all kept)."""
+    h, w = latents.shape[-2:]
+    dtype = next(transformer.parameters()).dtype
+    out = transformer(
+        hidden_states=pack(latents.to(dtype)),
+        encoder_hidden_states=states.to(dtype),
+        encoder_hidden_states_mask=mask,
+        timestep=sigmas,
+        img_shapes=img_shapes(latents.shape[0], h, w),
+        return_dict=False,
+    )[0]
+    return unpack(out, h, w)

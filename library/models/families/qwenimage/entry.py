@@ -1,0 +1,61 @@
+"""Qwen-Image's entry in the family registry: what shared code asks of it before loading it.
+
+Readable without torch or diffusers: the loader, the family class and the kit are named and
+imported on first use."""
+
+from __future__ import annotations
+
+from library.models.families.family_entry import Deferred, FamilyEntry, LoraFiles, ToolFacts
+
+_LINE = "Qwen-Image"
+_PACKAGE = "library.models.families.qwenimage"
+# The [flow] keys of the flow-matching draw (objective.py), shared with the other flow families
+FLOW_KEYS = frozenset(
+    {
+        "timestep_sampling",
+        "sigmoid_scale",
+        "discrete_flow_shift",
+        "weighting_scheme",
+        "logit_mean",
+        "logit_std",
+        "mode_scale",
+    }
+)
+# Module names only Qwen-Image LoRA files hold: its blocks' per-stream feed-forwards (img_mlp,
+# txt_mlp; SD3's and FLUX.1's blocks name theirs ff / ff_context), which every default LoRA
+# adapts, in ours (diffusion_model.), diffusers' peft (transformer.) and kohya's names, for each
+# of the released model's 60 blocks (the marks are name starts).
+_BLOCKS = 60
+_DENOISER_MARKS = tuple(
+    (f"{head}{i}{dot}{stream}", _LINE)
+    for head, dot in (
+        ("diffusion_model.transformer_blocks.", "."),
+        ("transformer.transformer_blocks.", "."),
+        ("lora_unet_transformer_blocks_", "_"),
+    )
+    for i in range(_BLOCKS)
+    for stream in ("img_mlp", "txt_mlp")
+)
+
+QWENIMAGE = FamilyEntry(
+    name="qwenimage",
+    label="Qwen-Image",
+    models=_LINE,
+    lines=(_LINE,),
+    family=Deferred(f"{_PACKAGE}.family:QwenImageFamily").get,
+    claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage"),
+    load=Deferred(f"{_PACKAGE}.load:load_qwenimage"),
+    reads_vae=True,
+    # musubi-tuner's LoRA module for Qwen-Image (its files say ss_network_module so)
+    network_module="networks.lora_qwen_image",
+    flow_matching=True,
+    flow_keys=FLOW_KEYS,
+    lora_files=LoraFiles(
+        denoiser_marks=_DENOISER_MARKS,
+        architectures=(("Qwen-Image", _LINE),),
+    ),
+    tool=ToolFacts(
+        variant_labels={"qwenimage": "Qwen-Image"},
+        version_marks=(("qwen_image", _LINE),),
+    ),
+)

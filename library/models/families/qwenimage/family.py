@@ -1,0 +1,215 @@
+"""Qwen-Image (text to image) as a ModelFamily: what the trainer asks of the model.
+
+The facts are the package's (docs/qwenimage.md): conditioning.py encodes captions, denoise.py
+packs latents for the transformer, objective.py trains it, targets.py chooses the adapted
+Linears and key_map.py names them in files. This module joins them behind the family seam:
+
+- latents are the video VAE's one-frame clips [B, 16, 1, h, w], normalised per channel by the
+  VAE config's latents_mean / latents_std (ChannelNormalizedVideoCodec);
+- captions keep their own lengths: ``encode_text`` gives the batch padded to its longest caption
+  with each caption's length (TextConditioning.lengths), ``predict`` hands the transformer the
+  mask of those lengths (none when all are equal, as the pipeline);
+- only the transformer trains (musubi-tuner's Qwen-Image LoRAs adapt no Qwen2.5-VL layer), so a
+  LoRA file holds ``diffusion_model.<diffusers path>`` modules alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from library.errors import ConfigError
+from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.base import ModelFamily
+from library.models.families.flow_options import check_flow_model_options
+from library.models.families.qwenimage import conditioning as captions_
+from library.models.families.qwenimage.conditioning import LENGTHS, caption_mask
+from library.models.families.qwenimage.denoise import img_shapes, pack, unpack
+from library.models.families.qwenimage.key_map import QwenImageNames
+from library.models.families.qwenimage.objective import qwenimage_flow_options
+from library.models.families.qwenimage.sampling import qwenimage_pipeline_kind
+from library.models.families.qwenimage.shapes import PIXEL_MULTIPLE
+from library.models.families.qwenimage.targets import default_targets
+from library.models.families.transformer_family import swappable_tails
+from library.models.video_latent_codec import ChannelNormalizedVideoCodec
+
+FLOW_KIND = "qwenimage"  # the family's name in the registry
+# LyCORIS presets -> adapt the blocks' modulation too
+_LYCORIS_PRESETS = {
+    "full": True,
+    "full-lin": True,
+    "unet-only": True,
+    "attn-mlp": False,
+    "unet-transformer-only": False,
+    "attn-only": False,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class QwenImageFamily(ModelFamily):
+    """Qwen-Image with its caption length."""
+
+    PIXEL_MULTIPLE: ClassVar[int] = PIXEL_MULTIPLE  # the VAE's 8 times the 2x2 patches
+    LABEL: ClassVar[str] = "Qwen-Image"
+
+    caption_tokens: int = captions_.MAX_LENGTH  # Qwen2.5-VL tokens per caption (the pipeline's)
+
+    def describe(self) -> str:
+        return f"Qwen-Image ({self.caption_tokens} Qwen2.5-VL tokens)"
+
+    @property
+    def text_cache_name(self) -> str:
+        return f"{self.name}|qwen25vl_tokens={self.caption_tokens}"
+
+    # -- conditioning ------------------------------------------------------------------------
+
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ) -> TextConditioning:
+        """Qwen2.5-VL's last hidden states of the templated captions without the template's
+        first 34 tokens (conditioning.py), as the batch padded to its longest caption (padding
+        zeroed) with each caption's length."""
+        (tokenizer,), (encoder,) = tokenizers, text_encoders
+        ids, mask = captions_.tokenize_captions(tokenizer, list(captions), self.caption_tokens)
+        weight = next(encoder.parameters())
+        if weight.is_meta:
+            # The dry run's memory estimate runs on the meta device, where the padding-mask code
+            # reads values; Qwen2.5-VL never trains here, so only the shape and dtype matter.
+            lengths = (mask.sum(dim=1) - captions_.DROP_TOKENS).clamp(min=0)
+            width = encoder.config.text_config.hidden_size
+            hidden = torch.empty(
+                len(ids), int(lengths.max()), width, device="meta", dtype=weight.dtype
+            )
+            return TextConditioning(hidden, None, None, lengths=lengths)
+        hidden = encoder(
+            input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True
+        ).hidden_states[captions_.HIDDEN_STATE_INDEX]
+        states, lengths = captions_.padded(captions_.kept_states(hidden, mask.to(hidden.device)))
+        return TextConditioning(states, None, None, lengths=lengths)
+
+    def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        hidden = text.hidden.to(device)
+        if dtype is not None:
+            hidden = hidden.to(dtype)
+        lengths = text.lengths
+        if lengths is None:  # every row whole (a text cache batch of equal lengths)
+            lengths = torch.full((hidden.shape[0],), hidden.shape[1], dtype=torch.long)
+        return Conditioning(hidden, {LENGTHS: lengths.cpu()})
+
+    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
+        """The transformer's velocity [B, C, 1, h, w] (noise - x0 at its best) for one-frame
+        latents; ``timesteps`` is sigma."""
+        hidden = cond.encoder_hidden_states
+        lengths = cond.unet_kwargs[LENGTHS]
+        hidden = hidden[:, : int(lengths.max())]
+        mask = caption_mask(lengths, hidden.shape[1])
+        h, w = noisy.shape[-2:]
+        out = denoiser(
+            hidden_states=pack(noisy),
+            encoder_hidden_states=hidden,
+            encoder_hidden_states_mask=None if mask is None else mask.to(hidden.device),
+            timestep=timesteps,
+            img_shapes=img_shapes(noisy.shape[0], h, w),
+            return_dict=False,
+        )[0]
+        return unpack(out, h, w)
+
+    def latent_codec(self, vae):
+        """The video VAE's one-frame latents, normalised per channel (latents_mean / std)."""
+        return ChannelNormalizedVideoCodec(vae)
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def trains_text_encoder(self, index: int) -> bool:
+        return False  # check_training refuses text-encoder LoRAs before this is asked
+
+    def adapter_targets(self, module, role, conv):
+        """musubi-tuner's Linears of the transformer (targets.py)."""
+        if role != "unet":
+            raise ConfigError("Qwen-Image LoRAs adapt the transformer only")
+        return default_targets(module)
+
+    def lycoris_targets(self, module, role, preset):
+        """The blocks' attention and feed-forward Linears (attention alone for attn-only), with
+        the blocks' modulation for the presets that adapt every layer."""
+        if role != "unet" or preset not in _LYCORIS_PRESETS:
+            raise ConfigError(
+                f"preset = {preset}: adapts no layer of Qwen-Image's transformer; use full, "
+                "full-lin or attn-mlp"
+            )
+        targets = default_targets(module, modulation=_LYCORIS_PRESETS[preset])
+        if preset == "attn-only":
+            targets = {p: k for p, k in targets.items() if ".attn." in p}
+        return targets
+
+    def adapter_key_map(self):
+        """The transformer's adapted Linears as ``diffusion_model.<diffusers path>`` modules."""
+        return QwenImageNames()
+
+    # -- sizes, options ----------------------------------------------------------------------
+
+    def bucket_grid(self, denoiser) -> int:
+        return self.PIXEL_MULTIPLE
+
+    def swap_blocks(self, denoiser, count):
+        """The last ``count`` dual-stream blocks."""
+        return swappable_tails(("dual", denoiser.transformer_blocks, count), count=count)
+
+    def metadata_keys(self, config):
+        """The run's flow-matching draw, in kohya's ss_* names."""
+        o = qwenimage_flow_options(config.flow)
+        return {
+            "ss_timestep_sampling": o.timestep_sampling,
+            "ss_sigmoid_scale": o.sigmoid_scale,
+            "ss_discrete_flow_shift": o.discrete_flow_shift,
+            "ss_weighting_scheme": o.weighting_scheme,
+            "ss_logit_mean": o.logit_mean,
+            "ss_logit_std": o.logit_std,
+            "ss_mode_scale": o.mode_scale,
+        }
+
+    def check_options(self, model, flow):
+        """Other families' [flow] keys and SD 2.x's v2 are refused."""
+        check_flow_model_options(model, flow, FLOW_KIND, "Qwen-Image", False)
+
+    def check_training(self, config):
+        """A LoRA or LyCORIS of the transformer (no text-encoder adapters, no conv rank)."""
+        super().check_training(config)
+        net = config.network
+        if net.train_mode != "lora":
+            raise ConfigError(
+                f'train_mode = "{net.train_mode}": Qwen-Image trains LoRA and LyCORIS adapters '
+                'here (no full fine-tune yet); set train_mode = "lora"'
+            )
+        if not net.network_train_unet_only:
+            raise ConfigError(
+                "network_train_unet_only = false: Qwen-Image LoRAs adapt the transformer only "
+                "(no Qwen2.5-VL adapters, as musubi-tuner); set network_train_unet_only = true"
+            )
+        lycoris = net.network_module == "lycoris.kohya"
+        if net.conv_dim is not None and not lycoris:
+            raise ConfigError("conv_dim: Qwen-Image's transformer has no convolutions; remove it")
+
+    def sampling_pipeline(self):
+        """QwenImagePipeline fed our conditioning (sampling.py)."""
+        return qwenimage_pipeline_kind()
+
+
+def qwenimage_family() -> QwenImageFamily:
+    """The Qwen-Image family."""
+    return QwenImageFamily(
+        name="qwenimage",
+        prediction_type="flow",
+        base_model_version="qwen_image",  # musubi-tuner's ss_base_model_version
+        modelspec_architecture="Qwen-Image",  # musubi-tuner's; LoRAs: "Qwen-Image/lora"
+        default_resolution=1024,
+        text_encoder_subfolders=("text_encoder",),
+        tokenizer_subfolders=("tokenizer",),
+        text_encoder_lora_prefixes=("lora_te",),
+        lora_implementation="https://github.com/QwenLM/Qwen-Image",
+        checkpoint_implementation="https://github.com/QwenLM/Qwen-Image",
+        denoiser_subfolder="transformer",
+        network_modules=("lycoris.kohya", "networks.lora", "networks.lora_qwen_image"),
+    )

@@ -1,0 +1,45 @@
+"""Which Linears of a Qwen-Image transformer a LoRA adapts by default.
+
+musubi-tuner's set (``networks.lora_qwen_image``): every Linear of the dual-stream blocks
+(``transformer_blocks.<i>``, class ``QwenImageTransformerBlock``) except their timestep
+modulation (``img_mod`` / ``txt_mod``), i.e. per block the image stream's ``attn.to_q``,
+``to_k``, ``to_v``, ``to_out.0``, the caption stream's ``attn.add_q_proj``, ``add_k_proj``,
+``add_v_proj``, ``to_add_out``, and both streams' feed-forward ``img_mlp.net.0.proj``,
+``img_mlp.net.2``, ``txt_mlp.net.0.proj``, ``txt_mlp.net.2``: 12 x 60 = 720 Linears in the
+released model. The blocks are found by class, so the rule holds at any layer count.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from library.networks.fused_keys import linears_inside
+from library.networks.kohya_names import unwrap
+from library.networks.targets import TargetKind
+
+BLOCK_CLASS = "QwenImageTransformerBlock"
+MODULATION = ("img_mod.", "txt_mod.")  # timestep -> scale/shift/gate Linears
+
+
+def block_paths(transformer: nn.Module) -> list[str]:
+    """Paths of the transformer's dual-stream blocks."""
+    return [
+        path
+        for path, module in unwrap(transformer).named_modules()
+        if type(module).__name__ == BLOCK_CLASS
+    ]
+
+
+def default_targets(transformer: nn.Module, *, modulation: bool = False) -> dict[str, TargetKind]:
+    """Map module path -> "linear" for the Linears a default Qwen-Image LoRA adapts, sorted;
+    ``modulation`` adds each block's img_mod / txt_mod Linears. Works on the meta device and on
+    a model already given adapters."""
+    transformer = unwrap(transformer)
+    targets: dict[str, TargetKind] = {}
+    for block in block_paths(transformer):
+        for sub in linears_inside(transformer.get_submodule(block)):
+            if modulation or not sub.startswith(MODULATION):
+                targets[f"{block}.{sub}"] = "linear"
+    if not targets:
+        raise ValueError(f"no {BLOCK_CLASS} blocks found in {type(transformer).__name__}")
+    return dict(sorted(targets.items()))
