@@ -1,0 +1,126 @@
+"""Qwen-Image end to end through the CLI on the tiny QwenImagePipeline folder: a LoRA trains for
+two steps, its first step's loss equals the loss written out from diffusers' pipeline and the
+model's facts, and the saved file is what diffusers' QwenImagePipeline.load_lora_weights applies
+exactly (after fuse_lora: base + alpha / r * up @ down of the file's factors)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from library.models.families.qwenimage.tiny import write_tiny_qwenimage_folder
+from library.training.noise import NoiseOptions, draw
+from tests.integration.harness import make_images, tensors, train, write_config
+
+QWENIMAGE = {
+    "network_module": "networks.lora_qwen_image",
+    "network_train_unet_only": True,
+    "bucket_reso_steps": 16,
+    "max_train_steps": 2,
+    "train_batch_size": 2,
+}
+SEED = 7  # write_config's
+PREFIX = "diffusion_model."
+
+
+@pytest.fixture(scope="module")
+def qwenimage_dir(tmp_path_factory):
+    return write_tiny_qwenimage_folder(tmp_path_factory.mktemp("models") / "tiny-qwenimage")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    folder = make_images(tmp_path_factory.mktemp("data") / "imgs", 2, size=64)
+    # captions of different lengths: the transformer gets the mask of their lengths
+    (folder / "img01.txt").write_text("a much longer caption of shape number one on a gradient")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pipe(qwenimage_dir):
+    from diffusers import QwenImagePipeline
+
+    return QwenImagePipeline.from_pretrained(qwenimage_dir, local_files_only=True)
+
+
+@torch.no_grad()
+def reference_loss(pipe, batch, shift=2.2) -> torch.Tensor:
+    """The pipeline's facts written out with the trainer's keyed draws: the VAE's posterior of
+    the one-frame clip, x0 = (z - latents_mean) / latents_std per channel, sigma =
+    shift(sigmoid(z), 2.2), noisy = (1 - sigma) x0 + sigma noise, packed into 2x2 patches as
+    the pipeline packs, the transformer at sigma on the pipeline's caption states and mask,
+    target noise - x0, mean squared error times each sample's loss weight."""
+    pixels = batch["pixel_values"].float().unsqueeze(2)
+    posterior = pipe.vae.encode(pixels).latent_dist
+    shape = tuple(posterior.mean.shape[1:])
+    d = draw(SEED, batch["epoch"], batch["positions"].tolist(), shape, 1000,
+             torch.device("cpu"), NoiseOptions(), flow_times=True)  # fmt: skip
+    z = posterior.mean + posterior.std * d.latent_eps
+    config = pipe.vae.config
+    mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(config.latents_std).view(1, -1, 1, 1, 1)
+    x0 = (z - mean) / std
+    u = torch.sigmoid(d.time_normal)
+    sigma = shift * u / (1 + (shift - 1) * u)
+    s = sigma.view(-1, 1, 1, 1, 1)
+    noisy = (1 - s) * x0 + s * d.noise
+    b, c, _, h, w = noisy.shape
+    states, mask = pipe.encode_prompt(list(batch["captions"]), device="cpu")
+    packed = pipe._pack_latents(noisy.transpose(1, 2), b, c, h, w)
+    out = pipe.transformer(hidden_states=packed, timestep=sigma, encoder_hidden_states=states,
+                           encoder_hidden_states_mask=mask, img_shapes=[[(1, h // 2, w // 2)]] * b,
+                           return_dict=False)[0]  # fmt: skip
+    out = pipe._unpack_latents(out, h * 8, w * 8, 8)
+    per_sample = ((out - (d.noise - x0)) ** 2).mean(dim=(1, 2, 3, 4))
+    return (per_sample * batch["loss_weights"].float()).mean()
+
+
+def test_lora_trains_and_diffusers_applies_the_file(tmp_path, qwenimage_dir, images, pipe,
+                                                    monkeypatch):  # fmt: skip
+    from library.training import trainer
+
+    first: list = []
+    real = trainer.micro_batch_loss
+
+    def recording(inputs, batch):
+        loss = real(inputs, batch)
+        if not first:
+            first.append(({k: v for k, v in batch.items()}, loss.detach()))
+        return loss
+
+    monkeypatch.setattr(trainer, "micro_batch_loss", recording)
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", qwenimage_dir, images, out, **QWENIMAGE)
+    assert train(config) == 0
+
+    batch, loss = first[0]
+    assert len(batch["captions"]) == 2
+    torch.testing.assert_close(loss, reference_loss(pipe, batch), rtol=1e-5, atol=0)
+
+    path = out / "run.safetensors"
+    saved = tensors(path)
+    modules = {k.rsplit(".", 2)[0] if k.endswith(".weight") else k.rsplit(".", 1)[0]
+               for k in saved}  # fmt: skip
+    assert len(modules) == 2 * 12  # musubi-tuner's targets of the 2 tiny blocks
+    assert f"{PREFIX}transformer_blocks.1.attn.add_k_proj" in modules
+    assert f"{PREFIX}transformer_blocks.0.img_mlp.net.0.proj" in modules
+    assert any(v.abs().max() > 0 for k, v in saved.items() if k.endswith("lora_up.weight"))
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    assert meta["ss_network_module"] == "networks.lora_qwen_image"
+    assert meta["ss_base_model_version"] == "qwen_image"
+    assert meta["modelspec.architecture"] == "Qwen-Image/lora"
+    assert meta["ss_timestep_sampling"] == "shift" and meta["ss_discrete_flow_shift"] == "2.2"
+
+    model = pipe.transformer
+    base = {m: model.get_submodule(m[len(PREFIX) :]).weight.detach().clone() for m in modules}
+    pipe.load_lora_weights(str(path))
+    pipe.fuse_lora(components=["transformer"], lora_scale=1.0)
+    for module in sorted(modules):
+        down, up = saved[f"{module}.lora_down.weight"], saved[f"{module}.lora_up.weight"]
+        alpha = saved[f"{module}.alpha"].item()
+        expected = base[module] + alpha / down.shape[0] * (up.float() @ down.float())
+        layer = model.get_submodule(module[len(PREFIX) :])
+        fused = getattr(layer, "base_layer", layer).weight.detach()
+        torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6, msg=module)
