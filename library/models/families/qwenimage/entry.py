@@ -58,4 +58,5 @@ QWENIMAGE = FamilyEntry(
         variant_labels={"qwenimage": "Qwen-Image"},
         version_marks=(("qwen_image", _LINE),),
     ),
+    test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )
