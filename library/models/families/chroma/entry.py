@@ -53,6 +53,7 @@ CHROMA = FamilyEntry(
             "ae": "the autoencoder file of a transformer file (ae.safetensors)",
         },
         variant_labels={"chroma": _LINE},
+        to_original=Deferred(f"{_PACKAGE}.original_keys:transformer_to_original"),
         version_marks=(("chroma", _LINE),),
     ),
     test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,

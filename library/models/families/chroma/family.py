@@ -30,11 +30,12 @@ from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.chroma import conditioning as text_
 from library.models.families.chroma.conditioning import TEXT_MASK
 from library.models.families.chroma.lora_keys import transformer_modules
+from library.models.families.chroma.original_keys import BLOCK_GROUPS, transformer_to_original
 from library.models.families.chroma.sampling import chroma_pipeline_kind
 from library.models.families.chroma.shapes import T5_MAX_LENGTH
 from library.models.families.flux.family import image_position_ids, pack_latents, unpack_latents
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
-from library.saving.streamed import save_streamed
+from library.saving.streamed import block_groups, save_streamed
 from library.training.objectives import FlowOptions
 
 
@@ -168,11 +169,15 @@ class ChromaFamily(TransformerFamily):
     # -- full fine-tunes ---------------------------------------------------------------------
 
     def write_full_model(self, path, denoiser, components, metadata, dtype):
-        """The trained transformer alone in diffusers' names with its config in the header
-        (difftune.config.transformer); T5 and the AE stay the user's files."""
+        """The trained transformer alone in the original names (original_keys.py), as
+        Chroma1-HD.safetensors is distributed (ComfyUI's diffusion_models/, diffusers'
+        from_single_file), with its diffusers config in the header
+        (difftune.config.transformer) for exact reloading; T5 and the AE stay the user's
+        files."""
+        blocks = block_groups(denoiser.state_dict(), BLOCK_GROUPS)
         config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
         header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
-        save_streamed(path, [denoiser.state_dict()], header, dtype)
+        save_streamed(path, [(b, transformer_to_original) for b in blocks], header, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser,)

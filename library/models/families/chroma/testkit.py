@@ -10,20 +10,35 @@ with more padding against the pipeline given boolean masks).
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import torch
 
 from library.config.flow_schema import FlowSection
+from library.models.families.chroma import original_keys
 from library.models.families.chroma.family import chroma_family
 from library.models.families.chroma.tiny import (
     build_tiny_chroma_components,
     write_tiny_chroma_folder,
 )
-from library.models.families.testkit import ConformanceKit, LossCase, SampleCase
+from library.models.families.flux.testkit import TinyWidthTorch
+from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
 from library.training.noise import NoiseOptions, draw
 
 VARIANT = "chroma"
-_NO_TABLE = "Chroma's single files (original names) are not read or written yet"
+_NO_TABLE = "Chroma's AE files are FLUX.1's (its kit checks their names)"
+
+
+def _reference_transformer(original, config):
+    """diffusers' converter (its split sizes scaled to the tiny width, as for FLUX.1), which
+    pops every key it reads: none may be left."""
+    from diffusers.loaders import single_file_utils
+
+    checkpoint = dict(original)
+    with mock.patch.object(single_file_utils, "torch", TinyWidthTorch()):
+        converted = single_file_utils.convert_chroma_transformer_checkpoint_to_diffusers(checkpoint)
+    assert checkpoint == {}, f"diffusers left {sorted(checkpoint)[:5]}"
+    return converted
 
 
 def _inputs(transformer, seed):
@@ -138,9 +153,14 @@ KIT = ConformanceKit(
     pipeline=lambda variant: "ChromaPipeline",
     family=lambda variant, modules: chroma_family(FlowSection()),
     denoiser_inputs=_inputs,
+    denoiser_names=NameTable(
+        to_original=lambda state, config: original_keys.transformer_to_original(state),
+        from_original=lambda state, config: original_keys.transformer_from_original(state),
+        reference=_reference_transformer,
+    ),
     diffusers_lora_skips=_linear1_part,
     sample_cases=_sample_cases,
     loss_cases=_loss_cases,
     loss_reference=_loss_reference,
-    skips={"denoiser_names": _NO_TABLE, "vae_names": _NO_TABLE, "lycoris_fused": _NO_TABLE},
+    skips={"vae_names": _NO_TABLE},
 )
