@@ -3,7 +3,8 @@ steps on captions of different lengths, its first step's loss equals the loss wr
 diffusers' pipeline (its T5 encoding and attention mask, as booleans), and the saved file holds
 kohya's names of the original model's blocks, which diffusers' ChromaPipeline.load_lora_weights
 applies exactly (after fuse_lora: base + alpha / r * up @ down of the file's factors, each
-fused module's rows on its diffusers Linears). A full fine-tune writes the trained transformer."""
+fused module's rows on its diffusers Linears). A full fine-tune writes the trained transformer in
+the original names, which diffusers' converter and difftune's single-file reader read back."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
 from library.models.families.chroma.testkit import reference_loss
 from library.models.families.chroma.tiny import write_tiny_chroma_folder
+from library.models.families.chroma.tiny_files import write_tiny_chroma_files
+from library.models.loader import load_components
 from tests.integration.harness import make_images, tensors, train, write_config
 
 CHROMA = {
@@ -171,3 +176,12 @@ def test_full_fine_tune_writes_the_trained_transformer(tmp_path, chroma_dir, ima
     trained = ChromaTransformer2DModel.from_pretrained(out / "run" / "transformer")
     for key, value in trained.state_dict().items():
         assert torch.equal(value, converted[key]), key
+    # and difftune reads the file back as a model, with the tiny T5 and AE as files
+    files = write_tiny_chroma_files(tmp_path / "files")
+    flow = FlowSection(t5xxl=str(files["t5xxl"]), ae=str(files["ae"]),
+                       t5_tokenizer_path=str(files["t5_tokenizer"]))  # fmt: skip
+    model = ModelSection(pretrained_model_name_or_path=str(path))
+    reread = load_components(model, torch.float32, flow).denoiser.state_dict()
+    assert set(reread) == set(converted)
+    for key, value in converted.items():
+        assert torch.equal(reread[key], value), key

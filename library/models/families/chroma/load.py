@@ -4,7 +4,7 @@ The folder (lodestones/Chroma1-HD, Chroma1-Base, or tiny.write_tiny_chroma_folde
 transformer/, vae/, text_encoder/ (T5-XXL), tokenizer/ (T5's) and scheduler/; every part and
 weights file is checked before anything loads, and nothing is downloaded. The [flow] t5xxl and
 ae files replace the folder's text_encoder/ and vae/ (read as for FLUX.1), t5_tokenizer_path its
-tokenizer.
+tokenizer. A single transformer file with its t5xxl and ae files is read by files.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import torch
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
-from library.errors import ModelError
 from library.models.families.chroma.family import chroma_family
-from library.models.families.chroma.shapes import SCHEDULER_CONFIG, transformer_config
+from library.models.families.chroma.files import check_t5_width, load_chroma_files
+from library.models.families.chroma.original_keys import detect_chroma
+from library.models.families.chroma.shapes import SCHEDULER_CONFIG
 from library.models.families.claims import (
     checked_pipeline_folder,
     claims_model,
@@ -49,26 +50,28 @@ _REPLACES = {"t5xxl": "text_encoder", "ae": "vae"}
 
 
 def claims_chroma(model: ModelSection, flow: FlowSection) -> bool:
-    """True for a ChromaPipeline folder (or one whose transformer is Chroma's). Single files
-    are not read yet."""
-    return claims_model(model, PIPELINE, TRANSFORMER_CLASS, lambda keys: None, _DAMAGED_MARKS)
+    """True for a ChromaPipeline folder (or one whose transformer is Chroma's), or a
+    .safetensors file of a Chroma transformer (damaged ones by their header text)."""
+    return claims_model(model, PIPELINE, TRANSFORMER_CLASS, detect_chroma, _DAMAGED_MARKS)
 
 
 def load_chroma(
     model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
 ) -> Components:
-    """Components of a Chroma diffusers folder: the transformer, FLUX.1's AE, T5-XXL and its
-    tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype`` (the AE in ``vae_dtype``).
-    ModelError for any problem with the files."""
+    """Components of a Chroma diffusers folder or transformer file (files.py): the transformer,
+    FLUX.1's AE, T5-XXL and its tokenizer, frozen, in eval mode, on the CPU, in
+    ``weight_dtype`` (the AE in ``vae_dtype``). ModelError for any problem with the files."""
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
-    if not path.is_dir():
-        raise ModelError(
-            f"{path}: Chroma is read from a diffusers ChromaPipeline folder (single files are "
-            "not supported yet)"
+    if path.is_dir():
+        transformer, vae, t5, tokenizer, model_dir = _load_folder(
+            path, model, flow, weight_dtype, vae_dtype
         )
-    transformer, vae, t5, tokenizer, model_dir = _load_folder(
-        path, model, flow, weight_dtype, vae_dtype
-    )
+    else:
+        transformer, vae, t5, tokenizer = load_chroma_files(
+            path, model, flow, weight_dtype, vae_dtype
+        )
+        freeze(transformer, vae, t5)
+        model_dir = path
     scheduler_file = model_dir / "scheduler" / "scheduler_config.json"
     scheduler = read_json(scheduler_file) if scheduler_file.is_file() else dict(SCHEDULER_CONFIG)
     scheduler = {k: v for k, v in scheduler.items() if not k.startswith("_")}
@@ -97,13 +100,8 @@ def _load_folder(
         None if flow.t5_tokenizer_path else "tokenizer", "Chroma",
     )  # fmt: skip
     t5_config = part_config(plans, "t5xxl", model_dir / "text_encoder", flux_shapes.t5_xxl_config)
-    width = {**transformer_config(), **config}["joint_attention_dim"]
-    if t5_config["d_model"] != width:
-        source = part_source(plans, "t5xxl", model_dir / "text_encoder")
-        raise ModelError(
-            f"{source} is {t5_config['d_model']} wide and the transformer of {model_dir} takes "
-            f"{width}-wide T5-XXL output; set t5xxl in [flow] to T5-XXL's file"
-        )
+    source = part_source(plans, "t5xxl", model_dir / "text_encoder")
+    check_t5_width(model_dir, config, source, t5_config)
     with offline():
         tokenizer = folder_t5_tokenizer(
             model_dir, t5_tokenizer_dir, flow.t5_tokenizer_path, t5_config, "tokenizer"
