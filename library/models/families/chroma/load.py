@@ -1,9 +1,10 @@
 """Loading Chroma: which models are Chroma, and a diffusers ChromaPipeline folder.
 
 The folder (lodestones/Chroma1-HD, Chroma1-Base, or tiny.write_tiny_chroma_folder) holds
-transformer/, vae/, text_encoder/ (T5-XXL), tokenizer/ (T5's) and scheduler/; every part and
-weights file is checked before anything loads, and nothing is downloaded. The [flow] t5xxl and
-ae files replace the folder's text_encoder/ and vae/ (read as for FLUX.1), t5_tokenizer_path its
+transformer/, vae/, text_encoder/ (T5-XXL), tokenizer/ (T5's) and scheduler/; it is declared as
+data for the shared folder loader (library.models.families.folder_loader), which checks every
+part and weights file before anything loads; nothing is downloaded. The [flow] t5xxl and ae
+files replace the folder's text_encoder/ and vae/ (read as for FLUX.1), t5_tokenizer_path its
 tokenizer. A single transformer file with its t5xxl and ae files is read by files.py.
 """
 
@@ -20,33 +21,24 @@ from library.models.families.chroma.family import chroma_family
 from library.models.families.chroma.files import check_t5_width, load_chroma_files
 from library.models.families.chroma.original_keys import detect_chroma
 from library.models.families.chroma.shapes import SCHEDULER_CONFIG
-from library.models.families.claims import (
-    checked_pipeline_folder,
-    claims_model,
-    part_config,
-    part_source,
-    without,
-)
-from library.models.families.file_plans import load_plan
+from library.models.families.claims import claims_model
 from library.models.families.flux import shapes as flux_shapes
-from library.models.families.flux.files import component_plans
-from library.models.families.flux.load import freeze
-from library.models.families.flux.tokenizers import folder_t5_tokenizer
-from library.models.loader import Components, load_weights, offline, read_json
+from library.models.families.flux.files import plan_flow_file
+from library.models.families.flux.tokenizers import find_t5_tokenizer_folder, missing_t5_tokenizer
+from library.models.families.folder_loader import (
+    CheckedFolder,
+    FolderPart,
+    PipelineFolder,
+    load_folder,
+    t5_tokenizer,
+)
+from library.models.loader import Components, read_json
 from library.training.objectives import FlowMatchingObjective, FlowOptions
 
 PIPELINE = "ChromaPipeline"
 TRANSFORMER_CLASS = "ChromaTransformer2DModel"
 # Header text of a damaged Chroma transformer file (diffusers' or the original names).
 _DAMAGED_MARKS = re.compile(r'"(model\.diffusion_model\.)?distilled_guidance_layer\.')
-_REQUIRED = {"transformer": "config.json", "vae": "config.json", "text_encoder": "config.json"}
-_STEMS = {
-    "transformer": "diffusion_pytorch_model",
-    "vae": "diffusion_pytorch_model",
-    "text_encoder": "model",
-}
-# The folder's part each [flow] component file replaces.
-_REPLACES = {"t5xxl": "text_encoder", "ae": "vae"}
 
 
 def claims_chroma(model: ModelSection, flow: FlowSection) -> bool:
@@ -63,14 +55,14 @@ def load_chroma(
     ``weight_dtype`` (the AE in ``vae_dtype``). ModelError for any problem with the files."""
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if path.is_dir():
-        transformer, vae, t5, tokenizer, model_dir = _load_folder(
-            path, model, flow, weight_dtype, vae_dtype
-        )
+        loaded = load_folder(FOLDER, path, model, flow, weight_dtype, vae_dtype)
+        transformer, vae, t5 = loaded.modules.values()
+        (tokenizer,) = loaded.tokenizers.values()
+        model_dir = loaded.model_dir
     else:
         transformer, vae, t5, tokenizer = load_chroma_files(
             path, model, flow, weight_dtype, vae_dtype
         )
-        freeze(transformer, vae, t5)
         model_dir = path
     scheduler_file = model_dir / "scheduler" / "scheduler_config.json"
     scheduler = read_json(scheduler_file) if scheduler_file.is_file() else dict(SCHEDULER_CONFIG)
@@ -86,36 +78,27 @@ def load_chroma(
     )
 
 
-def _load_folder(
-    path: Path, model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype,
-    vae_dtype: torch.dtype,
-):  # fmt: skip
-    from diffusers import AutoencoderKL, ChromaTransformer2DModel
-    from transformers import T5EncoderModel
+def _inspect(folder: CheckedFolder) -> None:
+    """T5's states fit the transformer's text input."""
+    source = folder.part_source("text_encoder")
+    check_t5_width(folder.model_dir, folder.config, source, folder.part_config("text_encoder"))
 
-    plans = {k: v for k, v in component_plans(flow).items() if k in _REPLACES}
-    skip = {_REPLACES[key] for key in plans}
-    model_dir, t5_tokenizer_dir, config = checked_pipeline_folder(
-        path, without(_REQUIRED, skip), without(_STEMS, skip), PIPELINE,
-        None if flow.t5_tokenizer_path else "tokenizer", "Chroma",
-    )  # fmt: skip
-    t5_config = part_config(plans, "t5xxl", model_dir / "text_encoder", flux_shapes.t5_xxl_config)
-    source = part_source(plans, "t5xxl", model_dir / "text_encoder")
-    check_t5_width(model_dir, config, source, t5_config)
-    with offline():
-        tokenizer = folder_t5_tokenizer(
-            model_dir, t5_tokenizer_dir, flow.t5_tokenizer_path, t5_config, "tokenizer"
-        )
-        transformer = load_weights(
-            ChromaTransformer2DModel, model_dir, "transformer", weight_dtype, _STEMS["transformer"]
-        )
-        vae, t5 = (
-            load_plan(plans[key], dtype) if key in plans
-            else load_weights(cls, model_dir, _REPLACES[key], dtype, _STEMS[_REPLACES[key]])
-            for key, cls, dtype in (
-                ("ae", AutoencoderKL, vae_dtype),
-                ("t5xxl", T5EncoderModel, weight_dtype),
-            )
-        )  # fmt: skip
-    freeze(transformer, vae, t5)
-    return transformer, vae, t5, tokenizer, model_dir
+
+# A ChromaPipeline folder; a [flow] t5xxl or ae file replaces the folder's part, and
+# t5_tokenizer_path its tokenizer (the parts replaced need not be in the folder).
+FOLDER = PipelineFolder(
+    pipeline=PIPELINE,
+    family="Chroma",
+    parts=(
+        FolderPart("transformer", f"diffusers:{TRANSFORMER_CLASS}"),
+        FolderPart("vae", "diffusers:AutoencoderKL", "ae", vae=True),
+        FolderPart(
+            "text_encoder", "transformers:T5EncoderModel", "t5xxl", flux_shapes.t5_xxl_config
+        ),
+    ),
+    tokenizers=(
+        t5_tokenizer("tokenizer", "text_encoder", find_t5_tokenizer_folder, missing_t5_tokenizer),
+    ),
+    plan_file=plan_flow_file,
+    inspect=_inspect,
+)

@@ -21,6 +21,7 @@ from library.models.families.chroma.tiny import (
     build_tiny_chroma_components,
     write_tiny_chroma_folder,
 )
+from library.models.families.chroma.tiny_files import write_tiny_chroma_files
 from library.models.families.flux.testkit import TinyWidthTorch
 from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
 from library.training.noise import NoiseOptions, draw
@@ -53,6 +54,15 @@ def _inputs(transformer, seed):
         "txt_ids": torch.zeros(text, 3),
         "attention_mask": torch.tensor([[True] * 5 + [False] * 3 + [True] * image]),
     }
+
+
+def _single_files(path, variant, seed):
+    """The transformer in the original names with FLUX.1's t5xxl and ae files and T5's
+    tokenizer folder, the sizes read off the shapes (no header config)."""
+    files = write_tiny_chroma_files(path, seed, config_metadata=False)
+    flow = {"t5xxl": str(files["t5xxl"]), "ae": str(files["ae"]),
+            "t5_tokenizer_path": str(files["t5_tokenizer"])}  # fmt: skip
+    return {"pretrained_model_name_or_path": str(files["transformer"])}, flow
 
 
 def _linear1_part(path: str) -> bool:
@@ -159,6 +169,7 @@ KIT = ConformanceKit(
         reference=_reference_transformer,
     ),
     diffusers_lora_skips=_linear1_part,
+    write_single_files=_single_files,
     sample_cases=_sample_cases,
     loss_cases=_loss_cases,
     loss_reference=_loss_reference,

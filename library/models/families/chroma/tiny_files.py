@@ -14,6 +14,7 @@ from library.models.families.chroma.original_keys import transformer_to_original
 from library.models.families.chroma.shapes import tiny_transformer_config
 from library.models.families.chroma.tiny import build_tiny_chroma_components
 from library.models.families.flux.original_keys import ae_to_original
+from library.models.families.flux.shapes import tiny_ae_config, tiny_t5_config
 from library.models.families.flux.tiny import write_tiny_t5_tokenizer
 
 
@@ -23,7 +24,9 @@ def write_tiny_chroma_files(
 ) -> dict[str, Path]:  # fmt: skip
     """Write the files in ``folder``; returns their paths by role ("transformer", "t5xxl",
     "ae", "t5_tokenizer"). ``config_metadata``: the transformer's exact config in its header
-    (difftune.config.transformer); without it the loader reads the sizes off the shapes."""
+    (difftune.config.transformer); without it the loader reads the sizes off the shapes. The
+    t5xxl and ae files carry theirs as FLUX.1's tiny files do (the AE's sample size shows in no
+    shape)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -38,11 +41,16 @@ def write_tiny_chroma_files(
     }
     names = {"transformer": "chroma.safetensors", "t5xxl": "t5xxl.safetensors",
              "ae": "ae.safetensors"}  # fmt: skip
+    # the part names FLUX.1's t5xxl and ae readers look up in the header
+    configs = {"t5xxl": ("text_encoder_2", tiny_t5_config()), "ae": ("vae", tiny_ae_config())}
+    if config_metadata:
+        configs["transformer"] = ("transformer", tiny_transformer_config())
     paths = {}
     for role, state in states.items():
         meta = {"format": "pt"}
-        if role == "transformer" and config_metadata:
-            meta[CONFIG_METADATA + "transformer"] = json.dumps(tiny_transformer_config())
+        if role in configs:
+            part, config = configs[role]
+            meta[CONFIG_METADATA + part] = json.dumps(config)
         tensors = {k: v.detach().to(dtype).contiguous().clone() for k, v in state.items()}
         paths[role] = folder / names[role]
         save_file(tensors, str(paths[role]), metadata=meta)
