@@ -64,6 +64,15 @@ class ChromaFamily(TransformerFamily):
         (tokenizer,), (t5,) = tokenizers, text_encoders
         tokens = text_.tokenize(tokenizer, captions, self.t5_max_length)
         mask = tokens.attention_mask.to(device)
+        weight = next(t5.parameters())
+        if weight.is_meta:
+            # The dry run's memory estimate runs the models on the meta device, where T5's
+            # padding-mask code reads values. T5 never trains here, so its forward keeps nothing
+            # for backward: only the states' shape and dtype matter.
+            shape = (*tokens.input_ids.shape, t5.config.d_model)
+            return TextConditioning(
+                torch.empty(shape, device="meta", dtype=weight.dtype), None, mask
+            )
         hidden = t5(tokens.input_ids.to(device), attention_mask=mask).last_hidden_state
         return TextConditioning(hidden, None, mask)
 
