@@ -176,6 +176,18 @@ def test_config_checks_know_a_registered_family():
             FAKE_MODEL.check_training(config)
 
 
+def test_a_network_module_two_families_train_with_is_each_ones_own():
+    """kohya's networks.lora_flux trains FLUX.1 and Chroma: a config naming it is either's, and
+    still another family's mistake."""
+    shared = dataclasses.replace(FAKE, network_module="networks.lora_flux")
+    with registry.registered(shared):
+        check_config_family(shared, MODEL, FlowSection(), "networks.lora_flux")
+        check_config_family(CHROMA, MODEL, FlowSection(), "networks.lora_flux")
+        check_config_family(FLUX, MODEL, FlowSection(), "networks.lora_flux")
+        with pytest.raises(ConfigError, match='"networks.lora_flux" is for FLUX.1 models, and'):
+            check_config_family(SD3, MODEL, FlowSection(), "networks.lora_flux")
+
+
 def test_flow_keys_of_a_registered_family():
     with registry.registered(FAKE):
         assert registry.flow_key_owners("ae") == (FLUX, CHROMA, FAKE)
