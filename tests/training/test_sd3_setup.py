@@ -48,7 +48,10 @@ def test_lora_targets_every_kohya_module_and_t5_only_with_train_t5xxl():
 @pytest.mark.parametrize(
     ("flow", "match"),
     [
-        ({"timestep_sampling": "shift"}, "timestep_sampling applies to Flux.1 and Z-Image models, not SD3"),
+        (
+            {"timestep_sampling": "shift"},
+            "timestep_sampling applies to Flux.1 and Z-Image and Chroma models, not SD3",
+        ),
         ({"guidance_scale": 1.0}, "guidance_scale applies to Flux.1"),
         ({"ae": "x"}, "ae applies to Flux.1"),
         ({"split_qkv": False}, "split_qkv=False"),
