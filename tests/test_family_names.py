@@ -69,14 +69,15 @@ def _docstring_starts(tree: ast.AST) -> set[tuple[int, int]]:
     return starts
 
 
-def family_names(source: str) -> list[tuple[int, str]]:
-    """(line, token) of each identifier or string literal of ``source`` naming a family."""
+def family_names(source: str, word: re.Pattern = FAMILY_WORD) -> list[tuple[int, str]]:
+    """(line, token) of each identifier or string literal of ``source`` naming a family (that
+    ``word`` finds)."""
     docstrings = _docstring_starts(ast.parse(source))
     found = []
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.STRING and token.start in docstrings:
             continue
-        if token.type in (tokenize.NAME, tokenize.STRING) and FAMILY_WORD.search(token.string):
+        if token.type in (tokenize.NAME, tokenize.STRING) and word.search(token.string):
             found.append((token.start[0], token.string))
     return found
 
@@ -117,6 +118,10 @@ def test_only_listed_shared_modules_name_a_family():
 # so no other module names it, shared or another family's (its own package's name aside).
 PACKAGE_ONLY = {
     "zimage": re.compile(r"(?<![a-z0-9])z_?-?image", re.IGNORECASE),
+    # "Chroma"/"CHROMA" in names and messages, chroma_/_chroma in names, "chroma" opening a
+    # string (the family's name); the lone lower-case identifier is the colour word
+    # (library/data/augment.py's hue shift)
+    "chroma": re.compile(r"Chroma|CHROMA|chroma_|_chroma|^[rbuf]*[\"']+chroma"),
     # Qwen-Image, not Qwen3 or Qwen2.5-VL (the text encoders of other families too), nor the
     # Qwen-Image VAE that sd-scripts' Anima options name (library/config/kohya_script_keys.py)
     "qwenimage": re.compile(r"(?<![a-z0-9])qwen_?-?image(?![ _-]?vae)", re.IGNORECASE),
@@ -132,11 +137,7 @@ def test_a_new_family_is_its_package_and_one_registry_line():
             module = path.relative_to(ROOT).as_posix()
             if module.startswith(own):
                 continue
-            found = [
-                (line, text)
-                for line, text in family_names(path.read_text(encoding="utf-8"))
-                if word.search(text)
-            ]
+            found = family_names(path.read_text(encoding="utf-8"), word)
             if found:
                 naming[module] = found
         registry_lines = naming.pop(REGISTRY, [])

@@ -6,7 +6,8 @@ Three loaders, each checked against the loaded base model:
   name a layer a difftune adapter can sit on (a default LoRA's layers with LoCon's convs;
   LyCORIS' "full" preset for LyCORIS files on the families that train them) with tensors of
   fitting shapes; a file that passes is then really imported, into adapters injected with the
-  file's ranks (``family.load_lora_tensors``, as library/training/setup.py does).
+  file's ranks, by the trainer's own import (library/networks/network_weights.py), which decides
+  which layouts the family reads.
 - diffusers (check_diffusers.py): the family's pipeline runs its own ``load_lora_weights`` on
   the file (diffusers' key conversion, then peft); afterwards each module's weight change in the
   adapted model is compared with the file's. A module diffusers did not load, or loaded with
@@ -38,6 +39,7 @@ from library.lora_tools.check_difftune import check_difftune
 from library.lora_tools.check_diffusers import check_diffusers
 from library.lora_tools.common import first_non_finite
 from library.lora_tools.file_modules import sort_keys
+from library.lora_tools.layouts import layout_words
 from library.lora_tools.loader_report import Report, print_report
 from library.saving.lora_file import read_safetensors
 
@@ -73,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         "diffusers": check_diffusers,
     }
     label = family_label(components.family)
-    print(f"{args.lora}: {len(tensors)} keys ({found.layout} layout), against a {label} model")
+    layout = layout_words(found.layout, components.family)
+    print(f"{args.lora}: {len(tensors)} keys in the {layout}, against a {label} model")
     failed = _report_non_finite(tensors)
     for loader in chosen:
         report = checks[loader](found, tensors, metadata, components, table, args.lora)

@@ -54,7 +54,7 @@ def check_comfyui(found: FileModules, tensors, metadata, components, table, sour
             report.drop(
                 [key],
                 f"ComfyUI has no module of this name for the layer ({ours[key]}); it does not "
-                "read this naming of it (convert the file --to comfyui or --to kohya)",
+                "read this naming of it (convert the file --to comfyui)",
             )
         else:
             report.drop([key], f"ComfyUI has no such module: {reason}")

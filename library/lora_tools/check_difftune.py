@@ -3,7 +3,9 @@
 Every module must name a layer a difftune adapter can sit on (a default LoRA's layers with
 LoCon's convs; LyCORIS' "full" preset for LyCORIS files on the families that train them) with
 tensors of fitting shapes; a file that passes is then really imported, into adapters injected
-with the file's ranks (``family.load_lora_tensors``, as library/training/setup.py does).
+with the file's ranks, by the trainer's own import (library/networks/network_weights.py: the
+layouts it takes, the file checks, the family's key map). Which layouts a family reads is
+therefore never decided here: a file the import refuses is reported with the import's reason.
 """
 
 from __future__ import annotations
@@ -16,26 +18,19 @@ from library.lora_tools.base_model import DENOISER, Layer, default_layers, famil
 from library.lora_tools.common import ALPHA, DOWN, KOHYA_LORA, UP, module_algorithm
 from library.lora_tools.file_modules import FileModules, report_unreadable
 from library.lora_tools.from_kohya import split_module
-from library.lora_tools.layouts import DIFFUSERS_HEADER
+from library.lora_tools.layouts import DIFFUSERS_HEADER, OWN, own_layout
 from library.lora_tools.loader_report import Report
 from library.networks.kohya_names import UNET
 from library.networks.lora import LoraSpec, apply_lora
 from library.networks.lycoris import file_math
+from library.networks.network_weights import import_network_weights
 
 
 def check_difftune(found: FileModules, tensors, metadata, components, table, source) -> Report:
-    """The trainer's network_weights import (library/training/setup.py)."""
+    """The trainer's network_weights import (library/networks/network_weights.py)."""
     report = Report("difftune")
     family = components.family
     label = family_label(family)
-    readable = ("kohya", "diffusers") if "diffusers" in family.lora_formats else ("kohya",)
-    if found.layout not in readable:
-        report.drop(
-            tensors,
-            f"network_weights reads {label} files in the {' or '.join(readable)} layout, not "
-            f"in the {found.layout} one; convert it with lora_tool.py convert --to kohya",
-        )
-        return report
     report_unreadable(report, found, metadata, components)
     adaptable = set(default_layers(components, conv=True))
     lycoris = (
@@ -47,14 +42,11 @@ def check_difftune(found: FileModules, tensors, metadata, components, table, sou
             report.drop(found.keys[name], reason)
     if report.dropped:
         return report
-    if found.layout == "diffusers" and DIFFUSERS_HEADER in metadata:
-        report.notes.append(
-            "difftune reads diffusers-layout files at scale 1 (alpha = rank) and ignores the "
-            "lora_adapter_metadata header's alphas"
-        )
+    own = own_layout(family)
     plain = all(module_algorithm(parts) in KOHYA_LORA for parts in found.modules.values())
     if not plain:
-        report.notes.append("LyCORIS file: checked by names and shapes (no trial import)")
+        other = "" if found.layout == own else f" (in the {found.layout} layout, not difftune's)"
+        report.notes.append(f"LyCORIS file{other}: checked by names and shapes (no trial import)")
         return report
     problem = _trial_import(found, tensors, components, table, source)
     if problem is not None:
@@ -62,7 +54,19 @@ def check_difftune(found: FileModules, tensors, metadata, components, table, sou
         if kind == "note":
             report.notes.append(text)
         else:
-            report.drop(tensors, f"the import refuses the file: {text}")
+            hint = (
+                ""
+                if found.layout == own
+                else f"; convert it with lora_tool.py convert --to {own} (the layout difftune "
+                f"writes for {label}; --to {OWN} says the same)"
+            )
+            report.drop(tensors, f"the import refuses the file: {text}{hint}")
+            return report
+    if found.layout == "diffusers" and DIFFUSERS_HEADER in metadata:
+        report.notes.append(
+            "difftune reads diffusers-layout files at scale 1 (alpha = rank) and ignores the "
+            "lora_adapter_metadata header's alphas"
+        )
     return report
 
 
@@ -79,8 +83,10 @@ def _lycoris_layers(components, table) -> set[str]:
         for index, encoder in enumerate(components.text_encoders):
             if fused and index == len(components.text_encoders) - 1:
                 continue  # T5: LyCORIS' presets name no T5 block
+            if not family.trains_text_encoder(index):
+                continue  # a family whose adapters never sit on this text encoder
             wanted[index] = set(family.lycoris_targets(encoder, "text_encoder", "full"))
-    except (NotImplementedError, AttributeError, KeyError):
+    except (NotImplementedError, AttributeError, KeyError, DifftuneError):
         return named
     return named | {
         name
@@ -110,8 +116,9 @@ def _difftune_module(name, parts, layer: Layer, adaptable, lycoris, label) -> st
 
 
 def _trial_import(found: FileModules, tensors, components, table, source):
-    """Inject adapters with the file's ranks on its layers and run family.load_lora_tensors;
-    ("error", why) when it refuses, ("note", what) when no trial is possible, else None."""
+    """Inject adapters with the file's ranks on its layers and run the trainer's import
+    (import_network_weights); ("error", why) when it refuses, ("note", what) when no trial is
+    possible, else None."""
     targets: dict[int, dict[str, str]] = {}
     ranks: dict[str, set[int]] = {"linear": set(), "conv": set()}
     for name, parts in found.modules.items():
@@ -153,7 +160,7 @@ def _trial_import(found: FileModules, tensors, components, table, source):
             adapted.append(model)
             prefix = UNET if component == DENOISER else family.text_encoder_lora_prefixes[component]
             models[prefix] = model
-        family.load_lora_tensors(models, tensors, str(source))
+        import_network_weights(family, models, tensors, source)
     except (DifftuneError, ValueError, RuntimeError, KeyError) as exc:
         return ("error", str(exc).removeprefix(f"{source}: "))
     finally:

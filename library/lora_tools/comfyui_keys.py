@@ -17,14 +17,19 @@ _CLIP_LAYER = re.compile(
 )
 
 
-def comfy_clip_names(components) -> tuple[str, ...]:
+def comfy_clip_names(components) -> tuple[str | None, ...]:
     """ComfyUI's name of each text encoder (its CLIP model's state-dict prefix): clip_l, clip_h
-    (SD 2.x's OpenCLIP-H), clip_g, t5xxl."""
-    names = []
+    (SD 2.x's OpenCLIP-H), clip_g, t5xxl; None for another kind of encoder (a Qwen3), whose
+    names in ComfyUI's LoRA layout are not reproduced here."""
+    names: list[str | None] = []
     clips = 0
     for encoder in components.text_encoders:
-        if type(encoder).__name__.startswith("T5"):
+        kind = type(encoder).__name__
+        if kind.startswith("T5"):
             names.append("t5xxl")
+            continue
+        if not kind.startswith("CLIP"):
+            names.append(None)
             continue
         if clips == 0:
             names.append("clip_h" if components.family.v2 else "clip_l")
@@ -34,38 +39,47 @@ def comfy_clip_names(components) -> tuple[str, ...]:
     return tuple(names)
 
 
-def comfy_name(layer: Layer, components) -> str:
-    """The module's name in ComfyUI's own layout (what its LoRA-save node writes)."""
+def comfy_name(layer: Layer, components) -> str | None:
+    """The module's name in ComfyUI's own layout (what its LoRA-save node writes); None for a
+    layer of a text encoder ComfyUI's names are not known for (``comfy_clip_names``)."""
     if layer.component == DENOISER:
         comfy_original = entry_of(components.family).tool.comfy_original
         return f"diffusion_model.{comfy_original(layer) if comfy_original else layer.original}"
     clip = comfy_clip_names(components)[layer.component]
-    return f"text_encoders.{clip}.transformer.{layer.original}"
+    return None if clip is None else f"text_encoders.{clip}.transformer.{layer.original}"
 
 
 def comfy_names(table: Mapping[str, Layer], components) -> dict[str, str]:
     """ComfyUI's own name of each layer of the model (``comfy_name``) -> its kohya name."""
-    return {comfy_name(layer, components): name for name, layer in table.items()}
+    names = {name: comfy_name(layer, components) for name, layer in table.items()}
+    return {comfy: name for name, comfy in names.items() if comfy is not None}
 
 
 def comfy_key_map(components, table) -> dict[str, tuple[Layer, tuple[int, ...] | None]]:
     """The module names ComfyUI's loader accepts for this model -> (layer, the parts of it the
     name stands for; None: all of it)."""
-    family_keys = entry_of(components.family).tool.comfy_keys
+    tool = entry_of(components.family).tool
+    family_keys = tool.comfy_keys
     clips = comfy_clip_names(components)
     key_map: dict[str, tuple[Layer, tuple[int, ...] | None]] = {}
     for layer in table.values():
         whole = (layer, None)
         if layer.component == DENOISER:
             original = comfy_name(layer, components).removeprefix("diffusion_model.")
-            key_map["lora_unet_" + original.replace(".", "_")] = whole
-            key_map["diffusion_model." + original] = whole
+            # ComfyUI's generic names come from its own model's weights, which may be named
+            # otherwise than the layout convert writes, or fused from several layers (None)
+            model_name = tool.comfy_model_name(layer) if tool.comfy_model_name else original
+            if model_name is not None:
+                key_map["lora_unet_" + model_name.replace(".", "_")] = whole
+                key_map["diffusion_model." + model_name] = whole
             # the family's own names: diffusers', kohya's and LyCORIS' paths of the layer or of
             # its parts (library.models.families.family_entry.ToolFacts.comfy_keys)
             for name, parts in (family_keys(layer, original) if family_keys else {}).items():
                 key_map[name] = (layer, parts)
             continue
         clip = clips[layer.component]
+        if clip is None:
+            continue
         path = layer.original
         key_map[f"text_encoders.{clip}.transformer.{path}"] = whole
         if not clip.startswith("clip_"):

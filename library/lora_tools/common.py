@@ -15,6 +15,7 @@ import torch
 
 from library.errors import CheckpointError, ConfigError
 from library.networks.kohya_names import ALPHA, DOWN, UP  # noqa: F401  (a kohya module's tensors)
+from library.networks.lycoris.file_math import LOCON_KEYS, LOHA_KEYS, LOKR_KEYS, SHARED_KEYS
 from library.saving.atomic import atomic_write_file, remove_leftovers
 from library.saving.input_clash import OUTPUT_INSIDE, SAME, clash
 from library.saving.lora_file import model_hashes, read_safetensors, save_lora_file
@@ -216,8 +217,30 @@ _ALGORITHM_MARKERS = (
 KOHYA_LORA = ("LoRA", "LoCon")
 
 
+# Every tensor name a kohya LoRA or LyCORIS module holds (the end of its keys), longest first.
+MODULE_SUFFIXES = tuple(
+    sorted((*LOCON_KEYS, *LOHA_KEYS, *LOKR_KEYS, *SHARED_KEYS), key=len, reverse=True)
+)
+
+
+def module_groups(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """module name -> {suffix: tensor} of a LoRA/LyCORIS file. A key is ``<module>.<suffix>``
+    with the longest known suffix it ends in (module names with dots, such as
+    ``diffusion_model.layers.0.attention.to_q``, stay whole); a key of no known suffix splits
+    at its first dot, as kohya's names do."""
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        suffix = next((s for s in MODULE_SUFFIXES if key.endswith("." + s)), None)
+        if suffix is None:
+            name, _, suffix = key.partition(".")
+        else:
+            name = key[: -len(suffix) - 1]
+        groups.setdefault(name, {})[suffix] = tensor
+    return groups
+
+
 def module_algorithm(parts: Mapping[str, torch.Tensor]) -> str:
-    """The algorithm of one module (``group_modules`` value): LoRA (Linear or 1x1 factors),
+    """The algorithm of one module (a ``module_groups`` value): LoRA (Linear or 1x1 factors),
     LoCon (a kh x kw kernel in lora_down), a LyCORIS one (LoHa, LoKr, ...), with ``+DoRA`` when
     it carries a dora_scale (plain ``DoRA`` for a DoRA LoRA), or ``unknown``."""
     dora = "dora_scale" in parts

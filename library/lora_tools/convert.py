@@ -27,8 +27,15 @@ from library.lora_tools.common import (
     refuse_non_finite_result,
     write_file_unchanged,
 )
-from library.lora_tools.from_kohya import kohya_to_comfy, kohya_to_diffusers
-from library.lora_tools.layouts import LAYOUTS, check_kohya_names, detect_layout
+from library.lora_tools.from_kohya import kohya_to_layout
+from library.lora_tools.layouts import (
+    LAYOUTS,
+    OWN,
+    check_kohya_names,
+    chosen_layout,
+    detect_layout,
+    layout_words,
+)
 from library.lora_tools.to_kohya import to_kohya
 
 HELP = (
@@ -42,9 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--to",
         required=True,
-        choices=LAYOUTS,
-        help="the layout to write: kohya (sd-scripts, A1111/Forge, difftune), diffusers "
-        "(pipe.load_lora_weights / peft) or comfyui (ComfyUI's own saved LoRAs)",
+        choices=(*LAYOUTS, OWN),
+        help="the layout to write: kohya (sd-scripts, A1111/Forge, musubi-tuner), diffusers "
+        "(pipe.load_lora_weights / peft), comfyui (ComfyUI's own saved LoRAs: "
+        "diffusion_model.*), or difftune: the one difftune's trainer writes for the --model's "
+        "family (kohya's; comfyui's for a family whose files name diffusers paths)",
     )
     add_model_arguments(
         parser,
@@ -67,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     inputs = [("--input", args.input), *model_inputs(args, {"--model": args.model})]
     output = checked_output(args.output, args.overwrite, inputs)
-    if args.fold_alpha and args.to != "diffusers":
+    if args.fold_alpha and args.to not in ("diffusers", OWN):
         raise ConfigError("--fold_alpha applies to --to diffusers only; remove it")
     tensors, metadata = read_lora(args.input, "--input")
     source = detect_layout(tensors, args.input)
@@ -76,27 +85,34 @@ def run(args: argparse.Namespace) -> int:
             f"--input {args.input} is already in the {args.to} layout; nothing to convert"
         )
     components = load_model(args, args.model)
+    target = chosen_layout(args.to, components.family)
+    if args.fold_alpha and target != "diffusers":
+        raise ConfigError(
+            f"--fold_alpha applies to --to diffusers only, and --to {args.to} is the "
+            f"{target} layout here; remove it"
+        )
+    if source == target:
+        raise ConfigError(
+            f"--input {args.input} is already in the "
+            f"{layout_words(target, components.family)}; nothing to convert"
+        )
     table = layer_table(components)
     kohya, meta = (
         (tensors, metadata)
         if source == "kohya"
         else to_kohya(tensors, metadata, components, table, args.input)
     )
-    if args.to == "kohya":
-        out, out_meta = kohya, meta
-    else:
+    if target != "kohya":
         check_kohya_names(kohya, meta, table, components, args.input)
-        if args.to == "diffusers":
-            out, out_meta = kohya_to_diffusers(kohya, meta, table, components, args.fold_alpha)
-        else:
-            out, out_meta = kohya_to_comfy(kohya, meta, table, components)
+    out, out_meta = kohya_to_layout(target, kohya, meta, table, components, args.fold_alpha)
     dtype = DTYPES[args.save_precision] if args.save_precision else None
     if dtype is not None:
         cause = f"--save_precision {args.save_precision}"
         refuse_non_finite_result(out, dtype, cause)
     write_file_unchanged(output, out, out_meta, dtype, hashes="sshs_model_hash" in metadata)
     print(
-        f"converted {args.input} ({source} layout, {len(tensors)} tensors) to the {args.to} "
-        f"layout: {output} ({len(out)} tensors)"
+        f"converted {args.input} ({layout_words(source, components.family)}; {len(tensors)} "
+        f"tensors) to the {layout_words(target, components.family)}: {output} ({len(out)} "
+        "tensors)"
     )
     return 0

@@ -1,4 +1,4 @@
-"""``extract``: a kohya LoRA of the difference between a fine-tuned model and its base.
+"""``extract``: a LoRA of the difference between a fine-tuned model and its base.
 
 For every layer a default difftune LoRA adapts (with ``--conv_rank``: LoCon's 3x3 convolutions
 too), the change ``tuned - base`` is factored by a truncated SVD into ``up @ down`` of rank
@@ -7,7 +7,9 @@ is the rank (scale 1), as sd-scripts' extract_lora_from_models.py writes. The si
 are split evenly between up and down (library/lora_tools/svd.py). FLUX.1's and SD3's fused
 layers are factored per diffusers Linear and written as one block-diagonal kohya module, the
 layout difftune's trainer writes, so ``network_weights`` loads the file into a LoRA of the same
-rank. Layers whose largest change is at most ``--min_diff`` are skipped and listed.
+rank. Layers whose largest change is at most ``--min_diff`` are skipped and listed. The file is
+written in the layout difftune's trainer writes for the family (kohya's names, or the family's
+own: ToolFacts.own_layout).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from library.lora_tools.common import (
     refuse_non_finite_result,
     write_file,
 )
+from library.lora_tools.from_kohya import kohya_to_layout
+from library.lora_tools.layouts import own_layout
 from library.lora_tools.svd import (
     RANK_METHODS,
     check_dynamic,
@@ -53,7 +57,10 @@ from library.lora_tools.svd import (
 )
 from library.saving.metadata import MODELSPEC_VERSION
 
-HELP = "extract a kohya LoRA from the difference between a fine-tuned model and its base (SVD)"
+HELP = (
+    "extract a LoRA from the difference between a fine-tuned model and its base (SVD), in the "
+    "layout difftune's trainer writes for the family"
+)
 _LISTED = 10  # skipped layers named per component
 
 
@@ -171,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
             "nothing to extract (lower --min_diff?)"
         )
     _report(base, skipped, args.min_diff)
+    # named as the trainer names the family's files (kohya's, or the family's own layout)
+    tensors, _ = kohya_to_layout(own_layout(base.family), tensors, {}, layer_table(base), base)
     dtype = DTYPES[args.save_precision or "fp32"]
     cause = f"--save_precision {args.save_precision or 'fp32'}"
     refuse_non_finite_result(tensors, dtype, cause)

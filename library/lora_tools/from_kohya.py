@@ -30,11 +30,29 @@ from library.lora_tools.layouts import (
 from library.networks.kohya_names import group_modules
 
 
+def kohya_to_layout(
+    layout: str, tensors, metadata, table: Mapping[str, Layer], components, fold: bool = False
+):
+    """kohya modules in ``layout`` (one of layouts.LAYOUTS): (tensors, metadata)."""
+    if layout == "diffusers":
+        return kohya_to_diffusers(tensors, metadata, table, components, fold)
+    if layout == "comfyui":
+        return kohya_to_comfy(tensors, metadata, table, components)
+    return dict(tensors), dict(metadata)
+
+
 def kohya_to_comfy(tensors, metadata, table: Mapping[str, Layer], components):
     """Rename kohya modules to ComfyUI's names; every tensor (LyCORIS ones too) is kept."""
     out = {}
     for name, parts in group_modules(tensors).items():
         new = comfy_name(table[name], components)
+        if new is None:
+            what = component_label(components, table[name].component)
+            raise CheckpointError(
+                f"{name}: ComfyUI's names for the {what} of {family_label(components.family)} "
+                "models are not known here, so it has no place in the comfyui layout; keep the "
+                "file in kohya's layout"
+            )
         for suffix, tensor in parts.items():
             out[f"{new}.{suffix}"] = tensor
     return out, dict(metadata)

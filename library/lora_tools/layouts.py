@@ -19,6 +19,11 @@ layers are called in each (docs: the toolbox's convert section):
   denoiser (LDM/SGM names of the UNet, the original FLUX.1/SD3 names of the transformer) and
   ``text_encoders.<clip_l|clip_h|clip_g|t5xxl>.transformer.<transformers path>.*`` for the text
   encoders; ComfyUI reads an ``.alpha`` beside them (comfy/lora.py), which is kept.
+
+Which of the three a family's own files are in (what its key map writes; kohya's for most, the
+"comfyui" names ``diffusion_model.<path>`` for a family whose denoiser keeps its diffusers
+paths) and what its files in each are called is the family's registry entry's
+(``ToolFacts.own_layout`` / ``layout_names``); ``--to difftune`` is that own layout.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ import torch
 
 from library.errors import CheckpointError
 from library.lora_tools.base_model import DENOISER, Layer, family_label, other_family
+from library.models.families.registry import entry_of
 from library.networks.kohya_names import group_modules, kohya_path
 
 LAYOUTS = ("kohya", "diffusers", "comfyui")
+OWN = "difftune"  # --to: the layout difftune's trainer writes for the model's family
 LORA_A, LORA_B = "lora_A.weight", "lora_B.weight"
 DIFFUSERS_HEADER = "lora_adapter_metadata"  # diffusers' LORA_ADAPTER_METADATA_KEY
 KOHYA_HEADER = "difftune.kohya_modules"
@@ -65,6 +72,25 @@ def detect_layout(tensors: Mapping[str, torch.Tensor], source: str | Path) -> st
         mixed = ", ".join(f"{layout} ({key})" for layout, key in found.items())
         raise CheckpointError(f"{source}: mixes key layouts: {mixed}")
     return next(iter(found))
+
+
+def own_layout(family) -> str:
+    """The layout difftune's trainer writes the family's files in (its key map's)."""
+    return entry_of(family).tool.own_layout
+
+
+def chosen_layout(layout: str, family) -> str:
+    """A --to value as one of LAYOUTS (OWN: the family's own)."""
+    return own_layout(family) if layout == OWN else layout
+
+
+def layout_words(layout: str, family) -> str:
+    """The layout in words for the family: "kohya layout (difftune's own)", "comfyui layout
+    (diffusion_model.<diffusers path>; difftune's own)"."""
+    notes = [entry_of(family).tool.layout_names.get(layout)]
+    notes.append("difftune's own" if layout == own_layout(family) else None)
+    notes = [note for note in notes if note]
+    return f"{layout} layout" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def diffusers_component(layer: Layer, components) -> str:

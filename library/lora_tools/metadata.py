@@ -22,10 +22,10 @@ from library.errors import ConfigError
 from library.lora_tools.common import (
     checked_output,
     module_algorithm,
+    module_groups,
     refuse_clash,
     write_file_unchanged,
 )
-from library.networks.kohya_names import group_modules
 from library.saving.lora_file import read_safetensors
 
 HELP = "show or edit the metadata of a LoRA/LyCORIS file (tensors are kept bit for bit)"
@@ -34,7 +34,9 @@ SHORT = 100  # characters of a value shown without --full
 # kohya's long JSON values, always shortened without --full
 _LONG_KEYS = ("ss_tag_frequency", "ss_dataset_dirs", "ss_bucket_info", "ss_datasets")
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-_PREFIX = re.compile(r"^(lora_unet|lora_te\d?|lora_transformer|lycoris)_")
+# kohya's flat prefixes, and the dotted heads of the names that keep a module path
+# (diffusion_model.<path>, as difftune writes some families' files)
+_PREFIX = re.compile(r"^(?:(lora_unet|lora_te\d?|lora_transformer|lycoris)_|(diffusion_model)\.)")
 _HASH_KEYS = ("sshs_model_hash", "sshs_legacy_hash")
 
 
@@ -86,7 +88,7 @@ def _module_alpha(parts: Mapping[str, torch.Tensor]) -> float | None:
 def summary(tensors: Mapping[str, torch.Tensor]) -> dict:
     """What the tensors hold: module count, algorithms, ranks, alphas (a missing one counted as
     the rank), dtypes and prefixes."""
-    groups = group_modules(tensors)
+    groups = module_groups(tensors)
     algorithms = Counter(module_algorithm(parts) for parts in groups.values())
     ranks = sorted({r for parts in groups.values() if (r := _module_rank(parts)) is not None})
     alphas = sorted({a for parts in groups.values() if (a := _module_alpha(parts)) is not None})
@@ -100,7 +102,7 @@ def summary(tensors: Mapping[str, torch.Tensor]) -> dict:
     prefixes = Counter()
     for name in groups:
         match = _PREFIX.match(name)
-        prefixes[match.group(1) if match else "other"] += 1
+        prefixes[(match.group(1) or match.group(2)) if match else "other"] += 1
     return {
         "modules": len(groups),
         "algorithms": dict(sorted(algorithms.items())),

@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 from library.errors import CheckpointError, ConfigError
-from library.lora_tools.common import ALPHA, DOWN, KOHYA_LORA, UP, module_algorithm
-from library.networks.kohya_names import group_modules
+from library.lora_tools.common import ALPHA, DOWN, KOHYA_LORA, UP, module_algorithm, module_groups
 
 RANK_METHODS = ("sv_ratio", "sv_fro", "sv_cumulative")
 _WHY_NOT = {
@@ -87,7 +86,7 @@ def lora_modules(tensors: Mapping[str, torch.Tensor], path: str | Path, what: st
     down or up tensor, unknown tensors, or factors whose shapes do not fit together.
     """
     modules = {}
-    for name, parts in sorted(group_modules(tensors).items()):
+    for name, parts in sorted(module_groups(tensors).items()):
         algorithm = module_algorithm(parts)
         if algorithm not in KOHYA_LORA:
             raise CheckpointError(_refusal(path, name, algorithm, parts, what))

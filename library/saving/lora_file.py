@@ -105,16 +105,24 @@ def read_lora_file(
     if not path.is_file():  # the trainer's wording; read_safetensors says "<path>: file not found"
         raise CheckpointError(f"LoRA file not found: {path}")
     tensors, metadata = read_safetensors(path)
+    check_lora_keys(tensors, path, diffusers_layout)
+    return tensors, metadata
+
+
+def check_lora_keys(
+    tensors: Mapping[str, torch.Tensor], source: str | Path, diffusers_layout: bool = False
+) -> None:
+    """CheckpointError naming ``source`` unless the keys hold kohya LoRA or LyCORIS weights
+    (or, with ``diffusers_layout``, diffusers/peft ones): what ``read_lora_file`` requires."""
     if not any(key.endswith(_LORA_SUFFIXES) for key in tensors):
         peft = any(key.endswith(_PEFT_SUFFIXES) for key in tensors)
         if peft and diffusers_layout:
-            return tensors, metadata
+            return
         if peft:
             raise CheckpointError(
-                f"{path}: is a diffusers/PEFT-format LoRA (lora_A/lora_B keys); only "
+                f"{source}: is a diffusers/PEFT-format LoRA (lora_A/lora_B keys); only "
                 "kohya-format files (lora_down/lora_up) can be loaded"
             )
         raise CheckpointError(
-            f"{path}: not a LoRA file (no lora_down/lora_up, hada_* or lokr_* weights)"
+            f"{source}: not a LoRA file (no lora_down/lora_up, hada_* or lokr_* weights)"
         )
-    return tensors, metadata

@@ -15,8 +15,7 @@ from library.models.loader import Components
 from library.networks.adapters import STATE_BUFFERS, adapter_parameters
 from library.networks.kohya_names import UNET
 from library.networks.lora import lora_parameter_split
-from library.networks.lora_file_checks import check_lora_file
-from library.saving.lora_file import read_lora_file
+from library.networks.network_weights import import_network_weights, read_network_weights
 from library.training.adapter_setup import (
     adapter_settings,
     inject,
@@ -217,10 +216,8 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
                 groups += _lora_groups(encoder, name, te_lr, ratio)
     parts = TrainedParts(components, True, train_unet, train_te, groups)
     if net.network_weights:
-        diffusers_layout = "diffusers" in family.lora_formats
-        tensors, _ = read_lora_file(net.network_weights, diffusers_layout)
-        check_lora_file(tensors, net.network_weights, family.modelspec_architecture)
-        family.load_lora_tensors(parts.lora_models(), tensors, net.network_weights)
+        tensors = read_network_weights(family, net.network_weights)
+        import_network_weights(family, parts.lora_models(), tensors, net.network_weights)
     return parts
 
 

@@ -431,11 +431,18 @@ def test_diffusers_loads_every_key_of_our_lora_file(family_variant, folders, tmp
     else:
         tensors = family.lora_tensors(ours)
     path = save_lora_file(tmp_path / "lora.safetensors", tensors, {}, torch.float32)
-    noise = load_quietly(pipe, path)
-    assert not noise, noise  # e.g. "unexpected keys not found in the model"
     components = {UNET: denoiser_name(modules)}
     pairs = zip(family.text_encoder_lora_prefixes, family.text_encoder_subfolders, strict=True)
     components.update(pairs)
+    # diffusers says so of each text encoder the file holds no keys for (a family that trains
+    # none of them: Chroma's T5)
+    untrained = [f"prefix='{components[p]}'" for p in components if p not in ours]
+    noise = [
+        m
+        for m in load_quietly(pipe, path)
+        if not (m.startswith("No LoRA keys associated to") and any(u in m for u in untrained))
+    ]
+    assert not noise, noise  # e.g. "unexpected keys not found in the model"
     for prefix, model in ours.items():
         component = getattr(pipe, components[prefix])
         assert sorted(peft_layers(component)) == sorted(lora_layers(model)), prefix

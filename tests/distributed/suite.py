@@ -6,23 +6,37 @@ them in ``LAUNCHES``) start in the background, two at a time, as soon as the fir
 for any run. Single-process runs happen in the pytest process itself, when first asked for.
 
 - equivalence runs ``eq-<mode>-<layout>``: 2 optimizer steps of 4 images as 2x2x1 (processes
-  x accumulation x batch), 1x4x1, 1x1x4 or the guard 1x2x1, for UNet LoRA, UNet + text-encoder
-  LoRA, full UNet, LyCORIS LoHa (with DoRA), Flux.1 LoRA and full fine-tune (on a tiny Flux
-  folder), Z-Image LoRA (on a tiny Z-Image folder, captions of four lengths), and FSDP2-sharded
-  LyCORIS LoKr, full UNet and Z-Image LoRA. The 2-process runs also switch on a DDP-side option
-  per mode (gradient checkpointing, gradient_as_bucket_view); the single-process references run
-  without it.
+  x accumulation x batch), 1x4x1, 1x1x4 or the guard 1x2x1. The modes (MODES, each a
+  library.models.families.testkit.DistributedMode) are
+  - every registered family's, from its kit (ConformanceKit.distributed, in the family's
+    ``testkit.py``; FAMILY_MODES): the config keys of every layout, the DDP-side option of the
+    2-process run, the kit variant whose tiny folder (ConformanceKit.write_folder) the runs train
+    on, its own captions where it needs them, whether the 2-process run is resumed, and sharded
+    (FSDP2) modes. Today: SD's UNet LoRA; FLUX.1's LoRA (float8 base), full fine-tune and LoRA
+    with blocks swapped to host memory; SD3.5's LoRA with text dropout and position crops;
+    Z-Image's LoRA on captions of four lengths, and sharded. A family registered with a kit
+    that declares a mode gets its runs here without an edit; one that declares none fails
+    tests/conformance (or names why it has none in the kit's skips);
+  - the suite's own (TRAINER_MODES), which check the trainer rather than a family, on the tiny
+    SD 1.x model: UNet + text-encoder LoRA, full UNet, LyCORIS LoHa (with DoRA), and sharded
+    LyCORIS LoKr and full UNet.
+  The 2-process runs also switch on the mode's DDP-side option (gradient checkpointing,
+  gradient_as_bucket_view); the single-process references run without it. Each family's first
+  mode (GUARDED) is also trained as 1x2x1.
+- resumed runs (RESUMED, the modes declaring ``resume``): ``<mode>-resumed`` (2 processes) and
+  ``<mode>-resumed-1x4x1`` (in-process), the mode's 2x2x1 run continued from the state its own
+  first step saved; "fsdp-resumed" and "fsdp-resumed-1x4x1" the same for fsdp-lora.
 - schedule runs: UNet + text-encoder LoRA, 4 optimizer steps under warmup + cosine: "sync"
   (2 processes x accumulation 4, buckets counted by a DDP hook, gradients recorded), "acc1"
   (2 x 1, static graph, buckets counted), "stopped" (2 x 1, states every 2 steps, SIGINT to
-  rank 1 after step 2), "resumed" (2 x 1 from the state it stopped with, through train_network.py), "single_acc2" and "single_acc1" (1 process).
+  rank 1 after step 2), "resumed" (2 x 1 from the state it stopped with, through
+  train_network.py), "single_acc2" and "single_acc1" (1 process).
   Runs without a hook use DDP's own C++ reduction.
 - "two-nodes": the unet-lora 2x2x1 config as 2 nodes x 1 process.
-- "zimage-lora-resumed" (2 processes) and "zimage-lora-resumed-1x4x1" (in-process): the
-  zimage-lora 2x2x1 run continued from the state its own first step saved.
 - data runs ``data-2x1x1`` (torchrun) and ``data-1x2x1`` (in-process): a latent cache, flips,
   caption shuffling and a validation loss every step, as 2 processes x batch 1 and as one
-  process x accumulation 2.
+  process x accumulation 2; ``fsdp-data-2x1x1`` the same sharded, sampling after every step.
+- "fsdp-optimizers": each optimizer fsdp accepts, stepped on slices and whole.
 """
 
 from __future__ import annotations
@@ -33,6 +47,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from library.models.families import registry
+from library.models.families.testkit import DistributedMode
 from tests.distributed.runs import (
     REPO,
     TRAIN_NETWORK,
@@ -44,116 +60,85 @@ from tests.distributed.runs import (
 )
 from tests.integration.harness import write_config
 
-# mode -> (keys of every layout, command-line keys of the 2-process run only)
-MODES: dict[str, tuple[dict, list[str]]] = {
-    "unet-lora": ({"network_train_unet_only": True}, []),
-    "unet+te-lora": ({}, ["--gradient_checkpointing"]),
-    "full-unet": ({"train_mode": "unet", "learning_rate": 1e-4}, ["--ddp_gradient_as_bucket_view"]),
-    # Flux.1 LoRA (transformer, CLIP-L and T5) on the tiny Flux folder (Runs.flux_dir), with its
-    # frozen weights in float8 (fp8_base): DDP must leave them out of its start-up broadcast.
-    "flux-lora": (
-        {
-            "network_module": "networks.lora_flux",
-            "network_args": ["train_t5xxl=True"],
-            "fp8_base": True,
-            "timestep_sampling": "shift",
-            "model_prediction_type": "raw",
-            "guidance_scale": 1.0,
-            "bucket_reso_steps": 16,
-        },
-        ["--gradient_checkpointing"],
+# The suite's own modes: the trainer's options, on the tiny SD 1.x model (the session's
+# tiny_model_dir). The families' modes come from the registry (family_modes).
+TRAINER_MODES = (
+    DistributedMode(name="unet+te-lora", ddp_options=("--gradient_checkpointing",),
+                    holds=("lora_te_",)),
+    DistributedMode(name="full-unet", keys={"train_mode": "unet", "learning_rate": 1e-4},
+                    ddp_options=("--ddp_gradient_as_bucket_view",)),
+    # LyCORIS adapters: LoHa with DoRA on the UNet (3x3 convs included) and the text encoder (LoKr
+    # runs sharded, below).
+    DistributedMode(
+        name="loha-dora",
+        keys={"network_module": "lycoris.kohya",
+              "network_args": ["algo=loha", "dora_wd=True", "conv_dim=2", "conv_alpha=1"]},
+        ddp_options=("--gradient_checkpointing",),
     ),
+    # FSDP2: the 2-process runs shard the denoiser (one process has nothing to shard with, so the
+    # single-process reference trains it whole). LyCORIS LoKr (Tucker cores, both Kronecker halves
+    # factored, max-norm shrinking it each step) on the UNet and the text encoder, fully sharded,
+    # with the text encoder under DDP beside it and a state saved every step (fsdp-resumed
+    # continues it); the full UNet with the blocks kept gathered through the backward pass, an EMA
+    # and gradient clipping across the shards.
+    DistributedMode(
+        name="fsdp-lora",
+        keys={
+            "network_module": "lycoris.kohya",
+            "network_args": ["algo=lokr", "factor=4", "decompose_both=True", "use_tucker=True"],
+            "scale_weight_norms": 1e-3,
+            "fsdp": "full_shard",
+            "save_every_n_steps": 1,
+            "save_state": True,
+        },
+        ddp_options=("--gradient_checkpointing",),
+        ddp_modules=("text_encoder",),
+    ),
+    DistributedMode(
+        name="fsdp-full",
+        keys={"train_mode": "unet", "learning_rate": 1e-2, "fsdp": "shard_grad_op",
+              "ema_decay": 0.5, "max_grad_norm": 0.01},
+    ),
+)  # fmt: skip
+
+
+def family_modes() -> dict[str, tuple[str, DistributedMode]]:
+    """Every registered family's distributed modes (its kit's ConformanceKit.distributed), in
+    registry order: mode name -> (family name, mode)."""
+    modes: dict[str, tuple[str, DistributedMode]] = {}
+    for entry in registry.families():
+        kit = entry.test_kit() if entry.test_kit else None
+        for mode in kit.distributed if kit else ():
+            if mode.name in modes or mode.name in {m.name for m in TRAINER_MODES}:
+                raise ValueError(f"{entry.name}'s distributed mode {mode.name!r} is taken")
+            modes[mode.name] = (entry.name, mode)
+    return modes
+
+
+FAMILY_MODES = family_modes()
+# Every mode, the families' first: name -> mode.
+MODES: dict[str, DistributedMode] = {
+    **{name: mode for name, (_, mode) in FAMILY_MODES.items()},
+    **{mode.name: mode for mode in TRAINER_MODES},
 }
-MODES["flux-full"] = (
-    {**MODES["flux-lora"][0], "train_mode": "unet", "learning_rate": 1e-3, "network_args": [],
-     "fp8_base": False},
-    ["--ddp_gradient_as_bucket_view"],
-)
-# SD3.5 Medium LoRA on the MMDiT, CLIP-L and CLIP-G (flux-lora covers T5 adapters), with kohya's
-# SD3 timestep density and every text encoder's dropout and the random position crops at 0.5:
-# each sample's draws must follow the sample, not its rank or micro-batch.
-MODES["sd3-lora"] = (
-    {
-        "network_module": "networks.lora_sd3",
-        "weighting_scheme": "logit_normal",
-        "training_shift": 3.0,
-        "clip_l_dropout_rate": 0.5,
-        "clip_g_dropout_rate": 0.5,
-        "t5_dropout_rate": 0.5,
-        "pos_emb_random_crop_rate": 0.5,
-        "bucket_reso_steps": 16,
-    },
-    ["--gradient_checkpointing"],
-)
-# LyCORIS adapters: LoHa with DoRA on the UNet (3x3 convs included) and the text encoder (LoKr
-# runs sharded, below).
-MODES["loha-dora"] = (
-    {
-        "network_module": "lycoris.kohya",
-        "network_args": ["algo=loha", "dora_wd=True", "conv_dim=2", "conv_alpha=1"],
-    },
-    ["--gradient_checkpointing"],
-)
-# flux-lora with its last double block and both single blocks swapped to host memory
-# (blocks_to_swap, over float8 weights): DDP must neither broadcast nor sync the host weights.
-MODES["flux-swap"] = ({**MODES["flux-lora"][0], "blocks_to_swap": 2}, ["--gradient_checkpointing"])
-# FSDP2: the 2-process runs shard the denoiser (one process has nothing to shard with, so the
-# single-process reference trains it whole). LyCORIS LoKr (Tucker cores, both Kronecker halves
-# factored, max-norm shrinking it each step) on the UNet and the text encoder, fully sharded,
-# with the text encoder under DDP beside it and a state saved every step; the full UNet with the
-# blocks kept gathered through the backward pass, an EMA and gradient clipping across the shards.
-MODES["fsdp-lora"] = (
-    {
-        "network_module": "lycoris.kohya",
-        "network_args": ["algo=lokr", "factor=4", "decompose_both=True", "use_tucker=True"],
-        "scale_weight_norms": 1e-3,
-        "fsdp": "full_shard",
-        "save_every_n_steps": 1,
-        "save_state": True,
-    },
-    ["--gradient_checkpointing"],
-)
-# Z-Image LoRA (musubi-tuner's targets) on the tiny Z-Image folder (Runs.zimage_dir), on images
-# whose captions have four lengths (Runs.zimage_images): alone in a micro-batch each caption is
-# its own length, in the batch of 4 it is padded to the longest (TextConditioning.lengths cut
-# it back); both must train the same LoRA. A state every step: zimage-lora-resumed continues it.
-MODES["zimage-lora"] = (
-    {
-        "network_module": "networks.lora_zimage",
-        "network_train_unet_only": True,
-        "bucket_reso_steps": 16,
-        "save_every_n_steps": 1,
-        "save_state": True,
-    },
-    ["--gradient_checkpointing"],
-)
-# The same run with the transformer sharded (FSDP2: each block and the rest, the pad tokens
-# among it, split over the processes).
-MODES["zimage-fsdp"] = (
-    {k: v for k, v in MODES["zimage-lora"][0].items() if not k.startswith("save_")}
-    | {"fsdp": "full_shard"},
-    [],
-)
-MODES["fsdp-full"] = (
-    {**MODES["full-unet"][0], "learning_rate": 1e-2, "fsdp": "shard_grad_op", "ema_decay": 0.5,
-     "max_grad_norm": 0.01},  # fmt: skip
-    [],
-)
-# Modes trained on another model than the tiny SD one: mode -> the Runs method giving its folder.
-MODE_MODELS = {"flux-lora": "flux_dir", "flux-full": "flux_dir", "sd3-lora": "sd3_dir",
-               "flux-swap": "flux_dir", "zimage-lora": "zimage_dir",
-               "zimage-fsdp": "zimage_dir"}  # fmt: skip
-# Modes trained on other images than the shared ones: mode -> the Runs method giving the folder.
-MODE_IMAGES = {"zimage-lora": "zimage_images", "zimage-fsdp": "zimage_images"}
-# Z-Image's captions (Runs.zimage_images), one per image: 21, 42, 73 and 151 tokens with Qwen3's
-# chat template, so the transformer pads them to 32, 64, 96 and 160.
-ZIMAGE_CAPTIONS = (
-    "red",
-    "a photo of shape number 1",
-    "a photo of shape number 2 on a gradient, centred in the frame",
-    "a much longer caption of shape number three, a coloured square on a soft gradient of warm "
-    "and cool tones, photographed from above in even daylight",
-)
+
+
+def _first_modes() -> list[str]:
+    first: dict[str, str] = {}
+    for name, (family, _) in FAMILY_MODES.items():
+        first.setdefault(family, name)
+    return list(first.values())
+
+
+# Each family's first mode, its own proof: also trained as 1x2x1, which must give other weights.
+GUARDED = _first_modes()
+# The modes whose 2-process run is continued from its step-1 state: "<mode>-resumed" (2
+# processes) and "<mode>-resumed-1x4x1" (in-process).
+RESUMED = [name for name, mode in MODES.items() if mode.resume]
+SHARDED = [name for name, mode in MODES.items() if mode.sharded]
+# Runs that are not named after the modes they train: run -> those modes.
+RUN_MODES = {"two-nodes": ("unet-lora",), "fsdp-resumed": ("fsdp-lora",)}
+_RESUME_SAVING = {"save_every_n_steps": 1, "save_state": True}
 # layout name -> (processes, accumulation, batch)
 LAYOUTS = {"2x2x1": (2, 2, 1), "1x4x1": (1, 4, 1), "1x1x4": (1, 1, 4), "1x2x1": (1, 2, 1)}
 EQUIVALENCE_KEYS = {
@@ -224,58 +209,52 @@ class Runs:
 
     def equivalence_config(self, mode: str, layout: str) -> Path:
         _, accumulation, batch = LAYOUTS[layout]
-        model = {}
-        if mode in MODE_MODELS:
-            model["pretrained_model_name_or_path"] = str(getattr(self, MODE_MODELS[mode])())
-        images = getattr(self, MODE_IMAGES[mode])() if mode in MODE_IMAGES else None
+        declared = MODES[mode]
         return self.config(
             f"eq-{mode}-{layout}",
-            images,
+            self.mode_images(mode),
             train_batch_size=batch,
             gradient_accumulation_steps=accumulation,
-            **EQUIVALENCE_KEYS,
-            **MODES[mode][0],
-            **model,
+            **{
+                **EQUIVALENCE_KEYS,
+                **declared.keys,
+                **(_RESUME_SAVING if declared.resume else {}),
+                "pretrained_model_name_or_path": str(self.mode_dir(mode)),
+            },
         )
 
-    def flux_dir(self) -> Path:
-        """A tiny Flux.1 dev folder, written on first use."""
-        from library.models.families.flux.tiny_files import write_tiny_flux_folder
-
-        return self._tiny_folder("tiny-flux", lambda folder: write_tiny_flux_folder(folder, "dev"))
-
-    def sd3_dir(self) -> Path:
-        """A tiny SD3.5 Medium folder, written on first use."""
-        from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
-
+    def mode_dir(self, mode: str) -> Path:
+        """The model folder ``mode`` trains on: its family kit's tiny folder of the mode's
+        variant (written on first use), or the tiny SD model for the suite's own modes."""
+        if mode not in FAMILY_MODES:
+            return self.model_dir
+        family, declared = FAMILY_MODES[mode]
+        kit = registry.family_entry(family).test_kit()
+        variant = declared.variant or kit.variant
         return self._tiny_folder(
-            "tiny-sd3", lambda folder: write_tiny_sd3_folder(folder, "sd3.5-medium")
+            f"tiny-{family}-{variant}", lambda folder: kit.write_folder(folder, variant, 0)
         )
 
-    def zimage_dir(self) -> Path:
-        """A tiny Z-Image-Turbo folder, written on first use."""
-        from library.models.families.zimage.tiny import write_tiny_zimage_folder
-
-        return self._tiny_folder(
-            "tiny-zimage", lambda folder: write_tiny_zimage_folder(folder, "turbo")
-        )
-
-    def zimage_images(self) -> Path:
-        """The shared images with ZIMAGE_CAPTIONS (four lengths), written on first use."""
+    def mode_images(self, mode: str) -> Path:
+        """The images ``mode`` trains on: the shared ones, with the mode's own captions where it
+        declares them (written on first use)."""
+        captions = MODES[mode].captions
+        if not captions:
+            return self.images
 
         def write(folder: Path) -> None:
             folder.mkdir()
             for image in sorted(self.images.glob("*.png")):
                 shutil.copy(image, folder / image.name)
-            for image, caption in zip(sorted(folder.glob("*.png")), ZIMAGE_CAPTIONS, strict=True):
+            for image, caption in zip(sorted(folder.glob("*.png")), captions, strict=True):
                 image.with_suffix(".txt").write_text(caption, encoding="utf-8")
 
-        return self._tiny_folder("zimage-imgs", write)
+        return self._tiny_folder(f"imgs-{mode}", write)
 
-    def zimage_state(self) -> Path:
-        """The state the zimage-lora 2x2x1 run saved after its first optimizer step."""
-        self.get("eq-zimage-lora-2x2x1")
-        return self.root / "eq-zimage-lora-2x2x1" / "run-step00000001-state"
+    def mode_state(self, mode: str) -> Path:
+        """The state the 2x2x1 run of ``mode`` (a resume mode) saved after its first step."""
+        self.get(f"eq-{mode}-2x2x1")
+        return self.root / f"eq-{mode}-2x2x1" / "run-step00000001-state"
 
     def _tiny_folder(self, name: str, write) -> Path:
         folder = self.root / name
@@ -319,11 +298,24 @@ class Runs:
             f"eq-{mode}-2x2x1": (
                 lambda mode=mode: torchrun(
                     self.equivalence_config(mode, "2x2x1"),
-                    *MODES[mode][1],
+                    *MODES[mode].ddp_options,
                     out=out(f"eq-{mode}-2x2x1"),
                 )
             )
             for mode in MODES
+        }
+        # the resume modes' 2x2x1 runs continued from the state their own first step saved
+        launches |= {
+            f"{mode}-resumed": (
+                lambda mode=mode: torchrun(
+                    self.equivalence_config(mode, "2x2x1"),
+                    *MODES[mode].ddp_options,
+                    "--resume",
+                    str(self.mode_state(mode)),
+                    out=out(f"{mode}-resumed"),
+                )
+            )
+            for mode in RESUMED
         }
         static = "--ddp_static_graph"
         launches |= {
@@ -355,7 +347,7 @@ class Runs:
             # whole), so a resume cuts every saved tensor back into each process's slice
             "fsdp-resumed": lambda: torchrun(
                 self.equivalence_config("fsdp-lora", "2x2x1"),
-                *MODES["fsdp-lora"][1],
+                *MODES["fsdp-lora"].ddp_options,
                 "--resume",
                 str(self.fsdp_state()),
                 out=out("fsdp-resumed"),
@@ -364,14 +356,6 @@ class Runs:
                 REPO / "tests" / "distributed" / "fsdp_optimizers.py",
                 str(out("fsdp-optimizers.json")),
                 out=out("fsdp-optimizers"),
-            ),
-            # the Z-Image LoRA run continued from the state its own first step saved
-            "zimage-lora-resumed": lambda: torchrun(
-                self.equivalence_config("zimage-lora", "2x2x1"),
-                *MODES["zimage-lora"][1],
-                "--resume",
-                str(self.zimage_state()),
-                out=out("zimage-lora-resumed"),
             ),
             "two-nodes": lambda: torchrun_two_nodes(
                 self.equivalence_config("unet-lora", "2x2x1"), out=out("two-nodes")
@@ -389,21 +373,22 @@ class Runs:
         if name == "fsdp-resumed-1x4x1":  # one process continues what two sharded ones saved
             config = self.equivalence_config("fsdp-lora", "1x4x1")
             return in_process(config, "--resume", str(self.fsdp_state()), out=out)
-        if name == "zimage-lora-resumed-1x4x1":  # one process continues what two saved
-            config = self.equivalence_config("zimage-lora", "1x4x1")
-            return in_process(config, "--resume", str(self.zimage_state()), out=out)
+        mode = name.removesuffix("-resumed-1x4x1")
+        if mode in RESUMED:  # one process continues what two saved
+            config = self.equivalence_config(mode, "1x4x1")
+            return in_process(config, "--resume", str(self.mode_state(mode)), out=out)
         accumulation = {"single_acc2": 2, "single_acc1": 1}[name]
         return in_process(self.schedule_config(accumulation), out=out)
 
     def start(self, names: list[str]) -> None:
         """Queue the launches among ``names`` (in order) without waiting for them."""
-        for table in (MODE_MODELS, MODE_IMAGES):
-            for mode, folder in table.items():
-                if any(mode in name for name in names):
-                    # Written here, in the test thread, before any launch thread starts:
-                    # building a tiny model seeds torch's process-wide generator, which an
-                    # in-process run in this thread may be drawing from at the same moment.
-                    getattr(self, folder)()
+        for mode in MODES:
+            if any(mode in RUN_MODES.get(name, ()) or f"-{mode}-" in f"-{name}-" for name in names):
+                # Written here, in the test thread, before any launch thread starts: building a
+                # tiny model seeds torch's process-wide generator, which an in-process run in
+                # this thread may be drawing from at the same moment.
+                self.mode_dir(mode)
+                self.mode_images(mode)
         launches = self._launches()
         for name in names:
             if name in launches and name not in self._launched:

@@ -2,8 +2,9 @@
 are reduced once per optimizer step, and a state saved by sharded processes is the whole state,
 resumable with any process count and back into shards.
 
-The weights themselves are compared with one-process runs in test_equivalence.py (modes
-fsdp-lora, fsdp-full and zimage-fsdp); here the runs are taken apart.
+The weights themselves are compared with one-process runs in test_equivalence.py (the sharded
+modes: the suite's fsdp-lora and fsdp-full, and each family's that its kit declares, such as
+zimage-fsdp); here the runs are taken apart.
 """
 
 import json
@@ -13,13 +14,11 @@ import torch
 
 from library.config.optimizer_schema import SHARDABLE_OPTIMIZERS
 from tests.distributed.runs import scalars
-from tests.distributed.suite import FSDP_PROMPTS, MODES
+from tests.distributed.suite import FSDP_PROMPTS, MODES, SHARDED
 from tests.integration.harness import assert_close_dicts, tensors
 
 LAUNCHES = [
-    "eq-fsdp-lora-2x2x1",
-    "eq-fsdp-full-2x2x1",
-    "eq-zimage-fsdp-2x2x1",
+    *(f"eq-{mode}-2x2x1" for mode in SHARDED),
     "fsdp-resumed",
     "fsdp-data-2x1x1",
     "fsdp-optimizers",
@@ -28,10 +27,10 @@ ATOL, RTOL = 1e-6, 1e-6
 STATE = "run-step00000001-state"
 
 
-@pytest.mark.parametrize("mode", ["fsdp-lora", "fsdp-full", "zimage-fsdp"])
+@pytest.mark.parametrize("mode", SHARDED)
 def test_each_process_holds_half_of_the_denoiser(runs, mode):
     run = runs.equivalence(mode, "2x2x1")
-    fsdp = MODES[mode][0]["fsdp"]
+    fsdp = MODES[mode].keys["fsdp"]
     assert f'the denoiser sharded over them (fsdp = "{fsdp}")' in run.log
     held = []
     for rank in (0, 1):
@@ -42,7 +41,7 @@ def test_each_process_holds_half_of_the_denoiser(runs, mode):
         held.append(sharded["local_numel"])
         # the denoiser is not under DDP; a trained text encoder is
         wrapped = [entry["module"] for entry in run.rank(rank)["ddp"]]
-        assert wrapped == (["text_encoder"] if mode == "fsdp-lora" else [])
+        assert wrapped == list(MODES[mode].ddp_modules)
     assert sum(held) == sharded["numel"]  # every element on exactly one process
 
 

@@ -7,9 +7,10 @@ processes. The step-2 state is also resumed on 1 process with accumulation 2 (sa
 batch: must work and match) and on 1 process with accumulation 1 (another effective batch:
 must be refused, exit code 2).
 
-Z-Image (zimage-lora, captions of four lengths): the 2-process LoRA run continued from the state
-its own first step saved, on 2 processes and on 1 process x accumulation 4, ends on the
-uninterrupted run's weights.
+The modes that declare ``resume`` (DistributedMode.resume in a family's kit, such as Z-Image's
+LoRA on captions of four lengths): the 2-process run continued from the state its own first
+step saved, on 2 processes and on 1 process x accumulation 4, ends on the uninterrupted run's
+weights.
 """
 
 import json
@@ -17,10 +18,15 @@ import json
 import pytest
 
 from tests.distributed.runs import in_process, scalars
-from tests.distributed.suite import SAVE_EVERY, STOPPED_AT
+from tests.distributed.suite import RESUMED, SAVE_EVERY, STOPPED_AT
 from tests.integration.harness import assert_close_dicts
 
-LAUNCHES = ["acc1", "stopped", "resumed", "eq-zimage-lora-2x2x1", "zimage-lora-resumed"]
+LAUNCHES = [
+    "acc1",
+    "stopped",
+    "resumed",
+    *(name for mode in RESUMED for name in (f"eq-{mode}-2x2x1", f"{mode}-resumed")),
+]
 STEPS = 4
 SAME_LAYOUT_ATOL = 1e-7  # same processes, same order of every sum: only a replay
 OTHER_LAYOUT_ATOL, OTHER_LAYOUT_RTOL = 1e-6, 1e-6  # summation order differs (see test_equivalence)
@@ -71,7 +77,7 @@ def test_resume_with_another_effective_batch_is_refused(runs, capsys):
     assert not (runs.root / "refused" / "run.safetensors").exists()
 
 
-@pytest.mark.parametrize("mode", ["zimage-lora"])
+@pytest.mark.parametrize("mode", RESUMED)
 def test_a_mid_run_state_resumes_to_the_uninterrupted_weights(runs, mode):
     whole = runs.equivalence(mode, "2x2x1").weights()
     again = runs.get(f"{mode}-resumed").check()

@@ -21,6 +21,8 @@ from library.errors import CheckpointError, ConfigError
 from library.lora_tools.base_model import family_group, family_label, guess_family, other_family
 from library.models.families import registry
 from library.models.families.base import ModelFamily
+from library.models.families.chroma.entry import CHROMA
+from library.models.families.chroma.family import chroma_family
 from library.models.families.family_choice import check_config_family, entry_for
 from library.models.families.family_entry import FamilyEntry, LoraFiles, ToolFacts
 from library.models.families.flux import family as flux
@@ -41,6 +43,7 @@ _INSTANCES = [
     for value in vars(module).values()
     if isinstance(value, ModelFamily)
 ] + [zimage_family(variant, shift) for variant, shift in (("turbo", 3.0), ("base", 6.0))]
+_INSTANCES.append(chroma_family(FlowSection()))
 _INSTANCES += [qwenimage_family()]
 
 
@@ -83,9 +86,9 @@ MODEL = ModelSection(pretrained_model_name_or_path="/models/fake-model")
 
 
 def test_every_family_instance_agrees_with_its_entry():
-    assert registry.FAMILIES == (SD, FLUX, SD3, ZIMAGE, QWENIMAGE)
+    assert registry.FAMILIES == (SD, FLUX, SD3, ZIMAGE, CHROMA, QWENIMAGE)
     names = {registry.entry_of(family).name for family in _INSTANCES}
-    assert names == {"sd", "flux", "sd3", "zimage", "qwenimage"}
+    assert names == {"sd", "flux", "sd3", "zimage", "chroma", "qwenimage"}
     for family in _INSTANCES:
         entry = registry.entry_of(family)
         assert family.name in entry.tool.variant_labels
@@ -108,7 +111,8 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "networks.lora_qwen_image",
         "lycoris.kohya",
     )
-    assert registry.trained_lines() == "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image and Qwen-Image"
+    lines = "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image, Chroma and Qwen-Image"
+    assert registry.trained_lines() == lines
 
 
 def test_flow_keys_come_from_the_families_that_define_them():
@@ -147,7 +151,7 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
     with registry.registered(FAKE):
         assert entry_for(MODEL, FlowSection()) is FAKE
         assert registry.claim_order()[-1] is SD
-        lines = "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image, Qwen-Image or FAKE-1"
+        lines = "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image, Chroma, Qwen-Image or FAKE-1"
         assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()
     assert entry_for(MODEL, FlowSection()) is SD
@@ -177,19 +181,35 @@ def test_config_checks_know_a_registered_family():
             FAKE_MODEL.check_training(config)
 
 
+def test_a_network_module_two_families_train_with_is_each_ones_own():
+    """kohya's networks.lora_flux trains FLUX.1 and Chroma: a config naming it is either's, and
+    still another family's mistake."""
+    shared = dataclasses.replace(FAKE, network_module="networks.lora_flux")
+    with registry.registered(shared):
+        check_config_family(shared, MODEL, FlowSection(), "networks.lora_flux")
+        check_config_family(CHROMA, MODEL, FlowSection(), "networks.lora_flux")
+        check_config_family(FLUX, MODEL, FlowSection(), "networks.lora_flux")
+        with pytest.raises(ConfigError, match='"networks.lora_flux" is for FLUX.1 models, and'):
+            check_config_family(SD3, MODEL, FlowSection(), "networks.lora_flux")
+
+
 def test_flow_keys_of_a_registered_family():
     with registry.registered(FAKE):
-        assert registry.flow_key_owners("ae") == (FLUX, FAKE)
+        assert registry.flow_key_owners("ae") == (FLUX, CHROMA, FAKE)
         check_config_family(FAKE, MODEL, FlowSection(ae="ae.safetensors"), None)
-        with pytest.raises(ConfigError, match="ae is a FLUX.1 or FAKE-1 key, and pretrained"):
+        with pytest.raises(
+            ConfigError, match="ae is a FLUX.1 or Chroma or FAKE-1 key, and pretrained"
+        ):
             check_config_family(SD3, MODEL, FlowSection(ae="ae.safetensors"), None)
         with pytest.raises(ConfigError, match="clip_g is an SD3/SD3.5 key, and .* a FAKE-1 model"):
             check_config_family(FAKE, MODEL, FlowSection(clip_g="clip_g.safetensors"), None)
-        with pytest.raises(ConfigError, match="^ae applies to Flux.1 and Fake models, not SD3"):
+        with pytest.raises(
+            ConfigError, match="^ae applies to Flux.1 and Chroma and Fake models, not SD3"
+        ):
             sd3.SD3_MEDIUM.check_options(
                 ModelSection(pretrained_model_name_or_path="m"), FlowSection(ae="ae.safetensors")
             )
-    assert registry.flow_key_owners("ae") == (FLUX,)
+    assert registry.flow_key_owners("ae") == (FLUX, CHROMA)
 
 
 def test_lora_files_and_lora_tool_labels_of_a_registered_family():

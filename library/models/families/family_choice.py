@@ -32,7 +32,8 @@ def check_config_family(
         f"pretrained_model_name_or_path {model.pretrained_model_name_or_path} is {entry.a_models}"
     )
     owner = network_module_owner(network_module)
-    if owner is not None and owner is not entry:
+    # a module several families' trainers share (kohya's lora_flux) is each one's own
+    if owner is not None and owner is not entry and network_module != entry.network_module:
         raise ConfigError(
             f'network_module = "{network_module}" is for {owner.models} models, and {this} '
             f"model; point it at {owner.a_models} model, or use network_module = "

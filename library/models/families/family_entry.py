@@ -92,7 +92,13 @@ class ToolFacts:
     denoiser's weights as the original model does (unset: one layer per name, as a UNet).
     ``comfy_original`` / ``comfy_keys``: the denoiser layer's path in ComfyUI's own layout, and
     the further names ComfyUI's LoRA loader accepts for it (name -> the layer's parts the name
-    stands for, None: all), as library.lora_tools.comfyui_keys reproduces them."""
+    stands for, None: all), as library.lora_tools.comfyui_keys reproduces them;
+    ``comfy_model_name``: the layer's weight in ComfyUI's own model, by which ComfyUI's generic
+    names (``lora_unet_<name>``, ``diffusion_model.<name>``) are made, None where that weight
+    is fused from several layers (unset: ``comfy_original``'s path).
+    ``own_layout``: the toolbox's key layout (library.lora_tools.layouts: "kohya", "diffusers"
+    or "comfyui") the family's key map writes its files in; ``layout_names``: a layout -> what
+    the family's files in it are, in words for messages (unset: the layout's name alone)."""
 
     component_options: Mapping[str, str] = field(default_factory=dict)
     variant_labels: Mapping[str, str] = field(default_factory=dict)
@@ -102,6 +108,9 @@ class ToolFacts:
     to_original: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     comfy_original: Callable[[Any], str] | None = None
     comfy_keys: Callable[[Any, str], dict[str, tuple[int, ...] | None]] | None = None
+    comfy_model_name: Callable[[Any], str | None] | None = None
+    own_layout: str = "kohya"
+    layout_names: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

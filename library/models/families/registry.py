@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from library.config.adapter_schema import LYCORIS_MODULE
+from library.models.families.chroma.entry import CHROMA
 from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry
 from library.models.families.flux.entry import FLUX
 from library.models.families.qwenimage.entry import QWENIMAGE
@@ -30,6 +31,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FLUX,
     SD3,
     ZIMAGE,
+    CHROMA,
     QWENIMAGE,
 )
 _TEST_ENTRIES: list[FamilyEntry] = []

@@ -11,12 +11,17 @@ tiny models (as modules, a diffusers folder and single files) and names diffuser
 readers; the only expectations it computes are its plain reference losses
 (``loss_reference``): the family's objective facts written out on diffusers' pipeline modules
 (their text encoding and conditioning), independently of the family's training code.
+
+The kit also declares the family's distributed equivalence modes (``distributed``, each a
+``DistributedMode``), which tests/distributed/suite.py builds from the registry: a family gets
+its 2-process proofs (the same weights as one process, resumed and sharded where it says so)
+from its own package.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +82,56 @@ class LossCase:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DistributedMode:
+    """One distributed equivalence mode of a family (tests/distributed/): the same 4 samples,
+    trained for 2 optimizer steps as 2 processes x accumulation 2 x batch 1 (torchrun), as
+    1 x 4 x 1 and as 1 x 1 x 4 (one process), must write the same weights.
+
+    ``name``: the mode, unique among every family's and the suite's own ("flux-lora"); its runs
+    are ``eq-<name>-<layout>``. ``keys``: config keys of every layout, over the suite's (2 steps,
+    Adam's eps 1e-3, the family's tiny folder). ``ddp_options``: command-line options of the
+    2-process run only, a DDP-side setting ("--gradient_checkpointing",
+    "--ddp_gradient_as_bucket_view") the single-process references run without. ``variant``:
+    the kit variant whose tiny folder (ConformanceKit.write_folder, seed 0) the runs train on
+    (None: the kit's first). ``captions``: one caption per image of the suite's four, where the
+    family needs particular ones (Z-Image: four token lengths); unset: the suite's own.
+    ``atol``: the weights' tolerance where the family's float sums differ by more than the
+    suite's 1e-6 between layouts (say why beside it). ``holds``: each of these starts the name
+    of some tensor of the trained file (a text encoder's adapters); ``only``: every name starts
+    with one of these. ``resume``: the runs save a state every step, and the 2-process run
+    continued from its step-1 state, on 2 processes and on 1 process x accumulation 4, must end
+    on the uninterrupted weights. ``ddp_modules``: for a sharded mode (``keys["fsdp"]``), the
+    modules the 2-process run keeps under DDP beside the sharded denoiser (trained text
+    encoders).
+
+    A family's first mode is its own proof: it is also trained as 1 x 2 x 1 (2 samples a step
+    instead of 4), which must give other weights, so the comparison can fail."""
+
+    name: str
+    keys: Mapping[str, Any] = field(default_factory=dict)
+    ddp_options: tuple[str, ...] = ()
+    variant: str | None = None
+    captions: tuple[str, ...] = ()
+    atol: float | None = None
+    holds: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
+    resume: bool = False
+    ddp_modules: tuple[str, ...] = ()
+
+    @property
+    def sharded(self) -> bool:
+        """The 2-process run shards the denoiser (FSDP2); one process trains it whole."""
+        return bool(self.keys.get("fsdp"))
+
+    def sharding(self, name: str, fsdp: str = "full_shard", **changes: Any) -> DistributedMode:
+        """This mode with the denoiser sharded as ``fsdp`` over the 2 processes, as the mode
+        ``name``: the same keys, no DDP-side option (the denoiser is not under DDP), no resume
+        (the unsharded mode's), ``changes`` over that."""
+        keys = {**self.keys, "fsdp": fsdp}
+        return replace(self, name=name, keys=keys, ddp_options=(), resume=False, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ConformanceKit:
     """A family's tiny models and the diffusers readers they are checked against.
 
@@ -102,12 +157,16 @@ class ConformanceKit:
     pipeline conditions them) with the trainer's keyed draws (library.training.noise.draw) for
     ``seed``; ``batch`` is as the data loader gives it (captions, pixels, loss weights,
     positions, epoch, and each image's original size, crop top-left and bucket size).
+    ``distributed``: its distributed equivalence modes (DistributedMode), which
+    tests/distributed trains as 2 processes and as one and compares; the first is the family's
+    own proof.
     ``skips``: property -> why it does not apply to the family, said when the suite skips it
     ("denoiser_names", "vae_names": no table of the family's own; "single_files": the family
     has no single-file form; "merge": lora_tool.py cannot merge its LoRA files into the model;
     "lycoris_fused": its LyCORIS files name no fused original layer; "lycoris": it trains no
-    LyCORIS; "sample", "loss": no case or reference for the variant); a property without one
-    skips with the suite's own reason."""
+    LyCORIS; "sample", "loss": no case or reference for the variant; "distributed": no
+    distributed mode, which a kit must otherwise declare); a property without one skips with the
+    suite's own reason."""
 
     variants: tuple[str, ...]
     build: Callable[[str, int], dict]
@@ -125,6 +184,7 @@ class ConformanceKit:
     sample_cases: Callable[[str], tuple[SampleCase, ...]] | None = None
     loss_cases: Callable[[str], tuple[LossCase, ...]] | None = None
     loss_reference: Callable[[Any, Mapping[str, Any], int, LossCase], torch.Tensor] | None = None
+    distributed: tuple[DistributedMode, ...] = ()
     skips: Mapping[str, str] = field(default_factory=dict)
 
     def skip_reason(self, prop: str, default: str) -> str:

@@ -259,3 +259,29 @@ def test_lycoris_other_names_and_refusals(model):
         read_lycoris({"lycoris_layers_5_attention_to_q.lokr_w1": w1}, model)
     with pytest.raises(ValueError, match="'hada_w9'"):
         write_lycoris({"layers.0.attention.to_q": {"hada_w9": w1}})
+
+
+def test_lora_tool_check_uses_comfys_map(zimage_dir):
+    """``lora_tool.py check --loader comfyui`` (library/lora_tools/comfyui_keys.py with the
+    family's names) accepts, for each Linear of the transformer, exactly the names ComfyUI's map
+    above gives that whole Linear or its rows of the fused qkv, for the same weight and rows
+    (ComfyUI's names of the fused qkv itself stand for three Linears, which the toolbox's
+    per-Linear table does not hold)."""
+    from library.lora_tools.base_model import DENOISER, layer_table
+    from library.lora_tools.comfyui_keys import comfy_key_map as tool_key_map
+    from tests.lora_tools.model_helpers import load
+
+    components = load(zimage_dir)
+    model = components.denoiser
+    state = keys.diffusers_to_original(model.state_dict(), PREFIX)
+    n_layers = len({k.split(".")[2] for k in state if k.startswith(PREFIX + "layers.")})
+    theirs = comfy_key_map(state, n_layers, model.config.dim)
+    targets = comfy_z_image_to_diffusers(n_layers, model.config.dim)
+    linear_targets = {targets[f"{path}.weight"] for path in linear_paths(model)}
+    ours = {}
+    for name, (layer, parts) in tool_key_map(components, layer_table(components)).items():
+        if layer.component == DENOISER:
+            assert parts is None, name
+            (path,) = layer.parts
+            ours[name] = targets[f"{path}.weight"]
+    assert ours == {name: t for name, t in theirs.items() if t in linear_targets}

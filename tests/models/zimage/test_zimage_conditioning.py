@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from library.models.families.zimage import conditioning
+from library.models.families.zimage import conditioning, testkit
 from library.models.families.zimage.shapes import TINY_TEXT_WIDTH
 
 CAPTIONS = [
@@ -78,3 +78,14 @@ def test_pad_and_unpad_round_trip():
     assert (padded[0, 3:] == 0).all()
     back = conditioning.unpad_caption_states(padded, lengths)
     assert all(torch.equal(a, b) for a, b in zip(back, states, strict=True))
+
+
+def test_the_distributed_modes_captions_differ_in_length(zimage_pipe):
+    """What makes Z-Image's distributed modes (testkit.DISTRIBUTED) a proof of batching by
+    TextConditioning.lengths: the captions they train on are four lengths, which the
+    transformer pads to four lengths again (to multiples of 32)."""
+    for mode in testkit.DISTRIBUTED:
+        assert mode.captions == testkit.CAPTIONS
+    ids, mask = conditioning.tokenize_captions(zimage_pipe.tokenizer, list(testkit.CAPTIONS))
+    lengths = mask.sum(dim=1).tolist()
+    assert len(set(lengths)) == 4 and len({-(-n // 32) for n in lengths}) == 4, lengths

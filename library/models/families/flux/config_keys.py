@@ -26,7 +26,8 @@ class FluxFlowKeys(Section):
         "all.",
     )
     model_type: Literal["flux"] | None = Field(
-        None, description='kohya\'s model_type; "flux" (Chroma is not supported yet).'
+        None,
+        description='kohya\'s model_type; "flux" (the only value a FLUX.1 model takes).',
     )
     guidance_scale: float | None = Field(
         None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from unittest import mock
 
 import torch
@@ -13,7 +14,13 @@ from library.models.families.flux.family import flux_family
 from library.models.families.flux.shapes import VARIANTS
 from library.models.families.flux.tiny import build_tiny_flux_components
 from library.models.families.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
-from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
+from library.models.families.testkit import (
+    ConformanceKit,
+    DistributedMode,
+    LossCase,
+    NameTable,
+    SampleCase,
+)
 from library.training.noise import NoiseOptions, draw
 
 
@@ -203,6 +210,40 @@ def _loss_cases(variant):
     return tuple(cases)
 
 
+# LoRA on the transformer, CLIP-L and T5, with the frozen weights in float8 (fp8_base): DDP must
+# leave them out of its start-up broadcast. T5's adapters sit after relative-position attention
+# and RMS norms, whose float32 sums differ by up to ~2e-6 between layouts after 2 steps
+# (observed); a wrong reduction or a missed sample moves them by far more (the 1 x 2 x 1 guard).
+_LORA = DistributedMode(
+    name="flux-lora",
+    keys={
+        "network_module": "networks.lora_flux",
+        "network_args": ["train_t5xxl=True"],
+        "fp8_base": True,
+        "timestep_sampling": "shift",
+        "model_prediction_type": "raw",
+        "guidance_scale": 1.0,
+        "bucket_reso_steps": 16,
+    },
+    ddp_options=("--gradient_checkpointing",),
+    atol=5e-6,
+    holds=("lora_te3_",),
+)
+DISTRIBUTED = (
+    _LORA,
+    # the full fine-tune (the transformer alone)
+    DistributedMode(
+        name="flux-full",
+        keys={**_LORA.keys, "train_mode": "unet", "learning_rate": 1e-3, "network_args": [],
+              "fp8_base": False},
+        ddp_options=("--ddp_gradient_as_bucket_view",),
+    ),  # fmt: skip
+    # the LoRA run with its last double block and both single blocks swapped to host memory
+    # (blocks_to_swap, over float8 weights): DDP must neither broadcast nor sync the host weights
+    replace(_LORA, name="flux-swap", keys={**_LORA.keys, "blocks_to_swap": 2}),
+)
+
+
 KIT = ConformanceKit(
     variants=VARIANTS,
     build=lambda variant, seed: build_tiny_flux_components(variant, seed),
@@ -225,4 +266,5 @@ KIT = ConformanceKit(
     sample_cases=_sample_cases,
     loss_cases=_loss_cases,
     loss_reference=_loss_reference,
+    distributed=DISTRIBUTED,
 )

@@ -13,7 +13,12 @@ from library.models.families.qwenimage.tiny import (
     build_tiny_qwenimage_components,
     write_tiny_qwenimage_folder,
 )
-from library.models.families.testkit import ConformanceKit, LossCase, SampleCase
+from library.models.families.testkit import (
+    ConformanceKit,
+    DistributedMode,
+    LossCase,
+    SampleCase,
+)
 from library.training.noise import NoiseOptions, draw
 
 
@@ -81,6 +86,28 @@ def _loss_reference(pipe, batch, seed, case):
     return reference_loss(pipe, batch, seed, case.flow.get("discrete_flow_shift", 2.2))
 
 
+# LoRA (musubi-tuner's targets) on images whose captions have four lengths: alone in a
+# micro-batch each caption is its own length (no mask), in the batch of 4 they are padded to the
+# longest with the mask of their lengths; both must train the same LoRA.
+DISTRIBUTED = (
+    DistributedMode(
+        name="qwenimage-lora",
+        keys={
+            "network_module": "networks.lora_qwen_image",
+            "network_train_unet_only": True,
+            "bucket_reso_steps": 16,
+        },
+        ddp_options=("--gradient_checkpointing",),
+        captions=(
+            "red",
+            "a photo of shape number 1",
+            "a photo of shape number 2 on a gradient, centred in the frame",
+            "a much longer caption of shape number three, a coloured square on a soft gradient",
+        ),
+        only=("diffusion_model.transformer_blocks.",),
+    ),
+)
+
 KIT = ConformanceKit(
     variants=("qwenimage",),
     build=lambda variant, seed: build_tiny_qwenimage_components(seed),
@@ -91,6 +118,7 @@ KIT = ConformanceKit(
     sample_cases=_sample_cases,
     loss_cases=lambda variant: (LossCase(), LossCase(flow={"discrete_flow_shift": 4.0})),
     loss_reference=_loss_reference,
+    distributed=DISTRIBUTED,
     skips={
         "denoiser_names": (
             "Qwen-Image's single files keep diffusers' module names (no name table of its own)"

@@ -8,7 +8,13 @@ import torch
 
 from library.models import original_names as names
 from library.models.families.sd.family import SD1, SD2, SDXL
-from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
+from library.models.families.testkit import (
+    ConformanceKit,
+    DistributedMode,
+    LossCase,
+    NameTable,
+    SampleCase,
+)
 from library.models.tiny import build_tiny_components, save_tiny_model, write_tiny_tokenizer
 from library.saving.checkpoint_export import write_single_file
 from library.training.noise import NoiseOptions, draw
@@ -253,4 +259,7 @@ KIT = ConformanceKit(
     sample_cases=_sample_cases,
     loss_cases=_loss_cases,
     loss_reference=reference_loss,
+    # UNet LoRA on the tiny SD 1.x folder (the trainer's other modes on SD, tests/distributed's
+    # own, train the text encoder, the whole UNet and LyCORIS besides)
+    distributed=(DistributedMode(name="unet-lora", keys={"network_train_unet_only": True}),),
 )

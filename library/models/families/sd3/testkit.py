@@ -13,7 +13,13 @@ from library.models.families.sd3.family import sd3_family
 from library.models.families.sd3.shapes import VARIANTS
 from library.models.families.sd3.tiny import build_tiny_sd3_components
 from library.models.families.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
-from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
+from library.models.families.testkit import (
+    ConformanceKit,
+    DistributedMode,
+    LossCase,
+    NameTable,
+    SampleCase,
+)
 from library.training.noise import NoiseOptions, draw
 
 # The default variant first: 3.5 Medium has every kind of block (dual attention, qk norms).
@@ -175,6 +181,28 @@ def _loss_cases(variant):
                  for s in schemes for shift in (1.0, 3.0))  # fmt: skip
 
 
+# LoRA on the MMDiT, CLIP-L and CLIP-G (FLUX.1's mode covers T5 adapters), with kohya's SD3
+# timestep density and every text encoder's dropout and the random position crops at 0.5: each
+# sample's draws must follow the sample, not its rank or micro-batch.
+DISTRIBUTED = (
+    DistributedMode(
+        name="sd3-lora",
+        keys={
+            "network_module": "networks.lora_sd3",
+            "weighting_scheme": "logit_normal",
+            "training_shift": 3.0,
+            "clip_l_dropout_rate": 0.5,
+            "clip_g_dropout_rate": 0.5,
+            "t5_dropout_rate": 0.5,
+            "pos_emb_random_crop_rate": 0.5,
+            "bucket_reso_steps": 16,
+        },
+        ddp_options=("--gradient_checkpointing",),
+        holds=("lora_te2_",),
+    ),
+)
+
+
 KIT = ConformanceKit(
     variants=_VARIANTS,
     build=lambda variant, seed: build_tiny_sd3_components(variant, seed),
@@ -196,4 +224,5 @@ KIT = ConformanceKit(
     sample_cases=_sample_cases,
     loss_cases=_loss_cases,
     loss_reference=_loss_reference,
+    distributed=DISTRIBUTED,
 )

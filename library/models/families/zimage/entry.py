@@ -65,6 +65,17 @@ ZIMAGE = FamilyEntry(
             "zimage-custom": "Z-Image",
         },
         version_marks=(("z_image", _LINE),),
+        # the toolbox's "comfyui" layout of Z-Image is diffusion_model.<diffusers path>, what
+        # key_map.py writes (and ComfyUI, ai-toolkit and diffusers read); its "kohya" layout is
+        # musubi-tuner's (lora_keys.py)
+        own_layout="comfyui",
+        comfy_model_name=Deferred(f"{_PACKAGE}.lora_keys:comfy_model_name"),
+        comfy_keys=Deferred(f"{_PACKAGE}.lora_keys:comfy_keys"),
+        layout_names={
+            "comfyui": "diffusion_model.<diffusers path>, also ai-toolkit's",
+            "kohya": "musubi-tuner's lora_unet_<diffusers path>",
+            "diffusers": "diffusers' transformer.<diffusers path>",
+        },
     ),
     test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )

@@ -81,6 +81,25 @@ def file_modules(transformer: nn.Module) -> dict[str, tuple[str, ...]]:
     return table
 
 
+def comfy_model_name(layer) -> str | None:
+    """The weight of ComfyUI's own Z-Image model a Linear of the toolbox's layer table is
+    (``layer.parts``: its one diffusers path), by which ComfyUI's generic names are made
+    (``lora_unet_<name>``, ``diffusion_model.<name>``); None for to_q, to_k and to_v, which
+    are row slices of one fused qkv weight there."""
+    (path,) = layer.parts
+    original = original_module(path)
+    return None if len(keys.diffusers_names(original + ".weight")) > 1 else original
+
+
+def comfy_keys(layer, original: str) -> dict[str, tuple[int, ...] | None]:
+    """The further names ComfyUI's loader gives a Linear of its Z-Image model (comfy/lora.py,
+    its Lumina2 branch over comfy.utils.z_image_to_diffusers): the diffusers path under
+    ``diffusion_model.``, ``transformer.``, ``lycoris_`` (underscored) and bare."""
+    (path,) = layer.parts
+    names = (PREFIX + path, PEFT_PREFIX + path, _underscored(LYCORIS_PREFIX, path), path)
+    return dict.fromkeys(names)
+
+
 def written_name(path: str) -> str:
     """The module name difftune writes for the diffusers Linear ``path``."""
     return PREFIX + path

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
+from library.models.families.testkit import (
+    ConformanceKit,
+    DistributedMode,
+    LossCase,
+    NameTable,
+    SampleCase,
+)
 from library.models.families.zimage import keys
 from library.models.families.zimage.family import zimage_family
 from library.models.families.zimage.shapes import SCHEDULER_SHIFT, VARIANTS
@@ -112,6 +118,35 @@ def _loss_reference(pipe, batch, seed, case):
     return reference_loss(pipe, batch, seed, case.flow.get("discrete_flow_shift", 2.0))
 
 
+# The distributed mode's captions, one per image: 21, 42, 73 and 151 tokens with Qwen3's chat
+# template, so the transformer pads them to 32, 64, 96 and 160.
+CAPTIONS = (
+    "red",
+    "a photo of shape number 1",
+    "a photo of shape number 2 on a gradient, centred in the frame",
+    "a much longer caption of shape number three, a coloured square on a soft gradient of warm "
+    "and cool tones, photographed from above in even daylight",
+)
+# LoRA (musubi-tuner's targets) on images whose captions have four lengths: alone in a
+# micro-batch each caption is its own length, in the batch of 4 it is padded to the longest
+# (TextConditioning.lengths cut it back); both must train the same LoRA. Its state of step 1
+# resumes to the same weights. Then the same with the transformer sharded (FSDP2: each block and
+# the rest, the pad tokens among it, split over the processes).
+_LORA = DistributedMode(
+    name="zimage-lora",
+    keys={
+        "network_module": "networks.lora_zimage",
+        "network_train_unet_only": True,
+        "bucket_reso_steps": 16,
+    },
+    ddp_options=("--gradient_checkpointing",),
+    captions=CAPTIONS,
+    only=("diffusion_model.layers.",),  # the transformer's joint blocks, in Z-Image's own names
+    resume=True,
+)
+DISTRIBUTED = (_LORA, _LORA.sharding("zimage-fsdp"))
+
+
 KIT = ConformanceKit(
     variants=VARIANTS,
     build=lambda variant, seed: build_tiny_zimage_components(seed),
@@ -128,6 +163,7 @@ KIT = ConformanceKit(
     sample_cases=_sample_cases,
     loss_cases=lambda variant: (LossCase(), LossCase(flow={"discrete_flow_shift": 4.0})),
     loss_reference=_loss_reference,
+    distributed=DISTRIBUTED,
     skips={
         "vae_names": (
             "Z-Image's VAE is FLUX.1's AE, read from the folder's vae/ in diffusers' names; "

@@ -1,0 +1,216 @@
+"""Chroma as a ModelFamily: what the trainer asks of the model.
+
+The facts this implementation relies on (docs/chroma.md; diffusers 0.42.1's ChromaPipeline and
+ChromaTransformer2DModel):
+
+- latents: FLUX.1's AE, ``(z - 0.1159) * 0.3611`` (from the AE's config), packed into tokens of
+  2x2 patches with position ids (0, row, column), text tokens at (0, 0, 0), as FLUX.1;
+- text: T5-XXL alone, run with the caption's padding mask (conditioning.py); the transformer
+  attends to each caption's tokens and its first padding token only;
+- timestep: sigma in [0, 1] (the pipeline passes the scheduler's timestep / 1000; the model
+  multiplies by 1000 inside); no guidance input (the distilled guidance layer is fed 0);
+- the raw output is the velocity noise - x0 (the pipeline steps x + (sigma_next - sigma) * v),
+  so training is FLUX.1's rectified flow (library.training.objectives.FlowMatchingObjective);
+- LoRA files: kohya's names of the original model (lora_keys.py), read by ComfyUI and by
+  diffusers' FluxLoraLoaderMixin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from library.errors import ConfigError
+from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.chroma import conditioning as text_
+from library.models.families.chroma.conditioning import TEXT_MASK
+from library.models.families.chroma.lora_keys import transformer_modules
+from library.models.families.chroma.original_keys import BLOCK_GROUPS, transformer_to_original
+from library.models.families.chroma.sampling import chroma_pipeline_kind
+from library.models.families.chroma.shapes import T5_MAX_LENGTH
+from library.models.families.flux.family import image_position_ids, pack_latents, unpack_latents
+from library.models.families.transformer_family import TransformerFamily, swappable_tails
+from library.saving.streamed import block_groups, save_streamed
+from library.training.objectives import FlowOptions
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChromaFamily(TransformerFamily):
+    """Chroma with the run's T5 caption length."""
+
+    FLOW_KIND: ClassVar[str] = "chroma"
+    LABEL: ClassVar[str] = "Chroma"
+
+    t5_max_length: int = T5_MAX_LENGTH  # T5 tokens per caption (t5xxl_max_token_length)
+
+    def describe(self) -> str:
+        return f"Chroma ({self.t5_max_length} T5 tokens, padding masked)"
+
+    @property
+    def text_cache_name(self) -> str:
+        return f"{self.name}|t5_tokens={self.t5_max_length}|t5_mask"
+
+    # -- conditioning ------------------------------------------------------------------------
+
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ):
+        """T5's last hidden states of ``captions``, run with their padding mask, and the mask."""
+        (tokenizer,), (t5,) = tokenizers, text_encoders
+        tokens = text_.tokenize(tokenizer, captions, self.t5_max_length)
+        mask = tokens.attention_mask.to(device)
+        weight = next(t5.parameters())
+        if weight.is_meta:
+            # The dry run's memory estimate runs the models on the meta device, where T5's
+            # padding-mask code reads values. T5 never trains here, so its forward keeps nothing
+            # for backward: only the states' shape and dtype matter.
+            shape = (*tokens.input_ids.shape, t5.config.d_model)
+            return TextConditioning(
+                torch.empty(shape, device="meta", dtype=weight.dtype), None, mask
+            )
+        hidden = t5(tokens.input_ids.to(device), attention_mask=mask).last_hidden_state
+        return TextConditioning(hidden, None, mask)
+
+    def text_mask(self, tokenizers, captions, device):
+        return text_.tokenize(tokenizers[0], captions, self.t5_max_length).attention_mask.to(device)
+
+    def assemble_conditioning(self, text, batch, device, dtype=None):
+        hidden = text.hidden.to(device)
+        if dtype is not None:
+            hidden = hidden.to(dtype)
+        if text.mask is None:
+            raise ValueError("Chroma needs the T5 padding mask of the captions")
+        return Conditioning(hidden, {TEXT_MASK: text.mask.to(device)})
+
+    def predict(self, denoiser, noisy, timesteps, cond):
+        """The transformer's raw output [B, C, h, w] (the velocity noise - x0 at its best) at
+        noise levels ``timesteps`` (sigma)."""
+        batch, channels, height, width = noisy.shape
+        tokens = pack_latents(noisy)
+        text = cond.encoder_hidden_states
+        out = denoiser(
+            hidden_states=tokens,
+            encoder_hidden_states=text,
+            timestep=timesteps.to(noisy.dtype),
+            img_ids=image_position_ids(height, width, noisy.device, noisy.dtype),
+            txt_ids=torch.zeros(text.shape[1], 3, device=noisy.device, dtype=noisy.dtype),
+            attention_mask=text_.attention_mask(cond.unet_kwargs[TEXT_MASK], tokens.shape[1]),
+            return_dict=False,
+        )[0]
+        return unpack_latents(out, channels, height, width)
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def trains_text_encoder(self, index):
+        return False  # check_training refuses text-encoder adapters before this is asked
+
+    def transformer_modules(self, transformer):
+        """kohya's modules of every double and single block (lora_keys.py)."""
+        return transformer_modules(transformer)
+
+    def file_modules(self, transformer):
+        return transformer_modules(transformer)
+
+    def lycoris_modules(self, transformer, preset):
+        """Every Linear of the double and single blocks; attn-only: the double blocks'
+        attention Linears (qkv, proj)."""
+        modules = transformer_modules(transformer)
+        if preset == "attn-only":
+            return [m for m in modules if "_attn." in m.original]
+        return modules
+
+    def swap_blocks(self, transformer, count):
+        """kohya's FLUX.1 split: half the count in double blocks, two single blocks for each
+        other one."""
+        double, single = count // 2, (count - count // 2) * 2
+        return swappable_tails(
+            ("double", transformer.transformer_blocks, double),
+            ("single", transformer.single_transformer_blocks, single),
+            count=count,
+        )
+
+    def sampling_pipeline(self):
+        """ChromaPipeline fed our conditioning and boolean padding masks (sampling.py)."""
+        return chroma_pipeline_kind()
+
+    # -- sizes, options ----------------------------------------------------------------------
+
+    def metadata_keys(self, config):
+        """kohya's keys of its Chroma trainer (flux_train_network, model_type chroma)."""
+        o = FlowOptions.from_section(config.flow)
+        return {
+            "ss_model_type": "chroma",
+            "ss_apply_t5_attn_mask": True,
+            "ss_weighting_scheme": o.weighting_scheme,
+            "ss_logit_mean": o.logit_mean,
+            "ss_logit_std": o.logit_std,
+            "ss_mode_scale": o.mode_scale,
+            "ss_timestep_sampling": o.timestep_sampling,
+            "ss_sigmoid_scale": o.sigmoid_scale,
+            "ss_model_prediction_type": o.model_prediction_type,
+            "ss_discrete_flow_shift": o.discrete_flow_shift,
+        }
+
+    def check_options(self, model, flow):
+        super().check_options(model, flow)
+        if flow.apply_t5_attn_mask is False:
+            raise ConfigError(
+                "apply_t5_attn_mask = false: Chroma always masks T5's padding (it was trained "
+                "so, and kohya forces it for Chroma); remove apply_t5_attn_mask"
+            )
+
+    def check_training(self, config):
+        """A LoRA or LyCORIS of the transformer's blocks, or a full fine-tune of the
+        transformer (train_mode = "unet"); T5 gets no adapters."""
+        super().check_training(config)
+        net = config.network
+        if net.train_mode == "lora" and not net.network_train_unet_only:
+            raise ConfigError(
+                "network_train_unet_only = false: Chroma LoRAs adapt the transformer only "
+                "(T5-XXL gets no adapters here); set network_train_unet_only = true"
+            )
+
+    # -- full fine-tunes ---------------------------------------------------------------------
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        """The trained transformer alone in the original names (original_keys.py), as
+        Chroma1-HD.safetensors is distributed (ComfyUI's diffusion_models/, diffusers'
+        from_single_file), with its diffusers config in the header
+        (difftune.config.transformer) for exact reloading; T5 and the AE stay the user's
+        files."""
+        blocks = block_groups(denoiser.state_dict(), BLOCK_GROUPS)
+        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
+        header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
+        save_streamed(path, [(b, transformer_to_original) for b in blocks], header, dtype)
+
+    def full_model_modules(self, components):
+        return (components.denoiser,)
+
+
+CHROMA = ChromaFamily(
+    name="chroma",
+    prediction_type="flow",
+    base_model_version="chroma",  # kohya's model_type
+    modelspec_architecture="chroma",
+    default_resolution=1024,
+    text_encoder_subfolders=("text_encoder",),
+    tokenizer_subfolders=("tokenizer",),
+    text_encoder_lora_prefixes=("lora_te3",),  # kohya's T5 prefix (no adapters trained here)
+    lora_implementation="https://github.com/lodestone-rock/flow",
+    checkpoint_implementation="https://github.com/lodestone-rock/flow",
+    denoiser_subfolder="transformer",
+    latent_scale=0.3611,
+    network_modules=("lycoris.kohya", "networks.lora", "networks.lora_flux"),
+)
+
+
+def chroma_family(flow) -> ChromaFamily:
+    """The Chroma family with the [flow] section's caption length (unset: 512)."""
+    if flow.t5xxl_max_token_length is not None:
+        return dataclasses.replace(CHROMA, t5_max_length=int(flow.t5xxl_max_token_length))
+    return CHROMA

@@ -1,0 +1,67 @@
+"""Chroma's transformer config as data: the released model and a tiny one of the same layout.
+
+Sources: diffusers 0.42.1 ``ChromaTransformer2DModel`` defaults, which are lodestones/Chroma1-HD's
+transformer/config.json (FLUX.1's 19 double and 38 single blocks at width 3072, T5-XXL's 4096
+wide states, and the "distilled guidance layer": an approximator of 5 residual MLPs of width
+5120 that turns the timestep into every block's modulation). The AE is FLUX.1's and T5 is
+google/t5-v1_1-xxl's encoder (library/models/families/flux/shapes.py has both configs).
+"""
+
+from __future__ import annotations
+
+from library.models.families.flux import shapes as flux_shapes
+
+LATENT_CHANNELS = flux_shapes.LATENT_CHANNELS
+PATCH_SIZE = flux_shapes.PATCH_SIZE  # latents are packed 2x2 into tokens
+# ChromaPipeline's default max_sequence_length (it refuses more): T5 tokens per caption.
+T5_MAX_LENGTH = 512
+
+
+def transformer_config() -> dict:
+    """ChromaTransformer2DModel kwargs of the released model."""
+    return {
+        "patch_size": 1,  # the 2x2 packing happens before the model
+        "in_channels": LATENT_CHANNELS * PATCH_SIZE * PATCH_SIZE,
+        "out_channels": None,
+        "num_layers": 19,
+        "num_single_layers": 38,
+        "attention_head_dim": 128,
+        "num_attention_heads": 24,
+        "joint_attention_dim": 4096,  # T5-XXL's width
+        "axes_dims_rope": (16, 56, 56),
+        "approximator_num_channels": 64,
+        "approximator_hidden_dim": 5120,
+        "approximator_layers": 5,
+    }
+
+
+def tiny_transformer_config() -> dict:
+    """2 double + 2 single blocks at width 32 reading the tiny T5's 48-wide states, with a
+    2-layer approximator of width 24 (its 16 input channels: 4 timestep, 4 guidance and 8
+    modulation-index features)."""
+    return {
+        **transformer_config(),
+        "num_layers": 2,
+        "num_single_layers": 2,
+        "attention_head_dim": flux_shapes.TINY_HEAD_DIM,
+        "num_attention_heads": flux_shapes.TINY_HEADS,
+        "joint_attention_dim": flux_shapes.TINY_T5_WIDTH,
+        "axes_dims_rope": (4, 6, 6),
+        "approximator_num_channels": 16,
+        "approximator_hidden_dim": 24,
+        "approximator_layers": 2,
+    }
+
+
+# The sampling scheduler of a folder without scheduler/ (FLUX.1 dev's released
+# FlowMatchEulerDiscreteScheduler config, which Chroma's diffusers folders carry: Euler over
+# linspace(1, 1/N, N), shifted by the image's token count).
+SCHEDULER_CONFIG = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+}

@@ -1,0 +1,39 @@
+"""``network_weights``: what the trainer does with a LoRA file it starts from, in one place, so
+that ``lora_tool.py check`` asks the very same code what the trainer reads (and what it refuses,
+with the trainer's own reason) instead of keeping its own idea of each family's layouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from library.networks.lora_file_checks import check_lora_file
+from library.saving.lora_file import check_lora_keys, read_lora_file
+
+
+def reads_diffusers_layout(family) -> bool:
+    """The trainer takes files holding only diffusers' peft keys (lora_A / lora_B) for this
+    family: those whose LoRA files can be written in that layout (``lora_formats``)."""
+    return "diffusers" in family.lora_formats
+
+
+def read_network_weights(family, path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of the file ``path`` (CheckpointError for a file the trainer does not read)."""
+    tensors, _ = read_lora_file(path, reads_diffusers_layout(family))
+    return tensors
+
+
+def import_network_weights(
+    family, models: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], source
+) -> None:
+    """Load a file's ``tensors`` into the adapters of ``models`` (kohya prefix -> model) as
+    network_weights does: its keys must be a layout the trainer reads, its numbers finite and
+    its module names the base model's family's, then the family's key map reads it
+    (``family.load_lora_tensors``). CheckpointError naming ``source`` otherwise."""
+    check_lora_keys(tensors, source, reads_diffusers_layout(family))
+    check_lora_file(tensors, str(source), family.modelspec_architecture)
+    family.load_lora_tensors(models, tensors, str(source))
