@@ -124,11 +124,31 @@ def test_latents_are_normalised_as_the_pipeline_denormalises_them(qwenimage_comp
 
 def test_default_lora_targets_are_the_blocks_linears_but_modulation(qwenimage_components):
     transformer = qwenimage_components.denoiser
+    # the left-out Linears really get no gradient: the output is the image stream's
+    hidden = torch.randn(1, 16, 64, requires_grad=False)
+    states = torch.randn(1, 5, transformer.config.joint_attention_dim)
+    with torch.enable_grad():
+        for p in transformer.parameters():
+            p.requires_grad_(True)
+        out = transformer(hidden_states=hidden, encoder_hidden_states=states,
+                          timestep=torch.tensor([0.5]), img_shapes=[[(1, 4, 4)]],
+                          return_dict=False)[0]  # fmt: skip
+        out.square().sum().backward()
+    for name, p in transformer.named_parameters():
+        dead = name.startswith(
+            ("transformer_blocks.1.txt_mlp", "transformer_blocks.1.attn.to_add_out")
+        )
+        assert (p.grad is None) == dead, name
+        p.requires_grad_(False)
+        p.grad = None
     targets = default_targets(transformer)
-    assert len(targets) == 2 * 12  # 2 tiny blocks
+    assert len(targets) == 2 * 12 - 3  # 2 tiny blocks, the last one's caption tail left out
     assert "transformer_blocks.1.attn.add_q_proj" in targets
     assert "transformer_blocks.0.txt_mlp.net.2" in targets
+    assert "transformer_blocks.0.attn.to_add_out" in targets
+    assert not any(p.startswith("transformer_blocks.1.txt_mlp") for p in targets)
+    assert "transformer_blocks.1.attn.to_add_out" not in targets
     assert not any("_mod." in path for path in targets)
-    assert len(default_targets(transformer, modulation=True)) == 2 * 14
+    assert len(default_targets(transformer, modulation=True)) == 2 * 14 - 3
     with pytest.raises(ConfigError, match="transformer only"):
         qwenimage_components.family.adapter_targets(transformer, "text_encoder", False)

@@ -57,6 +57,16 @@ QWENIMAGE = FamilyEntry(
     tool=ToolFacts(
         variant_labels={"qwenimage": "Qwen-Image"},
         version_marks=(("qwen_image", _LINE),),
+        # the toolbox's "comfyui" layout of Qwen-Image is diffusion_model.<diffusers path>, what
+        # key_map.py writes (and ComfyUI and diffusers read)
+        own_layout="comfyui",
+        comfy_model_name=Deferred(f"{_PACKAGE}.key_map:comfy_model_name"),
+        comfy_keys=Deferred(f"{_PACKAGE}.key_map:comfy_keys"),
+        layout_names={
+            "comfyui": "diffusion_model.<diffusers path>",
+            "kohya": "musubi-tuner's lora_unet_<diffusers path>",
+            "diffusers": "diffusers' transformer.<diffusers path>",
+        },
     ),
     test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )

@@ -92,3 +92,19 @@ def _lora_weights(groups, source):
         alpha = named.get("alpha")
         weights[path] = (down, up, float(down.shape[0] if alpha is None else alpha.float().item()))
     return weights
+
+
+def comfy_model_name(layer) -> str:
+    """The weight of ComfyUI's own Qwen-Image model a Linear of the toolbox's layer table is
+    (``layer.parts``: its one diffusers path): ComfyUI keeps diffusers' module names."""
+    (path,) = layer.parts
+    return path
+
+
+def comfy_keys(layer, original: str) -> dict[str, tuple[int, ...] | None]:
+    """The further names ComfyUI's loader gives a Linear of its Qwen-Image model (comfy/lora.py,
+    its Qwen-Image branch): the diffusers path under ``diffusion_model.``, ``transformer.``,
+    ``lycoris_`` (underscored) and bare."""
+    (path,) = layer.parts
+    names = (PREFIX + path, "transformer." + path, "lycoris_" + path.replace(".", "_"), path)
+    return dict.fromkeys(names)
