@@ -28,6 +28,7 @@ from library.errors import ConfigError
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.chroma import conditioning as text_
+from library.models.families.chroma.checkpointing import single_blocks_masked
 from library.models.families.chroma.conditioning import TEXT_MASK
 from library.models.families.chroma.lora_keys import transformer_modules
 from library.models.families.chroma.original_keys import BLOCK_GROUPS, transformer_to_original
@@ -93,15 +94,17 @@ class ChromaFamily(TransformerFamily):
         batch, channels, height, width = noisy.shape
         tokens = pack_latents(noisy)
         text = cond.encoder_hidden_states
-        out = denoiser(
-            hidden_states=tokens,
-            encoder_hidden_states=text,
-            timestep=timesteps.to(noisy.dtype),
-            img_ids=image_position_ids(height, width, noisy.device, noisy.dtype),
-            txt_ids=torch.zeros(text.shape[1], 3, device=noisy.device, dtype=noisy.dtype),
-            attention_mask=text_.attention_mask(cond.unet_kwargs[TEXT_MASK], tokens.shape[1]),
-            return_dict=False,
-        )[0]
+        mask = text_.attention_mask(cond.unet_kwargs[TEXT_MASK], tokens.shape[1])
+        with single_blocks_masked(denoiser, mask):
+            out = denoiser(
+                hidden_states=tokens,
+                encoder_hidden_states=text,
+                timestep=timesteps.to(noisy.dtype),
+                img_ids=image_position_ids(height, width, noisy.device, noisy.dtype),
+                txt_ids=torch.zeros(text.shape[1], 3, device=noisy.device, dtype=noisy.dtype),
+                attention_mask=mask,
+                return_dict=False,
+            )[0]
         return unpack_latents(out, channels, height, width)
 
     # -- adapters ----------------------------------------------------------------------------

@@ -23,7 +23,13 @@ from library.models.families.chroma.tiny import (
 )
 from library.models.families.chroma.tiny_files import write_tiny_chroma_files
 from library.models.families.flux.testkit import TinyWidthTorch
-from library.models.families.testkit import ConformanceKit, LossCase, NameTable, SampleCase
+from library.models.families.testkit import (
+    ConformanceKit,
+    DistributedMode,
+    LossCase,
+    NameTable,
+    SampleCase,
+)
 from library.training.noise import NoiseOptions, draw
 
 VARIANT = "chroma"
@@ -156,6 +162,24 @@ def _loss_cases(variant):
     return tuple(cases)
 
 
+# LoRA on the transformer with captions of four lengths: T5's padding differs between a caption
+# alone and in a batch of 4, and the mask (each caption's tokens and its first padding token)
+# must make both train the same LoRA.
+DISTRIBUTED = (
+    DistributedMode(
+        name="chroma-lora",
+        keys={"network_train_unet_only": True, "bucket_reso_steps": 16},
+        ddp_options=("--gradient_checkpointing",),
+        captions=(
+            "red",
+            "a photo of shape number 1",
+            "a photo of shape number 2 on a gradient, centred in the frame",
+            "a much longer caption of shape number three, a coloured square on a soft gradient",
+        ),
+        only=("lora_unet_",),
+    ),
+)
+
 KIT = ConformanceKit(
     variants=(VARIANT,),
     build=lambda variant, seed: build_tiny_chroma_components(seed),
@@ -173,5 +197,6 @@ KIT = ConformanceKit(
     sample_cases=_sample_cases,
     loss_cases=_loss_cases,
     loss_reference=_loss_reference,
+    distributed=DISTRIBUTED,
     skips={"vae_names": _NO_TABLE},
 )
