@@ -49,9 +49,7 @@ def quickstart_process(request, tmp_path_factory):
     """When the session runs a test of the README's quickstart run (about a minute of
     training), that run starts at once, beside the other tests, instead of when its first test
     asks for it (quickstart_output). None when no selected test needs it."""
-    if not any(
-        "quickstart_output" in getattr(item, "fixturenames", ()) for item in request.session.items
-    ):
+    if not any("quickstart_output" in getattr(item, "fixturenames", ()) for item in request.session.items):
         yield None
         return
     from tests.integration.test_quickstart import start_quickstart

@@ -196,10 +196,7 @@ def _remove_patches() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for name, meaning in {
-        **TIERS,
-        FAST: "in none of the tiers above (the development loop)",
-    }.items():
+    for name, meaning in {**TIERS, FAST: "in none of the tiers above (the development loop)"}.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
     if not _guards:
         _install_patches()

@@ -82,9 +82,7 @@ def test_other_problems_are_listed_with_the_unknown_keys(write_toml):
 
 def test_one_problem_stays_one_line_and_names_the_switch_only_for_unknown_keys(write_toml):
     unknown = str(_refusal(write_toml("a.toml", HEAD + "learnin_rate = 1\n" + DATASET)))
-    assert "\n" not in unknown and unknown.endswith(
-        "(or load the file without it: --ignore_unknown_keys)"
-    )
+    assert "\n" not in unknown and unknown.endswith("(or load the file without it: --ignore_unknown_keys)")
     typed = str(_refusal(write_toml("b.toml", HEAD + 'network_dim = "x"\n' + DATASET)))
     assert "\n" not in typed and "ignore_unknown_keys" not in typed
 
@@ -96,9 +94,7 @@ def test_ignore_unknown_keys_loads_without_them_and_says_which(write_toml):
     assert notice.startswith(f"{path}: ignored ")
     assert all(key in notice for key in SEVEN)
     # what the unknown keys would have set is not set: the defaults stand
-    assert (
-        config.training.max_train_steps is None and config.datasets[0].subsets[0].num_repeats == 1
-    )
+    assert config.training.max_train_steps is None and config.datasets[0].subsets[0].num_repeats == 1
     # a key that is known but would change the result, a wrong type: still refused
     bad = write_toml("bad.toml", SEVEN_FILE.replace("[saving]\n", '[saving]\nnetwork_dim = "x"\n'))
     error = str(_refusal(bad, ignore_unknown_keys=True))

@@ -158,10 +158,8 @@ def test_bad_override_value_names_command_line(write_toml):
     assert cfg == load_config(path)
     # a switch that changes no result is accepted, and said to be ignored
     cfg = load_config(path, parse_cli(["--lowram"]).overrides)
-    assert cfg.notices == (
-        "command line: lowram = true is ignored: difftune places the models "
-        "itself, and this changes no result",
-    )
+    assert cfg.notices == ("command line: lowram = true is ignored: difftune places the models "
+                           "itself, and this changes no result",)
 
 
 def test_no_file_with_model_on_command_line(tmp_path):

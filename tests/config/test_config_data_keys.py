@@ -12,6 +12,7 @@ HEAD = 'pretrained_model_name_or_path = "m"\n'
 DATASET = '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "img"\n'
 
 
+
 def test_flat_dataset_keys_are_defaults_with_kohya_precedence(write_toml):
     text = (
         HEAD

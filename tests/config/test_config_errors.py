@@ -14,6 +14,7 @@ HEAD = 'pretrained_model_name_or_path = "m"\n'
 DATASET = '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "img"\n'
 
 
+
 def test_unknown_key_names_file_table_and_nearest_key(write_toml):
     path = write_toml("my.toml", HEAD + "[training_arguments]\nlearning_rat = 1e-4\n" + DATASET)
     assert error_of(path) == (
@@ -236,12 +237,12 @@ def test_kohya_value_errors(write_toml):
         "supported",
         'lr_scheduler = "cosine_with_min_lr"': 'lr_scheduler = "cosine_with_min_lr" needs its '
         "floor: set lr_scheduler_min_lr_ratio",
-        'lr_scheduler = "inverse_sqrt"\nlr_scheduler_args = ["num_cycles=2"]': "lr_scheduler_args "
+        'lr_scheduler = "inverse_sqrt"\nlr_scheduler_args = ["num_cycles=2"]': 'lr_scheduler_args '
         '"num_cycles" is not an argument of lr_scheduler = "inverse_sqrt" (it takes: none)',
         'lr_scheduler = "piecewise_constant"\nlr_scheduler_args = ["step_rules=1:x"]': "step_rules "
         '= "1:x": give a text like "1:100,0.5:200,0.1"',
         'lr_scheduler = "piecewise_constant"': 'needs lr_scheduler_args "step_rules=',
-        'lr_scheduler = "warmup_stable_decay"\nlr_scheduler_args = ["decay_type=\'exp\'"]': "give "
+        'lr_scheduler = "warmup_stable_decay"\nlr_scheduler_args = ["decay_type=\'exp\'"]': 'give '
         '"linear" or "cosine" or "1-sqrt"',
         'network_args = ["algo=locon"]': 'algo is a LyCORIS option; set network_module = "lycoris',
         'network_args = ["dropout=0.1"]': 'network_args "dropout=0.1" is not supported (dropout',

@@ -46,14 +46,9 @@ def _not_off(off: tuple) -> object:
 
 def test_inventory_covers_every_training_script():
     assert set(OTHER_SCRIPTS) < set(SCRIPTS)
-    assert {
-        "train_network",
-        "flux_train",
-        "sd3_train",
-        "sdxl_train",
-        "fine_tune",
-        "train_db",
-    } < set(SCRIPTS)
+    assert {"train_network", "flux_train", "sd3_train", "sdxl_train", "fine_tune", "train_db"} < set(
+        SCRIPTS
+    )
 
 
 @pytest.mark.parametrize("key", sorted(KOHYA_OFF_VALUES))
@@ -172,11 +167,7 @@ def test_what_front_ends_write_into_flux_lora_configs_loads(write_toml):
     )
     config = load_config(write_toml("gui.toml", text))
     notes = " ".join(config.notices)
-    for key in (
-        "double_blocks_to_swap = 6",
-        "single_blocks_to_swap = 12",
-        "stop_text_encoder_training = 5",
-    ):
+    for key in ("double_blocks_to_swap = 6", "single_blocks_to_swap = 12", "stop_text_encoder_training = 5"):
         assert f"{key} is ignored" in notes
     assert config.training.blocks_to_swap == 0
     # a real block selection, or GGPO, would change what trains: refused by name

@@ -48,16 +48,12 @@ def test_a_negative_sample_cadence_turns_sampling_off(write_toml, tmp_path, key)
 
 def test_a_subset_with_num_repeats_0_is_left_out(write_toml, tmp_path):
     used, unused = _images(tmp_path / "used"), _images(tmp_path / "unused")
-    text = (
-        HEAD + _dataset(used) + f"[[datasets.subsets]]\nimage_dir = '{unused}'\nnum_repeats = 0\n"
-    )
+    text = HEAD + _dataset(used) + f"[[datasets.subsets]]\nimage_dir = '{unused}'\nnum_repeats = 0\n"
     config = load_config(write_toml("a.toml", text))
     assert [s.image_dir for s in config.datasets[0].subsets] == [str(used)]
     assert any("subsets[1]" in n and "num_repeats = 0" in n for n in config.notices)
     # a dataset with nothing left to train is refused, naming it
-    only = (
-        HEAD + "[[datasets]]\n" + f"[[datasets.subsets]]\nimage_dir = '{unused}'\nnum_repeats = 0\n"
-    )
+    only = HEAD + "[[datasets]]\n" + f"[[datasets.subsets]]\nimage_dir = '{unused}'\nnum_repeats = 0\n"
     with pytest.raises(Exception, match=r"datasets\[0\] has no subset left to train"):
         load_config(write_toml("b.toml", only))
 
@@ -70,10 +66,7 @@ def test_train_data_dir_folders_without_repeats_are_left_out(write_toml, tmp_pat
     config = load_config(write_toml("a.toml", HEAD + f"train_data_dir = '{train}'\n"))
     assert [s.image_dir for s in config.datasets[0].subsets] == [str(train / "3_dog")]
     notes = " ".join(config.notices)
-    assert (
-        '"backup" is left out: no repeat count' in notes
-        and '"0_cat" is left out: 0 repeats' in notes
-    )
+    assert '"backup" is left out: no repeat count' in notes and '"0_cat" is left out: 0 repeats' in notes
     # no usable folder at all: still an error naming the folder
     alone = tmp_path / "alone"
     _images(alone / "backup")
@@ -83,9 +76,7 @@ def test_train_data_dir_folders_without_repeats_are_left_out(write_toml, tmp_pat
 
 def test_bucket_limits_are_rounded_to_bucket_reso_steps(write_toml, tmp_path):
     folder = _images(tmp_path / "img")
-    buckets = (
-        "enable_bucket = true\nresolution = 512\nmin_bucket_reso = 300\nmax_bucket_reso = 1000\n"
-    )
+    buckets = "enable_bucket = true\nresolution = 512\nmin_bucket_reso = 300\nmax_bucket_reso = 1000\n"
     config = load_config(write_toml("a.toml", HEAD + _dataset(folder, buckets)))
     dataset = config.datasets[0]
     # sd-scripts: min rounded down, max rounded up to multiples of the step (64)
@@ -94,7 +85,5 @@ def test_bucket_limits_are_rounded_to_bucket_reso_steps(write_toml, tmp_path):
     assert "min_bucket_reso = 300 is rounded to 256" in notes
     assert "max_bucket_reso = 1000 is rounded to 1024" in notes
     # without buckets the limits are unused: nothing changes, nothing is said
-    plain = load_config(
-        write_toml("b.toml", HEAD + _dataset(folder, buckets.replace("true", "false")))
-    )
+    plain = load_config(write_toml("b.toml", HEAD + _dataset(folder, buckets.replace("true", "false"))))
     assert plain.datasets[0].min_bucket_reso == 300 and not plain.notices

@@ -16,6 +16,7 @@ HEAD = 'pretrained_model_name_or_path = "no-such-model"\n'
 DATASET = '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "img"\n'
 
 
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-UTIL = """
+UTIL = '''
 import argparse
 
 DEFAULT_NAME = "last"
@@ -30,14 +30,14 @@ def add_common_arguments(parser, support_reg: bool, support_drop=True):
     if not support_drop:
         return
     parser.add_argument("--caption_dropout_rate", type=float, default=0.0)
-"""
+'''
 
-LOGS = """
+LOGS = '''
 def add_logging_arguments(parser):
     parser.add_argument("--console_log_simple", action="store_true")
-"""
+'''
 
-TRAIN_A = """
+TRAIN_A = '''
 import argparse
 import kohyalib.util as util
 from kohyalib.logs import add_logging_arguments
@@ -49,9 +49,9 @@ def setup_parser():
     util.add_common_arguments(parser, True)
     parser.add_argument("--network_dim", type=int, default=None)
     return parser
-"""
+'''
 
-TRAIN_B = """
+TRAIN_B = '''
 import train_a
 from kohyalib import util
 
@@ -60,9 +60,9 @@ def setup_parser():
     parser = train_a.setup_parser()
     parser.add_argument("--blocks_to_swap", type=int, default=None)
     return parser
-"""
+'''
 
-TRAIN_C = """
+TRAIN_C = '''
 import argparse
 from kohyalib import util
 
@@ -72,7 +72,7 @@ def setup_parser():
     util.add_common_arguments(parser, support_reg=False, support_drop=False)
     parser.add_argument("--save_model_as", type=str, default="pt")
     return parser
-"""
+'''
 
 # re-exports another script's setup_parser, as train_controlnet.py does
 TRAIN_D = "from train_c import setup_parser\n"

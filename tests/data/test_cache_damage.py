@@ -41,9 +41,15 @@ def images(tmp_path):
     return [write_png(tmp_path / "imgs" / f"{i}.png", seed=i) for i in range(3)]
 
 
+
+
+
+
+
 def flatten_mean_with_checksum(tensors, meta):
     tensors["mean"] = tensors["mean"].reshape(4, -1).contiguous()
     meta[checksum_key(meta)] = tensor_digest(tensors)
+
 
 
 DAMAGES = {

@@ -47,13 +47,7 @@ def _optimizer_steps(out):
     [
         {"network_train_unet_only": True},
         {},  # UNet + text-encoder LoRA
-        {
-            "network_train_unet_only": True,
-            "conv_dim": 2,
-            "conv_alpha": 1.0,
-            "min_snr_gamma": 5.0,
-            "noise_offset": 0.1,
-        },
+        {"network_train_unet_only": True, "conv_dim": 2, "conv_alpha": 1.0, "min_snr_gamma": 5.0, "noise_offset": 0.1},
         {"train_mode": "unet", "learning_rate": 1e-4},
     ],
     ids=["unet-lora", "unet+te-lora", "locon-snr-offset", "full-unet"],
@@ -77,13 +71,8 @@ def test_two_steps_differ_from_one_big_step(tmp_path, tiny_model_dir, images):
     """Guards the test above: with 2 optimizer steps of 2 samples the result must differ."""
     one = _run(tmp_path, tiny_model_dir, images, "one", 4, 1, network_train_unet_only=True)
     two_cfg = write_config(
-        tmp_path / "two.toml",
-        tiny_model_dir,
-        images,
-        tmp_path / "two",
-        train_batch_size=1,
-        gradient_accumulation_steps=2,
-        max_train_steps=2,
+        tmp_path / "two.toml", tiny_model_dir, images, tmp_path / "two",
+        train_batch_size=1, gradient_accumulation_steps=2, max_train_steps=2,
         network_train_unet_only=True,
     )
     assert train(two_cfg) == 0

@@ -19,11 +19,7 @@ def run_cli(*args, cwd=REPO):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
         [sys.executable, str(REPO / "train_network.py"), *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
     )
 
 
@@ -46,9 +42,7 @@ def _assert_one_line_error(result, *needles):
 def test_unknown_key_is_one_line_with_suggestion(setup, tmp_path):
     root, images, model = setup
     config = write_config(tmp_path / "c.toml", model, images, tmp_path / "o", learning_rat=1e-4)
-    _assert_one_line_error(
-        run_cli("--config", config), str(config), "learning_rat", "learning_rate"
-    )
+    _assert_one_line_error(run_cli("--config", config), str(config), "learning_rat", "learning_rate")
 
 
 def test_wrong_type_names_key_value_and_allowed(setup, tmp_path):
@@ -59,9 +53,7 @@ def test_wrong_type_names_key_value_and_allowed(setup, tmp_path):
 
 def test_missing_model_folder(setup, tmp_path):
     root, images, _ = setup
-    config = write_config(
-        tmp_path / "c.toml", tmp_path / "nope", images, tmp_path / "o", max_train_steps=1
-    )
+    config = write_config(tmp_path / "c.toml", tmp_path / "nope", images, tmp_path / "o", max_train_steps=1)
     _assert_one_line_error(run_cli("--config", config), str(tmp_path / "nope"))
 
 
@@ -74,14 +66,8 @@ def test_unsupported_kohya_key_is_named(setup, tmp_path):
 def test_dry_run_prints_the_plan_and_trains_nothing(setup, tmp_path):
     root, images, model = setup
     config = write_config(
-        tmp_path / "c.toml",
-        model,
-        images,
-        tmp_path / "o",
-        train_batch_size=2,
-        gradient_accumulation_steps=2,
-        max_train_epochs=3,
-        save_every_n_steps=2,
+        tmp_path / "c.toml", model, images, tmp_path / "o",
+        train_batch_size=2, gradient_accumulation_steps=2, max_train_epochs=3, save_every_n_steps=2,
     )
     result = run_cli("--config", config, "--dry_run")
     assert result.returncode == 0, result.stderr

@@ -15,23 +15,12 @@ def test_ema_file_is_the_moving_average_of_the_steps(tmp_path, tiny_model_dir, i
     # With a constant schedule, a run of k steps is the first k steps of a longer run.
     weights = []
     for k in (1, 2, 3):
-        config = write_config(
-            tmp_path / f"w{k}.toml", tiny_model_dir, images, tmp_path / f"w{k}", max_train_steps=k
-        )
+        config = write_config(tmp_path / f"w{k}.toml", tiny_model_dir, images, tmp_path / f"w{k}", max_train_steps=k)
         assert train(config) == 0
         weights.append(tensors(tmp_path / f"w{k}" / "run.safetensors"))
-    config = write_config(
-        tmp_path / "e.toml",
-        tiny_model_dir,
-        images,
-        tmp_path / "e",
-        max_train_steps=3,
-        ema_decay=0.5,
-    )
+    config = write_config(tmp_path / "e.toml", tiny_model_dir, images, tmp_path / "e", max_train_steps=3, ema_decay=0.5)
     assert train(config) == 0
-    assert_close_dicts(
-        tensors(tmp_path / "e" / "run.safetensors"), weights[2], atol=0
-    )  # EMA never touches training
+    assert_close_dicts(tensors(tmp_path / "e" / "run.safetensors"), weights[2], atol=0)  # EMA never touches training
 
     # diffusers' warm-up: decay_n = min(decay, (1 + n) / (10 + n)) with n = step - 1, and 0 at step 1
     expected = dict(weights[0])
@@ -60,8 +49,4 @@ def test_ema_survives_a_resume(tmp_path, tiny_model_dir, images, monkeypatch):
     monkeypatch.setattr(Saver, "after_step", original)
     assert (tmp_path / "b" / "run-step00000002-ema.safetensors").exists()
     assert train(config, "--resume", str(tmp_path / "b" / "run-step00000002-state")) == 0
-    assert_close_dicts(
-        tensors(tmp_path / "a" / "run-ema.safetensors"),
-        tensors(tmp_path / "b" / "run-ema.safetensors"),
-        atol=1e-6,
-    )
+    assert_close_dicts(tensors(tmp_path / "a" / "run-ema.safetensors"), tensors(tmp_path / "b" / "run-ema.safetensors"), atol=1e-6)

@@ -353,9 +353,7 @@ def test_transformer_files_name_the_original_layers(model, tmp_path, flux_dir, s
     expected = {m.name for m in family.lycoris_modules(transformer, "full")}
     assert {n for n in names if n.startswith("lora_unet_")} == expected
     assert any(n.startswith("lora_te1_") for n in names)
-    assert any(k.endswith(".lokr_w1") for k in saved) and any(
-        k.endswith(".dora_scale") for k in saved
-    )
+    assert any(k.endswith(".lokr_w1") for k in saved) and any(k.endswith(".dora_scale") for k in saved)
 
     again = tmp_path / "again"
     (tmp_path / "b").mkdir()

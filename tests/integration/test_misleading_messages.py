@@ -27,20 +27,14 @@ def _error(capsys) -> str:
 def test_a_file_where_a_folder_belongs_is_called_a_file(tmp_path, tiny_model_dir, images, capsys):
     a_file = tmp_path / "notes.txt"
     a_file.write_text("x")
-    config = write_config(
-        tmp_path / "c.toml", tiny_model_dir, images, tmp_path / "o", max_train_steps=1
-    )
+    config = write_config(tmp_path / "c.toml", tiny_model_dir, images, tmp_path / "o", max_train_steps=1)
     text = config.read_text().replace(f'image_dir = "{images}"', f'image_dir = "{a_file}"')
     config.write_text(text)
     assert train(config) == 2
     assert f"image_dir {a_file} is a file, not a folder" in _error(capsys)
-    config = write_config(
-        tmp_path / "d.toml", tiny_model_dir, images, tmp_path / "o", max_train_steps=1
-    )
+    config = write_config(tmp_path / "d.toml", tiny_model_dir, images, tmp_path / "o", max_train_steps=1)
     assert train(config, "--network_weights", str(tmp_path)) == 2
-    assert f"network_weights: {tmp_path} is a folder; give the LoRA's .safetensors file" in _error(
-        capsys
-    )
+    assert f"network_weights: {tmp_path} is a folder; give the LoRA's .safetensors file" in _error(capsys)
     assert train(config, "--resume", str(a_file)) == 2
     assert f"resume: {a_file} is a file; give the *-state folder" in _error(capsys)
 
@@ -69,16 +63,10 @@ def test_a_plain_pickle_is_not_called_corrupt(tmp_path):
     assert "is a plain Python pickle" in str(info.value) and "corrupt" not in str(info.value)
 
 
-def test_an_sdxl_lora_on_an_sd1_model_names_the_families(
-    tmp_path, tiny_model_dir, tiny_sdxl_model_dir, images, capsys
-):
-    xl = write_config(
-        tmp_path / "xl.toml", tiny_sdxl_model_dir, images, tmp_path / "xl", max_train_steps=1
-    )
+def test_an_sdxl_lora_on_an_sd1_model_names_the_families(tmp_path, tiny_model_dir, tiny_sdxl_model_dir, images, capsys):
+    xl = write_config(tmp_path / "xl.toml", tiny_sdxl_model_dir, images, tmp_path / "xl", max_train_steps=1)
     assert train(xl) == 0
-    config = write_config(
-        tmp_path / "sd1.toml", tiny_model_dir, images, tmp_path / "sd1", max_train_steps=1
-    )
+    config = write_config(tmp_path / "sd1.toml", tiny_model_dir, images, tmp_path / "sd1", max_train_steps=1)
     assert train(config, "--network_weights", str(tmp_path / "xl" / "run.safetensors")) == 2
     error = _error(capsys)
     assert "is a LoRA for SDXL models" in error and "the base model is SD 1.x/2.x" in error
@@ -94,10 +82,7 @@ FLUX = {"network_module": "networks.lora_flux", "network_train_unet_only": True}
 def sd1_lora(tmp_path_factory, tiny_model_dir, images) -> Path:
     """A LoRA file trained for one step on the tiny SD 1.x model."""
     folder = tmp_path_factory.mktemp("lora")
-    assert (
-        train(write_config(folder / "c.toml", tiny_model_dir, images, folder, max_train_steps=1))
-        == 0
-    )
+    assert train(write_config(folder / "c.toml", tiny_model_dir, images, folder, max_train_steps=1)) == 0
     return folder / "run.safetensors"
 
 
@@ -108,9 +93,7 @@ def test_a_nan_in_network_weights_is_named(tmp_path, tiny_model_dir, images, sd1
     tensors[key][0, 0] = float("nan")
     broken = tmp_path / "nan.safetensors"
     save_file(tensors, str(broken))
-    config = write_config(
-        tmp_path / "c.toml", tiny_model_dir, images, tmp_path / "o", max_train_steps=1
-    )
+    config = write_config(tmp_path / "c.toml", tiny_model_dir, images, tmp_path / "o", max_train_steps=1)
     assert train(config, "--network_weights", str(broken), "--dry_run") == 2
     error = _error(capsys)
     assert f"network_weights: {broken} holds NaN or infinite values ({key})" in error
@@ -128,9 +111,7 @@ def test_a_nan_in_the_base_model_is_named(tmp_path, tiny_model_dir, images, caps
     config = write_config(tmp_path / "c.toml", model, images, tmp_path / "o", max_train_steps=1)
     assert train(config) == 2
     error = _error(capsys)
-    assert (
-        "the loss became nan at optimizer step 1 because the model's own weights hold NaN" in error
-    )
+    assert "the loss became nan at optimizer step 1 because the model's own weights hold NaN" in error
     assert "(unet.conv_in.weight)" in error and str(model) in error
     assert "learning_rate" not in error
 

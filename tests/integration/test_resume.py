@@ -19,24 +19,15 @@ def images(tmp_path_factory):
 def test_resume_matches_uninterrupted(tmp_path, tiny_model_dir, images, mode, monkeypatch):
     # 3 images, batch 2 -> 2 steps per epoch (last one padded); 5 steps cross two epoch ends
     keys = dict(
-        train_batch_size=2,
-        max_train_steps=5,
-        lr_scheduler="cosine",
-        lr_warmup_steps=1,
-        max_grad_norm=1.0,
-        **mode,
+        train_batch_size=2, max_train_steps=5, lr_scheduler="cosine", lr_warmup_steps=1,
+        max_grad_norm=1.0, **mode,
     )
     straight = write_config(tmp_path / "a.toml", tiny_model_dir, images, tmp_path / "a", **keys)
     assert train(straight) == 0
 
     first = write_config(
-        tmp_path / "b.toml",
-        tiny_model_dir,
-        images,
-        tmp_path / "b",
-        save_every_n_steps=3,
-        save_state=True,
-        **keys,
+        tmp_path / "b.toml", tiny_model_dir, images, tmp_path / "b",
+        save_every_n_steps=3, save_state=True, **keys,
     )
     original = Saver.after_step
 
@@ -59,32 +50,22 @@ def test_resume_matches_uninterrupted(tmp_path, tiny_model_dir, images, mode, mo
 
 def test_resume_refuses_a_different_effective_batch(tmp_path, tiny_model_dir, images, capsys):
     config = write_config(
-        tmp_path / "c.toml",
-        tiny_model_dir,
-        images,
-        tmp_path / "c",
-        max_train_steps=2,
-        save_state_on_train_end=True,
+        tmp_path / "c.toml", tiny_model_dir, images, tmp_path / "c",
+        max_train_steps=2, save_state_on_train_end=True,
     )
     assert train(config) == 0
     state = str(tmp_path / "c" / "run-state")
-    code = train(
-        config, "--resume", state, "--gradient_accumulation_steps", "2", "--max_train_steps", "4"
-    )
+    code = train(config, "--resume", state, "--gradient_accumulation_steps", "2", "--max_train_steps", "4")
     assert code == 2
     assert "effective_batch_sizes" in capsys.readouterr().err
 
 
-def test_missing_start_files_are_named_before_anything_loads(
-    tmp_path, tiny_model_dir, images, capsys, monkeypatch
-):
+def test_missing_start_files_are_named_before_anything_loads(tmp_path, tiny_model_dir, images, capsys, monkeypatch):
     def no_model_loading(*args, **kwargs):
         raise AssertionError("models were loaded before the inputs were checked")
 
     monkeypatch.setattr("library.training.trainer.load_components", no_model_loading)
-    config = write_config(
-        tmp_path / "d.toml", tiny_model_dir, images, tmp_path / "d", max_train_steps=1
-    )
+    config = write_config(tmp_path / "d.toml", tiny_model_dir, images, tmp_path / "d", max_train_steps=1)
     assert train(config, "--resume", str(tmp_path / "nowhere")) == 2
     assert "nowhere does not exist; give a *-state folder" in capsys.readouterr().err
     assert train(config, "--network_weights", str(tmp_path / "none.safetensors")) == 2

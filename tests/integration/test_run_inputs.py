@@ -141,17 +141,9 @@ def test_a_resume_may_not_replace_its_state_with_its_final_state(
     assert f"resume {state} is {state}" in line and FIX in line, line
     assert (state / "progress.json").read_bytes() == progress
     # without a final state the run writes nothing there: continuing it is fine
-    assert (
-        train(
-            config,
-            "--resume",
-            str(state),
-            "--max_train_steps",
-            "4",
-            "--save_state_on_train_end=false",
-        )
-        == 0
-    )
+    assert train(
+        config, "--resume", str(state), "--max_train_steps", "4", "--save_state_on_train_end=false"
+    ) == 0
     assert (state / "progress.json").read_bytes() == progress
 
 

@@ -52,9 +52,7 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path, tiny_model_dir, im
         f"RunLock({str(tmp_path / 'c')!r}, 'run').acquire()\nprint('held', flush=True)\n"
         "time.sleep(120)\n"
     )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
+    holder = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         assert train(config) == 2
@@ -68,14 +66,10 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path, tiny_model_dir, im
     assert not (tmp_path / "c" / "run.lock").exists()
 
 
-def test_resume_refuses_another_runs_file_and_keeps_its_own(
-    tmp_path, tiny_model_dir, images, monkeypatch, capsys
-):
+def test_resume_refuses_another_runs_file_and_keeps_its_own(tmp_path, tiny_model_dir, images, monkeypatch, capsys):
     other = _config(tmp_path, tiny_model_dir, images, "other", seed=3)
     assert train(other) == 0
-    config = _config(
-        tmp_path, tiny_model_dir, images, max_train_steps=4, save_every_n_steps=2, save_state=True
-    )
+    config = _config(tmp_path, tiny_model_dir, images, max_train_steps=4, save_every_n_steps=2, save_state=True)
     _stop_after(monkeypatch, 2)
     assert train(config) == 130
     monkeypatch.undo()
@@ -106,19 +100,11 @@ def _logged_lrs(logdir: Path) -> dict[int, float]:
     return values
 
 
-def test_resume_with_a_new_learning_rate_trains_with_it_and_says_so(
-    tmp_path, tiny_model_dir, images, monkeypatch, capsys
-):
+def test_resume_with_a_new_learning_rate_trains_with_it_and_says_so(tmp_path, tiny_model_dir, images, monkeypatch, capsys):
     logs = tmp_path / "logs"
     config = _config(
-        tmp_path,
-        tiny_model_dir,
-        images,
-        max_train_steps=4,
-        save_every_n_steps=2,
-        save_state=True,
-        log_with="tensorboard",
-        logging_dir=str(logs),
+        tmp_path, tiny_model_dir, images, max_train_steps=4, save_every_n_steps=2, save_state=True,
+        log_with="tensorboard", logging_dir=str(logs),
     )
     _stop_after(monkeypatch, 2)
     assert train(config) == 130
@@ -136,15 +122,11 @@ def test_resume_with_a_new_learning_rate_trains_with_it_and_says_so(
     ]
 
 
-def test_resume_refusals_are_one_line_before_models_load(
-    tmp_path, tiny_model_dir, images, monkeypatch, capsys
-):
+def test_resume_refusals_are_one_line_before_models_load(tmp_path, tiny_model_dir, images, monkeypatch, capsys):
     config = _config(tmp_path, tiny_model_dir, images, save_state_on_train_end=True)
     assert train(config) == 0
     state = tmp_path / "c" / "run-state"
-    monkeypatch.setattr(
-        "library.training.trainer.load_components", lambda *a, **k: pytest.fail("loaded")
-    )
+    monkeypatch.setattr("library.training.trainer.load_components", lambda *a, **k: pytest.fail("loaded"))
     cases = [
         (["--network_dim", "8", "--max_train_steps", "4"], "network_dim was 4 in"),
         (["--optimizer_type", "Lion", "--max_train_steps", "4"], "optimizer_type was"),
@@ -162,9 +144,7 @@ def test_resume_refusals_are_one_line_before_models_load(
     assert "has no valid global_step" in capsys.readouterr().err
 
 
-def test_non_finite_weights_are_never_saved_as_a_good_state(
-    tmp_path, tiny_model_dir, images, monkeypatch, capsys
-):
+def test_non_finite_weights_are_never_saved_as_a_good_state(tmp_path, tiny_model_dir, images, monkeypatch, capsys):
     step = torch.optim.AdamW.step
 
     def broken_step(self, *args, **kwargs):
@@ -175,16 +155,12 @@ def test_non_finite_weights_are_never_saved_as_a_good_state(
         return result
 
     monkeypatch.setattr(torch.optim.AdamW, "step", broken_step)
-    config = _config(
-        tmp_path, tiny_model_dir, images, max_train_steps=4, save_every_n_steps=1, save_state=True
-    )
+    config = _config(tmp_path, tiny_model_dir, images, max_train_steps=4, save_every_n_steps=1, save_state=True)
     assert train(config) == 1
     error = capsys.readouterr().err
     assert "the trained weights are not finite at optimizer step 1" in error
     assert "no earlier state was saved" in error
-    assert not list((tmp_path / "c").glob("*-state")) and not list(
-        (tmp_path / "c").glob("*.safetensors")
-    )
+    assert not list((tmp_path / "c").glob("*-state")) and not list((tmp_path / "c").glob("*.safetensors"))
 
 
 def test_leftovers_of_a_killed_save_are_cleaned_at_start(tmp_path, tiny_model_dir, images):
@@ -198,20 +174,13 @@ def test_leftovers_of_a_killed_save_are_cleaned_at_start(tmp_path, tiny_model_di
     assert not leftover.exists() and unrelated.exists()
 
 
-def test_unusable_output_dir_stops_before_models_load(
-    tmp_path, tiny_model_dir, images, monkeypatch, capsys
-):
-    monkeypatch.setattr(
-        "library.training.trainer.load_components", lambda *a, **k: pytest.fail("loaded")
-    )
+def test_unusable_output_dir_stops_before_models_load(tmp_path, tiny_model_dir, images, monkeypatch, capsys):
+    monkeypatch.setattr("library.training.trainer.load_components", lambda *a, **k: pytest.fail("loaded"))
     a_file = tmp_path / "taken"
     a_file.write_text("x")
     config = _config(tmp_path, tiny_model_dir, images)
     # a file where the folder should be, and a place no one may write (/sys refuses even root)
-    for place, expected in (
-        (a_file, "is a file, not a folder"),
-        (Path("/sys/difftune-out"), "is not writable"),
-    ):
+    for place, expected in ((a_file, "is a file, not a folder"), (Path("/sys/difftune-out"), "is not writable")):
         capsys.readouterr()
         assert train(config, "--output_dir", str(place)) == 2
         lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -219,34 +188,20 @@ def test_unusable_output_dir_stops_before_models_load(
 
 
 @pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        ("learning_rate", "inf"),
-        ("unet_lr", "nan"),
-        ("noise_offset", "inf"),
-        ("learning_rate", "1e39"),
-    ],
+    ("key", "value"), [("learning_rate", "inf"), ("unet_lr", "nan"), ("noise_offset", "inf"), ("learning_rate", "1e39")]
 )
-def test_non_finite_or_unusable_numbers_are_refused_at_load(
-    tmp_path, tiny_model_dir, images, capsys, key, value
-):
+def test_non_finite_or_unusable_numbers_are_refused_at_load(tmp_path, tiny_model_dir, images, capsys, key, value):
     config = _config(tmp_path, tiny_model_dir, images)
     assert train(config, f"--{key}", value) == 2
     error = capsys.readouterr().err
     assert f'key "{key}"' in error and ("finite" in error or "<= 3e+38" in error), error
 
 
-def test_resume_with_frozen_text_encoders_applies_a_new_clip_skip(
-    tmp_path, tiny_model_dir, images, capsys
-):
+def test_resume_with_frozen_text_encoders_applies_a_new_clip_skip(tmp_path, tiny_model_dir, images, capsys):
     """Without text-encoder adapters, clip_skip only changes the conditioning (like editing the
     captions): a resume applies it and says so instead of refusing."""
     config = _config(
-        tmp_path,
-        tiny_model_dir,
-        images,
-        save_every_n_steps=1,
-        save_state=True,
+        tmp_path, tiny_model_dir, images, save_every_n_steps=1, save_state=True,
         network_train_unet_only=True,
     )
     assert train(config) == 0

@@ -15,26 +15,14 @@ def test_sampling_leaves_training_untouched(tmp_path, tiny_model_dir):
         encoding="utf-8",
     )
     keys = dict(train_batch_size=1, max_train_steps=4, lr_scheduler="cosine", ip_noise_gamma=0.1)
-    plain = write_config(
-        tmp_path / "plain.toml", tiny_model_dir, images, tmp_path / "plain", **keys
-    )
+    plain = write_config(tmp_path / "plain.toml", tiny_model_dir, images, tmp_path / "plain", **keys)
     assert train(plain) == 0
     sampled = write_config(
-        tmp_path / "s.toml",
-        tiny_model_dir,
-        images,
-        tmp_path / "s",
-        sample_prompts=str(prompts),
-        sample_every_n_steps=2,
-        sample_at_first=True,
-        **keys,
+        tmp_path / "s.toml", tiny_model_dir, images, tmp_path / "s",
+        sample_prompts=str(prompts), sample_every_n_steps=2, sample_at_first=True, **keys,
     )
     assert train(sampled) == 0
-    assert_close_dicts(
-        tensors(tmp_path / "plain" / "run.safetensors"),
-        tensors(tmp_path / "s" / "run.safetensors"),
-        atol=0,
-    )
+    assert_close_dicts(tensors(tmp_path / "plain" / "run.safetensors"), tensors(tmp_path / "s" / "run.safetensors"), atol=0)
 
     sample_dir = tmp_path / "s" / "sample"
     names = sorted(p.name for p in sample_dir.iterdir())

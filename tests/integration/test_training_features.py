@@ -30,37 +30,16 @@ def _scalars(logdir):
 def test_tensorboard_logs_once_per_optimizer_step(tmp_path, tiny_model_dir, images):
     logdir = tmp_path / "logs"
     config = _config(
-        tmp_path,
-        tiny_model_dir,
-        images,
-        train_batch_size=1,
-        gradient_accumulation_steps=2,
-        max_train_steps=4,
-        log_with="tensorboard",
-        logging_dir=str(logdir),
-        lr_scheduler="linear",
-        lr_warmup_steps=2,
-        unet_lr=2e-3,
-        text_encoder_lr=5e-4,
+        tmp_path, tiny_model_dir, images, train_batch_size=1, gradient_accumulation_steps=2,
+        max_train_steps=4, log_with="tensorboard", logging_dir=str(logdir),
+        lr_scheduler="linear", lr_warmup_steps=2, unet_lr=2e-3, text_encoder_lr=5e-4,
         max_grad_norm=1.0,
     )
     assert train(config) == 0
     scalars = _scalars(logdir)
-    for tag in (
-        "loss/step",
-        "lr/unet",
-        "lr/text_encoder",
-        "grad_norm",
-        "samples_per_second",
-        "loss/epoch",
-    ):
+    for tag in ("loss/step", "lr/unet", "lr/text_encoder", "grad_norm", "samples_per_second", "loss/epoch"):
         assert tag in scalars, sorted(scalars)
-    assert [s for s, _ in scalars["loss/step"]] == [
-        1,
-        2,
-        3,
-        4,
-    ]  # optimizer steps, not micro-batches
+    assert [s for s, _ in scalars["loss/step"]] == [1, 2, 3, 4]  # optimizer steps, not micro-batches
     # linear warmup over 2 steps then linear decay to 0 at step 4, per group base lr
     unet = [v for _, v in scalars["lr/unet"]]
     te = [v for _, v in scalars["lr/text_encoder"]]
@@ -76,15 +55,9 @@ def test_logged_loss_is_the_mean_over_micro_batches(tmp_path, tiny_model_dir, im
     def logged(name, batch, accumulation):
         logdir = tmp_path / f"logs-{name}"
         config = _config(
-            tmp_path,
-            tiny_model_dir,
-            images,
-            name,
-            train_batch_size=batch,
-            gradient_accumulation_steps=accumulation,
-            max_train_steps=1,
-            log_with="tensorboard",
-            logging_dir=str(logdir),
+            tmp_path, tiny_model_dir, images, name, train_batch_size=batch,
+            gradient_accumulation_steps=accumulation, max_train_steps=1,
+            log_with="tensorboard", logging_dir=str(logdir),
         )
         assert train(config) == 0
         return _scalars(logdir)["loss/step"][0][1]
@@ -94,15 +67,8 @@ def test_logged_loss_is_the_mean_over_micro_batches(tmp_path, tiny_model_dir, im
 
 def test_save_cadence_precision_and_pruning(tmp_path, tiny_model_dir, images):
     config = _config(
-        tmp_path,
-        tiny_model_dir,
-        images,
-        train_batch_size=2,
-        max_train_steps=6,
-        save_every_n_steps=2,
-        save_last_n_steps=1,
-        save_every_n_epochs=1,
-        save_state=True,
+        tmp_path, tiny_model_dir, images, train_batch_size=2, max_train_steps=6,
+        save_every_n_steps=2, save_last_n_steps=1, save_every_n_epochs=1, save_state=True,
         save_precision="fp16",
     )
     assert train(config) == 0
@@ -112,30 +78,19 @@ def test_save_cadence_precision_and_pruning(tmp_path, tiny_model_dir, images):
     # step saves at 2 and 4, and step 4's save prunes step 2 (older than 1 step before it);
     # save_state also saves the state at the end
     assert names == [
-        "run-000001-state",
-        "run-000001.safetensors",
-        "run-000002-state",
-        "run-000002.safetensors",
+        "run-000001-state", "run-000001.safetensors", "run-000002-state", "run-000002.safetensors",
         "run-state",
-        "run-step00000004-state",
-        "run-step00000004.safetensors",
-        "run.safetensors",
+        "run-step00000004-state", "run-step00000004.safetensors", "run.safetensors",
     ]
     final = tensors(out / "run.safetensors")
     assert {t.dtype for k, t in final.items() if not k.endswith(".alpha")} == {torch.float16}
     progress = json.loads((out / "run-step00000004-state" / "progress.json").read_text())
     assert progress["global_step"] == 4
     # the epoch-2 save and the step-4 save are the same point of the run
-    assert_close_dicts(
-        tensors(out / "run-000002.safetensors"),
-        tensors(out / "run-step00000004.safetensors"),
-        atol=0,
-    )
+    assert_close_dicts(tensors(out / "run-000002.safetensors"), tensors(out / "run-step00000004.safetensors"), atol=0)
 
 
-def test_non_finite_loss_stops_before_touching_weights(
-    tmp_path, tiny_model_dir, images, monkeypatch, capsys
-):
+def test_non_finite_loss_stops_before_touching_weights(tmp_path, tiny_model_dir, images, monkeypatch, capsys):
     real = step_module.micro_batch_loss
     calls = {"n": 0}
 
@@ -159,16 +114,9 @@ def test_non_finite_loss_stops_before_touching_weights(
 def test_gradient_checkpointing_changes_nothing(tmp_path, tiny_model_dir, images):
     keys = dict(train_batch_size=2, max_train_steps=2, optimizer_args=["eps=1e-3"])
     assert train(_config(tmp_path, tiny_model_dir, images, "plain", **keys)) == 0
-    assert (
-        train(
-            _config(tmp_path, tiny_model_dir, images, "ckpt", gradient_checkpointing=True, **keys)
-        )
-        == 0
-    )
+    assert train(_config(tmp_path, tiny_model_dir, images, "ckpt", gradient_checkpointing=True, **keys)) == 0
     assert_close_dicts(
-        tensors(tmp_path / "plain" / "run.safetensors"),
-        tensors(tmp_path / "ckpt" / "run.safetensors"),
-        atol=1e-6,
+        tensors(tmp_path / "plain" / "run.safetensors"), tensors(tmp_path / "ckpt" / "run.safetensors"), atol=1e-6
     )
 
 
@@ -177,39 +125,18 @@ def test_network_weights_continue_from_a_file(tmp_path, tiny_model_dir, images):
     keys = dict(train_batch_size=2, max_train_steps=2)
     assert train(_config(tmp_path, tiny_model_dir, images, "first", **keys)) == 0
     first = tmp_path / "first" / "run.safetensors"
-    assert (
-        train(
-            _config(
-                tmp_path,
-                tiny_model_dir,
-                images,
-                "zero",
-                network_weights=str(first),
-                learning_rate=0.0,
-                **keys,
-            )
-        )
-        == 0
-    )
+    assert train(_config(tmp_path, tiny_model_dir, images, "zero", network_weights=str(first), learning_rate=0.0, **keys)) == 0
     # with learning rate 0 the output is exactly the file we started from
     assert_close_dicts(tensors(tmp_path / "zero" / "run.safetensors"), tensors(first), atol=0)
-    assert (
-        train(_config(tmp_path, tiny_model_dir, images, "more", network_weights=str(first), **keys))
-        == 0
-    )
+    assert train(_config(tmp_path, tiny_model_dir, images, "more", network_weights=str(first), **keys)) == 0
     more = tensors(tmp_path / "more" / "run.safetensors")
     assert any(not torch.equal(more[k], t) for k, t in tensors(first).items())
 
 
 def test_bf16_and_v_prediction_train(tmp_path, tiny_sd2v_model_dir, images):
     config = _config(
-        tmp_path,
-        tiny_sd2v_model_dir,
-        images,
-        train_batch_size=2,
-        max_train_steps=2,
-        mixed_precision="bf16",
-        min_snr_gamma=5.0,
+        tmp_path, tiny_sd2v_model_dir, images, train_batch_size=2, max_train_steps=2,
+        mixed_precision="bf16", min_snr_gamma=5.0,
     )
     assert train(config) == 0
     from library.saving.lora_file import read_lora_file
@@ -228,9 +155,7 @@ def test_full_unet_outputs_load_in_diffusers(tmp_path, tiny_model_dir, images):
     from library.config.schema import ModelSection
     from library.models.loader import load_components
 
-    config = _config(
-        tmp_path, tiny_model_dir, images, train_mode="unet", learning_rate=1e-4, max_train_steps=1
-    )
+    config = _config(tmp_path, tiny_model_dir, images, train_mode="unet", learning_rate=1e-4, max_train_steps=1)
     assert train(config) == 0
     out = tmp_path / "c"
     # the diffusers folder: the trained UNet, and the base's other parts
@@ -250,10 +175,7 @@ def test_full_unet_outputs_load_in_diffusers(tmp_path, tiny_model_dir, images):
         names = f.keys()
     assert any(k.startswith("model.diffusion_model.") for k in names)
     loaded = load_components(
-        ModelSection(
-            pretrained_model_name_or_path=str(out / "run.safetensors"),
-            tokenizer_path=str(tiny_model_dir / "tokenizer"),
-        ),
+        ModelSection(pretrained_model_name_or_path=str(out / "run.safetensors"), tokenizer_path=str(tiny_model_dir / "tokenizer")),
         torch.float32,
     )
     assert_close_dicts(loaded.denoiser.state_dict(), folder_unet, atol=0)
@@ -264,14 +186,8 @@ def test_wandb_offline_run_records_the_steps(tmp_path, tiny_model_dir, images, m
     monkeypatch.setenv("WANDB_SILENT", "true")
     logdir = tmp_path / "logs"
     config = _config(
-        tmp_path,
-        tiny_model_dir,
-        images,
-        max_train_steps=2,
-        log_with="all",
-        logging_dir=str(logdir),
-        log_prefix="try-",
-        wandb_run_name="my-run",
+        tmp_path, tiny_model_dir, images, max_train_steps=2, log_with="all",
+        logging_dir=str(logdir), log_prefix="try-", wandb_run_name="my-run",
     )
     assert train(config) == 0
     runs = list(logdir.glob("try-*"))
@@ -285,18 +201,13 @@ def test_wandb_offline_run_records_the_steps(tmp_path, tiny_model_dir, images, m
 def test_full_bf16_trains_bf16_weights_close_to_float32_ones(tmp_path, tiny_model_dir, images):
     from safetensors.torch import load_file
 
-    keys = dict(
-        train_batch_size=2, max_train_steps=2, mixed_precision="bf16", save_state_on_train_end=True
-    )
+    keys = dict(train_batch_size=2, max_train_steps=2, mixed_precision="bf16", save_state_on_train_end=True)
     assert train(_config(tmp_path, tiny_model_dir, images, "half", full_bf16=True, **keys)) == 0
     assert train(_config(tmp_path, tiny_model_dir, images, "mixed", **keys)) == 0
     state = load_file(str(tmp_path / "half" / "run-state" / "trained.safetensors"))
     assert {t.dtype for t in state.values()} == {torch.bfloat16}
     assert all(torch.isfinite(t).all() for t in state.values())
-    half, mixed = (
-        tensors(tmp_path / "half" / "run.safetensors"),
-        tensors(tmp_path / "mixed" / "run.safetensors"),
-    )
+    half, mixed = tensors(tmp_path / "half" / "run.safetensors"), tensors(tmp_path / "mixed" / "run.safetensors")
     # the same steps, rounded to bfloat16 on the way: close, but not the float32 weights
     assert_close_dicts(half, mixed, atol=2e-2)
     assert any(not torch.equal(half[k], mixed[k]) for k in half)
@@ -321,10 +232,7 @@ def test_scale_weight_norms_keeps_every_update_within_the_limit(tmp_path, tiny_m
     assert train(_config(tmp_path, tiny_model_dir, images, "free", **keys)) == 0
     free = update_norms(tmp_path / "free" / "run.safetensors")
     limit = sorted(free)[len(free) // 2]
-    assert (
-        train(_config(tmp_path, tiny_model_dir, images, "held", scale_weight_norms=limit, **keys))
-        == 0
-    )
+    assert train(_config(tmp_path, tiny_model_dir, images, "held", scale_weight_norms=limit, **keys)) == 0
     held = update_norms(tmp_path / "held" / "run.safetensors")
     assert max(free) > limit * 1.5  # without the limit, updates grow past it
     assert max(held) <= limit * (1 + 1e-4)

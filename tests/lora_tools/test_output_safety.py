@@ -31,9 +31,7 @@ def sd1(tmp_path_factory):
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
-    }
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _refused(capsys, *argv) -> str:
@@ -74,20 +72,14 @@ def test_every_command_that_writes_refuses_its_input_as_output(
     weights = model / "unet" / "diffusion_pytorch_model.safetensors"
     argv, output, expected = {
         "merge-loras": (
-            ["--inputs", make_lora("other.safetensors", seed=3), lora],
-            link,
-            "is --inputs",
+            ["--inputs", make_lora("other.safetensors", seed=3), lora], link, "is --inputs"
         ),
         "resize": (
-            ["--input", lora, "--rank", 2],
-            tmp_path / "sub" / ".." / lora.name,
-            "is --input",
+            ["--input", lora, "--rank", 2], tmp_path / "sub" / ".." / lora.name, "is --input"
         ),
         "convert": (["--input", lora, "--model", model, "--to", "diffusers"], link, "is --input"),
         "extract": (
-            ["--base", model, "--tuned", model, "--rank", 2],
-            weights,
-            "lies inside --base",
+            ["--base", model, "--tuned", model, "--rank", 2], weights, "lies inside --base"
         ),
         "metadata": (["--input", lora, "--set", "a=1"], link, "use --in_place"),
     }[command]
@@ -137,9 +129,7 @@ def test_a_killed_merge_leaves_nothing_the_next_one_does_not_remove(sd1, tmp_pat
     process.kill()  # kill -9: nothing of the command runs any more
     process.wait()
     left = _temporaries(tmp_path)
-    assert (
-        len(left) == 1 and left[0].startswith(".merged.safetensors.") and left[0].endswith(".tmp")
-    )
+    assert len(left) == 1 and left[0].startswith(".merged.safetensors.") and left[0].endswith(".tmp")
     assert (tmp_path / left[0]).stat().st_size > 100_000  # the whole merged model, hidden
     assert not out.exists()
     assert run_tool("merge", "--model", sd1["model"], "--loras", sd1["lora"], "--output", out) == 0

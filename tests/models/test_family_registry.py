@@ -44,7 +44,7 @@ _INSTANCES = [
     if isinstance(value, ModelFamily)
 ] + [zimage_family(variant, shift) for variant, shift in (("turbo", 3.0), ("base", 6.0))]
 _INSTANCES.append(chroma_family(FlowSection()))
-_INSTANCES += [qwenimage_family()]
+_INSTANCES.append(qwenimage_family())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -201,14 +201,10 @@ def test_sdxl_ignores_clip_skip_as_sd_scripts_does(sdxl):
     parts, tokenizers = sdxl
     sizes = {"original_sizes": torch.tensor([[64, 64]] * 3)}
     sizes |= {"crop_top_lefts": torch.zeros(3, 2), "target_sizes": torch.tensor([[64, 64]] * 3)}
-    plain = encode_conditioning(
-        parts.family, tokenizers, parts.text_encoders, CAPTIONS, "cpu", sizes
-    )
+    plain = encode_conditioning(parts.family, tokenizers, parts.text_encoders, CAPTIONS, "cpu", sizes)
     skipped = encode_conditioning(
         parts.family, tokenizers, parts.text_encoders, CAPTIONS, "cpu", sizes, clip_skip=2
     )
     assert torch.equal(plain.encoder_hidden_states, skipped.encoder_hidden_states)
-    assert torch.equal(
-        plain.unet_kwargs["added_cond_kwargs"]["text_embeds"],
-        skipped.unet_kwargs["added_cond_kwargs"]["text_embeds"],
-    )
+    assert torch.equal(plain.unet_kwargs["added_cond_kwargs"]["text_embeds"],
+                       skipped.unet_kwargs["added_cond_kwargs"]["text_embeds"])

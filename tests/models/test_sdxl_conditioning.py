@@ -63,9 +63,7 @@ def test_matches_the_encoders_called_by_hand(parts):
     with torch.no_grad():
         cond = _encode(parts)
         first = parts.text_encoder(_ids(parts.tokenizer, CAPTIONS), output_hidden_states=True)
-        second = parts.text_encoders[1](
-            _ids(parts.tokenizers[1], CAPTIONS), output_hidden_states=True
-        )
+        second = parts.text_encoders[1](_ids(parts.tokenizers[1], CAPTIONS), output_hidden_states=True)
     # Penultimate layers, without the final layer norm, side by side along the channels.
     expected = torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1)
     assert cond.encoder_hidden_states.shape == (2, 77, 32 + 48)

@@ -115,15 +115,11 @@ def test_zero_terminal_snr_needs_v_prediction(tiny_model_dir):
 def test_clip_skip_on_sdxl_is_ignored_with_sd_scripts_warning(caplog):
     # sd-scripts warns that clip_skip does nothing for SDXL and trains; anime SDXL presets set it
     with caplog.at_level("WARNING"):
-        SDXL.check_options(
-            ModelSection(pretrained_model_name_or_path="x", clip_skip=2), FlowSection()
-        )
+        SDXL.check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=2), FlowSection())
     assert "clip_skip = 2 is ignored" in caplog.text and "SDXL" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING"):
-        SDXL.check_options(
-            ModelSection(pretrained_model_name_or_path="x", clip_skip=1), FlowSection()
-        )
+        SDXL.check_options(ModelSection(pretrained_model_name_or_path="x", clip_skip=1), FlowSection())
     assert caplog.text == ""
 
 

@@ -137,9 +137,7 @@ def test_attach_checks_the_family_only_when_sampling_is_on(tmp_path):
     odd = replace(SD1, name="odd", uses_pooled_text_embedding=True)
     with pytest.raises(ConfigError, match="sampling odd models during training is not supported"):
         runner.attach(SimpleNamespace(family=odd, objective=_SAMPLES))
-    SampleRunner(config_with(tmp_path, "")).attach(
-        SimpleNamespace(family=odd, objective=_SAMPLES)
-    )  # off: fine
+    SampleRunner(config_with(tmp_path, "")).attach(SimpleNamespace(family=odd, objective=_SAMPLES))  # off: fine
 
 
 def test_attach_passes_the_prepared_modules_to_every_round(tmp_path, monkeypatch):

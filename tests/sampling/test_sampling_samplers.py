@@ -95,9 +95,7 @@ def test_unknown_sampler_names_the_nearest():
 def test_lms_without_scipy_is_a_clear_error(name, monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda mod, *a: None if mod == "scipy" else real_find_spec(mod, *a),
+        importlib.util, "find_spec", lambda mod, *a: None if mod == "scipy" else real_find_spec(mod, *a)
     )
     with pytest.raises(ConfigError, match=f'sampler "{name}" needs the scipy package'):
         check_sampler(name, "sample_sampler")

@@ -82,9 +82,7 @@ def test_counted_saves_are_those_the_cadence_leaves(
     "steps, states, epochs, epoch_states",
     [(10, 30, None, None), (30, 10, None, None), (None, 10, 1, None), (None, None, 3, 1)],
 )
-def test_states_kept_by_their_own_windows_are_counted(
-    tmp_path, steps, states, epochs, epoch_states
-):
+def test_states_kept_by_their_own_windows_are_counted(tmp_path, steps, states, epochs, epoch_states):
     saving = SavingSection(
         output_dir=str(tmp_path), output_name="run", save_state=True, save_every_n_steps=10,
         save_last_n_steps=steps, save_last_n_steps_state=states, save_every_n_epochs=1,

@@ -36,10 +36,7 @@ def test_symlinks_count_both_ways(tree):
     folder_link = tree / "out" / "model"
     folder_link.symlink_to(tree / "models" / "sd15")
     assert clash(tree / "models" / "sd15", folder_link).relation == SAME
-    assert (
-        clash(folder_link / "merged.safetensors", tree / "models" / "sd15").relation
-        == OUTPUT_INSIDE
-    )
+    assert clash(folder_link / "merged.safetensors", tree / "models" / "sd15").relation == OUTPUT_INSIDE
 
 
 def test_a_hard_link_is_the_same_file(tree):

@@ -70,9 +70,7 @@ def test_a_conversion_runs_per_group(tmp_path):
 
     state = {f"blocks.{b}.{p}": torch.full((2, 3), float(b)) for b in range(3) for p in "kqv"}
     groups = block_groups(state, ("blocks.",))
-    assert [sorted(g) for g in groups] == [
-        sorted(k for k in state if f".{b}." in k) for b in range(3)
-    ]
+    assert [sorted(g) for g in groups] == [sorted(k for k in state if f".{b}." in k) for b in range(3)]
     path = save_streamed(tmp_path / "f.safetensors", [(g, fuse) for g in groups])
     reference = tmp_path / "r.safetensors"
     save_file(fuse(state), str(reference))

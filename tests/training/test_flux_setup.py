@@ -20,12 +20,8 @@ from library.training.setup import setup_training
 def _config(**network):
     return Config(
         model={"pretrained_model_name_or_path": "unused"},
-        network={
-            "network_train_unet_only": True,
-            "network_dim": 4,
-            "network_alpha": 2.0,
-            **network,
-        },  # fmt: skip
+        network={"network_train_unet_only": True, "network_dim": 4, "network_alpha": 2.0,
+                 **network},  # fmt: skip
         optimizer={"learning_rate": 1e-4},
         datasets=[{"subsets": [{"image_dir": "unused"}]}],
     )
@@ -56,9 +52,7 @@ def test_lora_targets_are_kohyas_and_diffusers_loads_the_file(tmp_path):
     assert any(k.startswith("lora_unet_single_blocks_1_linear1.") for k in tensors)
     # diffusers' own Flux LoRA loader consumes the file into a fresh copy of the base model
     kept = tmp_path / "without-linear1.safetensors"
-    save_lora_file(
-        kept, {k: v for k, v in tensors.items() if "_linear1." not in k}, {}, torch.float32
-    )
+    save_lora_file(kept, {k: v for k, v in tensors.items() if "_linear1." not in k}, {}, torch.float32)
     state = FluxPipeline.lora_state_dict(str(kept))
     theirs = copy.deepcopy(base)
     theirs.load_lora_adapter(state, prefix="transformer", adapter_name="ours")
@@ -105,12 +99,8 @@ def test_text_encoder_adapters_are_kohyas_and_load_back(tmp_path, t5):
     path = tmp_path / "flux-te.safetensors"
     saved = c.family.lora_tensors(parts.lora_models())
     save_lora_file(path, saved, {}, torch.float32)
-    assert any(
-        k.startswith("lora_te1_text_model_encoder_layers_0_self_attn_q_proj.") for k in saved
-    )
-    assert (
-        any(k.startswith("lora_te3_encoder_block_0_layer_0_SelfAttention_q.") for k in saved) == t5
-    )
+    assert any(k.startswith("lora_te1_text_model_encoder_layers_0_self_attn_q_proj.") for k in saved)
+    assert any(k.startswith("lora_te3_encoder_block_0_layer_0_SelfAttention_q.") for k in saved) == t5
     again = setup_training(_config(network_train_unet_only=False, network_args=args,
                                    network_weights=str(path)), tiny_flux_components(**flow))  # fmt: skip
     reloaded = again.components.family.lora_tensors(again.lora_models())

@@ -51,8 +51,7 @@ def test_a_float8_linear_computes_with_the_rounded_weight():
 
 def test_fp8_base_loss_equals_the_rounded_models_and_adapters_still_learn():
     batch = {
-        "pixel_values": torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)) * 2
-        - 1,
+        "pixel_values": torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)) * 2 - 1,
         "captions": ["a red circle", "shape"],
         "loss_weights": torch.ones(2),
         "positions": torch.tensor([0, 5]),

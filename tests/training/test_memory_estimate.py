@@ -148,9 +148,7 @@ def _real_unet_peak(parts, size: TrainingSize) -> int:
     timesteps = torch.randint(0, 1000, (size.batch,), generator=generator)
 
     def step():
-        out = comps.denoiser(
-            latents, timesteps, cond.encoder_hidden_states, **cond.unet_kwargs
-        ).sample
+        out = comps.denoiser(latents, timesteps, cond.encoder_hidden_states, **cond.unet_kwargs).sample
         out.float().square().mean().backward()
 
     comps.denoiser.train()
@@ -234,9 +232,7 @@ def test_mixed_precision_adds_autocast_copies_of_float32_trained_weights(tiny_mo
     config = _config(tiny_model_dir, training={"mixed_precision": "bf16"})
     parts = _parts(config, torch.bfloat16)
     comps = parts.components
-    models = sum(
-        _bytes(_module_tensors(m)) for m in (comps.denoiser, comps.text_encoder, comps.vae)
-    )
+    models = sum(_bytes(_module_tensors(m)) for m in (comps.denoiser, comps.text_encoder, comps.vae))
     trained = sum(p.numel() for p in parts.parameters())
     assert weight_bytes(config, parts, draws_samples=True) == models + trained * BF16
 
@@ -357,9 +353,7 @@ def test_fsdp_weights_hold_a_slice_plus_what_is_gathered(tiny_model_dir):
     full = _config(tiny_model_dir, training={"fsdp": "full_shard"})
     grad_op = _config(tiny_model_dir, training={"fsdp": "shard_grad_op"})
     half = math.ceil(whole / 2)
-    assert (
-        weight_bytes(full, parts, True, 2) == unsharded - whole + half + sizes[0] + sizes[1] + root
-    )
+    assert weight_bytes(full, parts, True, 2) == unsharded - whole + half + sizes[0] + sizes[1] + root
     assert weight_bytes(grad_op, parts, True, 2) == unsharded + half
     assert weight_bytes(full, parts, True, 1) == unsharded
 

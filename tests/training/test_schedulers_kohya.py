@@ -149,9 +149,7 @@ def test_inverse_sqrt(warmup, timescale):
 @pytest.mark.parametrize("rules", ["1:5,0.5:9,0.1", "'1:5,0.5:9,0.1'", '"0.2:3,1:5,0.5:9,0.1"'])
 def test_piecewise_constant(rules):
     section = OptimizerSection(
-        learning_rate=3.0,
-        lr_scheduler="piecewise_constant",
-        lr_scheduler_args=[f"step_rules={rules}"],
+        learning_rate=3.0, lr_scheduler="piecewise_constant", lr_scheduler_args=[f"step_rules={rules}"]
     )
     pairs = [p.split(":") for p in rules.strip("'\"").split(",")[:-1]]
     last = float(rules.strip("'\"").split(",")[-1])

@@ -50,7 +50,8 @@ def test_lora_targets_every_kohya_module_and_t5_only_with_train_t5xxl():
     [
         (
             {"timestep_sampling": "shift"},
-            "timestep_sampling applies to Flux.1 and Z-Image and Chroma and Qwen-Image models, not SD3",
+            "timestep_sampling applies to Flux.1 and Z-Image and Chroma and Qwen-Image models, "
+            "not SD3",
         ),
         ({"guidance_scale": 1.0}, "guidance_scale applies to Flux.1"),
         ({"ae": "x"}, "ae applies to Flux.1"),
@@ -76,19 +77,14 @@ def test_sd_settings_sd_scripts_ignores_on_flow_models_warn_and_load(family, cap
 
     c = tiny_flux_components() if family == "flux" else tiny_sd3_components()
     model = ModelSection(
-        pretrained_model_name_or_path="x",
-        clip_skip=2,
-        max_token_length=225,
-        v_parameterization=True,
+        pretrained_model_name_or_path="x", clip_skip=2, max_token_length=225, v_parameterization=True
     )
     with caplog.at_level("WARNING"):
         c.family.check_options(model, FlowSection())
     shown = "clip_skip = 2, max_token_length = 225, v_parameterization = true"
     assert f"{shown}: SD settings, not used by {c.family.LABEL}; ignored" in caplog.text
     with pytest.raises(ConfigError, match="v2 = true names an SD 2.x model"):
-        c.family.check_options(
-            ModelSection(pretrained_model_name_or_path="x", v2=True), FlowSection()
-        )
+        c.family.check_options(ModelSection(pretrained_model_name_or_path="x", v2=True), FlowSection())
 
 
 def test_sd3_keys_are_refused_on_flux():

@@ -15,6 +15,8 @@ from library.training.text_cache import TextEncoderCache, text_identity
 CAPTIONS = ["a red circle", "shape", "a red circle", "blue square on white"]
 
 
+
+
 class Recorder:
     """``encode`` for the cache: encode_text with the model, recording each call's captions."""
 

@@ -25,9 +25,8 @@ class _Accelerator:
         self.trackers.append((name, config))
 
 
-@pytest.mark.parametrize(
-    "line, logged", [("", True), ("log_config = true\n", True), ("log_config = false\n", False)]
-)
+@pytest.mark.parametrize("line, logged", [("", True), ("log_config = true\n", True),
+                                          ("log_config = false\n", False)])
 def test_the_config_goes_to_the_tracker_unless_log_config_is_false(tmp_path, line, logged):
     path = tmp_path / "a.toml"
     path.write_text(HEAD + line + "learning_rate = 0.002\n" + DATASET, encoding="utf-8")

@@ -32,6 +32,7 @@ def _load(model_dir):
     )
 
 
+
 def _batch(n=2, seed=4):
     gen = torch.Generator().manual_seed(seed)
     captions = ["a red circle", "shape", "a blue square on gray"][:n]
@@ -165,9 +166,7 @@ def test_wrapped_unet_is_unwrapped(sd1):
     c = sd1
     batch = _batch()
     plain = batch_validation_loss(_inputs(c), batch, TIMESTEPS, SEED)[0]
-    wrapped = batch_validation_loss(_inputs(c, unet=_Wrapped(c.denoiser)), batch, TIMESTEPS, SEED)[
-        0
-    ]
+    wrapped = batch_validation_loss(_inputs(c, unet=_Wrapped(c.denoiser)), batch, TIMESTEPS, SEED)[0]
     assert torch.equal(plain, wrapped)
 
 

@@ -456,9 +456,7 @@ def test_folder_with_truncated_clip_g_fails_before_loading(folder, tmp_path, mon
     shutil.copytree(folder, broken)
     weights = broken / "text_encoder_2" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
-    monkeypatch.setattr(
-        folder_loader, "load_weights", lambda *a, **k: pytest.fail("loaded weights")
-    )
+    monkeypatch.setattr(folder_loader, "load_weights", lambda *a, **k: pytest.fail("loaded weights"))
     message = error(broken)
     assert str(weights) in message and "corrupt or truncated" in message
 
