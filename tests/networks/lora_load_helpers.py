@@ -22,8 +22,10 @@ class _Capture(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def load_quietly(pipe, path) -> list[str]:
-    """``pipe.load_lora_weights(path)``, returning every warning it logged or raised."""
+def load_quietly(pipe, path, untrained: tuple[str, ...] = ()) -> list[str]:
+    """``pipe.load_lora_weights(path)``, returning every warning it logged or raised, except
+    diffusers' note that the file holds no keys for a component named in ``untrained`` (a text
+    encoder the family never adapts, such as Chroma's T5)."""
     from diffusers.utils import logging as diffusers_logging
 
     logger = diffusers_logging.get_logger("diffusers")
@@ -37,4 +39,10 @@ def load_quietly(pipe, path) -> list[str]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-    return [str(w.message) for w in caught] + handler.messages
+    messages = [str(w.message) for w in caught] + handler.messages
+    quiet = tuple(f"prefix='{name}'" for name in untrained)
+    return [
+        m
+        for m in messages
+        if not (m.startswith("No LoRA keys associated to") and any(q in m for q in quiet))
+    ]
