@@ -34,6 +34,16 @@ PredictionType = Literal["epsilon", "v_prediction", "flow"]
 # per sample (library.training.step). Training steps add it; validation and sampling do not, so
 # they never make those choices at random.
 CONDITIONING_DRAWS_KEY = "conditioning_draws"
+# Reference images (edit models, which learn "this image, changed as the caption says"): the
+# batch entries a training step, validation and the sampler add before assemble_conditioning for
+# a family whose ``reference_images`` allows any. REFERENCE_LATENTS_KEY: one tensor per
+# reference slot, [B, C, h_k, w_k] (the family codec's layout), the latents of the reference's
+# posterior mean (the reference pipelines encode with sample_mode="argmax"). REFERENCE_PIXELS_KEY:
+# one tensor per slot, [B, 3, H_k, W_k] in [-1, 1], only for a family whose
+# ``text_reads_references`` (its text encoder sees the references, as Qwen-Image-Edit's VL
+# encoder does). Every sample of a micro-batch has as many references of the same sizes.
+REFERENCE_LATENTS_KEY = "reference_latents"
+REFERENCE_PIXELS_KEY = "reference_pixels"
 AdapterRole = Literal["unet", "text_encoder"]
 TargetKind = Literal["linear", "conv"]
 
@@ -53,6 +63,13 @@ class ModelFamily:
     # Class data: known before any weight is read (family_entry.FamilyEntry.family).
     PIXEL_MULTIPLE: ClassVar[int] = 8
     LABEL: ClassVar[str] = "SD"  # the family's name in messages
+    # How many reference images a training sample pairs with its target: (least, most), most
+    # None for no bound; (0, 0) for a text-to-image family, whose datasets may not name any.
+    # Class data, so a dataset is checked against it before any weight is read.
+    REFERENCE_IMAGES: ClassVar[tuple[int, int | None]] = (0, 0)
+    # The text encoder reads the reference images with the caption (REFERENCE_PIXELS_KEY and
+    # encode_text_with_references): the text cache keys an entry by both.
+    TEXT_READS_REFERENCES: ClassVar[bool] = False
 
     name: str
     prediction_type: PredictionType
@@ -135,6 +152,19 @@ class ModelFamily:
     ) -> TextConditioning:
         """The caption-dependent conditioning of ``captions`` (what a text cache stores)."""
         raise NotImplementedError(f"{self.name} does not define its text conditioning")
+
+    def encode_text_with_references(
+        self,
+        tokenizers: Sequence[object],
+        text_encoders: Sequence[torch.nn.Module],
+        captions: Sequence[str],
+        references: Sequence[torch.Tensor],
+        device: torch.device | str,
+    ) -> TextConditioning:
+        """The conditioning of ``captions`` read together with their reference images
+        (``references``: one [B, 3, H, W] tensor in [-1, 1] per reference slot), for a family
+        whose TEXT_READS_REFERENCES."""
+        raise NotImplementedError(f"{self.name} does not read reference images with its text")
 
     def text_mask(
         self, tokenizers: Sequence[object], captions: Sequence[str], device: torch.device | str
