@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from library.config import kohya
 from library.config.dataset_schema import MAX_IMAGE_SIDE, DatasetConfig, SubsetConfig
 from library.config.kohya_values import UNSET, normalise
+from library.config.musubi_dataset import IMAGE_KEYS, SOURCE_KEYS
 from library.config.overrides import DATASET_KEYS, SUBSET_KEYS, all_key_names, key_kind
 from library.config.problems import Entry, Problems, source_of, validate
 from library.config.suggest import Origin, did_you_mean
@@ -59,12 +60,30 @@ def check_dataset_keys(datasets: object, file: str, problems: Problems) -> None:
     for i, raw in enumerate(datasets):
         if not isinstance(raw, dict):
             continue
-        table_keys(_without(raw, "subsets"), Origin(file, path=f"datasets[{i}]"), UPPER_KEYS, problems)
-        subsets = raw.get("subsets")
+        own, subsets, alone = dataset_tables(raw)
+        table_keys(own, Origin(file, path=f"datasets[{i}]"), UPPER_KEYS, problems)
         for j, sub in enumerate(subsets if isinstance(subsets, list) else []):
             if isinstance(sub, dict):
-                origin = Origin(file, path=f"datasets[{i}].subsets[{j}]")
+                origin = Origin(file, path=_subset_path(f"datasets[{i}]", j, alone))
                 table_keys(sub, origin, SUBSET_KEYS, problems)
+
+
+def dataset_tables(raw: dict) -> tuple[dict, object, bool]:
+    """A [[datasets]] table's own keys, its subset tables, and whether it is its own one subset:
+    musubi-tuner's image datasets have no subsets and name their images in the dataset table
+    (image_directory, image_jsonl_file), so their subset keys make the one subset."""
+    names = {key: kohya.ALIASES.get(key, key) for key in raw}
+    if "subsets" in raw or not any(names[key] in SOURCE_KEYS for key in raw):
+        return _without(raw, "subsets"), raw.get("subsets"), False
+    subset = {key: value for key, value in raw.items() if names[key] in SUBSET_KEYS}
+    own = {key: value for key, value in raw.items() if key not in subset}
+    # a video dataset has no subset to train: its video key is refused by name with own's keys
+    return own, [subset] if any(names[key] in IMAGE_KEYS for key in subset) else [], True
+
+
+def _subset_path(dataset_path: str, index: int, alone: bool) -> str:
+    # a dataset that is its own subset is named as the user wrote it
+    return dataset_path if alone else f"{dataset_path}.subsets[{index}]"
 
 
 def build_datasets(given: DataGiven, inputs: DatasetInputs) -> list[DatasetConfig]:
@@ -220,12 +239,17 @@ def _resolve(
         origin = Origin(file, path=f"datasets[{i}]")
         if not isinstance(raw, dict):
             raise origin.error(f"{origin.path} must be a table")
-        own_keys = table_keys(_without(raw, "subsets"), origin, UPPER_KEYS, inputs.problems)
+        own_raw, subsets_raw, alone = dataset_tables(raw)
+        own_keys = table_keys(own_raw, origin, UPPER_KEYS, inputs.problems)
         fields = {**upper, **own_keys}
-        subsets_raw = raw.get("subsets")
+        if alone and not subsets_raw:
+            continue  # a musubi-tuner video dataset, refused by its key's problem
         if not isinstance(subsets_raw, list) or not subsets_raw:
-            raise origin.error(f"{origin.path} has no subsets: add [[datasets.subsets]] tables")
-        subsets = _subsets(subsets_raw, fields, origin, inputs)
+            raise origin.error(
+                f"{origin.path} has no subsets: add [[datasets.subsets]] tables (or name its "
+                "images in it with image_directory, as musubi-tuner's dataset configs do)"
+            )
+        subsets = _subsets(subsets_raw, fields, origin, inputs, alone)
         own = {k: v for k, v in fields.items() if k in DATASET_KEYS}
         _round_bucket_limits(own, origin, inputs.notices)
         _record(inputs.sources, origin.path, own)
@@ -244,12 +268,17 @@ def _resolve(
 
 
 def _subsets(
-    subsets_raw: list, fields: dict[str, Entry], origin: Origin, inputs: DatasetInputs
+    subsets_raw: list,
+    fields: dict[str, Entry],
+    origin: Origin,
+    inputs: DatasetInputs,
+    alone: bool = False,
 ) -> list[SubsetConfig] | None:
-    """The subsets that train (None when one of them has a problem, added to problems)."""
+    """The subsets that train (None when one of them has a problem, added to problems);
+    ``alone``: the dataset table is its own one subset (dataset_tables)."""
     subsets: list[SubsetConfig] | None = []
     for j, sub in enumerate(subsets_raw):
-        sub_origin = Origin(origin.file, path=f"{origin.path}.subsets[{j}]")
+        sub_origin = Origin(origin.file, path=_subset_path(origin.path, j, alone))
         merged = {k: v for k, v in fields.items() if k in SUBSET_KEYS}
         merged.update(table_keys(sub, sub_origin, SUBSET_KEYS, inputs.problems))
         repeats = merged.get("num_repeats", (1, None))[0]

@@ -128,12 +128,65 @@ class SubsetConfig(_Strict):
         "cache_latents.",
     )
 
+    cache_directory: str | None = Field(
+        None,
+        description="Folder of this subset's disk caches (latents, text-encoder outputs), "
+        "instead of cache_dir or a .difftune_cache folder beside the images (musubi-tuner's "
+        "word).",
+    )
+    control_directory: str | None = Field(
+        None,
+        description="Edit models (the families that learn from reference images): the folder of each image's "
+        "reference (control) images, paired by name as musubi-tuner pairs them: for a.png, "
+        "a.<any image extension> first, then a_0, a_1, ... in number order. Every image needs "
+        "one; with metadata_file, a JSONL's control_path / control_path_<n> fields name them "
+        "instead.",
+    )
+    control_count_per_image: int | None = Field(
+        None,
+        ge=1,
+        description="How many reference images each image takes (the first ones in order); an "
+        "image with fewer is an error. Unset: every reference found.",
+    )
+    no_resize_control: bool = Field(
+        False,
+        description="Keep each reference image at its own aspect ratio and size (sides cropped "
+        "down to multiples of bucket_reso_steps; shrunk only if larger than the dataset's "
+        "resolution area, or control_resolution's when both are set) instead of resizing it "
+        "to its target's bucket.",
+    )
+    control_resolution: list[int] | None = Field(
+        None,
+        description="[width, height] whose area each reference image is resized to at its own "
+        "aspect ratio (bucketed like the targets), instead of its target's bucket.",
+    )
+
     _dotted = field_validator("caption_extension")(dotted_extension)
+
+    @field_validator("control_resolution", mode="before")
+    @classmethod
+    def _control_resolution(cls, value: object) -> list[int] | None:
+        return None if value is None else parse_resolution(value)
 
     @model_validator(mode="after")
     def _source(self) -> SubsetConfig:
         if self.image_dir is None and self.metadata_file is None:
             raise ValueError("a subset needs image_dir (a folder of images) or metadata_file")
+        return self
+
+    @model_validator(mode="after")
+    def _references(self) -> SubsetConfig:
+        if self.control_directory is None and self.metadata_file is None:
+            options = [
+                key
+                for key in ("control_count_per_image", "control_resolution")
+                if getattr(self, key) is not None
+            ] + (["no_resize_control"] if self.no_resize_control else [])
+            if options:
+                raise ValueError(
+                    f"{options[0]} sizes or counts reference images, and this subset has none: "
+                    "set control_directory or remove it"
+                )
         return self
 
 

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from library.config import musubi_dataset
 from library.config.adapter_schema import BLOCKWISE_KEYS, LYCORIS_KEYS
 from library.config.kohya_script_keys import FULL_FINE_TUNE, NEWER_UNSUPPORTED, OTHER_TRAININGS
 from library.config.suggest import show_value
@@ -149,10 +150,16 @@ UNSUPPORTED: dict[str, Unsupported] = {
     **FULL_FINE_TUNE,
     **OTHER_TRAININGS,
     **NEWER_UNSUPPORTED,
+    # musubi-tuner's dataset keys for videos and FramePack
+    **musubi_dataset.UNSUPPORTED,
 }
 
 # kohya's misspellings and old names that mean one of our keys.
-ALIASES: dict[str, str] = {"caption_extention": "caption_extension"}
+ALIASES: dict[str, str] = {
+    "caption_extention": "caption_extension",
+    **musubi_dataset.ALIASES,
+    **_of_families(lambda kohya: kohya.aliases),
+}
 
 # Values of supported keys that are valid in kohya but not (yet) here: key -> value -> reason.
 UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {

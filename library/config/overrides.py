@@ -31,6 +31,8 @@ _PER_SUBSET_ONLY = (
     "is_reg",
     "num_repeats",
     "batch_size",
+    "cache_directory",
+    "control_directory",
 )
 DEFAULT_KEYS = tuple(
     k for k in DATASET_KEYS + SUBSET_KEYS if k not in _PER_SUBSET_ONLY and k not in field_sections()

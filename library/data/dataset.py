@@ -25,6 +25,8 @@ class Group:
     dataset: int
     bucket: tuple[int, int]  # (width, height)
     samples: tuple[SampleSpec, ...]  # .item indexes the dataset's images
+    # (width, height) of each of its samples' reference images (edit models), () for none
+    references: tuple[tuple[int, int], ...] = ()
 
 
 def _groups(d: int, scanned: ScannedDataset, prior_loss_weight: float) -> list[Group]:
@@ -33,10 +35,10 @@ def _groups(d: int, scanned: ScannedDataset, prior_loss_weight: float) -> list[G
         for image in scanned.images
     ]
     samples = epoch_samples(repeats, prior_loss_weight)
-    by_bucket: dict[tuple[int, int], list[SampleSpec]] = {}
+    by_key: dict[tuple, list[SampleSpec]] = {}
     for sample in samples:
-        by_bucket.setdefault(scanned.images[sample.item].bucket, []).append(sample)
-    return [Group(d, bucket, tuple(by_bucket[bucket])) for bucket in sorted(by_bucket)]
+        by_key.setdefault(scanned.images[sample.item].group_key, []).append(sample)
+    return [Group(d, key[0], tuple(by_key[key]), key[1]) for key in sorted(by_key)]
 
 
 class TrainData:
@@ -184,12 +186,13 @@ class TrainData:
 
     def validation_chunks(self) -> list[list[tuple[int, int]]]:
         """Every validation batch as (dataset, image index in its validation list) pairs: per
-        dataset and bucket (sorted), in chunks of the dataset's batch size."""
+        dataset and bucket (and reference sizes; sorted), in chunks of the dataset's batch
+        size."""
         chunks = []
         for d, scanned in enumerate(self.scanned):
-            by_bucket: dict[tuple[int, int], list[int]] = {}
+            by_bucket: dict[tuple, list[int]] = {}
             for i, image in enumerate(scanned.validation):
-                by_bucket.setdefault(image.bucket, []).append(i)
+                by_bucket.setdefault(image.group_key, []).append(i)
             size = scanned.config.batch_size
             for bucket in sorted(by_bucket):
                 indices = by_bucket[bucket]

@@ -58,6 +58,9 @@ class ImageItem:
     caption: str
     is_reg: bool
     subset_dir: str
+    # reference images a metadata file names for it (musubi-tuner's JSONL); a control_directory's
+    # are paired while the dataset is scanned (library.data.references)
+    references: tuple[Path, ...] = ()
 
 
 def missing_folder(path: str | Path) -> str:

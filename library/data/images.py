@@ -316,6 +316,13 @@ def _open(path: Path) -> tuple[Image.Image, Image.Image | None]:
         raise _unreadable(path, error) from error
 
 
+def load_display_image(path: Path) -> Image.Image:
+    """The image at ``path`` as it is displayed (RGB, alpha on white, EXIF orientation applied),
+    at its own size: what sample grids show beside a result. DataError naming an unreadable
+    file."""
+    return _open(Path(path))[0]
+
+
 def _resize_crop(
     image: Image.Image, resized: tuple[int, int], box: tuple[int, int, int, int], resample: int
 ) -> Image.Image:

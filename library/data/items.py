@@ -9,6 +9,7 @@ folder entries that are not training images, and images a metadata file does not
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,12 @@ from library.data.captions import CaptionOptions
 from library.data.folders import FolderScan, ImageItem, scan_folder
 from library.data.images import read_image_header
 from library.data.metadata_files import read_metadata_entries, unlisted_images
+from library.data.references import (
+    ReferenceSizing,
+    ScannedReference,
+    paired_references,
+    reference_sizing,
+)
 from library.data.validation_split import validation_indices
 from library.errors import ConfigError, DataError
 
@@ -36,6 +43,12 @@ class ScannedImage:
     bucket: tuple[int, int]  # (width, height) it is trained at
     key: str  # "<subset>/<path relative to the subset folder>": names it for the validation split
     cache_root: Path  # folder of its disk-cache entries
+    references: tuple[ScannedReference, ...] = ()  # edit models' reference images, in order
+
+    @property
+    def group_key(self) -> tuple:
+        """What the images of one micro-batch share: the bucket, and their references' sizes."""
+        return (self.bucket, tuple(reference.bucket for reference in self.references))
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,7 @@ def _subset_items(subset: SubsetConfig) -> FolderScan:
         return scan_folder(subset)
     entries = read_metadata_entries(subset.metadata_file, subset.image_dir)
     folder = subset.image_dir or str(Path(subset.metadata_file).parent)
-    items = [ImageItem(e.path, e.caption, subset.is_reg, folder) for e in entries]
+    items = [ImageItem(e.path, e.caption, subset.is_reg, folder, e.references) for e in entries]
     return FolderScan(items, (), unlisted_images(folder, entries))
 
 
@@ -97,27 +110,83 @@ def _relative_key(index: int, item: ImageItem) -> str:
     return f"{index}/{relative.as_posix()}"
 
 
-def _cache_root(item: ImageItem, cache_dir: str | None) -> Path:
+def _cache_root(item: ImageItem, subset: SubsetConfig, cache_dir: str | None) -> Path:
+    if subset.cache_directory:
+        return Path(subset.cache_directory)
     return Path(cache_dir) if cache_dir else Path(item.path).parent / CACHE_FOLDER
 
 
-def _checked_bucket(
+def _with_references(scan: FolderScan, subset: SubsetConfig) -> list[ImageItem]:
+    """The scanned items with the references a control_directory pairs with them."""
+    if subset.control_directory is None:
+        return scan.items
+    listed = next((item for item in scan.items if item.references), None)
+    if listed is not None:
+        raise DataError(
+            f"metadata file {subset.metadata_file} names reference images (control_path) and "
+            f"control_directory {subset.control_directory} pairs them too; keep one of the two"
+        )
+    pairs = paired_references(
+        [item.path for item in scan.items], subset.control_directory, subset.image_dir
+    )
+    return [dataclasses.replace(item, references=pairs.get(item.path, ())) for item in scan.items]
+
+
+def _checked_references(
+    item: ImageItem, bucket: tuple[int, int], subset: SubsetConfig, sizing: ReferenceSizing
+) -> tuple[ScannedReference, ...]:
+    """The references of a usable image, each read and sized; DataError for a missing, unreadable
+    or unsizable one (the image's problem, like an unreadable image)."""
+    wanted = subset.control_count_per_image
+    found = item.references
+    if subset.control_directory is not None:
+        where = f"control_directory {subset.control_directory}"
+        names = f"{item.path.stem}.<ext>, then {item.path.stem}_0.<ext>, {item.path.stem}_1.<ext>"
+    else:
+        where, names = f"metadata file {subset.metadata_file}", "control_path, control_path_1"
+    if not found:
+        raise DataError(
+            f"image {item.path} has no reference image in {where} ({names}, ...); add one or "
+            "remove the image"
+        )
+    if wanted is not None and len(found) < wanted:
+        raise DataError(
+            f"image {item.path} has {len(found)} reference images in {where} and "
+            f"control_count_per_image = {wanted}; add references or lower control_count_per_image"
+        )
+    references = []
+    for path in found[:wanted]:
+        header = read_image_header(path)
+        try:
+            sized = sizing.bucket(header.size, bucket)
+        except ValueError as error:
+            raise DataError(f"reference image {path} of {item.path}: {error}") from None
+        references.append(ScannedReference(Path(path), header.size, sized))
+    return tuple(references)
+
+
+def _checked_image(
     item: ImageItem,
+    subset: SubsetConfig,
     buckets: BucketOptions,
     sizes: list[tuple[int, int]] | None,
+    sizing: ReferenceSizing | None,
     skip_bad_images: bool,
-) -> tuple[tuple[int, int], tuple[int, int], bool] | str:
-    """(size, bucket, animated) of a usable image, or the problem of one left out (only with
-    skip_bad_images; otherwise the problem is raised)."""
+) -> tuple[tuple[int, int], tuple[int, int], bool, tuple[ScannedReference, ...]] | str:
+    """(size, bucket, animated, references) of a usable image, or the problem of one left out
+    (only with skip_bad_images; otherwise the problem is raised). ``sizing``: the subset's
+    reference sizing when its images take references (an image without its references is
+    unusable), None when they take none."""
     try:
         header = read_image_header(item.path)
         bucket = assign_bucket(header.size, buckets, sizes)
+        references = () if sizing is None else _checked_references(item, bucket, subset, sizing)
     except (DataError, ValueError) as error:
         problem = str(error) if isinstance(error, DataError) else f"image {item.path}: {error}"
         if not skip_bad_images:
             raise DataError(f"{problem} (or set skip_bad_images = true)") from None
         return problem
-    return header.size, bucket, header.animated
+    return header.size, bucket, header.animated, references
 
 
 def scan_dataset(
@@ -141,17 +210,26 @@ def scan_dataset(
         scan = _subset_items(subset)
         ignored += scan.ignored
         unlisted += scan.unlisted
+        items = _with_references(scan, subset)
+        takes_references = subset.control_directory is not None or any(i.references for i in items)
+        sizing = reference_sizing(subset, buckets) if takes_references else None
+        if takes_references and (subset.random_crop or subset.color_aug):
+            key = "random_crop" if subset.random_crop else "color_aug"
+            raise ConfigError(
+                f"datasets[{index}].subsets[{s}]: {key} would change an image but not its "
+                "reference images, which must stay aligned with it; remove it"
+            )
         found = []
-        for item in scan.items:
-            checked = _checked_bucket(item, buckets, sizes, skip_bad_images)
+        for item in items:
+            checked = _checked_image(item, subset, buckets, sizes, sizing, skip_bad_images)
             if isinstance(checked, str):
                 skipped.append(checked)
                 continue
-            size, bucket, is_animated = checked
+            size, bucket, is_animated, references = checked
             if is_animated:
                 animated.append(item.path)
-            key = _relative_key(s, item)
-            found.append(ScannedImage(item, s, size, bucket, key, _cache_root(item, cache_dir)))
+            key, root = _relative_key(s, item), _cache_root(item, subset, cache_dir)
+            found.append(ScannedImage(item, s, size, bucket, key, root, references))
         if not found:
             raise DataError(
                 f"dataset {index}: {subset.image_dir or subset.metadata_file} has no usable "

@@ -12,6 +12,10 @@ Formats, chosen by the metadata file's extension:
   blank lines skipped) and `metadata.csv` (a header row, then one row per image): `file_name` is
   relative to the metadata file's folder, or to image_dir when it is given. The caption is the
   "text" field, or "caption" when there is no "text" field.
+- `.jsonl` lines in musubi-tuner's image format (musubi-tuner's `image_jsonl_file`): `image_path`
+  and `caption`, and for edit models the reference images `control_path` or `control_path_<n>`
+  (in that order, by n). Paths are taken as written when absolute, else from the metadata
+  file's folder (or image_dir when it is given).
 Files are read as UTF-8; a byte-order mark (Windows editors, Excel) is skipped. Captions keep their
 inner line breaks (the lines are wildcard alternatives) and lose surrounding whitespace; an empty
 caption is an error, as an empty caption file is for folder subsets. Duplicate JSON keys, two
@@ -48,6 +52,7 @@ class MetadataEntry:
 
     path: Path
     caption: str
+    references: tuple[Path, ...] = ()  # its reference images, in order (musubi-tuner's JSONL)
 
 
 class _DuplicateKey(Exception):
@@ -158,6 +163,13 @@ def _imagefolder_entry(record: dict, base: Path, where: str) -> MetadataEntry:
     caption = _text_field(record, column, where)
     if not caption:
         raise DataError(f'{where} has an empty "{column}"; write a caption or remove the line')
+    return MetadataEntry(_listed_image(base, name, "file_name", where), caption)
+
+
+def _listed_image(base: Path, name: object, field: str, where: str) -> Path:
+    """An image a record names in ``field``: relative to ``base``, existing, a training image."""
+    if not isinstance(name, str) or not name.strip():
+        raise DataError(f'{where}: "{field}" must be a file name, got {name!r}')
     image = base / name.strip()
     if image.suffix.lower() not in IMAGE_EXTENSIONS:
         raise DataError(
@@ -165,8 +177,42 @@ def _imagefolder_entry(record: dict, base: Path, where: str) -> MetadataEntry:
             f"({', '.join(sorted(IMAGE_EXTENSIONS))}); convert it or remove the line"
         )
     if not _is_listed_file(image):
-        raise DataError(f"{where}: image {image} does not exist; fix file_name or image_dir")
-    return MetadataEntry(image, caption)
+        raise DataError(f'{where}: image {image} does not exist; fix "{field}" or image_dir')
+    return image
+
+
+def _control_fields(record: dict, where: str) -> list[str]:
+    """musubi-tuner's reference fields of a record in order: control_path (the first), then
+    control_path_<n> by n."""
+    numbered = {}
+    for name in record:
+        if name.startswith("control_path_"):
+            suffix = name[len("control_path_") :]
+            if not suffix.isdigit():
+                raise DataError(f'{where}: "{name}" must end in a number (control_path_0, ...)')
+            numbered[name] = int(suffix)
+    if "control_path" in record and 0 in numbered.values():
+        raise DataError(f'{where} has both "control_path" and "control_path_0"; keep one')
+    first = ["control_path"] if "control_path" in record else []
+    return first + sorted(numbered, key=numbered.get)
+
+
+def _musubi_entry(record: dict, base: Path, where: str) -> MetadataEntry:
+    """A record of musubi-tuner's image JSONL: image_path, caption, control_path(_<n>)."""
+    if "image_path_1" in record:
+        raise DataError(
+            f"{where} names several target images (image_path_1, musubi-tuner's "
+            "multiple_target), which difftune does not train; keep image_path"
+        )
+    field = "image_path" if "image_path" in record else "image_path_0"
+    caption = _text_field(record, "caption", where)
+    if not caption:
+        raise DataError(f'{where} has no "caption"; write a caption or remove the line')
+    image = _listed_image(base, record[field], field, where)
+    controls = tuple(
+        _listed_image(base, record[name], name, where) for name in _control_fields(record, where)
+    )
+    return MetadataEntry(image, caption, controls)
 
 
 def _jsonl_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
@@ -179,7 +225,9 @@ def _jsonl_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
         where = f"metadata file {path} line {number}"
         if not isinstance(record, dict):
             raise DataError(f'{where} must be a JSON object {{"file_name": ..., "text": ...}}')
-        entries.append((f"line {number}", _imagefolder_entry(record, base, where)))
+        musubi = "image_path" in record or "image_path_0" in record
+        read = _musubi_entry if musubi else _imagefolder_entry
+        entries.append((f"line {number}", read(record, base, where)))
     return entries
 
 

@@ -22,6 +22,11 @@ class SubsetStats:
     is_reg: bool
     samples_per_epoch: int  # reg: after balancing to the dataset's train samples
     unused_images: int  # reg images that balancing leaves out of every epoch
+    # edit models: the reference images of its images, where they come from and how they are
+    # sized (library.data.references)
+    reference_images: int = 0
+    references_from: str | None = None  # the control_directory, or the metadata file
+    reference_sizing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class BucketStats:
     samples_per_epoch: int
     steps_per_epoch: int
     padded_per_epoch: int  # padding slots (loss weight 0) filling its last step
+    references: tuple[tuple[int, int], ...] = ()  # its samples' reference sizes (edit models)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ def _subset_stats(data: TrainData, d: int) -> list[SubsetStats]:
     subsets = []
     for j, config in enumerate(scanned.config.subsets):
         members = [i for i, image in enumerate(scanned.images) if image.subset == j]
+        references = sum(len(scanned.images[i].references) for i in members)
         subsets.append(
             SubsetStats(
                 config.image_dir or config.metadata_file or "",
@@ -92,9 +99,24 @@ def _subset_stats(data: TrainData, d: int) -> list[SubsetStats]:
                 config.is_reg,
                 samples[j],
                 sum(i not in used for i in members),
+                references,
+                (config.control_directory or config.metadata_file) if references else None,
+                _sizing_text(config) if references else None,
             )
         )
     return subsets
+
+
+def _sizing_text(config) -> str:
+    """How a subset sizes its reference images, in words."""
+    if config.no_resize_control:
+        limit = config.control_resolution
+        cap = f" up to {limit[0]}x{limit[1]}'s area" if limit else ""
+        return f"at their own size{cap}"
+    if config.control_resolution is not None:
+        width, height = config.control_resolution
+        return f"bucketed at the area of {width}x{height}"
+    return "resized to their image's bucket"
 
 
 def _bucket_stats(data: TrainData, d: int) -> list[BucketStats]:
@@ -106,6 +128,7 @@ def _bucket_stats(data: TrainData, d: int) -> list[BucketStats]:
             len(group.samples),
             schedule.dataset_steps(g),
             schedule.dataset_padding(g),
+            group.references,
         )
         for g, group in enumerate(data.groups)
         if group.dataset == d
@@ -192,15 +215,25 @@ def check_batch_sizes(stats: DataStats) -> None:
 
 def _subset_line(subset: SubsetStats) -> str:
     repeats = f"{subset.num_repeats} repeat{'s' if subset.num_repeats != 1 else ''}"
+    references = (
+        f", {subset.reference_images} reference images from {subset.references_from} "
+        f"({subset.reference_sizing})"
+        if subset.reference_images
+        else ""
+    )
     if not subset.is_reg:
-        return f"  {subset.image_dir}: {subset.images} images x {repeats}"
+        return f"  {subset.image_dir}: {subset.images} images x {repeats}{references}"
     line = (
         f"  {subset.image_dir} (reg): {subset.images} images x {repeats}, "
-        f"balanced to {subset.samples_per_epoch} samples per epoch"
+        f"balanced to {subset.samples_per_epoch} samples per epoch{references}"
     )
     if subset.unused_images:
         line += f" ({subset.unused_images} images unused)"
     return line
+
+
+def _sizes(sizes: tuple[tuple[int, int], ...]) -> str:
+    return ", ".join(f"{width}x{height}" for width, height in sizes)
 
 
 MAX_BUCKET_LINES = 24  # bucket_no_upscale can make hundreds of buckets; list the largest
@@ -222,6 +255,8 @@ def _bucket_lines(ds: DatasetStats) -> list[str]:
             f"    {b.size[0]:>4}x{b.size[1]:<4} {b.images:>5} images {b.samples_per_epoch:>6} "
             f"samples {b.steps_per_epoch:>4} steps {bar}"
         )
+        if b.references:
+            line += f"  references {_sizes(b.references)}"
         if b.samples_per_epoch < ds.step_size:
             line += f"  (smaller than a step: {b.padded_per_epoch} padding slots)"
         lines.append(line)

@@ -22,9 +22,11 @@ from torch.utils.data import Dataset
 
 from library.data.augment import AugmentDraws, draw_augment
 from library.data.captions import process_caption
+from library.data.content_hash import file_digest
 from library.data.images import load_training_image
 from library.data.items import ScannedImage, SubsetOptions
 from library.data.latent_cache import LatentCache, LatentRequest
+from library.data.references import ScannedReference
 from library.data.schedule import SampleRef, stable_seed
 from library.errors import DataError
 from library.models.latent_codec import LatentLayout
@@ -44,6 +46,9 @@ class SampleSource:
     latents: LatentCache | None = None
     max_train_steps: int = 1
     latent_layout: LatentLayout | None = None
+    # load reference images' pixels with a latent cache too: the family's text encoder reads
+    # them (ModelFamily.TEXT_READS_REFERENCES)
+    reference_pixels: bool = False
 
 
 def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> LatentRequest:
@@ -52,6 +57,19 @@ def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> L
     return LatentRequest(
         image.item.path, image.bucket, None, flip, options.alpha_mask, image.cache_root
     )
+
+
+def reference_request(image: ScannedImage, reference: ScannedReference, flip: bool):
+    """The cache entry of one of an image's references: at its own size, centered, flipped
+    with its image (a pair is flipped as one)."""
+    return LatentRequest(reference.path, reference.bucket, None, flip, False, image.cache_root)
+
+
+def reference_id(reference: ScannedReference, flip: bool) -> str:
+    """What identifies a reference as a sample uses it (its bytes, size and flip): the text
+    cache keys a caption read together with its references by these."""
+    width, height = reference.bucket
+    return f"{file_digest(reference.path)}@{width}x{height}" + ("-flipped" if flip else "")
 
 
 def load_for_cache(request: LatentRequest):
@@ -70,11 +88,33 @@ def latent_requests(data: TrainData) -> list[LatentRequest]:
             options = scanned.options[image.subset]
             flips = (False, True) if options.augment.flip_aug else (False,)
             requests += [latent_request(image, options, flip) for flip in flips]
-        requests += [
-            latent_request(image, scanned.options[image.subset], False)
-            for image in scanned.validation
-        ]
+            requests += [
+                reference_request(image, reference, flip)
+                for flip in flips
+                for reference in image.references
+            ]
+        for image in scanned.validation:
+            requests.append(latent_request(image, scanned.options[image.subset], False))
+            requests += [reference_request(image, r, False) for r in image.references]
     return requests
+
+
+def _reference_entries(image: ScannedImage, flip: bool, source: SampleSource) -> dict:
+    """The cached latents (or pixels) of an image's references, one list entry per reference;
+    the pixels also with a cache when ``source.reference_pixels``."""
+    if not image.references:
+        return {}
+    entries: dict = {"reference_ids": tuple(reference_id(r, flip) for r in image.references)}
+    if source.latents is not None:
+        cached = [source.latents.get(reference_request(image, r, flip)) for r in image.references]
+        entries["reference_means"] = [c.mean for c in cached]
+        entries["reference_stds"] = [c.std for c in cached]
+    if source.latents is None or source.reference_pixels:
+        draws = AugmentDraws(flip=flip, crop_fraction=None, hue_shift=0.0)
+        entries["reference_pixels"] = [
+            load_training_image(r.path, r.bucket, draws, False).pixels for r in image.references
+        ]
+    return entries
 
 
 def _image_entries(
@@ -95,6 +135,7 @@ def _image_entries(
         crop_top_left=crop,
         target_size=(height, width),
         cache_root=str(image.cache_root),
+        **_reference_entries(image, draws.flip, source),
     )
     return entries
 
@@ -108,6 +149,8 @@ def _stand_in(image: ScannedImage, source: SampleSource) -> dict:
     else:
         latent = torch.zeros(source.latent_layout.shape(1, height, width)[1:])
         entries = {"latent_mean": latent, "latent_std": latent}
+    if image.references:
+        entries.update(_stand_in_references(image, source))
     return {
         **entries,
         "alpha": None,
@@ -116,6 +159,22 @@ def _stand_in(image: ScannedImage, source: SampleSource) -> dict:
         "target_size": (height, width),
         "cache_root": str(image.cache_root),
     }
+
+
+def _stand_in_references(image: ScannedImage, source: SampleSource) -> dict:
+    """Zeros in the shapes of an unreadable sample's reference entries."""
+    entries: dict = {"reference_ids": tuple("unreadable" for _ in image.references)}
+    if source.latents is not None:
+        latents = [
+            torch.zeros(source.latent_layout.shape(1, r.bucket[1], r.bucket[0])[1:])
+            for r in image.references
+        ]
+        entries["reference_means"] = entries["reference_stds"] = latents
+    if source.latents is None or source.reference_pixels:
+        entries["reference_pixels"] = [
+            torch.zeros(3, r.bucket[1], r.bucket[0]) for r in image.references
+        ]
+    return entries
 
 
 def _readable_entries(
@@ -237,6 +296,12 @@ def collate(samples: list[dict]) -> dict:
     else:
         batch["latent_means"] = torch.stack([s["latent_mean"] for s in samples])
         batch["latent_stds"] = torch.stack([s["latent_std"] for s in samples])
+    for key in ("reference_pixels", "reference_means", "reference_stds"):
+        if key in samples[0]:  # one tensor per reference slot: the samples share their sizes
+            slots = range(len(samples[0][key]))
+            batch[key] = [torch.stack([s[key][k] for s in samples]) for k in slots]
+    if "reference_ids" in samples[0]:
+        batch["reference_ids"] = [s["reference_ids"] for s in samples]
     masks = _stack_masks(samples)
     if masks is not None:
         batch["alpha_masks"] = masks

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from library.models.families.base import ModelFamily
+from library.models.families.base import REFERENCE_PIXELS_KEY, ModelFamily
 from library.models.text import encode_token_ids, flatten_windows, join_windows, tokenize
 from library.networks.adapters import freeze_adapters
 
@@ -167,6 +167,22 @@ def encode_text(
     )
 
 
+def encode_text_with_references(
+    family: ModelFamily,
+    tokenizers: Sequence[object],
+    text_encoders: Sequence[torch.nn.Module],
+    captions: Sequence[str],
+    references: Sequence[torch.Tensor],
+    device: torch.device | str,
+) -> TextConditioning:
+    """The text part of the conditioning of ``captions`` read with their reference images
+    (one [B, 3, H, W] tensor in [-1, 1] per reference slot), for a family whose text encoder
+    reads them (ModelFamily.TEXT_READS_REFERENCES)."""
+    return family.encode_text_with_references(
+        tokenizers, text_encoders, captions, references, device
+    )
+
+
 def assemble_conditioning(
     family: ModelFamily,
     text: TextConditioning,
@@ -247,8 +263,15 @@ def encode_conditioning(
     max_token_length: int | None = None,
 ) -> Conditioning:
     """The UNet conditioning of ``captions`` for a model of ``family``:
-    ``assemble_conditioning(encode_text(...))``; see those two for the arguments."""
-    text = encode_text(
-        family, tokenizers, text_encoders, captions, device, clip_skip, max_token_length
-    )
+    ``assemble_conditioning(encode_text(...))``; see those two for the arguments. A family whose
+    text encoder reads the reference images reads them from ``batch``
+    (``encode_text_with_references``)."""
+    if family.TEXT_READS_REFERENCES and batch is not None and REFERENCE_PIXELS_KEY in batch:
+        text = encode_text_with_references(
+            family, tokenizers, text_encoders, captions, batch[REFERENCE_PIXELS_KEY], device
+        )
+    else:
+        text = encode_text(
+            family, tokenizers, text_encoders, captions, device, clip_skip, max_token_length
+        )
     return assemble_conditioning(family, text, batch, device, dtype)

@@ -19,9 +19,12 @@ import torch
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from library.data.images import load_display_image, load_image
+from library.errors import ConfigError
 from library.models.conditioning import encode_conditioning, plain_sizes
-from library.sampling.grid import grid_path, image_path, make_grid, sample_dir
-from library.sampling.pipelines import build_pipeline, pipeline_kind
+from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
+from library.sampling.grid import grid_path, image_path, make_grid, sample_dir, side_by_side
+from library.sampling.pipelines import build_pipeline, on_grid, pipeline_kind
 from library.sampling.prompts import SamplePrompt
 from library.sampling.tracking import log_sample_images
 
@@ -115,7 +118,7 @@ def sample_images(
                 image = _generate(pipe, components, prompt, accelerator, schedulers, text)
                 if rank == 0 or not lockstep:
                     image.save(paths[i], pnginfo=_png_info(prompt))
-                mine.append((i, image))
+                mine.append((i, _shown(image, prompt)))
     gathered = mine if lockstep else _gather(accelerator, mine, world)
     if rank != 0:
         return SampleRound(paths, None)
@@ -129,11 +132,49 @@ def sample_images(
 
 def check_sampling(components, prompts: Sequence[SamplePrompt]) -> None:
     """ConfigError when ``components``' model cannot be sampled as ``prompts`` ask: no pipeline
-    for its family, or a prompt's sampler its objective cannot use (an SD sampler for Flux.1).
-    Cheap: builds schedulers only, so it can run before training starts."""
+    for its family, a prompt's sampler its objective cannot use (an SD sampler for Flux.1), or
+    a prompt with more or fewer reference images than the model takes. Cheap: builds
+    schedulers only, so it can run before training starts."""
     kind = pipeline_kind(components.family)
     for name in dict.fromkeys(kind.complete(p).sampler for p in prompts):
         components.objective.sampler(name)
+    family = components.family
+    for prompt in prompts:
+        count = len(prompt.references)
+        if not family.takes_references(count):
+            fix = "remove its --ci options" if count else "give it its --ci reference images"
+            raise ConfigError(
+                f"sample prompt {prompt.index + 1} gives {count} reference images (--ci) and "
+                f"{family.LABEL} models take {family.references_text()}; {fix}"
+            )
+
+
+def _shown(image: Image.Image, prompt: SamplePrompt) -> Image.Image:
+    """What the grid and the trackers show of a prompt's image: an edit model's result beside
+    its reference images (and the target, when the prompt names one)."""
+    if not prompt.references and prompt.target_image is None:
+        return image
+    shown = [load_display_image(path) for path in prompt.references]
+    if prompt.target_image is not None:
+        shown.append(load_display_image(prompt.target_image))
+    return side_by_side([*shown, image])
+
+
+def reference_entries(components, prompt: SamplePrompt, device, rows: int) -> dict:
+    """The batch entries of a prompt's reference images for ``rows`` texts (families.base):
+    each resized and center-cropped to the image's size on the model's grid, encoded with the
+    posterior's mode as the training step encodes references."""
+    if not prompt.references:
+        return {}
+    family = components.family
+    size = tuple(on_grid(side, family.PIXEL_MULTIPLE) for side in (prompt.width, prompt.height))
+    codec = family.latent_codec(components.vae)
+    pixels = [load_image(path, size).unsqueeze(0).to(device) for path in prompt.references]
+    latents = [codec.to_latents(codec.posterior(p)[0]) for p in pixels]
+    entries = {REFERENCE_LATENTS_KEY: [z.expand(rows, *z.shape[1:]) for z in latents]}
+    if family.TEXT_READS_REFERENCES:
+        entries[REFERENCE_PIXELS_KEY] = [p.expand(rows, *p.shape[1:]) for p in pixels]
+    return entries
 
 
 def live_modules(
@@ -187,10 +228,11 @@ def _generate(
     with autocast:
         texts = [prompt.prompt, prompt.negative_prompt]
         # Generated images are not cropped: original size = target size, crop (0, 0).
-        sizes = plain_sizes(len(texts), prompt.height, prompt.width)
+        batch = plain_sizes(len(texts), prompt.height, prompt.width)
+        batch |= reference_entries(components, prompt, device, len(texts))
         cond = encode_conditioning(
             family, components.tokenizers, text_encoders_of(pipe, family), texts, device,
-            batch=sizes, clip_skip=text[0], max_token_length=text[1],
+            batch=batch, clip_skip=text[0], max_token_length=text[1],
         )  # fmt: skip
         size = {"width": prompt.width, "height": prompt.height}
         result = pipe(

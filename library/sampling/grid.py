@@ -53,3 +53,21 @@ def make_grid(images: list[Image.Image]) -> Image.Image:
         row, column = divmod(i, columns)
         grid.paste(img.convert("RGB"), (column * cell_w, row * cell_h))
     return grid
+
+
+def side_by_side(images: list[Image.Image]) -> Image.Image:
+    """The images left to right at the height of the last one (each keeping its aspect
+    ratio): an edit's reference images, its target, then the result."""
+    height = images[-1].height
+    scaled = [
+        img if img.height == height else img.resize(
+            (max(1, round(img.width * height / img.height)), height), Image.Resampling.LANCZOS
+        )
+        for img in images
+    ]
+    strip = Image.new("RGB", (sum(img.width for img in scaled), height), GRID_BACKGROUND)
+    left = 0
+    for img in scaled:
+        strip.paste(img.convert("RGB"), (left, 0))
+        left += img.width
+    return strip

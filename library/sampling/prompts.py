@@ -17,7 +17,8 @@ from pathlib import Path
 
 from library.config.sampling_schema import SamplingSection
 from library.config.suggest import nearest
-from library.errors import ConfigError
+from library.data.images import read_image_header
+from library.errors import ConfigError, DataError
 from library.sampling.samplers import check_sampler
 from library.user_files import read_user_text
 
@@ -35,7 +36,13 @@ OPTIONS = {
     "l": "scale",
     "ss": "sample_sampler",
     "g": "guidance_scale",
+    # edit models: musubi-tuner's reference (control) image, repeated for several; and the
+    # image the edit should give, shown beside the result
+    "ci": "control_image",
+    "ti": "target_image",
 }
+# Options a line may repeat: each adds to a list.
+_REPEATED = {"control_image"}
 _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "prompt": (str,),
     "negative_prompt": (str,),
@@ -46,6 +53,8 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "scale": (int, float),
     "sample_sampler": (str,),
     "guidance_scale": (int, float),
+    "control_image": (str, list),  # one path, or a list of paths
+    "target_image": (str,),
 }
 _UNSUPPORTED_OPTIONS = {"cn": "ControlNet sampling is not supported"}
 
@@ -65,6 +74,10 @@ class SamplePrompt:
     sampler: str | None  # None: the model's default sampler
     # FLUX.1 dev's distilled guidance (kohya's --g); None: 3.5. Other models have none.
     guidance_scale: float | None = None
+    # edit models: the reference images (resized and center-cropped to width x height) and
+    # the image the edit should give, shown beside the result in the grid
+    references: tuple[Path, ...] = ()
+    target_image: Path | None = None
 
 
 def derive_seed(base_seed: int, index: int) -> int:
@@ -93,7 +106,10 @@ def load_prompts(path: str | Path, sampling: SamplingSection, seed: int) -> list
     if not entries:
         raise ConfigError(f"sample_prompts {path} has no prompts")
     base = sampling.sample_seed if sampling.sample_seed is not None else seed
-    return [_resolve(i, raw, where, sampling, base) for i, (raw, where) in enumerate(entries)]
+    folder = path.parent
+    return [
+        _resolve(i, raw, where, sampling, base, folder) for i, (raw, where) in enumerate(entries)
+    ]
 
 
 def parse_prompt_line(line: str, where: str) -> dict[str, object]:
@@ -113,6 +129,9 @@ def parse_prompt_line(line: str, where: str) -> dict[str, object]:
         if match is None:
             raise ConfigError(f"{where}: option --{name} has no value")
         key = OPTIONS[name]
+        if key in _REPEATED:
+            raw.setdefault(key, []).append(match.group(2))
+            continue
         if key in raw:
             raise ConfigError(f"{where}: option --{name} is given twice")
         raw[key] = _option_value(name, key, match.group(2), where)
@@ -191,12 +210,43 @@ def _check_keys(raw: dict, where: str) -> None:
             guess = nearest(key, _KEY_TYPES)
             hint = f'did you mean "{guess}"?' if guess else "known: " + ", ".join(_KEY_TYPES)
             raise ConfigError(f'{where}: unknown key "{key}"; {hint}')
-        if isinstance(value, bool) or not isinstance(value, _KEY_TYPES[key]):
+        if key in _REPEATED and isinstance(value, list):
+            if not value or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f'{where}: "{key}" = {value!r} is not a list of paths')
+        elif isinstance(value, bool) or not isinstance(value, _KEY_TYPES[key]):
             kind = {str: "a string", int: "a whole number"}.get(_KEY_TYPES[key][0], "a number")
             raise ConfigError(f'{where}: "{key}" = {value!r} is not {kind}')
 
 
-def _resolve(index: int, raw: dict, where: str, sampling: SamplingSection, base: int):
+def _image_path(text: str, folder: Path, where: str, option: str) -> Path:
+    """A prompt's image: relative paths from the prompts file's folder, else from the current
+    folder (musubi-tuner's); ConfigError when it is neither, or not an image."""
+    path = Path(text.strip())
+    candidates = [path] if path.is_absolute() else [folder / path, path]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        tried = " or ".join(str(c) for c in dict.fromkeys(candidates))
+        raise ConfigError(f"{where}: --{option} {text}: no image at {tried}; fix the path")
+    try:
+        read_image_header(found)
+    except DataError as error:
+        raise ConfigError(f"{where}: --{option}: {error}") from None
+    return found
+
+
+def _prompt_images(raw: dict, where: str, folder: Path) -> dict:
+    references = raw.get("control_image", ())
+    references = [references] if isinstance(references, str) else references
+    target = raw.get("target_image")
+    return {
+        "references": tuple(_image_path(r, folder, where, "ci") for r in references),
+        "target_image": None if target is None else _image_path(target, folder, where, "ti"),
+    }
+
+
+def _resolve(
+    index: int, raw: dict, where: str, sampling: SamplingSection, base: int, folder: Path
+):
     _check_keys(raw, where)
     prompt = raw.get("prompt", "")
     if not prompt.strip():
@@ -226,4 +276,5 @@ def _resolve(index: int, raw: dict, where: str, sampling: SamplingSection, base:
         scale=None if scale is None else float(scale),
         sampler=None if sampler is None else check_sampler(sampler, where),
         guidance_scale=None if guidance is None else float(guidance),
+        **_prompt_images(raw, where, folder),
     )

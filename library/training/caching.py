@@ -123,6 +123,11 @@ def build_text_cache(
     )
     to_disk = config.data.cache_text_encoder_outputs_to_disk
     cache = TextEncoderCache(identity, to_disk=to_disk)
+    if family.TEXT_READS_REFERENCES:
+        # an entry is a caption read with its reference images: the training step encodes
+        # each the first time a sample meets it (library.training.step)
+        accelerator.print("text-encoder cache: captions are encoded with their references as met")
+        return cache
 
     def encode(captions: list[str]):
         with torch.no_grad():

@@ -38,6 +38,7 @@ from library.config.schema import Config
 from library.data.plan import DataStats
 from library.errors import ConfigError
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
+from library.models.families.base import REFERENCE_LATENTS_KEY
 from library.training.activation_memory import ActivationCounter, meta_copy
 from library.training.optimizers import optimizer_kwargs
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
@@ -71,11 +72,13 @@ BNB_BLOCK = 256  # elements per float32 scale of bitsandbytes' blockwise 8-bit s
 
 @dataclass(frozen=True)
 class TrainingSize:
-    """One micro-batch: ``batch`` images of ``width`` x ``height`` pixels."""
+    """One micro-batch: ``batch`` images of ``width`` x ``height`` pixels, each with reference
+    images of the ``references`` sizes (width, height; edit models)."""
 
     width: int
     height: int
     batch: int
+    references: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -248,8 +251,9 @@ def training_activations(
                 config.model.clip_skip,
                 config.model.max_token_length,
             )
-        sizes = plain_sizes(size.batch, size.height, size.width)
-        cond = assemble_conditioning(comps.family, text, sizes, "meta", dtype)
+        batch = plain_sizes(size.batch, size.height, size.width)
+        batch |= _meta_references(comps, size, dtype)
+        cond = assemble_conditioning(comps.family, text, batch, "meta", dtype)
         counter.watch(denoiser)
         latents, levels = _noisy_latents(comps, size, dtype)
         comps.family.predict(denoiser, latents, comps.objective.model_time(levels), cond)
@@ -266,21 +270,41 @@ def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch
     return latents, levels.expand(size.batch)
 
 
+def _meta_references(comps, size: TrainingSize, dtype: torch.dtype) -> dict:
+    """The batch entry of the size's reference latents, on the meta device (none: {}). The
+    captions are encoded without the references: a text encoder that reads them is frozen, so
+    keeps nothing for backward."""
+    if not size.references:
+        return {}
+    layout = comps.family.latent_codec(comps.vae).layout
+    latents = [
+        torch.empty(layout.shape(size.batch, height, width), device="meta", dtype=dtype)
+        for width, height in size.references
+    ]
+    return {REFERENCE_LATENTS_KEY: latents}
+
+
 def _meta_for_training(module: torch.nn.Module, dtype: torch.dtype, trained: bool):
     copied = meta_copy(module, dtype)
     return copied.train() if trained else copied  # trained modules run in training mode
 
 
 def training_sizes(stats: DataStats) -> list[TrainingSize]:
-    """Each dataset's largest bucket at its batch size (each size once)."""
+    """Each dataset's largest bucket at its batch size (each size once), its reference images'
+    pixels counted with its own (edit models)."""
     sizes = []
     for ds in stats.datasets:
-        buckets = [b.size for b in ds.buckets] or [ds.resolution]
-        width, height = max(buckets, key=lambda s: s[0] * s[1])
-        size = TrainingSize(width, height, ds.batch_size)
+        buckets = [(b.size, b.references) for b in ds.buckets] or [(ds.resolution, ())]
+        (width, height), references = max(buckets, key=_pixels)
+        size = TrainingSize(width, height, ds.batch_size, references)
         if size not in sizes:
             sizes.append(size)
     return sizes
+
+
+def _pixels(bucket: tuple) -> int:
+    (width, height), references = bucket
+    return width * height + sum(w * h for w, h in references)
 
 
 def estimate_peak_memory(

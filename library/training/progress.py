@@ -104,6 +104,7 @@ def _dataset_report(ds: DatasetStats) -> dict:
                 "samples_per_epoch": b.samples_per_epoch,
                 "steps_per_epoch": b.steps_per_epoch,
                 "padding_per_epoch": b.padded_per_epoch,
+                "references": [list(size) for size in b.references],
             }
             for b in ds.buckets
         ]
@@ -119,6 +120,8 @@ def _dataset_report(ds: DatasetStats) -> dict:
                 "num_repeats": s.num_repeats,
                 "samples_per_epoch": s.samples_per_epoch,
                 "unused_images": s.unused_images,
+                "reference_images": s.reference_images,
+                "references_from": s.references_from,
             }
             for s in ds.subsets
         ],

@@ -10,7 +10,12 @@ import torch.nn.functional as F
 
 from library.models import conditioning
 from library.models.conditioning import Conditioning, encode_conditioning
-from library.models.families.base import CONDITIONING_DRAWS_KEY, ModelFamily
+from library.models.families.base import (
+    CONDITIONING_DRAWS_KEY,
+    REFERENCE_LATENTS_KEY,
+    REFERENCE_PIXELS_KEY,
+    ModelFamily,
+)
 from library.models.latent_codec import LatentCodec
 from library.training.loss import LossOptions, diffusion_loss
 from library.training.noise import (
@@ -71,9 +76,41 @@ def batch_posterior(s: StepInputs, batch: dict) -> tuple[torch.Tensor, torch.Ten
     return s.codec.posterior(batch["pixel_values"].to(s.device))
 
 
+def with_references(s: StepInputs, batch: dict) -> dict:
+    """``batch`` with the entries a family that takes reference images reads (see
+    families.base): each reference's latents, from its cached posterior mean or encoded from
+    its pixels (the reference pipelines encode with the posterior's mode), and, for a family
+    whose text encoder reads them, their pixels on the device. Unchanged without references."""
+    if "reference_means" in batch:
+        means = [m.to(s.device, dtype=torch.float32) for m in batch["reference_means"]]
+    elif "reference_pixels" in batch:
+        means = [s.codec.posterior(p.to(s.device))[0] for p in batch["reference_pixels"]]
+    else:
+        return batch
+    entries = {REFERENCE_LATENTS_KEY: [s.codec.to_latents(mean) for mean in means]}
+    if s.family.TEXT_READS_REFERENCES:
+        entries[REFERENCE_PIXELS_KEY] = [p.to(s.device) for p in batch["reference_pixels"]]
+    return {**batch, **entries}
+
+
+def _text_keys(batch: dict) -> list[str]:
+    """What the text cache knows each sample's text input by: its caption, and for a family
+    whose text encoder reads the references, their identities too."""
+    ids = batch.get("reference_ids")
+    if ids is None:
+        return list(batch["captions"])
+    return [
+        f"{caption}\n[references: {', '.join(refs)}]"
+        for caption, refs in zip(batch["captions"], ids, strict=True)
+    ]
+
+
 def batch_conditioning(s: StepInputs, batch: dict) -> Conditioning:
-    """The denoiser's conditioning of the batch's captions (and SDXL sizes), from the
-    text-encoder cache when there is one."""
+    """The denoiser's conditioning of the batch's captions (and SDXL sizes, and reference
+    images where the family takes them: ``with_references`` first), from the text-encoder
+    cache when there is one."""
+    if s.family.TEXT_READS_REFERENCES and s.text_cache is not None:
+        return _cached_with_references(s, batch)
     if s.text_cache is not None:
 
         def encode(captions: list[str]):
@@ -105,6 +142,29 @@ def batch_conditioning(s: StepInputs, batch: dict) -> Conditioning:
             s.clip_skip,
             max_token_length=s.max_token_length,
         )
+
+
+def _cached_with_references(s: StepInputs, batch: dict) -> Conditioning:
+    """batch_conditioning from the text cache for a family whose text encoder reads the
+    reference images: the cache knows an entry by its caption and its references' identities
+    (``_text_keys``)."""
+    keys = _text_keys(batch)
+
+    def encode(missing: list[str]):
+        rows = [keys.index(key) for key in missing]
+        with torch.no_grad():
+            return conditioning.encode_text_with_references(
+                s.family,
+                s.tokenizers,
+                s.text_encoders,
+                [batch["captions"][i] for i in rows],
+                [pixels[rows] for pixels in batch[REFERENCE_PIXELS_KEY]],
+                s.device,
+            )
+
+    text = s.text_cache.get(keys, batch.get("cache_roots"), encode)
+    text.mask = s.family.text_mask(s.tokenizers, list(batch["captions"]), s.device)  # never cached
+    return conditioning.assemble_conditioning(s.family, text, batch, s.device, s.weight_dtype)
 
 
 def latent_mask(batch: dict, latent_shape: torch.Size) -> torch.Tensor | None:
@@ -142,7 +202,7 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
             s.device,
         )  # fmt: skip
         batch = {**batch, CONDITIONING_DRAWS_KEY: draws}
-    prediction = predict(s, noisy, levels, batch_conditioning(s, batch))
+    prediction = predict(s, noisy, levels, batch_conditioning(s, with_references(s, batch)))
     return diffusion_loss(
         prediction,
         s.objective.target(latents, noise, levels),

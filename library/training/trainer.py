@@ -46,6 +46,7 @@ from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
 from library.training.preflight import RunStart, check_launch_layout, start_run
 from library.training.progress import ProgressReporter, plan_text, plan_warnings, run_logging_dir
+from library.training.reference_checks import check_reference_config, check_reference_counts
 from library.training.resume_rules import change_lines
 from library.training.run_summary import RunSummary
 from library.training.saver import Saver
@@ -104,6 +105,7 @@ class Trainer:
         self.accelerator = self._make_accelerator()
         self.sharded = shards(config, self.accelerator)  # fsdp over several processes
         training = config.training
+        check_reference_config(config)  # reads no weight, nor any image
         self.data = TrainData(
             config.datasets,
             seed=training.seed,
@@ -115,6 +117,7 @@ class Trainer:
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads
+        check_reference_counts(config, self.data)
         self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
         self.size_notes = check_image_sizes(config, self.sampler.prompts)  # reads no weight
         self.validator = Validator(config, self.data, self.accelerator)
@@ -210,7 +213,7 @@ class Trainer:
         group = cache_group(config, acc)
         latents = build_latent_cache(config, self.data, parts.components, acc, group)
         layout = family.latent_codec(parts.components.vae).layout
-        source = SampleSource(latents, plan.total_steps, layout)
+        source = SampleSource(latents, plan.total_steps, layout, family.TEXT_READS_REFERENCES)
         text_cache = build_text_cache(config, self.data, parts.components, weight_dtype, acc, group)
         if source.latents is not None and not self.sampler.prompts:
             parts.components.vae.to("cpu")  # every latent is cached and nothing is decoded: free its memory

@@ -97,6 +97,26 @@ class ModelFamily:
     # the others name one family's file layout or adapter kind). The last is the one suggested.
     network_modules: tuple[str, ...] = ("lycoris.kohya", "networks.lora")
 
+    @classmethod
+    def references_text(cls) -> str:
+        """How many reference images a sample takes, in words: "no reference images",
+        "1 reference image", "at least 1 reference image", "1 to 3 reference images"."""
+        low, high = cls.REFERENCE_IMAGES
+        if high == 0:
+            return "no reference images"
+        plural = "s" if (high or low) != 1 else ""
+        if high == low:
+            return f"{low} reference image{plural}"
+        if high is None:
+            return f"at least {low} reference image{'s' if low != 1 else ''}"
+        return f"{low} to {high} reference images"
+
+    @classmethod
+    def takes_references(cls, count: int) -> bool:
+        """Whether a sample with ``count`` reference images fits the family."""
+        low, high = cls.REFERENCE_IMAGES
+        return low <= count and (high is None or count <= high)
+
     @property
     def v_parameterization(self) -> bool:
         """The training target is v (velocity) rather than the added noise."""

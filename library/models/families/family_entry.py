@@ -52,12 +52,15 @@ class KohyaVocabulary:
     ``options``: options of its sd-scripts scripts that difftune does not implement (known by
     name, accepted at their off value). ``network_args``: arguments of its kohya network module
     difftune reads (they are [flow] keys). ``off_network_args``: argument -> (values that mean
-    off, why another is refused). ``refused_network_args``: argument -> why it is refused."""
+    off, why another is refused). ``refused_network_args``: argument -> why it is refused.
+    ``aliases``: the names its trainers (sd-scripts', musubi-tuner's) give keys difftune has
+    under another name (key -> ours), such as musubi-tuner's per-model dataset keys."""
 
     options: Mapping[str, Unsupported] = field(default_factory=dict)
     network_args: tuple[str, ...] = ()
     off_network_args: Mapping[str, tuple[tuple[object, ...], str]] = field(default_factory=dict)
     refused_network_args: Mapping[str, str] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,7 +127,9 @@ class FamilyEntry:
     class (class data such as PIXEL_MULTIPLE is known before any weight is read).
     ``claims(model, flow)``: the family reads this model (a cheap look at its files); unset for
     the one family that reads every model no other family claims. ``load(model, flow,
-    weight_dtype, vae_dtype)``: its Components. ``reads_vae``: the loader itself honours [model]
+    weight_dtype, vae_dtype)``: its Components. ``claims_within``: the family whose models its
+    own are a kind of (the same parts, told apart by a finer look), whose broader claim is asked
+    after its own. ``reads_vae``: the loader itself honours [model]
     vae (else the shared loader replaces the VAE afterwards). ``network_module``: the kohya
     network_module of its trainer (the one suggested to a config written for another family).
     ``flow_matching``: trained and sampled by flow matching (Euler sampling only), not DDPM.
@@ -146,6 +151,7 @@ class FamilyEntry:
     family: Callable[[], type]
     load: Callable[[ModelSection, FlowSection, object, object], object]
     claims: Callable[[ModelSection, FlowSection], bool] | None = None
+    claims_within: str | None = None
     reads_vae: bool = False
     network_module: str
     flow_matching: bool = False

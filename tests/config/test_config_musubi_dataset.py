@@ -1,0 +1,122 @@
+"""musubi-tuner's dataset config files load as they are: a [[datasets]] table that names its
+images (image_directory / image_jsonl_file) is a dataset of one subset, its reference-image keys
+(control_directory and the options sizing the references) are read, and its video and FramePack
+keys are refused or dropped by name.
+
+The file below is shaped like the dataset configs musubi-tuner's docs and its GUI write for the
+edit models: [general] with resolution, caption_extension, batch_size, enable_bucket and
+bucket_no_upscale; datasets with image_directory, cache_directory, control_directory and
+num_repeats (and the older per-model names of no_resize_control / control_resolution).
+"""
+
+from __future__ import annotations
+
+from config_helpers import error_of
+
+from library.config.loader import load_config
+
+HEAD = 'pretrained_model_name_or_path = "m"\n'
+
+MUSUBI = """\
+[general]
+resolution = [960, 544]
+caption_extension = ".txt"
+batch_size = 2
+enable_bucket = true
+bucket_no_upscale = false
+
+[[datasets]]
+image_directory = "/data/edit/targets"
+cache_directory = "/data/edit/cache"
+control_directory = "/data/edit/controls"
+num_repeats = 3
+
+[[datasets]]
+image_jsonl_file = "/data/edit/pairs.jsonl"
+cache_directory = "/data/edit/cache_jsonl"
+qwen_image_edit_control_resolution = [1024, 1024]
+control_count_per_image = 2
+resolution = [1024, 1024]
+batch_size = 1
+"""
+
+
+def _load(write_toml, dataset_text: str):
+    dataset = write_toml("dataset.toml", dataset_text)
+    return load_config(write_toml("run.toml", HEAD + f"dataset_config = {dataset!r}\n"))
+
+
+def test_a_musubi_dataset_config_loads_as_datasets_of_one_subset(write_toml):
+    config = _load(write_toml, MUSUBI)
+    first, second = config.datasets
+    assert (first.resolution, first.batch_size, first.enable_bucket) == ([960, 544], 2, True)
+    assert len(first.subsets) == 1
+    subset = first.subsets[0]
+    assert subset.image_dir == "/data/edit/targets"
+    assert subset.cache_directory == "/data/edit/cache"
+    assert subset.control_directory == "/data/edit/controls"
+    assert (subset.num_repeats, subset.caption_extension) == (3, ".txt")
+    assert not subset.no_resize_control and subset.control_resolution is None
+    # the dataset's own keys win over [general]; musubi-tuner's per-model key names the same
+    (jsonl,) = second.subsets
+    assert (second.resolution, second.batch_size) == ([1024, 1024], 1)
+    assert jsonl.metadata_file == "/data/edit/pairs.jsonl"
+    assert jsonl.control_resolution == [1024, 1024]
+    assert jsonl.control_count_per_image == 2
+
+
+def test_kontext_and_qwen_names_of_no_resize_control_mean_it(write_toml):
+    for name in ("flux_kontext_no_resize_control", "qwen_image_edit_no_resize_control"):
+        text = f'[[datasets]]\nimage_directory = "t"\ncontrol_directory = "c"\n{name} = true\n'
+        (subset,) = _load(write_toml, text).datasets[0].subsets
+        assert subset.no_resize_control, name
+
+
+def test_problems_are_named_where_the_musubi_table_is(write_toml):
+    dataset = write_toml(
+        "dataset.toml", '[[datasets]]\nimage_directory = "t"\nnum_repeat = 2\n'
+    )
+    path = write_toml("run.toml", HEAD + f"dataset_config = {dataset!r}\n")
+    assert 'unknown key "num_repeat" in datasets[0]; did you mean "num_repeats"?' in error_of(path)
+
+
+def test_video_datasets_are_refused_and_video_only_keys_dropped(write_toml):
+    dataset = write_toml(
+        "dataset.toml", '[[datasets]]\nvideo_directory = "v"\ncache_directory = "c"\n'
+    )
+    path = write_toml("run.toml", HEAD + f"dataset_config = {dataset!r}\n")
+    assert "video_directory" in error_of(path) and "video datasets are not supported" in error_of(
+        path
+    )
+    # keys only video datasets read change nothing for an image dataset: it loads
+    text = '[[datasets]]\nimage_directory = "t"\ntarget_frames = [1]\nframe_extraction = "head"\n'
+    (subset,) = _load(write_toml, text).datasets[0].subsets
+    assert subset.image_dir == "t"
+
+
+def test_reference_sizing_options_need_references_and_may_be_combined(write_toml):
+    dataset = write_toml(
+        "a.toml", '[[datasets]]\nimage_directory = "t"\nno_resize_control = true\n'
+    )
+    path = write_toml("run.toml", HEAD + f"dataset_config = {dataset!r}\n")
+    assert "no_resize_control sizes or counts reference images" in error_of(path)
+    assert "set control_directory or remove it" in error_of(path)
+    # both, as musubi-tuner's files may have them: control_resolution is then the largest area
+    # a reference keeps (tests/data/test_references.py)
+    text = (
+        '[[datasets]]\nimage_directory = "t"\ncontrol_directory = "c"\n'
+        "no_resize_control = true\ncontrol_resolution = [512, 512]\n"
+    )
+    (subset,) = _load(write_toml, text).datasets[0].subsets
+    assert subset.no_resize_control and subset.control_resolution == [512, 512]
+
+
+def test_a_kohya_dataset_config_keeps_its_subsets(write_toml):
+    # the kohya layout is untouched: a dataset with subsets is not one subset
+    text = (
+        '[[datasets]]\nresolution = 512\n[[datasets.subsets]]\nimage_dir = "a"\n'
+        'control_directory = "ca"\n[[datasets.subsets]]\nimage_dir = "b"\n'
+    )
+    first = _load(write_toml, text).datasets[0]
+    assert [s.image_dir for s in first.subsets] == ["a", "b"]
+    assert [s.control_directory for s in first.subsets] == ["ca", None]
