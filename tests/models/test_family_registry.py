@@ -27,6 +27,8 @@ from library.models.families.family_choice import check_config_family, entry_for
 from library.models.families.family_entry import FamilyEntry, LoraFiles, ToolFacts
 from library.models.families.flux import family as flux
 from library.models.families.flux.entry import FLUX
+from library.models.families.kontext.entry import KONTEXT
+from library.models.families.kontext.family import kontext_family
 from library.models.families.qwenimage.entry import QWENIMAGE
 from library.models.families.qwenimage.family import qwenimage_family
 from library.models.families.sd import family as sd
@@ -45,6 +47,7 @@ _INSTANCES = [
 ] + [zimage_family(variant, shift) for variant, shift in (("turbo", 3.0), ("base", 6.0))]
 _INSTANCES.append(chroma_family(FlowSection()))
 _INSTANCES.append(qwenimage_family())
+_INSTANCES.append(kontext_family(FlowSection()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,9 +89,9 @@ MODEL = ModelSection(pretrained_model_name_or_path="/models/fake-model")
 
 
 def test_every_family_instance_agrees_with_its_entry():
-    assert registry.FAMILIES == (SD, FLUX, SD3, ZIMAGE, CHROMA, QWENIMAGE)
+    assert registry.FAMILIES == (SD, FLUX, KONTEXT, SD3, ZIMAGE, CHROMA, QWENIMAGE)
     names = {registry.entry_of(family).name for family in _INSTANCES}
-    assert names == {"sd", "flux", "sd3", "zimage", "chroma", "qwenimage"}
+    assert names == {"sd", "flux", "flux_kontext", "sd3", "zimage", "chroma", "qwenimage"}
     for family in _INSTANCES:
         entry = registry.entry_of(family)
         assert family.name in entry.tool.variant_labels
@@ -96,7 +99,9 @@ def test_every_family_instance_agrees_with_its_entry():
         assert entry.label == type(family).LABEL
         assert getattr(type(family), "FLOW_KIND", entry.name) == entry.name
         assert (family.prediction_type == "flow") == entry.flow_matching
-        assert family_group(family) in entry.lines
+        # a family within another's (FLUX.1 Kontext) shares its LoRA files' line
+        within = registry.family_entry(entry.claims_within) if entry.claims_within else entry
+        assert family_group(family) in within.lines
 
 
 def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_registry():
@@ -111,7 +116,7 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "networks.lora_qwen_image",
         "lycoris.kohya",
     )
-    lines = "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image, Chroma and Qwen-Image"
+    lines = "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma and Qwen-Image"
     assert registry.trained_lines() == lines
 
 
@@ -151,7 +156,7 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
     with registry.registered(FAKE):
         assert entry_for(MODEL, FlowSection()) is FAKE
         assert registry.claim_order()[-1] is SD
-        lines = "SD 1.x/2.x, SDXL, FLUX.1, SD3/SD3.5, Z-Image, Chroma, Qwen-Image or FAKE-1"
+        lines = "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image or FAKE-1"
         assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()
     assert entry_for(MODEL, FlowSection()) is SD
@@ -195,21 +200,23 @@ def test_a_network_module_two_families_train_with_is_each_ones_own():
 
 def test_flow_keys_of_a_registered_family():
     with registry.registered(FAKE):
-        assert registry.flow_key_owners("ae") == (FLUX, CHROMA, FAKE)
+        assert registry.flow_key_owners("ae") == (FLUX, KONTEXT, CHROMA, FAKE)
         check_config_family(FAKE, MODEL, FlowSection(ae="ae.safetensors"), None)
         with pytest.raises(
-            ConfigError, match="ae is a FLUX.1 or Chroma or FAKE-1 key, and pretrained"
+            ConfigError,
+            match="ae is a FLUX.1 or FLUX.1 Kontext or Chroma or FAKE-1 key, and pretrained",
         ):
             check_config_family(SD3, MODEL, FlowSection(ae="ae.safetensors"), None)
         with pytest.raises(ConfigError, match="clip_g is an SD3/SD3.5 key, and .* a FAKE-1 model"):
             check_config_family(FAKE, MODEL, FlowSection(clip_g="clip_g.safetensors"), None)
         with pytest.raises(
-            ConfigError, match="^ae applies to Flux.1 and Chroma and Fake models, not SD3"
+            ConfigError,
+            match="^ae applies to Flux.1 and FLUX.1 Kontext and Chroma and Fake models, not SD3",
         ):
             sd3.SD3_MEDIUM.check_options(
                 ModelSection(pretrained_model_name_or_path="m"), FlowSection(ae="ae.safetensors")
             )
-    assert registry.flow_key_owners("ae") == (FLUX, CHROMA)
+    assert registry.flow_key_owners("ae") == (FLUX, KONTEXT, CHROMA)
 
 
 def test_lora_files_and_lora_tool_labels_of_a_registered_family():

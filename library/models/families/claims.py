@@ -52,13 +52,24 @@ def _header_text(path: Path) -> str:
         return ""
 
 
-def _folder_holds(path: Path, pipeline_class: str, transformer_class: str) -> bool:
+def _model_index(path: Path) -> dict:
+    """A folder's model_index.json; {} when it has none that reads as a JSON object (not a
+    folder of ours to judge: the SD loader reports it)."""
     try:
         index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False  # not a folder of ours to judge: the SD loader reports it
-    if not isinstance(index, dict):
-        return False
+        return {}
+    return index if isinstance(index, dict) else {}
+
+
+def folder_pipeline(path: Path) -> str | None:
+    """The pipeline class a diffusers folder's model_index.json names (None: none)."""
+    name = _model_index(path).get("_class_name")
+    return name if isinstance(name, str) else None
+
+
+def _folder_holds(path: Path, pipeline_class: str, transformer_class: str) -> bool:
+    index = _model_index(path)
     transformer = index.get("transformer")
     return index.get("_class_name") == pipeline_class or (
         isinstance(transformer, list) and transformer_class in transformer

@@ -17,6 +17,7 @@ from library.config.adapter_schema import LYCORIS_MODULE
 from library.models.families.chroma.entry import CHROMA
 from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry
 from library.models.families.flux.entry import FLUX
+from library.models.families.kontext.entry import KONTEXT
 from library.models.families.qwenimage.entry import QWENIMAGE
 from library.models.families.sd.entry import SD
 from library.models.families.sd3.entry import SD3
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 FAMILIES: tuple[FamilyEntry, ...] = (
     SD,
     FLUX,
+    KONTEXT,
     SD3,
     ZIMAGE,
     CHROMA,
@@ -56,8 +58,14 @@ def registered(entry: FamilyEntry) -> Iterator[FamilyEntry]:
 
 def claim_order() -> tuple[FamilyEntry, ...]:
     """The families in the order they are asked whether they read a model (or a LoRA file):
-    those that claim theirs first, then the one that takes every other model."""
-    return tuple(sorted(families(), key=lambda entry: entry.claims is None))
+    those whose models are a kind of another family's (``claims_within``: their claim is the
+    narrower one), then the others that claim theirs, then the one that takes every other
+    model."""
+    return tuple(
+        sorted(
+            families(), key=lambda entry: (entry.claims is None, entry.claims_within is None)
+        )
+    )
 
 
 def family_entry(name: str) -> FamilyEntry:

@@ -75,7 +75,7 @@ def test_cached_text_trains_like_fresh_text(components, zimage_pipe):
 
 
 def test_flux_only_flow_keys_are_refused(zimage_dir):
-    with pytest.raises(ConfigError, match="model_prediction_type is a FLUX.1 or Chroma key"):
+    with pytest.raises(ConfigError, match="model_prediction_type is a FLUX.1 or FLUX.1 Kontext or Chroma key"):
         load(zimage_dir, model_prediction_type="raw")
 
 

@@ -25,9 +25,11 @@ class FluxFlowKeys(Section):
         "blocks get adapters, all, the 38 single-stream or the 19 double-stream ones. Unset: "
         "all.",
     )
-    model_type: Literal["flux"] | None = Field(
+    model_type: Literal["flux", "flux_kontext"] | None = Field(
         None,
-        description='kohya\'s model_type; "flux" (the only value a FLUX.1 model takes).',
+        description='kohya\'s model_type: "flux" for FLUX.1; "flux_kontext" says a transformer '
+        "file is FLUX.1 Kontext [dev] (its file has FLUX.1 dev's names and shapes; a diffusers "
+        "folder says so itself).",
     )
     guidance_scale: float | None = Field(
         None,

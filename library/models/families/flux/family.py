@@ -40,6 +40,7 @@ class FluxFamily(TransformerFamily):
 
     FLOW_KIND: ClassVar[str] = "flux"
     LABEL: ClassVar[str] = "Flux.1"
+    MODEL_TYPE: ClassVar[str] = "flux"  # kohya's model_type of these models
 
     variant: str = "dev"
     guidance_scale: float = 3.5
@@ -111,10 +112,20 @@ class FluxFamily(TransformerFamily):
             kwargs["text_mask"] = text.mask.to(device)
         return Conditioning(hidden, kwargs)
 
+    def context_tokens(self, cond, dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Packed tokens ([B, n, 4C] each) and their position ids ([n, 3] each) the transformer
+        reads after the noisy image's, whose outputs are not predictions: none for text to
+        image (an edit model's reference images)."""
+        return [], []
+
     def predict(self, denoiser, noisy, timesteps, cond):
         batch, channels, height, width = noisy.shape
         tokens = pack_latents(noisy)
+        image_tokens = tokens.shape[1]
         img_ids = image_position_ids(height, width, noisy.device, noisy.dtype)
+        context, context_ids = self.context_tokens(cond, noisy.dtype)
+        if context:
+            tokens, img_ids = torch.cat([tokens, *context], 1), torch.cat([img_ids, *context_ids])
         text = cond.encoder_hidden_states
         txt_ids = torch.zeros(text.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
         joint = {}
@@ -140,7 +151,7 @@ class FluxFamily(TransformerFamily):
             joint_attention_kwargs=joint or None,
             return_dict=False,
         )[0]
-        return unpack_latents(out, channels, height, width)
+        return unpack_latents(out[:, :image_tokens], channels, height, width)
 
     # -- adapters ----------------------------------------------------------------------------
 
@@ -198,6 +209,11 @@ class FluxFamily(TransformerFamily):
 
     def check_options(self, model, flow):
         super().check_options(model, flow)
+        if flow.model_type not in (None, self.MODEL_TYPE):
+            raise ConfigError(
+                f"model_type = {flow.model_type!r}: {model.pretrained_model_name_or_path} is a "
+                f"{self.LABEL} model (model_type {self.MODEL_TYPE!r}); fix or remove model_type"
+            )
         if flow.guidance_scale is not None and not self.has_guidance:
             raise ConfigError(
                 "guidance_scale: Flux.1 schnell has no guidance input; remove guidance_scale"
@@ -272,7 +288,12 @@ FLUX_SCHNELL = dataclasses.replace(
 def flux_family(variant: str, flow) -> FluxFamily:
     """The Flux.1 family of ``variant`` ("dev" or "schnell") with the [flow] section's text and
     guidance settings (unset: kohya's defaults)."""
-    base = FLUX_DEV if variant == "dev" else FLUX_SCHNELL
+    return with_flow(FLUX_DEV if variant == "dev" else FLUX_SCHNELL, flow)
+
+
+def with_flow(base: FluxFamily, flow) -> FluxFamily:
+    """``base`` with the [flow] section's text, guidance and block settings (unset: kohya's
+    defaults, as ``base`` has them)."""
     changes = {}
     if flow.guidance_scale is not None:
         changes["guidance_scale"] = float(flow.guidance_scale)

@@ -68,15 +68,31 @@ def load_flux(
     Text encoders and tokenizers are (CLIP-L, T5). Every module is frozen, in eval mode, on the
     CPU, in ``weight_dtype`` (the AE in ``vae_dtype``). ModelError for any problem with the files.
     """
+    parts = load_flux_parts(FOLDER, model, flow, weight_dtype, vae_dtype)
+    return flux_components(parts, flux_family(parts.variant, flow), flow)
+
+
+def load_flux_parts(
+    folder: PipelineFolder,
+    model: ModelSection,
+    flow: FlowSection,
+    weight_dtype: torch.dtype,
+    vae_dtype: torch.dtype,
+) -> FluxParts:
+    """The parts of a FLUX.1-shaped model: a diffusers pipeline folder as ``folder`` declares
+    it, or a transformer file with its clip_l, t5xxl and ae files (files.py)."""
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
-    if path.is_dir():
-        loaded = load_folder(FOLDER, path, model, flow, weight_dtype, vae_dtype)
-        # The modules and tokenizers come in FOLDER's order, which is FluxParts'.
-        parts = FluxParts(
-            *loaded.modules.values(), *loaded.tokenizers.values(), loaded.facts, loaded.model_dir
-        )
-    else:
-        parts = load_flux_files(path, model, flow, weight_dtype, vae_dtype)
+    if not path.is_dir():
+        return load_flux_files(path, model, flow, weight_dtype, vae_dtype)
+    loaded = load_folder(folder, path, model, flow, weight_dtype, vae_dtype)
+    # The modules and tokenizers come in the folder's order, which is FluxParts'.
+    return FluxParts(
+        *loaded.modules.values(), *loaded.tokenizers.values(), loaded.facts, loaded.model_dir
+    )
+
+
+def flux_components(parts: FluxParts, family, flow: FlowSection) -> Components:
+    """Components of loaded FLUX.1-shaped parts trained as ``family``."""
     return Components(
         denoiser=parts.transformer,
         vae=parts.vae,
@@ -85,7 +101,7 @@ def load_flux(
         objective=FlowMatchingObjective(
             FlowOptions.from_section(flow), flux_scheduler_config(parts.variant)
         ),
-        family=flux_family(parts.variant, flow),
+        family=family,
         model_dir=parts.model_dir,
     )
 

@@ -1,0 +1,53 @@
+"""FLUX.1 Kontext [dev]'s entry in the family registry: what shared code asks of it before
+loading it. Its files, keys and LoRA layout are FLUX.1's (flux/entry.py); what differs is how
+a model is recognised (a FluxKontextPipeline folder, or model_type = "flux_kontext") and that
+each training image comes with its reference image.
+
+Readable without torch or diffusers: the loader and the family class are named and imported on
+first use."""
+
+from __future__ import annotations
+
+from library.models.families.family_entry import Deferred, FamilyEntry, KohyaVocabulary, ToolFacts
+from library.models.families.flux.entry import FLUX
+
+_LINE = "FLUX.1 Kontext"
+_PACKAGE = "library.models.families.kontext"
+
+KONTEXT = FamilyEntry(
+    name="flux_kontext",
+    label="FLUX.1 Kontext",
+    models=_LINE,
+    lines=(_LINE,),
+    family=Deferred(f"{_PACKAGE}.family:FluxKontextFamily").get,
+    claims=Deferred(f"{_PACKAGE}.load:claims_kontext"),
+    load=Deferred(f"{_PACKAGE}.load:load_kontext"),
+    # a FluxKontextPipeline folder's transformer is FLUX.1's, which FLUX.1's claim takes
+    claims_within=FLUX.name,
+    # musubi-tuner trains Kontext with kohya's FLUX.1 network module
+    network_module=FLUX.network_module,
+    flow_matching=True,
+    # FLUX.1's keys (the classes are FLUX.1's, named by both entries)
+    config_keys=FLUX.config_keys,
+    flow_keys=FLUX.flow_keys,
+    kohya=KohyaVocabulary(
+        options=FLUX.kohya.options,
+        network_args=FLUX.kohya.network_args,
+        off_network_args=FLUX.kohya.off_network_args,
+        refused_network_args=FLUX.kohya.refused_network_args,
+        # musubi-tuner's older name of its dataset key no_resize_control
+        aliases={"flux_kontext_no_resize_control": "no_resize_control"},
+    ),
+    # its LoRA files are FLUX.1's (kohya's names of the same transformer): nothing tells the
+    # files of the two apart, so they are one line to the file checks (a FLUX.1 LoRA continues
+    # training on Kontext, and a Kontext LoRA loads on FLUX.1, as in ComfyUI), whose marks
+    # FLUX.1's entry names
+    tool=ToolFacts(
+        component_options=FLUX.tool.component_options,
+        variant_labels={"flux-kontext-dev": "FLUX.1 Kontext [dev]"},
+        line_of=lambda family: FLUX.lines[0],
+        to_original=FLUX.tool.to_original,
+        comfy_keys=FLUX.tool.comfy_keys,
+    ),
+    test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
+)

@@ -1,0 +1,58 @@
+"""Loading FLUX.1 Kontext [dev]: which models are Kontext, and its files.
+
+A diffusers folder says so itself (model_index.json names FluxKontextPipeline; its parts are
+FLUX.1's). The distributed transformer file (flux1-kontext-dev.safetensors) has FLUX.1 dev's
+names and shapes, so nothing in it tells the two apart: the config says so with kohya's
+model_type = "flux_kontext", and the file is then read with its clip_l, t5xxl and ae files as
+FLUX.1's are (flux/files.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
+from library.errors import ModelError
+from library.models.families.claims import folder_pipeline
+from library.models.families.flux import load as flux_load
+from library.models.families.kontext.family import kontext_family
+from library.models.families.kontext.sampling import PIPELINE
+from library.models.loader import Components
+
+MODEL_TYPE = "flux_kontext"
+FOLDER = dataclasses.replace(flux_load.FOLDER, pipeline=PIPELINE, family="FLUX.1 Kontext [dev]")
+
+
+def claims_kontext(model: ModelSection, flow: FlowSection) -> bool:
+    """True for a FluxKontextPipeline folder, or any model the config calls Kontext
+    (model_type = "flux_kontext"; the loader then checks it holds FLUX.1's parts)."""
+    if flow.model_type == MODEL_TYPE:
+        return True
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    return path.is_dir() and folder_pipeline(path) == PIPELINE
+
+
+def load_kontext(
+    model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
+) -> Components:
+    """Components of FLUX.1 Kontext [dev] (a folder, or a transformer file with FLUX.1's
+    component files), as FLUX.1's loader reads them. ModelError for a model without the
+    distilled guidance input (schnell-shaped), which Kontext [dev] has."""
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    if path.is_dir() and folder_pipeline(path) == flux_load.FLUX_PIPELINE:
+        raise ModelError(
+            f"{path} holds a text-to-image FLUX.1 ({flux_load.FLUX_PIPELINE}), and model_type = "
+            f'"{MODEL_TYPE}" says FLUX.1 Kontext: remove model_type to train FLUX.1, or point '
+            "pretrained_model_name_or_path at the Kontext model"
+        )
+    parts = flux_load.load_flux_parts(FOLDER, model, flow, weight_dtype, vae_dtype)
+    if parts.variant != "dev":
+        raise ModelError(
+            f"{path} has no distilled guidance input (a schnell-shaped transformer), and FLUX.1 "
+            "Kontext [dev] has one; point pretrained_model_name_or_path at flux1-kontext-dev"
+        )
+    return flux_load.flux_components(parts, kontext_family(flow), flow)
