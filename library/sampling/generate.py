@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from library.data.images import load_display_image, load_image
+from library.data.images import load_display_image, load_image, read_image_header
 from library.errors import ConfigError
 from library.models.conditioning import encode_conditioning, plain_sizes
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
@@ -162,14 +162,22 @@ def _shown(image: Image.Image, prompt: SamplePrompt) -> Image.Image:
 
 def reference_entries(components, prompt: SamplePrompt, device, rows: int) -> dict:
     """The batch entries of a prompt's reference images for ``rows`` texts (families.base):
-    each resized and center-cropped to the image's size on the model's grid, encoded with the
+    each resized and center-cropped to the family's size for it (the image's size on the
+    model's grid unless the family's pipeline sizes references otherwise), encoded with the
     posterior's mode as the training step encodes references."""
     if not prompt.references:
         return {}
     family = components.family
-    size = tuple(on_grid(side, family.PIXEL_MULTIPLE) for side in (prompt.width, prompt.height))
+    grid = [on_grid(side, family.PIXEL_MULTIPLE) for side in (prompt.width, prompt.height)]
     codec = family.latent_codec(components.vae)
-    pixels = [load_image(path, size).unsqueeze(0).to(device) for path in prompt.references]
+    sizes = [
+        family.sample_reference_size(read_image_header(path).size, *grid)
+        for path in prompt.references
+    ]
+    pixels = [
+        load_image(path, size).unsqueeze(0).to(device)
+        for path, size in zip(prompt.references, sizes, strict=True)
+    ]
     latents = [codec.to_latents(codec.posterior(p)[0]) for p in pixels]
     entries = {REFERENCE_LATENTS_KEY: [z.expand(rows, *z.shape[1:]) for z in latents]}
     if family.TEXT_READS_REFERENCES:

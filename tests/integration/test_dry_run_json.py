@@ -77,6 +77,8 @@ SUBSET_FIELDS = {
     "num_repeats",
     "samples_per_epoch",
     "unused_images",
+    "reference_images",
+    "references_from",
 }
 BUCKET_FIELDS = {
     "width",
@@ -85,6 +87,7 @@ BUCKET_FIELDS = {
     "samples_per_epoch",
     "steps_per_epoch",
     "padding_per_epoch",
+    "references",
 }
 OUTPUT_FIELDS = {"output_dir", "output_name", "final", "final_kind", "final_state", "saves"}
 SAVE_FIELDS = {"every", "unit", "count", "keep_last", "state", "keep_last_state"}

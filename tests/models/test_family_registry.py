@@ -31,6 +31,8 @@ from library.models.families.kontext.entry import KONTEXT
 from library.models.families.kontext.family import kontext_family
 from library.models.families.qwenimage.entry import QWENIMAGE
 from library.models.families.qwenimage.family import qwenimage_family
+from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT
+from library.models.families.qwenimage_edit.family import qwenimage_edit_family
 from library.models.families.sd import family as sd
 from library.models.families.sd.entry import SD
 from library.models.families.sd3 import family as sd3
@@ -48,6 +50,7 @@ _INSTANCES = [
 _INSTANCES.append(chroma_family(FlowSection()))
 _INSTANCES.append(qwenimage_family())
 _INSTANCES.append(kontext_family(FlowSection()))
+_INSTANCES.append(qwenimage_edit_family())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,9 +92,9 @@ MODEL = ModelSection(pretrained_model_name_or_path="/models/fake-model")
 
 
 def test_every_family_instance_agrees_with_its_entry():
-    assert registry.FAMILIES == (SD, FLUX, KONTEXT, SD3, ZIMAGE, CHROMA, QWENIMAGE)
+    assert registry.FAMILIES == (SD, FLUX, KONTEXT, SD3, ZIMAGE, CHROMA, QWENIMAGE, QWENIMAGE_EDIT)
     names = {registry.entry_of(family).name for family in _INSTANCES}
-    assert names == {"sd", "flux", "flux_kontext", "sd3", "zimage", "chroma", "qwenimage"}
+    assert names == {"sd", "flux", "flux_kontext", "sd3", "zimage", "chroma", "qwenimage", "qwenimage_edit"}
     for family in _INSTANCES:
         entry = registry.entry_of(family)
         assert family.name in entry.tool.variant_labels
@@ -116,7 +119,10 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "networks.lora_qwen_image",
         "lycoris.kohya",
     )
-    lines = "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma and Qwen-Image"
+    lines = (
+        "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image and "
+        "Qwen-Image-Edit"
+    )
     assert registry.trained_lines() == lines
 
 
@@ -156,7 +162,10 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
     with registry.registered(FAKE):
         assert entry_for(MODEL, FlowSection()) is FAKE
         assert registry.claim_order()[-1] is SD
-        lines = "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image or FAKE-1"
+        lines = (
+            "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
+            "Qwen-Image-Edit or FAKE-1"
+        )
         assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()
     assert entry_for(MODEL, FlowSection()) is SD

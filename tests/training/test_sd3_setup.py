@@ -51,7 +51,7 @@ def test_lora_targets_every_kohya_module_and_t5_only_with_train_t5xxl():
         (
             {"timestep_sampling": "shift"},
             "timestep_sampling applies to Flux.1 and FLUX.1 Kontext and Z-Image and Chroma and "
-            "Qwen-Image models, not SD3",
+            "Qwen-Image and Qwen-Image-Edit models, not SD3",
         ),
         ({"guidance_scale": 1.0}, "guidance_scale applies to Flux.1"),
         ({"ae": "x"}, "ae applies to Flux.1"),

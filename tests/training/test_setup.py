@@ -120,7 +120,8 @@ def test_flux_keys_are_refused_on_an_sd_model(tiny_model_dir):
     model = _config(tiny_model_dir).model
     with pytest.raises(
         ConfigError,
-        match="timestep_sampling is a FLUX.1 or FLUX.1 Kontext or Z-Image or Chroma or Qwen-Image key, and ",
+        match="timestep_sampling is a FLUX.1 or FLUX.1 Kontext or Z-Image or Chroma or Qwen-Image or "
+        "Qwen-Image-Edit key, and ",
     ):
         load_components(model, torch.float32, FlowSection(timestep_sampling="shift"))
     config = _config(tiny_model_dir, network_module="networks.lora_flux")

@@ -111,6 +111,14 @@ class ModelFamily:
             return f"at least {low} reference image{'s' if low != 1 else ''}"
         return f"{low} to {high} reference images"
 
+    def sample_reference_size(
+        self, size: tuple[int, int], width: int, height: int
+    ) -> tuple[int, int]:
+        """The (width, height) a sample prompt's reference image of ``size`` is fitted to
+        (scaled to cover, center-cropped) before it is encoded, for an image of ``width`` x
+        ``height``: that size, unless the family's pipeline sizes references otherwise."""
+        return width, height
+
     @classmethod
     def takes_references(cls, count: int) -> bool:
         """Whether a sample with ``count`` reference images fits the family."""

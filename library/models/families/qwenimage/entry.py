@@ -5,13 +5,7 @@ imported on first use."""
 
 from __future__ import annotations
 
-from library.models.families.family_entry import (
-    Deferred,
-    FamilyEntry,
-    KohyaVocabulary,
-    LoraFiles,
-    ToolFacts,
-)
+from library.models.families.family_entry import Deferred, FamilyEntry, LoraFiles, ToolFacts
 
 _LINE = "Qwen-Image"
 _PACKAGE = "library.models.families.qwenimage"
@@ -56,14 +50,6 @@ QWENIMAGE = FamilyEntry(
     network_module="networks.lora_qwen_image",
     flow_matching=True,
     flow_keys=FLOW_KEYS,
-    # musubi-tuner's older dataset keys of its Qwen-Image-Edit trainer, which mean the general
-    # ones
-    kohya=KohyaVocabulary(
-        aliases={
-            "qwen_image_edit_no_resize_control": "no_resize_control",
-            "qwen_image_edit_control_resolution": "control_resolution",
-        }
-    ),
     lora_files=LoraFiles(
         denoiser_marks=_DENOISER_MARKS,
         architectures=(("Qwen-Image", _LINE),),

@@ -98,23 +98,36 @@ class QwenImageFamily(ModelFamily):
             lengths = torch.full((hidden.shape[0],), hidden.shape[1], dtype=torch.long)
         return Conditioning(hidden, {LENGTHS: lengths.cpu()})
 
+    def context_latents(self, cond) -> list[torch.Tensor]:
+        """One-frame latents [B, C, 1, h_k, w_k] the transformer reads after the noisy image's,
+        whose outputs are not predictions: none for text to image (an edit model's reference
+        images)."""
+        return []
+
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         """The transformer's velocity [B, C, 1, h, w] (noise - x0 at its best) for one-frame
-        latents; ``timesteps`` is sigma."""
+        latents; ``timesteps`` is sigma. Context latents (``context_latents``) are packed after
+        the image's tokens, each with its own frame grid in img_shapes."""
         hidden = cond.encoder_hidden_states
         lengths = cond.unet_kwargs[LENGTHS]
         hidden = hidden[:, : int(lengths.max())]
         mask = caption_mask(lengths, hidden.shape[1])
         h, w = noisy.shape[-2:]
+        tokens = pack(noisy)
+        image_tokens = tokens.shape[1]
+        (shapes,) = img_shapes(1, h, w)
+        for latents in self.context_latents(cond):
+            tokens = torch.cat([tokens, pack(latents.to(tokens.dtype))], dim=1)
+            shapes = shapes + img_shapes(1, *latents.shape[-2:])[0]
         out = denoiser(
-            hidden_states=pack(noisy),
+            hidden_states=tokens,
             encoder_hidden_states=hidden,
             encoder_hidden_states_mask=None if mask is None else mask.to(hidden.device),
             timestep=timesteps,
-            img_shapes=img_shapes(noisy.shape[0], h, w),
+            img_shapes=[shapes] * noisy.shape[0],
             return_dict=False,
         )[0]
-        return unpack(out, h, w)
+        return unpack(out[:, :image_tokens], h, w)
 
     def latent_codec(self, vae):
         """The video VAE's one-frame latents, normalised per channel (latents_mean / std)."""

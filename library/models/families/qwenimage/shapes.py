@@ -121,6 +121,8 @@ TINY_AXES_DIMS = (4, 6, 6)  # even parts (RoPE rotates pairs)
 TINY_TEXT_WIDTH = 40  # distinct from the transformer's 32, so a caption fed as an image fails
 TINY_TEXT_VOCAB = 272  # more rows than the tiny tokenizer's 269 tokens, as Qwen2.5-VL has
 TINY_ENDOFTEXT, TINY_IM_END = 262, 264  # <|endoftext|>, <|im_end|> in the tiny tokenizer
+# <|vision_start|>, <|vision_end|>, <|image_pad|>, <|video_pad|> in the tiny tokenizer
+TINY_VISION_START, TINY_VISION_END, TINY_IMAGE_PAD, TINY_VIDEO_PAD = 265, 266, 267, 268
 TINY_SIZE = 64  # pixels: latents 8 x 8, 16 image tokens
 
 
@@ -139,9 +141,14 @@ def tiny_transformer_config() -> dict:
 def tiny_text_encoder_config() -> dict:
     """Qwen2_5_VLConfig kwargs: a three-layer language model with grouped-query attention and
     the multimodal RoPE split (mrope_section sums to half the head dim), and a one-block vision
-    tower (loaded, never run, as in the pipeline)."""
+    tower (run by the edit model, which shows the encoder its reference image), with the tiny
+    tokenizer's ids of the vision tokens."""
     config = text_encoder_config()
     return {
+        "vision_start_token_id": TINY_VISION_START,
+        "vision_end_token_id": TINY_VISION_END,
+        "image_token_id": TINY_IMAGE_PAD,
+        "video_token_id": TINY_VIDEO_PAD,
         "text_config": {
             **config["text_config"],
             "vocab_size": TINY_TEXT_VOCAB,

@@ -1,0 +1,50 @@
+"""Qwen-Image-Edit's entry in the family registry: what shared code asks of it before loading
+it. Its transformer, files, keys and LoRA layout are Qwen-Image's (qwenimage/entry.py); what
+differs is its folder (QwenImageEditPipeline, with processor/) and that each training image
+comes with its reference image, which Qwen2.5-VL reads with the caption.
+
+Readable without torch or diffusers: the loader and the family class are named and imported on
+first use."""
+
+from __future__ import annotations
+
+from library.models.families.family_entry import Deferred, FamilyEntry, KohyaVocabulary, ToolFacts
+from library.models.families.qwenimage.entry import QWENIMAGE
+
+_LINE = "Qwen-Image-Edit"
+_PACKAGE = "library.models.families.qwenimage_edit"
+
+QWENIMAGE_EDIT = FamilyEntry(
+    name="qwenimage_edit",
+    label=_LINE,
+    models=_LINE,
+    lines=(_LINE,),
+    family=Deferred(f"{_PACKAGE}.family:QwenImageEditFamily").get,
+    claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage_edit"),
+    # its folder's transformer is Qwen-Image's, which Qwen-Image's claim takes
+    claims_within=QWENIMAGE.name,
+    load=Deferred(f"{_PACKAGE}.load:load_qwenimage_edit"),
+    reads_vae=True,
+    # musubi-tuner trains the edit model with its Qwen-Image LoRA module
+    network_module=QWENIMAGE.network_module,
+    flow_matching=True,
+    flow_keys=QWENIMAGE.flow_keys,
+    # musubi-tuner's older dataset keys of its Qwen-Image-Edit trainer, which mean the general
+    # ones
+    kohya=KohyaVocabulary(
+        aliases={
+            "qwen_image_edit_no_resize_control": "no_resize_control",
+            "qwen_image_edit_control_resolution": "control_resolution",
+        }
+    ),
+    # its LoRA files are Qwen-Image's (the same transformer and names): one line to the file
+    # checks, whose marks Qwen-Image's entry names
+    tool=ToolFacts(
+        variant_labels={"qwenimage-edit": _LINE},
+        line_of=lambda family: QWENIMAGE.lines[0],
+        own_layout=QWENIMAGE.tool.own_layout,
+        comfy_model_name=QWENIMAGE.tool.comfy_model_name,
+        comfy_keys=QWENIMAGE.tool.comfy_keys,
+        layout_names=QWENIMAGE.tool.layout_names,
+    ),
+)

@@ -1,0 +1,57 @@
+"""Sampling Qwen-Image-Edit during training: diffusers' QwenImageEditPipeline fed our
+conditioning and the prompt's reference image.
+
+The pipeline takes the reference as a PIL image and resizes it to about 1024 x 1024 pixels at
+its own aspect ratio (sides multiples of 32; ``pipeline_reference_size``) for both Qwen2.5-VL
+and the VAE. The sampler fits the prompt's reference to that size before encoding the caption
+with it, and hands the pipeline that fitted image, so the pipeline's resize keeps it and its
+latents come from the same pixels. Everything else is Qwen-Image's (qwenimage/sampling.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from library.models.conditioning import Conditioning
+from library.models.families.qwenimage.sampling import (
+    qwenimage_pipeline_inputs,
+    qwenimage_pipeline_kind,
+)
+from library.models.families.qwenimage_edit.conditioning import to_pil
+
+PIPELINE = "QwenImageEditPipeline"
+# Conditioning inputs: the reference latents [B, C, 1, h, w] for predict, and the reference
+# pixels [B, 3, H, W] the sampling pipeline takes as its image.
+REFERENCES = "reference_latents"
+REFERENCE_IMAGES = "reference_images"
+_AREA = 1024 * 1024  # the pipeline's reference area
+
+
+def pipeline_reference_size(size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) the pipeline resizes a reference of ``size`` to (its
+    calculate_dimensions: the area 1024 x 1024 at the reference's aspect ratio, each side
+    rounded to a multiple of 32)."""
+    ratio = size[0] / size[1]
+    width = math.sqrt(_AREA * ratio)
+    height = width / ratio
+    return round(width / 32) * 32, round(height / 32) * 32
+
+
+def edit_pipeline_kind():
+    """QwenImageEditPipeline with Qwen-Image's prompt defaults."""
+    return dataclasses.replace(
+        qwenimage_pipeline_kind(), class_name=PIPELINE, call_inputs=edit_inputs
+    )
+
+
+def edit_inputs(cond: Conditioning, prompt) -> dict:
+    """Qwen-Image's call keywords and the fitted reference as ``image``."""
+    kwargs = dict(cond.unet_kwargs)
+    kwargs.pop(REFERENCES, None)
+    images = kwargs.pop(REFERENCE_IMAGES, None)
+    inputs = qwenimage_pipeline_inputs(Conditioning(cond.encoder_hidden_states, kwargs), prompt)
+    if images:
+        (pixels,) = images  # Qwen-Image-Edit takes one reference
+        inputs["image"] = to_pil(pixels[0])
+    return inputs

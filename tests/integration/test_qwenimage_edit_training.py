@@ -1,0 +1,126 @@
+"""Qwen-Image-Edit end to end through the CLI: a musubi-tuner dataset config (image_directory,
+control_directory, cache_directory, its older qwen_image_edit_control_resolution) trains an edit
+LoRA on the tiny QwenImageEditPipeline folder, with the latents of images and references cached
+and the captions' Qwen2.5-VL states cached by caption and reference (each pair encoded once,
+however many epochs read it); diffusers' QwenImageEditPipeline applies the saved file exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from library.models.families.qwenimage_edit.family import QwenImageEditFamily
+from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
+from tests.integration.harness import make_images, tensors, train
+from tests.models.qwenimage_edit.conftest import transformers_processor
+
+PREFIX = "diffusion_model."
+
+
+@pytest.fixture(scope="module")
+def edit_dir(tmp_path_factory):
+    return write_tiny_qwenimage_edit_folder(tmp_path_factory.mktemp("models") / "tiny-edit")
+
+
+@pytest.fixture(scope="module")
+def edit_data(tmp_path_factory):
+    """Two targets with captions of different lengths, each with its reference (the target
+    mirrored, at 96x64)."""
+    root = tmp_path_factory.mktemp("edit")
+    targets = make_images(root / "targets", 2, size=64)
+    (targets / "img01.txt").write_text(
+        "a much longer instruction: mirror the shape, keep the colour"
+    )
+    controls = root / "controls"
+    controls.mkdir()
+    for target in sorted(targets.glob("*.png")):
+        with Image.open(target) as image:
+            image.transpose(0).resize((96, 64)).save(controls / target.name)
+    return root
+
+
+def _config(tmp_path, model_dir, root):
+    dataset = root / "dataset.toml"
+    dataset.write_text(
+        "\n".join(
+            [
+                "[general]",
+                "resolution = [256, 256]",
+                'caption_extension = ".txt"',
+                "batch_size = 1",
+                "enable_bucket = true",
+                "",
+                "[[datasets]]",
+                f'image_directory = "{root / "targets"}"',
+                f'control_directory = "{root / "controls"}"',
+                f'cache_directory = "{root / "cache"}"',
+                "qwen_image_edit_control_resolution = [128, 128]",
+                "num_repeats = 1",
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    keys = {
+        "pretrained_model_name_or_path": str(model_dir),
+        "dataset_config": str(dataset),
+        "output_dir": str(tmp_path / "out"),
+        "output_name": "run",
+        "network_module": "networks.lora_qwen_image",
+        "network_train_unet_only": "true",
+        "network_dim": "4",
+        "network_alpha": "2.0",
+        "learning_rate": "1e-3",
+        "max_train_steps": "4",
+        "seed": "7",
+        "cache_latents": "true",
+        "cache_text_encoder_outputs": "true",
+    }
+    path = tmp_path / "c.toml"
+    path.write_text(
+        "\n".join(
+            f"{k} = {v}" if v in ("true", "false") or v[0].isdigit() else f'{k} = "{v}"'
+            for k, v in keys.items()
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_a_musubi_edit_dataset_trains_a_lora_diffusers_applies(
+    tmp_path, edit_dir, edit_data, monkeypatch
+):
+    from diffusers import QwenImageEditPipeline
+
+    encoded: list[list[str]] = []
+    real = QwenImageEditFamily.encode_text_with_references
+
+    def counting(self, tokenizers, text_encoders, captions, references, device):
+        encoded.append(list(captions))
+        return real(self, tokenizers, text_encoders, captions, references, device)
+
+    monkeypatch.setattr(QwenImageEditFamily, "encode_text_with_references", counting)
+    assert train(_config(tmp_path, edit_dir, edit_data)) == 0
+    # 4 steps over 2 pairs (2 epochs): each caption read with its reference once
+    assert sorted(c for batch in encoded for c in batch) == sorted(
+        p.read_text() for p in (edit_data / "targets").glob("*.txt")
+    )
+
+    path = tmp_path / "out" / "run.safetensors"
+    saved = tensors(path)
+    modules = {k.rsplit(".", 2)[0] for k in saved if k.endswith(".weight")}
+    module = f"{PREFIX}transformer_blocks.1.attn.add_k_proj"
+    assert module in modules
+    pipe = QwenImageEditPipeline.from_pretrained(
+        edit_dir, processor=transformers_processor(edit_dir / "processor"), local_files_only=True
+    )
+    layer = pipe.transformer.get_submodule(module[len(PREFIX) :])
+    base = layer.weight.detach().clone()
+    pipe.load_lora_weights(str(path))
+    pipe.fuse_lora(components=["transformer"], lora_scale=1.0)
+    down, up = saved[f"{module}.lora_down.weight"], saved[f"{module}.lora_up.weight"]
+    expected = base + saved[f"{module}.alpha"].item() / down.shape[0] * (up @ down)
+    fused = getattr(layer, "base_layer", layer).weight.detach()
+    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6)

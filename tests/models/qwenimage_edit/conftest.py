@@ -1,0 +1,62 @@
+"""Fixtures of the Qwen-Image-Edit tests: a tiny folder, our components, and diffusers'
+QwenImageEditPipeline over the same folder with transformers' own Qwen2VLProcessor."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def transformers_processor(folder):
+    """transformers' Qwen2VLProcessor on ``folder``'s tokenizer and image processor. Its
+    constructor also builds a video processor, which needs torchvision; the image path this
+    test needs does not, so the object is assembled around that one check."""
+    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen2VLProcessor
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    processor = object.__new__(Qwen2VLProcessor)
+    parts = {
+        "tokenizer": tokenizer,
+        "image_processor": Qwen2VLImageProcessorPil.from_pretrained(str(folder)),
+        "video_processor": None,
+        "chat_template": None,
+        "image_token": "<|image_pad|>",
+        "video_token": "<|video_pad|>",
+        "image_token_id": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        "video_token_id": tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+    }
+    for name, value in parts.items():
+        object.__setattr__(processor, name, value)
+    return processor
+
+
+@pytest.fixture(scope="session")
+def edit_dir(tmp_path_factory):
+    """A tiny Qwen-Image-Edit as a diffusers QwenImageEditPipeline folder (seed 0)."""
+    from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
+
+    return write_tiny_qwenimage_edit_folder(tmp_path_factory.mktemp("models") / "tiny-edit")
+
+
+@pytest.fixture(scope="session")
+def edit_pipe(edit_dir):
+    """diffusers' QwenImageEditPipeline read from edit_dir offline (the reference)."""
+    from diffusers import QwenImageEditPipeline
+
+    pipe = QwenImageEditPipeline.from_pretrained(
+        edit_dir, processor=transformers_processor(edit_dir / "processor"), local_files_only=True
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="session")
+def edit_components(edit_dir):
+    """The folder as our loader reads it (float32)."""
+    import torch
+
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.models.loader import load_components
+
+    model = ModelSection(pretrained_model_name_or_path=str(edit_dir))
+    return load_components(model, torch.float32, FlowSection())
