@@ -167,22 +167,6 @@ def encode_text(
     )
 
 
-def encode_text_with_references(
-    family: ModelFamily,
-    tokenizers: Sequence[object],
-    text_encoders: Sequence[torch.nn.Module],
-    captions: Sequence[str],
-    references: Sequence[torch.Tensor],
-    device: torch.device | str,
-) -> TextConditioning:
-    """The text part of the conditioning of ``captions`` read with their reference images
-    (one [B, 3, H, W] tensor in [-1, 1] per reference slot), for a family whose text encoder
-    reads them (ModelFamily.TEXT_READS_REFERENCES)."""
-    return family.encode_text_with_references(
-        tokenizers, text_encoders, captions, references, device
-    )
-
-
 def assemble_conditioning(
     family: ModelFamily,
     text: TextConditioning,
@@ -265,10 +249,10 @@ def encode_conditioning(
     """The UNet conditioning of ``captions`` for a model of ``family``:
     ``assemble_conditioning(encode_text(...))``; see those two for the arguments. A family whose
     text encoder reads the reference images reads them from ``batch``
-    (``encode_text_with_references``)."""
+    (``ModelFamily.encode_text_with_references``)."""
     if family.TEXT_READS_REFERENCES and batch is not None and REFERENCE_PIXELS_KEY in batch:
-        text = encode_text_with_references(
-            family, tokenizers, text_encoders, captions, batch[REFERENCE_PIXELS_KEY], device
+        text = family.encode_text_with_references(
+            tokenizers, text_encoders, captions, batch[REFERENCE_PIXELS_KEY], device
         )
     else:
         text = encode_text(

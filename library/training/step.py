@@ -153,8 +153,7 @@ def _cached_with_references(s: StepInputs, batch: dict) -> Conditioning:
     def encode(missing: list[str]):
         rows = [keys.index(key) for key in missing]
         with torch.no_grad():
-            return conditioning.encode_text_with_references(
-                s.family,
+            return s.family.encode_text_with_references(
                 s.tokenizers,
                 s.text_encoders,
                 [batch["captions"][i] for i in rows],

@@ -56,6 +56,7 @@ from library.networks.lora import (
     set_lora_scale,
 )
 from library.saving.lora_file import read_lora_file, save_lora_file
+from tests.models.step_inputs import step_inputs
 from tests.networks.lora_load_helpers import load_quietly, peft_layers
 
 UNET = "lora_unet"  # kohya's prefix of the denoiser in every family
@@ -649,21 +650,6 @@ def _loss_pixels() -> torch.Tensor:
     return torch.rand(2, 3, 64, 48, generator=torch.Generator().manual_seed(5)) * 2 - 1
 
 
-def _step_inputs(c, case):
-    from library.config.schema import TrainingSection
-    from library.training.loss import LossOptions
-    from library.training.noise import NoiseOptions
-    from library.training.step import StepInputs
-
-    training = TrainingSection(**case.training)
-    return StepInputs(
-        denoiser=c.denoiser, vae=c.vae, family=c.family, objective=c.objective,
-        text_encoders=c.text_encoders, tokenizers=c.tokenizers, train_text_encoder=False,
-        weight_dtype=torch.float32, device=torch.device("cpu"), seed=SEED,
-        noise=NoiseOptions.from_training(training), loss=LossOptions.from_training(training),
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("family_variant", variant_params())
 def test_loss_equals_a_plain_reference(family_variant, folders):
     """The trainer's micro-batch loss (micro_batch_loss on the folder as our loader reads it)
@@ -683,7 +669,7 @@ def test_loss_equals_a_plain_reference(family_variant, folders):
     batch = {**LOSS_BATCH, "pixel_values": _loss_pixels()}
     losses = []
     for case in cases:
-        inputs = _step_inputs(_components(folder, case), case)
+        inputs = step_inputs(_components(folder, case), SEED, case.training)
         with torch.no_grad():
             ours = micro_batch_loss(inputs, batch)
             expected = kit.loss_reference(pipe, batch, SEED, case)

@@ -53,16 +53,7 @@ def write_config(path: Path, model_dir: Path, image_dir: Path, output_dir: Path,
         "network_alpha": 2.0,
         **keys,
     }
-    lines = []
-    for key, value in values.items():
-        if isinstance(value, bool):
-            lines.append(f"{key} = {'true' if value else 'false'}")
-        elif isinstance(value, (int, float)):
-            lines.append(f"{key} = {value!r}")
-        elif isinstance(value, list):
-            lines.append(f"{key} = {value!r}".replace("'", '"'))
-        else:
-            lines.append(f'{key} = "{value}"')
+    lines = flat_toml_lines(values)
     lines += [
         "",
         "[[datasets]]",
@@ -75,6 +66,35 @@ def write_config(path: Path, model_dir: Path, image_dir: Path, output_dir: Path,
     ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def flat_toml_lines(values: dict) -> list[str]:
+    """``key = value`` TOML lines of plain keys (booleans, numbers, lists, the rest as strings)."""
+    lines = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{key} = {value!r}")
+        elif isinstance(value, list):
+            lines.append(f"{key} = {value!r}".replace("'", '"'))
+        else:
+            lines.append(f'{key} = "{value}"')
+    return lines
+
+
+def assert_fuses_exactly(pipe, path: Path, module: str, layer: torch.nn.Module) -> None:
+    """diffusers' ``pipe.load_lora_weights(path)`` then ``fuse_lora`` turns ``layer`` (the
+    denoiser's Linear the file's ``module`` adapts) into base + alpha / r * up @ down of the
+    file's factors."""
+    saved = tensors(path)
+    base = layer.weight.detach().clone()
+    pipe.load_lora_weights(str(path))
+    pipe.fuse_lora(components=["transformer"], lora_scale=1.0)
+    down, up = saved[f"{module}.lora_down.weight"], saved[f"{module}.lora_up.weight"]
+    expected = base + saved[f"{module}.alpha"].item() / down.shape[0] * (up.float() @ down.float())
+    fused = getattr(layer, "base_layer", layer).weight.detach()
+    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6, msg=module)
 
 
 def reset_accelerate() -> None:

@@ -7,12 +7,17 @@ and an edit model given none, are refused before anything loads."""
 from __future__ import annotations
 
 import pytest
-import torch
 from PIL import Image
 
 from library.models.families.flux.tiny_files import write_tiny_flux_folder
 from library.models.families.kontext.tiny import write_tiny_kontext_folder
-from tests.integration.harness import make_images, tensors, train
+from tests.integration.harness import (
+    assert_fuses_exactly,
+    flat_toml_lines,
+    make_images,
+    tensors,
+    train,
+)
 
 RUN = {
     "network_module": "networks.lora_flux",
@@ -74,15 +79,7 @@ def _musubi_dataset(root, name="dataset.toml", **extra) -> str:
 def _config(path, model_dir, dataset, output_dir, **keys):
     values = {"pretrained_model_name_or_path": str(model_dir), "output_dir": str(output_dir),
               "output_name": "run", "dataset_config": dataset, **RUN, **keys}  # fmt: skip
-    lines = []
-    for key, value in values.items():
-        if isinstance(value, bool):
-            lines.append(f"{key} = {'true' if value else 'false'}")
-        elif isinstance(value, (int, float)):
-            lines.append(f"{key} = {value!r}")
-        else:
-            lines.append(f'{key} = "{value}"')
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text("\n".join(flat_toml_lines(values)) + "\n", encoding="utf-8")
     return path
 
 
@@ -112,18 +109,10 @@ def test_a_musubi_edit_dataset_trains_a_lora_diffusers_applies(
     assert any((edit_data / "cache").iterdir())  # musubi-tuner's cache_directory is used
 
     path = out / "run.safetensors"
-    saved = tensors(path)
-    assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv") for k in saved)
+    assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv") for k in tensors(path))
     pipe = FluxKontextPipeline.from_pretrained(kontext_dir, local_files_only=True)
-    module = "lora_unet_double_blocks_0_img_attn_proj"
     layer = pipe.transformer.transformer_blocks[0].attn.to_out[0]
-    base = layer.weight.detach().clone()
-    pipe.load_lora_weights(str(path))
-    pipe.fuse_lora(components=["transformer"], lora_scale=1.0)
-    down, up = saved[f"{module}.lora_down.weight"], saved[f"{module}.lora_up.weight"]
-    expected = base + saved[f"{module}.alpha"].item() / down.shape[0] * (up @ down)
-    fused = getattr(layer, "base_layer", layer).weight.detach()
-    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6)
+    assert_fuses_exactly(pipe, path, "lora_unet_double_blocks_0_img_attn_proj", layer)
 
 
 def test_the_dry_run_plans_the_references_and_counts_their_tokens(

@@ -7,12 +7,17 @@ however many epochs read it); diffusers' QwenImageEditPipeline applies the saved
 from __future__ import annotations
 
 import pytest
-import torch
 from PIL import Image
 
 from library.models.families.qwenimage_edit.family import QwenImageEditFamily
 from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
-from tests.integration.harness import make_images, tensors, train
+from tests.integration.harness import (
+    assert_fuses_exactly,
+    flat_toml_lines,
+    make_images,
+    tensors,
+    train,
+)
 from tests.models.qwenimage_edit.conftest import transformers_processor
 
 PREFIX = "diffusion_model."
@@ -68,24 +73,17 @@ def _config(tmp_path, model_dir, root):
         "output_dir": str(tmp_path / "out"),
         "output_name": "run",
         "network_module": "networks.lora_qwen_image",
-        "network_train_unet_only": "true",
-        "network_dim": "4",
-        "network_alpha": "2.0",
-        "learning_rate": "1e-3",
-        "max_train_steps": "4",
-        "seed": "7",
-        "cache_latents": "true",
-        "cache_text_encoder_outputs": "true",
+        "network_train_unet_only": True,
+        "network_dim": 4,
+        "network_alpha": 2.0,
+        "learning_rate": 1e-3,
+        "max_train_steps": 4,
+        "seed": 7,
+        "cache_latents": True,
+        "cache_text_encoder_outputs": True,
     }
     path = tmp_path / "c.toml"
-    path.write_text(
-        "\n".join(
-            f"{k} = {v}" if v in ("true", "false") or v[0].isdigit() else f'{k} = "{v}"'
-            for k, v in keys.items()
-        )
-        + "\n",
-        encoding="utf-8",
-    )
+    path.write_text("\n".join(flat_toml_lines(keys)) + "\n", encoding="utf-8")
     return path
 
 
@@ -117,10 +115,4 @@ def test_a_musubi_edit_dataset_trains_a_lora_diffusers_applies(
         edit_dir, processor=transformers_processor(edit_dir / "processor"), local_files_only=True
     )
     layer = pipe.transformer.get_submodule(module[len(PREFIX) :])
-    base = layer.weight.detach().clone()
-    pipe.load_lora_weights(str(path))
-    pipe.fuse_lora(components=["transformer"], lora_scale=1.0)
-    down, up = saved[f"{module}.lora_down.weight"], saved[f"{module}.lora_up.weight"]
-    expected = base + saved[f"{module}.alpha"].item() / down.shape[0] * (up @ down)
-    fused = getattr(layer, "base_layer", layer).weight.detach()
-    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6)
+    assert_fuses_exactly(pipe, path, module, layer)

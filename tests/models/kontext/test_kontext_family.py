@@ -15,6 +15,7 @@ from PIL import Image
 from library.models.conditioning import encode_conditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY
 from library.models.families.flux.testkit import reference_loss
+from tests.models.step_inputs import step_inputs
 
 CAPTIONS = ["make the red circle blue", "turn the square into a star"]
 
@@ -61,21 +62,6 @@ def test_prediction_with_a_reference_is_the_pipelines(kontext_components, kontex
     assert not torch.allclose(ours, c.family.predict(c.denoiser, noisy, sigma, plain), atol=1e-4)
 
 
-def _step_inputs(c):
-    from library.config.schema import TrainingSection
-    from library.training.loss import LossOptions
-    from library.training.noise import NoiseOptions
-    from library.training.step import StepInputs
-
-    training = TrainingSection()
-    return StepInputs(
-        denoiser=c.denoiser, vae=c.vae, family=c.family, objective=c.objective,
-        text_encoders=c.text_encoders, tokenizers=c.tokenizers, train_text_encoder=False,
-        weight_dtype=torch.float32, device=torch.device("cpu"), seed=11,
-        noise=NoiseOptions.from_training(training), loss=LossOptions.from_training(training),
-    )  # fmt: skip
-
-
 def _reference_loss(pipe, batch, seed):
     """FLUX.1's plain reference loss (flux/testkit.py), with the reference image encoded by the
     pipeline's own _encode_vae_image and appended as the pipeline appends it."""
@@ -115,7 +101,7 @@ def test_training_loss_with_a_reference_is_the_pipelines(kontext_components, kon
         "pixel_values": torch.rand(2, 3, 64, 48, generator=gen) * 2 - 1,
         "reference_pixels": [torch.rand(2, 3, 48, 80, generator=gen) * 2 - 1],
     }
-    inputs = _step_inputs(kontext_components)
+    inputs = step_inputs(kontext_components, 11)
     with torch.no_grad():
         ours = micro_batch_loss(inputs, batch)
         expected = _reference_loss(kontext_pipe, batch, 11)

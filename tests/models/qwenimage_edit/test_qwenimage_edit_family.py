@@ -15,6 +15,7 @@ from library.models.conditioning import encode_conditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.models.families.qwenimage_edit.conditioning import to_pil
 from tests.models.qwenimage_edit.conftest import transformers_processor
+from tests.models.step_inputs import step_inputs
 
 CAPTIONS = ["make the red circle blue", "turn the square into a star on a plain background"]
 
@@ -106,22 +107,6 @@ def test_prediction_with_a_reference_is_the_pipelines(edit_components, edit_pipe
     assert not torch.allclose(ours, c.family.predict(c.denoiser, noisy, sigma, plain), atol=1e-4)
 
 
-def _step_inputs(c):
-    from library.config.schema import TrainingSection
-    from library.training.loss import LossOptions
-    from library.training.noise import NoiseOptions
-    from library.training.step import StepInputs
-
-    training = TrainingSection()
-    return StepInputs(
-        denoiser=c.denoiser, vae=c.vae, family=c.family, objective=c.objective,
-        text_encoders=c.text_encoders, tokenizers=c.tokenizers, train_text_encoder=False,
-        weight_dtype=torch.float32, device=torch.device("cpu"), seed=11,
-        noise=NoiseOptions.from_training(training), loss=LossOptions.from_training(training),
-    )  # fmt: skip
-
-
-@torch.no_grad()
 def _reference_loss(pipe, batch, seed, shift=2.2):
     """Qwen-Image's loss written from the pipeline's parts (qwenimage/testkit.py's, with the
     trainer's keyed draws and musubi-tuner's shift 2.2), each caption encoded by the pipeline
@@ -164,7 +149,7 @@ def test_training_loss_with_a_reference_is_the_pipelines(edit_components, edit_p
         "pixel_values": _pixels(5, 64, 48),
         "reference_pixels": [_pixels(6, 48, 80)],
     }
-    inputs = _step_inputs(edit_components)
+    inputs = step_inputs(edit_components, 11)
     with torch.no_grad():
         ours = micro_batch_loss(inputs, batch)
         torch.testing.assert_close(
