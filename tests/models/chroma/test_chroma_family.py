@@ -174,3 +174,14 @@ def test_gradient_checkpointing_keeps_the_mask_in_the_single_blocks(chroma_dir):
     with mock.patch.object(family_module, "single_blocks_masked", lambda *_: nullcontext()):
         unmasked, _ = run()
     assert (unmasked - plain).abs().max() > 1e-4
+
+
+def test_kohyas_model_type_chroma_is_read_and_must_agree(chroma_dir):
+    """kohya's Chroma configs carry model_type = "chroma" (its FLUX.1 trainer's switch)."""
+    from library.errors import ConfigError
+
+    model = ModelSection(pretrained_model_name_or_path=str(chroma_dir))
+    loaded = load_components(model, torch.float32, FlowSection(model_type="chroma"))
+    assert type(loaded.family).__name__ == "ChromaFamily"
+    with pytest.raises(ConfigError, match=r"model_type = 'flux': .* is a Chroma model"):
+        load_components(model, torch.float32, FlowSection(model_type="flux"))

@@ -28,6 +28,7 @@ FLOW_KEYS = frozenset(
         "logit_mean",
         "logit_std",
         "mode_scale",
+        "model_type",  # kohya's switch of its FLUX.1 trainer to Chroma: "chroma"
     }
 )
 

@@ -161,6 +161,11 @@ class ChromaFamily(TransformerFamily):
 
     def check_options(self, model, flow):
         super().check_options(model, flow)
+        if flow.model_type not in (None, "chroma"):
+            raise ConfigError(
+                f"model_type = {flow.model_type!r}: {model.pretrained_model_name_or_path} is a "
+                "Chroma model (kohya's model_type 'chroma'); fix or remove model_type"
+            )
         if flow.apply_t5_attn_mask is False:
             raise ConfigError(
                 "apply_t5_attn_mask = false: Chroma always masks T5's padding (it was trained "

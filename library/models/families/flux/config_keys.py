@@ -25,11 +25,12 @@ class FluxFlowKeys(Section):
         "blocks get adapters, all, the 38 single-stream or the 19 double-stream ones. Unset: "
         "all.",
     )
-    model_type: Literal["flux", "flux_kontext"] | None = Field(
+    model_type: Literal["flux", "chroma", "flux_kontext"] | None = Field(
         None,
-        description='kohya\'s model_type: "flux" for FLUX.1; "flux_kontext" says a transformer '
-        "file is FLUX.1 Kontext [dev] (its file has FLUX.1 dev's names and shapes; a diffusers "
-        "folder says so itself).",
+        description='kohya\'s model_type: "flux" for FLUX.1, "chroma" for Chroma (as kohya\'s '
+        'FLUX.1 trainer takes it; the model says so itself, the key must agree); "flux_kontext" '
+        "says a transformer file is FLUX.1 Kontext [dev] (its file has FLUX.1 dev's names and "
+        "shapes; a diffusers folder says so itself).",
     )
     guidance_scale: float | None = Field(
         None,
