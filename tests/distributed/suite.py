@@ -47,6 +47,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from PIL import Image
+
 from library.models.families import registry
 from library.models.families.testkit import DistributedMode
 from tests.distributed.runs import (
@@ -210,9 +212,16 @@ class Runs:
     def equivalence_config(self, mode: str, layout: str) -> Path:
         _, accumulation, batch = LAYOUTS[layout]
         declared = MODES[mode]
+        images = self.mode_images(mode)
+        subset = (
+            {"control_directory": str(self.controls(images)), "no_resize_control": True}
+            if declared.references
+            else {}
+        )
         return self.config(
             f"eq-{mode}-{layout}",
-            self.mode_images(mode),
+            images,
+            subset_keys=subset,
             train_batch_size=batch,
             gradient_accumulation_steps=accumulation,
             **{
@@ -238,18 +247,35 @@ class Runs:
     def mode_images(self, mode: str) -> Path:
         """The images ``mode`` trains on: the shared ones, with the mode's own captions where it
         declares them (written on first use)."""
-        captions = MODES[mode].captions
-        if not captions:
+        declared = MODES[mode]
+        if not declared.captions and not declared.references:
             return self.images
 
         def write(folder: Path) -> None:
             folder.mkdir()
-            for image in sorted(self.images.glob("*.png")):
-                shutil.copy(image, folder / image.name)
-            for image, caption in zip(sorted(folder.glob("*.png")), captions, strict=True):
-                image.with_suffix(".txt").write_text(caption, encoding="utf-8")
+            for file in sorted(self.images.iterdir()):
+                if file.suffix in (".png", ".txt"):
+                    shutil.copy(file, folder / file.name)
+            images = sorted(folder.glob("*.png"))
+            if declared.captions:
+                for image, caption in zip(images, declared.captions, strict=True):
+                    image.with_suffix(".txt").write_text(caption, encoding="utf-8")
+            if declared.references:
+                # each image mirrored, every other one 32 pixels wider: kept at their own sizes
+                # (no_resize_control), the references make two groups of micro-batches
+                self.controls(folder).mkdir()
+                for i, image in enumerate(images):
+                    with Image.open(image) as picture:
+                        mirrored = picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+                        size = (picture.width + 32 * (i % 2), picture.height)
+                        mirrored.resize(size).save(self.controls(folder) / image.name)
 
         return self._tiny_folder(f"imgs-{mode}", write)
+
+    @staticmethod
+    def controls(images: Path) -> Path:
+        """The control folder of a mode's images (its reference images, by the same names)."""
+        return images.parent / f"{images.name}-controls"
 
     def mode_state(self, mode: str) -> Path:
         """The state the 2x2x1 run of ``mode`` (a resume mode) saved after its first step."""

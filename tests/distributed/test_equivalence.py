@@ -126,3 +126,17 @@ def test_only_rank_zero_writes_logs(runs):
     assert [len(ddp.rank(r)["reported"]) for r in (0, 1)] == [2, 2]  # both reached each step
     # and one loading bar per model: transformers' bar for the text encoder, from rank 0 only
     assert ddp.log.count("Loading weights: 100%") == 1, ddp.log
+
+
+@pytest.mark.parametrize("mode", [mode for mode in MODES if MODES[mode].references])
+def test_a_mode_with_references_trains_each_image_with_its_own(runs, mode):
+    """An edit model's mode pairs each image with its reference of two sizes, and every layout
+    plans the two groups they make (the 2-process run's plan): 4 images of one bucket make two steps of 2 samples and 2
+    padding slots each, where without references they would make one step (the equivalence
+    above then holds with them)."""
+    folder = runs.mode_images(mode)
+    controls = sorted(p.name for p in runs.controls(folder).glob("*.png"))
+    assert controls == sorted(p.name for p in folder.glob("*.png"))
+    log = runs.equivalence(mode, "2x2x1").check().log  # the launched run's console
+    assert "4 reference images from" in log
+    assert "4 padding slots" in log and "optimizer steps per epoch: 2," in log

@@ -38,9 +38,11 @@ def make_images(folder: Path, count: int, size: int = 64, captions: bool = True)
     return folder
 
 
-def write_config(path: Path, model_dir: Path, image_dir: Path, output_dir: Path, **keys) -> Path:
+def write_config(
+    path: Path, model_dir: Path, image_dir: Path, output_dir: Path, subset_keys=None, **keys
+) -> Path:
     """A sectionless (flat) config: every key routes to its section by name. ``resolution``
-    goes into the [[datasets]] table (default 64)."""
+    goes into the [[datasets]] table (default 64), ``subset_keys`` into its subset."""
     resolution = keys.pop("resolution", 64)
     values = {
         "pretrained_model_name_or_path": str(model_dir),
@@ -63,6 +65,7 @@ def write_config(path: Path, model_dir: Path, image_dir: Path, output_dir: Path,
         f'image_dir = "{image_dir}"',
         'class_tokens = "shape"',
         "num_repeats = 1",
+        *flat_toml_lines(subset_keys or {}),
     ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

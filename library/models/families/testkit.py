@@ -102,7 +102,8 @@ class DistributedMode:
     continued from its step-1 state, on 2 processes and on 1 process x accumulation 4, must end
     on the uninterrupted weights. ``ddp_modules``: for a sharded mode (``keys["fsdp"]``), the
     modules the 2-process run keeps under DDP beside the sharded denoiser (trained text
-    encoders).
+    encoders). ``references``: each image trains with a reference image (an edit model's), the
+    image mirrored at another size, paired from a control folder.
 
     A family's first mode is its own proof: it is also trained as 1 x 2 x 1 (2 samples a step
     instead of 4), which must give other weights, so the comparison can fail."""
@@ -117,6 +118,7 @@ class DistributedMode:
     only: tuple[str, ...] = ()
     resume: bool = False
     ddp_modules: tuple[str, ...] = ()
+    references: bool = False
 
     @property
     def sharded(self) -> bool:

@@ -214,7 +214,7 @@ def _loss_cases(variant):
 # leave them out of its start-up broadcast. T5's adapters sit after relative-position attention
 # and RMS norms, whose float32 sums differ by up to ~2e-6 between layouts after 2 steps
 # (observed); a wrong reduction or a missed sample moves them by far more (the 1 x 2 x 1 guard).
-_LORA = DistributedMode(
+LORA_MODE = DistributedMode(
     name="flux-lora",
     keys={
         "network_module": "networks.lora_flux",
@@ -230,17 +230,17 @@ _LORA = DistributedMode(
     holds=("lora_te3_",),
 )
 DISTRIBUTED = (
-    _LORA,
+    LORA_MODE,
     # the full fine-tune (the transformer alone)
     DistributedMode(
         name="flux-full",
-        keys={**_LORA.keys, "train_mode": "unet", "learning_rate": 1e-3, "network_args": [],
+        keys={**LORA_MODE.keys, "train_mode": "unet", "learning_rate": 1e-3, "network_args": [],
               "fp8_base": False},
         ddp_options=("--ddp_gradient_as_bucket_view",),
     ),  # fmt: skip
     # the LoRA run with its last double block and both single blocks swapped to host memory
     # (blocks_to_swap, over float8 weights): DDP must neither broadcast nor sync the host weights
-    replace(_LORA, name="flux-swap", keys={**_LORA.keys, "blocks_to_swap": 2}),
+    replace(LORA_MODE, name="flux-swap", keys={**LORA_MODE.keys, "blocks_to_swap": 2}),
 )
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from library.config.flow_schema import FlowSection
 from library.models.families.flux.testkit import KIT as FLUX_KIT
+from library.models.families.flux.testkit import LORA_MODE as FLUX_LORA
 from library.models.families.kontext.family import kontext_family
 from library.models.families.kontext.sampling import PIPELINE
 from library.models.families.kontext.tiny import write_tiny_kontext_folder
@@ -31,11 +32,17 @@ KIT = replace(
     sample_cases=None,
     loss_cases=None,
     loss_reference=None,
-    distributed=(),
-    skips={
-        "sample": _WITH_REFERENCES,
-        "loss": _WITH_REFERENCES,
-        "distributed": "the distributed suite's tiny datasets have no reference images yet; "
-        "FLUX.1's modes run the same transformer and step",
-    },
+    # FLUX.1's LoRA mode on images with references of two sizes (two groups of micro-batches),
+    # the transformer alone
+    distributed=(
+        replace(
+            FLUX_LORA,
+            name="kontext-lora",
+            keys={**FLUX_LORA.keys, "network_args": [], "network_train_unet_only": True},
+            holds=(),
+            only=("lora_unet_",),
+            references=True,
+        ),
+    ),
+    skips={"sample": _WITH_REFERENCES, "loss": _WITH_REFERENCES},
 )
