@@ -126,11 +126,13 @@ def folders(tmp_path_factory):
     return folder
 
 
-def pipeline(folder):
-    """diffusers' own reading of a folder: the class model_index.json names, its modules."""
+def pipeline(folder, kit=None):
+    """diffusers' own reading of a folder: the class model_index.json names, its modules (with
+    the kit's ``pipeline_keys`` for parts diffusers cannot read here by itself)."""
     from diffusers import DiffusionPipeline
 
-    return DiffusionPipeline.from_pretrained(str(folder), local_files_only=True)
+    keys = kit.pipeline_keys(folder) if kit is not None and kit.pipeline_keys else {}
+    return DiffusionPipeline.from_pretrained(str(folder), local_files_only=True, **keys)
 
 
 def pipeline_modules(pipe) -> list[tuple[str, torch.nn.Module]]:
@@ -204,7 +206,7 @@ def _load(name: str, folder, weight_dtype, vae_dtype):
 def test_folder_loads_what_diffusers_loads(name, folders):
     kit = kit_of(name)
     folder = folders(name, kit.variant)
-    pipe = pipeline(folder)
+    pipe = pipeline(folder, kit)
     assert type(pipe).__name__ == kit.pipeline(kit.variant)
     parts = _load(name, folder, torch.float32, torch.float32)
     assert parts.model_dir == folder.absolute()
@@ -216,11 +218,14 @@ def test_folder_loads_what_diffusers_loads(name, folders):
         assert_same(module.state_dict(), reference.state_dict())
         assert not module.training and not any(p.requires_grad for p in module.parameters())
         assert all(p.device.type == "cpu" for p in module.parameters()), component
-    # The tokenizers are diffusers' and read a caption as diffusers' do.
-    suffixes = ("", "_2", "_3")[: len(parts.tokenizers)]
-    for tokenizer, suffix in zip(parts.tokenizers, suffixes, strict=True):
-        reference = getattr(pipe, f"tokenizer{suffix}")
-        assert type(tokenizer) is type(reference), suffix
+    # The tokenizers are diffusers' and read a caption as diffusers' do (a processor, which also
+    # prepares images, by its tokenizer: its image half has its family's own tests).
+    subfolders = parts.family.tokenizer_subfolders
+    for tokenizer, sub in zip(parts.tokenizers, subfolders, strict=True):
+        reference = getattr(pipe, sub)
+        if hasattr(reference, "image_processor"):
+            tokenizer, reference = tokenizer.tokenizer, reference.tokenizer
+        assert type(tokenizer) is type(reference), sub
         assert tokenizer("a cat").input_ids == reference("a cat").input_ids
 
     # In the dtypes asked for: the weights in bfloat16, the VAE in float32.
@@ -394,8 +399,8 @@ def test_lora_file_merged_into_the_base_is_peft_merge(
     out = tmp_path / "merged"
     assert cli.main(["merge", "--model", str(base), "--loras", str(path),
                      "--output_dir", str(out)]) == 0  # fmt: skip
-    merged = dict(pipeline_modules(pipeline(out)))
-    plain = dict(pipeline_modules(pipeline(base)))
+    merged = dict(pipeline_modules(pipeline(out, kit)))
+    plain = dict(pipeline_modules(pipeline(base, kit)))
     components = {UNET: denoiser_name(merged)}
     pairs = zip(family.text_encoder_lora_prefixes, family.text_encoder_subfolders, strict=True)
     components.update(pairs)
@@ -422,7 +427,7 @@ def test_diffusers_loads_every_key_of_our_lora_file(family_variant, folders, tmp
     the layers we adapted and, fused, holds peft's merge of our adapters."""
     name, variant = family_variant
     kit = kit_of(name)
-    pipe = pipeline(folders(name, variant))
+    pipe = pipeline(folders(name, variant), kit)
     modules = {n: copy.deepcopy(m) for n, m in pipeline_modules(pipe)}
     before = {n: m.state_dict() for n, m in modules.items()}
     family = kit.family(variant, modules)
@@ -665,7 +670,7 @@ def test_loss_equals_a_plain_reference(family_variant, folders):
     if not cases:
         pytest.skip(kit.skip_reason("loss", f"{name}-{variant} gives no plain reference loss"))
     folder = folders(name, variant)
-    pipe = pipeline(folder)
+    pipe = pipeline(folder, kit)
     batch = {**LOSS_BATCH, "pixel_values": _loss_pixels()}
     losses = []
     for case in cases:

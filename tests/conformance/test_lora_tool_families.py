@@ -55,7 +55,7 @@ def folders(tmp_path_factory):
 def _pipeline_parts(name, folder):
     """(kit, diffusers' pipeline of the folder, private copies of its modules, the family)."""
     kit = kit_of(name)
-    pipe = pipeline(folder)
+    pipe = pipeline(folder, kit)
     modules = {n: copy.deepcopy(m) for n, m in pipeline_modules(pipe)}
     return kit, pipe, modules, kit.family(kit.variant, modules)
 

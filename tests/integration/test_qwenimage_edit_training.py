@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from library.models.families.qwenimage_edit.family import QwenImageEditFamily
+from library.models.families.qwenimage_edit.testkit import transformers_processor
 from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
 from tests.integration.harness import (
     assert_fuses_exactly,
@@ -18,7 +19,6 @@ from tests.integration.harness import (
     tensors,
     train,
 )
-from tests.models.qwenimage_edit.conftest import transformers_processor
 
 PREFIX = "diffusion_model."
 

@@ -168,7 +168,9 @@ class ConformanceKit:
     "lycoris_fused": its LyCORIS files name no fused original layer; "lycoris": it trains no
     LyCORIS; "sample", "loss": no case or reference for the variant; "distributed": no
     distributed mode, which a kit must otherwise declare); a property without one skips with the
-    suite's own reason."""
+    suite's own reason.
+    ``pipeline_keys(folder)``: from_pretrained arguments diffusers needs to read the family's
+    folder here (a part it cannot build by itself); unset: none."""
 
     variants: tuple[str, ...]
     build: Callable[[str, int], dict]
@@ -188,6 +190,7 @@ class ConformanceKit:
     loss_reference: Callable[[Any, Mapping[str, Any], int, LossCase], torch.Tensor] | None = None
     distributed: tuple[DistributedMode, ...] = ()
     skips: Mapping[str, str] = field(default_factory=dict)
+    pipeline_keys: Callable[[Path], Mapping[str, Any]] | None = None
 
     def skip_reason(self, prop: str, default: str) -> str:
         """Why ``prop`` is skipped for this family: the kit's reason, else ``default``."""

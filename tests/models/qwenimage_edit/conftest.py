@@ -5,28 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-
-def transformers_processor(folder):
-    """transformers' Qwen2VLProcessor on ``folder``'s tokenizer and image processor. Its
-    constructor also builds a video processor, which needs torchvision; the image path this
-    test needs does not, so the object is assembled around that one check."""
-    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen2VLProcessor
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    processor = object.__new__(Qwen2VLProcessor)
-    parts = {
-        "tokenizer": tokenizer,
-        "image_processor": Qwen2VLImageProcessorPil.from_pretrained(str(folder)),
-        "video_processor": None,
-        "chat_template": None,
-        "image_token": "<|image_pad|>",
-        "video_token": "<|video_pad|>",
-        "image_token_id": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
-        "video_token_id": tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-    }
-    for name, value in parts.items():
-        object.__setattr__(processor, name, value)
-    return processor
+from library.models.families.qwenimage_edit.testkit import transformers_processor
 
 
 @pytest.fixture(scope="session")

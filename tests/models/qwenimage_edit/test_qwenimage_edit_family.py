@@ -14,7 +14,7 @@ from PIL import Image
 from library.models.conditioning import encode_conditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.models.families.qwenimage_edit.conditioning import to_pil
-from tests.models.qwenimage_edit.conftest import transformers_processor
+from library.models.families.qwenimage_edit.testkit import transformers_processor
 from tests.models.step_inputs import step_inputs
 
 CAPTIONS = ["make the red circle blue", "turn the square into a star on a plain background"]

@@ -47,4 +47,5 @@ QWENIMAGE_EDIT = FamilyEntry(
         comfy_keys=QWENIMAGE.tool.comfy_keys,
         layout_names=QWENIMAGE.tool.layout_names,
     ),
+    test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )

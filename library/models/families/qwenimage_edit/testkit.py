@@ -1,0 +1,63 @@
+"""Qwen-Image-Edit's kit for the family conformance suite: Qwen-Image's (the same transformer,
+VAE, text encoder and file names), on a QwenImageEditPipeline folder; diffusers reads the folder
+with transformers' own Qwen2VLProcessor (``transformers_processor``). Sampling and the loss with
+a reference image are checked against QwenImageEditPipeline in tests/models/qwenimage_edit/,
+which build the reference images these need."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from library.models.families.qwenimage.testkit import DISTRIBUTED as QWEN_MODES
+from library.models.families.qwenimage.testkit import KIT as QWEN_KIT
+from library.models.families.qwenimage_edit.family import qwenimage_edit_family
+from library.models.families.qwenimage_edit.sampling import PIPELINE
+from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
+
+_WITH_REFERENCES = (
+    "tests/models/qwenimage_edit/ checks it with a reference image against the pipeline"
+)
+
+
+def transformers_processor(folder: Path):
+    """transformers' Qwen2VLProcessor on ``folder``'s tokenizer and image processor (the
+    reference for processor.py). Its constructor also builds a video processor, which needs
+    torchvision; the image path does not, so the object is assembled around that one check."""
+    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen2VLProcessor
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    processor = object.__new__(Qwen2VLProcessor)
+    parts = {
+        "tokenizer": tokenizer,
+        "image_processor": Qwen2VLImageProcessorPil.from_pretrained(str(folder)),
+        "video_processor": None,
+        "chat_template": None,
+        "image_token": "<|image_pad|>",
+        "video_token": "<|video_pad|>",
+        "image_token_id": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        "video_token_id": tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+    }
+    for name, value in parts.items():
+        object.__setattr__(processor, name, value)
+    return processor
+
+
+KIT = replace(
+    QWEN_KIT,
+    variants=("qwenimage-edit",),
+    write_folder=lambda path, variant, seed: write_tiny_qwenimage_edit_folder(path, seed),
+    pipeline=lambda variant: PIPELINE,
+    family=lambda variant, modules: qwenimage_edit_family(),
+    pipeline_keys=lambda folder: {"processor": transformers_processor(Path(folder) / "processor")},
+    sample_cases=None,
+    loss_cases=None,
+    loss_reference=None,
+    # Qwen-Image's LoRA mode on images with references of two sizes (two groups of
+    # micro-batches), with Qwen2.5-VL reading each caption with its reference
+    distributed=tuple(
+        replace(mode, name="qwenimage-edit-lora", captions=(), references=True)
+        for mode in QWEN_MODES[:1]
+    ),
+    skips={**QWEN_KIT.skips, "sample": _WITH_REFERENCES, "loss": _WITH_REFERENCES},
+)
