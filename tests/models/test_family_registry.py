@@ -31,7 +31,7 @@ from library.models.families.kontext.entry import KONTEXT
 from library.models.families.kontext.family import kontext_family
 from library.models.families.qwenimage.entry import QWENIMAGE
 from library.models.families.qwenimage.family import qwenimage_family
-from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT
+from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT, QWENIMAGE_EDIT_PLUS
 from library.models.families.qwenimage_edit.family import qwenimage_edit_family
 from library.models.families.sd import family as sd
 from library.models.families.sd.entry import SD
@@ -51,6 +51,7 @@ _INSTANCES.append(chroma_family(FlowSection()))
 _INSTANCES.append(qwenimage_family())
 _INSTANCES.append(kontext_family(FlowSection()))
 _INSTANCES.append(qwenimage_edit_family())
+_INSTANCES.append(qwenimage_edit_family(plus=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,9 +93,29 @@ MODEL = ModelSection(pretrained_model_name_or_path="/models/fake-model")
 
 
 def test_every_family_instance_agrees_with_its_entry():
-    assert registry.FAMILIES == (SD, FLUX, KONTEXT, SD3, ZIMAGE, CHROMA, QWENIMAGE, QWENIMAGE_EDIT)
+    assert registry.FAMILIES == (
+        SD,
+        FLUX,
+        KONTEXT,
+        SD3,
+        ZIMAGE,
+        CHROMA,
+        QWENIMAGE,
+        QWENIMAGE_EDIT,
+        QWENIMAGE_EDIT_PLUS,
+    )
     names = {registry.entry_of(family).name for family in _INSTANCES}
-    assert names == {"sd", "flux", "flux_kontext", "sd3", "zimage", "chroma", "qwenimage", "qwenimage_edit"}
+    assert names == {
+        "sd",
+        "flux",
+        "flux_kontext",
+        "sd3",
+        "zimage",
+        "chroma",
+        "qwenimage",
+        "qwenimage_edit",
+        "qwenimage_edit_plus",
+    }
     for family in _INSTANCES:
         entry = registry.entry_of(family)
         assert family.name in entry.tool.variant_labels
@@ -120,8 +141,8 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "lycoris.kohya",
     )
     lines = (
-        "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image and "
-        "Qwen-Image-Edit"
+        "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
+        "Qwen-Image-Edit and Qwen-Image-Edit-2509/2511"
     )
     assert registry.trained_lines() == lines
 
@@ -164,7 +185,7 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
         assert registry.claim_order()[-1] is SD
         lines = (
             "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
-            "Qwen-Image-Edit or FAKE-1"
+            "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511 or FAKE-1"
         )
         assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()

@@ -12,6 +12,7 @@ from sd3_fixtures import tiny_sd3_components
 from library.config.flow_schema import FlowSection
 from library.config.schema import Config, ModelSection
 from library.errors import ConfigError
+from library.models.families import registry
 from library.models.families.sd3.lora_keys import T5, transformer_modules
 from library.networks.fused_keys import target_paths, text_encoder_modules
 from library.networks.lora import lora_layers
@@ -50,8 +51,10 @@ def test_lora_targets_every_kohya_module_and_t5_only_with_train_t5xxl():
     [
         (
             {"timestep_sampling": "shift"},
-            "timestep_sampling applies to Flux.1 and FLUX.1 Kontext and Z-Image and Chroma and "
-            "Qwen-Image and Qwen-Image-Edit models, not SD3",
+            # every family that reads the key, as the registry lists them (FLUX.1 first)
+            "timestep_sampling applies to Flux.1 and "
+            + " and ".join(e.label for e in registry.flow_key_owners("timestep_sampling")[1:])
+            + " models, not SD3",
         ),
         ({"guidance_scale": 1.0}, "guidance_scale applies to Flux.1"),
         ({"ae": "x"}, "ae applies to Flux.1"),

@@ -19,7 +19,7 @@ from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntr
 from library.models.families.flux.entry import FLUX
 from library.models.families.kontext.entry import KONTEXT
 from library.models.families.qwenimage.entry import QWENIMAGE
-from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT
+from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT, QWENIMAGE_EDIT_PLUS
 from library.models.families.sd.entry import SD
 from library.models.families.sd3.entry import SD3
 from library.models.families.zimage.entry import ZIMAGE
@@ -37,6 +37,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     CHROMA,
     QWENIMAGE,
     QWENIMAGE_EDIT,
+    QWENIMAGE_EDIT_PLUS,
 )
 _TEST_ENTRIES: list[FamilyEntry] = []
 

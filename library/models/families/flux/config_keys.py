@@ -25,12 +25,12 @@ class FluxFlowKeys(Section):
         "blocks get adapters, all, the 38 single-stream or the 19 double-stream ones. Unset: "
         "all.",
     )
-    model_type: Literal["flux", "chroma", "flux_kontext"] | None = Field(
+    model_type: str | None = Field(
         None,
-        description='kohya\'s model_type: "flux" for FLUX.1, "chroma" for Chroma (as kohya\'s '
-        'FLUX.1 trainer takes it; the model says so itself, the key must agree); "flux_kontext" '
-        "says a transformer file is FLUX.1 Kontext [dev] (its file has FLUX.1 dev's names and "
-        "shapes; a diffusers folder says so itself).",
+        description='kohya\'s model_type: which model of FLUX.1\'s architecture this is, "flux" '
+        'for FLUX.1; "flux_kontext" says a transformer file is FLUX.1 Kontext [dev] (its file '
+        "has FLUX.1 dev's names and shapes). Each family that reads the key takes its own value "
+        "(the model's files tell the others apart, and the key must agree with them).",
     )
     guidance_scale: float | None = Field(
         None,

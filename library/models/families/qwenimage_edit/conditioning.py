@@ -25,15 +25,24 @@ from PIL import Image
 
 from library.models.families.qwenimage import conditioning as captions_
 
-TEMPLATE = (
+_SYSTEM = (
     "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, "
     "texture, objects, background), then explain how the user's text instruction should alter "
     "or modify the image. Generate a new image that meets the user's requirements while "
     "maintaining consistency with the original input where appropriate.<|im_end|>\n"
-    "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n"
+)
+# Qwen-Image-Edit: the one image, then the caption, in the user turn.
+TEMPLATE = (
+    _SYSTEM + "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
-DROP_TOKENS = 64  # the pipeline's prompt_template_encode_start_idx
+# Qwen-Image-Edit-2509/2511 (QwenImageEditPlusPipeline): each image numbered, then the caption.
+PLUS_TEMPLATE = _SYSTEM + "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+PICTURE = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>"
+DROP_TOKENS = 64  # the pipelines' prompt_template_encode_start_idx
+# The Plus pipeline shows Qwen2.5-VL each reference at about this many pixels (its
+# CONDITION_IMAGE_SIZE), at the reference's aspect ratio, sides multiples of 32.
+CONDITION_AREA = 384 * 384
 
 
 def to_pil(pixels: torch.Tensor) -> Image.Image:
@@ -42,14 +51,23 @@ def to_pil(pixels: torch.Tensor) -> Image.Image:
     return Image.fromarray(values.permute(1, 2, 0).numpy().astype(np.uint8))
 
 
+def edit_texts(captions: Sequence[str]) -> list[str]:
+    """Qwen-Image-Edit's texts: each caption after its one image."""
+    return [TEMPLATE.format(c) for c in captions]
+
+
+def plus_texts(captions: Sequence[str], images: int) -> list[str]:
+    """Qwen-Image-Edit-2509's texts: "Picture 1: <image>Picture 2: <image>..." and the caption."""
+    pictures = "".join(PICTURE.format(i + 1) for i in range(images))
+    return [PLUS_TEMPLATE.format(pictures + c) for c in captions]
+
+
 def encode_with_images(
-    processor, encoder, captions: Sequence[str], images: Sequence[Image.Image], device
+    processor, encoder, texts: Sequence[str], images: Sequence[Image.Image], device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(zero-padded states [B, max L_i, width], lengths [B]) of each caption read with its
-    image."""
-    inputs = processor(
-        text=[TEMPLATE.format(c) for c in captions], images=list(images), padding=True
-    ).to(device)
+    """(zero-padded states [B, max L_i, width], lengths [B]) of each templated text read with
+    its images (``images``: every text's, in order, one per ``<|image_pad|>``)."""
+    inputs = processor(text=list(texts), images=list(images), padding=True).to(device)
     hidden = encoder(
         input_ids=inputs["input_ids"],
         attention_mask=inputs["attention_mask"],

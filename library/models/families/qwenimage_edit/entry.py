@@ -8,10 +8,13 @@ first use."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from library.models.families.family_entry import Deferred, FamilyEntry, KohyaVocabulary, ToolFacts
 from library.models.families.qwenimage.entry import QWENIMAGE
 
 _LINE = "Qwen-Image-Edit"
+_PLUS_LINE = "Qwen-Image-Edit-2509/2511"
 _PACKAGE = "library.models.families.qwenimage_edit"
 
 QWENIMAGE_EDIT = FamilyEntry(
@@ -48,4 +51,21 @@ QWENIMAGE_EDIT = FamilyEntry(
         layout_names=QWENIMAGE.tool.layout_names,
     ),
     test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
+)
+
+# Qwen-Image-Edit-2509 and 2511 (QwenImageEditPlusPipeline): the same parts and files, one or
+# more references per sample, numbered in the caption's text.
+QWENIMAGE_EDIT_PLUS = replace(
+    QWENIMAGE_EDIT,
+    name="qwenimage_edit_plus",
+    label="Qwen-Image-Edit-2509",
+    models=_PLUS_LINE,
+    lines=(_PLUS_LINE,),
+    family=Deferred(f"{_PACKAGE}.family:QwenImageEditPlusFamily").get,
+    claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage_edit_plus"),
+    load=Deferred(f"{_PACKAGE}.load:load_qwenimage_edit_plus"),
+    # the older key names are the first edit model's trainer's
+    kohya=KohyaVocabulary(),
+    tool=replace(QWENIMAGE_EDIT.tool, variant_labels={"qwenimage-edit-plus": _PLUS_LINE}),
+    test_kit=Deferred(f"{_PACKAGE}.testkit:PLUS_KIT").get,
 )

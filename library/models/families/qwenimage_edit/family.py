@@ -15,14 +15,23 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from PIL import Image
+
 from library.models.conditioning import TextConditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.models.families.qwenimage.family import QwenImageFamily, qwenimage_family
-from library.models.families.qwenimage_edit.conditioning import encode_with_images, to_pil
+from library.models.families.qwenimage_edit.conditioning import (
+    CONDITION_AREA,
+    edit_texts,
+    encode_with_images,
+    plus_texts,
+    to_pil,
+)
 from library.models.families.qwenimage_edit.sampling import (
     REFERENCE_IMAGES,
     REFERENCES,
     edit_pipeline_kind,
+    edit_plus_pipeline_kind,
     pipeline_reference_size,
 )
 
@@ -48,7 +57,8 @@ class QwenImageEditFamily(QwenImageFamily):
         (pixels,) = references  # one reference per sample
         (encoder,) = text_encoders
         images = [to_pil(image) for image in pixels]
-        states, lengths = encode_with_images(tokenizers[1], encoder, captions, images, device)
+        texts = edit_texts(captions)
+        states, lengths = encode_with_images(tokenizers[1], encoder, texts, images, device)
         return TextConditioning(states, None, None, lengths=lengths)
 
     def assemble_conditioning(self, text, batch, device, dtype=None):
@@ -78,17 +88,53 @@ class QwenImageEditFamily(QwenImageFamily):
         return edit_pipeline_kind()
 
 
-def qwenimage_edit_family() -> QwenImageEditFamily:
-    """The Qwen-Image-Edit family: Qwen-Image's settings under its own names, with the
-    processor beside the tokenizer."""
+@dataclass(frozen=True, kw_only=True)
+class QwenImageEditPlusFamily(QwenImageEditFamily):
+    """Qwen-Image-Edit-2509 and 2511 (QwenImageEditPlusPipeline): one or more references per
+    sample, numbered in the caption's text ("Picture 1: ..."), each shown to Qwen2.5-VL at about
+    384 x 384 pixels while the VAE encodes it at its trained size."""
+
+    LABEL: ClassVar[str] = "Qwen-Image-Edit-2509"
+    REFERENCE_IMAGES: ClassVar[tuple[int, int | None]] = (1, None)
+
+    def describe(self) -> str:
+        return super().describe().replace("Qwen-Image-Edit", "Qwen-Image-Edit-2509/2511", 1)
+
+    def encode_text_with_references(self, tokenizers, text_encoders, captions, references, device):
+        """Qwen2.5-VL's states of each caption read with its numbered references, each resized
+        (stretched, Lanczos) to the pipeline's condition size for its aspect ratio."""
+        (encoder,) = text_encoders
+        images = [
+            _condition_image(to_pil(slot[row]))
+            for row in range(len(captions))
+            for slot in references
+        ]
+        texts = plus_texts(captions, len(references))
+        states, lengths = encode_with_images(tokenizers[1], encoder, texts, images, device)
+        return TextConditioning(states, None, None, lengths=lengths)
+
+    def sampling_pipeline(self):
+        """QwenImageEditPlusPipeline fed our conditioning and the prompt's references."""
+        return edit_plus_pipeline_kind()
+
+
+def _condition_image(image: Image.Image) -> Image.Image:
+    """``image`` as the Plus pipeline shows it to Qwen2.5-VL."""
+    size = pipeline_reference_size(image.size, CONDITION_AREA)
+    return image if image.size == size else image.resize(size, Image.Resampling.LANCZOS)
+
+
+def qwenimage_edit_family(plus: bool = False) -> QwenImageEditFamily:
+    """The Qwen-Image-Edit family (``plus``: 2509/2511): Qwen-Image's settings under its own
+    names, with the processor beside the tokenizer."""
     base = qwenimage_family()
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    return QwenImageEditFamily(
-        **{
-            **fields,
-            "name": "qwenimage-edit",
-            "base_model_version": "qwen_image_edit",  # musubi-tuner's
-            "modelspec_architecture": "Qwen-Image-Edit",
-            "tokenizer_subfolders": ("tokenizer", "processor"),
-        }
-    )
+    names = (
+        {"name": "qwenimage-edit-plus", "base_model_version": "qwen_image_edit_plus",
+         "modelspec_architecture": "Qwen-Image-Edit-2509"}
+        if plus
+        else {"name": "qwenimage-edit", "base_model_version": "qwen_image_edit",
+              "modelspec_architecture": "Qwen-Image-Edit"}
+    )  # fmt: skip
+    family = QwenImageEditPlusFamily if plus else QwenImageEditFamily
+    return family(**{**fields, **names, "tokenizer_subfolders": ("tokenizer", "processor")})

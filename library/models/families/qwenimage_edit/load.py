@@ -22,7 +22,7 @@ from library.models.families.qwenimage.objective import (
 )
 from library.models.families.qwenimage_edit.family import qwenimage_edit_family
 from library.models.families.qwenimage_edit.processor import read_processor
-from library.models.families.qwenimage_edit.sampling import PIPELINE
+from library.models.families.qwenimage_edit.sampling import PIPELINE, PLUS_PIPELINE
 from library.models.loader import Components
 
 
@@ -30,6 +30,12 @@ def claims_qwenimage_edit(model: ModelSection, flow: FlowSection) -> bool:
     """True for a QwenImageEditPipeline folder."""
     path = Path(model.pretrained_model_name_or_path).expanduser()
     return path.is_dir() and folder_pipeline(path) == PIPELINE
+
+
+def claims_qwenimage_edit_plus(model: ModelSection, flow: FlowSection) -> bool:
+    """True for a QwenImageEditPlusPipeline folder (Qwen-Image-Edit-2509 or 2511)."""
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    return path.is_dir() and folder_pipeline(path) == PLUS_PIPELINE
 
 
 def _processor(folder: CheckedFolder):
@@ -46,6 +52,9 @@ FOLDER = dataclasses.replace(
     tokenizers=(*qwen_load.FOLDER.tokenizers, FolderTokenizer("processor", _processor)),
     other={**qwen_load.FOLDER.other, "processor": "preprocessor_config.json"},
 )
+PLUS_FOLDER = dataclasses.replace(
+    FOLDER, pipeline=PLUS_PIPELINE, family="Qwen-Image-Edit-2509/2511"
+)
 
 
 def load_qwenimage_edit(
@@ -54,16 +63,29 @@ def load_qwenimage_edit(
     """Components of Qwen-Image-Edit from a diffusers folder: Qwen-Image's parts, with the
     tokenizer and the processor as its two tokenizers. ModelError for any problem with the
     files."""
+    return _load(FOLDER, model, flow, weight_dtype, vae_dtype)
+
+
+def load_qwenimage_edit_plus(
+    model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
+) -> Components:
+    """Components of Qwen-Image-Edit-2509/2511 from a diffusers QwenImageEditPlusPipeline
+    folder, as ``load_qwenimage_edit`` reads Qwen-Image-Edit's."""
+    return _load(PLUS_FOLDER, model, flow, weight_dtype, vae_dtype)
+
+
+def _load(folder_spec, model, flow, weight_dtype, vae_dtype) -> Components:
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
+    family = folder_spec.family
     if not path.is_dir():
         raise ModelError(
-            f"{path}: Qwen-Image-Edit is read from a diffusers QwenImageEditPipeline folder "
+            f"{path}: {family} is read from a diffusers {folder_spec.pipeline} folder "
             "(transformer/, vae/, text_encoder/, tokenizer/, processor/, scheduler/); single "
             "files are not read yet"
         )
     if model.vae:
-        raise ModelError(f"vae = {model.vae}: Qwen-Image-Edit reads the folder's vae/; remove it")
-    loaded = load_folder(FOLDER, path, model, flow, weight_dtype, vae_dtype)
+        raise ModelError(f"vae = {model.vae}: {family} reads the folder's vae/; remove it")
+    loaded = load_folder(folder_spec, path, model, flow, weight_dtype, vae_dtype)
     modules = loaded.modules
     return Components(
         denoiser=modules["transformer"],
@@ -71,6 +93,6 @@ def load_qwenimage_edit(
         text_encoders=(modules["text_encoder"],),
         tokenizers=tuple(loaded.tokenizers.values()),
         objective=QwenImageFlowObjective(qwenimage_flow_options(flow), loaded.facts),
-        family=qwenimage_edit_family(),
+        family=qwenimage_edit_family(plus=folder_spec is PLUS_FOLDER),
         model_dir=loaded.model_dir,
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 from library.models.families.qwenimage.testkit import DISTRIBUTED as QWEN_MODES
 from library.models.families.qwenimage.testkit import KIT as QWEN_KIT
 from library.models.families.qwenimage_edit.family import qwenimage_edit_family
-from library.models.families.qwenimage_edit.sampling import PIPELINE
+from library.models.families.qwenimage_edit.sampling import PIPELINE, PLUS_PIPELINE
 from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
 
 _WITH_REFERENCES = (
@@ -60,4 +60,16 @@ KIT = replace(
         for mode in QWEN_MODES[:1]
     ),
     skips={**QWEN_KIT.skips, "sample": _WITH_REFERENCES, "loss": _WITH_REFERENCES},
+)
+
+# Qwen-Image-Edit-2509/2511: the same kit on a QwenImageEditPlusPipeline folder; its mode trains
+# one reference per image too (several references per sample are checked against the pipeline
+# in tests/models/qwenimage_edit/)
+PLUS_KIT = replace(
+    KIT,
+    variants=("qwenimage-edit-plus",),
+    write_folder=lambda path, variant, seed: write_tiny_qwenimage_edit_folder(path, seed, True),
+    pipeline=lambda variant: PLUS_PIPELINE,
+    family=lambda variant, modules: qwenimage_edit_family(plus=True),
+    distributed=tuple(replace(mode, name="qwenimage-edit-plus-lora") for mode in KIT.distributed),
 )

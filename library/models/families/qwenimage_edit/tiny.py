@@ -9,7 +9,7 @@ from pathlib import Path
 
 from library.models.families.qwenimage.tiny import write_tiny_qwenimage_folder
 from library.models.families.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
-from library.models.families.qwenimage_edit.sampling import PIPELINE
+from library.models.families.qwenimage_edit.sampling import PIPELINE, PLUS_PIPELINE
 
 # Qwen2.5-VL's preprocessor_config.json as Qwen/Qwen-Image-Edit's processor/ has it.
 IMAGE_PROCESSOR = {
@@ -31,8 +31,9 @@ IMAGE_PROCESSOR = {
 }
 
 
-def write_tiny_qwenimage_edit_folder(path: str | Path, seed: int = 0) -> Path:
-    """Write a tiny Qwen-Image-Edit diffusers folder to ``path``; returns ``path``."""
+def write_tiny_qwenimage_edit_folder(path: str | Path, seed: int = 0, plus: bool = False) -> Path:
+    """Write a tiny Qwen-Image-Edit diffusers folder to ``path`` (``plus``: a
+    QwenImageEditPlusPipeline folder, as Qwen-Image-Edit-2509's); returns ``path``."""
     path = write_tiny_qwenimage_folder(path, seed)
     processor = path / "processor"
     write_tiny_qwen25vl_tokenizer(processor)
@@ -40,6 +41,7 @@ def write_tiny_qwenimage_edit_folder(path: str | Path, seed: int = 0) -> Path:
     (processor / "preprocessor_config.json").write_text(text, encoding="utf-8")
     index_file = path / "model_index.json"
     index = json.loads(index_file.read_text(encoding="utf-8"))
-    index |= {"_class_name": PIPELINE, "processor": ["transformers", "Qwen2VLProcessor"]}
+    pipeline = PLUS_PIPELINE if plus else PIPELINE
+    index |= {"_class_name": pipeline, "processor": ["transformers", "Qwen2VLProcessor"]}
     index_file.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return path
