@@ -28,7 +28,7 @@ from library.models.families.qwenimage_edit.conditioning import (
     to_pil,
 )
 from library.models.families.qwenimage_edit.sampling import (
-    REFERENCE_IMAGES,
+    PIPELINE_IMAGES,
     REFERENCES,
     edit_pipeline_kind,
     edit_plus_pipeline_kind,
@@ -72,7 +72,7 @@ class QwenImageEditFamily(QwenImageFamily):
                 for r in batch[REFERENCE_LATENTS_KEY]
             ]
         if batch.get(REFERENCE_PIXELS_KEY):
-            cond.unet_kwargs[REFERENCE_IMAGES] = list(batch[REFERENCE_PIXELS_KEY])
+            cond.unet_kwargs[PIPELINE_IMAGES] = list(batch[REFERENCE_PIXELS_KEY])
         return cond
 
     def context_latents(self, cond):

@@ -26,7 +26,7 @@ PLUS_PIPELINE = "QwenImageEditPlusPipeline"  # Qwen-Image-Edit-2509 and 2511
 # Conditioning inputs: the reference latents [B, C, 1, h, w] for predict, and the reference
 # pixels [B, 3, H, W] the sampling pipeline takes as its image.
 REFERENCES = "reference_latents"
-REFERENCE_IMAGES = "reference_images"
+PIPELINE_IMAGES = "reference_images"
 _AREA = 1024 * 1024  # the pipeline's reference area
 
 
@@ -59,7 +59,7 @@ def _inputs_and_references(cond: Conditioning, prompt) -> tuple[dict, list]:
     """Qwen-Image's call keywords, and the prompt's fitted references as images."""
     kwargs = dict(cond.unet_kwargs)
     kwargs.pop(REFERENCES, None)
-    pixels = kwargs.pop(REFERENCE_IMAGES, None) or []
+    pixels = kwargs.pop(PIPELINE_IMAGES, None) or []
     inputs = qwenimage_pipeline_inputs(Conditioning(cond.encoder_hidden_states, kwargs), prompt)
     return inputs, [to_pil(slot[0]) for slot in pixels]
 
