@@ -15,23 +15,16 @@ from library.models.conditioning import encode_conditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.models.families.qwenimage_edit.conditioning import to_pil
 from library.models.families.qwenimage_edit.testkit import transformers_processor
+from tests.models.qwenimage_edit.conftest import random_pixels
 from tests.models.step_inputs import step_inputs
 
 CAPTIONS = ["make the red circle blue", "turn the square into a star on a plain background"]
 
 
-def _pixels(seed, height, width):
-    """Two random 8-bit images as [2, 3, H, W] in [-1, 1] (exactly representable)."""
-    values = torch.randint(
-        0, 256, (2, 3, height, width), generator=torch.Generator().manual_seed(seed)
-    )
-    return values.float() / 127.5 - 1
-
-
 def test_the_processor_is_transformers_qwen2vl_processor(edit_components, edit_dir):
     ours = edit_components.tokenizers[1]
     theirs = transformers_processor(edit_dir / "processor")
-    images = [to_pil(p) for p in _pixels(1, 64, 48)]
+    images = [to_pil(p) for p in random_pixels(1, 64, 48)]
     texts = [
         "<|vision_start|><|image_pad|><|vision_end|>x",
         "<|vision_start|><|image_pad|><|vision_end|>yy",
@@ -47,7 +40,7 @@ def test_the_processor_is_transformers_qwen2vl_processor(edit_components, edit_d
 @torch.no_grad()
 def test_captions_read_with_their_reference_are_the_pipelines(edit_components, edit_pipe):
     c = edit_components
-    pixels = _pixels(2, 64, 48)
+    pixels = random_pixels(2, 64, 48)
     text = c.family.encode_text_with_references(
         c.tokenizers, c.text_encoders, CAPTIONS, [pixels], "cpu"
     )
@@ -88,7 +81,7 @@ def test_prediction_with_a_reference_is_the_pipelines(edit_components, edit_pipe
     gen = torch.Generator().manual_seed(3)
     noisy = torch.randn(1, 16, 1, 8, 6, generator=gen)
     reference = torch.randn(1, 16, 1, 6, 10, generator=gen)
-    pixels = _pixels(4, 48, 80)[:1]
+    pixels = random_pixels(4, 48, 80)[:1]
     sigma = torch.tensor([0.4])
     batch = {REFERENCE_LATENTS_KEY: [reference], REFERENCE_PIXELS_KEY: [pixels]}
     cond = encode_conditioning(
@@ -146,8 +139,8 @@ def test_training_loss_with_a_reference_is_the_pipelines(edit_components, edit_p
         "loss_weights": torch.tensor([1.0, 0.5]),
         "positions": torch.tensor([3, 8]),
         "epoch": 2,
-        "pixel_values": _pixels(5, 64, 48),
-        "reference_pixels": [_pixels(6, 48, 80)],
+        "pixel_values": random_pixels(5, 64, 48),
+        "reference_pixels": [random_pixels(6, 48, 80)],
     }
     inputs = step_inputs(edit_components, 11)
     with torch.no_grad():

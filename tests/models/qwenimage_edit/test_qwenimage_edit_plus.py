@@ -16,15 +16,9 @@ from PIL import Image
 from library.models.conditioning import encode_conditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.models.families.qwenimage_edit.conditioning import to_pil
+from tests.models.qwenimage_edit.conftest import random_pixels
 
 CAPTIONS = ["put the cat from picture 2 into picture 1", "swap the colours of both shapes"]
-
-
-def _pixels(seed, height, width):
-    values = torch.randint(
-        0, 256, (2, 3, height, width), generator=torch.Generator().manual_seed(seed)
-    )
-    return values.float() / 127.5 - 1
 
 
 def _condition_images(pipe, images):
@@ -42,7 +36,7 @@ def _condition_images(pipe, images):
 @torch.no_grad()
 def test_captions_read_with_several_references_are_the_pipelines(plus_components, plus_pipe):
     c = plus_components
-    first, second = _pixels(1, 64, 48), _pixels(2, 48, 96)
+    first, second = random_pixels(1, 64, 48), random_pixels(2, 48, 96)
     text = c.family.encode_text_with_references(
         c.tokenizers, c.text_encoders, CAPTIONS, [first, second], "cpu"
     )
@@ -68,7 +62,7 @@ def test_prediction_with_two_references_is_the_pipelines(plus_components, plus_p
         torch.randn(1, 16, 1, 6, 10, generator=gen),
         torch.randn(1, 16, 1, 4, 4, generator=gen),
     ]
-    pixels = [_pixels(4, 48, 80)[:1], _pixels(5, 32, 32)[:1]]
+    pixels = [random_pixels(4, 48, 80)[:1], random_pixels(5, 32, 32)[:1]]
     sigma = torch.tensor([0.4])
     batch = {REFERENCE_LATENTS_KEY: references, REFERENCE_PIXELS_KEY: pixels}
     cond = encode_conditioning(
