@@ -87,9 +87,12 @@ def text_identity(
     for index, tok in enumerate(tokenizers or ()):
         ids = (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.model_max_length)
         vocab = sorted(tok.get_vocab().items())
-        # a processor that also prepares images names its settings (cache_settings)
-        settings = json.dumps(getattr(tok, "cache_settings", None), sort_keys=True, default=str)
-        digest.update(f"tokenizer {index}: {ids} {vocab} {settings}\n".encode())
+        digest.update(f"tokenizer {index}: {ids} {vocab}\n".encode())
+        # a processor that also prepares images names its settings (plain tokenizers add
+        # nothing, so their caches keep their identity)
+        settings = getattr(tok, "cache_settings", None)
+        if settings is not None:
+            digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     digest.update(f"clip_skip={clip_skip}|max_token_length={max_token_length}|{dtype}".encode())
     return digest.hexdigest()
 

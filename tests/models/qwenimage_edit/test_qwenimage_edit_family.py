@@ -200,3 +200,20 @@ def test_the_reference_size_of_a_sample_is_the_pipelines(edit_components):
     assert family.sample_reference_size((1024, 1024), 64, 64) == (1024, 1024)
     assert family.sample_reference_size((1920, 1080), 64, 64) == (1376, 768)  # 1365.3 x 768
     assert family.sample_reference_size((600, 800), 64, 64) == (896, 1184)  # 886.8 x 1182.4
+
+
+def test_the_text_cache_identity_covers_the_image_processor(edit_components):
+    """Qwen2.5-VL reads what the image processor makes of a reference: another setting, another
+    cache identity (a plain tokenizer's identity is unchanged by the processor's settings)."""
+    import copy
+
+    from library.training.text_cache import text_identity
+
+    c = edit_components
+    base = text_identity(c.family, c.text_encoders, None, None, None, tokenizers=c.tokenizers)
+    changed = copy.copy(c.tokenizers[1])
+    changed.image_processor = copy.deepcopy(c.tokenizers[1].image_processor)
+    changed.image_processor.max_pixels = 512 * 512
+    other = text_identity(c.family, c.text_encoders, None, None, None,
+                          tokenizers=(c.tokenizers[0], changed))  # fmt: skip
+    assert other != base
