@@ -150,7 +150,7 @@ class SubsetConfig(_Strict):
     )
     no_resize_control: bool = Field(
         False,
-        description="Keep each reference image at its own aspect ratio and size (sides cropped "
+        description="Keep each reference image at its own aspect ratio and size (sides rounded "
         "down to multiples of bucket_reso_steps; shrunk only if larger than the dataset's "
         "resolution area, or control_resolution's when both are set) instead of resizing it "
         "to its target's bucket.",

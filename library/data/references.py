@@ -13,7 +13,8 @@ JSONL ``control_path`` / ``control_path_<n>``; library.data.metadata_files).
 Size, per subset (musubi-tuner's options): by default a reference is resized and center-cropped
 to its target's bucket, as the target is; with ``control_resolution`` it is bucketed like the
 targets at that resolution's area, at its own aspect ratio; with ``no_resize_control`` it keeps its
-own aspect ratio and size, each side cropped down to a multiple of bucket_reso_steps, and is
+own aspect ratio and size, each side rounded down to a multiple of bucket_reso_steps (fitted to
+that size by cover-and-crop, as targets are; musubi-tuner trims without scaling), and is
 shrunk only when it is larger than the dataset's resolution area (musubi-tuner would keep a
 4000x3000 reference whole, which no GPU trains). With both, as in musubi-tuner,
 control_resolution is the largest area a reference keeps.
