@@ -76,3 +76,33 @@ def plus_pipe(plus_dir):
 @pytest.fixture(scope="session")
 def plus_components(plus_dir):
     return _components(plus_dir)
+
+
+def sample_pair(components, pipe, tmp_path, seed: int, image_list: bool):
+    """(our sample, the pipeline's) of one prompt with a 1024 x 1024 random reference (the
+    pipelines' own reference size, so both read the same pixels) and true CFG, as [H, W, 3]
+    int16 arrays. ``image_list``: the pipeline takes its references as a list (Plus)."""
+    import numpy as np
+    from PIL import Image
+
+    from library.sampling.generate import sample_images
+    from library.sampling.prompts import SamplePrompt
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (1024, 1024, 3), dtype=np.uint8)
+    reference = tmp_path / "reference.png"
+    Image.fromarray(pixels).save(reference)
+    prompt = SamplePrompt(index=0, prompt="make it blue", negative_prompt="blurry", width=80,
+                          height=64, seed=7, steps=2, scale=4.0, sampler=None,
+                          references=(reference,))  # fmt: skip
+    done = sample_images(components, [prompt], step=0, output_dir=tmp_path / "out",
+                         output_name="s")  # fmt: skip
+    with Image.open(done.images[0]) as img:
+        ours = np.asarray(img.convert("RGB"), dtype=np.int16)
+    image = Image.open(reference).convert("RGB")
+    with torch.no_grad():
+        theirs = pipe(
+            image=[image] if image_list else image, prompt=prompt.prompt,
+            negative_prompt=prompt.negative_prompt, true_cfg_scale=4.0, width=80, height=64,
+            num_inference_steps=2, generator=torch.Generator().manual_seed(7),
+        ).images[0]  # fmt: skip
+    return ours, np.asarray(theirs.convert("RGB"), dtype=np.int16)

@@ -6,16 +6,14 @@ pipeline's parts, and a sample with a reference image is the pipeline's image.""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from library.models.conditioning import encode_conditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.models.families.qwenimage_edit.conditioning import to_pil
 from library.models.families.qwenimage_edit.testkit import transformers_processor
-from tests.models.qwenimage_edit.conftest import random_pixels
+from tests.models.qwenimage_edit.conftest import random_pixels, sample_pair
 from tests.models.step_inputs import step_inputs
 
 CAPTIONS = ["make the red circle blue", "turn the square into a star on a plain background"]
@@ -156,26 +154,7 @@ def test_training_loss_with_a_reference_is_the_pipelines(edit_components, edit_p
 def test_a_sample_with_a_reference_is_the_pipelines(edit_components, edit_pipe, tmp_path):
     """The pipeline resizes every reference to about a megapixel; a reference already at that
     size (1024 x 1024) is read the same by both, so the images must agree."""
-    from library.sampling.generate import sample_images
-    from library.sampling.prompts import SamplePrompt
-
-    pixels = np.random.default_rng(0).integers(0, 256, (1024, 1024, 3), dtype=np.uint8)
-    reference = tmp_path / "reference.png"
-    Image.fromarray(pixels).save(reference)
-    prompt = SamplePrompt(index=0, prompt="make it blue", negative_prompt="blurry", width=80,
-                          height=64, seed=7, steps=2, scale=4.0, sampler=None,
-                          references=(reference,))  # fmt: skip
-    done = sample_images(edit_components, [prompt], step=0, output_dir=tmp_path / "out",
-                         output_name="s")  # fmt: skip
-    with Image.open(done.images[0]) as img:
-        ours = np.asarray(img.convert("RGB"), dtype=np.int16)
-    with torch.no_grad():
-        image = edit_pipe(
-            image=Image.open(reference).convert("RGB"), prompt=prompt.prompt,
-            negative_prompt=prompt.negative_prompt, true_cfg_scale=4.0, width=80, height=64,
-            num_inference_steps=2, generator=torch.Generator().manual_seed(7),
-        ).images[0]  # fmt: skip
-    theirs = np.asarray(image.convert("RGB"), dtype=np.int16)
+    ours, theirs = sample_pair(edit_components, edit_pipe, tmp_path, 0, image_list=False)
     assert ours.shape == theirs.shape == (64, 80, 3)
     assert int(abs(ours - theirs).max()) <= 1
 
