@@ -185,8 +185,8 @@ NEWER_RELEASE: dict[str, NewerKey] = {
     "qwen_image_vae_2d": NewerKey(
         "v0.11.1",
         _GUI_V26 + " (its Anima options)",
-        "Anima: encode and decode with a 2-D form of the Qwen-Image VAE; it acts only on "
-        "that VAE, which no model difftune trains uses",
+        "Anima: run the Qwen-Image VAE in a 2-D form, a speed option of sd-scripts' Anima "
+        "training (which difftune does not do); difftune runs that VAE as diffusers does",
         ignored=True,
     ),
 }

@@ -281,17 +281,28 @@ def test_single_files_load_what_the_folder_loads(family_variant, folders, tmp_pa
         assert not module.training and not any(p.requires_grad for p in module.parameters())
     assert len(parts.tokenizers) == len(want.tokenizers)
     for tokenizer, reference in zip(parts.tokenizers, want.tokenizers, strict=True):
+        if hasattr(reference, "image_processor"):  # a processor: the same image settings
+            assert tokenizer.image_processor.to_dict() == reference.image_processor.to_dict()
+            tokenizer, reference = tokenizer.tokenizer, reference.tokenizer
         caption = LOSS_BATCH["captions"][1]
         assert tokenizer(caption).input_ids == reference(caption).input_ids
 
 
 def _config(module) -> dict:
-    """A module's config as plain JSON values, without the how-it-was-saved keys."""
+    """A module's config as plain JSON values, without the how-it-was-saved keys (in its
+    sub-configs too: a vision-language encoder's text_config and vision_config)."""
     config = module.config
     config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     skip = ("transformers_version", "dtype", "torch_dtype", "architectures")
-    data = {k: v for k, v in config.items() if not k.startswith("_") and k not in skip}
-    return json.loads(json.dumps(data, default=list))
+
+    def kept(data: dict) -> dict:
+        return {
+            k: kept(v) if isinstance(v, dict) and k.endswith("_config") else v
+            for k, v in data.items()
+            if not k.startswith("_") and k not in skip
+        }
+
+    return json.loads(json.dumps(kept(config), default=list))
 
 
 # --- LoRA files -------------------------------------------------------------------------------

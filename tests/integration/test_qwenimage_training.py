@@ -124,3 +124,49 @@ def test_lora_trains_and_diffusers_applies_the_file(tmp_path, qwenimage_dir, ima
         layer = model.get_submodule(module[len(PREFIX) :])
         fused = getattr(layer, "base_layer", layer).weight.detach()
         torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-6, msg=module)
+
+
+def test_full_fine_tune_from_single_files_writes_a_file_that_reloads(tmp_path, images,
+                                                                     monkeypatch):  # fmt: skip
+    """train_mode = "unet" on Comfy-Org's single files (transformer, qwen_2.5_vl_7b with
+    [flow] text_encoder, qwen_image_vae with [model] vae): the run writes the transformer alone
+    in diffusers' names, tensor for tensor the trained one, which reads back (as
+    pretrained_model_name_or_path, with the same component files) into exactly the trained
+    transformer."""
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.models.families.qwenimage.family import QwenImageFamily
+    from library.models.families.qwenimage.load import load_qwenimage
+    from library.models.families.qwenimage.tiny_files import write_tiny_qwenimage_files
+
+    trained = {}
+    real = QwenImageFamily.write_full_model
+
+    def recording(self, path, denoiser, *args):
+        trained.update({k: v.detach().clone() for k, v in denoiser.state_dict().items()})
+        return real(self, path, denoiser, *args)
+
+    monkeypatch.setattr(QwenImageFamily, "write_full_model", recording)
+    files = write_tiny_qwenimage_files(tmp_path / "files", dtype=torch.float32)
+    out = tmp_path / "out"
+    components = {"tokenizer_path": str(files["tokenizer"]), "vae": str(files["vae"]),
+                  "text_encoder": str(files["text_encoder"])}  # fmt: skip
+    config = write_config(tmp_path / "c.toml", files["transformer"], images, out, **QWENIMAGE,
+                          **components, train_mode="unet", learning_rate=1e-4,
+                          save_precision="float")  # fmt: skip
+    assert train(config) == 0
+    path = out / "run.safetensors"
+    saved = tensors(path)
+    assert saved.keys() == trained.keys()  # diffusers' names, no prefix, the transformer alone
+    assert all(torch.equal(saved[k], v) for k, v in trained.items())
+    base = tensors(files["transformer"])
+    assert any(not torch.equal(trained[k], base[k]) for k in base)  # it trained
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    assert meta["modelspec.architecture"] == "Qwen-Image"
+    assert meta["ss_base_model_version"] == "qwen_image"
+    model = ModelSection(pretrained_model_name_or_path=str(path),
+                         tokenizer_path=components["tokenizer_path"], vae=components["vae"])  # fmt: skip
+    flow = FlowSection(text_encoder=components["text_encoder"])
+    reloaded = load_qwenimage(model, flow, torch.float32, torch.float32).denoiser.state_dict()
+    assert all(torch.equal(reloaded[k], v) for k, v in trained.items())

@@ -9,9 +9,9 @@ import torch
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
-from library.errors import ConfigError, ModelError
+from library.errors import ConfigError
 from library.models.families.qwenimage.detect import detect_qwenimage
-from library.models.families.qwenimage.load import claims_qwenimage, load_qwenimage
+from library.models.families.qwenimage.load import claims_qwenimage
 from library.models.families.qwenimage.targets import default_targets
 from library.models.families.registry import claim_order, entry_of
 from library.models.families.zimage.tiny import write_tiny_zimage_folder
@@ -52,16 +52,6 @@ def test_claims_qwenimage_folders_and_transformer_files(qwenimage_dir, tmp_path)
     assert detect_qwenimage(keys) == "transformer"
     assert detect_qwenimage(["model.diffusion_model." + k for k in keys]) == "transformer"
     assert detect_qwenimage(["transformer_blocks.0.attn.to_q.weight"]) is None  # SD3, FLUX.1
-
-
-def test_single_files_and_another_vae_are_refused_by_name(qwenimage_dir, tmp_path):
-    file = tmp_path / "qwen_image.safetensors"
-    file.write_bytes(b"")
-    with pytest.raises(ModelError, match="QwenImagePipeline folder"):
-        load_qwenimage(_model(file), FlowSection(), torch.float32, torch.float32)
-    model = ModelSection(pretrained_model_name_or_path=str(qwenimage_dir), vae=str(file))
-    with pytest.raises(ModelError, match="remove \\[model\\] vae"):
-        load_qwenimage(model, FlowSection(), torch.float32, torch.float32)
 
 
 @pytest.mark.parametrize("captions", [CAPTIONS, CAPTIONS[:1] * 2], ids=["lengths", "equal"])

@@ -6,11 +6,13 @@ imported on first use."""
 from __future__ import annotations
 
 from library.models.families.family_entry import Deferred, FamilyEntry, LoraFiles, ToolFacts
+from library.models.families.qwenimage.config_keys import QwenImageFlowKeys
+from library.models.families.text_encoder_keys import TextEncoderFileKeys
 
 _LINE = "Qwen-Image"
 _PACKAGE = "library.models.families.qwenimage"
 # The [flow] keys of the flow-matching draw (objective.py), shared with the other flow families
-FLOW_KEYS = frozenset(
+SIGMA_KEYS = frozenset(
     {
         "timestep_sampling",
         "sigmoid_scale",
@@ -21,6 +23,9 @@ FLOW_KEYS = frozenset(
         "mode_scale",
     }
 )
+# ...and beside a single transformer file its Qwen2.5-VL file and which release it is
+# (files.py; the VAE file is [model] vae, which the loader reads itself: reads_vae).
+FLOW_KEYS = SIGMA_KEYS | {"text_encoder", "model_version"}
 # Module names only Qwen-Image LoRA files hold: its blocks' per-stream feed-forwards (img_mlp,
 # txt_mlp; SD3's and FLUX.1's blocks name theirs ff / ff_context), which every default LoRA
 # adapts, in ours (diffusion_model.), diffusers' peft (transformer.) and kohya's names, for each
@@ -37,6 +42,8 @@ _DENOISER_MARKS = tuple(
     for stream in ("img_mlp", "txt_mlp")
 )
 
+_TEXT_ENCODER_OPTION = "the text encoder file beside a transformer file"
+
 QWENIMAGE = FamilyEntry(
     name="qwenimage",
     label="Qwen-Image",
@@ -49,12 +56,14 @@ QWENIMAGE = FamilyEntry(
     # musubi-tuner's LoRA module for Qwen-Image (its files say ss_network_module so)
     network_module="networks.lora_qwen_image",
     flow_matching=True,
+    config_keys=(TextEncoderFileKeys, QwenImageFlowKeys),
     flow_keys=FLOW_KEYS,
     lora_files=LoraFiles(
         denoiser_marks=_DENOISER_MARKS,
         architectures=(("Qwen-Image", _LINE),),
     ),
     tool=ToolFacts(
+        component_options={"text_encoder": _TEXT_ENCODER_OPTION},
         variant_labels={"qwenimage": "Qwen-Image"},
         version_marks=(("qwen_image", _LINE),),
         # the toolbox's "comfyui" layout of Qwen-Image is diffusion_model.<diffusers path>, what

@@ -10,7 +10,8 @@ Linears and key_map.py names them in files. This module joins them behind the fa
   with each caption's length (TextConditioning.lengths), ``predict`` hands the transformer the
   mask of those lengths (none when all are equal, as the pipeline);
 - only the transformer trains (musubi-tuner's Qwen-Image LoRAs adapt no Qwen2.5-VL layer), so a
-  LoRA file holds ``diffusion_model.<diffusers path>`` modules alone.
+  LoRA file holds ``diffusion_model.<diffusers path>`` modules alone, and a full fine-tune is
+  the transformer alone in diffusers' names (full_file.py), as ComfyUI loads it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from library.models.families.flow_options import check_flow_model_options
 from library.models.families.qwenimage import conditioning as captions_
 from library.models.families.qwenimage.conditioning import LENGTHS, caption_mask
 from library.models.families.qwenimage.denoise import img_shapes, pack, unpack
+from library.models.families.qwenimage.full_file import write_transformer_file
 from library.models.families.qwenimage.key_map import QwenImageNames
 from library.models.families.qwenimage.objective import qwenimage_flow_options
 from library.models.families.qwenimage.sampling import qwenimage_pipeline_kind
@@ -188,14 +190,12 @@ class QwenImageFamily(ModelFamily):
         check_flow_model_options(model, flow, FLOW_KIND, "Qwen-Image", False)
 
     def check_training(self, config):
-        """A LoRA or LyCORIS of the transformer (no text-encoder adapters, no conv rank)."""
+        """A LoRA or LyCORIS of the transformer (no text-encoder adapters, no conv rank), or a
+        full fine-tune of the transformer (train_mode = "unet"; Qwen2.5-VL stays frozen)."""
         super().check_training(config)
         net = config.network
         if net.train_mode != "lora":
-            raise ConfigError(
-                f'train_mode = "{net.train_mode}": Qwen-Image trains LoRA and LyCORIS adapters '
-                'here (no full fine-tune yet); set train_mode = "lora"'
-            )
+            return
         if not net.network_train_unet_only:
             raise ConfigError(
                 "network_train_unet_only = false: Qwen-Image LoRAs adapt the transformer only "
@@ -204,6 +204,18 @@ class QwenImageFamily(ModelFamily):
         lycoris = net.network_module == "lycoris.kohya"
         if net.conv_dim is not None and not lycoris:
             raise ConfigError("conv_dim: Qwen-Image's transformer has no convolutions; remove it")
+
+    # -- full fine-tunes, sampling ------------------------------------------------------------
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        """The trained transformer alone in diffusers' names, as Comfy-Org's
+        qwen_image_bf16.safetensors (ComfyUI's diffusion_models/; difftune reads it back as
+        pretrained_model_name_or_path), its config in the header (difftune.config.transformer)
+        for exact reloading; Qwen2.5-VL and the VAE stay the user's files."""
+        write_transformer_file(path, denoiser, metadata, dtype)
+
+    def full_model_modules(self, components):
+        return (components.denoiser,)
 
     def sampling_pipeline(self):
         """QwenImagePipeline fed our conditioning (sampling.py)."""

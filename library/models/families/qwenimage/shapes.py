@@ -179,7 +179,7 @@ def tiny_text_encoder_config() -> dict:
 
 
 def tiny_vae_config() -> dict:
-    """AutoencoderKLQwenImage kwargs: the released levels (8x smaller sides, so the pipeline's
-    16-pixel grid holds) at base width 8, one residual block per level, 16 latent channels with
-    the released per-channel statistics."""
-    return {**vae_config(), "base_dim": 8, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1}
+    """AutoencoderKLQwenImage kwargs: the released layout (levels, residual blocks per level,
+    16 latent channels with the released per-channel statistics; 8x smaller sides, so the
+    pipeline's 16-pixel grid holds) at base width 8."""
+    return {**vae_config(), "base_dim": 8}

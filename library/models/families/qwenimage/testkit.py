@@ -13,10 +13,13 @@ from library.models.families.qwenimage.tiny import (
     build_tiny_qwenimage_components,
     write_tiny_qwenimage_folder,
 )
+from library.models.families.qwenimage.tiny_files import write_tiny_qwenimage_files
+from library.models.families.qwenimage.vae_keys import vae_from_original, vae_to_original
 from library.models.families.testkit import (
     ConformanceKit,
     DistributedMode,
     LossCase,
+    NameTable,
     SampleCase,
 )
 from library.training.noise import NoiseOptions, draw
@@ -32,6 +35,23 @@ def _inputs(transformer, seed):
         "timestep": torch.tensor([0.3]),
         "img_shapes": [[(1, 4, 4)]],
     }
+
+
+def single_files(path, seed, **flow):
+    """Comfy-Org's transformer, Qwen2.5-VL and VAE files, with the tokenizer folder; ``flow``:
+    more [flow] keys (an edit release's model_version)."""
+    files = write_tiny_qwenimage_files(path, seed, dtype=torch.float32)
+    model = {"pretrained_model_name_or_path": str(files["transformer"]),
+             "tokenizer_path": str(files["tokenizer"]), "vae": str(files["vae"])}  # fmt: skip
+    return model, {"text_encoder": str(files["text_encoder"]), **flow}
+
+
+def _reference_vae(original, config):
+    """diffusers' single-file converter of Wan 2.1's VAE, whose layout ComfyUI's Qwen-Image
+    VAE file has."""
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    return convert_wan_vae_to_diffusers(dict(original))
 
 
 def _sample_cases(variant):
@@ -119,12 +139,14 @@ KIT = ConformanceKit(
     loss_cases=lambda variant: (LossCase(), LossCase(flow={"discrete_flow_shift": 4.0})),
     loss_reference=_loss_reference,
     distributed=DISTRIBUTED,
+    vae_names=NameTable(
+        to_original=vae_to_original, from_original=vae_from_original, reference=_reference_vae
+    ),
+    write_single_files=lambda path, variant, seed: single_files(path, seed),
     skips={
         "denoiser_names": (
             "Qwen-Image's single files keep diffusers' module names (no name table of its own)"
         ),
-        "vae_names": "Qwen-Image's VAE is read from the folder's vae/ in diffusers' names",
-        "single_files": "Qwen-Image is read from a diffusers folder only (single files: not yet)",
         "lycoris_fused": (
             "Qwen-Image's LyCORIS files name each diffusers Linear; no fused original layer"
         ),

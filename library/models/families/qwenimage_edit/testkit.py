@@ -11,9 +11,13 @@ from pathlib import Path
 
 from library.models.families.qwenimage.testkit import DISTRIBUTED as QWEN_MODES
 from library.models.families.qwenimage.testkit import KIT as QWEN_KIT
+from library.models.families.qwenimage.testkit import single_files
 from library.models.families.qwenimage_edit.family import qwenimage_edit_family
 from library.models.families.qwenimage_edit.sampling import PIPELINE, PLUS_PIPELINE
-from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
+from library.models.families.qwenimage_edit.tiny import (
+    write_tiny_processor,
+    write_tiny_qwenimage_edit_folder,
+)
 
 _WITH_REFERENCES = (
     "tests/models/qwenimage_edit/ checks it with a reference image against the pipeline"
@@ -43,6 +47,15 @@ def transformers_processor(folder: Path):
     return processor
 
 
+def edit_single_files(path: Path, seed: int, version: str):
+    """Qwen-Image's single files with the release's model_version, tokenizer_path a processor
+    folder (the tokenizer and the image processor settings, as Qwen/Qwen-Image-Edit's
+    processor/)."""
+    model, flow = single_files(path, seed, model_version=version)
+    write_tiny_processor(Path(model["tokenizer_path"]))
+    return model, flow
+
+
 KIT = replace(
     QWEN_KIT,
     variants=("qwenimage-edit",),
@@ -50,6 +63,7 @@ KIT = replace(
     pipeline=lambda variant: PIPELINE,
     family=lambda variant, modules: qwenimage_edit_family(),
     pipeline_keys=lambda folder: {"processor": transformers_processor(Path(folder) / "processor")},
+    write_single_files=lambda path, variant, seed: edit_single_files(path, seed, "edit"),
     sample_cases=None,
     loss_cases=None,
     loss_reference=None,
@@ -70,6 +84,8 @@ PLUS_KIT = replace(
     write_folder=lambda path, variant, seed: write_tiny_qwenimage_edit_folder(path, seed, True),
     pipeline=lambda variant: PLUS_PIPELINE,
     family=lambda variant, modules: qwenimage_edit_family(plus=True),
+    # the tiny folder's transformer is 2509's (2511's adds zero_cond_t)
+    write_single_files=lambda path, variant, seed: edit_single_files(path, seed, "edit-2509"),
     distributed=(),
     skips={
         **KIT.skips,

@@ -31,14 +31,20 @@ IMAGE_PROCESSOR = {
 }
 
 
+def write_tiny_processor(folder: Path) -> Path:
+    """A processor folder as Qwen/Qwen-Image-Edit's processor/: the tiny tokenizer's files and
+    preprocessor_config.json; returns ``folder``."""
+    write_tiny_qwen25vl_tokenizer(folder)
+    text = json.dumps(IMAGE_PROCESSOR, indent=2, sort_keys=True) + "\n"
+    (folder / "preprocessor_config.json").write_text(text, encoding="utf-8")
+    return folder
+
+
 def write_tiny_qwenimage_edit_folder(path: str | Path, seed: int = 0, plus: bool = False) -> Path:
     """Write a tiny Qwen-Image-Edit diffusers folder to ``path`` (``plus``: a
     QwenImageEditPlusPipeline folder, as Qwen-Image-Edit-2509's); returns ``path``."""
     path = write_tiny_qwenimage_folder(path, seed)
-    processor = path / "processor"
-    write_tiny_qwen25vl_tokenizer(processor)
-    text = json.dumps(IMAGE_PROCESSOR, indent=2, sort_keys=True) + "\n"
-    (processor / "preprocessor_config.json").write_text(text, encoding="utf-8")
+    write_tiny_processor(path / "processor")
     index_file = path / "model_index.json"
     index = json.loads(index_file.read_text(encoding="utf-8"))
     pipeline = PLUS_PIPELINE if plus else PIPELINE

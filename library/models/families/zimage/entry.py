@@ -6,7 +6,7 @@ and imported on first use."""
 from __future__ import annotations
 
 from library.models.families.family_entry import Deferred, FamilyEntry, LoraFiles, ToolFacts
-from library.models.families.zimage.config_keys import ZImageFlowKeys
+from library.models.families.text_encoder_keys import TextEncoderFileKeys
 
 _LINE = "Z-Image"
 _PACKAGE = "library.models.families.zimage"
@@ -49,7 +49,7 @@ ZIMAGE = FamilyEntry(
     # musubi-tuner's LoRA module for Z-Image (its files say ss_network_module so)
     network_module="networks.lora_zimage",
     flow_matching=True,
-    config_keys=(ZImageFlowKeys,),
+    config_keys=(TextEncoderFileKeys,),
     flow_keys=FLOW_KEYS,
     lora_files=LoraFiles(
         denoiser_marks=_DENOISER_MARKS,
@@ -57,7 +57,7 @@ ZIMAGE = FamilyEntry(
     ),
     tool=ToolFacts(
         component_options={
-            "text_encoder": "the Qwen3 text encoder file of a transformer file (qwen_3_4b)"
+            "text_encoder": "the text encoder file beside a transformer file"
         },
         variant_labels={
             "zimage-turbo": "Z-Image Turbo",

@@ -48,6 +48,7 @@ from library.models.families.file_plans import (
     sample_keys,
 )
 from library.models.families.flux.files import plan_ae as flux_plan_ae
+from library.models.families.local_tokenizer import load_local_tokenizer
 from library.models.families.zimage import file_configs, keys
 from library.models.families.zimage.detect import detect_zimage
 from library.models.families.zimage.shapes import (
@@ -56,7 +57,7 @@ from library.models.families.zimage.shapes import (
     ae_config,
     scheduler_config,
 )
-from library.models.loader import offline, one_line
+from library.models.loader import offline
 from library.models.vae_file import load_vae
 
 log = logging.getLogger(__name__)
@@ -363,29 +364,7 @@ def load_qwen3_tokenizer(tokenizer_path: str | None, config: dict | None, model_
     """The Qwen3 tokenizer in ``tokenizer_path`` (or its tokenizer/ subfolder, so a Z-Image
     diffusers folder works as it is); ModelError when unset, missing or not fitting the
     encoder's vocabulary (``config``, when known)."""
-    from transformers import AutoTokenizer
-
-    if not tokenizer_path:
-        raise ModelError(
-            f"{model_file.name} carries no tokenizer: set tokenizer_path to a folder with Qwen3's "
-            "tokenizer files (tokenizer.json, tokenizer_config.json; a Z-Image diffusers "
-            "folder's tokenizer/, or Qwen/Qwen3-4B's); nothing is downloaded"
-        )
-    folder = Path(tokenizer_path).expanduser().absolute()
-    if (folder / "tokenizer").is_dir() and not (folder / "tokenizer_config.json").is_file():
-        folder = folder / "tokenizer"
-    if not folder.is_dir():
-        raise ModelError(f"tokenizer_path {folder} is not a folder; set it to Qwen3's tokenizer")
-    with offline():
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError, TypeError) as exc:
-            raise ModelError(
-                f"tokenizer_path {folder}: cannot read a Qwen3 tokenizer there ({one_line(exc)})"
-            ) from None
-    if config is not None and len(tokenizer) > config["vocab_size"]:
-        raise ModelError(
-            f"tokenizer_path {folder} has {len(tokenizer)} tokens and the text encoder "
-            f"{config['vocab_size']} embeddings: it is not Qwen3's tokenizer"
-        )
-    return tokenizer
+    return load_local_tokenizer(
+        tokenizer_path, None if config is None else config["vocab_size"], model_file, "Qwen3",
+        "a Z-Image diffusers folder's tokenizer/, or Qwen/Qwen3-4B's",
+    )  # fmt: skip

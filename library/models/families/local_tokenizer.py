@@ -1,0 +1,50 @@
+"""A text encoder's tokenizer from the folder tokenizer_path names, for families read from single
+files that carry none (Z-Image's Qwen3, Qwen-Image's Qwen2.5-VL). Nothing is downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from library.errors import ModelError
+from library.models.loader import offline, one_line
+
+
+def tokenizer_folder(tokenizer_path: str | None, model_file: Path, name: str, where: str) -> Path:
+    """The folder of ``name``'s tokenizer: tokenizer_path, or its tokenizer/ subfolder (so a
+    diffusers folder works as it is). ModelError when unset or not a folder; ``where`` says
+    where users find the files."""
+    if not tokenizer_path:
+        raise ModelError(
+            f"{model_file.name} carries no tokenizer: set tokenizer_path to a folder with {name}'s "
+            f"tokenizer files (tokenizer.json or vocab.json and merges.txt, tokenizer_config.json; "
+            f"{where}); nothing is downloaded"
+        )
+    folder = Path(tokenizer_path).expanduser().absolute()
+    if (folder / "tokenizer").is_dir() and not (folder / "tokenizer_config.json").is_file():
+        folder = folder / "tokenizer"
+    if not folder.is_dir():
+        raise ModelError(f"tokenizer_path {folder} is not a folder; set it to {name}'s tokenizer")
+    return folder
+
+
+def load_local_tokenizer(
+    tokenizer_path: str | None, vocab_size: int | None, model_file: Path, name: str, where: str
+):
+    """``name``'s tokenizer from ``tokenizer_folder``; ModelError when it cannot be read or has
+    more tokens than the encoder's ``vocab_size`` embeddings (when known)."""
+    from transformers import AutoTokenizer
+
+    folder = tokenizer_folder(tokenizer_path, model_file, name, where)
+    with offline():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ModelError(
+                f"tokenizer_path {folder}: cannot read a {name} tokenizer there ({one_line(exc)})"
+            ) from None
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise ModelError(
+            f"tokenizer_path {folder} has {len(tokenizer)} tokens and the text encoder "
+            f"{vocab_size} embeddings: it is not {name}'s tokenizer"
+        )
+    return tokenizer

@@ -1,0 +1,46 @@
+"""Qwen-Image's own [flow] key: which release a single transformer file is (musubi-tuner's
+--model_version), since a file's tensors do not say whether it is the text-to-image model or an
+edit model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from library.config.section import Section
+from library.errors import ModelError
+
+ModelVersion = Literal["original", "edit", "edit-2509", "edit-2511"]
+# The diffusers pipeline of each release, which a folder's model_index.json names.
+PIPELINES: dict[str, str] = {
+    "original": "QwenImagePipeline",
+    "edit": "QwenImageEditPipeline",
+    "edit-2509": "QwenImageEditPlusPipeline",
+    "edit-2511": "QwenImageEditPlusPipeline",
+}
+
+
+class QwenImageFlowKeys(Section):
+    """musubi-tuner's --model_version."""
+
+    model_version: ModelVersion | None = Field(
+        None,
+        description="Qwen-Image: which release the model is (musubi-tuner's --model_version): "
+        "original (text to image), edit (Qwen-Image-Edit), edit-2509 or edit-2511 (the "
+        "multi-image edit releases). Needed to train an edit model from its transformer file "
+        "(qwen_image_edit_bf16.safetensors and the like); a diffusers folder says it itself, "
+        "and must agree when it is set. Unset: original for a file.",
+    )
+
+
+def check_folder_version(flow, pipeline: str, path) -> None:
+    """ModelError when [flow] model_version names another release than the folder's
+    ``pipeline``."""
+    version = getattr(flow, "model_version", None)
+    if version is not None and PIPELINES[version] != pipeline:
+        fits = sorted(v for v, p in PIPELINES.items() if p == pipeline)
+        raise ModelError(
+            f'model_version = "{version}" but {path} is a {pipeline} folder; set model_version '
+            f"to {' or '.join(fits)}, or remove it"
+        )
