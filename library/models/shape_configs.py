@@ -146,3 +146,14 @@ def note_guesses(component: str, derived: dict, fields: tuple[str, ...]) -> None
         component,
         f" (guessed {', '.join(guessed)}: not visible in the weights)" if guessed else "",
     )
+
+
+def fitted_rotary_axes(config: dict, head_dim: int, component: str) -> None:
+    """Set a rotary transformer's ``axes_dims_rope`` for a head of ``head_dim`` when its released
+    split (FLUX.1's and Qwen-Image's 16 + 56 + 56 of 128) does not fit: rows and columns keep
+    7/16 each (even parts, as RoPE rotates pairs), the first axis the rest; a guess, noted."""
+    if sum(config["axes_dims_rope"]) == head_dim:
+        return
+    side = 2 * (head_dim * 7 // 32)
+    config["axes_dims_rope"] = (head_dim - 2 * side, side, side)
+    note_guesses(component, config, ("axes_dims_rope",))

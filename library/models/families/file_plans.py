@@ -190,6 +190,25 @@ def component_file(key: str, value: str, what: str, family: str) -> CheckpointFi
     return open_safetensors(path, key, family)
 
 
+def family_component_file(
+    value: str | None, key: str, section: str, what: str, family: str
+) -> CheckpointFile:
+    """The component file ``key`` (in ``section``) names beside a family's transformer file, its
+    header read; ModelError naming the key when it is unset, a folder or missing. ``what``: what
+    the file must hold, as messages say it."""
+    if not value:
+        raise ModelError(
+            f'{family} as a single transformer file needs {what}: set {key} = "<path>" in '
+            f"{section} (or point pretrained_model_name_or_path at a diffusers folder)"
+        )
+    path = Path(value).expanduser().absolute()
+    if path.is_dir():
+        raise ModelError(f"{key} = {path} is a folder; set {key} to {what}")
+    if not path.is_file():
+        raise ModelError(f"{key} = {path} does not exist; set {key} to {what}")
+    return open_safetensors(path, key, family)
+
+
 def _shapes(plan: Plan) -> tuple[dict, dict]:
     """(the plan's module's tensor shapes, the file's after renaming), by module name."""
     module = empty_module(plan.build, plan.config)

@@ -224,11 +224,7 @@ def transformer_config_from_shapes(shapes: Mapping[str, tuple[int, ...]], found:
         "joint_attention_dim": shapes["context_embedder.weight"][1],
         "pooled_projection_dim": shapes["time_text_embed.text_embedder.linear_1.weight"][1],
     }
-    if sum(base["axes_dims_rope"]) != head_dim:
-        # FLUX.1 gives 7/16 of each head to rows and to columns, the rest to the image index.
-        side = 2 * (head_dim * 7 // 32)
-        config["axes_dims_rope"] = (head_dim - 2 * side, side, side)
-        shape_configs.note_guesses("transformer", config, ("axes_dims_rope",))
+    shape_configs.fitted_rotary_axes(config, head_dim, "transformer")
     return config
 
 

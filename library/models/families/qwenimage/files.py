@@ -43,6 +43,7 @@ from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.file_plans import (
     Plan,
+    family_component_file,
     load_plan,
     looks_like,
     open_safetensors,
@@ -112,17 +113,7 @@ def component_file(value: str | None, key: str) -> CheckpointFile:
     """The component file the config key ``key`` names (``value``), its header read; ModelError
     naming the key when unusable."""
     section, what = COMPONENT_FILES[key]
-    if not value:
-        raise ModelError(
-            f'Qwen-Image as a single transformer file needs {what}: set {key} = "<path>" in '
-            f"{section} (or point pretrained_model_name_or_path at a diffusers folder)"
-        )
-    path = Path(value).expanduser().absolute()
-    if path.is_dir():
-        raise ModelError(f"{key} = {path} is a folder; set {key} to {what}")
-    if not path.is_file():
-        raise ModelError(f"{key} = {path} does not exist; set {key} to {what}")
-    return open_safetensors(path, key, FAMILY)
+    return family_component_file(value, key, section, what, FAMILY)
 
 
 # --- transformer ------------------------------------------------------------------------------
@@ -176,11 +167,7 @@ def transformer_config(plain: Mapping[str, tuple[int, ...]]) -> dict:
         "num_attention_heads": width // head_dim,
         "joint_attention_dim": plain["txt_in.weight"][1],
     }
-    if sum(base["axes_dims_rope"]) != head_dim:
-        # released: 16 + 56 + 56 of 128; rows and columns keep 7/16 each (even parts)
-        side = 2 * (head_dim * 7 // 32)
-        config["axes_dims_rope"] = (head_dim - 2 * side, side, side)
-        shape_configs.note_guesses("Qwen-Image transformer", config, ("axes_dims_rope",))
+    shape_configs.fitted_rotary_axes(config, head_dim, "Qwen-Image transformer")
     return config
 
 

@@ -41,6 +41,7 @@ from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
 from library.models.families.file_plans import (
     Plan,
+    family_component_file,
     load_plan,
     looks_like,
     open_safetensors,
@@ -120,17 +121,7 @@ def component_file(value: str | None, key: str) -> CheckpointFile:
     """The component file the config key ``key`` names (``value``), its header read; ModelError
     naming the key when unusable."""
     section, what = COMPONENT_FILES[key]
-    if not value:
-        raise ModelError(
-            f'Z-Image as a single transformer file needs {what}: set {key} = "<path>" in '
-            f"{section} (or point pretrained_model_name_or_path at a diffusers folder)"
-        )
-    path = Path(value).expanduser().absolute()
-    if path.is_dir():
-        raise ModelError(f"{key} = {path} is a folder; set {key} to {what}")
-    if not path.is_file():
-        raise ModelError(f"{key} = {path} does not exist; set {key} to {what}")
-    return open_safetensors(path, key, FAMILY)
+    return family_component_file(value, key, section, what, FAMILY)
 
 
 def load_vae_option(path: Path, dtype: torch.dtype) -> torch.nn.Module:
