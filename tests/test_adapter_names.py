@@ -27,14 +27,7 @@ _STEMS = sorted({name.removesuffix(".weight") for name in _TENSORS} | {"lora_A",
 _LISTS = ("LOCON_KEYS", "LOHA_KEYS", "LOKR_KEYS", "SHARED_KEYS", "ALGO_KEYS")
 ADAPTER_NAME = re.compile(r"(?<![A-Za-z0-9])(" + "|".join([*_STEMS, *_LISTS]) + r")(?![A-Za-z0-9])")
 
-_ZIMAGE_READERS = (
-    "reads other tools' Z-Image files (musubi-tuner, ai-toolkit, diffusers' peft names, "
-    "kohya's fused qkv) per adapter kind, with each layout's alpha rule; moves to the kinds "
-    "once key maps carry alias names"
-)
 ALLOWED = {
-    "library/models/families/zimage/lora_file.py": "LoRA: " + _ZIMAGE_READERS,
-    "library/models/families/zimage/lycoris_file.py": "LyCORIS: " + _ZIMAGE_READERS,
     "library/models/families/sd3/lora_keys.py": 'lora_format = "diffusers": SD3\'s peft '
     "layout (lora_A/lora_B with alpha / r folded into lora_B), written and read here",
 }

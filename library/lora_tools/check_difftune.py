@@ -48,7 +48,7 @@ def check_difftune(found: FileModules, tensors, metadata, components, table, sou
         other = "" if found.layout == own else f" (in the {found.layout} layout, not difftune's)"
         report.notes.append(f"LyCORIS file{other}: checked by names and shapes (no trial import)")
         return report
-    problem = _trial_import(found, tensors, components, table, source)
+    problem = _trial_import(found, tensors, metadata, components, table, source)
     if problem is not None:
         kind, text = problem
         if kind == "note":
@@ -115,7 +115,7 @@ def _difftune_module(name, parts, layer: Layer, adaptable, lycoris, label) -> st
     return None
 
 
-def _trial_import(found: FileModules, tensors, components, table, source):
+def _trial_import(found: FileModules, tensors, metadata, components, table, source):
     """Inject adapters with the file's ranks on its layers and run the trainer's import
     (import_network_weights); ("error", why) when it refuses, ("note", what) when no trial is
     possible, else None."""
@@ -160,7 +160,7 @@ def _trial_import(found: FileModules, tensors, components, table, source):
             adapted.append(model)
             prefix = UNET if component == DENOISER else family.text_encoder_lora_prefixes[component]
             models[prefix] = model
-        import_network_weights(family, models, tensors, source)
+        import_network_weights(family, models, tensors, source, metadata)
     except (DifftuneError, ValueError, RuntimeError, KeyError) as exc:
         return ("error", str(exc).removeprefix(f"{source}: "))
     finally:

@@ -11,7 +11,8 @@ module's tensors, so writing and reading a file is the same code for every kind:
   module names, some of which stand for several diffusers layers (FLUX.1's and SD3's fused
   qkv; library/networks/fused_keys.py). A file may leave some of those modules out.
 - :class:`PathNames`: the denoiser alone, each layer as a fixed prefix plus its module path
-  (Z-Image's ``diffusion_model.<path>``).
+  (Z-Image's and Qwen-Image's ``diffusion_model.<path>``); :class:`AliasedPathNames` reads
+  those files in every other tool's names too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from library.errors import ConfigError
 from library.networks import kohya_keys, kohya_names
 from library.networks.kind_base import FileModule
 from library.networks.kinds import kind_in
+from library.networks.linear_files import LinearNames, load_file_tensors
 from library.networks.module_files import adapted_modules, adapted_paths, write_modules
 
 
@@ -45,11 +47,19 @@ class KeyMap:
             tensors.update(write_modules(model, self.modules(prefix, model)))
         return tensors
 
+    # whether it reads diffusers' peft files (lora_A / lora_B keys) as well as kohya's
+    reads_peft = False
+
     def read(
-        self, models: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], source: str
+        self,
+        models: Mapping[str, nn.Module],
+        tensors: Mapping[str, torch.Tensor],
+        source: str,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         """Load a file's tensors into the adapters of ``models``; CheckpointError naming
-        ``source`` for a file that does not fit them (nothing is loaded then)."""
+        ``source`` for a file that does not fit them (nothing is loaded then). ``metadata``:
+        the file's header, where a layout keeps something the tensors do not (peft's alpha)."""
         raise NotImplementedError(f"{type(self).__name__} reads no files")
 
 
@@ -63,7 +73,7 @@ class KohyaNames(KeyMap):
     def modules(self, prefix, model):
         return kohya_keys.plain_modules(prefix, model)
 
-    def read(self, models, tensors, source):
+    def read(self, models, tensors, source, metadata=None):
         kohya_keys.import_lora(models, tensors, source, self.text_prefixes)
 
 
@@ -81,7 +91,7 @@ class OriginalNames(KeyMap):
             return self.denoiser_modules(model)
         return kohya_keys.plain_modules(prefix, model)
 
-    def read(self, models, tensors, source):
+    def read(self, models, tensors, source, metadata=None):
         denoiser = {k: v for k, v in tensors.items() if k.startswith(self.denoiser_prefix)}
         text = {k: v for k, v in tensors.items() if k not in denoiser}
         text_models = {p: m for p, m in models.items() if p != kohya_names.UNET}
@@ -106,3 +116,16 @@ class PathNames(KeyMap):
 
     def modules(self, prefix, model):
         return [FileModule(self.prefix + path, (path,)) for path in sorted(adapted_paths(model))]
+
+
+@dataclass(frozen=True)
+class AliasedPathNames(PathNames):
+    """:class:`PathNames` written; read under every name ``names`` lists for a Linear (other
+    tools' layouts, library/networks/linear_files.py), per adapter kind."""
+
+    names: LinearNames
+    reads_peft = True
+
+    def read(self, models, tensors, source, metadata=None):
+        model = kohya_names.unwrap(models[kohya_names.UNET])
+        load_file_tensors(kind_in([model]), model, tensors, self.names, source, metadata)

@@ -17,23 +17,31 @@ from library.saving.lora_file import check_lora_keys, read_lora_file
 
 def reads_diffusers_layout(family) -> bool:
     """The trainer takes files holding only diffusers' peft keys (lora_A / lora_B) for this
-    family: those whose LoRA files can be written in that layout (``lora_formats``)."""
-    return "diffusers" in family.lora_formats
+    family: those whose LoRA files can be written in that layout (``lora_formats``), and those
+    whose key map reads other tools' layouts, peft's among them."""
+    return "diffusers" in family.lora_formats or family.adapter_key_map().reads_peft
+
+
+def read_network_file(family, path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and header of the file ``path`` (CheckpointError for a file the trainer does
+    not read)."""
+    return read_lora_file(path, reads_diffusers_layout(family))
 
 
 def read_network_weights(family, path: str | Path) -> dict[str, torch.Tensor]:
     """The tensors of the file ``path`` (CheckpointError for a file the trainer does not read)."""
-    tensors, _ = read_lora_file(path, reads_diffusers_layout(family))
-    return tensors
+    return read_network_file(family, path)[0]
 
 
 def import_network_weights(
-    family, models: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], source
-) -> None:
+    family, models: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], source,
+    metadata: Mapping[str, str] | None = None,
+) -> None:  # fmt: skip
     """Load a file's ``tensors`` into the adapters of ``models`` (kohya prefix -> model) as
     network_weights does: its keys must be a layout the trainer reads, its numbers finite and
     its module names the base model's family's, then the family's key map reads it
-    (``family.load_lora_tensors``). CheckpointError naming ``source`` otherwise."""
+    (``family.load_lora_tensors``; ``metadata``: the file's header, where peft files keep their
+    alpha). CheckpointError naming ``source`` otherwise."""
     check_lora_keys(tensors, source, reads_diffusers_layout(family))
     check_lora_file(tensors, str(source), family.modelspec_architecture)
-    family.load_lora_tensors(models, tensors, str(source))
+    family.load_lora_tensors(models, tensors, str(source), metadata)

@@ -15,7 +15,7 @@ from library.models.loader import Components
 from library.networks.adapters import STATE_BUFFERS, adapter_parameters
 from library.networks.kohya_names import UNET
 from library.networks.lora import lora_parameter_split
-from library.networks.network_weights import import_network_weights, read_network_weights
+from library.networks.network_weights import import_network_weights, read_network_file
 from library.training.adapter_setup import (
     adapter_settings,
     inject,
@@ -216,8 +216,10 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
                 groups += _lora_groups(encoder, name, te_lr, ratio)
     parts = TrainedParts(components, True, train_unet, train_te, groups)
     if net.network_weights:
-        tensors = read_network_weights(family, net.network_weights)
-        import_network_weights(family, parts.lora_models(), tensors, net.network_weights)
+        tensors, metadata = read_network_file(family, net.network_weights)
+        import_network_weights(
+            family, parts.lora_models(), tensors, net.network_weights, metadata
+        )
     return parts
 
 

@@ -7,6 +7,7 @@ and an edit model given none, are refused before anything loads."""
 from __future__ import annotations
 
 import pytest
+import torch
 from PIL import Image
 
 from library.models.families.flux.tiny_files import write_tiny_flux_folder
@@ -156,3 +157,27 @@ def test_reference_images_and_models_must_agree_before_loading(
     assert train(config) == 2
     err = capsys.readouterr().err
     assert "learns each image with 1 reference image; set control_directory" in err
+
+
+def test_a_full_fine_tune_writes_the_kontext_transformer_file_and_folder(
+    tmp_path, kontext_dir, edit_data
+):
+    """train_mode = "unet" on FLUX.1 Kontext with references: the transformer file in Black
+    Forest Labs' layout (flux1-kontext-dev.safetensors' names) and, the base being a folder, a
+    FluxKontextPipeline folder diffusers reads, holding the trained weights the file holds."""
+    from diffusers import FluxKontextPipeline
+
+    from library.models.families.flux.original_keys import transformer_to_original
+
+    out = tmp_path / "out"
+    dataset = _musubi_dataset(edit_data)
+    config = _config(tmp_path / "c.toml", kontext_dir, dataset, out, train_mode="unet",
+                     learning_rate=1e-4, save_precision="float")  # fmt: skip
+    assert train(config) == 0
+    trained = FluxKontextPipeline.from_pretrained(out / "run").transformer.state_dict()
+    base = FluxKontextPipeline.from_pretrained(kontext_dir).transformer.state_dict()
+    assert any(not torch.equal(trained[k], base[k]) for k in base)  # it trained
+    saved = tensors(out / "run.safetensors")
+    expected = transformer_to_original(trained)
+    assert saved.keys() == expected.keys()
+    assert all(torch.equal(saved[k], v) for k, v in expected.items())

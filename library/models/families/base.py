@@ -281,11 +281,15 @@ class ModelFamily:
         raise NotImplementedError(f"{self.name} writes no diffusers-layout LoRA files")
 
     def load_lora_tensors(
-        self, models: Mapping[str, torch.nn.Module], tensors: Mapping[str, torch.Tensor], source: str
+        self,
+        models: Mapping[str, torch.nn.Module],
+        tensors: Mapping[str, torch.Tensor],
+        source: str,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
-        """Copy an adapter file's tensors into the adapters of ``models``; CheckpointError
-        naming ``source`` for a file that does not fit them."""
-        self.adapter_key_map().read(models, tensors, source)
+        """Copy an adapter file's tensors into the adapters of ``models`` (``metadata``: its
+        header); CheckpointError naming ``source`` for a file that does not fit them."""
+        self.adapter_key_map().read(models, tensors, source, metadata)
 
     def latent_codec(self, vae: torch.nn.Module) -> LatentCodec:
         """How ``vae`` (this family's loaded VAE) turns pixels into the denoiser's latents and

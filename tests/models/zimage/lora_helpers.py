@@ -5,7 +5,29 @@ from __future__ import annotations
 import pytest
 import torch
 
+from library.models.families.zimage.lora_keys import NAMES
 from library.models.families.zimage.shapes import tiny_transformer_config
+from library.networks import linear_files
+
+
+def read_lora(tensors, transformer, **keys):
+    """The shared LoRA reader with Z-Image's names."""
+    return linear_files.read_lora(tensors, transformer, NAMES, **keys)
+
+
+def write_lora(weights):
+    """The shared LoRA writer with Z-Image's names."""
+    return linear_files.write_lora(weights, NAMES)
+
+
+def read_lycoris(tensors, transformer, source="LyCORIS file"):
+    """The shared LyCORIS reader with Z-Image's names."""
+    return linear_files.read_lycoris(tensors, transformer, NAMES, source)
+
+
+def write_lycoris(modules):
+    """The shared LyCORIS writer with Z-Image's names."""
+    return linear_files.write_lycoris(modules, NAMES)
 
 
 def tiny_transformer(seed: int = 0):

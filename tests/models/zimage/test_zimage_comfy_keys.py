@@ -27,12 +27,17 @@ import torch
 
 from library.errors import CheckpointError
 from library.models.families.zimage import keys
-from library.models.families.zimage.lora_file import write_lora
 from library.models.families.zimage.lora_keys import file_modules
-from library.models.families.zimage.lycoris_file import read_lycoris, write_lycoris
 from library.models.families.zimage.targets import default_targets, linear_paths
 from library.networks.lycoris.file_math import merged_weight
-from tests.models.zimage.lora_helpers import delta, random_factors, tiny_transformer
+from tests.models.zimage.lora_helpers import (
+    delta,
+    random_factors,
+    read_lycoris,
+    tiny_transformer,
+    write_lora,
+    write_lycoris,
+)
 
 # comfy/utils.py z_image_to_diffusers: per block, diffusers name -> original name
 COMFY_BLOCK = {

@@ -12,13 +12,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from library.errors import CheckpointError
-from library.models.families.zimage.lora_file import read_lora, write_lora
 from library.models.families.zimage.targets import default_targets, linear_paths
 from tests.models.zimage.lora_helpers import (
     assert_same_factors,
     delta,
     random_factors,
+    read_lora,
     tiny_transformer,
+    write_lora,
 )
 
 

@@ -29,7 +29,7 @@ from library.models.families.qwenimage import conditioning as captions_
 from library.models.families.qwenimage.conditioning import LENGTHS, caption_mask
 from library.models.families.qwenimage.denoise import img_shapes, pack, unpack
 from library.models.families.qwenimage.full_file import write_transformer_file
-from library.models.families.qwenimage.key_map import QwenImageNames
+from library.models.families.qwenimage.key_map import qwenimage_names
 from library.models.families.qwenimage.objective import qwenimage_flow_options
 from library.models.families.qwenimage.sampling import qwenimage_pipeline_kind
 from library.models.families.qwenimage.shapes import PIXEL_MULTIPLE
@@ -161,7 +161,7 @@ class QwenImageFamily(ModelFamily):
 
     def adapter_key_map(self):
         """The transformer's adapted Linears as ``diffusion_model.<diffusers path>`` modules."""
-        return QwenImageNames()
+        return qwenimage_names()
 
     # -- sizes, options ----------------------------------------------------------------------
 

@@ -235,10 +235,10 @@ class SD3Family(TransformerFamily):
         except ValueError as exc:
             raise ConfigError(f'lora_format = "diffusers": {exc}') from None
 
-    def load_lora_tensors(self, models, tensors, source):
+    def load_lora_tensors(self, models, tensors, source, metadata=None):
         """kohya's layout (TransformerFamily), or the diffusers layout lora_format writes."""
         if not is_diffusers_layout(tensors):
-            super().load_lora_tensors(models, tensors, source)
+            super().load_lora_tensors(models, tensors, source, metadata)
             return
         weights = import_diffusers_lora(models, tensors, source)
         for prefix, per_path in weights.items():

@@ -13,8 +13,8 @@ ZImagePipeline, ZImageTransformer2DModel and single-file converter):
   the sampling sigmas and Euler step;
 - latents: the VAE's scaling and shift;
 - targets: the Linears a default LoRA adapts (musubi-tuner's set);
-- lora_keys, lora_file, lycoris_file: adapter file names (``diffusion_model.<diffusers path>``,
-  read by ComfyUI and diffusers) and the other tools' layouts, both ways.
+- lora_keys, key_map: adapter file names (``diffusion_model.<diffusers path>``, read by ComfyUI
+  and diffusers) and the other tools' layouts, which library/networks/linear_files.py reads.
 
 - flow_objective: the training objective (the shared rectified flow in Z-Image's conventions);
 - family, load, entry: the ModelFamily the trainer calls, the ZImagePipeline folder loader and

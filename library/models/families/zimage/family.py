@@ -34,7 +34,7 @@ from library.models.families.zimage.conditioning import LENGTHS
 from library.models.families.zimage.denoise import pack, unpack
 from library.models.families.zimage.flow_objective import zimage_flow_options
 from library.models.families.zimage.full_file import write_transformer_file
-from library.models.families.zimage.key_map import ZImageNames
+from library.models.families.zimage.key_map import zimage_names
 from library.models.families.zimage.sampling import zimage_pipeline_kind
 from library.models.families.zimage.shapes import F_PATCH_SIZE, PATCH_SIZE, SCHEDULER_SHIFT
 from library.models.families.zimage.targets import default_targets
@@ -161,7 +161,7 @@ class ZImageFamily(ModelFamily):
         """The transformer's adapted Linears as ``diffusion_model.<diffusers path>`` modules,
         read under every name other tools give them (key_map.py)."""
 
-        return ZImageNames()
+        return zimage_names()
 
     # -- sizes, options ----------------------------------------------------------------------
 

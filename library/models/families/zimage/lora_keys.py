@@ -9,7 +9,8 @@ z_image_to_diffusers``: to_q/to_k/to_v become row slices of the original fused
 Each diffusers Linear keeps its own module, so q, k and v need no fusing.
 
 Other tools name the same Linears differently; :func:`file_modules` lists every name below,
-built from the model's own paths (never by guessing which underscores were dots):
+built from the model's own paths (never by guessing which underscores were dots), and
+library/networks/linear_files.py reads files in any of them (``NAMES``):
 
 =========================================  =====================================================
 ``diffusion_model.<diffusers path>``        difftune, ai-toolkit, musubi-tuner's "other" export
@@ -31,9 +32,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from library.errors import CheckpointError
 from library.models.families.zimage import keys
 from library.models.families.zimage.targets import linear_paths
+from library.networks.linear_files import LinearNames
 
 PREFIX = "diffusion_model."  # what difftune writes
 PEFT_PREFIX = "transformer."  # diffusers' save_lora_weights
@@ -105,22 +106,11 @@ def written_name(path: str) -> str:
     return PREFIX + path
 
 
-def split_key(key: str, suffixes: tuple[str, ...], source: str) -> tuple[str, str]:
-    """(module name, suffix) of a file key ``<name>.<suffix>`` whose suffix is one of
-    ``suffixes`` (the longest that fits); CheckpointError naming the key otherwise."""
-    for suffix in sorted(suffixes, key=len, reverse=True):
-        if key.endswith("." + suffix):
-            return key[: -len(suffix) - 1], suffix
-    raise CheckpointError(
-        f"{source}: {key!r} is not an adapter tensor difftune reads for Z-Image (its name "
-        f"ends in none of {', '.join(suffixes)})"
-    )
-
-
-def unknown_module(key: str, name: str, source: str) -> CheckpointError:
-    """The error for a file key whose module names no Linear of the transformer."""
-    return CheckpointError(
-        f"{source}: {key!r} names {name!r}, which is no Linear of the Z-Image transformer; "
-        f"the file was made for another model (Z-Image modules are named like "
-        f"{PREFIX}layers.0.attention.to_q or {KOHYA_PREFIX}layers_0_attention_to_q)"
-    )
+# How Z-Image files name its Linears, for the shared readers of other tools' layouts.
+NAMES = LinearNames(
+    family="Z-Image",
+    table=file_modules,
+    written=written_name,
+    peft_prefix=PEFT_PREFIX,
+    examples=f"{PREFIX}layers.0.attention.to_q or {KOHYA_PREFIX}layers_0_attention_to_q",
+)
