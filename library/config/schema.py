@@ -234,6 +234,21 @@ class TrainingSection(Section):
         description="fp8_base for the denoiser only (the UNet or transformer); the text "
         "encoders keep the weight dtype.",
     )
+    base_model_precision: Literal["no_change", "nf4-bnb", "int8-bnb"] = Field(
+        "no_change",
+        description="Store the frozen denoiser's Linear weights quantized by bitsandbytes "
+        "(SimpleTuner's key): nf4-bnb (QLoRA's 4-bit NormalFloat, about 0.56 bytes per weight) "
+        "or int8-bnb (8-bit per-row absmax, about 1 byte); each use dequantizes into the "
+        "mixed-precision dtype. For LoRA and LyCORIS training; the adapters stay in their own "
+        "dtype and their files load on the full-precision base. fp8_base then stores the text "
+        "encoders in float8.",
+    )
+    bnb_4bit_use_double_quant: bool = Field(
+        False,
+        description="With base_model_precision = \"nf4-bnb\": quantize the per-block scales "
+        "too (QLoRA's double quantization; transformers' BitsAndBytesConfig word), about "
+        "0.52 bytes per weight instead of 0.56.",
+    )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     cpu_offload_checkpointing: bool = Field(
         False,
@@ -426,6 +441,21 @@ class TrainingSection(Section):
             raise ValueError(
                 "ddp_static_graph = true does not work with gradient_accumulation_steps > 1 "
                 "(a PyTorch limitation); set one of them back"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _quantized_base_options(self) -> TrainingSection:
+        if self.bnb_4bit_use_double_quant and self.base_model_precision != "nf4-bnb":
+            raise ValueError(
+                "bnb_4bit_use_double_quant = true only acts with base_model_precision = "
+                '"nf4-bnb"; set that or remove it'
+            )
+        if self.base_model_precision != "no_change" and self.fp8_base_unet:
+            raise ValueError(
+                f'base_model_precision = "{self.base_model_precision}" and fp8_base_unet both '
+                "store the denoiser's frozen weights; keep one (fp8_base with a quantized base "
+                "stores the text encoders in float8)"
             )
         return self
 
@@ -632,6 +662,12 @@ class Config(BaseModel):
                     f"{mode} does not work with {key} yet (float8 weights are not gathered): "
                     f"remove {key} or set fsdp = \"no\""
                 )
+        if training.base_model_precision != "no_change":
+            raise ValueError(
+                f'{mode} does not work with base_model_precision = '
+                f'"{training.base_model_precision}" (quantized weights cannot be sharded): remove '
+                'base_model_precision or set fsdp = "no"'
+            )
         optimizer = self.optimizer.optimizer_type
         if optimizer not in SHARDABLE_OPTIMIZERS:
             raise ValueError(

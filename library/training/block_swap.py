@@ -25,6 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from library.models.float8 import FLOAT8, Float8Linear
+from library.models.quantized_base import STORED, QuantizedLinear
+
+# the frozen Linears a swapped block's weights come from
+SWAPPED = (nn.Linear, Float8Linear, QuantizedLinear)
 
 
 class _StreamedLinear(torch.autograd.Function):
@@ -65,7 +69,17 @@ class HostLinear(nn.Linear):
             return tensor.pin_memory() if pin else tensor
 
         # plain attributes, not parameters: .to(device), DDP and state_dict pass them by
-        self.host_weight, self.host_bias = host(layer.weight), host(layer.bias)
+        self.host_bias = host(layer.bias)
+        # a quantized layer (base_model_precision) keeps its stored form, in host memory; a
+        # tuple, so that it is no submodule the model's moves would take to the device
+        self.quantized: tuple[QuantizedLinear, ...] = ()
+        if isinstance(layer, QuantizedLinear):
+            layer.bias = None  # the bias is the HostLinear's
+            for name in STORED:
+                setattr(layer, name, host(getattr(layer, name)))
+            self.quantized, self.host_weight = (layer,), layer.q_data
+        else:
+            self.host_weight = host(layer.weight)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -76,8 +90,12 @@ class HostLinear(nn.Linear):
         return self.host_bias
 
     def fetch(self, device: torch.device, dtype: torch.dtype | None, with_bias: bool = True):
-        """The weight (and bias) on ``device``, cast to ``dtype`` when given."""
-        weight = self.host_weight.to(device, non_blocking=True)
+        """The weight (and bias) on ``device``, cast to ``dtype`` when given (a quantized
+        weight: dequantized there into ``dtype``)."""
+        if self.quantized:
+            weight = self.quantized[0].dequantized(dtype, device)
+        else:
+            weight = self.host_weight.to(device, non_blocking=True)
         bias = None
         if with_bias and self.host_bias is not None:
             bias = self.host_bias.to(device, non_blocking=True)
@@ -87,7 +105,7 @@ class HostLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = None
-        if self.host_weight.dtype == FLOAT8:  # as Float8Linear.forward
+        if self.quantized or self.host_weight.dtype == FLOAT8:  # as Float8Linear.forward
             device = x.device.type
             if device != "meta" and torch.is_autocast_enabled(device):
                 dtype = torch.get_autocast_dtype(device)
@@ -101,13 +119,13 @@ class HostLinear(nn.Linear):
 
 
 def swap_linears(blocks: list[nn.Module]) -> int:
-    """Turn every frozen Linear of ``blocks`` (plain, float8-stored, or the base layer an
-    adapter wraps) into a HostLinear; returns how many."""
+    """Turn every frozen Linear of ``blocks`` (plain, float8-stored, quantized, or the base
+    layer an adapter wraps) into a HostLinear; returns how many."""
     count = 0
     for block in blocks:
         for parent in list(block.modules()):
             for name, child in list(parent.named_children()):
-                if type(child) not in (nn.Linear, Float8Linear) or child.weight.requires_grad:
+                if type(child) not in SWAPPED or child.weight.requires_grad:
                     continue
                 setattr(parent, name, HostLinear(child))
                 count += 1

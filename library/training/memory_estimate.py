@@ -39,6 +39,7 @@ from library.data.plan import DataStats
 from library.errors import ConfigError
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
 from library.models.families.base import REFERENCE_LATENTS_KEY
+from library.models.quantized_base import QuantizedLinear
 from library.training.activation_memory import ActivationCounter, meta_copy
 from library.training.optimizers import optimizer_kwargs
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
@@ -107,8 +108,18 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def module_bytes(module: torch.nn.Module) -> int:
-    """Bytes of a module's parameters and buffers at their dtypes."""
-    return tensor_bytes(itertools.chain(module.parameters(), module.buffers()))
+    """Bytes of a module's parameters and buffers at their dtypes, and of the weights its
+    quantized layers store (base_model_precision)."""
+    stored = sum(m.stored_bytes() for m in module.modules() if isinstance(m, QuantizedLinear))
+    return tensor_bytes(itertools.chain(module.parameters(), module.buffers())) + stored
+
+
+def dequantized_bytes(module: torch.nn.Module, dtype: torch.dtype) -> int:
+    """The largest weight a quantized layer of ``module`` dequantizes for one product (one
+    layer's at a time, forward and backward)."""
+    sizes = [m.in_features * m.out_features for m in module.modules()
+             if isinstance(m, QuantizedLinear)]  # fmt: skip
+    return max(sizes, default=0) * dtype.itemsize
 
 
 def vae_stays_on_device(config: Config, draws_samples: bool) -> bool:
@@ -149,6 +160,7 @@ def weight_bytes(
     total = sum(module_bytes(m) for m in modules)
     total += denoiser_weight_bytes(config, comps.denoiser, world_size)
     compute = WEIGHT_DTYPES[config.training.mixed_precision]
+    total += dequantized_bytes(comps.denoiser, compute)
     params = parts.parameters()
     if compute != torch.float32 and trained_dtype(config) == torch.float32:
         total += sum(p.numel() for p in params) * compute.itemsize

@@ -12,6 +12,7 @@ from library.errors import ConfigError
 from library.models.conditioning import freeze_unused_text_adapters
 from library.models.float8 import store_in_float8
 from library.models.loader import Components
+from library.models.quantized_base import PRECISIONS, quantize_linears
 from library.networks.adapters import STATE_BUFFERS, adapter_parameters
 from library.networks.kohya_names import UNET
 from library.networks.lora import lora_parameter_split
@@ -86,6 +87,7 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
     """Inject adapters or unfreeze the denoiser, load network_weights, build parameter groups."""
     components.family.check_training(config)
     components.family.prepare_denoiser(components.denoiser, config)
+    _base_quantized(config, components)
     _base_in_float8(config, components)
     net, lr = config.network, config.optimizer.learning_rate
     unet_lr = net.unet_lr if net.unet_lr is not None else lr
@@ -125,6 +127,24 @@ def trained_dtype(config: Config) -> torch.dtype:
     if training.full_fp16:
         return torch.float16
     return torch.float32
+
+
+def _base_quantized(config: Config, components: Components) -> None:
+    """base_model_precision: the denoiser's frozen Linear weights in nf4 or int8, before
+    adapters wrap them (library.models.quantized_base)."""
+    training = config.training
+    precision = PRECISIONS[training.base_model_precision]
+    if precision is None:
+        return
+    if config.network.train_mode == "unet":
+        raise ConfigError(
+            f'base_model_precision = "{training.base_model_precision}" stores frozen weights '
+            'quantized; with train_mode = "unet" every denoiser weight trains, so remove it'
+        )
+    compute = WEIGHT_DTYPES[training.mixed_precision]
+    quantize_linears(
+        components.denoiser, precision, training.bnb_4bit_use_double_quant, compute
+    )
 
 
 def _base_in_float8(config: Config, components: Components) -> None:

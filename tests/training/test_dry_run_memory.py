@@ -45,16 +45,19 @@ def models(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
     )  # fmt: skip
     flux = write_tiny_flux_files(root / "flux", "dev", seed=0)
     sd3 = write_tiny_sd3_files(root / "sd3", "sd3.5-medium", 0, text_encoders_inside=False)
+    flux_keys = _component_keys(
+        flux, "transformer", ("clip_l", "t5xxl", "ae"), "networks.lora_flux"
+    )
     return {
         "sd1-folder": {"pretrained_model_name_or_path": str(tiny_model_dir)},
+        "sd1-folder-int8": {"pretrained_model_name_or_path": str(tiny_model_dir)},
         "sd1-file": {
             "pretrained_model_name_or_path": str(single),
             "tokenizer_path": str(TOKENIZER),
         },
         "sdxl-folder": {"pretrained_model_name_or_path": str(tiny_sdxl_model_dir)},
-        "flux-files": _component_keys(
-            flux, "transformer", ("clip_l", "t5xxl", "ae"), "networks.lora_flux"
-        ),
+        "flux-files": flux_keys,
+        "flux-files-nf4": flux_keys,
         "sd3-files": _component_keys(
             sd3, "model", ("clip_l", "clip_g", "t5xxl"), "networks.lora_sd3"
         ),
@@ -66,6 +69,14 @@ CASES = {
     "sd1-file": {"network_module": "lycoris.kohya", "network_args": ["algo=loha", "conv_dim=2"]},
     "sdxl-folder": {"train_mode": "unet", "learning_rate": 1e-5, "ema_decay": 0.99},
     "flux-files": {"fp8_base": True, "blocks_to_swap": 1, "mixed_precision": "bf16"},
+    "flux-files-nf4": {
+        "base_model_precision": "nf4-bnb",
+        "bnb_4bit_use_double_quant": True,
+        "fp8_base": True,
+        "blocks_to_swap": 1,
+        "mixed_precision": "bf16",
+    },
+    "sd1-folder-int8": {"base_model_precision": "int8-bnb", "mixed_precision": "bf16"},
     "sd3-files": {"mixed_precision": "bf16", "cache_latents": True},
 }
 
@@ -84,3 +95,26 @@ def test_shapes_only_models_give_the_loaded_models_estimate(models, tmp_path, ca
         expected = estimate_peak_memory(config, loaded, size_stats(), 1, draws, "cuda")
         assert estimate_peak_memory(config, shapes, size_stats(), 1, draws, "cuda") == expected
         assert expected.weights > 0 and expected.activations > 0
+
+
+def test_quantized_weights_count_at_their_stored_size(models, tmp_path):
+    """base_model_precision: each quantized Linear counts its stored form instead of its bf16
+    weight, plus one layer's dequantized weight at a time (the largest)."""
+    from library.models.quantized_base import QuantizedLinear
+
+    keys = {**models["sd1-folder"], "mixed_precision": "bf16"}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain = training_parts(write_config(tmp_path / "a", keys))
+    config = write_config(tmp_path / "b", {**keys, "base_model_precision": "nf4-bnb"})
+    quantized = training_parts(config)
+    layers = [m for m in quantized.components.denoiser.modules() if isinstance(m, QuantizedLinear)]
+    assert layers
+    sizes = [m.in_features * m.out_features for m in layers]
+    saved = sum(2 * n for n in sizes) - sum(m.stored_bytes() for m in layers) - 2 * max(sizes)
+    estimate = {
+        name: estimate_peak_memory(c, parts, size_stats(), 1, False, "cuda").weights
+        for name, c, parts in (("plain", write_config(tmp_path / "a", keys), plain),
+                               ("nf4", config, quantized))
+    }  # fmt: skip
+    assert estimate["plain"] - estimate["nf4"] == saved > 0

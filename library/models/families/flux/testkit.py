@@ -238,9 +238,12 @@ DISTRIBUTED = (
               "fp8_base": False},
         ddp_options=("--ddp_gradient_as_bucket_view",),
     ),  # fmt: skip
-    # the LoRA run with its last double block and both single blocks swapped to host memory
-    # (blocks_to_swap, over float8 weights): DDP must neither broadcast nor sync the host weights
-    replace(LORA_MODE, name="flux-swap", keys={**LORA_MODE.keys, "blocks_to_swap": 2}),
+    # the LoRA run over an nf4 transformer (base_model_precision; fp8_base then stores the
+    # text encoders in float8) with its last double block and both single blocks swapped to
+    # host memory (blocks_to_swap): DDP must neither broadcast nor sync the quantized or the
+    # host weights, which are no parameters
+    replace(LORA_MODE, name="flux-swap-nf4",
+            keys={**LORA_MODE.keys, "blocks_to_swap": 2, "base_model_precision": "nf4-bnb"}),  # fmt: skip
 )
 
 
