@@ -11,7 +11,8 @@ checks against the device. Captions are shaped by the tiny test tokenizer (an em
 the estimate draws it, is the prompt template's tokens in either tokenizer).
 
 Rows: bf16 base; ``fp8_base`` (the frozen Linear weights of the transformer and Qwen2.5-VL in
-float8); then ``blocks_to_swap`` of the transformer's 60 blocks kept in host memory.
+float8); then ``blocks_to_swap`` of the transformer's 60 blocks kept in host memory; then the
+transformer quantized (``base_model_precision``) with Qwen2.5-VL in float8.
 """
 
 from __future__ import annotations
@@ -123,6 +124,16 @@ def main() -> None:
     rows = [("bf16 base", {}), ("fp8_base", {"fp8_base": True})]
     rows += [(f"fp8_base, blocks_to_swap {n}", {"fp8_base": True, "blocks_to_swap": n})
              for n in args.swaps]  # fmt: skip
+    # a quantized transformer, Qwen2.5-VL in float8 (fp8_base)
+    quantized = {"fp8_base": True, "bnb_4bit_use_double_quant": True}
+    rows += [
+        ("int8-bnb transformer, fp8 text encoder",
+         {"fp8_base": True, "base_model_precision": "int8-bnb"}),
+        ("nf4-bnb (double quant) transformer, fp8 text encoder",
+         {**quantized, "base_model_precision": "nf4-bnb"}),
+        ("nf4-bnb (double quant), fp8 text encoder, blocks_to_swap 16",
+         {**quantized, "base_model_precision": "nf4-bnb", "blocks_to_swap": 16}),
+    ]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         tokenizer = _tokenizer(folder / "tokenizer")
