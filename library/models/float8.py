@@ -4,7 +4,9 @@ kohya's ``fp8_base`` keeps the frozen base model's weights in float8 (e4m3: 1 by
 and computes with them in the mixed-precision dtype. Here every frozen ``nn.Linear`` of a module
 becomes a ``Float8Linear``: its weight is rounded to float8 once, and each forward casts it back
 to the compute dtype (the autocast dtype inside autocast, else the layer's ``compute_dtype``), so
-the arithmetic never runs in float8 (the CPU has no float8 kernels). Biases, norms, embeddings and
+the arithmetic never runs in float8 (the CPU has no float8 kernels). The backward pass casts it
+again for the input's gradient rather than keeping each layer's cast copy until then, which
+would hold a compute-dtype copy of every weight at the peak without gradient checkpointing. Biases, norms, embeddings and
 convolutions keep their dtype. LoRA adapters wrap these layers like any Linear; peft creates them
 in ``compute_dtype``, as it would for a base model in that dtype.
 """
@@ -16,6 +18,25 @@ import torch.nn.functional as F
 from torch import nn
 
 FLOAT8 = torch.float8_e4m3fn
+
+
+class _Float8Product(torch.autograd.Function):
+    """``F.linear(x, W, bias)`` with the float8 W cast to the compute dtype in the forward pass
+    and cast again in the backward pass (for the input's gradient): autograd keeps the float8
+    weight, which exists anyway, instead of a compute-dtype copy of every layer's weight."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dtype):
+        ctx.save_for_backward(weight)
+        ctx.dtype, ctx.x_dtype = dtype, x.dtype
+        bias = bias.to(dtype) if bias is not None else None
+        return F.linear(x.to(dtype), weight.to(dtype), bias)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (weight,) = ctx.saved_tensors
+        grad_x = grad_output.to(ctx.dtype) @ weight.to(ctx.dtype)
+        return grad_x.to(ctx.x_dtype), None, None, None
 
 
 class Float8Linear(nn.Linear):
@@ -30,8 +51,7 @@ class Float8Linear(nn.Linear):
             dtype = torch.get_autocast_dtype(device)
         else:
             dtype = self.compute_dtype
-        bias = self.bias.to(dtype) if self.bias is not None else None
-        return F.linear(x.to(dtype), self.weight.to(dtype), bias)
+        return _Float8Product.apply(x, self.weight, self.bias, dtype)
 
 
 # Layers whose weight dtype their parent reads to cast its input: transformers' T5 feed-forward

@@ -49,6 +49,24 @@ def test_a_float8_linear_computes_with_the_rounded_weight():
     assert store_in_float8(trained, torch.float32) == 0 and trained.weight.dtype == torch.float32
 
 
+def test_the_backward_pass_keeps_the_float8_weight_not_a_cast_copy():
+    """What autograd saves for backward: the float8 weight itself (which exists anyway), no
+    compute-dtype copy of it; the input's gradient is the rounded weight's."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32).requires_grad_(False)
+    rounded = layer.weight.to(FLOAT8).float()
+    store_in_float8(layer, torch.float32)
+    saved = []
+    x = torch.randn(4, 64, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = layer(x)
+    grad = torch.randn(out.shape)
+    out.backward(grad)
+    big = [t for t in saved if t.numel() == 64 * 32]
+    assert big and all(t.dtype == FLOAT8 for t in big)
+    torch.testing.assert_close(x.grad, grad @ rounded, rtol=0, atol=0)
+
+
 def test_fp8_base_loss_equals_the_rounded_models_and_adapters_still_learn():
     batch = {
         "pixel_values": torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)) * 2 - 1,
