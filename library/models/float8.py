@@ -45,13 +45,17 @@ class Float8Linear(nn.Linear):
     compute_dtype: torch.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        device = x.device.type
-        # meta: the memory estimate's shapes-only pass, which has no autocast of its own
-        if device != "meta" and torch.is_autocast_enabled(device):
-            dtype = torch.get_autocast_dtype(device)
-        else:
-            dtype = self.compute_dtype
-        return _Float8Product.apply(x, self.weight, self.bias, dtype)
+        return _Float8Product.apply(x, self.weight, self.bias, compute_dtype(x, self.compute_dtype))
+
+
+def compute_dtype(x: torch.Tensor, fallback: torch.dtype) -> torch.dtype:
+    """The dtype a layer with a stored (float8 or quantized) weight computes ``x`` in: the
+    autocast dtype inside autocast, else ``fallback`` (the layer's compute dtype)."""
+    device = x.device.type
+    # meta: the memory estimate's shapes-only pass, which has no autocast of its own
+    if device != "meta" and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return fallback
 
 
 # Layers whose weight dtype their parent reads to cast its input: transformers' T5 feed-forward

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from library.models.float8 import compute_dtype
+
 Precision = Literal["nf4", "int8"]
 BLOCKSIZE = 64  # QLoRA's block of weights per absmax
 
@@ -169,12 +171,7 @@ class QuantizedLinear(nn.Linear):
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        device = x.device.type
-        if device != "meta" and torch.is_autocast_enabled(device):
-            dtype = torch.get_autocast_dtype(device)
-        else:
-            dtype = self.compute_dtype
-        return _DequantizedLinear.apply(x, self, dtype)
+        return _DequantizedLinear.apply(x, self, compute_dtype(x, self.compute_dtype))
 
     def _apply(self, fn, recurse=True):
         # the stored form follows device moves only: a dtype cast would break its encoding

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from library.models.float8 import FLOAT8, Float8Linear
+from library.models.float8 import FLOAT8, Float8Linear, compute_dtype
 from library.models.quantized_base import STORED, QuantizedLinear
 
 # the frozen Linears a swapped block's weights come from
@@ -106,11 +106,7 @@ class HostLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = None
         if self.quantized or self.host_weight.dtype == FLOAT8:  # as Float8Linear.forward
-            device = x.device.type
-            if device != "meta" and torch.is_autocast_enabled(device):
-                dtype = torch.get_autocast_dtype(device)
-            else:
-                dtype = self.compute_dtype
+            dtype = compute_dtype(x, self.compute_dtype)
             x = x.to(dtype)
         return _StreamedLinear.apply(x, self, dtype)
 

@@ -28,14 +28,10 @@ from tests.integration.harness import (
     train,
     write_config,
 )
+from tests.integration.test_flux_training import FLUX
 
-FLUX = {
-    "network_module": "networks.lora_flux",
-    "network_train_unet_only": True,
-    "timestep_sampling": "shift",
-    "model_prediction_type": "raw",
-    "guidance_scale": 1.0,
-    "bucket_reso_steps": 16,
+RUN = {
+    **FLUX,
     "max_train_steps": 2,
     "train_batch_size": 2,
     # Adam's first updates follow the gradient rather than its sign, so a small change of the
@@ -56,7 +52,7 @@ def images(tmp_path_factory):
 
 def _run(tmp_path, model, images, name, **keys):
     out = tmp_path / name
-    config = write_config(tmp_path / f"{name}.toml", model, images, out, **{**FLUX, **keys})
+    config = write_config(tmp_path / f"{name}.toml", model, images, out, **{**RUN, **keys})
     assert train(config) == 0
     return tensors(out / "run.safetensors")
 
@@ -119,7 +115,7 @@ def test_files_from_a_quantized_run_are_ordinary_lora_files(tmp_path, flux_dir, 
 def test_accumulation_and_resume_over_an_nf4_base(tmp_path, flux_dir, images, monkeypatch):
     def make_config(folder, out, **keys):
         return write_config(folder / "c.toml", flux_dir, images, out,
-                            **{**FLUX, "base_model_precision": "nf4-bnb",
+                            **{**RUN, "base_model_precision": "nf4-bnb",
                                "optimizer_args": ["eps=1e-3"], **keys})  # fmt: skip
 
     check_accumulation_and_resume(tmp_path, make_config, {"max_train_steps": 2,
@@ -150,7 +146,7 @@ def test_what_cannot_work_is_refused_before_training(tmp_path, flux_dir, images,
                                                      message):  # fmt: skip
     keys = {"base_model_precision": "nf4-bnb", **keys}
     config = write_config(tmp_path / "c.toml", flux_dir, images, tmp_path / "out",
-                          **{**FLUX, **keys})  # fmt: skip
+                          **{**RUN, **keys})  # fmt: skip
     assert train(config) != 0
     err = capfd.readouterr().err
     assert message in err, err[-2000:]
