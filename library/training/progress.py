@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from library.config.provenance import provenance
 from library.config.schema import SECRET_KEYS, Config
 from library.data.plan import DatasetStats, DataStats, plan_lines
+from library.models.quantized_base import PRECISIONS
 from library.plan_json import plan_document
 from library.training.adapter_setup import adapter_name, adapter_text
 from library.training.plan import RunPlan, save_schedule, save_schedule_lines
@@ -57,6 +58,7 @@ def plan_report(config: Config, data, plan: RunPlan, resume=None, memory=None) -
         "precision": {
             "mixed_precision": training.mixed_precision,
             "trained_weights": _trained_precision(config),
+            "frozen_weights": _frozen_precision(config),
         },
         "seed": training.seed,
         "outputs": {
@@ -175,6 +177,7 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
         f"schedule, {report['warmup_steps']} warmup steps, optimizer {report['optimizer']}",
         f"  precision: {precision['mixed_precision']}, trained weights: "
         f"{precision['trained_weights']}, seed: {report['seed']}",
+        f"  frozen weights: {precision['frozen_weights']}",
         f"  attention: {attention_text(config)}",
         *_data_lines(config, _stats(data)),
         "  saves:",
@@ -209,6 +212,26 @@ def print_plan_json(trainer) -> None:
         print(plan_document(report))
     finally:
         start.release()
+
+
+def _frozen_precision(config: Config) -> str:
+    """How the frozen weights are stored on the device: the weight dtype, float8 (fp8_base),
+    nf4 or int8 (base_model_precision), and the blocks block swap keeps in host memory."""
+    training = config.training
+    dtype = {"no": "float32", "fp16": "float16", "bf16": "bfloat16"}[training.mixed_precision]
+    text = "float8" if training.fp8_base and not training.fp8_base_unet else dtype
+    if config.network.train_mode != "lora":
+        return f"text encoders {text} (the denoiser trains)"
+    denoiser = dtype
+    if training.base_model_precision != "no_change":
+        quant = PRECISIONS[training.base_model_precision]
+        double = ", double quant" if training.bnb_4bit_use_double_quant else ""
+        denoiser = f"{quant} (bitsandbytes{double})"
+    elif training.fp8_base or training.fp8_base_unet:
+        denoiser = "float8"
+    swap = training.blocks_to_swap
+    held = f"; the last {swap} blocks' in host memory (blocks_to_swap)" if swap else ""
+    return f"denoiser {denoiser}, text encoders {text}{held}"
 
 
 def _trained_precision(config: Config) -> str:

@@ -186,7 +186,8 @@ def test_the_documented_fields(runs, layers):
     assert set(dataset) == DATASET_FIELDS
     assert all(set(s) == SUBSET_FIELDS for s in dataset["subsets"])
     assert dataset["buckets"] and all(set(b) == BUCKET_FIELDS for b in dataset["buckets"])
-    assert set(plan["precision"]) == {"mixed_precision", "trained_weights"}
+    assert set(plan["precision"]) == {"mixed_precision", "trained_weights", "frozen_weights"}
+    assert plan["precision"]["frozen_weights"] == "denoiser float32, text encoders float32"
     # the layers, in order, and the values they gave
     assert plan["config_files"] == [str(base), str(run)]
     assert plan["command_line"] == ["learning_rate"]

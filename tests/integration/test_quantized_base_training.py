@@ -151,3 +151,14 @@ def test_what_cannot_work_is_refused_before_training(tmp_path, flux_dir, images,
     err = capfd.readouterr().err
     assert message in err, err[-2000:]
     assert not (tmp_path / "out" / "run.safetensors").exists()
+
+
+def test_the_plan_says_how_the_frozen_weights_are_stored(tmp_path, flux_dir, images, capfd):
+    keys = {"base_model_precision": "nf4-bnb", "bnb_4bit_use_double_quant": True,
+            "fp8_base": True, "blocks_to_swap": 2, "mixed_precision": "bf16"}  # fmt: skip
+    config = write_config(tmp_path / "c.toml", flux_dir, images, tmp_path / "out",
+                          **{**RUN, **keys})  # fmt: skip
+    assert train(config, "--dry_run") == 0
+    out = capfd.readouterr()
+    assert ("frozen weights: denoiser nf4 (bitsandbytes, double quant), text encoders float8; "
+            "the last 2 blocks' in host memory (blocks_to_swap)") in out.out + out.err  # fmt: skip
