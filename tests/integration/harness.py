@@ -161,3 +161,38 @@ def check_accumulation_and_resume(tmp_path: Path, make_config, common: dict, mon
     monkeypatch.setattr(Saver, "after_step", original)
     assert train(first, "--resume", str(resumed / "run-step00000001-state")) == 0
     assert_close_dicts(tensors(resumed / "run.safetensors"), tensors(one / "run.safetensors"), 1e-6)
+
+
+def check_folder_lora_resumes(
+    tmp_path: Path, model_dir: Path, images: Path, run: dict, monkeypatch, subset_keys=None
+) -> None:
+    """check_accumulation_and_resume for a LoRA of the model folder ``model_dir`` on
+    ``images`` (four of them): 2 steps of 4 samples, the config keys ``run`` over
+    write_config's, ``subset_keys`` into its subset."""
+
+    def make_config(where, out, **keys):
+        return write_config(where / "c.toml", model_dir, images, out, subset_keys=subset_keys,
+                            **{**run, **keys})  # fmt: skip
+
+    common = {"max_train_steps": 2, "train_batch_size": 4}
+    check_accumulation_and_resume(tmp_path, make_config, common, monkeypatch)
+
+
+def captioned_images(folder: Path, captions) -> Path:
+    """One 64-pixel image per caption in ``folder``, each with its caption file."""
+    make_images(folder, len(captions), size=64)
+    for caption, image in zip(captions, sorted(folder.glob("*.png")), strict=True):
+        image.with_suffix(".txt").write_text(caption, encoding="utf-8")
+    return folder
+
+
+def mirrored_references(images: Path, folder: Path) -> Path:
+    """Each image of ``images`` mirrored, under its own name in ``folder`` (an edit model's
+    reference images, paired by control_directory)."""
+    from PIL import Image
+
+    folder.mkdir()
+    for target in sorted(images.glob("*.png")):
+        with Image.open(target) as image:
+            image.transpose(0).save(folder / target.name)
+    return folder

@@ -189,19 +189,10 @@ def test_accumulation_and_resume_with_references_train_the_same_lora(
     """Four targets, each with its reference (mirrored, at the target's size): one batch of 4,
     2 x 2 accumulated, and a run stopped right after its step-1 save and resumed train the
     same LoRA."""
-    from tests.integration.harness import check_accumulation_and_resume, write_config
+    from tests.integration.harness import check_folder_lora_resumes, mirrored_references
 
     images = make_images(tmp_path / "targets", 4, size=64)
-    controls = tmp_path / "controls"
-    controls.mkdir()
-    for target in sorted(images.glob("*.png")):
-        with Image.open(target) as image:
-            image.transpose(0).save(controls / target.name)
+    controls = mirrored_references(images, tmp_path / "controls")
     run = {**RUN, "optimizer_args": ["eps=1e-3"], "bucket_reso_steps": 16}
-
-    def make_config(where, out, **keys):
-        return write_config(where / "c.toml", kontext_dir, images, out, **{**run, **keys},
-                            subset_keys={"control_directory": str(controls)})  # fmt: skip
-
-    common = {"max_train_steps": 2, "train_batch_size": 4}
-    check_accumulation_and_resume(tmp_path, make_config, common, monkeypatch)
+    check_folder_lora_resumes(tmp_path, kontext_dir, images, run, monkeypatch,
+                              subset_keys={"control_directory": str(controls)})  # fmt: skip

@@ -22,7 +22,7 @@ from torch import nn
 from library.models.families.flux.tiny_files import write_tiny_flux_folder
 from library.models.quantized_base import QuantizedLinear
 from tests.integration.harness import (
-    check_accumulation_and_resume,
+    check_folder_lora_resumes,
     make_images,
     tensors,
     train,
@@ -113,13 +113,8 @@ def test_files_from_a_quantized_run_are_ordinary_lora_files(tmp_path, flux_dir, 
 
 
 def test_accumulation_and_resume_over_an_nf4_base(tmp_path, flux_dir, images, monkeypatch):
-    def make_config(folder, out, **keys):
-        return write_config(folder / "c.toml", flux_dir, images, out,
-                            **{**RUN, "base_model_precision": "nf4-bnb",
-                               "optimizer_args": ["eps=1e-3"], **keys})  # fmt: skip
-
-    check_accumulation_and_resume(tmp_path, make_config, {"max_train_steps": 2,
-                                                          "train_batch_size": 4}, monkeypatch)  # fmt: skip
+    run = {**RUN, "base_model_precision": "nf4-bnb", "optimizer_args": ["eps=1e-3"]}
+    check_folder_lora_resumes(tmp_path, flux_dir, images, run, monkeypatch)
 
 
 def test_block_swap_over_an_nf4_base_trains_the_same_lora(tmp_path, flux_dir, images):

@@ -125,24 +125,18 @@ def test_accumulation_and_resume_with_references_train_the_same_lora(
     states cached by caption and reference: one batch of 4, 2 x 2 accumulated, and a run
     stopped right after its step-1 save and resumed (its text cache refilled as it meets each
     pair) train the same LoRA."""
-    from tests.integration.harness import check_accumulation_and_resume, write_config
+    from tests.integration.harness import (
+        captioned_images,
+        check_folder_lora_resumes,
+        mirrored_references,
+    )
 
-    images = make_images(tmp_path / "targets", 4, size=64)
-    controls = tmp_path / "controls"
-    controls.mkdir()
     captions = ("red", "mirror it", "make the shape blue and keep the background",
                 "turn the square into a circle on a soft gradient, same colours")  # fmt: skip
-    for caption, target in zip(captions, sorted(images.glob("*.png")), strict=True):
-        target.with_suffix(".txt").write_text(caption, encoding="utf-8")
-        with Image.open(target) as image:
-            image.transpose(0).save(controls / target.name)
+    images = captioned_images(tmp_path / "targets", captions)
+    controls = mirrored_references(images, tmp_path / "controls")
     run = {"network_module": "networks.lora_qwen_image", "network_train_unet_only": True,
            "bucket_reso_steps": 16, "optimizer_args": ["eps=1e-3"],
            "cache_text_encoder_outputs": True}  # fmt: skip
-
-    def make_config(folder, out, **keys):
-        return write_config(folder / "c.toml", edit_dir, images, out, **{**run, **keys},
-                            subset_keys={"control_directory": str(controls)})  # fmt: skip
-
-    common = {"max_train_steps": 2, "train_batch_size": 4}
-    check_accumulation_and_resume(tmp_path, make_config, common, monkeypatch)
+    check_folder_lora_resumes(tmp_path, edit_dir, images, run, monkeypatch,
+                              subset_keys={"control_directory": str(controls)})  # fmt: skip

@@ -175,15 +175,9 @@ def test_full_fine_tune_from_single_files_writes_a_file_that_reloads(tmp_path, i
 def test_accumulation_and_resume_train_the_same_lora(tmp_path, qwenimage_dir, monkeypatch):
     """One batch of 4 (captions of four lengths, padded with their mask), 2 x 2 accumulated,
     and a run stopped right after its step-1 save and resumed: the same LoRA."""
-    from tests.integration.harness import check_accumulation_and_resume
+    from tests.integration.harness import captioned_images, check_folder_lora_resumes
 
-    folder = make_images(tmp_path / "imgs", 4, size=64)
-    for index, image in enumerate(sorted(folder.glob("*.png"))):
-        image.with_suffix(".txt").write_text("a shape " + "on a gradient " * index)
+    captions = [("a shape " + "on a gradient " * i) for i in range(4)]
+    images = captioned_images(tmp_path / "imgs", captions)
     run = {**QWENIMAGE, "optimizer_args": ["eps=1e-3"]}
-
-    def make_config(where, out, **keys):
-        return write_config(where / "c.toml", qwenimage_dir, folder, out, **{**run, **keys})
-
-    common = {"max_train_steps": 2, "train_batch_size": 4}
-    check_accumulation_and_resume(tmp_path, make_config, common, monkeypatch)
+    check_folder_lora_resumes(tmp_path, qwenimage_dir, images, run, monkeypatch)
