@@ -28,9 +28,8 @@ Human-readable lines go to stderr and one JSON object per run to stdout, so
 ``python bench/train_speed.py > results.jsonl`` keeps the figures.
 
 Cases: ``tiny-*`` use the tiny random models the tests use (seconds per run; for comparing
-changes, not for absolute figures). ``sd15-*`` use a full-size SD 1.5 (the shipped configs in
-library/models/configs/sd15, random weights under seed 0), written once to ``--model_cache``
-(about 4 GB). Weights' values do not change the cost of a step. Images are smooth synthetic
+changes, not for absolute figures). ``sd15-*`` use a full-size SD 1.5 (random weights at the released
+shapes, bench/random_models.py), written once to ``--model_cache`` (about 2 GB). Weights' values do not change the cost of a step. Images are smooth synthetic
 JPEGs, made once per size. On CPU each process gets ``cores / processes`` threads unless
 OMP_NUM_THREADS is set.
 """
@@ -55,6 +54,8 @@ sys.path.insert(0, str(REPO))
 from library.third_party_noise import silence_unactionable_messages  # noqa: E402
 
 silence_unactionable_messages()  # before any import below loads bitsandbytes
+
+from bench.random_models import UnknownModel, model_folder  # noqa: E402
 
 TIMER_DIR = REPO / "bench" / "step_timer"
 # sd-scripts looks for CLIP's tokenizer under this name inside tokenizer_cache_dir
@@ -163,57 +164,6 @@ class BenchError(Exception):
 # --- inputs -----------------------------------------------------------------------------------
 
 
-def model_folder(name: str, cache: Path) -> Path:
-    """The diffusers folder of ``name``, written into ``cache`` the first time."""
-    folder = cache / name
-    if (folder / "model_index.json").exists():
-        return folder
-    tmp = cache / f".{name}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    log(f"writing the {name} model to {folder} (once)")
-    if name in ("tiny-sd1", "tiny-sdxl"):
-        from library.models.tiny import save_tiny_model
-
-        save_tiny_model(tmp, "sd1" if name == "tiny-sd1" else "sdxl", seed=0)
-    elif name == "tiny-flux":
-        from library.models.families.flux.tiny_files import write_tiny_flux_folder
-
-        write_tiny_flux_folder(tmp, "dev", seed=0)
-    elif name == "tiny-sd3":
-        from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
-
-        write_tiny_sd3_folder(tmp, seed=0)
-    elif name == "sd15":
-        _write_sd15(tmp)
-    else:
-        raise BenchError(f"unknown model {name!r}")
-    tmp.replace(folder)
-    return folder
-
-
-def _write_sd15(folder: Path) -> None:
-    """A full-size SD 1.5 diffusers folder with random weights (seed 0), built from the configs
-    the single-file loader ships, and the tiny tokenizer: the text encoder keeps CLIP's
-    49408-token embedding, so any id of the tiny vocabulary fits."""
-    import torch
-    from diffusers import DDIMScheduler
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    from library.models.checkpoint_parts import build_unet, build_vae, read_config
-    from library.models.families.sd.checkpoint_layout import CONFIGS_DIR
-    from library.models.tiny import save_sd_pipeline, write_tiny_tokenizer
-
-    configs = CONFIGS_DIR / "sd15"
-    torch.manual_seed(0)
-    parts = {
-        "unet": build_unet(read_config(configs, "unet")),
-        "vae": build_vae(read_config(configs, "vae")),
-        "text_encoder": CLIPTextModel(CLIPTextConfig(**read_config(configs, "text_encoder"))),
-        "scheduler": DDIMScheduler.from_config(read_config(configs, "scheduler")),
-    }
-    save_sd_pipeline(folder, parts, write_tiny_tokenizer(folder / "tokenizer"))
-
-
 def image_folder(resolution: int, cache: Path, count: int = 8) -> Path:
     """A kohya DreamBooth folder (``1_bench``, no captions) of ``count`` square JPEGs of
     exactly ``resolution`` (smooth noise): every trainer takes them without bucketing or
@@ -254,7 +204,10 @@ def case_text(keys: dict) -> str:
 
 def write_case_config(case: Case, steps: int, cache: Path, folder: Path) -> Path:
     """The case as a flat kohya-style args file that both trainers read."""
-    model = model_folder(case.model, cache)
+    try:
+        model = model_folder(case.model, cache, log=log)
+    except UnknownModel as unknown:
+        raise BenchError(str(unknown)) from None
     keys = {
         "pretrained_model_name_or_path": str(model),
         "train_data_dir": str(image_folder(case.resolution, cache)),
@@ -282,6 +235,7 @@ class Run:
     peak_rss_bytes: int
     cuda_max_allocated_bytes: int | None
     samples_per_step: int
+    steps: list[dict] = field(default_factory=list)  # the main process's step records
 
     def figures(self, warmup: int) -> dict:
         gaps = [b - a for a, b in zip(self.step_times, self.step_times[1:], strict=False)]
@@ -311,12 +265,19 @@ def _threads_env(processes: int, device: str) -> dict:
 
 
 def launch(script: Path, config: Path, out: Path, processes: int, device: str, cwd: Path,
-           python: str, samples_per_step: int, extra: list[str]) -> Run:  # fmt: skip
-    """Run ``script --config_file config --output_dir out`` under the step timer."""
+           python: str, samples_per_step: int, extra: list[str], step_memory: bool = False,
+           ) -> Run:  # fmt: skip
+    """Run ``script --config_file config --output_dir out`` under the step timer
+    (``step_memory``: with each step's peak memory, see bench/step_timer/sitecustomize.py)."""
     timer = out / "step-timer"
     timer.mkdir(parents=True)
     env = _threads_env(processes, device)
     env["DIFFTUNE_STEP_TIMER"] = str(timer)
+    if step_memory:
+        env["DIFFTUNE_STEP_MEMORY"] = "1"
+        # blocks of 64 KiB and more mapped on their own, so that a freed tensor leaves the
+        # resident set at once and the resident set's rise is the tensors' (the CPU's peak)
+        env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(TIMER_DIR), str(cwd), env.get("PYTHONPATH", "")) if p
     )
@@ -347,6 +308,7 @@ def launch(script: Path, config: Path, out: Path, processes: int, device: str, c
         peak_rss_bytes=max(r["peak_rss_bytes"] for r in last),
         cuda_max_allocated_bytes=max(cuda) if cuda else None,
         samples_per_step=samples_per_step,
+        steps=main,
     )
 
 
@@ -358,16 +320,25 @@ def read_step_timer(folder: Path) -> list[list[dict]]:
     ]
 
 
-def samples_per_process(config: Path) -> float:
-    """Samples per optimizer step and process (batch x accumulation), from difftune's plan."""
+def dry_run_plan(config: Path, device: str = "cuda") -> dict:
+    """difftune's plan of ``config`` (``--dry_run --json``) on ``device``: the memory estimate
+    is the device's."""
+    env = dict(os.environ)
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     result = subprocess.run(
         [sys.executable, str(REPO / "train_network.py"), "--config_file", str(config),
          "--output_dir", str(config.parent / "plan-output"), "--dry_run", "--json"],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO, capture_output=True, text=True, env=env,
     )  # fmt: skip
     if result.returncode != 0:
         raise BenchError(f"{config}: the plan failed:\n{result.stderr.strip()[-2000:]}")
-    plan = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def samples_per_process(config: Path) -> float:
+    """Samples per optimizer step and process (batch x accumulation), from difftune's plan."""
+    plan = dry_run_plan(config)
     # one figure per dataset; datasets take turns, so their mean is the average step's
     return statistics.fmean(plan["effective_batch_sizes"]) / plan["processes"]
 

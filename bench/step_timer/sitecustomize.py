@@ -12,11 +12,59 @@ nothing is imported at all.
 
 The hook fires on the wrapped optimizer's own ``step``, so steps that gradient accumulation
 skips are not counted, and both trainers are timed at the same point of their loops.
+
+With ``DIFFTUNE_STEP_MEMORY=1`` (bench/memory_accuracy.py, bench/gpu_check.py) each record also
+holds the peak memory of the interval since the previous optimizer step, one whole step of
+forward, backward and update, with the peaks reset at each step:
+
+- ``step_peak_bytes`` on the CPU: the largest amount of tensor memory alive in the interval.
+  The kernel's resident-set high-water mark is reset at each step (``/proc/self/clear_refs``),
+  and the tensors alive at that moment are counted (every tensor object, parameters' gradients
+  included, each storage once); the peak is those bytes plus how far the resident set rose
+  above where it was. That is exact when freed tensors leave the resident set at once, which
+  glibc does when large blocks are mapped on their own (``MALLOC_MMAP_THRESHOLD_``, set by the
+  benchmarks), and it leaves out the interpreter and its libraries.
+- ``cuda_step_peak_allocated_bytes`` / ``cuda_step_peak_reserved_bytes`` on CUDA: PyTorch's own
+  peaks of allocated and reserved (cached) memory, reset at each step.
 """
 
 import os
 
 _FOLDER = os.environ.get("DIFFTUNE_STEP_TIMER")
+_STEP_MEMORY = os.environ.get("DIFFTUNE_STEP_MEMORY") == "1"
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _live_tensor_bytes(torch) -> int:
+    """Bytes of every storage that a tensor object (or a parameter's gradient) holds now, on
+    the CPU, each storage once."""
+    import gc
+    import warnings
+
+    storages = {}
+    with warnings.catch_warnings():  # isinstance on deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for obj in objects:
+        tensors = [obj]
+        if isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
+            tensors.append(obj.grad)
+        for tensor in tensors:
+            if tensor.device.type != "cpu" or tensor.is_sparse:
+                continue
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a tensor without storage
+                continue
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def _install() -> None:
@@ -30,6 +78,30 @@ def _install() -> None:
     path = os.path.join(_FOLDER, f"{os.getpid()}.jsonl")
     rank = int(os.environ.get("RANK", "0"))
     out = []
+    mark = {}  # the CPU's live tensor bytes and resident set at the last reset
+    rss_peaks = [0]  # the run's peak resident set: the resets start the kernel's mark again
+
+    def step_memory(record: dict, cuda: bool) -> None:
+        if cuda:
+            if mark:
+                record["cuda_step_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+                record["cuda_step_peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+            torch.cuda.reset_peak_memory_stats()
+            mark["set"] = True  # a reset happened: the next step's peaks are its own
+            return
+        if mark.get("unavailable"):
+            return
+        try:
+            if mark:
+                rise = _status_bytes("VmHWM") - mark["rss"]
+                record["step_peak_bytes"] = mark["live"] + max(rise, 0)
+            mark["live"] = _live_tensor_bytes(torch)
+            mark["rss"] = _status_bytes("VmRSS")
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+                refs.write("5")  # the high-water mark starts again from the resident set now
+        except (OSError, RuntimeError):  # not Linux, or /proc is read-only here: no CPU peaks
+            mark.clear()
+            mark["unavailable"] = True
 
     def after_step(optimizer, args, kwargs):
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -42,9 +114,14 @@ def _install() -> None:
             "time": now,
             "rank": rank,
             # Linux reports ru_maxrss in KiB
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": max(
+                rss_peaks[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            ),
             "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         }
+        rss_peaks[0] = record["peak_rss_bytes"]
+        if _STEP_MEMORY:
+            step_memory(record, cuda)
         out[0].write(json.dumps(record) + "\n")
         out[0].flush()
 

@@ -89,6 +89,16 @@ class HostLinear(nn.Linear):
     def bias(self) -> torch.Tensor | None:
         return self.host_bias
 
+    def host_bytes(self) -> int:
+        """Bytes this layer keeps in host memory: its weight as stored (a quantized layer's
+        stored form) and its bias."""
+        if self.quantized:
+            weight = self.quantized[0].stored_bytes()
+        else:
+            weight = self.host_weight.numel() * self.host_weight.element_size()
+        bias = self.host_bias
+        return weight + (0 if bias is None else bias.numel() * bias.element_size())
+
     def fetch(self, device: torch.device, dtype: torch.dtype | None, with_bias: bool = True):
         """The weight (and bias) on ``device``, cast to ``dtype`` when given (a quantized
         weight: dequantized there into ``dtype``)."""

@@ -41,6 +41,7 @@ from library.models.conditioning import assemble_conditioning, encode_text, plai
 from library.models.families.base import REFERENCE_LATENTS_KEY
 from library.models.quantized_base import QuantizedLinear
 from library.training.activation_memory import ActivationCounter, meta_copy
+from library.training.block_swap import HostLinear
 from library.training.optimizers import optimizer_kwargs
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
 from library.training.sharding import shard_units
@@ -92,10 +93,12 @@ class MemoryEstimate:
     size: TrainingSize
     checkpointing: bool
     offloaded: bool = False  # cpu_offload_checkpointing: the regions' outputs are on the host
+    update: int = 0  # what the optimizer's update allocates for a moment
 
     @property
     def total(self) -> int:
-        return self.weights + self.trained_state + self.activations
+        # the update runs after the backward pass has freed the activations
+        return self.weights + self.trained_state + max(self.activations, self.update)
 
 
 # --- weights and trained state ------------------------------------------------------------------
@@ -115,17 +118,28 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 
 def dequantized_bytes(module: torch.nn.Module, dtype: torch.dtype) -> int:
-    """The largest weight a quantized layer of ``module`` dequantizes for one product (one
-    layer's at a time, forward and backward)."""
-    sizes = [m.in_features * m.out_features for m in module.modules()
-             if isinstance(m, QuantizedLinear)]  # fmt: skip
-    return max(sizes, default=0) * dtype.itemsize
+    """The largest weight a layer of ``module`` makes for one product (one layer's at a time,
+    forward and backward): a quantized layer's dequantized in ``dtype``, a swapped layer's
+    copy fetched from host memory in its stored dtype and cast to ``dtype``."""
+    sizes = [0]
+    for m in module.modules():
+        if isinstance(m, QuantizedLinear):
+            sizes.append(m.in_features * m.out_features * dtype.itemsize)
+        elif isinstance(m, HostLinear):
+            stored = 0 if m.quantized else m.host_weight.element_size()
+            sizes.append(m.in_features * m.out_features * (stored + dtype.itemsize))
+    return max(sizes)
 
 
-def vae_stays_on_device(config: Config, draws_samples: bool) -> bool:
+def host_bytes(module: torch.nn.Module) -> int:
+    """Bytes block swap keeps in host memory for ``module``'s swapped layers."""
+    return sum(m.host_bytes() for m in module.modules() if isinstance(m, HostLinear))
+
+
+def vae_stays_on_device(config: Config, draws_samples: bool, device_type: str = "cuda") -> bool:
     """The trainer moves the VAE off the device when every latent is cached and no sample
-    image is decoded."""
-    return not config.data.latents_cached or draws_samples
+    image is decoded; on the CPU, host memory is the device's, so it stays."""
+    return device_type == "cpu" or not config.data.latents_cached or draws_samples
 
 
 def sharding(config: Config, world_size: int) -> str | None:
@@ -149,16 +163,23 @@ def denoiser_weight_bytes(config: Config, denoiser: torch.nn.Module, world_size:
 
 
 def weight_bytes(
-    config: Config, parts: TrainedParts, draws_samples: bool, world_size: int = 1
+    config: Config,
+    parts: TrainedParts,
+    draws_samples: bool,
+    world_size: int = 1,
+    device_type: str = "cuda",
 ) -> int:
     """Every model kept on the device during training, plus autocast's copies of trained
-    float32 weights in the mixed-precision dtype (kept for backward)."""
+    float32 weights in the mixed-precision dtype (kept for backward). On the CPU the weights
+    block swap keeps in host memory are on the device too."""
     comps = parts.components
     modules = [*comps.text_encoders]
-    if vae_stays_on_device(config, draws_samples):
+    if vae_stays_on_device(config, draws_samples, device_type):
         modules.append(comps.vae)
     total = sum(module_bytes(m) for m in modules)
     total += denoiser_weight_bytes(config, comps.denoiser, world_size)
+    if device_type == "cpu":
+        total += host_bytes(comps.denoiser)
     compute = WEIGHT_DTYPES[config.training.mixed_precision]
     total += dequantized_bytes(comps.denoiser, compute)
     params = parts.parameters()
@@ -235,25 +256,63 @@ def trained_state_bytes(config: Config, parts: TrainedParts, world_size: int) ->
     return total
 
 
+def update_bytes(config: Config, parts: TrainedParts, device_type: str, world_size: int) -> int:
+    """What the optimizer's update allocates while it runs. torch's AdamW with ``foreach`` (its
+    default on CUDA) computes the update's denominator for a whole parameter group at once: a
+    temporary of the group's size; without it, one parameter at a time (its square root and
+    denominator while the previous parameter's denominator is still held: three times the
+    largest parameter bounds it); ``fused`` allocates none. The other optimizers update in place or per
+    parameter, too little to count."""
+    if config.optimizer.optimizer_type != "AdamW":
+        return 0
+    kwargs = optimizer_kwargs(config.optimizer)
+    if kwargs.get("fused"):
+        return 0
+    groups = [tensor_bytes(group["params"]) for group in parts.param_groups]
+    if kwargs.get("foreach", device_type == "cuda"):
+        shards = world_size if sharding(config, world_size) else 1
+        return math.ceil(max(groups, default=0) / shards)
+    return 3 * max((tensor_bytes([p]) for p in parts.parameters()), default=0)
+
+
 def training_activations(
     config: Config, parts: TrainedParts, size: TrainingSize, offloaded: bool = False
 ) -> int:
     """What one micro-batch of ``size`` keeps for backward on the device: the trained text
     encoders' forward and the UNet's, run on meta copies through the trainer's own conditioning
     code. ``offloaded``: the checkpointed blocks' inputs are kept in host memory instead."""
-    comps = parts.components
     precision = config.training.mixed_precision
     dtype = WEIGHT_DTYPES[precision]
     counter = ActivationCounter(None if precision == "no" else dtype, not uses_sdpa(config))
+    meta_forward(config, parts, size, counter.watch)
+    return counter.total - counter.boundaries if offloaded else counter.total
+
+
+def meta_forward(
+    config: Config,
+    parts: TrainedParts,
+    size: TrainingSize,
+    watch=None,
+    text_context=None,
+    predict_context=None,
+) -> torch.Tensor:
+    """The trained path of one micro-batch of ``size`` on meta copies of the models (shapes
+    only): the text encoders (with gradients when trained), then the denoiser's prediction,
+    which is returned. ``watch(module)`` is called on each trained encoder's copy and on the
+    denoiser's before they run; the captions are encoded inside ``text_context`` and the
+    denoiser predicts inside ``predict_context`` (context managers, default none)."""
+    comps = parts.components
+    dtype = WEIGHT_DTYPES[config.training.mixed_precision]
     trained = {id(m) for _, m in parts.trained_modules()}
     encoders = [_meta_for_training(e, dtype, id(e) in trained) for e in comps.text_encoders]
     denoiser = _meta_for_training(comps.denoiser, dtype, id(comps.denoiser) in trained)
+    watch = watch or (lambda module: None)
     with torch.enable_grad():
         if parts.train_text_encoder:
             for encoder in encoders:
-                counter.watch(encoder)
+                watch(encoder)
         text_grads = nullcontext() if parts.train_text_encoder else torch.no_grad()
-        with text_grads:
+        with text_grads, text_context or nullcontext():
             text = encode_text(
                 comps.family,
                 comps.tokenizers,
@@ -266,10 +325,12 @@ def training_activations(
         batch = plain_sizes(size.batch, size.height, size.width)
         batch |= _meta_references(comps, size, dtype)
         cond = assemble_conditioning(comps.family, text, batch, "meta", dtype)
-        counter.watch(denoiser)
+        watch(denoiser)
         latents, levels = _noisy_latents(comps, size, dtype)
-        comps.family.predict(denoiser, latents, comps.objective.model_time(levels), cond)
-    return counter.total - counter.boundaries if offloaded else counter.total
+        with predict_context or nullcontext():
+            return comps.family.predict(
+                denoiser, latents, comps.objective.model_time(levels), cond
+            )
 
 
 def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -336,12 +397,13 @@ def estimate_peak_memory(
     ]
     activations, size = max(measured, key=lambda pair: pair[0])
     return MemoryEstimate(
-        weights=weight_bytes(config, parts, draws_samples, world_size),
+        weights=weight_bytes(config, parts, draws_samples, world_size, device_type),
         trained_state=trained_state_bytes(config, parts, world_size),
         activations=activations,
         size=size,
         checkpointing=config.training.gradient_checkpointing,
         offloaded=offloaded,
+        update=update_bytes(config, parts, device_type, world_size),
     )
 
 

@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
+import torch
+
 from library import __version__
 from library.errors import exit_code_of, exit_reason_of
 from library.sampling.grid import sample_dir
@@ -39,6 +41,16 @@ from library.training.stops import TrainingStopped
 
 SUMMARY_VERSION = 1  # raised when a field changes meaning or goes away; new fields keep it
 REFRESH_SECONDS = 60.0  # a running summary is rewritten at most this often, at step boundaries
+
+
+def peak_resident_bytes() -> int | None:
+    """The process's peak resident set, where the OS reports it."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
 def _iso(seconds: float) -> str:
@@ -80,6 +92,8 @@ class RunSummary:
             files.append(config.data.dataset_config)
         self.config_files = [str(Path(f).absolute()) for f in files]
         self.started = time.time()
+        self.device = accelerator.device
+        self.memory_estimate: dict | None = None  # the plan's, once the models are loaded
         self._written_at = -math.inf  # time.monotonic() of the last write
         self._warned = False
 
@@ -160,6 +174,23 @@ class RunSummary:
             "resume_with": latest,
             "outputs": outputs,
             "samples": self.samples(),
+            "memory": self.memory(),
+        }
+
+    def memory(self) -> dict:
+        """The plan's memory estimate beside what this process has used so far: PyTorch's
+        peak allocated and reserved memory on a CUDA device, the peak resident set on the
+        host (the CPU's, when training on it; the interpreter and libraries included)."""
+        estimate = self.memory_estimate or {}
+        allocated = reserved = None
+        if self.device.type == "cuda" and torch.cuda.is_initialized():
+            allocated = torch.cuda.max_memory_allocated(self.device)
+            reserved = torch.cuda.max_memory_reserved(self.device)
+        return {
+            "estimated_peak_bytes": estimate.get("peak_bytes"),
+            "peak_allocated_bytes": allocated,
+            "peak_reserved_bytes": reserved,
+            "peak_resident_bytes": peak_resident_bytes(),
         }
 
     def outputs(self) -> list[dict]:

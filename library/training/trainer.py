@@ -205,7 +205,10 @@ class Trainer:
         family, objective = parts.components.family, parts.components.objective
         acc.print(f"model: {family.describe()}; {objective.describe()}")
         check_bucket_steps(config, parts.components)
-        acc.print(check_peak_memory(config, parts, self.data.stats, acc, bool(self.sampler.prompts)).line)
+        memory = check_peak_memory(config, parts, self.data.stats, acc, bool(self.sampler.prompts))
+        acc.print(memory.line)
+        if self.summary is not None:
+            self.summary.memory_estimate = memory.report()
         trained = self._prepare(parts)  # before the optimizer: FSDP replaces the parameters
         optimizer = build_optimizer(config.optimizer, parts.param_groups)
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)

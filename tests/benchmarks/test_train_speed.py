@@ -26,8 +26,8 @@ for optimizer in (adam, adam, sgd):
 """
 
 
-def _run_child(code: str, timer_dir) -> list[list[dict]]:
-    env = {**os.environ, "DIFFTUNE_STEP_TIMER": str(timer_dir)}
+def _run_child(code: str, timer_dir, **extra_env) -> list[list[dict]]:
+    env = {**os.environ, "DIFFTUNE_STEP_TIMER": str(timer_dir), **extra_env}
     env["PYTHONPATH"] = os.pathsep.join([str(TIMER_DIR), env.get("PYTHONPATH", "")])
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     return read_step_timer(timer_dir)
@@ -46,6 +46,35 @@ def test_step_timer_records_every_optimizer_step_of_any_optimizer(tmp_path, endi
     assert all(g >= 0.04 for g in gaps), gaps  # the child sleeps 0.05 s after each step
     assert steps[-1]["peak_rss_bytes"] > 10 * 2**20  # torch alone takes more than 10 MiB
     assert steps[-1]["cuda_max_allocated_bytes"] is None
+
+
+MIB = 2**20
+MEMORY_CHILD = """
+import torch
+params = [torch.nn.Parameter(torch.zeros(1024, 1024)) for _ in range(4)]  # 16 MiB
+sgd = torch.optim.SGD(params, lr=0.1)
+for step in range(4):
+    for p in params:
+        p.grad = torch.ones_like(p)  # 16 MiB of gradients
+    if step == 2:
+        spike = torch.ones(64, 1024, 1024)  # 256 MiB, alive for a moment in the third step
+        del spike
+    sgd.step()
+"""
+
+
+@pytest.mark.subprocess
+def test_step_memory_is_the_peak_of_tensors_alive_in_each_step(tmp_path):
+    steps = _run_child(MEMORY_CHILD, tmp_path, DIFFTUNE_STEP_MEMORY="1",
+                       MALLOC_MMAP_THRESHOLD_=str(64 * 1024))[0]  # fmt: skip
+    assert "step_peak_bytes" not in steps[0]  # no reset before the first step
+    peaks = [s["step_peak_bytes"] / MIB for s in steps[1:]]
+    # params and gradients: 32 MiB at every reset; each new gradient (4 MiB) is made while
+    # the one it replaces is held; the spike comes on top of the 32 MiB in the second one
+    assert peaks[0] == pytest.approx(36, abs=1) and peaks[2] == pytest.approx(36, abs=1)
+    assert peaks[1] == pytest.approx(32 + 256, abs=1)
+    # the run's peak resident set is kept across the resets
+    assert steps[-1]["peak_rss_bytes"] >= steps[2]["peak_rss_bytes"] > 256 * MIB
 
 
 @pytest.mark.subprocess

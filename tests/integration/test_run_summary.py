@@ -128,8 +128,16 @@ def test_a_finished_run_describes_itself_and_refused_or_dry_runs_leave_it(
     capsys.readouterr()
     assert train(config) == 2
     assert "already exists" in _error_line(capsys.readouterr().err)
-    assert train(config, "--dry_run", "--overwrite") == 0
+    assert train(config, "--dry_run", "--overwrite", "--json") == 0
     assert (out / "run-summary.json").read_bytes() == written
+
+    # the memory the plan estimated (on the loaded models; the dry run's on shapes alone) and
+    # what the process used: on the CPU no allocator peaks, the host's resident set
+    plan = json.loads(capsys.readouterr().out)
+    memory = summary["memory"]
+    assert memory["estimated_peak_bytes"] == plan["memory"]["peak_bytes"] > 0
+    assert memory["peak_allocated_bytes"] is None and memory["peak_reserved_bytes"] is None
+    assert memory["peak_resident_bytes"] >= 100 * 2**20  # torch itself takes more
 
 
 def test_a_non_finite_loss_is_a_failed_run_with_code_1_and_the_state_to_resume(
@@ -207,7 +215,8 @@ def _fake_summary(out: Path, main: bool = True, prompts: str | None = None) -> R
         steps_per_epoch=2, total_steps=4, epochs=2, world_size=1, epoch_of_step=lambda s: s // 2
     )
     start = SimpleNamespace(run_id="42", resume=None)
-    return RunSummary(config, plan, SimpleNamespace(is_main_process=main), start, ["a.toml"])
+    accelerator = SimpleNamespace(is_main_process=main, device=torch.device("cpu"))
+    return RunSummary(config, plan, accelerator, start, ["a.toml"])
 
 
 def test_a_failed_write_leaves_the_previous_summary_whole(tmp_path, monkeypatch, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,8 +23,10 @@ from library.training.memory_estimate import (
     optimizer_state_bytes,
     trained_state_bytes,
     training_activations,
+    update_bytes,
     weight_bytes,
 )
+from library.training.block_swap import swap_linears
 from library.training.optimizers import build_optimizer, optimizer_kwargs
 from library.training.setup import setup_training
 from tests.integration.harness import make_images, train, write_config
@@ -226,6 +229,59 @@ def test_weights_count_every_model_on_the_device(tiny_model_dir):
     # every latent cached and no samples drawn: the trainer moves the VAE off the device
     assert weight_bytes(config, parts, draws_samples=False) == models
     assert weight_bytes(config, parts, draws_samples=True) == models + vae
+
+
+def test_on_the_cpu_the_vae_and_swapped_blocks_count_as_the_devices_memory(tiny_model_dir):
+    # moving the VAE "off the device" or a block "to host memory" moves nothing on the CPU
+    config = _config(tiny_model_dir, data={"cache_latents": True})
+    parts = _parts(config)
+    comps = parts.components
+    vae = _bytes(_module_tensors(comps.vae))
+    on_gpu = weight_bytes(config, parts, draws_samples=False)
+    assert weight_bytes(config, parts, False, device_type="cpu") == on_gpu + vae
+    block = comps.denoiser.down_blocks[0]
+    frozen = [m for m in block.modules()
+              if type(m) is torch.nn.Linear and not m.weight.requires_grad]  # fmt: skip
+    host = sum(_bytes(_module_tensors(m)) for m in frozen)
+    largest = max(m.weight.numel() for m in frozen)
+    assert host > 0
+    swap_linears([block])
+    # on a GPU: the swapped weights leave the device, one fetched layer comes back at a time
+    # (its stored float32 copy, and the cast for the product)
+    assert weight_bytes(config, parts, False) == on_gpu - host + largest * (F32 + F32)
+    assert weight_bytes(config, parts, False, device_type="cpu") == (
+        on_gpu + vae + largest * (F32 + F32)
+    )
+
+
+def _optimizer_parts(sizes: list[list[int]]):
+    """Trained parts of float32 parameters with gradients, in groups of the given sizes."""
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(n)) for n in group]} for group in sizes]
+    params = [p for g in groups for p in g["params"]]
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    return SimpleNamespace(param_groups=groups, parameters=lambda: params), params
+
+
+@pytest.mark.parametrize("optimizer_args", [[], ["foreach=True"], ["fused=True"]])
+def test_adamw_update_temporaries_equal_a_profiled_step(tiny_model_dir, optimizer_args):
+    config = _config(tiny_model_dir, optimizer={"optimizer_args": optimizer_args})
+    parts, params = _optimizer_parts([[200_000, 300_000], [100_000, 50_000]])
+    optimizer = build_optimizer(config.optimizer, parts.param_groups)
+    optimizer.step()  # the state exists from here on
+    measured = _profiled_peak(optimizer.step)
+    estimate = update_bytes(config, parts, "cpu", 1)
+    # foreach: the denominator of the largest group at once; fused: none; per parameter: the
+    # square root and the denominator of one parameter while the previous one's denominator
+    # is still held (3 x the largest bounds it; here 200k + 2 x 300k elements). Each step also
+    # makes a few scalar tensors (bias corrections).
+    expected = {"": (3 * 300_000 * F32, 800_000 * F32), "foreach=True": (500_000 * F32,) * 2,
+                "fused=True": (0, 0)}["".join(optimizer_args)]  # fmt: skip
+    assert estimate == expected[0]
+    assert expected[1] <= measured <= expected[1] + 4096
+    assert update_bytes(_config(tiny_model_dir), parts, "cuda", 1) == 500_000 * F32  # foreach
+    lion = _config(tiny_model_dir, optimizer={"optimizer_type": "Lion"})
+    assert update_bytes(lion, parts, "cuda", 1) == 0
 
 
 def test_mixed_precision_adds_autocast_copies_of_float32_trained_weights(tiny_model_dir):

@@ -32,7 +32,8 @@ from library.models.tiny import write_tiny_tokenizer
 FP8 = torch.float8_e4m3fn
 
 
-def _model_index() -> dict:
+def pipeline_index() -> dict:
+    """model_index.json of a diffusers FluxPipeline folder."""
     import diffusers
 
     return {
@@ -65,7 +66,7 @@ def write_tiny_flux_folder(path: str | Path, variant: Variant = "dev", seed: int
     FlowMatchEulerDiscreteScheduler(**flux_scheduler_config(variant)).save_pretrained(
         path / "scheduler"
     )
-    text = json.dumps(_model_index(), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(pipeline_index(), indent=2, sort_keys=True) + "\n"
     (path / "model_index.json").write_text(text, encoding="utf-8")
     return path
 
