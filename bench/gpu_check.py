@@ -252,6 +252,8 @@ def run_check(name: str, check: Check, args, folder: Path, peak: float | None) -
     summary = json.loads(
         (folder / "run" / "output" / f"{OUTPUT_NAME}-summary.json").read_text(encoding="utf-8")
     )
+    if summary["last_loss"] is None:  # every step was dropped or skipped: not a working run
+        return {**record, "status": "failed", "reason": "no step had a finite loss"}
     key = "cuda_step_peak_allocated_bytes" if args.device == "cuda" else "step_peak_bytes"
     peaks = [r[key] for r in run.steps if key in r]
     reserved = [r["cuda_step_peak_reserved_bytes"] for r in run.steps

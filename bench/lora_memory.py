@@ -1,19 +1,33 @@
 """The dry run's memory estimate of LoRA training at full size, on the meta device.
 
-    python bench/lora_memory.py                          # Qwen-Image and FLUX.1 [dev]
+    python bench/lora_memory.py                          # every family below
     python bench/lora_memory.py --families flux --resolution 768 --swaps 0 18
 
 Not a test and not timed in CI. Nothing is downloaded and no weight memory is allocated: each
-family's transformer, text encoders and VAE are built from its shapes.py on
-``torch.device("meta")``, its preset (configs/qwenimage_lora.toml, configs/flux_lora.toml) is
-read with the options each row names, and the figures are those of ``estimate_peak_memory``,
-what ``--dry_run`` prints and checks against the device. Captions are shaped by the tiny test
-tokenizers (an empty caption, as the estimate draws it, is the prompt template's tokens, or
-T5's padded length, with either tokenizer).
+family's denoiser, text encoders and VAE are built at full size on ``torch.device("meta")``, its
+preset in configs/ is read with the options each row names, and the figures are those of
+``estimate_peak_memory``, what ``--dry_run`` prints and checks against the device. One table per
+family, at the preset's resolution (``--resolution`` overrides it) and batch 1 (SD 1.5's preset
+trains at batch 2):
 
-Rows: bf16 base; ``fp8_base`` (the frozen Linear weights of the transformer and the text
-encoders in float8); ``blocks_to_swap`` of the transformer's blocks kept in host memory; the
-transformer quantized (``base_model_precision``) with the text encoders in float8.
+- SD 1.5 (configs/sd15_lora.toml, 512; the text encoder trains too) and SDXL
+  (configs/sdxl_lora.toml, 1024), from the released configs in library/models/configs;
+- FLUX.1 [dev] (configs/flux_lora.toml), SD3.5 Large (configs/sd35_large_lora.toml), Z-Image
+  Turbo (configs/zimage_lora.toml), Chroma (configs/chroma_lora.toml) and Qwen-Image
+  (configs/qwenimage_lora.toml), all at 1024, from each family's shapes.py.
+
+The edit models (FLUX.1 Kontext, Qwen-Image-Edit) are left out: their peak depends on the
+reference images' sizes, which this bench does not draw. Captions are shaped by the tiny
+tokenizers (tests/assets, or the family's tiny tokenizer writer): an empty caption, as the
+estimate draws it, is the prompt template's tokens, or CLIP's and T5's padded lengths, with
+either tokenizer.
+
+Rows: bf16 base; ``fp8_base`` (the frozen Linear weights of the denoiser and the text encoders
+in float8); ``blocks_to_swap`` of the transformer's blocks kept in host memory; the denoiser
+quantized (``base_model_precision``) with the text encoders in float8. A UNet has no blocks to
+swap (the setup refuses ``blocks_to_swap`` for SD 1.5 and SDXL), so their tables have no swap
+rows, and its float8 and quantized storage covers its Linear layers only (its convolutions stay
+in bf16).
 """
 
 from __future__ import annotations
@@ -23,6 +37,8 @@ import logging
 import sys
 import tempfile
 import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,6 +59,42 @@ GIB = 1024**3
 ASSETS = REPO / "tests" / "assets"  # the tiny test tokenizers (tools/make_test_assets.py)
 
 
+def sd_components(config, family) -> Components:
+    """An SD 1.x or SDXL ``family`` at full size on the meta device, frozen, in the config's
+    weight dtype: the released configs a single-file checkpoint loads with (its layout's folder
+    in library/models/configs), built by that loader's own builders."""
+    from library.models.checkpoint_parts import build_unet, build_vae, read_config, text_builder
+    from library.models.families.sd.objective import ddpm_objective
+
+    layout = family.checkpoint_layout()
+    configs = layout.config_dir(family.v_parameterization)
+    with torch.device("meta"):
+        unet = build_unet(read_config(configs, "unet"))
+        vae = build_vae(read_config(configs, "vae"))
+        texts = tuple(
+            text_builder(tower)(read_config(configs, tower.subfolder)) for tower in layout.towers
+        )
+    # CLIP-L and OpenCLIP share CLIP's vocabulary and 77-token padding: one tiny tokenizer each
+    tokenizers = tuple(_tokenizer(ASSETS / "tokenizer") for _ in layout.towers)
+    schedule = read_config(configs, "scheduler")
+    objective = ddpm_objective(schedule, family, config.model.zero_terminal_snr)
+    return _frozen(config, unet, vae, texts, tokenizers, objective, family)
+
+
+def sd15_components(config, folder: Path) -> Components:
+    """SD 1.5 at full size on the meta device (see ``sd_components``)."""
+    from library.models.families.sd.family import SD1
+
+    return sd_components(config, SD1)
+
+
+def sdxl_components(config, folder: Path) -> Components:
+    """SDXL base 1.0 at full size on the meta device (see ``sd_components``)."""
+    from library.models.families.sd.family import SDXL
+
+    return sd_components(config, SDXL)
+
+
 def qwenimage_components(config, folder: Path) -> Components:
     """Qwen-Image at full size on the meta device, frozen, in the config's weight dtype."""
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
@@ -59,9 +111,7 @@ def qwenimage_components(config, folder: Path) -> Components:
     with torch.device("meta"):
         transformer = QwenImageTransformer2DModel(**shapes.transformer_config())
         vae = AutoencoderKLQwenImage(**shapes.vae_config())
-        text = Qwen2_5_VLForConditionalGeneration(
-            Qwen2_5_VLConfig(**shapes.text_encoder_config())
-        )
+        text = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**shapes.text_encoder_config()))
     tokenizer = _tokenizer(write_tiny_qwen25vl_tokenizer(folder / "qwen"))
     objective = QwenImageFlowObjective(
         qwenimage_flow_options(config.flow), shapes.scheduler_config()
@@ -92,13 +142,95 @@ def flux_components(config, folder: Path) -> Components:
     return _frozen(config, transformer, vae, (clip, t5), tokenizers, objective, family)
 
 
-def _frozen(config, transformer, vae, texts, tokenizers, objective, family) -> Components:
+def sd35_large_components(config, folder: Path) -> Components:
+    """SD3.5 Large at full size on the meta device, frozen, in the config's weight dtype."""
+    from diffusers import AutoencoderKL, SD3Transformer2DModel
+    from transformers import (
+        CLIPTextConfig,
+        CLIPTextModelWithProjection,
+        T5Config,
+        T5EncoderModel,
+    )
+
+    from library.models.families.sd3 import shapes
+    from library.models.families.sd3.family import pad_with_id_zero, sd3_family
+    from library.models.families.sd3.objective import SD3FlowObjective
+    from library.models.families.sd3.sampling import sd3_scheduler_config
+    from library.training.objectives import FlowOptions
+
+    with torch.device("meta"):
+        transformer = SD3Transformer2DModel(**shapes.transformer_config("sd3.5-large"))
+        vae = AutoencoderKL(**shapes.vae_config())
+        clip_l = CLIPTextModelWithProjection(CLIPTextConfig(**shapes.clip_l_config()))
+        clip_g = CLIPTextModelWithProjection(CLIPTextConfig(**shapes.clip_g_config()))
+        t5 = T5EncoderModel(T5Config(**shapes.t5_xxl_config()))
+    texts = (clip_l, clip_g, t5)
+    # CLIP-L and CLIP-G share CLIP's vocabulary; CLIP-G pads with id 0, as load_sd3 sets it
+    tokenizers = (
+        _tokenizer(ASSETS / "tokenizer"),
+        pad_with_id_zero(_tokenizer(ASSETS / "tokenizer")),
+        _tokenizer(ASSETS / "t5_tokenizer"),
+    )
+    objective = SD3FlowObjective(FlowOptions.from_section(config.flow), sd3_scheduler_config())
+    family = sd3_family("sd3.5-large", config.flow, texts)
+    return _frozen(config, transformer, vae, texts, tokenizers, objective, family)
+
+
+def zimage_components(config, folder: Path) -> Components:
+    """Z-Image Turbo (the preset's model; Base has the same shapes) at full size on the meta
+    device, frozen, in the config's weight dtype."""
+    from diffusers import AutoencoderKL, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    from library.models.families.zimage import shapes
+    from library.models.families.zimage.family import zimage_family
+    from library.models.families.zimage.flow_objective import (
+        ZImageFlowObjective,
+        zimage_flow_options,
+    )
+
+    with torch.device("meta"):
+        transformer = ZImageTransformer2DModel(**shapes.transformer_config())
+        vae = AutoencoderKL(**shapes.ae_config())
+        text = Qwen3Model(Qwen3Config(**shapes.text_encoder_config()))
+    tokenizer = _tokenizer(ASSETS / "qwen3_tokenizer")
+    objective = ZImageFlowObjective(
+        zimage_flow_options(config.flow), shapes.scheduler_config("turbo")
+    )
+    family = zimage_family("turbo", shapes.SCHEDULER_SHIFT["turbo"])
+    return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, family)
+
+
+def chroma_components(config, folder: Path) -> Components:
+    """Chroma1-HD at full size on the meta device, frozen, in the config's weight dtype."""
+    from diffusers import AutoencoderKL, ChromaTransformer2DModel
+    from transformers import T5Config, T5EncoderModel
+
+    from library.models.families.chroma import shapes
+    from library.models.families.chroma.family import chroma_family
+    from library.models.families.flux import shapes as flux_shapes
+    from library.training.objectives import FlowMatchingObjective, FlowOptions
+
+    with torch.device("meta"):
+        transformer = ChromaTransformer2DModel(**shapes.transformer_config())
+        vae = AutoencoderKL(**flux_shapes.ae_config())  # FLUX.1's AE and T5-XXL
+        t5 = T5EncoderModel(T5Config(**flux_shapes.t5_xxl_config()))
+    tokenizer = _tokenizer(ASSETS / "t5_tokenizer")
+    # a folder without scheduler/ samples with this config (load_chroma's fallback)
+    objective = FlowMatchingObjective(
+        FlowOptions.from_section(config.flow), dict(shapes.SCHEDULER_CONFIG)
+    )
+    family = chroma_family(config.flow)
+    return _frozen(config, transformer, vae, (t5,), (tokenizer,), objective, family)
+
+
+def _frozen(config, denoiser, vae, texts, tokenizers, objective, family) -> Components:
     dtype = WEIGHT_DTYPES[config.training.mixed_precision]
-    for module in (transformer, *texts):
+    for module in (denoiser, *texts):
         module.to(dtype).requires_grad_(False).eval()
     vae.requires_grad_(False).eval()
     return Components(
-        denoiser=transformer,
+        denoiser=denoiser,
         vae=vae,
         text_encoders=texts,
         tokenizers=tokenizers,
@@ -108,11 +240,39 @@ def _frozen(config, transformer, vae, texts, tokenizers, objective, family) -> C
     )
 
 
-# family -> (its preset, its components on the meta device, default blocks_to_swap rows)
+@dataclass(frozen=True)
+class Bench:
+    """One family's table: its label, preset, components on the meta device, and default
+    blocks_to_swap rows (none for a UNet, whose blocks the setup refuses to swap)."""
+
+    label: str
+    preset: Path
+    build: Callable[[object, Path], Components]
+    swaps: tuple[int, ...] = ()
+
+    def resolution(self) -> int:
+        """The preset's (first dataset's) resolution: 512 for SD 1.5, 1024 for the others."""
+        data = tomllib.loads(self.preset.read_text(encoding="utf-8"))
+        return data["datasets"][0]["resolution"]
+
+
+def _preset(name: str) -> Path:
+    return REPO / "configs" / name
+
+
+# In the registry's order. Default blocks_to_swap rows: the count each preset's comments suggest
+# (FLUX.1 18, SD3.5 Large 18, Z-Image 10, Chroma 10, Qwen-Image 30) among larger ones up to about
+# three quarters of the blocks; the nf4 row swaps the first.
 FAMILIES = {
-    "qwenimage": ("Qwen-Image", REPO / "configs" / "qwenimage_lora.toml", qwenimage_components,
-                  [16, 24, 30, 45]),
-    "flux": ("FLUX.1 [dev]", REPO / "configs" / "flux_lora.toml", flux_components, [18, 30]),
+    "sd15": Bench("SD 1.5", _preset("sd15_lora.toml"), sd15_components),
+    "sdxl": Bench("SDXL", _preset("sdxl_lora.toml"), sdxl_components),
+    "flux": Bench("FLUX.1 [dev]", _preset("flux_lora.toml"), flux_components, (18, 30)),
+    "sd35-large": Bench("SD3.5 Large", _preset("sd35_large_lora.toml"), sd35_large_components,
+                        (18, 30)),
+    "zimage": Bench("Z-Image Turbo", _preset("zimage_lora.toml"), zimage_components, (10, 20)),
+    "chroma": Bench("Chroma", _preset("chroma_lora.toml"), chroma_components, (10, 18, 30)),
+    "qwenimage": Bench("Qwen-Image", _preset("qwenimage_lora.toml"), qwenimage_components,
+                       (16, 24, 30, 45)),
 }  # fmt: skip
 
 
@@ -175,24 +335,29 @@ def rows(swaps: list[int]) -> list[tuple[str, dict]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES),
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES),
                         default=list(FAMILIES))  # fmt: skip
-    parser.add_argument("--resolution", type=int, default=1024)
+    parser.add_argument("--resolution", type=int, default=None,
+                        help="image side in pixels (default: each preset's)")  # fmt: skip
     parser.add_argument("--swaps", type=int, nargs="+", default=None,
-                        help="blocks_to_swap rows (default: per family)")  # fmt: skip
+                        help="blocks_to_swap rows of the transformer families "
+                        "(default: per family)")  # fmt: skip
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # the setup's notes about each row's options
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for name in args.families:
-            label, preset, build, swaps = FAMILIES[name]
-            print(f"\n{label} LoRA ({preset.relative_to(REPO)}), {args.resolution} x "
-                  f"{args.resolution}, batch 1; GiB")  # fmt: skip
+            bench = FAMILIES[name]
+            side = args.resolution or bench.resolution()
+            # a UNet family gets no swap rows even with --swaps: the setup would refuse them
+            swaps = (args.swaps or bench.swaps) if bench.swaps else ()
+            print(f"\n{bench.label} LoRA ({bench.preset.relative_to(REPO)}), {side} x {side}, "
+                  "batch 1; GiB")  # fmt: skip
             print("| options | weights | adapters + optimizer | activations | peak |")
             print("|---|---|---|---|---|")
-            for text, training in rows(args.swaps or swaps):
-                config = preset_with(preset, folder, args.resolution, **training)
-                found = estimate(config, build, folder, args.resolution)
+            for text, training in rows(list(swaps)):
+                config = preset_with(bench.preset, folder, side, **training)
+                found = estimate(config, bench.build, folder, side)
                 cells = (found.weights, found.trained_state, found.activations, found.total)
                 print(f"| {text} | " + " | ".join(f"{c / GIB:.1f}" for c in cells) + " |")
 

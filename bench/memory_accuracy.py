@@ -77,9 +77,9 @@ CASES = {
     "sd15-lora-512-bf16": Case(
         "sd15", 512, {**SD_LORA, "mixed_precision": "bf16"}, about="bf16 mixed precision"
     ),
-    "sd15-lora-768-ckpt": Case(
+    "sd15-lora-512-b2-ckpt": Case(
         "sd15",
-        768,
+        512,
         {**SD_LORA, "gradient_checkpointing": True, "train_batch_size": 2},
         about="batch 2, gradient checkpointing",
     ),
@@ -88,6 +88,12 @@ CASES = {
     ),
     "sd15-full-256": Case(
         "sd15", 256, {"train_mode": "unet", "learning_rate": 1e-5}, about="whole UNet, AdamW"
+    ),
+    "sd15-full-256-foreach": Case(
+        "sd15",
+        256,
+        {"train_mode": "unet", "learning_rate": 1e-5, "optimizer_args": ["foreach=True"]},
+        about="whole UNet, AdamW updating all at once (CUDA's default)",
     ),
     "sd15-full-256-8bit": Case(
         "sd15",

@@ -10,8 +10,8 @@ is, with ``fp8_base`` (library/models/float8.py), or with ``base_model_precision
 without double quantization) or int8 (library/models/quantized_base.py); ``blocks_to_swap`` then
 moves the family's last blocks to host memory (library/training/block_swap.py). The figures are
 the trainer's own count (memory_estimate.module_bytes: parameters, buffers and quantized storage
-on the device), which the dry run's estimate uses, plus, for a quantized base, the one layer's
-weight dequantized at a time. Text encoders, the VAE, adapters and activations are not included.
+on the device), which the dry run's estimate uses, plus the one layer's weight that a quantized
+or swapped layer makes at a time (dequantized, or fetched from host memory and cast). Text encoders, the VAE, adapters and activations are not included.
 """
 
 from __future__ import annotations

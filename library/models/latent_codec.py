@@ -17,10 +17,12 @@ that have a frame axis, bring codecs of their own.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch.amp import is_autocast_available
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,10 @@ def vae_posterior(
     Runs without gradients in the VAE's own dtype, outside any autocast: autocast would
     recast the VAE to the mixed-precision dtype, and with no_half_vae it must stay float32.
     """
-    with torch.no_grad(), torch.autocast(vae_input.device.type, enabled=False):
+    device = vae_input.device.type
+    # no autocast to leave on the meta device (the memory estimate's shapes-only encoding)
+    plain = torch.autocast(device, enabled=False) if is_autocast_available(device) else nullcontext()
+    with torch.no_grad(), plain:
         posterior = vae.encode(vae_input.to(dtype=vae.dtype)).latent_dist
     return posterior.mean.float(), posterior.std.float()
 

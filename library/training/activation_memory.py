@@ -3,7 +3,9 @@
 A meta copy has the module's structure with shape-only tensors, so a full SDXL UNet forward at
 1024 px runs in seconds and allocates nothing; the real modules are not touched. Hooks add up
 every leaf module's output, which is what autograd keeps for backward to a first approximation;
-gradient checkpointing and autocast are imitated (see ActivationCounter).
+gradient checkpointing and autocast are imitated (see ActivationCounter). A forward pass
+without gradients (the VAE's encoding) keeps nothing, but holds its intermediates for a moment:
+LiveBytes follows them as they are made and freed.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import weakref
 
 import torch
+import torch.nn.functional as F
 from diffusers.models.attention_processor import Attention
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # Autocast runs normalisation in float32 whatever the mixed-precision dtype.
 _FLOAT32_LAYERS = (torch.nn.GroupNorm, torch.nn.LayerNorm)
@@ -189,3 +195,47 @@ def _to_meta(value: object, dtype: torch.dtype) -> object:
     if not isinstance(value, torch.Tensor):
         return value
     return value.to("meta", dtype=dtype if value.is_floating_point() else value.dtype)
+
+
+class LiveBytes(TorchDispatchMode):
+    """The most bytes of tensors made inside it that are alive at once: every new tensor an
+    operation returns counts until its Python object dies (a view counts with its base, an
+    in-place result as the tensor it changed). For a forward pass without gradients, which
+    frees each intermediate as soon as nothing refers to it, on meta tensors (shapes only).
+
+    On meta tensors PyTorch's scaled-dot-product attention runs as plain products, whose
+    attention matrices the fused kernels of a real device never make; enter ``FusedAttention``
+    around it as well to count the output alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(t) for t in _tensors(list(args) + list((kwargs or {}).values()))}
+        for tensor in _tensors(out):
+            if tensor._base is not None or id(tensor) in inputs:
+                continue  # a view or an in-place result: its storage is counted already
+            nbytes = tensor.numel() * tensor.element_size()
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(tensor, self._free, nbytes)
+        return out
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+class FusedAttention(TorchFunctionMode):
+    """Scaled-dot-product attention as a fused kernel computes it, for counting memory on meta
+    tensors: an output of the right shape, no attention matrix."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            query = args[0] if args else kwargs["query"]
+            value = args[2] if len(args) > 2 else kwargs["value"]
+            return query.new_empty((*query.shape[:-1], value.shape[-1]))
+        return func(*args, **kwargs)

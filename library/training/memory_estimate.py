@@ -17,10 +17,19 @@ the device, so a run that cannot fit stops in seconds instead of being killed mi
   no memory, the real modules untouched) and adding up every leaf module's output. That is what
   autograd keeps for backward to a first approximation; with gradient checkpointing only the
   checkpointed regions' outputs and the largest region's inside are kept, and with
-  cpu_offload_checkpointing the regions' outputs wait in host memory instead.
+  cpu_offload_checkpointing the regions' outputs wait in host memory instead;
+- the optimizer's update: what it allocates while it runs (torch's foreach AdamW: a temporary
+  the size of a parameter group). It runs after the backward pass has freed the activations,
+  so the larger of the two counts;
+- the VAE's encoding, which holds its intermediates for a moment (followed on a meta copy by
+  LiveBytes): while the latent cache is built (the VAE on the device, nothing trained yet), or
+  in every step beside the trained state when latents are not cached. The peak is the larger
+  of that moment and the step's.
 
-Not counted: the VAE's encoding (it runs without gradients before the UNet), sampling and
-validation (no gradients either), the allocator's fragmentation and CUDA's own context.
+On the CPU, host memory is the device's: the VAE moved "off the device" and the weights block
+swap keeps in host memory count too. Not counted: sampling and validation (no gradients; the
+VAE's decoding of sample images), the kernels' workspaces, the allocator's fragmentation and
+CUDA's own context. bench/memory_accuracy.py measures the estimate against real steps.
 """
 
 from __future__ import annotations
@@ -40,7 +49,12 @@ from library.errors import ConfigError
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
 from library.models.families.base import REFERENCE_LATENTS_KEY
 from library.models.quantized_base import QuantizedLinear
-from library.training.activation_memory import ActivationCounter, meta_copy
+from library.training.activation_memory import (
+    ActivationCounter,
+    FusedAttention,
+    LiveBytes,
+    meta_copy,
+)
 from library.training.block_swap import HostLinear
 from library.training.optimizers import optimizer_kwargs
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
@@ -94,11 +108,17 @@ class MemoryEstimate:
     checkpointing: bool
     offloaded: bool = False  # cpu_offload_checkpointing: the regions' outputs are on the host
     update: int = 0  # what the optimizer's update allocates for a moment
+    encoding: int = 0  # above ``weights`` while the VAE encodes images (caching, or each step)
+
+    @property
+    def step(self) -> int:
+        """Above ``weights`` at the step's peak; the update runs after the backward pass has
+        freed the activations."""
+        return self.trained_state + max(self.activations, self.update)
 
     @property
     def total(self) -> int:
-        # the update runs after the backward pass has freed the activations
-        return self.weights + self.trained_state + max(self.activations, self.update)
+        return self.weights + max(self.step, self.encoding)
 
 
 # --- weights and trained state ------------------------------------------------------------------
@@ -333,6 +353,33 @@ def meta_forward(
             )
 
 
+def encoding_bytes(config: Config, parts: TrainedParts, size: TrainingSize, batch: int) -> int:
+    """The most the VAE's encoding of ``batch`` images of ``size`` holds at once (it runs
+    without gradients: its intermediates come and go), on a meta copy of the VAE, attention
+    counted as the fused kernel computes it (sdpa) or with its matrices (plain attention)."""
+    comps = parts.components
+    vae = meta_copy(comps.vae)
+    codec = comps.family.latent_codec(vae)
+    pixels = torch.empty(batch, 3, size.height, size.width, device="meta")
+    attention = FusedAttention() if uses_sdpa(config) else nullcontext()
+    with attention, LiveBytes() as live:
+        codec.posterior(pixels)
+    return live.peak
+
+
+def _encoding(config: Config, parts: TrainedParts, size: TrainingSize, trained_state: int,
+              draws_samples: bool, device_type: str) -> int:  # fmt: skip
+    """Above the weights while the VAE encodes: with cached latents, at caching, before the
+    optimizer holds anything (the VAE back on the device if training moves it off); without,
+    in every step, beside the trained state."""
+    if config.data.latents_cached:
+        encode = encoding_bytes(config, parts, size, config.data.vae_batch_size)
+        if vae_stays_on_device(config, draws_samples, device_type):
+            return encode
+        return encode + module_bytes(parts.components.vae)
+    return trained_state + encoding_bytes(config, parts, size, size.batch)
+
+
 def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """Meta latents of the family's latent codec for the size ([B, C, H / f, W / f] for an image
     VAE, f its downscaling) and noise levels [B]."""
@@ -396,14 +443,20 @@ def estimate_peak_memory(
         (training_activations(config, parts, s, offloaded), s) for s in training_sizes(stats)
     ]
     activations, size = max(measured, key=lambda pair: pair[0])
+    trained_state = trained_state_bytes(config, parts, world_size)
+    encoding = max(
+        _encoding(config, parts, s, trained_state, draws_samples, device_type)
+        for s in training_sizes(stats)
+    )
     return MemoryEstimate(
         weights=weight_bytes(config, parts, draws_samples, world_size, device_type),
-        trained_state=trained_state_bytes(config, parts, world_size),
+        trained_state=trained_state,
         activations=activations,
         size=size,
         checkpointing=config.training.gradient_checkpointing,
         offloaded=offloaded,
         update=update_bytes(config, parts, device_type, world_size),
+        encoding=encoding,
     )
 
 
@@ -463,6 +516,8 @@ def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str
         f"{show_bytes(estimate.trained_state)}, activations {show_bytes(estimate.activations)} "
         f"at {s.width}x{s.height} x {s.batch}{checkpointing})"
     )
+    if estimate.encoding > estimate.step:
+        line += f"; the peak is the VAE encoding images ({show_bytes(estimate.encoding)})"
     if memory is None:
         return line + "; the device's memory is unknown"
     total, free = memory
@@ -502,6 +557,7 @@ class MemoryCheck:
             "weights_bytes": e.weights,
             "trained_state_bytes": e.trained_state,
             "activations_bytes": e.activations,
+            "vae_encoding_bytes": e.encoding,
             "at": {"width": e.size.width, "height": e.size.height, "batch": e.size.batch},
             "gradient_checkpointing": e.checkpointing,
             "device_total_bytes": total,

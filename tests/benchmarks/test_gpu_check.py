@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_tiny_checks_train_and_report(tmp_path):
     report = tmp_path / "report.json"
     command = [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--tiny", "--device", "cpu",
-               "--steps", "4", "--warmup", "2", "--model_cache", str(tmp_path / "models"),
+               "--steps", "3", "--warmup", "1", "--model_cache", str(tmp_path / "models"),
                "--json", str(report)]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

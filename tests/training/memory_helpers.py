@@ -1,5 +1,6 @@
 """What the memory-estimate tests share: one training size, data statistics at it, a config
-written from keys, and the training parts a config sets up."""
+written from keys, the training parts a config sets up, and the peak memory torch's profiler
+measures."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from library.config.loader import load_config
 from library.models.loader import load_components
@@ -38,3 +40,15 @@ def training_parts(config):
     dtype = WEIGHT_DTYPES[config.training.mixed_precision]
     torch.manual_seed(0)
     return setup_training(config, load_components(config.model, dtype, config.flow))
+
+
+def profiled_peak(run) -> int:
+    """The most bytes allocated at once while ``run()`` runs on the CPU, from torch's profiler."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from library.config.schema import Config
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
@@ -18,18 +17,20 @@ from library.models.loader import load_components
 from library.training import memory_estimate
 from library.training import trainer as trainer_module
 from library.training.activation_memory import activation_bytes, meta_copy
+from library.training.block_swap import swap_linears
 from library.training.memory_estimate import (
     TrainingSize,
+    encoding_bytes,
     optimizer_state_bytes,
     trained_state_bytes,
     training_activations,
     update_bytes,
     weight_bytes,
 )
-from library.training.block_swap import swap_linears
 from library.training.optimizers import build_optimizer, optimizer_kwargs
 from library.training.setup import setup_training
 from tests.integration.harness import make_images, train, write_config
+from tests.training.memory_helpers import profiled_peak
 
 F32, BF16 = 4, 2  # bytes per element
 
@@ -124,18 +125,6 @@ def test_meta_copy_leaves_the_module_alone():
 # --- the UNet against a real, profiled forward and backward ------------------------------------
 
 
-def _profiled_peak(run) -> int:
-    """The most bytes allocated at once while ``run()`` runs on the CPU, from torch's profiler."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
-
-
 def _real_unet_peak(parts, size: TrainingSize) -> int:
     """Peak memory of a real float32 forward + backward of the UNet on the CPU."""
     comps = parts.components
@@ -155,11 +144,11 @@ def _real_unet_peak(parts, size: TrainingSize) -> int:
         out.float().square().mean().backward()
 
     comps.denoiser.train()
-    return _profiled_peak(step)
+    return profiled_peak(step)
 
 
 @pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_sdxl_model_dir"])
-def test_unet_estimate_is_within_2x_of_the_profiled_peak(request, model):
+def test_unet_estimate_is_within_2x_of_theprofiled_peak(request, model):
     model_dir = request.getfixturevalue(model)
     size = TrainingSize(128, 128, 2)
     measured = {}
@@ -254,6 +243,32 @@ def test_on_the_cpu_the_vae_and_swapped_blocks_count_as_the_devices_memory(tiny_
     )
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_vae_encoding_is_the_peak_when_it_holds_more_than_the_step(tiny_model_dir, cached):
+    # the encoding is counted once: with the trained state in each step, or at caching with
+    # the VAE back on the device (training moves it off)
+    config = _config(tiny_model_dir, network={"network_train_unet_only": True},
+                     training={"gradient_checkpointing": True},
+                     data={"cache_latents": cached, "vae_batch_size": 4})  # fmt: skip
+    parts = _parts(config)
+    size = TrainingSize(512, 512, 2)
+    stats = SimpleNamespace(datasets=[SimpleNamespace(buckets=[], resolution=(512, 512),
+                                                      batch_size=2)])  # fmt: skip
+    found = memory_estimate.estimate_peak_memory(config, parts, stats, 1, False, "cuda")
+    vae = _bytes(_module_tensors(parts.components.vae))
+    if cached:
+        expected = encoding_bytes(config, parts, size, 4) + vae
+    else:
+        expected = encoding_bytes(config, parts, size, 2) + found.trained_state
+    assert found.encoding == expected
+    assert found.total == found.weights + max(found.step, found.encoding)
+    assert encoding_bytes(config, parts, size, 2) > encoding_bytes(config, parts, size, 1)
+    line = memory_estimate.estimate_line(found, torch.device("cuda"), None)
+    # four images at a time at caching hold more than the step; two in the step, less
+    assert ("; the peak is the VAE encoding images (" in line) == cached
+    assert (found.encoding > found.step) == cached
+
+
 def _optimizer_parts(sizes: list[list[int]]):
     """Trained parts of float32 parameters with gradients, in groups of the given sizes."""
     groups = [{"params": [torch.nn.Parameter(torch.zeros(n)) for n in group]} for group in sizes]
@@ -269,7 +284,7 @@ def test_adamw_update_temporaries_equal_a_profiled_step(tiny_model_dir, optimize
     parts, params = _optimizer_parts([[200_000, 300_000], [100_000, 50_000]])
     optimizer = build_optimizer(config.optimizer, parts.param_groups)
     optimizer.step()  # the state exists from here on
-    measured = _profiled_peak(optimizer.step)
+    measured = profiled_peak(optimizer.step)
     estimate = update_bytes(config, parts, "cpu", 1)
     # foreach: the denominator of the largest group at once; fused: none; per parameter: the
     # square root and the denominator of one parameter while the previous one's denominator
