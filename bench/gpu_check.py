@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +44,15 @@ from library.third_party_noise import silence_unactionable_messages  # noqa: E40
 
 silence_unactionable_messages()  # before any import below loads bitsandbytes
 
-from bench.memory_accuracy import OUTPUT_NAME  # noqa: E402
+from bench.memory_accuracy import OUTPUT_NAME, measured_peak  # noqa: E402
 from bench.train_speed import (  # noqa: E402
     BenchError,
     Case,
+    add_run_options,
     describe_machine,
     launch,
     log,
+    work_folder,
     write_case_config,
 )
 from library.training.memory_estimate import show_bytes  # noqa: E402
@@ -254,10 +254,10 @@ def run_check(name: str, check: Check, args, folder: Path, peak: float | None) -
     )
     if summary["last_loss"] is None:  # every step was dropped or skipped: not a working run
         return {**record, "status": "failed", "reason": "no step had a finite loss"}
-    key = "cuda_step_peak_allocated_bytes" if args.device == "cuda" else "step_peak_bytes"
-    peaks = [r[key] for r in run.steps if key in r]
-    reserved = [r["cuda_step_peak_reserved_bytes"] for r in run.steps
-                if "cuda_step_peak_reserved_bytes" in r]  # fmt: skip
+    try:
+        peak_bytes, reserved = measured_peak(run.steps, args.device)
+    except BenchError:  # no step peak recorded (a CPU whose /proc cannot be reset)
+        peak_bytes = reserved = None
     flops = case_step_flops(config, case)
     seconds = figures["seconds_per_step"]
     estimate = summary["memory"]["estimated_peak_bytes"]
@@ -265,10 +265,10 @@ def run_check(name: str, check: Check, args, folder: Path, peak: float | None) -
         "status": "ok",
         "seconds_per_step": seconds,
         "images_per_second": figures["images_per_second"],
-        "peak_allocated_bytes": max(peaks) if peaks else None,
-        "peak_reserved_bytes": max(reserved) if reserved else None,
+        "peak_allocated_bytes": peak_bytes,
+        "peak_reserved_bytes": reserved,
         "estimated_peak_bytes": estimate,
-        "estimate_ratio": round(estimate / max(peaks), 3) if peaks and estimate else None,
+        "estimate_ratio": round(estimate / peak_bytes, 3) if estimate and peak_bytes else None,
         "step_flops": flops,
         "achieved_flops_per_second": round(flops / seconds),
         "mfu": round(flops / seconds / (peak * 1e12), 3) if peak else None,
@@ -317,11 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: cuda when available")  # fmt: skip
     parser.add_argument("--peak_tflops", type=float,
                         help="the GPU's dense bf16 TFLOP/s, for a GPU not in the table")  # fmt: skip
-    parser.add_argument("--model_cache", type=Path,
-                        default=Path.home() / ".cache" / "difftune-bench",
-                        help="where the models and images are written once")  # fmt: skip
+    add_run_options(parser)
     parser.add_argument("--json", type=Path, help="also write the results to this file")
-    parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
     args = parser.parse_args(argv)
     import torch
 
@@ -341,19 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     log(f"machine: {machine}; bf16 peak: {f'{peak:g} TFLOP/s' if peak else 'unknown'}")
     if args.device == "cuda":  # draw the models' random weights on the GPU: minutes faster
         _prepare_models(names, known, args)
-    work = Path(tempfile.mkdtemp(prefix="difftune-gpu-check-"))
     results = []
-    try:
+    with work_folder("difftune-gpu-check-", args.keep) as work:
         for name in names:
             record = run_check(name, known[name], args, work / name, peak)
             results.append(record)
             log(line(record))
             print(json.dumps(record), flush=True)
-    finally:
-        if args.keep:
-            log(f"runs kept in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
     if args.json:
         report = {"machine": machine, "peak_tflops": peak, "checks": results}
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

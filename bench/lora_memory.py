@@ -28,6 +28,10 @@ quantized (``base_model_precision``) with the text encoders in float8. A UNet ha
 swap (the setup refuses ``blocks_to_swap`` for SD 1.5 and SDXL), so their tables have no swap
 rows, and its float8 and quantized storage covers its Linear layers only (its convolutions stay
 in bf16).
+
+Columns: the estimate's parts. The peak is the weights plus the larger of the step (adapters +
+optimizer + activations) and the VAE's encoding (what encoding the images holds above the
+weights: while the latent cache is built, with the VAE back on the device).
 """
 
 from __future__ import annotations
@@ -353,12 +357,14 @@ def main() -> None:
             swaps = (args.swaps or bench.swaps) if bench.swaps else ()
             print(f"\n{bench.label} LoRA ({bench.preset.relative_to(REPO)}), {side} x {side}, "
                   "batch 1; GiB")  # fmt: skip
-            print("| options | weights | adapters + optimizer | activations | peak |")
-            print("|---|---|---|---|---|")
+            print("| options | weights | adapters + optimizer | activations | VAE encoding "
+                  "| peak |")  # fmt: skip
+            print("|---|---|---|---|---|---|")
             for text, training in rows(list(swaps)):
                 config = preset_with(bench.preset, folder, side, **training)
                 found = estimate(config, bench.build, folder, side)
-                cells = (found.weights, found.trained_state, found.activations, found.total)
+                cells = (found.weights, found.trained_state, found.activations, found.encoding,
+                         found.total)  # fmt: skip
                 print(f"| {text} | " + " | ".join(f"{c / GIB:.1f}" for c in cells) + " |")
 
 

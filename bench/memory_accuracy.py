@@ -4,6 +4,8 @@
     python bench/memory_accuracy.py --cases sd15-lora-512 flux6-lora-nf4
     python bench/memory_accuracy.py --device cuda            # a GPU's allocated peaks
     python bench/memory_accuracy.py --markdown               # the table for docs/performance.md
+    python bench/memory_accuracy.py --keep                   # keep the runs, then after a change:
+    python bench/memory_accuracy.py --estimates_of /tmp/difftune-memory-*   # no training
 
 Not a test and not timed in CI. For each case it writes a config (a kohya-style args file, as
 bench/train_speed.py does), trains ``--steps`` optimizer steps with ``train_network.py`` under
@@ -30,9 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +47,12 @@ from bench.train_speed import (  # noqa: E402
     LORA,
     BenchError,
     Case,
+    add_run_options,
+    dry_run_plan,
     launch,
     log,
+    read_step_timer,
+    work_folder,
     write_case_config,
 )
 
@@ -77,11 +81,11 @@ CASES = {
     "sd15-lora-512-bf16": Case(
         "sd15", 512, {**SD_LORA, "mixed_precision": "bf16"}, about="bf16 mixed precision"
     ),
-    "sd15-lora-512-b2-ckpt": Case(
+    "sd15-lora-768-ckpt": Case(
         "sd15",
-        512,
+        768,
         {**SD_LORA, "gradient_checkpointing": True, "train_batch_size": 2},
-        about="batch 2, gradient checkpointing",
+        about="768 px, batch 2, gradient checkpointing",
     ),
     "sd15-lora-512-uncached": Case(
         "sd15", 512, LORA, about="latents encoded in each step (not cached)"
@@ -192,6 +196,17 @@ def measure(name: str, case: Case, args, folder: Path) -> Measured:
     return Measured(name, case.about, run_estimate(folder / "run" / "output"), measured, reserved)
 
 
+def remeasure(name: str, case: Case, args, folder: Path) -> Measured:
+    """A kept run's measured peak (``--keep``) beside the estimate of the code as it is now:
+    the dry run's on the run's own config (the same figure the run's plan prints)."""
+    processes = read_step_timer(folder / "run" / "step-timer")
+    if not processes:
+        raise BenchError(f"{folder}: no kept run of {name} there")
+    measured, reserved = measured_peak(processes[0], args.device)
+    plan = dry_run_plan(folder / "case.toml", args.device)
+    return Measured(name, case.about, plan["memory"]["peak_bytes"], measured, reserved)
+
+
 def line(m: Measured) -> str:
     reserved = f", reserved {m.reserved / GIB:.2f} GiB" if m.reserved else ""
     verdict = "inside" if m.inside else "OUTSIDE"
@@ -219,18 +234,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per case")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--model_cache", type=Path,
-                        default=Path.home() / ".cache" / "difftune-bench",
-                        help="where the models and images are written once")  # fmt: skip
     parser.add_argument("--markdown", action="store_true", help="print the table at the end")
-    parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
+    add_run_options(parser)
+    parser.add_argument("--estimates_of", type=Path, nargs="+", metavar="FOLDER",
+                        help="train nothing: the runs kept (--keep) in these folders, each "
+                        "beside the estimate of the code as it is now (tuning the estimate)")  # fmt: skip
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="difftune-memory-"))
+    kept = {}
+    for folder in args.estimates_of or ():
+        kept |= {p.name: p for p in folder.iterdir() if p.name in CASES}
     results = []
-    try:
+    with work_folder("difftune-memory-", args.keep and not args.estimates_of) as work:
         for name in args.cases:
             try:
-                found = measure(name, CASES[name], args, work / name)
+                found = _case(name, args, kept, work)
             except BenchError as failed:
                 log(f"{name}: error: {failed}")
                 continue
@@ -238,17 +255,20 @@ def main(argv: list[str] | None = None) -> int:
             log(line(found))
             if not args.markdown:
                 print(json.dumps(found.record()), flush=True)
-    finally:
-        if args.keep:
-            log(f"runs kept in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
     if args.markdown:
         print(table(results))
     outside = [m.case for m in results if not m.inside]
     if outside:
         log(f"outside the target: {', '.join(outside)}")
     return 1 if outside or len(results) < len(args.cases) else 0
+
+
+def _case(name: str, args, kept: dict[str, Path], work: Path) -> Measured:
+    if not args.estimates_of:
+        return measure(name, CASES[name], args, work / name)
+    if name not in kept:
+        raise BenchError(f"no kept run of {name} in {' '.join(map(str, args.estimates_of))}")
+    return remeasure(name, CASES[name], args, kept[name])
 
 
 if __name__ == "__main__":

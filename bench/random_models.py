@@ -74,9 +74,19 @@ def _tiny(family: str) -> Callable[[Path, str], None]:
 
 
 def _drawn(build: Callable[[], torch.nn.Module], device: str, dtype: torch.dtype):
-    """``build()`` with its weights drawn on ``device``, returned on the CPU in ``dtype``."""
-    with torch.device(device):
-        module = build()
+    """``build()`` made in ``dtype`` with its weights drawn on ``device`` (on the CPU when the
+    GPU cannot hold it: FLUX.1's transformer is 24 GB in bfloat16), returned on the CPU."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        try:
+            with torch.device(device):
+                module = build()
+        except torch.OutOfMemoryError:
+            with torch.device("cpu"):
+                module = build()
+    finally:
+        torch.set_default_dtype(default)
     return module.to("cpu", dtype)
 
 

@@ -46,6 +46,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -367,9 +369,8 @@ def bench(args: argparse.Namespace) -> list[dict]:
     cache.mkdir(parents=True, exist_ok=True)
     machine = describe_machine(args.device)
     log(f"machine: {machine}")
-    work = Path(tempfile.mkdtemp(prefix="difftune-bench-"))
     results: list[dict] = []
-    try:
+    with work_folder("difftune-bench-", args.keep) as work:
         for name in args.cases or ([] if args.config else DEFAULT_CASES):
             if name not in CASES:
                 raise BenchError(f"unknown case {name!r}; cases: {', '.join(CASES)}")
@@ -378,12 +379,28 @@ def bench(args: argparse.Namespace) -> list[dict]:
             jobs.append((args.config.name, None))
         for name, case in jobs:
             results += bench_case(name, case, args, cache, work / name, machine)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            log(f"runs kept in {work}")
     return results
+
+
+@contextmanager
+def work_folder(prefix: str, keep: bool) -> Iterator[Path]:
+    """A new temporary folder for the runs, removed afterwards unless ``keep``."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
+    finally:
+        if keep:
+            log(f"runs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options every benchmark that trains shares: where models go, keeping the runs."""
+    parser.add_argument("--model_cache", type=Path,
+                        default=Path.home() / ".cache" / "difftune-bench",
+                        help="where the models and images are written once")  # fmt: skip
+    parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
 
 
 def bench_case(name, case, args, cache, folder, machine) -> list[dict]:
@@ -475,9 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each case and trainer")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="default: cuda when available")  # fmt: skip
-    parser.add_argument("--model_cache", type=Path,
-                        default=Path.home() / ".cache" / "difftune-bench",
-                        help="where the cases' models and images are written once")  # fmt: skip
+    add_run_options(parser)
     parser.add_argument(
         "--sd_scripts",
         type=Path,
@@ -486,7 +501,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sd_scripts_python", help="the Python of sd-scripts' environment (default: this one)"
     )
-    parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
     args = parser.parse_args(argv)
     if args.device is None:
         import torch

@@ -21,8 +21,23 @@ from diffusers.models.attention_processor import Attention
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Autocast runs normalisation in float32 whatever the mixed-precision dtype.
+# Autocast runs normalisation in float32 whatever the mixed-precision dtype, and matrix
+# products and convolutions in the mixed-precision dtype.
 _FLOAT32_LAYERS = (torch.nn.GroupNorm, torch.nn.LayerNorm)
+_AUTOCAST_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+
+
+def _unsaved_outputs(module: torch.nn.Module) -> set[int]:
+    """ids of the leaf layers whose outputs autograd does not keep: a LoRA layer's up
+    projection (peft's ``lora_B``), whose output is only scaled and added to the base layer's
+    output, which keeps neither; the down projection's output is kept (the up projection's
+    input), and the sum is the next layer's input."""
+    unsaved = set()
+    for sub in module.modules():
+        up = getattr(sub, "lora_B", None)
+        if isinstance(up, torch.nn.ModuleDict):
+            unsaved.update(id(m) for layer in up.values() for m in layer.modules())
+    return unsaved
 
 
 def meta_copy(module: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
@@ -101,6 +116,7 @@ class ActivationCounter:
 
     def watch(self, module: torch.nn.Module) -> None:
         """Count the forward passes of ``module`` (hooks it, and its checkpointing)."""
+        unsaved = _unsaved_outputs(module)
         for sub in module.modules():
             if getattr(sub, "_gradient_checkpointing_func", None) is not None:
                 sub._gradient_checkpointing_func = self._checkpointed
@@ -109,7 +125,8 @@ class ActivationCounter:
             if next(sub.children(), None) is None:
                 if self.autocast is not None and _weights(sub):
                     sub.register_forward_pre_hook(self._cast_inputs)
-                sub.register_forward_hook(self._leaf_output)
+                if id(sub) not in unsaved:
+                    sub.register_forward_hook(self._leaf_output)
 
     def add(self, nbytes: int) -> None:
         """Count ``nbytes`` where the forward pass is now (inside a region or outside)."""
@@ -142,7 +159,10 @@ class ActivationCounter:
         return output
 
     def _cast_inputs(self, module, inputs):
-        dtype = _weights(module)[0].dtype
+        # autocast runs matrix products and convolutions in its dtype whatever the weight's
+        # (a float32 adapter's too); other layers run in their weight's dtype
+        lower = isinstance(module, _AUTOCAST_LAYERS)
+        dtype = self.autocast if lower else _weights(module)[0].dtype
         return tuple(
             t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
             for t in inputs
@@ -160,6 +180,12 @@ class ActivationCounter:
             self._open.pop()
         self._boundary(output, region)
         return output
+
+    def functions(self) -> TorchFunctionMode:
+        """A mode to run the forward pass in: it counts the outputs of the functions that make
+        tensors autograd keeps outside any leaf layer (attention's output, which the output
+        projection keeps as its input; concatenations, such as a UNet's skip connections)."""
+        return _KeptFunctionOutputs(self)
 
     def _attention_probs(self, module, args, kwargs):
         hidden = args[0] if args else kwargs["hidden_states"]
@@ -186,7 +212,7 @@ def activation_bytes(
     counter.watch(copied)
     args = [_to_meta(a, dtype) for a in args]
     kwargs = {k: _to_meta(v, dtype) for k, v in kwargs.items()}
-    with torch.enable_grad():
+    with torch.enable_grad(), counter.functions():
         copied(*args, **kwargs)
     return counter.total
 
@@ -239,3 +265,21 @@ class FusedAttention(TorchFunctionMode):
             value = args[2] if len(args) > 2 else kwargs["value"]
             return query.new_empty((*query.shape[:-1], value.shape[-1]))
         return func(*args, **kwargs)
+
+
+class _KeptFunctionOutputs(TorchFunctionMode):
+    """See ActivationCounter.functions."""
+
+    # attention's output (fused, or the product with the probabilities of plain attention),
+    # and concatenations
+    KEPT = (F.scaled_dot_product_attention, torch.bmm, torch.cat, torch.concat)
+
+    def __init__(self, counter: ActivationCounter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.KEPT and torch.is_grad_enabled():
+            self.counter.count(out)
+        return out

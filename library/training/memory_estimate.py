@@ -304,7 +304,8 @@ def training_activations(
     precision = config.training.mixed_precision
     dtype = WEIGHT_DTYPES[precision]
     counter = ActivationCounter(None if precision == "no" else dtype, not uses_sdpa(config))
-    meta_forward(config, parts, size, counter.watch)
+    with counter.functions():
+        meta_forward(config, parts, size, counter.watch)
     return counter.total - counter.boundaries if offloaded else counter.total
 
 

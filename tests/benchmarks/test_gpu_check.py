@@ -95,3 +95,16 @@ def test_a_run_the_estimate_refuses_is_reported_as_refused(tmp_path, monkeypatch
 )
 def test_peak_throughput_by_the_name_cuda_gives(name, tflops):
     assert gpu_check.peak_tflops(name) == tflops
+
+
+def test_random_weights_are_drawn_in_the_stored_dtype_and_leave_the_default_alone():
+    import torch
+
+    from bench.random_models import _drawn
+
+    layer = _drawn(lambda: torch.nn.Linear(8, 8), "cpu", torch.bfloat16)
+    assert layer.weight.dtype == torch.bfloat16 and layer.weight.device.type == "cpu"
+    assert layer.weight.std() > 0  # drawn, not left empty
+    with pytest.raises(ValueError):
+        _drawn(lambda: (_ for _ in ()).throw(ValueError("no model")), "cpu", torch.float16)
+    assert torch.get_default_dtype() == torch.float32
