@@ -148,7 +148,8 @@ class QuantizedLinear(nn.Linear):
                       for k, v in stored.items()}  # fmt: skip
         if self.precision == "int8":
             scale = stored["q_absmax"].to(torch.float32).unsqueeze(1) / 127.0
-            return (stored["q_data"].to(torch.float32) * scale).to(dtype)
+            # scaled in place: one float32 copy of the weight at a time, then the cast
+            return stored["q_data"].to(torch.float32).mul_(scale).to(dtype)
         from bitsandbytes.functional import dequantize_4bit
 
         weight = dequantize_4bit(stored["q_data"], self._quant_state(stored))

@@ -21,8 +21,9 @@ from diffusers.models.attention_processor import Attention
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Autocast runs normalisation in float32 whatever the mixed-precision dtype, and matrix
-# products and convolutions in the mixed-precision dtype.
+# CUDA's autocast runs normalisation in float32 whatever the mixed-precision dtype (the CPU's
+# runs it in its input's dtype), and both run matrix products and convolutions in the
+# mixed-precision dtype.
 _FLOAT32_LAYERS = (torch.nn.GroupNorm, torch.nn.LayerNorm)
 _AUTOCAST_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 
@@ -95,14 +96,24 @@ class ActivationCounter:
     Every leaf module's output counts once. A gradient-checkpointed region (a diffusers block
     or transformers layer) keeps only its output during the forward; its inside is rebuilt,
     one region at a time, during the backward, so only the largest region's inside counts.
-    ``autocast`` (the mixed-precision dtype, or None) mimics autocast: layers with weights get
-    their inputs in that dtype and normalisation layers give float32. ``plain_attention``
-    adds the attention-probability matrices that diffusers' plain attention keeps.
+    ``autocast`` (the mixed-precision dtype, or None) mimics autocast: matrix products and
+    convolutions run in that dtype, other layers with weights in their weights' dtype, and
+    normalisation layers give float32 (CUDA's autocast; with ``float32_norms`` False the
+    CPU's, which keeps their input's dtype). A LoRA up projection's output is not counted (it
+    is only scaled and added); ``functions()`` counts the kept outputs no layer makes.
+    ``plain_attention`` adds the attention-probability matrices that diffusers' plain
+    attention keeps.
     """
 
-    def __init__(self, autocast: torch.dtype | None = None, plain_attention: bool = False):
+    def __init__(
+        self,
+        autocast: torch.dtype | None = None,
+        plain_attention: bool = False,
+        float32_norms: bool = True,
+    ):
         self.autocast = autocast
         self.plain_attention = plain_attention
+        self.float32_norms = float32_norms
         self.outside = 0  # bytes kept outside checkpointed regions
         self.boundaries = 0  # bytes of the checkpointed regions' outputs
         self.regions: list[int] = []  # bytes inside each checkpointed region
@@ -153,7 +164,7 @@ class ActivationCounter:
                 self.boundaries += tensor.numel() * tensor.element_size()
 
     def _leaf_output(self, module, inputs, output):
-        if self.autocast is not None and isinstance(module, _FLOAT32_LAYERS):
+        if self.autocast and self.float32_norms and isinstance(module, _FLOAT32_LAYERS):
             output = output.float()
         self.count(output)
         return output

@@ -139,12 +139,15 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 def dequantized_bytes(module: torch.nn.Module, dtype: torch.dtype) -> int:
     """The largest weight a layer of ``module`` makes for one product (one layer's at a time,
-    forward and backward): a quantized layer's dequantized in ``dtype``, a swapped layer's
-    copy fetched from host memory in its stored dtype and cast to ``dtype``."""
+    forward and backward): a quantized layer's dequantized in ``dtype`` (int8: through a
+    float32 copy), a swapped layer's copy fetched from host memory in its stored dtype and cast
+    to ``dtype``."""
     sizes = [0]
     for m in module.modules():
         if isinstance(m, QuantizedLinear):
-            sizes.append(m.in_features * m.out_features * dtype.itemsize)
+            # int8 is scaled in float32 before the cast (QuantizedLinear.dequantized)
+            scaled = 4 if m.precision == "int8" and dtype != torch.float32 else 0
+            sizes.append(m.in_features * m.out_features * (scaled + dtype.itemsize))
         elif isinstance(m, HostLinear):
             stored = 0 if m.quantized else m.host_weight.element_size()
             sizes.append(m.in_features * m.out_features * (stored + dtype.itemsize))
@@ -296,14 +299,21 @@ def update_bytes(config: Config, parts: TrainedParts, device_type: str, world_si
 
 
 def training_activations(
-    config: Config, parts: TrainedParts, size: TrainingSize, offloaded: bool = False
+    config: Config,
+    parts: TrainedParts,
+    size: TrainingSize,
+    offloaded: bool = False,
+    device_type: str = "cuda",
 ) -> int:
-    """What one micro-batch of ``size`` keeps for backward on the device: the trained text
-    encoders' forward and the UNet's, run on meta copies through the trainer's own conditioning
-    code. ``offloaded``: the checkpointed blocks' inputs are kept in host memory instead."""
+    """What one micro-batch of ``size`` keeps for backward on a device of ``device_type``: the
+    trained text encoders' forward and the UNet's, run on meta copies through the trainer's own
+    conditioning code. ``offloaded``: the checkpointed blocks' inputs are kept in host memory
+    instead."""
     precision = config.training.mixed_precision
     dtype = WEIGHT_DTYPES[precision]
-    counter = ActivationCounter(None if precision == "no" else dtype, not uses_sdpa(config))
+    counter = ActivationCounter(
+        None if precision == "no" else dtype, not uses_sdpa(config), device_type == "cuda"
+    )
     with counter.functions():
         meta_forward(config, parts, size, counter.watch)
     return counter.total - counter.boundaries if offloaded else counter.total
@@ -441,7 +451,8 @@ def estimate_peak_memory(
     # on the CPU, host memory is the device's: offloading moves nothing out of it
     offloaded = config.training.cpu_offload_checkpointing and device_type != "cpu"
     measured = [
-        (training_activations(config, parts, s, offloaded), s) for s in training_sizes(stats)
+        (training_activations(config, parts, s, offloaded, device_type), s)
+        for s in training_sizes(stats)
     ]
     activations, size = max(measured, key=lambda pair: pair[0])
     trained_state = trained_state_bytes(config, parts, world_size)

@@ -147,6 +147,52 @@ def _real_unet_peak(parts, size: TrainingSize) -> int:
     return profiled_peak(step)
 
 
+def _saved_by_autograd(parts, size: TrainingSize, autocast: torch.dtype | None) -> int:
+    """Bytes of the tensors autograd saves for backward in a real forward pass of the UNet
+    (each storage once; the model's own weights left out), seen by saved-tensor hooks."""
+    comps = parts.components
+    with torch.no_grad():
+        text = encode_text(comps.family, comps.tokenizers, comps.text_encoders,
+                           [""] * size.batch, "cpu")  # fmt: skip
+    cond = assemble_conditioning(
+        comps.family, text, plain_sizes(size.batch, size.height, size.width), "cpu"
+    )
+    latents = torch.randn(size.batch, 4, size.height // 8, size.width // 8)
+    weights = {t.untyped_storage().data_ptr() for t in comps.denoiser.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    comps.denoiser.train()
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None),
+    ):
+        comps.denoiser(latents, torch.tensor([500] * size.batch), cond.encoder_hidden_states,
+                       **cond.unet_kwargs)  # fmt: skip
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+@pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_sdxl_model_dir"])
+def test_lora_activations_are_what_autograd_saves(request, model, precision):
+    # the UNet with a LoRA on its default targets, in float32 or under bf16 autocast (the
+    # frozen weights stored in bf16, the adapters in float32)
+    config = _config(request.getfixturevalue(model), network={"network_train_unet_only": True},
+                     training={"mixed_precision": precision})  # fmt: skip
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    parts = _parts(config, dtype)
+    size = TrainingSize(128, 128, 2)
+    saved = _saved_by_autograd(parts, size, None if precision == "no" else dtype)
+    # the CPU's autocast: normalisation in its input's dtype (CUDA's keeps it in float32)
+    estimate = training_activations(config, parts, size, device_type="cpu")
+    assert estimate == pytest.approx(saved, rel=0.15)
+
+
 @pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_sdxl_model_dir"])
 def test_unet_estimate_is_within_2x_of_theprofiled_peak(request, model):
     model_dir = request.getfixturevalue(model)
