@@ -284,8 +284,8 @@ def update_bytes(config: Config, parts: TrainedParts, device_type: str, world_si
     default on CUDA) computes the update's denominator for a whole parameter group at once: a
     temporary of the group's size; without it, one parameter at a time (its square root and
     denominator while the previous parameter's denominator is still held: three times the
-    largest parameter bounds it); ``fused`` allocates none. The other optimizers update in place or per
-    parameter, too little to count."""
+    largest parameter bounds it); ``fused`` allocates none. The other optimizers update in
+    place or per parameter, too little to count."""
     if config.optimizer.optimizer_type != "AdamW":
         return 0
     kwargs = optimizer_kwargs(config.optimizer)
@@ -364,16 +364,16 @@ def meta_forward(
             )
 
 
-def encoding_bytes(config: Config, parts: TrainedParts, size: TrainingSize, batch: int) -> int:
+def encoding_bytes(parts: TrainedParts, size: TrainingSize, batch: int) -> int:
     """The most the VAE's encoding of ``batch`` images of ``size`` holds at once (it runs
-    without gradients: its intermediates come and go), on a meta copy of the VAE, attention
-    counted as the fused kernel computes it (sdpa) or with its matrices (plain attention)."""
+    without gradients: its intermediates come and go), on a meta copy of the VAE. The VAE's
+    attention is PyTorch's fused kernel whatever ``sdpa`` says (that is the denoiser's), so it
+    counts its output alone."""
     comps = parts.components
     vae = meta_copy(comps.vae)
     codec = comps.family.latent_codec(vae)
     pixels = torch.empty(batch, 3, size.height, size.width, device="meta")
-    attention = FusedAttention() if uses_sdpa(config) else nullcontext()
-    with attention, LiveBytes() as live:
+    with FusedAttention(), LiveBytes() as live:
         codec.posterior(pixels)
     return live.peak
 
@@ -384,11 +384,11 @@ def _encoding(config: Config, parts: TrainedParts, size: TrainingSize, trained_s
     optimizer holds anything (the VAE back on the device if training moves it off); without,
     in every step, beside the trained state."""
     if config.data.latents_cached:
-        encode = encoding_bytes(config, parts, size, config.data.vae_batch_size)
+        encode = encoding_bytes(parts, size, config.data.vae_batch_size)
         if vae_stays_on_device(config, draws_samples, device_type):
             return encode
         return encode + module_bytes(parts.components.vae)
-    return trained_state + encoding_bytes(config, parts, size, size.batch)
+    return trained_state + encoding_bytes(parts, size, size.batch)
 
 
 def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:

@@ -303,12 +303,12 @@ def test_the_vae_encoding_is_the_peak_when_it_holds_more_than_the_step(tiny_mode
     found = memory_estimate.estimate_peak_memory(config, parts, stats, 1, False, "cuda")
     vae = _bytes(_module_tensors(parts.components.vae))
     if cached:
-        expected = encoding_bytes(config, parts, size, 4) + vae
+        expected = encoding_bytes(parts, size, 4) + vae
     else:
-        expected = encoding_bytes(config, parts, size, 2) + found.trained_state
+        expected = encoding_bytes(parts, size, 2) + found.trained_state
     assert found.encoding == expected
     assert found.total == found.weights + max(found.step, found.encoding)
-    assert encoding_bytes(config, parts, size, 2) > encoding_bytes(config, parts, size, 1)
+    assert encoding_bytes(parts, size, 2) > encoding_bytes(parts, size, 1)
     line = memory_estimate.estimate_line(found, torch.device("cuda"), None)
     # four images at a time at caching hold more than the step; two in the step, less
     assert ("; the peak is the VAE encoding images (" in line) == cached
