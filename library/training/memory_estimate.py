@@ -569,6 +569,7 @@ class MemoryCheck:
             "weights_bytes": e.weights,
             "trained_state_bytes": e.trained_state,
             "activations_bytes": e.activations,
+            "optimizer_update_bytes": e.update,
             "vae_encoding_bytes": e.encoding,
             "at": {"width": e.size.width, "height": e.size.height, "batch": e.size.batch},
             "gradient_checkpointing": e.checkpointing,
