@@ -44,7 +44,7 @@ from library.third_party_noise import silence_unactionable_messages  # noqa: E40
 
 silence_unactionable_messages()  # before any import below loads bitsandbytes
 
-from bench.memory_accuracy import OUTPUT_NAME, measured_peak  # noqa: E402
+from bench.memory_accuracy import measured_peak, run_summary  # noqa: E402
 from bench.train_speed import (  # noqa: E402
     BenchError,
     Case,
@@ -183,8 +183,13 @@ TINY_CHECKS = {
     "tiny-sdxl": _check(
         "tiny-sdxl",
         64,
-        {**SD_LORA, "mixed_precision": "no", "sdpa": False, "gradient_checkpointing": True,
-         "optimizer_type": "AdamW8bit"},
+        {
+            **SD_LORA,
+            "mixed_precision": "no",
+            "sdpa": False,
+            "gradient_checkpointing": True,
+            "optimizer_type": "AdamW8bit",
+        },
         "tiny SDXL LoRA, plain attention, checkpointing, AdamW8bit",
         batch=2,
     ),  # fmt: skip
@@ -250,9 +255,7 @@ def run_check(name: str, check: Check, args, folder: Path, peak: float | None) -
         status = "refused" if refused else "failed"
         return {**record, "status": status, "reason": _last_error(str(failed))}
     figures = run.figures(args.warmup)
-    summary = json.loads(
-        (folder / "run" / "output" / f"{OUTPUT_NAME}-summary.json").read_text(encoding="utf-8")
-    )
+    summary = run_summary(folder / "run" / "output")
     if summary["last_loss"] is None:  # every step was dropped or skipped: not a working run
         return {**record, "status": "failed", "reason": "no step had a finite loss"}
     try:

@@ -176,11 +176,15 @@ def measured_peak(steps: list[dict], device: str) -> tuple[int, int | None]:
     return max(peaks), max(reserved) if reserved else None
 
 
+def run_summary(output: Path) -> dict:
+    """The run summary of the benchmark run whose output folder is ``output``."""
+    return json.loads((output / f"{OUTPUT_NAME}-summary.json").read_text(encoding="utf-8"))
+
+
 def run_estimate(output: Path) -> int:
     """The plan's memory estimate of the run whose output folder is ``output``, from its run
     summary (the estimate made on the loaded models, which the dry run makes on their shapes)."""
-    summary = json.loads((output / f"{OUTPUT_NAME}-summary.json").read_text(encoding="utf-8"))
-    estimate = summary["memory"]["estimated_peak_bytes"]
+    estimate = run_summary(output)["memory"]["estimated_peak_bytes"]
     if estimate is None:
         raise BenchError(f"{output}: the run made no memory estimate")
     return estimate
