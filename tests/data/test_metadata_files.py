@@ -141,6 +141,9 @@ def test_unreadable_files_and_folders(tmp_path):
     (tmp_path / "latin.csv").write_bytes("file_name,text\na.png,caf\xe9\n".encode("latin-1"))
     with pytest.raises(DataError, match=r"latin\.csv is not UTF-8 .*byte 24"):
         read_metadata_entries(tmp_path / "latin.csv", None)
+    (tmp_path / "zero.jsonl").symlink_to("/dev/zero")  # would be read forever
+    with pytest.raises(DataError, match=r"zero\.jsonl is not a regular file .*fix metadata_file"):
+        read_metadata_entries(tmp_path / "zero.jsonl", None)
     write_json(tmp_path / "m.json", {"a": {"caption": "x"}})
     with pytest.raises(
         DataError, match=r"image_dir .*nowhere \(for metadata file .*m\.json\) does not exist"
