@@ -240,6 +240,8 @@ def _resolve(
         if not isinstance(raw, dict):
             raise origin.error(f"{origin.path} must be a table")
         own_raw, subsets_raw, alone = dataset_tables(raw)
+        if alone and _folder_and_jsonl(raw, origin, inputs.problems):
+            continue
         own_keys = table_keys(own_raw, origin, UPPER_KEYS, inputs.problems)
         fields = {**upper, **own_keys}
         if alone and not subsets_raw:
@@ -265,6 +267,22 @@ def _resolve(
         if dataset is not None:
             resolved.append(dataset)
     return resolved
+
+
+def _folder_and_jsonl(raw: dict, origin: Origin, problems: Problems) -> bool:
+    """Whether a musubi-tuner dataset table names its images twice, with a folder and with
+    image_jsonl_file (the problem goes to ``problems``). musubi-tuner would read the folder and
+    pass over the JSONL; neither half alone is what such a file asks for."""
+    folder = next((key for key in ("image_directory", "image_dir") if key in raw), None)
+    if folder is None or "image_jsonl_file" not in raw:
+        return False
+    problems.add(
+        origin,
+        f"{origin.path} names its images twice, with {folder} and with image_jsonl_file; "
+        "keep one of them (a musubi-tuner dataset reads either a folder or a JSONL file)",
+        origin.shown("image_jsonl_file"),
+    )
+    return True
 
 
 def _subsets(

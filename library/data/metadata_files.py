@@ -225,6 +225,10 @@ def _musubi_entry(record: dict, base: Path, where: str) -> MetadataEntry:
     return MetadataEntry(image, caption, controls)
 
 
+def _names_musubi_image(record: dict) -> bool:
+    return "image_path" in record or "image_path_0" in record
+
+
 def _jsonl_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
     entries = []
     # split("\n"), not splitlines(): JSON strings may hold U+2028 and other line separators.
@@ -235,8 +239,13 @@ def _jsonl_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
         where = f"metadata file {path} line {number}"
         if not isinstance(record, dict):
             raise DataError(f'{where} must be a JSON object {{"file_name": ..., "text": ...}}')
-        musubi = "image_path" in record or "image_path_0" in record
-        read = _musubi_entry if musubi else _imagefolder_entry
+        if "file_name" not in record and not _names_musubi_image(record):
+            columns = ", ".join(str(name) for name in record) or "none"
+            raise DataError(
+                f'{where} names no image: add "image_path" (musubi-tuner\'s image JSONL) or '
+                f'"file_name" (Hugging Face imagefolder) (fields found: {columns})'
+            )
+        read = _musubi_entry if _names_musubi_image(record) else _imagefolder_entry
         entries.append((f"line {number}", read(record, base, where)))
     return entries
 

@@ -120,3 +120,13 @@ def test_a_kohya_dataset_config_keeps_its_subsets(write_toml):
     first = _load(write_toml, text).datasets[0]
     assert [s.image_dir for s in first.subsets] == ["a", "b"]
     assert [s.control_directory for s in first.subsets] == ["ca", None]
+
+
+def test_a_folder_and_a_jsonl_in_one_musubi_dataset_are_refused_naming_both(write_toml):
+    text = '[[datasets]]\nimage_directory = "t"\nimage_jsonl_file = "t/pairs.jsonl"\n'
+    dataset = write_toml("dataset.toml", text)
+    message = error_of(write_toml("run.toml", HEAD + f"dataset_config = {dataset!r}\n"))
+    assert "datasets[0] names its images twice, with image_directory and with image_jsonl_file" in (
+        message
+    )
+    assert len(message.strip().splitlines()) == 1

@@ -108,7 +108,17 @@ def test_csv_caption_column(tmp_path):
         ("m.json", '{"gone.jpg": {"caption": "x"}}', r"image .*gone\.jpg does not exist"),
         ("m.jsonl", '{"file_name": "a.png", "text": "x"}\n\n{"file_name": ', "line 3 is not"),
         ("m.jsonl", '{"file_name": "a.png"}', r"line 1 has no \"text\".*found: file_name"),
-        ("m.jsonl", '{"text": "x", "n": 1}', r"line 1 has no \"file_name\".*found: text, n"),
+        (
+            "m.jsonl",
+            '{"text": "x", "n": 1}',
+            r'line 1 names no image: add "image_path" .*"file_name".*found: text, n',
+        ),
+        # a musubi-tuner row without its image is asked for musubi-tuner's key first
+        (
+            "m.jsonl",
+            '{"caption": "x", "control_path": "a.png"}',
+            r'line 1 names no image: add "image_path" \(musubi-tuner',
+        ),
         ("m.jsonl", '{"file_name": "a.png", "text": ""}', 'line 1 has an empty "text"'),
         ("m.jsonl", '"a.png"', "line 1 must be a JSON object"),
         ("m.jsonl", "\n\n", "lists no images"),
