@@ -126,9 +126,7 @@ def _with_references(scan: FolderScan, subset: SubsetConfig) -> list[ImageItem]:
             f"metadata file {subset.metadata_file} names reference images (control_path) and "
             f"control_directory {subset.control_directory} pairs them too; keep one of the two"
         )
-    pairs = paired_references(
-        [item.path for item in scan.items], subset.control_directory, subset.image_dir
-    )
+    pairs = paired_references([item.path for item in scan.items], subset.control_directory)
     return [dataclasses.replace(item, references=pairs.get(item.path, ())) for item in scan.items]
 
 

@@ -69,20 +69,16 @@ def _owner(stem: str, targets: set[str]) -> tuple[str, int] | None:
 
 
 def paired_references(
-    targets: Sequence[Path], control_directory: str, image_dir: str | None
+    targets: Sequence[Path], control_directory: str
 ) -> dict[Path, tuple[Path, ...]]:
     """Each target's reference files in ``control_directory`` in order (module docstring);
-    targets without one are left out. DataError for a missing folder, the image folder itself,
-    or two files that take one place."""
+    targets without one are left out. The image folder itself pairs each target with itself
+    (musubi-tuner trains such pairs; the plan warns, library.data.notes). DataError for a
+    missing folder or two files that take one place."""
     folder = Path(control_directory)
     if not folder.is_dir():
         raise DataError(
             f"control_directory {control_directory} {missing_folder(folder)}; fix the path"
-        )
-    if image_dir is not None and folder.resolve() == Path(image_dir).resolve():
-        raise DataError(
-            f"control_directory {control_directory} is the image folder itself, so every image "
-            "would be its own reference; put the reference images in a folder of their own"
         )
     by_stem: dict[str, list[Path]] = {}
     for target in targets:
