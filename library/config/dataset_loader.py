@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from library.config import kohya
 from library.config.dataset_schema import MAX_IMAGE_SIDE, DatasetConfig, SubsetConfig
 from library.config.kohya_values import UNSET, normalise
-from library.config.musubi_dataset import IMAGE_KEYS, SOURCE_KEYS
+from library.config.musubi_dataset import IMAGE_KEYS, SOURCE_KEYS, bucketing_defaults
 from library.config.overrides import DATASET_KEYS, SUBSET_KEYS, all_key_names, key_kind
 from library.config.problems import Entry, Problems, source_of, validate
 from library.config.suggest import Origin, did_you_mean
@@ -244,6 +244,7 @@ def _resolve(
             continue
         own_keys = table_keys(own_raw, origin, UPPER_KEYS, inputs.problems)
         fields = {**upper, **own_keys}
+        bucketing_defaults(fields, origin, alone, inputs.notices)
         if alone and not subsets_raw:
             continue  # a musubi-tuner video dataset, refused by its key's problem
         if not isinstance(subsets_raw, list) or not subsets_raw:
@@ -328,6 +329,8 @@ def _round_bucket_limits(own: dict[str, Entry], origin: Origin, notices: list[st
     steps = value_of("bucket_reso_steps")
     if value_of("enable_bucket") is not True or not _is_count(steps):
         return
+    if value_of("bucketing") == "musubi":
+        return  # no bucket range (library.data.buckets)
     for key, down in (("min_bucket_reso", True), ("max_bucket_reso", False)):
         value = value_of(key)
         if not _is_count(value) or value % steps == 0:

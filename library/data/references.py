@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from library.config.dataset_schema import SubsetConfig
-from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes
+from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.folders import IMAGE_EXTENSIONS, missing_folder
 from library.errors import DataError
 
@@ -148,7 +148,7 @@ def reference_sizing(subset: SubsetConfig, buckets: BucketOptions) -> ReferenceS
         width, height = subset.control_resolution
         limit = BucketOptions(
             (width, height), False, buckets.min_bucket_reso, buckets.max_bucket_reso,
-            buckets.bucket_reso_steps, True,
+            buckets.bucket_reso_steps, True, buckets.rule,
         )  # fmt: skip
         return ReferenceSizing(True, limit, None, buckets)
     width, height = subset.control_resolution
@@ -157,8 +157,8 @@ def reference_sizing(subset: SubsetConfig, buckets: BucketOptions) -> ReferenceS
     low = min(buckets.min_bucket_reso, max(steps, min(width, height) // steps * steps))
     high = max(buckets.max_bucket_reso, -(-max(width, height) // steps) * steps)
     options = BucketOptions(
-        (width, height), buckets.enable_bucket, low, high, steps, buckets.bucket_no_upscale
-    )
-    predefined = options.enable_bucket and not options.bucket_no_upscale
-    sizes = tuple(bucket_sizes(options)) if predefined else None
+        (width, height), buckets.enable_bucket, low, high, steps, buckets.bucket_no_upscale,
+        buckets.rule,
+    )  # fmt: skip
+    sizes = tuple(bucket_sizes(options)) if predefined_buckets(options) else None
     return ReferenceSizing(False, options, sizes, buckets)
