@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from library.config import kohya
 from library.config.dataset_schema import MAX_IMAGE_SIDE, DatasetConfig, SubsetConfig
 from library.config.kohya_values import UNSET, normalise
-from library.config.musubi_dataset import IMAGE_KEYS, SOURCE_KEYS
+from library.config.musubi_dataset import IMAGE_KEYS, SOURCE_KEYS, bucketing_defaults
 from library.config.overrides import DATASET_KEYS, SUBSET_KEYS, all_key_names, key_kind
 from library.config.problems import Entry, Problems, source_of, validate
 from library.config.suggest import Origin, did_you_mean
@@ -240,8 +240,11 @@ def _resolve(
         if not isinstance(raw, dict):
             raise origin.error(f"{origin.path} must be a table")
         own_raw, subsets_raw, alone = dataset_tables(raw)
+        if alone and _folder_and_jsonl(raw, origin, inputs.problems):
+            continue
         own_keys = table_keys(own_raw, origin, UPPER_KEYS, inputs.problems)
         fields = {**upper, **own_keys}
+        bucketing_defaults(fields, origin, alone, inputs.notices)
         if alone and not subsets_raw:
             continue  # a musubi-tuner video dataset, refused by its key's problem
         if not isinstance(subsets_raw, list) or not subsets_raw:
@@ -265,6 +268,22 @@ def _resolve(
         if dataset is not None:
             resolved.append(dataset)
     return resolved
+
+
+def _folder_and_jsonl(raw: dict, origin: Origin, problems: Problems) -> bool:
+    """Whether a musubi-tuner dataset table names its images twice, with a folder and with
+    image_jsonl_file (the problem goes to ``problems``). musubi-tuner would read the folder and
+    pass over the JSONL; neither half alone is what such a file asks for."""
+    folder = next((key for key in ("image_directory", "image_dir") if key in raw), None)
+    if folder is None or "image_jsonl_file" not in raw:
+        return False
+    problems.add(
+        origin,
+        f"{origin.path} names its images twice, with {folder} and with image_jsonl_file; "
+        "keep one of them (a musubi-tuner dataset reads either a folder or a JSONL file)",
+        origin.shown("image_jsonl_file"),
+    )
+    return True
 
 
 def _subsets(
@@ -310,6 +329,8 @@ def _round_bucket_limits(own: dict[str, Entry], origin: Origin, notices: list[st
     steps = value_of("bucket_reso_steps")
     if value_of("enable_bucket") is not True or not _is_count(steps):
         return
+    if value_of("bucketing") == "musubi":
+        return  # no bucket range (library.data.buckets)
     for key, down in (("min_bucket_reso", True), ("max_bucket_reso", False)):
         value = value_of(key)
         if not _is_count(value) or value % steps == 0:

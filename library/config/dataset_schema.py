@@ -6,7 +6,7 @@ These models hold *resolved* values: the loader has already applied kohya's prec
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -204,9 +204,7 @@ class DatasetConfig(_Strict):
         description="Aspect-ratio buckets: each image is trained at the bucket size nearest its "
         "aspect ratio (area up to resolution's); every batch comes from one bucket.",
     )
-    min_bucket_reso: int = Field(
-        256, ge=64, le=MAX_IMAGE_SIDE, description="Smallest bucket side."
-    )
+    min_bucket_reso: int = Field(256, ge=64, le=MAX_IMAGE_SIDE, description="Smallest bucket side.")
     max_bucket_reso: int = Field(1024, ge=64, le=MAX_IMAGE_SIDE, description="Largest bucket side.")
     bucket_reso_steps: int = Field(
         64,
@@ -217,6 +215,14 @@ class DatasetConfig(_Strict):
         False,
         description="Never enlarge an image: small images get a bucket of their own size "
         "(rounded down to bucket_reso_steps).",
+    )
+    bucketing: Literal["kohya", "musubi"] = Field(
+        "kohya",
+        description='Whose bucket rule: "kohya" (min_bucket_reso to max_bucket_reso) or '
+        "\"musubi\" (musubi-tuner's: buckets from the resolution's area alone). A dataset "
+        "written as musubi-tuner writes them (images named in [[datasets]], no subsets) "
+        'defaults to "musubi", with musubi-tuner\'s defaults: resolution [960, 544] and '
+        "bucket_reso_steps 16.",
     )
     validation_split: float = Field(
         0.0,
@@ -242,6 +248,8 @@ class DatasetConfig(_Strict):
         steps, low, high = self.bucket_reso_steps, self.min_bucket_reso, self.max_bucket_reso
         if steps % 8:
             raise ValueError(f"bucket_reso_steps = {steps} must be a multiple of 8 (use 64)")
+        if self.bucketing == "musubi":
+            return self  # musubi-tuner's rule has no bucket range
         if low > high:
             raise ValueError(f"min_bucket_reso = {low} is above max_bucket_reso = {high}")
         if any(side < low or side > high for side in self.resolution):

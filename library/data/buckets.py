@@ -12,6 +12,19 @@ buckets an image is trained at a size close to its own aspect ratio, so little o
 
 Aspect ratios are compared in log space, so 2:1 and 1:2 are equally far from 1:1. The comparison
 is done on exact fractions, which makes ties (and hence the choice) independent of float rounding.
+
+musubi-tuner's rule (``rule = "musubi"``; the datasets of its dataset configs), as its
+BucketSelector computes it:
+
+- Bucket sizes: s = floor(sqrt(area of the resolution)); for each width w from (s // 2) rounded
+  down to the step up to s (inclusive, in steps), the height (area // w) rounded down to the
+  step; both orientations. No bucket range: min_bucket_reso and max_bucket_reso are not read,
+  and a bucket side may exceed the resolution's (up to about twice its square side).
+- Assignment: the bucket whose width / height is nearest the image's, compared linearly (not in
+  log space); a tie goes to the first in (width, height) order.
+- bucket_no_upscale: an image whose area is within the resolution's keeps its own size, each side
+  rounded down to the step; a larger image goes to its nearest bucket as above (it is not
+  shrunk at its own aspect ratio as with kohya's rule).
 """
 
 from __future__ import annotations
@@ -25,6 +38,8 @@ from fractions import Fraction
 # steps up to float error must not lose a step.
 _FLOOR_EPSILON = 1e-6
 
+KOHYA, MUSUBI = "kohya", "musubi"  # the bucketing rules (module docstring)
+
 
 @dataclass(frozen=True)
 class BucketOptions:
@@ -37,6 +52,7 @@ class BucketOptions:
     max_bucket_reso: int = 1024
     bucket_reso_steps: int = 64
     bucket_no_upscale: bool = False
+    rule: str = "kohya"  # "kohya" or "musubi" (module docstring)
 
     @property
     def max_area(self) -> int:
@@ -51,6 +67,8 @@ class BucketOptions:
                 f"bucket_reso_steps = {steps} must be a positive multiple of 8 (the VAE "
                 "downsamples by 8); use 64 or another multiple of 8"
             )
+        if self.rule == MUSUBI:
+            return  # no bucket range
         for key, value in (("min_bucket_reso", low), ("max_bucket_reso", high)):
             if value <= 0 or value % steps:
                 lower = max(steps, value // steps * steps)
@@ -82,6 +100,8 @@ def bucket_sizes(options: BucketOptions) -> list[tuple[int, int]]:
     options.check()
     if not options.enable_bucket:
         return [tuple(options.resolution)]
+    if options.rule == MUSUBI:
+        return _musubi_sizes(options)
     steps, area = options.bucket_reso_steps, options.max_area
     square = math.isqrt(area) // steps * steps
     sizes = {(square, square)}
@@ -91,6 +111,44 @@ def bucket_sizes(options: BucketOptions) -> list[tuple[int, int]]:
             sizes.add((width, height))
             sizes.add((height, width))
     return sorted(sizes)
+
+
+def predefined_buckets(options: BucketOptions) -> bool:
+    """Whether images go to predefined buckets (bucket_sizes), not only to sizes of their own:
+    with buckets on, unless kohya's bucket_no_upscale (musubi-tuner's still uses its buckets
+    for images larger than the resolution's area)."""
+    return options.enable_bucket and (options.rule == MUSUBI or not options.bucket_no_upscale)
+
+
+def _musubi_sizes(options: BucketOptions) -> list[tuple[int, int]]:
+    steps, area = options.bucket_reso_steps, options.max_area
+    side = math.isqrt(area)
+    first = side // 2 // steps * steps
+    sizes = set()
+    for width in range(first, side + steps, steps):
+        height = area // width // steps * steps
+        sizes.add((width, height))
+        sizes.add((height, width))
+    return sorted(sizes)
+
+
+def _musubi_bucket(
+    image_size: tuple[int, int], options: BucketOptions, sizes: Sequence[tuple[int, int]] | None
+) -> tuple[int, int]:
+    width, height = image_size
+    steps = options.bucket_reso_steps
+    if options.bucket_no_upscale and width * height <= options.max_area:
+        own = (width // steps * steps, height // steps * steps)
+        if min(own) < steps:
+            raise ValueError(
+                f"image {width}x{height} is smaller than bucket_reso_steps = {steps} on a side; "
+                "remove it or unset bucket_no_upscale"
+            )
+        return own
+    if sizes is None:
+        sizes = bucket_sizes(options)
+    aspect = Fraction(width, height)
+    return min(sizes, key=lambda s: (abs(Fraction(s[0], s[1]) - aspect), s))
 
 
 def _aspect_error(image_size: tuple[int, int], bucket: tuple[int, int]) -> Fraction:
@@ -140,12 +198,16 @@ def assign_bucket(
       side would be under one step.
     - otherwise: the bucket of `sizes` (default bucket_sizes(options)) nearest in aspect ratio in
       log space; ties go to the larger area, then the smaller width.
+
+    With ``rule = "musubi"``, musubi-tuner's assignment instead (module docstring).
     """
     width, height = image_size
     if width <= 0 or height <= 0:
         raise ValueError(f"image size {width}x{height} must be positive")
     if not options.enable_bucket:
         return tuple(options.resolution)
+    if options.rule == MUSUBI:
+        return _musubi_bucket((width, height), options, sizes)
     if options.bucket_no_upscale:
         options.check()
         return _no_upscale_bucket((width, height), options)

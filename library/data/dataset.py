@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from library.config.dataset_schema import DatasetConfig
 from library.data.items import ScannedDataset, scan_dataset
+from library.data.notes import dataset_warnings
 from library.data.plan import DataStats, data_stats
 from library.data.samples import SampleSource, TrainSamples, ValidationSamples, collate
 from library.data.schedule import EpochSchedule, SampleSpec, epoch_samples
@@ -119,6 +120,14 @@ class TrainData:
     def num_validation_images(self) -> int:
         """Images held out for the validation loss."""
         return sum(len(s.validation) for s in self.scanned)
+
+    @cached_property
+    def warnings(self) -> tuple[str, ...]:
+        """Images that train, but not as their files look (library.data.notes): one line each
+        kind per dataset, without "warning: "."""
+        return tuple(
+            line for d, scanned in enumerate(self.scanned) for line in dataset_warnings(d, scanned)
+        )
 
     @property
     def skipped_images(self) -> tuple[str, ...]:
@@ -233,4 +242,3 @@ class EpochBatches:
             )
             for batch in batches:
                 yield [(epoch, ref) for ref in batch]
-

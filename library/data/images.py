@@ -87,7 +87,8 @@ class ImageHeader:
 
 
 def _check_not_a_path_problem(path: Path) -> None:
-    """Name the path problem itself where PIL would only say "No such file" or "Is a directory"."""
+    """Name the path problem itself where PIL would only say "No such file" or "Is a directory",
+    or would wait forever (a FIFO)."""
     if path.is_symlink() and not path.exists():
         raise DataError(
             f"image {path} is a link to {os.readlink(path)}, which does not exist; "
@@ -95,6 +96,12 @@ def _check_not_a_path_problem(path: Path) -> None:
         )
     if path.is_dir():
         raise DataError(f"image {path} is a folder, not an image file; rename or remove it")
+    if path.exists() and not path.is_file():
+        # a FIFO or a device would block or never end when opened; say so instead of hanging
+        raise DataError(
+            f"image {path} is not a regular file (a pipe, device or socket); replace it with an "
+            "image file or remove it"
+        )
 
 
 def _frames(image: Image.Image) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.augment import AugmentOptions
-from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes
+from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.captions import CaptionOptions
 from library.data.folders import FolderScan, ImageItem, scan_folder
 from library.data.images import read_image_header
@@ -90,6 +90,7 @@ def bucket_options(config: DatasetConfig) -> BucketOptions:
         config.max_bucket_reso,
         config.bucket_reso_steps,
         config.bucket_no_upscale,
+        config.bucketing,
     )
 
 
@@ -126,9 +127,7 @@ def _with_references(scan: FolderScan, subset: SubsetConfig) -> list[ImageItem]:
             f"metadata file {subset.metadata_file} names reference images (control_path) and "
             f"control_directory {subset.control_directory} pairs them too; keep one of the two"
         )
-    pairs = paired_references(
-        [item.path for item in scan.items], subset.control_directory, subset.image_dir
-    )
+    pairs = paired_references([item.path for item in scan.items], subset.control_directory)
     return [dataclasses.replace(item, references=pairs.get(item.path, ())) for item in scan.items]
 
 
@@ -204,7 +203,7 @@ def scan_dataset(
         buckets.check()
     except ValueError as error:
         raise DataError(f"dataset {index}: {error}") from None
-    sizes = bucket_sizes(buckets) if config.enable_bucket and not config.bucket_no_upscale else None
+    sizes = bucket_sizes(buckets) if predefined_buckets(buckets) else None
     images, skipped, animated, ignored, unlisted = [], [], [], [], []
     for s, subset in enumerate(config.subsets):
         scan = _subset_items(subset)

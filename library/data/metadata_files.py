@@ -70,10 +70,19 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return result
 
 
+def _not_a_file(path: Path) -> str:
+    """What is at ``path`` instead of a file: a folder, nothing, or a special file (a link to
+    /dev/zero, a FIFO) that would never end or never start when read."""
+    if path.is_dir():
+        return "is a folder"
+    if path.exists():
+        return "is not a regular file (a device, pipe or socket)"
+    return "does not exist"
+
+
 def _read_text(path: Path) -> str:
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise DataError(f"metadata_file {path} {what}; fix metadata_file")
+        raise DataError(f"metadata_file {path} {_not_a_file(path)}; fix metadata_file")
     try:
         return path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -97,8 +106,9 @@ def _parse_json(text: str, path: Path, line: int | None = None) -> object:
 
 
 def _is_listed_file(path: Path) -> bool:
-    """True for a file, or a link (even a broken one: the image check reports it)."""
-    return path.is_file() or path.is_symlink()
+    """True for anything at ``path``, or a link (even a broken one): the image check says what
+    is wrong with a folder, a broken link or a file that is not a regular one (a FIFO)."""
+    return path.exists() or path.is_symlink()
 
 
 def _kohya_image(base: Path, key: str, where: str) -> Path:
@@ -215,6 +225,10 @@ def _musubi_entry(record: dict, base: Path, where: str) -> MetadataEntry:
     return MetadataEntry(image, caption, controls)
 
 
+def _names_musubi_image(record: dict) -> bool:
+    return "image_path" in record or "image_path_0" in record
+
+
 def _jsonl_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
     entries = []
     # split("\n"), not splitlines(): JSON strings may hold U+2028 and other line separators.
@@ -225,8 +239,13 @@ def _jsonl_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
         where = f"metadata file {path} line {number}"
         if not isinstance(record, dict):
             raise DataError(f'{where} must be a JSON object {{"file_name": ..., "text": ...}}')
-        musubi = "image_path" in record or "image_path_0" in record
-        read = _musubi_entry if musubi else _imagefolder_entry
+        if "file_name" not in record and not _names_musubi_image(record):
+            columns = ", ".join(str(name) for name in record) or "none"
+            raise DataError(
+                f'{where} names no image: add "image_path" (musubi-tuner\'s image JSONL) or '
+                f'"file_name" (Hugging Face imagefolder) (fields found: {columns})'
+            )
+        read = _musubi_entry if _names_musubi_image(record) else _imagefolder_entry
         entries.append((f"line {number}", read(record, base, where)))
     return entries
 

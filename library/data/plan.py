@@ -53,6 +53,7 @@ class DatasetStats:
     micro_batches_per_process: int  # per epoch
     buckets: tuple[BucketStats, ...] = ()
     enable_bucket: bool = False
+    bucketing: str = "kohya"  # whose bucket rule (library.data.buckets)
     validation_images: int = 0
     skipped_images: int = 0
     animated_images: tuple[str, ...] = ()  # short names; their first frame is trained
@@ -176,6 +177,7 @@ def data_stats(data: TrainData) -> DataStats:
                 micro_batches_per_process=steps * schedule.accumulation,
                 buckets=tuple(buckets),
                 enable_bucket=config.enable_bucket,
+                bucketing=config.bucketing,
                 validation_images=len(scanned.validation),
                 skipped_images=len(scanned.skipped),
                 **_left_out_stats(scanned),
@@ -248,7 +250,10 @@ def _bucket_lines(ds: DatasetStats) -> list[str]:
     if len(shown) > MAX_BUCKET_LINES:
         largest = sorted(shown, key=lambda b: -b.samples_per_epoch)[: MAX_BUCKET_LINES - 4]
         shown = tuple(b for b in ds.buckets if b in largest)
-    lines = [f"  {len(ds.buckets)} buckets (width x height: images, samples per epoch, steps):"]
+    rule = "musubi-tuner's rule; " if ds.bucketing == "musubi" else ""
+    lines = [
+        f"  {len(ds.buckets)} buckets ({rule}width x height: images, samples per epoch, steps):"
+    ]
     for b in shown:
         bar = "#" * max(1, round(20 * b.samples_per_epoch / most))
         line = (

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from library.config.dataset_schema import SubsetConfig
-from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes
+from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.folders import IMAGE_EXTENSIONS, missing_folder
 from library.errors import DataError
 
@@ -69,20 +69,16 @@ def _owner(stem: str, targets: set[str]) -> tuple[str, int] | None:
 
 
 def paired_references(
-    targets: Sequence[Path], control_directory: str, image_dir: str | None
+    targets: Sequence[Path], control_directory: str
 ) -> dict[Path, tuple[Path, ...]]:
     """Each target's reference files in ``control_directory`` in order (module docstring);
-    targets without one are left out. DataError for a missing folder, the image folder itself,
-    or two files that take one place."""
+    targets without one are left out. The image folder itself pairs each target with itself
+    (musubi-tuner trains such pairs; the plan warns, library.data.notes). DataError for a
+    missing folder or two files that take one place."""
     folder = Path(control_directory)
     if not folder.is_dir():
         raise DataError(
             f"control_directory {control_directory} {missing_folder(folder)}; fix the path"
-        )
-    if image_dir is not None and folder.resolve() == Path(image_dir).resolve():
-        raise DataError(
-            f"control_directory {control_directory} is the image folder itself, so every image "
-            "would be its own reference; put the reference images in a folder of their own"
         )
     by_stem: dict[str, list[Path]] = {}
     for target in targets:
@@ -152,7 +148,7 @@ def reference_sizing(subset: SubsetConfig, buckets: BucketOptions) -> ReferenceS
         width, height = subset.control_resolution
         limit = BucketOptions(
             (width, height), False, buckets.min_bucket_reso, buckets.max_bucket_reso,
-            buckets.bucket_reso_steps, True,
+            buckets.bucket_reso_steps, True, buckets.rule,
         )  # fmt: skip
         return ReferenceSizing(True, limit, None, buckets)
     width, height = subset.control_resolution
@@ -161,8 +157,8 @@ def reference_sizing(subset: SubsetConfig, buckets: BucketOptions) -> ReferenceS
     low = min(buckets.min_bucket_reso, max(steps, min(width, height) // steps * steps))
     high = max(buckets.max_bucket_reso, -(-max(width, height) // steps) * steps)
     options = BucketOptions(
-        (width, height), buckets.enable_bucket, low, high, steps, buckets.bucket_no_upscale
-    )
-    predefined = options.enable_bucket and not options.bucket_no_upscale
-    sizes = tuple(bucket_sizes(options)) if predefined else None
+        (width, height), buckets.enable_bucket, low, high, steps, buckets.bucket_no_upscale,
+        buckets.rule,
+    )  # fmt: skip
+    sizes = tuple(bucket_sizes(options)) if predefined_buckets(options) else None
     return ReferenceSizing(False, options, sizes, buckets)

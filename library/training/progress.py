@@ -187,14 +187,15 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
 
 
 def plan_warnings(trainer) -> list[str]:
-    """The plan's warnings (without "warning: "): unreadable images the scan left out, sample
-    sizes the model's pipeline rounds."""
+    """The plan's warnings (without "warning: "): unreadable images the scan left out, images
+    that train enlarged, mostly cropped or as their own reference, sample sizes the model's
+    pipeline rounds."""
     lines = []
     skipped = trainer.data.skipped_images
     if skipped:
         shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
         lines.append(f"{len(skipped)} unreadable images left out: {shown}")
-    return lines + list(trainer.size_notes)
+    return lines + list(trainer.data.warnings) + list(trainer.size_notes)
 
 
 def print_plan_json(trainer) -> None:

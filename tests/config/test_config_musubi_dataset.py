@@ -73,9 +73,7 @@ def test_kontext_and_qwen_names_of_no_resize_control_mean_it(write_toml):
 
 
 def test_problems_are_named_where_the_musubi_table_is(write_toml):
-    dataset = write_toml(
-        "dataset.toml", '[[datasets]]\nimage_directory = "t"\nnum_repeat = 2\n'
-    )
+    dataset = write_toml("dataset.toml", '[[datasets]]\nimage_directory = "t"\nnum_repeat = 2\n')
     path = write_toml("run.toml", HEAD + f"dataset_config = {dataset!r}\n")
     assert 'unknown key "num_repeat" in datasets[0]; did you mean "num_repeats"?' in error_of(path)
 
@@ -120,3 +118,52 @@ def test_a_kohya_dataset_config_keeps_its_subsets(write_toml):
     first = _load(write_toml, text).datasets[0]
     assert [s.image_dir for s in first.subsets] == ["a", "b"]
     assert [s.control_directory for s in first.subsets] == ["ca", None]
+
+
+def test_a_folder_and_a_jsonl_in_one_musubi_dataset_are_refused_naming_both(write_toml):
+    text = '[[datasets]]\nimage_directory = "t"\nimage_jsonl_file = "t/pairs.jsonl"\n'
+    dataset = write_toml("dataset.toml", text)
+    message = error_of(write_toml("run.toml", HEAD + f"dataset_config = {dataset!r}\n"))
+    assert "datasets[0] names its images twice, with image_directory and with image_jsonl_file" in (
+        message
+    )
+    assert len(message.strip().splitlines()) == 1
+
+
+def test_a_musubi_dataset_gets_musubi_tuners_bucketing_and_its_defaults(write_toml):
+    # no bucket range: 1536 and Qwen-Image's 1328 load with buckets on
+    text = "[general]\nenable_bucket = true\n"
+    for side in (1536, 1328):
+        text += f'[[datasets]]\nimage_directory = "t{side}"\nresolution = [{side}, {side}]\n'
+    text += '[[datasets]]\nimage_directory = "plain"\n'
+    big, qwen, plain = _load(write_toml, text).datasets
+    assert (big.bucketing, big.resolution, big.bucket_reso_steps) == ("musubi", [1536] * 2, 16)
+    assert (qwen.bucketing, qwen.resolution) == ("musubi", [1328, 1328])
+    # musubi-tuner's default resolution where none is written
+    assert (plain.bucketing, plain.resolution) == ("musubi", [960, 544])
+
+
+def test_kohyas_bucketing_stays_for_kohya_datasets_and_on_request(write_toml):
+    text = '[[datasets]]\nresolution = 512\n[[datasets.subsets]]\nimage_dir = "a"\n'
+    (kohya,) = _load(write_toml, text).datasets
+    assert (kohya.bucketing, kohya.bucket_reso_steps, kohya.max_bucket_reso) == ("kohya", 64, 1024)
+    text = (
+        '[general]\nenable_bucket = true\n[[datasets]]\nimage_directory = "t"\n'
+        'bucketing = "kohya"\nresolution = [1536, 1536]\n'
+    )
+    dataset = write_toml("dataset.toml", text)
+    path = write_toml("run.toml", HEAD + f"dataset_config = {dataset!r}\n")
+    assert "max_bucket_reso = 1024" in error_of(path)  # kohya's range, asked for by name
+
+
+def test_a_written_bucket_range_is_named_as_unused_by_musubi_bucketing(write_toml):
+    text = (
+        "[general]\nenable_bucket = true\nmax_bucket_reso = 2048\n"
+        '[[datasets]]\nimage_directory = "t"\nbucket_reso_steps = 32\n'
+    )
+    config = _load(write_toml, text)
+    (dataset,) = config.datasets
+    assert dataset.bucket_reso_steps == 32  # written: kept
+    (notice,) = [n for n in config.notices if "max_bucket_reso" in n]
+    assert "general.max_bucket_reso = 2048 is not used by datasets[0]" in notice
+    assert 'set bucketing = "kohya"' in notice

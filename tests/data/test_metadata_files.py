@@ -108,7 +108,17 @@ def test_csv_caption_column(tmp_path):
         ("m.json", '{"gone.jpg": {"caption": "x"}}', r"image .*gone\.jpg does not exist"),
         ("m.jsonl", '{"file_name": "a.png", "text": "x"}\n\n{"file_name": ', "line 3 is not"),
         ("m.jsonl", '{"file_name": "a.png"}', r"line 1 has no \"text\".*found: file_name"),
-        ("m.jsonl", '{"text": "x", "n": 1}', r"line 1 has no \"file_name\".*found: text, n"),
+        (
+            "m.jsonl",
+            '{"text": "x", "n": 1}',
+            r'line 1 names no image: add "image_path" .*"file_name".*found: text, n',
+        ),
+        # a musubi-tuner row without its image is asked for musubi-tuner's key first
+        (
+            "m.jsonl",
+            '{"caption": "x", "control_path": "a.png"}',
+            r'line 1 names no image: add "image_path" \(musubi-tuner',
+        ),
         ("m.jsonl", '{"file_name": "a.png", "text": ""}', 'line 1 has an empty "text"'),
         ("m.jsonl", '"a.png"', "line 1 must be a JSON object"),
         ("m.jsonl", "\n\n", "lists no images"),
@@ -141,6 +151,9 @@ def test_unreadable_files_and_folders(tmp_path):
     (tmp_path / "latin.csv").write_bytes("file_name,text\na.png,caf\xe9\n".encode("latin-1"))
     with pytest.raises(DataError, match=r"latin\.csv is not UTF-8 .*byte 24"):
         read_metadata_entries(tmp_path / "latin.csv", None)
+    (tmp_path / "zero.jsonl").symlink_to("/dev/zero")  # would be read forever
+    with pytest.raises(DataError, match=r"zero\.jsonl is not a regular file .*fix metadata_file"):
+        read_metadata_entries(tmp_path / "zero.jsonl", None)
     write_json(tmp_path / "m.json", {"a": {"caption": "x"}})
     with pytest.raises(
         DataError, match=r"image_dir .*nowhere \(for metadata file .*m\.json\) does not exist"

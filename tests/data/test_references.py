@@ -24,7 +24,7 @@ def _pairs(tmp_path, targets, controls):
     for name in controls:
         write_image(control_dir / name)
     (control_dir / "notes.txt").write_text("not an image")
-    pairs = paired_references(paths, str(control_dir), str(image_dir))
+    pairs = paired_references(paths, str(control_dir))
     return {t.name: [c.name for c in pairs.get(t, ())] for t in paths}
 
 
@@ -53,12 +53,42 @@ def test_two_files_taking_one_place_are_an_error_naming_both(tmp_path, controls)
         _pairs(tmp_path, ["a.png"], controls)
 
 
-def test_control_directory_must_exist_and_differ_from_the_images(tmp_path):
+def test_control_directory_must_exist(tmp_path):
     target = write_image(tmp_path / "img" / "a.png")
     with pytest.raises(DataError, match=r"control_directory .*nope.*fix the path"):
-        paired_references([target], str(tmp_path / "nope"), str(tmp_path / "img"))
-    with pytest.raises(DataError, match="is the image folder itself"):
-        paired_references([target], str(tmp_path / "img"), str(tmp_path / "img"))
+        paired_references([target], str(tmp_path / "nope"))
+
+
+def test_the_image_folder_as_control_directory_pairs_each_image_with_itself(tmp_path):
+    # musubi-tuner trains this ("use same images as control images"); one warning says so
+    image_dir = tmp_path / "img"
+    for i in range(5):
+        write_image(image_dir / f"{i}.png", index_color(i), size=(64, 64))
+        (image_dir / f"{i}.txt").write_text(f"edit {i}")
+    data = _data(image_dir, image_dir)
+    for image in data.scanned[0].images:
+        assert [r.path for r in image.references] == [image.item.path]
+    (line,) = [w for w in data.warnings if "their own reference" in w]
+    assert line.startswith("dataset 0: 5 images are their own reference image")
+    assert "img/0.png" in line and "img/4.png" not in line  # the first few names
+
+
+def test_a_jsonl_line_whose_control_path_is_its_image_gets_the_same_warning(tmp_path):
+    write_image(tmp_path / "a.png", size=(64, 64))
+    write_image(tmp_path / "b.png", size=(64, 64))
+    metadata = tmp_path / "pairs.jsonl"
+    records = [
+        {"image_path": "a.png", "caption": "x", "control_path": "a.png"},
+        {"image_path": "b.png", "caption": "y", "control_path": "a.png"},
+    ]
+    metadata.write_text("\n".join(json.dumps(r) for r in records))
+    config = DatasetConfig(resolution=64, subsets=[SubsetConfig(metadata_file=str(metadata))])
+    warnings = TrainData([config], seed=0).warnings
+    assert [w for w in warnings if "their own reference" in w] == [
+        "dataset 0: 1 images are their own reference image (the same file as target and "
+        "control, tmp_path/a.png): each trains an edit that changes nothing, as musubi-tuner "
+        "trains it".replace("tmp_path", tmp_path.name)
+    ]
 
 
 def _edit_folder(tmp_path, sizes, control_sizes, captions=True):
