@@ -5,14 +5,20 @@ with the trainer's own reason) instead of keeping its own idea of each family's 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from library.networks.kohya_names import ALPHA, DOWN
+from library.networks.linear_files import PEFT_DOWN
 from library.networks.lora_file_checks import check_lora_file
+from library.networks.peft_metadata import peft_configs
 from library.saving.lora_file import check_lora_keys, read_lora_file
+
+log = logging.getLogger(__name__)
 
 
 def reads_diffusers_layout(family) -> bool:
@@ -44,4 +50,39 @@ def import_network_weights(
     alpha). CheckpointError naming ``source`` otherwise."""
     check_lora_keys(tensors, source, reads_diffusers_layout(family))
     check_lora_file(tensors, str(source), family.modelspec_architecture)
+    tensors = zero_alphas_as_rank(tensors, metadata, source, reads_diffusers_layout(family))
     family.load_lora_tensors(models, tensors, str(source), metadata)
+
+
+def zero_alphas_as_rank(
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None, source, peft: bool
+) -> Mapping[str, torch.Tensor]:
+    """``tensors`` with every LoRA module's alpha of 0 made its rank, with one warning naming
+    ``source`` when there are any (``peft``: the family reads diffusers' header, whose
+    lora_alpha of 0 peft_metadata reads as rank).
+
+    kohya's networks (sd-scripts' LoRAModule, LyCORIS' modules) take alpha 0 as alpha = rank,
+    scale 1, and save that alpha; read literally it is scale 0, a run that changes nothing."""
+    zero = [
+        k for k, t in tensors.items() if k.endswith("." + ALPHA) and t.numel() == 1 and not t.any()
+    ]
+    fields = []
+    if peft:
+        fields = [
+            f for config in peft_configs(metadata, source).values() for f in config.zero_fields
+        ]
+    if not zero and not fields:
+        return tensors
+    read = dict(tensors)
+    for key in zero:
+        name = key[: -len(ALPHA) - 1]
+        down = tensors.get(f"{name}.{DOWN}", tensors.get(f"{name}.{PEFT_DOWN}"))
+        if down is not None:  # LoHa and LoKr modules read alpha 0 as rank themselves
+            read[key] = torch.tensor(float(down.shape[0]), dtype=torch.float32)
+    where = [f"{len(zero)} alpha tensors ({zero[0]}, ...)" if zero else "", *fields]
+    log.warning(
+        "network_weights: %s has alpha 0 in %s; read as kohya's networks read it, alpha = rank "
+        "(scale 1), and saved so",
+        source, ", ".join(w for w in where if w),
+    )  # fmt: skip
+    return read

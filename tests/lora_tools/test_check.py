@@ -137,3 +137,46 @@ def test_lycoris_files_are_read_whole(family, tmp_path, tmp_path_factory, capsys
     for loader in ("difftune", "comfyui"):
         assert run_tool("check", "--lora", path, "--model", base_dir, "--loader", loader) == 0
         assert "reads all" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "header, field",
+    [("{not json", "is not JSON"), ('{"unet.lora_alpha": "four"}', 'unet.lora_alpha is "four"'),
+     ('{"unet.lora_alpha": NaN}', "unet.lora_alpha is nan"), ("[4]", "is a JSON list"),
+     ('{"unet.alpha_pattern": {"(": 2}}', "unet.alpha_pattern['(']")],
+)  # fmt: skip
+def test_a_broken_diffusers_header_is_one_line_in_check_and_convert(
+    sd1, tmp_path, capsys, header, field
+):
+    """diffusers' lora_adapter_metadata header that diffusers would not write: check and
+    convert refuse it in one line naming the file and the field, and convert writes nothing
+    (it used to write alpha = rank and exit 0)."""
+    peft = tmp_path / "peft.safetensors"
+    code = run_tool(
+        "convert", "--input", sd1["ours"], "--model", sd1["base_dir"], "--to", "diffusers",
+        "--output", peft,
+    )  # fmt: skip
+    assert code == 0
+    tensors, metadata = read(peft)
+    broken = tmp_path / "broken.safetensors"
+    save_file(tensors, str(broken), metadata={**metadata, "lora_adapter_metadata": header})
+    capsys.readouterr()
+    out = tmp_path / "kohya.safetensors"
+    for argv in (
+        ["check", "--lora", broken, "--model", sd1["base_dir"]],
+        [
+            "convert",
+            "--input",
+            broken,
+            "--model",
+            sd1["base_dir"],
+            "--to",
+            "kohya",
+            "--output",
+            out,
+        ],
+    ):
+        assert run_tool(*argv) == 2, argv
+        (line,) = error_lines(capsys.readouterr().err)
+        assert f"{broken}: its lora_adapter_metadata header" in line and field in line, line
+    assert not out.exists()
