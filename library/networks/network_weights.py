@@ -12,9 +12,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from library.errors import CheckpointError
+from library.networks.kinds import kind_in
 from library.networks.kohya_names import ALPHA, DOWN
 from library.networks.linear_files import PEFT_DOWN
-from library.networks.lora_file_checks import check_lora_file
+from library.networks.lora_file_checks import (
+    check_adapter_kind,
+    check_lora_file,
+    check_made_for,
+    lora_family,
+    model_line,
+)
 from library.networks.peft_metadata import peft_configs
 from library.saving.lora_file import check_lora_keys, read_lora_file
 
@@ -50,8 +58,37 @@ def import_network_weights(
     alpha). CheckpointError naming ``source`` otherwise."""
     check_lora_keys(tensors, source, reads_diffusers_layout(family))
     check_lora_file(tensors, str(source), family.modelspec_architecture)
+    check_made_for(family, metadata, str(source))
+    kind = kind_in(models.values())
+    check_adapter_kind(tensors, kind.name, _lycoris_algo(kind, models), str(source))
     tensors = zero_alphas_as_rank(tensors, metadata, source, reads_diffusers_layout(family))
-    family.load_lora_tensors(models, tensors, str(source), metadata)
+    try:
+        family.load_lora_tensors(models, tensors, str(source), metadata)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}{_names_hint(family, tensors)}") from None
+
+
+def _lycoris_algo(kind, models: Mapping[str, nn.Module]) -> str | None:
+    """The one LyCORIS algorithm ("locon", "loha", "lokr") of the adapters of ``models``;
+    None for LoRA adapters."""
+    algos = {
+        getattr(layer, "algo", None) for m in models.values() for layer in kind.layers(m).values()
+    }
+    return next(iter(algos)) if len(algos) == 1 else None
+
+
+def _names_hint(family, tensors: Mapping[str, torch.Tensor]) -> str:
+    """For a file the base model does not take: "; its module names are <line>'s ..." when
+    its names are another model line's (a FLUX.1 LoRA with modulation modules on Chroma,
+    whose other names are FLUX.1's), else nothing."""
+    made_for, example = lora_family(tensors)
+    this = model_line(family)
+    if made_for is None or this is None or made_for == this:
+        return ""
+    return (
+        f"; its module names ({example}, ...) are {made_for}'s: a LoRA for {made_for} models, "
+        f"which a {this} model cannot take; use a LoRA made for {this}"
+    )
 
 
 def zero_alphas_as_rank(
