@@ -78,16 +78,22 @@ def test_a_file_of_another_family(sd1, tmp_path, tmp_path_factory, capsys):
     assert "lora_unet_input_blocks_4_1_proj_in.lora_up.weight" in capsys.readouterr().out
 
 
-def test_diffusers_layout_in_comfyui_and_difftune(sd1, tmp_path, capsys):
-    """A diffusers-layout SD file: diffusers reads it, difftune asks for a conversion, and
-    ComfyUI's key map has no ``unet.<path>.to_q`` names (it maps ``.processor.to_q``), so it
-    drops the attention projections."""
-    out = tmp_path / "peft.safetensors"
+def _in_diffusers_layout(sd1, folder):
+    """Our SD file converted to diffusers' layout (with the header save_lora_weights writes)."""
+    out = folder / "peft.safetensors"
     code = run_tool(
         "convert", "--input", sd1["ours"], "--model", sd1["base_dir"], "--to", "diffusers",
         "--output", out,
     )  # fmt: skip
     assert code == 0
+    return out
+
+
+def test_diffusers_layout_in_comfyui_and_difftune(sd1, tmp_path, capsys):
+    """A diffusers-layout SD file: diffusers reads it, difftune asks for a conversion, and
+    ComfyUI's key map has no ``unet.<path>.to_q`` names (it maps ``.processor.to_q``), so it
+    drops the attention projections."""
+    out = _in_diffusers_layout(sd1, tmp_path)
     capsys.readouterr()
     assert run_tool("check", "--lora", out, "--model", sd1["base_dir"]) == 1
     sections = _sections(capsys.readouterr().out)
@@ -151,13 +157,7 @@ def test_a_broken_diffusers_header_is_one_line_in_check_and_convert(
     """diffusers' lora_adapter_metadata header that diffusers would not write: check and
     convert refuse it in one line naming the file and the field, and convert writes nothing
     (it used to write alpha = rank and exit 0)."""
-    peft = tmp_path / "peft.safetensors"
-    code = run_tool(
-        "convert", "--input", sd1["ours"], "--model", sd1["base_dir"], "--to", "diffusers",
-        "--output", peft,
-    )  # fmt: skip
-    assert code == 0
-    tensors, metadata = read(peft)
+    tensors, metadata = read(_in_diffusers_layout(sd1, tmp_path))
     broken = tmp_path / "broken.safetensors"
     save_file(tensors, str(broken), metadata={**metadata, "lora_adapter_metadata": header})
     capsys.readouterr()
