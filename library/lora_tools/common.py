@@ -82,21 +82,27 @@ def refuse_clash(flag: str, output: Path, inputs: Inputs) -> None:
         )
 
 
-# output path -> the lock of its output name this command holds until release_outputs()
+# lock file -> the lock of an output name this command holds until release_outputs()
 _HELD: dict[Path, RunLock] = {}
 
 
-def hold_output(path: Path) -> None:
-    """Take the lock of ``path``'s output name (``<name>.lock`` beside it, the lock a training
-    run of that output_name holds) for the rest of the command; ConfigError naming the holder
-    if another command or run has it."""
-    key = path.absolute()
-    if key not in _HELD:
-        try:
-            _HELD[key] = RunLock(path.parent, owner_of(path.name)).acquire()
-        except ConfigError as exc:
-            why = str(exc).replace("another output_name or output_dir", "another --output")
-            raise ConfigError(f"--output {path}: {why}") from None
+def _lock_of(path: Path) -> RunLock:
+    """The lock of ``path``'s output name: ``<name>.lock`` beside it, the lock a training run
+    of that output_name holds."""
+    return RunLock(path.parent, owner_of(path.name))
+
+
+def hold_output(path: Path, flag: str = "--output") -> None:
+    """Take the lock of ``path``'s output name for the rest of the command; ConfigError naming
+    ``flag``, ``path`` and the holder if another command or run has it."""
+    lock = _lock_of(path)
+    if lock.path.absolute() in _HELD:
+        return
+    try:
+        _HELD[lock.path.absolute()] = lock.acquire()
+    except ConfigError as exc:
+        why = str(exc).replace("another output_name or output_dir", f"another {flag}")
+        raise ConfigError(f"{flag} {path}: {why}") from None
 
 
 def release_outputs() -> None:
@@ -110,13 +116,15 @@ def writing(path: Path) -> Iterator[None]:
     """Hold the lock of ``path``'s output name while it is written (kept when the command
     already holds it, :func:`hold_output`), after removing the temporary files a killed
     earlier write of ``path`` left; ConfigError naming the holder if another run has it."""
-    held = path.absolute() in _HELD
-    lock = None if held else RunLock(path.parent, owner_of(path.name)).acquire()
+    lock = _lock_of(path)
+    held = lock.path.absolute() in _HELD
+    if not held:
+        lock.acquire()
     try:
         remove_leftovers(path.parent, lambda output: output == path.name)
         yield
     finally:
-        if lock is not None:
+        if not held:
             lock.release()
 
 
