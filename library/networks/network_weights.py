@@ -52,10 +52,12 @@ def import_network_weights(
     metadata: Mapping[str, str] | None = None,
 ) -> None:  # fmt: skip
     """Load a file's ``tensors`` into the adapters of ``models`` (kohya prefix -> model) as
-    network_weights does: its keys must be a layout the trainer reads, its numbers finite and
-    its module names the base model's family's, then the family's key map reads it
-    (``family.load_lora_tensors``; ``metadata``: the file's header, where peft files keep their
-    alpha). CheckpointError naming ``source`` otherwise."""
+    network_weights does: its keys must be a layout the trainer reads, its numbers finite, its
+    module names and ``ss_base_model_version`` the base model's line's and its modules the
+    run's adapter kind; alphas of 0 are read as rank (:func:`zero_alphas_as_rank`); then the
+    family's key map reads it (``family.load_lora_tensors``; ``metadata``: the file's header,
+    where peft files keep their alpha). CheckpointError naming ``source`` otherwise (naming
+    the line the file's module names are, when the model cannot take them)."""
     check_lora_keys(tensors, source, reads_diffusers_layout(family))
     check_lora_file(tensors, str(source), family.modelspec_architecture)
     check_made_for(family, metadata, str(source))
