@@ -41,6 +41,7 @@ from library.models.families.registry import (
 )
 from library.models.loader import load_components
 from library.networks.kohya_names import UNET, kohya_name, kohya_path, unwrap
+from library.networks.lora_file_checks import model_line, version_line
 
 DENOISER = -1  # Layer.component of the UNet / transformer; text encoders are 0, 1, 2
 # The [model] keys of every model: a replacement VAE, the tokenizer folders of single files.
@@ -161,18 +162,15 @@ def family_label(family) -> str:
 def family_group(family) -> str:
     """The model line of a loaded family ("SD 1.x/2.x", "SDXL", "FLUX.1", ...): what
     ``guess_family`` can tell apart."""
-    entry = entry_of(family)
-    return entry.tool.line_of(family) if entry.tool.line_of else entry.lines[0]
+    return model_line(family)
 
 
 def guess_family(names: Iterable[str], metadata: Mapping[str, str] | None = None) -> str | None:
     """The model line (``family_group``) a LoRA file was made for, from its
     ss_base_model_version or its kohya module names; None when neither tells."""
-    version = (metadata or {}).get("ss_base_model_version", "").lower()
-    for entry in claim_order():
-        for mark, line in entry.tool.version_marks:
-            if version.startswith(mark):
-                return line
+    version = version_line(metadata)
+    if version is not None:
+        return version
     # In the order they decide: the transformers' names over the text encoders' (FLUX.1 files
     # hold lora_te1_ too), SDXL's over SD 1.x/2.x's.
     marks = [mark for entry in claim_order() for mark in entry.tool.lora_marks]

@@ -21,7 +21,10 @@ Three loaders, each checked against the loaded base model:
 Each check gets the file's keys sorted by the model's layers, whatever the file's layout
 (file_modules.py), and answers with a Report (loader_report.py).
 
-Tensors holding NaN or infinite values are reported before the loaders: every loader reads
+A diffusers ``lora_adapter_metadata`` header that is not what diffusers writes (not a JSON
+object, an alpha that is not a finite number) is refused before any loader runs
+(library/networks/peft_metadata.py). Tensors holding NaN or infinite values are reported
+before the loaders: every loader reads
 them, and a model they are applied to computes NaN.
 
 Exit status: 0 when no checked loader drops anything and every tensor is finite, 1 otherwise,
@@ -41,6 +44,7 @@ from library.lora_tools.common import first_non_finite
 from library.lora_tools.file_modules import sort_keys
 from library.lora_tools.layouts import layout_words
 from library.lora_tools.loader_report import Report, print_report
+from library.networks.peft_metadata import peft_configs
 from library.saving.lora_file import read_safetensors
 
 HELP = (
@@ -64,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     tensors, metadata = read_safetensors(args.lora)
+    peft_configs(metadata, args.lora)  # every loader reads that header: refuse a broken one once
     components = load_model(args, args.model)
     table = layer_table(components)
     found = sort_keys(tensors, metadata, components, table, args.lora)

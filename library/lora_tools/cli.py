@@ -6,13 +6,17 @@ they print as one ``error:`` line and exit with their code.
 
 Ctrl-C and SIGTERM stop a command by an exception, so the writes under way remove their
 temporary files on the way out (exit 130 / 143); a command killed outright leaves them, and the
-next command writing that output removes them (library/lora_tools/common.py ``writing``).
+next command writing that output removes them (library/lora_tools/common.py ``writing``). A
+command holds the lock of its output's name from the moment it checks --output to its end, so
+a second command (or a training run) writing the same name is refused at once. A reader that
+closes standard output early (``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from contextlib import contextmanager
@@ -56,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         with _terminate_by_exception():
-            return int(_module(args.command).run(args) or 0)
+            code = int(_module(args.command).run(args) or 0)
+            sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+            return code
+    except BrokenPipeError:
+        return _reader_went_away()
     except DifftuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -66,6 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("stopped by SIGTERM", file=sys.stderr)
         return 128 + int(signal.SIGTERM)
+    finally:
+        _release_outputs()
+
+
+def _release_outputs() -> None:
+    """Release the output locks the command took (library/lora_tools/common.py; not imported,
+    and so holding none, when the command failed before it)."""
+    common = sys.modules.get("library.lora_tools.common")
+    if common is not None:
+        common.release_outputs()
+
+
+def _reader_went_away() -> int:
+    """The reader of standard output closed it (``lora_tool.py metadata FILE | head``): end
+    quietly, as a command killed by SIGPIPE does (128 + SIGPIPE), with standard output pointed
+    at the null device so that the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13  # SIGPIPE's number on POSIX (signal.SIGPIPE does not exist on Windows)
 
 
 class Terminated(BaseException):

@@ -53,10 +53,13 @@ def checked_output(path: str | Path, overwrite: bool, inputs: Inputs = ()) -> Pa
     if path.suffix != ".safetensors":
         raise ConfigError(f"--output {path}: must end in .safetensors")
     refuse_clash("--output", path, inputs)
-    if path.exists() and not overwrite:
-        raise ConfigError(f"--output {path} exists; choose another name or add --overwrite")
     if not path.parent.is_dir():
         raise ConfigError(f"--output {path}: folder {path.parent} does not exist; create it first")
+    # held from here to the end of the command, so that a second command (or a training run)
+    # of the same output name is refused now, not after both have done their work
+    hold_output(path)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"--output {path} exists; choose another name or add --overwrite")
     return path
 
 
@@ -79,17 +82,50 @@ def refuse_clash(flag: str, output: Path, inputs: Inputs) -> None:
         )
 
 
+# lock file -> the lock of an output name this command holds until release_outputs()
+_HELD: dict[Path, RunLock] = {}
+
+
+def _lock_of(path: Path) -> RunLock:
+    """The lock of ``path``'s output name: ``<name>.lock`` beside it, the lock a training run
+    of that output_name holds."""
+    return RunLock(path.parent, owner_of(path.name))
+
+
+def hold_output(path: Path, flag: str = "--output") -> None:
+    """Take the lock of ``path``'s output name for the rest of the command; ConfigError naming
+    ``flag``, ``path`` and the holder if another command or run has it."""
+    lock = _lock_of(path)
+    if lock.path.absolute() in _HELD:
+        return
+    try:
+        _HELD[lock.path.absolute()] = lock.acquire()
+    except ConfigError as exc:
+        why = str(exc).replace("another output_name or output_dir", f"another {flag}")
+        raise ConfigError(f"{flag} {path}: {why}") from None
+
+
+def release_outputs() -> None:
+    """Release every output lock the command holds (at its end, however it ends)."""
+    while _HELD:
+        _HELD.popitem()[1].release()
+
+
 @contextmanager
 def writing(path: Path) -> Iterator[None]:
-    """Hold the lock of ``path``'s output name while it is written (``<name>.lock`` beside it,
-    the lock a training run of that output_name holds), after removing the temporary files a
-    killed earlier write of ``path`` left; ConfigError naming the holder if another run has it."""
-    lock = RunLock(path.parent, owner_of(path.name)).acquire()
+    """Hold the lock of ``path``'s output name while it is written (kept when the command
+    already holds it, :func:`hold_output`), after removing the temporary files a killed
+    earlier write of ``path`` left; ConfigError naming the holder if another run has it."""
+    lock = _lock_of(path)
+    held = lock.path.absolute() in _HELD
+    if not held:
+        lock.acquire()
     try:
         remove_leftovers(path.parent, lambda output: output == path.name)
         yield
     finally:
-        lock.release()
+        if not held:
+            lock.release()
 
 
 def read_lora(path: str | Path, flag: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -37,11 +37,12 @@ from library.errors import CheckpointError
 from library.lora_tools.base_model import DENOISER, Layer, family_label, other_family
 from library.models.families.registry import entry_of
 from library.networks.kohya_names import group_modules, kohya_path
+from library.networks.peft_metadata import PEFT_METADATA
 
 LAYOUTS = ("kohya", "diffusers", "comfyui")
 OWN = "difftune"  # --to: the layout difftune's trainer writes for the model's family
 LORA_A, LORA_B = "lora_A.weight", "lora_B.weight"
-DIFFUSERS_HEADER = "lora_adapter_metadata"  # diffusers' LORA_ADAPTER_METADATA_KEY
+DIFFUSERS_HEADER = PEFT_METADATA
 KOHYA_HEADER = "difftune.kohya_modules"
 _KOHYA_PREFIXES = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_", "lora_te3_")
 _COMFY_PREFIXES = ("diffusion_model.", "text_encoders.")

@@ -38,6 +38,7 @@ from library.lora_tools.base_model import (
 from library.lora_tools.common import (
     DTYPES,
     checked_output,
+    hold_output,
     ratios_for,
     read_lora,
     refuse_clash,
@@ -172,6 +173,8 @@ def _ratios(args: argparse.Namespace) -> list[float]:
 def _checked_folder(path: str, overwrite: bool, inputs) -> Path:
     folder = Path(path)
     refuse_clash("--output_dir", folder, inputs)
+    if folder.parent.is_dir():
+        hold_output(folder, "--output_dir")  # to the command's end: a second one stops now
     if folder.exists() and not overwrite:
         raise ConfigError(f"--output_dir {folder} exists; choose another name or add --overwrite")
     if folder.exists() and not folder.is_dir():

@@ -21,6 +21,7 @@ import torch
 from library.errors import ConfigError
 from library.lora_tools.common import (
     checked_output,
+    hold_output,
     module_algorithm,
     module_groups,
     refuse_clash,
@@ -207,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
                 f"--output {args.output} is the input file; use --in_place to replace it"
             ) from exc
         target = checked_output(args.output, args.overwrite)
+    if editing and args.in_place and Path(args.input).is_file():
+        hold_output(Path(args.input), "--in_place")  # two edits at once would lose one
     tensors, metadata = read_safetensors(args.input)
     if not editing:
         return _show(args, tensors, metadata)

@@ -163,9 +163,17 @@ def svd_of_factors(up: torch.Tensor, down: torch.Tensor, device: torch.device | 
 
 
 def svd_of_matrix(matrix: torch.Tensor, device: torch.device | None = None) -> SVD:
-    """The thin SVD of a dense [out, n] weight change (e.g. a fine-tuned minus a base weight)."""
+    """The thin SVD of a dense [out, n] weight change (e.g. a fine-tuned minus a base weight).
+
+    LAPACK's divide and conquer costs about twice as much on a wide matrix as on its transpose
+    (bench/svd_orientation.py), so a wide one (out < n) is decomposed as its transpose:
+    ``M^T = U' S V'^T`` is ``M = V' S U'^T``, the same factors (each singular pair up to sign)."""
     device = device or matrix.device
-    u, s, vh = torch.linalg.svd(matrix.to(device, torch.float64), full_matrices=False)
+    matrix = matrix.to(device, torch.float64)
+    if matrix.shape[0] < matrix.shape[1]:
+        u, s, vh = torch.linalg.svd(matrix.T, full_matrices=False)
+        return SVD(vh.T, s, u.T)
+    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
     return SVD(u, s, vh)
 
 

@@ -8,7 +8,6 @@ their own ranks and alphas.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 
 import torch
@@ -18,7 +17,6 @@ from library.lora_tools.base_model import Layer, family_label
 from library.lora_tools.comfyui_keys import comfy_names
 from library.lora_tools.common import ALPHA, DOWN, UP
 from library.lora_tools.layouts import (
-    DIFFUSERS_HEADER,
     KOHYA_HEADER,
     LORA_A,
     LORA_B,
@@ -27,6 +25,7 @@ from library.lora_tools.layouts import (
     split_keys,
     without_layout_headers,
 )
+from library.networks.peft_metadata import PeftConfig, peft_configs
 
 
 def to_kohya(
@@ -72,40 +71,12 @@ def comfy_to_kohya(tensors, metadata, table, components, source, unknown=None):
     return out, dict(metadata)
 
 
-def _diffusers_alphas(metadata: Mapping[str, str]) -> dict[str, dict]:
-    """component -> LoraConfig keywords of diffusers' lora_adapter_metadata header (empty when
-    the file has none)."""
-    raw = metadata.get(DIFFUSERS_HEADER)
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return {}
-    configs: dict[str, dict] = {}
-    for key, value in data.items():
-        component, _, field = key.partition(".")
-        configs.setdefault(component, {})[field] = value
-    return configs
-
-
-def _peft_alpha(config: Mapping, path: str, rank: int) -> float:
-    """The alpha peft gives ``path`` under LoraConfig keywords ``config`` (its alpha_pattern,
-    matched as peft's get_pattern_key does, else lora_alpha); rank when there is no config."""
-    if not config:
-        return float(rank)
-    for pattern, alpha in (config.get("alpha_pattern") or {}).items():
-        if re.match(rf"(.*\.)?({pattern})$", path):
-            return float(alpha)
-    return float(config.get("lora_alpha", rank))
-
-
 def diffusers_to_kohya(tensors, metadata, table, components, source, unknown=None):
     """diffusers' per-Linear peft keys -> kohya modules (fused parts joined again)."""
     names = diffusers_names(table, components)
     lookup = {key: key for key in names}
     groups = _split_names(tensors, lookup, source, components, unknown)
-    configs = _diffusers_alphas(metadata)
+    configs = peft_configs(metadata, source)
     try:
         record = json.loads(metadata.get(KOHYA_HEADER, "{}"))
     except ValueError:
@@ -123,7 +94,7 @@ def diffusers_to_kohya(tensors, metadata, table, components, source, unknown=Non
         if ALPHA in keys:
             alpha = float(tensors[keys[ALPHA]].float().item())
         else:
-            alpha = _peft_alpha(configs.get(component, {}), path, rank)
+            alpha = configs.get(component, PeftConfig()).alpha(path, rank)
         per_module.setdefault(name, {})[index] = (lora_a, lora_b, alpha)
     out: dict[str, torch.Tensor] = {}
     for name in sorted(per_module):

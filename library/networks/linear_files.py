@@ -22,9 +22,6 @@ Tensors keep the file's dtype. Every problem is a CheckpointError naming the fil
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -35,12 +32,12 @@ from library.errors import CheckpointError
 from library.networks.fused_keys import LoraWeights, load_adapter_weights
 from library.networks.kohya_names import ALPHA, DOWN, UP, unwrap
 from library.networks.lycoris.file_math import LOCON_KEYS, LOHA_KEYS, LOKR_KEYS, SHARED_KEYS
+from library.networks.peft_metadata import peft_configs
 
 PEFT_DOWN, PEFT_UP = "lora_A.weight", "lora_B.weight"
 # file suffix -> the part of a LoRA module it holds
 _LORA_PARTS = {DOWN: "down", PEFT_DOWN: "down", UP: "up", PEFT_UP: "up", ALPHA: "alpha"}
 LYCORIS_SUFFIXES = LOCON_KEYS + LOHA_KEYS + LOKR_KEYS + SHARED_KEYS
-PEFT_METADATA = "lora_adapter_metadata"  # diffusers' LORA_ADAPTER_METADATA_KEY
 
 
 @dataclass(frozen=True)
@@ -204,25 +201,14 @@ def _split(
 
 
 def _peft_alphas(metadata: Mapping[str, str] | None, prefix: str, source: str):
-    """A function (path, rank) -> alpha from diffusers' ``lora_adapter_metadata`` (the peft
-    LoraConfig of the transformer, keys prefixed ``prefix``), or None without one."""
-    if not metadata or PEFT_METADATA not in metadata:
+    """A function (path, rank) -> alpha from diffusers' ``lora_adapter_metadata`` header (the
+    peft LoraConfig of the component ``prefix`` names), or None without one."""
+    config = peft_configs(metadata, source).get(prefix.rstrip("."))
+    if config is None:
         return None
-    config = json.loads(metadata[PEFT_METADATA])
-    if config.get(prefix + "use_dora"):
+    if config.use_dora:
         raise CheckpointError(f"{source}: a DoRA adapter (use_dora); difftune's LoRA has none")
-    default = config.get(prefix + "lora_alpha")
-    patterns = config.get(prefix + "alpha_pattern") or {}
-    rslora = bool(config.get(prefix + "use_rslora"))
-
-    def alpha(path: str, rank: int) -> float:
-        # peft matches a pattern against the end of the module path, at a dot boundary
-        found = next((v for k, v in patterns.items() if re.fullmatch(rf"(.*\.)?({k})", path)), None)
-        value = float(found if found is not None else default if default is not None else rank)
-        # rsLoRA scales by lora_alpha / sqrt(r); kohya's alpha / r needs alpha = lora_alpha sqrt(r)
-        return value * math.sqrt(rank) if rslora else value
-
-    return alpha
+    return config.alpha
 
 
 # --- LyCORIS ------------------------------------------------------------------------------------

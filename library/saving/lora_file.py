@@ -90,10 +90,31 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
             metadata = dict(handle.metadata() or {})
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        if _is_pickle(path):
+            raise CheckpointError(
+                f"{path}: a pickled PyTorch file (what torch.save writes: .pt, .ckpt, .bin), "
+                "which difftune does not read (unpickling can run code from the file); convert "
+                "it to .safetensors where you trust it (safetensors.torch.save_file of its "
+                "tensors)"
+            ) from None
         raise CheckpointError(
             f"{path}: not a readable safetensors file (truncated or corrupt?): {exc}"
         ) from exc
     return tensors, metadata
+
+
+def _is_pickle(path: Path) -> bool:
+    """Whether ``path`` starts as torch.save's files do: a zip archive, or a pickle stream
+    (protocol 2 to 5) that is not a safetensors header (whose length may start with 0x80 too,
+    but which a ``{`` follows at byte 8)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(9)
+    except OSError:
+        return False
+    if head.startswith(b"PK\x03\x04"):
+        return True
+    return len(head) == 9 and head[0] == 0x80 and 2 <= head[1] <= 5 and head[8:9] != b"{"
 
 
 def read_lora_file(

@@ -78,16 +78,22 @@ def test_a_file_of_another_family(sd1, tmp_path, tmp_path_factory, capsys):
     assert "lora_unet_input_blocks_4_1_proj_in.lora_up.weight" in capsys.readouterr().out
 
 
-def test_diffusers_layout_in_comfyui_and_difftune(sd1, tmp_path, capsys):
-    """A diffusers-layout SD file: diffusers reads it, difftune asks for a conversion, and
-    ComfyUI's key map has no ``unet.<path>.to_q`` names (it maps ``.processor.to_q``), so it
-    drops the attention projections."""
-    out = tmp_path / "peft.safetensors"
+def _in_diffusers_layout(sd1, folder):
+    """Our SD file converted to diffusers' layout (with the header save_lora_weights writes)."""
+    out = folder / "peft.safetensors"
     code = run_tool(
         "convert", "--input", sd1["ours"], "--model", sd1["base_dir"], "--to", "diffusers",
         "--output", out,
     )  # fmt: skip
     assert code == 0
+    return out
+
+
+def test_diffusers_layout_in_comfyui_and_difftune(sd1, tmp_path, capsys):
+    """A diffusers-layout SD file: diffusers reads it, difftune asks for a conversion, and
+    ComfyUI's key map has no ``unet.<path>.to_q`` names (it maps ``.processor.to_q``), so it
+    drops the attention projections."""
+    out = _in_diffusers_layout(sd1, tmp_path)
     capsys.readouterr()
     assert run_tool("check", "--lora", out, "--model", sd1["base_dir"]) == 1
     sections = _sections(capsys.readouterr().out)
@@ -137,3 +143,40 @@ def test_lycoris_files_are_read_whole(family, tmp_path, tmp_path_factory, capsys
     for loader in ("difftune", "comfyui"):
         assert run_tool("check", "--lora", path, "--model", base_dir, "--loader", loader) == 0
         assert "reads all" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "header, field",
+    [("{not json", "is not JSON"), ('{"unet.lora_alpha": "four"}', 'unet.lora_alpha is "four"'),
+     ('{"unet.lora_alpha": NaN}', "unet.lora_alpha is nan"), ("[4]", "is a JSON list"),
+     ('{"unet.alpha_pattern": {"(": 2}}', "unet.alpha_pattern['(']")],
+)  # fmt: skip
+def test_a_broken_diffusers_header_is_one_line_in_check_and_convert(
+    sd1, tmp_path, capsys, header, field
+):
+    """diffusers' lora_adapter_metadata header that diffusers would not write: check and
+    convert refuse it in one line naming the file and the field, and convert writes nothing
+    (it used to write alpha = rank and exit 0)."""
+    tensors, metadata = read(_in_diffusers_layout(sd1, tmp_path))
+    broken = tmp_path / "broken.safetensors"
+    save_file(tensors, str(broken), metadata={**metadata, "lora_adapter_metadata": header})
+    capsys.readouterr()
+    out = tmp_path / "kohya.safetensors"
+    for argv in (
+        ["check", "--lora", broken, "--model", sd1["base_dir"]],
+        [
+            "convert",
+            "--input",
+            broken,
+            "--model",
+            sd1["base_dir"],
+            "--to",
+            "kohya",
+            "--output",
+            out,
+        ],
+    ):
+        assert run_tool(*argv) == 2, argv
+        (line,) = error_lines(capsys.readouterr().err)
+        assert f"{broken}: its lora_adapter_metadata header" in line and field in line, line
+    assert not out.exists()

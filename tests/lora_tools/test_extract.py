@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from library.lora_tools.svd import svd_of_matrix
 from tests.lora_tools.model_helpers import (
     TrainedLora,
     error_lines,
@@ -218,3 +219,27 @@ def test_refusals(sd1, tmp_path, tmp_path_factory, capsys):
     )
     assert code == 2 and "nothing to extract" in error_lines(capsys.readouterr().err)[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("shape", [(12, 40), (40, 12), (16, 16)])
+def test_the_svd_runs_on_the_tall_orientation_and_gives_the_same_factors(shape, monkeypatch):
+    """A wide change is decomposed as its transpose (about half the LAPACK cost,
+    bench/svd_orientation.py); the factors are torch's of the matrix as it is, each singular
+    pair up to sign."""
+    matrix = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    want_u, want_s, want_vh = torch.linalg.svd(matrix, full_matrices=False)
+    seen = []
+    real = torch.linalg.svd
+
+    def recording(m, *args, **kwargs):
+        seen.append(tuple(m.shape))
+        return real(m, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "svd", recording)
+    got = svd_of_matrix(matrix)
+    assert seen == [(max(shape), min(shape))]
+    torch.testing.assert_close(got.S, want_s)
+    signs = torch.sign((got.U * want_u).sum(0))
+    assert torch.all(signs.abs() == 1)
+    torch.testing.assert_close(got.U * signs, want_u)
+    torch.testing.assert_close(got.Vh * signs[:, None], want_vh)

@@ -31,7 +31,9 @@ def sd1(tmp_path_factory):
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def _refused(capsys, *argv) -> str:
@@ -72,14 +74,20 @@ def test_every_command_that_writes_refuses_its_input_as_output(
     weights = model / "unet" / "diffusion_pytorch_model.safetensors"
     argv, output, expected = {
         "merge-loras": (
-            ["--inputs", make_lora("other.safetensors", seed=3), lora], link, "is --inputs"
+            ["--inputs", make_lora("other.safetensors", seed=3), lora],
+            link,
+            "is --inputs",
         ),
         "resize": (
-            ["--input", lora, "--rank", 2], tmp_path / "sub" / ".." / lora.name, "is --input"
+            ["--input", lora, "--rank", 2],
+            tmp_path / "sub" / ".." / lora.name,
+            "is --input",
         ),
         "convert": (["--input", lora, "--model", model, "--to", "diffusers"], link, "is --input"),
         "extract": (
-            ["--base", model, "--tuned", model, "--rank", 2], weights, "lies inside --base"
+            ["--base", model, "--tuned", model, "--rank", 2],
+            weights,
+            "lies inside --base",
         ),
         "metadata": (["--input", lora, "--set", "a=1"], link, "use --in_place"),
     }[command]
@@ -129,7 +137,9 @@ def test_a_killed_merge_leaves_nothing_the_next_one_does_not_remove(sd1, tmp_pat
     process.kill()  # kill -9: nothing of the command runs any more
     process.wait()
     left = _temporaries(tmp_path)
-    assert len(left) == 1 and left[0].startswith(".merged.safetensors.") and left[0].endswith(".tmp")
+    assert (
+        len(left) == 1 and left[0].startswith(".merged.safetensors.") and left[0].endswith(".tmp")
+    )
     assert (tmp_path / left[0]).stat().st_size > 100_000  # the whole merged model, hidden
     assert not out.exists()
     assert run_tool("merge", "--model", sd1["model"], "--loras", sd1["lora"], "--output", out) == 0
@@ -181,3 +191,51 @@ def test_an_output_name_a_run_is_writing_is_refused(sd1, tmp_path, capsys):
     started = time.time()
     assert run_tool("resize", "--input", sd1["lora"], "--rank", 1, "--output", out) == 0
     assert time.time() - started < 60
+
+
+@pytest.mark.subprocess
+def test_a_second_command_writing_the_same_output_is_refused_while_the_first_works(
+    sd1, tmp_path, capsys, monkeypatch
+):
+    """Two resizes to one output: the second (another process) starts while the first is
+    still computing, and is refused at once; the first then writes its file."""
+    from library.lora_tools import resize
+
+    out = tmp_path / "resized.safetensors"
+    argv = ["resize", "--input", sd1["lora"], "--rank", "1", "--output", str(out)]
+    second = []
+    real = resize.svd.svd_of_factors
+
+    def and_a_second_command(*args, **kwargs):
+        if not second:
+            second.append(
+                subprocess.run(
+                    [sys.executable, "lora_tool.py", *argv],
+                    cwd=REPO,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )  # fmt: skip
+            )
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(resize.svd, "svd_of_factors", and_a_second_command)
+    assert run_tool(*argv) == 0
+    (refused,) = second
+    assert refused.returncode == 2, refused.stderr
+    (line,) = error_lines(refused.stderr)
+    assert f"--output {out}" in line and "resized.lock" in line and "--output" in line, line
+    assert out.is_file() and not (tmp_path / "resized.lock").exists()
+
+
+@pytest.mark.subprocess
+def test_a_reader_that_stops_early_ends_the_command_quietly(sd1):
+    """``lora_tool.py metadata --input FILE | head -0``: no traceback, SIGPIPE's exit status."""
+    process = subprocess.Popen(
+        [sys.executable, "lora_tool.py", "metadata", "--input", str(sd1["lora"])],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    process.stdout.close()  # before the command prints anything (it imports torch first)
+    err = process.stderr.read()
+    assert process.wait(timeout=300) == 128 + 13, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -10,6 +10,7 @@ StableDiffusion3Pipeline loads the diffusers-layout file.
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import pytest
@@ -298,6 +299,27 @@ def test_diffusers_layout_round_trip(tmp_path):
         theirs, mine = peft_merged(model), peft_merged(models[prefix])
         for key, value in mine.items():
             torch.testing.assert_close(theirs[key], value, rtol=1e-6, atol=1e-7, msg=key)
+
+
+def test_diffusers_layout_alphas_come_from_the_header_diffusers_writes():
+    """A peft file with diffusers' lora_adapter_metadata header (lora_alpha 8 at r 4, one
+    module's alpha_pattern 2): each module reads peft's alpha, not rank (which is scale 1)."""
+    plain = build_sd3("sd3.5-medium")
+    ours = adapted(plain, transformer_modules(plain), seed=4)
+    tensors = diffusers_lora_tensors({TRANSFORMER: ours})
+    key = "transformer_blocks.0.attn2.to_q"
+    header = {
+        "transformer.r": 4,
+        "transformer.lora_alpha": 8,
+        "transformer.alpha_pattern": {key: 2},
+    }
+    metadata = {"lora_adapter_metadata": json.dumps(header)}
+    weights = import_diffusers_lora({TRANSFORMER: ours}, tensors, "d.safetensors", metadata)
+    alphas = {path: alpha for path, (_, _, alpha) in weights[TRANSFORMER].items()}
+    assert alphas.pop(key) == 2.0
+    assert alphas and set(alphas.values()) == {8.0}
+    bare = import_diffusers_lora({TRANSFORMER: ours}, tensors, "d.safetensors")[TRANSFORMER]
+    assert {alpha for _, _, alpha in bare.values()} == {4.0}  # no header: scale 1
 
 
 # (d) diffusers' SD3 pipeline reads the diffusers-layout file ------------------------------------

@@ -87,6 +87,37 @@ def test_not_safetensors(tmp_path):
         read_lora_file(path)
 
 
+@pytest.mark.parametrize(
+    "name, zip_format", [("lora.pt", True), ("old.ckpt", False), ("x.safetensors", True)]
+)
+def test_a_pickled_lora_is_named_a_pickle(tmp_path, name, zip_format):
+    """torch.save's zip and legacy formats (also under a .safetensors name): not read, and said
+    so with the way out, instead of "truncated or corrupt"."""
+    path = tmp_path / name
+    torch.save(_tensors(), path, _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(CheckpointError) as caught:
+        read_lora_file(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: a pickled PyTorch file") and "corrupt" not in message
+    assert "convert it to .safetensors" in message
+
+
+def test_a_safetensors_header_that_starts_like_a_pickle_is_read(tmp_path):
+    """A header length whose first byte is 0x80 (a pickle's first byte) is still safetensors."""
+    path = tmp_path / "a.safetensors"
+    for pad in range(300):
+        save_file(_tensors(), str(path), metadata={"pad": "x" * pad})
+        if path.read_bytes()[:2] == b"\x80\x02":
+            break
+    assert path.read_bytes()[:2] == b"\x80\x02"
+    tensors, _ = read_lora_file(path)
+    assert sorted(tensors) == sorted(_tensors())
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) - 10])  # damaged: still not called a pickle
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        read_lora_file(path)
+
+
 def test_safetensors_without_lora_keys(tmp_path):
     path = tmp_path / "unet.safetensors"
     save_file({"conv_in.weight": torch.zeros(2, 2)}, str(path))

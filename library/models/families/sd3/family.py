@@ -240,7 +240,7 @@ class SD3Family(TransformerFamily):
         if not is_diffusers_layout(tensors):
             super().load_lora_tensors(models, tensors, source, metadata)
             return
-        weights = import_diffusers_lora(models, tensors, source)
+        weights = import_diffusers_lora(models, tensors, source, metadata)
         for prefix, per_path in weights.items():
             load_adapter_weights(models[prefix], per_path, source)
 

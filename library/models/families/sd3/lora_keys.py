@@ -19,7 +19,9 @@ Two layouts are written and read:
   diffusers Linear, components ``transformer``, ``text_encoder`` (CLIP-L) and
   ``text_encoder_2`` (CLIP-G). The layout has no alpha tensors: readers apply ``B @ A`` at
   scale 1, so :func:`diffusers_lora_tensors` folds each adapter's ``alpha / r`` into its B
-  (``lora_B = alpha / r * up``) and :func:`import_diffusers_lora` reads alpha = r. It has no T5
+  (``lora_B = alpha / r * up``) and :func:`import_diffusers_lora` reads alpha = r unless
+  diffusers' ``lora_adapter_metadata`` header (what its save_lora_weights writes) gives
+  lora_alpha (library/networks/peft_metadata.py). It has no T5
   component (diffusers' SD3 loader adapts the transformer and the two CLIPs only), so T5
   adapters (train_t5xxl) cannot be written in it.
 """
@@ -45,6 +47,7 @@ from library.networks.fused_keys import (
     text_encoder_modules,
 )
 from library.networks.kohya_names import kohya_name, kohya_path, unwrap
+from library.networks.peft_metadata import PeftConfig, peft_configs
 
 __all__ = [
     "CLIP_G",
@@ -240,13 +243,17 @@ def is_diffusers_layout(tensors: Mapping[str, torch.Tensor]) -> bool:
 
 
 def import_diffusers_lora(
-    models: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], source: str
+    models: Mapping[str, nn.Module],
+    tensors: Mapping[str, torch.Tensor],
+    source: str,
+    metadata: Mapping[str, str] | None = None,
 ) -> dict[str, dict[str, LoraWeights]]:
     """Per-model, per-path (down, up, alpha) of a diffusers-layout SD3 LoRA state dict.
 
     ``models`` maps kohya prefix -> model (adapted or not); the result has one entry per prefix
     the file has weights for, ready for :func:`load_adapter_weights`. Each module's alpha is
-    its rank (scale 1, the layout's convention; ours folded alpha / r into lora_B). Any other
+    the one diffusers' ``lora_adapter_metadata`` header in ``metadata`` gives it, else its rank
+    (scale 1, the layout's convention; ours folded alpha / r into lora_B). Any other
     key, a component that is not being trained (or not an SD3 one), a module the model lacks
     or has as no Linear, a missing A or B, or shapes that do not fit the Linear are a
     CheckpointError naming ``source``. Modules the file leaves out are left out.
@@ -275,6 +282,7 @@ def import_diffusers_lora(
     linears = {
         component: _key_paths(prefix, model) for component, (prefix, model) in by_component.items()
     }
+    configs = peft_configs(metadata, source)
     weights: dict[str, dict[str, LoraWeights]] = {}
     for (component, module_path), pair in sorted(pairs.items()):
         prefix, model = by_component[component]
@@ -303,7 +311,8 @@ def import_diffusers_lora(
                 f"model needs [r, {linear.in_features}] / [{linear.out_features}, r]; the file "
                 "was made for a different model"
             )
-        weights.setdefault(prefix, {})[path] = (down, up, float(rank))
+        alpha = configs.get(component, PeftConfig()).alpha(module_path, rank)
+        weights.setdefault(prefix, {})[path] = (down, up, alpha)
     return weights
 
 
