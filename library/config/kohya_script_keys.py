@@ -55,9 +55,9 @@ OTHER_TRAININGS: dict[str, Unsupported] = {
     **_refused("qwen3_max_token_length t5_max_token_length", _ANIMA, (512,)),
     **_refused("unsloth_offload_checkpointing vae_disable_cache", _ANIMA, (False,)),
     **_refused("attn_mode vae_chunk_size", _ANIMA_OR_HUNYUAN),
-    **_refused("split_attn", _ANIMA_OR_HUNYUAN, (False,)),
     **_refused("byt5", _HUNYUAN),
-    **_refused("fp8_scaled fp8_vl text_encoder_cpu", _HUNYUAN, (False,)),
+    # split_attn, fp8_scaled and fp8_vl are musubi-tuner's options too (musubi_args)
+    **_refused("text_encoder_cpu", _HUNYUAN, (False,)),
     **_refused("init_word token_string weights", _TEXTUAL_INVERSION),
     **_refused("num_vectors_per_token", _TEXTUAL_INVERSION, (1,)),
     **_refused("use_object_template use_style_template", _TEXTUAL_INVERSION, (False,)),
