@@ -392,6 +392,16 @@ def loss_weighting(weighting_scheme: str, sigmas: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(s)
 
 
+def output_loss_weights(weighting_scheme: str, sigmas: torch.Tensor) -> torch.Tensor | None:
+    """musubi-tuner's per-sample loss weight of a raw-output loss [B]: loss_weighting's for
+    sigma_sqrt and cosmap (sigma_sqrt's infinite weight at sigma 0, where the loss is 0
+    anyway, becomes 0), None for every other scheme."""
+    if weighting_scheme not in ("sigma_sqrt", "cosmap"):
+        return None
+    weights = loss_weighting(weighting_scheme, sigmas)
+    return torch.where(torch.isinf(weights), torch.zeros_like(weights), weights)
+
+
 def apply_model_prediction_type(
     model_output: torch.Tensor,
     noisy: torch.Tensor,
