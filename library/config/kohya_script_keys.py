@@ -122,6 +122,24 @@ FULL_FINE_TUNE: dict[str, Unsupported] = {
 }
 
 
+# The options of what only full fine-tuning scripts train or save (sd-scripts' above and
+# train_db.py's, musubi-tuner's qwen_image_train.py / zimage_train.py; not their switches that
+# change nothing, such as use_safetensors, nor what the kohya_ss GUI also writes into LoRA
+# exports, such as stop_text_encoder_training): a file that sets one and names no
+# network_module (which every LoRA script needs) was written for a full fine-tune. The
+# kohya_ss GUI's DreamBooth and fine-tune exports always carry learning_rate_te (SDXL:
+# learning_rate_te1 and learning_rate_te2).
+FULL_FINE_TUNE_MARKS = (
+    *(k for k in FULL_FINE_TUNE if k.startswith(("learning_rate_te", "train_text_encoder"))),
+    "block_lr",
+    "blockwise_fused_optimizers",
+    "num_last_block_to_freeze",
+    "use_t5xxl_cache_only",
+    "mem_eff_save",
+    "block_swap_optimizer_patch_params",
+)
+
+
 @dataclass(frozen=True)
 class NewerKey:
     """An option sd-scripts added after the commit difftune follows."""

@@ -119,12 +119,14 @@ def test_newer_release_settings_of_refused_options_load_with_a_note(write_toml, 
 @pytest.mark.parametrize(
     ("line", "noted"),
     [
-        ("mem_eff_save = true", False),  # always so here: full-model saves stream
+        # always so here: full-model saves stream (a full fine-tune's options: train_mode says so)
+        ('mem_eff_save = true\ntrain_mode = "unet"', False),
         ("use_safetensors = true", False),
         ("console_log_simple = true", False),
         ('console_log_level = "DEBUG"', True),
         ("diffusers_xformers = true", True),
-        ("learning_rate_te1 = 1e-5", True),  # only with train_text_encoder, refused itself
+        # only with train_text_encoder, refused itself
+        ('learning_rate_te1 = 1e-5\ntrain_mode = "unet"', True),
     ],
 )
 def test_options_that_change_nothing_here_load(write_toml, line, noted):

@@ -186,3 +186,23 @@ def test_what_difftune_does_not_do_is_refused_with_the_setting_that_works(write_
 )
 def test_what_changes_nothing_loads(write_toml, line):
     assert load_config(write_toml("a.toml", HEAD + line + "\n" + DATASET))
+
+
+def test_the_compatibility_page_lists_every_word():
+    from pathlib import Path
+
+    from library.config import musubi_args
+
+    page = (Path(__file__).parents[2] / "docs" / "compatibility.md").read_text(encoding="utf-8")
+    section = page.split("## musubi-tuner's argument files")[1].split("\n## ")[0]
+    words = [
+        *musubi_args.ALIASES,
+        *musubi_args.UNSUPPORTED,
+        *musubi_args.REFUSED_NETWORK_ARGS,
+        *musubi_args.OFF_NETWORK_ARGS,
+        *(value for values in musubi_args.UNSUPPORTED_VALUES.values() for value in values),
+    ]
+    missing = [
+        w for w in words if f"`{w}`" not in section and f"`{w.split('.')[-1]}`" not in section
+    ]
+    assert not missing, missing
