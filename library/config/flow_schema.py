@@ -30,9 +30,8 @@ class FlowMatchingKeys(Section):
         description="How each sample's noise level sigma is drawn: sigma (an index into the "
         "shifted 1000-step schedule, by weighting_scheme), uniform, sigmoid (sigmoid of "
         "sigmoid_scale * normal), shift (sigmoid, then discrete_flow_shift), flux_shift (sigmoid, "
-        "then Flux's resolution-dependent shift), qwen_shift (sigmoid, then Qwen-Image's "
-        "resolution-dependent shift, musubi-tuner's). Unset: sigma; Qwen-Image and Z-Image: "
-        "shift (musubi-tuner's suggestion).",
+        "then Flux's resolution-dependent shift), qwen_shift (musubi-tuner's: sigmoid, then a "
+        "resolution-dependent shift with mu from 0.5 at 256 image tokens to 0.9 at 8192). Unset: sigma, or the family's own default draw.",
     )
     sigmoid_scale: float | None = Field(
         None,

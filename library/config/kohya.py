@@ -12,12 +12,7 @@ from typing import Any
 
 from library.config import musubi_args, musubi_dataset
 from library.config.adapter_schema import BLOCKWISE_KEYS, LYCORIS_KEYS
-from library.config.kohya_script_keys import (
-    FULL_FINE_TUNE,
-    FULL_FINE_TUNE_MARKS,
-    NEWER_UNSUPPORTED,
-    OTHER_TRAININGS,
-)
+from library.config.kohya_script_keys import FULL_FINE_TUNE, NEWER_UNSUPPORTED, OTHER_TRAININGS
 from library.config.suggest import show_value
 from library.config.unsupported import Unsupported
 from library.config.unsupported import group as _group
@@ -293,26 +288,6 @@ def ignored_notice(key: str, value: object) -> str | None:
     if not entry.ignored or not entry.off or any(same_value(value, off) for off in entry.off):
         return None
     return f"{key} = {show_value(value)} is ignored: {entry.reason}"
-
-
-def full_fine_tune_problem(values: Mapping[str, object]) -> str | None:
-    """Why a file with these flat ``values`` cannot train as it stands: it sets options of a
-    full fine-tuning script (FULL_FINE_TUNE_MARKS, set to other than false) but neither
-    network_module nor train_mode, so difftune's default, a LoRA, would train instead of the
-    whole model. None when it can."""
-    if "network_module" in values or "train_mode" in values:
-        return None
-    # a switch written false (train_text_encoder = false) asks for nothing of the sort
-    marks = [key for key, value in values.items() if key in FULL_FINE_TUNE_MARKS and value is not False]
-    if not marks:
-        return None
-    return (
-        f"{', '.join(marks)}: options of a full fine-tuning script (sd-scripts' sdxl_train.py, "
-        "flux_train.py, sd3_train.py, train_db.py, fine_tune.py, which the kohya_ss GUI's "
-        "DreamBooth and fine-tune tabs run; musubi-tuner's qwen_image_train.py, "
-        'zimage_train.py), and no network_module: set train_mode = "unet" to fine-tune the '
-        "whole denoiser (the text encoders stay frozen), or network_module to train a LoRA"
-    )
 
 
 def unsupported_problem(key: str, value: object, shown: str | None = None) -> str | None:

@@ -11,6 +11,7 @@ belongs to and what to use instead.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from library.config.unsupported import Unsupported, group
@@ -138,6 +139,26 @@ FULL_FINE_TUNE_MARKS = (
     "mem_eff_save",
     "block_swap_optimizer_patch_params",
 )
+
+
+def full_fine_tune_problem(values: Mapping[str, object]) -> str | None:
+    """Why a file with these flat ``values`` cannot train as it stands: it sets options of a
+    full fine-tuning script (FULL_FINE_TUNE_MARKS, to other than false) but neither
+    network_module nor train_mode, so difftune's default, a LoRA, would train instead of the
+    whole model. None when it can."""
+    if "network_module" in values or "train_mode" in values:
+        return None
+    # a switch written false (train_text_encoder = false) asks for nothing of the sort
+    marks = [k for k, value in values.items() if k in FULL_FINE_TUNE_MARKS and value is not False]
+    if not marks:
+        return None
+    return (
+        f"{', '.join(marks)}: options of a full fine-tuning script (sd-scripts' sdxl_train.py, "
+        "flux_train.py, sd3_train.py, train_db.py, fine_tune.py, which the kohya_ss GUI's "
+        "DreamBooth and fine-tune tabs run, or musubi-tuner's full fine-tunes), and no "
+        'network_module: set train_mode = "unet" to fine-tune the whole denoiser (the text '
+        "encoders stay frozen), or network_module to train a LoRA"
+    )
 
 
 @dataclass(frozen=True)

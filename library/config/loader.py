@@ -34,6 +34,7 @@ from library.config.dataset_loader import (
     table_keys,
 )
 from library.config.frontend_keys import FRONTEND_ONLY_KEYS
+from library.config.kohya_script_keys import full_fine_tune_problem
 from library.config.kohya_values import UNSET, normalise
 from library.config.overrides import (
     DATASET_KEYS,
@@ -307,7 +308,7 @@ def _apply_kohya(
     """Drop "off" unsupported keys (and ignored ones, noting those that are not off), report
     the others, and expand kohya conveniences. ``order`` ranks the layers by file."""
     out: dict[str, Entry] = {}
-    full_fine_tune = kohya.full_fine_tune_problem({k: value for k, (value, _) in flat.items()})
+    full_fine_tune = full_fine_tune_problem({key: value for key, (value, _) in flat.items()})
     if full_fine_tune:
         problems.add(Origin(_files_of(flat, order)), full_fine_tune, "train_mode")
     _deepspeed_keys(flat, notices, problems)

@@ -23,11 +23,9 @@ from __future__ import annotations
 from library.config.unsupported import Unsupported, group
 
 # musubi-tuner's word -> ours
+# (The words of one model's trainer are that family's: its entry's kohya vocabulary.)
 ALIASES: dict[str, str] = {
     "dit": "pretrained_model_name_or_path",
-    # flux_kontext_train_network.py: text_encoder1 is T5-XXL, text_encoder2 is CLIP-L
-    "text_encoder1": "t5xxl",
-    "text_encoder2": "clip_l",
     "gradient_checkpointing_cpu_offload": "cpu_offload_checkpointing",
 }
 
@@ -48,10 +46,6 @@ _TEXT_FP8 = (
 _WAN = (
     "Wan is not supported yet: it is an option of musubi-tuner's Wan 2.1 / 2.2 video training "
     "(wan_train_network.py), and difftune trains image models"
-)
-_LAYERED = (
-    "only musubi-tuner's Qwen-Image-Layered training reads it (model_version = "
-    '"layered", which is not supported)'
 )
 
 UNSUPPORTED: dict[str, Unsupported] = {
@@ -110,24 +104,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         ("",),
         ignored=True,
     ),
-    "remove_first_image_from_target": Unsupported(_LAYERED, (False,), ignored=True),
-    # qwen_image_utils.add_model_version_args: the older switches for model_version
-    "edit": Unsupported(
-        'musubi-tuner\'s older switch for Qwen-Image-Edit; write model_version = "edit"',
-        (False,),
-        planned=False,
-    ),
-    "edit_plus": Unsupported(
-        'musubi-tuner\'s older switch for Qwen-Image-Edit-2509; write model_version = "edit-2509"',
-        (False,),
-        planned=False,
-    ),
-    "use_32bit_attention": Unsupported(
-        "float32 attention inside a mixed-precision Z-Image transformer is not supported; "
-        'mixed_precision = "no" computes every layer in float32',
-        (False,),
-        planned=False,
-    ),
     "num_timestep_buckets": Unsupported(
         "stratified timestep draws are not supported: each sample's noise level is drawn on "
         "its own (timestep_sampling)",
@@ -157,8 +133,8 @@ _LYCORIS_MODULES = {
 UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
     "timestep_sampling": {
         **{
-            name: f"{label}; use qwen_shift (Qwen-Image's resolution-dependent shift), "
-            "flux_shift (FLUX.1's) or shift with discrete_flow_shift"
+            name: f"{label}; use qwen_shift or flux_shift (the two resolution-dependent "
+            "shifts) or shift with discrete_flow_shift"
             for name, label in {
                 "flux2_shift": "FLUX.2's shift (musubi-tuner)",
                 "krea2_shift": "Krea 2's shift (musubi-tuner)",
@@ -199,8 +175,8 @@ UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
 
 _PATTERNS = (
     "musubi-tuner's regular-expression choice of the adapted modules is not supported yet; "
-    "the default set is musubi-tuner's (network_args exclude_mod=False adds Qwen-Image's "
-    "modulation)"
+    "the default set is musubi-tuner's (where a LoRA leaves out the blocks' modulation, "
+    "exclude_mod=False adds it)"
 )
 # network_args of musubi-tuner's LoRA modules: argument -> why it is refused
 REFUSED_NETWORK_ARGS: dict[str, str] = {

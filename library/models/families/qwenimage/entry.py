@@ -13,6 +13,7 @@ from library.models.families.family_entry import (
     ToolFacts,
 )
 from library.models.families.qwenimage.config_keys import QwenImageFlowKeys
+from library.models.families.qwenimage.musubi_options import OPTIONS as MUSUBI_OPTIONS
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
 
 _LINE = "Qwen-Image"
@@ -65,8 +66,9 @@ QWENIMAGE = FamilyEntry(
     flow_matching=True,
     config_keys=(TextEncoderFileKeys, QwenImageFlowKeys),
     flow_keys=FLOW_KEYS,
-    # networks.lora_qwen_image's argument, read into [flow] exclude_mod
-    kohya=KohyaVocabulary(network_args=("exclude_mod",)),
+    # musubi-tuner's Qwen-Image options difftune does not implement, and networks.lora_qwen_image's
+    # argument, read into [flow] exclude_mod
+    kohya=KohyaVocabulary(options=MUSUBI_OPTIONS, network_args=("exclude_mod",)),
     lora_files=LoraFiles(
         denoiser_marks=_DENOISER_MARKS,
         architectures=(("Qwen-Image", _LINE),),
