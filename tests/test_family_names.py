@@ -38,7 +38,11 @@ ALLOWED = {
     'timestep_sampling value "flux_shift" (families define their own [flow] keys in their '
     "packages)",
     "library/config/kohya_script_keys.py": "why sd-scripts options are refused: flux_train.py's "
-    "block-swap sliders, SD 1.x/SDXL inpainting",
+    "block-swap sliders, SD 1.x/SDXL inpainting, the full fine-tuning scripts a file was "
+    "written for (sdxl_train.py, flux_train.py, sd3_train.py)",
+    "library/config/musubi_args.py": "musubi-tuner's words that name FLUX.1 and FLUX.2 (its "
+    "timestep_sampling values flux2_shift, the network module networks.lora_flux_2) in the "
+    "messages that refuse them",
     "library/config/sampling_schema.py": _CONFIG_HELP + " (default sampler and CFG)",
     "library/config/schema.py": _CONFIG_HELP,
     "library/lora_tools/merge_into_model.py": "--output's help describes each family's "

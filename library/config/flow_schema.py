@@ -17,7 +17,7 @@ from pydantic import Field
 from library.config.section import Section
 from library.models.families.registry import FAMILIES
 
-TimestepSampling = Literal["sigma", "uniform", "sigmoid", "shift", "flux_shift"]
+TimestepSampling = Literal["sigma", "uniform", "sigmoid", "shift", "flux_shift", "qwen_shift"]
 WeightingScheme = Literal["sigma_sqrt", "logit_normal", "mode", "cosmap", "none", "uniform"]
 ModelPredictionType = Literal["raw", "additive", "sigma_scaled"]
 
@@ -30,10 +30,13 @@ class FlowMatchingKeys(Section):
         description="How each sample's noise level sigma is drawn: sigma (an index into the "
         "shifted 1000-step schedule, by weighting_scheme), uniform, sigmoid (sigmoid of "
         "sigmoid_scale * normal), shift (sigmoid, then discrete_flow_shift), flux_shift (sigmoid, "
-        "then Flux's resolution-dependent shift). Unset: sigma.",
+        "then Flux's resolution-dependent shift), qwen_shift (musubi-tuner's: sigmoid, then a "
+        "resolution-dependent shift with mu from 0.5 at 256 image tokens to 0.9 at 8192). Unset: sigma, or the family's own default draw.",
     )
     sigmoid_scale: float | None = Field(
-        None, gt=0, description="Scale of the normal draw in sigmoid/shift/flux_shift. Unset: 1."
+        None,
+        gt=0,
+        description="Scale of the normal draw in sigmoid/shift/flux_shift/qwen_shift. Unset: 1.",
     )
     discrete_flow_shift: float | None = Field(
         None,

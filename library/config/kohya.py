@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from library.config import musubi_dataset
+from library.config import musubi_args, musubi_dataset
 from library.config.adapter_schema import BLOCKWISE_KEYS, LYCORIS_KEYS
 from library.config.kohya_script_keys import FULL_FINE_TUNE, NEWER_UNSUPPORTED, OTHER_TRAININGS
 from library.config.suggest import show_value
@@ -140,7 +140,10 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "trained weights stay float32 (or bfloat16 with full_bf16)", (False,), planned=False
     ),
     "torch_compile": Unsupported("torch.compile is planned", (False,)),
-    "dynamo_backend": Unsupported("only used with torch_compile", ("no", "inductor"), ignored=True),
+    # musubi-tuner's default is "NO"
+    "dynamo_backend": Unsupported(
+        "only used with torch_compile", ("no", "NO", "inductor"), ignored=True
+    ),
     **_group("initial_epoch initial_step", "use resume to continue from a saved state"),
     "skip_until_initial_step": Unsupported("use resume to continue from a saved state", (False,)),
     "no_token_padding": Unsupported("prompts are always padded to 77 tokens", (False,)),
@@ -150,14 +153,16 @@ UNSUPPORTED: dict[str, Unsupported] = {
     **FULL_FINE_TUNE,
     **OTHER_TRAININGS,
     **NEWER_UNSUPPORTED,
-    # musubi-tuner's dataset keys for videos and FramePack
+    # musubi-tuner's dataset keys for videos and FramePack, and its training options
     **musubi_dataset.UNSUPPORTED,
+    **musubi_args.UNSUPPORTED,
 }
 
 # kohya's misspellings and old names that mean one of our keys.
 ALIASES: dict[str, str] = {
     "caption_extention": "caption_extension",
     **musubi_dataset.ALIASES,
+    **musubi_args.ALIASES,
     **_of_families(lambda kohya: kohya.aliases),
 }
 
@@ -201,6 +206,11 @@ UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
         "diffusers": "saving a diffusers folder is planned",
         "diffusers_safetensors": "saving a diffusers folder is planned",
     },
+}
+# musubi-tuner's values of the same keys (its timestep draws, network modules, ...)
+UNSUPPORTED_VALUES = {
+    key: {**UNSUPPORTED_VALUES.get(key, {}), **musubi_args.UNSUPPORTED_VALUES.get(key, {})}
+    for key in {**UNSUPPORTED_VALUES, **musubi_args.UNSUPPORTED_VALUES}
 }
 
 # The schema's spelling of optimizer names; kohya matches them case-insensitively.
@@ -256,9 +266,11 @@ _OFF_NETWORK_ARGS: dict[str, tuple[tuple[object, ...], str]] = {
     "block_size": ((4, None), "it belongs to LyCORIS' DyLoRA, which is not supported"),
     "train_on_input": ((False, None), "it belongs to LyCORIS' IA3, which is not supported"),
     **_of_families(lambda kohya: kohya.off_network_args),
+    **musubi_args.OFF_NETWORK_ARGS,
 }
 _NETWORK_ARG_REASONS = {
     **_of_families(lambda kohya: kohya.refused_network_args),
+    **musubi_args.REFUSED_NETWORK_ARGS,
     "disable_conv_cp": "LyCORIS reads it inconsistently; write use_tucker instead",
 }
 def same_value(value: object, other: object) -> bool:

@@ -11,6 +11,7 @@ belongs to and what to use instead.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from library.config.unsupported import Unsupported, group
@@ -55,9 +56,9 @@ OTHER_TRAININGS: dict[str, Unsupported] = {
     **_refused("qwen3_max_token_length t5_max_token_length", _ANIMA, (512,)),
     **_refused("unsloth_offload_checkpointing vae_disable_cache", _ANIMA, (False,)),
     **_refused("attn_mode vae_chunk_size", _ANIMA_OR_HUNYUAN),
-    **_refused("split_attn", _ANIMA_OR_HUNYUAN, (False,)),
     **_refused("byt5", _HUNYUAN),
-    **_refused("fp8_scaled fp8_vl text_encoder_cpu", _HUNYUAN, (False,)),
+    # split_attn, fp8_scaled and fp8_vl are musubi-tuner's options too (musubi_args)
+    **_refused("text_encoder_cpu", _HUNYUAN, (False,)),
     **_refused("init_word token_string weights", _TEXTUAL_INVERSION),
     **_refused("num_vectors_per_token", _TEXTUAL_INVERSION, (1,)),
     **_refused("use_object_template use_style_template", _TEXTUAL_INVERSION, (False,)),
@@ -120,6 +121,44 @@ FULL_FINE_TUNE: dict[str, Unsupported] = {
         ignored=True,
     ),
 }
+
+
+# The options of what only full fine-tuning scripts train or save (sd-scripts' above and
+# train_db.py's, musubi-tuner's qwen_image_train.py / zimage_train.py; not their switches that
+# change nothing, such as use_safetensors, nor what the kohya_ss GUI also writes into LoRA
+# exports, such as stop_text_encoder_training): a file that sets one and names no
+# network_module (which every LoRA script needs) was written for a full fine-tune. The
+# kohya_ss GUI's DreamBooth and fine-tune exports always carry learning_rate_te (SDXL:
+# learning_rate_te1 and learning_rate_te2).
+FULL_FINE_TUNE_MARKS = (
+    *(k for k in FULL_FINE_TUNE if k.startswith(("learning_rate_te", "train_text_encoder"))),
+    "block_lr",
+    "blockwise_fused_optimizers",
+    "num_last_block_to_freeze",
+    "use_t5xxl_cache_only",
+    "mem_eff_save",
+    "block_swap_optimizer_patch_params",
+)
+
+
+def full_fine_tune_problem(values: Mapping[str, object]) -> str | None:
+    """Why a file with these flat ``values`` cannot train as it stands: it sets options of a
+    full fine-tuning script (FULL_FINE_TUNE_MARKS, to other than false) but neither
+    network_module nor train_mode, so difftune's default, a LoRA, would train instead of the
+    whole model. None when it can."""
+    if "network_module" in values or "train_mode" in values:
+        return None
+    # a switch written false (train_text_encoder = false) asks for nothing of the sort
+    marks = [k for k, value in values.items() if k in FULL_FINE_TUNE_MARKS and value is not False]
+    if not marks:
+        return None
+    return (
+        f"{', '.join(marks)}: options of a full fine-tuning script (sd-scripts' sdxl_train.py, "
+        "flux_train.py, sd3_train.py, train_db.py, fine_tune.py, which the kohya_ss GUI's "
+        "DreamBooth and fine-tune tabs run, or musubi-tuner's full fine-tunes), and no "
+        'network_module: set train_mode = "unet" to fine-tune the whole denoiser (the text '
+        "encoders stay frozen), or network_module to train a LoRA"
+    )
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from library.config.dataset_loader import (
     table_keys,
 )
 from library.config.frontend_keys import FRONTEND_ONLY_KEYS
+from library.config.kohya_script_keys import full_fine_tune_problem
 from library.config.kohya_values import UNSET, normalise
 from library.config.overrides import (
     DATASET_KEYS,
@@ -307,6 +308,9 @@ def _apply_kohya(
     """Drop "off" unsupported keys (and ignored ones, noting those that are not off), report
     the others, and expand kohya conveniences. ``order`` ranks the layers by file."""
     out: dict[str, Entry] = {}
+    full_fine_tune = full_fine_tune_problem({key: value for key, (value, _) in flat.items()})
+    if full_fine_tune:
+        problems.add(Origin(_files_of(flat, order)), full_fine_tune, "train_mode")
     _deepspeed_keys(flat, notices, problems)
     _split_mode(flat, notices)
     for key, (value, origin) in flat.items():
@@ -337,6 +341,12 @@ def _apply_kohya(
             problems.add(origin, str(e), "optimizer_args")
             del out["optimizer_args"]  # reported; the section check would say it again
     return out
+
+
+def _files_of(flat: dict[str, Entry], order: dict[str, int]) -> str:
+    """The files (in layer order) the keys of ``flat`` come from, for a message about them all."""
+    files = sorted({origin.file for _, origin in flat.values()}, key=order.__getitem__)
+    return " and ".join(files)
 
 
 def _is_number(value: object) -> bool:

@@ -12,7 +12,7 @@ value ``z`` and one uniform [0, 1) value ``u`` from that sample's own generator,
 below map them deterministically. Which of the two a setting consumes:
 
 * ``uniform``: ``u``.
-* ``sigmoid``, ``shift``, ``flux_shift``: ``z``.
+* ``sigmoid``, ``shift``, ``flux_shift``, ``qwen_shift``: ``z``.
 * ``sigma`` (and SD3's sampler): ``z`` when ``weighting_scheme`` is ``logit_normal``, else ``u``.
 
 Drawing both values for every sample, whatever the options, keeps the later draws of a sample's
@@ -31,7 +31,9 @@ from library.errors import ConfigError
 
 NUM_TRAIN_TIMESTEPS = 1000
 
-TIMESTEP_SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "flux_shift")
+TIMESTEP_SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "flux_shift", "qwen_shift")
+# The draws that shift sigmoid(sigmoid_scale * z): by discrete_flow_shift, or by the image size
+SIGMOID_SAMPLINGS = ("sigmoid", "shift", "flux_shift", "qwen_shift")
 WEIGHTING_SCHEMES = ("sigma_sqrt", "logit_normal", "mode", "cosmap", "none", "uniform")
 MODEL_PREDICTION_TYPES = ("raw", "additive", "sigma_scaled")
 
@@ -42,6 +44,12 @@ FLUX_BASE_SEQ_LEN = 256
 FLUX_MAX_SEQ_LEN = 4096
 FLUX_BASE_SHIFT = 0.5
 FLUX_MAX_SHIFT = 1.15
+# Qwen-Image's line (its released scheduler config's base/max_image_seq_len and base/max_shift,
+# which QwenImagePipeline's calculate_shift reads; musubi-tuner's qwen_shift draws with it)
+QWEN_BASE_SEQ_LEN = 256
+QWEN_MAX_SEQ_LEN = 8192
+QWEN_BASE_SHIFT = 0.5
+QWEN_MAX_SHIFT = 0.9
 
 # The SD3 paper's mode density f(u) = 1 - u - s * (cos^2(pi u / 2) - 1 + u) maps [0, 1] onto [0, 1]
 # monotonically only for -1 <= s <= 2 / (pi - 2); outside it f leaves [0, 1] or folds back.
@@ -197,6 +205,17 @@ def flux_mu(
     return base_shift + slope * (image_seq_len - base_seq_len)
 
 
+def qwen_mu(image_seq_len: float) -> float:
+    """mu for Qwen-Image's time shift: the line through (256, 0.5) and (8192, 0.9)."""
+    return flux_mu(
+        image_seq_len,
+        base_seq_len=QWEN_BASE_SEQ_LEN,
+        max_seq_len=QWEN_MAX_SEQ_LEN,
+        base_shift=QWEN_BASE_SHIFT,
+        max_shift=QWEN_MAX_SHIFT,
+    )
+
+
 def flux_image_seq_len(latent_height: int, latent_width: int) -> int:
     """Image tokens of a Flux latent: 2x2 latent patches, i.e. (h // 2) * (w // 2) (4096 at 1024 px)."""
     return (latent_height // 2) * (latent_width // 2)
@@ -212,6 +231,10 @@ def training_schedule_sigmas(
     """
     base = torch.arange(num_train_timesteps, 0, -1, dtype=torch.float32) / num_train_timesteps
     return shift_sigmas(base, shift)
+
+
+# The draws shifted by the image's size -> their mu
+_SIZE_SHIFTS = {"flux_shift": flux_mu, "qwen_shift": qwen_mu}
 
 
 def _check_draws(z: torch.Tensor, u: torch.Tensor) -> None:
@@ -238,7 +261,8 @@ def flux_sample_sigmas(
 
     ``uniform``: u. ``sigmoid``: sigmoid(sigmoid_scale * z). ``shift``: that, then
     shift_sigmas(., discrete_flow_shift). ``flux_shift``: sigmoid(sigmoid_scale * z), then
-    time_shift_sigmas(., flux_mu(image_seq_len)). ``sigma``: density_u(weighting_scheme) picks index
+    time_shift_sigmas(., flux_mu(image_seq_len)); ``qwen_shift`` the same with
+    qwen_mu(image_seq_len) (musubi-tuner's Qwen-Image draw). ``sigma``: density_u(weighting_scheme) picks index
     floor(1000 * u) of training_schedule_sigmas(discrete_flow_shift), a table that descends, so a
     large u gives a small sigma. The timestep is sigma * 1000 in every case.
     """
@@ -246,16 +270,18 @@ def flux_sample_sigmas(
     validate_flow_options(timestep_sampling=timestep_sampling)
     if timestep_sampling == "uniform":
         sigmas = u.clone()
-    elif timestep_sampling in ("sigmoid", "shift", "flux_shift"):
+    elif timestep_sampling in SIGMOID_SAMPLINGS:
         validate_flow_options(sigmoid_scale=sigmoid_scale)
         sigmas = torch.sigmoid(sigmoid_scale * z)
         if timestep_sampling == "shift":
             validate_flow_options(discrete_flow_shift=discrete_flow_shift)
             sigmas = shift_sigmas(sigmas, discrete_flow_shift)
-        elif timestep_sampling == "flux_shift":
+        elif timestep_sampling in _SIZE_SHIFTS:
             if image_seq_len is None:
-                raise ValueError("timestep_sampling = 'flux_shift' needs the image's image_seq_len")
-            sigmas = time_shift_sigmas(sigmas, flux_mu(image_seq_len))
+                raise ValueError(
+                    f"timestep_sampling = '{timestep_sampling}' needs the image's image_seq_len"
+                )
+            sigmas = time_shift_sigmas(sigmas, _SIZE_SHIFTS[timestep_sampling](image_seq_len))
     else:
         validate_flow_options(discrete_flow_shift=discrete_flow_shift)
         density = density_u(
@@ -364,6 +390,16 @@ def loss_weighting(weighting_scheme: str, sigmas: torch.Tensor) -> torch.Tensor:
     if weighting_scheme == "cosmap":
         return 2 / (math.pi * (1 - 2 * s + 2 * s**2))
     return torch.ones_like(s)
+
+
+def output_loss_weights(weighting_scheme: str, sigmas: torch.Tensor) -> torch.Tensor | None:
+    """musubi-tuner's per-sample loss weight of a raw-output loss [B]: loss_weighting's for
+    sigma_sqrt and cosmap (sigma_sqrt's infinite weight at sigma 0, where the loss is 0
+    anyway, becomes 0), None for every other scheme."""
+    if weighting_scheme not in ("sigma_sqrt", "cosmap"):
+        return None
+    weights = loss_weighting(weighting_scheme, sigmas)
+    return torch.where(torch.isinf(weights), torch.zeros_like(weights), weights)
 
 
 def apply_model_prediction_type(

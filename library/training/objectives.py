@@ -264,7 +264,7 @@ class FlowMatchingObjective(Objective):
         reads."""
         o = self.options
         sampling = o.timestep_sampling
-        if sampling in ("sigmoid", "shift", "flux_shift"):
+        if sampling in fm.SIGMOID_SAMPLINGS:
             sampling += f" (sigmoid_scale {o.sigmoid_scale:g})"
         if sampling.startswith(("shift", "sigma")):
             sampling += f", discrete_flow_shift {o.discrete_flow_shift:g}"

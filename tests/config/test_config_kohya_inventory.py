@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from library.config import kohya
+from library.config import kohya, musubi_args
 from library.config.kohya_script_keys import NEWER_RELEASE, OTHER_TRAININGS
 from library.config.loader import load_config
 from library.config.overrides import key_kind
@@ -58,9 +58,13 @@ def test_every_sd_scripts_key_is_known(key):
 
 
 def _only_in_other_trainings() -> list[str]:
-    # t5_tokenizer_path is only Anima's in sd-scripts; difftune has its own key of that name
+    # t5_tokenizer_path is only Anima's in sd-scripts; difftune has its own key of that name.
+    # musubi-tuner's image trainers define split_attn, fp8_scaled and fp8_vl too: they are
+    # classified by what they do there (tests/config/test_config_musubi_args.py)
     only = (k for k, where in KOHYA_SCRIPTS.items() if set(where) <= set(OTHER_SCRIPTS))
-    return sorted(k for k in only if key_kind(k) != "flat")
+    return sorted(
+        k for k in only if key_kind(k) != "flat" and k not in musubi_args.UNSUPPORTED
+    )
 
 
 def _toml(value: object) -> str:
@@ -115,12 +119,14 @@ def test_newer_release_settings_of_refused_options_load_with_a_note(write_toml, 
 @pytest.mark.parametrize(
     ("line", "noted"),
     [
-        ("mem_eff_save = true", False),  # always so here: full-model saves stream
+        # always so here: full-model saves stream (a full fine-tune's options: train_mode says so)
+        ('mem_eff_save = true\ntrain_mode = "unet"', False),
         ("use_safetensors = true", False),
         ("console_log_simple = true", False),
         ('console_log_level = "DEBUG"', True),
         ("diffusers_xformers = true", True),
-        ("learning_rate_te1 = 1e-5", True),  # only with train_text_encoder, refused itself
+        # only with train_text_encoder, refused itself
+        ('learning_rate_te1 = 1e-5\ntrain_mode = "unet"', True),
     ],
 )
 def test_options_that_change_nothing_here_load(write_toml, line, noted):

@@ -167,6 +167,40 @@ def test_flux_shift_sampling_cdf(seq_len, scale):
     assert _ks_distance(out.sigmas, lambda t: _phi((_logit(t) - mu + 0.15) / scale)) > EPS
 
 
+@pytest.mark.parametrize(("latent_h", "latent_w", "scale"), [(166, 166, 1.0), (64, 96, 1.0), (128, 128, 1.6)])
+def test_qwen_shift_is_musubi_tuners_qwen_image_draw(latent_h, latent_w, scale):
+    """Per sample, as musubi-tuner's trainer computes it: t = sigmoid(scale * z), mu on the line
+    through (256 tokens, 0.5) and (8192 tokens, 0.9) at the latent's (h // 2) * (w // 2) tokens
+    (Qwen-Image's scheduler config: base/max_image_seq_len 256/8192, base/max_shift 0.5/0.9),
+    then t' = e^mu t / (1 + (e^mu - 1) t)."""
+    z = _normal_draws()[:500].double()
+    tokens = (latent_h // 2) * (latent_w // 2)
+    mu = 0.5 + (tokens - 256) * (0.9 - 0.5) / (8192 - 256)
+    shift = math.exp(mu)
+    t = 1 / (1 + torch.exp(-scale * z))
+    expected = t * shift / (1 + (shift - 1) * t)
+    out = fm.flux_sample_sigmas(
+        z,
+        _uniform_draws()[:500].double(),
+        timestep_sampling="qwen_shift",
+        sigmoid_scale=scale,
+        image_seq_len=fm.flux_image_seq_len(latent_h, latent_w),
+    )
+    torch.testing.assert_close(out.sigmas, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out.timesteps, expected * 1000, rtol=1e-10, atol=1e-9)
+
+
+def test_qwen_shift_at_qwen_images_native_size_is_about_2_2():
+    # musubi-tuner's guide: "typically around 2.2 for 1328x1328 images" (166x166 latents)
+    assert math.exp(fm.qwen_mu(fm.flux_image_seq_len(166, 166))) == pytest.approx(2.2, abs=0.15)
+
+
+def test_qwen_shift_needs_the_image_size():
+    z = _normal_draws()[:4]
+    with pytest.raises(ValueError, match="qwen_shift"):
+        fm.flux_sample_sigmas(z, _uniform_draws()[:4], timestep_sampling="qwen_shift")
+
+
 def test_flux_time_shift_equals_discrete_shift_by_exp_mu():
     s = torch.linspace(0.001, 0.999, 101, dtype=torch.float64)
     mu = 0.83

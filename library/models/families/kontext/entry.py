@@ -35,8 +35,13 @@ KONTEXT = FamilyEntry(
         network_args=FLUX.kohya.network_args,
         off_network_args=FLUX.kohya.off_network_args,
         refused_network_args=FLUX.kohya.refused_network_args,
-        # musubi-tuner's older name of its dataset key no_resize_control
-        aliases={"flux_kontext_no_resize_control": "no_resize_control"},
+        # musubi-tuner's older name of its dataset key no_resize_control, and its Kontext
+        # trainer's names of the text encoder files (flux_kontext_train_network.py)
+        aliases={
+            "flux_kontext_no_resize_control": "no_resize_control",
+            "text_encoder1": "t5xxl",
+            "text_encoder2": "clip_l",
+        },
     ),
     # its LoRA files are FLUX.1's (kohya's names of the same transformer): nothing tells the
     # files of the two apart, so they are one line to the file checks (a FLUX.1 LoRA continues

@@ -1,6 +1,7 @@
-"""Qwen-Image's own [flow] key: which release a single transformer file is (musubi-tuner's
+"""Qwen-Image's own [flow] keys: which release a single transformer file is (musubi-tuner's
 --model_version), since a file's tensors do not say whether it is the text-to-image model or an
-edit model."""
+edit model; and whether a LoRA leaves out the blocks' modulation (musubi-tuner's
+``networks.lora_qwen_image`` argument exclude_mod)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ PIPELINES: dict[str, str] = {
 
 
 class QwenImageFlowKeys(Section):
-    """musubi-tuner's --model_version."""
+    """musubi-tuner's --model_version and its LoRA's exclude_mod."""
 
     model_version: ModelVersion | None = Field(
         None,
@@ -31,6 +32,13 @@ class QwenImageFlowKeys(Section):
         "multi-image edit releases). Needed to train an edit model from its transformer file "
         "(qwen_image_edit_bf16.safetensors and the like); a diffusers folder says it itself, "
         "and must agree when it is set. Unset: original for a file.",
+    )
+    exclude_mod: bool | None = Field(
+        None,
+        description="Qwen-Image LoRAs: leave out each block's timestep modulation Linears "
+        "(img_mod, txt_mod), as musubi-tuner's networks.lora_qwen_image does by default; false "
+        "adapts them too (musubi-tuner's network_args exclude_mod=False, also accepted there). "
+        "Unset: true. LyCORIS' preset decides instead (full adds them).",
     )
 
 

@@ -5,8 +5,15 @@ imported on first use."""
 
 from __future__ import annotations
 
-from library.models.families.family_entry import Deferred, FamilyEntry, LoraFiles, ToolFacts
+from library.models.families.family_entry import (
+    Deferred,
+    FamilyEntry,
+    KohyaVocabulary,
+    LoraFiles,
+    ToolFacts,
+)
 from library.models.families.qwenimage.config_keys import QwenImageFlowKeys
+from library.models.families.qwenimage.musubi_options import OPTIONS as MUSUBI_OPTIONS
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
 
 _LINE = "Qwen-Image"
@@ -24,8 +31,9 @@ SIGMA_KEYS = frozenset(
     }
 )
 # ...and beside a single transformer file its Qwen2.5-VL file and which release it is
-# (files.py; the VAE file is [model] vae, which the loader reads itself: reads_vae).
-FLOW_KEYS = SIGMA_KEYS | {"text_encoder", "model_version"}
+# (files.py; the VAE file is [model] vae, which the loader reads itself: reads_vae), and
+# whether a LoRA adapts the blocks' modulation (targets.py)
+FLOW_KEYS = SIGMA_KEYS | {"text_encoder", "model_version", "exclude_mod"}
 # Module names only Qwen-Image LoRA files hold: its blocks' per-stream feed-forwards (img_mlp,
 # txt_mlp; SD3's and FLUX.1's blocks name theirs ff / ff_context), which every default LoRA
 # adapts, in ours (diffusion_model.), diffusers' peft (transformer.) and kohya's names, for each
@@ -58,6 +66,9 @@ QWENIMAGE = FamilyEntry(
     flow_matching=True,
     config_keys=(TextEncoderFileKeys, QwenImageFlowKeys),
     flow_keys=FLOW_KEYS,
+    # musubi-tuner's Qwen-Image options difftune does not implement, and networks.lora_qwen_image's
+    # argument, read into [flow] exclude_mod
+    kohya=KohyaVocabulary(options=MUSUBI_OPTIONS, network_args=("exclude_mod",)),
     lora_files=LoraFiles(
         denoiser_marks=_DENOISER_MARKS,
         architectures=(("Qwen-Image", _LINE),),

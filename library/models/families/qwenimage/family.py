@@ -57,6 +57,8 @@ class QwenImageFamily(ModelFamily):
     LABEL: ClassVar[str] = "Qwen-Image"
 
     caption_tokens: int = captions_.MAX_LENGTH  # Qwen2.5-VL tokens per caption (the pipeline's)
+    # a LoRA adapts the blocks' img_mod / txt_mod too ([flow] exclude_mod = false)
+    adapt_modulation: bool = False
 
     def describe(self) -> str:
         return f"Qwen-Image ({self.caption_tokens} Qwen2.5-VL tokens)"
@@ -141,10 +143,11 @@ class QwenImageFamily(ModelFamily):
         return False  # check_training refuses text-encoder LoRAs before this is asked
 
     def adapter_targets(self, module, role, conv):
-        """musubi-tuner's Linears of the transformer (targets.py)."""
+        """musubi-tuner's Linears of the transformer (targets.py), with the modulation when
+        exclude_mod is false."""
         if role != "unet":
             raise ConfigError("Qwen-Image LoRAs adapt the transformer only")
-        return default_targets(module)
+        return default_targets(module, modulation=self.adapt_modulation)
 
     def lycoris_targets(self, module, role, preset):
         """The blocks' attention and feed-forward Linears (attention alone for attn-only), with
@@ -204,6 +207,11 @@ class QwenImageFamily(ModelFamily):
         lycoris = net.network_module == "lycoris.kohya"
         if net.conv_dim is not None and not lycoris:
             raise ConfigError("conv_dim: Qwen-Image's transformer has no convolutions; remove it")
+        if lycoris and getattr(config.flow, "exclude_mod", None) is not None:
+            raise ConfigError(
+                "exclude_mod chooses the layers of a LoRA; with lycoris.kohya the preset does "
+                "(full and full-lin adapt the modulation, attn-mlp leaves it out): remove it"
+            )
 
     # -- full fine-tunes, sampling ------------------------------------------------------------
 
@@ -222,9 +230,11 @@ class QwenImageFamily(ModelFamily):
         return qwenimage_pipeline_kind()
 
 
-def qwenimage_family() -> QwenImageFamily:
-    """The Qwen-Image family."""
+def qwenimage_family(flow=None) -> QwenImageFamily:
+    """The Qwen-Image family, with the [flow] section's exclude_mod (unset: musubi-tuner's
+    default, the modulation left out)."""
     return QwenImageFamily(
+        adapt_modulation=getattr(flow, "exclude_mod", None) is False,
         name="qwenimage",
         prediction_type="flow",
         base_model_version="qwen_image",  # musubi-tuner's ss_base_model_version

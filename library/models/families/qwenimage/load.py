@@ -67,7 +67,7 @@ def load_qwenimage(
             text_encoders=(parts.text_encoder,),
             tokenizers=(parts.tokenizer,),
             objective=QwenImageFlowObjective(qwenimage_flow_options(flow), scheduler_config()),
-            family=qwenimage_family(),
+            family=qwenimage_family(flow),
             model_dir=parts.model_dir,
         )
     check_folder_version(flow, PIPELINE, path)
@@ -79,7 +79,7 @@ def load_qwenimage(
         text_encoders=(modules["text_encoder"],),
         tokenizers=(tokenizer,),
         objective=QwenImageFlowObjective(qwenimage_flow_options(flow), loaded.facts),
-        family=qwenimage_family(),
+        family=qwenimage_family(flow),
         model_dir=loaded.model_dir,
     )
 

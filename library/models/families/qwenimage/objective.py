@@ -12,13 +12,15 @@ The facts (diffusers 0.42.1 QwenImagePipeline with FlowMatchEulerDiscreteSchedul
   s -> e^mu / (e^mu + 1/s - 1)), which is the sampler's business, not training's;
 - training sigmas: musubi-tuner's Qwen-Image guide suggests ``timestep_sampling shift``,
   ``discrete_flow_shift 2.2``, ``weighting_scheme none`` (sigma = shift(sigmoid(z))); those are
-  the defaults here, and any [flow] draw key may replace them.
+  the defaults here, and any [flow] draw key may replace them; a weighting_scheme of
+  sigma_sqrt or cosmap weights the loss per sample, as musubi-tuner's trainers do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from library.training import flow_matching as fm
 from library.training.objectives import FlowMatchingObjective, FlowOptions
 
 # The [flow] keys of the draw (the shared flow-matching keys)
@@ -62,3 +64,7 @@ class QwenImageFlowObjective(FlowMatchingObjective):
 
     def prediction(self, output, noisy, t):
         return output
+
+    def level_weights(self, options, t):
+        """weighting_scheme's per-sample weight (sigma_sqrt: sigma^-2, cosmap)."""
+        return fm.output_loss_weights(self.options.weighting_scheme, t)

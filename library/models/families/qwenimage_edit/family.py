@@ -124,10 +124,10 @@ def _condition_image(image: Image.Image) -> Image.Image:
     return image if image.size == size else image.resize(size, Image.Resampling.LANCZOS)
 
 
-def qwenimage_edit_family(plus: bool = False) -> QwenImageEditFamily:
-    """The Qwen-Image-Edit family (``plus``: 2509/2511): Qwen-Image's settings under its own
-    names, with the processor beside the tokenizer."""
-    base = qwenimage_family()
+def qwenimage_edit_family(plus: bool = False, flow=None) -> QwenImageEditFamily:
+    """The Qwen-Image-Edit family (``plus``: 2509/2511): Qwen-Image's settings (the [flow]
+    section's among them) under its own names, with the processor beside the tokenizer."""
+    base = qwenimage_family(flow)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     names = (
         {"name": "qwenimage-edit-plus", "base_model_version": "qwen_image_edit_plus",

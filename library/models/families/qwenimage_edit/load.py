@@ -101,7 +101,7 @@ def _load(folder_spec, model, flow, weight_dtype, vae_dtype) -> Components:
         text_encoders=(modules["text_encoder"],),
         tokenizers=tuple(loaded.tokenizers.values()),
         objective=QwenImageFlowObjective(qwenimage_flow_options(flow), loaded.facts),
-        family=qwenimage_edit_family(plus=plus),
+        family=qwenimage_edit_family(plus=plus, flow=flow),
         model_dir=loaded.model_dir,
     )
 
@@ -120,7 +120,7 @@ def _load_files(path: Path, model, flow, weight_dtype, vae_dtype, plus: bool) ->
         text_encoders=(parts.text_encoder,),
         tokenizers=(parts.tokenizer, processor),
         objective=QwenImageFlowObjective(qwenimage_flow_options(flow), scheduler_config()),
-        family=qwenimage_edit_family(plus=plus),
+        family=qwenimage_edit_family(plus=plus, flow=flow),
         model_dir=parts.model_dir,
     )
 

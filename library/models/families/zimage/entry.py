@@ -5,8 +5,15 @@ and imported on first use."""
 
 from __future__ import annotations
 
-from library.models.families.family_entry import Deferred, FamilyEntry, LoraFiles, ToolFacts
+from library.models.families.family_entry import (
+    Deferred,
+    FamilyEntry,
+    KohyaVocabulary,
+    LoraFiles,
+    ToolFacts,
+)
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
+from library.models.families.zimage.musubi_options import OPTIONS as MUSUBI_OPTIONS
 
 _LINE = "Z-Image"
 _PACKAGE = "library.models.families.zimage"
@@ -51,6 +58,8 @@ ZIMAGE = FamilyEntry(
     flow_matching=True,
     config_keys=(TextEncoderFileKeys,),
     flow_keys=FLOW_KEYS,
+    # musubi-tuner's Z-Image options difftune does not implement
+    kohya=KohyaVocabulary(options=MUSUBI_OPTIONS),
     lora_files=LoraFiles(
         denoiser_marks=_DENOISER_MARKS,
         architectures=(("Z-Image", _LINE),),

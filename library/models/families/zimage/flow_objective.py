@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
 from library.models.families.zimage import objective as facts
 from library.models.families.zimage.entry import SIGMA_KEYS
 from library.training import flow_matching as fm
@@ -52,10 +50,5 @@ class ZImageFlowObjective(FlowMatchingObjective):
         return output
 
     def level_weights(self, options, t):
-        """weighting_scheme's per-sample weight (sigma_sqrt: sigma^-2, cosmap); sigma_sqrt's
-        infinite weight at sigma 0, where the loss is 0 anyway, becomes 0."""
-        scheme = self.options.weighting_scheme
-        if scheme not in ("sigma_sqrt", "cosmap"):
-            return None
-        weights = fm.loss_weighting(scheme, t)
-        return torch.where(t > 0, weights, torch.zeros_like(weights))
+        """weighting_scheme's per-sample weight (sigma_sqrt: sigma^-2, cosmap)."""
+        return fm.output_loss_weights(self.options.weighting_scheme, t)
