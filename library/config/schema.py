@@ -528,8 +528,10 @@ class SavingSection(Section):
     overwrite: bool = Field(
         False,
         description="Allow replacing an earlier run's outputs of this output_name (otherwise "
-        "refused). Never an input of the run: a run that would write over its model, VAE, "
-        "network_weights, resume state, images or other inputs is refused either way.",
+        "refused): a new run first moves them, with that run's summary and sample images, to a "
+        "folder <output_name>-replaced-<date>_<time> in output_dir. Never an input of the run: "
+        "a run that would write over its model, VAE, network_weights, resume state, images or "
+        "other inputs is refused either way.",
     )
     no_metadata: bool = Field(False, description="Write no training metadata into saved files.")
     training_comment: str | None = Field(None, description="Stored as ss_training_comment.")
