@@ -276,7 +276,8 @@ class TrainingSection(Section):
     ignore_memory_estimate: bool = Field(
         False,
         description="Train even when the estimated peak memory (printed in the plan) exceeds "
-        "the device's total memory; otherwise such a run stops before training.",
+        "the device's total memory, or when the estimate's forward pass fails on the run's "
+        "shapes; otherwise such a run (and its dry run) stops before training.",
     )
     sdpa: bool = Field(
         True,
