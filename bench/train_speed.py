@@ -371,9 +371,6 @@ def bench(args: argparse.Namespace) -> list[dict]:
     log(f"machine: {machine}")
     results: list[dict] = []
     with work_folder("difftune-bench-", args.keep) as work:
-        for name in args.cases or ([] if args.config else DEFAULT_CASES):
-            if name not in CASES:
-                raise BenchError(f"unknown case {name!r}; cases: {', '.join(CASES)}")
         jobs = [(n, CASES[n]) for n in args.cases or ([] if args.config else DEFAULT_CASES)]
         if args.config:
             jobs.append((args.config.name, None))
@@ -476,6 +473,37 @@ def _comparison(name: str, results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def counts(least: int):
+    """An argparse type: a whole number of at least ``least`` (argparse names the option)."""
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is less than {least}")
+        return value
+
+    return count
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every argument checked before the first run, so that a mistake costs no case's time."""
+    unknown = [name for name in args.cases or () if name not in CASES]
+    if unknown:
+        parser.error(f"--cases: unknown case {unknown[0]!r}; cases: {', '.join(CASES)}")
+    if args.config is not None and not args.config.is_file():
+        parser.error(f"--config {args.config}: no such file")  # before a case runs
+    steps = args.steps or (12 if args.cases or not args.config else None)
+    fewest = max(args.warmup, 1) + 1  # s/step times the gaps between steps after the warm-up
+    if steps is not None and steps < fewest:
+        parser.error(f"--steps {steps} leaves no step to time after --warmup {args.warmup}; "
+                     f"use --steps {fewest} or more")  # fmt: skip
+    if args.sd_scripts and not (args.sd_scripts / "train_network.py").is_file():
+        parser.error(f"--sd_scripts {args.sd_scripts}: no train_network.py there")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -485,11 +513,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config", type=Path, help="also run this config (a difftune or kohya file)"
     )
-    parser.add_argument("--steps", type=int, help="optimizer steps per run (cases: 12)")
-    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of s/step")
-    parser.add_argument("--processes", type=int, nargs="+", default=[1],
+    parser.add_argument("--steps", type=counts(1),
+                        help="optimizer steps per run (cases: 12)")  # fmt: skip
+    parser.add_argument("--warmup", type=counts(0), default=2,
+                        help="first steps left out of s/step")  # fmt: skip
+    parser.add_argument("--processes", type=counts(1), nargs="+", default=[1],
                         help="process counts to run each case with (1 2: scaling)")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each case and trainer")
+    parser.add_argument("--repeats", type=counts(1), default=1,
+                        help="runs of each case and trainer")  # fmt: skip
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="default: cuda when available")  # fmt: skip
     add_run_options(parser)
@@ -502,12 +533,11 @@ def main(argv: list[str] | None = None) -> int:
         "--sd_scripts_python", help="the Python of sd-scripts' environment (default: this one)"
     )
     args = parser.parse_args(argv)
+    check_args(parser, args)
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.sd_scripts and not (args.sd_scripts / "train_network.py").is_file():
-        parser.error(f"--sd_scripts {args.sd_scripts}: no train_network.py there")
     try:
         bench(args)
     except BenchError as failed:

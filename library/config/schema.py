@@ -276,7 +276,8 @@ class TrainingSection(Section):
     ignore_memory_estimate: bool = Field(
         False,
         description="Train even when the estimated peak memory (printed in the plan) exceeds "
-        "the device's total memory; otherwise such a run stops before training.",
+        "the device's total memory, or when the estimate's forward pass fails on the run's "
+        "shapes; otherwise such a run (and its dry run) stops before training.",
     )
     sdpa: bool = Field(
         True,
@@ -528,8 +529,10 @@ class SavingSection(Section):
     overwrite: bool = Field(
         False,
         description="Allow replacing an earlier run's outputs of this output_name (otherwise "
-        "refused). Never an input of the run: a run that would write over its model, VAE, "
-        "network_weights, resume state, images or other inputs is refused either way.",
+        "refused): a new run first moves them, with that run's summary and sample images, to a "
+        "folder <output_name>-replaced-<date>_<time> in output_dir. Never an input of the run: "
+        "a run that would write over its model, VAE, network_weights, resume state, images or "
+        "other inputs is refused either way.",
     )
     no_metadata: bool = Field(False, description="Write no training metadata into saved files.")
     training_comment: str | None = Field(None, description="Stored as ss_training_comment.")

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 # older files are not found. 2: files hold a checksum of their tensors.
 FORMAT_VERSION = 2
 LOAD_THREADS = 4
+# the setting to change when a cache folder is full or not writable (SaveError's hint)
+CACHE_PLACE = "cache folder (cache_dir, or the dataset's cache_directory)"
 _PARTS = "difftune.latent_key_parts"
 _CHECKSUM = "difftune.latent_checksum"
 
@@ -426,7 +428,8 @@ def _write_entry(key: str, job: _Job, entry: CachedLatent) -> None:
         "crop_top_left": json.dumps(list(entry.crop_top_left)),
     }
     for root in job.roots:
-        atomic_write_file(cache_file(root, key), lambda tmp: save_file(tensors, tmp, metadata))
+        path = cache_file(root, key)
+        atomic_write_file(path, lambda tmp: save_file(tensors, tmp, metadata), CACHE_PLACE)
 
 
 def _read_entry(

@@ -16,7 +16,7 @@ import torch
 from library.errors import CheckpointError, ConfigError
 from library.networks.kohya_names import ALPHA, DOWN, UP  # noqa: F401  (a kohya module's tensors)
 from library.networks.lycoris.file_math import LOCON_KEYS, LOHA_KEYS, LOKR_KEYS, SHARED_KEYS
-from library.saving.atomic import atomic_write_file, remove_leftovers
+from library.saving.atomic import SaveError, atomic_write_file, remove_leftovers
 from library.saving.input_clash import OUTPUT_INSIDE, SAME, clash
 from library.saving.lora_file import model_hashes, read_safetensors, save_lora_file
 from library.saving.output_names import owner_of
@@ -112,10 +112,11 @@ def release_outputs() -> None:
 
 
 @contextmanager
-def writing(path: Path) -> Iterator[None]:
+def writing(path: Path, flag: str = "--output") -> Iterator[None]:
     """Hold the lock of ``path``'s output name while it is written (kept when the command
     already holds it, :func:`hold_output`), after removing the temporary files a killed
-    earlier write of ``path`` left; ConfigError naming the holder if another run has it."""
+    earlier write of ``path`` left; ConfigError naming the holder if another run has it.
+    A failed write's SaveError names ``flag``, the option that chose ``path``, in its hint."""
     lock = _lock_of(path)
     held = lock.path.absolute() in _HELD
     if not held:
@@ -123,6 +124,11 @@ def writing(path: Path) -> Iterator[None]:
     try:
         remove_leftovers(path.parent, lambda output: output == path.name)
         yield
+    except SaveError as failed:
+        named = failed.naming(flag)
+        if named is failed:
+            raise
+        raise named from failed.__cause__
     finally:
         if not held:
             lock.release()

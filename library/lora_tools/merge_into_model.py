@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             family.write_full_model(output, components.denoiser, components, metadata, dtype)
         print(f"wrote {output}")
     if folder is not None:
-        with writing(folder):
+        with writing(folder, "--output_dir"):
             write_model_folder(folder, components, changed, dtype, replace_vae=bool(args.vae))
         print(f"wrote {folder}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from PIL import Image
@@ -29,6 +30,13 @@ def image_path(folder: Path, output_name: str, step: int, index: int, seed: int)
 def grid_path(folder: Path, output_name: str, step: int) -> Path:
     """``<output_name>_<step:06d>_grid.png``."""
     return folder / f"{output_name}_{step:06d}_grid.png"
+
+
+def is_sample_image(output_name: str, entry: str) -> bool:
+    """Whether ``entry``, a name in the sample folder, is one of ``output_name``'s sample
+    images or grids (image_path, grid_path)."""
+    pattern = rf"{re.escape(output_name)}_\d{{6,}}_(\d{{2,}}_-?\d+|grid)\.png"
+    return re.fullmatch(pattern, entry) is not None
 
 
 def grid_shape(count: int) -> tuple[int, int]:

@@ -5,7 +5,10 @@ then renamed into place; on failure the temporary is removed and the old output 
 Temporaries are named ``.<output>.<random>.tmp`` (and ``.<output>.<random>.old`` for a replaced
 folder while it is swapped out); a process killed with no chance to clean up (kill -9, power
 loss) leaves them behind, and :func:`remove_leftovers` clears them before that output is written
-again.
+again. Where other processes may be writing the same folder at the same time (a cache folder two
+runs share), :func:`remove_stale_temporaries` removes only the temporary files no live process
+is writing: on POSIX a file's writer holds a lock on it until the file is in place, and a lock
+dies with its process.
 
 A write that fails (disk full, no permission, I/O error) becomes a one-line SaveError naming the
 destination, whichever writer failed: Python's OSError, safetensors' SafetensorError or torch's
@@ -20,11 +23,18 @@ import errno
 import os
 import re
 import shutil
+import stat
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from library.errors import DifftuneError
+
+try:  # POSIX: a temporary being written holds an advisory lock (released when its writer dies)
+    import fcntl
+except ImportError:  # Windows, where an open file cannot be removed anyway
+    fcntl = None
 
 
 class SaveError(DifftuneError):
@@ -38,10 +48,24 @@ class SaveError(DifftuneError):
     # kept is named in the message"). 2 stays for input that is wrong before anything runs.
     exit_code = 1
 
-    def __init__(self, message: str, path: Path | None = None, reason: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        path: Path | None = None,
+        reason: str | None = None,
+        fix: str | None = None,
+    ):
         super().__init__(message)
         self.path = path
         self.reason = reason
+        self.fix = fix  # "space" or "writable": the kind of hint the message ends with
+
+    def naming(self, place: str) -> SaveError:
+        """The same failure with its hint naming ``place`` (``--output``, ``cache_dir``) as
+        the setting to change; itself when its message has no such hint."""
+        if self.path is None or self.reason is None or self.fix is None:
+            return self
+        return _failure(self.path, self.reason, self.fix, place)
 
 
 def _current_umask() -> int:
@@ -54,7 +78,8 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 NO_SPACE = "no space left on device"
-_NO_SPACE_HINT = "free space or choose another output_dir"
+# the end of a failed write's message, by kind, naming the setting that chose the destination
+_HINTS = {"space": "free space or choose another {place}", "writable": "choose a writable {place}"}
 # After a failed write the temporary still fills the disk; below this much free space a failure
 # whose cause the writer did not report (torch gives no errno) is taken as a full disk.
 NEARLY_FULL_BYTES = 16 * 2**20
@@ -125,8 +150,15 @@ def _nearly_full(folder: Path) -> bool:
         return False
 
 
-def _save_error(path: Path, exc: BaseException) -> SaveError | None:
-    """``exc`` as a one-line SaveError naming ``path``; None when it is not a write failure.
+def _failure(path: Path, reason: str, fix: str | None, place: str) -> SaveError:
+    hint = _HINTS[fix].format(place=place) if fix else None
+    message = f"cannot write {path}: {reason}" + (f"; {hint}" if hint else "")
+    return SaveError(message, path=path, reason=reason, fix=fix)
+
+
+def _save_error(path: Path, exc: BaseException, place: str) -> SaveError | None:
+    """``exc`` as a one-line SaveError naming ``path`` and, in its hint, the setting ``place``
+    that chose it; None when it is not a write failure.
 
     Call it before the temporary is removed: a failed write's partial file is what shows the disk
     to be full when the writer gave no errno.
@@ -137,15 +169,14 @@ def _save_error(path: Path, exc: BaseException) -> SaveError | None:
     code, reason = failure
     if code is None and _nearly_full(path.parent):
         code = errno.ENOSPC
-    hint = None
+    fix = None
     if code == errno.ENOSPC:
-        reason, hint = NO_SPACE, _NO_SPACE_HINT
+        reason, fix = NO_SPACE, "space"
     elif code is not None and code == getattr(errno, "EDQUOT", None):  # not on Windows
-        reason, hint = "disk quota exceeded", _NO_SPACE_HINT
+        reason, fix = "disk quota exceeded", "space"
     elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
-        hint = "choose a writable output_dir"
-    message = f"cannot write {path}: {reason}" + (f"; {hint}" if hint else "")
-    return SaveError(message, path=path, reason=reason)
+        fix = "writable"
+    return _failure(path, reason, fix, place)
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:
@@ -157,20 +188,24 @@ def _fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
-def atomic_write_file(path: str | Path, write: Callable[[Path], None]) -> Path:
+def atomic_write_file(
+    path: str | Path, write: Callable[[Path], None], place: str = "output_dir"
+) -> Path:
     """Call ``write(tmp)`` to create a temporary file beside ``path``, then move it into place.
 
     The temporary is fsynced before the rename. On any exception it is removed and an existing
     ``path`` is left as it was; a failed write (see the module's docstring) becomes a one-line
-    SaveError, chained to the writer's exception.
+    SaveError, chained to the writer's exception, whose hint names ``place``, the setting that
+    chose the folder.
     """
     path = Path(path)
     tmp: Path | None = None
+    held: int | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
         tmp = Path(name)
+        held = _held_while_written(fd)
         write(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)
         _fsync_path(tmp)
@@ -179,14 +214,29 @@ def atomic_write_file(path: str | Path, write: Callable[[Path], None]) -> Path:
         with contextlib.suppress(OSError):  # not every file system can fsync a folder
             _fsync_path(path.parent, directory=True)
     except Exception as exc:
-        error = _save_error(path, exc)
+        error = _save_error(path, exc, place)
         if error is None:
             raise
         raise error from exc
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
+        if held is not None:
+            os.close(held)
     return path
+
+
+def _held_while_written(fd: int) -> int | None:
+    """Lock the new temporary's descriptor ``fd`` and keep it open (POSIX), so that
+    :func:`remove_stale_temporaries` sees the file is being written; else close it."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:  # a file system without locks: the temporary's age alone tells
+            pass
+    os.close(fd)
+    return None
 
 
 def _fsync_tree(root: Path) -> None:
@@ -225,7 +275,7 @@ def atomic_write_dir(path: str | Path, write: Callable[[Path], None]) -> Path:
             raise
         tmp = None
     except Exception as exc:
-        error = _save_error(path, exc)
+        error = _save_error(path, exc, "output_dir")
         if error is None:
             raise
         raise error from exc
@@ -269,4 +319,63 @@ def remove_leftovers(folder: str | Path, outputs: Callable[[str], bool]) -> list
         else:
             path.unlink(missing_ok=True)
         removed.append(path)
+    return removed
+
+
+# A temporary younger than this may be between its creation and its writer's lock; one that
+# cannot be locked at all (no flock on the file system, or Windows) must be much older.
+FRESH_TEMPORARY_S = 60
+UNLOCKABLE_TEMPORARY_S = 24 * 3600
+
+
+def _written_now(path: Path) -> bool | None:
+    """Whether a live process holds ``path``'s writer lock; None when it cannot be told."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # also releases the lock just taken
+    return False
+
+
+def remove_stale_temporaries(
+    folder: str | Path, outputs: Callable[[str], bool], now: float | None = None
+) -> list[Path]:
+    """Remove the temporary files of ``folder``'s outputs whose names ``outputs`` accepts that
+    killed writes left behind; return them. Safe while other processes write to ``folder``: a
+    temporary is removed only when no live process is writing it (its writer's lock is free,
+    and it is older than FRESH_TEMPORARY_S; UNLOCKABLE_TEMPORARY_S where locks cannot tell)."""
+    folder = Path(folder)
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:  # no such folder yet, or unreadable: nothing of ours to clear
+        return []
+    now = time.time() if now is None else now
+    removed = []
+    for path in entries:
+        match = _TEMPORARY.match(path.name)
+        if match is None or match.group("kind") != "tmp" or not outputs(match.group("output")):
+            continue
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        live = _written_now(path)
+        age = now - info.st_mtime
+        if live or age < (UNLOCKABLE_TEMPORARY_S if live is None else FRESH_TEMPORARY_S):
+            continue
+        with contextlib.suppress(OSError):  # gone already, or (Windows) still open
+            path.unlink()
+            removed.append(path)
     return removed

@@ -13,16 +13,22 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 from library.config.schema import SavingSection
 from library.errors import ConfigError
+from library.sampling.grid import SAMPLE_SUBDIR, is_sample_image, sample_dir
 from library.saving import atomic
 from library.saving.output_names import EPOCH as _EPOCH
 from library.saving.output_names import LOCK_SUFFIX, SUMMARY_SUFFIX, is_output
 from library.saving.output_names import STEP as _STEP
 
 RUN_ID_KEY = "ss_session_id"  # kohya's per-run random id; ours stays the same across resumes
+# ``<name>-replaced-2026-12-07_101500``: where --overwrite moves an earlier run's files. The time
+# has no "-" before its six digits, so the folder is no output of any name (output_names.EPOCH).
+REPLACED = "-replaced-"
+_REPLACED_TIME = "%Y-%m-%d_%H%M%S"
 
 
 class OutputLayout:
@@ -114,6 +120,37 @@ class OutputLayout:
                 f"{existing[0]}{more} already exists: {go_on}replace it with --overwrite, or "
                 "choose another --output_name"
             )
+
+    def earlier_run(self) -> tuple[list[Path], list[Path]]:
+        """What --overwrite moves aside: (this name's outputs and summary in output_dir, its
+        sample images and grids in output_dir/sample)."""
+        outputs = self.existing_outputs()
+        if self.summary.is_file():
+            outputs.append(self.summary)
+        samples = sample_dir(self.dir)
+        found = sorted(samples.iterdir()) if samples.is_dir() else []
+        return outputs, [path for path in found if is_sample_image(self.name, path.name)]
+
+    def set_aside(self, when: float | None = None) -> Path | None:
+        """With --overwrite: move the earlier run's files of this name (earlier_run) into a new
+        folder ``<name>-replaced-<date>_<time>`` in output_dir (samples into its ``sample``), so
+        that none of them stays among this run's saves and samples; the folder, or None when
+        there was nothing. Call only while holding the run lock."""
+        outputs, samples = self.earlier_run()
+        if not outputs and not samples:
+            return None
+        stamp = time.strftime(_REPLACED_TIME, time.localtime(when))
+        folder = self.dir / f"{self.name}{REPLACED}{stamp}"
+        count = 1
+        while folder.exists():
+            count += 1
+            folder = self.dir / f"{self.name}{REPLACED}{stamp}_{count}"
+        (folder / SAMPLE_SUBDIR if samples else folder).mkdir(parents=True)
+        for path in outputs:
+            shutil.move(path, folder / path.name)
+        for path in samples:
+            shutil.move(path, folder / SAMPLE_SUBDIR / path.name)
+        return folder
 
     def remove_leftovers(self) -> list[Path]:
         """Delete the temporary files and folders an interrupted save of this output_name left

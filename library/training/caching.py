@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 
@@ -16,12 +17,39 @@ from library.data.samples import latent_requests, load_for_cache, validation_cap
 from library.errors import ConfigError
 from library.models.conditioning import encode_text
 from library.models.loader import Components
+from library.saving.atomic import remove_stale_temporaries
 from library.training.image_sizes import nearest_multiples
 from library.training.text_cache import TextEncoderCache, text_identity
 
 # Cached latents stay float32 whatever the training precision: a cached run then trains on the
 # very numbers an uncached run computes.
 LATENT_CACHE_DTYPE = torch.float32
+# the name of a latent or text cache entry: a hex key
+_CACHE_ENTRY = re.compile(r"[0-9a-f]{16,}\.safetensors")
+
+
+def clear_killed_writes(data: TrainData, subfolder: str, accelerator) -> list:
+    """Remove the temporary files that killed cache writes (kill -9, power loss) left in this
+    run's cache folders (``<cache root>/<subfolder>``); a temporary that another live run is
+    writing stays (library.saving.atomic.remove_stale_temporaries). Returns what was removed."""
+    if not accelerator.is_local_main_process:
+        return []  # one process per machine is enough; the others would find nothing left
+    roots = {
+        image.cache_root
+        for scanned in data.scanned
+        for image in (*scanned.images, *scanned.validation)
+    }
+    removed = [
+        path
+        for root in sorted(roots)
+        for path in remove_stale_temporaries(root / subfolder, _CACHE_ENTRY.fullmatch)
+    ]
+    if removed:
+        folders = ", ".join(sorted({str(path.parent) for path in removed}))
+        accelerator.print(
+            f"removed {len(removed)} unfinished cache file(s) that stopped runs left in {folders}"
+        )
+    return removed
 
 
 def check_bucket_steps(config: Config, components: Components) -> None:
@@ -51,6 +79,8 @@ def build_latent_cache(
     posterior of the family's latent codec over the components' VAE."""
     if not config.data.latents_cached:
         return None
+    if config.data.cache_latents_to_disk:
+        clear_killed_writes(data, "latents", accelerator)
     device = accelerator.device
     codec = components.family.latent_codec(components.vae)
 
@@ -122,6 +152,8 @@ def build_text_cache(
         tokenizers=components.tokenizers,
     )
     to_disk = config.data.cache_text_encoder_outputs_to_disk
+    if to_disk:
+        clear_killed_writes(data, "text", accelerator)
     cache = TextEncoderCache(identity, to_disk=to_disk)
     if family.TEXT_READS_REFERENCES:
         # an entry is a caption read with its reference images: the training step encodes

@@ -10,7 +10,10 @@ made, in --dry_run too, instead of at the first step:
   the nearest sizes that work;
 - ``bucket_reso_steps`` with buckets on: bucket sides are its multiples, so it must be one of the
   pixel multiple (the denoiser's own bucket grid, such as SD 1.x's 64, is checked once the model
-  is built: training.caching.check_bucket_steps);
+  is built: training.caching.check_bucket_steps); with buckets off too where a subset keeps its
+  reference images' own sizes (no_resize_control), which are rounded to its multiples;
+- an edit model's ``control_resolution`` with buckets off: every reference image is resized to
+  exactly that size, so it is checked as ``resolution`` is;
 - sample image sizes: sd-scripts rounds them down to the model's grid (16 for FLUX.1) and so do
   difftune's pipelines; a size that is rounded gets a warning that says what is drawn.
 """
@@ -47,8 +50,35 @@ def _sizes_text(sizes: list[list[int]]) -> str:
 
 
 def _check_resolution(config: Config, d: int, family: type) -> None:
-    dataset, multiple = config.datasets[d], family.PIXEL_MULTIPLE
-    width, height = dataset.resolution
+    width, height = config.datasets[d].resolution
+    _check_size(config, f"datasets[{d}].resolution", (width, height), family, "image")
+
+
+def _check_control_resolutions(config: Config, d: int, family: type) -> None:
+    for j, subset in enumerate(config.datasets[d].subsets):
+        if subset.control_resolution is None or subset.no_resize_control:
+            continue  # no_resize_control: the sides are rounded to bucket_reso_steps
+        key = _subset_key(config, d, j, "control_resolution")
+        width, height = subset.control_resolution
+        _check_size(config, key, (width, height), family, "reference image")
+
+
+def _subset_key(config: Config, d: int, j: int, name: str) -> str:
+    """A subset's key as the user wrote it: musubi-tuner's dataset tables are their own
+    subset (``datasets[0].control_resolution``)."""
+    nested = f"datasets[{d}].subsets[{j}].{name}"
+    alone = f"datasets[{d}].{name}"
+    sources = provenance(config)
+    return (
+        alone if sources.source(nested) == DEFAULT and sources.source(alone) != DEFAULT else nested
+    )
+
+
+def _check_size(config: Config, key: str, size: tuple[int, int], family: type, what: str) -> None:
+    """ConfigError when ``size`` at ``key``, the exact size of every ``what`` with buckets off,
+    is not on the family's pixel grid."""
+    multiple = family.PIXEL_MULTIPLE
+    width, height = size
     if not (width % multiple or height % multiple):
         return
     widths, heights = nearest_multiples(width, multiple), nearest_multiples(height, multiple)
@@ -56,12 +86,11 @@ def _check_resolution(config: Config, d: int, family: type) -> None:
         options = [[w, h] for w, h in zip(widths, heights, strict=True)]
     else:
         options = [[w, h] for w in widths for h in heights]
-    key = f"datasets[{d}].resolution"
     written = width if width == height else [width, height]
     raise ConfigError(
         f"{key} = {written}{_where(config, key)} does not fit {family.LABEL}, whose model needs "
         f"image sides that are multiples of {multiple}, and with enable_bucket = false every "
-        f"image is trained at exactly that size; use {_sizes_text(options)}"
+        f"{what} is trained at exactly that size; use {_sizes_text(options)}"
     )
 
 
@@ -97,8 +126,10 @@ def check_image_sizes(config: Config, prompts: Sequence = ()) -> list[str]:
     a look at its files."""
     family = entry_for(config.model, config.flow).family()
     for d, dataset in enumerate(config.datasets):
-        if dataset.enable_bucket:
+        own_sizes = any(subset.no_resize_control for subset in dataset.subsets)
+        if dataset.enable_bucket or own_sizes:
             _check_bucket_steps(config, d, family)
-        else:
+        if not dataset.enable_bucket:
             _check_resolution(config, d, family)
+            _check_control_resolutions(config, d, family)
     return sample_size_notes(prompts, family)

@@ -583,8 +583,9 @@ def check_peak_memory(
 ) -> MemoryCheck:
     """Estimate the peak memory on the accelerator's device, for the plan's memory line.
 
-    Raises ConfigError when the estimate exceeds the device's total memory, unless
-    ignore_memory_estimate is set. ``draws_samples``: sample images are made during training.
+    Raises ConfigError when the estimate exceeds the device's total memory, or when the model
+    cannot run the run's shapes, unless ignore_memory_estimate is set. ``draws_samples``: sample
+    images are made during training.
     """
     device = accelerator.device
     try:
@@ -592,16 +593,35 @@ def check_peak_memory(
             config, parts, stats, accelerator.num_processes, draws_samples, device.type
         )
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-        # a model the meta forward cannot run must not stop training: the estimate is advice
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return MemoryCheck(
-            f"  memory: not estimated (the meta-device forward pass failed: {reason})"
-        )
+        return MemoryCheck(_not_estimated(config, exc))
     memory = device_memory(device)
     line = estimate_line(estimate, device, memory)
     if memory is not None and estimate.total > memory[1]:
         line += _over_line(config, estimate, device, memory)
     return MemoryCheck(line, estimate, memory)
+
+
+def _not_estimated(config: Config, exc: Exception) -> str:
+    """The plan's memory line when the meta-device forward pass failed; ConfigError when it
+    failed on the run's shapes (unless ignore_memory_estimate), since the first step would too.
+
+    An operation with no meta-device form (NotImplementedError, or an error that names the meta
+    device) is the estimate's own limit, not the run's: the line says so and the run goes on.
+    """
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, NotImplementedError) or "meta" in reason.lower():
+        return f"  memory: not estimated (this model cannot run on the meta device: {reason})"
+    if not config.training.ignore_memory_estimate:
+        raise ConfigError(
+            f"the model cannot run this run's shapes ({reason}): the memory estimate's forward "
+            "pass on them failed, and training would stop at its first step; check the sizes it "
+            "is given (resolution, bucket_reso_steps, control_resolution), or set "
+            "ignore_memory_estimate = true to go on without an estimate"
+        ) from exc
+    return (
+        f"  memory: not estimated (the forward pass on this run's shapes failed: {reason}; "
+        "going on as ignore_memory_estimate = true asks)"
+    )
 
 
 def _over_line(config: Config, estimate: MemoryEstimate, device, memory: tuple[int, int]) -> str:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from library.config.schema import Config
+from library.saving.outputs import REPLACED, OutputLayout
 from library.training.schedulers import decay_steps, warmup_steps
 
 DEFAULT_MAX_TRAIN_STEPS = 1600  # kohya's default when neither steps nor epochs are given
@@ -119,7 +120,29 @@ def save_schedule_lines(config: Config, plan: RunPlan) -> list[str]:
         lines.append(f"every {cadence.every} {cadence.unit} ({cadence.count} saves){state}{keep}")
     end_state = " + training state" if schedule.final_state else ""
     lines.append(f"at the end: {schedule.what} {schedule.final}{end_state}")
-    return lines
+    return _set_aside_lines(config) + lines
+
+
+def _set_aside_lines(config: Config) -> list[str]:
+    """What --overwrite moves aside before the first step (OutputLayout.set_aside)."""
+    if not config.saving.overwrite or config.saving.resume:
+        return []
+    layout = OutputLayout(config.saving)
+    outputs, samples = layout.earlier_run()
+    if not outputs and not samples:
+        return []
+    outputs = [path for path in outputs if path != layout.summary]  # a record, not an output
+    files = [_count(len(outputs), "output"), _count(len(samples), "sample image")]
+    what = " and ".join(text for text in files if text) or "summary"
+    return [
+        f"first (--overwrite): the earlier run's {what} of this name "
+        f"{'moves' if what == 'summary' else 'move'} to "
+        f"{layout.dir / (layout.name + REPLACED)}<date>_<time>, so none is left among this run's"
+    ]
+
+
+def _count(count: int, what: str) -> str:
+    return f"{count} {what}{'s' if count != 1 else ''}" if count else ""
 
 
 def _state_keep(cadence: SaveCadence) -> str:

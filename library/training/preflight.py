@@ -14,6 +14,7 @@ from library.config.provenance import provenance
 from library.config.schema import Config
 from library.errors import CheckpointError, ConfigError, DifftuneError
 from library.models.families.registry import component_file_keys
+from library.sampling.grid import is_sample_image, sample_dir
 from library.saving.input_clash import OUTPUT_INSIDE, SAME, Clash, clash
 from library.saving.output_names import EPOCH, STEP
 from library.saving.outputs import OutputLayout
@@ -129,8 +130,9 @@ def run_inputs(config: Config) -> list[tuple[str, str]]:
 
 def check_inputs_untouched(config: Config, plan: RunPlan, resume: ResumeCheck | None) -> None:
     """ConfigError when a path the run may write (an output of its name, its summary, its lock,
-    their temporaries) is an input of the run, lies inside an input folder or holds an input;
-    --overwrite changes nothing here. The resume state is the one output of the run that may be
+    their temporaries, its sample images) is an input of the run, lies inside an input folder or
+    holds an input; --overwrite changes nothing here (the earlier sample images it moves aside
+    count as written). The resume state is the one output of the run that may be
     an input: the run continues it and never writes at its path (see _writes_resume_state)."""
     layout = OutputLayout(config.saving)
     kept = _resume_entry(config, layout)
@@ -140,23 +142,33 @@ def check_inputs_untouched(config: Config, plan: RunPlan, resume: ResumeCheck | 
     def writes(entry: str) -> bool:
         return entry != kept and layout.writes(entry)
 
+    def samples(entry: str) -> bool:
+        return is_sample_image(layout.name, entry)
+
+    # (folder, the entries of it the run writes or moves, what the folder and such an entry are)
+    places = [(layout.dir, writes, ("output_dir", "an output"))]
+    if config.sampling.sample_prompts or (config.saving.overwrite and resume is None):
+        places.append((sample_dir(layout.dir), samples, ("the sample folder", "a sample image")))
     for key, path in run_inputs(config):
-        found = clash(layout.dir, path, writes)
-        if found is not None:
-            why = "this run would save its own state there, and " if key == "resume" else ""
-            raise ConfigError(
-                f"{_clash_text(found, layout, key, path)}; choose another output_dir or "
-                f"output_name ({why}a run never writes over its inputs)"
-            )
+        for folder, owned, words in places:
+            found = clash(folder, path, owned)
+            if found is not None:
+                why = "this run would save its own state there, and " if key == "resume" else ""
+                raise ConfigError(
+                    f"{_clash_text(found, folder, layout.name, words, key, path)}; choose another "
+                    f"output_dir or output_name ({why}a run never writes over its inputs)"
+                )
 
 
-def _clash_text(found: Clash, layout: OutputLayout, key: str, path: str) -> str:
+def _clash_text(
+    found: Clash, folder: Path, name: str, words: tuple[str, str], key: str, path: str
+) -> str:
     if found.relation == OUTPUT_INSIDE:
-        return f"output_dir {layout.dir} lies inside {key} {path}"
-    output = layout.dir / found.output.name
+        return f"{words[0]} {folder} lies inside {key} {path}"
+    output, what = folder / found.output.name, f'{words[1]} of output_name "{name}"'
     if found.relation == SAME:
-        return f'{key} {path} is {output}, an output of output_name "{layout.name}"'
-    return f'{output}, an output of output_name "{layout.name}", {found.relation} {key} {path}'
+        return f"{key} {path} is {output}, {what}"
+    return f"{output}, {what}, {found.relation} {key} {path}"
 
 
 def _resume_entry(config: Config, layout: OutputLayout) -> str | None:
@@ -227,10 +239,25 @@ def _claim_outputs(config: Config, resume: ResumeCheck | None, dry_run: bool) ->
     try:
         layout.remove_leftovers()  # ours alone: we hold the name's lock
         layout.refuse_overwrite(resuming=resume is not None, run_id=resume.run_id if resume else None)
+        if config.saving.overwrite and resume is None:
+            _set_aside(layout)
     except BaseException:
         lock.release()
         raise
     return lock, run_id
+
+
+def _set_aside(layout: OutputLayout) -> None:
+    """--overwrite: the earlier run's files of this name move to a folder of their own."""
+    try:
+        folder = layout.set_aside()
+    except OSError as exc:
+        raise ConfigError(
+            f'--overwrite: cannot move the earlier outputs of output_name "{layout.name}" '
+            f"aside in {layout.dir} ({exc.strerror or exc}); move or delete them yourself"
+        ) from None
+    if folder is not None:
+        print(f"--overwrite: the earlier run's files of this name moved to {folder}", flush=True)
 
 
 def _new_run_id() -> str:

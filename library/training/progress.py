@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from library.config.provenance import provenance
 from library.config.schema import SECRET_KEYS, Config
+from library.data.items import CACHE_FOLDER
 from library.data.plan import DatasetStats, DataStats, plan_lines
 from library.models.quantized_base import PRECISIONS
 from library.plan_json import plan_document
@@ -255,11 +256,19 @@ def attention_text(config: Config) -> str:
     )
 
 
+def _cache_folders(config: Config) -> list[str]:
+    """Where the disk caches go, as library.data.items places them: a subset's
+    cache_directory, else cache_dir, else a folder beside the images."""
+    beside = f"{CACHE_FOLDER} inside each image folder"
+    subsets = [subset for dataset in config.datasets for subset in dataset.subsets]
+    places = [s.cache_directory or config.data.cache_dir or beside for s in subsets]
+    return list(dict.fromkeys(places)) or [config.data.cache_dir or beside]
+
+
 def _cache_place(config: Config, to_disk: bool) -> str:
     if not to_disk:
         return "in memory"
-    where = config.data.cache_dir or ".difftune_cache inside each image folder"
-    return f"in memory and on disk ({where})"
+    return f"in memory and on disk ({'; '.join(_cache_folders(config))})"
 
 
 def _data_lines(config: Config, stats: DataStats) -> list[str]:

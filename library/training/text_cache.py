@@ -40,6 +40,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from library.data.content_hash import all_finite, tensor_digest, tensors_damage
+from library.data.latent_cache import CACHE_PLACE
 from library.errors import DataError
 from library.models.conditioning import TextConditioning
 from library.saving.atomic import atomic_write_file
@@ -240,7 +241,9 @@ class TextEncoderCache:
             "identity": self.identity,
             "checksum": tensor_digest(tensors),
         }
-        atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+        atomic_write_file(
+            path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata), CACHE_PLACE
+        )
 
     def _load(self, path: Path, caption: str) -> Entry | None:
         """The entry in ``path`` when it is this caption's under this identity and undamaged;

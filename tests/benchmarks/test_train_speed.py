@@ -113,3 +113,41 @@ def test_case_files_are_toml_both_trainers_read():
     keys = {"a": True, "b": 1e-4, "c": 8, "d": 'C:\\path "x"'}
     text = case_text(keys)
     assert tomllib.loads(text) == keys
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--processes", "0"], "argument --processes: 0 is less than 1"),
+        (["--processes", "1", "two"], "argument --processes: 'two' is not a whole number"),
+        (["--steps", "0"], "argument --steps: 0 is less than 1"),
+        (["--repeats", "0"], "argument --repeats: 0 is less than 1"),
+        (["--warmup", "-1"], "argument --warmup: -1 is less than 0"),
+        (["--steps", "2"], "--steps 2 leaves no step to time after --warmup 2; use --steps 3"),
+        (["--steps", "1", "--warmup", "0"], "use --steps 2 or more"),
+        (["--config", "missing.toml"], "--config missing.toml: no such file"),
+        (["--cases", "tiny-sd1-lora", "nope"], "--cases: unknown case 'nope'"),
+    ],
+)
+def test_arguments_are_checked_before_any_case_runs(monkeypatch, capsys, argv, message):
+    import bench.train_speed as train_speed
+
+    def ran(*_):
+        raise AssertionError("a case ran before the arguments were checked")
+
+    monkeypatch.setattr(train_speed, "bench", ran)
+    monkeypatch.chdir(os.path.dirname(__file__))
+    with pytest.raises(SystemExit) as exited:
+        train_speed.main([*argv, "--device", "cpu"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ": error: " in error and message in error  # argparse's one line
+
+
+def test_steps_from_the_users_config_are_not_checked_against_the_warmup(monkeypatch, tmp_path):
+    import bench.train_speed as train_speed
+
+    config = tmp_path / "run.toml"
+    config.write_text("", "utf-8")
+    monkeypatch.setattr(train_speed, "bench", lambda args: [])
+    assert train_speed.main(["--config", str(config), "--device", "cpu"]) == 0

@@ -104,6 +104,20 @@ def _output_inside_the_images(tmp_path, model, images):
     return config, [], own / "img00.png", "lies inside datasets[0].subsets[0].image_dir"
 
 
+def _samples_into_the_images(tmp_path, model, images):
+    # output_dir/sample is a link to the training images: every sample would join them
+    own = make_images(tmp_path / "own_images", 2)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a shape\n", encoding="utf-8")
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "sample").symlink_to(own, target_is_directory=True)
+    config = write_config(tmp_path / "c.toml", model, own, out, max_train_steps=2,
+                          sample_prompts=str(prompts), sample_every_n_steps=1)  # fmt: skip
+    expected = f"the sample folder {out / 'sample'} lies inside datasets[0].subsets[0].image_dir"
+    return config, [], own / "img00.png", expected
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -112,6 +126,7 @@ def _output_inside_the_images(tmp_path, model, images):
         _output_inside_the_model,
         _diffusers_folder_output,
         _output_inside_the_images,
+        _samples_into_the_images,
     ],
 )
 def test_inputs_are_refused_as_outputs_before_models_load(

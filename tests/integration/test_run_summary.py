@@ -80,13 +80,15 @@ def test_a_finished_run_describes_itself_and_refused_or_dry_runs_leave_it(
         tmp_path / "c.toml", tiny_model_dir, images, out,
         max_train_steps=3, save_every_n_steps=2, save_state=True, log_with="tensorboard", logging_dir=str(logs),
     )  # fmt: skip
-    # an earlier run's file of this name, which --overwrite lets stay: not this run's output
+    # an earlier run's file of this name, which --overwrite moves aside: not this run's output
     out.mkdir()
     foreign = out / "run-000005.safetensors"
     save_file({"x": torch.zeros(1)}, str(foreign), metadata={"ss_session_id": "1"})
     before = time.time()
     assert train(config, "--overwrite") == 0
     after = time.time()
+    (aside,) = out.glob("run-replaced-*")
+    assert [p.name for p in aside.iterdir()] == [foreign.name] and not foreign.exists()
     summary = _summary(out)
     from library import __version__
 
@@ -108,7 +110,7 @@ def test_a_finished_run_describes_itself_and_refused_or_dry_runs_leave_it(
 
     # every output is listed, with what it is, and nothing else
     listed = {o["path"]: o for o in summary["outputs"]}
-    assert set(listed) == _on_disk(out) - {str(foreign)} and len(listed) == 4
+    assert set(listed) == _on_disk(out) - {str(aside.absolute())} and len(listed) == 4
     assert listed[str((out / "run.safetensors").absolute())] == {
         "path": str((out / "run.safetensors").absolute()), "kind": "weights", "final": True,
     }  # fmt: skip

@@ -242,3 +242,72 @@ def test_a_folder_set_aside_by_a_killed_swap_is_put_back(tmp_path):
     assert layout.remove_leftovers() == [tmp_path / ".run-state.k1.tmp"]
     assert (tmp_path / "run-state" / "progress.json").read_text() == "previous"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run-state"]
+
+
+def _earlier_run(folder):
+    """An earlier run of "run" in ``folder`` (outputs, summary, samples) beside another name's
+    files and the user's own."""
+    ours = [
+        _touch(folder / "run.safetensors"),
+        _touch(folder / "run-step00000100.safetensors"),
+        _touch(folder / "run-step00000100-state" / "progress.json"),
+        _touch(folder / "run-000002-ema.safetensors"),
+        _touch(folder / "run-summary.json"),
+    ]
+    samples = [
+        _touch(folder / "sample" / "run_000100_00_42.png"),
+        _touch(folder / "sample" / "run_000100_grid.png"),
+    ]
+    others = [
+        _touch(folder / "runner.safetensors"),
+        _touch(folder / "run.lock"),
+        _touch(folder / "sample" / "runner_000100_00_42.png"),
+        _touch(folder / "sample" / "my-notes.png"),
+        _touch(folder / "notes.txt"),
+    ]
+    return ours, samples, others
+
+
+def test_overwrite_moves_the_earlier_runs_files_to_a_dated_folder(tmp_path):
+    import time
+
+    ours, samples, others = _earlier_run(tmp_path)
+    layout = OutputLayout(
+        SavingSection(output_dir=str(tmp_path), output_name="run", overwrite=True)
+    )
+    when = time.mktime((2026, 12, 7, 10, 15, 0, 0, 0, -1))
+    folder = layout.set_aside(when)
+    assert folder == tmp_path / "run-replaced-2026-12-07_101500"
+    moved = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    expected = {p.relative_to(tmp_path).as_posix() for p in ours + samples}
+    assert moved == expected
+    assert not any(p.exists() for p in ours + samples) and all(p.exists() for p in others)
+    assert layout.existing_outputs() == []  # the folder is no output of this name (nor another's)
+    assert (
+        OutputLayout(SavingSection(output_dir=str(tmp_path), output_name="run")).writes(folder.name)
+        is False
+    )
+    assert layout.set_aside(when) is None  # nothing left to move
+    _touch(tmp_path / "run.safetensors")
+    assert layout.set_aside(when).name == "run-replaced-2026-12-07_101500_2"
+
+
+def test_the_plan_says_what_overwrite_moves_aside(tmp_path):
+    from types import SimpleNamespace
+
+    from library.training.plan import _set_aside_lines
+
+    saving = SavingSection(output_dir=str(tmp_path), output_name="run", overwrite=True)
+    assert _set_aside_lines(SimpleNamespace(saving=saving)) == []  # nothing there yet
+    ours, samples, _ = _earlier_run(tmp_path)
+    (line,) = _set_aside_lines(SimpleNamespace(saving=saving))
+    assert line == (
+        f"first (--overwrite): the earlier run's {len(ours) - 1} outputs and {len(samples)} "
+        f"sample images of this name move to {tmp_path / 'run-replaced-'}<date>_<time>, so none "
+        "is left among this run's"
+    )
+    # a resume continues the earlier run, and without --overwrite the run is refused
+    resume = saving.model_copy(update={"resume": str(ours[2].parent)})
+    assert _set_aside_lines(SimpleNamespace(saving=resume)) == []
+    plain = saving.model_copy(update={"overwrite": False})
+    assert _set_aside_lines(SimpleNamespace(saving=plain)) == []
