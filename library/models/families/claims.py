@@ -1,5 +1,5 @@
-"""Whether a transformer family's loader reads a model: a cheap look at model_index.json or a
-file's header, shared by the transformer families' ``claims`` functions."""
+"""Whether a family's loader reads a model: a cheap look at model_index.json or a
+file's header, shared by the families' ``claims`` functions."""
 
 from __future__ import annotations
 
@@ -29,12 +29,20 @@ def claims_model(
     path = Path(model.pretrained_model_name_or_path).expanduser()
     if path.is_dir():
         return _folder_holds(path, pipeline_class, transformer_class)
-    if path.is_file() and path.suffix.lower() == ".safetensors":
-        keys = _file_keys(path)
-        if keys is None:
-            return damaged_marks.search(_header_text(path)) is not None
-        return detect(keys) is not None
-    return False
+    return file_claimed(path, detect, damaged_marks)
+
+
+def file_claimed(
+    path: Path, detect: Callable[[Iterable[str]], object | None], damaged_marks: re.Pattern
+) -> bool:
+    """True for a .safetensors file whose keys ``detect`` knows, or a damaged one whose header
+    text still shows key names matching ``damaged_marks``."""
+    if not (path.is_file() and path.suffix.lower() == ".safetensors"):
+        return False
+    keys = file_keys(path)
+    if keys is None:
+        return damaged_marks.search(_header_text(path)) is not None
+    return detect(keys) is not None
 
 
 # A damaged file's header is read up to this size: a FLUX.1 or SD3 header is well under 1 MB.
@@ -52,9 +60,9 @@ def _header_text(path: Path) -> str:
         return ""
 
 
-def _model_index(path: Path) -> dict:
-    """A folder's model_index.json; {} when it has none that reads as a JSON object (not a
-    folder of ours to judge: the SD loader reports it)."""
+def model_index(path: Path) -> dict:
+    """A folder's model_index.json; {} when it has none that reads as a JSON object (no family
+    claims the folder: family_choice reports it)."""
     try:
         index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -64,19 +72,20 @@ def _model_index(path: Path) -> dict:
 
 def folder_pipeline(path: Path) -> str | None:
     """The pipeline class a diffusers folder's model_index.json names (None: none)."""
-    name = _model_index(path).get("_class_name")
+    name = model_index(path).get("_class_name")
     return name if isinstance(name, str) else None
 
 
 def _folder_holds(path: Path, pipeline_class: str, transformer_class: str) -> bool:
-    index = _model_index(path)
+    index = model_index(path)
     transformer = index.get("transformer")
     return index.get("_class_name") == pipeline_class or (
         isinstance(transformer, list) and transformer_class in transformer
     )
 
 
-def _file_keys(path: Path) -> list[str] | None:
+def file_keys(path: Path) -> list[str] | None:
+    """The tensor names of a safetensors file; None when it does not read as one."""
     try:
         with safe_open(str(path), framework="pt") as handle:
             return list(handle.keys())

@@ -125,8 +125,8 @@ class FamilyEntry:
     ("FLUX.1": "is a FLUX.1 model"), after ``article``; ``lines``: its model lines where
     messages list what difftune trains ("SD 1.x/2.x", "SDXL"). ``family``: its ModelFamily
     class (class data such as PIXEL_MULTIPLE is known before any weight is read).
-    ``claims(model, flow)``: the family reads this model (a cheap look at its files); unset for
-    the one family that reads every model no other family claims. ``load(model, flow,
+    ``claims(model, flow)``: the family reads this model (a cheap look at its files).
+    ``claimed_last``: its claim is asked after every other family's. ``load(model, flow,
     weight_dtype, vae_dtype)``: its Components. ``claims_within``: the family whose models its
     own are a kind of (the same parts, told apart by a finer look), whose broader claim is asked
     after its own. ``reads_vae``: the loader itself honours [model]
@@ -150,7 +150,8 @@ class FamilyEntry:
     lines: tuple[str, ...]
     family: Callable[[], type]
     load: Callable[[ModelSection, FlowSection, object, object], object]
-    claims: Callable[[ModelSection, FlowSection], bool] | None = None
+    claims: Callable[[ModelSection, FlowSection], bool]
+    claimed_last: bool = False
     claims_within: str | None = None
     reads_vae: bool = False
     network_module: str

@@ -26,8 +26,7 @@ from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
-from library.models.families.flux.original_keys import convert_shapes, detect_flux
-from library.models.families.sd3.original_keys import detect_sd3
+from library.models.families.flux.original_keys import convert_shapes
 from library.models.loader import one_line, reads_weights
 
 Convert = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
@@ -71,29 +70,6 @@ def refuse_scaled_fp8(file: CheckpointFile, what: str) -> None:
             f"{what} = {file.path} is in ComfyUI's scaled fp8 format (scale_weight tensors), "
             "which difftune does not read; use the bf16, fp16 or plain fp8 (e4m3fn) file"
         )
-
-
-def sample_keys(keys: Iterable[str]) -> str:
-    """The first two key names, for errors about a file that holds something else."""
-    first = sorted(keys)[:2]
-    return f"keys like {', '.join(first)}" if first else "no tensors"
-
-
-def looks_like(keys: list[str]) -> str:
-    """What a file holds, by its key names, for errors about a file given in the wrong place."""
-    if detect_sd3(keys) is not None:
-        return "an SD3 / SD3.5 model file"
-    if detect_flux(keys) is not None:
-        return "a FLUX.1 transformer"
-    if any(".SelfAttention." in k for k in keys):
-        return "a T5 encoder"
-    if any(k.startswith("model.diffusion_model.input_blocks.") for k in keys):
-        return "an SD UNet checkpoint"
-    if any(k.endswith("embeddings.token_embedding.weight") for k in keys):
-        return "a CLIP text encoder"
-    if any(re.match(r"(first_stage_model\.|vae\.)?encoder\.down(_blocks)?\.0\.", k) for k in keys):
-        return "an autoencoder"
-    return sample_keys(keys)
 
 
 def plan_clip_encoder(
