@@ -63,11 +63,23 @@ def open_safetensors(path: Path, what: str, family: str) -> CheckpointFile:
         raise ModelError(f"{what}: {exc}") from None
 
 
+# The tensors ComfyUI's scaled fp8 files hold beside each fp8 weight: its scale (named
+# scale_weight in the first format, weight_scale in the "comfy_quant" one, which may add the
+# input's scale and a per-layer description), and the first format's marker tensor.
+_SCALED_FP8_ENDS = (".scale_weight", ".weight_scale", ".input_scale", ".comfy_quant")
+_SCALED_FP8_MARKER = "scaled_fp8"
+
+
 def refuse_scaled_fp8(file: CheckpointFile, what: str) -> None:
+    """ModelError naming ``what`` for a file in ComfyUI's scaled fp8 format: its weights are
+    only right multiplied by their scales, which difftune does not apply."""
     keys = file.keys()
-    if "scaled_fp8" in keys or any(k.endswith(".scale_weight") for k in keys):
+    found = next((k for k in keys if k.endswith(_SCALED_FP8_ENDS)), None)
+    if found is None and _SCALED_FP8_MARKER in keys:
+        found = _SCALED_FP8_MARKER
+    if found is not None:
         raise ModelError(
-            f"{what} = {file.path} is in ComfyUI's scaled fp8 format (scale_weight tensors), "
+            f"{what} = {file.path} is in ComfyUI's scaled fp8 format (scale tensors such as {found}), "
             "which difftune does not read; use the bf16, fp16 or plain fp8 (e4m3fn) file"
         )
 
