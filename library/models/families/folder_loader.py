@@ -86,7 +86,8 @@ class PipelineFolder:
     ``pipeline``: the class model_index.json must name; ``family``: how messages name the
     family's models. ``plan_file(key, value)``: the replacement of the part whose ``file_key`` is
     ``key``, from the key's value, each file checked before any weight is read. ``other``:
-    subfolders besides the parts and tokenizers that must be there -> the file each must hold.
+    subfolders besides the parts and tokenizers that must be there -> the file each must hold
+    (None: the family checks its files).
     ``inspect(folder)``: the family's look at the checked folder before anything loads (its
     variant, channel and width checks); ``load_folder`` returns what it returns."""
 
@@ -96,7 +97,7 @@ class PipelineFolder:
     tokenizers: tuple[FolderTokenizer, ...]
     inspect: Callable[[CheckedFolder], object]
     plan_file: Callable[[str, str], Replacement] | None = None
-    other: Mapping[str, str] = field(default_factory=dict)
+    other: Mapping[str, str | None] = field(default_factory=dict)
 
 
 def option(model: ModelSection, flow: FlowSection, key: str):
