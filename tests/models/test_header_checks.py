@@ -74,6 +74,7 @@ def flux_keys(files: dict[str, Path], **changes) -> dict:
 
 def test_flux_file_lacking_a_block_its_header_promises(flux_files, tmp_path, caplog):
     """It used to train as a FLUX.1 with one single block less, with a warning."""
+    from library.models.families.flux import shapes
     from library.models.families.flux.shapes import tiny_transformer_config
 
     assert tiny_transformer_config()["num_single_layers"] == 2  # the header says so
@@ -89,6 +90,13 @@ def test_flux_file_lacking_a_block_its_header_promises(flux_files, tmp_path, cap
     with caplog.at_level(logging.WARNING):
         parts = load(pruned, **flux_keys(flux_files))
     assert parts.denoiser.config.num_single_layers == 1
+    # and the plan's model line says what was loaded, against the released counts
+    double = tiny_transformer_config()["num_layers"]
+    released = shapes.transformer_config()
+    assert f", {double} double + 1 single blocks (FLUX.1 releases have " in parts.family.describe()
+    assert f"have {released['num_layers']} + {released['num_single_layers']}:" in (
+        parts.family.describe()
+    )
 
 
 def test_sd_file_lacking_a_text_encoder_layer_its_header_promises(tmp_path):

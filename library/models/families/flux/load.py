@@ -9,6 +9,7 @@ tokenizers are found by tokenizers.py.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -92,7 +93,10 @@ def load_flux_parts(
 
 
 def flux_components(parts: FluxParts, family, flow: FlowSection) -> Components:
-    """Components of loaded FLUX.1-shaped parts trained as ``family``."""
+    """Components of loaded FLUX.1-shaped parts trained as ``family`` (which is told the
+    transformer's block counts, so the plan shows them)."""
+    config = parts.transformer.config
+    family = dataclasses.replace(family, blocks=(config.num_layers, config.num_single_layers))
     return Components(
         denoiser=parts.transformer,
         vae=parts.vae,
