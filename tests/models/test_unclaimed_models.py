@@ -108,6 +108,21 @@ def test_a_pipeline_no_family_reads_is_named(flux_folder, tmp_path, pipeline):
     assert "unet" not in message
 
 
+@pytest.mark.parametrize("pipeline", ["FluxFillPipeline", "FluxControlPipeline"])
+def test_another_pipeline_of_a_familys_transformer_is_refused_by_its_claim(
+    flux_folder, tmp_path, pipeline
+):
+    """Its transformer is FLUX.1's: the family's refusal, while the plan is made."""
+    folder = tmp_path / pipeline
+    shutil.copytree(flux_folder, folder)
+    index = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
+    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": pipeline}))
+    assert _error(folder) == (
+        f"{folder} holds a {pipeline}; only text-to-image FLUX.1 (dev or schnell) (FluxPipeline) "
+        "can be trained"
+    )
+
+
 def test_the_families_own_folders_are_still_claimed(flux_folder, tiny_model_dir):
     for path, name in ((flux_folder, "flux"), (tiny_model_dir, "sd")):
         model = ModelSection(pretrained_model_name_or_path=str(path))

@@ -11,6 +11,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from library.config.schema import ModelSection
+from library.errors import ModelError
 
 
 def claims_model(
@@ -19,17 +20,33 @@ def claims_model(
     transformer_class: str,
     detect: Callable[[Iterable[str]], object | None],
     damaged_marks: re.Pattern,
+    family: str,
 ) -> bool:
-    """True for a diffusers folder whose pipeline is ``pipeline_class`` or whose transformer is
-    a ``transformer_class`` (so the family's other pipelines get its loader's refusal rather
-    than the SD loader's "lacks unet/"), or a .safetensors file whose keys ``detect`` knows.
+    """True for a diffusers folder whose pipeline is ``pipeline_class``, or a .safetensors file
+    whose keys ``detect`` knows. ModelError for a folder of another pipeline whose transformer
+    is a ``transformer_class`` (the family's Fill, Control, ... pipelines): only
+    ``pipeline_class`` trains, said while the plan is made (``family``: the models' name).
 
     A damaged file (truncated, a broken header) whose header text still shows key names
     matching ``damaged_marks`` is claimed too, so its error names the family and the key."""
     path = Path(model.pretrained_model_name_or_path).expanduser()
     if path.is_dir():
-        return _folder_holds(path, pipeline_class, transformer_class)
+        if not _folder_holds(path, pipeline_class, transformer_class):
+            return False
+        found = folder_pipeline(path)
+        if found != pipeline_class:
+            raise other_pipeline_error(path, found, pipeline_class, family)
+        return True
     return file_claimed(path, detect, damaged_marks)
+
+
+def other_pipeline_error(
+    path: Path, found: str | None, pipeline_class: str, family: str
+) -> ModelError:
+    """A folder holding the ``found`` pipeline where only ``pipeline_class`` trains."""
+    return ModelError(
+        f"{path} holds a {found}; only text-to-image {family} ({pipeline_class}) can be trained"
+    )
 
 
 def file_claimed(

@@ -19,6 +19,7 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
+from library.models.families.claims import other_pipeline_error
 from library.models.families.family_entry import Deferred
 from library.models.families.file_plans import Plan, load_plan
 from library.models.families.flux.tokenizers import (
@@ -194,10 +195,7 @@ def _checked_folder(
     model_dir = resolve_model_dir(str(path), {s: f for s, f in required.items() if s not in skip})
     index = read_json(model_dir / "model_index.json")
     if index.get("_class_name") != spec.pipeline:
-        raise ModelError(
-            f"{model_dir} holds a {index.get('_class_name')}; only text-to-image {spec.family} "
-            f"({spec.pipeline}) can be trained"
-        )
+        raise other_pipeline_error(model_dir, index.get("_class_name"), spec.pipeline, spec.family)
     for part in spec.parts:
         if part.sub not in skip:
             for file in find_weights(model_dir / part.sub, part.stem)[0]:

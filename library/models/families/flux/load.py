@@ -55,7 +55,9 @@ def claims_flux(model: ModelSection, flow: FlowSection) -> bool:
     get load_flux's refusal rather than the SD loader's "lacks unet/"); a damaged file counts
     when its header text shows FLUX.1's block names (so its error names FLUX.1).
     """
-    return claims_model(model, FLUX_PIPELINE, _TRANSFORMER_CLASS, detect_flux, _DAMAGED_MARKS)
+    return claims_model(
+        model, FLUX_PIPELINE, _TRANSFORMER_CLASS, detect_flux, _DAMAGED_MARKS, FOLDER.family
+    )
 
 
 # --- loading ------------------------------------------------------------------------------------
