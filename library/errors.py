@@ -114,3 +114,10 @@ def exit_reason_of(exc: BaseException | None) -> str | None:
         return lines[0] + (" " + "; ".join(lines[1:]) if len(lines) > 1 else "")
     first = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's first line, at most 200 characters, for one-line errors."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

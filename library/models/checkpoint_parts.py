@@ -13,7 +13,7 @@ config does not fit.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,9 +131,14 @@ def empty_module(build: Callable[[dict], torch.nn.Module], config: dict) -> torc
         return build(config)
 
 
-def shapes_problem(expected: dict, got: dict, what: str) -> str | None:
+def shapes_problem(
+    expected: dict, got: dict, what: str, origins: Mapping[str, tuple[str, ...]] | None = None,
+    file_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> str | None:  # fmt: skip
     """None when ``got`` (name -> shape) has exactly ``expected``'s names and shapes, else why
-    not; ``what`` names the module in the message."""
+    not; ``what`` names the module in the message. ``origins``: the file tensors each of
+    ``got``'s was converted from (and ``file_shapes`` their shapes), so that a wrong shape is
+    blamed on the file's tensor (a fused qkv), not on the piece made of it (to_q)."""
     missing = sorted(set(expected) - set(got))
     if missing:
         return f"{len(missing)} weights of the {what} are not in the file (e.g. {missing[0]})"
@@ -142,7 +147,17 @@ def shapes_problem(expected: dict, got: dict, what: str) -> str | None:
         return f"{len(extra)} tensors of the file do not belong to the {what} (e.g. {extra[0]})"
     for key, shape in expected.items():
         if tuple(got[key]) != tuple(shape):
-            return f"{key} has shape {tuple(got[key])} in the file, the {what} needs {tuple(shape)}"
+            sources = (origins or {}).get(key, ())
+            if not file_shapes or not sources or sources == (key,):
+                return (
+                    f"{key} has shape {tuple(got[key])} in the file, the {what} needs "
+                    f"{tuple(shape)}"
+                )
+            found = ", ".join(f"{k} has shape {tuple(file_shapes[k])}" for k in sources)
+            return (
+                f"{found} in the file, which does not fit the {what}: its {key} would be "
+                f"{tuple(got[key])} and needs {tuple(shape)}"
+            )
     return None
 
 

@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
-from library.errors import ModelError
+from library.errors import ModelError, one_line
 from library.models.families.base import ModelFamily
 from library.models.families.family_choice import check_config_family, entry_for
 
@@ -307,13 +307,6 @@ def check_weights_file(file: Path, family: str | None = None) -> None:
             f"weights file {file} is corrupt or truncated ({one_line(exc)}); re-download or "
             f"re-convert the {model}"
         ) from None
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception's first line, at most 200 characters, for one-line errors."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def read_tokenizer(cls, folder: Path, needs: str, what: str = "tokenizer"):

@@ -9,9 +9,12 @@ image's count after.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from library.config.schema import Config
 from library.errors import ConfigError
 from library.models.families.family_choice import entry_for
+from library.models.families.family_entry import FamilyEntry
 from library.models.families.registry import families
 
 
@@ -21,10 +24,26 @@ def _edit_models() -> str:
     return f"an edit model ({', '.join(names)})" if names else "an edit model"
 
 
+def _edit_files_of(entry: FamilyEntry, model_path: str) -> str | None:
+    """For a transformer file of ``entry``'s that may be an edit model's (FLUX.1 Kontext's file
+    is FLUX.1's, told apart only by the config): the setting of each such edit family, in
+    words; None for a folder (its model_index.json says what it is) or no such family."""
+    if Path(model_path).expanduser().is_dir():
+        return None
+    hints = [
+        f"if it is {other.a_models} model, set {other.file_setting} in [flow]"
+        for other in families()
+        if other.claims_within == entry.name and other.file_setting
+        and other.family().REFERENCE_IMAGES[1] != 0
+    ]  # fmt: skip
+    return "; ".join(hints) or None
+
+
 def check_reference_config(config: Config) -> None:
     """ConfigError for a subset whose reference images the model cannot take: a
-    control_directory for a text-to-image model, or none for an edit model (a metadata file
-    may name references itself, which the count check sees)."""
+    control_directory for a text-to-image model, none for an edit model (a metadata file may
+    name references itself, which the count check sees), or a control_count_per_image above
+    what the model takes."""
     entry = entry_for(config.model, config.flow)
     family = entry.family()
     low, high = family.REFERENCE_IMAGES
@@ -32,10 +51,25 @@ def check_reference_config(config: Config) -> None:
         for j, subset in enumerate(dataset.subsets):
             key = f"datasets[{d}].subsets[{j}]"
             if subset.control_directory is not None and high == 0:
+                path = config.model.pretrained_model_name_or_path
+                edit_hint = _edit_files_of(entry, path)
+                if edit_hint:
+                    raise ConfigError(
+                        f"{key}.control_directory: {path} is read as {entry.a_models} model, "
+                        f"which learns from images alone; {edit_hint}; else remove "
+                        "control_directory"
+                    )
                 raise ConfigError(
                     f"{key}.control_directory: {entry.a_models} model learns from images alone, "
                     f"not from reference images; remove control_directory, or train "
                     f"{_edit_models()}"
+                )
+            wanted = subset.control_count_per_image
+            if wanted is not None and high and wanted > high:
+                raise ConfigError(
+                    f"{key}.control_count_per_image = {wanted}: {entry.a_models} model takes "
+                    f"{family.references_text()} per image; set control_count_per_image = "
+                    f"{high} (or remove it)"
                 )
             if low and subset.control_directory is None and subset.metadata_file is None:
                 raise ConfigError(

@@ -97,6 +97,11 @@ class _StepResult:
     signum: int
 
 
+def model_line(components) -> str:
+    """The model line of the plan: what the loaded model is, and how it is trained."""
+    return f"model: {components.family.describe()}; {components.objective.describe()}"
+
+
 class Trainer:
     """Trains a LoRA or the full UNet as the config says."""
 
@@ -122,6 +127,7 @@ class Trainer:
         self.size_notes = check_image_sizes(config, self.sampler.prompts)  # reads no weight
         self.validator = Validator(config, self.data, self.accelerator)
         self.summary: RunSummary | None = None  # the run summary, while a run holds the name
+        self.model_line = ""  # the dry run's model line, once check_model has run
 
     def _make_accelerator(self) -> Accelerator:
         c = self.config
@@ -172,6 +178,7 @@ class Trainer:
                 config.model, weight_dtype, config.flow, config.network.network_module
             )
             parts = setup_training(config, components)
+        self.model_line = model_line(parts.components)
         check_bucket_steps(config, parts.components)
         if self.sampler.prompts:
             check_sampling(parts.components, self.sampler.prompts)
@@ -185,7 +192,9 @@ class Trainer:
         try:
             self.print_plan(start)
             if dry_run:
-                self.accelerator.print(self.check_model().line)
+                memory = self.check_model()
+                self.accelerator.print(f"  {self.model_line}")
+                self.accelerator.print(memory.line)
                 return None
             summary = RunSummary(self.config, self.plan, self.accelerator, start, config_files)
             with summary as self.summary:  # "running" now; the outcome however train() ends
@@ -202,8 +211,8 @@ class Trainer:
             config.model, weight_dtype, config.flow, config.network.network_module
         )
         parts = setup_training(config, components)
-        family, objective = parts.components.family, parts.components.objective
-        acc.print(f"model: {family.describe()}; {objective.describe()}")
+        family = parts.components.family
+        acc.print(model_line(parts.components))
         check_bucket_steps(config, parts.components)
         memory = check_peak_memory(config, parts, self.data.stats, acc, bool(self.sampler.prompts))
         acc.print(memory.line)

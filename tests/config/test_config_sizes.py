@@ -84,7 +84,7 @@ def _trainer_error(config) -> str:
     reset_accelerate()
     try:
         with pytest.raises(ConfigError) as info:
-            Trainer(config)  # the model does not exist: nothing may load before the refusal
+            Trainer(config)  # nothing may load before the refusal
     finally:
         reset_accelerate()
     message = str(info.value)
@@ -92,18 +92,19 @@ def _trainer_error(config) -> str:
     return message
 
 
-def _config(write_toml, tmp_path, batch, repeats=1, reg=False):
+def _config(write_toml, tmp_path, model, batch, repeats=1, reg=False):
     train = _images(tmp_path / "train", 2)
     subsets = f'[[datasets.subsets]]\nimage_dir = "{train}"\nnum_repeats = {repeats}\n'
     if reg:
         regs = _images(tmp_path / "reg", 3)
         subsets += f'[[datasets.subsets]]\nimage_dir = "{regs}"\nis_reg = true\n'
-    text = HEAD + f"train_batch_size = {batch}\n[[datasets]]\nresolution = 64\n" + subsets
+    head = f'pretrained_model_name_or_path = "{model}"\n'
+    text = head + f"train_batch_size = {batch}\n[[datasets]]\nresolution = 64\n" + subsets
     return load_config(write_toml("t.toml", text))
 
 
-def test_a_batch_larger_than_the_samples_per_epoch_is_refused(write_toml, tmp_path):
-    message = _trainer_error(_config(write_toml, tmp_path, batch=100000000))
+def test_a_batch_larger_than_the_samples_per_epoch_is_refused(write_toml, tmp_path, tiny_model_dir):
+    message = _trainer_error(_config(write_toml, tmp_path, tiny_model_dir, batch=100000000))
     assert message == (
         "dataset 0 has 2 samples per epoch (images x num_repeats, regularisation images "
         "included) but batch_size = 100000000; set train_batch_size (or datasets[0].batch_size) "
@@ -118,13 +119,15 @@ def test_a_batch_larger_than_the_samples_per_epoch_is_refused(write_toml, tmp_pa
         (1, True, 4),  # 2 train images, and as many reg samples
     ],
 )
-def test_repeats_and_reg_images_count_as_samples(write_toml, tmp_path, repeats, reg, samples):
-    message = _trainer_error(_config(write_toml, tmp_path, samples + 1, repeats, reg))
+def test_repeats_and_reg_images_count_as_samples(
+    write_toml, tmp_path, tiny_model_dir, repeats, reg, samples
+):
+    message = _trainer_error(_config(write_toml, tmp_path, tiny_model_dir, samples + 1, repeats, reg))
     assert message.startswith(f"dataset 0 has {samples} samples per epoch")
-    # a batch of exactly the samples passes the check: the next failure is the missing model
+    # a batch of exactly the samples passes the check
     reset_accelerate()
     try:
-        trainer = Trainer(_config(write_toml, tmp_path, samples, repeats, reg))
+        trainer = Trainer(_config(write_toml, tmp_path, tiny_model_dir, samples, repeats, reg))
     finally:
         reset_accelerate()
     assert trainer.data.stats.datasets[0].samples_per_epoch == samples

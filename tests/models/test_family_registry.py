@@ -17,7 +17,7 @@ from library.config import flow_schema
 from library.config.flow_schema import FlowMatchingKeys, FlowSection
 from library.config.schema import ModelSection, NetworkSection
 from library.config.section import Section
-from library.errors import CheckpointError, ConfigError
+from library.errors import CheckpointError, ConfigError, ModelError
 from library.lora_tools.base_model import family_group, family_label, guess_family, other_family
 from library.models.families import registry
 from library.models.families.base import ModelFamily
@@ -179,17 +179,19 @@ def test_a_family_key_defined_twice_is_refused(monkeypatch):
 
 
 def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
-    assert entry_for(MODEL, FlowSection()) is SD  # SD takes every model no family claims
+    with pytest.raises(ModelError, match="does not exist"):  # no family claims a missing path
+        entry_for(MODEL, FlowSection())
     with registry.registered(FAKE):
         assert entry_for(MODEL, FlowSection()) is FAKE
-        assert registry.claim_order()[-1] is SD
+        assert registry.claim_order()[-1] is SD  # its claim is asked last
         lines = (
             "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
             "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511 or FAKE-1"
         )
         assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()
-    assert entry_for(MODEL, FlowSection()) is SD
+    with pytest.raises(ModelError):
+        entry_for(MODEL, FlowSection())
     assert "networks.lora_fake" not in registry.network_modules()
 
 

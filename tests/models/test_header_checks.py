@@ -5,7 +5,9 @@ before any weight is read, so the dry run finds them too."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,7 @@ def flux_keys(files: dict[str, Path], **changes) -> dict:
 
 def test_flux_file_lacking_a_block_its_header_promises(flux_files, tmp_path, caplog):
     """It used to train as a FLUX.1 with one single block less, with a warning."""
+    from library.models.families.flux import shapes
     from library.models.families.flux.shapes import tiny_transformer_config
 
     assert tiny_transformer_config()["num_single_layers"] == 2  # the header says so
@@ -87,6 +90,13 @@ def test_flux_file_lacking_a_block_its_header_promises(flux_files, tmp_path, cap
     with caplog.at_level(logging.WARNING):
         parts = load(pruned, **flux_keys(flux_files))
     assert parts.denoiser.config.num_single_layers == 1
+    # and the plan's model line says what was loaded, against the released counts
+    double = tiny_transformer_config()["num_layers"]
+    released = shapes.transformer_config()
+    assert f", {double} double + 1 single blocks (FLUX.1 releases have " in parts.family.describe()
+    assert f"have {released['num_layers']} + {released['num_single_layers']}:" in (
+        parts.family.describe()
+    )
 
 
 def test_sd_file_lacking_a_text_encoder_layer_its_header_promises(tmp_path):
@@ -158,3 +168,35 @@ def test_vae_option_of_another_latent_width(flux_files, sd_checkpoint, tiny_mode
     assert message.startswith(f"vae = {flux_files['ae']} makes 16-channel latents and this sd1")
     sd_vae = tiny_model_dir / "vae" / "diffusion_pytorch_model.safetensors"
     assert load(tiny_model_dir, vae=sd_vae).vae.config.latent_channels == 4
+
+
+def with_shape(src: Path, dst: Path, key: str, shape: list[int]) -> Path:
+    """``src`` with the header entry of ``key`` saying ``shape`` (as many elements: the file
+    still opens), its data untouched."""
+    data = src.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    header[key]["shape"] = shape
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    dst.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + size :])
+    return dst
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "double_blocks.0.img_attn.qkv.weight",  # split into to_q, to_k, to_v
+        "single_blocks.1.linear1.weight",  # split by the width, which the wrong shape breaks
+        "final_layer.adaLN_modulation.1.weight",  # its halves swapped
+        "vector_in.in_layer.weight",  # renamed
+    ],
+)
+def test_a_header_lying_about_one_shape_names_that_tensor(flux_files, tmp_path, key):
+    with safe_open(str(flux_files["transformer"]), "pt") as handle:
+        shape, keys = handle.get_slice(key).get_shape(), list(handle.keys())
+    lying = with_shape(flux_files["transformer"], tmp_path / "lie.safetensors", key, shape[::-1])
+    message = error(lying, **flux_keys(flux_files))
+    assert "\n" not in message and message.startswith(f"pretrained_model_name_or_path = {lying}")
+    named = [k for k in keys if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w.])", message)]
+    assert named == [key], message

@@ -127,3 +127,18 @@ def test_sample_sizes_off_the_grid_are_drawn_rounded_with_a_warning(
         "warning: sample prompt 1 asks for 104x64; Flux.1 draws sides in multiples of 16 (as "
         "sd-scripts does), so it is drawn at 96x64"
     ]
+
+
+@pytest.mark.integration
+def test_the_dry_run_shows_the_loaded_transformers_blocks(tmp_path, models, images, capsys):
+    """A transformer file without a header is sized by its shapes (pruned models load): the
+    dry run's model line says how many blocks it has."""
+    from library.models.families.flux.shapes import tiny_transformer_config
+
+    config = _config(tmp_path, models, "flux", images)
+    assert train(str(config), "--dry_run") == 0
+    tiny = tiny_transformer_config()
+    blocks = f"{tiny['num_layers']} double + {tiny['num_single_layers']} single blocks"
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  model: ")]
+    assert line.startswith("  model: FLUX.1 dev (") and blocks in line
+

@@ -11,14 +11,16 @@ from library.models.families.registry import (
     foreign_flow_key,
     network_module_owner,
 )
+from library.models.families.unclaimed import unclaimed_error
 
 
 def entry_for(model: ModelSection, flow: FlowSection) -> FamilyEntry:
-    """The first family (in claim order) that claims ``model``: a cheap look at its files."""
+    """The first family (in claim order) that claims ``model``: a cheap look at its files.
+    ModelError saying what the model is when no family claims it."""
     for entry in claim_order():
-        if entry.claims is None or entry.claims(model, flow):
+        if entry.claims(model, flow):
             return entry
-    raise AssertionError("one registered family takes every model")
+    raise unclaimed_error(model.pretrained_model_name_or_path)
 
 
 def check_config_family(

@@ -125,11 +125,12 @@ class FamilyEntry:
     ("FLUX.1": "is a FLUX.1 model"), after ``article``; ``lines``: its model lines where
     messages list what difftune trains ("SD 1.x/2.x", "SDXL"). ``family``: its ModelFamily
     class (class data such as PIXEL_MULTIPLE is known before any weight is read).
-    ``claims(model, flow)``: the family reads this model (a cheap look at its files); unset for
-    the one family that reads every model no other family claims. ``load(model, flow,
+    ``claims(model, flow)``: the family reads this model (a cheap look at its files).
+    ``claimed_last``: its claim is asked after every other family's. ``load(model, flow,
     weight_dtype, vae_dtype)``: its Components. ``claims_within``: the family whose models its
     own are a kind of (the same parts, told apart by a finer look), whose broader claim is asked
-    after its own. ``reads_vae``: the loader itself honours [model]
+    after its own; ``file_setting``: the [flow] setting that says a transformer file of that
+    family is one of this family's (nothing in the file tells them apart). ``reads_vae``: the loader itself honours [model]
     vae (else the shared loader replaces the VAE afterwards). ``network_module``: the kohya
     network_module of its trainer (the one suggested to a config written for another family).
     ``flow_matching``: trained and sampled by flow matching (Euler sampling only), not DDPM.
@@ -150,8 +151,10 @@ class FamilyEntry:
     lines: tuple[str, ...]
     family: Callable[[], type]
     load: Callable[[ModelSection, FlowSection, object, object], object]
-    claims: Callable[[ModelSection, FlowSection], bool] | None = None
+    claims: Callable[[ModelSection, FlowSection], bool]
+    claimed_last: bool = False
     claims_within: str | None = None
+    file_setting: str | None = None
     reads_vae: bool = False
     network_module: str
     flow_matching: bool = False

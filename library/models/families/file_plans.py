@@ -26,8 +26,8 @@ from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
-from library.models.families.flux.original_keys import convert_shapes, detect_flux
-from library.models.families.sd3.original_keys import detect_sd3
+from library.models.families.flux.original_keys import convert_shapes
+from library.models.families.shape_origins import converted_origins
 from library.models.loader import one_line, reads_weights
 
 Convert = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
@@ -64,36 +64,25 @@ def open_safetensors(path: Path, what: str, family: str) -> CheckpointFile:
         raise ModelError(f"{what}: {exc}") from None
 
 
+# The tensors ComfyUI's scaled fp8 files hold beside each fp8 weight: its scale (named
+# scale_weight in the first format, weight_scale in the "comfy_quant" one, which may add the
+# input's scale and a per-layer description), and the first format's marker tensor.
+_SCALED_FP8_ENDS = (".scale_weight", ".weight_scale", ".input_scale", ".comfy_quant")
+_SCALED_FP8_MARKER = "scaled_fp8"
+
+
 def refuse_scaled_fp8(file: CheckpointFile, what: str) -> None:
+    """ModelError naming ``what`` for a file in ComfyUI's scaled fp8 format: its weights are
+    only right multiplied by their scales, which difftune does not apply."""
     keys = file.keys()
-    if "scaled_fp8" in keys or any(k.endswith(".scale_weight") for k in keys):
+    found = next((k for k in keys if k.endswith(_SCALED_FP8_ENDS)), None)
+    if found is None and _SCALED_FP8_MARKER in keys:
+        found = _SCALED_FP8_MARKER
+    if found is not None:
         raise ModelError(
-            f"{what} = {file.path} is in ComfyUI's scaled fp8 format (scale_weight tensors), "
+            f"{what} = {file.path} is in ComfyUI's scaled fp8 format (scale tensors such as {found}), "
             "which difftune does not read; use the bf16, fp16 or plain fp8 (e4m3fn) file"
         )
-
-
-def sample_keys(keys: Iterable[str]) -> str:
-    """The first two key names, for errors about a file that holds something else."""
-    first = sorted(keys)[:2]
-    return f"keys like {', '.join(first)}" if first else "no tensors"
-
-
-def looks_like(keys: list[str]) -> str:
-    """What a file holds, by its key names, for errors about a file given in the wrong place."""
-    if detect_sd3(keys) is not None:
-        return "an SD3 / SD3.5 model file"
-    if detect_flux(keys) is not None:
-        return "a FLUX.1 transformer"
-    if any(".SelfAttention." in k for k in keys):
-        return "a T5 encoder"
-    if any(k.startswith("model.diffusion_model.input_blocks.") for k in keys):
-        return "an SD UNet checkpoint"
-    if any(k.endswith("embeddings.token_embedding.weight") for k in keys):
-        return "a CLIP text encoder"
-    if any(re.match(r"(first_stage_model\.|vae\.)?encoder\.down(_blocks)?\.0\.", k) for k in keys):
-        return "an autoencoder"
-    return sample_keys(keys)
 
 
 def plan_clip_encoder(
@@ -133,24 +122,35 @@ def plan_with_config(
     the file was cut short (a smaller model derived from the rest would train silently).
     """
     stored = file.metadata.get(CONFIG_METADATA + part)
+    # What the file's own config finds wrong is believed over the shapes when neither fits: a
+    # tensor whose header entry is wrong may be one the sizes are derived from.
+    stored_plan, stored_problem, lacking = None, None, []
     if stored:
         try:
-            plan = plan_of(json.loads(stored))
-            if fit_problem(plan) is None:
-                return plan
-            lacking = lacking_tensors(plan)
+            stored_plan = plan_of(json.loads(stored))
+            stored_problem = fit_problem(stored_plan)
+            if stored_problem is None:
+                return stored_plan
+            lacking = lacking_tensors(stored_plan)
         except (ValueError, TypeError, KeyError):
-            lacking = []  # a stale or foreign config: the shapes decide
+            stored_plan, stored_problem = None, None  # a stale or foreign config: shapes decide
         if lacking:
             raise ModelError(
-                f"{plan.what} = {file.path}: its header ({CONFIG_METADATA}{part}) describes a "
-                f"{plan.label or part} with {len(lacking)} tensors the file does not hold (e.g. "
-                f"{lacking[0]}): the file is truncated; re-download it"
+                f"{stored_plan.what} = {file.path}: its header ({CONFIG_METADATA}{part}) "
+                f"describes a {stored_plan.label or part} with {len(lacking)} tensors the file "
+                f"does not hold (e.g. {lacking[0]}): the file is truncated; re-download it"
             )
-    plan = plan_of(derive())
-    problem = fit_problem(plan)
+    try:
+        plan = plan_of(derive())
+        problem = fit_problem(plan)
+    except ModelError:
+        if stored_problem is None:
+            raise
+        plan, problem = stored_plan, stored_problem
     if problem:
-        raise ModelError(f"{plan.what} = {file.path}: {problem}; re-download or re-convert it")
+        raise ModelError(
+            f"{plan.what} = {file.path}: {stored_problem or problem}; re-download or re-convert it"
+        )
     return plan
 
 
@@ -209,28 +209,35 @@ def family_component_file(
     return open_safetensors(path, key, family)
 
 
-def _shapes(plan: Plan) -> tuple[dict, dict]:
-    """(the plan's module's tensor shapes, the file's after renaming), by module name."""
+def _shapes(plan: Plan) -> tuple[dict, dict, dict]:
+    """(the plan's module's tensor shapes, the file's after renaming, the file keys each of
+    those was converted from), by module name."""
     module = empty_module(plan.build, plan.config)
-    got = convert_shapes(plan.convert, {k: plan.file.shape(k) for k in plan.keys})
+    got, origins = converted_origins(plan.convert, _file_shapes(plan))
     got = names.fit_text_model_prefix(got, module)
-    return {k: tuple(v.shape) for k, v in module.state_dict().items()}, got
+    origins = names.fit_text_model_prefix(origins, module)
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}, got, origins
+
+
+def _file_shapes(plan: Plan) -> dict[str, tuple[int, ...]]:
+    return {k: plan.file.shape(k) for k in plan.keys}
 
 
 def fit_problem(plan: Plan) -> str | None:
     """None when the plan's module holds exactly the file's tensors (names and shapes)."""
     try:
-        expected, got = _shapes(plan)
+        expected, got, origins = _shapes(plan)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         return f"cannot build the {plan.part} from it ({one_line(exc)})"
-    return shapes_problem(expected, got, plan.label or plan.part)
+    what = plan.label or plan.part
+    return shapes_problem(expected, got, what, origins, _file_shapes(plan))
 
 
 def lacking_tensors(plan: Plan) -> list[str]:
     """The tensors of the plan's module that the file lacks, when every tensor the file has
     fits the module (a file cut short of it); [] otherwise."""
     try:
-        expected, got = _shapes(plan)
+        expected, got, _ = _shapes(plan)
     except (ValueError, TypeError, KeyError, IndexError):
         return []
     if any(expected.get(k) != tuple(shape) for k, shape in got.items()):

@@ -19,6 +19,7 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
+from library.models.families.claims import other_pipeline_error
 from library.models.families.family_entry import Deferred
 from library.models.families.file_plans import Plan, load_plan
 from library.models.families.flux.tokenizers import (
@@ -86,7 +87,8 @@ class PipelineFolder:
     ``pipeline``: the class model_index.json must name; ``family``: how messages name the
     family's models. ``plan_file(key, value)``: the replacement of the part whose ``file_key`` is
     ``key``, from the key's value, each file checked before any weight is read. ``other``:
-    subfolders besides the parts and tokenizers that must be there -> the file each must hold.
+    subfolders besides the parts and tokenizers that must be there -> the file each must hold
+    (None: the family checks its files).
     ``inspect(folder)``: the family's look at the checked folder before anything loads (its
     variant, channel and width checks); ``load_folder`` returns what it returns."""
 
@@ -96,7 +98,7 @@ class PipelineFolder:
     tokenizers: tuple[FolderTokenizer, ...]
     inspect: Callable[[CheckedFolder], object]
     plan_file: Callable[[str, str], Replacement] | None = None
-    other: Mapping[str, str] = field(default_factory=dict)
+    other: Mapping[str, str | None] = field(default_factory=dict)
 
 
 def option(model: ModelSection, flow: FlowSection, key: str):
@@ -193,10 +195,7 @@ def _checked_folder(
     model_dir = resolve_model_dir(str(path), {s: f for s, f in required.items() if s not in skip})
     index = read_json(model_dir / "model_index.json")
     if index.get("_class_name") != spec.pipeline:
-        raise ModelError(
-            f"{model_dir} holds a {index.get('_class_name')}; only text-to-image {spec.family} "
-            f"({spec.pipeline}) can be trained"
-        )
+        raise other_pipeline_error(model_dir, index.get("_class_name"), spec.pipeline, spec.family)
     for part in spec.parts:
         if part.sub not in skip:
             for file in find_weights(model_dir / part.sub, part.stem)[0]:

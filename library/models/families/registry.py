@@ -62,12 +62,10 @@ def registered(entry: FamilyEntry) -> Iterator[FamilyEntry]:
 def claim_order() -> tuple[FamilyEntry, ...]:
     """The families in the order they are asked whether they read a model (or a LoRA file):
     those whose models are a kind of another family's (``claims_within``: their claim is the
-    narrower one), then the others that claim theirs, then the one that takes every other
-    model."""
+    narrower one), then the others, then the one whose claim is asked last (``claimed_last``).
+    LoRA files are told apart in the same order."""
     return tuple(
-        sorted(
-            families(), key=lambda entry: (entry.claims is None, entry.claims_within is None)
-        )
+        sorted(families(), key=lambda entry: (entry.claimed_last, entry.claims_within is None))
     )
 
 

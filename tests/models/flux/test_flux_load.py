@@ -356,6 +356,22 @@ def test_scaled_fp8_file_is_refused(files, tmp_path, no_weights_read):
     assert "t5xxl = " in message and "scaled fp8" in message
 
 
+def test_comfy_quant_scaled_fp8_transformer_is_refused_by_name(fp8_files, tmp_path):
+    """ComfyUI's newer scaled fp8 files hold a weight_scale (and input_scale) beside each fp8
+    weight: named as scaled fp8, with the files to use, not as "not a FLUX.1 transformer"."""
+    fp8 = load_file(str(fp8_files["transformer"]))
+    scales = {
+        f"{k[: -len('weight')]}{name}": torch.ones(())
+        for k, v in fp8.items() if v.dtype == torch.float8_e4m3fn
+        for name in ("weight_scale", "input_scale")
+    }  # fmt: skip
+    scaled = resave(fp8_files["transformer"], tmp_path / "flux_scaled.safetensors", extra=scales)
+    message = error(scaled, fp8_files)
+    assert message.startswith(f"pretrained_model_name_or_path = {scaled} is in ComfyUI's scaled")
+    assert any(key in message for key in scales) and "bf16" in message and "plain fp8" in message
+    assert "not a FLUX.1 transformer" not in message
+
+
 def test_missing_t5_tokenizer(files, tmp_path, empty_hub_cache, no_weights_read):
     message = error(files["transformer"], files, t5_tokenizer_path=None)
     assert "t5_tokenizer_path" in message and "nothing is downloaded" in message
@@ -430,7 +446,8 @@ def test_folder_of_another_flux_pipeline(folder, tmp_path):
     shutil.copytree(folder, fill)
     index = json.loads((fill / "model_index.json").read_text())
     (fill / "model_index.json").write_text(json.dumps({**index, "_class_name": "FluxFillPipeline"}))
-    assert claims_flux(*section(fill))
+    with pytest.raises(ModelError, match="holds a FluxFillPipeline; only text-to-image FLUX.1"):
+        claims_flux(*section(fill))  # FLUX.1's refusal, while the plan is made
     assert "FluxFillPipeline" in error(fill)
 
 

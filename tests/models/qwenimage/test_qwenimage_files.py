@@ -204,3 +204,29 @@ def test_2511_files_give_the_reference_tokens_the_zero_timestep(paths):
     header = json.loads(safe_open(str(paths["transformer"]), "pt").metadata()[
         "difftune.config.transformer"])  # fmt: skip
     assert "zero_cond_t" not in header
+
+
+def as_transformers_5_processor(folder) -> None:
+    """``folder``'s image processor settings as transformers 5 saves a processor: inside
+    processor_config.json, with no preprocessor_config.json."""
+    settings = folder / "preprocessor_config.json"
+    image_processor = json.loads(settings.read_text(encoding="utf-8"))
+    processor_class = image_processor.pop("processor_class")
+    text = json.dumps({"image_processor": image_processor, "processor_class": processor_class})
+    (folder / "processor_config.json").write_text(text, encoding="utf-8")
+    settings.unlink()
+
+
+def test_a_transformers_5_processor_folder_is_read(paths):
+    """tokenizer_path may hold the image processor settings in processor_config.json (as
+    transformers 5 saves a processor), as a diffusers folder's processor/ may."""
+    from library.models.families.qwenimage_edit.tiny import IMAGE_PROCESSOR, write_tiny_processor
+
+    as_transformers_5_processor(write_tiny_processor(paths["tokenizer"]))
+    parts = _load(paths, loader=_through_registry, model_version="edit")
+    image_processor = parts.tokenizers[1].image_processor
+    for key in ("patch_size", "merge_size", "temporal_patch_size"):
+        assert getattr(image_processor, key) == IMAGE_PROCESSOR[key], key
+    assert list(image_processor.image_mean) == IMAGE_PROCESSOR["image_mean"]
+    assert list(image_processor.image_std) == IMAGE_PROCESSOR["image_std"]
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from library.errors import ModelError
 from library.models.conditioning import encode_conditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.models.families.qwenimage_edit.conditioning import to_pil
@@ -33,6 +34,34 @@ def test_the_processor_is_transformers_qwen2vl_processor(edit_components, edit_d
     )
     for key in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw"):
         assert torch.equal(a[key], b[key]), key
+
+
+def test_a_processor_folder_saved_by_transformers_5_is_read(edit_dir, edit_components, tmp_path):
+    """processor/ with processor_config.json (transformers 5's layout, the image processor's
+    settings inside) instead of preprocessor_config.json: the same processor."""
+    import shutil
+
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.models.loader import load_components, shapes_only
+    from tests.models.qwenimage.test_qwenimage_files import as_transformers_5_processor
+
+    folder = tmp_path / "edit"
+    shutil.copytree(edit_dir, folder)
+    as_transformers_5_processor(folder / "processor")
+    with shapes_only():
+        parts = load_components(
+            ModelSection(pretrained_model_name_or_path=str(folder)), torch.float32, FlowSection()
+        )
+    ours = parts.tokenizers[1].image_processor.to_dict()
+    assert ours == edit_components.tokenizers[1].image_processor.to_dict()
+    (folder / "processor" / "processor_config.json").unlink()
+    with pytest.raises(
+        ModelError, match=r"processor has neither preprocessor_config.json nor processor"
+    ):
+        load_components(
+            ModelSection(pretrained_model_name_or_path=str(folder)), torch.float32, FlowSection()
+        )
 
 
 @torch.no_grad()

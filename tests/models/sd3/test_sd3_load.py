@@ -467,7 +467,8 @@ def test_folder_of_another_sd3_pipeline(folder, tmp_path):
     index = json.loads((other / "model_index.json").read_text())
     name = "StableDiffusion3ControlNetPipeline"
     (other / "model_index.json").write_text(json.dumps({**index, "_class_name": name}))
-    assert claims_sd3(*section(other))
+    with pytest.raises(ModelError, match=f"holds a {name}; only text-to-image SD3"):
+        claims_sd3(*section(other))  # SD3's refusal, while the plan is made
     assert name in error(other)
 
 

@@ -25,13 +25,13 @@ from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
 from library.models.families.chroma.original_keys import detect_chroma, transformer_from_original
 from library.models.families.chroma.shapes import transformer_config
+from library.models.families.file_contents import sample_keys
 from library.models.families.file_plans import (
     Plan,
     load_plan,
     open_safetensors,
     plan_with_config,
     refuse_scaled_fp8,
-    sample_keys,
 )
 from library.models.families.flux.files import plan_ae, plan_t5
 from library.models.families.flux.original_keys import convert_shapes

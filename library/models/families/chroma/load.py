@@ -44,7 +44,9 @@ _DAMAGED_MARKS = re.compile(r'"(model\.diffusion_model\.)?distilled_guidance_lay
 def claims_chroma(model: ModelSection, flow: FlowSection) -> bool:
     """True for a ChromaPipeline folder (or one whose transformer is Chroma's), or a
     .safetensors file of a Chroma transformer (damaged ones by their header text)."""
-    return claims_model(model, PIPELINE, TRANSFORMER_CLASS, detect_chroma, _DAMAGED_MARKS)
+    return claims_model(
+        model, PIPELINE, TRANSFORMER_CLASS, detect_chroma, _DAMAGED_MARKS, FOLDER.family
+    )
 
 
 def load_chroma(

@@ -26,12 +26,18 @@ from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.flux.lora_keys import transformer_modules
 from library.models.families.flux.original_keys import transformer_to_original
 from library.models.families.flux.sampling import flux_pipeline_kind
-from library.models.families.flux.shapes import CLIP_MAX_LENGTH, T5_MAX_LENGTH
+from library.models.families.flux.shapes import (
+    CLIP_MAX_LENGTH,
+    NUM_DOUBLE_BLOCKS,
+    NUM_SINGLE_BLOCKS,
+    T5_MAX_LENGTH,
+)
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
 from library.saving.streamed import block_groups, save_streamed
 from library.training.objectives import FlowOptions
 
 PATCH = 2  # latents are packed 2x2 into tokens
+RELEASED_BLOCKS = (NUM_DOUBLE_BLOCKS, NUM_SINGLE_BLOCKS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,11 +55,29 @@ class FluxFamily(TransformerFamily):
     # apply_t5_attn_mask: T5 and the transformer's attention ignore the caption's padding.
     t5_attention_mask: bool = False
     train_blocks: str = "all"  # kohya's train_blocks: "all", "single" or "double"
+    # the loaded transformer's (double, single) block counts; None: not known (not loaded)
+    blocks: tuple[int, int] | None = None
 
     def describe(self) -> str:
         guidance = f", guidance {self.guidance_scale:g}" if self.has_guidance else ""
         mask = ", T5 padding masked" if self.t5_attention_mask else ""
-        return f"FLUX.1 {self.variant} ({self.t5_max_length} T5 tokens{mask}{guidance})"
+        text = f"FLUX.1 {self.variant} ({self.t5_max_length} T5 tokens{mask}{guidance})"
+        return text + self._blocks_text()
+
+    def _blocks_text(self) -> str:
+        """The block counts, and the released ones where they differ: a file without a header
+        is sized by its shapes, so a pruned model (Flex.1's 8 double blocks) loads as it is,
+        and so would a file cut short by whole blocks."""
+        if self.blocks is None:
+            return ""
+        double, single = self.blocks
+        text = f", {double} double + {single} single blocks"
+        if self.blocks != RELEASED_BLOCKS:
+            text += (
+                f" (FLUX.1 releases have {RELEASED_BLOCKS[0]} + {RELEASED_BLOCKS[1]}: a pruned "
+                "model, or a file missing blocks: re-download it if it should be whole)"
+            )
+        return text
 
     @property
     def text_cache_name(self) -> str:

@@ -26,18 +26,17 @@ from library.errors import ModelError
 from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
+from library.models.families.file_contents import looks_like, sample_keys
 from library.models.families.file_plans import (
     Plan,
     component_file,
     load_plan,
-    looks_like,
     open_safetensors,
     plan_autoencoder,
     plan_clip_encoder,
     plan_t5_encoder,
     plan_with_config,
     refuse_scaled_fp8,
-    sample_keys,
 )
 from library.models.families.flux import shapes as flux_shapes
 from library.models.families.flux.original_keys import (

@@ -9,6 +9,7 @@ tokenizers are found by tokenizers.py.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -54,7 +55,9 @@ def claims_flux(model: ModelSection, flow: FlowSection) -> bool:
     get load_flux's refusal rather than the SD loader's "lacks unet/"); a damaged file counts
     when its header text shows FLUX.1's block names (so its error names FLUX.1).
     """
-    return claims_model(model, FLUX_PIPELINE, _TRANSFORMER_CLASS, detect_flux, _DAMAGED_MARKS)
+    return claims_model(
+        model, FLUX_PIPELINE, _TRANSFORMER_CLASS, detect_flux, _DAMAGED_MARKS, FOLDER.family
+    )
 
 
 # --- loading ------------------------------------------------------------------------------------
@@ -92,7 +95,10 @@ def load_flux_parts(
 
 
 def flux_components(parts: FluxParts, family, flow: FlowSection) -> Components:
-    """Components of loaded FLUX.1-shaped parts trained as ``family``."""
+    """Components of loaded FLUX.1-shaped parts trained as ``family`` (which is told the
+    transformer's block counts, so the plan shows them)."""
+    config = parts.transformer.config
+    family = dataclasses.replace(family, blocks=(config.num_layers, config.num_single_layers))
     return Components(
         denoiser=parts.transformer,
         vae=parts.vae,

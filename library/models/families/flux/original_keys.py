@@ -26,6 +26,7 @@ from typing import Literal
 
 import torch
 
+from library.models.families.shape_origins import converted_origins
 from library.models.original_names import vae_state_dict_from_original, vae_state_dict_to_original
 
 ORIGINAL_PREFIX = "model.diffusion_model."
@@ -219,9 +220,9 @@ def convert_shapes(
     convert: Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]],
     shapes: Mapping[str, Iterable[int]],
 ) -> dict[str, tuple[int, ...]]:
-    """Run a converter of this module on key -> shape, without allocating any tensor."""
-    meta = {k: torch.empty(tuple(s), device="meta") for k, s in shapes.items()}
-    return {k: tuple(v.shape) for k, v in convert(meta).items()}
+    """Run a converter of this module on key -> shape, without allocating any tensor;
+    shape_origins.ConvertFailed (a ValueError) naming the file tensors it failed on."""
+    return converted_origins(convert, shapes)[0]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ KONTEXT = FamilyEntry(
     load=Deferred(f"{_PACKAGE}.load:load_kontext"),
     # a FluxKontextPipeline folder's transformer is FLUX.1's, which FLUX.1's claim takes
     claims_within=FLUX.name,
+    file_setting='model_type = "flux_kontext"',
     # musubi-tuner trains Kontext with kohya's FLUX.1 network module
     network_module=FLUX.network_module,
     flow_matching=True,

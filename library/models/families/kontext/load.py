@@ -29,11 +29,23 @@ FOLDER = dataclasses.replace(flux_load.FOLDER, pipeline=PIPELINE, family="FLUX.1
 
 def claims_kontext(model: ModelSection, flow: FlowSection) -> bool:
     """True for a FluxKontextPipeline folder, or any model the config calls Kontext
-    (model_type = "flux_kontext"; the loader then checks it holds FLUX.1's parts)."""
-    if flow.model_type == MODEL_TYPE:
-        return True
+    (model_type = "flux_kontext"; the loader then checks it holds FLUX.1's parts).
+    ModelError for model_type = "flux_kontext" on a text-to-image FLUX.1 folder, so the
+    contradiction is named before the references Kontext would need are asked for."""
     path = Path(model.pretrained_model_name_or_path).expanduser()
+    if flow.model_type == MODEL_TYPE:
+        _refuse_text_to_image_folder(path)
+        return True
     return path.is_dir() and folder_pipeline(path) == PIPELINE
+
+
+def _refuse_text_to_image_folder(path: Path) -> None:
+    if path.is_dir() and folder_pipeline(path) == flux_load.FLUX_PIPELINE:
+        raise ModelError(
+            f"{path} holds a text-to-image FLUX.1 ({flux_load.FLUX_PIPELINE}), not a FLUX.1 "
+            f'Kontext model, and model_type = "{MODEL_TYPE}" says Kontext: remove model_type '
+            "to train FLUX.1, or point pretrained_model_name_or_path at the Kontext model"
+        )
 
 
 def load_kontext(
@@ -43,12 +55,7 @@ def load_kontext(
     component files), as FLUX.1's loader reads them. ModelError for a model without the
     distilled guidance input (schnell-shaped), which Kontext [dev] has."""
     path = Path(model.pretrained_model_name_or_path).expanduser()
-    if path.is_dir() and folder_pipeline(path) == flux_load.FLUX_PIPELINE:
-        raise ModelError(
-            f"{path} holds a text-to-image FLUX.1 ({flux_load.FLUX_PIPELINE}), and model_type = "
-            f'"{MODEL_TYPE}" says FLUX.1 Kontext: remove model_type to train FLUX.1, or point '
-            "pretrained_model_name_or_path at the Kontext model"
-        )
+    _refuse_text_to_image_folder(path)
     parts = flux_load.load_flux_parts(FOLDER, model, flow, weight_dtype, vae_dtype)
     if parts.variant != "dev":
         raise ModelError(

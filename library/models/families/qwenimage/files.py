@@ -41,16 +41,15 @@ from library.errors import ModelError
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.families.file_contents import looks_like, sample_keys
 from library.models.families.file_plans import (
     Plan,
     family_component_file,
     load_plan,
-    looks_like,
     open_safetensors,
     plan_part,
     plan_with_config,
     refuse_scaled_fp8,
-    sample_keys,
 )
 from library.models.families.local_tokenizer import load_local_tokenizer
 from library.models.families.qwenimage import shapes, vae_keys

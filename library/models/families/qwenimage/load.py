@@ -47,7 +47,9 @@ def claims_qwenimage(model: ModelSection, flow: FlowSection) -> bool:
     """True for a QwenImagePipeline folder (or one whose transformer is Qwen-Image's), or a
     .safetensors file of a Qwen-Image transformer (an edit release's, by model_version, is
     claimed by its own family first)."""
-    return claims_model(model, PIPELINE, TRANSFORMER_CLASS, detect_qwenimage, _DAMAGED_MARKS)
+    return claims_model(
+        model, PIPELINE, TRANSFORMER_CLASS, detect_qwenimage, _DAMAGED_MARKS, FOLDER.family
+    )
 
 
 def load_qwenimage(

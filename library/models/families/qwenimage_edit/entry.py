@@ -26,6 +26,7 @@ QWENIMAGE_EDIT = FamilyEntry(
     claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage_edit"),
     # its folder's transformer is Qwen-Image's, which Qwen-Image's claim takes
     claims_within=QWENIMAGE.name,
+    file_setting='model_version = "edit"',
     load=Deferred(f"{_PACKAGE}.load:load_qwenimage_edit"),
     reads_vae=True,
     # musubi-tuner trains the edit model with its Qwen-Image LoRA module
@@ -63,6 +64,7 @@ QWENIMAGE_EDIT_PLUS = replace(
     lines=(_PLUS_LINE,),
     family=Deferred(f"{_PACKAGE}.family:QwenImageEditPlusFamily").get,
     claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage_edit_plus"),
+    file_setting='model_version = "edit-2509" or "edit-2511"',
     load=Deferred(f"{_PACKAGE}.load:load_qwenimage_edit_plus"),
     # the older key names are the first edit model's trainer's
     kohya=KohyaVocabulary(),

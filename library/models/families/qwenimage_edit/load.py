@@ -1,7 +1,7 @@
 """Reading Qwen-Image-Edit: a diffusers QwenImageEditPipeline folder through the shared folder
 loader. Its parts are Qwen-Image's (transformer/, vae/, text_encoder/, tokenizer/, scheduler/)
-plus processor/, Qwen2.5-VL's image processor settings (preprocessor_config.json), which
-processor.py reads beside the tokenizer. A release's transformer file (Comfy-Org's
+plus processor/, Qwen2.5-VL's image processor settings (preprocessor_config.json, or
+transformers 5's processor_config.json), which processor.py reads beside the tokenizer. A release's transformer file (Comfy-Org's
 qwen_image_edit_bf16.safetensors and the like) is read with Qwen-Image's component files
 (qwenimage/files.py) when [flow] model_version names the release, the processor settings from
 tokenizer_path (Qwen/Qwen-Image-Edit's processor/ holds the tokenizer and them)."""
@@ -27,7 +27,7 @@ from library.models.families.qwenimage.objective import (
 )
 from library.models.families.qwenimage.shapes import scheduler_config
 from library.models.families.qwenimage_edit.family import qwenimage_edit_family
-from library.models.families.qwenimage_edit.processor import read_processor
+from library.models.families.qwenimage_edit.processor import holds_settings, read_processor
 from library.models.families.qwenimage_edit.sampling import PIPELINE, PLUS_PIPELINE
 from library.models.loader import Components
 
@@ -63,7 +63,8 @@ FOLDER = dataclasses.replace(
     pipeline=PIPELINE,
     family="Qwen-Image-Edit",
     tokenizers=(*qwen_load.FOLDER.tokenizers, FolderTokenizer("processor", _processor)),
-    other={**qwen_load.FOLDER.other, "processor": "preprocessor_config.json"},
+    # either of processor.SETTINGS_FILES: _processor checks which (before any weight is read)
+    other={**qwen_load.FOLDER.other, "processor": None},
 )
 PLUS_FOLDER = dataclasses.replace(
     FOLDER, pipeline=PLUS_PIPELINE, family="Qwen-Image-Edit-2509/2511"
@@ -126,14 +127,16 @@ def _load_files(path: Path, model, flow, weight_dtype, vae_dtype, plus: bool) ->
 
 
 def processor_folder(tokenizer_path: str) -> Path:
-    """The folder holding Qwen2.5-VL's preprocessor_config.json: tokenizer_path, or its
-    processor/ (a Qwen-Image-Edit diffusers folder). ModelError naming what to set."""
+    """The folder holding Qwen2.5-VL's image processor settings (processor.SETTINGS_FILES):
+    tokenizer_path, or its processor/ (a Qwen-Image-Edit diffusers folder). ModelError naming
+    what to set."""
     folder = Path(tokenizer_path).expanduser().absolute()  # load_qwenimage_files checked it
     for where in (folder, folder / "processor"):
-        if (where / "preprocessor_config.json").is_file():
+        if holds_settings(where):
             return where
     raise ModelError(
-        f"tokenizer_path {folder} has no preprocessor_config.json (Qwen2.5-VL's image "
+        f"tokenizer_path {folder} has no preprocessor_config.json (nor processor_config.json) "
+        "(Qwen2.5-VL's image "
         "processor settings, which an edit model needs to show Qwen2.5-VL its references): set "
         "tokenizer_path to Qwen/Qwen-Image-Edit's processor/ folder, or to a Qwen-Image-Edit "
         "diffusers folder"

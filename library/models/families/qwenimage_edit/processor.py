@@ -63,10 +63,27 @@ class VisionTextProcessor:
         return BatchFeature({**tokens, **pictures})
 
 
+# The files holding Qwen2.5-VL's image processor settings, either of which transformers reads:
+# the image processor's own (what the released processor/ folders hold), and the whole
+# processor's with the image processor's settings inside (what transformers 5 saves).
+SETTINGS_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def holds_settings(folder: Path) -> bool:
+    """``folder`` holds Qwen2.5-VL's image processor settings (one of SETTINGS_FILES)."""
+    return any((folder / name).is_file() for name in SETTINGS_FILES)
+
+
 def read_processor(folder: Path, tokenizer) -> VisionTextProcessor:
-    """The processor of a Qwen-Image-Edit folder's processor/ (its preprocessor_config.json)
-    with ``tokenizer``; ModelError when it cannot be read."""
+    """The processor of a Qwen-Image-Edit folder's processor/ (its preprocessor_config.json or
+    processor_config.json) with ``tokenizer``; ModelError when it cannot be read."""
     from transformers import Qwen2VLImageProcessorPil
+
+    if not holds_settings(folder):
+        raise ModelError(
+            f"{folder} has neither {' nor '.join(SETTINGS_FILES)} (Qwen2.5-VL's image processor "
+            "settings); the diffusers folder is incomplete"
+        )
 
     try:
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(

@@ -6,6 +6,7 @@ Data shared by the loader (library/models/families/sd/single_file.py) and the ex
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,19 @@ LAYOUTS: dict[str, FileLayout] = {
         ),
     ),
 }
+
+
+# Key starts only SD 1.x/2.x/SDXL checkpoints have: the UNet's input blocks, the text encoders.
+# (first_stage_model. is not one: SD3's and some FLUX.1 files hold their VAE under it too.)
+_OWN_STARTS = (f"{UNET_PREFIX}input_blocks.", "cond_stage_model.", "conditioner.embedders.")
+# The same in a damaged file's header text (its JSON keys are quoted).
+DAMAGED_MARKS = re.compile("|".join(f'"{re.escape(start)}' for start in _OWN_STARTS))
+
+
+def detect_sd(keys: Iterable[str]) -> bool | None:
+    """True when ``keys`` include a part of an SD 1.x/2.x/SDXL checkpoint (so its loader's
+    errors say which part is missing); None otherwise."""
+    return any(k.startswith(_OWN_STARTS) for k in keys) or None
 
 
 def _has(keys: set[str], prefix: str) -> bool:

@@ -1,6 +1,6 @@
 """SD 1.x/2.x/SDXL's entry in the family registry: what shared code asks of it before loading
-it. It claims every model no other family claims, so its errors (missing folder, unknown
-checkpoint) are the ones a user of an unrecognised model sees."""
+it. Its claim is asked last (an SD3 or FLUX.1 file may hold an SD-like VAE, and its LoRA marks
+decide after the transformers'); a model no family claims is reported by family_choice."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ SD = FamilyEntry(
     article="an",
     lines=(SD12, SDXL),
     family=Deferred("library.models.families.sd.family:SDFamily").get,
+    claims=Deferred("library.models.families.sd.load:claims_sd"),
+    claimed_last=True,
     load=Deferred("library.models.families.sd.load:load_sd"),
     network_module=GENERIC_LORA_MODULE,
     lora_files=LoraFiles(

@@ -13,6 +13,9 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
+from library.models.checkpoint_file import PICKLE_SUFFIXES
+from library.models.families.claims import file_claimed, model_index
+from library.models.families.sd.checkpoint_layout import DAMAGED_MARKS, detect_sd
 from library.models.families.sd.family import detect_family
 from library.models.families.sd.objective import ddpm_objective
 from library.models.families.sd.single_file import is_single_file, load_single_file
@@ -47,6 +50,28 @@ def required_parts(path_text: str, tokenizer_path: str | None = None) -> dict[st
     if tokenizer_path:
         needed = {sub: file for sub, file in needed.items() if not sub.startswith("tokenizer")}
     return needed
+
+
+# The parts model_index.json lists for every SD 1.x/2.x and SDXL pipeline (SDXL adds its second
+# text encoder); other pipelines with a UNet (Kandinsky, DeepFloyd IF, AnimateDiff) differ here.
+_FOLDER_PARTS = {"unet": "UNet2DConditionModel", "text_encoder": "CLIPTextModel"}
+
+
+def claims_sd(model: ModelSection, flow: FlowSection) -> bool:
+    """True for an SD 1.x/2.x/SDXL diffusers folder (by the parts its model_index.json lists),
+    a pickled checkpoint (.ckpt, .pt, .pth, .bin: only this loader reads them, weights-only),
+    or a .safetensors file holding an SD checkpoint's keys (damaged ones by their header text).
+    Anything else is no family's: family_choice says what it is."""
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    if path.is_dir():
+        index = model_index(path)
+        return all(
+            isinstance(index.get(sub), list) and cls in index[sub]
+            for sub, cls in _FOLDER_PARTS.items()
+        )
+    if path.is_file() and path.suffix.lower() in PICKLE_SUFFIXES:
+        return True
+    return file_claimed(path, detect_sd, DAMAGED_MARKS)
 
 
 def load_sd(

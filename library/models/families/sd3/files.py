@@ -35,18 +35,17 @@ from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models import original_names as names
 from library.models.checkpoint_file import CheckpointFile
+from library.models.families.file_contents import looks_like, sample_keys
 from library.models.families.file_plans import (
     Plan,
     component_file,
     load_plan,
-    looks_like,
     open_safetensors,
     plan_autoencoder,
     plan_clip_encoder,
     plan_part,
     plan_t5_encoder,
     refuse_scaled_fp8,
-    sample_keys,
 )
 from library.models.families.flux.tokenizers import load_t5_tokenizer, located_t5_tokenizer
 from library.models.families.sd3 import shapes as sd3_shapes

@@ -52,7 +52,9 @@ def claims_sd3(model: ModelSection, flow: FlowSection) -> bool:
     pipelines get load_sd3's refusal rather than the SD loader's "lacks unet/"); a damaged file
     counts when its header text shows SD3's block names (so its error names SD3).
     """
-    return claims_model(model, SD3_PIPELINE, _TRANSFORMER_CLASS, detect_sd3, _DAMAGED_MARKS)
+    return claims_model(
+        model, SD3_PIPELINE, _TRANSFORMER_CLASS, detect_sd3, _DAMAGED_MARKS, FOLDER.family
+    )
 
 
 # --- loading ------------------------------------------------------------------------------------

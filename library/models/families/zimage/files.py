@@ -39,14 +39,13 @@ from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
+from library.models.families.file_contents import looks_like, sample_keys
 from library.models.families.file_plans import (
     Plan,
     family_component_file,
     load_plan,
-    looks_like,
     open_safetensors,
     refuse_scaled_fp8,
-    sample_keys,
 )
 from library.models.families.flux.files import plan_ae as flux_plan_ae
 from library.models.families.local_tokenizer import load_local_tokenizer

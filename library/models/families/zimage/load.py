@@ -47,7 +47,9 @@ _DAMAGED_MARKS = re.compile(r'"(model\.diffusion_model\.)?(noise|context)_refine
 def claims_zimage(model: ModelSection, flow: FlowSection) -> bool:
     """True for a ZImagePipeline folder (or one whose transformer is Z-Image's), or a
     .safetensors file of a Z-Image transformer (damaged ones by their header text)."""
-    return claims_model(model, PIPELINE, TRANSFORMER_CLASS, detect_zimage, _DAMAGED_MARKS)
+    return claims_model(
+        model, PIPELINE, TRANSFORMER_CLASS, detect_zimage, _DAMAGED_MARKS, FOLDER.family
+    )
 
 
 def load_zimage(
