@@ -60,6 +60,7 @@ _DATA_SOURCE_KEYS = ("train_data_dir", "dataset_config")
 _DATA_KEYS = (*_DATA_SOURCE_KEYS, "reg_data_dir", "in_json")
 # kohya turns sampling off, with a warning, when these are negative (0 is off here too).
 _SAMPLE_CADENCES = ("sample_every_n_steps", "sample_every_n_epochs")
+_TEXT_CACHE_KEYS = ("cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk")
 # sd-scripts' deprecated Flux.1 switch: it sets blocks_to_swap to this when that is unset.
 _SPLIT_MODE_BLOCKS = 18
 
@@ -116,6 +117,7 @@ def load_config(
         )
     order = {layer.file: i for i, layer in enumerate([*layers, cli])}
     flat = _apply_kohya(flat, notices, order, problems)
+    _frozen_text_default(flat, files)
     dataset_defaults = {k: flat.pop(k) for k in list(flat) if k in DEFAULT_KEYS}
     sources = {key: source_of(o) for key, (_, o) in {**flat, **dataset_defaults}.items()}
     sections = _build_sections(flat, files, problems)
@@ -337,6 +339,16 @@ def _apply_kohya(
             problems.add(origin, str(e), "optimizer_args")
             del out["optimizer_args"]  # reported; the section check would say it again
     return out
+
+
+def _frozen_text_default(flat: dict[str, Entry], files: str) -> None:
+    """Cached text-encoder outputs leave the text encoders frozen: there an unset
+    network_train_unet_only means true (the LoRA adapts the denoiser), not kohya's false, which
+    the cache cannot honour. Written false, the schema's check refuses the pair."""
+    if "network_train_unet_only" in flat:
+        return
+    if any(flat.get(key, (False, None))[0] is True for key in _TEXT_CACHE_KEYS):
+        flat["network_train_unet_only"] = (True, Origin(files, default=True))
 
 
 def _is_number(value: object) -> bool:

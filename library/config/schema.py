@@ -150,7 +150,10 @@ class NetworkSection(Section):
         None, description="Start from this kohya-format LoRA .safetensors file."
     )
     network_train_unet_only: bool = Field(
-        False, description="Adapt the UNet only (no text-encoder LoRA)."
+        False,
+        description="Adapt the denoiser (UNet or transformer) only, no text-encoder LoRA. Z-Image, "
+        "Qwen-Image and Chroma LoRAs always adapt the transformer only (false there gets a "
+        "warning); with the text-encoder outputs cached, unset means true.",
     )
     network_train_text_encoder_only: bool = Field(
         False, description="Adapt the text encoder only (no UNet LoRA)."

@@ -197,7 +197,9 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
     net = config.network
     settings = adapter_settings(config)
     train_unet = not net.network_train_text_encoder_only
-    train_te = not net.network_train_unet_only and trains_text_encoders(settings)
+    family = components.family
+    trained = [family.trains_text_encoder(i) for i in range(len(family.text_encoder_subfolders))]
+    train_te = not net.network_train_unet_only and trains_text_encoders(settings) and any(trained)
     if not (train_unet or train_te):
         raise ConfigError(
             f"preset = {settings.preset} adapts no text encoder and network_train_text_encoder_only "
@@ -205,7 +207,6 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
         )
     groups = []
     opt = config.optimizer
-    family = components.family
     refusal = loraplus_refusal(settings)
     if refusal is not None:
         _refuse_loraplus(config, refusal)
@@ -222,8 +223,7 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
             groups += block_groups(denoiser, blocks, unet_lr, ratio)
     if train_te:
         ratio = opt.loraplus_text_encoder_lr_ratio or opt.loraplus_lr_ratio
-        names = components.family.text_encoder_subfolders
-        trained = [family.trains_text_encoder(i) for i in range(len(names))]
+        names = family.text_encoder_subfolders
         for encoder, trains in zip(components.text_encoders, trained, strict=True):
             if trains:
                 inject(family, encoder, "text_encoder", settings)
