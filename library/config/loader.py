@@ -44,6 +44,7 @@ from library.config.overrides import (
     flat_key_problem,
     key_kind,
     parse_override,
+    takes_table,
 )
 from library.config.problems import Entry, Problems, source_of, sources_note, validate
 from library.config.provenance import Provenance
@@ -188,7 +189,8 @@ def _file_layer(path: str, problems: Problems) -> _Layer:
             layer.inline = value
         elif name == "general" and isinstance(value, dict):
             general = _split_general(value, layer, problems)
-        elif isinstance(value, dict) and name not in field_sections():
+        elif isinstance(value, dict) and not takes_table(name):
+            # a group of keys, even one named like a key ([dataset_config] in GUI files)
             for key, item in value.items():
                 _put(layer, key, item, Origin(path, table=name), problems)
         else:
