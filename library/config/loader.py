@@ -10,7 +10,8 @@ across layers a later value replaces an earlier one, and a later empty value (ko
 clears it. The training data is replaced whole: a layer that gives ``[[datasets]]``,
 ``train_data_dir`` or ``dataset_config`` drops what earlier layers said about the data (their
 ``[[datasets]]``, ``[general]``, ``train_data_dir``, ``reg_data_dir``, ``in_json`` and
-``dataset_config``). Dataset keys written flat are defaults and layer key by key.
+``dataset_config``). Dataset keys written flat are defaults and layer key by key; given on the
+command line they win over the dataset tables too (library.config.dataset_loader).
 
 Every problem of the files is collected and refused in one error (library.config.problems).
 """
