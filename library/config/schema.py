@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from library.config.adapter_schema import (
     LYCORIS_MODULE,
+    MAX_RANK,
     AdapterSection,
     adapter_problem,
     lycoris_spec,
@@ -116,13 +117,16 @@ class NetworkSection(Section):
         f'"{LYCORIS_MODULE}" for LyCORIS\' LoCon, LoHa and LoKr (with DoRA), chosen by algo in '
         "[adapter].",
     )
-    network_dim: int = Field(4, ge=1, description="LoRA rank of Linear and 1x1 conv layers.")
+    network_dim: int = Field(
+        4, ge=1, le=MAX_RANK, description="LoRA rank of Linear and 1x1 conv layers."
+    )
     network_alpha: float = Field(
         1.0, gt=0, description="LoRA alpha; the adapter output is scaled by alpha / rank."
     )
     conv_dim: int | None = Field(
         None,
         ge=1,
+        le=MAX_RANK,
         description="Rank for 3x3 convs of ResNet blocks, down- and upsamplers (LoCon). Unset: no "
         'conv LoRA (with lycoris.kohya: network_dim, as LyCORIS does). Also accepted in '
         'network_args as "conv_dim=N".',

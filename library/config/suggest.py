@@ -58,6 +58,8 @@ def describe_type(annotation: object) -> str:
         return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
     if origin is list:
         (item,) = typing.get_args(annotation) or (object,)
+        if typing.get_origin(item) is typing.Annotated:  # constrained items: list[Annotated[int, ...]]
+            item = typing.get_args(item)[0]
         return "a list" + _PLURALS.get(item, "")
     if origin is dict or annotation is dict:
         return "a table"
