@@ -636,6 +636,7 @@ class Config(BaseModel):
                 'network_weights starts a LoRA; with train_mode = "unet" remove it '
                 '(or use train_mode = "lora")'
             )
+        self._check_full_fine_tune()
         problem = adapter_problem(self.adapter, self.network.network_module)
         if problem:
             raise ValueError(problem)
@@ -650,6 +651,30 @@ class Config(BaseModel):
         self._check_block_swap()
         self._check_sharding()
         return self
+
+    def _check_full_fine_tune(self) -> None:
+        """Settings a full fine-tune has nothing to apply to, refused with the config, before
+        any weight is read: frozen denoiser weights stored quantized or in float8 (every
+        denoiser weight trains), LoRA+'s ratios (no up/down weights)."""
+        if self.network.train_mode != "unet":
+            return
+        for key in ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio"):
+            if getattr(self.optimizer, key) is not None:
+                raise ValueError(
+                    f'{key} is for LoRA up/down weights; with train_mode = "unet" remove it'
+                )
+        training = self.training
+        if training.base_model_precision != "no_change":
+            raise ValueError(
+                f'base_model_precision = "{training.base_model_precision}" stores frozen weights '
+                'quantized; with train_mode = "unet" every denoiser weight trains, so remove it'
+            )
+        for key in ("fp8_base", "fp8_base_unet"):
+            if getattr(training, key):
+                raise ValueError(
+                    f'{key} stores frozen weights in float8; with train_mode = "unet" every '
+                    f"denoiser weight trains, so remove {key}"
+                )
 
     def _check_sharding(self) -> None:
         training = self.training

@@ -93,7 +93,6 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
     unet_lr = net.unet_lr if net.unet_lr is not None else lr
     te_lrs = text_encoder_rates(net.text_encoder_lr, lr, len(components.text_encoders))
     if net.train_mode == "unet":
-        _refuse_loraplus(config)
         unet = components.denoiser.to(trained_dtype(config)).requires_grad_(True)
         parts = TrainedParts(components, False, True, False, [{"params": list(unet.parameters()), "lr": unet_lr, "name": "unet"}])
     else:
@@ -131,16 +130,12 @@ def trained_dtype(config: Config) -> torch.dtype:
 
 def _base_quantized(config: Config, components: Components) -> None:
     """base_model_precision: the denoiser's frozen Linear weights in nf4 or int8, before
-    adapters wrap them (library.models.quantized_base)."""
+    adapters wrap them (library.models.quantized_base). The config refuses it with a full
+    fine-tune (Config._check_frozen_storage)."""
     training = config.training
     precision = PRECISIONS[training.base_model_precision]
     if precision is None:
         return
-    if config.network.train_mode == "unet":
-        raise ConfigError(
-            f'base_model_precision = "{training.base_model_precision}" stores frozen weights '
-            'quantized; with train_mode = "unet" every denoiser weight trains, so remove it'
-        )
     compute = WEIGHT_DTYPES[training.mixed_precision]
     quantize_linears(
         components.denoiser, precision, training.bnb_4bit_use_double_quant, compute
@@ -152,12 +147,6 @@ def _base_in_float8(config: Config, components: Components) -> None:
     training = config.training
     if not (training.fp8_base or training.fp8_base_unet):
         return
-    key = "fp8_base" if training.fp8_base else "fp8_base_unet"
-    if config.network.train_mode == "unet":
-        raise ConfigError(
-            f'{key} stores frozen weights in float8; with train_mode = "unet" every denoiser '
-            f"weight trains, so remove {key}"
-        )
     compute = WEIGHT_DTYPES[training.mixed_precision]
     modules = [components.denoiser]
     if training.fp8_base and not training.fp8_base_unet:
@@ -166,7 +155,7 @@ def _base_in_float8(config: Config, components: Components) -> None:
         store_in_float8(module, compute)
 
 
-def _refuse_loraplus(config: Config, what: str = 'train_mode = "unet"') -> None:
+def _refuse_loraplus(config: Config, what: str) -> None:
     opt = config.optimizer
     ratios = ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio")
     for key in ratios:
