@@ -57,8 +57,9 @@ usage: train_network.py --config FILE.toml [--config MORE.toml ...] [--print_con
                   run prints a JSON document too, with the error and every problem.
   --ignore_unknown_keys
                   load config files that hold keys no tool defines (a front end's leftovers)
-                  without them, listing them in one warning; without it they are errors, so
-                  a typo is never ignored. Other problems still stop the run.
+                  without them, listing them in one warning (a key a letter or two off a real
+                  key gets its own, saying which); without it they are errors, so a typo is
+                  never ignored. Other problems still stop the run.
   -h, --help      show this help
 
 {OVERRIDE_HELP}

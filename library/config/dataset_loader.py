@@ -22,7 +22,7 @@ from library.config.kohya_values import UNSET, normalise
 from library.config.musubi_dataset import IMAGE_KEYS, SOURCE_KEYS
 from library.config.overrides import DATASET_KEYS, SUBSET_KEYS, all_key_names, key_kind
 from library.config.problems import Entry, Problems, source_of, validate
-from library.config.suggest import COMMAND_LINE, Origin, did_you_mean, show_value
+from library.config.suggest import COMMAND_LINE, Origin, did_you_mean, near_miss, show_value
 from library.config.toml_files import read_toml
 from library.data.folders import dreambooth_subsets
 
@@ -215,7 +215,8 @@ def table_keys(
         elif name not in allowed:
             text = not_dataset_key(key, origin)
             if _is_unknown(key):
-                problems.add_unknown(origin, text, origin.shown(key))
+                near = near_miss(key, all_key_names())
+                problems.add_unknown(origin, text, origin.shown(key), near)
             else:
                 problems.add(origin, text, shown)
         elif name in out:

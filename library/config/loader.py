@@ -41,6 +41,7 @@ from library.config.overrides import (
     DEFAULT_KEYS,
     SUBSET_KEYS,
     RawValue,
+    all_key_names,
     annotation,
     flat_key_problem,
     key_kind,
@@ -51,7 +52,7 @@ from library.config.problems import Entry, Problems, source_of, sources_note, va
 from library.config.provenance import Provenance
 from library.config.scheduler_args import unused_notes
 from library.config.schema import SECTIONS, Config, field_sections
-from library.config.suggest import COMMAND_LINE, Origin, show_value
+from library.config.suggest import COMMAND_LINE, Origin, near_miss, show_value
 from library.config.toml_files import read_toml
 from library.errors import ConfigError
 
@@ -232,7 +233,8 @@ def _put(layer: _Layer, key: str, value: object, origin: Origin, problems: Probl
         layer.ignored.append(name)
         return
     if kind == "unknown":
-        problems.add_unknown(origin, flat_key_problem(key, origin), key)
+        near = near_miss(key, all_key_names())
+        problems.add_unknown(origin, flat_key_problem(key, origin), key, near)
         return
     if kind == "dataset":
         problems.add(origin, flat_key_problem(key, origin), key)

@@ -31,6 +31,7 @@ class _Found:
     key: str | None  # as shown to the user ("datasets[0].subsets[1].num_repeats")
     text: str  # what is wrong and the fix, without "config error in <file>: "
     unknown: bool = False  # a key that no tool defines
+    near: str | None = None  # an unknown key's nearest real key (a likely typo of it)
 
     def problem(self) -> Problem:
         file = None if self.file == COMMAND_LINE else self.file
@@ -48,10 +49,11 @@ class Problems:
     def add(self, origin: Origin, text: str, key: str | None = None) -> None:
         self.found.append(_Found(origin.file, key, text))
 
-    def add_unknown(self, origin: Origin, text: str, key: str) -> None:
+    def add_unknown(self, origin: Origin, text: str, key: str, near: str | None = None) -> None:
         """A key that no tool defines (a typo, or a front end's leftover): a problem, or with
-        ``ignore_unknown`` a key to drop and name in a warning."""
-        found = _Found(origin.file, key, text, unknown=True)
+        ``ignore_unknown`` a key to drop and name in a warning (``near``: the real key it is
+        close to, which that warning suggests)."""
+        found = _Found(origin.file, key, text, unknown=True, near=near)
         (self.ignored if self.ignore_unknown else self.found).append(found)
 
     def add_error(self, error: ConfigError) -> None:
@@ -81,15 +83,25 @@ class Problems:
             self.found.append(_Found(file, key, text))
 
     def ignored_notices(self) -> list[str]:
-        """One warning line per file naming the unknown keys dropped (``ignore_unknown``)."""
+        """The warnings for the unknown keys dropped (``ignore_unknown``): one line per file
+        naming the foreign keys, and one per key that is a near miss of a real key (a typo
+        whose value would otherwise vanish unnoticed), with the key it is close to."""
         by_file: dict[str, list[str]] = {}
+        near_misses = []
         for found in self.ignored:
-            by_file.setdefault(found.file, []).append(found.key)
-        return [
+            if found.near is None:
+                by_file.setdefault(found.file, []).append(found.key)
+            else:
+                near_misses.append(
+                    f'{found.file}: ignored "{found.key}" ({IGNORE_UNKNOWN}), its value unused: '
+                    f'no tool defines it, but did you mean "{found.near}"?'
+                )
+        foreign = [
             f"{file}: ignored {', '.join(dict.fromkeys(keys))} ({IGNORE_UNKNOWN}): no tool "
             "difftune knows defines these keys"
             for file, keys in by_file.items()
         ]
+        return list(dict.fromkeys(near_misses)) + foreign  # a dataset key is checked twice
 
     def raise_if_any(self) -> None:
         """Refuse every problem found so far in one ConfigError (nothing when there is none)."""
