@@ -48,7 +48,14 @@ from library.config.overrides import (
     parse_override,
     takes_table,
 )
-from library.config.problems import Entry, Problems, source_of, sources_note, validate
+from library.config.problems import (
+    Entry,
+    Problems,
+    involved,
+    source_of,
+    sources_note,
+    validate,
+)
 from library.config.provenance import Provenance
 from library.config.scheduler_args import unused_notes
 from library.config.schema import SECTIONS, Config, field_sections
@@ -138,7 +145,8 @@ def load_config(
         )
     except ValidationError as exc:  # rules across sections; each field is already valid
         message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
-        raise Origin(files).error(message + sources_note(message, sources, files)) from None
+        layers = involved(message, sources, files)  # the layers that set the keys in conflict
+        raise Origin(layers).error(message + sources_note(message, sources, layers)) from None
     given = (kohya.ALIASES.get(key, key) for key, _ in overrides)
     config._provenance = Provenance(tuple(paths), tuple(dict.fromkeys(given)), sources)
     return config

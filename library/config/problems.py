@@ -78,7 +78,8 @@ class Problems:
         plain = {k: v for k, (v, _) in values.items()}
         sources = {k: source_of(o) for k, (_, o) in values.items()}
         for file, key, text in validation_problems(model, exc, locate, plain):
-            if key is None:  # a rule across keys: say where each of them was set
+            if key is None:  # a rule across keys: name the layers that set them, and where each was
+                file = involved(text, sources, file)
                 text += sources_note(text, sources, file)
             self.found.append(_Found(file, key, text))
 
@@ -128,15 +129,28 @@ def source_of(origin: Origin) -> str:
     return DEFAULT if origin.default else origin.file
 
 
-def sources_note(message: str, sources: dict[str, str], shown_file: str) -> str:
-    """' (full_bf16 from base.toml, mixed_precision from the command line)': where the keys
-    that ``message`` names got their values; "" when none was set, or all in ``shown_file``
-    (the file the message already names)."""
-    named = {
+def _named(message: str, sources: dict[str, str]) -> dict[str, str]:
+    """The keys ``message`` names that a file or the command line set -> where."""
+    return {
         key: source
         for key, source in sources.items()
         if source != DEFAULT and re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message)
     }
+
+
+def involved(message: str, sources: dict[str, str], fallback: str) -> str:
+    """The layers a rule across keys concerns, for its "config error in ..." header: those that
+    set the keys ``message`` names ("base.toml and command line"), in the order first named;
+    ``fallback`` where it names none that was set."""
+    layers = list(dict.fromkeys(_named(message, sources).values()))
+    return " and ".join(layers) if layers else fallback
+
+
+def sources_note(message: str, sources: dict[str, str], shown_file: str) -> str:
+    """' (full_bf16 from base.toml, mixed_precision from the command line)': where the keys
+    that ``message`` names got their values; "" when none was set, or all in ``shown_file``
+    (the file the message already names)."""
+    named = _named(message, sources)
     if not named or set(named.values()) == {shown_file}:
         return ""
     words = [
