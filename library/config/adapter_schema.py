@@ -13,7 +13,7 @@ as a plain key (``algo = "loha"``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -21,6 +21,9 @@ from library.config.section import Section
 from library.networks.lycoris.spec import LycorisSpec
 
 LYCORIS_MODULE = "lycoris.kohya"
+# The largest adapter rank: above every layer's smaller side in the models difftune trains (a
+# rank beyond it adds nothing), and a bound before adapters are allocated (2e9 would be 256 GB).
+MAX_RANK = 8192
 Algo = Literal["lora", "locon", "loha", "lokr"]
 # LyCORIS' built-in presets that adapt layer sets difftune reproduces (library/networks/lycoris
 # /targets.py); a preset file or another name is refused.
@@ -120,7 +123,7 @@ class AdapterSection(Section):
         description="networks.lora: blocks whose learning-rate weight is at or below this get "
         "no adapter at all. Unset: 0.",
     )
-    block_dims: list[int] | None = Field(
+    block_dims: list[Annotated[int, Field(le=MAX_RANK)]] | None = Field(
         None,
         description="networks.lora: the rank of each of the UNet's blocks in kohya's numbering: "
         "25 for SD 1.x/2.x (12 down, the middle, 12 up), 23 for SDXL (the embeddings, 9 input, "
@@ -131,7 +134,7 @@ class AdapterSection(Section):
         description="networks.lora: the alpha of each block, with block_dims. Unset: "
         "network_alpha everywhere.",
     )
-    conv_block_dims: list[int] | None = Field(
+    conv_block_dims: list[Annotated[int, Field(le=MAX_RANK)]] | None = Field(
         None,
         description="networks.lora: the conv (LoCon) rank of each block; 0 leaves a block's "
         "3x3 convs alone. Unset: conv_dim everywhere.",

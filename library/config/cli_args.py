@@ -30,9 +30,11 @@ Every config key can be set on the command line; the command line wins over the 
   --key ""                         unset a key a file sets (kohya's empty value)
 Values are read as TOML (1e-4, true, [768, 512]); text keys keep the text as written, and
 anything that is not valid TOML stays text (--resolution 768,512).
-Dataset keys (--shuffle_caption, --enable_bucket, --flip_aug, ...) given here are defaults for
-every dataset that does not set them; per-folder keys (image_dir, num_repeats, ...) live in the
-file, and train_batch_size stands for batch_size. --dry_run also shows buckets and caches.
+Dataset keys (--resolution, --shuffle_caption, --flip_aug, ...) given here apply to every
+dataset, replacing what its tables say (with a warning for each value replaced; written flat in a
+file, they are defaults the tables override, as in kohya); per-folder keys (image_dir,
+num_repeats, ...) live in the file, and train_batch_size stands for batch_size. --dry_run also
+shows buckets and caches.
 All keys, types and defaults: docs/config.md; data options explained: docs/data.md"""
 
 USAGE = f"""\
@@ -55,8 +57,9 @@ usage: train_network.py --config FILE.toml [--config MORE.toml ...] [--print_con
                   run prints a JSON document too, with the error and every problem.
   --ignore_unknown_keys
                   load config files that hold keys no tool defines (a front end's leftovers)
-                  without them, listing them in one warning; without it they are errors, so
-                  a typo is never ignored. Other problems still stop the run.
+                  without them, listing them in one warning (a key a letter or two off a real
+                  key gets its own, saying which); without it they are errors, so a typo is
+                  never ignored. Other problems still stop the run.
   -h, --help      show this help
 
 {OVERRIDE_HELP}

@@ -1,6 +1,8 @@
 """The training data of a config: kohya's [general] / [[datasets]] / [[datasets.subsets]]
 tables, dataset_config files and train_data_dir folders, resolved with kohya's precedence
-(subset > dataset > [general] > flat arguments > default) and validated.
+(subset > dataset > [general] > flat arguments > default) and validated. The command line wins
+over all of them: ``--resolution`` or ``--train_batch_size`` replaces what every table says,
+with a warning naming each table value it replaces (sd-scripts' tables would win silently).
 
 Where sd-scripts warns about a setting and goes on, so does difftune, with the same warning: a
 subset with ``num_repeats = 0`` (or a ``0_name`` folder) is left out, a subfolder of
@@ -10,7 +12,7 @@ train_data_dir without a repeat count is left out, and bucket limits that are no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
@@ -20,7 +22,7 @@ from library.config.kohya_values import UNSET, normalise
 from library.config.musubi_dataset import IMAGE_KEYS, SOURCE_KEYS, bucketing_defaults
 from library.config.overrides import DATASET_KEYS, SUBSET_KEYS, all_key_names, key_kind
 from library.config.problems import Entry, Problems, source_of, validate
-from library.config.suggest import Origin, did_you_mean
+from library.config.suggest import COMMAND_LINE, Origin, did_you_mean, near_miss, show_value
 from library.config.toml_files import read_toml
 from library.data.folders import dreambooth_subsets
 
@@ -50,6 +52,8 @@ class DatasetInputs:
     sources: dict[str, str]  # receives where each dataset key came from
     problems: Problems
     notices: list[str]  # receives sd-scripts' warnings about settings it ignores
+    # dataset and subset keys given on the command line, which win over every table
+    command_line: dict[str, Entry] = field(default_factory=dict)
 
 
 def check_dataset_keys(datasets: object, file: str, problems: Problems) -> None:
@@ -114,6 +118,7 @@ def build_datasets(given: DataGiven, inputs: DatasetInputs) -> list[DatasetConfi
         "resolution": _entry(flat, "resolution", data, files),
         "caption_extension": _entry(flat, "caption_extension", data, files),
     }
+    inputs.command_line = {k: e for k, e in defaults.items() if e[1].file == COMMAND_LINE}
     if data.dataset_config is not None:
         path = data.dataset_config
         raw_general, inline = _read_dataset_file(path)
@@ -210,7 +215,8 @@ def table_keys(
         elif name not in allowed:
             text = not_dataset_key(key, origin)
             if _is_unknown(key):
-                problems.add_unknown(origin, text, origin.shown(key))
+                near = near_miss(key, all_key_names())
+                problems.add_unknown(origin, text, origin.shown(key), near)
             else:
                 problems.add(origin, text, shown)
         elif name in out:
@@ -244,6 +250,7 @@ def _resolve(
             continue
         own_keys = table_keys(own_raw, origin, UPPER_KEYS, inputs.problems)
         fields = {**upper, **own_keys}
+        _command_line_wins(fields, UPPER_KEYS, inputs)
         bucketing_defaults(fields, origin, alone, inputs.notices)
         if alone and not subsets_raw:
             continue  # a musubi-tuner video dataset, refused by its key's problem
@@ -300,6 +307,7 @@ def _subsets(
         sub_origin = Origin(origin.file, path=_subset_path(origin.path, j, alone))
         merged = {k: v for k, v in fields.items() if k in SUBSET_KEYS}
         merged.update(table_keys(sub, sub_origin, SUBSET_KEYS, inputs.problems))
+        _command_line_wins(merged, SUBSET_KEYS, inputs)
         repeats = merged.get("num_repeats", (1, None))[0]
         if repeats == 0 and not isinstance(repeats, bool):
             # sd-scripts leaves such a subset out with a warning; files use it to switch one off
@@ -316,6 +324,41 @@ def _subsets(
         elif subsets is not None:
             subsets.append(subset)
     return subsets
+
+
+# The command-line option of a dataset key where the two names differ.
+_OPTION_OF = {"batch_size": "train_batch_size"}
+
+
+def _command_line_wins(fields: dict[str, Entry], keys: tuple[str, ...], inputs: DatasetInputs):
+    """Put the command line's values of ``keys`` over ``fields`` (one table's resolved keys),
+    with a warning for each value a table wrote otherwise."""
+    for key, entry in inputs.command_line.items():
+        if key not in keys:
+            continue
+        written = fields.get(key)
+        if written is not None and written[1].file != COMMAND_LINE and not written[1].default:
+            value, origin = written
+            if _shown(key, value) != _shown(key, entry[0]):
+                note = (
+                    f"{origin.file}: {key} = {_shown(key, value)}{origin.where()} is replaced by "
+                    f"--{_OPTION_OF.get(key, key)} {_shown(key, entry[0])} (the command line wins "
+                    "over the files)"
+                )
+                if note not in inputs.notices:
+                    inputs.notices.append(note)
+        fields[key] = entry
+
+
+def _shown(key: str, value: object) -> str:
+    """A value for a message, a resolution as "W,H" however it was written."""
+    if key == "resolution" and isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    if key == "resolution" and isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if key == "resolution" and isinstance(value, str):
+        return value.replace(" ", "")
+    return show_value(value)
 
 
 def _round_bucket_limits(own: dict[str, Entry], origin: Origin, notices: list[str]) -> None:

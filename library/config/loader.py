@@ -10,7 +10,8 @@ across layers a later value replaces an earlier one, and a later empty value (ko
 clears it. The training data is replaced whole: a layer that gives ``[[datasets]]``,
 ``train_data_dir`` or ``dataset_config`` drops what earlier layers said about the data (their
 ``[[datasets]]``, ``[general]``, ``train_data_dir``, ``reg_data_dir``, ``in_json`` and
-``dataset_config``). Dataset keys written flat are defaults and layer key by key.
+``dataset_config``). Dataset keys written flat are defaults and layer key by key; given on the
+command line they win over the dataset tables too (library.config.dataset_loader).
 
 Every problem of the files is collected and refused in one error (library.config.problems).
 """
@@ -41,16 +42,25 @@ from library.config.overrides import (
     DEFAULT_KEYS,
     SUBSET_KEYS,
     RawValue,
+    all_key_names,
     annotation,
     flat_key_problem,
     key_kind,
     parse_override,
+    takes_table,
 )
-from library.config.problems import Entry, Problems, source_of, sources_note, validate
+from library.config.problems import (
+    Entry,
+    Problems,
+    involved,
+    source_of,
+    sources_note,
+    validate,
+)
 from library.config.provenance import Provenance
 from library.config.scheduler_args import unused_notes
 from library.config.schema import SECTIONS, Config, field_sections
-from library.config.suggest import COMMAND_LINE, Origin, show_value
+from library.config.suggest import COMMAND_LINE, Origin, near_miss, show_value
 from library.config.toml_files import read_toml
 from library.errors import ConfigError
 
@@ -61,6 +71,7 @@ _DATA_SOURCE_KEYS = ("train_data_dir", "dataset_config")
 _DATA_KEYS = (*_DATA_SOURCE_KEYS, "reg_data_dir", "in_json")
 # kohya turns sampling off, with a warning, when these are negative (0 is off here too).
 _SAMPLE_CADENCES = ("sample_every_n_steps", "sample_every_n_epochs")
+_TEXT_CACHE_KEYS = ("cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk")
 # sd-scripts' deprecated Flux.1 switch: it sets blocks_to_swap to this when that is unset.
 _SPLIT_MODE_BLOCKS = 18
 
@@ -117,6 +128,7 @@ def load_config(
         )
     order = {layer.file: i for i, layer in enumerate([*layers, cli])}
     flat = _apply_kohya(flat, notices, order, problems)
+    _frozen_text_default(flat, files)
     dataset_defaults = {k: flat.pop(k) for k in list(flat) if k in DEFAULT_KEYS}
     sources = {key: source_of(o) for key, (_, o) in {**flat, **dataset_defaults}.items()}
     sections = _build_sections(flat, files, problems)
@@ -134,7 +146,8 @@ def load_config(
         )
     except ValidationError as exc:  # rules across sections; each field is already valid
         message = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
-        raise Origin(files).error(message + sources_note(message, sources, files)) from None
+        layers = involved(message, sources, files)  # the layers that set the keys in conflict
+        raise Origin(layers).error(message + sources_note(message, sources, layers)) from None
     given = (kohya.ALIASES.get(key, key) for key, _ in overrides)
     config._provenance = Provenance(tuple(paths), tuple(dict.fromkeys(given)), sources)
     return config
@@ -187,7 +200,8 @@ def _file_layer(path: str, problems: Problems) -> _Layer:
             layer.inline = value
         elif name == "general" and isinstance(value, dict):
             general = _split_general(value, layer, problems)
-        elif isinstance(value, dict) and name not in field_sections():
+        elif isinstance(value, dict) and not takes_table(name):
+            # a group of keys, even one named like a key ([dataset_config] in GUI files)
             for key, item in value.items():
                 _put(layer, key, item, Origin(path, table=name), problems)
         else:
@@ -228,7 +242,8 @@ def _put(layer: _Layer, key: str, value: object, origin: Origin, problems: Probl
         layer.ignored.append(name)
         return
     if kind == "unknown":
-        problems.add_unknown(origin, flat_key_problem(key, origin), key)
+        near = near_miss(key, all_key_names())
+        problems.add_unknown(origin, flat_key_problem(key, origin), key, near)
         return
     if kind == "dataset":
         problems.add(origin, flat_key_problem(key, origin), key)
@@ -347,6 +362,16 @@ def _files_of(flat: dict[str, Entry], order: dict[str, int]) -> str:
     """The files (in layer order) the keys of ``flat`` come from, for a message about them all."""
     files = sorted({origin.file for _, origin in flat.values()}, key=order.__getitem__)
     return " and ".join(files)
+
+
+def _frozen_text_default(flat: dict[str, Entry], files: str) -> None:
+    """Cached text-encoder outputs leave the text encoders frozen: there an unset
+    network_train_unet_only means true (the LoRA adapts the denoiser), not kohya's false, which
+    the cache cannot honour. Written false, the schema's check refuses the pair."""
+    if "network_train_unet_only" in flat:
+        return
+    if any(flat.get(key, (False, None))[0] is True for key in _TEXT_CACHE_KEYS):
+        flat["network_train_unet_only"] = (True, Origin(files, default=True))
 
 
 def _is_number(value: object) -> bool:

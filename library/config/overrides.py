@@ -111,6 +111,15 @@ def is_list_key(key: str) -> bool:
     return _typed(key) and list[str] in _members(annotation(key))
 
 
+def takes_table(key: str) -> bool:
+    """A schema key whose value may itself be a TOML table (``[optimizer_args]``); any other
+    table, whatever its name, is a group of keys (kohya flattens every table)."""
+    key = ALIASES.get(key, key)
+    return key in field_sections() and any(
+        m is dict or typing.get_origin(m) is dict for m in _members(annotation(key))
+    )
+
+
 def _is_str_key(key: str) -> bool:
     members = _members(annotation(key))
     return all(m is str or typing.get_origin(m) is Literal for m in members)

@@ -31,6 +31,7 @@ class _Found:
     key: str | None  # as shown to the user ("datasets[0].subsets[1].num_repeats")
     text: str  # what is wrong and the fix, without "config error in <file>: "
     unknown: bool = False  # a key that no tool defines
+    near: str | None = None  # an unknown key's nearest real key (a likely typo of it)
 
     def problem(self) -> Problem:
         file = None if self.file == COMMAND_LINE else self.file
@@ -48,10 +49,11 @@ class Problems:
     def add(self, origin: Origin, text: str, key: str | None = None) -> None:
         self.found.append(_Found(origin.file, key, text))
 
-    def add_unknown(self, origin: Origin, text: str, key: str) -> None:
+    def add_unknown(self, origin: Origin, text: str, key: str, near: str | None = None) -> None:
         """A key that no tool defines (a typo, or a front end's leftover): a problem, or with
-        ``ignore_unknown`` a key to drop and name in a warning."""
-        found = _Found(origin.file, key, text, unknown=True)
+        ``ignore_unknown`` a key to drop and name in a warning (``near``: the real key it is
+        close to, which that warning suggests)."""
+        found = _Found(origin.file, key, text, unknown=True, near=near)
         (self.ignored if self.ignore_unknown else self.found).append(found)
 
     def add_error(self, error: ConfigError) -> None:
@@ -76,20 +78,31 @@ class Problems:
         plain = {k: v for k, (v, _) in values.items()}
         sources = {k: source_of(o) for k, (_, o) in values.items()}
         for file, key, text in validation_problems(model, exc, locate, plain):
-            if key is None:  # a rule across keys: say where each of them was set
+            if key is None:  # a rule across keys: name the layers that set them, and where each was
+                file = involved(text, sources, file)
                 text += sources_note(text, sources, file)
             self.found.append(_Found(file, key, text))
 
     def ignored_notices(self) -> list[str]:
-        """One warning line per file naming the unknown keys dropped (``ignore_unknown``)."""
+        """The warnings for the unknown keys dropped (``ignore_unknown``): one line per file
+        naming the foreign keys, and one per key that is a near miss of a real key (a typo
+        whose value would otherwise vanish unnoticed), with the key it is close to."""
         by_file: dict[str, list[str]] = {}
+        near_misses = []
         for found in self.ignored:
-            by_file.setdefault(found.file, []).append(found.key)
-        return [
+            if found.near is None:
+                by_file.setdefault(found.file, []).append(found.key)
+            else:
+                near_misses.append(
+                    f'{found.file}: ignored "{found.key}" ({IGNORE_UNKNOWN}), its value unused: '
+                    f'no tool defines it, but did you mean "{found.near}"?'
+                )
+        foreign = [
             f"{file}: ignored {', '.join(dict.fromkeys(keys))} ({IGNORE_UNKNOWN}): no tool "
             "difftune knows defines these keys"
             for file, keys in by_file.items()
         ]
+        return list(dict.fromkeys(near_misses)) + foreign  # a dataset key is checked twice
 
     def raise_if_any(self) -> None:
         """Refuse every problem found so far in one ConfigError (nothing when there is none)."""
@@ -116,15 +129,28 @@ def source_of(origin: Origin) -> str:
     return DEFAULT if origin.default else origin.file
 
 
-def sources_note(message: str, sources: dict[str, str], shown_file: str) -> str:
-    """' (full_bf16 from base.toml, mixed_precision from the command line)': where the keys
-    that ``message`` names got their values; "" when none was set, or all in ``shown_file``
-    (the file the message already names)."""
-    named = {
+def _named(message: str, sources: dict[str, str]) -> dict[str, str]:
+    """The keys ``message`` names that a file or the command line set -> where."""
+    return {
         key: source
         for key, source in sources.items()
         if source != DEFAULT and re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message)
     }
+
+
+def involved(message: str, sources: dict[str, str], fallback: str) -> str:
+    """The layers a rule across keys concerns, for its "config error in ..." header: those that
+    set the keys ``message`` names ("base.toml and command line"), in the order first named;
+    ``fallback`` where it names none that was set."""
+    layers = list(dict.fromkeys(_named(message, sources).values()))
+    return " and ".join(layers) if layers else fallback
+
+
+def sources_note(message: str, sources: dict[str, str], shown_file: str) -> str:
+    """' (full_bf16 from base.toml, mixed_precision from the command line)': where the keys
+    that ``message`` names got their values; "" when none was set, or all in ``shown_file``
+    (the file the message already names)."""
+    named = _named(message, sources)
     if not named or set(named.values()) == {shown_file}:
         return ""
     words = [

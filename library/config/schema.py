@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from library.config.adapter_schema import (
     LYCORIS_MODULE,
+    MAX_RANK,
     AdapterSection,
     adapter_problem,
     lycoris_spec,
@@ -116,13 +117,16 @@ class NetworkSection(Section):
         f'"{LYCORIS_MODULE}" for LyCORIS\' LoCon, LoHa and LoKr (with DoRA), chosen by algo in '
         "[adapter].",
     )
-    network_dim: int = Field(4, ge=1, description="LoRA rank of Linear and 1x1 conv layers.")
+    network_dim: int = Field(
+        4, ge=1, le=MAX_RANK, description="LoRA rank of Linear and 1x1 conv layers."
+    )
     network_alpha: float = Field(
         1.0, gt=0, description="LoRA alpha; the adapter output is scaled by alpha / rank."
     )
     conv_dim: int | None = Field(
         None,
         ge=1,
+        le=MAX_RANK,
         description="Rank for 3x3 convs of ResNet blocks, down- and upsamplers (LoCon). Unset: no "
         'conv LoRA (with lycoris.kohya: network_dim, as LyCORIS does). Also accepted in '
         'network_args as "conv_dim=N".',
@@ -150,7 +154,10 @@ class NetworkSection(Section):
         None, description="Start from this kohya-format LoRA .safetensors file."
     )
     network_train_unet_only: bool = Field(
-        False, description="Adapt the UNet only (no text-encoder LoRA)."
+        False,
+        description="Adapt the denoiser (UNet or transformer) only, no text-encoder LoRA. Z-Image, "
+        "Qwen-Image and Chroma LoRAs always adapt the transformer only (false there gets a "
+        "warning); with the text-encoder outputs cached, unset means true.",
     )
     network_train_text_encoder_only: bool = Field(
         False, description="Adapt the text encoder only (no UNet LoRA)."
@@ -632,6 +639,7 @@ class Config(BaseModel):
                 'network_weights starts a LoRA; with train_mode = "unet" remove it '
                 '(or use train_mode = "lora")'
             )
+        self._check_full_fine_tune()
         problem = adapter_problem(self.adapter, self.network.network_module)
         if problem:
             raise ValueError(problem)
@@ -646,6 +654,30 @@ class Config(BaseModel):
         self._check_block_swap()
         self._check_sharding()
         return self
+
+    def _check_full_fine_tune(self) -> None:
+        """Settings a full fine-tune has nothing to apply to, refused with the config, before
+        any weight is read: frozen denoiser weights stored quantized or in float8 (every
+        denoiser weight trains), LoRA+'s ratios (no up/down weights)."""
+        if self.network.train_mode != "unet":
+            return
+        for key in ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio"):
+            if getattr(self.optimizer, key) is not None:
+                raise ValueError(
+                    f'{key} is for LoRA up/down weights; with train_mode = "unet" remove it'
+                )
+        training = self.training
+        if training.base_model_precision != "no_change":
+            raise ValueError(
+                f'base_model_precision = "{training.base_model_precision}" stores frozen weights '
+                'quantized; with train_mode = "unet" every denoiser weight trains, so remove it'
+            )
+        for key in ("fp8_base", "fp8_base_unet"):
+            if getattr(training, key):
+                raise ValueError(
+                    f'{key} stores frozen weights in float8; with train_mode = "unet" every '
+                    f"denoiser weight trains, so remove {key}"
+                )
 
     def _check_sharding(self) -> None:
         training = self.training

@@ -25,10 +25,20 @@ _CONSTRAINTS = {
 }
 
 
-def nearest(name: str, candidates: Iterable[str]) -> str | None:
+def nearest(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
     """The candidate closest to ``name`` by difflib ratio, or None when nothing is close."""
-    matches = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    matches = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=cutoff)
     return matches[0] if matches else None
+
+
+# How close a name must be to a real key to be taken for a typo of it (a letter or two off:
+# "learnig_rate"), not for another tool's key that merely looks alike.
+NEAR_MISS = 0.85
+
+
+def near_miss(name: str, candidates: Iterable[str]) -> str | None:
+    """The real key ``name`` is most likely a typo of, or None."""
+    return nearest(name, candidates, NEAR_MISS)
 
 
 def did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str:
@@ -58,6 +68,8 @@ def describe_type(annotation: object) -> str:
         return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
     if origin is list:
         (item,) = typing.get_args(annotation) or (object,)
+        if typing.get_origin(item) is typing.Annotated:  # constrained items: list[Annotated[int, ...]]
+            item = typing.get_args(item)[0]
         return "a list" + _PLURALS.get(item, "")
     if origin is dict or annotation is dict:
         return "a table"

@@ -16,6 +16,12 @@ from library.data.notes import dataset_warnings
 from library.data.plan import DataStats, data_stats
 from library.data.samples import SampleSource, TrainSamples, ValidationSamples, collate
 from library.data.schedule import EpochSchedule, SampleSpec, epoch_samples
+from library.errors import ConfigError
+
+# The most samples one dataset's epoch may hold (images x num_repeats): far beyond a real
+# dataset, and a bound before the epoch's sample list is built (num_repeats = 1e9 would be
+# billions of entries).
+MAX_EPOCH_SAMPLES = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -35,11 +41,27 @@ def _groups(d: int, scanned: ScannedDataset, prior_loss_weight: float) -> list[G
         (scanned.config.subsets[image.subset].num_repeats, image.item.is_reg)
         for image in scanned.images
     ]
+    _check_epoch_size(d, scanned, sum(r for r, reg in repeats if not reg))
     samples = epoch_samples(repeats, prior_loss_weight)
     by_key: dict[tuple, list[SampleSpec]] = {}
     for sample in samples:
         by_key.setdefault(scanned.images[sample.item].group_key, []).append(sample)
     return [Group(d, key[0], tuple(by_key[key]), key[1]) for key in sorted(by_key)]
+
+
+def _check_epoch_size(d: int, scanned: ScannedDataset, samples: int) -> None:
+    """ConfigError naming the subset with the most repeats when the epoch would hold more than
+    MAX_EPOCH_SAMPLES samples (regularisation images add as many again at most)."""
+    if samples <= MAX_EPOCH_SAMPLES:
+        return
+    subsets = scanned.config.subsets
+    j = max(range(len(subsets)), key=lambda i: subsets[i].num_repeats)
+    folder = subsets[j].image_dir or subsets[j].metadata_file
+    raise ConfigError(
+        f"datasets[{d}] would hold {samples:,} samples per epoch (images x num_repeats), more "
+        f"than difftune takes ({MAX_EPOCH_SAMPLES:,}); lower datasets[{d}].subsets[{j}]."
+        f"num_repeats = {subsets[j].num_repeats} ({folder})"
+    )
 
 
 class TrainData:

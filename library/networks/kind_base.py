@@ -69,7 +69,7 @@ class AdapterKind:
 
     def plan_parts(self, config, where: str) -> list[str]:
         """The plan line's parts after the name, rank and alpha; ``where`` says which models
-        train ("UNet only", ...)."""
+        train ("denoiser only", ...)."""
         return [where]
 
     def trains_text_encoders(self, settings: AdapterSettings) -> bool:

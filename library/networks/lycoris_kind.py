@@ -51,7 +51,7 @@ class LycorisKind(AdapterKind):
         net, adapter = config.network, config.adapter
         preset = adapter.preset or "full"
         if not trains_text_encoders(preset):
-            where = "UNet only"
+            where = "denoiser only"
         parts = []
         if PRESETS[preset].convs:
             conv_dim = net.conv_dim or net.network_dim

@@ -42,7 +42,7 @@ def adapter_text(config: Config) -> str:
     """One plan line: the adapter, its ranks and scales, and where it goes."""
     net = config.network
     where = (
-        "UNet only"
+        "denoiser only"
         if net.network_train_unet_only
         else "text encoders only"
         if net.network_train_text_encoder_only

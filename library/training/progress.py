@@ -188,10 +188,11 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
 
 
 def plan_warnings(trainer) -> list[str]:
-    """The plan's warnings (without "warning: "): unreadable images the scan left out, images
-    that train enlarged, mostly cropped or as their own reference, sample sizes the model's
-    pipeline rounds."""
-    lines = []
+    """The plan's warnings (without "warning: "): what the model's family trains instead of
+    what the config asks (family_defaults), unreadable images the scan left out, images that
+    train enlarged, mostly cropped or as their own reference, sample sizes the model's pipeline
+    rounds."""
+    lines = list(trainer.family_notes)
     skipped = trainer.data.skipped_images
     if skipped:
         shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")

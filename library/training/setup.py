@@ -93,7 +93,6 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
     unet_lr = net.unet_lr if net.unet_lr is not None else lr
     te_lrs = text_encoder_rates(net.text_encoder_lr, lr, len(components.text_encoders))
     if net.train_mode == "unet":
-        _refuse_loraplus(config)
         unet = components.denoiser.to(trained_dtype(config)).requires_grad_(True)
         parts = TrainedParts(components, False, True, False, [{"params": list(unet.parameters()), "lr": unet_lr, "name": "unet"}])
     else:
@@ -131,16 +130,12 @@ def trained_dtype(config: Config) -> torch.dtype:
 
 def _base_quantized(config: Config, components: Components) -> None:
     """base_model_precision: the denoiser's frozen Linear weights in nf4 or int8, before
-    adapters wrap them (library.models.quantized_base)."""
+    adapters wrap them (library.models.quantized_base). The config refuses it with a full
+    fine-tune (Config._check_frozen_storage)."""
     training = config.training
     precision = PRECISIONS[training.base_model_precision]
     if precision is None:
         return
-    if config.network.train_mode == "unet":
-        raise ConfigError(
-            f'base_model_precision = "{training.base_model_precision}" stores frozen weights '
-            'quantized; with train_mode = "unet" every denoiser weight trains, so remove it'
-        )
     compute = WEIGHT_DTYPES[training.mixed_precision]
     quantize_linears(
         components.denoiser, precision, training.bnb_4bit_use_double_quant, compute
@@ -152,12 +147,6 @@ def _base_in_float8(config: Config, components: Components) -> None:
     training = config.training
     if not (training.fp8_base or training.fp8_base_unet):
         return
-    key = "fp8_base" if training.fp8_base else "fp8_base_unet"
-    if config.network.train_mode == "unet":
-        raise ConfigError(
-            f'{key} stores frozen weights in float8; with train_mode = "unet" every denoiser '
-            f"weight trains, so remove {key}"
-        )
     compute = WEIGHT_DTYPES[training.mixed_precision]
     modules = [components.denoiser]
     if training.fp8_base and not training.fp8_base_unet:
@@ -166,7 +155,7 @@ def _base_in_float8(config: Config, components: Components) -> None:
         store_in_float8(module, compute)
 
 
-def _refuse_loraplus(config: Config, what: str = 'train_mode = "unet"') -> None:
+def _refuse_loraplus(config: Config, what: str) -> None:
     opt = config.optimizer
     ratios = ("loraplus_lr_ratio", "loraplus_unet_lr_ratio", "loraplus_text_encoder_lr_ratio")
     for key in ratios:
@@ -197,7 +186,9 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
     net = config.network
     settings = adapter_settings(config)
     train_unet = not net.network_train_text_encoder_only
-    train_te = not net.network_train_unet_only and trains_text_encoders(settings)
+    family = components.family
+    trained = [family.trains_text_encoder(i) for i in range(len(family.text_encoder_subfolders))]
+    train_te = not net.network_train_unet_only and trains_text_encoders(settings) and any(trained)
     if not (train_unet or train_te):
         raise ConfigError(
             f"preset = {settings.preset} adapts no text encoder and network_train_text_encoder_only "
@@ -205,7 +196,6 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
         )
     groups = []
     opt = config.optimizer
-    family = components.family
     refusal = loraplus_refusal(settings)
     if refusal is not None:
         _refuse_loraplus(config, refusal)
@@ -222,8 +212,7 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
             groups += block_groups(denoiser, blocks, unet_lr, ratio)
     if train_te:
         ratio = opt.loraplus_text_encoder_lr_ratio or opt.loraplus_lr_ratio
-        names = components.family.text_encoder_subfolders
-        trained = [family.trains_text_encoder(i) for i in range(len(names))]
+        names = family.text_encoder_subfolders
         for encoder, trains in zip(components.text_encoders, trained, strict=True):
             if trains:
                 inject(family, encoder, "text_encoder", settings)

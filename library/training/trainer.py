@@ -38,6 +38,7 @@ from library.training.caching import (
     check_bucket_steps,
 )
 from library.training.ema import WeightAverage
+from library.training.family_defaults import for_family
 from library.training.image_sizes import check_image_sizes
 from library.training.loss import LossOptions
 from library.training.memory_estimate import MemoryCheck, check_peak_memory
@@ -106,6 +107,8 @@ class Trainer:
     """Trains a LoRA or the full UNet as the config says."""
 
     def __init__(self, config: Config):
+        # what the model's family trains, settled before anything reads the config
+        config, self.family_notes = for_family(config)
         self.config = config
         self.accelerator = self._make_accelerator()
         self.sharded = shards(config, self.accelerator)  # fsdp over several processes

@@ -170,3 +170,48 @@ def test_no_file_with_model_on_command_line(tmp_path):
     assert cfg.datasets[0].subsets[0].num_repeats == 2
     with pytest.raises(ConfigError, match='option "--seed" needs a value'):
         load_config(None, overrides + [("seed", None)])
+
+
+def test_dataset_sizes_on_the_command_line_win_over_the_tables(write_toml):
+    """--resolution and --train_batch_size replace what [general], [[datasets]] and subsets
+    say, with a warning naming each table value replaced; no value is dropped silently."""
+    path = write_toml(
+        "a.toml",
+        """\
+        pretrained_model_name_or_path = "m"
+        [general]
+        caption_extension = ".caption"
+        [[datasets]]
+        resolution = 512
+        batch_size = 2
+        [[datasets.subsets]]
+        image_dir = "a"
+        [[datasets]]
+        [[datasets.subsets]]
+        image_dir = "b"
+        caption_extension = ".txt"
+        """,
+    )
+    argv = ["--resolution", "768,512", "--train_batch_size", "4", "--caption_extension", ".md"]
+    cfg = load_config(path, parse_cli(argv).overrides)
+    assert [tuple(d.resolution) for d in cfg.datasets] == [(768, 512)] * 2
+    assert [d.batch_size for d in cfg.datasets] == [4, 4]
+    assert [d.subsets[0].caption_extension for d in cfg.datasets] == [".md"] * 2
+    replaced = [n for n in cfg.notices if "is replaced by" in n]
+    assert replaced == [
+        f"{path}: batch_size = 2 in datasets[0] is replaced by --train_batch_size 4 (the "
+        "command line wins over the files)",
+        f"{path}: resolution = 512,512 in datasets[0] is replaced by --resolution 768,512 (the "
+        "command line wins over the files)",
+        f'{path}: caption_extension = ".caption" in [general] is replaced by --caption_extension '
+        '".md" (the command line wins over the files)',
+        f'{path}: caption_extension = ".txt" in datasets[1].subsets[0] is replaced by '
+        '--caption_extension ".md" (the command line wins over the files)',
+    ]
+    # the same value on the command line replaces nothing, so it says nothing
+    same = load_config(path, parse_cli(["--resolution", "512"]).overrides)
+    assert not [n for n in same.notices if "is replaced by" in n]
+    # without the command line the tables win over the file's plain arguments, as in kohya
+    plain = load_config(path)
+    assert [tuple(d.resolution) for d in plain.datasets] == [(512, 512), (512, 512)]
+    assert [d.batch_size for d in plain.datasets] == [2, 1]

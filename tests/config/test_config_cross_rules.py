@@ -41,3 +41,28 @@ def test_any_torch_optimizer_by_class_name():
     param = torch.nn.Parameter(torch.ones(3))
     optimizer = build_optimizer(section, [{"params": [param], "lr": 0.1, "name": "unet"}])
     assert isinstance(optimizer, torch.optim.RMSprop) and optimizer.param_groups[0]["alpha"] == 0.9
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        ('base_model_precision = "nf4-bnb"', 'base_model_precision = "nf4-bnb" stores frozen'),
+        ('base_model_precision = "int8-bnb"', 'base_model_precision = "int8-bnb" stores frozen'),
+        ("fp8_base = true", "fp8_base stores frozen weights in float8"),
+        ("fp8_base_unet = true", "fp8_base_unet stores frozen weights in float8"),
+        ("loraplus_lr_ratio = 16", "loraplus_lr_ratio is for LoRA up/down weights"),
+    ],
+)
+def test_what_a_full_fine_tune_cannot_apply_is_refused_with_the_config(tmp_path, keys, expected):
+    """Found by the config check, not after the text encoders are loaded: the model path does
+    not even exist here."""
+    path = tmp_path / "c.toml"
+    path.write_text(
+        f'pretrained_model_name_or_path = "no-such-model"\ntrain_mode = "unet"\n{keys}\n'
+        '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "i"\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    message = str(err.value)
+    assert message.startswith(f"config error in {path}: ") and expected in message
+    assert 'with train_mode = "unet"' in message and "\n" not in message

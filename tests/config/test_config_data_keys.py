@@ -55,15 +55,21 @@ def test_latent_cache_refuses_per_epoch_augmentation(write_toml):
 
 
 def test_text_cache_needs_frozen_text_encoders(write_toml):
-    path = write_toml("a.toml", HEAD + "cache_text_encoder_outputs = true\n" + DATASET)
-    assert "network_train_unet_only = true" in error_of(path)
-    ok = write_toml(
-        "b.toml",
-        HEAD
-        + "cache_text_encoder_outputs_to_disk = true\nnetwork_train_unet_only = true\n"
-        + DATASET,
+    """Unset, network_train_unet_only follows the cache (a default is never refused); written
+    false, it is refused with the fix."""
+    from library.config.provenance import DEFAULT, provenance
+
+    for key in ("cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk"):
+        cfg = load_config(write_toml(f"{key}.toml", HEAD + f"{key} = true\n" + DATASET))
+        assert cfg.data.text_cached and cfg.network.network_train_unet_only is True
+        assert provenance(cfg).source("network_train_unet_only") == DEFAULT
+    path = write_toml(
+        "a.toml",
+        HEAD + "cache_text_encoder_outputs = true\nnetwork_train_unet_only = false\n" + DATASET,
     )
-    assert load_config(ok).data.text_cached
+    assert "network_train_unet_only = true" in error_of(path)
+    plain = load_config(write_toml("c.toml", HEAD + DATASET))
+    assert plain.network.network_train_unet_only is False  # kohya's default without the cache
 
 
 @pytest.mark.parametrize(

@@ -350,6 +350,37 @@ def test_general_table_in_args_file_holds_dataset_and_plain_keys(write_toml):
     assert cfg.datasets[0].subsets[0].num_repeats == 4
 
 
+def test_tables_named_like_keys_are_groups(write_toml):
+    """kohya flattens every table of an args file: a GUI's [dataset_config] and [log_config]
+    group keys (the keys of those names are a string and a flag, never a table)."""
+    dataset = write_toml(
+        "dataset.toml", '[[datasets]]\nresolution = 768\n[[datasets.subsets]]\nimage_dir = "a"\n'
+    )
+    path = write_toml(
+        "gui.toml",
+        f"""\
+        [model]
+        pretrained_model_name_or_path = "m"
+        [dataset_config]
+        dataset_config = "{dataset}"
+        caption_extension = ".caption"
+        [log_config]
+        log_config = true
+        logging_dir = "logs"
+        log_with = "tensorboard"
+        [optimizer_args]
+        weight_decay = 0.05
+        """,
+    )
+    cfg = load_config(path)
+    assert list(cfg.datasets[0].resolution) == [768, 768]
+    assert cfg.datasets[0].subsets[0].caption_extension == ".caption"
+    assert cfg.logging.log_config is True and cfg.logging.logging_dir == "logs"
+    assert cfg.logging.log_with == "tensorboard"
+    # a key whose value may be a table keeps its table
+    assert cfg.optimizer.optimizer_args == {"weight_decay": 0.05}
+
+
 def test_config_is_frozen(write_toml):
     cfg = load_config(
         write_toml(

@@ -16,6 +16,7 @@ from library.config.cli_args import parse_cli
 from library.config.loader import load_config
 from library.config.provenance import provenance
 from library.config.render import render_toml
+from library.errors import ConfigError
 from tests.config.config_helpers import error_of
 
 BASE = """\
@@ -299,3 +300,42 @@ def test_layering_changes_nothing_a_resume_compares(write_toml):
     assert flat_settings(layered) == flat_settings(single)
     stored = json.dumps(flat_settings(layered))
     assert "base.toml" not in stored and "command line" not in stored
+
+
+@pytest.mark.parametrize(
+    ("layers", "argv", "header"),
+    [
+        # a rule across sections: file against command line, with an uninvolved file between
+        (["base", "other", "unet_only"], ["--cache_text_encoder_outputs"], None),
+        (["base", "other"], ["--train_mode", "unet", "--fp8_base"], "command line"),
+        # a rule within one section: two files, with an uninvolved file first
+        (["base", "other", "unet_only", "te_only"], [], "unet_only.toml and te_only.toml"),
+        (["base", "other", "unet_only"], ["--network_train_text_encoder_only"],
+         "unet_only.toml and command line"),
+        (["base", "other"], ["--full_bf16", "--mixed_precision", "fp16"], "command line"),
+    ],
+)  # fmt: skip
+def test_a_conflict_between_layers_names_the_layers_involved(tmp_path, layers, argv, header):
+    texts = {
+        "base": 'pretrained_model_name_or_path = "m"\n[[datasets]]\n[[datasets.subsets]]\n'
+        'image_dir = "i"\n',
+        "other": "seed = 3\n",
+        "unet_only": "network_train_unet_only = false\n",
+        "te_only": "network_train_text_encoder_only = true\n",
+    }
+    if header is not None:
+        texts["unet_only"] = "network_train_unet_only = true\n"
+    paths = []
+    for name in layers:
+        (tmp_path / f"{name}.toml").write_text(texts[name])
+        paths.append(str(tmp_path / f"{name}.toml"))
+    with pytest.raises(ConfigError) as info:
+        load_config(paths, parse_cli(argv).overrides)
+    message = str(info.value)
+    if header is None:  # written false in unet_only.toml, the cache on the command line
+        header = "unet_only.toml and command line"
+    shown = " and ".join(
+        part if part == "command line" else str(tmp_path / part) for part in header.split(" and ")
+    )
+    assert message.startswith(f"config error in {shown}: "), message
+    assert "base.toml" not in message and "other.toml" not in message

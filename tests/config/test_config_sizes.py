@@ -131,3 +131,23 @@ def test_repeats_and_reg_images_count_as_samples(
     finally:
         reset_accelerate()
     assert trainer.data.stats.datasets[0].samples_per_epoch == samples
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--network_dim", "2000000000"], 'key "network_dim" = 2000000000 is not valid'),
+        (["--conv_dim", "8193"], 'key "conv_dim" = 8193 is not valid'),
+        (["--network_args", "conv_dim=100000"], 'key "conv_dim" = 100000 is not valid'),
+        (["--block_dims", "[4, 9000]"], 'key "block_dims" = [4, 9000] is not valid'),
+    ],
+)
+def test_adapter_ranks_are_bounded_before_anything_is_allocated(write_toml, argv, expected):
+    """A rank of 2e9 would allocate 256 GB for one layer's adapter; ranks stop at MAX_RANK."""
+    from library.config.adapter_schema import MAX_RANK
+    from library.config.cli_args import parse_cli
+
+    path = write_toml("a.toml", HEAD + DATASET)
+    message = error_of(path, parse_cli(argv).overrides)
+    assert expected in message and f"<= {MAX_RANK}" in message
+    assert load_config(path, parse_cli(["--network_dim", str(MAX_RANK)]).overrides)

@@ -123,3 +123,28 @@ def test_dataset_with_only_reg_subsets_is_an_error(tmp_path):
     )
     with pytest.raises(DataError, match="dataset 0.*only regularisation"):
         TrainData([config], seed=1)
+
+
+def test_an_epoch_too_large_to_list_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    """num_repeats = 1e9 over 3 images would list 3e9 samples: refused, naming the key."""
+    from library.config.dataset_schema import DatasetConfig as Dataset
+    from library.data import dataset as dataset_module
+    from library.data.dataset import MAX_EPOCH_SAMPLES
+    from library.errors import ConfigError
+
+    config, _ = _folders(tmp_path)
+    train = config.subsets[0].model_copy(update={"num_repeats": 1_000_000_000})
+    huge = Dataset(batch_size=2, resolution=64, subsets=[train, config.subsets[1]])
+    with pytest.raises(ConfigError) as info:
+        TrainData([huge], seed=1)
+    assert str(info.value) == (
+        "datasets[0] would hold 3,000,000,000 samples per epoch (images x num_repeats), more "
+        f"than difftune takes ({MAX_EPOCH_SAMPLES:,}); lower datasets[0].subsets[0].num_repeats "
+        f"= 1000000000 ({train.image_dir})"
+    )
+    # at the bound itself the epoch is built (here the bound is 6: 3 images x 2 repeats)
+    monkeypatch.setattr(dataset_module, "MAX_EPOCH_SAMPLES", 6)
+    assert len(TrainData([config], seed=1).groups[0].samples) >= 6
+    three = config.subsets[0].model_copy(update={"num_repeats": 3})
+    with pytest.raises(ConfigError, match="^datasets.0. would hold 9 samples"):
+        TrainData([Dataset(batch_size=2, resolution=64, subsets=[three])], seed=1)

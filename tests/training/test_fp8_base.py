@@ -9,9 +9,9 @@ import pytest
 import torch
 from cpu_inputs import cpu_inputs
 from flux_fixtures import tiny_flux_components
+from pydantic import ValidationError
 
 from library.config.schema import Config
-from library.errors import ConfigError
 from library.models.float8 import FLOAT8, Float8Linear, store_in_float8
 from library.training.setup import setup_training
 from library.training.step import micro_batch_loss
@@ -108,15 +108,13 @@ def test_fp8_base_unet_keeps_the_text_encoders():
     assert not any(isinstance(m, Float8Linear) for e in c.text_encoders for m in e.modules())
 
 
-def test_fp8_base_with_full_fine_tuning_is_refused(tiny_model_dir):
-    from library.models.loader import load_components
-
-    config = Config(
-        model={"pretrained_model_name_or_path": str(tiny_model_dir)},
-        network={"train_mode": "unet"},
-        optimizer={"learning_rate": 1e-4},
-        training={"fp8_base": True},
-        datasets=[{"subsets": [{"image_dir": "unused"}]}],
-    )
-    with pytest.raises(ConfigError, match="fp8_base"):
-        setup_training(config, load_components(config.model, torch.float32))
+def test_fp8_base_with_full_fine_tuning_is_refused():
+    # by the config itself, before any weight is read (tests/config/test_config_cross_rules.py)
+    with pytest.raises(ValidationError, match="fp8_base stores frozen weights in float8"):
+        Config(
+            model={"pretrained_model_name_or_path": "no-such-model"},
+            network={"train_mode": "unet"},
+            optimizer={"learning_rate": 1e-4},
+            training={"fp8_base": True},
+            datasets=[{"subsets": [{"image_dir": "unused"}]}],
+        )

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from library.config.schema import Config
-from library.errors import ConfigError
 from library.models.loader import load_components
 from library.training.optimizers import build_optimizer
 from library.training.setup import setup_training
@@ -81,7 +81,8 @@ def test_no_ratio_keeps_one_group_per_model(tiny_model_dir):
 
 
 def test_loraplus_with_full_unet_training_is_refused(tiny_model_dir):
+    # by the config itself, before any weight is read (tests/config/test_config_cross_rules.py)
     with pytest.raises(
-        ConfigError, match='loraplus_lr_ratio is for LoRA up/down weights; with train_mode = "unet"'
+        ValidationError, match='loraplus_lr_ratio is for LoRA up/down weights; with train_mode = "unet"'
     ):
         _parts(tiny_model_dir, {"train_mode": "unet"}, loraplus_lr_ratio=16.0)

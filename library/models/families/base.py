@@ -70,6 +70,11 @@ class ModelFamily:
     # The text encoder reads the reference images with the caption (REFERENCE_PIXELS_KEY and
     # encode_text_with_references): the text cache keys an entry by both.
     TEXT_READS_REFERENCES: ClassVar[bool] = False
+    # Where the family's adapters go into the denoiser alone: which text encoders get none and
+    # whose trainers do the same ("no Qwen3 adapters, as musubi-tuner"), for the note shown when
+    # a config asks for text-encoder adapters; None where its text encoders take adapters too.
+    # Class data: the run follows it before any weight is read (library.training.family_defaults).
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = None
 
     name: str
     prediction_type: PredictionType

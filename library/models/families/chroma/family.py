@@ -46,6 +46,7 @@ class ChromaFamily(TransformerFamily):
 
     FLOW_KIND: ClassVar[str] = "chroma"
     LABEL: ClassVar[str] = "Chroma"
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "T5-XXL gets no adapters, as in kohya's Chroma trainer"
 
     t5_max_length: int = T5_MAX_LENGTH  # T5 tokens per caption (t5xxl_max_token_length)
 
@@ -110,7 +111,7 @@ class ChromaFamily(TransformerFamily):
     # -- adapters ----------------------------------------------------------------------------
 
     def trains_text_encoder(self, index):
-        return False  # check_training refuses text-encoder adapters before this is asked
+        return False  # DENOISER_ONLY_ADAPTERS: the run trains the transformer alone
 
     def transformer_modules(self, transformer):
         """kohya's modules of every double and single block (lora_keys.py)."""
@@ -170,17 +171,6 @@ class ChromaFamily(TransformerFamily):
             raise ConfigError(
                 "apply_t5_attn_mask = false: Chroma always masks T5's padding (it was trained "
                 "so, and kohya forces it for Chroma); remove apply_t5_attn_mask"
-            )
-
-    def check_training(self, config):
-        """A LoRA or LyCORIS of the transformer's blocks, or a full fine-tune of the
-        transformer (train_mode = "unet"); T5 gets no adapters."""
-        super().check_training(config)
-        net = config.network
-        if net.train_mode == "lora" and not net.network_train_unet_only:
-            raise ConfigError(
-                "network_train_unet_only = false: Chroma LoRAs adapt the transformer only "
-                "(T5-XXL gets no adapters here); set network_train_unet_only = true"
             )
 
     # -- full fine-tunes ---------------------------------------------------------------------

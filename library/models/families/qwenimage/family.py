@@ -55,6 +55,7 @@ class QwenImageFamily(ModelFamily):
 
     PIXEL_MULTIPLE: ClassVar[int] = PIXEL_MULTIPLE  # the VAE's 8 times the 2x2 patches
     LABEL: ClassVar[str] = "Qwen-Image"
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "no Qwen2.5-VL adapters, as musubi-tuner"
 
     caption_tokens: int = captions_.MAX_LENGTH  # Qwen2.5-VL tokens per caption (the pipeline's)
     # a LoRA adapts the blocks' img_mod / txt_mod too ([flow] exclude_mod = false)
@@ -140,7 +141,7 @@ class QwenImageFamily(ModelFamily):
     # -- adapters ----------------------------------------------------------------------------
 
     def trains_text_encoder(self, index: int) -> bool:
-        return False  # check_training refuses text-encoder LoRAs before this is asked
+        return False  # DENOISER_ONLY_ADAPTERS: the run trains the transformer alone
 
     def adapter_targets(self, module, role, conv):
         """musubi-tuner's Linears of the transformer (targets.py), with the modulation when
@@ -199,11 +200,6 @@ class QwenImageFamily(ModelFamily):
         net = config.network
         if net.train_mode != "lora":
             return
-        if not net.network_train_unet_only:
-            raise ConfigError(
-                "network_train_unet_only = false: Qwen-Image LoRAs adapt the transformer only "
-                "(no Qwen2.5-VL adapters, as musubi-tuner); set network_train_unet_only = true"
-            )
         lycoris = net.network_module == "lycoris.kohya"
         if net.conv_dim is not None and not lycoris:
             raise ConfigError("conv_dim: Qwen-Image's transformer has no convolutions; remove it")

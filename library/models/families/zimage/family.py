@@ -63,6 +63,7 @@ class ZImageFamily(ModelFamily):
 
     PIXEL_MULTIPLE: ClassVar[int] = 16  # the VAE's 8 times the 2x2 patches
     LABEL: ClassVar[str] = "Z-Image"
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "no Qwen3 adapters, as musubi-tuner and ai-toolkit"
 
     variant: str = "turbo"  # "turbo", "base" or "custom" (by the scheduler's shift)
     sampling_shift: float = SCHEDULER_SHIFT["turbo"]
@@ -133,7 +134,7 @@ class ZImageFamily(ModelFamily):
     # -- adapters ----------------------------------------------------------------------------
 
     def trains_text_encoder(self, index: int) -> bool:
-        return False  # check_training refuses text-encoder LoRAs before this is asked
+        return False  # DENOISER_ONLY_ADAPTERS: the run trains the transformer alone
 
     def adapter_targets(self, module, role, conv):
         """musubi-tuner's Linears of the transformer (targets.py)."""
@@ -199,12 +200,6 @@ class ZImageFamily(ModelFamily):
         net = config.network
         if net.train_mode != "lora":
             return  # the transformer trains whole; Qwen3 stays frozen (setup_training)
-        if not net.network_train_unet_only:
-            raise ConfigError(
-                "network_train_unet_only = false: Z-Image LoRAs adapt the transformer only "
-                "(no Qwen3 adapters, as musubi-tuner and ai-toolkit); set "
-                "network_train_unet_only = true"
-            )
         lycoris = net.network_module == "lycoris.kohya"
         if net.conv_dim is not None and not lycoris:
             raise ConfigError("conv_dim: Z-Image's transformer has no convolutions; remove it")

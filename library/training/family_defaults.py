@@ -1,0 +1,43 @@
+"""What a run trains, as the model's family has it, settled before any weight is read.
+
+Some families' adapters go into the denoiser alone (ModelFamily.DENOISER_ONLY_ADAPTERS: Z-Image,
+Qwen-Image, Chroma). There network_train_unet_only = false, kohya's default, cannot be honoured:
+left unset it is simply the family's default, the transformer alone, and written false it gets
+one warning, as kohya's Chroma trainer and musubi-tuner train the transformer alone too. The
+family is known from a cheap look at the model's files (its registry entry's ``claims``).
+"""
+
+from __future__ import annotations
+
+from library.config.provenance import DEFAULT, provenance
+from library.config.schema import Config
+from library.errors import ConfigError
+from library.models.families.family_choice import entry_for
+
+
+def for_family(config: Config) -> tuple[Config, list[str]]:
+    """``config`` with what its model's family trains (the same config when nothing changes),
+    and the warnings to show once (without "warning: "). ConfigError where the config asks for
+    text-encoder adapters alone and the family has none: nothing would train."""
+    net = config.network
+    if net.train_mode != "lora" or net.network_train_unet_only:
+        return config, []
+    family = entry_for(config.model, config.flow).family()
+    reason = family.DENOISER_ONLY_ADAPTERS
+    if reason is None:
+        return config, []
+    adapts = f"{family.LABEL} LoRAs adapt the transformer only ({reason})"
+    if net.network_train_text_encoder_only:
+        raise ConfigError(
+            f"network_train_text_encoder_only = true: {adapts}, so nothing would train; remove "
+            "network_train_text_encoder_only"
+        )
+    notes = []
+    written = provenance(config).source("network_train_unet_only")
+    if written != DEFAULT:
+        notes.append(
+            f"{written}: network_train_unet_only = false: {adapts}; the transformer trains "
+            "alone, as kohya's and musubi-tuner's trainers do"
+        )
+    network = net.model_copy(update={"network_train_unet_only": True})
+    return config.model_copy(update={"network": network}), notes
