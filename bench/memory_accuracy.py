@@ -41,7 +41,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -234,8 +234,15 @@ def measure(name: str, case: Case, args, folder: Path) -> Measured:
     run = launch(REPO / "train_network.py", config, folder / "run", 1, args.device, REPO,
                  sys.executable, case.keys.get("train_batch_size", 1), [],
                  step_memory=True, environment=run_environment(args))  # fmt: skip
-    peaks = measured_peak(run.steps, args.device)
+    peaks = _exact(measured_peak(run.steps, args.device), args)
     return Measured(name, case.about, run_estimate(folder / "run" / "output"), peaks)
+
+
+def _exact(peaks: Peaks, args) -> Peaks:
+    """``peaks`` without the CPU's tensor peak unless ``--tensors`` made it exact."""
+    if args.device == "cuda" or args.tensors:
+        return peaks
+    return replace(peaks, tensors=None)
 
 
 def run_environment(args) -> dict[str, str]:
@@ -254,7 +261,7 @@ def remeasure(name: str, case: Case, args, folder: Path) -> Measured:
     processes = read_step_timer(folder / "run" / "step-timer")
     if not processes:
         raise BenchError(f"{folder}: no kept run of {name} there")
-    peaks = measured_peak(processes[0], args.device)
+    peaks = _exact(measured_peak(processes[0], args.device), args)
     plan = dry_run_plan(folder / "case.toml", args.device)
     return Measured(name, case.about, plan["memory"]["peak_bytes"], peaks)
 

@@ -549,4 +549,4 @@ def test_the_plan_prints_the_estimate(tmp_path, tiny_model_dir, images, capsys):
     assert len(lines) == 1
     assert lines[0].startswith("  memory: about ")
     assert " peak on cpu (weights " in lines[0] and "activations " in lines[0]
-    assert "at 64x64 x 2); the device has " in lines[0]
+    assert "at 64x64 x 2, interpreter + allocator " in lines[0] and "); the device has " in lines[0]
