@@ -7,9 +7,8 @@ Not a test and not timed in CI. Nothing is downloaded and no weight memory is al
 family's denoiser, text encoders and VAE are built at full size on ``torch.device("meta")``, its
 preset in configs/ is read with the options each row names, and the figures are those of
 ``estimate_peak_memory``, what ``--dry_run`` prints and checks against the device; the peak
-column is the tensors' (the dry run adds the process's own memory: the CUDA context and a share
-of the transient memory for the caching allocator, library/training/process_memory.py). One
-table per
+column is the tensors' (the dry run adds the process's own memory, on a GPU the CUDA context:
+library/training/process_memory.py). One table per
 family, at the preset's resolution (``--resolution`` overrides it) and batch 1 (SD 1.5's preset
 trains at batch 2):
 

@@ -558,7 +558,7 @@ def _own_name(device: torch.device) -> str:
     """What the process's own memory on ``device`` is, for the plan's line."""
     if device.type == "cpu":
         return "interpreter + allocator"
-    return "CUDA context + allocator" if device.type == "cuda" else "process"
+    return "CUDA context" if device.type == "cuda" else "process"
 
 
 def _remedies(config: Config) -> str:

@@ -11,10 +11,11 @@ out-of-memory kill or a CUDA out-of-memory error sees:
   stay resident over more than the live tensors: measured as a share of the step's transient
   memory (bench/memory_accuracy.py, docs/performance.md);
 - on CUDA, the CUDA context (the driver's state and the kernels loaded into it: about 300 to
-  450 MiB under lazy module loading, PyTorch's default, more as cuBLAS and cuDNN load theirs)
-  and what PyTorch's caching allocator reserves beyond the tensors alive at its peak. Neither
-  has been measured on a GPU by bench/memory_accuracy.py yet; the figures below are assumptions
-  for it to check.
+  450 MiB under lazy module loading, PyTorch's default, more as cuBLAS and cuDNN load theirs),
+  and what PyTorch's caching allocator reserves beyond the tensors alive at its peak. The
+  context is counted (an assumption from PyTorch's published figures); the caching allocator's
+  share is not, until ``bench/memory_accuracy.py --device cuda`` measures it on a GPU: a guess
+  would refuse runs that fit (a Qwen-Image LoRA on a 24 GB card is within a gigabyte of it).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ INTERPRETER_BYTES = int(0.55 * GIB)
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)
 # What the allocator keeps beyond the live tensors at the peak, per byte of the step's transient
 # memory (its activations, or the optimizer update's temporaries, or the VAE encoding's
-# intermediates): glibc with host_allocator's settings, measured on full-size SD 1.5 runs
-# (docs/performance.md); PyTorch's CUDA caching allocator, assumed (not measured yet).
-KEPT_PER_TRANSIENT_BYTE = {"cpu": 1.0, "cuda": 0.25}
+# intermediates): glibc with host_allocator's settings, measured on full-size SD 1.5 runs (0.8
+# to 1.1; docs/performance.md). PyTorch's CUDA caching allocator: not measured, not counted.
+KEPT_PER_TRANSIENT_BYTE = {"cpu": 1.0, "cuda": 0.0}
 
 
 def process_bytes(device_type: str, transient: int) -> int:
