@@ -8,10 +8,10 @@ page faults per step for SD 1.5 at 128 px, 15-20% of the step's time (bench/trai
 docs/performance.md). Raising glibc's thresholds keeps the memory in the process instead, and
 the steps are faster. The kept memory is resident: a step's freed activations stay in the
 heap, in another order at each step, so the process holds more than its live tensors. On
-full-size SD 1.5 at 512 px the resident peak of a step was 1.6 GiB above the tensors alive at
-once (1.9 GiB of activations); with glibc mapping every block of 64 KiB and more on its own,
-freed memory leaves at once but every step faults its pages in again (docs/performance.md has
-both runs). The memory estimate counts the kept memory (library/training/process_memory.py).
+full-size SD 1.5 at 512 px the resident peak of a step was 8.27 GiB, 1.9 GiB above the tensors
+alive at once and the interpreter (1.9 GiB of activations); with glibc mapping every block of
+64 KiB and more on its own it was 6.42 GiB, but every step faulted 3.95 million pages in again
+and took half as long again (docs/performance.md). The memory estimate counts the kept memory (library/training/process_memory.py).
 GPU runs allocate little on the host; the settings cost them nothing.
 
 Nothing is changed where the user chose allocator settings (any ``MALLOC_*_`` variable of
