@@ -14,8 +14,10 @@ timer's memory probe (bench/step_timer/sitecustomize.py). Per check it prints:
 
 - s/step: the median time between optimizer steps after the first ``--warmup`` steps, and
   images/s (the batch over s/step);
-- peak memory of a step: PyTorch's peak allocated and reserved memory on CUDA (on the CPU, the
-  most tensor memory alive at once), and the estimate the run's plan printed, with their ratio;
+- peak memory of a step: what the process holds (on CUDA PyTorch's peak reserved memory plus
+  the CUDA context; on the CPU the peak resident set) and, in brackets, the tensors' own peak
+  (PyTorch's peak allocated memory), beside the estimate the run's plan printed, with the
+  ratio of the estimate to the process's peak (bench/memory_accuracy.py);
 - MFU: the step's model FLOPs (library/training/step_flops.py, counted on the models' shapes)
   over s/step, as a fraction of the GPU's dense bf16 peak (``PEAK_TFLOPS`` by the name CUDA
   gives; ``--peak_tflops`` for another GPU).
@@ -259,9 +261,10 @@ def run_check(name: str, check: Check, args, folder: Path, peak: float | None) -
     if summary["last_loss"] is None:  # every step was dropped or skipped: not a working run
         return {**record, "status": "failed", "reason": "no step had a finite loss"}
     try:
-        peak_bytes, reserved = measured_peak(run.steps, args.device)
+        peaks = measured_peak(run.steps, args.device)
     except BenchError:  # no step peak recorded (a CPU whose /proc cannot be reset)
-        peak_bytes = reserved = None
+        peaks = None
+    process = peaks.process if peaks else None
     flops = case_step_flops(config, case)
     seconds = figures["seconds_per_step"]
     estimate = summary["memory"]["estimated_peak_bytes"]
@@ -269,10 +272,10 @@ def run_check(name: str, check: Check, args, folder: Path, peak: float | None) -
         "status": "ok",
         "seconds_per_step": seconds,
         "images_per_second": figures["images_per_second"],
-        "peak_allocated_bytes": peak_bytes,
-        "peak_reserved_bytes": reserved,
+        "peak_process_bytes": process,
+        "peak_tensor_bytes": peaks.tensors if peaks else None,
         "estimated_peak_bytes": estimate,
-        "estimate_ratio": round(estimate / peak_bytes, 3) if estimate and peak_bytes else None,
+        "estimate_ratio": round(estimate / process, 3) if estimate and process else None,
         "step_flops": flops,
         "achieved_flops_per_second": round(flops / seconds),
         "mfu": round(flops / seconds / (peak * 1e12), 3) if peak else None,
@@ -292,10 +295,10 @@ def line(r: dict) -> str:
     if r["status"] != "ok":
         return f"{r['check']} ({r['about']}): {r['status']}: {r['reason']}"
     memory = "peak memory not measured"
-    if r["peak_allocated_bytes"]:
-        memory = f"peak {show_bytes(r['peak_allocated_bytes'])}"
-        if r["peak_reserved_bytes"]:
-            memory += f" allocated, {show_bytes(r['peak_reserved_bytes'])} reserved"
+    if r["peak_process_bytes"]:
+        memory = f"peak {show_bytes(r['peak_process_bytes'])}"
+        if r["peak_tensor_bytes"]:
+            memory += f" ({show_bytes(r['peak_tensor_bytes'])} of tensors)"
         if r["estimate_ratio"]:
             estimate = show_bytes(r["estimated_peak_bytes"])
             memory += f", estimate {estimate} ({r['estimate_ratio']:.2f}x)"

@@ -6,7 +6,9 @@
 Not a test and not timed in CI. Nothing is downloaded and no weight memory is allocated: each
 family's denoiser, text encoders and VAE are built at full size on ``torch.device("meta")``, its
 preset in configs/ is read with the options each row names, and the figures are those of
-``estimate_peak_memory``, what ``--dry_run`` prints and checks against the device. One table per
+``estimate_peak_memory``, what ``--dry_run`` prints and checks against the device; the peak
+column is the tensors' (the dry run adds the process's own memory, on a GPU the CUDA context:
+library/training/process_memory.py). One table per
 family, at the preset's resolution (``--resolution`` overrides it) and batch 1 (SD 1.5's preset
 trains at batch 2):
 
@@ -364,7 +366,7 @@ def main() -> None:
                 config = preset_with(bench.preset, folder, side, **training)
                 found = estimate(config, bench.build, folder, side)
                 cells = (found.weights, found.trained_state, found.activations, found.encoding,
-                         found.total)  # fmt: skip
+                         found.tensors)  # fmt: skip
                 print(f"| {text} | " + " | ".join(f"{c / GIB:.1f}" for c in cells) + " |")
 
 

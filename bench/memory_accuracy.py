@@ -2,7 +2,8 @@
 
     python bench/memory_accuracy.py                          # every case, on the CPU
     python bench/memory_accuracy.py --cases sd15-lora-512 flux6-lora-nf4
-    python bench/memory_accuracy.py --device cuda            # a GPU's allocated peaks
+    python bench/memory_accuracy.py --device cuda            # on a GPU
+    python bench/memory_accuracy.py --tensors                # the tensors alone (see below)
     python bench/memory_accuracy.py --markdown               # the table for docs/performance.md
     python bench/memory_accuracy.py --keep                   # keep the runs, then after a change:
     python bench/memory_accuracy.py --estimates_of /tmp/difftune-memory-*   # no training
@@ -13,10 +14,16 @@ the step timer's memory probe (bench/step_timer/sitecustomize.py), takes the lar
 the steps after the first (the first has no reset before it; they all hold the same tensors)
 and the estimate the run's plan printed from its run summary (the dry run's, made on the
 models' shapes, is the same figure).
-The measured peak is, on the CPU, the most tensor memory alive at once (the resident set's rise
-over the tensors alive at each step, the interpreter and its libraries left out); on CUDA,
-PyTorch's peak allocated memory (the reserved peak is printed beside it: the caching
-allocator's slack, which the estimate does not count).
+The runs are plain: started as a user starts them, with no allocator setting the trainer does
+not make itself (library/host_allocator.py applies its own). The measured peak is what the
+process holds, which is what runs out: on the CPU, the process's peak resident set in a step
+(the interpreter, its libraries and the allocator's kept memory included); on CUDA, PyTorch's
+peak reserved memory plus what else the process has on the device (the CUDA context). Beside it
+the tensors' own peak: on CUDA PyTorch's peak allocated memory; on the CPU the most tensor
+memory alive at once, exact only with ``--tensors``, which has glibc map every block of 64 KiB
+and more on its own so that freed memory leaves at once (a configuration no user runs, for
+tuning the estimate's tensor counts). Each case also reports its CPU seconds and minor page
+faults per step (the steps after the first), the cost of the allocator's settings.
 
 The ratio is estimate / measured. The target is 0.90 to 1.25: an estimate below the real peak
 is an out-of-memory crash the dry run promised away, one far above it refuses runs that fit.
@@ -32,8 +39,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,14 +144,28 @@ CASES = {
 
 
 @dataclass(frozen=True)
+class Peaks:
+    """A run's step peaks after its first step, in bytes (see the module docstring), and what a
+    step costs: CPU seconds and minor page faults (medians)."""
+
+    process: int
+    tensors: int | None
+    cpu_seconds: float | None = None
+    faults: int | None = None
+
+
+@dataclass(frozen=True)
 class Measured:
-    """One case's estimate and measured peak, in bytes."""
+    """One case's estimate and measured peaks, in bytes."""
 
     case: str
     about: str
     estimate: int
-    measured: int
-    reserved: int | None  # CUDA's reserved peak
+    peaks: Peaks
+
+    @property
+    def measured(self) -> int:
+        return self.peaks.process
 
     @property
     def ratio(self) -> float:
@@ -158,22 +180,38 @@ class Measured:
             "case": self.case,
             "estimate_bytes": self.estimate,
             "measured_peak_bytes": self.measured,
-            "reserved_peak_bytes": self.reserved,
+            "tensor_peak_bytes": self.peaks.tensors,
+            "cpu_seconds_per_step": self.peaks.cpu_seconds,
+            "minor_faults_per_step": self.peaks.faults,
             "ratio": round(self.ratio, 3),
             "inside_target": self.inside,
         }
 
 
-def measured_peak(steps: list[dict], device: str) -> tuple[int, int | None]:
-    """The largest step peak after the first step (and CUDA's reserved peak), from the step
-    timer's records."""
-    key = "cuda_step_peak_allocated_bytes" if device == "cuda" else "step_peak_bytes"
-    peaks = [r[key] for r in steps if key in r]
-    if not peaks:
+def measured_peak(steps: list[dict], device: str) -> Peaks:
+    """The largest step peaks after the first step, from the step timer's records: the
+    process's (on CUDA reserved + context) and the tensors' (on CUDA allocated)."""
+    if device == "cuda":
+        process = [r["cuda_step_peak_reserved_bytes"] + r["cuda_context_bytes"]
+                   for r in steps if "cuda_step_peak_reserved_bytes" in r]  # fmt: skip
+        tensors = [r["cuda_step_peak_allocated_bytes"] for r in steps
+                   if "cuda_step_peak_allocated_bytes" in r]  # fmt: skip
+    else:
+        process = [r["step_peak_rss_bytes"] for r in steps if "step_peak_rss_bytes" in r]
+        tensors = [r["step_peak_bytes"] for r in steps if "step_peak_bytes" in r]
+    if not process:
         raise BenchError("no step peak was recorded: raise --steps to 2 or more")
-    reserved = [r["cuda_step_peak_reserved_bytes"] for r in steps
-                if "cuda_step_peak_reserved_bytes" in r]  # fmt: skip
-    return max(peaks), max(reserved) if reserved else None
+    return Peaks(max(process), max(tensors, default=None), *_step_costs(steps))
+
+
+def _step_costs(steps: list[dict]) -> tuple[float | None, int | None]:
+    """Median CPU seconds and minor page faults of the steps after the first."""
+    pairs = list(zip(steps, steps[1:], strict=False))
+    if not pairs or "cpu_seconds" not in steps[0]:
+        return None, None
+    seconds = statistics.median(b["cpu_seconds"] - a["cpu_seconds"] for a, b in pairs)
+    faults = statistics.median(b["minor_faults"] - a["minor_faults"] for a, b in pairs)
+    return round(seconds, 2), int(faults)
 
 
 def run_summary(output: Path) -> dict:
@@ -195,9 +233,26 @@ def measure(name: str, case: Case, args, folder: Path) -> Measured:
     config = write_case_config(case, args.steps, args.model_cache, folder)
     run = launch(REPO / "train_network.py", config, folder / "run", 1, args.device, REPO,
                  sys.executable, case.keys.get("train_batch_size", 1), [],
-                 step_memory=True)  # fmt: skip
-    measured, reserved = measured_peak(run.steps, args.device)
-    return Measured(name, case.about, run_estimate(folder / "run" / "output"), measured, reserved)
+                 step_memory=True, environment=run_environment(args))  # fmt: skip
+    peaks = _exact(measured_peak(run.steps, args.device), args)
+    return Measured(name, case.about, run_estimate(folder / "run" / "output"), peaks)
+
+
+def _exact(peaks: Peaks, args) -> Peaks:
+    """``peaks`` without the CPU's tensor peak unless ``--tensors`` made it exact."""
+    if args.device == "cuda" or args.tensors:
+        return peaks
+    return replace(peaks, tensors=None)
+
+
+def run_environment(args) -> dict[str, str]:
+    """The variables the runs get beyond this process's: ``--env``, and with ``--tensors``
+    glibc's threshold that maps every block of 64 KiB and more on its own (freed memory leaves
+    the resident set at once, so its rise is the tensors')."""
+    env = dict(item.split("=", 1) for item in args.env)
+    if args.tensors:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
+    return env
 
 
 def remeasure(name: str, case: Case, args, folder: Path) -> Measured:
@@ -206,27 +261,34 @@ def remeasure(name: str, case: Case, args, folder: Path) -> Measured:
     processes = read_step_timer(folder / "run" / "step-timer")
     if not processes:
         raise BenchError(f"{folder}: no kept run of {name} there")
-    measured, reserved = measured_peak(processes[0], args.device)
+    peaks = _exact(measured_peak(processes[0], args.device), args)
     plan = dry_run_plan(folder / "case.toml", args.device)
-    return Measured(name, case.about, plan["memory"]["peak_bytes"], measured, reserved)
+    return Measured(name, case.about, plan["memory"]["peak_bytes"], peaks)
 
 
 def line(m: Measured) -> str:
-    reserved = f", reserved {m.reserved / GIB:.2f} GiB" if m.reserved else ""
+    tensors = f", tensors {m.peaks.tensors / GIB:.2f} GiB" if m.peaks.tensors else ""
+    cost = ""
+    if m.peaks.cpu_seconds is not None:
+        cost = f"; a step: {m.peaks.cpu_seconds:.1f} CPU s, {m.peaks.faults} page faults"
     verdict = "inside" if m.inside else "OUTSIDE"
     return (
         f"{m.case} ({m.about}): estimate {m.estimate / GIB:.2f} GiB, measured "
-        f"{m.measured / GIB:.2f} GiB{reserved}, ratio {m.ratio:.2f} ({verdict} "
-        f"{LOW:.2f} to {HIGH:.2f})"
+        f"{m.measured / GIB:.2f} GiB{tensors}, ratio {m.ratio:.2f} ({verdict} "
+        f"{LOW:.2f} to {HIGH:.2f}){cost}"
     )
 
 
 def table(results: list[Measured]) -> str:
-    rows = ["| case | what | estimate | measured | ratio |", "|---|---|---|---|---|"]
+    rows = [
+        "| case | what | estimate | measured | ratio | tensors alone |",
+        "|---|---|---|---|---|---|",
+    ]
     for m in results:
+        tensors = f"{m.peaks.tensors / GIB:.2f} GiB" if m.peaks.tensors else ""
         rows.append(
             f"| `{m.case}` | {m.about} | {m.estimate / GIB:.2f} GiB | "
-            f"{m.measured / GIB:.2f} GiB | {m.ratio:.2f} |"
+            f"{m.measured / GIB:.2f} GiB | {m.ratio:.2f} | {tensors} |"
         )
     return "\n".join(rows)
 
@@ -239,6 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per case")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--markdown", action="store_true", help="print the table at the end")
+    parser.add_argument("--tensors", action="store_true",
+                        help="on the CPU, have glibc return freed memory at once, so that the "
+                        "tensors' own peak is exact (not the process a user runs)")  # fmt: skip
+    parser.add_argument(
+        "--env",
+        nargs="+",
+        default=[],
+        metavar="NAME=VALUE",
+        help="variables for the runs, e.g. allocator settings to compare",
+    )
     add_run_options(parser)
     parser.add_argument("--estimates_of", type=Path, nargs="+", metavar="FOLDER",
                         help="train nothing: the runs kept (--keep) in these folders, each "

@@ -268,18 +268,16 @@ def _threads_env(processes: int, device: str) -> dict:
 
 def launch(script: Path, config: Path, out: Path, processes: int, device: str, cwd: Path,
            python: str, samples_per_step: int, extra: list[str], step_memory: bool = False,
-           ) -> Run:  # fmt: skip
+           environment: dict[str, str] | None = None) -> Run:  # fmt: skip
     """Run ``script --config_file config --output_dir out`` under the step timer
-    (``step_memory``: with each step's peak memory, see bench/step_timer/sitecustomize.py)."""
+    (``step_memory``: with each step's peak memory, see bench/step_timer/sitecustomize.py),
+    with ``environment`` added to this process's variables."""
     timer = out / "step-timer"
     timer.mkdir(parents=True)
-    env = _threads_env(processes, device)
+    env = _threads_env(processes, device) | (environment or {})
     env["DIFFTUNE_STEP_TIMER"] = str(timer)
     if step_memory:
         env["DIFFTUNE_STEP_MEMORY"] = "1"
-        # blocks of 64 KiB and more mapped on their own, so that a freed tensor leaves the
-        # resident set at once and the resident set's rise is the tensors' (the CPU's peak)
-        env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(TIMER_DIR), str(cwd), env.get("PYTHONPATH", "")) if p
     )

@@ -5,13 +5,18 @@ megabytes of them. With glibc's default settings most of that memory goes back t
 when it is freed (the top of the heap is trimmed, large blocks are unmapped) and comes back as
 fresh pages at the next step, each of which the kernel must fault in and zero: about 200,000
 page faults per step for SD 1.5 at 128 px, 15-20% of the step's time (bench/train_speed.py and
-docs/performance.md). Raising glibc's thresholds keeps the memory in the process instead:
-the peak resident memory is the same (the peak is reached every step anyway), the steps are
-faster. GPU runs allocate little on the host; the settings cost them nothing.
+docs/performance.md). Raising glibc's thresholds keeps the memory in the process instead, and
+the steps are faster. The kept memory is resident: a step's freed activations stay in the
+heap, in another order at each step, so the process holds more than its live tensors. On
+full-size SD 1.5 at 512 px the resident peak of a step was 8.27 GiB, 1.9 GiB above the tensors
+alive at once and the interpreter (1.9 GiB of activations); with glibc mapping every block of
+64 KiB and more on its own it was 6.42 GiB, but every step faulted 3.95 million pages in again
+and took half as long again (docs/performance.md). The memory estimate counts the kept memory (library/training/process_memory.py).
+GPU runs allocate little on the host; the settings cost them nothing.
 
 Nothing is changed where the user chose allocator settings (any ``MALLOC_*_`` variable of
-glibc, or ``LD_PRELOAD`` of another allocator such as jemalloc or tcmalloc), or where the C
-library is not glibc.
+glibc, a ``glibc.malloc`` tunable in ``GLIBC_TUNABLES``, or ``LD_PRELOAD`` of another allocator
+such as jemalloc or tcmalloc), or where the C library is not glibc.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ def keep_freed_host_memory() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     if any(name in os.environ for name in USER_SETTINGS) or os.environ.get("LD_PRELOAD"):
+        return False
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):  # mallopt would override them
         return False
     try:
         libc = ctypes.CDLL(None)

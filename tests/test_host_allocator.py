@@ -59,3 +59,6 @@ def test_user_settings_are_left_alone(monkeypatch):
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")
     assert keep_freed_host_memory() is False
+    monkeypatch.delenv("LD_PRELOAD")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
+    assert keep_freed_host_memory() is False

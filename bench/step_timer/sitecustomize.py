@@ -13,19 +13,27 @@ nothing is imported at all.
 The hook fires on the wrapped optimizer's own ``step``, so steps that gradient accumulation
 skips are not counted, and both trainers are timed at the same point of their loops.
 
+Every record also holds the process's CPU seconds (user + system) and minor page faults so
+far, from ``getrusage``: a step's share of them depends on the allocator's settings and much less
+on what else the machine runs than its wall-clock time does.
+
 With ``DIFFTUNE_STEP_MEMORY=1`` (bench/memory_accuracy.py, bench/gpu_check.py) each record also
 holds the peak memory of the interval since the previous optimizer step, one whole step of
 forward, backward and update, with the peaks reset at each step:
 
-- ``step_peak_bytes`` on the CPU: the largest amount of tensor memory alive in the interval.
-  The kernel's resident-set high-water mark is reset at each step (``/proc/self/clear_refs``),
-  and the tensors alive at that moment are counted (every tensor object, parameters' gradients
-  included, each storage once); the peak is those bytes plus how far the resident set rose
-  above where it was. That is exact when freed tensors leave the resident set at once, which
-  glibc does when large blocks are mapped on their own (``MALLOC_MMAP_THRESHOLD_``, set by the
-  benchmarks), and it leaves out the interpreter and its libraries.
+- ``step_peak_rss_bytes`` on the CPU: the process's peak resident set in the interval, as the
+  kernel counts it (the high-water mark, reset at each step through ``/proc/self/clear_refs``):
+  what the user's process holds, the interpreter, its libraries and the allocator's free but
+  kept memory included.
+- ``step_peak_bytes`` on the CPU: the largest amount of tensor memory alive in the interval:
+  the tensors alive at the reset (every tensor object, parameters' gradients included, each
+  storage once) plus how far the resident set rose above where it was. That is exact only when
+  freed tensors leave the resident set at once, which glibc does when large blocks are mapped
+  on their own (``MALLOC_MMAP_THRESHOLD_``, set by ``bench/memory_accuracy.py --tensors``).
 - ``cuda_step_peak_allocated_bytes`` / ``cuda_step_peak_reserved_bytes`` on CUDA: PyTorch's own
-  peaks of allocated and reserved (cached) memory, reset at each step.
+  peaks of allocated and reserved (cached) memory, reset at each step, and
+  ``cuda_context_bytes``: what the device has in use beyond PyTorch's reserved memory (the CUDA
+  context and the libraries' own allocations; exact when the process has the GPU to itself).
 """
 
 import os
@@ -86,6 +94,8 @@ def _install() -> None:
             if mark:
                 record["cuda_step_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
                 record["cuda_step_peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+                free, total = torch.cuda.mem_get_info()
+                record["cuda_context_bytes"] = total - free - torch.cuda.memory_reserved()
             torch.cuda.reset_peak_memory_stats()
             mark["set"] = True  # a reset happened: the next step's peaks are its own
             return
@@ -93,8 +103,9 @@ def _install() -> None:
             return
         try:
             if mark:
-                rise = _status_bytes("VmHWM") - mark["rss"]
-                record["step_peak_bytes"] = mark["live"] + max(rise, 0)
+                peak = _status_bytes("VmHWM")
+                record["step_peak_rss_bytes"] = peak
+                record["step_peak_bytes"] = mark["live"] + max(peak - mark["rss"], 0)
             mark["live"] = _live_tensor_bytes(torch)
             mark["rss"] = _status_bytes("VmRSS")
             with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
@@ -108,15 +119,16 @@ def _install() -> None:
         if cuda:  # CUDA queues work: a step is done when its kernels are, not when queued
             torch.cuda.synchronize()
         now = time.time()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         if not out:
             out.append(open(path, "a", encoding="utf-8"))  # noqa: SIM115 (open for the process)
         record = {
             "time": now,
             "rank": rank,
             # Linux reports ru_maxrss in KiB
-            "peak_rss_bytes": max(
-                rss_peaks[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            ),
+            "peak_rss_bytes": max(rss_peaks[0], usage.ru_maxrss * 1024),
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "minor_faults": usage.ru_minflt,
             "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         }
         rss_peaks[0] = record["peak_rss_bytes"]

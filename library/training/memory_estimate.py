@@ -27,9 +27,12 @@ the device, so a run that cannot fit stops in seconds instead of being killed mi
   of that moment and the step's.
 
 On the CPU, host memory is the device's: the VAE moved "off the device" and the weights block
-swap keeps in host memory count too. Not counted: sampling and validation (no gradients; the
-VAE's decoding of sample images), the kernels' workspaces, the allocator's fragmentation and
-CUDA's own context. bench/memory_accuracy.py measures the estimate against real steps.
+swap keeps in host memory count too. Beyond the tensors, the process itself holds memory on the
+device (library/training/process_memory.py): the interpreter and its libraries on the CPU, the
+CUDA context on a GPU, and what the allocator keeps after the step's transient memory is freed;
+the estimate is of the process's peak, which is what runs out. Not counted: sampling and
+validation (no gradients; the VAE's decoding of sample images) and the kernels' workspaces.
+bench/memory_accuracy.py measures the estimate against real steps.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from library.training.activation_memory import (
 )
 from library.training.block_swap import HostLinear
 from library.training.optimizers import optimizer_kwargs
+from library.training.process_memory import process_bytes
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
 from library.training.sharding import shard_units
 
@@ -109,6 +113,7 @@ class MemoryEstimate:
     offloaded: bool = False  # cpu_offload_checkpointing: the regions' outputs are on the host
     update: int = 0  # what the optimizer's update allocates for a moment
     encoding: int = 0  # above ``weights`` while the VAE encodes images (caching, or each step)
+    process: int = 0  # the process's own memory beyond its tensors (process_memory.py)
 
     @property
     def step(self) -> int:
@@ -117,8 +122,14 @@ class MemoryEstimate:
         return self.trained_state + max(self.activations, self.update)
 
     @property
-    def total(self) -> int:
+    def tensors(self) -> int:
+        """The most tensor memory alive at once."""
         return self.weights + max(self.step, self.encoding)
+
+    @property
+    def total(self) -> int:
+        """The process's peak: its tensors and its own memory."""
+        return self.tensors + self.process
 
 
 # --- weights and trained state ------------------------------------------------------------------
@@ -379,16 +390,17 @@ def encoding_bytes(parts: TrainedParts, size: TrainingSize, batch: int) -> int:
 
 
 def _encoding(config: Config, parts: TrainedParts, size: TrainingSize, trained_state: int,
-              draws_samples: bool, device_type: str) -> int:  # fmt: skip
-    """Above the weights while the VAE encodes: with cached latents, at caching, before the
-    optimizer holds anything (the VAE back on the device if training moves it off); without,
-    in every step, beside the trained state."""
-    if config.data.latents_cached:
-        encode = encoding_bytes(parts, size, config.data.vae_batch_size)
-        if vae_stays_on_device(config, draws_samples, device_type):
-            return encode
-        return encode + module_bytes(parts.components.vae)
-    return trained_state + encoding_bytes(parts, size, size.batch)
+              draws_samples: bool, device_type: str) -> tuple[int, int]:  # fmt: skip
+    """Above the weights while the VAE encodes, and of that the encoding's own intermediates:
+    with cached latents, at caching, before the optimizer holds anything (the VAE back on the
+    device if training moves it off); without, in every step, beside the trained state."""
+    if not config.data.latents_cached:
+        encode = encoding_bytes(parts, size, size.batch)
+        return trained_state + encode, encode
+    encode = encoding_bytes(parts, size, config.data.vae_batch_size)
+    if vae_stays_on_device(config, draws_samples, device_type):
+        return encode, encode
+    return encode + module_bytes(parts.components.vae), encode
 
 
 def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -456,10 +468,14 @@ def estimate_peak_memory(
     ]
     activations, size = max(measured, key=lambda pair: pair[0])
     trained_state = trained_state_bytes(config, parts, world_size)
-    encoding = max(
+    encoding, encode = max(
         _encoding(config, parts, s, trained_state, draws_samples, device_type)
         for s in training_sizes(stats)
     )
+    update = update_bytes(config, parts, device_type, world_size)
+    # the transient memory at the peak: the step's, or the encoding's where it holds more
+    step = trained_state + max(activations, update)
+    transient = max(activations, update) if step >= encoding else encode
     return MemoryEstimate(
         weights=weight_bytes(config, parts, draws_samples, world_size, device_type),
         trained_state=trained_state,
@@ -467,8 +483,9 @@ def estimate_peak_memory(
         size=size,
         checkpointing=config.training.gradient_checkpointing,
         offloaded=offloaded,
-        update=update_bytes(config, parts, device_type, world_size),
+        update=update,
         encoding=encoding,
+        process=process_bytes(device_type, transient),
     )
 
 
@@ -526,7 +543,8 @@ def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str
         f"  memory: about {show_bytes(estimate.total)} peak on {device} (weights "
         f"{show_bytes(estimate.weights)}, gradients + optimizer "
         f"{show_bytes(estimate.trained_state)}, activations {show_bytes(estimate.activations)} "
-        f"at {s.width}x{s.height} x {s.batch}{checkpointing})"
+        f"at {s.width}x{s.height} x {s.batch}{checkpointing}, {_own_name(device)} "
+        f"{show_bytes(estimate.process)})"
     )
     if estimate.encoding > estimate.step:
         line += f"; the peak is the VAE encoding images ({show_bytes(estimate.encoding)})"
@@ -534,6 +552,13 @@ def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str
         return line + "; the device's memory is unknown"
     total, free = memory
     return line + f"; the device has {show_bytes(total)} ({show_bytes(free)} free now)"
+
+
+def _own_name(device: torch.device) -> str:
+    """What the process's own memory on ``device`` is, for the plan's line."""
+    if device.type == "cpu":
+        return "interpreter + allocator"
+    return "CUDA context" if device.type == "cuda" else "process"
 
 
 def _remedies(config: Config) -> str:
@@ -571,6 +596,7 @@ class MemoryCheck:
             "activations_bytes": e.activations,
             "optimizer_update_bytes": e.update,
             "vae_encoding_bytes": e.encoding,
+            "process_bytes": e.process,
             "at": {"width": e.size.width, "height": e.size.height, "batch": e.size.batch},
             "gradient_checkpointing": e.checkpointing,
             "device_total_bytes": total,

@@ -73,6 +73,11 @@ def test_step_memory_is_the_peak_of_tensors_alive_in_each_step(tmp_path):
     # the one it replaces is held; the spike comes on top of the 32 MiB in the second one
     assert peaks[0] == pytest.approx(36, abs=1) and peaks[2] == pytest.approx(36, abs=1)
     assert peaks[1] == pytest.approx(32 + 256, abs=1)
+    # the resident set's own step peaks: the interpreter, and the spike on top in the second
+    rss = [s["step_peak_rss_bytes"] / MIB for s in steps[1:]]
+    assert rss[1] > max(rss[0], rss[2]) + 250 and rss[0] > peaks[0]
+    faults = [s["minor_faults"] for s in steps]
+    assert faults == sorted(faults) and steps[-1]["cpu_seconds"] >= steps[0]["cpu_seconds"] > 0
     # the run's peak resident set is kept across the resets
     assert steps[-1]["peak_rss_bytes"] >= steps[2]["peak_rss_bytes"] > 256 * MIB
 

@@ -307,7 +307,7 @@ def test_the_vae_encoding_is_the_peak_when_it_holds_more_than_the_step(tiny_mode
     else:
         expected = encoding_bytes(parts, size, 2) + found.trained_state
     assert found.encoding == expected
-    assert found.total == found.weights + max(found.step, found.encoding)
+    assert found.tensors == found.weights + max(found.step, found.encoding)
     assert encoding_bytes(parts, size, 2) > encoding_bytes(parts, size, 1)
     line = memory_estimate.estimate_line(found, torch.device("cuda"), None)
     # four images at a time at caching hold more than the step; two in the step, less
@@ -549,4 +549,4 @@ def test_the_plan_prints_the_estimate(tmp_path, tiny_model_dir, images, capsys):
     assert len(lines) == 1
     assert lines[0].startswith("  memory: about ")
     assert " peak on cpu (weights " in lines[0] and "activations " in lines[0]
-    assert "at 64x64 x 2); the device has " in lines[0]
+    assert "at 64x64 x 2, interpreter + allocator " in lines[0] and "); the device has " in lines[0]
