@@ -54,5 +54,5 @@ def test_references_are_named_too(tmp_path):
 
 def test_the_plan_prints_them_as_warnings(tmp_path):
     data = _data(tmp_path, {"a.png": (1, 1)})
-    trainer = SimpleNamespace(data=data, size_notes=())
+    trainer = SimpleNamespace(data=data, size_notes=(), family_notes=())
     assert plan_warnings(trainer) == list(data.warnings) != []
