@@ -3,8 +3,13 @@
 Some families' adapters go into the denoiser alone (ModelFamily.DENOISER_ONLY_ADAPTERS: Z-Image,
 Qwen-Image, Chroma). There network_train_unet_only = false, kohya's default, cannot be honoured:
 left unset it is simply the family's default, the transformer alone, and written false it gets
-one warning, as kohya's Chroma trainer and musubi-tuner train the transformer alone too. The
-family is known from a cheap look at the model's files (its registry entry's ``claims``).
+one warning, as kohya's Chroma trainer and musubi-tuner train the transformer alone too.
+
+A dataset with musubi-tuner's bucketing takes its step of 16 when none is written; musubi-tuner
+trains transformers, whose grid that is. A family whose models need a coarser grid (SD's UNets:
+ModelFamily.BUCKET_STEP) takes its own step there instead of refusing a value nobody wrote.
+
+The family is known from a cheap look at the model's files (its registry entry's ``claims``).
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from library.models.families.family_choice import entry_for
 
 
 def for_family(config: Config) -> tuple[Config, list[str]]:
-    """``config`` with what its model's family trains (the same config when nothing changes),
-    and the warnings to show once (without "warning: "). ConfigError where the config asks for
-    text-encoder adapters alone and the family has none: nothing would train."""
+    """``config`` with what its model's family trains and the bucket steps it runs (the same
+    config when nothing changes), and the warnings to show once (without "warning: ").
+    ConfigError where the config asks for text-encoder adapters alone and the family has none:
+    nothing would train."""
+    config = _unwritten_bucket_steps(config)
     net = config.network
     if net.train_mode != "lora" or net.network_train_unet_only:
         return config, []
@@ -41,3 +48,26 @@ def for_family(config: Config) -> tuple[Config, list[str]]:
         )
     network = net.model_copy(update={"network_train_unet_only": True})
     return config.model_copy(update={"network": network}), notes
+
+
+def _unwritten_bucket_steps(config: Config) -> Config:
+    """``config`` with each bucketed dataset's unwritten step raised to the family's BUCKET_STEP
+    where the step does not fit it (module docstring)."""
+    sources = provenance(config)
+    unwritten = [
+        d
+        for d, dataset in enumerate(config.datasets)
+        if dataset.enable_bucket
+        and sources.source(f"datasets[{d}].bucket_reso_steps") == DEFAULT
+    ]
+    if not unwritten:
+        return config
+    family = entry_for(config.model, config.flow).family()
+    step = family.BUCKET_STEP or family.PIXEL_MULTIPLE
+    datasets = list(config.datasets)
+    for d in unwritten:
+        if datasets[d].bucket_reso_steps % step:
+            datasets[d] = datasets[d].model_copy(update={"bucket_reso_steps": step})
+    if datasets == list(config.datasets):
+        return config
+    return config.model_copy(update={"datasets": datasets})

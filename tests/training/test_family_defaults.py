@@ -71,3 +71,47 @@ def test_families_with_text_encoder_adapters_keep_the_setting(tmp_path, pipeline
     assert for_family(config) == (config, [])
     full = _config(_folder(tmp_path, "ZImagePipeline"), train_mode="unet")
     assert for_family(full)[0] is full
+
+
+def _sd_folder(tmp_path) -> str:
+    """A diffusers SD 1.x folder as far as the claims look: its model_index.json."""
+    folder = tmp_path / "sd15"
+    folder.mkdir()
+    index = {
+        "_class_name": "StableDiffusionPipeline",
+        "unet": ["diffusers", "UNet2DConditionModel"],
+        "text_encoder": ["transformers", "CLIPTextModel"],
+    }
+    (folder / "model_index.json").write_text(json.dumps(index))
+    return str(folder)
+
+
+def _musubi_config(model: str, step_written_in: str | None = None) -> Config:
+    """A dataset with musubi-tuner's bucketing and its default step of 16."""
+    dataset = {"enable_bucket": True, "bucketing": "musubi", "bucket_reso_steps": 16,
+               "subsets": [{"image_dir": "unused"}]}  # fmt: skip
+    config = Config(
+        model={"pretrained_model_name_or_path": model},
+        optimizer={"learning_rate": 1e-4},
+        datasets=[dataset],
+    )
+    sources = {"datasets[0].bucket_reso_steps": step_written_in} if step_written_in else {}
+    config._provenance = Provenance(("run.toml",), (), sources)
+    return config
+
+
+def test_an_unwritten_musubi_step_takes_the_grid_of_sd_unets(tmp_path):
+    """musubi-tuner's step of 16 does not fit SD 1.x's UNet (64): nobody wrote it, so the run
+    takes SD's step rather than refusing it; the rest of the dataset is as it was."""
+    config = _musubi_config(_sd_folder(tmp_path))
+    resolved, notes = for_family(config)
+    assert resolved.datasets[0].bucket_reso_steps == 64 == 8 * 2**3  # the VAE's 8, 3 downsamplings
+    assert resolved.datasets[0].model_copy(update={"bucket_reso_steps": 16}) == config.datasets[0]
+    assert notes == []
+
+
+def test_a_written_step_and_a_fitting_step_are_kept(tmp_path):
+    written = _musubi_config(_sd_folder(tmp_path), "data.toml")
+    assert for_family(written)[0].datasets[0].bucket_reso_steps == 16  # refused with the model
+    flux = _musubi_config(_folder(tmp_path, "FluxPipeline"))
+    assert for_family(flux)[0] is flux  # 16 is FLUX.1's own grid

@@ -62,6 +62,9 @@ class ModelFamily:
     # (SD's UNets pad their up-sampling to the skip connections, so any latent size runs).
     # Class data: known before any weight is read (family_entry.FamilyEntry.family).
     PIXEL_MULTIPLE: ClassVar[int] = 8
+    # A bucket step every model of the family runs (its denoiser's grid at the coarsest), for a
+    # dataset whose step nobody wrote; None: PIXEL_MULTIPLE. Class data, as PIXEL_MULTIPLE.
+    BUCKET_STEP: ClassVar[int | None] = None
     LABEL: ClassVar[str] = "SD"  # the family's name in messages
     # How many reference images a training sample pairs with its target: (least, most), most
     # None for no bound; (0, 0) for a text-to-image family, whose datasets may not name any.

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from library.config.schema import ModelSection
 from library.errors import ConfigError
@@ -44,6 +44,10 @@ class SDFamily(ModelFamily):
     Besides ModelFamily's data: which layer of each text encoder conditions the UNet, and the
     key layout of UNet modules in LoRA files.
     """
+
+    # kohya's default step, the grid of SD 1.x/2.x's UNets (SDXL's is 32); bucket_grid below
+    # has each model's own
+    BUCKET_STEP: ClassVar[int | None] = 64
 
     # "last": each encoder's last_hidden_state (after the final layer norm; clip_skip applies).
     # "penultimate": hidden_states[-2] without the final norm, what SDXL was trained on.
