@@ -155,9 +155,10 @@ class NetworkSection(Section):
     )
     network_train_unet_only: bool = Field(
         False,
-        description="Adapt the denoiser (UNet or transformer) only, no text-encoder LoRA. Z-Image, "
-        "Qwen-Image and Chroma LoRAs always adapt the transformer only (false there gets a "
-        "warning); with the text-encoder outputs cached, unset means true.",
+        description="Adapt the denoiser (UNet or transformer) only, no text-encoder LoRA. Families "
+        "whose text encoders take no adapters (see each family's page) adapt the transformer "
+        "only whatever this says (a written false gets a warning); with the text-encoder outputs "
+        "cached, unset means true.",
     )
     network_train_text_encoder_only: bool = Field(
         False, description="Adapt the text encoder only (no UNet LoRA)."
