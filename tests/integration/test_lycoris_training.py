@@ -262,7 +262,7 @@ def test_network_weights_of_another_algorithm_is_refused(trained, tmp_path, tiny
                      max_train_steps=1, network_weights=str(trained["loha-dora"]))  # fmt: skip
     assert train(config) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and "set algo=loha" in err[0], err
+    assert len(err) == 1 and 'set network_args "algo=loha"' in err[0], err
 
 
 @pytest.mark.parametrize("case", ["loha-dora", "lokr-tucker"])
