@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,15 +89,22 @@ class ImageHeader:
 
 def _check_not_a_path_problem(path: Path) -> None:
     """Name the path problem itself where PIL would only say "No such file" or "Is a directory",
-    or would wait forever (a FIFO)."""
-    if path.is_symlink() and not path.exists():
-        raise DataError(
-            f"image {path} is a link to {os.readlink(path)}, which does not exist; "
-            "fix or remove the link"
-        )
-    if path.is_dir():
+    or would wait forever (a FIFO). One stat on the scan's path for every image; a missing or
+    unreadable path is left to PIL's open, whose error names it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise DataError(
+                f"image {path} is a link to {os.readlink(path)}, which does not exist; "
+                "fix or remove the link"
+            ) from None
+        return
+    except OSError:
+        return
+    if stat.S_ISDIR(mode):
         raise DataError(f"image {path} is a folder, not an image file; rename or remove it")
-    if path.exists() and not path.is_file():
+    if not stat.S_ISREG(mode):
         # a FIFO or a device would block or never end when opened; say so instead of hanging
         raise DataError(
             f"image {path} is not a regular file (a pipe, device or socket); replace it with an "

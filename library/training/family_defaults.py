@@ -25,13 +25,15 @@ def for_family(config: Config) -> tuple[Config, list[str]]:
     config when nothing changes), and the warnings to show once (without "warning: ").
     ConfigError where the config asks for text-encoder adapters alone and the family has none:
     nothing would train."""
-    config = _unwritten_bucket_steps(config)
+    unwritten = _unwritten_bucket_steps(config)
     net = config.network
-    if net.train_mode != "lora" or net.network_train_unet_only:
-        return config, []
+    asks_text = net.train_mode == "lora" and not net.network_train_unet_only
+    if not (unwritten or asks_text):
+        return config, []  # nothing to settle: no look at the model's files
     family = entry_for(config.model, config.flow).family()
+    config = _with_bucket_steps(config, unwritten, family.BUCKET_STEP or family.PIXEL_MULTIPLE)
     reason = family.DENOISER_ONLY_ADAPTERS
-    if reason is None:
+    if not asks_text or reason is None:
         return config, []
     adapts = f"{family.LABEL} LoRAs adapt the transformer only ({reason})"
     if net.network_train_text_encoder_only:
@@ -50,20 +52,20 @@ def for_family(config: Config) -> tuple[Config, list[str]]:
     return config.model_copy(update={"network": network}), notes
 
 
-def _unwritten_bucket_steps(config: Config) -> Config:
-    """``config`` with each bucketed dataset's unwritten step raised to the family's BUCKET_STEP
-    where the step does not fit it (module docstring)."""
+def _unwritten_bucket_steps(config: Config) -> list[int]:
+    """The bucketed datasets whose bucket_reso_steps nobody wrote."""
     sources = provenance(config)
-    unwritten = [
+    return [
         d
         for d, dataset in enumerate(config.datasets)
         if dataset.enable_bucket
         and sources.source(f"datasets[{d}].bucket_reso_steps") == DEFAULT
     ]
-    if not unwritten:
-        return config
-    family = entry_for(config.model, config.flow).family()
-    step = family.BUCKET_STEP or family.PIXEL_MULTIPLE
+
+
+def _with_bucket_steps(config: Config, unwritten: list[int], step: int) -> Config:
+    """``config`` with the ``unwritten`` datasets' steps that do not fit ``step`` (the family's
+    coarsest grid) raised to it (module docstring); ``config`` itself when none changes."""
     datasets = list(config.datasets)
     for d in unwritten:
         if datasets[d].bucket_reso_steps % step:
