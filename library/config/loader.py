@@ -325,7 +325,9 @@ def _apply_kohya(
     out: dict[str, Entry] = {}
     full_fine_tune = full_fine_tune_problem({key: value for key, (value, _) in flat.items()})
     if full_fine_tune:
-        problems.add(Origin(_files_of(flat, order)), full_fine_tune, "train_mode")
+        sources = {key: source_of(origin) for key, (_, origin) in flat.items()}
+        layers = involved(full_fine_tune, sources, _files_of(flat, order))
+        problems.add(Origin(layers), full_fine_tune, "train_mode")
     _deepspeed_keys(flat, notices, problems)
     _split_mode(flat, notices)
     for key, (value, origin) in flat.items():
@@ -359,7 +361,8 @@ def _apply_kohya(
 
 
 def _files_of(flat: dict[str, Entry], order: dict[str, int]) -> str:
-    """The files (in layer order) the keys of ``flat`` come from, for a message about them all."""
+    """The files (in layer order) the keys of ``flat`` come from, for a message about them all
+    that names none of them."""
     files = sorted({origin.file for _, origin in flat.values()}, key=order.__getitem__)
     return " and ".join(files)
 
