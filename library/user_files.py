@@ -43,3 +43,17 @@ def read_user_text(path: str | Path, what: str) -> str:
         return data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError:
         raise ConfigError(f"{what} {path}: not UTF-8 text") from None
+
+
+def starts_like_pickle(path: str | Path) -> bool:
+    """Whether ``path`` starts as torch.save's files do: a zip archive, or a pickle stream
+    (protocol 2 to 5) that is not a safetensors header (whose length may start with 0x80 too,
+    but which a ``{`` follows at byte 8)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(9)
+    except OSError:
+        return False
+    if head.startswith(b"PK\x03\x04"):
+        return True
+    return len(head) == 9 and head[0] == 0x80 and 2 <= head[1] <= 5 and head[8:9] != b"{"

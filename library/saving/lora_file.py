@@ -15,6 +15,7 @@ import torch
 
 from library.errors import CheckpointError
 from library.saving.atomic import atomic_write_file
+from library.user_files import starts_like_pickle
 
 # kohya's LoRA/LoCon, and LyCORIS' LoHa and LoKr (whose LoCon uses kohya's names).
 _LORA_SUFFIXES = (
@@ -90,7 +91,7 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
             metadata = dict(handle.metadata() or {})
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        if _is_pickle(path):
+        if starts_like_pickle(path):
             raise CheckpointError(
                 f"{path}: a pickled PyTorch file (what torch.save writes: .pt, .ckpt, .bin), "
                 "which difftune does not read (unpickling can run code from the file); convert "
@@ -101,20 +102,6 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
             f"{path}: not a readable safetensors file (truncated or corrupt?): {exc}"
         ) from exc
     return tensors, metadata
-
-
-def _is_pickle(path: Path) -> bool:
-    """Whether ``path`` starts as torch.save's files do: a zip archive, or a pickle stream
-    (protocol 2 to 5) that is not a safetensors header (whose length may start with 0x80 too,
-    but which a ``{`` follows at byte 8)."""
-    try:
-        with open(path, "rb") as file:
-            head = file.read(9)
-    except OSError:
-        return False
-    if head.startswith(b"PK\x03\x04"):
-        return True
-    return len(head) == 9 and head[0] == 0x80 and 2 <= head[1] <= 5 and head[8:9] != b"{"
 
 
 def read_lora_file(

@@ -17,10 +17,9 @@ from library.errors import ModelError, one_line
 from library.models.families.claims import file_keys
 from library.models.families.file_contents import looks_like, sample_keys
 from library.models.families.registry import trained_lines
+from library.user_files import starts_like_pickle
 
 _KEY = "pretrained_model_name_or_path"
-# How a file torch.save wrote (or any pickle) starts: a zip archive, or a pickle protocol opcode.
-_PICKLE_STARTS = (b"PK\x03\x04", b"\x80")
 # How the weights of one part of a diffusers folder name their tensors (a UNet, a transformer).
 _DIFFUSERS_STARTS = ("down_blocks.", "transformer_blocks.", "unet.down_blocks.")
 
@@ -70,7 +69,7 @@ def _file_problem(path: Path, trained: str) -> str:
         )
     keys = file_keys(path)
     # after the safetensors read: a valid header's length may start with the same byte
-    if keys is None and _starts_like_pickle(path):
+    if keys is None and starts_like_pickle(path):
         return (
             f"{path} is a pickle (a torch.save file) under a .safetensors name; difftune does "
             "not read pickles as .safetensors: convert it to safetensors with a tool you trust"
@@ -84,14 +83,6 @@ def _file_problem(path: Path, trained: str) -> str:
         f"{path} holds {_describe(keys)}, not a model difftune trains; difftune trains "
         f"{trained}: point {_KEY} at one of those"
     )
-
-
-def _starts_like_pickle(path: Path) -> bool:
-    try:
-        with open(path, "rb") as file:
-            return file.read(4).startswith(_PICKLE_STARTS)
-    except OSError:
-        return False
 
 
 def _safetensors_problem(path: Path) -> str:
