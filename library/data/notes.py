@@ -15,6 +15,7 @@ them the same way and says so, since none of them makes training itself wrong.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -84,4 +85,9 @@ def dataset_warnings(index: int, scanned) -> list[str]:
 
 
 def _same_file(a: Path, b: Path) -> bool:
-    return a == b or Path(a).resolve() == Path(b).resolve()
+    """Whether ``a`` and ``b`` are one file (through links too): two stats, where resolving
+    both paths would look at every folder above them, for every reference of the dataset."""
+    try:
+        return a == b or os.path.samefile(a, b)
+    except OSError:  # the scan read both; one gone since is not the same file
+        return False
