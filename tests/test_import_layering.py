@@ -1,4 +1,5 @@
-"""Library modules import each other at the top of the module, never inside a function.
+"""Library modules import each other at the top of the module, never inside a function, and
+never in a cycle.
 
 A module's imports at its top are the whole list of what it builds on: a reader sees them, and
 an import cycle fails the first time either module is imported instead of hiding in a function
@@ -7,19 +8,29 @@ cycles; where one appears, the fix is to move what both modules need into the lo
 hand the lower module the higher one's object (a callable, a registry entry) instead of
 importing it (docs/design.md, "Imports between library modules").
 
-What counts: an ``import library...`` / ``from library... import`` statement (or a relative one)
-anywhere inside a function or method of a module under library/, except under
-``if TYPE_CHECKING:``. Third-party imports inside functions are not covered: heavy or optional
-packages (bitsandbytes, diffusers' pipeline classes, FSDP) may still load on first use.
+What counts as an import inside a function: an ``import library...`` / ``from library...
+import`` statement (or a relative one) anywhere inside a function or method of a module under
+library/, except under ``if TYPE_CHECKING:``. Third-party imports inside functions are not
+covered: heavy or optional packages (bitsandbytes, diffusers' pipeline classes, FSDP) may still
+load on first use.
 
 ALLOWED lists the (module, imported module) pairs that still import inside a function, each with
 why. A new one fails, naming its file and line; a listed one that no longer exists fails too, so
 that it is removed from the list and cannot come back unnoticed.
+
+What counts as a dependency for cycles: every import of a library module a module makes when it
+is imported, those under ``if TYPE_CHECKING:`` included (an annotation that names a type builds
+on its module as much as code does), and every ``Deferred("package.module:name")`` of a family
+entry (library/models/families/family_entry.py), which imports that module on first use. No
+cycle may run through them. DEFERRED_CYCLES lists the Deferred names that still close a cycle,
+each with why: a new one fails, printing the cycle; a listed one that no longer closes one fails
+too, so that the list only gets shorter.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +55,78 @@ ALLOWED = {
     "with vae_file's reader, and vae_file and checkpoint_parts are built on this module's file "
     "primitives (load_weights, offline, reads_weights): a cycle until those primitives move to "
     "a module of their own",
+}
+# The Deferred names that still close a cycle: a family's code builds on shared modules that ask
+# the registry, or are composed from it (the config sections, the family base class, the
+# loader, kohya's naming), while the registry lists the family's entry, which names that code.
+_LOADER = (
+    "the family's claim, loader and class build on the shared loading code, the config "
+    "sections and the family base class, which ask the registry; named lazily, listing the "
+    "families loads none of them (nor diffusers, for a config check)"
+)
+_KIT = "the family's test kit builds on its loader and class (test kits are to leave library/)"
+_KEYS = (
+    "the family's LoRA key names build on kohya's naming (networks/kohya_names.py), which asks "
+    "the registry for every family's text-encoder prefixes"
+)
+DEFERRED_CYCLES: dict[str, dict[str, str]] = {
+    "library/models/families/chroma/entry.py": {
+        "library.models.families.chroma.family:ChromaFamily": _LOADER,
+        "library.models.families.chroma.load:claims_chroma": _LOADER,
+        "library.models.families.chroma.load:load_chroma": _LOADER,
+        "library.models.families.chroma.testkit:KIT": _KIT,
+    },
+    "library/models/families/flux/entry.py": {
+        "library.models.families.flux.family:FluxFamily": _LOADER,
+        "library.models.families.flux.load:claims_flux": _LOADER,
+        "library.models.families.flux.load:load_flux": _LOADER,
+        "library.models.families.flux.testkit:KIT": _KIT,
+    },
+    "library/models/families/kontext/entry.py": {
+        "library.models.families.kontext.family:FluxKontextFamily": _LOADER,
+        "library.models.families.kontext.load:claims_kontext": _LOADER,
+        "library.models.families.kontext.load:load_kontext": _LOADER,
+        "library.models.families.kontext.testkit:KIT": _KIT,
+    },
+    "library/models/families/qwenimage/entry.py": {
+        "library.models.families.qwenimage.family:QwenImageFamily": _LOADER,
+        "library.models.families.qwenimage.key_map:comfy_keys": _KEYS,
+        "library.models.families.qwenimage.key_map:comfy_model_name": _KEYS,
+        "library.models.families.qwenimage.load:claims_qwenimage": _LOADER,
+        "library.models.families.qwenimage.load:load_qwenimage": _LOADER,
+        "library.models.families.qwenimage.testkit:KIT": _KIT,
+    },
+    "library/models/families/qwenimage_edit/entry.py": {
+        "library.models.families.qwenimage_edit.family:QwenImageEditFamily": _LOADER,
+        "library.models.families.qwenimage_edit.family:QwenImageEditPlusFamily": _LOADER,
+        "library.models.families.qwenimage_edit.load:claims_qwenimage_edit": _LOADER,
+        "library.models.families.qwenimage_edit.load:claims_qwenimage_edit_plus": _LOADER,
+        "library.models.families.qwenimage_edit.load:load_qwenimage_edit": _LOADER,
+        "library.models.families.qwenimage_edit.load:load_qwenimage_edit_plus": _LOADER,
+        "library.models.families.qwenimage_edit.testkit:KIT": _KIT,
+        "library.models.families.qwenimage_edit.testkit:PLUS_KIT": _KIT,
+    },
+    "library/models/families/sd/entry.py": {
+        "library.models.families.sd.family:SDFamily": _LOADER,
+        "library.models.families.sd.family:unet_lora_key_layout": _KEYS,
+        "library.models.families.sd.load:claims_sd": _LOADER,
+        "library.models.families.sd.load:load_sd": _LOADER,
+        "library.models.families.sd.testkit:KIT": _KIT,
+    },
+    "library/models/families/sd3/entry.py": {
+        "library.models.families.sd3.family:SD3Family": _LOADER,
+        "library.models.families.sd3.family:load_sd3": _LOADER,
+        "library.models.families.sd3.load:claims_sd3": _LOADER,
+        "library.models.families.sd3.testkit:KIT": _KIT,
+    },
+    "library/models/families/zimage/entry.py": {
+        "library.models.families.zimage.family:ZImageFamily": _LOADER,
+        "library.models.families.zimage.load:claims_zimage": _LOADER,
+        "library.models.families.zimage.load:load_zimage": _LOADER,
+        "library.models.families.zimage.lora_keys:comfy_keys": _KEYS,
+        "library.models.families.zimage.lora_keys:comfy_model_name": _KEYS,
+        "library.models.families.zimage.testkit:KIT": _KIT,
+    },
 }
 # Third-party libraries that a config check must not load (they come with the training modules).
 HEAVY = ("diffusers", "transformers", "peft", "accelerate", "bitsandbytes")
@@ -73,29 +156,86 @@ def _imported_modules(
     return list(dict.fromkeys(name if name in known else base for name in names))
 
 
-def library_imports(source: str, package: str, known: set[str]) -> list[tuple[int, str, bool]]:
-    """(line, imported library module, inside a function) of each import of a library module
-    in ``source`` (a module of ``package``), leaving out those under ``if TYPE_CHECKING:``."""
+def library_imports(
+    source: str, package: str, known: set[str]
+) -> list[tuple[int, str, bool, bool]]:
+    """(line, imported library module, inside a function, under ``if TYPE_CHECKING:``) of each
+    import of a library module in ``source`` (a module of ``package``)."""
     found = []
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+    def visit(node: ast.AST, in_function: bool, checking: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for other in child.body:
+                    visit_one(other, in_function, True)
                 for other in child.orelse:
-                    visit_one(other, in_function)
+                    visit_one(other, in_function, checking)
             else:
-                visit_one(child, in_function)
+                visit_one(child, in_function, checking)
 
-    def visit_one(node: ast.AST, in_function: bool) -> None:
+    def visit_one(node: ast.AST, in_function: bool, checking: bool) -> None:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             imported = _imported_modules(node, package, known)
-            found.extend((node.lineno, name, in_function) for name in imported)
+            found.extend((node.lineno, name, in_function, checking) for name in imported)
             return
         nested = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        visit(node, in_function or nested)
+        visit(node, in_function or nested, checking)
 
-    visit(ast.parse(source), False)
+    visit(ast.parse(source), False, False)
     return found
+
+
+def _text(node: ast.expr, constants: dict[str, str]) -> str | None:
+    """The value of a string literal or of an f-string of module constants, else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.FormattedValue):
+            value = value.value
+            if not (isinstance(value, ast.Name) and value.id in constants):
+                return None
+            parts.append(constants[value.id])
+        else:
+            parts.append(_text(value, constants) or "")
+    return "".join(parts)
+
+
+DEFERRED_NAME = re.compile(r"library(\.\w+)+:\w+")
+
+
+def deferred_names(source: str) -> list[tuple[int, str]]:
+    """(line, "module:name") of each name of a library object imported on first use in
+    ``source``: a string (or an f-string of the module's string constants, such as
+    ``_PACKAGE``) of the form ``"library.package.module:name"``, as a ``Deferred`` takes it,
+    also where it is handed to one later (folder_loader.FolderPart's classes)."""
+    tree = ast.parse(source)
+    constants = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "Deferred"
+            and isinstance(node.args[0], ast.JoinedStr)
+        ):
+            assert _text(node.args[0], constants), (
+                f"line {node.lineno}: a Deferred whose f-string is not made of module constants"
+            )
+        text = _text(node, constants) if isinstance(node, (ast.Constant, ast.JoinedStr)) else None
+        if text and DEFERRED_NAME.fullmatch(text):
+            found.append((node.lineno, node.col_offset, text))
+    return [(line, text) for line, _, text in sorted(found)]
 
 
 def _modules() -> dict[str, tuple[Path, str]]:
@@ -108,7 +248,7 @@ def _modules() -> dict[str, tuple[Path, str]]:
     return modules
 
 
-def _all_imports() -> dict[str, list[tuple[int, str, bool]]]:
+def _all_imports() -> dict[str, list[tuple[int, str, bool, bool]]]:
     """Library module name -> its library_imports."""
     modules = _modules()
     return {
@@ -122,8 +262,8 @@ def test_library_modules_import_each_other_at_the_top():
     modules = _modules()
     for name, imports in _all_imports().items():
         file = modules[name][0].relative_to(ROOT).as_posix()
-        for line, imported, in_function in imports:
-            if in_function:
+        for line, imported, in_function, checking in imports:
+            if in_function and not checking:
                 inside.setdefault((file, imported), line)
     new = [f"{file}:{line}: imports {imported}" for (file, imported), line in inside.items()
            if (file, imported) not in ALLOWED]  # fmt: skip
@@ -140,14 +280,34 @@ def test_library_modules_import_each_other_at_the_top():
     )
 
 
-def _top_level_graph() -> dict[str, set[str]]:
-    """Library module -> the library modules it imports when it is imported (not inside
-    functions, not for type checking). A module also imports its packages, which is no
-    cycle when a package's __init__ imports its modules, so those edges are left out."""
-    return {
-        name: {imported for _, imported, in_function in imports if not in_function} - {name}
+def _deferred() -> dict[str, list[tuple[str, str]]]:
+    """Library module name -> ("module:name", the library module it names) of its Deferreds
+    that name a library module."""
+    modules = _modules()
+    found = {}
+    for name, (path, _) in modules.items():
+        targets = deferred_names(path.read_text(encoding="utf-8"))
+        found[name] = [
+            (target, target.split(":")[0])
+            for _, target in targets
+            if target.split(":")[0] in modules
+        ]
+    return found
+
+
+def _graph(deferred: bool = True) -> dict[str, set[str]]:
+    """Library module -> the library modules it builds on: what it imports when it is imported,
+    for type checking too (not inside functions: those are ALLOWED's), and what its Deferreds
+    name (with ``deferred``). A module also imports its packages, which is no cycle when a
+    package's __init__ imports its modules, so those edges are left out."""
+    graph = {
+        name: {imported for _, imported, in_function, _ in imports if not in_function} - {name}
         for name, imports in _all_imports().items()
     }
+    if deferred:
+        for name, targets in _deferred().items():
+            graph[name] |= {module for _, module in targets} - {name}
+    return graph
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -158,7 +318,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     def visit(module: str) -> list[str] | None:
         state[module] = 1
         path.append(module)
-        for imported in sorted(graph[module]):
+        for imported in sorted(graph.get(module, ())):
             if state.get(imported) == 1:
                 return [*path[path.index(imported) :], imported]
             if imported not in state and (found := visit(imported)):
@@ -173,15 +333,60 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _path(graph: dict[str, set[str]], start: str, end: str) -> list[str] | None:
+    """The modules from ``start`` to ``end`` along ``graph`` (a shortest path), or None."""
+    before: dict[str, str] = {start: start}
+    queue = [start]
+    for module in queue:
+        if module == end:
+            path = [end]
+            while path[-1] != start:
+                path.append(before[path[-1]])
+            return path[::-1]
+        for imported in sorted(graph.get(module, ())):
+            if imported not in before:
+                before[imported] = module
+                queue.append(imported)
+    return None
+
+
 def test_library_modules_import_no_cycle():
-    cycle = _cycle(_top_level_graph())
+    cycle = _cycle(_graph(deferred=False))
     assert cycle is None, (
-        "an import cycle between library modules: " + " -> ".join(cycle) + "; move what they "
-        "share into the lower module, or pass the higher module's object in"
+        "an import cycle between library modules (imports for type checking count): "
+        + " -> ".join(cycle)
+        + "; move what they share into the lower module, pass the higher module's object in, "
+        "or name the type by what the lower module knows (a Protocol, a base class)"
     )
 
 
-def test_function_imports_are_found_and_type_checking_is_not():
+def test_deferred_names_close_no_new_cycle():
+    """A Deferred is an import on first use: it may not close a cycle DEFERRED_CYCLES does not
+    list (a cycle through several Deferreds is found at each of them)."""
+    graph = _graph()
+    modules = _modules()
+    closing = {}
+    for name, targets in _deferred().items():
+        file = modules[name][0].relative_to(ROOT).as_posix()
+        for target, module in targets:
+            back = _path(graph, module, name)
+            if back:
+                closing[(file, target)] = " -> ".join([name, *back])
+    listed = {(file, target) for file, targets in DEFERRED_CYCLES.items() for target in targets}
+    new = [f"{file}: Deferred({target!r}): {cycle}" for (file, target), cycle in closing.items()
+           if (file, target) not in listed]  # fmt: skip
+    assert not new, (
+        "a Deferred name closes an import cycle (the module it names builds on the module "
+        "naming it); make the named module build on lower ones only:\n" + "\n".join(new)
+    )
+    cleared = sorted(f"{file}: {target}" for file, target in listed - set(closing))
+    assert not cleared, (
+        f"these Deferred names no longer close a cycle: remove them from DEFERRED_CYCLES in "
+        f"{Path(__file__).name}: {', '.join(cleared)}"
+    )
+
+
+def test_imports_and_deferred_names_are_found():
     source = (
         "from typing import TYPE_CHECKING\n"
         "import library.errors\n"
@@ -196,14 +401,28 @@ def test_function_imports_are_found_and_type_checking_is_not():
         "    def m(self):\n"
         "        from .sibling import x\n"
     )
-    known = {"library.errors", "library.models", "library.models.loader"}
+    known = {"library.errors", "library.models", "library.models.loader", "library.config.schema"}
     assert library_imports(source, "library.saving", known) == [
-        (2, "library.errors", False),
-        (6, "library.models.loader", True),
-        (12, "library.saving.sibling", True),
+        (2, "library.errors", False, False),
+        (4, "library.config.schema", False, True),
+        (6, "library.models.loader", True, False),
+        (9, "library.data.dataset", True, True),
+        (12, "library.saving.sibling", True, False),
+    ]
+    deferred = (
+        '_PACKAGE = "library.models.families.x"\n'
+        'E = Entry(load=Deferred(f"{_PACKAGE}.load:load_x"), family=Deferred("a.b:C").get)\n'
+        'PART = FolderPart("vae", "library.models.vae:Reader")\n'
+        '"""library.models.x:y in prose"""\n'
+    )
+    assert deferred_names(deferred) == [
+        (2, "library.models.families.x.load:load_x"),
+        (3, "library.models.vae:Reader"),
     ]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+    assert _path({"a": {"b", "d"}, "b": {"c"}, "d": {"c"}, "c": set()}, "a", "c") == ["a", "b", "c"]
+    assert _path({"a": {"b"}, "b": set()}, "b", "a") is None
 
 
 def _imported_by(statement: str) -> set[str]:

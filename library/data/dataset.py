@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cached_property
 
 from torch.utils.data import DataLoader
 
 from library.config.dataset_schema import DatasetConfig
+from library.data.groups import Group
 from library.data.items import ScannedDataset, scan_dataset
 from library.data.notes import dataset_warnings
 from library.data.plan import DataStats, data_stats
@@ -22,18 +22,6 @@ from library.errors import ConfigError
 # dataset, and a bound before the epoch's sample list is built (num_repeats = 1e9 would be
 # billions of entries).
 MAX_EPOCH_SAMPLES = 10_000_000
-
-
-@dataclass(frozen=True)
-class Group:
-    """The samples of one bucket of one dataset: a "dataset" of the epoch schedule, so every
-    optimizer step holds images of one size."""
-
-    dataset: int
-    bucket: tuple[int, int]  # (width, height)
-    samples: tuple[SampleSpec, ...]  # .item indexes the dataset's images
-    # (width, height) of each of its samples' reference images (edit models), () for none
-    references: tuple[tuple[int, int], ...] = ()
 
 
 def _groups(d: int, scanned: ScannedDataset, prior_loss_weight: float) -> list[Group]:

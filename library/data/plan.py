@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from library.data.groups import ScannedData
+from library.data.items import ScannedDataset
 from library.errors import ConfigError
-
-if TYPE_CHECKING:  # dataset.py imports this module for TrainData.stats
-    from library.data.dataset import TrainData
-    from library.data.items import ScannedDataset
 
 
 @dataclass(frozen=True)
@@ -81,7 +79,7 @@ class DataStats:
     skipped: tuple[str, ...] = ()  # unreadable images left out (skip_bad_images), with reasons
 
 
-def _subset_stats(data: TrainData, d: int) -> list[SubsetStats]:
+def _subset_stats(data: ScannedData, d: int) -> list[SubsetStats]:
     scanned = data.scanned[d]
     samples = Counter()
     for group in data.groups:
@@ -120,7 +118,7 @@ def _sizing_text(config) -> str:
     return "resized to their image's bucket"
 
 
-def _bucket_stats(data: TrainData, d: int) -> list[BucketStats]:
+def _bucket_stats(data: ScannedData, d: int) -> list[BucketStats]:
     schedule = data.schedule
     return [
         BucketStats(
@@ -153,7 +151,7 @@ def _left_out_stats(scanned: ScannedDataset) -> dict:
     }
 
 
-def data_stats(data: TrainData) -> DataStats:
+def data_stats(data: ScannedData) -> DataStats:
     """The numbers of the data plan, from the scanned data and its schedule."""
     schedule = data.schedule
     datasets = []
@@ -319,7 +317,14 @@ def _left_out_lines(ds: DatasetStats) -> list[str]:
     return lines
 
 
-def plan_lines(data: TrainData | DataStats) -> list[str]:
+class _Planned(Protocol):
+    """The training data with its numbers (library.data.dataset.TrainData)."""
+
+    @property
+    def stats(self) -> DataStats: ...
+
+
+def plan_lines(data: _Planned | DataStats) -> list[str]:
     """Human-readable lines describing each dataset and its share of an epoch."""
     stats = data if isinstance(data, DataStats) else data.stats
     lines = []

@@ -15,7 +15,6 @@ with the other processes at the step's end on what to do (library.training.unrea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset
@@ -23,6 +22,7 @@ from torch.utils.data import Dataset
 from library.data.augment import AugmentDraws, draw_augment
 from library.data.captions import process_caption
 from library.data.content_hash import file_digest
+from library.data.groups import ScannedData
 from library.data.images import load_training_image
 from library.data.items import ScannedImage, SubsetOptions
 from library.data.latent_cache import LatentCache, LatentRequest
@@ -30,9 +30,6 @@ from library.data.references import ScannedReference
 from library.data.schedule import SampleRef, stable_seed
 from library.errors import DataError
 from library.models.latent_codec import LatentLayout
-
-if TYPE_CHECKING:  # dataset.py imports this module
-    from library.data.dataset import TrainData
 
 _NO_AUGMENT = AugmentDraws(flip=False, crop_fraction=None, hue_shift=0.0)
 
@@ -79,7 +76,7 @@ def load_for_cache(request: LatentRequest):
     return image.pixels, image.alpha, image.original_size, image.crop_top_left
 
 
-def latent_requests(data: TrainData) -> list[LatentRequest]:
+def latent_requests(data: ScannedData) -> list[LatentRequest]:
     """Every cache entry a run can use: each training image (both sides with flip_aug) and
     each validation image, in a fixed order."""
     requests = []
@@ -202,7 +199,7 @@ class TrainSamples(Dataset):
     """Map-style dataset indexed by (epoch, SampleRef) pairs (the loader's batch sampler yields
     lists of them, so one loader can serve several epochs)."""
 
-    def __init__(self, data: TrainData, source: SampleSource) -> None:
+    def __init__(self, data: ScannedData, source: SampleSource) -> None:
         self.data = data
         self.source = source
 
@@ -242,7 +239,7 @@ class TrainSamples(Dataset):
 class ValidationSamples(Dataset):
     """Map-style dataset of the held-out images, indexed by (dataset, validation index)."""
 
-    def __init__(self, data: TrainData, source: SampleSource) -> None:
+    def __init__(self, data: ScannedData, source: SampleSource) -> None:
         self.data = data
         self.source = source
 

@@ -19,37 +19,16 @@ trains.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
+from library.models.conditioning_data import Conditioning, TextConditioning
 from library.models.families.base import REFERENCE_PIXELS_KEY, ModelFamily
 from library.models.text import encode_token_ids, flatten_windows, join_windows, tokenize
 from library.networks.adapters import freeze_adapters
 
 # Batch keys of the size conditioning (library/data/dataset.py), in SDXL's time-ids order.
 SIZE_KEYS = ("original_sizes", "crop_top_lefts", "target_sizes")
-
-
-@dataclass
-class Conditioning:
-    """UNet inputs besides the noisy latents and timesteps.
-
-    Call the UNet as ``unet(x, t, c.encoder_hidden_states, **c.unet_kwargs)``. ``unet_kwargs``
-    is {} for SD 1.x/2.x and ``{"added_cond_kwargs": {"text_embeds": [B, pooled],
-    "time_ids": [B, 6]}}`` for SDXL.
-    """
-
-    encoder_hidden_states: torch.Tensor  # [B, tokens, sum of the encoders' hidden sizes]
-    unet_kwargs: dict = field(default_factory=dict)
-
-    def to(self, dtype: torch.dtype) -> Conditioning:
-        """Every tensor cast to ``dtype`` (the UNet's weight dtype); gradients still flow."""
-        added = self.unet_kwargs.get("added_cond_kwargs")
-        kwargs = dict(self.unet_kwargs)
-        if added is not None:
-            kwargs["added_cond_kwargs"] = {k: v.to(dtype) for k, v in added.items()}
-        return Conditioning(self.encoder_hidden_states.to(dtype), kwargs)
 
 
 def size_time_ids(batch: Mapping, device: torch.device | str) -> torch.Tensor:
@@ -133,22 +112,6 @@ def freeze_unused_text_adapters(
         if marks:
             frozen += freeze_adapters(encoder, lambda path, m=marks: any(x in f"{path}." for x in m))
     return frozen
-
-
-@dataclass
-class TextConditioning:
-    """The caption-dependent part of the conditioning, one row per caption (what a text-encoder
-    output cache stores)."""
-
-    hidden: torch.Tensor  # [B, T, sum of the encoders' hidden sizes]
-    pooled: torch.Tensor | None = None  # [B, P]: the last encoder's projected pooled embedding
-    # [B, T] 1 for caption tokens, 0 for padding, where the family masks padding (Flux.1 with
-    # apply_t5_attn_mask). Not cached: the family recomputes it from the tokenizer (text_mask).
-    mask: torch.Tensor | None = None
-    # [B] each caption's own token count, where captions keep their own lengths (the family
-    # drops row i's states after lengths[i], which are zeros): the text cache stores each row
-    # cut to it and pads a batch of rows again. None: every row is whole (all T tokens count).
-    lengths: torch.Tensor | None = None
 
 
 def encode_text(

@@ -14,15 +14,22 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from library.config.kohya import parse_kv_args
 from library.errors import ConfigError
 
-if TYPE_CHECKING:
-    from library.config.schema import OptimizerSection
+
+class OptimizerKeys(Protocol):
+    """The keys of the [optimizer] section this module reads (library.config.optimizer_schema's
+    OptimizerSection checks its optimizer_args with this module, so this module does not
+    import it)."""
+
+    optimizer_type: str
+    optimizer_args: list[str] | dict
+    learning_rate: float
 
 
 @dataclass(frozen=True)
@@ -90,14 +97,14 @@ def optimizer_class_path(name: str) -> str:
     return f"{cls.__module__}.{cls.__name__}"
 
 
-def optimizer_kwargs(section: OptimizerSection) -> dict:
+def optimizer_kwargs(section: OptimizerKeys) -> dict:
     """The optimizer_args as keyword arguments (kohya's "k=v" list or a TOML table)."""
     args = section.optimizer_args
     kwargs = dict(args) if isinstance(args, dict) else parse_kv_args(list(args))
     return {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
 
 
-def adafactor_relative_step(section: OptimizerSection) -> bool:
+def adafactor_relative_step(section: OptimizerKeys) -> bool:
     """True when Adafactor sets its own step size (relative_step, True unless turned off)."""
     return (
         section.optimizer_type == "Adafactor"
@@ -105,7 +112,7 @@ def adafactor_relative_step(section: OptimizerSection) -> bool:
     )
 
 
-def check_optimizer_args(section: OptimizerSection) -> None:
+def check_optimizer_args(section: OptimizerKeys) -> None:
     """ConfigError when optimizer_args names an argument the optimizer does not take.
 
     Imports the optimizer's class; the config calls it when optimizer_args is not empty.
@@ -114,7 +121,7 @@ def check_optimizer_args(section: OptimizerSection) -> None:
     _check_args(name, optimizer_class(name), optimizer_spec(name), optimizer_kwargs(section))
 
 
-def build_optimizer(section: OptimizerSection, param_groups: list[dict]) -> torch.optim.Optimizer:
+def build_optimizer(section: OptimizerKeys, param_groups: list[dict]) -> torch.optim.Optimizer:
     """Construct the configured optimizer over ``param_groups`` (each group carries its own lr)."""
     name = section.optimizer_type
     spec, cls = optimizer_spec(name), optimizer_class(name)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import torch
 
 from library.errors import ConfigError
+from library.models.conditioning_data import Conditioning, TextConditioning
 from library.models.families.registry import network_module_owner
 from library.models.latent_codec import LatentCodec, ScaledLatentCodec
 from library.networks.key_maps import KohyaNames
@@ -26,7 +27,6 @@ from library.networks.kinds import kind_named
 if TYPE_CHECKING:
     from library.config.flow_schema import FlowSection
     from library.config.schema import Config, ModelSection
-    from library.models.conditioning import Conditioning, TextConditioning
 
 PredictionType = Literal["epsilon", "v_prediction", "flow"]
 # The batch entry holding each sample's uniform draws for a family's random conditioning choices

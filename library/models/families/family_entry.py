@@ -11,14 +11,25 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from library.config.flow_schema import FlowSection
-    from library.config.schema import ModelSection
-    from library.config.section import Section
-    from library.config.unsupported import Unsupported
-    from library.models.families.base import ModelFamily
+from library.config.section import Section
+from library.config.unsupported import Unsupported
+
+
+class LoadedFamily(Protocol):
+    """A loaded family (a ModelFamily instance, library.models.families.base) as entries and the
+    registry see it: the family class builds on the registry of these entries, so they do not
+    import it."""
+
+    name: str
+
+
+# The [model] and [flow] sections that ``claims`` and ``load`` receive (config.schema's
+# ModelSection, and the [flow] section config.flow_schema composes from these entries'
+# config_keys) are built above the registry; entries know them as the Sections they are.
+ModelKeys = Section
+FlowKeys = Section
 
 # kohya's LoRA module, which trains every family (a family's own module is its entry's).
 GENERIC_LORA_MODULE = "networks.lora"
@@ -105,7 +116,7 @@ class ToolFacts:
 
     component_options: Mapping[str, str] = field(default_factory=dict)
     variant_labels: Mapping[str, str] = field(default_factory=dict)
-    line_of: Callable[[ModelFamily], str] | None = None
+    line_of: Callable[[LoadedFamily], str] | None = None
     lora_marks: tuple[tuple[str, str], ...] = ()
     version_marks: tuple[tuple[str, str], ...] = ()
     to_original: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
@@ -150,8 +161,8 @@ class FamilyEntry:
     article: str = "a"
     lines: tuple[str, ...]
     family: Callable[[], type]
-    load: Callable[[ModelSection, FlowSection, object, object], object]
-    claims: Callable[[ModelSection, FlowSection], bool]
+    load: Callable[[ModelKeys, FlowKeys, object, object], object]
+    claims: Callable[[ModelKeys, FlowKeys], bool]
     claimed_last: bool = False
     claims_within: str | None = None
     file_setting: str | None = None

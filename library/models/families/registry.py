@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from library.config.adapter_schema import LYCORIS_MODULE
+from library.config.section import Section
 from library.models.families.chroma.entry import CHROMA
-from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry
+from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry, LoadedFamily
 from library.models.families.flux.entry import FLUX
 from library.models.families.kontext.entry import KONTEXT
 from library.models.families.qwenimage.entry import QWENIMAGE
@@ -23,10 +23,6 @@ from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT, QWENIMA
 from library.models.families.sd.entry import SD
 from library.models.families.sd3.entry import SD3
 from library.models.families.zimage.entry import ZIMAGE
-
-if TYPE_CHECKING:
-    from library.config.flow_schema import FlowSection
-    from library.models.families.base import ModelFamily
 
 FAMILIES: tuple[FamilyEntry, ...] = (
     SD,
@@ -74,7 +70,7 @@ def family_entry(name: str) -> FamilyEntry:
     return next(entry for entry in families() if entry.name == name)
 
 
-def entry_of(family: ModelFamily) -> FamilyEntry:
+def entry_of(family: LoadedFamily) -> FamilyEntry:
     """The registered family a loaded family (a ModelFamily instance) belongs to."""
     matches = [entry for entry in families() if isinstance(family, entry.family())]
     if not matches:
@@ -108,9 +104,10 @@ def component_file_keys() -> tuple[str, ...]:
     return tuple(dict.fromkeys(key for entry in families() for key in entry.tool.component_options))
 
 
-def foreign_flow_key(flow: FlowSection, name: str) -> tuple[str, tuple[FamilyEntry, ...]] | None:
+def foreign_flow_key(flow: Section, name: str) -> tuple[str, tuple[FamilyEntry, ...]] | None:
     """(the first set [flow] key the family ``name`` does not read, the families that read it);
-    None when it reads every set key."""
+    None when it reads every set key. ``flow``: the [flow] section (config.flow_schema composes
+    it from this registry)."""
     for key in type(flow).model_fields:
         if getattr(flow, key) is not None and key not in family_entry(name).flow_keys:
             return key, flow_key_owners(key)
