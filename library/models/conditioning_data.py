@@ -32,7 +32,6 @@ class Conditioning:
         return Conditioning(self.encoder_hidden_states.to(dtype), kwargs)
 
 
-
 @dataclass
 class TextConditioning:
     """The caption-dependent part of the conditioning, one row per caption (what a text-encoder
