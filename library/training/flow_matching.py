@@ -216,9 +216,11 @@ def qwen_mu(image_seq_len: float) -> float:
     )
 
 
-def flux_image_seq_len(latent_height: int, latent_width: int) -> int:
-    """Image tokens of a Flux latent: 2x2 latent patches, i.e. (h // 2) * (w // 2) (4096 at 1024 px)."""
-    return (latent_height // 2) * (latent_width // 2)
+def image_seq_len(latent_height: int, latent_width: int, patch: int) -> int:
+    """Image tokens of latents whose denoiser makes one token of each ``patch`` x ``patch``
+    square: (h // patch) * (w // patch) (4096 for 128x128 latents in 2x2 patches, a 1024 px
+    image of an 8x VAE)."""
+    return (latent_height // patch) * (latent_width // patch)
 
 
 def training_schedule_sigmas(

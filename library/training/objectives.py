@@ -232,7 +232,9 @@ class FlowMatchingObjective(Objective):
     x_t = (1 - sigma) x0 + sigma noise; the target is the velocity noise - x0; the output is
     turned into the prediction by ``model_prediction_type``. Levels are float sigmas [B]; the
     denoiser receives sigma itself (diffusers' Flux transformer scales it by 1000 inside). The
-    draws' ``time_normal``/``time_uniform`` (their own stream) pick each sigma.
+    draws' ``time_normal``/``time_uniform`` (their own stream) pick each sigma. ``patch``: the
+    side of the latent square the family's denoiser makes one token of, by which the
+    resolution-dependent draws (flux_shift, qwen_shift) count the image's tokens.
     """
 
     name = "flow"
@@ -242,7 +244,9 @@ class FlowMatchingObjective(Objective):
     # Whether min/max_timestep narrow the draw (else anything but the whole range is refused).
     TIMESTEP_RANGE = False
 
-    def __init__(self, options: FlowOptions, sampling_scheduler: Mapping | None = None) -> None:
+    def __init__(
+        self, options: FlowOptions, sampling_scheduler: Mapping | None = None, *, patch: int
+    ) -> None:
         fm.validate_flow_options(
             timestep_sampling=options.timestep_sampling,
             sigmoid_scale=options.sigmoid_scale,
@@ -253,6 +257,9 @@ class FlowMatchingObjective(Objective):
             mode_scale=options.mode_scale,
         )
         self.options = options
+        # The side of the latent square the family's denoiser makes one token of: the image's
+        # token count sets the resolution-dependent shifts (flux_shift, qwen_shift).
+        self.patch = patch
         self.min_timestep: int | None = None  # set by check() where TIMESTEP_RANGE
         self.max_timestep: int | None = None
         # The FlowMatchEulerDiscreteScheduler config samples are drawn with (the variant's
@@ -335,7 +342,7 @@ class FlowMatchingObjective(Objective):
             timestep_sampling=o.timestep_sampling,
             sigmoid_scale=o.sigmoid_scale,
             discrete_flow_shift=o.discrete_flow_shift,
-            image_seq_len=fm.flux_image_seq_len(*latent_shape[-2:]),
+            image_seq_len=fm.image_seq_len(*latent_shape[-2:], self.patch),
             weighting_scheme=o.weighting_scheme,
             logit_mean=o.logit_mean,
             logit_std=o.logit_std,

@@ -9,6 +9,7 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.models.families.flux.family import flux_family
 from library.models.families.flux.sampling import flux_scheduler_config
+from library.models.families.flux.shapes import PATCH_SIZE
 from library.models.families.flux.tiny import build_tiny_flux_components
 from library.models.loader import Components
 from library.training.objectives import FlowMatchingObjective, FlowOptions
@@ -33,7 +34,7 @@ def tiny_flux_components(variant: str = "dev", seed: int = 0, **flow_keys) -> Co
         text_encoders=(parts["text_encoder"], parts["text_encoder_2"]),
         tokenizers=(clip_tokenizer, t5_tokenizer),
         objective=FlowMatchingObjective(
-            FlowOptions.from_section(flow), flux_scheduler_config(variant)
+            FlowOptions.from_section(flow), flux_scheduler_config(variant), patch=PATCH_SIZE
         ),
         family=flux_family(variant, flow),
         model_dir=Path("tiny-flux"),

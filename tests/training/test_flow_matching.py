@@ -148,8 +148,9 @@ def test_flux_mu_passes_through_the_published_anchors():
     assert fm.flux_mu(4096) == pytest.approx(1.15, abs=1e-12)
     assert fm.flux_mu((256 + 4096) / 2) == pytest.approx((0.5 + 1.15) / 2, abs=1e-12)
     # a 1024x1024 image: 128x128 latents, 2x2 patches -> 64 * 64 tokens
-    assert fm.flux_image_seq_len(128, 128) == 4096
-    assert fm.flux_image_seq_len(64, 64) == 1024
+    assert fm.image_seq_len(128, 128, 2) == 4096
+    assert fm.image_seq_len(64, 64, 2) == 1024
+    assert fm.image_seq_len(64, 64, 1) == 4096
 
 
 @pytest.mark.parametrize(("seq_len", "scale"), [(4096, 1.0), (1024, 1.0), (256, 1.7)])
@@ -184,7 +185,7 @@ def test_qwen_shift_is_musubi_tuners_qwen_image_draw(latent_h, latent_w, scale):
         _uniform_draws()[:500].double(),
         timestep_sampling="qwen_shift",
         sigmoid_scale=scale,
-        image_seq_len=fm.flux_image_seq_len(latent_h, latent_w),
+        image_seq_len=fm.image_seq_len(latent_h, latent_w, 2),
     )
     torch.testing.assert_close(out.sigmas, expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(out.timesteps, expected * 1000, rtol=1e-10, atol=1e-9)
@@ -192,7 +193,7 @@ def test_qwen_shift_is_musubi_tuners_qwen_image_draw(latent_h, latent_w, scale):
 
 def test_qwen_shift_at_qwen_images_native_size_is_about_2_2():
     # musubi-tuner's guide: "typically around 2.2 for 1328x1328 images" (166x166 latents)
-    assert math.exp(fm.qwen_mu(fm.flux_image_seq_len(166, 166))) == pytest.approx(2.2, abs=0.15)
+    assert math.exp(fm.qwen_mu(fm.image_seq_len(166, 166, 2))) == pytest.approx(2.2, abs=0.15)
 
 
 def test_qwen_shift_needs_the_image_size():

@@ -20,7 +20,7 @@ from library.config.schema import ModelSection
 from library.models.families.chroma.family import chroma_family
 from library.models.families.chroma.files import check_t5_width, load_chroma_files
 from library.models.families.chroma.original_keys import detect_chroma
-from library.models.families.chroma.shapes import SCHEDULER_CONFIG
+from library.models.families.chroma.shapes import PATCH_SIZE, SCHEDULER_CONFIG
 from library.models.families.claims import claims_model
 from library.models.families.flux import shapes as flux_shapes
 from library.models.families.flux.files import plan_flow_file
@@ -74,7 +74,9 @@ def load_chroma(
         vae=vae,
         text_encoders=(t5,),
         tokenizers=(tokenizer,),
-        objective=FlowMatchingObjective(FlowOptions.from_section(flow), scheduler),
+        objective=FlowMatchingObjective(
+            FlowOptions.from_section(flow), scheduler, patch=PATCH_SIZE
+        ),
         family=chroma_family(flow),
         model_dir=model_dir,
     )

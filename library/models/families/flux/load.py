@@ -105,7 +105,9 @@ def flux_components(parts: FluxParts, family, flow: FlowSection) -> Components:
         text_encoders=(parts.clip_l, parts.t5),
         tokenizers=(parts.clip_tokenizer, parts.t5_tokenizer),
         objective=FlowMatchingObjective(
-            FlowOptions.from_section(flow), flux_scheduler_config(parts.variant)
+            FlowOptions.from_section(flow),
+            flux_scheduler_config(parts.variant),
+            patch=flux_shapes.PATCH_SIZE,
         ),
         family=family,
         model_dir=parts.model_dir,

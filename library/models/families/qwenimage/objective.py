@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from library.models.families.qwenimage.shapes import PATCH_SIZE
 from library.training import flow_matching as fm
 from library.training.objectives import FlowMatchingObjective, FlowOptions
 
@@ -55,6 +56,9 @@ class QwenImageFlowObjective(FlowMatchingObjective):
     """Rectified flow: sigma in, velocity noise - x0 out."""
 
     LABEL = "Qwen-Image"
+
+    def __init__(self, options: FlowOptions, sampling_scheduler=None) -> None:
+        super().__init__(options, sampling_scheduler, patch=PATCH_SIZE)
 
     def describe(self) -> str:
         return (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from library.models.families.sd3.shapes import PATCH_SIZE
 from library.training import flow_matching as fm
 from library.training.noise import SampleDraws
 from library.training.objectives import DDPM_NOISE_KEYS, FlowMatchingObjective, FlowOptions
@@ -31,7 +32,7 @@ class SD3FlowObjective(FlowMatchingObjective):
 
     def __init__(self, options: FlowOptions, sampling_scheduler=None) -> None:
         fm.validate_flow_options(training_shift=options.training_shift)
-        super().__init__(options, sampling_scheduler)
+        super().__init__(options, sampling_scheduler, patch=PATCH_SIZE)
 
     def describe(self) -> str:
         o = self.options

@@ -17,6 +17,7 @@ import dataclasses
 
 from library.models.families.zimage import objective as facts
 from library.models.families.zimage.entry import SIGMA_KEYS
+from library.models.families.zimage.shapes import PATCH_SIZE
 from library.training import flow_matching as fm
 from library.training.objectives import FlowMatchingObjective, FlowOptions
 
@@ -33,6 +34,9 @@ class ZImageFlowObjective(FlowMatchingObjective):
     """Rectified flow with Z-Image's timestep input (1 - sigma) and target (x0 - noise)."""
 
     LABEL = "Z-Image"
+
+    def __init__(self, options: FlowOptions, sampling_scheduler=None) -> None:
+        super().__init__(options, sampling_scheduler, patch=PATCH_SIZE)
 
     def describe(self) -> str:
         return (
