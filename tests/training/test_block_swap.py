@@ -171,7 +171,7 @@ def test_block_swap_on_an_sd_model_names_the_families_it_is_for(tiny_model_dir):
         training={"blocks_to_swap": 2},
         datasets=[{"subsets": [{"image_dir": "unused"}]}],
     )
-    with pytest.raises(ConfigError, match="block swap is for the FLUX.1 and SD3 transformers"):
+    with pytest.raises(ConfigError, match="sd1's denoiser has no blocks to swap"):
         setup_training(config, load_components(config.model, torch.float32))
 
 

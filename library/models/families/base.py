@@ -347,8 +347,9 @@ class ModelFamily:
         """The denoiser's blocks whose frozen weights blocks_to_swap keeps in host memory
         (library/training/block_swap.py); ConfigError where the family has no such blocks."""
         raise ConfigError(
-            f"blocks_to_swap = {count}: block swap is for the FLUX.1 and SD3 transformers, not "
-            f"{self.name}; lower the memory with gradient_checkpointing or fp8_base instead"
+            f"blocks_to_swap = {count}: {self.name}'s denoiser has no blocks to swap (block swap "
+            "is for transformer denoisers); lower the memory with gradient_checkpointing or "
+            "fp8_base instead"
         )
 
     def check_training(self, config: Config) -> None:

@@ -16,6 +16,7 @@ from typing import ClassVar
 from library.errors import ConfigError
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
+from library.models.families.registry import flow_key_owners
 from library.networks.fused_keys import target_paths, text_encoder_modules
 from library.networks.key_maps import OriginalNames
 from library.networks.lycoris_targets import lycoris_targets
@@ -109,9 +110,10 @@ class TransformerFamily(ModelFamily):
         flow, adapter = config.flow, config.adapter
         for key in ("split_qkv", "train_blocks"):
             if getattr(flow, key) is not None:
+                modules = dict.fromkeys(entry.network_module for entry in flow_key_owners(key))
                 raise ConfigError(
-                    f"{key} is an argument of kohya's networks.lora_flux / lora_sd3, which "
-                    'LyCORIS does not read; remove it or use network_module = "networks.lora"'
+                    f"{key} is an argument of kohya's {' / '.join(modules)}, which LyCORIS does "
+                    'not read; remove it or use network_module = "networks.lora"'
                 )
         if flow.train_t5xxl:
             raise ConfigError(
