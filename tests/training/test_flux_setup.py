@@ -157,3 +157,28 @@ def test_train_blocks_adapts_only_those_blocks(tmp_path, blocks):
 def test_unsupported_flux_choices_are_refused(network, needle):
     with pytest.raises(ConfigError, match=needle):
         setup_training(_config(**network), tiny_flux_components())
+
+
+@pytest.mark.parametrize(
+    ("flow", "modules"),
+    [
+        # kohya's networks/lora_flux.py and lora_sd3.py both take split_qkv; train_blocks is
+        # lora_flux.py's alone
+        ({"split_qkv": True}, "networks.lora_flux / networks.lora_sd3"),
+        ({"train_blocks": "single"}, "networks.lora_flux"),
+    ],
+)
+def test_lycoris_refuses_a_kohya_module_argument_naming_the_modules_that_take_it(flow, modules):
+    config = Config(
+        model={"pretrained_model_name_or_path": "unused"},
+        network={"network_module": "lycoris.kohya", "network_dim": 4},
+        optimizer={"learning_rate": 1e-4},
+        flow=flow,
+        datasets=[{"subsets": [{"image_dir": "unused"}]}],
+    )
+    with pytest.raises(ConfigError) as caught:
+        tiny_flux_components().family.check_training(config)
+    key = next(iter(flow))
+    assert f"{key} is an argument of kohya's {modules}, which LyCORIS does not read" in str(
+        caught.value
+    )
