@@ -47,8 +47,6 @@ ALLOWED = {
     "library/config/schema.py": _CONFIG_HELP,
     "library/lora_tools/merge_into_model.py": "--output's help describes each family's "
     "full-model file",
-    "library/models/tiny.py": "tiny SD/SDXL models for tests, beside the tiny CLIP tokenizer "
-    "and text config every family's tiny models use",
     "library/networks/kohya_names.py": "kohya's text-encoder prefixes explained by the families "
     "whose files hold them (lora_te1/2: SDXL, lora_te3: FLUX.1's T5-XXL)",
     "library/training/flow_matching.py": "kohya's flow-matching schedules, Flux.1's "

@@ -20,6 +20,7 @@ that it is removed from the list and cannot come back unnoticed.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -222,3 +223,52 @@ def test_the_cli_and_the_config_load_light():
     config = _imported_by("import library.config.loader")
     heavy = sorted(name for name in HEAVY if name in config)
     assert not heavy, f"loading a config imports {', '.join(heavy)} (a training module's import?)"
+
+
+def imports_of_tests(source: str) -> list[tuple[int, str]]:
+    """(line, module) of each import of the test tree (``tests`` or ``tests.*``) in ``source``,
+    wherever it is (inside a function or ``if TYPE_CHECKING:`` too), and of each string naming
+    a module of it for a later import (``Deferred("tests.kits.x.kit:KIT")``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value.split(":")[0]] if _DOTTED_TESTS.fullmatch(node.value) else []
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.split(".")[0] == "tests"]
+    return sorted(found)
+
+
+_DOTTED_TESTS = re.compile(r"tests(\.\w+)+(:\w+)?")
+
+
+def test_the_library_never_imports_the_tests():
+    """Test kits and tiny models live in tests/ (tests/kits/): what ships runs without them."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path, _ in _modules().values()
+        for line, name in imports_of_tests(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "library modules import the test tree:\n" + "\n".join(found)
+
+
+def test_imports_of_tests_are_found_wherever_they_are():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "import testsuite\n"
+        "if TYPE_CHECKING:\n"
+        "    from tests.kits import kit_of\n"
+        "def f():\n"
+        "    import tests.kits.sd.tiny\n"
+        "KIT = Deferred('tests.kits.sd.kit:KIT')\n"
+        "DOC = 'see tests/kits/sd/kit.py'\n"
+    )
+    assert imports_of_tests(source) == [
+        (4, "tests.kits"),
+        (6, "tests.kits.sd.tiny"),
+        (7, "tests.kits.sd.kit"),
+    ]

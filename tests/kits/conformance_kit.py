@@ -1,7 +1,7 @@
 """What the family conformance suite (tests/conformance/) needs of a family: its test kit.
 
-A family joins the suite by defining a ``ConformanceKit`` in its package (``<family>/testkit.py``,
-``KIT``) and naming it in its registry entry (``test_kit=Deferred("...testkit:KIT").get``). The
+A family joins the suite by defining a ``ConformanceKit``, ``KIT`` in
+tests/kits/<family name>/kit.py, which ``tests.kits.kit_of`` finds by the family's name. The
 suite then checks, for every registered family with a kit, the properties every family must
 have (name tables against diffusers' converters, folders against diffusers' pipelines, single
 files against the folder, LoRA and LyCORIS files round trip and load in diffusers, LoRA files
@@ -15,7 +15,7 @@ readers; the only expectations it computes are its plain reference losses
 The kit also declares the family's distributed equivalence modes (``distributed``, each a
 ``DistributedMode``), which tests/distributed/suite.py builds from the registry: a family gets
 its 2-process proofs (the same weights as one process, resumed and sharded where it says so)
-from its own package.
+from its own kit.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chroma's kit for the family conformance suite (library.models.families.testkit).
+"""Chroma's kit for the family conformance suite (tests.kits.conformance_kit).
 
 The plain reference loss is written from ChromaPipeline's own parts (its prompt encoding, packing
 and position ids) with the pipeline's attention mask as booleans (conditioning.py says why).
@@ -17,20 +17,20 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.models.families.chroma import original_keys
 from library.models.families.chroma.family import chroma_family
-from library.models.families.chroma.tiny import (
+from library.training.noise import NoiseOptions, draw
+from tests.kits.chroma.tiny import (
     build_tiny_chroma_components,
     write_tiny_chroma_folder,
 )
-from library.models.families.chroma.tiny_files import write_tiny_chroma_files
-from library.models.families.flux.testkit import TinyWidthTorch
-from library.models.families.testkit import (
+from tests.kits.chroma.tiny_files import write_tiny_chroma_files
+from tests.kits.conformance_kit import (
     ConformanceKit,
     DistributedMode,
     LossCase,
     NameTable,
     SampleCase,
 )
-from library.training.noise import NoiseOptions, draw
+from tests.kits.flux.kit import TinyWidthTorch
 
 VARIANT = "chroma"
 _NO_TABLE = "Chroma's AE files are FLUX.1's (its kit checks their names)"

@@ -2,7 +2,7 @@
 
 The transformer has Chroma's module layout (double and single blocks without modulation Linears,
 the distilled guidance layer) at a fraction of the size; the AE, T5 encoder and T5 tokenizer are
-FLUX.1's tiny ones (library/models/families/flux/tiny.py). ``ChromaPipeline.from_pretrained``
+FLUX.1's tiny ones (tests/kits/flux/tiny.py). ``ChromaPipeline.from_pretrained``
 reads the folder offline.
 """
 
@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from library.models.families.chroma.shapes import SCHEDULER_CONFIG, tiny_transformer_config
-from library.models.families.flux.shapes import tiny_ae_config, tiny_t5_config
-from library.models.families.flux.tiny import build_seeded, write_tiny_t5_tokenizer
+from library.models.families.chroma.shapes import SCHEDULER_CONFIG
+from tests.kits.chroma.tiny_shapes import tiny_transformer_config
+from tests.kits.flux.tiny import build_seeded, write_tiny_t5_tokenizer
+from tests.kits.flux.tiny_shapes import tiny_ae_config, tiny_t5_config
 
 
 def build_tiny_chroma_components(seed: int = 0) -> dict:

@@ -11,11 +11,11 @@ import torch
 
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.chroma.original_keys import transformer_to_original
-from library.models.families.chroma.shapes import tiny_transformer_config
-from library.models.families.chroma.tiny import build_tiny_chroma_components
 from library.models.families.flux.original_keys import ae_to_original
-from library.models.families.flux.shapes import tiny_ae_config, tiny_t5_config
-from library.models.families.flux.tiny import write_tiny_t5_tokenizer
+from tests.kits.chroma.tiny import build_tiny_chroma_components
+from tests.kits.chroma.tiny_shapes import tiny_transformer_config
+from tests.kits.flux.tiny import write_tiny_t5_tokenizer
+from tests.kits.flux.tiny_shapes import tiny_ae_config, tiny_t5_config
 
 
 def write_tiny_chroma_files(

@@ -1,4 +1,4 @@
-"""FLUX.1's kit for the family conformance suite (library.models.families.testkit)."""
+"""FLUX.1's kit for the family conformance suite (tests.kits.conformance_kit)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from library.config.flow_schema import FlowSection
 from library.models.families.flux import original_keys
 from library.models.families.flux.family import flux_family
 from library.models.families.flux.shapes import VARIANTS
-from library.models.families.flux.tiny import build_tiny_flux_components
-from library.models.families.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
-from library.models.families.testkit import (
+from library.training.noise import NoiseOptions, draw
+from tests.kits.conformance_kit import (
     ConformanceKit,
     DistributedMode,
     LossCase,
     NameTable,
     SampleCase,
 )
-from library.training.noise import NoiseOptions, draw
+from tests.kits.flux.tiny import build_tiny_flux_components
+from tests.kits.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
 
 
 class TinyWidthTorch:

@@ -2,7 +2,7 @@
 
 The components have FLUX.1's module layout (double and single stream blocks, the 16-channel AE
 without quant convs, CLIP-L and T5 v1.1 encoders) at a fraction of the size, for offline tests.
-The CLIP tokenizer is the tiny one of library/models/tiny.py; ``write_tiny_t5_tokenizer`` writes
+The CLIP tokenizer is the tiny one of tests/kits/sd/tiny.py; ``write_tiny_t5_tokenizer`` writes
 the T5 one as tokenizer.json only, so neither sentencepiece nor a download is needed.
 """
 
@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-from library.models.families.flux.shapes import (
-    T5_MAX_LENGTH,
-    Variant,
+from library.models.families.flux.shapes import T5_MAX_LENGTH, Variant
+from tests.kits.flux.tiny_shapes import (
     tiny_ae_config,
     tiny_clip_config,
     tiny_t5_config,

@@ -19,15 +19,15 @@ from library.models import original_names as names
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.flux.original_keys import ae_to_original, transformer_to_original
 from library.models.families.flux.sampling import flux_scheduler_config
-from library.models.families.flux.shapes import (
-    Variant,
+from library.models.families.flux.shapes import Variant
+from tests.kits.flux.tiny import build_tiny_flux_components, write_tiny_t5_tokenizer
+from tests.kits.flux.tiny_shapes import (
     tiny_ae_config,
     tiny_clip_config,
     tiny_t5_config,
     tiny_transformer_config,
 )
-from library.models.families.flux.tiny import build_tiny_flux_components, write_tiny_t5_tokenizer
-from library.models.tiny import write_tiny_tokenizer
+from tests.kits.sd.tiny import write_tiny_tokenizer
 
 FP8 = torch.float8_e4m3fn
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from library.config.flow_schema import FlowSection
-from library.models.families.flux.testkit import KIT as FLUX_KIT
-from library.models.families.flux.testkit import LORA_MODE as FLUX_LORA
 from library.models.families.kontext.family import kontext_family
 from library.models.families.kontext.sampling import PIPELINE
-from library.models.families.kontext.tiny import write_tiny_kontext_folder
+from tests.kits.flux.kit import KIT as FLUX_KIT
+from tests.kits.flux.kit import LORA_MODE as FLUX_LORA
+from tests.kits.flux_kontext.tiny import write_tiny_kontext_folder
 
 _WITH_REFERENCES = "tests/models/kontext/ checks it with a reference image against the pipeline"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from library.models.families.flux.tiny_files import write_tiny_flux_folder
 from library.models.families.kontext.sampling import PIPELINE
+from tests.kits.flux.tiny_files import write_tiny_flux_folder
 
 
 def write_tiny_kontext_folder(path: str | Path, seed: int = 0) -> Path:

@@ -1,4 +1,4 @@
-"""Qwen-Image's kit for the family conformance suite (library.models.families.testkit).
+"""Qwen-Image's kit for the family conformance suite (tests.kits.conformance_kit).
 
 One variant (the text-to-image model). What the suite's properties cannot ask of Qwen-Image is
 said in ``skips``.
@@ -9,20 +9,20 @@ from __future__ import annotations
 import torch
 
 from library.models.families.qwenimage.family import qwenimage_family
-from library.models.families.qwenimage.tiny import (
-    build_tiny_qwenimage_components,
-    write_tiny_qwenimage_folder,
-)
-from library.models.families.qwenimage.tiny_files import write_tiny_qwenimage_files
 from library.models.families.qwenimage.vae_keys import vae_from_original, vae_to_original
-from library.models.families.testkit import (
+from library.training.noise import NoiseOptions, draw
+from tests.kits.conformance_kit import (
     ConformanceKit,
     DistributedMode,
     LossCase,
     NameTable,
     SampleCase,
 )
-from library.training.noise import NoiseOptions, draw
+from tests.kits.qwenimage.tiny import (
+    build_tiny_qwenimage_components,
+    write_tiny_qwenimage_folder,
+)
+from tests.kits.qwenimage.tiny_files import write_tiny_qwenimage_files
 
 
 def _inputs(transformer, seed):

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from library.models.families.flux.tiny import build_seeded
-from library.models.families.qwenimage.shapes import (
-    scheduler_config,
+from library.models.families.qwenimage.shapes import scheduler_config
+from tests.kits.flux.tiny import build_seeded
+from tests.kits.qwenimage.tiny_shapes import (
     tiny_text_encoder_config,
     tiny_transformer_config,
     tiny_vae_config,
 )
-from library.models.families.qwenimage.tiny_tokenizer import (
+from tests.kits.qwenimage.tiny_tokenizer import (
     tiny_vocab,
     write_tiny_qwen25vl_tokenizer,
 )

@@ -16,14 +16,14 @@ import torch
 
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.qwenimage.files import CHECKPOINT_PREFIX
-from library.models.families.qwenimage.shapes import (
+from library.models.families.qwenimage.vae_keys import vae_to_original
+from tests.kits.qwenimage.tiny import build_tiny_qwenimage_components
+from tests.kits.qwenimage.tiny_shapes import (
     tiny_text_encoder_config,
     tiny_transformer_config,
     tiny_vae_config,
 )
-from library.models.families.qwenimage.tiny import build_tiny_qwenimage_components
-from library.models.families.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
-from library.models.families.qwenimage.vae_keys import vae_to_original
+from tests.kits.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
 
 # Comfy-Org's file names (split_files/diffusion_models/, text_encoders/, vae/)
 FILE_NAMES = {

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from library.models.families.qwenimage.testkit import DISTRIBUTED as QWEN_MODES
-from library.models.families.qwenimage.testkit import KIT as QWEN_KIT
-from library.models.families.qwenimage.testkit import single_files
 from library.models.families.qwenimage_edit.family import qwenimage_edit_family
 from library.models.families.qwenimage_edit.sampling import PIPELINE, PLUS_PIPELINE
-from library.models.families.qwenimage_edit.tiny import (
+from tests.kits.qwenimage.kit import DISTRIBUTED as QWEN_MODES
+from tests.kits.qwenimage.kit import KIT as QWEN_KIT
+from tests.kits.qwenimage.kit import single_files
+from tests.kits.qwenimage_edit.tiny import (
     write_tiny_processor,
     write_tiny_qwenimage_edit_folder,
 )

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from library.models.families.qwenimage.tiny import write_tiny_qwenimage_folder
-from library.models.families.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
 from library.models.families.qwenimage_edit.sampling import PIPELINE, PLUS_PIPELINE
+from tests.kits.qwenimage.tiny import write_tiny_qwenimage_folder
+from tests.kits.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
 
 # Qwen2.5-VL's preprocessor_config.json as Qwen/Qwen-Image-Edit's processor/ has it.
 IMAGE_PROCESSOR = {

@@ -1,4 +1,4 @@
-"""SD 1.x/2.x/SDXL's kit for the family conformance suite (library.models.families.testkit)."""
+"""SD 1.x/2.x/SDXL's kit for the family conformance suite (tests.kits.conformance_kit)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import torch
 
 from library.models import original_names as names
 from library.models.families.sd.family import SD1, SD2, SDXL
-from library.models.families.testkit import (
+from library.saving.checkpoint_export import write_single_file
+from library.training.noise import NoiseOptions, draw
+from tests.kits.conformance_kit import (
     ConformanceKit,
     DistributedMode,
     LossCase,
     NameTable,
     SampleCase,
 )
-from library.models.tiny import build_tiny_components, save_tiny_model, write_tiny_tokenizer
-from library.saving.checkpoint_export import write_single_file
-from library.training.noise import NoiseOptions, draw
+from tests.kits.sd.tiny import build_tiny_components, save_tiny_model, write_tiny_tokenizer
 
 
 def _build(variant, seed):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from library.models.families.sd.checkpoint_layout import CONFIGS_DIR
+
 TINY_SIZE = 64  # pixels; the tiny VAE downsamples by 8 like the real one
 _SPECIAL = ("<|startoftext|>", "<|endoftext|>")
 
@@ -238,7 +240,7 @@ def tiny_sdxl_unet_config() -> dict:
 
 def _released_sdxl_vae_scale() -> float:
     """The scaling_factor of SDXL's released VAE, from the shipped config (library/models/configs)."""
-    config = Path(__file__).with_name("configs") / "sdxl-base" / "vae.json"
+    config = CONFIGS_DIR / "sdxl-base" / "vae.json"
     return json.loads(config.read_text(encoding="utf-8"))["scaling_factor"]
 
 

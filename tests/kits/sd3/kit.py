@@ -1,4 +1,4 @@
-"""SD3/SD3.5's kit for the family conformance suite (library.models.families.testkit)."""
+"""SD3/SD3.5's kit for the family conformance suite (tests.kits.conformance_kit)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from library.config.flow_schema import FlowSection
 from library.models.families.sd3 import original_keys
 from library.models.families.sd3.family import sd3_family
 from library.models.families.sd3.shapes import VARIANTS
-from library.models.families.sd3.tiny import build_tiny_sd3_components
-from library.models.families.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
-from library.models.families.testkit import (
+from library.training.noise import NoiseOptions, draw
+from tests.kits.conformance_kit import (
     ConformanceKit,
     DistributedMode,
     LossCase,
     NameTable,
     SampleCase,
 )
-from library.training.noise import NoiseOptions, draw
+from tests.kits.sd3.tiny import build_tiny_sd3_components
+from tests.kits.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
 
 # The default variant first: 3.5 Medium has every kind of block (dual attention, qk norms).
 _VARIANTS = ("sd3.5-medium", *(v for v in VARIANTS if v != "sd3.5-medium"))

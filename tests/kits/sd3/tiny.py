@@ -3,15 +3,15 @@
 The components have the layout of each variant (joint blocks with the pre-only last context
 stream; the qk norms of SD3.5; 3.5 Medium's dual-attention block; the 16-channel VAE without
 quant convs; CLIP-L and CLIP-G with their projections and T5 v1.1) at a fraction of the size, for
-offline tests. The tokenizers are the tiny CLIP one of library/models/tiny.py (for both CLIPs, as
-SD3's share CLIP's vocabulary) and the tiny T5 one of library/models/families/flux/tiny.py.
+offline tests. The tokenizers are the tiny CLIP one of tests/kits/sd/tiny.py (for both CLIPs, as
+SD3's share CLIP's vocabulary) and the tiny T5 one of tests/kits/flux/tiny.py.
 """
 
 from __future__ import annotations
 
-from library.models.families.flux.tiny import build_seeded
-from library.models.families.sd3.shapes import (
-    Variant,
+from library.models.families.sd3.shapes import Variant
+from tests.kits.flux.tiny import build_seeded
+from tests.kits.sd3.tiny_shapes import (
     tiny_clip_g_config,
     tiny_clip_l_config,
     tiny_t5_config,

@@ -18,7 +18,6 @@ import torch
 
 from library.models import original_names as names
 from library.models.checkpoint_parts import CONFIG_METADATA
-from library.models.families.flux.tiny import write_tiny_t5_tokenizer
 from library.models.families.sd3.original_keys import (
     ORIGINAL_PREFIX,
     TEXT_ENCODER_PREFIXES,
@@ -27,16 +26,17 @@ from library.models.families.sd3.original_keys import (
     transformer_to_original,
 )
 from library.models.families.sd3.sampling import sd3_scheduler_config
-from library.models.families.sd3.shapes import (
-    Variant,
+from library.models.families.sd3.shapes import Variant
+from tests.kits.flux.tiny import write_tiny_t5_tokenizer
+from tests.kits.sd.tiny import write_tiny_tokenizer
+from tests.kits.sd3.tiny import build_tiny_sd3_components
+from tests.kits.sd3.tiny_shapes import (
     tiny_clip_g_config,
     tiny_clip_l_config,
     tiny_t5_config,
     tiny_transformer_config,
     tiny_vae_config,
 )
-from library.models.families.sd3.tiny import build_tiny_sd3_components
-from library.models.tiny import write_tiny_tokenizer
 
 SD3_PIPELINE = "StableDiffusion3Pipeline"
 # The released single files' names (Stability AI's Hugging Face repositories).

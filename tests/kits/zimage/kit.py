@@ -1,4 +1,4 @@
-"""Z-Image's kit for the family conformance suite (library.models.families.testkit).
+"""Z-Image's kit for the family conformance suite (tests.kits.conformance_kit).
 
 Turbo and Base are one architecture (their tiny models are the same modules; the folders differ
 in the scheduler's shift, which the loader reads to tell them apart). What the suite's
@@ -9,22 +9,22 @@ from __future__ import annotations
 
 import torch
 
-from library.models.families.testkit import (
+from library.models.families.zimage import keys
+from library.models.families.zimage.family import zimage_family
+from library.models.families.zimage.shapes import SCHEDULER_SHIFT, VARIANTS
+from library.training.noise import NoiseOptions, draw
+from tests.kits.conformance_kit import (
     ConformanceKit,
     DistributedMode,
     LossCase,
     NameTable,
     SampleCase,
 )
-from library.models.families.zimage import keys
-from library.models.families.zimage.family import zimage_family
-from library.models.families.zimage.shapes import SCHEDULER_SHIFT, VARIANTS
-from library.models.families.zimage.tiny import (
+from tests.kits.zimage.tiny import (
     build_tiny_zimage_components,
     write_tiny_zimage_folder,
 )
-from library.models.families.zimage.tiny_files import write_tiny_zimage_files
-from library.training.noise import NoiseOptions, draw
+from tests.kits.zimage.tiny_files import write_tiny_zimage_files
 
 
 def _reference_transformer(original, config):

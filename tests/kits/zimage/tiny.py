@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from library.models.families.flux.tiny import build_seeded
-from library.models.families.zimage.shapes import (
-    Variant,
-    scheduler_config,
+from library.models.families.zimage.shapes import Variant, scheduler_config
+from tests.kits.flux.tiny import build_seeded
+from tests.kits.zimage.tiny_shapes import (
     tiny_ae_config,
     tiny_text_encoder_config,
     tiny_transformer_config,
 )
-from library.models.families.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
+from tests.kits.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
 
 
 def build_tiny_zimage_components(seed: int = 0) -> dict:

@@ -16,14 +16,14 @@ import torch
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.flux.original_keys import ae_to_original
 from library.models.families.zimage import keys
-from library.models.families.zimage.shapes import (
-    Variant,
+from library.models.families.zimage.shapes import Variant
+from tests.kits.zimage.tiny import build_tiny_zimage_components
+from tests.kits.zimage.tiny_shapes import (
     tiny_ae_config,
     tiny_text_encoder_config,
     tiny_transformer_config,
 )
-from library.models.families.zimage.tiny import build_tiny_zimage_components
-from library.models.families.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
+from tests.kits.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
 
 # Comfy-Org's file names (split_files/diffusion_models/, text_encoders/, vae/)
 TRANSFORMER_FILES = {"turbo": "z_image_turbo_bf16.safetensors", "base": "z_image_bf16.safetensors"}

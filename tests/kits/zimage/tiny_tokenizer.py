@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from library.models.tiny import _byte_alphabet
+from tests.kits.sd.tiny import _byte_alphabet
 
 # Qwen2's pre-tokenizer pattern (transformers' tokenization_qwen2.PRETOKENIZE_REGEX): contractions,
 # letter runs with one leading non-letter, single digits, punctuation runs, newlines, spaces.

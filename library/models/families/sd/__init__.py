@@ -10,7 +10,7 @@
 
 The UNet/VAE/CLIP name tables and component configs of the original layout
 (library/models/original_names.py, checkpoint_parts.py, configs/) and the tiny SD models
-(library/models/tiny.py) stay shared: other families' loaders and tests use them too.
+(tests/kits/sd/tiny.py) stay shared: other families' loaders and tests use them too.
 
 Importing the package imports none of them.
 """
