@@ -1,4 +1,5 @@
-"""Chroma's transformer config as data: the released model and a tiny one of the same layout.
+"""Chroma's transformer config as data: the released model (a tiny one of the same layout, for
+the tests, is in tests/kits/chroma/tiny_shapes.py).
 
 Sources: diffusers 0.42.1 ``ChromaTransformer2DModel`` defaults, which are lodestones/Chroma1-HD's
 transformer/config.json (FLUX.1's 19 double and 38 single blocks at width 3072, T5-XXL's 4096

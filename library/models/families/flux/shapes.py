@@ -1,4 +1,5 @@
-"""FLUX.1 component configs as data: the full-size models and tiny ones of the same layout.
+"""FLUX.1 component configs as data: the full-size models (tiny ones of the same layout, for the
+tests, are in tests/kits/flux/tiny_shapes.py).
 
 Every function returns a fresh dict of constructor kwargs:
 ``FluxTransformer2DModel(**transformer_config("dev"))``, ``AutoencoderKL(**ae_config())``,

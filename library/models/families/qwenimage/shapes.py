@@ -1,4 +1,5 @@
-"""Qwen-Image component configs as data: the released model and tiny ones of the same layout.
+"""Qwen-Image component configs as data: the released model (tiny ones of the same layout, for
+the tests, are in tests/kits/qwenimage/tiny_shapes.py).
 
 Every function returns a fresh dict of constructor kwargs:
 ``QwenImageTransformer2DModel(**transformer_config())``,

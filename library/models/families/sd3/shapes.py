@@ -1,4 +1,5 @@
-"""SD3 / SD3.5 component configs as data: the full-size models and tiny ones of the same layout.
+"""SD3 / SD3.5 component configs as data: the full-size models (tiny ones of the same layout, for
+the tests, are in tests/kits/sd3/tiny_shapes.py).
 
 Every function returns a fresh dict of constructor kwargs:
 ``SD3Transformer2DModel(**transformer_config("sd3.5-large"))``, ``AutoencoderKL(**vae_config())``,

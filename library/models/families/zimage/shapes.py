@@ -1,4 +1,5 @@
-"""Z-Image component configs as data: the released models and tiny ones of the same layout.
+"""Z-Image component configs as data: the released models (tiny ones of the same layout, for the
+tests, are in tests/kits/zimage/tiny_shapes.py).
 
 Every function returns a fresh dict of constructor kwargs:
 ``ZImageTransformer2DModel(**transformer_config())``, ``Qwen3Model(Qwen3Config(**...))``,
