@@ -1,7 +1,8 @@
 """Merge a kohya LoRA file into a plain (adapter-free) model's weights.
 
 This is an independent computation of what an adapter does (``W += m * alpha / r * up @ down``),
-used to check our adapters and by tools that bake a LoRA into a model.
+which the tests check the adapters and the LoRA tools against (the shipped merge is
+library/lora_tools/merge_into_model.py).
 """
 
 from __future__ import annotations

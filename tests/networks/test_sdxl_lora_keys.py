@@ -10,7 +10,7 @@ import torch
 from library.errors import CheckpointError
 from library.networks.kohya_keys import export_lora, import_lora
 from library.networks.lora import LoraSpec, apply_lora, randomize_lora
-from library.networks.merge import merge_lora_file
+from tests.networks.lora_merge import merge_lora_file
 
 # The tiny SDXL UNet (tests/kits/sd/tiny.py: two levels, two ResNets per level, attention on the
 # second level with two transformer layers) in the original SGM numbering, written out by hand:
