@@ -112,7 +112,7 @@ def qwenimage_components(config, folder: Path) -> Components:
         QwenImageFlowObjective,
         qwenimage_flow_options,
     )
-    from library.models.families.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
+    from tests.kits.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
 
     with torch.device("meta"):
         transformer = QwenImageTransformer2DModel(**shapes.transformer_config())

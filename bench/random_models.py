@@ -58,15 +58,15 @@ def model_folder(name: str, cache: Path, device: str = "cpu", log: Callable = pr
 def _tiny(family: str) -> Callable[[Path, str], None]:
     def write(folder: Path, device: str) -> None:
         if family in ("sd1", "sdxl"):
-            from library.models.tiny import save_tiny_model
+            from tests.kits.sd.tiny import save_tiny_model
 
             save_tiny_model(folder, family, seed=0)
         elif family == "flux":
-            from library.models.families.flux.tiny_files import write_tiny_flux_folder
+            from tests.kits.flux.tiny_files import write_tiny_flux_folder
 
             write_tiny_flux_folder(folder, "dev", seed=0)
         else:
-            from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
+            from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
 
             write_tiny_sd3_folder(folder, seed=0)
 
@@ -98,7 +98,7 @@ def _write_sd(folder: Path, device: str, version: str) -> None:
 
     from library.models.checkpoint_parts import build_unet, build_vae, read_config
     from library.models.families.sd.checkpoint_layout import CONFIGS_DIR
-    from library.models.tiny import save_sd_pipeline, write_tiny_tokenizer
+    from tests.kits.sd.tiny import save_sd_pipeline, write_tiny_tokenizer
 
     configs = CONFIGS_DIR / ("sd15" if version == "sd15" else "sdxl-base")
     half = torch.float16
@@ -139,9 +139,9 @@ def _write_flux(folder: Path, device: str, depth: tuple[int, int, int] | None) -
 
     from library.models.families.flux import shapes
     from library.models.families.flux.sampling import flux_scheduler_config
-    from library.models.families.flux.tiny import write_tiny_t5_tokenizer
-    from library.models.families.flux.tiny_files import pipeline_index
-    from library.models.tiny import write_tiny_tokenizer
+    from tests.kits.flux.tiny import write_tiny_t5_tokenizer
+    from tests.kits.flux.tiny_files import pipeline_index
+    from tests.kits.sd.tiny import write_tiny_tokenizer
 
     transformer, t5 = shapes.transformer_config("dev"), shapes.t5_xxl_config()
     if depth is not None:

@@ -23,7 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny SD 1.x model in diffusers folder format (epsilon prediction)."""
-    from library.models.tiny import save_tiny_model
+    from tests.kits.sd.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sd1", family="sd1")
 
@@ -31,7 +31,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_sd2v_model_dir(tmp_path_factory):
     """A tiny SD 2.x 768-v style model (linear projections, v-prediction)."""
-    from library.models.tiny import save_tiny_model
+    from tests.kits.sd.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sd2v", family="sd2-v")
 
@@ -39,7 +39,7 @@ def tiny_sd2v_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_sdxl_model_dir(tmp_path_factory):
     """A tiny SDXL model (two text encoders, size conditioning) in diffusers folder format."""
-    from library.models.tiny import save_tiny_model
+    from tests.kits.sd.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sdxl", family="sdxl")
 

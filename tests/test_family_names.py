@@ -111,11 +111,6 @@ ALLOWED = {
         3,
         "the SGM (original SD) key layout's messages name the SD UNet and VAE they describe",
     ),
-    "library/models/tiny.py": (
-        47,
-        "tiny SD/SDXL models for tests, beside the tiny CLIP tokenizer and text config every "
-        "family's tiny models use",
-    ),
     "library/models/tokenizers.py": (
         7,
         "the Hugging Face repositories of SD 1.x/2.x/SDXL tokenizers, which a local copy of "

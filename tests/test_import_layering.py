@@ -64,7 +64,6 @@ _LOADER = (
     "sections and the family base class, which ask the registry; named lazily, listing the "
     "families loads none of them (nor diffusers, for a config check)"
 )
-_KIT = "the family's test kit builds on its loader and class (test kits are to leave library/)"
 _KEYS = (
     "the family's LoRA key names build on kohya's naming (networks/kohya_names.py), which asks "
     "the registry for every family's text-encoder prefixes"
@@ -74,19 +73,16 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.chroma.family:ChromaFamily": _LOADER,
         "library.models.families.chroma.load:claims_chroma": _LOADER,
         "library.models.families.chroma.load:load_chroma": _LOADER,
-        "library.models.families.chroma.testkit:KIT": _KIT,
     },
     "library/models/families/flux/entry.py": {
         "library.models.families.flux.family:FluxFamily": _LOADER,
         "library.models.families.flux.load:claims_flux": _LOADER,
         "library.models.families.flux.load:load_flux": _LOADER,
-        "library.models.families.flux.testkit:KIT": _KIT,
     },
     "library/models/families/kontext/entry.py": {
         "library.models.families.kontext.family:FluxKontextFamily": _LOADER,
         "library.models.families.kontext.load:claims_kontext": _LOADER,
         "library.models.families.kontext.load:load_kontext": _LOADER,
-        "library.models.families.kontext.testkit:KIT": _KIT,
     },
     "library/models/families/qwenimage/entry.py": {
         "library.models.families.qwenimage.family:QwenImageFamily": _LOADER,
@@ -94,7 +90,6 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.qwenimage.key_map:comfy_model_name": _KEYS,
         "library.models.families.qwenimage.load:claims_qwenimage": _LOADER,
         "library.models.families.qwenimage.load:load_qwenimage": _LOADER,
-        "library.models.families.qwenimage.testkit:KIT": _KIT,
     },
     "library/models/families/qwenimage_edit/entry.py": {
         "library.models.families.qwenimage_edit.family:QwenImageEditFamily": _LOADER,
@@ -103,21 +98,17 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.qwenimage_edit.load:claims_qwenimage_edit_plus": _LOADER,
         "library.models.families.qwenimage_edit.load:load_qwenimage_edit": _LOADER,
         "library.models.families.qwenimage_edit.load:load_qwenimage_edit_plus": _LOADER,
-        "library.models.families.qwenimage_edit.testkit:KIT": _KIT,
-        "library.models.families.qwenimage_edit.testkit:PLUS_KIT": _KIT,
     },
     "library/models/families/sd/entry.py": {
         "library.models.families.sd.family:SDFamily": _LOADER,
         "library.models.families.sd.family:unet_lora_key_layout": _KEYS,
         "library.models.families.sd.load:claims_sd": _LOADER,
         "library.models.families.sd.load:load_sd": _LOADER,
-        "library.models.families.sd.testkit:KIT": _KIT,
     },
     "library/models/families/sd3/entry.py": {
         "library.models.families.sd3.family:SD3Family": _LOADER,
         "library.models.families.sd3.family:load_sd3": _LOADER,
         "library.models.families.sd3.load:claims_sd3": _LOADER,
-        "library.models.families.sd3.testkit:KIT": _KIT,
     },
     "library/models/families/zimage/entry.py": {
         "library.models.families.zimage.family:ZImageFamily": _LOADER,
@@ -125,7 +116,6 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.zimage.load:load_zimage": _LOADER,
         "library.models.families.zimage.lora_keys:comfy_keys": _KEYS,
         "library.models.families.zimage.lora_keys:comfy_model_name": _KEYS,
-        "library.models.families.zimage.testkit:KIT": _KIT,
     },
 }
 # Third-party libraries that a config check must not load (they come with the training modules).
@@ -441,3 +431,52 @@ def test_the_cli_and_the_config_load_light():
     config = _imported_by("import library.config.loader")
     heavy = sorted(name for name in HEAVY if name in config)
     assert not heavy, f"loading a config imports {', '.join(heavy)} (a training module's import?)"
+
+
+def imports_of_tests(source: str) -> list[tuple[int, str]]:
+    """(line, module) of each import of the test tree (``tests`` or ``tests.*``) in ``source``,
+    wherever it is (inside a function or ``if TYPE_CHECKING:`` too), and of each string naming
+    a module of it for a later import (``Deferred("tests.kits.x.kit:KIT")``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value.split(":")[0]] if _DOTTED_TESTS.fullmatch(node.value) else []
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.split(".")[0] == "tests"]
+    return sorted(found)
+
+
+_DOTTED_TESTS = re.compile(r"tests(\.\w+)+(:\w+)?")
+
+
+def test_the_library_never_imports_the_tests():
+    """Test kits and tiny models live in tests/ (tests/kits/): what ships runs without them."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path, _ in _modules().values()
+        for line, name in imports_of_tests(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "library modules import the test tree:\n" + "\n".join(found)
+
+
+def test_imports_of_tests_are_found_wherever_they_are():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "import testsuite\n"
+        "if TYPE_CHECKING:\n"
+        "    from tests.kits import kit_of\n"
+        "def f():\n"
+        "    import tests.kits.sd.tiny\n"
+        "KIT = Deferred('tests.kits.sd.kit:KIT')\n"
+        "DOC = 'see tests/kits/sd/kit.py'\n"
+    )
+    assert imports_of_tests(source) == [
+        (4, "tests.kits"),
+        (6, "tests.kits.sd.tiny"),
+        (7, "tests.kits.sd.kit"),
+    ]

@@ -95,7 +95,7 @@ def make_example(out_dir: str | Path = EXAMPLES_DIR) -> list[Path]:
 
     Both folders are removed first so no stale file survives a change of this script.
     """
-    from library.models.tiny import save_tiny_model
+    from tests.kits.sd.tiny import save_tiny_model
 
     out_dir = Path(out_dir)
     for name in ("tiny-sd1", "data"):

@@ -240,7 +240,7 @@ def write_tokenizer(folder: Path) -> Path:
     for any other word): vocab.json, merges.txt and the configs."""
     from transformers import CLIPTokenizer
 
-    from library.models.tiny import _byte_alphabet, write_clip_tokenizer_files
+    from tests.kits.sd.tiny import _byte_alphabet, write_clip_tokenizer_files
 
     folder.mkdir(parents=True, exist_ok=True)
     alphabet = _byte_alphabet()
@@ -446,7 +446,7 @@ def unet_config() -> dict:
 
 def scheduler_config() -> dict:
     """SD's noise schedule (the tiny random model's), as a DDIM sampler's config."""
-    from library.models.tiny import tiny_scheduler_config
+    from tests.kits.sd.tiny import tiny_scheduler_config
 
     return tiny_scheduler_config("sd1")
 
@@ -518,7 +518,7 @@ def save_model(folder: Path, vae, unet, text_encoder, tokenizer_dir: Path) -> Pa
     """A StableDiffusionPipeline folder, loadable by difftune and diffusers."""
     from diffusers import DDIMScheduler
 
-    from library.models.tiny import save_sd_pipeline
+    from tests.kits.sd.tiny import save_sd_pipeline
 
     parts = {"vae": vae, "text_encoder": text_encoder, "unet": unet,
              "scheduler": DDIMScheduler(**scheduler_config())}  # fmt: skip

@@ -18,10 +18,10 @@ ASSETS_DIR = ROOT / "tests" / "assets"
 
 def asset_writers() -> dict[str, Callable[[Path], object]]:
     """Folder name under tests/assets/ -> the function writing it."""
-    from library.models.families.flux.tiny import write_tiny_t5_tokenizer
-    from library.models.families.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
-    from library.models.families.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
-    from library.models.tiny import write_tiny_tokenizer
+    from tests.kits.flux.tiny import write_tiny_t5_tokenizer
+    from tests.kits.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
+    from tests.kits.sd.tiny import write_tiny_tokenizer
+    from tests.kits.zimage.tiny_tokenizer import write_tiny_qwen3_tokenizer
 
     return {
         "tokenizer": write_tiny_tokenizer,

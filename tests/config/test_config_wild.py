@@ -38,8 +38,8 @@ CRLF_FILES = (
 
 @pytest.fixture(scope="module")
 def places(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
-    from library.models.families.flux.tiny_files import write_tiny_flux_files
-    from library.models.families.sd3.tiny_files import write_tiny_sd3_files
+    from tests.kits.flux.tiny_files import write_tiny_flux_files
+    from tests.kits.sd3.tiny_files import write_tiny_sd3_files
 
     root = tmp_path_factory.mktemp("wild")
     flux = write_tiny_flux_files(root / "flux", "dev", seed=0)

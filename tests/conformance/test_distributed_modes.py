@@ -1,10 +1,10 @@
 """Every registered family with a test kit declares its distributed equivalence modes.
 
-A family's kit (ConformanceKit.distributed, in its ``testkit.py``) declares the modes in which
+A family's kit (ConformanceKit.distributed, in its tests/kits/<family>/kit.py) declares the modes in which
 tests/distributed trains the same 4 samples as 2 processes x accumulation 2 and as one process
 (x 4, and batch 4) and compares the weights: the config keys of every layout, the 2-process
 run's DDP-side option, the variant whose tiny folder the runs train on, its own captions,
-whether the run resumes and whether it shards (library.models.families.testkit.DistributedMode).
+whether the run resumes and whether it shards (tests.kits.conformance_kit.DistributedMode).
 tests/distributed/suite.py builds its family modes from the registry, so a family registered
 with a kit gets its runs without an edit there; these checks make sure it declares them, or
 names why it has none (``skips["distributed"]``, said as the skip's reason).
@@ -17,8 +17,9 @@ from dataclasses import replace
 import pytest
 
 from library.models.families import registry
-from library.models.families.testkit import DistributedMode
 from tests.distributed.suite import FAMILY_MODES, MODES, TRAINER_MODES, family_modes
+from tests.kits import kit_of, registered_kit
+from tests.kits.conformance_kit import DistributedMode
 
 
 def distributed_gap(label: str, kit) -> str | None:
@@ -29,7 +30,7 @@ def distributed_gap(label: str, kit) -> str | None:
             return None
         return (
             f"{label}'s test kit declares no distributed equivalence mode "
-            "(ConformanceKit.distributed, see library/models/families/testkit.py) and names no "
+            "(ConformanceKit.distributed, see tests/kits/conformance_kit.py) and names no "
             'reason for having none (ConformanceKit.skips["distributed"])'
         )
     for mode in kit.distributed:
@@ -42,13 +43,13 @@ def distributed_gap(label: str, kit) -> str | None:
 
 
 def _kit_families() -> list[str]:
-    return [entry.name for entry in registry.families() if entry.test_kit]
+    return [entry.name for entry in registry.families() if kit_of(entry.name)]
 
 
 @pytest.mark.parametrize("name", _kit_families())
 def test_each_family_declares_its_distributed_modes(name):
     entry = registry.family_entry(name)
-    kit = entry.test_kit()
+    kit = kit_of(name)
     if not kit.distributed and kit.skips.get("distributed"):
         pytest.skip(f"{entry.label}: {kit.skips['distributed']}")
     assert distributed_gap(entry.label, kit) is None, distributed_gap(entry.label, kit)
@@ -59,7 +60,7 @@ def test_each_family_declares_its_distributed_modes(name):
 
 
 def test_the_check_fails_a_kit_without_modes_or_reason():
-    kit = registry.family_entry("sd").test_kit()
+    kit = kit_of("sd")
     bare = replace(kit, distributed=(), skips={})
     assert "declares no distributed equivalence mode" in distributed_gap("Made-up", bare)
     assert distributed_gap("Made-up", replace(bare, skips={"distributed": "why"})) is None
@@ -68,17 +69,21 @@ def test_the_check_fails_a_kit_without_modes_or_reason():
 
 
 def test_mode_names_are_unique_and_a_new_family_gets_its_modes():
-    names = [mode.name for entry in registry.families() if entry.test_kit
-             for mode in entry.test_kit().distributed] + [mode.name for mode in TRAINER_MODES]  # fmt: skip
+    names = [mode.name for entry in registry.families() if kit_of(entry.name)
+             for mode in kit_of(entry.name).distributed] + [mode.name for mode in TRAINER_MODES]  # fmt: skip
     assert len(names) == len(set(names)), names
     # a family registered with a kit that declares a mode is in the suite's family modes...
     sd = registry.family_entry("sd")
     mode = DistributedMode(name="made-up-lora", keys={"network_train_unet_only": True})
-    kit = replace(sd.test_kit(), distributed=(mode,))
-    with registry.registered(replace(sd, name="made-up", test_kit=lambda: kit)):
+    kit = replace(kit_of("sd"), distributed=(mode,))
+    with registry.registered(replace(sd, name="made-up")), registered_kit("made-up", kit):
         assert family_modes()["made-up-lora"] == ("made-up", mode)
     # ...and one whose mode takes another's name is refused
     taken = replace(kit, distributed=(replace(mode, name="unet+te-lora"),))
-    entry = replace(sd, name="made-up", test_kit=lambda: taken)
-    with registry.registered(entry), pytest.raises(ValueError, match="unet\\+te-lora"):
+    entry = replace(sd, name="made-up")
+    with (
+        registry.registered(entry),
+        registered_kit("made-up", taken),
+        pytest.raises(ValueError, match="unet\\+te-lora"),
+    ):
         family_modes()

@@ -2,11 +2,10 @@
 each, against references outside the family's code (diffusers' converters, pipelines and LoRA
 loader, peft's merge, LyCORIS' formulas, the model's diffusers folder).
 
-It runs over ``registry.families()``. A family joins by giving its registry entry a test kit
-(``test_kit=Deferred("library.models.families.<family>.testkit:KIT").get``, a ConformanceKit of
-library/models/families/testkit.py: its tiny models, its diffusers pipeline class, its name
-tables and diffusers' converters for them); a family without one is listed here as skipped,
-with the reason. Properties a family does not have (no original-layout name tables, no fused
+It runs over ``registry.families()``. A family joins by having a test kit, ``KIT`` in
+tests/kits/<family name>/kit.py (a ConformanceKit of tests/kits/conformance_kit.py: its tiny
+models, its diffusers pipeline class, its name tables and diffusers' converters for them), found
+by ``tests.kits.kit_of``; a family without one is listed here as skipped, with the reason. Properties a family does not have (no original-layout name tables, no fused
 LyCORIS modules, no single files, no merge by lora_tool) skip with their reason too: the kit's (ConformanceKit.skips) where it gives one.
 
 Properties, per family (and per tiny variant where they are cheap):
@@ -56,6 +55,7 @@ from library.networks.lora import (
     set_lora_scale,
 )
 from library.saving.lora_file import read_lora_file, save_lora_file
+from tests.kits import kit_of
 from tests.models.step_inputs import step_inputs
 from tests.networks.lora_load_helpers import load_quietly, peft_layers
 
@@ -64,12 +64,12 @@ DENOISERS = ("transformer", "unet")  # diffusers' component name of the denoiser
 
 
 def _kits() -> dict[str, object]:
-    return {e.name: (e.test_kit() if e.test_kit else None) for e in registry.families()}
+    return {e.name: kit_of(e.name) for e in registry.families()}
 
 
 def _no_kit(entry) -> pytest.MarkDecorator:
     return pytest.mark.skip(
-        reason=f"{entry.label} has no test kit (FamilyEntry.test_kit): not in the conformance suite"
+        reason=f"{entry.label} has no test kit (tests/kits/<family>/kit.py): not in the conformance suite"
     )
 
 
@@ -92,10 +92,6 @@ def variant_params():
             continue
         params += [pytest.param((entry.name, v), id=f"{entry.name}-{v}") for v in kit.variants]
     return params
-
-
-def kit_of(name: str):
-    return registry.family_entry(name).test_kit()
 
 
 @functools.cache

@@ -253,7 +253,7 @@ def test_missing_entries_fail_clearly(images, tmp_path):
 def tiny_vae():
     from diffusers import AutoencoderKL
 
-    from library.models.tiny import tiny_vae_config
+    from tests.kits.sd.tiny import tiny_vae_config
 
     torch.manual_seed(0)
     return AutoencoderKL(**tiny_vae_config()).eval()

@@ -7,9 +7,9 @@ for any run. Single-process runs happen in the pytest process itself, when first
 
 - equivalence runs ``eq-<mode>-<layout>``: 2 optimizer steps of 4 images as 2x2x1 (processes
   x accumulation x batch), 1x4x1, 1x1x4 or the guard 1x2x1. The modes (MODES, each a
-  library.models.families.testkit.DistributedMode) are
-  - every registered family's, from its kit (ConformanceKit.distributed, in the family's
-    ``testkit.py``; FAMILY_MODES): the config keys of every layout, the DDP-side option of the
+  tests.kits.conformance_kit.DistributedMode) are
+  - every registered family's, from its kit (ConformanceKit.distributed, in
+    tests/kits/<family>/kit.py; FAMILY_MODES): the config keys of every layout, the DDP-side option of the
     2-process run, the kit variant whose tiny folder (ConformanceKit.write_folder) the runs train
     on, its own captions where it needs them, whether the 2-process run is resumed, and sharded
     (FSDP2) modes. Today: SD's UNet LoRA; FLUX.1's LoRA (float8 base), full fine-tune and LoRA
@@ -50,7 +50,6 @@ from pathlib import Path
 from PIL import Image
 
 from library.models.families import registry
-from library.models.families.testkit import DistributedMode
 from tests.distributed.runs import (
     REPO,
     TRAIN_NETWORK,
@@ -61,6 +60,8 @@ from tests.distributed.runs import (
     torchrun_two_nodes,
 )
 from tests.integration.harness import write_config
+from tests.kits import kit_of
+from tests.kits.conformance_kit import DistributedMode
 
 # The suite's own modes: the trainer's options, on the tiny SD 1.x model (the session's
 # tiny_model_dir). The families' modes come from the registry (family_modes).
@@ -109,7 +110,7 @@ def family_modes() -> dict[str, tuple[str, DistributedMode]]:
     registry order: mode name -> (family name, mode)."""
     modes: dict[str, tuple[str, DistributedMode]] = {}
     for entry in registry.families():
-        kit = entry.test_kit() if entry.test_kit else None
+        kit = kit_of(entry.name)
         for mode in kit.distributed if kit else ():
             if mode.name in modes or mode.name in {m.name for m in TRAINER_MODES}:
                 raise ValueError(f"{entry.name}'s distributed mode {mode.name!r} is taken")
@@ -238,7 +239,7 @@ class Runs:
         if mode not in FAMILY_MODES:
             return self.model_dir
         family, declared = FAMILY_MODES[mode]
-        kit = registry.family_entry(family).test_kit()
+        kit = kit_of(family)
         variant = declared.variant or kit.variant
         return self._tiny_folder(
             f"tiny-{family}-{variant}", lambda folder: kit.write_folder(folder, variant, 0)

@@ -16,11 +16,11 @@ from safetensors import safe_open
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
-from library.models.families.chroma.testkit import reference_loss
-from library.models.families.chroma.tiny import write_tiny_chroma_folder
-from library.models.families.chroma.tiny_files import write_tiny_chroma_files
 from library.models.loader import load_components
 from tests.integration.harness import make_images, tensors, train, write_config
+from tests.kits.chroma.kit import reference_loss
+from tests.kits.chroma.tiny import write_tiny_chroma_folder
+from tests.kits.chroma.tiny_files import write_tiny_chroma_files
 
 CHROMA = {
     "network_module": "networks.lora_flux",
@@ -152,7 +152,7 @@ def test_full_fine_tune_writes_the_trained_transformer(tmp_path, chroma_dir, ima
     converter (at the tiny width, as the conformance kit runs it) reads back whole."""
     from diffusers import ChromaTransformer2DModel
 
-    from library.models.families.chroma.testkit import _reference_transformer
+    from tests.kits.chroma.kit import _reference_transformer
 
     out = tmp_path / "out"
     keys = {**CHROMA, "train_mode": "unet", "learning_rate": 1e-4}

@@ -13,6 +13,7 @@ import pytest
 
 from library.models.families import registry
 from tests.integration.harness import make_images, mirrored_references, train
+from tests.kits import kit_of
 
 # Family -> the tool whose files its users bring ("kohya": sd-scripts; "musubi": musubi-tuner).
 PEER_TOOL = {
@@ -61,9 +62,9 @@ def _musubi_files(root, entry, model) -> str:
 @pytest.mark.parametrize("entry", _entries())
 def test_the_minimal_config_of_every_family_dry_runs(tmp_path, entry, capfd):
     assert entry.name in PEER_TOOL, f"say whose files {entry.label} users bring: PEER_TOOL"
-    if entry.test_kit is None:
-        pytest.skip(f"{entry.label} has no test kit to write a tiny model with")
-    kit = entry.test_kit()
+    kit = kit_of(entry.name)
+    if kit is None:
+        pytest.skip(f"{entry.label} has no test kit (tests/kits/) to write a tiny model with")
     model = kit.write_folder(tmp_path / "model", kit.variant, 0)
     data = {"kohya": _kohya_files, "musubi": _musubi_files}[PEER_TOOL[entry.name]]
     config = tmp_path / "args.toml"

@@ -9,7 +9,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from library.models.families.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
 from tests.integration.harness import (
     check_accumulation_and_resume,
     make_images,
@@ -17,6 +16,7 @@ from tests.integration.harness import (
     train,
     write_config,
 )
+from tests.kits.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
 
 FLUX = {
     "network_module": "networks.lora_flux",

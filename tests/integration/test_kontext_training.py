@@ -10,8 +10,6 @@ import pytest
 import torch
 from PIL import Image
 
-from library.models.families.flux.tiny_files import write_tiny_flux_folder
-from library.models.families.kontext.tiny import write_tiny_kontext_folder
 from tests.integration.harness import (
     assert_fuses_exactly,
     flat_toml_lines,
@@ -19,6 +17,8 @@ from tests.integration.harness import (
     tensors,
     train,
 )
+from tests.kits.flux.tiny_files import write_tiny_flux_folder
+from tests.kits.flux_kontext.tiny import write_tiny_kontext_folder
 
 RUN = {
     "network_module": "networks.lora_flux",

@@ -303,14 +303,14 @@ FLOW = {
 
 @pytest.fixture(scope="module")
 def flux_dir(tmp_path_factory):
-    from library.models.families.flux.tiny_files import write_tiny_flux_folder
+    from tests.kits.flux.tiny_files import write_tiny_flux_folder
 
     return write_tiny_flux_folder(tmp_path_factory.mktemp("models") / "tiny-flux", "dev", seed=0)
 
 
 @pytest.fixture(scope="module")
 def sd3_dir(tmp_path_factory):
-    from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
+    from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
 
     return write_tiny_sd3_folder(tmp_path_factory.mktemp("models") / "tiny-sd3", "sd3.5-medium", 0)
 

@@ -126,14 +126,14 @@ def test_an_sd1_lora_on_a_flux_model_names_flux(tmp_path, flux_folder, images, s
 
 @pytest.fixture(scope="module")
 def flux_folder(tmp_path_factory) -> Path:
-    from library.models.families.flux.tiny_files import write_tiny_flux_folder
+    from tests.kits.flux.tiny_files import write_tiny_flux_folder
 
     return write_tiny_flux_folder(tmp_path_factory.mktemp("flux") / "tiny-flux", "dev", 0)
 
 
 @pytest.fixture(scope="module")
 def flux_files(tmp_path_factory) -> dict[str, Path]:
-    from library.models.families.flux.tiny_files import write_tiny_flux_files
+    from tests.kits.flux.tiny_files import write_tiny_flux_files
 
     return write_tiny_flux_files(tmp_path_factory.mktemp("flux-files"), "dev", 0)
 

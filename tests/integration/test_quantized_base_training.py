@@ -19,7 +19,6 @@ import pytest
 import torch
 from torch import nn
 
-from library.models.families.flux.tiny_files import write_tiny_flux_folder
 from library.models.quantized_base import QuantizedLinear
 from tests.integration.harness import (
     check_folder_lora_resumes,
@@ -29,6 +28,7 @@ from tests.integration.harness import (
     write_config,
 )
 from tests.integration.test_flux_training import FLUX
+from tests.kits.flux.tiny_files import write_tiny_flux_folder
 
 RUN = {
     **FLUX,

@@ -10,8 +10,6 @@ import pytest
 from PIL import Image
 
 from library.models.families.qwenimage_edit.family import QwenImageEditFamily
-from library.models.families.qwenimage_edit.testkit import transformers_processor
-from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
 from tests.integration.harness import (
     assert_fuses_exactly,
     flat_toml_lines,
@@ -19,6 +17,8 @@ from tests.integration.harness import (
     tensors,
     train,
 )
+from tests.kits.qwenimage_edit.kit import transformers_processor
+from tests.kits.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
 
 PREFIX = "diffusion_model."
 

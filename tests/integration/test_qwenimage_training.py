@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from library.models.families.qwenimage.tiny import write_tiny_qwenimage_folder
 from library.training.noise import NoiseOptions, draw
 from tests.integration.harness import make_images, tensors, train, write_config
+from tests.kits.qwenimage.tiny import write_tiny_qwenimage_folder
 
 QWENIMAGE = {
     "network_module": "networks.lora_qwen_image",
@@ -137,7 +137,7 @@ def test_full_fine_tune_from_single_files_writes_a_file_that_reloads(tmp_path, i
     from library.config.schema import ModelSection
     from library.models.families.qwenimage.family import QwenImageFamily
     from library.models.families.qwenimage.load import load_qwenimage
-    from library.models.families.qwenimage.tiny_files import write_tiny_qwenimage_files
+    from tests.kits.qwenimage.tiny_files import write_tiny_qwenimage_files
 
     trained = {}
     real = QwenImageFamily.write_full_model

@@ -9,7 +9,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from library.models.families.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
 from tests.integration.harness import (
     assert_close_dicts,
     check_accumulation_and_resume,
@@ -18,6 +17,7 @@ from tests.integration.harness import (
     train,
     write_config,
 )
+from tests.kits.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
 
 SD3 = {
     "network_module": "networks.lora_sd3",

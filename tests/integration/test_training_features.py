@@ -214,7 +214,7 @@ def test_full_bf16_trains_bf16_weights_close_to_float32_ones(tmp_path, tiny_mode
 
 
 def test_scale_weight_norms_keeps_every_update_within_the_limit(tmp_path, tiny_model_dir, images):
-    from library.networks.merge import lora_delta
+    from tests.networks.lora_merge import lora_delta
 
     def update_norms(path):
         weights = tensors(path)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from library.models.families.zimage.tiny import write_tiny_zimage_folder
 from tests.integration.harness import check_accumulation_and_resume, make_images, write_config
+from tests.kits.zimage.tiny import write_tiny_zimage_folder
 
 ZIMAGE = {
     "network_module": "networks.lora_zimage",

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from library.models.families.zimage.tiny import write_tiny_zimage_folder
 from library.training.noise import NoiseOptions, draw
 from tests.integration.harness import make_images, tensors, train, write_config
+from tests.kits.zimage.tiny import write_tiny_zimage_folder
 
 ZIMAGE = {
     "network_module": "networks.lora_zimage",
@@ -186,7 +186,7 @@ def test_full_fine_tune_writes_the_trained_transformer_in_the_original_layout(
 def test_lora_trains_from_single_files_and_samples_during_training(tmp_path, images):
     """Comfy-Org's single files with [flow] text_encoder, [model] vae and tokenizer_path: a LoRA
     trains and sample images are drawn through ZImagePipeline."""
-    from library.models.families.zimage.tiny_files import write_tiny_zimage_files
+    from tests.kits.zimage.tiny_files import write_tiny_zimage_files
 
     files = write_tiny_zimage_files(tmp_path / "files")
     prompts = tmp_path / "prompts.txt"

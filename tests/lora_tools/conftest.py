@@ -45,8 +45,8 @@ def read_file():
 
 def module_deltas(path) -> dict[str, torch.Tensor]:
     """name -> the module's weight change ``alpha / r * up @ down`` as [out, in*kh*kw] float64,
-    computed with library.networks.merge.lora_delta."""
-    from library.networks.merge import lora_delta
+    computed with tests.networks.lora_merge.lora_delta."""
+    from tests.networks.lora_merge import lora_delta
 
     tensors, _ = read(path)
     names = sorted({k.split(".", 1)[0] for k in tensors if k.endswith(".lora_down.weight")})

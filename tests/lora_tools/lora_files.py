@@ -2,7 +2,7 @@
 
 Files are built from factors with known singular values (``up = Q1 diag(s)``, ``down = Q2^T``
 with orthonormal Q1, Q2), so each module's change has well separated singular values and the
-rank rules have no ties. Deltas are recomputed with library.networks.merge.lora_delta, an
+rank rules have no ties. Deltas are recomputed with tests.networks.lora_merge.lora_delta, an
 implementation independent of the toolbox.
 """
 

@@ -24,9 +24,9 @@ def model_dir(family: str, root: Path) -> Path:
     """A tiny model of ``family`` ("sd1", "sdxl", "flux", "sd3") as a diffusers folder under
     ``root``, written once per process."""
     if family not in _MODELS:
-        from library.models.families.flux.tiny_files import write_tiny_flux_folder
-        from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
-        from library.models.tiny import save_tiny_model
+        from tests.kits.flux.tiny_files import write_tiny_flux_folder
+        from tests.kits.sd.tiny import save_tiny_model
+        from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
 
         path = Path(root) / f"tiny-{family}"
         if family in ("sd1", "sdxl"):

@@ -162,7 +162,7 @@ def test_text_encoder_modules_without_a_place_are_refused_by_name(tmp_path, caps
     ComfyUI's (whose Qwen3 names are not reproduced) refuse it in one line naming the family,
     instead of writing a name no loader reads."""
     from library.lora_tools.base_model import layer_table
-    from library.models.families.zimage.tiny import write_tiny_zimage_folder
+    from tests.kits.zimage.tiny import write_tiny_zimage_folder
 
     folder = write_tiny_zimage_folder(tmp_path / "tiny-zimage")
     table = layer_table(load(folder))

@@ -47,7 +47,7 @@ def assert_state(module: torch.nn.Module, want: dict[str, torch.Tensor]) -> None
 
 @pytest.fixture(scope="module")
 def flux_folder(tmp_path_factory) -> Path:
-    from library.models.families.flux.tiny_files import write_tiny_flux_folder
+    from tests.kits.flux.tiny_files import write_tiny_flux_folder
 
     return write_tiny_flux_folder(tmp_path_factory.mktemp("flux") / "tiny-flux", "dev", 0)
 
@@ -55,14 +55,14 @@ def flux_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def other_files(tmp_path_factory) -> dict[str, Path]:
     """FLUX.1 component files of another seed, in float32 (the folder's are seed 0)."""
-    from library.models.families.flux.tiny_files import write_tiny_flux_files
+    from tests.kits.flux.tiny_files import write_tiny_flux_files
 
     return write_tiny_flux_files(tmp_path_factory.mktemp("files"), "dev", 1, dtype=torch.float32)
 
 
 def test_flux_folder_takes_the_component_files(flux_folder, other_files):
     """They used to be dropped without a word: the folder's own parts trained."""
-    from library.models.families.flux.tiny import build_tiny_flux_components
+    from tests.kits.flux.tiny import build_tiny_flux_components
 
     keys = {k: other_files[k] for k in FLUX_PARTS}
     parts = load(flux_folder, **keys, t5_tokenizer_path=other_files["t5_tokenizer"])
@@ -116,7 +116,7 @@ def test_flux_folder_without_the_parts_that_files_replace(flux_folder, other_fil
 def sd_clip_file(tmp_path_factory) -> Path:
     """An SD 1.x CLIP text encoder (32 wide) in clip_l.safetensors' names."""
     from library.models import original_names as names
-    from library.models.tiny import build_tiny_components
+    from tests.kits.sd.tiny import build_tiny_components
 
     encoder = build_tiny_components("sd1")["text_encoder"]
     path = tmp_path_factory.mktemp("sd-clip") / "clip_l.safetensors"
@@ -127,7 +127,7 @@ def sd_clip_file(tmp_path_factory) -> Path:
 
 def test_flux_clip_l_of_another_width(flux_folder, other_files, sd_clip_file):
     """It used to load and fail at step 1 on a shape; refused on both routes."""
-    from library.models.families.flux.shapes import TINY_CLIP_WIDTH
+    from tests.kits.flux.tiny_shapes import TINY_CLIP_WIDTH
 
     for model, keys in (
         (flux_folder, {}),
@@ -145,14 +145,14 @@ def test_flux_clip_l_of_another_width(flux_folder, other_files, sd_clip_file):
 
 @pytest.fixture(scope="module")
 def sd3_folder(tmp_path_factory) -> Path:
-    from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
+    from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
 
     return write_tiny_sd3_folder(tmp_path_factory.mktemp("sd3") / "tiny-sd3", "sd3.5-medium", 0)
 
 
 @pytest.fixture(scope="module")
 def sd3_files(tmp_path_factory) -> dict[str, Path]:
-    from library.models.families.sd3.tiny_files import write_tiny_sd3_files
+    from tests.kits.sd3.tiny_files import write_tiny_sd3_files
 
     return write_tiny_sd3_files(
         tmp_path_factory.mktemp("sd3-files"), "sd3.5-medium", 1, text_encoders_inside=False,
@@ -161,7 +161,7 @@ def sd3_files(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_sd3_folder_takes_the_component_files(sd3_folder, sd3_files):
-    from library.models.families.sd3.tiny import build_tiny_sd3_components
+    from tests.kits.sd3.tiny import build_tiny_sd3_components
 
     t5_tokenizer = sd3_files["t5_tokenizer"]
     parts = load(sd3_folder, clip_g=sd3_files["clip_g"], t5_tokenizer_path=t5_tokenizer)

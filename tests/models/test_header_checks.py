@@ -61,7 +61,7 @@ def without(src: Path, dst: Path, drop: str, keep_header: bool = True) -> Path:
 
 @pytest.fixture(scope="module")
 def flux_files(tmp_path_factory) -> dict[str, Path]:
-    from library.models.families.flux.tiny_files import write_tiny_flux_files
+    from tests.kits.flux.tiny_files import write_tiny_flux_files
 
     return write_tiny_flux_files(tmp_path_factory.mktemp("flux"), "dev", 0)
 
@@ -75,7 +75,7 @@ def flux_keys(files: dict[str, Path], **changes) -> dict:
 def test_flux_file_lacking_a_block_its_header_promises(flux_files, tmp_path, caplog):
     """It used to train as a FLUX.1 with one single block less, with a warning."""
     from library.models.families.flux import shapes
-    from library.models.families.flux.shapes import tiny_transformer_config
+    from tests.kits.flux.tiny_shapes import tiny_transformer_config
 
     assert tiny_transformer_config()["num_single_layers"] == 2  # the header says so
     cut = without(flux_files["transformer"], tmp_path / "cut.safetensors", "single_blocks.1.")
@@ -102,8 +102,8 @@ def test_flux_file_lacking_a_block_its_header_promises(flux_files, tmp_path, cap
 def test_sd_file_lacking_a_text_encoder_layer_its_header_promises(tmp_path):
     """It used to load as a one-layer text encoder (the shapes' config fits what is left)."""
     from library.models.families.sd.family import SD1
-    from library.models.tiny import build_tiny_components, tiny_text_config
     from library.saving.checkpoint_export import write_single_file
+    from tests.kits.sd.tiny import build_tiny_components, tiny_text_config
 
     assert tiny_text_config()["num_hidden_layers"] == 2
     parts = build_tiny_components("sd1")
@@ -122,8 +122,8 @@ def test_sd_file_lacking_a_text_encoder_layer_its_header_promises(tmp_path):
 def sd_checkpoint(tmp_path_factory) -> Path:
     """An SD 1.x checkpoint with difftune's config header, which describes its 4-channel VAE."""
     from library.models.families.sd.family import SD1
-    from library.models.tiny import build_tiny_components
     from library.saving.checkpoint_export import write_single_file
+    from tests.kits.sd.tiny import build_tiny_components
 
     parts = build_tiny_components("sd1")
     path = tmp_path_factory.mktemp("sd") / "sd1.safetensors"
@@ -143,7 +143,7 @@ def test_sd_checkpoint_given_as_flux_ae(flux_files, sd_checkpoint):
 
 
 def test_sd_checkpoint_given_as_sd3_vae(tmp_path_factory, sd_checkpoint):
-    from library.models.families.sd3.tiny_files import write_tiny_sd3_files
+    from tests.kits.sd3.tiny_files import write_tiny_sd3_files
 
     files = write_tiny_sd3_files(
         tmp_path_factory.mktemp("sd3"), "sd3.5-medium", 0, text_encoders_inside=True

@@ -9,13 +9,13 @@ import torch
 from diffusers import AutoencoderKL, AutoencoderKLQwenImage
 
 from library.models.families.flux.family import FLUX_DEV
-from library.models.families.flux.shapes import tiny_ae_config
 from library.models.families.sd.family import SD1, SDXL
 from library.models.families.sd3.family import SD35_MEDIUM
-from library.models.families.sd3.shapes import tiny_vae_config as sd3_tiny_vae_config
 from library.models.latent_codec import LatentLayout, ScaledLatentCodec
-from library.models.tiny import tiny_vae_config
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
+from tests.kits.flux.tiny_shapes import tiny_ae_config
+from tests.kits.sd.tiny import tiny_vae_config
+from tests.kits.sd3.tiny_shapes import tiny_vae_config as sd3_tiny_vae_config
 
 # (family, VAE kwargs, scaling_factor, shift_factor): the factors written out as the released
 # VAE configs carry them, so the hand computations below do not read them through any codec.

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from library.models import original_names as names
-from library.models.tiny import tiny_text_config, tiny_vae_config
+from tests.kits.sd.tiny import tiny_text_config, tiny_vae_config
 
 CONFIGS = Path(__file__).parents[2] / "library" / "models" / "configs"
 

@@ -118,7 +118,7 @@ def test_tiny_sdxl_folder_loads_as_sdxl(sdxl_dir):
 
 
 def test_tiny_sdxl_folder_is_deterministic(tmp_path):
-    from library.models.tiny import save_tiny_model
+    from tests.kits.sd.tiny import save_tiny_model
 
     a = save_tiny_model(tmp_path / "a", "sdxl", seed=3)
     b = save_tiny_model(tmp_path / "b", "sdxl", seed=3)

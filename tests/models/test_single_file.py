@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 from library.config.schema import ModelSection
 from library.models.families.sd.family import SD1, SD2, SD2_V, SDXL
 from library.models.loader import load_components
-from library.models.tiny import build_tiny_components
 from library.saving.checkpoint_export import write_single_file
+from tests.kits.sd.tiny import build_tiny_components
 
 TOKENIZER = Path(__file__).parents[1] / "assets" / "tokenizer"
 FAMILIES = {"sd1": SD1, "sd2": SD2, "sd2-v": SD2_V}
@@ -139,7 +139,7 @@ def test_config_derived_from_shapes_when_metadata_is_gone(tmp_path, caplog):
 def test_diffusers_from_single_file_reads_our_file(tmp_path, name):
     from diffusers import StableDiffusionPipeline
 
-    from library.models.tiny import save_tiny_model
+    from tests.kits.sd.tiny import save_tiny_model
 
     # The config folder holds other weights (seed 9), so only the file can supply seed 5's.
     folder = save_tiny_model(tmp_path / "config", name, seed=9)
@@ -156,7 +156,7 @@ def test_diffusers_from_single_file_reads_our_file(tmp_path, name):
 def test_diffusers_from_single_file_reads_our_sdxl_file(tmp_path):
     from diffusers import StableDiffusionXLPipeline
 
-    from library.models.tiny import save_tiny_model
+    from tests.kits.sd.tiny import save_tiny_model
 
     # The config folder holds other weights (seed 9), so only the file can supply seed 5's.
     # (diffusers tells SDXL's two encoders apart by width; the tiny ones differ, as real ones.)

@@ -14,8 +14,8 @@ from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.sd.family import SD1
 from library.models.loader import load_components
-from library.models.tiny import build_tiny_components, tiny_unet_config
 from library.saving.checkpoint_export import write_single_file
+from tests.kits.sd.tiny import build_tiny_components, tiny_unet_config
 
 TOKENIZER = Path(__file__).parents[1] / "assets" / "tokenizer"
 

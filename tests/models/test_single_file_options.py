@@ -15,8 +15,8 @@ from library.models.families.sd.family import SD1, SDXL
 from library.models.loader import load_components
 from library.models.original_names import VAE_PREFIX, vae_state_dict_to_original
 from library.models.text import encode_token_ids
-from library.models.tiny import build_tiny_components, tiny_text_config, tiny_vae_config
 from library.saving.checkpoint_export import write_single_file
+from tests.kits.sd.tiny import build_tiny_components, tiny_text_config, tiny_vae_config
 
 TOKENIZER = Path(__file__).parents[1] / "assets" / "tokenizer"
 

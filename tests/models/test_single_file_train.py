@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from library.models.families.sd.family import SD1, SD2_V
-from library.models.tiny import build_tiny_components
 from library.saving.checkpoint_export import write_single_file
 from tests.integration.harness import make_images, tensors, train, write_config
+from tests.kits.sd.tiny import build_tiny_components
 
 TOKENIZER = Path(__file__).parents[1] / "assets" / "tokenizer"
 

@@ -17,7 +17,7 @@ from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
 from library.models.loader import load_components, shapes_only
-from library.models.tiny import tiny_vocab_size, write_clip_tokenizer_files, write_tiny_tokenizer
+from tests.kits.sd.tiny import tiny_vocab_size, write_clip_tokenizer_files, write_tiny_tokenizer
 
 ASSETS = Path(__file__).parents[1] / "assets"
 
@@ -69,7 +69,7 @@ def special_tokens(folder: Path, **changes) -> None:
 
 def bigger_clip_tokenizer(folder: Path, extra: int = 40) -> Path:
     """The tiny CLIP tokenizer with ``extra`` more tokens than the tiny encoders have rows."""
-    from library.models.tiny import _byte_alphabet
+    from tests.kits.sd.tiny import _byte_alphabet
 
     alphabet = _byte_alphabet()
     base = alphabet + [c + "</w>" for c in alphabet] + [f"w{i}</w>" for i in range(extra)]
@@ -125,8 +125,8 @@ def test_legacy_clip_ids_pool_at_the_highest_id(tiny_model_dir, tmp_path):
 @pytest.fixture(scope="module")
 def sd1_file(tmp_path_factory) -> Path:
     from library.models.families.sd.family import SD1
-    from library.models.tiny import build_tiny_components
     from library.saving.checkpoint_export import write_single_file
+    from tests.kits.sd.tiny import build_tiny_components
 
     parts = build_tiny_components("sd1")
     path = tmp_path_factory.mktemp("sf") / "sd1.safetensors"
@@ -168,14 +168,14 @@ def test_tokenizer_path_replaces_a_folders_tokenizer(tiny_model_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def flux_files(tmp_path_factory) -> dict[str, Path]:
-    from library.models.families.flux.tiny_files import write_tiny_flux_files
+    from tests.kits.flux.tiny_files import write_tiny_flux_files
 
     return write_tiny_flux_files(tmp_path_factory.mktemp("flux-files"), "dev", 0)
 
 
 @pytest.fixture(scope="module")
 def flux_folder(tmp_path_factory) -> Path:
-    from library.models.families.flux.tiny_files import write_tiny_flux_folder
+    from tests.kits.flux.tiny_files import write_tiny_flux_folder
 
     return write_tiny_flux_folder(tmp_path_factory.mktemp("flux") / "tiny-flux", "dev", 0)
 
@@ -220,7 +220,7 @@ def test_flux_folder_with_a_clip_tokenizer_as_tokenizer_2(flux_folder, tmp_path)
 
 @pytest.fixture(scope="module")
 def sd3_files(tmp_path_factory) -> dict[str, Path]:
-    from library.models.families.sd3.tiny_files import write_tiny_sd3_files
+    from tests.kits.sd3.tiny_files import write_tiny_sd3_files
 
     return write_tiny_sd3_files(
         tmp_path_factory.mktemp("sd3-files"), "sd3.5-medium", 0, text_encoders_inside=True
@@ -229,7 +229,7 @@ def sd3_files(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def sd3_folder(tmp_path_factory) -> Path:
-    from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
+    from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
 
     return write_tiny_sd3_folder(tmp_path_factory.mktemp("sd3") / "tiny-sd3", "sd3.5-medium", 0)
 
@@ -255,7 +255,7 @@ def test_sd3_folder_t5_tokenizer_with_another_end_token(sd3_folder, tmp_path):
 
 def test_sd3_folder_t5_tokenizer_larger_than_the_embedding(sd3_folder, tmp_path):
     model = copy(sd3_folder, tmp_path)
-    from library.models.families.flux.tiny import tiny_t5_pieces
+    from tests.kits.flux.tiny import tiny_t5_pieces
 
     edit_json(model / "text_encoder_3" / "config.json", vocab_size=64)
     message = error(model)

@@ -18,9 +18,9 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.family_choice import entry_for
-from library.models.families.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
 from library.models.families.registry import families
 from tests.integration.harness import make_images, train, write_config
+from tests.kits.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
 
 # model_index.json of diffusers pipelines no family trains, as diffusers writes them (the
 # part classes are those diffusers' own pipelines declare).

@@ -10,7 +10,7 @@ import torch
 
 @pytest.fixture(scope="session")
 def tiny_sd1_parts():
-    from library.models.tiny import build_tiny_components
+    from tests.kits.sd.tiny import build_tiny_components
 
     return build_tiny_components("sd1", seed=0)
 

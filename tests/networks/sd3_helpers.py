@@ -19,7 +19,7 @@ def sd3_config(variant: str) -> dict:
     """SD3Transformer2DModel kwargs of a tiny model of ``variant`` (3 joint blocks, the last one
     pre-only; SD3.5 Medium's block 0 has dual attention; SD3.5 has rms qk norms)."""
     try:
-        from library.models.families.sd3.shapes import tiny_transformer_config
+        from tests.kits.sd3.tiny_shapes import tiny_transformer_config
     except ImportError:  # the shapes module is not there: the same layout by hand
         return {
             "sample_size": 8,

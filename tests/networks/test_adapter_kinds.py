@@ -16,13 +16,13 @@ from torch import nn
 
 from library.errors import CheckpointError
 from library.models.families.sd.family import SD1
-from library.models.tiny import build_tiny_components
 from library.networks.adapters import adapter_parameters, freeze_adapters, saved_numbers
 from library.networks.kind_base import AdapterKind, AdapterSettings
 from library.networks.kinds import adapter_kinds, kind_for, kind_in, registered
 from library.networks.kohya_names import kohya_name, kohya_path
 from library.networks.lora import LoraSpec
 from library.training.adapter_setup import inject, trains_text_encoders
+from tests.kits.sd.tiny import build_tiny_components
 
 SUFFIX = "scale_gain"
 

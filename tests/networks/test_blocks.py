@@ -40,7 +40,7 @@ def _meta_unet(folder: str):
 def _tiny_unet(family: str):
     from diffusers import UNet2DConditionModel
 
-    from library.models.tiny import tiny_sdxl_unet_config, tiny_unet_config
+    from tests.kits.sd.tiny import tiny_sdxl_unet_config, tiny_unet_config
 
     config = tiny_sdxl_unet_config() if family == "sdxl" else tiny_unet_config(family)
     with torch.device("meta"):

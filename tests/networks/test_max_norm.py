@@ -4,7 +4,7 @@ import torch
 
 from library.networks.lora import LoraSpec, apply_lora, lora_layers, randomize_lora
 from library.networks.max_norm import apply_max_norm
-from library.networks.merge import lora_delta
+from tests.networks.lora_merge import lora_delta
 
 
 def _deltas(model):

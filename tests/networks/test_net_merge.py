@@ -11,7 +11,7 @@ from torch import nn
 from library.errors import CheckpointError
 from library.networks.kohya_keys import export_lora
 from library.networks.lora import LoraSpec, apply_lora, randomize_lora
-from library.networks.merge import merge_lora_file
+from tests.networks.lora_merge import merge_lora_file
 
 
 def _adapt(model, kind, spec, seed):

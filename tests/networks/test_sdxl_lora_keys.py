@@ -10,9 +10,9 @@ import torch
 from library.errors import CheckpointError
 from library.networks.kohya_keys import export_lora, import_lora
 from library.networks.lora import LoraSpec, apply_lora, randomize_lora
-from library.networks.merge import merge_lora_file
+from tests.networks.lora_merge import merge_lora_file
 
-# The tiny SDXL UNet (library/models/tiny.py: two levels, two ResNets per level, attention on the
+# The tiny SDXL UNet (tests/kits/sd/tiny.py: two levels, two ResNets per level, attention on the
 # second level with two transformer layers) in the original SGM numbering, written out by hand:
 # input_blocks 1, 2 = level 0 ResNets, 3 = downsampler, 4, 5 = level 1 ResNet + attention;
 # middle_block 0, 1, 2 = ResNet, attention, ResNet; output_blocks 0-2 = the deep level's three
@@ -61,7 +61,7 @@ def expected_text_modules(prefix: str, layers: int) -> set[str]:
 
 @pytest.fixture(scope="module")
 def sdxl_parts():
-    from library.models.tiny import build_tiny_sdxl_components
+    from tests.kits.sd.tiny import build_tiny_sdxl_components
 
     return build_tiny_sdxl_components(seed=0)
 

@@ -19,11 +19,11 @@ from library.models.families.flux.sampling import (
     flux_pipeline_inputs,
     flux_scheduler_config,
 )
-from library.models.families.flux.testkit import RELEASED_SCHEDULERS, T5_LENGTH
 from library.networks.lora import LoraSpec, apply_lora, lora_parameters, randomize_lora
 from library.sampling.generate import check_sampling, sample_images
 from library.sampling.prompts import SamplePrompt
 from library.sampling.samplers import build_flow_sampler
+from tests.kits.flux.kit import RELEASED_SCHEDULERS, T5_LENGTH
 from tests.training.flux_fixtures import plain_flux_pipeline, tiny_flux_components
 
 

@@ -10,9 +10,9 @@ import torch
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning
 from library.models.families.sd.family import SD1, SD1_V, SD2, SD2_V, SDXL, SDXL_V
-from library.models.tiny import tiny_scheduler_config
 from library.sampling.pipelines import pipeline_inputs, pipeline_kind
 from library.sampling.samplers import build_sampler
+from tests.kits.sd.tiny import tiny_scheduler_config
 
 
 @pytest.mark.parametrize(

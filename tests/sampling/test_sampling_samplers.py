@@ -10,8 +10,8 @@ import torch
 
 from library.config.sampling_schema import SamplerName, SamplingSection
 from library.errors import ConfigError
-from library.models.tiny import tiny_scheduler_config
 from library.sampling.samplers import SAMPLER_NAMES, build_sampler, check_sampler
+from tests.kits.sd.tiny import tiny_scheduler_config
 
 # kohya's names and the diffusers classes they stand for, written out by hand.
 EXPECTED = {

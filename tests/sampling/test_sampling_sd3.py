@@ -12,9 +12,9 @@ from sampling_helpers import first_image, prompt, same
 
 from library.models.conditioning import Conditioning
 from library.models.families.sd3.sampling import sd3_pipeline_inputs
-from library.models.families.sd3.testkit import RELEASED_SCHEDULER
 from library.networks.lora import LoraSpec, apply_lora, randomize_lora
 from library.sampling.prompts import SamplePrompt
+from tests.kits.sd3.kit import RELEASED_SCHEDULER
 from tests.training.sd3_fixtures import plain_sd3_pipeline, tiny_sd3_components
 
 

@@ -41,7 +41,7 @@ def _peak() -> int:
 def _model():
     from diffusers import FluxTransformer2DModel
 
-    from library.models.families.flux.shapes import tiny_transformer_config
+    from tests.kits.flux.tiny_shapes import tiny_transformer_config
 
     config = {
         **tiny_transformer_config("dev"),

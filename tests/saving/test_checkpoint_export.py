@@ -15,7 +15,6 @@ from safetensors.torch import load_file, save_file
 
 from library.models.families.sd.checkpoint_layout import LAYOUTS
 from library.models.families.sd.family import SD1, SD2_V
-from library.models.tiny import build_tiny_components, tiny_text_config
 from library.saving.checkpoint_export import (
     ensure_text_model_layout,
     export_full_unet_checkpoint,
@@ -23,6 +22,7 @@ from library.saving.checkpoint_export import (
     write_single_file,
     write_text_encoder_folder,
 )
+from tests.kits.sd.tiny import build_tiny_components, tiny_text_config
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_t5_folders_keep_their_keys(tmp_path):
     prefix there makes transformers re-initialise the encoder."""
     from transformers import T5Config, T5EncoderModel
 
-    from library.models.families.flux.shapes import tiny_t5_config
+    from tests.kits.flux.tiny_shapes import tiny_t5_config
 
     folder = tmp_path / "text_encoder_2"
     folder.mkdir()

@@ -111,8 +111,8 @@ def test_flux_and_sd3_full_model_files_are_unchanged(tmp_path):
 def test_sd_checkpoint_is_unchanged(tmp_path):
     from library.models.families.sd.checkpoint_layout import LAYOUTS
     from library.models.families.sd.family import family_for
-    from library.models.tiny import build_tiny_components
     from library.saving.checkpoint_export import write_single_file
+    from tests.kits.sd.tiny import build_tiny_components
 
     parts = build_tiny_components("sd1")
     family = family_for(v2=False, prediction_type="epsilon")

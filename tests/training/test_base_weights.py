@@ -40,7 +40,7 @@ def test_frozen_and_trained_weights(tiny_model_dir):
 
 
 def test_weights_kept_in_host_memory_by_block_swap(tmp_path):
-    from library.models.families.flux.tiny_files import write_tiny_flux_folder
+    from tests.kits.flux.tiny_files import write_tiny_flux_folder
 
     folder = write_tiny_flux_folder(tmp_path / "flux", "dev", 0)
     parts = _parts(

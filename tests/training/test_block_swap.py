@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from library.models.families.flux.tiny_files import write_tiny_flux_folder
-from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
 from library.models.float8 import store_in_float8
 from library.training.block_swap import HostLinear, swap_linears
 from tests.integration.harness import make_images, tensors, train, write_config
 from tests.integration.test_flux_training import FLUX
 from tests.integration.test_sd3_training import SD3
+from tests.kits.flux.tiny_files import write_tiny_flux_folder
+from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
 
 
 def _pair(seed=0, dtype=torch.float32):

@@ -31,11 +31,11 @@ def _component_keys(files: dict, model: str, parts: tuple[str, ...], module: str
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tiny_model_dir, tiny_sdxl_model_dir):
-    from library.models.families.flux.tiny_files import write_tiny_flux_files
     from library.models.families.sd.family import SD1
-    from library.models.families.sd3.tiny_files import write_tiny_sd3_files
-    from library.models.tiny import build_tiny_components
     from library.saving.checkpoint_export import write_single_file
+    from tests.kits.flux.tiny_files import write_tiny_flux_files
+    from tests.kits.sd.tiny import build_tiny_components
+    from tests.kits.sd3.tiny_files import write_tiny_sd3_files
 
     root = tmp_path_factory.mktemp("dry-run-models")
     sd1 = build_tiny_components("sd1", seed=0)

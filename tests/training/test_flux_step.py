@@ -12,10 +12,10 @@ from cpu_inputs import FLOW_BATCH, cpu_inputs, flow_pixels
 from flux_fixtures import plain_flux_pipeline, tiny_flux_components
 
 from library.errors import ConfigError
-from library.models.families.flux.testkit import reference_loss
 from library.training.loss import LossOptions
 from library.training.noise import NoiseOptions
 from library.training.step import micro_batch_loss
+from tests.kits.flux.kit import reference_loss
 
 SEED = 11
 BATCH = FLOW_BATCH

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from library.models.families.flux.tiny_files import write_tiny_flux_folder
-from library.models.families.sd3.tiny_files import write_tiny_sd3_folder
 from library.training import trainer
 from library.training.image_sizes import nearest_multiples
 from tests.integration.harness import make_images, train, write_config
+from tests.kits.flux.tiny_files import write_tiny_flux_folder
+from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
 
 FLUX = {
     "network_module": "networks.lora_flux",
@@ -133,7 +133,7 @@ def test_sample_sizes_off_the_grid_are_drawn_rounded_with_a_warning(
 def test_the_dry_run_shows_the_loaded_transformers_blocks(tmp_path, models, images, capsys):
     """A transformer file without a header is sized by its shapes (pruned models load): the
     dry run's model line says how many blocks it has."""
-    from library.models.families.flux.shapes import tiny_transformer_config
+    from tests.kits.flux.tiny_shapes import tiny_transformer_config
 
     config = _config(tmp_path, models, "flux", images)
     assert train(str(config), "--dry_run") == 0

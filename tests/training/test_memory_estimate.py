@@ -228,7 +228,7 @@ def test_plain_attention_adds_the_attention_matrices(tiny_model_dir):
         tiny_model_dir, network={"network_train_unet_only": True}, training={"sdpa": False}
     )
     size = TrainingSize(128, 128, 1)
-    # The tiny SD 1.x UNet (library/models/tiny.py) has 8 heads everywhere (attention_head_dim
+    # The tiny SD 1.x UNet (tests/kits/sd/tiny.py) has 8 heads everywhere (attention_head_dim
     # 8 is the head count in diffusers' SD 1.x naming). Its attention level sees 16x16 latents
     # (256 tokens) in 3 transformer blocks (1 down, 2 up); the mid block sees 8x8 (64 tokens).
     # Each block has self-attention and cross-attention over 77 text tokens; the probabilities

@@ -9,11 +9,11 @@ import pytest
 
 from library.config.loader import load_config
 from library.errors import ConfigError, ModelError
-from library.models.families.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
-from library.models.families.kontext.tiny import write_tiny_kontext_folder
-from library.models.families.qwenimage.tiny_files import write_tiny_qwenimage_files
 from library.training.reference_checks import check_reference_config
 from tests.integration.harness import make_images, write_config
+from tests.kits.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
+from tests.kits.flux_kontext.tiny import write_tiny_kontext_folder
+from tests.kits.qwenimage.tiny_files import write_tiny_qwenimage_files
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import re
 import pytest
 from PIL import Image
 
-from library.models.families.kontext.tiny import write_tiny_kontext_folder
-from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
 from library.training.image_sizes import nearest_multiples
 from tests.integration.harness import flat_toml_lines, make_images, train
+from tests.kits.flux_kontext.tiny import write_tiny_kontext_folder
+from tests.kits.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
 
 FAMILIES = {
     "kontext": (write_tiny_kontext_folder, {"network_module": "networks.lora_flux",

@@ -11,10 +11,10 @@ import torch
 from cpu_inputs import FLOW_BATCH, cpu_inputs, flow_pixels
 from sd3_fixtures import plain_sd3_pipeline, tiny_sd3_components
 
-from library.models.families.sd3.testkit import reference_loss
 from library.training.loss import LossOptions
 from library.training.noise import CONDITIONING_STREAM, NoiseOptions, draw, keyed_uniforms
 from library.training.step import micro_batch_loss
+from tests.kits.sd3.kit import reference_loss
 
 SEED = 11
 BATCH = FLOW_BATCH

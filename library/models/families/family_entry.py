@@ -151,9 +151,8 @@ class FamilyEntry:
     ``flow_keys``: the [flow] keys it reads, its own and shared ones (the other families refuse
     them by name).
     ``kohya``, ``lora_files``, ``tool``: its kohya vocabulary, how its LoRA files are told
-    apart, what lora_tool.py needs. ``test_kit``: its ConformanceKit
-    (library.models.families.testkit), which enters it in the conformance suite (unset: the
-    suite skips it, saying so)."""
+    apart, what lora_tool.py needs. (A family's conformance kit is no part of its entry: the
+    tests find it by the family's name, tests/kits/<name>/kit.py.)"""
 
     name: str
     label: str
@@ -174,7 +173,6 @@ class FamilyEntry:
     kohya: KohyaVocabulary = KohyaVocabulary()
     lora_files: LoraFiles = LoraFiles()
     tool: ToolFacts = ToolFacts()
-    test_kit: Callable[[], Any] | None = None
 
     @property
     def a_models(self) -> str:

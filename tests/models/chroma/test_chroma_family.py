@@ -21,10 +21,10 @@ from library.errors import ConfigError
 from library.models.conditioning import encode_text
 from library.models.families.chroma import family as family_module
 from library.models.families.chroma.family import chroma_family
-from library.models.families.chroma.tiny import write_tiny_chroma_folder
 from library.models.loader import load_components
 from library.sampling.generate import sample_images
 from library.sampling.prompts import SamplePrompt
+from tests.kits.chroma.tiny import write_tiny_chroma_folder
 
 CAPTIONS = ["a cat", "a much longer caption about a shape on gray paper"]
 

@@ -14,10 +14,10 @@ from safetensors.torch import load_file, save_file
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.families.chroma.tiny import write_tiny_chroma_folder
-from library.models.families.chroma.tiny_files import write_tiny_chroma_files
 from library.models.families.family_choice import entry_for
 from library.models.loader import load_components
+from tests.kits.chroma.tiny import write_tiny_chroma_folder
+from tests.kits.chroma.tiny_files import write_tiny_chroma_files
 
 
 @pytest.fixture(scope="module")

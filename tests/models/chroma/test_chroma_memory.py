@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from library.models.families.chroma.tiny import write_tiny_chroma_folder
-from library.models.families.chroma.tiny_files import write_tiny_chroma_files
 from library.models.loader import shapes_only
 from library.training.memory_estimate import estimate_peak_memory
+from tests.kits.chroma.tiny import write_tiny_chroma_folder
+from tests.kits.chroma.tiny_files import write_tiny_chroma_files
 from tests.training.memory_helpers import size_stats, training_parts, write_config
 
 

@@ -10,7 +10,8 @@ import torch
 
 from library.models.families.flux import original_keys as keys
 from library.models.families.flux import shapes
-from library.models.families.flux.tiny import build_tiny_flux_components
+from tests.kits.flux import tiny_shapes
+from tests.kits.flux.tiny import build_tiny_flux_components
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_fused_and_swapped_parts(tiny):
     qkv = original["double_blocks.1.txt_attn.qkv.weight"]
     for i, name in enumerate(("add_q_proj", "add_k_proj", "add_v_proj")):
         assert torch.equal(qkv.chunk(3)[i], state[f"transformer_blocks.1.attn.{name}.weight"])
-    width = shapes.TINY_HEADS * shapes.TINY_HEAD_DIM
+    width = tiny_shapes.TINY_HEADS * tiny_shapes.TINY_HEAD_DIM
     linear1 = original["single_blocks.0.linear1.bias"]
     assert linear1.shape == (7 * width,)  # 3 projections + the MLP's 4x width
     parts = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
@@ -237,7 +238,7 @@ def test_full_size_text_encoders():
 def sd_file_keys(family: str) -> set[str]:
     """Key names of a tiny SD 1.x or SDXL single-file checkpoint, as the project writes them."""
     from library.models import original_names as names
-    from library.models.tiny import build_tiny_components
+    from tests.kits.sd.tiny import build_tiny_components
 
     parts = build_tiny_components(family)
     layout = names.UNetLayout.from_config(parts["unet"].config)

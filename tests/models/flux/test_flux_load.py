@@ -21,8 +21,9 @@ from library.models.checkpoint_file import CheckpointFile
 from library.models.families.flux import shapes
 from library.models.families.flux.load import claims_flux, load_flux
 from library.models.families.flux.original_keys import ORIGINAL_PREFIX
-from library.models.families.flux.tiny import build_tiny_flux_components
-from library.models.families.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
+from tests.kits.flux import tiny_shapes
+from tests.kits.flux.tiny import build_tiny_flux_components
+from tests.kits.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
 
 PARTS = ("denoiser", "vae", "clip_l", "t5")
 
@@ -127,8 +128,8 @@ def error(path: Path, files=None, **flow) -> str:
 
 def test_claims_flux_folders_and_transformer_files(folder, files, tmp_path, tiny_model_dir):
     from library.models.families.sd.family import SD1
-    from library.models.tiny import build_tiny_components
     from library.saving.checkpoint_export import write_single_file
+    from tests.kits.sd.tiny import build_tiny_components
 
     def claims(path) -> bool:
         return claims_flux(*section(Path(path)))
@@ -296,10 +297,10 @@ def test_files_without_stored_configs(tmp_path, folder_parts, caplog):
     for name in ("denoiser", "vae", "t5"):
         got, want = config_of(parts[name]), config_of(folder_parts[name])
         if name == "vae":  # not a property of the weights: the full-size AE's
-            assert got.pop("sample_size") == 1024 and want.pop("sample_size") == shapes.TINY_SIZE
+            assert got.pop("sample_size") == 1024 and want.pop("sample_size") == tiny_shapes.TINY_SIZE
         assert got == want, name
     clip = parts["clip_l"].config
-    assert (clip.hidden_size, clip.num_hidden_layers) == (shapes.TINY_CLIP_WIDTH, 2)
+    assert (clip.hidden_size, clip.num_hidden_layers) == (tiny_shapes.TINY_CLIP_WIDTH, 2)
     assert clip.num_attention_heads == 12  # CLIP-L's 12 heads divide the tiny width: kept
     assert "guessed num_attention_heads=12" in caplog.text
     assert "guessed axes_dims_rope" in caplog.text

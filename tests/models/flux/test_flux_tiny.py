@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from library.models.families.flux import shapes
-from library.models.families.flux.tiny import (
+from tests.kits.flux import tiny_shapes
+from tests.kits.flux.tiny import (
     SPACE,
     build_tiny_flux_components,
     tiny_t5_pieces,
@@ -42,7 +43,7 @@ def test_t5_special_ids(t5_tokenizer):
         2,
     )
     assert t5_tokenizer.pad_token == "<pad>" and t5_tokenizer.eos_token == "</s>"
-    assert len(t5_tokenizer) == len(tiny_t5_pieces()) <= shapes.tiny_t5_config()["vocab_size"]
+    assert len(t5_tokenizer) == len(tiny_t5_pieces()) <= tiny_shapes.tiny_t5_config()["vocab_size"]
 
 
 def test_t5_pads_to_max_length_and_ends_with_eos(t5_dir, t5_tokenizer):
@@ -76,7 +77,7 @@ def test_tiny_t5_encoder_runs_on_tokenizer_output(t5_tokenizer):
         long = t5_tokenizer(prompt, padding="max_length", max_length=40, return_tensors="pt")
         out_short = encoder(**short).last_hidden_state
         out_long = encoder(**long).last_hidden_state
-    assert out_short.shape == (1, 24, shapes.TINY_T5_WIDTH)
+    assert out_short.shape == (1, 24, tiny_shapes.TINY_T5_WIDTH)
     assert torch.isfinite(out_long).all()
     # With the attention mask, the padding length does not change the prompt's tokens.
     n = int(short["attention_mask"].sum())
@@ -98,7 +99,7 @@ def test_tiny_chain(variant, tmp_path, t5_tokenizer):
     """CLIP's pooled output and T5's states fit the transformer; latents pack 2x2 into tokens."""
     from transformers import CLIPTokenizer
 
-    from library.models.tiny import write_tiny_tokenizer
+    from tests.kits.sd.tiny import write_tiny_tokenizer
 
     parts = build_tiny_flux_components(variant)
     assert parts["transformer"].config.guidance_embeds == (variant == "dev")
@@ -106,7 +107,7 @@ def test_tiny_chain(variant, tmp_path, t5_tokenizer):
     prompt = ["a cat"]
     clip_ids = clip_tok(prompt, padding="max_length", max_length=77, return_tensors="pt")
     t5_ids = t5_tokenizer(prompt, padding="max_length", max_length=16, return_tensors="pt")
-    image = torch.rand(1, 3, shapes.TINY_SIZE, shapes.TINY_SIZE) * 2 - 1
+    image = torch.rand(1, 3, tiny_shapes.TINY_SIZE, tiny_shapes.TINY_SIZE) * 2 - 1
     with torch.no_grad():
         pooled = parts["text_encoder"](clip_ids.input_ids).pooler_output
         text = parts["text_encoder_2"](**t5_ids).last_hidden_state

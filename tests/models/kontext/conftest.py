@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def kontext_dir(tmp_path_factory):
     """A tiny FLUX.1 Kontext [dev] as a diffusers FluxKontextPipeline folder (seed 0)."""
-    from library.models.families.kontext.tiny import write_tiny_kontext_folder
+    from tests.kits.flux_kontext.tiny import write_tiny_kontext_folder
 
     return write_tiny_kontext_folder(tmp_path_factory.mktemp("models") / "tiny-kontext")
 

@@ -14,7 +14,7 @@ from PIL import Image
 
 from library.models.conditioning import encode_conditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY
-from library.models.families.flux.testkit import reference_loss
+from tests.kits.flux.kit import reference_loss
 from tests.models.step_inputs import step_inputs
 
 CAPTIONS = ["make the red circle blue", "turn the square into a star"]
@@ -63,7 +63,7 @@ def test_prediction_with_a_reference_is_the_pipelines(kontext_components, kontex
 
 
 def _reference_loss(pipe, batch, seed):
-    """FLUX.1's plain reference loss (flux/testkit.py), with the reference image encoded by the
+    """FLUX.1's plain reference loss (tests/kits/flux/kit.py), with the reference image encoded by the
     pipeline's own _encode_vae_image and appended as the pipeline appends it."""
     (reference_pixels,) = batch["reference_pixels"]
     reference = pipe._encode_vae_image(reference_pixels, generator=None)

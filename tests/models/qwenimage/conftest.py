@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def qwenimage_dir(tmp_path_factory):
     """A tiny Qwen-Image as a diffusers QwenImagePipeline folder (seed 0)."""
-    from library.models.families.qwenimage.tiny import write_tiny_qwenimage_folder
+    from tests.kits.qwenimage.tiny import write_tiny_qwenimage_folder
 
     return write_tiny_qwenimage_folder(tmp_path_factory.mktemp("models") / "tiny-qwenimage")
 

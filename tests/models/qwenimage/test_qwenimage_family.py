@@ -14,7 +14,7 @@ from library.models.families.qwenimage.detect import detect_qwenimage
 from library.models.families.qwenimage.load import claims_qwenimage
 from library.models.families.qwenimage.targets import default_targets
 from library.models.families.registry import claim_order, entry_of
-from library.models.families.zimage.tiny import write_tiny_zimage_folder
+from tests.kits.zimage.tiny import write_tiny_zimage_folder
 
 CAPTIONS = ["a red cube", "a much longer caption about a blue sphere resting on a wooden table"]
 

@@ -19,9 +19,10 @@ from library.errors import ModelError
 from library.models.checkpoint_parts import empty_module
 from library.models.families.qwenimage import files, shapes
 from library.models.families.qwenimage.load import load_qwenimage
-from library.models.families.qwenimage.tiny_files import write_tiny_qwenimage_files
 from library.models.families.qwenimage.vae_keys import vae_from_original
 from library.models.loader import load_components
+from tests.kits.qwenimage import tiny_shapes
+from tests.kits.qwenimage.tiny_files import write_tiny_qwenimage_files
 
 
 def _load(paths: dict, dtype=torch.float32, loader=load_qwenimage, **keys):
@@ -63,12 +64,12 @@ def test_other_layouts_load_to_the_folders_weights(tmp_path, qwenimage_component
     _rewrite(paths["transformer"], lambda t: t, metadata=False)
     current = _modules(qwenimage_components)["text_encoder"].state_dict()
     _rewrite(paths["text_encoder"], lambda t: {k: v.clone() for k, v in current.items()})
-    _rewrite(paths["vae"], lambda t: vae_from_original(t, shapes.tiny_vae_config()))
+    _rewrite(paths["vae"], lambda t: vae_from_original(t, tiny_shapes.tiny_vae_config()))
     parts = _load(paths)
     for name, module in _modules(parts).items():
         _assert_same(module, _modules(qwenimage_components)[name])
     assert parts.denoiser.config.axes_dims_rope == tuple(
-        shapes.tiny_transformer_config()["axes_dims_rope"]
+        tiny_shapes.tiny_transformer_config()["axes_dims_rope"]
     )
 
 
@@ -193,7 +194,7 @@ def _through_registry(model, flow, weight_dtype, vae_dtype):
 def test_2511_files_give_the_reference_tokens_the_zero_timestep(paths):
     """Qwen-Image-Edit-2511's transformer config has zero_cond_t, which its file does not
     carry: model_version says it."""
-    from library.models.families.qwenimage_edit.tiny import write_tiny_processor
+    from tests.kits.qwenimage_edit.tiny import write_tiny_processor
 
     write_tiny_processor(paths["tokenizer"])
     for version, zero in (("edit-2509", False), ("edit-2511", True)):
@@ -220,7 +221,7 @@ def as_transformers_5_processor(folder) -> None:
 def test_a_transformers_5_processor_folder_is_read(paths):
     """tokenizer_path may hold the image processor settings in processor_config.json (as
     transformers 5 saves a processor), as a diffusers folder's processor/ may."""
-    from library.models.families.qwenimage_edit.tiny import IMAGE_PROCESSOR, write_tiny_processor
+    from tests.kits.qwenimage_edit.tiny import IMAGE_PROCESSOR, write_tiny_processor
 
     as_transformers_5_processor(write_tiny_processor(paths["tokenizer"]))
     parts = _load(paths, loader=_through_registry, model_version="edit")

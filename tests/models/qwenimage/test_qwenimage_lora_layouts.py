@@ -13,12 +13,12 @@ from safetensors.torch import save_file
 
 from library.errors import CheckpointError
 from library.models.families.qwenimage.family import qwenimage_family
-from library.models.families.qwenimage.shapes import tiny_transformer_config
 from library.models.families.qwenimage.targets import default_targets
 from library.networks.fused_keys import adapter_weights
 from library.networks.kohya_names import UNET
 from library.networks.lora import LoraSpec, apply_lora, randomize_lora
 from library.networks.network_weights import import_network_weights, read_network_file
+from tests.kits.qwenimage.tiny_shapes import tiny_transformer_config
 
 PREFIX = "diffusion_model."
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from library.models.families.qwenimage_edit.testkit import transformers_processor
+from tests.kits.qwenimage_edit.kit import transformers_processor
 
 
 def random_pixels(seed: int, height: int, width: int) -> torch.Tensor:
@@ -18,7 +18,7 @@ def random_pixels(seed: int, height: int, width: int) -> torch.Tensor:
 
 
 def _folder(tmp_path_factory, plus: bool):
-    from library.models.families.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
+    from tests.kits.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
 
     path = tmp_path_factory.mktemp("models") / ("tiny-edit-plus" if plus else "tiny-edit")
     return write_tiny_qwenimage_edit_folder(path, plus=plus)

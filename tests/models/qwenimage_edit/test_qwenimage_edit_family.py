@@ -13,7 +13,7 @@ from library.errors import ModelError
 from library.models.conditioning import encode_conditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.models.families.qwenimage_edit.conditioning import to_pil
-from library.models.families.qwenimage_edit.testkit import transformers_processor
+from tests.kits.qwenimage_edit.kit import transformers_processor
 from tests.models.qwenimage_edit.conftest import random_pixels, sample_pair
 from tests.models.step_inputs import step_inputs
 
@@ -128,7 +128,7 @@ def test_prediction_with_a_reference_is_the_pipelines(edit_components, edit_pipe
 
 
 def _reference_loss(pipe, batch, seed, shift=2.2):
-    """Qwen-Image's loss written from the pipeline's parts (qwenimage/testkit.py's, with the
+    """Qwen-Image's loss written from the pipeline's parts (tests/kits/qwenimage/kit.py's, with the
     trainer's keyed draws and musubi-tuner's shift 2.2), each caption encoded by the pipeline
     with its reference image, the reference encoded by the pipeline's _encode_vae_image and
     packed after the image's tokens as the pipeline's denoising loop does."""

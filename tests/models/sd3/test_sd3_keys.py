@@ -11,7 +11,8 @@ import torch
 
 from library.models.families.sd3 import original_keys as keys
 from library.models.families.sd3 import shapes
-from library.models.families.sd3.tiny import build_tiny_sd3_components
+from tests.kits.sd3 import tiny_shapes
+from tests.kits.sd3.tiny import build_tiny_sd3_components
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_fused_and_swapped_parts(tiny):
         qkv = original[f"joint_blocks.0.{old}.weight"]
         for piece, part in zip(qkv.chunk(3), parts, strict=True):
             assert torch.equal(piece, state[f"transformer_blocks.0.{part}.weight"])
-    last = shapes.TINY_BLOCKS - 1
+    last = tiny_shapes.TINY_BLOCKS - 1
     swapped = {
         f"joint_blocks.{last}.context_block.adaLN_modulation.1": (
             f"transformer_blocks.{last}.norm1_context.linear"
@@ -241,7 +242,7 @@ def sd3_file_keys(tiny, variant: str, inside: tuple[str, ...] = ()) -> list[str]
 def test_detect_sd3(tiny, variant):
     state = transformer_state(tiny, variant)
     original = keys.transformer_to_original(state)
-    blocks = shapes.TINY_BLOCKS
+    blocks = tiny_shapes.TINY_BLOCKS
     assert keys.detect_sd3(original) == keys.SD3Keys("original", variant, "", blocks)
     assert keys.detect_sd3(state) == keys.SD3Keys("diffusers", variant, "", blocks)
     prefix = keys.ORIGINAL_PREFIX
@@ -257,7 +258,7 @@ def test_detect_sd3(tiny, variant):
 
 def test_detect_sd3_refuses_other_models(tiny):
     from library.models.families.flux import original_keys as flux_keys
-    from library.models.families.flux.tiny import build_tiny_flux_components
+    from tests.kits.flux.tiny import build_tiny_flux_components
     from tests.models.flux.test_flux_keys import sd_file_keys
 
     flux = build_tiny_flux_components("dev")["transformer"].state_dict()
@@ -292,7 +293,7 @@ def test_tiny_config_from_shapes(tiny, variant, caplog):
         config = keys.transformer_config_from_shapes(
             {k: tuple(v.shape) for k, v in state.items()}, found
         )
-    want = shapes.tiny_transformer_config(variant)
+    want = tiny_shapes.tiny_transformer_config(variant)
     # Not in the weights: the default image size, capped by the position table (16 or 32 patches
     # of 2 latent pixels).
     assert config.pop("sample_size") == min(128, 2 * want["pos_embed_max_size"])

@@ -22,8 +22,9 @@ from library.models.checkpoint_file import CheckpointFile
 from library.models.families.sd3 import shapes
 from library.models.families.sd3.load import claims_sd3, load_sd3_parts
 from library.models.families.sd3.original_keys import TEXT_ENCODER_PREFIXES, VAE_PREFIX
-from library.models.families.sd3.tiny import build_tiny_sd3_components
-from library.models.families.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
+from tests.kits.sd3 import tiny_shapes
+from tests.kits.sd3.tiny import build_tiny_sd3_components
+from tests.kits.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
 
 VARIANT = "sd3.5-medium"
 # SD3Parts field -> build_tiny_sd3_components name
@@ -154,13 +155,13 @@ def test_claims_sd3_folders_and_model_files(
     folder, inside, separate, tmp_path, tiny_model_dir, tiny_sdxl_model_dir
 ):
     from library.models.families.flux.load import claims_flux
-    from library.models.families.flux.tiny_files import (
+    from library.models.families.sd.family import SD1
+    from library.saving.checkpoint_export import write_single_file
+    from tests.kits.flux.tiny_files import (
         write_tiny_flux_files,
         write_tiny_flux_folder,
     )
-    from library.models.families.sd.family import SD1
-    from library.models.tiny import build_tiny_components
-    from library.saving.checkpoint_export import write_single_file
+    from tests.kits.sd.tiny import build_tiny_components
 
     def claims(path) -> bool:
         return claims_sd3(*section(Path(path)))
@@ -263,7 +264,7 @@ def test_released_clip_l_without_projection_and_flat_names(separate, built, tmp_
     )  # fmt: skip
     parts = load(separate["model"], separate, clip_l=clip_l)
     want = stored(built["clip_l"])
-    eye = torch.eye(shapes.TINY_CLIP_L_WIDTH)
+    eye = torch.eye(tiny_shapes.TINY_CLIP_L_WIDTH)
     assert_state(parts.clip_l, {**want, "text_projection.weight": eye})
     # CLIP-G keeps its projection: without it the file does not fit.
     clip_g = resave(
@@ -335,8 +336,8 @@ def test_files_without_stored_configs(tmp_path, built, built_modules, caplog):
             config.pop("sample_size", None)  # not in the weights
         assert got == want, field
     for field, width in (
-        ("clip_l", shapes.TINY_CLIP_L_WIDTH),
-        ("clip_g", shapes.TINY_CLIP_G_WIDTH),
+        ("clip_l", tiny_shapes.TINY_CLIP_L_WIDTH),
+        ("clip_g", tiny_shapes.TINY_CLIP_G_WIDTH),
     ):
         config = getattr(parts, field).config
         assert (config.hidden_size, config.projection_dim) == (width, width)

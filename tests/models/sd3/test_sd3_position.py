@@ -17,7 +17,7 @@ from library.models.families.sd3.position import (
     patched_sides,
     scaled_table,
 )
-from library.models.families.sd3.tiny import build_tiny_sd3_components
+from tests.kits.sd3.tiny import build_tiny_sd3_components
 
 
 def _kohya_scaled(width: int, grid: int, sample: int, base: int = 16) -> np.ndarray:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from library.models.families.sd3 import shapes
+from tests.kits.sd3 import tiny_shapes
 
 # Published sizes of the MMDiTs (Stability AI's model cards and release posts), in parameters.
 PUBLISHED = {"sd3-medium": 2.0e9, "sd3.5-medium": 2.5e9, "sd3.5-large": 8.1e9}
@@ -112,7 +113,7 @@ def test_full_size_text_encoders_and_vae():
 
 @pytest.mark.parametrize("variant", shapes.VARIANTS)
 def test_tiny_transformer_keeps_the_variant_features(variant):
-    config = shapes.tiny_transformer_config(variant)
+    config = tiny_shapes.tiny_transformer_config(variant)
     model = meta_transformer(config)
     state = model.state_dict()
     blocks = config["num_layers"]
@@ -135,17 +136,17 @@ def test_tiny_transformer_keeps_the_variant_features(variant):
 
 
 def test_tiny_widths_are_distinct():
-    config = shapes.tiny_transformer_config()
+    config = tiny_shapes.tiny_transformer_config()
     widths = [
-        shapes.TINY_CLIP_L_WIDTH,
-        shapes.TINY_CLIP_G_WIDTH,
+        tiny_shapes.TINY_CLIP_L_WIDTH,
+        tiny_shapes.TINY_CLIP_G_WIDTH,
         config["num_attention_heads"] * config["attention_head_dim"],
         config["pooled_projection_dim"],
         config["joint_attention_dim"],
     ]
     assert len(set(widths)) == len(widths)
-    assert shapes.tiny_t5_config()["d_model"] == config["joint_attention_dim"]
-    assert shapes.TINY_CLIP_L_WIDTH + shapes.TINY_CLIP_G_WIDTH <= shapes.TINY_T5_WIDTH
-    assert shapes.tiny_clip_l_config()["projection_dim"] == shapes.TINY_CLIP_L_WIDTH
-    assert shapes.tiny_clip_g_config()["projection_dim"] == shapes.TINY_CLIP_G_WIDTH
-    assert shapes.tiny_vae_config()["shift_factor"] == shapes.vae_config()["shift_factor"]
+    assert tiny_shapes.tiny_t5_config()["d_model"] == config["joint_attention_dim"]
+    assert tiny_shapes.TINY_CLIP_L_WIDTH + tiny_shapes.TINY_CLIP_G_WIDTH <= tiny_shapes.TINY_T5_WIDTH
+    assert tiny_shapes.tiny_clip_l_config()["projection_dim"] == tiny_shapes.TINY_CLIP_L_WIDTH
+    assert tiny_shapes.tiny_clip_g_config()["projection_dim"] == tiny_shapes.TINY_CLIP_G_WIDTH
+    assert tiny_shapes.tiny_vae_config()["shift_factor"] == shapes.vae_config()["shift_factor"]

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 
 from library.models.families.sd3 import original_keys as keys
 from library.models.families.sd3 import shapes
-from library.models.families.sd3.tiny import build_tiny_sd3_components
-from library.models.families.sd3.tiny_files import (
+from tests.kits.sd3 import tiny_shapes
+from tests.kits.sd3.tiny import build_tiny_sd3_components
+from tests.kits.sd3.tiny_files import (
     tiny_configs,
     write_tiny_sd3_files,
     write_tiny_sd3_folder,
@@ -40,8 +41,8 @@ def test_tiny_chain(variant, tmp_path):
     pooled outputs side by side."""
     from transformers import CLIPTokenizer, T5TokenizerFast
 
-    from library.models.families.flux.tiny import write_tiny_t5_tokenizer
-    from library.models.tiny import write_tiny_tokenizer
+    from tests.kits.flux.tiny import write_tiny_t5_tokenizer
+    from tests.kits.sd.tiny import write_tiny_tokenizer
 
     parts = build_tiny_sd3_components(variant)
     clip_tok = CLIPTokenizer.from_pretrained(write_tiny_tokenizer(tmp_path / "clip"))
@@ -49,7 +50,7 @@ def test_tiny_chain(variant, tmp_path):
     prompt = ["a cat"]
     clip_ids = clip_tok(prompt, padding="max_length", max_length=77, return_tensors="pt")
     t5_ids = t5_tok(prompt, padding="max_length", max_length=16, return_tensors="pt")
-    image = torch.rand(1, 3, shapes.TINY_SIZE, shapes.TINY_SIZE) * 2 - 1
+    image = torch.rand(1, 3, tiny_shapes.TINY_SIZE, tiny_shapes.TINY_SIZE) * 2 - 1
     with torch.no_grad():
         clip_out = [
             parts[name](clip_ids.input_ids, output_hidden_states=True)
@@ -59,7 +60,7 @@ def test_tiny_chain(variant, tmp_path):
         pooled = torch.cat([out.text_embeds for out in clip_out], dim=-1)
         t5_states = parts["text_encoder_3"](**t5_ids).last_hidden_state
         padded = torch.nn.functional.pad(
-            clip_states, (0, shapes.TINY_T5_WIDTH - clip_states.shape[-1])
+            clip_states, (0, tiny_shapes.TINY_T5_WIDTH - clip_states.shape[-1])
         )
         context = torch.cat([padded, t5_states], dim=1)
         latents = parts["vae"].encode(image).latent_dist.mean
@@ -71,8 +72,8 @@ def test_tiny_chain(variant, tmp_path):
             timestep=torch.tensor([500.0]),
         ).sample
         decoded = parts["vae"].decode(latents).sample
-    assert pooled.shape == (1, shapes.TINY_CLIP_L_WIDTH + shapes.TINY_CLIP_G_WIDTH)
-    assert context.shape == (1, 77 + 16, shapes.TINY_T5_WIDTH)
+    assert pooled.shape == (1, tiny_shapes.TINY_CLIP_L_WIDTH + tiny_shapes.TINY_CLIP_G_WIDTH)
+    assert context.shape == (1, 77 + 16, tiny_shapes.TINY_T5_WIDTH)
     assert out.shape == latents.shape and decoded.shape == image.shape
     assert torch.isfinite(out).all() and torch.isfinite(decoded).all()
 
@@ -109,7 +110,7 @@ def test_single_files_hold_the_components(tmp_path, inside):
     model = load_file(str(files["model"]))
     found = keys.detect_sd3(model)
     assert found == keys.SD3Keys(
-        "original", variant, keys.ORIGINAL_PREFIX, shapes.TINY_BLOCKS, inside, inside, inside, True
+        "original", variant, keys.ORIGINAL_PREFIX, tiny_shapes.TINY_BLOCKS, inside, inside, inside, True
     )
     mmdit = {k: v for k, v in model.items() if k.startswith(keys.ORIGINAL_PREFIX)}
     vae = {k[len(keys.VAE_PREFIX) :]: v for k, v in model.items() if k.startswith(keys.VAE_PREFIX)}

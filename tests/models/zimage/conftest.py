@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def zimage_dir(tmp_path_factory):
     """A tiny Z-Image-Turbo as a diffusers ZImagePipeline folder (seed 0)."""
-    from library.models.families.zimage.tiny import write_tiny_zimage_folder
+    from tests.kits.zimage.tiny import write_tiny_zimage_folder
 
     return write_tiny_zimage_folder(tmp_path_factory.mktemp("models") / "tiny-zimage")
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from library.models.families.zimage.lora_keys import NAMES
-from library.models.families.zimage.shapes import tiny_transformer_config
 from library.networks import linear_files
+from tests.kits.zimage.tiny_shapes import tiny_transformer_config
 
 
 def read_lora(tensors, transformer, **keys):

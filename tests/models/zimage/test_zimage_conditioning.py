@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from library.models.families.zimage import conditioning, testkit
-from library.models.families.zimage.shapes import TINY_TEXT_WIDTH
+from library.models.families.zimage import conditioning
+from tests.kits.zimage import kit as zimage_kit
+from tests.kits.zimage.tiny_shapes import TINY_TEXT_WIDTH
 
 CAPTIONS = [
     "a cat",
@@ -81,11 +82,11 @@ def test_pad_and_unpad_round_trip():
 
 
 def test_the_distributed_modes_captions_differ_in_length(zimage_pipe):
-    """What makes Z-Image's distributed modes (testkit.DISTRIBUTED) a proof of batching by
+    """What makes Z-Image's distributed modes (kit.DISTRIBUTED) a proof of batching by
     TextConditioning.lengths: the captions they train on are four lengths, which the
     transformer pads to four lengths again (to multiples of 32)."""
-    for mode in testkit.DISTRIBUTED:
-        assert mode.captions == testkit.CAPTIONS
-    ids, mask = conditioning.tokenize_captions(zimage_pipe.tokenizer, list(testkit.CAPTIONS))
+    for mode in zimage_kit.DISTRIBUTED:
+        assert mode.captions == zimage_kit.CAPTIONS
+    ids, mask = conditioning.tokenize_captions(zimage_pipe.tokenizer, list(zimage_kit.CAPTIONS))
     lengths = mask.sum(dim=1).tolist()
     assert len(set(lengths)) == 4 and len({-(-n // 32) for n in lengths}) == 4, lengths

@@ -12,11 +12,11 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ConfigError
 from library.models.families.zimage.family import ZImageFamily
-from library.models.families.zimage.testkit import reference_loss
-from library.models.families.zimage.tiny import write_tiny_zimage_folder
 from library.models.loader import load_components
 from library.training.step import StepInputs, micro_batch_loss
 from library.training.text_cache import TextEncoderCache
+from tests.kits.zimage.kit import reference_loss
+from tests.kits.zimage.tiny import write_tiny_zimage_folder
 
 SEED = 11
 BATCH = {

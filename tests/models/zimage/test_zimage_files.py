@@ -15,7 +15,7 @@ from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
 from library.models.families.zimage import keys
 from library.models.families.zimage.load import load_zimage
-from library.models.families.zimage.tiny_files import write_tiny_zimage_files
+from tests.kits.zimage.tiny_files import write_tiny_zimage_files
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,14 @@ from safetensors.torch import load_file
 
 from library.models.families.zimage import keys
 from library.models.families.zimage.full_file import write_transformer_file
-from library.models.families.zimage.shapes import TINY_DIM
+from tests.kits.zimage.tiny_shapes import TINY_DIM
 
 
 @pytest.fixture(scope="module")
 def trained():
     """The tiny transformer with every weight moved off its initial value (as training does),
     so a swapped or dropped tensor shows."""
-    from library.models.families.zimage.tiny import build_tiny_zimage_components
+    from tests.kits.zimage.tiny import build_tiny_zimage_components
 
     transformer = build_tiny_zimage_components(seed=5)["transformer"]
     generator = torch.Generator().manual_seed(1)
@@ -66,7 +66,7 @@ def test_difftune_reads_the_file_back_with_its_config_and_variant(trained, tmp_p
     from library.config.flow_schema import FlowSection
     from library.config.schema import ModelSection
     from library.models.families.zimage.load import load_zimage
-    from library.models.families.zimage.tiny_files import write_tiny_zimage_files
+    from tests.kits.zimage.tiny_files import write_tiny_zimage_files
 
     files = write_tiny_zimage_files(tmp_path / "files")
     # the header's scheduler (Base's shift) decides over the file name

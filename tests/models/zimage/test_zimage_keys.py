@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from library.models.families.zimage import keys
-from library.models.families.zimage.shapes import TINY_DIM
+from tests.kits.zimage.tiny_shapes import TINY_DIM
 
 
 @pytest.fixture(scope="module")
 def diffusers_sd():
-    from library.models.families.zimage.tiny import build_tiny_zimage_components
+    from tests.kits.zimage.tiny import build_tiny_zimage_components
 
     return build_tiny_zimage_components(seed=3)["transformer"].state_dict()
 

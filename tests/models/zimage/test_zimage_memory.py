@@ -16,7 +16,7 @@ from tests.training.memory_helpers import size_stats, training_parts, write_conf
 
 @pytest.fixture(scope="module")
 def models(zimage_dir, tmp_path_factory):
-    from library.models.families.zimage.tiny_files import write_tiny_zimage_files
+    from tests.kits.zimage.tiny_files import write_tiny_zimage_files
 
     files = write_tiny_zimage_files(tmp_path_factory.mktemp("zimage-files"))
     return {

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from library.models.families.zimage import shapes
+from tests.kits.zimage import tiny_shapes
 
 
 def count(module: torch.nn.Module) -> int:
@@ -69,7 +70,7 @@ def test_full_size_text_encoder_is_qwen3_4b(full_size):
 
 
 def test_head_dims_split_into_rope_axes():
-    for config in (shapes.transformer_config(), shapes.tiny_transformer_config()):
+    for config in (shapes.transformer_config(), tiny_shapes.tiny_transformer_config()):
         assert config["dim"] // config["n_heads"] == sum(config["axes_dims"])
         assert all(a % 2 == 0 for a in config["axes_dims"])
 
@@ -81,9 +82,9 @@ def test_tiny_transformer_has_the_released_layout(full_size):
         # block indices folded: the tiny model has fewer joint blocks
         return {re.sub(r"^(layers)\.\d+\.", r"\1.N.", k) for k in model.state_dict()}
 
-    tiny = ZImageTransformer2DModel(**shapes.tiny_transformer_config())
+    tiny = ZImageTransformer2DModel(**tiny_shapes.tiny_transformer_config())
     assert names(tiny) == names(full_size["transformer"])
-    assert tiny.config.cap_feat_dim == shapes.tiny_text_encoder_config()["hidden_size"]
+    assert tiny.config.cap_feat_dim == tiny_shapes.tiny_text_encoder_config()["hidden_size"]
 
 
 def test_scheduler_configs_are_static_shifts():
@@ -103,4 +104,4 @@ def test_ae_is_flux_ae():
         0.3611,
         0.1159,
     )
-    assert len(shapes.tiny_ae_config()["block_out_channels"]) == 4  # 8x down, as released
+    assert len(tiny_shapes.tiny_ae_config()["block_out_channels"]) == 4  # 8x down, as released

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from library.models.families.zimage.shapes import tiny_transformer_config, transformer_config
+from library.models.families.zimage.shapes import transformer_config
 from library.models.families.zimage.targets import default_targets, linear_paths
+from tests.kits.zimage.tiny_shapes import tiny_transformer_config
 
 
 def tiny_transformer():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from library.models.families.zimage.tiny_tokenizer import tiny_qwen3_vocab, tiny_qwen3_vocab_size
+from tests.kits.zimage.tiny_tokenizer import tiny_qwen3_vocab, tiny_qwen3_vocab_size
 from tools.make_test_assets import ASSETS_DIR
 
 FOLDER = ASSETS_DIR / "qwen3_tokenizer"

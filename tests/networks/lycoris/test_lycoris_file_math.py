@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from library.networks.lycoris import file_math
-from library.networks.merge import lora_delta
+from tests.networks.lora_merge import lora_delta
 from tests.networks.lycoris.reference import (
     CASE_PARAMS,
     Case,

@@ -57,5 +57,4 @@ CHROMA = FamilyEntry(
         to_original=Deferred(f"{_PACKAGE}.original_keys:transformer_to_original"),
         version_marks=(("chroma", _LINE),),
     ),
-    test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )

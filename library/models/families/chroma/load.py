@@ -1,6 +1,6 @@
 """Loading Chroma: which models are Chroma, and a diffusers ChromaPipeline folder.
 
-The folder (lodestones/Chroma1-HD, Chroma1-Base, or tiny.write_tiny_chroma_folder) holds
+The folder (lodestones/Chroma1-HD, Chroma1-Base, or the tests' tiny one) holds
 transformer/, vae/, text_encoder/ (T5-XXL), tokenizer/ (T5's) and scheduler/; it is declared as
 data for the shared folder loader (library.models.families.folder_loader), which checks every
 part and weights file before anything loads; nothing is downloaded. The [flow] t5xxl and ae

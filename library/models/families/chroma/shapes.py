@@ -1,4 +1,5 @@
-"""Chroma's transformer config as data: the released model and a tiny one of the same layout.
+"""Chroma's transformer config as data: the released model (a tiny one of the same layout, for
+the tests, is in tests/kits/chroma/tiny_shapes.py).
 
 Sources: diffusers 0.42.1 ``ChromaTransformer2DModel`` defaults, which are lodestones/Chroma1-HD's
 transformer/config.json (FLUX.1's 19 double and 38 single blocks at width 3072, T5-XXL's 4096
@@ -32,24 +33,6 @@ def transformer_config() -> dict:
         "approximator_num_channels": 64,
         "approximator_hidden_dim": 5120,
         "approximator_layers": 5,
-    }
-
-
-def tiny_transformer_config() -> dict:
-    """2 double + 2 single blocks at width 32 reading the tiny T5's 48-wide states, with a
-    2-layer approximator of width 24 (its 16 input channels: 4 timestep, 4 guidance and 8
-    modulation-index features)."""
-    return {
-        **transformer_config(),
-        "num_layers": 2,
-        "num_single_layers": 2,
-        "attention_head_dim": flux_shapes.TINY_HEAD_DIM,
-        "num_attention_heads": flux_shapes.TINY_HEADS,
-        "joint_attention_dim": flux_shapes.TINY_T5_WIDTH,
-        "axes_dims_rope": (4, 6, 6),
-        "approximator_num_channels": 16,
-        "approximator_hidden_dim": 24,
-        "approximator_layers": 2,
     }
 
 

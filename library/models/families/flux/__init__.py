@@ -6,8 +6,9 @@
   transformer file with its clip_l / t5xxl / ae files, and the tokenizers, found offline;
 - shapes, original_keys, lora_keys: the component configs as data, the original <-> diffusers
   state-dict names, and kohya's LoRA names (fused modules);
-- sampling: sample images during training with diffusers' FluxPipeline;
-- tiny, tiny_files: tiny components, a tiny T5 tokenizer and tiny models on disk for tests.
+- sampling: sample images during training with diffusers' FluxPipeline.
+
+Its tiny test models (with a tiny T5 tokenizer) and conformance kit are in tests/kits/flux/.
 
 Importing the package imports none of them.
 """

@@ -101,5 +101,4 @@ FLUX = FamilyEntry(
         to_original=Deferred("library.models.families.flux.original_keys:transformer_to_original"),
         comfy_keys=_comfy_keys,
     ),
-    test_kit=Deferred("library.models.families.flux.testkit:KIT").get,
 )

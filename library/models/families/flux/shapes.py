@@ -1,4 +1,5 @@
-"""FLUX.1 component configs as data: the full-size models and tiny ones of the same layout.
+"""FLUX.1 component configs as data: the full-size models (tiny ones of the same layout, for the
+tests, are in tests/kits/flux/tiny_shapes.py).
 
 Every function returns a fresh dict of constructor kwargs:
 ``FluxTransformer2DModel(**transformer_config("dev"))``, ``AutoencoderKL(**ae_config())``,
@@ -18,8 +19,6 @@ The tests check the resulting parameter counts against published figures and for
 from __future__ import annotations
 
 from typing import Literal
-
-from library.models.tiny import tiny_text_config
 
 Variant = Literal["dev", "schnell"]
 VARIANTS: tuple[Variant, ...] = ("dev", "schnell")
@@ -126,67 +125,4 @@ def t5_xxl_config() -> dict:
         "pad_token_id": 0,
         "eos_token_id": 1,
         "decoder_start_token_id": 0,
-    }
-
-
-# --- tiny -------------------------------------------------------------------------------------
-
-# Distinct widths for every stream, so a mix-up of two inputs fails on a shape.
-TINY_CLIP_WIDTH = 24  # pooled text: the transformer's pooled_projection_dim
-TINY_T5_WIDTH = 48  # T5 hidden states: the transformer's joint_attention_dim
-TINY_HEADS, TINY_HEAD_DIM = 2, 16  # transformer width 32
-TINY_T5_VOCAB_SIZE = 128  # more rows than the tiny tokenizer has pieces, as in T5-XXL
-TINY_SIZE = 64  # pixels; the tiny AE downsamples by 8 like the real one
-
-
-def tiny_transformer_config(variant: Variant = "dev") -> dict:
-    """FluxTransformer2DModel kwargs: 2 double + 2 single blocks at width 32, real in/out."""
-    return {
-        **transformer_config(variant),
-        "num_layers": 2,
-        "num_single_layers": 2,
-        "attention_head_dim": TINY_HEAD_DIM,
-        "num_attention_heads": TINY_HEADS,
-        "joint_attention_dim": TINY_T5_WIDTH,
-        "pooled_projection_dim": TINY_CLIP_WIDTH,
-        "axes_dims_rope": (4, 6, 6),  # (index, row, column); even, summing to the head dim
-    }
-
-
-def tiny_ae_config() -> dict:
-    """AutoencoderKL kwargs: four levels (8x down) and 16 latent channels, at small width."""
-    return {
-        **ae_config(),
-        # Two channel changes, as (128, 256, 512, 512) has, so both the encoder and the decoder
-        # carry nin_shortcut convolutions.
-        "block_out_channels": (8, 16, 32, 32),
-        "layers_per_block": 1,
-        "norm_num_groups": 8,
-        "sample_size": TINY_SIZE,
-    }
-
-
-def tiny_clip_config() -> dict:
-    """CLIPTextConfig kwargs for the tiny CLIP tokenizer of library/models/tiny.py."""
-    return {
-        **tiny_text_config("sd1"),  # quick-GELU, 77 positions, the tiny tokenizer's ids
-        "hidden_size": TINY_CLIP_WIDTH,
-        "intermediate_size": 2 * TINY_CLIP_WIDTH,
-        "num_attention_heads": 2,
-        "projection_dim": TINY_CLIP_WIDTH,
-    }
-
-
-def tiny_t5_config() -> dict:
-    """T5Config kwargs: two gated-GELU layers for the tiny T5 tokenizer
-    (library/models/families/flux/tiny.py)."""
-    return {
-        **t5_xxl_config(),
-        "vocab_size": TINY_T5_VOCAB_SIZE,
-        "d_model": TINY_T5_WIDTH,
-        "d_kv": 12,  # heads * d_kv = d_model, as in XXL
-        "d_ff": 2 * TINY_T5_WIDTH,
-        "num_layers": 2,
-        "num_decoder_layers": 2,
-        "num_heads": 4,
     }

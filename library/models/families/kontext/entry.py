@@ -55,5 +55,4 @@ KONTEXT = FamilyEntry(
         to_original=FLUX.tool.to_original,
         comfy_keys=FLUX.tool.comfy_keys,
     ),
-    test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )

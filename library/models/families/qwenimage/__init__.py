@@ -3,9 +3,7 @@
 One module per concern, each stating the facts it follows (from diffusers 0.42.1's
 QwenImagePipeline, QwenImageTransformer2DModel and AutoencoderKLQwenImage):
 
-- shapes: the released component configs as data, and tiny ones of the same layout;
-- tiny: tiny components and a tiny diffusers QwenImagePipeline folder for offline tests (the
-  tokenizer is Z-Image's tiny Qwen-style one);
+- shapes: the released component configs as data;
 - conditioning: captions -> the prompt template, Qwen2.5-VL's last hidden states without the
   template's first 34 tokens, at each caption's own length;
 - denoise: one-frame latents [B, 16, 1, h, w] <-> the transformer's 2x2-patch tokens,
@@ -16,10 +14,11 @@ QwenImagePipeline, QwenImageTransformer2DModel and AutoencoderKLQwenImage):
   names (``diffusion_model.<diffusers path>``, read by ComfyUI and diffusers);
 - family, load, entry: the ModelFamily the trainer calls, the loader (a folder through
   families/folder_loader.py, or the single files) and the registry entry (registry.py lists it);
-- files, vae_keys, tiny_files: the single files ComfyUI users have (transformer, Qwen2.5-VL, the
-  VAE in Wan 2.1's names), checked before any weight is read, and tiny ones for tests;
+- files, vae_keys: the single files ComfyUI users have (transformer, Qwen2.5-VL, the VAE in
+  Wan 2.1's names), checked before any weight is read;
 - full_file: a full fine-tune's transformer as one file in diffusers' names;
 - config_keys: [flow] model_version, which release a transformer file is;
-- sampling: sampling during training through QwenImagePipeline;
-- testkit: the conformance suite's kit.
+- sampling: sampling during training through QwenImagePipeline.
+
+Its tiny test models and conformance kit are in tests/kits/qwenimage/.
 """

@@ -88,5 +88,4 @@ QWENIMAGE = FamilyEntry(
             "diffusers": "diffusers' transformer.<diffusers path>",
         },
     ),
-    test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )

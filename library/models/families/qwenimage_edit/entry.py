@@ -51,7 +51,6 @@ QWENIMAGE_EDIT = FamilyEntry(
         comfy_keys=QWENIMAGE.tool.comfy_keys,
         layout_names=QWENIMAGE.tool.layout_names,
     ),
-    test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )
 
 # Qwen-Image-Edit-2509 and 2511 (QwenImageEditPlusPipeline): the same parts and files, one or
@@ -69,5 +68,4 @@ QWENIMAGE_EDIT_PLUS = replace(
     # the older key names are the first edit model's trainer's
     kohya=KohyaVocabulary(),
     tool=replace(QWENIMAGE_EDIT.tool, variant_labels={"qwenimage-edit-plus": _PLUS_LINE}),
-    test_kit=Deferred(f"{_PACKAGE}.testkit:PLUS_KIT").get,
 )

@@ -9,8 +9,9 @@
 - blocks: kohya's block-wise network_args rules over the SD and SDXL UNets' blocks.
 
 The UNet/VAE/CLIP name tables and component configs of the original layout
-(library/models/original_names.py, checkpoint_parts.py, configs/) and the tiny SD models
-(library/models/tiny.py) stay shared: other families' loaders and tests use them too.
+(library/models/original_names.py, checkpoint_parts.py, configs/) stay shared: other families'
+loaders use them too. Its tiny test models (with the tiny CLIP tokenizer every family's tiny
+models use) and conformance kit are in tests/kits/sd/.
 
 Importing the package imports none of them.
 """

@@ -79,5 +79,4 @@ SD = FamilyEntry(
         comfy_original=_comfy_original,
         comfy_keys=_comfy_keys,
     ),
-    test_kit=Deferred("library.models.families.sd.testkit:KIT").get,
 )

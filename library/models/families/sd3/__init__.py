@@ -9,8 +9,9 @@
   options;
 - shapes, original_keys, lora_keys: the component configs as data, the original <-> diffusers
   state-dict names, and the LoRA names (kohya's and diffusers');
-- sampling: sample images during training with diffusers' StableDiffusion3Pipeline;
-- tiny, tiny_files: tiny components and tiny models on disk for tests.
+- sampling: sample images during training with diffusers' StableDiffusion3Pipeline.
+
+Its tiny test models and conformance kit are in tests/kits/sd3/.
 
 Importing the package imports none of them.
 """

@@ -90,5 +90,4 @@ SD3 = FamilyEntry(
             ("transformer.", "base_model.model.", "lora_transformer_", "lycoris_")
         ),
     ),
-    test_kit=Deferred("library.models.families.sd3.testkit:KIT").get,
 )

@@ -3,9 +3,7 @@
 One module per concern, each stating the facts it follows (from diffusers 0.42.1's
 ZImagePipeline, ZImageTransformer2DModel and single-file converter):
 
-- shapes: the released component configs as data, and tiny ones of the same layout;
-- tiny_tokenizer, tiny: a tiny Qwen3-style tokenizer, tiny components and a tiny diffusers
-  ZImagePipeline folder for offline tests;
+- shapes: the released component configs as data;
 - keys: the name table between single-file (original) transformer checkpoints and diffusers;
 - conditioning: captions -> the list of variable-length Qwen3 hidden states the model takes;
 - denoise: latents [B, C, h, w] + timestep + caption states -> the transformer's raw output;
@@ -19,8 +17,11 @@ ZImagePipeline, ZImageTransformer2DModel and single-file converter):
 - flow_objective: the training objective (the shared rectified flow in Z-Image's conventions);
 - family, load, entry: the ModelFamily the trainer calls, the ZImagePipeline folder loader and
   the registry entry (library/models/families/registry.py lists it);
-- files, file_configs, tiny_files: Comfy-Org's single files (transformer, qwen_3_4b, ae), each
-  checked tensor by tensor before a weight is read, and tiny ones for tests;
+- files, file_configs: Comfy-Org's single files (transformer, qwen_3_4b, ae), each checked
+  tensor by tensor before a weight is read;
 - full_file: a full fine-tune's transformer in the original names (what ComfyUI loads);
 - sampling: sampling during training through ZImagePipeline.
+
+Its tiny test models (with a tiny Qwen3-style tokenizer) and conformance kit are in
+tests/kits/zimage/.
 """

@@ -86,5 +86,4 @@ ZIMAGE = FamilyEntry(
             "diffusers": "diffusers' transformer.<diffusers path>",
         },
     ),
-    test_kit=Deferred(f"{_PACKAGE}.testkit:KIT").get,
 )

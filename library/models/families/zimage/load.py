@@ -1,6 +1,6 @@
 """Loading Z-Image: which models are Z-Image, and a diffusers ZImagePipeline folder.
 
-The folder (Tongyi-MAI/Z-Image or Z-Image-Turbo, or tiny.write_tiny_zimage_folder) holds
+The folder (Tongyi-MAI/Z-Image or Z-Image-Turbo, or the tests' tiny one) holds
 transformer/, vae/, text_encoder/ (Qwen3), tokenizer/ and scheduler/; every part and weights
 file is checked before anything loads, and nothing is downloaded. The variant is the
 scheduler's: Turbo samples with shift 3.0, Base with 6.0 (the only difference besides the
