@@ -20,13 +20,13 @@ Split pieces are views of the fused tensor: clone them before saving them with s
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from library.models.families.shape_origins import converted_origins
+from library.models.families.shape_origins import convert_shapes as convert_shapes
 from library.models.original_names import vae_state_dict_from_original, vae_state_dict_to_original
 
 ORIGINAL_PREFIX = "model.diffusion_model."
@@ -214,15 +214,6 @@ def ae_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 # --- shapes and detection ---------------------------------------------------------------------
-
-
-def convert_shapes(
-    convert: Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]],
-    shapes: Mapping[str, Iterable[int]],
-) -> dict[str, tuple[int, ...]]:
-    """Run a converter of this module on key -> shape, without allocating any tensor;
-    shape_origins.ConvertFailed (a ValueError) naming the file tensors it failed on."""
-    return converted_origins(convert, shapes)[0]
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
 from library.models.families.file_contents import looks_like, sample_keys
 from library.models.families.file_plans import (
     Plan,
@@ -58,6 +57,7 @@ from library.models.families.zimage.shapes import (
     scheduler_config,
 )
 from library.models.loader import offline
+from library.models.plans import CONFIG_METADATA, empty_module, shapes_problem
 from library.models.vae_file import load_vae
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,6 @@ def plan_ae(file: CheckpointFile) -> Plan:
     """FLUX.1's AE reader: Z-Image ships FLUX.1's AE (same keys, 16 latent channels). Its
     messages name the file as ``vae``, the key it is given by."""
     import dataclasses
-
 
     try:
         plan = flux_plan_ae(file)
