@@ -18,8 +18,10 @@ from typing import Any
 import torch
 
 from library.errors import ModelError
-from library.models import shape_configs
+from library.models import original_names as names
+from library.models import released_configs, shape_configs
 from library.models.checkpoint_file import CheckpointFile
+from library.models.families.file_contents import looks_like
 from library.models.families.shape_origins import convert_shapes
 from library.models.loader import one_line
 from library.models.plans import Convert, Plan, choose_plan, load_plan
@@ -346,3 +348,43 @@ def ae_config_from_shapes(shapes: Mapping[str, tuple[int, ...]], base: dict) -> 
             k.startswith("encoder.mid_block.attentions.") for k in shapes
         ),
     }
+
+
+# --- component files of the shared kinds ---------------------------------------------------------
+
+
+def wrong_file(
+    key: str, file: CheckpointFile, expected: str, problem: str, section: str = "[flow]"
+) -> ModelError:
+    """The error for the file ``key`` names when it holds something else than ``expected``."""
+    return ModelError(
+        f"{key} = {file.path} is not {expected}: {problem} (the file looks like "
+        f"{looks_like(file.keys())}); set {key} in {section} to {expected}'s file"
+    )
+
+
+def plan_t5_file(
+    file: CheckpointFile, key: str, part: str, label: str, base: dict | None = None
+) -> Plan:
+    """T5-XXL's encoder from the file ``key`` names, as ``part`` (its header entry's name), in
+    T5EncoderModel names; its config ``base`` (T5 v1.1 XXL's) with the sizes its tensors show."""
+    expected = "the T5-XXL text encoder"
+    refuse_scaled_fp8(file, key)
+    return plan_t5_encoder(
+        file, key, "", part, label, base or released_configs.t5_xxl_config(),
+        lambda problem: wrong_file(key, file, expected, problem),
+    )  # fmt: skip
+
+
+def plan_ae16_file(
+    file: CheckpointFile, key: str, label: str, family: str, section: str = "[flow]"
+) -> Plan:
+    """The 16-channel autoencoder (ae.safetensors: LDM names, or diffusers') from the file
+    ``key`` names (in ``section``); ``family`` names whose latents it must make."""
+    expected = "the 16-channel autoencoder (ae.safetensors)"
+    return plan_autoencoder(
+        file, key, ("first_stage_model.", "vae."), names.ldm_vae_from_original,
+        released_configs.ae16_config(), label,
+        (released_configs.AE16_LATENT_CHANNELS, f"{family}'s"),
+        lambda problem: wrong_file(key, file, expected, problem, section),
+    )  # fmt: skip

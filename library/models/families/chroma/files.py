@@ -35,13 +35,9 @@ from library.models.families.file_plans import (
 )
 from library.models.families.flux.files import plan_ae, plan_t5
 from library.models.families.flux.original_keys import convert_shapes
-from library.models.families.flux.tokenizers import (
-    find_t5_tokenizer_folder,
-    load_t5_tokenizer,
-    located_t5_tokenizer,
-    missing_t5_tokenizer,
-)
+from library.models.families.flux.tokenizers import find_t5_tokenizer_folder, missing_t5_tokenizer
 from library.models.loader import offline, one_line
+from library.models.text_encoders.t5 import load_t5_tokenizer, located_t5_tokenizer
 
 FLOW_FILES = {
     "t5xxl": "the T5-XXL text encoder (e.g. t5xxl_fp16.safetensors)",
