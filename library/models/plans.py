@@ -56,6 +56,16 @@ class Plan:
     label: str = ""  # how errors name the module ("FLUX.1 transformer"); "": the part
     tied: bool = False  # a T5 encoder: shared.weight and encoder.embed_tokens.weight are one
     source: str = "derived"  # which config it has: "metadata", "shipped" or "derived"
+    # The file key (as the file spells it) holding a module key, for messages; None: the same.
+    file_name: Callable[[str], str] | None = field(default=None, repr=False)
+
+    def spelled(self, key: str) -> str:
+        """``key`` of the module, and the file's name for it where that differs."""
+        try:
+            name = self.file_name(key) if self.file_name else key
+        except ValueError:
+            name = key
+        return key if name == key else f"{key}, the file's {name}"
 
     @property
     def where(self) -> str:
@@ -106,7 +116,7 @@ def choose_plan(
             raise ModelError(
                 f"{stored_plan.where}: its header ({CONFIG_METADATA}{part}) describes a "
                 f"{stored_plan.name} with {len(lacking)} tensors the file does not hold (e.g. "
-                f"{lacking[0]}): the file is truncated; re-download it"
+                f"{stored_plan.spelled(lacking[0])}): the file is truncated; re-download it"
             )
     problem, last = None, None
     for source, make in candidates:
@@ -152,7 +162,7 @@ def fit_problem(plan: Plan) -> str | None:
         expected, got, origins = _shapes(plan)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         return f"cannot build the {plan.part} from it ({one_line(exc)})"
-    return shapes_problem(expected, got, plan.name, origins, file_shapes(plan))
+    return shapes_problem(expected, got, plan.name, origins, file_shapes(plan), plan.spelled)
 
 
 def lacking_tensors(plan: Plan) -> list[str]:
@@ -170,14 +180,17 @@ def lacking_tensors(plan: Plan) -> list[str]:
 def shapes_problem(
     expected: dict, got: dict, what: str, origins: Mapping[str, tuple[str, ...]] | None = None,
     file_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    spelled: Callable[[str], str] = str,
 ) -> str | None:  # fmt: skip
     """None when ``got`` (name -> shape) has exactly ``expected``'s names and shapes, else why
     not; ``what`` names the module in the message. ``origins``: the file tensors each of
     ``got``'s was converted from (and ``file_shapes`` their shapes), so that a wrong shape is
-    blamed on the file's tensor (a fused qkv), not on the piece made of it (to_q)."""
+    blamed on the file's tensor (a fused qkv), not on the piece made of it (to_q);
+    ``spelled(key)``: a missing module key with the file's name for it."""
     missing = sorted(set(expected) - set(got))
     if missing:
-        return f"{len(missing)} weights of the {what} are not in the file (e.g. {missing[0]})"
+        example = spelled(missing[0])
+        return f"{len(missing)} weights of the {what} are not in the file (e.g. {example})"
     extra = sorted(set(got) - set(expected))
     if extra:
         return f"{len(extra)} tensors of the file do not belong to the {what} (e.g. {extra[0]})"

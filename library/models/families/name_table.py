@@ -51,6 +51,8 @@ SINGLE_STREAM_BLOCK: dict[str, Stem] = {
     "linear2": "proj_out",
 }
 _NUMBERED = re.compile(r"(.+?)\.(\d+)\.(.+)")
+# A stem ending so is a whole key (an RMSNorm's scale, a single weight), not a Linear's stem.
+_WHOLE = ("scale", "weight", "bias")
 
 
 def _expand(table: Mapping[str, Stem]) -> dict[str, tuple[str, ...]]:
@@ -58,7 +60,7 @@ def _expand(table: Mapping[str, Stem]) -> dict[str, tuple[str, ...]]:
     out = {}
     for old, new in table.items():
         new = (new,) if isinstance(new, str) else new
-        if old.rsplit(".", 1)[-1] == "scale":
+        if old.rsplit(".", 1)[-1] in _WHOLE:
             out[old] = new
             continue
         for param in ("weight", "bias"):
@@ -103,13 +105,16 @@ class NameTable:
     ``top``: stems outside numbered lists; ``lists``: (original list, diffusers list, stems of
     one entry); ``swapped``: original keys whose two halves are in the other order in diffusers
     (an adaLN's shift/scale); ``model``: the diffusers class, as messages name it; ``width_key``:
-    the original key whose rows are the hidden size (a 4-way fused split needs it)."""
+    the original key whose rows are the hidden size (a 4-way fused split needs it);
+    ``same_elsewhere``: a name the table does not list is the same on both sides (else it is
+    refused as not the model's)."""
 
     top: Mapping[str, Stem]
     lists: tuple[tuple[str, str, Mapping[str, Stem]], ...]
     model: str
     swapped: tuple[str, ...] = ()
     width_key: str = "img_in.weight"
+    same_elsewhere: bool = False
     _top: dict = field(init=False, repr=False, compare=False)
     _lists: dict = field(init=False, repr=False, compare=False)
     _top_back: dict = field(init=False, repr=False, compare=False)
@@ -135,7 +140,7 @@ class NameTable:
         return tuple(
             (old, (new,) if isinstance(new, str) else tuple(new))
             for old, new in stems.items()
-            if old.rsplit(".", 1)[-1] != "scale"
+            if old.rsplit(".", 1)[-1] not in _WHOLE
         )
 
     def original_group(self, key: str, prefix: str = "") -> str:
@@ -153,7 +158,26 @@ class NameTable:
             if m.group(3) in inner:
                 rest, index, parts = inner[m.group(3)]
                 return f"{old}.{m.group(2)}.{rest}", index, parts
+        if self.same_elsewhere:
+            return key, 0, 1
         raise ValueError(f"{key!r} is not a key of a diffusers {self.model}")
+
+    def original_key(self, key: str) -> str:
+        """The original key holding the diffusers ``key`` (a fused tensor for each part)."""
+        return self._source(key)[0]
+
+    def diffusers_keys(self, key: str) -> tuple[str, ...]:
+        """The diffusers keys the original ``key`` (without a prefix) becomes, in row order."""
+        new_keys, m = self._top.get(key), _NUMBERED.match(key)
+        if new_keys is None and m and m.group(1) in self._lists:
+            new_list, keys = self._lists[m.group(1)]
+            found = keys.get(m.group(3))
+            new_keys = tuple(f"{new_list}.{m.group(2)}.{k}" for k in found) if found else None
+        if new_keys is None and self.same_elsewhere:
+            return (key,)
+        if new_keys is None:
+            raise ValueError(f"{key!r} is not a key of an original {self.model}")
+        return new_keys
 
     def to_original(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Diffusers state dict -> original keys, without a prefix. ValueError for a key it
@@ -178,13 +202,7 @@ class NameTable:
         state = {k.removeprefix(CHECKPOINT_PREFIX): v for k, v in state.items()}
         width, out = None, {}
         for key, value in state.items():
-            prefix, new_keys = "", self._top.get(key)
-            m = _NUMBERED.match(key)
-            if new_keys is None and m and m.group(1) in self._lists:
-                new_list, keys = self._lists[m.group(1)]
-                prefix, new_keys = f"{new_list}.{m.group(2)}.", keys.get(m.group(3))
-            if new_keys is None:
-                raise ValueError(f"{key!r} is not a key of an original {self.model}")
+            new_keys = self.diffusers_keys(key)
             if key in self.swapped:
                 value = swap_halves(value)
             if len(new_keys) == 4:  # q|k|v|mlp-in: three of the hidden size, the MLP's the rest
@@ -192,8 +210,10 @@ class NameTable:
                 pieces = value.split([width] * 3 + [value.shape[0] - 3 * width], dim=0)
             else:  # q|k|v (or any fused parts) of equal size
                 pieces = value.chunk(len(new_keys), dim=0) if len(new_keys) > 1 else (value,)
+            if len(new_keys) == 3 and value.shape[0] % 3:
+                raise ValueError(f"{key}: {tuple(value.shape)} does not split into q, k and v")
             for new, piece in zip(new_keys, pieces, strict=True):
-                out[prefix + new] = piece
+                out[new] = piece
         return out
 
 

@@ -62,15 +62,21 @@ class MainFile:
 
     def detect(self, keys: Iterable[str]) -> tuple[Layout, str] | None:
         """(layout, the prefix of its keys) of a state dict holding this model; None for any
-        other, by key names only."""
+        other, by key names only. A mark ending in "." stands for any key starting so; the
+        diffusers marks are tried first (the original ones may be a part of them)."""
         keys = set(keys)
-        for prefix in self.prefixes:
-            if all(prefix + k in keys for k in self.original_marks):
-                return "original", prefix
-        for prefix in self.prefixes:
-            if all(prefix + k in keys for k in self.diffusers_marks):
-                return "diffusers", prefix
+        for layout, marks in (
+            ("diffusers", self.diffusers_marks),
+            ("original", self.original_marks),
+        ):
+            for prefix in self.prefixes:
+                if all(_marked(keys, prefix + mark) for mark in marks):
+                    return layout, prefix
         return None
+
+
+def _marked(keys: set[str], mark: str) -> bool:
+    return any(k.startswith(mark) for k in keys) if mark.endswith(".") else mark in keys
 
 
 @dataclass(frozen=True)

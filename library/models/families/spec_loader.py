@@ -176,8 +176,14 @@ def plan_main(spec: FamilySpec, file: CheckpointFile) -> Plan:
 
     build = _builder(part)
 
+    def file_name(key: str) -> str:
+        return prefix + (main.names.original_key(key) if original else key)
+
     def plan_of(config: dict) -> Plan:
-        return Plan(part.sub, WHAT, file, keys, config, convert, build, group=group, label=label)
+        return Plan(
+            part.sub, WHAT, file, keys, config, convert, build, group=group, label=label,
+            file_name=file_name,
+        )  # fmt: skip
 
     def derive() -> dict:
         try:
@@ -229,14 +235,14 @@ def plan_component(spec: FamilySpec, part: SpecPart, value: str | None) -> Repla
 
 
 def write_main_file(
-    spec: FamilySpec, path: Path, denoiser: torch.nn.Module, metadata, dtype: torch.dtype
-) -> None:
+    spec: FamilySpec, path: Path, denoiser: torch.nn.Module, metadata, dtype: torch.dtype | None
+) -> Path:
     """The trained denoiser alone as the spec's main single file: the original names of its
     name table, one numbered block at a time (the fused tensors of a block exist only while it
     is written), with its diffusers config in the header (``difftune.config.<subfolder>``)
-    for exact reloading."""
+    for exact reloading, before ``metadata``."""
     names = spec.main.names
     blocks = block_groups(denoiser.state_dict(), names.block_groups)
     config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
     header = {CONFIG_METADATA + spec.denoiser.sub: config, **dict(metadata or {})}
-    save_streamed(path, [(block, names.to_original) for block in blocks], header, dtype)
+    return save_streamed(path, [(block, names.to_original) for block in blocks], header, dtype)
