@@ -388,3 +388,76 @@ def plan_ae16_file(
         (released_configs.AE16_LATENT_CHANNELS, f"{family}'s"),
         lambda problem: wrong_file(key, file, expected, problem, section),
     )  # fmt: skip
+
+
+# --- Qwen3 text encoders ----------------------------------------------------------------------
+
+QWEN3_PREFIX = "model."  # transformers' Qwen3ForCausalLM names its base model so
+_QWEN3_UNUSED = ("lm_head.weight",)  # the LM head: Qwen3Model has none (tied to embed_tokens)
+_QWEN3_MARK = "layers.0.self_attn.q_norm.weight"  # Qwen3's q/k norms (Qwen2 has none)
+
+
+def qwen3_config_from_shapes(plain: Mapping[str, tuple[int, ...]], base: dict) -> dict:
+    """Qwen3Config kwargs for Qwen3Model-named shapes: ``base`` with every size the tensors
+    show (the position table's length does not show); KeyError naming a missing key."""
+    vocab, hidden = plain["embed_tokens.weight"]
+    head_dim = plain["layers.0.self_attn.q_norm.weight"][0]
+    layers = 1 + max(int(m.group(1)) for k in plain if (m := re.match(r"layers\.(\d+)\.", k)))
+    return {
+        **base,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": plain["layers.0.mlp.gate_proj.weight"][0],
+        "num_hidden_layers": layers,
+        "num_attention_heads": plain["layers.0.self_attn.q_proj.weight"][0] // head_dim,
+        "num_key_value_heads": plain["layers.0.self_attn.k_proj.weight"][0] // head_dim,
+        "head_dim": head_dim,
+        "attention_bias": "layers.0.self_attn.q_proj.bias" in plain,
+    }
+
+
+def plan_qwen3_file(
+    file: CheckpointFile, key: str, expected: str, example: str, base: dict,
+    label: str = "Qwen3 text encoder",
+) -> Plan:  # fmt: skip
+    """A Qwen3 text model from the file ``key`` names ([flow]), in transformers' names with or
+    without ``model.``, a whole Qwen3ForCausalLM's LM head left out; its config ``base`` (the
+    released model's) with the sizes its tensors show. ``expected``: what the file must hold,
+    ``example``: its released file's name, as messages say them."""
+    refuse_scaled_fp8(file, key)
+    prefix = QWEN3_PREFIX if any(k.startswith(QWEN3_PREFIX + "layers.") for k in file) else ""
+    if prefix + _QWEN3_MARK not in file:
+        vision = ("model.language_model.", "visual.", "model.visual.")
+        looks = (
+            "a Qwen vision-language model, not a Qwen3 text model"
+            if any(k.startswith(vision) for k in file)
+            else looks_like(file.keys())
+        )
+        raise ModelError(
+            f"{key} = {file.path} is not {expected}: it has no {prefix}{_QWEN3_MARK} (the file "
+            f"looks like {looks}); set {key} in [flow] to {example}"
+        )
+    keys = [k for k in file if k.startswith(prefix) and k not in _QWEN3_UNUSED]
+
+    def strip(state):
+        return {k[len(prefix) :]: v for k, v in state.items()}
+
+    def misfit(exc: Exception) -> ModelError:
+        problem = (
+            f"it lacks {prefix}{exc.args[0]}, which the {label} has"
+            if isinstance(exc, KeyError)
+            else f"its tensors' sizes fit no {label}"
+        )
+        return ModelError(f"{key} = {file.path}: {problem}; re-download or re-convert it")
+
+    return plan_part(
+        "text_encoder", key, file, keys, strip, build_qwen3,
+        lambda shapes: qwen3_config_from_shapes(shapes, base), misfit, label=label,
+        file_name=lambda name: prefix + name,
+    )  # fmt: skip
+
+
+def build_qwen3(config: dict) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3Model
+
+    return Qwen3Model(Qwen3Config(**config))
