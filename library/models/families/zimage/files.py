@@ -4,9 +4,10 @@ tokenizer, a VAE folder or .ckpt, and the variant of a transformer file.
 - ``text_encoders/qwen_3_4b.safetensors`` (Comfy-Org): Qwen3-4B in transformers' names under
   ``model.`` (``model.layers.0.self_attn.q_proj.weight``, ``model.embed_tokens.weight``,
   ``model.norm.weight``), bf16, without the LM head; files without the ``model.`` prefix, or with
-  ``lm_head.weight`` (a whole Qwen3ForCausalLM), are read too, the head left out. Its config is
-  the header's (``difftune.config.text_encoder``) when it fits, else the released one with the
-  sizes the shapes show (file_configs.py), checked tensor by tensor before any weight is read.
+  ``lm_head.weight`` (a whole Qwen3ForCausalLM), are read too, the head left out, by the shared
+  Qwen3 reader (families/file_plans.py). Its config is the header's
+  (``difftune.config.text_encoder``) when it fits, else the released one with the sizes the
+  shapes show, checked tensor by tensor before any weight is read.
 - The variant (Turbo or Base: the sampling shift) is not in a transformer file: the header's
   scheduler config when difftune wrote it, else the file name (``turbo`` in it: Turbo, else Base).
 """
@@ -21,15 +22,14 @@ import torch
 
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.file_contents import looks_like
-from library.models.families.file_plans import Plan, plan_part, refuse_scaled_fp8
+from library.models.families.file_plans import Plan, plan_qwen3_file
 from library.models.families.local_tokenizer import load_local_tokenizer
-from library.models.families.zimage import file_configs
 from library.models.families.zimage.shapes import (
     LATENT_CHANNELS,
     SCHEDULER_SHIFT,
     ae_config,
     scheduler_config,
+    text_encoder_config,
 )
 from library.models.plans import CONFIG_METADATA
 from library.models.vae_file import load_vae
@@ -41,8 +41,6 @@ COMPONENT_FILES = {
     "text_encoder": ("[flow]", "the Qwen3-4B text encoder (qwen_3_4b.safetensors)"),
     "vae": ("[model]", "the autoencoder (ae.safetensors, FLUX.1's)"),
 }
-TEXT_PREFIX = "model."  # transformers' Qwen3ForCausalLM names the base model so
-_UNUSED_TEXT_KEYS = ("lm_head.weight",)  # the LM head: Qwen3Model has none (tied to embed_tokens)
 
 
 def load_vae_option(path: Path, dtype: torch.dtype) -> torch.nn.Module:
@@ -81,46 +79,12 @@ def file_scheduler(file: CheckpointFile) -> dict:
 
 
 def plan_text_encoder(file: CheckpointFile) -> Plan:
-    """Qwen3-4B's plan: transformers' names with or without ``model.``, the LM head left out."""
-    what, label = "text_encoder", "Qwen3 text encoder"
-    refuse_scaled_fp8(file, what)
-    prefix = TEXT_PREFIX if any(k.startswith(TEXT_PREFIX + "layers.") for k in file) else ""
-    if f"{prefix}layers.0.self_attn.q_norm.weight" not in file:
-        raise ModelError(
-            f"{what} = {file.path} is not {COMPONENT_FILES[what][1]}: it has no "
-            f"{prefix}layers.0.self_attn.q_norm.weight (the file looks like "
-            f"{_looks_like(file)}); set {what} in [flow] to qwen_3_4b.safetensors"
-        )
-    keys = [k for k in file if k.startswith(prefix) and k not in _UNUSED_TEXT_KEYS]
-
-    def strip(state):
-        return {k[len(prefix) :]: v for k, v in state.items()}
-
-    def misfit(exc: Exception) -> ModelError:
-        problem = (
-            f"it lacks {prefix}{exc.args[0]}, which the {label} has"
-            if isinstance(exc, KeyError)
-            else f"its tensors' sizes fit no {label}"
-        )
-        return ModelError(f"{what} = {file.path}: {problem}; re-download or re-convert it")
-
-    return plan_part(
-        "text_encoder", what, file, keys, strip, _build_qwen3, file_configs.text_encoder_config,
-        misfit, label=label, file_name=lambda key: prefix + key,
-    )  # fmt: skip
-
-
-def _looks_like(file: CheckpointFile) -> str:
-    keys_ = file.keys()
-    if any(k.startswith(("model.language_model.", "visual.", "model.visual.")) for k in keys_):
-        return "a Qwen vision-language model, not Qwen3-4B"
-    return looks_like(keys_)
-
-
-def _build_qwen3(config: dict) -> torch.nn.Module:
-    from transformers import Qwen3Config, Qwen3Model
-
-    return Qwen3Model(Qwen3Config(**config))
+    """Qwen3-4B's plan (the shared Qwen3 reader): transformers' names with or without
+    ``model.``, the LM head left out."""
+    expected = COMPONENT_FILES["text_encoder"][1]
+    return plan_qwen3_file(
+        file, "text_encoder", expected, "qwen_3_4b.safetensors", text_encoder_config()
+    )
 
 
 def check_caption_width(transformer: Plan, text_encoder: Plan) -> None:

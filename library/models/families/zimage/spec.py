@@ -14,23 +14,48 @@ scheduler, or a transformer file's header scheduler, else its file name (files.p
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import partial
 
 from library.errors import ModelError
+from library.models import shape_configs
 from library.models.families.file_plans import plan_ae16_file
 from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
+from library.models.families.name_table import count_numbered
 from library.models.families.shape_origins import convert_shapes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
-from library.models.families.zimage import file_configs, files
+from library.models.families.zimage import files
 from library.models.families.zimage.keys import DROPPED, TABLE
+from library.models.families.zimage.shapes import transformer_config
 from library.models.loader import read_json
 
 
-def transformer_config_from_shapes(shapes) -> dict:
-    """ZImageTransformer2DModel kwargs for diffusers-named shapes (file_configs.py reads the
-    original names)."""
-    return file_configs.transformer_config(convert_shapes(TABLE.to_original, shapes))
+def transformer_config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict:
+    """ZImageTransformer2DModel kwargs for diffusers-named shapes: the released config with
+    every size the tensors show; the rotary split of the head width (``axes_dims``) does not
+    show: the released one where it fits, else the same proportions (a guess, noted)."""
+    original = convert_shapes(TABLE.to_original, shapes)
+    base = transformer_config()
+    dim, patch_width = original["x_embedder.weight"]
+    head_dim = original["layers.0.attention.q_norm.weight"][0]
+    config = {
+        **base,
+        "in_channels": patch_width
+        // (base["all_patch_size"][0] ** 2 * base["all_f_patch_size"][0]),
+        "dim": dim,
+        "n_layers": count_numbered(original, "layers"),
+        "n_refiner_layers": count_numbered(original, "noise_refiner"),
+        "n_heads": dim // head_dim,
+        "n_kv_heads": dim // head_dim,  # q, k and v are equal thirds of the fused qkv
+        "cap_feat_dim": original["cap_embedder.1.weight"][1],
+    }
+    if sum(base["axes_dims"]) != head_dim:
+        # 3/8 of each head to rows and to columns (48 of 128), the rest to the caption index
+        side = 2 * (head_dim * 3 // 16)
+        config["axes_dims"] = [head_dim - 2 * side, side, side]
+        shape_configs.note_guesses("Z-Image transformer", config, ("axes_dims",))
+    return config
 
 
 def inspect(checked) -> dict:
