@@ -97,7 +97,6 @@ ALLOWED = {
         "the [model] settings of SD (v2, clip_skip, ...) a flow-matching family refuses or "
         "ignores, named as SD's in its messages",
     ),
-    "library/models/families/folder_loader.py": (1, _SPEC),
     "library/models/families/registry.py": (
         25,
         "the one list of families: it imports each family's entry (and nothing else of it)",

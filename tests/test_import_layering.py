@@ -71,8 +71,8 @@ _KEYS = (
 DEFERRED_CYCLES: dict[str, dict[str, str]] = {
     "library/models/families/chroma/entry.py": {
         "library.models.families.chroma.family:ChromaFamily": _LOADER,
-        "library.models.families.chroma.load:claims_chroma": _LOADER,
-        "library.models.families.chroma.load:load_chroma": _LOADER,
+        "library.models.families.chroma.family:load_chroma": _LOADER,
+        "library.models.families.chroma.spec:claims_chroma": _LOADER,
     },
     "library/models/families/flux/entry.py": {
         "library.models.families.flux.family:FluxFamily": _LOADER,
@@ -112,7 +112,7 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
     },
     "library/models/families/zimage/entry.py": {
         "library.models.families.zimage.family:ZImageFamily": _LOADER,
-        "library.models.families.zimage.load:claims_zimage": _LOADER,
+        "library.models.families.zimage.spec:claims_zimage": _LOADER,
         "library.models.families.zimage.load:load_zimage": _LOADER,
         "library.models.families.zimage.lora_keys:comfy_keys": _KEYS,
         "library.models.families.zimage.lora_keys:comfy_model_name": _KEYS,

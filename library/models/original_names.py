@@ -332,6 +332,23 @@ def vae_state_dict_from_original(state: Mapping[str, torch.Tensor], num_levels: 
     return out
 
 
+def _vae_levels(state: Mapping[str, object], pattern: str) -> int:
+    found = {int(m.group(1)) for k in state if (m := re.match(pattern, k))}
+    if not found:
+        raise ValueError("no encoder down blocks found: not an autoencoder state dict")
+    return max(found) + 1
+
+
+def ldm_vae_to_original(state: Mapping[str, torch.Tensor]) -> dict:
+    """Diffusers AutoencoderKL state dict -> original (LDM) keys, its levels counted."""
+    return vae_state_dict_to_original(state, _vae_levels(state, r"encoder\.down_blocks\.(\d+)\."))
+
+
+def ldm_vae_from_original(state: Mapping[str, torch.Tensor]) -> dict:
+    """Original (LDM) autoencoder keys -> diffusers AutoencoderKL state dict, levels counted."""
+    return vae_state_dict_from_original(state, _vae_levels(state, r"encoder\.down\.(\d+)\."))
+
+
 # --- text encoders ----------------------------------------------------------------------------
 
 TEXT_MODEL = "text_model."

@@ -19,8 +19,9 @@ from library.errors import ModelError
 from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
-from library.models.checkpoint_parts import build_vae, convert_vae, load_part, plan_part
+from library.models.checkpoint_parts import build_vae, convert_vae, plan_part
 from library.models.loader import load_weights, offline
+from library.models.plans import load_plan
 
 
 def load_vae(source: str, model_config, dtype: torch.dtype) -> torch.nn.Module:
@@ -42,7 +43,7 @@ def load_vae(source: str, model_config, dtype: torch.dtype) -> torch.nn.Module:
         if not path.is_file():
             raise ModelError(f"vae {path} does not exist; set vae to a VAE file or folder")
         file = CheckpointFile(path)
-        return load_part(file, _plan(file, base), dtype)
+        return load_plan(_plan(file, base), dtype)
 
 
 def _autoencoder():

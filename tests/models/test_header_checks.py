@@ -114,7 +114,7 @@ def test_sd_file_lacking_a_text_encoder_layer_its_header_promises(tmp_path):
     last_layer = "cond_stage_model.transformer.text_model.encoder.layers.1."
     cut = without(whole, tmp_path / "cut.safetensors", last_layer)
     message = error(cut, tokenizer_path=TOKENIZER)
-    assert message.startswith(f"{cut}: cannot build the text_encoder its header")
+    assert message.startswith(f"{cut}: its header (difftune.config.text_encoder) describes")
     assert "the file is truncated" in message and "encoder.layers.1." in message
 
 

@@ -1,21 +1,17 @@
-"""Modules built from single weights files, each checked on its shapes before any weight is read.
+"""The transformer families' single files: plans (library/models/plans.py) for the parts
+several families read, each checked on its shapes before any weight is read.
 
-A ``Plan`` says how one module comes out of one file: the keys it reads, its config, how the keys
-are renamed. ``plan_with_config`` takes the config stored in the file's header
-(``difftune.config.<part>``) when it fits, else one derived from the tensor shapes, and checks on
-the meta device that the module holds exactly the file's tensors; ``load_plan`` then reads, casts,
-renames and loads them. The FLUX.1 (flux/files.py) and SD3 (sd3/files.py) single-file loaders
-share this, and the parts both use: T5 v1.1 encoders, the 16-channel autoencoder without quant
-convs, ComfyUI's scaled-fp8 refusal.
+``plan_with_config`` / ``plan_part`` give a part the config stored in the file's header
+(``difftune.config.<part>``) when it fits, else one derived from the tensor shapes; the shared
+parts are T5 v1.1 encoders, CLIP text encoders, the 16-channel autoencoder without quant convs,
+and ComfyUI's scaled-fp8 refusal; component files are opened and checked here too.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +19,15 @@ import torch
 
 from library.errors import ModelError
 from library.models import original_names as names
-from library.models import shape_configs
+from library.models import released_configs, shape_configs
 from library.models.checkpoint_file import CheckpointFile
-from library.models.checkpoint_parts import CONFIG_METADATA, empty_module, shapes_problem
-from library.models.families.flux.original_keys import convert_shapes
-from library.models.families.shape_origins import converted_origins
-from library.models.loader import one_line, reads_weights
+from library.models.families.file_contents import looks_like
+from library.models.families.shape_origins import convert_shapes
+from library.models.loader import one_line
+from library.models.plans import Convert, Plan, choose_plan, load_plan
 
-Convert = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
-
-
-@dataclass
-class Plan:
-    """How to build one module from one file: the keys it reads, its config, the renaming."""
-
-    part: str  # its name in headers (difftune.config.<part>): diffusers' subfolder name
-    what: str  # how errors name the file: "clip_l = /x.safetensors"
-    file: CheckpointFile
-    keys: list[str]
-    config: dict
-    convert: Convert = field(repr=False)
-    build: Callable[[dict], torch.nn.Module] = field(repr=False)
-    # Convert the keys in groups (by the group name this gives each key), so that only one
-    # group's tensors are held twice, and copy the pieces of split tensors; None: all at once.
-    group: Callable[[str], str] | None = field(default=None, repr=False)
-    label: str = ""  # how errors name the module ("FLUX.1 transformer"); "": the part
-    tied: bool = False  # a T5 encoder: shared.weight and encoder.embed_tokens.weight are one
+# The plan system's Plan and load_plan, for the families that read them from here.
+__all__ = ["Convert", "Plan", "load_plan"]
 
 
 def open_safetensors(path: Path, what: str, family: str) -> CheckpointFile:
@@ -115,43 +94,9 @@ def note_derived(what: str, file: CheckpointFile, config: dict, base: dict, gues
 def plan_with_config(
     part: str, plan_of: Callable[[dict], Plan], file: CheckpointFile, derive: Callable[[], dict]
 ) -> Plan:
-    """The plan with the file's stored config if it fits, else with ``derive()``'s.
-
-    ModelError (from ``derive`` or the fit check) when the derived config does not fit either,
-    and when the file lacks tensors its stored config promises while every tensor it has fits:
-    the file was cut short (a smaller model derived from the rest would train silently).
-    """
-    stored = file.metadata.get(CONFIG_METADATA + part)
-    # What the file's own config finds wrong is believed over the shapes when neither fits: a
-    # tensor whose header entry is wrong may be one the sizes are derived from.
-    stored_plan, stored_problem, lacking = None, None, []
-    if stored:
-        try:
-            stored_plan = plan_of(json.loads(stored))
-            stored_problem = fit_problem(stored_plan)
-            if stored_problem is None:
-                return stored_plan
-            lacking = lacking_tensors(stored_plan)
-        except (ValueError, TypeError, KeyError):
-            stored_plan, stored_problem = None, None  # a stale or foreign config: shapes decide
-        if lacking:
-            raise ModelError(
-                f"{stored_plan.what} = {file.path}: its header ({CONFIG_METADATA}{part}) "
-                f"describes a {stored_plan.label or part} with {len(lacking)} tensors the file "
-                f"does not hold (e.g. {lacking[0]}): the file is truncated; re-download it"
-            )
-    try:
-        plan = plan_of(derive())
-        problem = fit_problem(plan)
-    except ModelError:
-        if stored_problem is None:
-            raise
-        plan, problem = stored_plan, stored_problem
-    if problem:
-        raise ModelError(
-            f"{plan.what} = {file.path}: {stored_problem or problem}; re-download or re-convert it"
-        )
-    return plan
+    """The plan with the file's stored config if it fits, else with ``derive()``'s (plans.py's
+    choose_plan, which refuses a file cut short of what its header promises)."""
+    return choose_plan(part, plan_of, file, (("derived", derive),))
 
 
 def plan_part(
@@ -207,89 +152,6 @@ def family_component_file(
     if not path.is_file():
         raise ModelError(f"{key} = {path} does not exist; set {key} to {what}")
     return open_safetensors(path, key, family)
-
-
-def _shapes(plan: Plan) -> tuple[dict, dict, dict]:
-    """(the plan's module's tensor shapes, the file's after renaming, the file keys each of
-    those was converted from), by module name."""
-    module = empty_module(plan.build, plan.config)
-    got, origins = converted_origins(plan.convert, _file_shapes(plan))
-    got = names.fit_text_model_prefix(got, module)
-    origins = names.fit_text_model_prefix(origins, module)
-    return {k: tuple(v.shape) for k, v in module.state_dict().items()}, got, origins
-
-
-def _file_shapes(plan: Plan) -> dict[str, tuple[int, ...]]:
-    return {k: plan.file.shape(k) for k in plan.keys}
-
-
-def fit_problem(plan: Plan) -> str | None:
-    """None when the plan's module holds exactly the file's tensors (names and shapes)."""
-    try:
-        expected, got, origins = _shapes(plan)
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        return f"cannot build the {plan.part} from it ({one_line(exc)})"
-    what = plan.label or plan.part
-    return shapes_problem(expected, got, what, origins, _file_shapes(plan))
-
-
-def lacking_tensors(plan: Plan) -> list[str]:
-    """The tensors of the plan's module that the file lacks, when every tensor the file has
-    fits the module (a file cut short of it); [] otherwise."""
-    try:
-        expected, got, _ = _shapes(plan)
-    except (ValueError, TypeError, KeyError, IndexError):
-        return []
-    if any(expected.get(k) != tuple(shape) for k, shape in got.items()):
-        return []
-    return sorted(set(expected) - set(got))
-
-
-def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Copies of the tensors that share storage (pieces of one split fused projection), so
-    that every parameter owns its memory: replacing one (a cast, a move to the GPU) then frees
-    it, where a view would keep the whole fused tensor alive."""
-    seen: dict[int, int] = {}
-    for value in state.values():
-        ptr = value.untyped_storage().data_ptr()
-        seen[ptr] = seen.get(ptr, 0) + 1
-    return {
-        k: v.clone() if seen[v.untyped_storage().data_ptr()] > 1 else v for k, v in state.items()
-    }
-
-
-def load_plan(plan: Plan, dtype: torch.dtype) -> torch.nn.Module:
-    """Read, cast, rename and load the plan's tensors; the module frozen (no gradients, eval
-    mode), in ``dtype``. Inside loader.shapes_only(): built on the meta device, nothing read."""
-    if not reads_weights():
-        module = empty_module(plan.build, plan.config).to(dtype)
-        if plan.tied:
-            module.tie_weights()
-        return module.requires_grad_(False).eval()
-    groups: dict[str, list[str]] = {}
-    for key in plan.keys:
-        groups.setdefault(plan.group(key) if plan.group else "", []).append(key)
-    state: dict[str, torch.Tensor] = {}
-    for keys in groups.values():
-        converted = plan.convert({k: plan.file.tensor(k).to(dtype) for k in keys})
-        state.update(unshared(converted) if plan.group else converted)
-    module = empty_module(plan.build, plan.config)
-    # CLIP keys in the text_model. layout -> the module's own; other modules have no such keys.
-    state = names.fit_text_model_prefix(state, module)
-    try:
-        module.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as exc:  # the shapes were checked; a changed file shows up here
-        raise ModelError(f"{plan.what} = {plan.file.path}: {one_line(exc)}") from None
-    if plan.tied:
-        module.tie_weights()
-    floats = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
-    if any(t.device.type == "meta" for t in floats):
-        raise ModelError(f"{plan.what} = {plan.file.path}: some weights were not loaded")
-    if any(t.dtype != dtype for t in floats):
-        module.to(dtype)
-    module.requires_grad_(False)
-    module.eval()
-    return module
 
 
 # --- T5 encoders --------------------------------------------------------------------------------
@@ -486,3 +348,116 @@ def ae_config_from_shapes(shapes: Mapping[str, tuple[int, ...]], base: dict) -> 
             k.startswith("encoder.mid_block.attentions.") for k in shapes
         ),
     }
+
+
+# --- component files of the shared kinds ---------------------------------------------------------
+
+
+def wrong_file(
+    key: str, file: CheckpointFile, expected: str, problem: str, section: str = "[flow]"
+) -> ModelError:
+    """The error for the file ``key`` names when it holds something else than ``expected``."""
+    return ModelError(
+        f"{key} = {file.path} is not {expected}: {problem} (the file looks like "
+        f"{looks_like(file.keys())}); set {key} in {section} to {expected}'s file"
+    )
+
+
+def plan_t5_file(
+    file: CheckpointFile, key: str, part: str, label: str, base: dict | None = None
+) -> Plan:
+    """T5-XXL's encoder from the file ``key`` names, as ``part`` (its header entry's name), in
+    T5EncoderModel names; its config ``base`` (T5 v1.1 XXL's) with the sizes its tensors show."""
+    expected = "the T5-XXL text encoder"
+    refuse_scaled_fp8(file, key)
+    return plan_t5_encoder(
+        file, key, "", part, label, base or released_configs.t5_xxl_config(),
+        lambda problem: wrong_file(key, file, expected, problem),
+    )  # fmt: skip
+
+
+def plan_ae16_file(
+    file: CheckpointFile, key: str, label: str, family: str, section: str = "[flow]"
+) -> Plan:
+    """The 16-channel autoencoder (ae.safetensors: LDM names, or diffusers') from the file
+    ``key`` names (in ``section``); ``family`` names whose latents it must make."""
+    expected = "the 16-channel autoencoder (ae.safetensors)"
+    return plan_autoencoder(
+        file, key, ("first_stage_model.", "vae."), names.ldm_vae_from_original,
+        released_configs.ae16_config(), label,
+        (released_configs.AE16_LATENT_CHANNELS, f"{family}'s"),
+        lambda problem: wrong_file(key, file, expected, problem, section),
+    )  # fmt: skip
+
+
+# --- Qwen3 text encoders ----------------------------------------------------------------------
+
+QWEN3_PREFIX = "model."  # transformers' Qwen3ForCausalLM names its base model so
+_QWEN3_UNUSED = ("lm_head.weight",)  # the LM head: Qwen3Model has none (tied to embed_tokens)
+_QWEN3_MARK = "layers.0.self_attn.q_norm.weight"  # Qwen3's q/k norms (Qwen2 has none)
+
+
+def qwen3_config_from_shapes(plain: Mapping[str, tuple[int, ...]], base: dict) -> dict:
+    """Qwen3Config kwargs for Qwen3Model-named shapes: ``base`` with every size the tensors
+    show (the position table's length does not show); KeyError naming a missing key."""
+    vocab, hidden = plain["embed_tokens.weight"]
+    head_dim = plain["layers.0.self_attn.q_norm.weight"][0]
+    layers = 1 + max(int(m.group(1)) for k in plain if (m := re.match(r"layers\.(\d+)\.", k)))
+    return {
+        **base,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": plain["layers.0.mlp.gate_proj.weight"][0],
+        "num_hidden_layers": layers,
+        "num_attention_heads": plain["layers.0.self_attn.q_proj.weight"][0] // head_dim,
+        "num_key_value_heads": plain["layers.0.self_attn.k_proj.weight"][0] // head_dim,
+        "head_dim": head_dim,
+        "attention_bias": "layers.0.self_attn.q_proj.bias" in plain,
+    }
+
+
+def plan_qwen3_file(
+    file: CheckpointFile, key: str, expected: str, example: str, base: dict,
+    label: str = "Qwen3 text encoder",
+) -> Plan:  # fmt: skip
+    """A Qwen3 text model from the file ``key`` names ([flow]), in transformers' names with or
+    without ``model.``, a whole Qwen3ForCausalLM's LM head left out; its config ``base`` (the
+    released model's) with the sizes its tensors show. ``expected``: what the file must hold,
+    ``example``: its released file's name, as messages say them."""
+    refuse_scaled_fp8(file, key)
+    prefix = QWEN3_PREFIX if any(k.startswith(QWEN3_PREFIX + "layers.") for k in file) else ""
+    if prefix + _QWEN3_MARK not in file:
+        vision = ("model.language_model.", "visual.", "model.visual.")
+        looks = (
+            "a Qwen vision-language model, not a Qwen3 text model"
+            if any(k.startswith(vision) for k in file)
+            else looks_like(file.keys())
+        )
+        raise ModelError(
+            f"{key} = {file.path} is not {expected}: it has no {prefix}{_QWEN3_MARK} (the file "
+            f"looks like {looks}); set {key} in [flow] to {example}"
+        )
+    keys = [k for k in file if k.startswith(prefix) and k not in _QWEN3_UNUSED]
+
+    def strip(state):
+        return {k[len(prefix) :]: v for k, v in state.items()}
+
+    def misfit(exc: Exception) -> ModelError:
+        problem = (
+            f"it lacks {prefix}{exc.args[0]}, which the {label} has"
+            if isinstance(exc, KeyError)
+            else f"its tensors' sizes fit no {label}"
+        )
+        return ModelError(f"{key} = {file.path}: {problem}; re-download or re-convert it")
+
+    return plan_part(
+        "text_encoder", key, file, keys, strip, build_qwen3,
+        lambda shapes: qwen3_config_from_shapes(shapes, base), misfit, label=label,
+        file_name=lambda name: prefix + name,
+    )  # fmt: skip
+
+
+def build_qwen3(config: dict) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3Model
+
+    return Qwen3Model(Qwen3Config(**config))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,11 +23,6 @@ from library.errors import ModelError
 from library.models.families.claims import other_pipeline_error
 from library.models.families.family_entry import Deferred
 from library.models.families.file_plans import Plan, load_plan
-from library.models.families.flux.tokenizers import (
-    load_t5_tokenizer,
-    located_t5_tokenizer,
-    t5_tokenizer_files,
-)
 from library.models.loader import (
     check_weights_file,
     find_weights,
@@ -35,8 +31,13 @@ from library.models.loader import (
     read_json,
     resolve_model_dir,
 )
+from library.models.text_encoders.t5 import (
+    load_t5_tokenizer,
+    located_t5_tokenizer,
+    t5_tokenizer_files,
+)
 from library.models.tokenizer_fit import TokenizerSource
-from library.models.tokenizers import EncoderKind, folder_tokenizer
+from library.models.tokenizers import EncoderKind, folder_tokenizer, load_tokenizer_for
 
 # What a component file gives in place of a folder's part: the plan of a checked .safetensors
 # file, or a function loading the part in a dtype (a replacement read another way, such as a
@@ -72,12 +73,15 @@ class FolderTokenizer:
 
     ``read(folder)`` reads it: the folder's, or, when the config key ``key`` is set, the one
     that key names (the folder then need not hold it). ``t5``: a T5 tokenizer folder, which
-    must hold tokenizer.json or spiece.model; else vocab.json + merges.txt or tokenizer.json."""
+    must hold tokenizer.json or spiece.model; else vocab.json + merges.txt or tokenizer.json.
+    ``read_files(files)``: how it is found beside single files (spec_loader.CheckedFiles:
+    ``part_config``, ``model_dir``, ``model``, ``flow``); None: it is not."""
 
     sub: str
     read: Callable[[CheckedFolder], object]
     key: str = "tokenizer_path"
     t5: bool = False
+    read_files: Callable[[Any], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -236,16 +240,24 @@ def clip_tokenizer(
         tokenizer_path = folder.model.tokenizer_path
         return folder_tokenizer(folder.model_dir, sub, kind, index, tokenizer_path, config, name)
 
-    return FolderTokenizer(sub, read)
+    def read_files(files):
+        model, config = files.model, files.part_config(encoder)
+        return load_tokenizer_for(
+            kind, index, files.model_dir, model.tokenizer_path, model.tokenizer_cache_dir,
+            config, name,
+        )  # fmt: skip
+
+    return FolderTokenizer(sub, read, read_files=read_files)
 
 
 def t5_tokenizer(
-    sub: str, encoder: str, find: Callable[[str, None], Path | None],
+    sub: str, encoder: str, find: Callable[[str | None, str | None], Path | None],
     missing: Callable[[str, Path], str],
 ) -> FolderTokenizer:  # fmt: skip
     """The T5 tokenizer in ``sub``/, checked against the config of the encoder in ``encoder``/;
     t5_tokenizer_path's replaces it, found by ``find``, with ``missing``'s message when it is
-    not there."""
+    not there (beside single files, ``find`` also looks in tokenizer_cache_dir and the Hugging
+    Face cache)."""
 
     def read(folder: CheckedFolder):
         path_text, model_dir = folder.flow.t5_tokenizer_path, folder.model_dir
@@ -258,4 +270,12 @@ def t5_tokenizer(
             source = TokenizerSource("pretrained_model_name_or_path", fix)
         return load_t5_tokenizer(found, folder.part_config(encoder), source)
 
-    return FolderTokenizer(sub, read, key="t5_tokenizer_path", t5=True)
+    def read_files(files):
+        path_text, cache_dir = files.flow.t5_tokenizer_path, files.model.tokenizer_cache_dir
+        message = missing(path_text, files.model_dir)
+        found, source = located_t5_tokenizer(
+            find(path_text, cache_dir), path_text, cache_dir, message
+        )
+        return load_t5_tokenizer(found, files.part_config(encoder), source)
+
+    return FolderTokenizer(sub, read, key="t5_tokenizer_path", t5=True, read_files=read_files)

@@ -73,3 +73,11 @@ def converted_origins(
         {k: tuple(v.shape) for k, v in converted.items()},
         {k: tuple(sorted(mode.sources.get(id(v), ()))) for k, v in converted.items()},
     )
+
+
+def convert_shapes(
+    convert: Convert, shapes: Mapping[str, Iterable[int]]
+) -> dict[str, tuple[int, ...]]:
+    """Run a state-dict converter on key -> shape, without allocating any tensor; ConvertFailed
+    (a ValueError) naming the file tensors it failed on."""
+    return converted_origins(convert, shapes)[0]

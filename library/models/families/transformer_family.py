@@ -46,6 +46,31 @@ def swappable_tails(*groups: tuple[str, list, int], count: int) -> list:
     return chosen
 
 
+def dual_single_tails(transformer, count: int) -> list:
+    """kohya's block-swap split of a transformer with dual- and single-stream blocks
+    (flux_models.enable_block_swap): half the count in dual-stream blocks, and two single-stream
+    blocks (each about half a dual-stream block's size) for every other one."""
+    double, single = count // 2, (count - count // 2) * 2
+    return swappable_tails(
+        ("double", transformer.transformer_blocks, double),
+        ("single", transformer.single_transformer_blocks, single),
+        count=count,
+    )
+
+
+def flow_metadata(options) -> dict:
+    """The run's flow-matching draw and loss weighting (a FlowOptions), in kohya's ss_* names."""
+    return {
+        "ss_timestep_sampling": options.timestep_sampling,
+        "ss_sigmoid_scale": options.sigmoid_scale,
+        "ss_discrete_flow_shift": options.discrete_flow_shift,
+        "ss_weighting_scheme": options.weighting_scheme,
+        "ss_logit_mean": options.logit_mean,
+        "ss_logit_std": options.logit_std,
+        "ss_mode_scale": options.mode_scale,
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class TransformerFamily(ModelFamily):
     """A flow-matching transformer family. Subclasses give ``transformer_modules`` (kohya's

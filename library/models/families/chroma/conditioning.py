@@ -18,23 +18,10 @@ The facts (diffusers 0.42.1, pipelines/chroma/pipeline_chroma.py ``_get_t5_promp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 # The Conditioning entry holding the tokenizer's padding mask [B, T] of the captions.
 TEXT_MASK = "text_mask"
-
-
-def tokenize(tokenizer, captions: Sequence[str], max_length: int):
-    """The tokenizer's output for ``captions``: ids and padding mask [B, max_length]."""
-    return tokenizer(
-        list(captions),
-        padding="max_length",
-        max_length=max_length,
-        truncation=True,
-        return_tensors="pt",
-    )
 
 
 def transformer_text_mask(padding_mask: torch.Tensor) -> torch.Tensor:

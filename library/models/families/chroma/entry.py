@@ -38,8 +38,8 @@ CHROMA = FamilyEntry(
     models=_LINE,
     lines=(_LINE,),
     family=Deferred(f"{_PACKAGE}.family:ChromaFamily").get,
-    claims=Deferred(f"{_PACKAGE}.load:claims_chroma"),
-    load=Deferred(f"{_PACKAGE}.load:load_chroma"),
+    claims=Deferred(f"{_PACKAGE}.spec:claims_chroma"),
+    load=Deferred(f"{_PACKAGE}.family:load_chroma"),
     # kohya trains Chroma with its FLUX.1 network (flux_train_network.py, model_type chroma)
     network_module="networks.lora_flux",
     flow_matching=True,

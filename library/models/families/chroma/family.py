@@ -1,43 +1,42 @@
-"""Chroma as a ModelFamily: what the trainer asks of the model.
+"""Chroma as a ModelFamily: what the trainer asks of the model, and its loader.
 
-The facts this implementation relies on (docs/chroma.md; diffusers 0.42.1's ChromaPipeline and
-ChromaTransformer2DModel):
-
-- latents: FLUX.1's AE, ``(z - 0.1159) * 0.3611`` (from the AE's config), packed into tokens of
-  2x2 patches with position ids (0, row, column), text tokens at (0, 0, 0), as FLUX.1;
-- text: T5-XXL alone, run with the caption's padding mask (conditioning.py); the transformer
-  attends to each caption's tokens and its first padding token only;
-- timestep: sigma in [0, 1] (the pipeline passes the scheduler's timestep / 1000; the model
-  multiplies by 1000 inside); no guidance input (the distilled guidance layer is fed 0);
-- the raw output is the velocity noise - x0 (the pipeline steps x + (sigma_next - sigma) * v),
-  so training is FLUX.1's rectified flow (library.training.objectives.FlowMatchingObjective);
-- LoRA files: kohya's names of the original model (lora_keys.py), read by ComfyUI and by
-  diffusers' FluxLoraLoaderMixin.
+The facts it relies on (docs/chroma.md; diffusers 0.42.1's ChromaPipeline): latents are the
+AE's ``(z - 0.1159) * 0.3611`` packed into 2x2-patch tokens with ids (0, row, column), text
+tokens at (0, 0, 0), as FLUX.1; text is T5-XXL alone with the caption's padding mask
+(conditioning.py); the timestep is sigma in [0, 1] with no guidance input; the raw output is
+the velocity noise - x0, so training is FLUX.1's rectified flow (FlowMatchingObjective); LoRA
+files carry kohya's names of the original model (lora_keys.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
 from library.errors import ConfigError
-from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.chroma import conditioning as text_
 from library.models.families.chroma.checkpointing import single_blocks_masked
 from library.models.families.chroma.conditioning import TEXT_MASK
 from library.models.families.chroma.lora_keys import transformer_modules
-from library.models.families.chroma.original_keys import BLOCK_GROUPS, transformer_to_original
 from library.models.families.chroma.sampling import chroma_pipeline_kind
-from library.models.families.chroma.shapes import T5_MAX_LENGTH
-from library.models.families.flux.family import image_position_ids, pack_latents, unpack_latents
-from library.models.families.transformer_family import TransformerFamily, swappable_tails
-from library.saving.streamed import block_groups, save_streamed
-from library.training.objectives import FlowOptions
+from library.models.families.chroma.shapes import SCHEDULER_CONFIG, T5_MAX_LENGTH
+from library.models.families.chroma.spec import SPEC
+from library.models.families.spec_loader import load_spec, write_main_file
+from library.models.families.transformer_family import (
+    TransformerFamily,
+    dual_single_tails,
+    flow_metadata,
+)
+from library.models.loader import Components, read_json
+from library.models.patch_tokens import image_position_ids, pack_latents, unpack_latents
+from library.models.text_encoders.t5 import t5_states, tokenize_t5
+from library.training.objectives import FlowMatchingObjective, FlowOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,22 +63,11 @@ class ChromaFamily(TransformerFamily):
     ):
         """T5's last hidden states of ``captions``, run with their padding mask, and the mask."""
         (tokenizer,), (t5,) = tokenizers, text_encoders
-        tokens = text_.tokenize(tokenizer, captions, self.t5_max_length)
-        mask = tokens.attention_mask.to(device)
-        weight = next(t5.parameters())
-        if weight.is_meta:
-            # The dry run's memory estimate runs the models on the meta device, where T5's
-            # padding-mask code reads values. T5 never trains here, so its forward keeps nothing
-            # for backward: only the states' shape and dtype matter.
-            shape = (*tokens.input_ids.shape, t5.config.d_model)
-            return TextConditioning(
-                torch.empty(shape, device="meta", dtype=weight.dtype), None, mask
-            )
-        hidden = t5(tokens.input_ids.to(device), attention_mask=mask).last_hidden_state
+        hidden, mask = t5_states(tokenizer, t5, captions, self.t5_max_length, device)
         return TextConditioning(hidden, None, mask)
 
     def text_mask(self, tokenizers, captions, device):
-        return text_.tokenize(tokenizers[0], captions, self.t5_max_length).attention_mask.to(device)
+        return tokenize_t5(tokenizers[0], captions, self.t5_max_length).attention_mask.to(device)
 
     def assemble_conditioning(self, text, batch, device, dtype=None):
         hidden = text.hidden.to(device)
@@ -129,14 +117,7 @@ class ChromaFamily(TransformerFamily):
         return modules
 
     def swap_blocks(self, transformer, count):
-        """kohya's FLUX.1 split: half the count in double blocks, two single blocks for each
-        other one."""
-        double, single = count // 2, (count - count // 2) * 2
-        return swappable_tails(
-            ("double", transformer.transformer_blocks, double),
-            ("single", transformer.single_transformer_blocks, single),
-            count=count,
-        )
+        return dual_single_tails(transformer, count)
 
     def sampling_pipeline(self):
         """ChromaPipeline fed our conditioning and boolean padding masks (sampling.py)."""
@@ -150,14 +131,8 @@ class ChromaFamily(TransformerFamily):
         return {
             "ss_model_type": "chroma",
             "ss_apply_t5_attn_mask": True,
-            "ss_weighting_scheme": o.weighting_scheme,
-            "ss_logit_mean": o.logit_mean,
-            "ss_logit_std": o.logit_std,
-            "ss_mode_scale": o.mode_scale,
-            "ss_timestep_sampling": o.timestep_sampling,
-            "ss_sigmoid_scale": o.sigmoid_scale,
             "ss_model_prediction_type": o.model_prediction_type,
-            "ss_discrete_flow_shift": o.discrete_flow_shift,
+            **flow_metadata(o),
         }
 
     def check_options(self, model, flow):
@@ -181,10 +156,7 @@ class ChromaFamily(TransformerFamily):
         from_single_file), with its diffusers config in the header
         (difftune.config.transformer) for exact reloading; T5 and the AE stay the user's
         files."""
-        blocks = block_groups(denoiser.state_dict(), BLOCK_GROUPS)
-        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
-        header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
-        save_streamed(path, [(b, transformer_to_original) for b in blocks], header, dtype)
+        write_main_file(SPEC, path, denoiser, metadata, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser,)
@@ -212,3 +184,26 @@ def chroma_family(flow) -> ChromaFamily:
     if flow.t5xxl_max_token_length is not None:
         return dataclasses.replace(CHROMA, t5_max_length=int(flow.t5xxl_max_token_length))
     return CHROMA
+
+
+def load_chroma(
+    model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
+) -> Components:
+    """Components of a Chroma diffusers folder or transformer file, as spec.py declares them
+    (read by the shared loader, families/spec_loader.py): the transformer, the AE, T5-XXL and
+    its tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype`` (the AE in
+    ``vae_dtype``). ModelError for any problem with the files, found before a weight is read."""
+    loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
+    transformer, vae, t5 = loaded.modules.values()
+    scheduler_file = loaded.model_dir / "scheduler" / "scheduler_config.json"
+    scheduler = read_json(scheduler_file) if scheduler_file.is_file() else dict(SCHEDULER_CONFIG)
+    scheduler = {k: v for k, v in scheduler.items() if not k.startswith("_")}
+    return Components(
+        denoiser=transformer,
+        vae=vae,
+        text_encoders=(t5,),
+        tokenizers=tuple(loaded.tokenizers.values()),
+        objective=FlowMatchingObjective(FlowOptions.from_section(flow), scheduler),
+        family=chroma_family(flow),
+        model_dir=loaded.model_dir,
+    )

@@ -4,16 +4,15 @@ the tests, is in tests/kits/chroma/tiny_shapes.py).
 Sources: diffusers 0.42.1 ``ChromaTransformer2DModel`` defaults, which are lodestones/Chroma1-HD's
 transformer/config.json (FLUX.1's 19 double and 38 single blocks at width 3072, T5-XXL's 4096
 wide states, and the "distilled guidance layer": an approximator of 5 residual MLPs of width
-5120 that turns the timestep into every block's modulation). The AE is FLUX.1's and T5 is
-google/t5-v1_1-xxl's encoder (library/models/families/flux/shapes.py has both configs).
+5120 that turns the timestep into every block's modulation). The AE is FLUX.1's 16-channel one
+and T5 is google/t5-v1_1-xxl's encoder (library/models/released_configs.py has both configs).
 """
 
 from __future__ import annotations
 
-from library.models.families.flux import shapes as flux_shapes
+from library.models.patch_tokens import PATCH as PATCH_SIZE  # latents are packed 2x2 into tokens
+from library.models.released_configs import AE16_LATENT_CHANNELS as LATENT_CHANNELS
 
-LATENT_CHANNELS = flux_shapes.LATENT_CHANNELS
-PATCH_SIZE = flux_shapes.PATCH_SIZE  # latents are packed 2x2 into tokens
 # ChromaPipeline's default max_sequence_length (it refuses more): T5 tokens per caption.
 T5_MAX_LENGTH = 512
 

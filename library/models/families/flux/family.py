@@ -33,10 +33,10 @@ from library.models.families.flux.shapes import (
     T5_MAX_LENGTH,
 )
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
+from library.models.patch_tokens import image_position_ids, pack_latents, unpack_latents
 from library.saving.streamed import block_groups, save_streamed
 from library.training.objectives import FlowOptions
 
-PATCH = 2  # latents are packed 2x2 into tokens
 RELEASED_BLOCKS = (NUM_DOUBLE_BLOCKS, NUM_SINGLE_BLOCKS)
 
 
@@ -258,27 +258,6 @@ class FluxFamily(TransformerFamily):
 
     def full_model_modules(self, components):
         return (components.denoiser,)
-
-
-def pack_latents(latents: torch.Tensor) -> torch.Tensor:
-    """[B, C, H, W] latents -> [B, (H/2)(W/2), 4C] tokens, each a 2x2 patch (channel-major)."""
-    b, c, h, w = latents.shape
-    patches = latents.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH)
-    return patches.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // PATCH) * (w // PATCH), c * 4)
-
-
-def unpack_latents(tokens: torch.Tensor, channels: int, height: int, width: int) -> torch.Tensor:
-    """The inverse of ``pack_latents``."""
-    b = tokens.shape[0]
-    patches = tokens.view(b, height // PATCH, width // PATCH, channels, PATCH, PATCH)
-    return patches.permute(0, 3, 1, 4, 2, 5).reshape(b, channels, height, width)
-
-
-def image_position_ids(height: int, width: int, device, dtype) -> torch.Tensor:
-    """[(H/2)(W/2), 3] position ids (0, row, column) of the packed image tokens."""
-    rows = torch.arange(height // PATCH, device=device).repeat_interleave(width // PATCH)
-    cols = torch.arange(width // PATCH, device=device).repeat(height // PATCH)
-    return torch.stack([torch.zeros_like(rows), rows, cols], dim=1).to(dtype)
 
 
 FLUX_DEV = FluxFamily(

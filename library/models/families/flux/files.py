@@ -47,13 +47,9 @@ from library.models.families.flux.original_keys import (
     transformer_from_original,
 )
 from library.models.families.flux.parts import FluxParts, refuse_channels
-from library.models.families.flux.tokenizers import (
-    find_t5_tokenizer_folder,
-    load_t5_tokenizer,
-    located_t5_tokenizer,
-    missing_t5_tokenizer,
-)
+from library.models.families.flux.tokenizers import find_t5_tokenizer_folder, missing_t5_tokenizer
 from library.models.loader import offline, one_line
+from library.models.text_encoders.t5 import load_t5_tokenizer, located_t5_tokenizer
 from library.models.tokenizers import load_tokenizer_for
 
 _FLOW_FILES = {

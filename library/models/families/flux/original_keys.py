@@ -20,13 +20,14 @@ Split pieces are views of the fused tensor: clone them before saving them with s
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from library.models.families.shape_origins import converted_origins
+from library.models.families.name_table import join_parts, swap_halves
+from library.models.families.shape_origins import convert_shapes as convert_shapes
 from library.models.original_names import vae_state_dict_from_original, vae_state_dict_to_original
 
 ORIGINAL_PREFIX = "model.diffusion_model."
@@ -100,12 +101,6 @@ _BLOCK_BACK = {
 }
 
 
-def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor with its two halves along dim 0 exchanged ((shift, scale) <-> (scale, shift))."""
-    first, second = tensor.chunk(2, dim=0)
-    return torch.cat([second, first], dim=0)
-
-
 def _diffusers_source(key: str) -> tuple[str, int, int]:
     """Diffusers key -> (original key, index among the fused parts, number of parts)."""
     if key in _TOP_BACK:
@@ -117,27 +112,6 @@ def _diffusers_source(key: str) -> tuple[str, int, int]:
             rest, index, parts = back[m.group(3)]
             return f"{old}.{m.group(2)}.{rest}", index, parts
     raise ValueError(f"{key!r} is not a key of a diffusers FluxTransformer2DModel")
-
-
-def join_parts(
-    parts: Iterable[tuple[str, int, int, torch.Tensor]],
-) -> dict[str, torch.Tensor]:
-    """Original state dict from (original key, part index, part count, tensor) of each diffusers
-    tensor: parts of one fused tensor are stacked by rows in index order, at the position of
-    the first part met. ValueError when a fused tensor lacks a part."""
-    out: dict[str, torch.Tensor | None] = {}
-    pieces: dict[str, list[torch.Tensor | None]] = {}
-    for old, index, count, value in parts:
-        if count == 1:
-            out[old] = value
-            continue
-        out.setdefault(old, None)  # keeps the first part's position in the key order
-        pieces.setdefault(old, [None] * count)[index] = value
-    for old, stack in pieces.items():
-        if any(p is None for p in stack):
-            raise ValueError(f"cannot build {old!r}: some of its diffusers parts are missing")
-        out[old] = torch.cat(stack, dim=0)
-    return out
 
 
 def transformer_to_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -214,15 +188,6 @@ def ae_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 # --- shapes and detection ---------------------------------------------------------------------
-
-
-def convert_shapes(
-    convert: Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]],
-    shapes: Mapping[str, Iterable[int]],
-) -> dict[str, tuple[int, ...]]:
-    """Run a converter of this module on key -> shape, without allocating any tensor;
-    shape_origins.ConvertFailed (a ValueError) naming the file tensors it failed on."""
-    return converted_origins(convert, shapes)[0]
 
 
 @dataclass(frozen=True)

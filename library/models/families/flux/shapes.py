@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from library.models import released_configs
+
 Variant = Literal["dev", "schnell"]
 VARIANTS: tuple[Variant, ...] = ("dev", "schnell")
 
@@ -60,26 +62,10 @@ def transformer_config(variant: Variant = "dev") -> dict:
 
 
 def ae_config() -> dict:
-    """AutoencoderKL kwargs of the FLUX.1 AE (ae.safetensors): 16 latent channels, 8x down."""
-    return {
-        "in_channels": 3,
-        "out_channels": 3,
-        "down_block_types": ("DownEncoderBlock2D",) * 4,
-        "up_block_types": ("UpDecoderBlock2D",) * 4,
-        "block_out_channels": (128, 256, 512, 512),  # [bfl] ch 128 * ch_mult (1, 2, 4, 4)
-        "layers_per_block": 2,  # [bfl] num_res_blocks
-        "act_fn": "silu",
-        "latent_channels": LATENT_CHANNELS,
-        "norm_num_groups": 32,  # [bfl] GroupNorm(32) throughout
-        "sample_size": 1024,  # [diffusers]; not a property of the weights
-        "scaling_factor": 0.3611,  # [bfl] scale_factor
-        "shift_factor": 0.1159,  # [bfl] shift_factor: latents = (z - shift) * scale
-        "force_upcast": True,  # [diffusers]
-        # [bfl] the AutoEncoder has no quant_conv / post_quant_conv, unlike SD's VAE.
-        "use_quant_conv": False,
-        "use_post_quant_conv": False,
-        "mid_block_add_attention": True,
-    }
+    """AutoencoderKL kwargs of the FLUX.1 AE (ae.safetensors): 16 latent channels, 8x down, no
+    quant convs ([bfl] AutoEncoderParams; library/models/released_configs.py, which later
+    families that ship it share)."""
+    return released_configs.ae16_config()
 
 
 def clip_l_config() -> dict:
@@ -107,22 +93,6 @@ def clip_l_config() -> dict:
 
 
 def t5_xxl_config() -> dict:
-    """T5Config kwargs of google/t5-v1_1-xxl, whose encoder (T5EncoderModel) FLUX.1 uses. [st]"""
-    return {
-        "vocab_size": 32128,  # the tokenizer has 32100 pieces; the embedding is padded
-        "d_model": 4096,
-        "d_kv": 64,
-        "d_ff": 10240,
-        "num_layers": 24,
-        "num_decoder_layers": 24,
-        "num_heads": 64,
-        "relative_attention_num_buckets": 32,
-        "relative_attention_max_distance": 128,
-        "dropout_rate": 0.1,
-        "layer_norm_epsilon": 1e-6,
-        "feed_forward_proj": "gated-gelu",  # T5 v1.1: gated GELU ("gelu_new") feed-forward
-        "tie_word_embeddings": False,
-        "pad_token_id": 0,
-        "eos_token_id": 1,
-        "decoder_start_token_id": 0,
-    }
+    """T5Config kwargs of google/t5-v1_1-xxl, whose encoder (T5EncoderModel) FLUX.1 uses [st]
+    (library/models/released_configs.py)."""
+    return released_configs.t5_xxl_config()

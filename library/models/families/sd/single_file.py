@@ -18,13 +18,14 @@ import torch
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import PICKLE_SUFFIXES, CheckpointFile
-from library.models.checkpoint_parts import load_part, plan_components, read_config
+from library.models.checkpoint_parts import plan_components, read_config
 from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.sd import family as families
 from library.models.families.sd.checkpoint_layout import FileLayout, detect_layout
 from library.models.families.sd.family import family_for
 from library.models.families.sd.objective import ddpm_objective
 from library.models.loader import Components, offline
+from library.models.plans import load_plan
 from library.models.tokenizers import encoder_label, load_tokenizer_for
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,7 @@ def load_single_file(model: ModelSection, weight_dtype: torch.dtype, vae_dtype: 
             for i, (tower, plan) in enumerate(zip(layout.towers, plans[2:], strict=True))
         ]
         modules = [
-            load_part(file, plan, vae_dtype if plan.name == "vae" else weight_dtype)
-            for plan in plans
+            load_plan(plan, vae_dtype if plan.part == "vae" else weight_dtype) for plan in plans
         ]
     scheduler_config = read_config(config_dir, "scheduler")
     encoders = modules[2:]

@@ -47,7 +47,6 @@ from library.models.families.file_plans import (
     plan_t5_encoder,
     refuse_scaled_fp8,
 )
-from library.models.families.flux.tokenizers import load_t5_tokenizer, located_t5_tokenizer
 from library.models.families.sd3 import shapes as sd3_shapes
 from library.models.families.sd3.original_keys import (
     TEXT_ENCODER_PREFIXES,
@@ -64,6 +63,7 @@ from library.models.families.sd3.tokenizers import (
     missing_t5_tokenizer,
 )
 from library.models.loader import offline, one_line
+from library.models.text_encoders.t5 import load_t5_tokenizer, located_t5_tokenizer
 from library.models.tokenizers import load_tokenizer_for
 from library.models.vae_file import load_vae
 

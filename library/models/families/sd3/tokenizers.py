@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from library.models.families.flux.tokenizers import (
-    find_t5_tokenizer_folder,
-    hub_t5_tokenizer_folder,
-)
+from library.models.families.flux.tokenizers import find_t5_tokenizer_folder
+from library.models.text_encoders.t5 import hub_t5_tokenizer_folder
 
 # Diffusers repositories whose tokenizer_3/ is SD3's T5 tokenizer, for the Hub cache.
 _T5_REPOS = (

@@ -15,10 +15,11 @@ ZImagePipeline, ZImageTransformer2DModel and single-file converter):
   and diffusers) and the other tools' layouts, which library/networks/linear_files.py reads.
 
 - flow_objective: the training objective (the shared rectified flow in Z-Image's conventions);
-- family, load, entry: the ModelFamily the trainer calls, the ZImagePipeline folder loader and
-  the registry entry (library/models/families/registry.py lists it);
-- files, file_configs: Comfy-Org's single files (transformer, qwen_3_4b, ae), each checked
-  tensor by tensor before a weight is read;
+- family, load, entry: the ModelFamily the trainer calls, its loader and the registry entry
+  (library/models/families/registry.py lists it);
+- spec, files: its folders and Comfy-Org's single files (transformer, qwen_3_4b,
+  ae) as data for the shared loader, each checked tensor by tensor before a weight is read, its
+  own readers beside them;
 - full_file: a full fine-tune's transformer in the original names (what ComfyUI loads);
 - sampling: sampling during training through ZImagePipeline.
 

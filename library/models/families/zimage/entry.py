@@ -50,7 +50,7 @@ ZIMAGE = FamilyEntry(
     models=_LINE,
     lines=(_LINE,),
     family=Deferred(f"{_PACKAGE}.family:ZImageFamily").get,
-    claims=Deferred(f"{_PACKAGE}.load:claims_zimage"),
+    claims=Deferred(f"{_PACKAGE}.spec:claims_zimage"),
     load=Deferred(f"{_PACKAGE}.load:load_zimage"),
     reads_vae=True,
     # musubi-tuner's LoRA module for Z-Image (its files say ss_network_module so)

@@ -28,7 +28,7 @@ from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
-from library.models.families.transformer_family import swappable_tails
+from library.models.families.transformer_family import flow_metadata, swappable_tails
 from library.models.families.zimage import conditioning as captions_
 from library.models.families.zimage.conditioning import LENGTHS
 from library.models.families.zimage.denoise import pack, unpack
@@ -177,16 +177,7 @@ class ZImageFamily(ModelFamily):
     def metadata_keys(self, config):
         """The run's flow-matching draw, in kohya's ss_* names."""
 
-        o = zimage_flow_options(config.flow)
-        return {
-            "ss_timestep_sampling": o.timestep_sampling,
-            "ss_sigmoid_scale": o.sigmoid_scale,
-            "ss_discrete_flow_shift": o.discrete_flow_shift,
-            "ss_weighting_scheme": o.weighting_scheme,
-            "ss_logit_mean": o.logit_mean,
-            "ss_logit_std": o.logit_std,
-            "ss_mode_scale": o.mode_scale,
-        }
+        return flow_metadata(zimage_flow_options(config.flow))
 
     def check_options(self, model, flow):
         """Other families' [flow] keys and SD 2.x's v2 are refused; SD text settings at other

@@ -2,7 +2,7 @@
 
 ComfyUI loads Z-Image transformer files with the original module names (its Lumina2 / NextDiT
 model), and so do diffusers' from_single_file and difftune's own single-file reader (files.py):
-keys.py's table in the diffusers -> original direction, the fused qkv built per block while it
+its name table (keys.py, spec.py) in the diffusers -> original direction, the fused qkv built per block while it
 is written. The header carries the diffusers config and the sampling scheduler config, so the
 file reloads exactly (sizes and variant) without guessing.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from library.models.checkpoint_parts import CONFIG_METADATA
-from library.models.families.zimage import keys
+from library.models.families.spec_loader import write_main_file
 from library.models.families.zimage.shapes import SCHEDULER_SHIFT
-from library.saving.streamed import block_groups, save_streamed
+from library.models.families.zimage.spec import SPEC
+from library.models.plans import CONFIG_METADATA
 
 
 def scheduler_header(shift: float) -> dict:
@@ -35,12 +35,6 @@ def write_transformer_file(
 ) -> Path:
     """Write ``transformer`` (a ZImageTransformer2DModel) to ``path`` in the original names,
     without a prefix, floating tensors in ``dtype`` (None: as they are), atomically."""
-
-    blocks = block_groups(transformer.state_dict(), tuple(g + "." for g in keys.BLOCK_GROUPS))
-    config = json.dumps(dict(transformer.config), default=list, sort_keys=True)
-    header = {
-        CONFIG_METADATA + "transformer": config,
-        CONFIG_METADATA + "scheduler": json.dumps(scheduler_header(shift), sort_keys=True),
-        **dict(metadata or {}),
-    }
-    return save_streamed(path, [(b, keys.diffusers_to_original) for b in blocks], header, dtype)
+    scheduler = json.dumps(scheduler_header(shift), sort_keys=True)
+    header = {CONFIG_METADATA + "scheduler": scheduler, **dict(metadata or {})}
+    return write_main_file(SPEC, Path(path), transformer, header, dtype)

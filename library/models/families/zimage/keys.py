@@ -3,7 +3,7 @@
 Single-file Z-Image transformers (the Comfy-Org split files, ComfyUI saves, community merges)
 use the original NextDiT module names; diffusers' ``ZImageTransformer2DModel`` renamed a few.
 The differences, as diffusers' ``convert_z_image_transformer_checkpoint_to_diffusers`` applies
-them (and its Z-Image LoRA converter relies on):
+them (and its Z-Image LoRA converter relies on), as a name table (families/name_table.py):
 
 =====================================================  ============================================
 original                                                diffusers
@@ -32,118 +32,65 @@ from collections.abc import Mapping
 
 import torch
 
-CHECKPOINT_PREFIX = "model.diffusion_model."  # the transformer's keys inside a full checkpoint
+from library.models.families.name_table import CHECKPOINT_PREFIX, NameTable
+
 PATCH_KEY = "2-1"  # f"{patch_size}-{f_patch_size}" of all_x_embedder / all_final_layer
 BLOCK_GROUPS = ("layers", "noise_refiner", "context_refiner")
 # The original code's top-level norm_final (an RMSNorm it never calls): present in some files,
 # dropped on the way in, not written on the way out.
 DROPPED = ("norm_final.weight",)
-
-# original key start -> diffusers key start, for the two patch-size-specific top-level modules
-TOP_LEVEL = (
-    ("x_embedder.", f"all_x_embedder.{PATCH_KEY}."),
-    ("final_layer.", f"all_final_layer.{PATCH_KEY}."),
-)
-# original name -> diffusers name, inside a block (after "<group>.<i>.")
-IN_BLOCK = (
-    ("attention.out.weight", "attention.to_out.0.weight"),
-    ("attention.q_norm.weight", "attention.norm_q.weight"),
-    ("attention.k_norm.weight", "attention.norm_k.weight"),
-)
 FUSED_QKV = "attention.qkv.weight"
-SPLIT_QKV = ("attention.to_q.weight", "attention.to_k.weight", "attention.to_v.weight")
-
-
-def _split_block(key: str) -> tuple[str, str] | None:
-    """("<group>.<i>.", rest) for a key inside a block, else None."""
-    parts = key.split(".", 2)
-    if len(parts) == 3 and parts[0] in BLOCK_GROUPS and parts[1].isdigit():
-        return f"{parts[0]}.{parts[1]}.", parts[2]
-    return None
+_BLOCK = {
+    "attention.qkv.weight": (
+        "attention.to_q.weight",
+        "attention.to_k.weight",
+        "attention.to_v.weight",
+    ),
+    "attention.out.weight": "attention.to_out.0.weight",
+    "attention.q_norm.weight": "attention.norm_q.weight",
+    "attention.k_norm.weight": "attention.norm_k.weight",
+}
+TABLE = NameTable(
+    top={
+        "x_embedder": f"all_x_embedder.{PATCH_KEY}",
+        "final_layer.linear": f"all_final_layer.{PATCH_KEY}.linear",
+        "final_layer.adaLN_modulation.1": f"all_final_layer.{PATCH_KEY}.adaLN_modulation.1",
+    },
+    lists=tuple((group, group, _BLOCK) for group in BLOCK_GROUPS),
+    model="ZImageTransformer2DModel",
+    same_elsewhere=True,
+)
 
 
 def diffusers_names(original: str) -> tuple[str, ...]:
     """The diffusers key(s) an original key (without prefix) becomes: three for a fused qkv,
     none for a dropped key, else one."""
-    if original in DROPPED:
-        return ()
-    for old, new in TOP_LEVEL:
-        if original.startswith(old):
-            return (new + original[len(old) :],)
-    block = _split_block(original)
-    if block is not None:
-        head, rest = block
-        if rest == FUSED_QKV:
-            return tuple(head + name for name in SPLIT_QKV)
-        for old, new in IN_BLOCK:
-            if rest == old:
-                return (head + new,)
-    return (original,)
+    return () if original in DROPPED else TABLE.diffusers_keys(original)
 
 
 def original_name(diffusers: str) -> str:
     """The original key (without prefix) holding a diffusers key; q, k and v all map to the
     fused ``attention.qkv.weight`` (diffusers_names gives the order)."""
-    for old, new in TOP_LEVEL:
-        if diffusers.startswith(new):
-            return old + diffusers[len(new) :]
-    block = _split_block(diffusers)
-    if block is not None:
-        head, rest = block
-        if rest in SPLIT_QKV:
-            return head + FUSED_QKV
-        for old, new in IN_BLOCK:
-            if rest == new:
-                return head + old
-    return diffusers
-
-
-def strip_prefix(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The transformer's keys without CHECKPOINT_PREFIX, when every key has it (a full
-    checkpoint's transformer part); otherwise the keys as they are."""
-    keys = list(state_dict)
-    if keys and all(k.startswith(CHECKPOINT_PREFIX) for k in keys):
-        return {k[len(CHECKPOINT_PREFIX) :]: v for k, v in state_dict.items()}
-    return dict(state_dict)
+    return TABLE.original_key(diffusers)
 
 
 def original_to_diffusers(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """An original-layout transformer state dict (prefixed or not) in diffusers' names.
-
-    The fused qkv weight is cut into three equal row blocks (views of the original tensor).
-    """
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in strip_prefix(state_dict).items():
-        names = diffusers_names(key)
-        if len(names) == 3:
-            if tensor.shape[0] % 3:
-                raise ValueError(f"{key}: {tuple(tensor.shape)} does not split into q, k and v")
-            out.update(zip(names, torch.chunk(tensor, 3, dim=0), strict=True))
-        elif names:
-            out[names[0]] = tensor
-    return out
+    """An original-layout transformer state dict (prefixed or not) in diffusers' names; the
+    fused qkv weight is cut into three equal row blocks (views of the original tensor)."""
+    dropped = {CHECKPOINT_PREFIX + k for k in DROPPED} | set(DROPPED)
+    return TABLE.from_original({k: v for k, v in state_dict.items() if k not in dropped})
 
 
 def diffusers_to_original(
     state_dict: Mapping[str, torch.Tensor], prefix: str = ""
 ) -> dict[str, torch.Tensor]:
     """A diffusers transformer state dict in the original names (keys start with ``prefix``:
-    "" for a standalone transformer file, CHECKPOINT_PREFIX inside a full checkpoint).
-
-    q, k and v are concatenated into the fused qkv weight in that order; all three must be there.
-    """
-    out: dict[str, torch.Tensor] = {}
-    fused: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in state_dict.items():
-        name = original_name(key)
-        if name.endswith(FUSED_QKV) and name != key:
-            fused.setdefault(name, {})[key] = tensor
-        else:
-            out[prefix + name] = tensor
-    for name, parts in fused.items():
-        order = diffusers_names(name)
-        missing = [k for k in order if k not in parts]
-        if missing:
-            raise KeyError(f"{name} needs {', '.join(missing)} as well")
-        out[prefix + name] = torch.cat([parts[k] for k in order], dim=0)
-    return out
+    "" for a standalone transformer file, CHECKPOINT_PREFIX inside a full checkpoint); q, k and
+    v are concatenated into the fused qkv weight in that order, all three must be there."""
+    try:
+        original = TABLE.to_original(state_dict)
+    except ValueError as exc:
+        fused = {original_name(k) for k in state_dict if k.endswith(_BLOCK[FUSED_QKV])}
+        missing = [t for name in fused for t in diffusers_names(name) if t not in state_dict]
+        raise KeyError(f"{exc}: {', '.join(missing)} as well") from None
+    return {prefix + k: v for k, v in original.items()}

@@ -14,7 +14,7 @@ the scheduler's shift. Sources of the full-size numbers:
   as 6.0);
 - [diffusers] ``ZImageTransformer2DModel``'s defaults in diffusers 0.42.1, which equal [hub] but
   for ``axes_lens`` (1024 there, 1536 in the released config);
-- [flux] the AE config of library/models/families/flux/shapes.py: Z-Image ships FLUX.1's AE (same
+- [flux] the 16-channel AE config of library/models/released_configs.py: Z-Image ships FLUX.1's AE (same
   channels, 16 latent channels, scaling_factor 0.3611, shift_factor 0.1159).
 The tests build the full-size models on the meta device and check their parameter counts.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from library.models.families.flux.shapes import ae_config as flux_ae_config
+from library.models.released_configs import ae16_config
 
 Variant = Literal["turbo", "base"]
 VARIANTS: tuple[Variant, ...] = ("turbo", "base")
@@ -92,7 +92,7 @@ def text_encoder_config() -> dict:
 
 def ae_config() -> dict:
     """AutoencoderKL kwargs of Z-Image's VAE: FLUX.1's AE ([flux]; the same [hub] numbers)."""
-    return flux_ae_config()
+    return ae16_config()
 
 
 def scheduler_config(variant: Variant = "turbo") -> dict:

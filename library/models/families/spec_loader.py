@@ -1,0 +1,248 @@
+"""The one loader of a family spec (spec.py): its diffusers folders and its single files.
+
+``load_spec`` reads a model as the spec declares it: a diffusers folder through the shared
+folder loader (folder_loader.py, with the ``PipelineFolder`` derived from the spec), or the
+main single file (pretrained_model_name_or_path) with each part's component file (a [flow] or
+[model] key). Every file's header is read, its layout and prefix found by the spec's key marks,
+and every part planned through the one plan system (library/models/plans.py: the header's
+config, else the one the shapes show, each checked on the meta device against the file's
+tensors) before any weight is read; then the family's ``inspect`` and the tokenizers, then the
+weights. ``claims`` says whether a model is the family's, from the same spec.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
+from library.errors import ModelError
+from library.models.checkpoint_file import CheckpointFile
+from library.models.families.claims import claims_model
+from library.models.families.family_entry import Deferred
+from library.models.families.file_contents import sample_keys
+from library.models.families.file_plans import open_safetensors, refuse_scaled_fp8
+from library.models.families.folder_loader import (
+    LoadedFolder,
+    PipelineFolder,
+    Replacement,
+    load_folder,
+    option,
+)
+from library.models.families.shape_origins import convert_shapes
+from library.models.families.spec import ComponentFile, FamilySpec, SpecPart
+from library.models.loader import offline, one_line
+from library.models.plans import CONFIG_METADATA, Plan, choose_plan, load_plan
+from library.saving.streamed import block_groups, save_streamed
+
+WHAT = "pretrained_model_name_or_path"
+
+
+def claims(spec: FamilySpec, model: ModelSection) -> bool:
+    """True for a folder of the spec's pipeline (or one whose denoiser is its class: another
+    pipeline of the family is refused by name), or a .safetensors file whose keys hold the
+    spec's denoiser (a damaged one by its header text)."""
+    main = spec.main
+    denoiser_class = spec.denoiser.cls.split(":")[1]
+    return claims_model(
+        model, spec.pipeline, denoiser_class, main.detect, main.damaged, spec.family
+    )
+
+
+def claimer(spec: FamilySpec) -> Callable[[ModelSection, FlowSection], bool]:
+    """The registry entry's ``claims(model, flow)`` of the family ``spec`` describes."""
+    return lambda model, flow: claims(spec, model)
+
+
+def folder_of(spec: FamilySpec) -> PipelineFolder:
+    """The diffusers folder the spec declares, for the shared folder loader."""
+
+    def plan_file(key: str, value: str) -> Replacement:
+        part = next(p for p in spec.parts if p.file and p.file.key == key)
+        return plan_component(spec, part, value)
+
+    return PipelineFolder(
+        pipeline=spec.pipeline,
+        family=spec.family,
+        parts=tuple(part.folder_part for part in spec.parts),
+        tokenizers=spec.tokenizers,
+        inspect=spec.inspect,
+        plan_file=plan_file,
+        other=spec.other,
+    )
+
+
+def load_spec(
+    spec: FamilySpec, model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype,
+    vae_dtype: torch.dtype,
+) -> LoadedFolder:  # fmt: skip
+    """The model ``pretrained_model_name_or_path`` names, as ``spec`` declares it: its modules
+    and tokenizers by subfolder (frozen, in eval mode, on the CPU) and what ``inspect`` found.
+    ModelError for any problem with its files, found before any weight is read."""
+    path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
+    if path.is_dir():
+        return load_folder(folder_of(spec), path, model, flow, weight_dtype, vae_dtype)
+    return load_files(spec, path, model, flow, weight_dtype, vae_dtype)
+
+
+@dataclass
+class CheckedFiles:
+    """The single files after their checks: the main file (``model_dir``, as a folder is
+    named in messages) and each part's plan (or loader) by subfolder."""
+
+    model_dir: Path
+    plans: dict[str, Replacement]
+    spec: FamilySpec
+    model: ModelSection
+    flow: FlowSection
+
+    @property
+    def config(self) -> dict:
+        """The denoiser's config."""
+        return self.part_config(self.spec.denoiser.sub)
+
+    def part_config(self, sub: str) -> dict:
+        plan = self.plans[sub]
+        if not isinstance(plan, Plan):
+            raise ModelError(f"the {sub} of {self.model_dir} has no config before it loads")
+        return plan.config
+
+    def part_source(self, sub: str) -> str:
+        plan = self.plans[sub]
+        return plan.where if isinstance(plan, Plan) else str(self.model_dir)
+
+
+def load_files(
+    spec: FamilySpec, path: Path, model: ModelSection, flow: FlowSection,
+    weight_dtype: torch.dtype, vae_dtype: torch.dtype,
+) -> LoadedFolder:  # fmt: skip
+    """The main file ``path`` and each part's component file (module docstring)."""
+    if not path.is_file():
+        raise ModelError(f"model file {path} does not exist; nothing is downloaded")
+    main = open_safetensors(path, WHAT, spec.family)
+    plans: dict[str, Replacement] = {spec.denoiser.sub: plan_main(spec, main)}
+    # The VAE's file last, as in a folder: the first broken file a user sees is the same.
+    for part in sorted(spec.parts, key=lambda part: part.role == "vae"):
+        if part.file is not None:
+            value = option(model, flow, part.file.key)
+            plans[part.sub] = plan_component(spec, part, value)
+    checked = CheckedFiles(path, plans, spec, model, flow)
+    facts = spec.inspect(checked)
+    with offline():
+        # Tokenizers first: a broken one fails in a second, not after the weights.
+        tokenizers = {t.sub: t.read_files(checked) for t in spec.tokenizers if t.read_files}
+        modules = {
+            part.sub: _load(plans[part.sub], vae_dtype if part.role == "vae" else weight_dtype)
+            for part in spec.parts
+        }
+    return LoadedFolder(path, facts, modules, tokenizers)
+
+
+def _load(plan: Replacement, dtype: torch.dtype) -> torch.nn.Module:
+    module = load_plan(plan, dtype) if isinstance(plan, Plan) else plan(dtype)
+    return module.requires_grad_(False).eval()
+
+
+def plan_main(spec: FamilySpec, file: CheckpointFile) -> Plan:
+    """The denoiser's plan from the main file: its keys under the prefix its marks show,
+    renamed from the original names (or kept, diffusers'), with the header's config when it
+    fits, else the one its shapes show."""
+    part, main = spec.denoiser, spec.main
+    label = part.label or f"{spec.family} {part.sub}"
+    refuse_scaled_fp8(file, WHAT)
+    found = main.detect(file.keys())
+    if found is None:
+        raise ModelError(
+            f"{file.path} holds no {label} ({sample_keys(file.keys())}); point {WHAT} at "
+            f"{main.example} or a diffusers folder"
+        )
+    layout, prefix = found
+    # A full checkpoint's other parts (and keys the module has no place for) stay in the file.
+    keys = [k for k in file if k.startswith(prefix) and k[len(prefix) :] not in main.dropped]
+    original = layout == "original"
+
+    def convert(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        state = {k[len(prefix) :]: v for k, v in state.items()}
+        return main.names.from_original(state) if original else state
+
+    def group(key: str) -> str:
+        # each numbered block's fused tensors with its own keys: only one block is held twice
+        return main.names.original_group(key, prefix)
+
+    build = _builder(part)
+
+    def file_name(key: str) -> str:
+        return prefix + (main.names.original_key(key) if original else key)
+
+    def plan_of(config: dict) -> Plan:
+        return Plan(
+            part.sub, WHAT, file, keys, config, convert, build, group=group, label=label,
+            file_name=file_name,
+        )  # fmt: skip
+
+    def derive() -> dict:
+        try:
+            return main.config_from_shapes(convert_shapes(convert, file_shapes(file, keys)))
+        except (KeyError, ValueError, IndexError, StopIteration) as exc:
+            raise ModelError(f"{file.path}: {one_line(exc)}; it is not a {label}") from None
+
+    return choose_plan(part.sub, plan_of, file, (("derived", derive),))
+
+
+def file_shapes(file: CheckpointFile, keys: list[str]) -> dict[str, tuple[int, ...]]:
+    return {k: file.shape(k) for k in keys}
+
+
+def _builder(part: SpecPart):
+    """A diffusers model class's constructor from a config, the class imported on first use."""
+
+    def build(config: dict) -> torch.nn.Module:
+        return Deferred(part.cls).get().from_config(config)
+
+    return build
+
+
+def plan_component(spec: FamilySpec, part: SpecPart, value: str | None) -> Replacement:
+    """The replacement of ``part`` from its component file ``value`` (its config key's),
+    checked before any weight is read; ModelError naming the key when it is unset, missing,
+    a folder (unless the part reads folders) or not the part's file."""
+    declared: ComponentFile = part.file
+    if not value:
+        raise ModelError(
+            f"{spec.family} as a single transformer file needs {declared.what}: set "
+            f'{declared.key} = "<path>" in {declared.section} (or point {WHAT} at a diffusers '
+            "folder)"
+        )
+    path = Path(value).expanduser().absolute()
+    if declared.other is not None and path.suffix.lower() != ".safetensors":
+        return declared.other(path)
+    if path.is_dir():
+        raise ModelError(
+            f"{declared.key} = {path} is a folder; set {declared.key} in {declared.section} to "
+            f"the .safetensors file of {declared.what}"
+        )
+    if not path.is_file():
+        raise ModelError(
+            f"{declared.key} = {path} is not a file (nothing is there); set {declared.key} in "
+            f"{declared.section} to {declared.what}"
+        )
+    return declared.plan(open_safetensors(path, declared.key, spec.family))
+
+
+def write_main_file(
+    spec: FamilySpec, path: Path, denoiser: torch.nn.Module, metadata, dtype: torch.dtype | None
+) -> Path:
+    """The trained denoiser alone as the spec's main single file: the original names of its
+    name table, one numbered block at a time (the fused tensors of a block exist only while it
+    is written), with its diffusers config in the header (``difftune.config.<subfolder>``)
+    for exact reloading, before ``metadata``."""
+    names = spec.main.names
+    blocks = block_groups(denoiser.state_dict(), names.block_groups)
+    config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
+    header = {CONFIG_METADATA + spec.denoiser.sub: config, **dict(metadata or {})}
+    return save_streamed(path, [(block, names.to_original) for block in blocks], header, dtype)

@@ -1,0 +1,57 @@
+"""Released configs of parts that several families share, as data (fresh dicts of constructor
+kwargs), with their sources.
+
+- ``t5_xxl_config``: google/t5-v1_1-xxl's, whose encoder (T5EncoderModel) conditions several
+  transformer families (kohya-ss/sd-scripts library/flux_utils.py ``load_t5xxl`` copies it);
+- ``ae16_config``: the 16-channel autoencoder without quant convolutions that Black Forest Labs
+  released as ae.safetensors (AutoEncoderParams in their repository, as sd-scripts'
+  library/flux_models.py copies them), which later families ship unchanged.
+"""
+
+from __future__ import annotations
+
+AE16_LATENT_CHANNELS = 16
+
+
+def t5_xxl_config() -> dict:
+    """T5Config kwargs of google/t5-v1_1-xxl."""
+    return {
+        "vocab_size": 32128,  # the tokenizer has 32100 pieces; the embedding is padded
+        "d_model": 4096,
+        "d_kv": 64,
+        "d_ff": 10240,
+        "num_layers": 24,
+        "num_decoder_layers": 24,
+        "num_heads": 64,
+        "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128,
+        "dropout_rate": 0.1,
+        "layer_norm_epsilon": 1e-6,
+        "feed_forward_proj": "gated-gelu",  # T5 v1.1: gated GELU ("gelu_new") feed-forward
+        "tie_word_embeddings": False,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "decoder_start_token_id": 0,
+    }
+
+
+def ae16_config() -> dict:
+    """AutoencoderKL kwargs of the 16-channel AE (ae.safetensors): 8x down, no quant convs."""
+    return {
+        "in_channels": 3,
+        "out_channels": 3,
+        "down_block_types": ("DownEncoderBlock2D",) * 4,
+        "up_block_types": ("UpDecoderBlock2D",) * 4,
+        "block_out_channels": (128, 256, 512, 512),  # ch 128 * ch_mult (1, 2, 4, 4)
+        "layers_per_block": 2,  # num_res_blocks
+        "act_fn": "silu",
+        "latent_channels": AE16_LATENT_CHANNELS,
+        "norm_num_groups": 32,  # GroupNorm(32) throughout
+        "sample_size": 1024,  # diffusers' vae/config.json; not a property of the weights
+        "scaling_factor": 0.3611,  # latents = (z - shift) * scale
+        "shift_factor": 0.1159,
+        "force_upcast": True,
+        "use_quant_conv": False,
+        "use_post_quant_conv": False,
+        "mid_block_add_attention": True,
+    }

@@ -1,0 +1,88 @@
+"""The shared name table (library/models/families/name_table.py) builds both converters from one
+table of stems: FLUX.1's original names, declared as data over the shared dual- and
+single-stream blocks, convert exactly as FLUX.1's hand-written converter does (an independent
+implementation), both ways, fused splits and the swapped adaLN halves included; and kohya's
+modules come from the same table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from library.models.families.flux import original_keys as flux_keys
+from library.models.families.name_table import (
+    CHECKPOINT_PREFIX,
+    DUAL_STREAM_BLOCK,
+    SINGLE_STREAM_BLOCK,
+    NameTable,
+    count_numbered,
+)
+from tests.kits.flux.tiny import build_tiny_flux_components
+
+FLUX_TABLE = NameTable(
+    top={
+        "img_in": "x_embedder",
+        "txt_in": "context_embedder",
+        "time_in.in_layer": "time_text_embed.timestep_embedder.linear_1",
+        "time_in.out_layer": "time_text_embed.timestep_embedder.linear_2",
+        "vector_in.in_layer": "time_text_embed.text_embedder.linear_1",
+        "vector_in.out_layer": "time_text_embed.text_embedder.linear_2",
+        "guidance_in.in_layer": "time_text_embed.guidance_embedder.linear_1",
+        "guidance_in.out_layer": "time_text_embed.guidance_embedder.linear_2",
+        "final_layer.linear": "proj_out",
+        "final_layer.adaLN_modulation.1": "norm_out.linear",
+    },
+    lists=(
+        ("double_blocks", "transformer_blocks",
+         {**DUAL_STREAM_BLOCK, "img_mod.lin": "norm1.linear", "txt_mod.lin": "norm1_context.linear"}),
+        ("single_blocks", "single_transformer_blocks",
+         {**SINGLE_STREAM_BLOCK, "modulation.lin": "norm.linear"}),
+    ),
+    model="FluxTransformer2DModel",
+    swapped=("final_layer.adaLN_modulation.1.weight", "final_layer.adaLN_modulation.1.bias"),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def state():
+    return build_tiny_flux_components("dev", 0)["transformer"].state_dict()
+
+
+def _same(got: dict, want: dict) -> None:
+    assert list(got) == list(want) or set(got) == set(want)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+
+
+def test_both_directions_match_flux_own_converter(state):
+    original = FLUX_TABLE.to_original(state)
+    _same(original, flux_keys.transformer_to_original(state))
+    _same(FLUX_TABLE.from_original(original), flux_keys.transformer_from_original(original))
+    _same(FLUX_TABLE.from_original(original), state)
+    prefixed = {CHECKPOINT_PREFIX + k: v for k, v in original.items()}
+    _same(FLUX_TABLE.from_original(prefixed), state)
+
+
+def test_unknown_keys_and_missing_parts_are_refused(state):
+    with pytest.raises(ValueError, match="not a key of a diffusers FluxTransformer2DModel"):
+        FLUX_TABLE.to_original({"nowhere.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="not a key of an original FluxTransformer2DModel"):
+        FLUX_TABLE.from_original({"double_blocks.0.nowhere.weight": torch.zeros(1)})
+    partial = {k: v for k, v in state.items() if not k.endswith("attn.to_k.weight")}
+    with pytest.raises(ValueError, match="some of its diffusers parts are missing"):
+        FLUX_TABLE.to_original(partial)
+
+
+def test_groups_linears_and_counts(state):
+    assert FLUX_TABLE.block_groups == ("transformer_blocks.", "single_transformer_blocks.")
+    assert FLUX_TABLE.original_group("model.diffusion_model.double_blocks.1.img_attn.qkv.weight",
+                                     CHECKPOINT_PREFIX) == "model.diffusion_model.double_blocks.1."  # fmt: skip
+    assert FLUX_TABLE.original_group("img_in.weight") == ""
+    linears = dict(FLUX_TABLE.linears("single_blocks"))
+    assert linears == {
+        "linear1": ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"),
+        "linear2": ("proj_out",),
+        "modulation.lin": ("norm.linear",),
+    }
+    assert count_numbered(state, "single_transformer_blocks") == 2
+    assert count_numbered(state, "no_such_blocks") == 0

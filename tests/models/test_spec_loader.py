@@ -1,0 +1,68 @@
+"""What the shared loader derives from a family spec without reading weights: which layout and
+prefix a main file's keys show, which files a spec claims, and how an unset, missing or
+folder component file is refused by its key (Chroma's spec as the example)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from library.config.schema import ModelSection
+from library.errors import ModelError
+from library.models.families.chroma.original_keys import TABLE
+from library.models.families.chroma.spec import SPEC
+from library.models.families.spec import MainFile
+from library.models.families.spec_loader import claims, folder_of, plan_component
+
+MAIN = MainFile(
+    names=TABLE,
+    original_marks=("refiner.",),
+    diffusers_marks=("refiner.", "all_in.weight"),
+    config_from_shapes=dict,
+    damaged=re.compile("refiner"),
+    example="x.safetensors",
+)
+
+
+def test_layout_and_prefix_from_the_marks():
+    assert MAIN.detect(["refiner.0.w", "all_in.weight"]) == ("diffusers", "")
+    assert MAIN.detect(["model.diffusion_model.refiner.0.w"]) == (
+        "original",
+        "model.diffusion_model.",
+    )
+    assert MAIN.detect(["other.weight"]) is None
+
+
+def test_the_folder_is_derived_from_the_spec():
+    folder = folder_of(SPEC)
+    assert folder.pipeline == "ChromaPipeline"
+    assert [(p.sub, p.cls, p.file_key, p.vae) for p in folder.parts] == [
+        ("transformer", "diffusers:ChromaTransformer2DModel", None, False),
+        ("vae", "diffusers:AutoencoderKL", "ae", True),
+        ("text_encoder", "transformers:T5EncoderModel", "t5xxl", False),
+    ]
+
+
+def test_claims_by_keys(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "chroma.safetensors"
+    save_file({"distilled_guidance_layer.in_proj.weight": torch.zeros(1),
+               "double_blocks.0.img_attn.qkv.weight": torch.zeros(1)}, str(path))  # fmt: skip
+    assert claims(SPEC, ModelSection(pretrained_model_name_or_path=str(path)))
+    other = tmp_path / "other.safetensors"
+    save_file({"double_blocks.0.img_attn.qkv.weight": torch.zeros(1)}, str(other))
+    assert not claims(SPEC, ModelSection(pretrained_model_name_or_path=str(other)))
+
+
+def test_component_files_are_refused_by_key(tmp_path):
+    part = SPEC.part("text_encoder")
+    with pytest.raises(ModelError, match=r'needs the T5-XXL .*set t5xxl = "<path>" in \[flow\]'):
+        plan_component(SPEC, part, None)
+    with pytest.raises(ModelError, match=f"t5xxl = {re.escape(str(tmp_path))} is a folder"):
+        plan_component(SPEC, part, str(tmp_path))
+    missing = tmp_path / "t5.safetensors"
+    with pytest.raises(ModelError, match=f"t5xxl = {re.escape(str(missing))} is not a file"):
+        plan_component(SPEC, part, str(missing))
