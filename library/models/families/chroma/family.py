@@ -25,7 +25,7 @@ from library.models.families.chroma.checkpointing import single_blocks_masked
 from library.models.families.chroma.conditioning import TEXT_MASK
 from library.models.families.chroma.lora_keys import transformer_modules
 from library.models.families.chroma.sampling import chroma_pipeline_kind
-from library.models.families.chroma.shapes import SCHEDULER_CONFIG, T5_MAX_LENGTH
+from library.models.families.chroma.shapes import PATCH_SIZE, SCHEDULER_CONFIG, T5_MAX_LENGTH
 from library.models.families.chroma.spec import SPEC
 from library.models.families.spec_loader import load_spec, write_main_file
 from library.models.families.transformer_family import (
@@ -203,7 +203,9 @@ def load_chroma(
         vae=vae,
         text_encoders=(t5,),
         tokenizers=tuple(loaded.tokenizers.values()),
-        objective=FlowMatchingObjective(FlowOptions.from_section(flow), scheduler),
+        objective=FlowMatchingObjective(
+            FlowOptions.from_section(flow), scheduler, patch=PATCH_SIZE
+        ),
         family=chroma_family(flow),
         model_dir=loaded.model_dir,
     )
