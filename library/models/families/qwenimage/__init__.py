@@ -16,7 +16,7 @@ QwenImagePipeline, QwenImageTransformer2DModel and AutoencoderKLQwenImage):
   names (``diffusion_model.<diffusers path>``, read by ComfyUI and diffusers);
 - family, load, entry: the ModelFamily the trainer calls, the loader (a folder through
   families/folder_loader.py, or the single files) and the registry entry (registry.py lists it);
-- files, vae_keys, tiny_files: the single files ComfyUI users have (transformer, Qwen2.5-VL, the
+- files, tiny_files: the single files ComfyUI users have (transformer, Qwen2.5-VL, the
   VAE in Wan 2.1's names), checked before any weight is read, and tiny ones for tests;
 - full_file: a full fine-tune's transformer as one file in diffusers' names;
 - config_keys: [flow] model_version, which release a transformer file is;

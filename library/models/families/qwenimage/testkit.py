@@ -14,7 +14,6 @@ from library.models.families.qwenimage.tiny import (
     write_tiny_qwenimage_folder,
 )
 from library.models.families.qwenimage.tiny_files import write_tiny_qwenimage_files
-from library.models.families.qwenimage.vae_keys import vae_from_original, vae_to_original
 from library.models.families.testkit import (
     ConformanceKit,
     DistributedMode,
@@ -22,6 +21,7 @@ from library.models.families.testkit import (
     NameTable,
     SampleCase,
 )
+from library.models.wan_vae_keys import vae_from_original, vae_to_original
 from library.training.noise import NoiseOptions, draw
 
 

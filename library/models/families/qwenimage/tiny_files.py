@@ -23,7 +23,7 @@ from library.models.families.qwenimage.shapes import (
 )
 from library.models.families.qwenimage.tiny import build_tiny_qwenimage_components
 from library.models.families.qwenimage.tiny_tokenizer import write_tiny_qwen25vl_tokenizer
-from library.models.families.qwenimage.vae_keys import vae_to_original
+from library.models.wan_vae_keys import vae_to_original
 
 # Comfy-Org's file names (split_files/diffusion_models/, text_encoders/, vae/)
 FILE_NAMES = {
