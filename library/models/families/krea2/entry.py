@@ -87,6 +87,7 @@ KREA2 = FamilyEntry(
         # the original names (Krea's and ComfyUI's), whose kohya form musubi-tuner writes
         to_original=Deferred(f"{_PACKAGE}.spec:state_to_original"),
         own_layout="comfyui",
+        folds_alpha=True,
         layout_names={
             "comfyui": "diffusion_model.<original path> with lora_A / lora_B, alpha folded in",
             "kohya": "musubi-tuner's lora_unet_<original path>",

@@ -38,6 +38,7 @@ from library.networks.fused_keys import linears_inside
 from library.networks.kohya_names import unwrap
 
 FLOW_KIND = "krea2"  # the family's name in the registry
+PROJECTOR = "text_fusion.projector"  # a 12-to-1 Linear
 # LyCORIS preset -> the Linears it adapts (a path test); musubi-tuner's default is every Linear
 _LYCORIS_PRESETS = {
     "full": lambda path: True,
@@ -125,10 +126,11 @@ class Krea2Family(ModelFamily):
         return False  # DENOISER_ONLY_ADAPTERS: the run trains the transformer alone
 
     def adapter_targets(self, module, role, conv):
-        """Every Linear of the transformer, as musubi-tuner's networks.lora_krea2."""
+        """Every Linear of the transformer, as musubi-tuner's networks.lora_krea2, but the text
+        fusion's projector (12 weights: an adapter of any rank would outweigh it)."""
         if role != "unet":
             raise ConfigError("Krea 2 LoRAs adapt the transformer only")
-        return dict.fromkeys(linears_inside(unwrap(module)), "linear")
+        return {p: "linear" for p in linears_inside(unwrap(module)) if p != PROJECTOR}
 
     def lycoris_targets(self, module, role, preset):
         """Every Linear (full, full-lin), the blocks' attention and feed-forward (attn-mlp) or
@@ -139,7 +141,7 @@ class Krea2Family(ModelFamily):
                 "full-lin or attn-mlp"
             )
         chosen = _LYCORIS_PRESETS[preset]
-        return {p: "linear" for p in linears_inside(unwrap(module)) if chosen(p)}
+        return {p: "linear" for p in linears_inside(unwrap(module)) if chosen(p) and p != PROJECTOR}
 
     def adapter_key_map(self):
         """``diffusion_model.<original path>`` with peft tensors, alpha folded (key_map.py)."""

@@ -14,8 +14,8 @@ import re
 
 from library.errors import ModelError
 from library.models import shape_configs
-from library.models.families import wan_vae_file
-from library.models.families.file_contents import looks_like, sample_keys
+from library.models.families import qwen3_vl_file, wan_vae_file
+from library.models.families.file_contents import sample_keys
 from library.models.families.file_plans import (
     family_component_file,
     load_plan,
@@ -33,20 +33,6 @@ FILES = {
     "vae": ("[model]", "the Qwen-Image VAE (qwen_image_vae.safetensors)"),
 }
 TOKENIZER_WHERE = "a Krea 2 folder's tokenizer/ (Qwen3-VL-4B-Instruct's)"
-# Qwen3-VL-4B-Instruct's config ([hub] Qwen/Qwen3-VL-4B-Instruct config.json)
-QWEN3VL_4B = {
-    "text_config": {
-        "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
-        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
-                            "mrope_section": [24, 20, 20], "mrope_interleaved": True},
-    },
-    "vision_config": {
-        "depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16,
-        "out_hidden_size": 2560, "deepstack_visual_indexes": [5, 11, 17],
-    },
-}  # fmt: skip
 
 
 def load_krea2_files(path, model, flow, weight_dtype, vae_dtype) -> tuple[dict, object]:
@@ -74,7 +60,7 @@ def plan_component(key: str, value: str | None):
     file = family_component_file(value, key, section, what, FAMILY)
     if key == "vae":
         return wan_vae_file.plan_vae(file, key, what, _released_vae, "Qwen-Image VAE")
-    return plan_text_encoder(file)
+    return qwen3_vl_file.plan_qwen3_vl(file, key, what)
 
 
 def plan_transformer(file):
@@ -128,43 +114,6 @@ def _build_transformer(config):
     from diffusers import Krea2Transformer2DModel
 
     return Krea2Transformer2DModel(**config)
-
-
-def _qwen3vl_name(key: str) -> str:
-    """Qwen3VLModel's name of a file key in transformers' names (Qwen3VLForConditionalGeneration's
-    ``model.`` prefix and lm_head dropped)."""
-    return key.removeprefix("model.")
-
-
-def plan_text_encoder(file):
-    """Qwen3-VL as Qwen3VLModel (its language model and vision tower; the lm_head is left)."""
-    what = "text_encoder"
-    refuse_scaled_fp8(file, what)
-    keys = [k for k in file if not k.startswith("lm_head.")]
-    embed = "language_model.embed_tokens.weight"
-    names = {k: _qwen3vl_name(k) for k in keys}
-    if embed not in names.values():
-        raise ModelError(
-            f"{what} = {file.path} is not {FILES[what][1]}: it has no "
-            f"model.language_model.embed_tokens.weight (the file looks like "
-            f"{looks_like(file.keys())}); set {what} in [flow] to qwen3vl_4b_bf16.safetensors"
-        )
-
-    def released(plain) -> dict:
-        stored = wan_vae_file.stored_config(file, what) or dict(QWEN3VL_4B)
-        stored["text_config"] = {**stored["text_config"], "vocab_size": plain[embed][0]}
-        return stored
-
-    return plan_part(what, what, file, keys, lambda s: {names[k]: v for k, v in s.items()},
-                     _build_qwen3vl, released,
-                     lambda exc: ModelError(f"{what} = {file.path}: it lacks {exc}; re-download it"),
-                     label="Qwen3-VL text encoder")  # fmt: skip
-
-
-def _build_qwen3vl(config):
-    from transformers import Qwen3VLConfig, Qwen3VLModel
-
-    return Qwen3VLModel(Qwen3VLConfig(**config))
 
 
 def _released_vae() -> dict:

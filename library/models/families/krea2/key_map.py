@@ -21,17 +21,13 @@ tensors under the same module names (ComfyUI reads them; diffusers reads no LyCO
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
 from library.models.families.krea2.spec import linear_original
 from library.networks.fused_keys import linears_inside
-from library.networks.key_maps import AliasedPathNames
-from library.networks.kind_base import FileModule
-from library.networks.kohya_names import ALPHA, DOWN, UP, unwrap
-from library.networks.linear_files import PEFT_DOWN, PEFT_UP, LinearNames
-from library.networks.module_files import adapted_paths
+from library.networks.key_maps import PeftFoldedNames
+from library.networks.kohya_names import unwrap
+from library.networks.linear_files import LinearNames
 
 PREFIX = "diffusion_model."
 HEADS = (PREFIX, "base_model.model.")
@@ -61,37 +57,6 @@ NAMES = LinearNames(
 )
 
 
-@dataclass(frozen=True)
-class FoldedPeftNames(AliasedPathNames):
-    """Written as ``diffusion_model.<original path>``, a LoRA's kohya tensors as peft's with
-    alpha / r folded into lora_B; read as :class:`AliasedPathNames` reads."""
-
-    def modules(self, prefix, model):
-        return [FileModule(self.names.written(path), (path,)) for path in adapted_paths(model)]
-
-    def write(self, models):
-        tensors = super().write(models)
-        out = {}
-        for module in dict.fromkeys(map(_module_of, tensors)):
-            parts = {k[len(module) + 1 :]: v for k, v in tensors.items()
-                     if k.startswith(module + ".")}  # fmt: skip
-            if set(parts) != {DOWN, UP, ALPHA}:
-                out.update({f"{module}.{k}": v for k, v in parts.items()})  # LyCORIS' own
-                continue
-            down, up = parts[DOWN], parts[UP]
-            folded = up.float() * (float(parts[ALPHA]) / down.shape[0])
-            out[f"{module}.{PEFT_DOWN}"] = down
-            out[f"{module}.{PEFT_UP}"] = folded.to(up.dtype)
-        return out
-
-
-def _module_of(key: str) -> str:
-    """The module name of an adapter file key (its tensor's name is one part, or two ending in
-    ``weight``)."""
-    module, last = key.rsplit(".", 1)
-    return module.rsplit(".", 1)[0] if last == "weight" else module
-
-
-def krea2_names() -> FoldedPeftNames:
+def krea2_names() -> PeftFoldedNames:
     """Krea 2's key map."""
-    return FoldedPeftNames(prefix=PREFIX, names=NAMES)
+    return PeftFoldedNames(prefix=PREFIX, names=NAMES)
