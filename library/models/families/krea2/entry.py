@@ -1,7 +1,4 @@
-"""Krea 2's entry in the family registry: what shared code asks of it before loading it.
-
-Readable without torch or diffusers: the loader, the family class and the kit are named and
-imported on first use."""
+"""Krea 2's registry entry (readable without torch: its modules are named, not imported)."""
 
 from __future__ import annotations
 
@@ -22,16 +19,9 @@ _LINE = "Krea 2"
 _PACKAGE = "library.models.families.krea2"
 # The [flow] keys of the flow-matching draw (objective.py), shared with the other flow families
 SIGMA_KEYS = frozenset(
-    {
-        "timestep_sampling",
-        "sigmoid_scale",
-        "discrete_flow_shift",
-        "weighting_scheme",
-        "logit_mean",
-        "logit_std",
-        "mode_scale",
-    }  # fmt: skip
-)
+    {"timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
+     "logit_mean", "logit_std", "mode_scale"}
+)  # fmt: skip
 # ...and beside a single transformer file its Qwen3-VL file (the VAE file is [model] vae) and
 # which checkpoint the file is
 FLOW_KEYS = SIGMA_KEYS | {"text_encoder", "dit_variant"}

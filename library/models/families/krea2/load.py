@@ -1,11 +1,6 @@
-"""Reading a Krea 2 model: a diffusers Krea2Pipeline folder through the shared folder loader
-(transformer/, vae/, text_encoder/, tokenizer/, scheduler/), or the single files Krea and
-ComfyUI distribute (files.py). With a folder, [flow] text_encoder and [model] vae files replace
-the folder's parts (which then need not be there).
-
-Which checkpoint the transformer is (RAW or the distilled Turbo) is the folder's
-``model_index.json`` ``is_distilled``; a transformer file does not say, so [flow]
-krea2_variant does (musubi-tuner's --dit_variant; unset: raw)."""
+"""Reading Krea 2: a Krea2Pipeline folder through the shared folder loader ([flow]
+text_encoder and [model] vae files replace its parts), or the single files (files.py). RAW or
+Turbo: the folder's model_index.json is_distilled, or [flow] dit_variant for a file."""
 
 from __future__ import annotations
 
@@ -45,8 +40,7 @@ def claims_krea2(model: ModelSection, flow: FlowSection) -> bool:
 
 @dataclass(frozen=True)
 class FolderFacts:
-    """What a folder says besides its modules: the sampling scheduler, the pipeline's taps and
-    whether its transformer is the distilled Turbo."""
+    """The sampling scheduler, the pipeline's taps and whether the transformer is Turbo."""
 
     scheduler: dict
     taps: tuple[int, ...]
@@ -66,9 +60,7 @@ def warn_if_distilled(distilled: bool) -> None:
 def load_krea2(
     model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
 ) -> Components:
-    """Components of Krea 2: the transformer, the Qwen-Image VAE, Qwen3-VL and its tokenizer,
-    frozen, in eval mode, on the CPU, in ``weight_dtype`` (the VAE in ``vae_dtype``).
-    ModelError for any problem with the files."""
+    """Krea 2's Components (frozen, on the CPU); ModelError for any problem with the files."""
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
     if not path.is_dir():
         modules, tokenizer = files.load_krea2_files(path, model, flow, weight_dtype, vae_dtype)

@@ -1,17 +1,8 @@
-"""Krea 2's training objective: the shared rectified flow with musubi-tuner's Krea 2 draw.
-
-The facts (diffusers 0.42.1 Krea2Pipeline with FlowMatchEulerDiscreteScheduler):
-
-- x_t = (1 - sigma) x0 + sigma noise (sigma 1 = pure noise); the transformer's timestep input
-  is the scheduler's timestep / 1000 = sigma;
-- its output goes to ``scheduler.step`` as it is (x + (sigma_next - sigma) v): the output is the
-  **velocity noise - x0**, the shared objective's target;
-- sampling shifts sigma by the image's token count (mu from 0.5 at 256 tokens to 1.15 at 6400,
-  or Turbo's fixed 1.15), which is the sampler's business;
-- training sigmas: musubi-tuner's Krea 2 guide suggests ``timestep_sampling shift``,
-  ``discrete_flow_shift 2.5`` (the pipeline's shift at 1024 x 1024) and ``weighting_scheme
-  none``: the defaults here; any [flow] draw key replaces them.
-"""
+"""Krea 2's objective (diffusers' Krea2Pipeline with FlowMatchEulerDiscreteScheduler): x_t =
+(1 - sigma) x0 + sigma noise, the transformer's timestep is sigma and its output the velocity
+noise - x0 (``scheduler.step`` takes it as it is). Training sigmas default to musubi-tuner's
+Krea 2 guide: ``shift`` with discrete_flow_shift 2.5 (the pipeline's shift at 1024 x 1024),
+weighting_scheme none; any [flow] draw key replaces them."""
 
 from __future__ import annotations
 
@@ -26,8 +17,7 @@ DEFAULTS = {"timestep_sampling": "shift", "sigmoid_scale": 1.0, "discrete_flow_s
 
 
 def krea2_flow_options(flow: object) -> FlowOptions:
-    """The set [flow] draw keys over musubi-tuner's Krea 2 defaults; the raw output is the
-    prediction."""
+    """The set [flow] draw keys over the defaults; the raw output is the prediction."""
     given = {key: getattr(flow, key) for key in SIGMA_KEYS if getattr(flow, key, None) is not None}
     return dataclasses.replace(FlowOptions(), **{**DEFAULTS, **given})
 
@@ -47,5 +37,4 @@ class Krea2FlowObjective(FlowMatchingObjective):
         return output
 
     def level_weights(self, options, t):
-        """weighting_scheme's per-sample weight (sigma_sqrt, cosmap)."""
         return fm.output_loss_weights(self.options.weighting_scheme, t)

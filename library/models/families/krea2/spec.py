@@ -1,23 +1,10 @@
-"""Krea 2's facts as data: its pipeline and parts, its text taps, its schedule, and the names of
-its transformer's weights in the original (Krea's and ComfyUI's) layout.
-
-Sources (diffusers 0.42.1: pipelines/krea2/pipeline_krea2.py, models/transformers/
-transformer_krea2.py, loaders/single_file_utils.convert_krea2_transformer_checkpoint_to_diffusers,
-loaders/lora_conversion_utils._convert_non_diffusers_krea2_lora_to_diffusers; musubi-tuner's
-docs/krea2.md):
-
-- ``Krea2Pipeline``: transformer (``Krea2Transformer2DModel``, single-stream, 28 blocks of width
-  48 x 128), vae (``AutoencoderKLQwenImage``, Qwen-Image's), text_encoder (``Qwen3VLModel``,
-  Qwen3-VL-4B-Instruct), tokenizer, scheduler (``FlowMatchEulerDiscreteScheduler``);
-  ``model_index.json`` also holds the pipeline's ``text_encoder_select_layers`` and
-  ``is_distilled`` (the Turbo checkpoint's fixed shift mu = 1.15 and no guidance).
-- Text: Qwen-Image's prompt template, padded before its 5 closing tokens, the first 34 tokens
-  dropped; hidden states 2, 5, ..., 35 of Qwen3-VL stacked per token (twelve taps).
-- Schedule: Euler over sigma with the exponential dynamic shift, mu linear in the image's token
-  count from 0.5 at 256 tokens to 1.15 at 6400 (RAW); Turbo fixes mu = 1.15.
-- Original names: ``blocks.<i>.attn.wq`` ... as Krea's raw.safetensors / turbo.safetensors and
-  ComfyUI name them, each diffusers Linear one original Linear (no fused layer).
-"""
+"""Krea 2's facts as data (diffusers 0.42.1's Krea2Pipeline, Krea2Transformer2DModel and its
+single-file and LoRA converters; musubi-tuner's docs/krea2.md): the pipeline's parts
+(transformer, the Qwen-Image VAE, Qwen3VLModel, tokenizer, scheduler; model_index.json's
+text_encoder_select_layers and is_distilled), its text template (Qwen-Image's, padded before
+its 5 closing tokens, the first 34 dropped) and taps, its schedule (exponential shift, mu from
+0.5 at 256 tokens to 1.15 at 6400; Turbo: mu = 1.15), and the transformer's original names
+(Krea's raw.safetensors and ComfyUI's: each diffusers Linear one original Linear)."""
 
 from __future__ import annotations
 
@@ -27,7 +14,6 @@ PIPELINE = "Krea2Pipeline"
 TRANSFORMER_CLASS = "Krea2Transformer2DModel"
 TAPS = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)  # the pipeline's default select layers
 MAX_TOKENS = 512  # the pipeline's max_sequence_length
-TURBO_MU = 1.15  # the distilled checkpoint's fixed shift
 PATCH = 2
 PIXEL_MULTIPLE = 8 * PATCH  # the VAE's 8 times the 2x2 patches
 PREFIX = (
@@ -60,99 +46,59 @@ def text_taps(layers=TAPS, max_tokens: int = MAX_TOKENS) -> TappedQwen3VL:
 
 
 def scheduler_config() -> dict:
-    """The released scheduler/: FlowMatchEulerDiscreteScheduler with Krea 2's dynamic shift."""
-    return {
-        "num_train_timesteps": 1000,
-        "shift": 1.0,
-        "use_dynamic_shifting": True,
-        "base_shift": 0.5,
-        "max_shift": 1.15,
-        "base_image_seq_len": 256,
-        "max_image_seq_len": 6400,
-        "time_shift_type": "exponential",
-    }
+    """The released scheduler/ (FlowMatchEulerDiscreteScheduler, Krea 2's dynamic shift)."""
+    return {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": True,
+            "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
+            "max_image_seq_len": 6400, "time_shift_type": "exponential"}  # fmt: skip
 
 
-# --- original <-> diffusers names --------------------------------------------------------------
-
-# (diffusers start, original start) of the transformer's top-level parts, tried in order
+# (diffusers, original) starts of the transformer's top-level parts, the first that fits
 _HEADS = (
-    ("img_in.", "first."),
-    ("time_embed.linear_1.", "tmlp.0."),
-    ("time_embed.linear_2.", "tmlp.2."),
-    ("time_mod_proj.", "tproj.1."),
-    ("txt_in.norm.weight", "txtmlp.0.scale"),
-    ("txt_in.linear_1.", "txtmlp.1."),
-    ("txt_in.linear_2.", "txtmlp.3."),
-    ("text_fusion.", "txtfusion."),
-    ("transformer_blocks.", "blocks."),
-    ("final_layer.linear.", "last.linear."),
-    ("final_layer.norm.weight", "last.norm.scale"),
+    ("img_in.", "first."), ("time_embed.linear_1.", "tmlp.0."), ("time_embed.linear_2.", "tmlp.2."),
+    ("time_mod_proj.", "tproj.1."), ("txt_in.norm.weight", "txtmlp.0.scale"),
+    ("txt_in.linear_1.", "txtmlp.1."), ("txt_in.linear_2.", "txtmlp.3."),
+    ("text_fusion.", "txtfusion."), ("transformer_blocks.", "blocks."),
+    ("final_layer.linear.", "last.linear."), ("final_layer.norm.weight", "last.norm.scale"),
     ("final_layer.scale_shift_table", "last.modulation.lin"),
-)
-# (diffusers part, original part) inside a block (the main blocks' and the text fusion's)
+)  # fmt: skip
+# (diffusers, original) parts inside the main blocks and the text fusion's, each replaced
 _INNER = (
-    (".attn.to_q.", ".attn.wq."),
-    (".attn.to_k.", ".attn.wk."),
-    (".attn.to_v.", ".attn.wv."),
-    (".attn.to_out.0.", ".attn.wo."),
-    (".attn.to_gate.", ".attn.gate."),
+    (".attn.to_q.", ".attn.wq."), (".attn.to_k.", ".attn.wk."), (".attn.to_v.", ".attn.wv."),
+    (".attn.to_out.0.", ".attn.wo."), (".attn.to_gate.", ".attn.gate."),
     (".attn.norm_q.weight", ".attn.qknorm.qnorm.scale"),
-    (".attn.norm_k.weight", ".attn.qknorm.knorm.scale"),
-    (".ff.", ".mlp."),
-    (".norm1.weight", ".prenorm.scale"),
-    (".norm2.weight", ".postnorm.scale"),
+    (".attn.norm_k.weight", ".attn.qknorm.knorm.scale"), (".ff.", ".mlp."),
+    (".norm1.weight", ".prenorm.scale"), (".norm2.weight", ".postnorm.scale"),
     (".scale_shift_table", ".mod.lin"),
-)
+)  # fmt: skip
 ORIGINAL_PREFIX = "model.diffusion_model."  # ComfyUI's checkpoints (Krea's files have none)
 
 
-def to_original(name: str) -> str:
-    """The original name of a diffusers weight (or, with a trailing dot, module path)."""
-    for ours, theirs in _HEADS:
-        if name.startswith(ours):
-            name = theirs + name[len(ours) :]
-            break
-    for ours, theirs in _INNER:
-        name = name.replace(ours, theirs)
-    return name
-
-
-def to_diffusers(name: str) -> str:
-    """The diffusers name of an original weight or module path (``model.diffusion_model.``
-    prefix allowed)."""
-    name = name.removeprefix(ORIGINAL_PREFIX)
-    for ours, theirs in _HEADS:
-        if name.startswith(theirs):
-            name = ours + name[len(theirs) :]
-            break
-    for ours, theirs in _INNER:
-        name = name.replace(theirs, ours)
+def _renamed(name: str, back: bool) -> str:
+    """A weight (or, with a trailing dot, module) name diffusers -> original, or ``back``."""
+    a, b = (1, 0) if back else (0, 1)
+    head = next((pair for pair in _HEADS if name.startswith(pair[a])), None)
+    if head is not None:
+        name = head[b] + name[len(head[a]) :]
+    for pair in _INNER:
+        name = name.replace(pair[a], pair[b])
     return name
 
 
 def linear_original(path: str) -> str:
     """The original module path of a diffusers Linear path."""
-    return to_original(path + ".")[:-1]
+    return _renamed(path + ".", False)[:-1]
 
 
 def state_to_original(state, config=None) -> dict:
     """A transformer state dict in the original names (each block's modulation table flat)."""
-    out = {}
-    for key, value in state.items():
-        name = to_original(key)
-        if name.startswith("blocks.") and name.endswith(".mod.lin"):
-            value = value.reshape(-1)
-        out[name] = value
-    return out
+    out = {_renamed(k, False): v for k, v in state.items()}
+    return {k: v.reshape(-1) if k.endswith(".mod.lin") else v for k, v in out.items()}
 
 
 def state_from_original(state, config=None) -> dict:
-    """An original-layout transformer state dict in diffusers' names."""
-    out = {}
-    for key, value in state.items():
-        name = to_diffusers(key)
-        if name.startswith("transformer_blocks.") and name.endswith(".scale_shift_table"):
-            value = value.reshape(6, -1)
-        out[name] = value
-    return out
+    """An original-layout state dict (ComfyUI's prefix allowed) in diffusers' names."""
+    out = {_renamed(k.removeprefix(ORIGINAL_PREFIX), True): v for k, v in state.items()}
+    return {
+        k: v.reshape(6, -1) if k.startswith("transformer_blocks.") and k.endswith("_table") else v
+        for k, v in out.items()
+    }
