@@ -25,7 +25,7 @@ from library.models.families.folder_loader import (
 from library.models.families.krea2 import files, spec
 from library.models.families.krea2.family import krea2_family
 from library.models.families.krea2.objective import Krea2FlowObjective, krea2_flow_options
-from library.models.families.local_tokenizer import load_local_tokenizer
+from library.models.families.local_tokenizer import folder_or_path_tokenizer
 from library.models.loader import Components, read_json
 
 log = logging.getLogger(__name__)
@@ -100,17 +100,9 @@ def _facts(folder: CheckedFolder) -> FolderFacts:
 
 def _tokenizer(folder: CheckedFolder):
     """The folder's Qwen3-VL tokenizer, or tokenizer_path's."""
-    from transformers import AutoTokenizer
-
-    if folder.model.tokenizer_path:
-        return load_local_tokenizer(
-            folder.model.tokenizer_path, None, folder.model_dir, "Qwen3-VL", files.TOKENIZER_WHERE
-        )
-    where = folder.model_dir / "tokenizer"
-    try:
-        return AutoTokenizer.from_pretrained(str(where), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read the Qwen3-VL tokenizer in {where}: {exc}") from None
+    return folder_or_path_tokenizer(
+        folder.model_dir, folder.model.tokenizer_path, "Qwen3-VL", files.TOKENIZER_WHERE
+    )
 
 
 # A Krea2Pipeline folder.
