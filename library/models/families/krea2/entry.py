@@ -43,15 +43,9 @@ class Krea2FlowKeys(Section):
 # diffusers text_fusion), in every layout its files come in (the marks are name starts).
 _DENOISER_MARKS = tuple(
     (start, _LINE)
-    for start in (
-        "diffusion_model.txtfusion.",
-        "base_model.model.txtfusion.",
-        "transformer.text_fusion.",
-        "lora_unet_txtfusion_",
-        "diffusion_model.blocks.0.attn.wq",
-        "lora_unet_blocks_0_attn_wq",
-    )
-)
+    for start in ("diffusion_model.txtfusion.", "base_model.model.txtfusion.",
+                  "transformer.text_fusion.", "lora_unet_txtfusion_")
+)  # fmt: skip
 
 KREA2 = FamilyEntry(
     name="krea2",

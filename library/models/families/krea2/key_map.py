@@ -1,22 +1,14 @@
-"""The key map of Krea 2 adapter files: LoRAs written as ``diffusion_model.<original path>``
-with peft's lora_A / lora_B and each adapter's alpha / r folded into lora_B; read under every
-name other tools write.
+"""Krea 2's adapter files: written as ``diffusion_model.<original path>`` with peft's lora_A /
+lora_B, alpha / r folded into lora_B (the layout diffusers' Krea2LoraLoaderMixin and ComfyUI
+both apply completely: diffusers refuses any other key, an ``.alpha`` or kohya's ``lora_unet_``
+names included); read under every name other tools write:
 
-Why this layout (diffusers 0.42.1's Krea2LoraLoaderMixin): diffusers reads ``transformer.``
-peft names, or ``diffusion_model.`` / ``base_model.model.`` + the original module names with
-lora_A / lora_B (its converter refuses any other key, an ``.alpha`` included); kohya's
-``lora_unet_`` files load nothing. ComfyUI's Krea 2 model keeps the original names, whose
-``diffusion_model.<name>`` its LoRA loader reads for every model; ai-toolkit and Krea's trainer
-write the same. So that layout is the one both apply completely, and as it has no alpha, the
-scale alpha / r is in lora_B (readers apply B A at scale 1). LyCORIS files keep their kind's
-tensors under the same module names (ComfyUI reads them; diffusers reads no LyCORIS).
-
-=====================================================  ==========================================
-``diffusion_model.<original path>``                     difftune, ai-toolkit, Krea, ComfyUI
-``base_model.model.<original path>``                    ai-toolkit's peft files
-``transformer.<diffusers path>``                        diffusers' ``save_lora_weights`` (peft)
-``lora_unet_<original path, _ for .>``                  musubi-tuner (``networks.lora_krea2``)
-=====================================================  ==========================================
+=======================================  =====================================================
+``diffusion_model.<original path>``       difftune, ai-toolkit, Krea's trainer, ComfyUI
+``base_model.model.<original path>``      ai-toolkit's peft files
+``transformer.<diffusers path>``          diffusers' ``save_lora_weights``
+``lora_unet_<original path, _ for .>``    musubi-tuner (``networks.lora_krea2``)
+=======================================  =====================================================
 """
 
 from __future__ import annotations
