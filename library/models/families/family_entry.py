@@ -102,8 +102,8 @@ class ToolFacts:
     ``own_layout``: the toolbox's key layout (library.lora_tools.layouts: "kohya", "diffusers"
     or "comfyui") the family's key map writes its files in; ``layout_names``: a layout -> what
     the family's files in it are, in words for messages (unset: the layout's name alone).
-    ``folds_alpha``: its files in ComfyUI's names hold peft's lora_A / lora_B with alpha / r
-    folded into lora_B (its readers take no alpha there)."""
+    ``folds_alpha``: its files in ComfyUI's names hold peft's LoRA tensors with alpha / r
+    folded into the up factor (its readers take no alpha there)."""
 
     component_options: Mapping[str, str] = field(default_factory=dict)
     variant_labels: Mapping[str, str] = field(default_factory=dict)
