@@ -73,7 +73,7 @@ KREA2 = FamilyEntry(
         own_layout="comfyui",
         folds_alpha=True,
         layout_names={
-            "comfyui": "diffusion_model.<original path> with lora_A / lora_B, alpha folded in",
+            "comfyui": "diffusion_model.<original path>, peft's tensors, alpha folded in",
             "kohya": "musubi-tuner's lora_unet_<original path>",
             "diffusers": "diffusers' transformer.<diffusers path>",
         },

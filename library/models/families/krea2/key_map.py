@@ -1,5 +1,5 @@
-"""Krea 2's adapter files: written as ``diffusion_model.<original path>`` with peft's lora_A /
-lora_B, alpha / r folded into lora_B (the layout diffusers' Krea2LoraLoaderMixin and ComfyUI
+"""Krea 2's adapter files: written as ``diffusion_model.<original path>`` with peft's LoRA
+tensors, alpha / r folded into the up factor (the layout diffusers' Krea2LoraLoaderMixin and ComfyUI
 both apply completely: diffusers refuses any other key, an ``.alpha`` or kohya's ``lora_unet_``
 names included); read under every name other tools write:
 
