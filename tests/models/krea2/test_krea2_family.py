@@ -69,3 +69,69 @@ def test_every_linear_has_one_original_name_diffusers_maps_back():
     keys = {f"diffusion_model.{spec.linear_original(p)}.lora_A.weight": torch.zeros(1)
             for p in paths}  # fmt: skip
     assert sorted(convert(keys)) == sorted(f"transformer.{p}.lora_A.weight" for p in paths)
+
+
+def test_turbo_dit_samples_on_turbo_and_puts_raw_back(krea2_dir, tmp_path):
+    """With [flow] turbo_dit, a round's image is the one diffusers' pipeline draws from the
+    Turbo folder itself (its fixed shift, no guidance), the trained adapters on top (a LoRA
+    over Turbo's weights); after the round the transformer holds RAW's weights again."""
+    import json
+    import shutil
+
+    import numpy as np
+    from diffusers import Krea2Pipeline
+    from PIL import Image
+
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.models.loader import load_components
+    from library.networks.lora import LoraSpec, apply_lora, randomize_lora
+    from library.sampling.generate import sample_images
+    from library.sampling.prompts import SamplePrompt
+    from tests.kits.krea2.tiny import build_tiny_krea2_components
+
+    turbo = tmp_path / "turbo"  # RAW's text encoder and VAE, another transformer, distilled
+    shutil.copytree(krea2_dir, turbo)
+    shutil.rmtree(turbo / "transformer")
+    build_tiny_krea2_components(1)["transformer"].save_pretrained(turbo / "transformer")
+    index = json.loads((turbo / "model_index.json").read_text())
+    (turbo / "model_index.json").write_text(json.dumps({**index, "is_distilled": True}))
+    model = ModelSection(pretrained_model_name_or_path=str(krea2_dir))
+    comps = load_components(model, torch.float32, FlowSection(turbo_dit=str(turbo)))
+    targets = comps.family.adapter_targets(comps.denoiser, "unet", False)
+    apply_lora(comps.denoiser, targets, LoraSpec(4, 4.0))
+    randomize_lora(comps.denoiser, torch.Generator().manual_seed(3), std=0.05)
+    before = {k: v.clone() for k, v in comps.denoiser.state_dict().items()}
+    p = SamplePrompt(index=0, prompt="a red cube", negative_prompt="", width=64, height=64,
+                     seed=5, steps=3, scale=None, sampler=None)  # fmt: skip
+    done = sample_images(comps, [p], step=0, output_dir=tmp_path / "out", output_name="s")
+    with Image.open(done.images[0]) as image:
+        ours = np.asarray(image.convert("RGB"), dtype=np.int16)
+    after = comps.denoiser.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())  # RAW and the LoRA again
+
+    pipe = Krea2Pipeline.from_pretrained(str(turbo), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    apply_lora(pipe.transformer, targets, LoraSpec(4, 4.0))
+    pipe.transformer.load_state_dict(
+        {k: v for k, v in before.items() if ".lora_" in k}, strict=False
+    )
+    image = pipe("a red cube", width=64, height=64, num_inference_steps=3, guidance_scale=0.0,
+                 generator=torch.Generator().manual_seed(5)).images[0]  # fmt: skip
+    theirs = np.asarray(image.convert("RGB"), dtype=np.int16)
+    assert int(abs(ours - theirs).max()) <= 1
+    raw = Krea2Pipeline.from_pretrained(str(krea2_dir), local_files_only=True)
+    assert not torch.equal(raw.transformer.img_in.weight, pipe.transformer.img_in.base_layer.weight)
+
+
+def test_turbo_dit_is_refused_where_the_swap_cannot_run(tmp_path):
+    import pytest
+
+    from library.errors import ConfigError
+    from library.models.families.krea2.family import krea2_family
+
+    keys = {"pretrained_model_name_or_path": str(tmp_path), "turbo_dit": "/t.safetensors",
+            "network_module": "networks.lora_krea2", "fp8_base": True}  # fmt: skip
+    config = write_config(tmp_path, keys)
+    with pytest.raises(ConfigError, match="turbo_dit .* fp8_base"):
+        krea2_family().check_training(config)

@@ -24,11 +24,11 @@ SIGMA_KEYS = frozenset(
 )  # fmt: skip
 # ...and beside a single transformer file its Qwen3-VL file (the VAE file is [model] vae) and
 # which checkpoint the file is
-FLOW_KEYS = SIGMA_KEYS | {"text_encoder", "dit_variant"}
+FLOW_KEYS = SIGMA_KEYS | {"text_encoder", "dit_variant", "turbo_dit"}
 
 
 class Krea2FlowKeys(Section):
-    """musubi-tuner's --dit_variant."""
+    """musubi-tuner's --dit_variant and --turbo_dit."""
 
     dit_variant: Literal["raw", "turbo"] | None = Field(
         None,
@@ -36,6 +36,14 @@ class Krea2FlowKeys(Section):
         "--dit_variant): raw (Krea 2 RAW, the one to train) or turbo (the distilled 8-step "
         "checkpoint: samples use its fixed shift and no guidance). A diffusers folder says it "
         "itself (model_index.json is_distilled). Unset: raw.",
+    )
+    turbo_dit: str | None = Field(
+        None,
+        description="Krea 2 LoRAs: the Turbo transformer (turbo.safetensors, or a "
+        "Krea-2-Turbo diffusers folder) whose weights samples during training are drawn with, "
+        "the LoRA being trained on top (musubi-tuner's --turbo_dit): previews of how the LoRA "
+        "looks where it is used. Prompts then default to no guidance (--l 1); use about 8 "
+        "steps (--s 8). Not with fp8_base, base_model_precision, blocks_to_swap or fsdp.",
     )
 
 

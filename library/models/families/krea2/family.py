@@ -7,6 +7,7 @@ as Krea and ComfyUI distribute raw.safetensors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import ClassVar
@@ -22,6 +23,7 @@ from library.models.families.krea2 import spec
 from library.models.families.krea2.key_map import krea2_names
 from library.models.families.krea2.objective import krea2_flow_options
 from library.models.families.krea2.sampling import LENGTHS, krea2_pipeline_kind
+from library.models.families.krea2.turbo import turbo_weights
 from library.models.families.transformer_family import swappable_tails
 from library.models.patch_tokens import grid_positions, pack, unpack
 from library.models.text_encoders.qwen3_vl import unused_layers
@@ -53,6 +55,7 @@ class Krea2Family(ModelFamily):
     taps: tuple[int, ...] = spec.TAPS
     caption_tokens: int = spec.MAX_TOKENS
     distilled: bool = False  # the pipeline's is_distilled (Turbo)
+    turbo: str | None = None  # [flow] turbo_dit: samples drawn on Turbo's weights
 
     def describe(self) -> str:
         kind = "Turbo (distilled)" if self.distilled else "RAW"
@@ -143,6 +146,8 @@ class Krea2Family(ModelFamily):
         lycoris = net.network_module == "lycoris.kohya"
         if net.train_mode == "lora" and net.conv_dim is not None and not lycoris:
             raise ConfigError("conv_dim: Krea 2's transformer has no convolutions; remove it")
+        if getattr(config.flow, "turbo_dit", None):
+            check_turbo_options(config)
 
     def write_full_model(self, path, denoiser, components, metadata, dtype):
         """The transformer alone in the original names (as raw.safetensors, which ComfyUI and
@@ -156,13 +161,38 @@ class Krea2Family(ModelFamily):
         return (components.denoiser,)
 
     def sampling_pipeline(self):
-        return krea2_pipeline_kind(self.taps, self.distilled)
+        return krea2_pipeline_kind(self.taps, self.distilled or self.turbo is not None)
+
+    def sampling_weights(self, denoiser):
+        """Turbo's base weights for the round when turbo_dit is set (turbo.py)."""
+        if self.turbo is None:
+            return contextlib.nullcontext()
+        return turbo_weights(denoiser, self.turbo)
 
 
-def krea2_family(taps=spec.TAPS, distilled: bool = False) -> Krea2Family:
+def check_turbo_options(config) -> None:
+    """ConfigError for what turbo_dit's weight swap cannot do: a full fine-tune (the swap
+    would overwrite the trained weights) and base weights stored otherwise than as they load."""
+    training = config.training
+    given = {
+        'train_mode = "unet"': config.network.train_mode == "unet",
+        "fp8_base": training.fp8_base,
+        "base_model_precision": training.base_model_precision != "no_change",
+        "blocks_to_swap": bool(training.blocks_to_swap),
+        "fsdp": training.fsdp != "no",
+    }
+    found = next((key for key, on in given.items() if on), None)
+    if found is not None:
+        raise ConfigError(
+            f"turbo_dit swaps Turbo's weights into the transformer for each sampling round, "
+            f"which {found} does not allow; remove turbo_dit (samples are then drawn on RAW)"
+        )
+
+
+def krea2_family(taps=spec.TAPS, distilled: bool = False, turbo=None) -> Krea2Family:
     """The Krea 2 family of a model with these taps (the pipeline's select layers)."""
     return Krea2Family(
-        taps=tuple(taps), distilled=distilled, name="krea2", prediction_type="flow",
+        taps=tuple(taps), distilled=distilled, turbo=turbo, name="krea2", prediction_type="flow",
         base_model_version="krea2", modelspec_architecture="Krea-2", default_resolution=1024,
         lora_implementation="https://github.com/krea-ai/krea-2",
         checkpoint_implementation="https://github.com/krea-ai/krea-2",

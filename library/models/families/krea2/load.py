@@ -25,6 +25,7 @@ from library.models.families.folder_loader import (
 from library.models.families.krea2 import files, spec
 from library.models.families.krea2.family import krea2_family
 from library.models.families.krea2.objective import Krea2FlowObjective, krea2_flow_options
+from library.models.families.krea2.turbo import check_turbo
 from library.models.families.local_tokenizer import folder_or_path_tokenizer
 from library.models.loader import Components, read_json
 
@@ -73,13 +74,15 @@ def load_krea2(
         modules, (tokenizer,) = loaded.modules, loaded.tokenizers.values()
         facts, model_dir = loaded.facts, loaded.model_dir
     warn_if_distilled(facts.distilled)
+    if flow.turbo_dit:
+        check_turbo(flow.turbo_dit, modules["transformer"])
     return Components(
         denoiser=modules["transformer"],
         vae=modules["vae"],
         text_encoders=(modules["text_encoder"],),
         tokenizers=(tokenizer,),
         objective=Krea2FlowObjective(krea2_flow_options(flow), facts.scheduler),
-        family=krea2_family(facts.taps, facts.distilled),
+        family=krea2_family(facts.taps, facts.distilled, flow.turbo_dit),
         model_dir=model_dir,
     )
 

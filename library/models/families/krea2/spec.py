@@ -95,9 +95,14 @@ def state_to_original(state, config=None) -> dict:
     return {k: v.reshape(-1) if k.endswith(".mod.lin") else v for k, v in out.items()}
 
 
+def diffusers_name(key: str) -> str:
+    """The diffusers name of an original weight name (ComfyUI's prefix allowed)."""
+    return _renamed(key.removeprefix(ORIGINAL_PREFIX), True)
+
+
 def state_from_original(state, config=None) -> dict:
     """An original-layout state dict (ComfyUI's prefix allowed) in diffusers' names."""
-    out = {_renamed(k.removeprefix(ORIGINAL_PREFIX), True): v for k, v in state.items()}
+    out = {diffusers_name(k): v for k, v in state.items()}
     return {
         k: v.reshape(6, -1) if k.startswith("transformer_blocks.") and k.endswith("_table") else v
         for k, v in out.items()
