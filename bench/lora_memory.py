@@ -15,8 +15,9 @@ trains at batch 2):
 - SD 1.5 (configs/sd15_lora.toml, 512; the text encoder trains too) and SDXL
   (configs/sdxl_lora.toml, 1024), from the released configs in library/models/configs;
 - FLUX.1 [dev] (configs/flux_lora.toml), SD3.5 Large (configs/sd35_large_lora.toml), Z-Image
-  Turbo (configs/zimage_lora.toml), Chroma (configs/chroma_lora.toml) and Qwen-Image
-  (configs/qwenimage_lora.toml), all at 1024, from each family's shapes.py.
+  Turbo (configs/zimage_lora.toml), Chroma (configs/chroma_lora.toml), Qwen-Image
+  (configs/qwenimage_lora.toml) and Krea 2 (configs/krea2_lora.toml), all at 1024, from each
+  family's released configs.
 
 The edit models (FLUX.1 Kontext, Qwen-Image-Edit) are left out: their peak depends on the
 reference images' sizes, which this bench does not draw. Captions are shaped by the tiny
@@ -123,6 +124,26 @@ def qwenimage_components(config, folder: Path) -> Components:
         qwenimage_flow_options(config.flow), shapes.scheduler_config()
     )
     return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, qwenimage_family())
+
+
+def krea2_components(config, folder: Path) -> Components:
+    """Krea 2 RAW at full size on the meta device, frozen, in the config's weight dtype."""
+    from diffusers import AutoencoderKLQwenImage, Krea2Transformer2DModel
+    from transformers import Qwen3VLConfig, Qwen3VLModel
+
+    from library.models.families.krea2 import spec
+    from library.models.families.krea2.family import krea2_family
+    from library.models.families.krea2.objective import Krea2FlowObjective, krea2_flow_options
+    from library.models.families.qwen3_vl_file import QWEN3VL_4B
+    from tests.kits.krea2.tiny_tokenizer import write_tiny_qwen3vl_tokenizer
+
+    with torch.device("meta"):
+        transformer = Krea2Transformer2DModel()  # diffusers' defaults are the release's
+        vae = AutoencoderKLQwenImage()
+        text = Qwen3VLModel(Qwen3VLConfig(**QWEN3VL_4B))
+    tokenizer = _tokenizer(write_tiny_qwen3vl_tokenizer(folder / "qwen3vl"))
+    objective = Krea2FlowObjective(krea2_flow_options(config.flow), spec.scheduler_config())
+    return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, krea2_family())
 
 
 def flux_components(config, folder: Path) -> Components:
@@ -279,6 +300,7 @@ FAMILIES = {
     "chroma": Bench("Chroma", _preset("chroma_lora.toml"), chroma_components, (10, 18, 30)),
     "qwenimage": Bench("Qwen-Image", _preset("qwenimage_lora.toml"), qwenimage_components,
                        (16, 24, 30, 45)),
+    "krea2": Bench("Krea 2", _preset("krea2_lora.toml"), krea2_components, (10, 14, 20)),
 }  # fmt: skip
 
 

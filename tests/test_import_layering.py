@@ -84,6 +84,11 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.kontext.load:claims_kontext": _LOADER,
         "library.models.families.kontext.load:load_kontext": _LOADER,
     },
+    "library/models/families/krea2/entry.py": {
+        "library.models.families.krea2.family:Krea2Family": _LOADER,
+        "library.models.families.krea2.load:claims_krea2": _LOADER,
+        "library.models.families.krea2.load:load_krea2": _LOADER,
+    },
     "library/models/families/qwenimage/entry.py": {
         "library.models.families.qwenimage.family:QwenImageFamily": _LOADER,
         "library.models.families.qwenimage.key_map:comfy_keys": _KEYS,

@@ -157,7 +157,6 @@ UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
                 "kandinsky": "Kandinsky 5",
                 "hidream_o1": "HiDream-O1",
                 "ideogram4": "Ideogram 4",
-                "krea2": "Krea 2",
             }.items()
         },
         **{

@@ -27,7 +27,9 @@ from library.lora_tools.layouts import (
     loadable_components,
     without_layout_headers,
 )
+from library.models.families.registry import entry_of
 from library.networks.kohya_names import group_modules
+from library.networks.linear_files import fold_into_peft
 
 
 def kohya_to_layout(
@@ -37,7 +39,9 @@ def kohya_to_layout(
     if layout == "diffusers":
         return kohya_to_diffusers(tensors, metadata, table, components, fold)
     if layout == "comfyui":
-        return kohya_to_comfy(tensors, metadata, table, components)
+        out, meta = kohya_to_comfy(tensors, metadata, table, components)
+        folds = entry_of(components.family).tool.folds_alpha
+        return (fold_into_peft(out) if folds else out), meta
     return dict(tensors), dict(metadata)
 
 

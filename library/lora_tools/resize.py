@@ -31,6 +31,7 @@ from library.lora_tools.common import (
     refuse_non_finite_result,
     write_file,
 )
+from library.networks.linear_files import PEFT_DOWN, fold_into_peft, unfold_peft
 
 HELP = "lower the rank of a LoRA/LoCon file by SVD (fixed or dynamic per-module ranks)"
 
@@ -110,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
     output = checked_output(args.output, args.overwrite, [("--input", args.input)])
     device = checked_device(args.device)
     tensors, metadata = read_lora(args.input, "--input")
+    # peft's tensor names (lora_A / lora_B, scale 1: a family whose files fold alpha in) are
+    # resized as kohya's with alpha = rank, and written back in them
+    peft = any(key.endswith(PEFT_DOWN) for key in tensors)
+    if peft:
+        tensors = unfold_peft(tensors)
     modules = svd.lora_modules(tensors, args.input, "resize")
     dtype = DTYPES[args.save_precision] if args.save_precision else input_dtype(tensors)
 
@@ -146,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         written = f"--save_precision {args.save_precision}" if args.save_precision else None
         refuse_non_finite_result(out, dtype, written or f"{args.input}'s dtype")
+    if peft:
+        out = fold_into_peft(out)
     metadata = {k: v for k, v in metadata.items() if k != "ss_session_id"}
     metadata.update(
         svd.rank_metadata(kept, metadata.get("ss_network_args"), bool(args.dynamic_method))

@@ -62,12 +62,18 @@ def _split_names(keys, names: Mapping[str, str], source, components, unknown_out
 
 
 def comfy_to_kohya(tensors, metadata, table, components, source, unknown=None):
+    """ComfyUI's names -> kohya's; a module in peft's tensor names (lora_A / lora_B, which
+    ComfyUI's loader reads too) becomes lora_down / lora_up with alpha = rank, the scale 1 such
+    a module has there, unless it carries an alpha."""
     groups = _split_names(tensors, comfy_names(table, components), source, components, unknown)
-    out = {
-        f"{name}.{suffix}": tensors[key]
-        for name, keys in groups.items()
-        for suffix, key in keys.items()
-    }
+    out = {}
+    for name, keys in groups.items():
+        parts = {suffix: tensors[key] for suffix, key in keys.items()}
+        if LORA_A in parts and LORA_B in parts:
+            down, up = parts.pop(LORA_A), parts.pop(LORA_B)
+            alpha = parts.pop(ALPHA, torch.tensor(float(down.shape[0])))
+            parts = {DOWN: down, UP: up, ALPHA: alpha, **parts}
+        out.update({f"{name}.{suffix}": value for suffix, value in parts.items()})
     return out, dict(metadata)
 
 

@@ -192,11 +192,15 @@ def quantize_linears(
     module: nn.Module, precision: Precision, double_quant: bool, compute_dtype: torch.dtype
 ) -> int:
     """Turn every frozen plain ``nn.Linear`` below ``module`` into a QuantizedLinear; returns how
-    many. Trained Linears are left alone (only frozen weights may lose precision)."""
+    many. Trained Linears are left alone (only frozen weights may lose precision), and so are
+    those of fewer weights than one quantization block (a 12-to-1 projection: nothing to save,
+    and bitsandbytes compiles a kernel for such a shape on the CPU)."""
     count = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is not nn.Linear or child.weight.requires_grad:
+                continue
+            if child.weight.numel() < BLOCKSIZE:
                 continue
             setattr(parent, name, QuantizedLinear(child, precision, double_quant, compute_dtype))
             count += 1

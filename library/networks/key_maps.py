@@ -12,7 +12,8 @@ module's tensors, so writing and reading a file is the same code for every kind:
   qkv; library/networks/fused_keys.py). A file may leave some of those modules out.
 - :class:`PathNames`: the denoiser alone, each layer as a fixed prefix plus its module path
   (Z-Image's and Qwen-Image's ``diffusion_model.<path>``); :class:`AliasedPathNames` reads
-  those files in every other tool's names too.
+  those files in every other tool's names too; :class:`PeftFoldedNames` writes each layer
+  under a name of its own (Krea 2's original names) in peft's tensors, alpha folded in.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from library.errors import ConfigError
 from library.networks import kohya_keys, kohya_names
 from library.networks.kind_base import FileModule
 from library.networks.kinds import kind_in
-from library.networks.linear_files import LinearNames, load_file_tensors
+from library.networks.linear_files import LinearNames, fold_into_peft, load_file_tensors
 from library.networks.module_files import adapted_modules, adapted_paths, write_modules
 
 
@@ -129,3 +130,17 @@ class AliasedPathNames(PathNames):
     def read(self, models, tensors, source, metadata=None):
         model = kohya_names.unwrap(models[kohya_names.UNET])
         load_file_tensors(kind_in([model]), model, tensors, self.names, source, metadata)
+
+
+@dataclass(frozen=True)
+class PeftFoldedNames(AliasedPathNames):
+    """Read as :class:`AliasedPathNames`; written under ``names.written(path)`` (another name
+    than ``prefix + path``, such as the original model's), a LoRA in peft's tensor names with
+    alpha / r folded into lora_B, for a family whose readers take no alpha there (diffusers'
+    converters of original names, ComfyUI); LyCORIS modules keep their kind's tensors."""
+
+    def modules(self, prefix, model):
+        return [FileModule(self.names.written(path), (path,)) for path in adapted_paths(model)]
+
+    def write(self, models):
+        return fold_into_peft(super().write(models))

@@ -76,6 +76,47 @@ class LinearNames:
         )
 
 
+def fold_into_peft(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A file's kohya LoRA modules (lora_down, lora_up, alpha) in peft's tensor names with the
+    scale alpha / r folded into lora_B, for layouts whose readers take no alpha (they apply
+    B A at scale 1); other modules (LyCORIS') as they are."""
+    out: dict[str, torch.Tensor] = {}
+    for module in dict.fromkeys(map(_module_of, tensors)):
+        parts = {k[len(module) + 1 :]: v for k, v in tensors.items() if _module_of(k) == module}
+        if set(parts) != {DOWN, UP, ALPHA}:
+            out.update({f"{module}.{k}": v for k, v in parts.items()})
+            continue
+        down, up = parts[DOWN], parts[UP]
+        out[f"{module}.{PEFT_DOWN}"] = down
+        out[f"{module}.{PEFT_UP}"] = (up.float() * (float(parts[ALPHA]) / down.shape[0])).to(
+            up.dtype
+        )
+    return out
+
+
+def unfold_peft(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """peft's lora_A / lora_B of a file as kohya's lora_down / lora_up with alpha = rank (the
+    scale 1 such a module has); other tensors as they are."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        if key.endswith("." + PEFT_DOWN):
+            module = key[: -len(PEFT_DOWN) - 1]
+            out[f"{module}.{DOWN}"] = value
+            out[f"{module}.{ALPHA}"] = torch.tensor(float(value.shape[0]))
+        elif key.endswith("." + PEFT_UP):
+            out[key[: -len(PEFT_UP)] + UP] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _module_of(key: str) -> str:
+    """The module name of an adapter file key (its tensor name is one part, or two ending in
+    ``weight``)."""
+    module, last = key.rsplit(".", 1)
+    return module.rsplit(".", 1)[0] if last == "weight" else module
+
+
 # --- LoRA ---------------------------------------------------------------------------------------
 
 

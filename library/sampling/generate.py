@@ -104,7 +104,8 @@ def sample_images(
     folder.mkdir(parents=True, exist_ok=True)
     paths = [image_path(folder, output_name, step, p.index, p.seed) for p in prompts]
     mine: list[tuple[int, Image.Image]] = []
-    with preserved_rng(), eval_mode(unet, *text_encoders, components.vae), torch.no_grad():
+    weights = components.family.sampling_weights(unet)
+    with preserved_rng(), eval_mode(unet, *text_encoders, components.vae), torch.no_grad(), weights:
         # Every prompt's sampler is built first, on every process, so a sampler the model cannot
         # use stops the round before any image (and before a process waits in the gather).
         schedulers = {

@@ -398,3 +398,33 @@ class FlowMatchingObjective(Objective):
         if self.sampling_scheduler is None:
             raise ValueError("FlowMatchingObjective was built without a sampling_scheduler config")
         return build_flow_sampler(name, self.sampling_scheduler)
+
+
+# The [flow] keys of the flow-matching draw (kohya's and musubi-tuner's words)
+SIGMA_KEYS = ("timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
+              "logit_mean", "logit_std", "mode_scale")  # fmt: skip
+
+
+def flow_options_over(flow: object, defaults: Mapping[str, object]) -> FlowOptions:
+    """The set [flow] draw keys over a family's ``defaults`` (its trainer's suggested draw)."""
+    given = {key: getattr(flow, key) for key in SIGMA_KEYS if getattr(flow, key, None) is not None}
+    return dataclasses.replace(FlowOptions(), **{**defaults, **given})
+
+
+class VelocityObjective(FlowMatchingObjective):
+    """Rectified flow whose denoiser takes sigma and returns the velocity noise - x0 as its raw
+    output (the pipelines' Euler step takes it as it is: Qwen-Image's, Krea 2's); a
+    weighting_scheme of sigma_sqrt or cosmap weights the loss per sample, as musubi-tuner's
+    trainers do."""
+
+    def describe(self) -> str:
+        return (
+            f"rectified flow, velocity target at timestep sigma, timestep_sampling "
+            f"{self.sampling_text()}, weighting_scheme {self.options.weighting_scheme}"
+        )
+
+    def prediction(self, output, noisy, t):
+        return output
+
+    def level_weights(self, options, t):
+        return fm.output_loss_weights(self.options.weighting_scheme, t)

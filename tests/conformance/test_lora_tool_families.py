@@ -20,6 +20,7 @@ import torch
 from library.errors import DifftuneError
 from library.lora_tools.layouts import LAYOUTS, detect_layout
 from library.models.families import registry
+from library.networks.linear_files import unfold_peft
 from library.networks.lora import ADAPTER, LoraSpec, apply_lora, lora_layers, randomize_lora
 from library.networks.network_weights import import_network_weights, read_network_weights
 from library.saving.lora_file import save_lora_file
@@ -235,7 +236,9 @@ def test_extract_is_the_truncated_svd_of_the_weight_change(name, folders, tmp_pa
 
 def _module_changes(tensors) -> dict[str, torch.Tensor]:
     """file module -> ``alpha / r * up @ down`` as a float64 matrix, the module names found by
-    the tensor names' ends (whatever the layout names modules by)."""
+    the tensor names' ends (whatever the layout names modules by; peft's lora_A / lora_B are
+    down and up at scale 1)."""
+    tensors = unfold_peft(tensors)
     down = ".lora_down.weight"
     names = {key.removesuffix(down) for key in tensors if key.endswith(down)}
     out = {}

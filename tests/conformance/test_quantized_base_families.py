@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
 from library.models.quantized_base import QuantizedLinear, quantize_linears
 from library.networks.lora import LoraSpec, apply_lora, lora_parameters, randomize_lora
@@ -34,7 +33,7 @@ def _pair(name: str):
     layers = dict(quantized.named_modules())
     with torch.no_grad():
         for path, layer in plain.named_modules():
-            if type(layer) is nn.Linear:
+            if isinstance(layers[path], QuantizedLinear):  # not a Linear under one block
                 layer.weight.copy_(layers[path].dequantized(torch.float32))
     assert any(isinstance(m, QuantizedLinear) for m in quantized.modules())
     return kit, family, quantized, plain

@@ -63,9 +63,10 @@ def test_three_layouts_write_the_same_weights(runs, mode):
         trained = tensors(ddp.out / "run" / denoiser)
         assert _max_diff(trained, tensors(base / denoiser)) > 50 * atol
     else:
-        # the factors that start at zero (LoRA's up, LoHa's w2_a, LoKr's w2_b) moved
-        ups = [v for k, v in weights.items() if k.endswith(("lora_up.weight", "hada_w2_a",
-                                                             "lokr_w2_b"))]  # fmt: skip
+        # the factors that start at zero (LoRA's up, peft's lora_B, LoHa's w2_a, LoKr's w2_b)
+        # moved
+        ends = ("lora_up.weight", "lora_B.weight", "hada_w2_a", "lokr_w2_b")
+        ups = [v for k, v in weights.items() if k.endswith(ends)]
         assert ups and max(v.abs().max().item() for v in ups) > 100 * ATOL
         for prefix in declared.holds:  # e.g. a text encoder's adapters
             assert any(k.startswith(prefix) for k in weights), prefix

@@ -181,3 +181,30 @@ def test_text_encoder_modules_without_a_place_are_refused_by_name(tmp_path, caps
         assert _convert(path, folder, layout, out) == 2, layout
         (line,) = error_lines(capsys.readouterr().err)
         assert name in line and "Z-Image" in line and not out.exists(), line
+
+
+def test_comfyui_names_with_peft_tensors_read_at_scale_one(files, tmp_path):
+    """ComfyUI reads lora_A / lora_B under its diffusion_model. names too, at scale 1 (no
+    alpha): such a file converts to kohya's lora_down / lora_up with alpha = rank, the same
+    change."""
+    model, path, _ = files["flux"]
+    there = tmp_path / "comfy.safetensors"
+    assert _convert(path, model, "comfyui", there) == 0
+    tensors, metadata = read(there)
+    peft = {}
+    for key, value in tensors.items():
+        module, _, suffix = key.partition(".lora_")
+        if key.endswith(".alpha"):
+            continue
+        if suffix == "up.weight":
+            scale = float(tensors[f"{module}.alpha"]) / value.shape[1]
+            peft[f"{module}.lora_B.weight"] = value * scale
+        else:
+            peft[f"{module}.lora_A.weight"] = value
+    save_file(peft, str(tmp_path / "peft.safetensors"), metadata)
+    back = tmp_path / "back.safetensors"
+    assert _convert(tmp_path / "peft.safetensors", model, "kohya", back) == 0
+    want, got = kohya_deltas(read(path)[0]), kohya_deltas(read(back)[0])
+    assert sorted(got) == sorted(want)
+    for name, delta in want.items():
+        torch.testing.assert_close(got[name], delta, rtol=1e-5, atol=1e-7, msg=name)

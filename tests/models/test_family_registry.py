@@ -29,6 +29,8 @@ from library.models.families.flux import family as flux
 from library.models.families.flux.entry import FLUX
 from library.models.families.kontext.entry import KONTEXT
 from library.models.families.kontext.family import kontext_family
+from library.models.families.krea2.entry import KREA2
+from library.models.families.krea2.family import krea2_family
 from library.models.families.qwenimage.entry import QWENIMAGE
 from library.models.families.qwenimage.family import qwenimage_family
 from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT, QWENIMAGE_EDIT_PLUS
@@ -52,6 +54,7 @@ _INSTANCES.append(qwenimage_family())
 _INSTANCES.append(kontext_family(FlowSection()))
 _INSTANCES.append(qwenimage_edit_family())
 _INSTANCES.append(qwenimage_edit_family(plus=True))
+_INSTANCES.append(krea2_family())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +106,7 @@ def test_every_family_instance_agrees_with_its_entry():
         QWENIMAGE,
         QWENIMAGE_EDIT,
         QWENIMAGE_EDIT_PLUS,
+        KREA2,
     )
     names = {registry.entry_of(family).name for family in _INSTANCES}
     assert names == {
@@ -115,6 +119,7 @@ def test_every_family_instance_agrees_with_its_entry():
         "qwenimage",
         "qwenimage_edit",
         "qwenimage_edit_plus",
+        "krea2",
     }
     for family in _INSTANCES:
         entry = registry.entry_of(family)
@@ -138,11 +143,12 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "networks.lora_sd3",
         "networks.lora_zimage",
         "networks.lora_qwen_image",
+        "networks.lora_krea2",
         "lycoris.kohya",
     )
     lines = (
         "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
-        "Qwen-Image-Edit and Qwen-Image-Edit-2509/2511"
+        "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511 and Krea 2"
     )
     assert registry.trained_lines() == lines
 
@@ -186,7 +192,7 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
         assert registry.claim_order()[-1] is SD  # its claim is asked last
         lines = (
             "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
-            "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511 or FAKE-1"
+            "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511, Krea 2 or FAKE-1"
         )
         assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()

@@ -118,3 +118,12 @@ def test_casts_leave_the_stored_form_and_quantize_linears_skips_trained_layers()
     assert torch.equal(model[0].dequantized(torch.float32), before)
     assert not any(p.dtype == torch.uint8 for p in model.parameters())  # not parameters
     assert model[0].weight.shape == (64, 128) and model[0].weight.dtype == torch.float32
+
+
+def test_quantize_linears_leaves_layers_smaller_than_one_block():
+    """A Linear of fewer weights than one quantization block (Krea 2's 12-to-1 text projector)
+    stays as it is: nothing to save."""
+    tiny = nn.Linear(12, 1).requires_grad_(False)
+    model = nn.Sequential(_linear(), tiny)
+    assert quantize_linears(model, "nf4", False, torch.float32) == 1
+    assert model[1] is tiny

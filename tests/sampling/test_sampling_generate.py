@@ -132,3 +132,27 @@ def test_rng_states_modes_and_gradients_are_restored(components, tmp_path, monke
     assert seen_training and not any(seen_training)  # eval mode and no grad inside
     assert {m: m.training for m in [*unet.modules(), *text_encoder.modules()]} == modes
     assert all(p.grad is None for p in lora_parameters(unet))
+
+
+def test_a_round_samples_inside_the_familys_sampling_weights(components, tmp_path, monkeypatch):
+    """The family's sampling_weights context is entered before the first image and left after
+    the last (a family swaps another checkpoint's weights in for the round there)."""
+    import contextlib
+
+    events = []
+    real = generate._generate
+
+    @contextlib.contextmanager
+    def weights(self, denoiser):
+        events.append(("enter", denoiser is components.denoiser))
+        yield
+        events.append(("exit", None))
+
+    def recording(*args, **kwargs):
+        events.append(("image", None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(type(components.family), "sampling_weights", weights)
+    monkeypatch.setattr(generate, "_generate", recording)
+    run(components, [prompt(0), prompt(1)], tmp_path)
+    assert events == [("enter", True), ("image", None), ("image", None), ("exit", None)]

@@ -10,6 +10,7 @@ Instances are frozen; variants of one architecture (SD 2.x 512 / 768-v) are sepa
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -256,6 +257,12 @@ class ModelFamily:
             f"sample_prompts: sampling {self.name} models during training is not supported; "
             "remove sample_prompts"
         )
+
+    def sampling_weights(self, denoiser: torch.nn.Module):
+        """A context in which ``denoiser`` holds the weights samples are drawn with: its own (a
+        family may swap in another checkpoint's base weights for the round, its adapters kept,
+        and put its own back after)."""
+        return contextlib.nullcontext()
 
     def checkpoint_layout(self):
         """How a full fine-tune is written as one original-layout file; ValueError if never."""

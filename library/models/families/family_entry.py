@@ -112,7 +112,9 @@ class ToolFacts:
     is fused from several layers (unset: ``comfy_original``'s path).
     ``own_layout``: the toolbox's key layout (library.lora_tools.layouts: "kohya", "diffusers"
     or "comfyui") the family's key map writes its files in; ``layout_names``: a layout -> what
-    the family's files in it are, in words for messages (unset: the layout's name alone)."""
+    the family's files in it are, in words for messages (unset: the layout's name alone).
+    ``folds_alpha``: its files in ComfyUI's names hold peft's LoRA tensors with alpha / r
+    folded into the up factor (its readers take no alpha there)."""
 
     component_options: Mapping[str, str] = field(default_factory=dict)
     variant_labels: Mapping[str, str] = field(default_factory=dict)
@@ -125,6 +127,7 @@ class ToolFacts:
     comfy_model_name: Callable[[Any], str | None] | None = None
     own_layout: str = "kohya"
     layout_names: Mapping[str, str] = field(default_factory=dict)
+    folds_alpha: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

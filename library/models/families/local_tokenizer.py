@@ -48,3 +48,17 @@ def load_local_tokenizer(
             f"{vocab_size} embeddings: it is not {name}'s tokenizer"
         )
     return tokenizer
+
+
+def folder_or_path_tokenizer(model_dir: Path, tokenizer_path: str | None, name: str, where: str):
+    """A diffusers folder's tokenizer/ (AutoTokenizer), or tokenizer_path's when it is set;
+    ModelError naming the folder when it cannot be read."""
+    from transformers import AutoTokenizer
+
+    if tokenizer_path:
+        return load_local_tokenizer(tokenizer_path, None, model_dir, name, where)
+    folder = model_dir / "tokenizer"
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the {name} tokenizer in {folder}: {exc}") from None

@@ -18,6 +18,7 @@ from library.models.families.chroma.entry import CHROMA
 from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry, LoadedFamily
 from library.models.families.flux.entry import FLUX
 from library.models.families.kontext.entry import KONTEXT
+from library.models.families.krea2.entry import KREA2
 from library.models.families.qwenimage.entry import QWENIMAGE
 from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT, QWENIMAGE_EDIT_PLUS
 from library.models.families.sd.entry import SD
@@ -34,6 +35,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     QWENIMAGE,
     QWENIMAGE_EDIT,
     QWENIMAGE_EDIT_PLUS,
+    KREA2,
 )
 _TEST_ENTRIES: list[FamilyEntry] = []
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from library.models.families.qwenimage.family import qwenimage_family
-from library.models.families.qwenimage.vae_keys import vae_from_original, vae_to_original
+from library.models.wan_vae_keys import vae_from_original, vae_to_original
 from library.training.noise import NoiseOptions, draw
 from tests.kits.conformance_kit import (
     ConformanceKit,

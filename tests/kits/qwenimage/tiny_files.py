@@ -16,7 +16,7 @@ import torch
 
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.qwenimage.files import CHECKPOINT_PREFIX
-from library.models.families.qwenimage.vae_keys import vae_to_original
+from library.models.wan_vae_keys import vae_to_original
 from tests.kits.qwenimage.tiny import build_tiny_qwenimage_components
 from tests.kits.qwenimage.tiny_shapes import (
     tiny_text_encoder_config,

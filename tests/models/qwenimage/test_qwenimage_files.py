@@ -19,8 +19,8 @@ from library.errors import ModelError
 from library.models.checkpoint_parts import empty_module
 from library.models.families.qwenimage import files, shapes
 from library.models.families.qwenimage.load import load_qwenimage
-from library.models.families.qwenimage.vae_keys import vae_from_original
 from library.models.loader import load_components
+from library.models.wan_vae_keys import vae_from_original
 from tests.kits.qwenimage import tiny_shapes
 from tests.kits.qwenimage.tiny_files import write_tiny_qwenimage_files
 

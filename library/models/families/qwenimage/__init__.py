@@ -14,8 +14,8 @@ QwenImagePipeline, QwenImageTransformer2DModel and AutoencoderKLQwenImage):
   names (``diffusion_model.<diffusers path>``, read by ComfyUI and diffusers);
 - family, load, entry: the ModelFamily the trainer calls, the loader (a folder through
   families/folder_loader.py, or the single files) and the registry entry (registry.py lists it);
-- files, vae_keys: the single files ComfyUI users have (transformer, Qwen2.5-VL, the VAE in
-  Wan 2.1's names), checked before any weight is read;
+- files: the single files ComfyUI users have (transformer, Qwen2.5-VL, the VAE in Wan 2.1's
+  names, library/models/wan_vae_keys.py), checked before any weight is read;
 - full_file: a full fine-tune's transformer as one file in diffusers' names;
 - config_keys: [flow] model_version, which release a transformer file is;
 - sampling: sampling during training through QwenImagePipeline.

@@ -22,30 +22,9 @@ from __future__ import annotations
 import torch
 
 from library.models.families.qwenimage.shapes import PATCH_SIZE
+from library.models.patch_tokens import pack, unpack  # the pipeline's packing, 2x2 patches
 
-
-def pack(latents: torch.Tensor) -> torch.Tensor:
-    """[B, C, 1, h, w] -> [B, (h/2)(w/2), 4C], the pipeline's packing."""
-    if latents.dim() != 5 or latents.shape[2] != 1:
-        raise ValueError(f"latents must be one-frame [B, C, 1, h, w]; got {tuple(latents.shape)}")
-    b, c, _, h, w = latents.shape
-    if h % PATCH_SIZE or w % PATCH_SIZE:
-        raise ValueError(
-            f"latent size {h}x{w} is not a multiple of the {PATCH_SIZE}x{PATCH_SIZE} patch: "
-            f"image sides must be multiples of {8 * PATCH_SIZE} pixels"
-        )
-    p = PATCH_SIZE
-    x = latents.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // p) * (w // p), c * p * p)
-
-
-def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """[B, (h/2)(w/2), 4C] -> [B, C, 1, h, w] for a latent of ``height`` x ``width``."""
-    b, _, channels = tokens.shape
-    p = PATCH_SIZE
-    c = channels // (p * p)
-    x = tokens.reshape(b, height // p, width // p, c, p, p).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, c, 1, height, width)
+__all__ = ["denoise", "img_shapes", "pack", "unpack"]
 
 
 def img_shapes(batch: int, height: int, width: int) -> list[list[tuple[int, int, int]]]:

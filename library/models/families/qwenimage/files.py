@@ -15,7 +15,7 @@ As Comfy-Org distributes them (Comfy-Org/Qwen-Image_ComfyUI and Qwen-Image-Edit_
   transformers names of its release (``model.layers.*``, ``visual.*``, ``lm_head.weight``);
   files saved by current transformers (``model.language_model.*``, ``model.visual.*``) are read
   too;
-- ``vae/qwen_image_vae.safetensors``: the VAE in Wan 2.1's names (vae_keys.py); the VAE of a
+- ``vae/qwen_image_vae.safetensors``: the VAE in Wan 2.1's names (library/models/wan_vae_keys.py); the VAE of a
   diffusers folder (``vae/diffusion_pytorch_model.safetensors``, diffusers' names) is read too.
 
 Each file's config is the one in its header (``difftune.config.<part>``, which difftune's full
@@ -27,7 +27,6 @@ refused naming the file and the key as the file spells it.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
-from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.families import wan_vae_file
 from library.models.families.file_contents import looks_like, sample_keys
 from library.models.families.file_plans import (
     Plan,
@@ -48,12 +47,12 @@ from library.models.families.file_plans import (
     load_plan,
     open_safetensors,
     plan_part,
-    plan_with_config,
     refuse_scaled_fp8,
 )
 from library.models.families.local_tokenizer import load_local_tokenizer
-from library.models.families.qwenimage import shapes, vae_keys
+from library.models.families.qwenimage import shapes
 from library.models.families.qwenimage.detect import detect_qwenimage
+from library.models.families.wan_vae_file import stored_config
 from library.models.loader import offline
 
 FAMILY = "Qwen-Image"
@@ -251,45 +250,6 @@ def check_caption_width(transformer: Plan, text_encoder: Plan) -> None:
 
 def plan_vae(file: CheckpointFile) -> Plan:
     """The VAE in Wan 2.1's names (ComfyUI's file) or diffusers' (a folder's vae/ file)."""
-    what = "vae"
-    keys = list(file.keys())
-    if vae_keys.ORIGINAL_MARK in file:
-        wan = True
-    elif vae_keys.DIFFUSERS_MARK in file and any(".down_blocks." in k for k in keys):
-        wan = False
-    else:
-        raise ModelError(
-            f"{what} = {file.path} is not {COMPONENT_FILES[what][1]} (the file looks like "
-            f"{looks_like(keys)}); set {what} in [model] to qwen_image_vae.safetensors"
-        )
-
-    def plan_of(config: dict) -> Plan:
-        if wan:
-
-            def convert(state):
-                return vae_keys.vae_from_original(state, config)
-        else:
-            convert = dict
-        return Plan("vae", what, file, keys, config, convert, _build_vae, label="Qwen-Image VAE")
-
-    # the header's config when it fits, else the released one; the header's stays the measure
-    # when it does not fit, so the error names the tensor that differs from it
-    return plan_with_config(
-        "vae", plan_of, file, lambda: stored_config(file, "vae") or shapes.vae_config()
+    return wan_vae_file.plan_vae(
+        file, "vae", COMPONENT_FILES["vae"][1], shapes.vae_config, "Qwen-Image VAE"
     )
-
-
-def stored_config(file: CheckpointFile, part: str) -> dict | None:
-    """The ``part`` config in the file's header (difftune.config.<part>); None when there is
-    none that reads as a JSON object."""
-    try:
-        stored = json.loads(file.metadata.get(CONFIG_METADATA + part) or "null")
-    except ValueError:
-        return None
-    return stored if isinstance(stored, dict) else None
-
-
-def _build_vae(config: dict) -> torch.nn.Module:
-    from diffusers import AutoencoderKLQwenImage
-
-    return AutoencoderKLQwenImage(**config)

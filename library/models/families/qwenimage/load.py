@@ -25,7 +25,7 @@ from library.models.families.folder_loader import (
     PipelineFolder,
     load_folder,
 )
-from library.models.families.local_tokenizer import load_local_tokenizer
+from library.models.families.local_tokenizer import folder_or_path_tokenizer
 from library.models.families.qwenimage import files
 from library.models.families.qwenimage.config_keys import check_folder_version
 from library.models.families.qwenimage.detect import detect_qwenimage
@@ -99,17 +99,9 @@ def _scheduler(folder: CheckedFolder) -> dict:
 
 def _tokenizer(folder: CheckedFolder):
     """The folder's Qwen2.5-VL tokenizer, or tokenizer_path's."""
-    from transformers import AutoTokenizer
-
-    if folder.model.tokenizer_path:
-        return load_local_tokenizer(
-            folder.model.tokenizer_path, None, folder.model_dir, "Qwen2.5-VL", files.TOKENIZER_WHERE
-        )
-    where = folder.model_dir / "tokenizer"
-    try:
-        return AutoTokenizer.from_pretrained(str(where), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read the Qwen2.5-VL tokenizer in {where}: {exc}") from None
+    return folder_or_path_tokenizer(
+        folder.model_dir, folder.model.tokenizer_path, "Qwen2.5-VL", files.TOKENIZER_WHERE
+    )
 
 
 # A QwenImagePipeline folder.

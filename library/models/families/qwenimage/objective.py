@@ -18,24 +18,9 @@ The facts (diffusers 0.42.1 QwenImagePipeline with FlowMatchEulerDiscreteSchedul
 
 from __future__ import annotations
 
-import dataclasses
-
 from library.models.families.qwenimage.shapes import PATCH_SIZE
-from library.training import flow_matching as fm
-from library.training.objectives import FlowMatchingObjective, FlowOptions
+from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 
-# The [flow] keys of the draw (the shared flow-matching keys)
-SIGMA_KEYS = frozenset(
-    {
-        "timestep_sampling",
-        "sigmoid_scale",
-        "discrete_flow_shift",
-        "weighting_scheme",
-        "logit_mean",
-        "logit_std",
-        "mode_scale",
-    }
-)
 DEFAULT_SIGMA_SAMPLING = {
     "timestep_sampling": "shift",
     "sigmoid_scale": 1.0,
@@ -47,28 +32,13 @@ DEFAULT_SIGMA_SAMPLING = {
 def qwenimage_flow_options(flow: object) -> FlowOptions:
     """The objective's options: the set [flow] keys over musubi-tuner's Qwen-Image defaults; the
     raw output is the prediction."""
-    given = {key: getattr(flow, key) for key in SIGMA_KEYS if getattr(flow, key, None) is not None}
-    defaults = {**DEFAULT_SIGMA_SAMPLING, "model_prediction_type": "raw"}
-    return dataclasses.replace(FlowOptions(), **{**defaults, **given})
+    return flow_options_over(flow, {**DEFAULT_SIGMA_SAMPLING, "model_prediction_type": "raw"})
 
 
-class QwenImageFlowObjective(FlowMatchingObjective):
+class QwenImageFlowObjective(VelocityObjective):
     """Rectified flow: sigma in, velocity noise - x0 out."""
 
     LABEL = "Qwen-Image"
 
     def __init__(self, options: FlowOptions, sampling_scheduler=None) -> None:
         super().__init__(options, sampling_scheduler, patch=PATCH_SIZE)
-
-    def describe(self) -> str:
-        return (
-            f"rectified flow, velocity target at timestep sigma, timestep_sampling "
-            f"{self.sampling_text()}, weighting_scheme {self.options.weighting_scheme}"
-        )
-
-    def prediction(self, output, noisy, t):
-        return output
-
-    def level_weights(self, options, t):
-        """weighting_scheme's per-sample weight (sigma_sqrt: sigma^-2, cosmap)."""
-        return fm.output_loss_weights(self.options.weighting_scheme, t)

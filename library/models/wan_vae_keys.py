@@ -79,7 +79,7 @@ def original_name(key: str, num_res_blocks: int) -> str:
     if found := re.match(r"decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.+)", key):
         index = int(found[1]) * per_level + num_res_blocks + 1
         return f"decoder.upsamples.{index}.{found[2]}"
-    raise ValueError(f"{key}: not a tensor of Qwen-Image's VAE")
+    raise ValueError(f"{key}: not a tensor of this VAE (AutoencoderKLQwenImage)")
 
 
 def vae_to_original(state: Mapping[str, torch.Tensor], config: Mapping) -> dict[str, torch.Tensor]:

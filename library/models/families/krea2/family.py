@@ -1,0 +1,201 @@
+"""Krea 2 as a ModelFamily (facts: spec.py, diffusers' Krea2Pipeline): latents are the
+Qwen-Image VAE's one-frame clips normalised per channel; captions are Qwen3-VL's tapped layers
+[B, L, taps, width] at each caption's own length, handed to the transformer with their mask,
+the 2x2 patch tokens and the (t, h, w) positions of both; only the transformer trains (as
+musubi-tuner: no Qwen3-VL adapters); a full fine-tune is the transformer in the original names,
+as Krea and ComfyUI distribute raw.safetensors."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from library.errors import ConfigError
+from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.base import ModelFamily
+from library.models.families.flow_options import check_flow_model_options
+from library.models.families.krea2 import spec
+from library.models.families.krea2.key_map import krea2_names
+from library.models.families.krea2.objective import krea2_flow_options
+from library.models.families.krea2.sampling import LENGTHS, krea2_pipeline_kind
+from library.models.families.krea2.turbo import turbo_weights
+from library.models.families.transformer_family import swappable_tails
+from library.models.patch_tokens import grid_positions, pack, unpack
+from library.models.text_encoders.qwen3_vl import unused_layers
+from library.models.video_latent_codec import ChannelNormalizedVideoCodec
+from library.networks.fused_keys import linears_inside
+from library.networks.kohya_names import unwrap
+from library.saving.streamed import block_groups, save_streamed
+
+PROJECTOR = "text_fusion.projector"  # 12 weights: an adapter of any rank would outweigh it
+# LyCORIS preset -> which Linears it adapts (musubi-tuner's LoRA adapts every one)
+_LYCORIS_PRESETS = {
+    "full": lambda path: True,
+    "full-lin": lambda path: True,
+    "unet-only": lambda path: True,
+    "attn-mlp": lambda path: ".attn." in path or ".ff." in path,
+    "unet-transformer-only": lambda path: ".attn." in path or ".ff." in path,
+    "attn-only": lambda path: ".attn." in path,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Krea2Family(ModelFamily):
+    """Krea 2 with its text taps and whether the loaded transformer is the distilled Turbo."""
+
+    PIXEL_MULTIPLE: ClassVar[int] = spec.PIXEL_MULTIPLE
+    LABEL: ClassVar[str] = "Krea 2"
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "no Qwen3-VL adapters, as musubi-tuner"
+
+    taps: tuple[int, ...] = spec.TAPS
+    caption_tokens: int = spec.MAX_TOKENS
+    distilled: bool = False  # the pipeline's is_distilled (Turbo)
+    turbo: str | None = None  # [flow] turbo_dit: samples drawn on Turbo's weights
+
+    def describe(self) -> str:
+        kind = "Turbo (distilled)" if self.distilled else "RAW"
+        return f"Krea 2 {kind} ({len(self.taps)} Qwen3-VL layers, {self.caption_tokens} tokens)"
+
+    @property
+    def text_cache_name(self) -> str:
+        return f"{self.name}|qwen3vl_taps={','.join(map(str, self.taps))}|{self.caption_tokens}"
+
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ) -> TextConditioning:
+        """Each caption's tapped states, the batch padded to its longest, with the lengths."""
+        (tokenizer,), (encoder,) = tokenizers, text_encoders
+        taps = spec.text_taps(self.taps, self.caption_tokens)
+        states, lengths = taps.encode(tokenizer, encoder, list(captions), device)
+        return TextConditioning(states, None, None, lengths=lengths)
+
+    def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        hidden = text.hidden.to(device, dtype or text.hidden.dtype)
+        lengths = text.lengths  # None: every row whole (a cache batch of equal lengths)
+        if lengths is None:
+            lengths = torch.full((hidden.shape[0],), hidden.shape[1], dtype=torch.long)
+        return Conditioning(hidden, {LENGTHS: lengths.cpu()})
+
+    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
+        """The velocity [B, C, 1, h, w] of one-frame latents at sigma ``timesteps``."""
+        lengths = cond.unet_kwargs[LENGTHS]
+        width, (h, w) = int(lengths.max()), noisy.shape[-2:]
+        mask = torch.arange(width)[None, :] < lengths.reshape(-1, 1)
+        positions = grid_positions(width, h // spec.PATCH, w // spec.PATCH)
+        out = denoiser(
+            hidden_states=pack(noisy, spec.PATCH),
+            encoder_hidden_states=cond.encoder_hidden_states[:, :width],
+            timestep=timesteps,
+            position_ids=positions.to(noisy.device),
+            encoder_attention_mask=mask.to(noisy.device),
+            return_dict=False,
+        )[0]
+        return unpack(out, h, w, spec.PATCH)
+
+    def latent_codec(self, vae):
+        return ChannelNormalizedVideoCodec(vae)
+
+    def unused_text_layers(self, index, num_layers, clip_skip=None):
+        return unused_layers(self.taps, num_layers)
+
+    def trains_text_encoder(self, index: int) -> bool:
+        return False  # DENOISER_ONLY_ADAPTERS
+
+    def adapter_targets(self, module, role, conv):
+        """Every Linear of the transformer but the text projector (musubi-tuner's set)."""
+        if role != "unet":
+            raise ConfigError("Krea 2 LoRAs adapt the transformer only")
+        return self.lycoris_targets(module, role, "full")
+
+    def lycoris_targets(self, module, role, preset):
+        if role != "unet" or preset not in _LYCORIS_PRESETS:
+            raise ConfigError(
+                f"preset = {preset}: adapts no layer of Krea 2's transformer; use full, "
+                "full-lin or attn-mlp"
+            )
+        chosen = _LYCORIS_PRESETS[preset]
+        paths = linears_inside(unwrap(module))
+        return {p: "linear" for p in paths if chosen(p) and p != PROJECTOR}
+
+    def adapter_key_map(self):
+        return krea2_names()
+
+    def bucket_grid(self, denoiser) -> int:
+        return self.PIXEL_MULTIPLE
+
+    def swap_blocks(self, denoiser, count):
+        return swappable_tails(("single", denoiser.transformer_blocks, count), count=count)
+
+    def metadata_keys(self, config):
+        """The run's flow-matching draw, in kohya's ss_* names."""
+        o = krea2_flow_options(config.flow)
+        keys = ("timestep_sampling", "discrete_flow_shift", "weighting_scheme", "sigmoid_scale")
+        return {f"ss_{k}": getattr(o, k) for k in keys}
+
+    def check_options(self, model, flow):
+        check_flow_model_options(model, flow, "krea2", self.LABEL, False)
+
+    def check_training(self, config):
+        super().check_training(config)
+        net = config.network
+        lycoris = net.network_module == "lycoris.kohya"
+        if net.train_mode == "lora" and net.conv_dim is not None and not lycoris:
+            raise ConfigError("conv_dim: Krea 2's transformer has no convolutions; remove it")
+        if getattr(config.flow, "turbo_dit", None):
+            check_turbo_options(config)
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        """The transformer alone in the original names (as raw.safetensors, which ComfyUI and
+        diffusers' from_single_file read), its config in the header for exact reloading."""
+        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
+        header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
+        groups = block_groups(denoiser.state_dict(), ("transformer_blocks.",))
+        save_streamed(path, [(g, spec.state_to_original) for g in groups], header, dtype)
+
+    def full_model_modules(self, components):
+        return (components.denoiser,)
+
+    def sampling_pipeline(self):
+        return krea2_pipeline_kind(self.taps, self.distilled or self.turbo is not None)
+
+    def sampling_weights(self, denoiser):
+        """Turbo's base weights for the round when turbo_dit is set (turbo.py)."""
+        if self.turbo is None:
+            return contextlib.nullcontext()
+        return turbo_weights(denoiser, self.turbo)
+
+
+def check_turbo_options(config) -> None:
+    """ConfigError for what turbo_dit's weight swap cannot do: a full fine-tune (the swap
+    would overwrite the trained weights) and base weights stored otherwise than as they load."""
+    training = config.training
+    given = {
+        'train_mode = "unet"': config.network.train_mode == "unet",
+        "fp8_base": training.fp8_base,
+        "base_model_precision": training.base_model_precision != "no_change",
+        "blocks_to_swap": bool(training.blocks_to_swap),
+        "fsdp": training.fsdp != "no",
+    }
+    found = next((key for key, on in given.items() if on), None)
+    if found is not None:
+        raise ConfigError(
+            f"turbo_dit swaps Turbo's weights into the transformer for each sampling round, "
+            f"which {found} does not allow; remove turbo_dit (samples are then drawn on RAW)"
+        )
+
+
+def krea2_family(taps=spec.TAPS, distilled: bool = False, turbo=None) -> Krea2Family:
+    """The Krea 2 family of a model with these taps (the pipeline's select layers)."""
+    return Krea2Family(
+        taps=tuple(taps), distilled=distilled, turbo=turbo, name="krea2", prediction_type="flow",
+        base_model_version="krea2", modelspec_architecture="Krea-2", default_resolution=1024,
+        lora_implementation="https://github.com/krea-ai/krea-2",
+        checkpoint_implementation="https://github.com/krea-ai/krea-2",
+        denoiser_subfolder="transformer",
+        network_modules=("lycoris.kohya", "networks.lora", "networks.lora_krea2"),
+    )  # fmt: skip

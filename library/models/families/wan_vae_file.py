@@ -1,0 +1,61 @@
+"""The Qwen-Image VAE's single file (ComfyUI's qwen_image_vae.safetensors, in Wan 2.1's names;
+library/models/wan_vae_keys.py), or a diffusers folder's vae/ file, planned for loading: every
+family that uses this VAE reads its file here. Its config is the one in the file's header
+(``difftune.config.vae``) when there is one, else the released one the family gives."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import torch
+
+from library.errors import ModelError
+from library.models import wan_vae_keys
+from library.models.checkpoint_file import CheckpointFile
+from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.families.file_contents import looks_like
+from library.models.families.file_plans import Plan, plan_with_config
+
+
+def stored_config(file: CheckpointFile, part: str) -> dict | None:
+    """The ``part`` config in the file's header (difftune.config.<part>); None when there is
+    none that reads as a JSON object."""
+    try:
+        stored = json.loads(file.metadata.get(CONFIG_METADATA + part) or "null")
+    except ValueError:
+        return None
+    return stored if isinstance(stored, dict) else None
+
+
+def plan_vae(
+    file: CheckpointFile, what: str, description: str, released: Callable[[], dict], label: str
+) -> Plan:
+    """The VAE in Wan 2.1's names or diffusers'; ModelError naming ``what`` (the config key)
+    and ``description`` (the file it should be) for a file that is neither."""
+    keys = list(file.keys())
+    if wan_vae_keys.ORIGINAL_MARK in file:
+        wan = True
+    elif wan_vae_keys.DIFFUSERS_MARK in file and any(".down_blocks." in k for k in keys):
+        wan = False
+    else:
+        raise ModelError(
+            f"{what} = {file.path} is not {description} (the file looks like "
+            f"{looks_like(keys)}); set {what} in [model] to {description}"
+        )
+
+    def plan_of(config: dict) -> Plan:
+        def convert(state):
+            return wan_vae_keys.vae_from_original(state, config) if wan else dict(state)
+
+        return Plan("vae", what, file, keys, config, convert, _build_vae, label=label)
+
+    # the header's config when it fits, else the released one; the header's stays the measure
+    # when it does not fit, so the error names the tensor that differs from it
+    return plan_with_config("vae", plan_of, file, lambda: stored_config(file, "vae") or released())
+
+
+def _build_vae(config: dict) -> torch.nn.Module:
+    from diffusers import AutoencoderKLQwenImage
+
+    return AutoencoderKLQwenImage(**config)
