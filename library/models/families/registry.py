@@ -17,6 +17,7 @@ from library.config.adapter_schema import LYCORIS_MODULE
 from library.models.families.chroma.entry import CHROMA
 from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry
 from library.models.families.flux.entry import FLUX
+from library.models.families.flux2.entry import FLUX2
 from library.models.families.kontext.entry import KONTEXT
 from library.models.families.qwenimage.entry import QWENIMAGE
 from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT, QWENIMAGE_EDIT_PLUS
@@ -35,6 +36,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     SD3,
     ZIMAGE,
     CHROMA,
+    FLUX2,
     QWENIMAGE,
     QWENIMAGE_EDIT,
     QWENIMAGE_EDIT_PLUS,
