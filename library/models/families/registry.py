@@ -31,12 +31,12 @@ if TYPE_CHECKING:
 
 FAMILIES: tuple[FamilyEntry, ...] = (
     SD,
+    FLUX2,
     FLUX,
     KONTEXT,
     SD3,
     ZIMAGE,
     CHROMA,
-    FLUX2,
     QWENIMAGE,
     QWENIMAGE_EDIT,
     QWENIMAGE_EDIT_PLUS,

@@ -25,7 +25,7 @@ FLOW_KEYS = frozenset(
 )  # fmt: skip
 
 FLUX2 = FamilyEntry(
-    name="flux2",
+    name="flux2",  # listed before FLUX.1: its version mark "flux2" is asked first
     label="FLUX.2",
     models=_LINE,
     lines=(_LINE,),
@@ -39,12 +39,12 @@ FLUX2 = FamilyEntry(
     flow_keys=FLOW_KEYS,
     kohya=KohyaVocabulary(),
     lora_files=LoraFiles(
-        # the shared modulation exists in FLUX.2 alone (FLUX.1's blocks modulate themselves)
+        # the shared modulation exists in FLUX.2 alone (FLUX.1's blocks modulate themselves);
+        # a file of the blocks alone has FLUX.1's names, so no architecture refuses it by them
         denoiser_marks=(
             ("lora_unet_double_stream_modulation", _LINE),
             ("lora_unet_single_stream_modulation", _LINE),
         ),
-        architectures=(("Flux.2", _LINE),),
     ),
     tool=ToolFacts(
         component_options={"text_encoder": "the text encoder file beside a transformer file"},

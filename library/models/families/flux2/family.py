@@ -181,7 +181,7 @@ def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Fami
     return Flux2Family(
         name=f"flux2-{model}-{size}" + ("" if model == "dev" else ("" if distilled else "-base")),
         prediction_type="flow",
-        base_model_version=f"flux2_{model}",
+        base_model_version=f"flux2_{model}",  # as other tools write it
         modelspec_architecture=f"Flux.2-{model}",  # musubi-tuner's ARCH_FLUX_2 for dev,
         default_resolution=1024,
         text_encoder_lora_prefixes=("lora_te",),
