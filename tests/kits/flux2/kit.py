@@ -23,6 +23,7 @@ from library.models.families.testkit import (
 )
 from library.training.noise import NoiseOptions, draw
 from tests.kits.flux2.tiny import build_tiny_flux2_components, write_tiny_flux2_folder
+from tests.kits.flux2.tiny_files import single_files
 
 VARIANTS = ("klein-base", "klein")
 
@@ -128,6 +129,7 @@ KIT = ConformanceKit(
         from_original=lambda original, config: names.to_diffusers(original),
         reference=_reference_transformer,
     ),
+    write_single_files=single_files,
     sample_cases=_sample_cases,
     loss_cases=lambda variant: (
         LossCase(),
@@ -137,6 +139,5 @@ KIT = ConformanceKit(
     distributed=(_LORA, _LORA.sharding("flux2-fsdp")),
     skips={
         "vae_names": "the FLUX.2 VAE file is read in diffusers' names",
-        "single_files": "FLUX.2 single files come with the single-file loader",
     },
 )

@@ -33,6 +33,7 @@ FLUX2 = FamilyEntry(
     claims=Deferred(f"{_PACKAGE}.load:claims_flux2"),
     load=Deferred(f"{_PACKAGE}.load:load_flux2"),
     # musubi-tuner's LoRA module for FLUX.2 (its files say ss_network_module so)
+    reads_vae=True,
     network_module="networks.lora_flux_2",
     flow_matching=True,
     config_keys=(TextEncoderFileKeys,),

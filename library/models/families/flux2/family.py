@@ -27,6 +27,7 @@ from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.flux2 import names
 from library.models.families.flux2.codec import Flux2LatentCodec
+from library.models.families.flux2.files import DISTILLED_KEY
 from library.models.families.flux2.lora_keys import file_modules
 from library.models.families.flux2.objective import flux2_flow_options
 from library.models.families.flux2.sampling import flux2_pipeline_kind
@@ -166,7 +167,11 @@ class Flux2Family(TransformerFamily):
             denoiser.state_dict(), ("transformer_blocks.", "single_transformer_blocks.")
         )
         config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
-        header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
+        header = {
+            CONFIG_METADATA + "transformer": config,
+            DISTILLED_KEY: str(self.distilled).lower(),
+        }
+        header.update(metadata or {})
         save_streamed(path, [(g, names.to_original) for g in groups], header, dtype)
 
     def full_model_modules(self, components):

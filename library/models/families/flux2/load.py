@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,7 +19,8 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.claims import claims_model, file_claimed, folder_pipeline
-from library.models.families.flux2 import names, spec
+from library.models.families.file_plans import family_component_file
+from library.models.families.flux2 import files, names, spec
 from library.models.families.flux2.family import flux2_family
 from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
 from library.models.families.folder_loader import (
@@ -65,21 +67,26 @@ def load_flux2(
     tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype`` (the VAE in ``vae_dtype``).
     ModelError for any problem with the files."""
     path = Path(model.pretrained_model_name_or_path).expanduser().absolute()
-    if not path.is_dir():
-        raise ModelError(f"{path}: FLUX.2 single files are not read yet; give a diffusers folder")
-    kind = "dev" if folder_pipeline(path) == spec.PIPELINES["dev"] else "klein"
-    loaded = load_folder(folder_spec(kind), path, model, flow, weight_dtype, vae_dtype)
-    transformer, vae, encoder = loaded.modules.values()
-    scheduler, distilled = loaded.facts
+    if path.is_dir():
+        kind = "dev" if folder_pipeline(path) == spec.PIPELINES["dev"] else "klein"
+        loaded = load_folder(folder_spec(kind), path, model, flow, weight_dtype, vae_dtype)
+        transformer, vae, encoder = loaded.modules.values()
+        (tokenizer,), (scheduler, distilled) = loaded.tokenizers.values(), loaded.facts
+        path = loaded.model_dir
+    else:
+        transformer, vae, encoder, tokenizer, distilled = files.load_flux2_files(
+            path, model, flow, weight_dtype, vae_dtype
+        )
+        scheduler = dict(spec.SCHEDULER_CONFIG)
     name, size = model_of(dict(transformer.config))
     return Components(
         denoiser=transformer,
         vae=vae,
         text_encoders=(encoder,),
-        tokenizers=tuple(loaded.tokenizers.values()),
+        tokenizers=(tokenizer,),
         objective=Flux2FlowObjective(flux2_flow_options(flow), scheduler),
         family=flux2_family(name, size, distilled, flow),
-        model_dir=loaded.model_dir,
+        model_dir=path,
     )
 
 
@@ -104,15 +111,24 @@ def _tokenizer(folder: CheckedFolder):
         ) from None
 
 
+def _plan_file(key: str, value: str):
+    """[flow] text_encoder's Qwen3 file, or [model] vae's folder, in place of the folder's."""
+    if key == "vae":
+        return partial(files.load_vae_folder, value)
+    what = "the Qwen3 text encoder (qwen_3_4b.safetensors)"
+    return files.plan_text_encoder(family_component_file(value, key, "[flow]", what, files.FAMILY))
+
+
 _KLEIN = PipelineFolder(
     pipeline=spec.PIPELINES["klein"],
     family=FAMILY,
     parts=(
         FolderPart("transformer", f"diffusers:{spec.TRANSFORMER_CLASS}"),
-        FolderPart("vae", f"diffusers:{spec.VAE_CLASS}", vae=True),
-        FolderPart("text_encoder", spec.TEXT_ENCODER_CLASS["klein"]),
+        FolderPart("vae", f"diffusers:{spec.VAE_CLASS}", "vae", vae=True),
+        FolderPart("text_encoder", spec.TEXT_ENCODER_CLASS["klein"], "text_encoder"),
     ),
     tokenizers=(FolderTokenizer("tokenizer", _tokenizer),),
+    plan_file=_plan_file,
     other={"scheduler": "scheduler_config.json"},
     inspect=_inspect,
 )
