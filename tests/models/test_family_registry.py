@@ -100,9 +100,9 @@ MODEL = ModelSection(pretrained_model_name_or_path="/models/fake-model")
 def test_every_family_instance_agrees_with_its_entry():
     assert registry.FAMILIES == (
         SD,
-        FLUX2,
         FLUX,
         KONTEXT,
+        FLUX2,
         SD3,
         ZIMAGE,
         CHROMA,
@@ -141,15 +141,15 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
     assert typing.get_args(annotation) == registry.network_modules()
     assert registry.network_modules() == (
         "networks.lora",
-        "networks.lora_flux_2",
         "networks.lora_flux",
+        "networks.lora_flux_2",
         "networks.lora_sd3",
         "networks.lora_zimage",
         "networks.lora_qwen_image",
         "lycoris.kohya",
     )
     lines = (
-        "SD 1.x/2.x, SDXL, FLUX.2, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
+        "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, FLUX.2, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
         "Qwen-Image-Edit and Qwen-Image-Edit-2509/2511"
     )
     assert registry.trained_lines() == lines
@@ -193,7 +193,7 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
         assert entry_for(MODEL, FlowSection()) is FAKE
         assert registry.claim_order()[-1] is SD  # its claim is asked last
         lines = (
-            "SD 1.x/2.x, SDXL, FLUX.2, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
+            "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, FLUX.2, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
             "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511 or FAKE-1"
         )
         assert registry.trained_lines("or") == lines

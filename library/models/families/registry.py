@@ -31,9 +31,9 @@ if TYPE_CHECKING:
 
 FAMILIES: tuple[FamilyEntry, ...] = (
     SD,
-    FLUX2,
     FLUX,
     KONTEXT,
+    FLUX2,
     SD3,
     ZIMAGE,
     CHROMA,

@@ -25,7 +25,7 @@ FLOW_KEYS = frozenset(
 )  # fmt: skip
 
 FLUX2 = FamilyEntry(
-    name="flux2",  # listed before FLUX.1: its version mark "flux2" is asked first
+    name="flux2",
     label="FLUX.2",
     models=_LINE,
     lines=(_LINE,),
