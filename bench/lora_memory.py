@@ -230,6 +230,33 @@ def chroma_components(config, folder: Path) -> Components:
     return _frozen(config, transformer, vae, (t5,), (tokenizer,), objective, family)
 
 
+def flux2_components(model: str):
+    """FLUX.2 [klein] ``model`` ("klein-4b", "klein-9b") base at full size on the meta device,
+    frozen, in the config's weight dtype."""
+
+    def build(config, folder: Path) -> Components:
+        from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        from library.models.families.flux2 import spec
+        from library.models.families.flux2.family import flux2_family
+        from library.models.families.flux2.objective import (
+            Flux2FlowObjective,
+            flux2_flow_options,
+        )
+
+        with torch.device("meta"):
+            transformer = Flux2Transformer2DModel(**spec.COMMON, **spec.RELEASED[model])
+            vae = AutoencoderKLFlux2()  # the released VAE's config is the class default
+            text = Qwen3ForCausalLM(Qwen3Config(**spec.TEXT_ENCODERS[model]))
+        tokenizer = _tokenizer(ASSETS / "qwen3_tokenizer")
+        objective = Flux2FlowObjective(flux2_flow_options(config.flow), spec.SCHEDULER_CONFIG)
+        family = flux2_family("klein", model.split("-")[1], False)
+        return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, family)
+
+    return build
+
+
 def _frozen(config, denoiser, vae, texts, tokenizers, objective, family) -> Components:
     dtype = WEIGHT_DTYPES[config.training.mixed_precision]
     for module in (denoiser, *texts):
@@ -275,6 +302,10 @@ FAMILIES = {
     "flux": Bench("FLUX.1 [dev]", _preset("flux_lora.toml"), flux_components, (18, 30)),
     "sd35-large": Bench("SD3.5 Large", _preset("sd35_large_lora.toml"), sd35_large_components,
                         (18, 30)),
+    "flux2-klein-4b": Bench("FLUX.2 [klein] base 4B", _preset("flux2_klein_lora.toml"),
+                            flux2_components("klein-4b"), (8, 16)),
+    "flux2-klein-9b": Bench("FLUX.2 [klein] base 9B", _preset("flux2_klein_lora.toml"),
+                            flux2_components("klein-9b"), (8, 16)),
     "zimage": Bench("Z-Image Turbo", _preset("zimage_lora.toml"), zimage_components, (10, 20)),
     "chroma": Bench("Chroma", _preset("chroma_lora.toml"), chroma_components, (10, 18, 30)),
     "qwenimage": Bench("Qwen-Image", _preset("qwenimage_lora.toml"), qwenimage_components,

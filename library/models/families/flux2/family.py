@@ -138,10 +138,10 @@ class Flux2Family(TransformerFamily):
     # -- sizes, options, files ---------------------------------------------------------------
 
     def swap_blocks(self, transformer, count):
-        # as FLUX.1's split: half the count in double blocks, two single blocks per other one
-        double, single = count // 2, (count - count // 2) * 2
+        """The last ``count`` single blocks (most of the model), then double blocks."""
+        single = min(count, len(transformer.single_transformer_blocks))
         return swappable_tails(
-            ("double", transformer.transformer_blocks, double),
+            ("double", transformer.transformer_blocks, count - single),
             ("single", transformer.single_transformer_blocks, single),
             count=count,
         )

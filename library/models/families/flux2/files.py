@@ -39,9 +39,6 @@ TEXT = "model."
 _TIME = (
     "time_guidance_embed.timestep_embedder"  # transformers' Qwen3ForCausalLM names its decoder so
 )
-# The released Qwen3 configs the text encoder files are sized against.
-QWEN3 = dict(vocab_size=151936, head_dim=128, num_key_value_heads=8, rope_theta=1000000,
-             max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu")  # fmt: skip
 
 
 def load_flux2_files(
@@ -163,7 +160,7 @@ def plan_text_encoder(file):
     def from_shapes(shapes: dict) -> dict:
         layers = {k.split(".")[2] for k in shapes if k.startswith(TEXT + "layers.")}
         head = shapes[TEXT + "layers.0.self_attn.q_norm.weight"][0]
-        return {**QWEN3, "hidden_size": shapes[TEXT + "embed_tokens.weight"][1],
+        return {**spec.TEXT_ENCODERS["klein-4b"], "hidden_size": shapes[TEXT + "embed_tokens.weight"][1],
                 "vocab_size": shapes[TEXT + "embed_tokens.weight"][0], "head_dim": head,
                 "num_hidden_layers": len(layers),
                 "num_attention_heads": shapes[TEXT + "layers.0.self_attn.q_proj.weight"][0] // head,

@@ -43,6 +43,14 @@ RELEASED = {
 COMMON = dict(patch_size=1, in_channels=128, out_channels=None, attention_head_dim=128,
               timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
               rope_theta=2000, eps=1e-6)  # fmt: skip
+# The released text encoders' configs (Qwen3-4B and Qwen3-8B), by model.
+_QWEN3 = dict(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+              vocab_size=151936, rope_theta=1000000, max_position_embeddings=40960,
+              rms_norm_eps=1e-6, hidden_act="silu")  # fmt: skip
+TEXT_ENCODERS = {
+    "klein-4b": dict(_QWEN3, hidden_size=2560, intermediate_size=9728, tie_word_embeddings=True),
+    "klein-9b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False),
+}
 # The released schedulers: sigmas shifted by exp(mu), mu from the image's token count and the
 # step count (the pipelines' compute_empirical_mu).
 SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
