@@ -13,7 +13,7 @@ ZImagePipeline) share these steps:
   layer's hidden states; ``hidden_states[k]`` is the output of decoder layer k (0: the
   embeddings), before the final norm except for the last;
 - the conditioning is the chosen layers' states joined per token, layer after layer
-  ([B, L, n * hidden]: Flux2KleinPipeline stacks (9, 18, 27) so).
+  ([B, L, n * hidden]: Flux2KleinPipeline stacks (9, 18, 27) so; hidden_states.py).
 """
 
 from __future__ import annotations
@@ -45,32 +45,3 @@ def tokenize(
         return_tensors="pt",
     )
     return batch.input_ids, batch.attention_mask.bool()
-
-
-def hidden_width(encoder: torch.nn.Module) -> int:
-    """The encoder's hidden size (a causal LM's and a bare model's config alike)."""
-    config = encoder.config
-    return getattr(config, "text_config", config).hidden_size
-
-
-def layer_states(
-    encoder: torch.nn.Module,
-    input_ids: torch.Tensor,
-    mask: torch.Tensor,
-    layers: Sequence[int],
-) -> torch.Tensor:
-    """The hidden states of ``layers`` joined per token: [B, L, len(layers) * hidden], in the
-    encoder's dtype on its device. On the meta device (the dry run's memory estimate, where
-    Qwen3's mask code reads values) an empty tensor of that shape: the encoder never trains, so
-    its forward keeps nothing for backward."""
-    weight = next(encoder.parameters())
-    if weight.is_meta:
-        shape = (*input_ids.shape, len(layers) * hidden_width(encoder))
-        return torch.empty(shape, device="meta", dtype=weight.dtype)
-    out = encoder(
-        input_ids=input_ids.to(weight.device),
-        attention_mask=mask.to(weight.device),
-        output_hidden_states=True,
-        use_cache=False,
-    )
-    return torch.cat([out.hidden_states[k] for k in layers], dim=-1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from library.models.text_encoders import qwen3
+from library.models.text_encoders import hidden_states, qwen3
 from tools.make_test_assets import ASSETS_DIR
 
 CAPTIONS = ["a red cube on a table", ""]
@@ -31,7 +31,7 @@ def test_layer_states_are_flux2_kleins_prompt_embeds(parts):
     tokenizer, encoder = parts
     ids, mask = qwen3.tokenize(tokenizer, CAPTIONS, 32, thinking=False)
     with torch.no_grad():
-        ours = qwen3.layer_states(encoder, ids, mask, (1, 2, 3))
+        ours = hidden_states.layer_states(encoder, ids, mask, (1, 2, 3))
         want = Flux2KleinPipeline._get_qwen3_prompt_embeds(
             encoder, tokenizer, CAPTIONS, max_sequence_length=32, hidden_states_layers=(1, 2, 3)
         )
@@ -39,7 +39,7 @@ def test_layer_states_are_flux2_kleins_prompt_embeds(parts):
     assert torch.equal(ours, want)
     # another choice of layers is another conditioning
     with torch.no_grad():
-        assert not torch.equal(qwen3.layer_states(encoder, ids, mask, (0, 2, 3)), want)
+        assert not torch.equal(hidden_states.layer_states(encoder, ids, mask, (0, 2, 3)), want)
 
 
 def test_thinking_is_the_templates_switch(parts):
@@ -56,5 +56,5 @@ def test_meta_encoder_gives_the_shape_only(parts):
     tokenizer, encoder = parts
     meta = encoder.to("meta")
     ids, mask = qwen3.tokenize(tokenizer, CAPTIONS, 8, thinking=False)
-    states = qwen3.layer_states(meta, ids, mask, (1, 2))
+    states = hidden_states.layer_states(meta, ids, mask, (1, 2))
     assert states.device.type == "meta" and states.shape == (2, 8, 32)
