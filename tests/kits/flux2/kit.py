@@ -25,7 +25,7 @@ from library.training.noise import NoiseOptions, draw
 from tests.kits.flux2.tiny import build_tiny_flux2_components, write_tiny_flux2_folder
 from tests.kits.flux2.tiny_files import single_files
 
-VARIANTS = ("klein-base", "klein")
+VARIANTS = ("klein-base", "klein", "dev")
 
 
 def _reference_transformer(original, config):
@@ -61,6 +61,9 @@ def _sample_cases(variant):
     prompt = dict(prompt="a red cube on a table", seed=11, steps=3, width=80)
     if variant == "klein":
         return (SampleCase(prompt=prompt, call={"guidance_scale": 1.0}),)
+    if variant == "dev":  # the scale is the guidance embedding's input, not CFG
+        return (SampleCase(prompt=prompt, call={"guidance_scale": 4.0},
+                           differs=({"guidance_scale": 1.0},)),)  # fmt: skip
     return (
         SampleCase(prompt=prompt, call={"guidance_scale": 4.0},
                    differs=({"guidance_scale": 1.0},)),
@@ -95,10 +98,12 @@ def reference_loss(pipe, batch, seed, case) -> torch.Tensor:
     noisy = (1 - s) * x0 + s * d.noise
     embeds, text_ids = pipe.encode_prompt(batch["captions"])
     ids = pipe._prepare_latent_ids(noisy)
+    # dev's guidance input: the family's default 4 (the pipeline's default scale)
+    guidance = torch.full((len(sigma),), 4.0) if pipe.transformer.config.guidance_embeds else None
     out = pipe.transformer(hidden_states=pipe._pack_latents(noisy), timestep=sigma * 1000 / 1000,
-                           guidance=None, encoder_hidden_states=embeds, txt_ids=text_ids,
+                           guidance=guidance, encoder_hidden_states=embeds, txt_ids=text_ids,
                            img_ids=ids, return_dict=False)[0]  # fmt: skip
-    prediction = pipe._unpack_latents_with_ids(out, ids, h, w)
+    prediction = pipe._unpack_latents_with_ids(out, ids)  # ids span the whole image
     per_sample = ((prediction - (d.noise - x0)) ** 2).mean(dim=(1, 2, 3))
     return (per_sample * batch["loss_weights"]).mean()
 
@@ -119,10 +124,12 @@ _LORA = DistributedMode(
 
 KIT = ConformanceKit(
     variants=VARIANTS,
-    build=lambda variant, seed: build_tiny_flux2_components(seed),
+    build=lambda variant, seed: build_tiny_flux2_components(seed, variant == "dev"),
     write_folder=write_tiny_flux2_folder,
-    pipeline=lambda variant: "Flux2KleinPipeline",
-    family=lambda variant, modules: flux2_family("klein", "custom", variant == "klein"),
+    pipeline=lambda variant: "Flux2Pipeline" if variant == "dev" else "Flux2KleinPipeline",
+    family=lambda variant, modules: flux2_family(
+        "dev" if variant == "dev" else "klein", "custom", variant == "klein"
+    ),
     denoiser_inputs=_inputs,
     denoiser_names=NameTable(
         to_original=lambda state, config: names.to_original(state),

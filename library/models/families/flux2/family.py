@@ -6,8 +6,9 @@ Flux2Transformer2DModel):
 - latents: codec.py's 128 normalised channels at 1/16 of the image; each latent pixel is one
   token (channels last), with position ids (T, H, W, L) = (0, row, column, 0);
 - text: the text encoder's hidden states of three layers joined per token for the caption as a
-  chat turn, padded to 512 tokens (klein: Qwen3, layers 9, 18, 27, thinking off); all 512
-  tokens are attended, at position ids (0, 0, 0, k);
+  chat turn, padded to 512 tokens (klein: Qwen3, layers 9, 18, 27, thinking off; dev: Mistral 3,
+  layers 10, 20, 30, after FLUX.2's system message); all 512 tokens are attended, at position
+  ids (0, 0, 0, k);
 - timestep: sigma (objective.py); dev also takes the distilled guidance value, klein none;
 - LoRA files: kohya's names of the original model (lora_keys.py); the text encoder never
   trains, as in musubi-tuner and ai-toolkit.
@@ -33,7 +34,7 @@ from library.models.families.flux2.objective import flux2_flow_options
 from library.models.families.flux2.sampling import flux2_pipeline_kind
 from library.models.families.flux2.spec import MAX_TOKENS, TEXT_LAYERS
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
-from library.models.text_encoders import qwen3
+from library.models.text_encoders import hidden_states, mistral3, qwen3
 from library.saving.streamed import block_groups, save_streamed
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,10 @@ class Flux2Family(TransformerFamily):
     guidance_scale: float = 4.0  # dev's distilled guidance input
 
     def describe(self) -> str:
-        kind = "distilled" if self.distilled else "base"
-        text = f"FLUX.2 [{self.model}] {self.size.upper()} {kind}"
         if self.model == "dev":
-            text += f" (guidance {self.guidance_scale:g})"
+            return f"FLUX.2 [dev] (guidance {self.guidance_scale:g})"
+        kind = "distilled" if self.distilled else "base"
+        text = f"FLUX.2 [klein] {self.size.upper()} {kind}"
         return text + (f"; {DISTILLED_NOTE}" if self.distilled and self.model == "klein" else "")
 
     @property
@@ -81,9 +82,12 @@ class Flux2Family(TransformerFamily):
         self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
     ) -> TextConditioning:
         (tokenizer,), (encoder,) = tokenizers, text_encoders
-        ids, mask = qwen3.tokenize(tokenizer, list(captions), MAX_TOKENS, thinking=False)
+        if self.model == "dev":  # Mistral 3, FLUX.2's system message first
+            ids, mask = mistral3.tokenize(tokenizer, list(captions), MAX_TOKENS)
+        else:  # Qwen3, thinking off
+            ids, mask = qwen3.tokenize(tokenizer, list(captions), MAX_TOKENS, thinking=False)
         return TextConditioning(
-            qwen3.layer_states(encoder, ids, mask, self.text_layers), None, None
+            hidden_states.layer_states(encoder, ids, mask, self.text_layers), None, None
         )
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:

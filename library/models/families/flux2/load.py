@@ -104,6 +104,7 @@ def _tokenizer(folder: CheckedFolder):
 
     where = folder.model.tokenizer_path or str(folder.model_dir / "tokenizer")
     try:
+        # dev's tokenizer/ is a Pixtral processor: its tokenizer holds the same chat template
         return AutoTokenizer.from_pretrained(where, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelError(
