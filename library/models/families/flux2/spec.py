@@ -50,6 +50,18 @@ _QWEN3 = dict(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=
 TEXT_ENCODERS = {
     "klein-4b": dict(_QWEN3, hidden_size=2560, intermediate_size=9728, tie_word_embeddings=True),
     "klein-9b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False),
+    # Mistral Small 3.1 24B (Mistral3ForConditionalGeneration: its language model and the
+    # Pixtral vision tower, which FLUX.2 leaves unused)
+    "dev": dict(
+        text_config=dict(model_type="mistral", hidden_size=5120, intermediate_size=32768,
+                         num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128, vocab_size=131072, rope_theta=1e9,
+                         max_position_embeddings=131072),
+        vision_config=dict(model_type="pixtral", hidden_size=1024, intermediate_size=4096,
+                           num_hidden_layers=24, num_attention_heads=16, head_dim=64,
+                           image_size=1540, patch_size=14),
+        spatial_merge_size=2,
+    ),  # fmt: skip
 }
 # The released schedulers: sigmas shifted by exp(mu), mu from the image's token count and the
 # step count (the pipelines' compute_empirical_mu).
