@@ -43,9 +43,10 @@ def parts():
 
 def test_layer_states_are_flux2_devs_prompt_embeds(parts):
     from diffusers import Flux2Pipeline
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
 
     tokenizer, encoder = parts
-    ids, mask = mistral3.tokenize(tokenizer, CAPTIONS, 300)
+    ids, mask = mistral3.tokenize(tokenizer, CAPTIONS, 300, SYSTEM_MESSAGE)
     with torch.no_grad():
         ours = hidden_states.layer_states(encoder, ids, mask, (10, 20, 30))
         want = Flux2Pipeline._get_mistral_3_small_prompt_embeds(
