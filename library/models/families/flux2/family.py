@@ -83,7 +83,9 @@ class Flux2Family(TransformerFamily):
     ) -> TextConditioning:
         (tokenizer,), (encoder,) = tokenizers, text_encoders
         if self.model == "dev":  # Mistral 3, FLUX.2's system message first
-            ids, mask = mistral3.tokenize(tokenizer, list(captions), MAX_TOKENS)
+            from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+
+            ids, mask = mistral3.tokenize(tokenizer, list(captions), MAX_TOKENS, SYSTEM_MESSAGE)
         else:  # Qwen3, thinking off
             ids, mask = qwen3.tokenize(tokenizer, list(captions), MAX_TOKENS, thinking=False)
         return TextConditioning(
