@@ -26,6 +26,7 @@ import torch
 from library.errors import ConfigError
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.base import ModelFamily
 from library.models.families.flux2 import names
 from library.models.families.flux2.codec import Flux2LatentCodec
 from library.models.families.flux2.files import DISTILLED_KEY
@@ -157,6 +158,16 @@ class Flux2Family(TransformerFamily):
         keys = {f"ss_{k}": getattr(o, k) for k in ("timestep_sampling", "sigmoid_scale",
                 "discrete_flow_shift", "weighting_scheme", "model_prediction_type")}  # fmt: skip
         return {**keys, "ss_guidance_scale": self.guidance_scale} if self.model == "dev" else keys
+
+    def check_training(self, config):
+        """FLUX.1's and SD3's checks without their note on kohya's split_qkv, an argument FLUX.2
+        does not read (q, k and v train apart here; docs/flux2.md says how that differs from
+        musubi-tuner's one adapter on the fused qkv)."""
+        ModelFamily.check_training(self, config)
+        if config.network.network_module == "lycoris.kohya":
+            self._check_lycoris(config)
+        elif config.network.conv_dim is not None:
+            raise ConfigError("conv_dim: FLUX.2's transformer has no convolutions; remove it")
 
     def check_options(self, model, flow):
         super().check_options(model, flow)

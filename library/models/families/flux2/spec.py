@@ -53,13 +53,28 @@ TEXT_ENCODERS = {
     # Mistral Small 3.1 24B (Mistral3ForConditionalGeneration: its language model and the
     # Pixtral vision tower, which FLUX.2 leaves unused)
     "dev": dict(
-        text_config=dict(model_type="mistral", hidden_size=5120, intermediate_size=32768,
-                         num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8,
-                         head_dim=128, vocab_size=131072, rope_theta=1e9,
-                         max_position_embeddings=131072),
-        vision_config=dict(model_type="pixtral", hidden_size=1024, intermediate_size=4096,
-                           num_hidden_layers=24, num_attention_heads=16, head_dim=64,
-                           image_size=1540, patch_size=14),
+        text_config=dict(
+            model_type="mistral",
+            hidden_size=5120,
+            intermediate_size=32768,
+            num_hidden_layers=40,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=131072,
+            rope_theta=1e9,
+            max_position_embeddings=131072,
+        ),
+        vision_config=dict(
+            model_type="pixtral",
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            head_dim=64,
+            image_size=1540,
+            patch_size=14,
+        ),
         spatial_merge_size=2,
     ),  # fmt: skip
 }
