@@ -35,10 +35,8 @@ from library.models.loader import load_weights, offline
 
 FAMILY = "FLUX.2"
 DISTILLED_KEY = "difftune.flux2.distilled"
-TEXT = "model."
-_TIME = (
-    "time_guidance_embed.timestep_embedder"  # transformers' Qwen3ForCausalLM names its decoder so
-)
+TEXT = "model."  # transformers' Qwen3ForCausalLM names its decoder so
+_TIME = "time_guidance_embed.timestep_embedder"
 
 
 def load_flux2_files(
@@ -123,7 +121,7 @@ def plan_transformer(file):
 
     return plan_part(
         "transformer", what, file, keys, lambda state: names.to_diffusers(state, prefix),
-        _build("diffusers", "Flux2Transformer2DModel"), from_shapes,
+        _build_transformer, from_shapes,
         lambda exc: ModelError(f"{file.path}: not a whole FLUX.2 transformer ({exc})"),
         label="FLUX.2 transformer", group=_block,
     )  # fmt: skip
@@ -168,21 +166,20 @@ def plan_text_encoder(file):
                 "intermediate_size": shapes[TEXT + "layers.0.mlp.up_proj.weight"][0]}  # fmt: skip
 
     return plan_part(
-        "text_encoder", what, file, keys, convert, _build("transformers", "Qwen3ForCausalLM"),
+        "text_encoder", what, file, keys, convert, _build_qwen3,
         from_shapes, lambda exc: ModelError(f"text_encoder = {file.path}: not a whole Qwen3 ({exc})"),
         fixed={"tie_word_embeddings": True} if tied else None, label="Qwen3 text encoder",
         tied=tied,
     )  # fmt: skip
 
 
-def _build(library: str, name: str):
-    def build(config: dict) -> torch.nn.Module:
-        if library == "diffusers":
-            import diffusers
+def _build_transformer(config: dict) -> torch.nn.Module:
+    from diffusers import Flux2Transformer2DModel
 
-            return getattr(diffusers, name).from_config(config)
-        from transformers import Qwen3Config, Qwen3ForCausalLM
+    return Flux2Transformer2DModel.from_config(config)
 
-        return Qwen3ForCausalLM(Qwen3Config(**config))
 
-    return build
+def _build_qwen3(config: dict) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(**config))
