@@ -41,7 +41,9 @@ def test_a_file_without_header_is_sized_by_its_shapes_and_named_base_or_distille
     )
     config = dict(parts.denoiser.config)
     for key, value in transformer_config().items():
-        assert tuple(config[key]) == value if isinstance(value, tuple) else config[key] == value, key
+        assert tuple(config[key]) == value if isinstance(value, tuple) else config[key] == value, (
+            key
+        )
     assert parts.family.distilled is distilled
     assert parts.text_encoders[0].config.hidden_size == text_encoder_config()["hidden_size"]
 
@@ -56,3 +58,11 @@ def test_a_text_encoder_of_another_width_is_refused_by_name(tmp_path):
                          tokenizer_path=str(files["tokenizer"]), vae=str(files["vae"]))  # fmt: skip
     with pytest.raises(ModelError, match="text_encoder = .*qwen_other.*set text_encoder"):
         load_components(model, torch.float32, FlowSection(text_encoder=str(other)))
+    # the same file replacing a folder's text_encoder/, refused before any weight is read
+    from tests.kits.flux2.tiny import write_tiny_flux2_folder
+
+    folder = ModelSection(
+        pretrained_model_name_or_path=str(write_tiny_flux2_folder(tmp_path / "d"))
+    )
+    with pytest.raises(ModelError, match="text_encoder = .*qwen_other.*set text_encoder"):
+        load_components(folder, torch.float32, FlowSection(text_encoder=str(other)))

@@ -52,13 +52,10 @@ def load_flux2_files(
         family_component_file(flow.text_encoder, "text_encoder", "[flow]",
                               "the Qwen3 text encoder (qwen_3_4b.safetensors)", FAMILY)
     )  # fmt: skip
-    width = 3 * text.config["hidden_size"]
-    if width != transformer.config["joint_attention_dim"]:
-        raise ModelError(
-            f"text_encoder = {text.file.path} gives {width}-wide states and {path.name} takes "
-            f"{transformer.config['joint_attention_dim']}: set text_encoder to the Qwen3 of "
-            "this klein (qwen_3_4b for 4B, qwen_3_8b for 9B)"
-        )
+    check_text_width(
+        3 * text.config["hidden_size"], transformer.config["joint_attention_dim"],
+        f"text_encoder = {text.file.path}",
+    )  # fmt: skip
     tokenizer = load_local_tokenizer(
         model.tokenizer_path, text.config["vocab_size"], path, "Qwen3",
         "a FLUX.2 [klein] diffusers folder's tokenizer/, or Qwen/Qwen3-4B's",
@@ -67,6 +64,16 @@ def load_flux2_files(
         vae = load_vae_folder(model.vae, vae_dtype)
         modules = load_plan(transformer, weight_dtype), load_plan(text, weight_dtype)
     return modules[0], vae, modules[1], tokenizer, distilled_file(file)
+
+
+def check_text_width(width: int, takes: int, source: str) -> None:
+    """ModelError naming ``source`` when its states (``width``) are not the transformer's text
+    input (``takes``)."""
+    if width != takes:
+        raise ModelError(
+            f"{source} gives {width}-wide states and the transformer takes {takes}: set "
+            "text_encoder to this model's (klein 4B: qwen_3_4b, 9B: qwen_3_8b)"
+        )
 
 
 def distilled_file(file) -> bool:

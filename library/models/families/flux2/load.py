@@ -91,7 +91,13 @@ def load_flux2(
 
 
 def _inspect(folder: CheckedFolder) -> tuple[dict, bool]:
-    """(the sampling scheduler's config, whether model_index.json says the model is distilled)."""
+    """(the sampling scheduler's config, whether model_index.json says the model is distilled);
+    ModelError when the text encoder's three states do not make the transformer's text width."""
+    text = folder.part_config("text_encoder")
+    width = 3 * text.get("text_config", text)["hidden_size"]
+    files.check_text_width(
+        width, folder.config["joint_attention_dim"], folder.part_source("text_encoder")
+    )
     scheduler = read_json(folder.model_dir / "scheduler" / "scheduler_config.json")
     scheduler = {k: v for k, v in scheduler.items() if not k.startswith("_")}
     index = read_json(folder.model_dir / "model_index.json")
