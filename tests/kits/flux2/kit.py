@@ -9,6 +9,7 @@ encoding, patchify, pack, position ids and BatchNorm statistics).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -64,11 +65,38 @@ def _sample_cases(variant):
     if variant == "dev":  # the scale is the guidance embedding's input, not CFG
         return (SampleCase(prompt=prompt, call={"guidance_scale": 4.0},
                            differs=({"guidance_scale": 1.0},)),)  # fmt: skip
+    reference = _reference_image()
     return (
         SampleCase(prompt=prompt, call={"guidance_scale": 4.0},
                    differs=({"guidance_scale": 1.0},)),
         SampleCase(prompt={**prompt, "scale": 1.0}, call={"guidance_scale": 1.0}),
+        # an edit: the reference goes to the pipeline as its image, which it encodes itself
+        SampleCase(prompt={**prompt, "scale": 1.0, "references": (reference,)},
+                   call={"guidance_scale": 1.0, "image": [_opened(reference)]},
+                   differs=({"guidance_scale": 1.0, "image": None},)),
     )  # fmt: skip
+
+
+def _reference_image():
+    """A 96 x 64 reference image, written once per process."""
+    import tempfile
+    from pathlib import Path
+
+    from PIL import Image
+
+    path = Path(tempfile.gettempdir()) / f"flux2-kit-{os.getpid()}" / "reference.png"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pixels = torch.rand(64, 96, 3, generator=torch.Generator().manual_seed(3)) * 255
+        Image.fromarray(pixels.to(torch.uint8).numpy()).save(path)
+    return path
+
+
+def _opened(path):
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.convert("RGB")
 
 
 def reference_loss(pipe, batch, seed, case) -> torch.Tensor:
@@ -122,6 +150,9 @@ _LORA = DistributedMode(
     resume=True,
 )
 
+# The same with a reference image per sample (the image mirrored at another size), at T = 10.
+_EDIT = DistributedMode(name="flux2-edit", keys=_LORA.keys, only=_LORA.only, references=True)
+
 KIT = ConformanceKit(
     variants=VARIANTS,
     build=lambda variant, seed: build_tiny_flux2_components(seed, variant == "dev"),
@@ -143,7 +174,7 @@ KIT = ConformanceKit(
         LossCase(flow={"timestep_sampling": "shift", "discrete_flow_shift": 2.0}),
     ),
     loss_reference=reference_loss,
-    distributed=(_LORA, _LORA.sharding("flux2-fsdp")),
+    distributed=(_LORA, _LORA.sharding("flux2-fsdp"), _EDIT),
     skips={
         "vae_names": "the FLUX.2 VAE file is read in diffusers' names",
     },

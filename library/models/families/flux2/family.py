@@ -26,14 +26,14 @@ import torch
 from library.errors import ConfigError
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.base import ModelFamily
+from library.models.families.base import REFERENCE_LATENTS_KEY, ModelFamily
 from library.models.families.flux2 import names
 from library.models.families.flux2.codec import Flux2LatentCodec
 from library.models.families.flux2.files import DISTILLED_KEY
 from library.models.families.flux2.lora_keys import file_modules
 from library.models.families.flux2.objective import flux2_flow_options
-from library.models.families.flux2.sampling import flux2_pipeline_kind
-from library.models.families.flux2.spec import MAX_TOKENS, TEXT_LAYERS
+from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
+from library.models.families.flux2.spec import MAX_TOKENS, REFERENCE_T_STEP, TEXT_LAYERS
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
 from library.models.text_encoders import hidden_states, mistral3, qwen3
 from library.saving.streamed import block_groups, save_streamed
@@ -60,6 +60,10 @@ class Flux2Family(TransformerFamily):
     DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = (
         "no text-encoder adapters, as musubi-tuner and ai-toolkit"
     )
+
+    # FLUX.2 edits from any number of reference images (the pipelines' ``image`` list), none
+    # for text to image
+    REFERENCE_IMAGES: ClassVar[tuple[int, int | None]] = (0, None)
 
     model: str = "klein"
     size: str = "4b"
@@ -95,7 +99,9 @@ class Flux2Family(TransformerFamily):
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
         hidden = text.hidden.to(device)
-        return Conditioning(hidden if dtype is None else hidden.to(dtype), {})
+        references = (batch or {}).get(REFERENCE_LATENTS_KEY)
+        kwargs = {REFERENCES: [r.to(device, dtype) for r in references]} if references else {}
+        return Conditioning(hidden if dtype is None else hidden.to(dtype), kwargs)
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         """The velocity [B, 128, h, w] of noisy latents at sigma ``timesteps``."""
@@ -104,11 +110,20 @@ class Flux2Family(TransformerFamily):
         guidance = None
         if self.model == "dev":
             guidance = torch.full((b,), self.guidance_scale, device=noisy.device, dtype=noisy.dtype)
+        tokens, ids = (
+            [noisy.flatten(2).transpose(1, 2)],
+            [position_ids(0, h, w, 1, b, noisy.device)],
+        )
+        # reference k's tokens follow the image's, at T = 10 (k + 1) (_prepare_image_ids)
+        for k, ref in enumerate(cond.unet_kwargs.get(REFERENCES, ())):
+            tokens.append(ref.to(noisy.dtype).flatten(2).transpose(1, 2))
+            t = REFERENCE_T_STEP * (k + 1)
+            ids.append(position_ids(t, *ref.shape[-2:], 1, b, noisy.device))
         out = denoiser(
-            hidden_states=noisy.flatten(2).transpose(1, 2),
+            hidden_states=torch.cat(tokens, dim=1),
             encoder_hidden_states=text,
             timestep=timesteps.to(noisy.dtype),
-            img_ids=position_ids(0, h, w, 1, b, noisy.device),
+            img_ids=torch.cat(ids, dim=1),
             txt_ids=position_ids(0, 1, 1, text.shape[1], b, noisy.device),
             guidance=guidance,
             return_dict=False,
