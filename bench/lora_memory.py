@@ -32,9 +32,11 @@ swap (the setup refuses ``blocks_to_swap`` for SD 1.5 and SDXL), so their tables
 rows, and its float8 and quantized storage covers its Linear layers only (its convolutions stay
 in bf16).
 
-Columns: the estimate's parts. The peak is the weights plus the larger of the step (adapters +
-optimizer + activations) and the VAE's encoding (what encoding the images holds above the
-weights: while the latent cache is built, with the VAE back on the device).
+Columns: the estimate's parts; "text encoders caching": the text encoders alone on the device while
+they fill the text cache, where they leave it afterwards (0: they stay beside the denoiser and
+count among the weights). The peak is the larger of that moment and the weights plus the larger of
+the step (adapters + optimizer + activations) and the VAE's encoding (what encoding the images
+holds above the weights: while the latent cache is built, with the VAE back on the device).
 """
 
 from __future__ import annotations
@@ -251,6 +253,46 @@ def chroma_components(config, folder: Path) -> Components:
     return _frozen(config, transformer, vae, (t5,), (tokenizer,), objective, family)
 
 
+def flux2_components(model: str):
+    """FLUX.2 ``model`` ("klein-4b", "klein-9b": base; "dev") at full size on the meta device,
+    frozen, in the config's weight dtype."""
+
+    def build(config, folder: Path) -> Components:
+        from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+        from transformers import (
+            Mistral3Config,
+            Mistral3ForConditionalGeneration,
+            Qwen3Config,
+            Qwen3ForCausalLM,
+        )
+
+        from library.models.families.flux2 import spec
+        from library.models.families.flux2.family import flux2_family
+        from library.models.families.flux2.objective import (
+            Flux2FlowObjective,
+            flux2_flow_options,
+        )
+
+        with torch.device("meta"):
+            transformer = Flux2Transformer2DModel(**spec.COMMON, **spec.RELEASED[model])
+            vae = AutoencoderKLFlux2()  # the released VAE's config is the class default
+            if model == "dev":
+                text = Mistral3ForConditionalGeneration(Mistral3Config(**spec.TEXT_ENCODERS[model]))
+            else:
+                text = Qwen3ForCausalLM(Qwen3Config(**spec.TEXT_ENCODERS[model]))
+        tokenizer = _tokenizer(ASSETS / "qwen3_tokenizer")
+        if model == "dev":  # the tiny tokenizer with a chat template of Mistral's shape
+            from tests.kits.flux2.tiny import MISTRAL_TEMPLATE
+
+            tokenizer.chat_template = MISTRAL_TEMPLATE
+        objective = Flux2FlowObjective(flux2_flow_options(config.flow), spec.SCHEDULER_CONFIG)
+        name, _, size = model.partition("-")
+        family = flux2_family(name, size or "32b", False)
+        return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, family)
+
+    return build
+
+
 def _frozen(config, denoiser, vae, texts, tokenizers, objective, family) -> Components:
     dtype = WEIGHT_DTYPES[config.training.mixed_precision]
     for module in (denoiser, *texts):
@@ -296,6 +338,12 @@ FAMILIES = {
     "flux": Bench("FLUX.1 [dev]", _preset("flux_lora.toml"), flux_components, (18, 30)),
     "sd35-large": Bench("SD3.5 Large", _preset("sd35_large_lora.toml"), sd35_large_components,
                         (18, 30)),
+    "flux2-klein-4b": Bench("FLUX.2 [klein] base 4B", _preset("flux2_klein_lora.toml"),
+                            flux2_components("klein-4b"), (8, 16)),
+    "flux2-klein-9b": Bench("FLUX.2 [klein] base 9B", _preset("flux2_klein_lora.toml"),
+                            flux2_components("klein-9b"), (8, 16)),
+    "flux2-dev": Bench("FLUX.2 [dev]", _preset("flux2_dev_lora.toml"), flux2_components("dev"),
+                       (24, 40)),
     "zimage": Bench("Z-Image Turbo", _preset("zimage_lora.toml"), zimage_components, (10, 20)),
     "chroma": Bench("Chroma", _preset("chroma_lora.toml"), chroma_components, (10, 18, 30)),
     "qwenimage": Bench("Qwen-Image", _preset("qwenimage_lora.toml"), qwenimage_components,
@@ -382,13 +430,13 @@ def main() -> None:
             print(f"\n{bench.label} LoRA ({bench.preset.relative_to(REPO)}), {side} x {side}, "
                   "batch 1; GiB")  # fmt: skip
             print("| options | weights | adapters + optimizer | activations | VAE encoding "
-                  "| peak |")  # fmt: skip
-            print("|---|---|---|---|---|---|")
+                  "| text encoders caching | peak |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|")
             for text, training in rows(list(swaps)):
                 config = preset_with(bench.preset, folder, side, **training)
                 found = estimate(config, bench.build, folder, side)
                 cells = (found.weights, found.trained_state, found.activations, found.encoding,
-                         found.tensors)  # fmt: skip
+                         found.text_caching, found.tensors)  # fmt: skip
                 print(f"| {text} | " + " | ".join(f"{c / GIB:.1f}" for c in cells) + " |")
 
 

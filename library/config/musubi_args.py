@@ -132,11 +132,12 @@ _LYCORIS_MODULES = {
 
 UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
     "timestep_sampling": {
+        "flux2_shift": "musubi-tuner's FLUX.2 shift, which flux_shift is on a FLUX.2 model "
+        "(difftune counts each model's own image tokens); write flux_shift",
         **{
             name: f"{label}; use qwen_shift or flux_shift (the two resolution-dependent "
             "shifts) or shift with discrete_flow_shift"
             for name, label in {
-                "flux2_shift": "FLUX.2's shift (musubi-tuner)",
                 "krea2_shift": "Krea 2's shift (musubi-tuner)",
                 "ideogram4_shift": "Ideogram 4's shift (musubi-tuner)",
                 "qinglong_flux": "musubi-tuner's mix of flux_shift and two logSNR draws",
@@ -153,7 +154,6 @@ UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
                 "wan": "Wan (not supported yet)",
                 "framepack": "FramePack",
                 "hv_1_5": "HunyuanVideo 1.5",
-                "flux_2": "FLUX.2",
                 "kandinsky": "Kandinsky 5",
                 "hidream_o1": "HiDream-O1",
                 "ideogram4": "Ideogram 4",

@@ -72,11 +72,10 @@ def version_line(metadata: Mapping[str, str] | None) -> str | None:
     tuner's values: "sd_v1", "sdxl_base_v1-0", "flux1", "chroma", "qwen_image", ...); None when
     it names none."""
     version = (metadata or {}).get("ss_base_model_version", "").lower()
-    for entry in claim_order():
-        for mark, line in entry.tool.version_marks:
-            if version.startswith(mark):
-                return line
-    return None
+    marks = [mark for entry in claim_order() for mark in entry.tool.version_marks]
+    # the longest mark that fits: "flux2_klein" is FLUX.2's ("flux2"), not FLUX.1's ("flux")
+    fits = [(mark, line) for mark, line in marks if version.startswith(mark)]
+    return max(fits, key=lambda fit: len(fit[0]))[1] if fits else None
 
 
 def check_made_for(family, metadata: Mapping[str, str] | None, source: str) -> None:

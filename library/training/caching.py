@@ -198,3 +198,22 @@ def build_text_cache(
         )  # reads the others' files
     accelerator.print(f"text-encoder cache: {len(set(captions))} captions, {encoded} encoded here")
     return cache
+
+
+def build_text_cache_alone(
+    config: Config,
+    data: TrainData,
+    components: Components,
+    weight_dtype,
+    accelerator,
+    group: CacheGroup,
+) -> TextEncoderCache | None:
+    """``build_text_cache`` with the text encoders brought to the device for it and moved back
+    to host memory after (memory_estimate.text_encoders_leave_device: nothing else needs them)."""
+    for encoder in components.text_encoders:
+        encoder.to(accelerator.device)
+    try:
+        return build_text_cache(config, data, components, weight_dtype, accelerator, group)
+    finally:
+        for encoder in components.text_encoders:
+            encoder.to("cpu")

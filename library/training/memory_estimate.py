@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 
 from library.config.schema import Config
+from library.data.captions import CaptionOptions
 from library.data.plan import DataStats
 from library.errors import ConfigError
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
@@ -114,6 +115,9 @@ class MemoryEstimate:
     update: int = 0  # what the optimizer's update allocates for a moment
     encoding: int = 0  # above ``weights`` while the VAE encodes images (caching, or each step)
     process: int = 0  # the process's own memory beyond its tensors (process_memory.py)
+    # the text encoders alone on the device while they fill the text cache, before anything
+    # else comes (text_encoders_leave_device); 0 when they stay with the other weights
+    text_caching: int = 0
 
     @property
     def step(self) -> int:
@@ -124,7 +128,7 @@ class MemoryEstimate:
     @property
     def tensors(self) -> int:
         """The most tensor memory alive at once."""
-        return self.weights + max(self.step, self.encoding)
+        return max(self.weights + max(self.step, self.encoding), self.text_caching)
 
     @property
     def total(self) -> int:
@@ -170,6 +174,30 @@ def host_bytes(module: torch.nn.Module) -> int:
     return sum(m.host_bytes() for m in module.modules() if isinstance(m, HostLinear))
 
 
+def text_encoders_leave_device(
+    config: Config, parts: TrainedParts, draws_samples: bool, device_type: str = "cuda"
+) -> bool:
+    """The frozen text encoders are needed only to fill the text cache, so the trainer fills it
+    before the denoiser comes to the device and then moves them off: their outputs are cached,
+    none trains, every caption is fixed before training (no caption option varies it), the
+    family reads no reference images with its text, and no sample image is drawn (its prompts
+    would be encoded). On the CPU, host memory is the device's, so they stay."""
+    family = parts.components.family
+    fixed = all(
+        not CaptionOptions.from_subset(subset).is_random
+        for dataset in config.datasets
+        for subset in dataset.subsets
+    )
+    return (
+        device_type != "cpu"
+        and config.data.text_cached
+        and not parts.train_text_encoder
+        and fixed
+        and not family.TEXT_READS_REFERENCES
+        and not draws_samples
+    )
+
+
 def vae_stays_on_device(config: Config, draws_samples: bool, device_type: str = "cuda") -> bool:
     """The trainer moves the VAE off the device when every latent is cached and no sample
     image is decoded; on the CPU, host memory is the device's, so it stays."""
@@ -207,7 +235,8 @@ def weight_bytes(
     float32 weights in the mixed-precision dtype (kept for backward). On the CPU the weights
     block swap keeps in host memory are on the device too."""
     comps = parts.components
-    modules = [*comps.text_encoders]
+    leave = text_encoders_leave_device(config, parts, draws_samples, device_type)
+    modules = [] if leave else [*comps.text_encoders]
     if vae_stays_on_device(config, draws_samples, device_type):
         modules.append(comps.vae)
     total = sum(module_bytes(m) for m in modules)
@@ -486,7 +515,18 @@ def estimate_peak_memory(
         update=update,
         encoding=encoding,
         process=process_bytes(device_type, transient),
+        text_caching=_text_caching(config, parts, draws_samples, device_type),
     )
+
+
+def _text_caching(
+    config: Config, parts: TrainedParts, draws_samples: bool, device_type: str
+) -> int:
+    """The text encoders' weights while they fill the cache alone (their forward keeps no
+    activations: nothing trains); 0 when they stay beside the denoiser."""
+    if not text_encoders_leave_device(config, parts, draws_samples, device_type):
+        return 0
+    return sum(module_bytes(m) for m in parts.components.text_encoders)
 
 
 # --- the device and the check ------------------------------------------------------------------

@@ -34,6 +34,7 @@ from library.training.base_weights import non_finite_model_weights
 from library.training.caching import (
     build_latent_cache,
     build_text_cache,
+    build_text_cache_alone,
     cache_group,
     check_bucket_steps,
 )
@@ -41,7 +42,11 @@ from library.training.ema import WeightAverage
 from library.training.family_defaults import for_family
 from library.training.image_sizes import check_image_sizes
 from library.training.loss import LossOptions
-from library.training.memory_estimate import MemoryCheck, check_peak_memory
+from library.training.memory_estimate import (
+    MemoryCheck,
+    check_peak_memory,
+    text_encoders_leave_device,
+)
 from library.training.noise import NoiseOptions
 from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
@@ -221,15 +226,27 @@ class Trainer:
         acc.print(memory.line)
         if self.summary is not None:
             self.summary.memory_estimate = memory.report()
+        group = cache_group(config, acc)
+        # Text encoders needed only for the text cache fill it alone on the device, then leave
+        # it, before the denoiser comes (a 24B encoder and the transformer need not fit at once).
+        self._text_leaves = text_encoders_leave_device(
+            config, parts, bool(self.sampler.prompts), acc.device.type
+        )
+        if self._text_leaves:
+            text_cache = build_text_cache_alone(
+                config, self.data, parts.components, weight_dtype, acc, group
+            )
         trained = self._prepare(parts)  # before the optimizer: FSDP replaces the parameters
         optimizer = build_optimizer(config.optimizer, parts.param_groups)
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)
         optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
-        group = cache_group(config, acc)
         latents = build_latent_cache(config, self.data, parts.components, acc, group)
         layout = family.latent_codec(parts.components.vae).layout
         source = SampleSource(latents, plan.total_steps, layout, family.TEXT_READS_REFERENCES)
-        text_cache = build_text_cache(config, self.data, parts.components, weight_dtype, acc, group)
+        if not self._text_leaves:
+            text_cache = build_text_cache(
+                config, self.data, parts.components, weight_dtype, acc, group
+            )
         if source.latents is not None and not self.sampler.prompts:
             parts.components.vae.to("cpu")  # every latent is cached and nothing is decoded: free its memory
         ema = WeightAverage(parts.parameters(), config.training.ema_decay) if config.training.ema_decay else None
@@ -435,7 +452,8 @@ class Trainer:
         """Move every model to the device; wrap only the trained ones (DDP under several
         processes); with fsdp, shard the denoiser instead (trained or not)."""
         acc, comps = self.accelerator, parts.components
-        for module in (comps.denoiser, comps.vae, *comps.text_encoders):
+        encoders = () if getattr(self, "_text_leaves", False) else comps.text_encoders
+        for module in (comps.denoiser, comps.vae, *encoders):
             module.to(acc.device)
         if self.sharded:
             shard_trained_denoiser(parts, self.config.training.fsdp, acc.device, acc.num_processes)

@@ -158,6 +158,7 @@ def test_dit_and_the_model_key_must_agree(write_toml):
         ("use_32bit_attention = true", 'mixed_precision = "no"'),
         ('timestep_sampling = "qinglong_qwen"', "use qwen_shift"),
         ('timestep_sampling = "logsnr"', "use qwen_shift"),
+        ('timestep_sampling = "flux2_shift"', "write flux_shift"),
         ('network_module = "networks.lora_wan"', "Wan (not supported yet)"),
         ('network_module = "networks.lokr"', '"lycoris.kohya" and network_args = ["algo=lokr"]'),
         ('save_precision = "fp32"', 'write "float"'),

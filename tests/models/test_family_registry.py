@@ -27,6 +27,8 @@ from library.models.families.family_choice import check_config_family, entry_for
 from library.models.families.family_entry import FamilyEntry, LoraFiles, ToolFacts
 from library.models.families.flux import family as flux
 from library.models.families.flux.entry import FLUX
+from library.models.families.flux2.entry import FLUX2
+from library.models.families.flux2.family import flux2_family
 from library.models.families.kontext.entry import KONTEXT
 from library.models.families.kontext.family import kontext_family
 from library.models.families.krea2.entry import KREA2
@@ -51,6 +53,9 @@ _INSTANCES = [
 ] + [zimage_family(variant, shift) for variant, shift in (("turbo", 3.0), ("base", 6.0))]
 _INSTANCES.append(chroma_family(FlowSection()))
 _INSTANCES.append(qwenimage_family())
+_INSTANCES += [
+    flux2_family(*m) for m in (("klein", "4b", False), ("klein", "9b", True), ("dev", "32b", False))
+]
 _INSTANCES.append(kontext_family(FlowSection()))
 _INSTANCES.append(qwenimage_edit_family())
 _INSTANCES.append(qwenimage_edit_family(plus=True))
@@ -100,6 +105,7 @@ def test_every_family_instance_agrees_with_its_entry():
         SD,
         FLUX,
         KONTEXT,
+        FLUX2,
         SD3,
         ZIMAGE,
         CHROMA,
@@ -116,6 +122,7 @@ def test_every_family_instance_agrees_with_its_entry():
         "sd3",
         "zimage",
         "chroma",
+        "flux2",
         "qwenimage",
         "qwenimage_edit",
         "qwenimage_edit_plus",
@@ -140,6 +147,7 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
     assert registry.network_modules() == (
         "networks.lora",
         "networks.lora_flux",
+        "networks.lora_flux_2",
         "networks.lora_sd3",
         "networks.lora_zimage",
         "networks.lora_qwen_image",
@@ -147,7 +155,7 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "lycoris.kohya",
     )
     lines = (
-        "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
+        "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, FLUX.2, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
         "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511 and Krea 2"
     )
     assert registry.trained_lines() == lines
@@ -191,8 +199,8 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
         assert entry_for(MODEL, FlowSection()) is FAKE
         assert registry.claim_order()[-1] is SD  # its claim is asked last
         lines = (
-            "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
-            "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511, Krea 2 or FAKE-1"
+            "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, FLUX.2, SD3/SD3.5, Z-Image, Chroma, "
+            "Qwen-Image, Qwen-Image-Edit, Qwen-Image-Edit-2509/2511, Krea 2 or FAKE-1"
         )
         assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()

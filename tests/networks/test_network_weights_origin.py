@@ -52,6 +52,13 @@ def test_every_familys_own_files_name_its_own_line(family_variant):
     assert version_line({"ss_base_model_version": family.base_model_version}) == model_line(family)
 
 
+def test_the_longest_version_mark_decides():
+    """FLUX.2's "flux2_klein" starts with FLUX.1's mark "flux" too: the longer "flux2" wins,
+    whatever the families' order."""
+    assert version_line({"ss_base_model_version": "flux2_klein"}) == "FLUX.2"
+    assert version_line({"ss_base_model_version": "flux1"}) == "FLUX.1"
+
+
 def test_a_chroma_lora_on_flux_is_refused_naming_chroma(flux_file):
     """kohya's Chroma LoRA: FLUX.1's names without the modulation modules (Chroma has none),
     ss_base_model_version "chroma". It fits a FLUX.1 model layer for layer, so only the header

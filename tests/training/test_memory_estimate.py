@@ -266,6 +266,42 @@ def test_weights_count_every_model_on_the_device(tiny_model_dir):
     assert weight_bytes(config, parts, draws_samples=True) == models + vae
 
 
+@pytest.mark.parametrize(
+    ("data", "subset", "network", "samples", "leave"),
+    [
+        ({"cache_text_encoder_outputs": True}, {}, {"network_train_unet_only": True}, False, True),
+        ({}, {}, {"network_train_unet_only": True}, False, False),  # encoded in every step
+        ({"cache_text_encoder_outputs": True}, {"shuffle_caption": True},
+         {"network_train_unet_only": True}, False, False),  # captions vary: encoded as met
+        ({"cache_text_encoder_outputs": True}, {}, {"network_train_unet_only": True}, True,
+         False),  # sample prompts are encoded
+    ],
+)  # fmt: skip
+def test_text_encoders_needed_only_for_the_cache_leave_the_device(
+    tiny_model_dir, data, subset, network, samples, leave
+):
+    config = Config(
+        model={"pretrained_model_name_or_path": str(tiny_model_dir)}, network=network,
+        optimizer={"learning_rate": 1e-4}, data=data,
+        datasets=[{"subsets": [{"image_dir": "unused", **subset}]}],
+    )  # fmt: skip
+    parts = _parts(config)
+    comps = parts.components
+    text = _bytes(_module_tensors(comps.text_encoder))
+    unet = _bytes(_module_tensors(comps.denoiser))
+    vae = _bytes(_module_tensors(comps.vae))
+    assert memory_estimate.text_encoders_leave_device(config, parts, samples) is leave
+    assert weight_bytes(config, parts, samples) == unet + vae + (0 if leave else text)
+    # on the CPU, host memory is the device's: they stay
+    assert not memory_estimate.text_encoders_leave_device(config, parts, samples, "cpu")
+    stats = SimpleNamespace(datasets=[SimpleNamespace(buckets=[], resolution=(64, 64),
+                                                      batch_size=1)])  # fmt: skip
+    found = memory_estimate.estimate_peak_memory(config, parts, stats, 1, samples, "cuda")
+    # while they fill the cache they are alone on the device
+    assert found.text_caching == (text if leave else 0)
+    assert found.tensors == max(found.weights + max(found.step, found.encoding), found.text_caching)
+
+
 def test_on_the_cpu_the_vae_and_swapped_blocks_count_as_the_devices_memory(tiny_model_dir):
     # moving the VAE "off the device" or a block "to host memory" moves nothing on the CPU
     config = _config(tiny_model_dir, data={"cache_latents": True})
@@ -550,3 +586,34 @@ def test_the_plan_prints_the_estimate(tmp_path, tiny_model_dir, images, capsys):
     assert lines[0].startswith("  memory: about ")
     assert " peak on cpu (weights " in lines[0] and "activations " in lines[0]
     assert "at 64x64 x 2, interpreter + allocator " in lines[0] and "); the device has " in lines[0]
+
+
+@pytest.mark.integration
+def test_text_encoders_that_leave_fill_the_cache_first_and_train_the_same(
+    tmp_path, tiny_model_dir, images, monkeypatch
+):
+    """A run whose text encoders leave the device (on a GPU: text_encoders_leave_device) fills
+    the text cache before the denoiser comes, with the encoders brought for it alone, and trains
+    what a run that keeps them writes."""
+    from tests.integration.harness import tensors
+
+    filled = []
+    real = trainer_module.build_text_cache_alone
+
+    def alone(*args):
+        filled.append(args[2].denoiser.training)  # before _prepare: not yet in train mode
+        return real(*args)
+
+    monkeypatch.setattr(trainer_module, "build_text_cache_alone", alone)
+    weights = {}
+    for leave in (False, True):
+        monkeypatch.setattr(trainer_module, "text_encoders_leave_device", lambda *a, v=leave: v)
+        out = tmp_path / str(leave)
+        config = write_config(tmp_path / f"{leave}.toml", tiny_model_dir, images, out,
+                              max_train_steps=2, network_train_unet_only=True,
+                              cache_text_encoder_outputs=True)  # fmt: skip
+        assert train(config) == 0
+        weights[leave] = tensors(out / "run.safetensors")
+    assert filled == [False]
+    assert weights[True].keys() == weights[False].keys()
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])

@@ -17,6 +17,7 @@ from library.config.section import Section
 from library.models.families.chroma.entry import CHROMA
 from library.models.families.family_entry import GENERIC_LORA_MODULE, FamilyEntry, LoadedFamily
 from library.models.families.flux.entry import FLUX
+from library.models.families.flux2.entry import FLUX2
 from library.models.families.kontext.entry import KONTEXT
 from library.models.families.krea2.entry import KREA2
 from library.models.families.qwenimage.entry import QWENIMAGE
@@ -29,6 +30,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     SD,
     FLUX,
     KONTEXT,
+    FLUX2,
     SD3,
     ZIMAGE,
     CHROMA,

@@ -128,7 +128,7 @@ def test_options_chroma_does_not_take_are_refused():
     family.check_options(model, FlowSection(apply_t5_attn_mask=True, t5xxl="t5.safetensors"))
     with pytest.raises(ConfigError, match="^clip_l applies to .*, not Chroma"):
         family.check_options(model, FlowSection(clip_l="clip_l.safetensors"))
-    with pytest.raises(ConfigError, match="^guidance_scale applies to Flux.1 and FLUX.1 Kontext models, not Chroma"):
+    with pytest.raises(ConfigError, match="^guidance_scale applies to Flux.1 and FLUX.1 Kontext and FLUX.2 models, not Chroma"):
         family.check_options(model, FlowSection(guidance_scale=1.0))
     config = SimpleNamespace(
         network=SimpleNamespace(train_mode="lora", network_module="networks.lora_flux",

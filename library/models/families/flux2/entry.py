@@ -1,0 +1,63 @@
+"""FLUX.2's entry in the family registry: what shared code asks of it before loading it.
+
+Readable without torch or diffusers: the loader and the family class are imported on first use."""
+
+from __future__ import annotations
+
+from library.models.families.family_entry import (
+    Deferred,
+    FamilyEntry,
+    KohyaVocabulary,
+    LoraFiles,
+    ToolFacts,
+)
+from library.models.families.text_encoder_keys import TextEncoderFileKeys
+
+_LINE = "FLUX.2"
+_PACKAGE = "library.models.families.flux2"
+# The [flow] keys FLUX.2 reads: the flow-matching draw (objective.py), dev's guidance input and
+# the text-encoder file beside a transformer file.
+FLOW_KEYS = frozenset(
+    {
+        "timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
+        "logit_mean", "logit_std", "mode_scale", "guidance_scale", "text_encoder",
+    }
+)  # fmt: skip
+
+FLUX2 = FamilyEntry(
+    name="flux2",
+    label="FLUX.2",
+    models=_LINE,
+    lines=(_LINE,),
+    family=Deferred(f"{_PACKAGE}.family:Flux2Family").get,
+    claims=Deferred(f"{_PACKAGE}.load:claims_flux2"),
+    load=Deferred(f"{_PACKAGE}.load:load_flux2"),
+    # musubi-tuner's LoRA module for FLUX.2 (its files say ss_network_module so)
+    reads_vae=True,
+    network_module="networks.lora_flux_2",
+    flow_matching=True,
+    config_keys=(TextEncoderFileKeys,),
+    flow_keys=FLOW_KEYS,
+    kohya=KohyaVocabulary(),
+    lora_files=LoraFiles(
+        # the shared modulation exists in FLUX.2 alone (FLUX.1's blocks modulate themselves);
+        # a file of the blocks alone has FLUX.1's names, so no architecture refuses it by them
+        denoiser_marks=(
+            ("lora_unet_double_stream_modulation", _LINE),
+            ("lora_unet_single_stream_modulation", _LINE),
+        ),
+    ),
+    tool=ToolFacts(
+        component_options={"text_encoder": "the text encoder file beside a transformer file"},
+        variant_labels={
+            "flux2-klein-4b": "FLUX.2 [klein] 4B",
+            "flux2-klein-4b-base": "FLUX.2 [klein] base 4B",
+            "flux2-klein-9b": "FLUX.2 [klein] 9B",
+            "flux2-klein-9b-base": "FLUX.2 [klein] base 9B",
+            "flux2-dev-32b": "FLUX.2 [dev]",
+        },
+        version_marks=(("flux2", _LINE),),
+        to_original=Deferred(f"{_PACKAGE}.names:to_original"),
+        layout_names={"kohya": "kohya's lora_unet_<original path>, also musubi-tuner's"},
+    ),
+)

@@ -1,0 +1,234 @@
+"""FLUX.2 (klein 4B / 9B, base and distilled; dev) as a ModelFamily: what the trainer asks.
+
+The facts (docs/flux2.md; diffusers 0.42.1's Flux2KleinPipeline, Flux2Pipeline and
+Flux2Transformer2DModel):
+
+- latents: codec.py's 128 normalised channels at 1/16 of the image; each latent pixel is one
+  token (channels last), with position ids (T, H, W, L) = (0, row, column, 0);
+- text: the text encoder's hidden states of three layers joined per token for the caption as a
+  chat turn, padded to 512 tokens (klein: Qwen3, layers 9, 18, 27, thinking off; dev: Mistral 3,
+  layers 10, 20, 30, after FLUX.2's system message); all 512 tokens are attended, at position
+  ids (0, 0, 0, k);
+- timestep: sigma (objective.py); dev also takes the distilled guidance value, klein none;
+- LoRA files: kohya's names of the original model (lora_keys.py); the text encoder never
+  trains, as in musubi-tuner and ai-toolkit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from library.errors import ConfigError
+from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.base import REFERENCE_LATENTS_KEY, ModelFamily
+from library.models.families.flux2 import names
+from library.models.families.flux2.codec import Flux2LatentCodec
+from library.models.families.flux2.files import DISTILLED_KEY
+from library.models.families.flux2.lora_keys import file_modules
+from library.models.families.flux2.objective import flux2_flow_options
+from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
+from library.models.families.flux2.spec import MAX_TOKENS, REFERENCE_T_STEP, TEXT_LAYERS
+from library.models.families.transformer_family import TransformerFamily, swappable_tails
+from library.models.text_encoders import hidden_states, mistral3, qwen3
+from library.saving.streamed import block_groups, save_streamed
+
+log = logging.getLogger(__name__)
+DISTILLED_NOTE = (
+    "a step-distilled checkpoint: LoRAs trained on it are reported to collapse; train on "
+    "FLUX.2 [klein] base (FLUX.2-klein-base-4B / -9B) and sample the LoRA on either"
+)
+
+
+def position_ids(t: int, h: int, w: int, length: int, batch: int, device) -> torch.Tensor:
+    """[batch, h * w * length, 4] ids (t, row, column, l), rows then columns then l."""
+    axes = [torch.tensor([t]), torch.arange(h), torch.arange(w), torch.arange(length)]
+    return torch.cartesian_prod(*axes).to(device).expand(batch, -1, -1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flux2Family(TransformerFamily):
+    """A FLUX.2 model: ``model`` "klein" or "dev", ``size`` ("4b", "9b", "32b"), ``distilled``."""
+
+    FLOW_KIND: ClassVar[str] = "flux2"
+    LABEL: ClassVar[str] = "FLUX.2"
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = (
+        "no text-encoder adapters, as musubi-tuner and ai-toolkit"
+    )
+
+    # FLUX.2 edits from any number of reference images (the pipelines' ``image`` list), none
+    # for text to image
+    REFERENCE_IMAGES: ClassVar[tuple[int, int | None]] = (0, None)
+
+    model: str = "klein"
+    size: str = "4b"
+    distilled: bool = False
+    guidance_scale: float = 4.0  # dev's distilled guidance input
+
+    def describe(self) -> str:
+        if self.model == "dev":
+            return f"FLUX.2 [dev] (guidance {self.guidance_scale:g})"
+        kind = "distilled" if self.distilled else "base"
+        text = f"FLUX.2 [klein] {self.size.upper()} {kind}"
+        return text + (f"; {DISTILLED_NOTE}" if self.distilled and self.model == "klein" else "")
+
+    @property
+    def text_layers(self) -> tuple[int, ...]:
+        return TEXT_LAYERS[self.model]
+
+    # -- conditioning ------------------------------------------------------------------------
+
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ) -> TextConditioning:
+        (tokenizer,), (encoder,) = tokenizers, text_encoders
+        if self.model == "dev":  # Mistral 3, FLUX.2's system message first
+            from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+
+            ids, mask = mistral3.tokenize(tokenizer, list(captions), MAX_TOKENS, SYSTEM_MESSAGE)
+        else:  # Qwen3, thinking off
+            ids, mask = qwen3.tokenize(tokenizer, list(captions), MAX_TOKENS, thinking=False)
+        return TextConditioning(
+            hidden_states.layer_states(encoder, ids, mask, self.text_layers), None, None
+        )
+
+    def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        hidden = text.hidden.to(device)
+        references = (batch or {}).get(REFERENCE_LATENTS_KEY)
+        kwargs = {REFERENCES: [r.to(device, dtype) for r in references]} if references else {}
+        return Conditioning(hidden if dtype is None else hidden.to(dtype), kwargs)
+
+    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
+        """The velocity [B, 128, h, w] of noisy latents at sigma ``timesteps``."""
+        b, c, h, w = noisy.shape
+        text = cond.encoder_hidden_states
+        guidance = None
+        if self.model == "dev":
+            guidance = torch.full((b,), self.guidance_scale, device=noisy.device, dtype=noisy.dtype)
+        tokens, ids = (
+            [noisy.flatten(2).transpose(1, 2)],
+            [position_ids(0, h, w, 1, b, noisy.device)],
+        )
+        # reference k's tokens follow the image's, at T = 10 (k + 1) (_prepare_image_ids)
+        for k, ref in enumerate(cond.unet_kwargs.get(REFERENCES, ())):
+            tokens.append(ref.to(noisy.dtype).flatten(2).transpose(1, 2))
+            t = REFERENCE_T_STEP * (k + 1)
+            ids.append(position_ids(t, *ref.shape[-2:], 1, b, noisy.device))
+        out = denoiser(
+            hidden_states=torch.cat(tokens, dim=1),
+            encoder_hidden_states=text,
+            timestep=timesteps.to(noisy.dtype),
+            img_ids=torch.cat(ids, dim=1),
+            txt_ids=position_ids(0, 1, 1, text.shape[1], b, noisy.device),
+            guidance=guidance,
+            return_dict=False,
+        )[0]
+        return out[:, : h * w].transpose(1, 2).reshape(b, c, h, w)
+
+    def latent_codec(self, vae):
+        return Flux2LatentCodec(vae)
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def trains_text_encoder(self, index):
+        return False  # DENOISER_ONLY_ADAPTERS
+
+    def adapter_targets(self, module, role, conv):
+        if role != "unet":
+            raise ConfigError("FLUX.2 LoRAs adapt the transformer only")
+        return super().adapter_targets(module, role, conv)
+
+    def transformer_modules(self, transformer):
+        """musubi-tuner's: every Linear of the double and single blocks."""
+        return file_modules(transformer, blocks_only=True)
+
+    def file_modules(self, transformer):
+        return file_modules(transformer)
+
+    def lycoris_modules(self, transformer, preset):
+        """The blocks' Linears; attn-only: the double blocks' attention (qkv, proj)."""
+        modules = file_modules(transformer, blocks_only=True)
+        if preset == "attn-only":
+            return [m for m in modules if "_attn." in m.original]
+        return modules
+
+    # -- sizes, options, files ---------------------------------------------------------------
+
+    def swap_blocks(self, transformer, count):
+        """The last ``count`` single blocks (most of the model), then double blocks."""
+        single = min(count, len(transformer.single_transformer_blocks))
+        return swappable_tails(
+            ("double", transformer.transformer_blocks, count - single),
+            ("single", transformer.single_transformer_blocks, single),
+            count=count,
+        )
+
+    def metadata_keys(self, config):
+        o = flux2_flow_options(config.flow)
+        keys = {f"ss_{k}": getattr(o, k) for k in ("timestep_sampling", "sigmoid_scale",
+                "discrete_flow_shift", "weighting_scheme", "model_prediction_type")}  # fmt: skip
+        return {**keys, "ss_guidance_scale": self.guidance_scale} if self.model == "dev" else keys
+
+    def check_training(self, config):
+        """FLUX.1's and SD3's checks without their note on kohya's split_qkv, an argument FLUX.2
+        does not read (q, k and v train apart here; docs/flux2.md says how that differs from
+        musubi-tuner's one adapter on the fused qkv)."""
+        ModelFamily.check_training(self, config)
+        if config.network.network_module == "lycoris.kohya":
+            self._check_lycoris(config)
+        elif config.network.conv_dim is not None:
+            raise ConfigError("conv_dim: FLUX.2's transformer has no convolutions; remove it")
+
+    def check_options(self, model, flow):
+        super().check_options(model, flow)
+        if flow.guidance_scale is not None and self.model != "dev":
+            raise ConfigError("guidance_scale: FLUX.2 [klein] has no guidance input; remove it")
+
+    def sampling_pipeline(self):
+        return flux2_pipeline_kind(self.model, self.distilled)
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        """The trained transformer alone in Black Forest Labs' names (as flux-2-klein-base-4b
+        .safetensors), its diffusers config in the header for exact reloading."""
+        groups = block_groups(
+            denoiser.state_dict(), ("transformer_blocks.", "single_transformer_blocks.")
+        )
+        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
+        header = {
+            CONFIG_METADATA + "transformer": config,
+            DISTILLED_KEY: str(self.distilled).lower(),
+        }
+        header.update(metadata or {})
+        save_streamed(path, [(g, names.to_original) for g in groups], header, dtype)
+
+    def full_model_modules(self, components):
+        return (components.denoiser,)
+
+
+def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Family:
+    """The FLUX.2 family of a loaded model (``flow``: the [flow] section, for dev's guidance)."""
+    if distilled and model == "klein":
+        log.warning("FLUX.2 [klein] %s is %s", size.upper(), DISTILLED_NOTE)
+    guidance = getattr(flow, "guidance_scale", None)
+    return Flux2Family(
+        name=f"flux2-{model}-{size}" + ("" if model == "dev" else ("" if distilled else "-base")),
+        prediction_type="flow",
+        base_model_version=f"flux2_{model}",  # as other tools write it
+        modelspec_architecture=f"Flux.2-{model}",  # musubi-tuner's ARCH_FLUX_2 for dev,
+        default_resolution=1024,
+        text_encoder_lora_prefixes=("lora_te",),
+        lora_implementation="https://github.com/black-forest-labs/flux2",
+        checkpoint_implementation="https://github.com/black-forest-labs/flux2",
+        denoiser_subfolder="transformer",
+        latent_scale=1.0,
+        network_modules=("lycoris.kohya", "networks.lora", "networks.lora_flux_2"),
+        model=model,
+        size=size,
+        distilled=distilled,
+        guidance_scale=4.0 if guidance is None else float(guidance),
+    )
