@@ -1,0 +1,103 @@
+"""Toy as a ModelFamily: what is its own (the denoiser call, its adapters' names) over shared
+parts: the T5 kind (captions -> states and padding mask), 2x2 patch tokens with their position
+ids, the rectified-flow objective, and the loader every spec shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.spec_loader import load_spec, write_main_file
+from library.models.families.transformer_family import TransformerFamily
+from library.models.loader import Components
+from library.models.patch_tokens import PATCH, image_position_ids, pack_latents, unpack_latents
+from library.models.text_encoders.t5 import t5_states
+from library.networks.table_modules import table_modules
+from library.training.objectives import FlowMatchingObjective, FlowOptions
+from tests.kits.toy.spec import PAIRS, SOLOS, SPEC, TABLE
+
+T5_TOKENS = 32  # T5 tokens per caption
+TIMESTEP_SCALE = 1000.0  # the transformer's time embedding takes sigma in [0, 1000]
+SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False}
+LORA_PREFIX = "lora_unet"
+BLOCK_LISTS = ((PAIRS, "transformer_blocks"), (SOLOS, "single_transformer_blocks"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToyFamily(TransformerFamily):
+    FLOW_KIND: ClassVar[str] = "toy"
+    LABEL: ClassVar[str] = "Toy"
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "T5 gets no adapters"
+
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ):
+        (tokenizer,), (t5,) = tokenizers, text_encoders
+        hidden, mask = t5_states(tokenizer, t5, captions, T5_TOKENS, device)
+        return TextConditioning(hidden, None, mask)
+
+    def assemble_conditioning(self, text, batch, device, dtype=None):
+        hidden = text.hidden.to(device)
+        return Conditioning(hidden if dtype is None else hidden.to(dtype), {})
+
+    def predict(self, denoiser, noisy, timesteps, cond):
+        batch, channels, height, width = noisy.shape
+        text = cond.encoder_hidden_states
+        out = denoiser(
+            hidden_states=pack_latents(noisy),
+            encoder_hidden_states=text,
+            timestep=timesteps.to(noisy.dtype) * TIMESTEP_SCALE,
+            img_ids=image_position_ids(height, width, noisy.device, noisy.dtype),
+            txt_ids=torch.zeros(text.shape[1], 3, device=noisy.device, dtype=noisy.dtype),
+            return_dict=False,
+        )[0]
+        return unpack_latents(out, channels, height, width)
+
+    def trains_text_encoder(self, index):
+        return False
+
+    def transformer_modules(self, transformer):
+        """kohya's modules of every block's Linears, named from the spec's table."""
+        return table_modules(transformer, LORA_PREFIX, TABLE, BLOCK_LISTS)
+
+    def file_modules(self, transformer):
+        return self.transformer_modules(transformer)
+
+    def lycoris_modules(self, transformer, preset):
+        return self.transformer_modules(transformer)
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        write_main_file(SPEC, path, denoiser, metadata, dtype)
+
+    def full_model_modules(self, components):
+        return (components.denoiser,)
+
+
+TOY = ToyFamily(
+    name="toy",
+    prediction_type="flow",
+    base_model_version="toy",
+    modelspec_architecture="toy",
+    default_resolution=64,
+    text_encoder_lora_prefixes=("lora_te3",),
+    denoiser_subfolder="transformer",
+    latent_scale=0.3611,
+)
+
+
+def load_toy(model, flow, weight_dtype: torch.dtype, vae_dtype: torch.dtype) -> Components:
+    """A Toy folder or single file, read by the shared loader as the spec declares it."""
+    loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
+    transformer, vae, t5 = loaded.modules.values()
+    return Components(
+        denoiser=transformer,
+        vae=vae,
+        text_encoders=(t5,),
+        tokenizers=tuple(loaded.tokenizers.values()),
+        objective=FlowMatchingObjective(FlowOptions.from_section(flow), SCHEDULER, patch=PATCH),
+        family=TOY,
+        model_dir=loaded.model_dir,
+    )
