@@ -21,7 +21,7 @@ from tests.kits.toy.family import load_toy
 from tests.kits.toy.spec import PAIRS, SOLOS, TABLE
 from tests.kits.toy.tiny import tiny_transformer_config, write_tiny_toy_files, write_tiny_toy_folder
 
-STEPS = 8
+STEPS = 16
 TOY = {
     "network_module": "networks.lora",
     "network_train_unet_only": True,
@@ -122,7 +122,7 @@ def test_a_full_fine_tune_is_written_in_the_original_names(folder, tmp_path):
 
     images = make_images(tmp_path / "imgs", 2, size=64)
     out = tmp_path / "out"
-    keys = {**TOY, "train_mode": "unet", "learning_rate": 1e-4}
+    keys = {**TOY, "train_mode": "unet", "learning_rate": 1e-4, "max_train_steps": 2}
     for key in ("network_module", "network_train_unet_only"):
         keys.pop(key)
     with registry.registered(TOY_ENTRY):

@@ -4,7 +4,8 @@
 conformance_kit.py, which enters it in the conformance and distributed suites) and the tiny
 models it is built from (``tiny.py``, ``tiny_files.py``, ``tiny_tokenizer.py``,
 ``tiny_shapes.py`` as the family needs). A family without a kit folder is left out of those
-suites, which say so.
+suites, which say so. ``toy/`` is a made-up family's whole package (spec, family class, entry,
+tiny models), registered only by its own tests: docs/design.md's "Adding a family" example.
 """
 
 from __future__ import annotations

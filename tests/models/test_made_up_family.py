@@ -49,8 +49,10 @@ def test_claims_pick_its_folder_and_file_and_no_other(toy, tmp_path, registered)
     chroma_folder = write_tiny_chroma_folder(tmp_path / "chroma")
     chroma_file = write_tiny_chroma_files(tmp_path / "chroma_files")["transformer"]
     flow = FlowSection()
-    assert entry_for(_model(folder), flow) is TOY_ENTRY
-    assert entry_for(_model(files["transformer"]), flow) is TOY_ENTRY
+    for own in (folder, files["transformer"]):
+        assert entry_for(_model(own), flow) is TOY_ENTRY
+        # no registered family claims it either, SD's claim (asked after Toy's) included
+        assert not [entry.name for entry in registry.FAMILIES if entry.claims(_model(own), flow)]
     for other in (chroma_folder, chroma_file):
         assert not TOY_ENTRY.claims(_model(other), flow)
         assert entry_for(_model(other), flow).name == "chroma"
