@@ -58,7 +58,7 @@ QWENIMAGE = FamilyEntry(
     models=_LINE,
     lines=(_LINE,),
     family=Deferred(f"{_PACKAGE}.family:QwenImageFamily").get,
-    claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage"),
+    claims=Deferred(f"{_PACKAGE}.spec:claims_qwenimage"),
     load=Deferred(f"{_PACKAGE}.load:load_qwenimage"),
     reads_vae=True,
     # musubi-tuner's LoRA module for Qwen-Image (its files say ss_network_module so)

@@ -1,18 +1,17 @@
 """A fully fine-tuned Qwen-Image transformer as one file, as Comfy-Org distributes
 qwen_image_bf16.safetensors: diffusers' module names without a prefix (what ComfyUI, diffusers'
-from_single_file and difftune's own single-file reader (files.py) read). The header carries the
-diffusers config, so the file reloads exactly (sizes and an edit release's flags) without
-guessing."""
+from_single_file and the spec's own reader (spec.py) read), written one block at a time. The
+header carries the diffusers config, so the file reloads exactly (sizes and an edit release's
+flags) without guessing."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from library.models.checkpoint_parts import CONFIG_METADATA
-from library.saving.streamed import block_groups, save_streamed
+from library.models.families.qwenimage.spec import SPEC
+from library.models.families.spec_loader import write_main_file
 
 
 def write_transformer_file(
@@ -22,8 +21,5 @@ def write_transformer_file(
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write ``transformer`` (a QwenImageTransformer2DModel) to ``path``, floating tensors in
-    ``dtype`` (None: as they are), atomically, one block at a time."""
-    config = json.dumps(dict(transformer.config), default=list, sort_keys=True)
-    header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
-    blocks = block_groups(transformer.state_dict(), ("transformer_blocks.",))
-    return save_streamed(path, blocks, header, dtype)
+    ``dtype`` (None: as they are), atomically."""
+    return write_main_file(SPEC, Path(path), transformer, metadata, dtype)
