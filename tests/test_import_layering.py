@@ -98,7 +98,7 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.qwenimage.family:QwenImageFamily": _LOADER,
         "library.models.families.qwenimage.key_map:comfy_keys": _KEYS,
         "library.models.families.qwenimage.key_map:comfy_model_name": _KEYS,
-        "library.models.families.qwenimage.load:claims_qwenimage": _LOADER,
+        "library.models.families.qwenimage.spec:claims_qwenimage": _LOADER,
         "library.models.families.qwenimage.load:load_qwenimage": _LOADER,
     },
     "library/models/families/qwenimage_edit/entry.py": {

@@ -142,6 +142,17 @@ def linears_inside(block: nn.Module) -> list[str]:
     return found
 
 
+def class_block_linears(model: nn.Module, block_class: str) -> dict[str, list[str]]:
+    """The path of each block of class ``block_class`` (by name, in module order) -> the Linears
+    inside it, relative to it (``linears_inside``): the Linears a family's LoRA picks from. Works
+    on a model on the meta device, wrapped (DDP, torch.compile) or already given adapters."""
+    return {
+        path: linears_inside(module)
+        for path, module in unwrap(model).named_modules()
+        if type(module).__name__ == block_class
+    }
+
+
 def target_paths(modules: Iterable[KohyaModule]) -> list[str]:
     """The diffusers Linears to give adapters (every part of every module), sorted."""
     return sorted(path for module in modules for path in module.parts)

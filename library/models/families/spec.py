@@ -49,7 +49,9 @@ class MainFile:
     config is tried first); ``damaged``: header text that still names a damaged file as this
     model's; ``example``: the released file's name, for messages; ``prefixes``: where its keys
     may start in a file (a full checkpoint's other parts are left out); ``dropped``: original
-    keys the diffusers module has no place for (read past, never loaded)."""
+    keys the diffusers module has no place for (read past, never loaded); ``fixed``: config
+    values kept whichever config is chosen (what a release's file does not say, such as an
+    edit release's flag)."""
 
     names: NameTable
     original_marks: tuple[str, ...]
@@ -59,6 +61,7 @@ class MainFile:
     example: str
     prefixes: tuple[str, ...] = ("", CHECKPOINT_PREFIX)
     dropped: tuple[str, ...] = ()
+    fixed: Mapping[str, object] = field(default_factory=dict)
 
     def detect(self, keys: Iterable[str]) -> tuple[Layout, str] | None:
         """(layout, the prefix of its keys) of a state dict holding this model; None for any

@@ -151,7 +151,7 @@ def _load(plan: Replacement, dtype: torch.dtype) -> torch.nn.Module:
 def plan_main(spec: FamilySpec, file: CheckpointFile) -> Plan:
     """The denoiser's plan from the main file: its keys under the prefix its marks show,
     renamed from the original names (or kept, diffusers'), with the header's config when it
-    fits, else the one its shapes show."""
+    fits, else the one its shapes show (the main file's ``fixed`` values over either)."""
     part, main = spec.denoiser, spec.main
     label = part.label or f"{spec.family} {part.sub}"
     refuse_scaled_fp8(file, WHAT)
@@ -181,8 +181,8 @@ def plan_main(spec: FamilySpec, file: CheckpointFile) -> Plan:
 
     def plan_of(config: dict) -> Plan:
         return Plan(
-            part.sub, WHAT, file, keys, config, convert, build, group=group, label=label,
-            file_name=file_name,
+            part.sub, WHAT, file, keys, {**config, **main.fixed}, convert, build, group=group,
+            label=label, file_name=file_name,
         )  # fmt: skip
 
     def derive() -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from library.models.checkpoint_parts import CONFIG_METADATA
-from library.models.families.qwenimage.files import CHECKPOINT_PREFIX
+from library.models.families.name_table import CHECKPOINT_PREFIX
 from library.models.wan_vae_keys import vae_to_original
 from tests.kits.qwenimage.tiny import build_tiny_qwenimage_components
 from tests.kits.qwenimage.tiny_shapes import (

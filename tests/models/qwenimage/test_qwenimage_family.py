@@ -10,8 +10,7 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ConfigError
-from library.models.families.qwenimage.detect import detect_qwenimage
-from library.models.families.qwenimage.load import claims_qwenimage
+from library.models.families.qwenimage.spec import SPEC, claims_qwenimage
 from library.models.families.qwenimage.targets import default_targets
 from library.models.families.registry import claim_order, entry_of
 from tests.kits.zimage.tiny import write_tiny_zimage_folder
@@ -49,9 +48,10 @@ def test_claims_qwenimage_folders_and_transformer_files(qwenimage_dir, tmp_path)
     first = next(e for e in claim_order() if e.claims and e.claims(_model(qwenimage_dir), flow))
     assert first.name == "qwenimage"
     keys = ["transformer_blocks.0.img_mod.1.weight", "img_in.weight"]
-    assert detect_qwenimage(keys) == "transformer"
-    assert detect_qwenimage(["model.diffusion_model." + k for k in keys]) == "transformer"
-    assert detect_qwenimage(["transformer_blocks.0.attn.to_q.weight"]) is None  # SD3, FLUX.1
+    assert SPEC.main.detect(keys) == ("diffusers", "")
+    prefixed = ["model.diffusion_model." + k for k in keys]
+    assert SPEC.main.detect(prefixed) == ("diffusers", "model.diffusion_model.")
+    assert SPEC.main.detect(["transformer_blocks.0.attn.to_q.weight"]) is None  # SD3, FLUX.1
 
 
 @pytest.mark.parametrize("captions", [CAPTIONS, CAPTIONS[:1] * 2], ids=["lengths", "equal"])

@@ -17,7 +17,8 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_parts import empty_module
-from library.models.families.qwenimage import files, shapes
+from library.models.families.name_table import CHECKPOINT_PREFIX
+from library.models.families.qwenimage import shapes, spec
 from library.models.families.qwenimage.load import load_qwenimage
 from library.models.loader import load_components
 from library.models.wan_vae_keys import vae_from_original
@@ -60,7 +61,7 @@ def test_other_layouts_load_to_the_folders_weights(tmp_path, qwenimage_component
     shapes, the rotary split guessed as the tiny model has it), Qwen2.5-VL in current
     transformers' names, the VAE in diffusers' names (a folder's vae/ file)."""
     paths = write_tiny_qwenimage_files(tmp_path, dtype=torch.float32,
-                                       transformer_prefix=files.CHECKPOINT_PREFIX)  # fmt: skip
+                                       transformer_prefix=CHECKPOINT_PREFIX)  # fmt: skip
     _rewrite(paths["transformer"], lambda t: t, metadata=False)
     current = _modules(qwenimage_components)["text_encoder"].state_dict()
     _rewrite(paths["text_encoder"], lambda t: {k: v.clone() for k, v in current.items()})
@@ -87,7 +88,7 @@ def test_the_released_shapes_give_the_released_transformer_config():
 
     released = shapes.transformer_config()
     module = empty_module(lambda c: QwenImageTransformer2DModel(**c), released)
-    found = files.transformer_config({k: tuple(v.shape) for k, v in module.state_dict().items()})
+    found = spec.transformer_config({k: tuple(v.shape) for k, v in module.state_dict().items()})
     assert found == released
 
 
@@ -133,10 +134,9 @@ def test_files_given_in_the_wrong_place_are_refused(paths):
 
 def files_loader(model, flow, weight_dtype, vae_dtype):
     """The single-file reader itself (the registry would not claim a VAE file as Qwen-Image)."""
-    from pathlib import Path
+    from library.models.families.spec_loader import load_spec
 
-    path = Path(model.pretrained_model_name_or_path)
-    return files.load_qwenimage_files(path, model, flow, weight_dtype, vae_dtype)
+    return load_spec(spec.SPEC, model, flow, weight_dtype, vae_dtype)
 
 
 @pytest.mark.parametrize(

@@ -15,24 +15,14 @@ from library.models.families.family_entry import (
 from library.models.families.qwenimage.config_keys import QwenImageFlowKeys
 from library.models.families.qwenimage.musubi_options import OPTIONS as MUSUBI_OPTIONS
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
+from library.models.families.transformer_entry import SIGMA_KEYS
 
 _LINE = "Qwen-Image"
 _PACKAGE = "library.models.families.qwenimage"
-# The [flow] keys of the flow-matching draw (objective.py), shared with the other flow families
-SIGMA_KEYS = frozenset(
-    {
-        "timestep_sampling",
-        "sigmoid_scale",
-        "discrete_flow_shift",
-        "weighting_scheme",
-        "logit_mean",
-        "logit_std",
-        "mode_scale",
-    }
-)
-# ...and beside a single transformer file its Qwen2.5-VL file and which release it is
-# (files.py; the VAE file is [model] vae, which the loader reads itself: reads_vae), and
-# whether a LoRA adapts the blocks' modulation (targets.py)
+# The [flow] keys of the flow-matching draw (objective.py), and beside a single transformer
+# file its Qwen2.5-VL file and which release it is (files.py; the VAE file is [model] vae, which
+# the loader reads itself: reads_vae), and whether a LoRA adapts the blocks' modulation
+# (targets.py)
 FLOW_KEYS = SIGMA_KEYS | {"text_encoder", "model_version", "exclude_mod"}
 # Module names only Qwen-Image LoRA files hold: its blocks' per-stream feed-forwards (img_mlp,
 # txt_mlp; SD3's and FLUX.1's blocks name theirs ff / ff_context), which every default LoRA
@@ -58,7 +48,7 @@ QWENIMAGE = FamilyEntry(
     models=_LINE,
     lines=(_LINE,),
     family=Deferred(f"{_PACKAGE}.family:QwenImageFamily").get,
-    claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage"),
+    claims=Deferred(f"{_PACKAGE}.spec:claims_qwenimage"),
     load=Deferred(f"{_PACKAGE}.load:load_qwenimage"),
     reads_vae=True,
     # musubi-tuner's LoRA module for Qwen-Image (its files say ss_network_module so)

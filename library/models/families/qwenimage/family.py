@@ -11,7 +11,7 @@ Linears and key_map.py names them in files. This module joins them behind the fa
   mask of those lengths (none when all are equal, as the pipeline);
 - only the transformer trains (musubi-tuner's Qwen-Image LoRAs adapt no Qwen2.5-VL layer), so a
   LoRA file holds ``diffusion_model.<diffusers path>`` modules alone, and a full fine-tune is
-  the transformer alone in diffusers' names (full_file.py), as ComfyUI loads it.
+  the transformer alone in diffusers' names (spec.py's main file), as ComfyUI loads it.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from library.models.families.flow_options import check_flow_model_options
 from library.models.families.qwenimage import conditioning as captions_
 from library.models.families.qwenimage.conditioning import LENGTHS, caption_mask
 from library.models.families.qwenimage.denoise import img_shapes, pack, unpack
-from library.models.families.qwenimage.full_file import write_transformer_file
 from library.models.families.qwenimage.key_map import qwenimage_names
 from library.models.families.qwenimage.objective import qwenimage_flow_options
 from library.models.families.qwenimage.sampling import qwenimage_pipeline_kind
 from library.models.families.qwenimage.shapes import PIXEL_MULTIPLE
+from library.models.families.qwenimage.spec import SPEC
 from library.models.families.qwenimage.targets import default_targets
+from library.models.families.spec_loader import write_main_file
 from library.models.families.transformer_family import swappable_tails
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 
@@ -216,7 +217,7 @@ class QwenImageFamily(ModelFamily):
         qwen_image_bf16.safetensors (ComfyUI's diffusion_models/; difftune reads it back as
         pretrained_model_name_or_path), its config in the header (difftune.config.transformer)
         for exact reloading; Qwen2.5-VL and the VAE stay the user's files."""
-        write_transformer_file(path, denoiser, metadata, dtype)
+        write_main_file(SPEC, path, denoiser, metadata, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser,)

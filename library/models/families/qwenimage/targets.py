@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from library.networks.fused_keys import linears_inside
-from library.networks.kohya_names import unwrap
+from library.networks.fused_keys import class_block_linears
 from library.networks.targets import TargetKind
 
 BLOCK_CLASS = "QwenImageTransformerBlock"
@@ -27,30 +26,19 @@ MODULATION = ("img_mod.", "txt_mod.")  # timestep -> scale/shift/gate Linears
 CAPTION_TAIL = ("attn.to_add_out", "txt_mlp.")
 
 
-def block_paths(transformer: nn.Module) -> list[str]:
-    """Paths of the transformer's dual-stream blocks."""
-    return [
-        path
-        for path, module in unwrap(transformer).named_modules()
-        if type(module).__name__ == BLOCK_CLASS
-    ]
-
-
 def default_targets(transformer: nn.Module, *, modulation: bool = False) -> dict[str, TargetKind]:
     """Map module path -> "linear" for the Linears a default Qwen-Image LoRA adapts, sorted
     (not the last block's caption tail); ``modulation`` adds each block's img_mod / txt_mod
-    Linears. Works on the meta device and on
-    a model already given adapters."""
-    transformer = unwrap(transformer)
-    targets: dict[str, TargetKind] = {}
-    blocks = block_paths(transformer)
-    for block in blocks:
-        for sub in linears_inside(transformer.get_submodule(block)):
-            if not modulation and sub.startswith(MODULATION):
-                continue
-            if block == blocks[-1] and sub.startswith(CAPTION_TAIL):
-                continue  # its output never reaches the model's
-            targets[f"{block}.{sub}"] = "linear"
+    Linears. Works on the meta device and on a model already given adapters."""
+    blocks = class_block_linears(transformer, BLOCK_CLASS)
+    last = next(reversed(blocks), None)
+    targets: dict[str, TargetKind] = {
+        f"{block}.{sub}": "linear"
+        for block, subs in blocks.items()
+        for sub in subs
+        if (modulation or not sub.startswith(MODULATION))
+        and not (block == last and sub.startswith(CAPTION_TAIL))  # never reaches the output
+    }
     if not targets:
         raise ValueError(f"no {BLOCK_CLASS} blocks found in {type(transformer).__name__}")
     return dict(sorted(targets.items()))
