@@ -24,13 +24,20 @@ import torch
 
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.file_plans import plan_qwen3_file
+from library.models.families.file_plans import (
+    ae_config_from_shapes,
+    ae_keys,
+    plan_part,
+    plan_qwen3_file,
+    refuse_scaled_fp8,
+)
 from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
 from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
 from library.models.families.local_tokenizer import load_local_tokenizer
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.loader import load_weights, read_json
+from library.models.original_names import ldm_vae_from_original
 from library.models.plans import Plan
 
 PIPELINES = {"klein": "Flux2KleinPipeline", "dev": "Flux2Pipeline"}
@@ -40,8 +47,8 @@ TEXT_ENCODER_CLASS = {
     "dev": "transformers:Mistral3ForConditionalGeneration",
 }
 QWEN3_WHAT = "the Qwen3 text encoder (qwen_3_4b.safetensors)"
-VAE_FIX = ("FLUX.2 needs [model] vae set to a diffusers AutoencoderKLFlux2 folder (a FLUX.2 "
-           "diffusers folder's vae/)")  # fmt: skip
+VAE_FIX = ("set [model] vae to flux2-vae.safetensors or a diffusers AutoencoderKLFlux2 folder (a "
+           "FLUX.2 diffusers folder's vae/)")  # fmt: skip
 # The text encoder's hidden states the pipelines stack per token (text_encoder_out_layers).
 TEXT_LAYERS = {"klein": (9, 18, 27), "dev": (10, 20, 30)}
 MAX_TOKENS = 512  # the pipelines' max_sequence_length
@@ -127,8 +134,45 @@ def load_vae_folder(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     return load_weights(AutoencoderKLFlux2, model_dir, sub, dtype)
 
 
+# Black Forest Labs' / Comfy-Org's flux2-vae.safetensors: the LDM autoencoder names of FLUX.1's
+# ae.safetensors, its quant convs inside the encoder and decoder, and the BatchNorm statistics.
+_VAE_MOVED = {"encoder.quant_conv.": "quant_conv.", "decoder.post_quant_conv.": "post_quant_conv."}
+
+
+def vae_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """flux2-vae.safetensors' tensors -> AutoencoderKLFlux2's (the batch count, which the file
+    need not hold and nothing reads, 0 when absent)."""
+    moved = {}
+    for key, value in state.items():
+        old = next((o for o in _VAE_MOVED if key.startswith(o)), None)
+        moved[_VAE_MOVED[old] + key[len(old) :] if old else key] = value
+    stats = {k: moved.pop(k) for k in [k for k in moved if k.startswith("bn.")]}
+    stats.setdefault("bn.num_batches_tracked", torch.zeros((), dtype=torch.long))
+    return {**ldm_vae_from_original(moved), **stats}
+
+
 def _vae_file(file: CheckpointFile) -> Plan:
-    raise ModelError(f"vae = {file.path}: {VAE_FIX}")
+    """The VAE file in the original names (or diffusers'); its config from the header, else
+    from the shapes (GroupNorm's groups: 32 where they divide every width)."""
+    refuse_scaled_fp8(file, "vae")
+    try:
+        keys, convert = ae_keys(file.keys(), ("vae.", "first_stage_model."), vae_from_original)
+        if not any(k.endswith("bn.running_mean") for k in keys):
+            raise ValueError("it has no bn.running_mean (the latents' statistics)")
+    except ValueError as exc:
+        raise ModelError(f"vae = {file.path} is no FLUX.2 VAE: {exc}; {VAE_FIX}") from None
+
+    def build(config: dict) -> torch.nn.Module:
+        from diffusers import AutoencoderKLFlux2
+
+        return AutoencoderKLFlux2.from_config(config)
+
+    return plan_part(
+        "vae", "vae", file, keys, convert, build,
+        lambda shapes: ae_config_from_shapes(shapes, {"norm_num_groups": 32}),
+        lambda exc: ModelError(f"vae = {file.path}: not a whole FLUX.2 VAE ({exc}); {VAE_FIX}"),
+        label="FLUX.2 VAE",
+    )  # fmt: skip
 
 
 def inspect(checked) -> tuple[dict, bool]:
@@ -205,8 +249,9 @@ def _spec(kind: str) -> FamilySpec:
             ),
             SpecPart(
                 "vae", "vae", f"diffusers:{VAE_CLASS}",
-                file=ComponentFile("vae", "[model]", "the FLUX.2 VAE (a diffusers AutoencoderKLFlux2 "
-                                   "folder)", _vae_file, other=lambda path: partial(load_vae_folder, path)),
+                file=ComponentFile("vae", "[model]", "the FLUX.2 VAE (flux2-vae.safetensors or a diffusers "
+                                   "AutoencoderKLFlux2 folder)", _vae_file,
+                                   other=lambda path: partial(load_vae_folder, path)),
             ),
             SpecPart("text_encoder", "text_encoder", TEXT_ENCODER_CLASS[kind], file=text),
         ),
