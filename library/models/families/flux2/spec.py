@@ -33,7 +33,7 @@ from library.models.families.file_plans import (
 )
 from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
 from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
-from library.models.families.local_tokenizer import load_local_tokenizer
+from library.models.families.local_tokenizer import folder_or_path_tokenizer, load_local_tokenizer
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.loader import load_weights, read_json
@@ -49,6 +49,7 @@ TEXT_ENCODER_CLASS = {
 QWEN3_WHAT = "the Qwen3 text encoder (qwen_3_4b.safetensors)"
 VAE_FIX = ("set [model] vae to flux2-vae.safetensors or a diffusers AutoencoderKLFlux2 folder (a "
            "FLUX.2 diffusers folder's vae/)")  # fmt: skip
+_TOKENIZER_HINT = "a FLUX.2 [klein] diffusers folder's tokenizer/, or Qwen/Qwen3-4B's"
 # The text encoder's hidden states the pipelines stack per token (text_encoder_out_layers).
 TEXT_LAYERS = {"klein": (9, 18, 27), "dev": (10, 20, 30)}
 MAX_TOKENS = 512  # the pipelines' max_sequence_length
@@ -207,23 +208,17 @@ def inspect(checked) -> tuple[dict, bool]:
 
 
 def _folder_tokenizer(folder):
-    """The folder's tokenizer/, or tokenizer_path's (dev's is a Pixtral processor's tokenizer,
-    with the same chat template)."""
-    from transformers import AutoTokenizer
-
-    where = folder.model.tokenizer_path or str(folder.model_dir / "tokenizer")
-    try:
-        return AutoTokenizer.from_pretrained(where, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelError(
-            f"cannot read the FLUX.2 text encoder's tokenizer in {where}: {exc}"
-        ) from None
+    """The folder's tokenizer/ (dev's: a Pixtral processor's, with the same chat template), or
+    tokenizer_path's."""
+    return folder_or_path_tokenizer(
+        folder.model_dir, folder.model.tokenizer_path, "FLUX.2", _TOKENIZER_HINT
+    )
 
 
 def _files_tokenizer(checked):
     return load_local_tokenizer(
         checked.model.tokenizer_path, checked.part_config("text_encoder")["vocab_size"],
-        checked.model_dir, "Qwen3", "a FLUX.2 [klein] diffusers folder's tokenizer/, or Qwen/Qwen3-4B's",
+        checked.model_dir, "Qwen3", _TOKENIZER_HINT,
     )  # fmt: skip
 
 
