@@ -181,10 +181,8 @@ def inspect(checked) -> tuple[dict, bool]:
     ``is_distilled``, a file's header or name); ModelError when the text encoder's three states
     do not make the transformer's text width."""
     text = checked.part_config("text_encoder")
-    width, takes = (
-        3 * text.get("text_config", text)["hidden_size"],
-        checked.config["joint_attention_dim"],
-    )
+    width = 3 * text.get("text_config", text)["hidden_size"]
+    takes = checked.config["joint_attention_dim"]
     if width != takes:
         raise ModelError(
             f"{checked.part_source('text_encoder')} gives {width}-wide states and the transformer "
@@ -193,18 +191,13 @@ def inspect(checked) -> tuple[dict, bool]:
     if not isinstance(checked, CheckedFolder):
         file = checked.plans["transformer"].file
         stored, name = file.metadata.get(DISTILLED_KEY), file.path.name.lower()
+        if stored in ("true", "false"):
+            return dict(SCHEDULER_CONFIG), stored == "true"
         # as Black Forest Labs names them: a klein file without "base" is the distilled model
-        distilled = (
-            stored == "true"
-            if stored in ("true", "false")
-            else "klein" in name and "base" not in name
-        )
-        return dict(SCHEDULER_CONFIG), distilled
+        return dict(SCHEDULER_CONFIG), "klein" in name and "base" not in name
     scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
-    index = read_json(checked.model_dir / "model_index.json")
-    return {k: v for k, v in scheduler.items() if not k.startswith("_")}, bool(
-        index.get("is_distilled")
-    )
+    distilled = bool(read_json(checked.model_dir / "model_index.json").get("is_distilled"))
+    return {k: v for k, v in scheduler.items() if not k.startswith("_")}, distilled
 
 
 def _folder_tokenizer(folder):
