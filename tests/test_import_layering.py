@@ -81,8 +81,8 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
     },
     "library/models/families/flux2/entry.py": {
         "library.models.families.flux2.family:Flux2Family": _LOADER,
-        "library.models.families.flux2.load:claims_flux2": _LOADER,
-        "library.models.families.flux2.load:load_flux2": _LOADER,
+        "library.models.families.flux2.family:claims_flux2": _LOADER,
+        "library.models.families.flux2.family:load_flux2": _LOADER,
     },
     "library/models/families/kontext/entry.py": {
         "library.models.families.kontext.family:FluxKontextFamily": _LOADER,

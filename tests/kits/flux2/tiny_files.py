@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from library.models.checkpoint_parts import CONFIG_METADATA
-from library.models.families.flux2 import names
+from library.models.families.flux2.names import TABLE
 from tests.kits.flux2.tiny import (
     TOKENIZER,
     build_tiny_flux2_components,
@@ -33,7 +33,7 @@ def write_tiny_flux2_files(folder: str | Path, variant: str = "klein-base", seed
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     parts = build_tiny_flux2_components(seed)
-    transformer = names.to_original(parts["transformer"].state_dict())
+    transformer = TABLE.to_original(parts["transformer"].state_dict())
     header = {"format": "pt", CONFIG_METADATA + "transformer": json.dumps(transformer_config())}
     paths = {"transformer": folder / TRANSFORMER_FILES[variant]}
     save_file({k: v.contiguous().clone() for k, v in transformer.items()},

@@ -20,20 +20,20 @@ from dataclasses import dataclass
 import torch
 
 from library.models.latent_codec import LatentLayout, vae_posterior
+from library.models.patch_tokens import pack_latents, unpack_latents
 
 
 def patchify(latents: torch.Tensor) -> torch.Tensor:
-    """[B, C, h, w] -> [B, 4C, h/2, w/2], as Flux2KleinPipeline._patchify_latents."""
+    """[B, C, h, w] -> [B, 4C, h/2, w/2]: the 2x2 patch tokens (channel-major) laid out as a
+    latent, as Flux2KleinPipeline._patchify_latents."""
     b, c, h, w = latents.shape
-    patches = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4)
-    return patches.reshape(b, c * 4, h // 2, w // 2)
+    return pack_latents(latents).transpose(1, 2).reshape(b, 4 * c, h // 2, w // 2)
 
 
 def unpatchify(latents: torch.Tensor) -> torch.Tensor:
     """The inverse of ``patchify``."""
     b, c, h, w = latents.shape
-    patches = latents.reshape(b, c // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3)
-    return patches.reshape(b, c // 4, h * 2, w * 2)
+    return unpack_latents(latents.flatten(2).transpose(1, 2), c // 4, 2 * h, 2 * w)
 
 
 @dataclass(frozen=True)

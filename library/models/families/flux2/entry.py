@@ -30,8 +30,8 @@ FLUX2 = FamilyEntry(
     models=_LINE,
     lines=(_LINE,),
     family=Deferred(f"{_PACKAGE}.family:Flux2Family").get,
-    claims=Deferred(f"{_PACKAGE}.load:claims_flux2"),
-    load=Deferred(f"{_PACKAGE}.load:load_flux2"),
+    claims=Deferred(f"{_PACKAGE}.family:claims_flux2"),
+    load=Deferred(f"{_PACKAGE}.family:load_flux2"),
     # musubi-tuner's LoRA module for FLUX.2 (its files say ss_network_module so)
     reads_vae=True,
     network_module="networks.lora_flux_2",

@@ -16,27 +16,36 @@ Flux2Transformer2DModel):
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
 
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
 from library.errors import ConfigError
-from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, ModelFamily
-from library.models.families.flux2 import names
+from library.models.families.claims import folder_pipeline
 from library.models.families.flux2.codec import Flux2LatentCodec
-from library.models.families.flux2.files import DISTILLED_KEY
 from library.models.families.flux2.lora_keys import file_modules
-from library.models.families.flux2.objective import flux2_flow_options
+from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
 from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
-from library.models.families.flux2.spec import MAX_TOKENS, REFERENCE_T_STEP, TEXT_LAYERS
+from library.models.families.flux2.spec import (
+    DISTILLED_KEY,
+    MAX_TOKENS,
+    PIPELINES,
+    REFERENCE_T_STEP,
+    RELEASED,
+    SPECS,
+    TEXT_LAYERS,
+)
+from library.models.families.spec_loader import claims, load_spec, write_main_file
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
+from library.models.loader import Components
 from library.models.text_encoders import hidden_states, mistral3, qwen3
-from library.saving.streamed import block_groups, save_streamed
 
 log = logging.getLogger(__name__)
 DISTILLED_NOTE = (
@@ -194,17 +203,9 @@ class Flux2Family(TransformerFamily):
 
     def write_full_model(self, path, denoiser, components, metadata, dtype):
         """The trained transformer alone in Black Forest Labs' names (as flux-2-klein-base-4b
-        .safetensors), its diffusers config in the header for exact reloading."""
-        groups = block_groups(
-            denoiser.state_dict(), ("transformer_blocks.", "single_transformer_blocks.")
-        )
-        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
-        header = {
-            CONFIG_METADATA + "transformer": config,
-            DISTILLED_KEY: str(self.distilled).lower(),
-        }
-        header.update(metadata or {})
-        save_streamed(path, [(g, names.to_original) for g in groups], header, dtype)
+        .safetensors), its diffusers config and whether it is distilled in the header."""
+        header = {DISTILLED_KEY: str(self.distilled).lower(), **dict(metadata or {})}
+        write_main_file(SPECS["klein"], path, denoiser, header, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser,)
@@ -231,4 +232,46 @@ def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Fami
         size=size,
         distilled=distilled,
         guidance_scale=4.0 if guidance is None else float(guidance),
+    )
+
+
+def claims_flux2(model: ModelSection, flow: FlowSection) -> bool:
+    """True for a Flux2KleinPipeline or Flux2Pipeline folder, or a FLUX.2 transformer file
+    (damaged ones by their header text); ModelError for a folder of another FLUX.2 pipeline."""
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    return (path.is_dir() and folder_pipeline(path) == PIPELINES["dev"]) or claims(
+        SPECS["klein"], model
+    )
+
+
+def model_of(config: dict) -> tuple[str, str]:
+    """(model, size) of a transformer config: ("klein", "4b"), ("klein", "9b"), ("dev", "32b");
+    another shape is a klein (no guidance input) or dev of size "custom"."""
+    for name, released in RELEASED.items():
+        if all(config.get(k) == v for k, v in released.items()):
+            model, _, size = name.partition("-")
+            return model, size or "32b"
+    return ("dev" if config.get("guidance_embeds") else "klein"), "custom"
+
+
+def load_flux2(
+    model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
+) -> Components:
+    """Components of a FLUX.2 folder or transformer file, as spec.py declares them (read by the
+    shared loader, families/spec_loader.py): the transformer, the VAE, the text encoder and its
+    tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype`` (the VAE in ``vae_dtype``).
+    ModelError for any problem with the files, found before any weight is read."""
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    kind = "dev" if path.is_dir() and folder_pipeline(path) == PIPELINES["dev"] else "klein"
+    loaded = load_spec(SPECS[kind], model, flow, weight_dtype, vae_dtype)
+    parts, (scheduler, distilled) = loaded.modules, loaded.facts
+    name, size = model_of(dict(parts["transformer"].config))
+    return Components(
+        denoiser=parts["transformer"],
+        vae=parts["vae"],
+        text_encoders=(parts["text_encoder"],),
+        tokenizers=tuple(loaded.tokenizers.values()),
+        objective=Flux2FlowObjective(flux2_flow_options(flow), scheduler),
+        family=flux2_family(name, size, distilled, flow),
+        model_dir=loaded.model_dir,
     )

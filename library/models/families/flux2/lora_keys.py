@@ -8,36 +8,31 @@ diffusers' Flux2LoraLoaderMixin converts from this layout (its kohya converter d
 modulation Linears and the final adaLN, which no default adapter touches) and what ComfyUI
 reads by the original names. Reading takes every Linear of the original model, modulation and
 embedders included (the final adaLN's halves swapped back), as other tools' files may hold them.
+All come from the name table (names.py).
 """
 
 from __future__ import annotations
 
-from library.models.families.flux2 import spec
-from library.models.families.flux2.names import module_table
+from library.models.families.flux2.names import TABLE
 from library.networks.fused_keys import kohya_module
 from library.networks.kohya_names import unwrap
+from library.networks.table_modules import table_modules
 
 UNET = "lora_unet"
-# The Linears of the blocks (the norms are not Linears).
-_BLOCK_LINEARS = ("qkv", "proj", "mlp.0", "mlp.2", "linear1", "linear2")
+_LISTS = (("double_blocks", "transformer_blocks"), ("single_blocks", "single_transformer_blocks"))
 
 
 def file_modules(transformer, *, blocks_only: bool = False) -> list:
     """The kohya modules of the transformer's Linears (``blocks_only``: the double and single
-    blocks', the default adapters), in the original model's order."""
-    transformer = unwrap(transformer)
-    modules = []
-    for original, parts in module_table(
-        k.replace(".base_layer", "") for k in transformer.state_dict()
-    ).items():
-        in_block = original.startswith(("double_blocks.", "single_blocks."))
-        if in_block and not original.endswith(_BLOCK_LINEARS):
-            continue
-        if blocks_only and not in_block:
-            continue
-        modules.append(
-            kohya_module(
-                transformer, UNET, original, parts, swapped_halves=original in spec.SWAPPED
-            )
-        )
-    return modules
+    blocks', the default adapters), in the original model's order: top-level ones first."""
+    blocks = table_modules(transformer, UNET, TABLE, _LISTS)
+    if blocks_only:
+        return blocks
+    model = unwrap(transformer)
+    present = {name for name, _ in model.named_modules()}
+    top = [
+        kohya_module(model, UNET, old, (new,), swapped_halves=f"{old}.weight" in TABLE.swapped)
+        for old, new in TABLE.top.items()
+        if new in present
+    ]
+    return top + blocks

@@ -5,9 +5,7 @@
 - parts: transformer/ (Flux2Transformer2DModel), vae/ (AutoencoderKLFlux2, 32 channels),
   text_encoder/ (klein: Qwen3ForCausalLM, Qwen3-4B or -8B; dev: Mistral3ForConditionalGeneration),
   tokenizer/, scheduler/;
-- the transformer's original (Black Forest Labs) names and diffusers': q, k and v are one fused
-  ``qkv`` Linear in each double block's attention (rows q, k, v), and the final adaLN's rows are
-  (shift, scale) there and (scale, shift) in diffusers;
+- the transformer's original (Black Forest Labs) names and diffusers' (names.py);
 - Black Forest Labs' single files: ``flux-2-klein-4b.safetensors``, ``flux-2-klein-base-4b``,
   ``flux-2-klein-9b``, ``flux-2-klein-base-9b`` (and ``-fp8``), ``flux2-dev.safetensors``;
   Comfy-Org's: ``flux2_dev_fp8mixed.safetensors``, ``qwen_3_4b.safetensors``,
@@ -16,20 +14,47 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from library.errors import ModelError
+from library.models.checkpoint_file import CheckpointFile
+from library.models.families.file_plans import (
+    ae_config_from_shapes,
+    ae_keys,
+    plan_part,
+    plan_qwen3_file,
+    refuse_scaled_fp8,
+)
+from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
+from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
+from library.models.families.local_tokenizer import folder_or_path_tokenizer, load_local_tokenizer
+from library.models.families.name_table import count_numbered
+from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
+from library.models.loader import load_weights, read_json
+from library.models.original_names import ldm_vae_from_original
+from library.models.plans import Plan
+
 PIPELINES = {"klein": "Flux2KleinPipeline", "dev": "Flux2Pipeline"}
-TRANSFORMER_CLASS = "Flux2Transformer2DModel"
 VAE_CLASS = "AutoencoderKLFlux2"
 TEXT_ENCODER_CLASS = {
     "klein": "transformers:Qwen3ForCausalLM",
     "dev": "transformers:Mistral3ForConditionalGeneration",
 }
+QWEN3_WHAT = "the Qwen3 text encoder (qwen_3_4b.safetensors)"
+VAE_FIX = ("set [model] vae to flux2-vae.safetensors or a diffusers AutoencoderKLFlux2 folder (a "
+           "FLUX.2 diffusers folder's vae/)")  # fmt: skip
+_TOKENIZER_HINT = "a FLUX.2 [klein] diffusers folder's tokenizer/, or Qwen/Qwen3-4B's"
 # The text encoder's hidden states the pipelines stack per token (text_encoder_out_layers).
 TEXT_LAYERS = {"klein": (9, 18, 27), "dev": (10, 20, 30)}
 MAX_TOKENS = 512  # the pipelines' max_sequence_length
 # Reference images sit at T = 10, 20, ... on the first position axis (_prepare_image_ids).
 REFERENCE_T_STEP = 10
-# The single file's prefix inside a full ComfyUI checkpoint.
-CHECKPOINT_PREFIX = "model.diffusion_model."
 
 # The released transformers' configs (their config.json), by model.
 RELEASED = {
@@ -43,83 +68,185 @@ RELEASED = {
 COMMON = dict(patch_size=1, in_channels=128, out_channels=None, attention_head_dim=128,
               timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
               rope_theta=2000, eps=1e-6)  # fmt: skip
-# The released text encoders' configs (Qwen3-4B and Qwen3-8B), by model.
-_QWEN3 = dict(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-              vocab_size=151936, rope_theta=1000000, max_position_embeddings=40960,
-              rms_norm_eps=1e-6, hidden_act="silu")  # fmt: skip
-TEXT_ENCODERS = {
-    "klein-4b": dict(_QWEN3, hidden_size=2560, intermediate_size=9728, tie_word_embeddings=True),
-    "klein-9b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False),
-    # Mistral Small 3.1 24B (Mistral3ForConditionalGeneration: its language model and the
-    # Pixtral vision tower, which FLUX.2 leaves unused)
-    "dev": dict(
-        text_config=dict(
-            model_type="mistral",
-            hidden_size=5120,
-            intermediate_size=32768,
-            num_hidden_layers=40,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            vocab_size=131072,
-            rope_theta=1e9,
-            max_position_embeddings=131072,
-        ),
-        vision_config=dict(
-            model_type="pixtral",
-            hidden_size=1024,
-            intermediate_size=4096,
-            num_hidden_layers=24,
-            num_attention_heads=16,
-            head_dim=64,
-            image_size=1540,
-            patch_size=14,
-        ),
-        spatial_merge_size=2,
-    ),  # fmt: skip
-}
+# The released text encoder of klein 4B (Qwen3-4B): a Qwen3 file's sizes are read over it.
+QWEN3_4B = dict(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                vocab_size=151936, rope_theta=1000000, max_position_embeddings=40960,
+                rms_norm_eps=1e-6, hidden_act="silu", hidden_size=2560, intermediate_size=9728,
+                tie_word_embeddings=True)  # fmt: skip
 # The released schedulers: sigmas shifted by exp(mu), mu from the image's token count and the
 # step count (the pipelines' compute_empirical_mu).
 SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
                         base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                         max_image_seq_len=4096, time_shift_type="exponential")  # fmt: skip
 
-# Original -> diffusers names outside the blocks.
-TOP = {
-    "img_in": "x_embedder",
-    "txt_in": "context_embedder",
-    "time_in.in_layer": "time_guidance_embed.timestep_embedder.linear_1",
-    "time_in.out_layer": "time_guidance_embed.timestep_embedder.linear_2",
-    "guidance_in.in_layer": "time_guidance_embed.guidance_embedder.linear_1",
-    "guidance_in.out_layer": "time_guidance_embed.guidance_embedder.linear_2",
-    "double_stream_modulation_img.lin": "double_stream_modulation_img.linear",
-    "double_stream_modulation_txt.lin": "double_stream_modulation_txt.linear",
-    "single_stream_modulation.lin": "single_stream_modulation.linear",
-    "final_layer.linear": "proj_out",
-    "final_layer.adaLN_modulation.1": "norm_out.linear",  # rows' halves swapped
-}
-SWAPPED = ("final_layer.adaLN_modulation.1",)
-# double_blocks.{i}.<original> -> transformer_blocks.{i}.<diffusers parts, in row order>
-DOUBLE = {
-    "img_attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
-    "img_attn.norm.query_norm": ("attn.norm_q",),
-    "img_attn.norm.key_norm": ("attn.norm_k",),
-    "img_attn.proj": ("attn.to_out.0",),
-    "img_mlp.0": ("ff.linear_in",),
-    "img_mlp.2": ("ff.linear_out",),
-    "txt_attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"),
-    "txt_attn.norm.query_norm": ("attn.norm_added_q",),
-    "txt_attn.norm.key_norm": ("attn.norm_added_k",),
-    "txt_attn.proj": ("attn.to_add_out",),
-    "txt_mlp.0": ("ff_context.linear_in",),
-    "txt_mlp.2": ("ff_context.linear_out",),
-}
-# single_blocks.{i}.<original> -> single_transformer_blocks.{i}.<diffusers>
-SINGLE = {
-    "linear1": ("attn.to_qkv_mlp_proj",),
-    "linear2": ("attn.to_out",),
-    "norm.query_norm": ("attn.norm_q",),
-    "norm.key_norm": ("attn.norm_k",),
-}
-BLOCKS = (("double_blocks", "transformer_blocks", DOUBLE),
-          ("single_blocks", "single_transformer_blocks", SINGLE))  # fmt: skip
+
+DISTILLED_KEY = "difftune.flux2.distilled"  # a transformer file's header: base or distilled
+_TIME = "time_guidance_embed.timestep_embedder"
+
+
+def transformer_config(shapes: Mapping[str, tuple[int, ...]]) -> dict:
+    """Flux2Transformer2DModel kwargs for diffusers-named shapes (the rotary axes: a quarter of
+    the head width each)."""
+    head = shapes["single_transformer_blocks.0.attn.norm_q.weight"][0]
+    inner, channels = shapes["x_embedder.weight"]
+    return {**COMMON, "num_layers": count_numbered(shapes, "transformer_blocks"),
+            "num_single_layers": count_numbered(shapes, "single_transformer_blocks"),
+            "attention_head_dim": head, "num_attention_heads": inner // head,
+            "axes_dims_rope": (head // 4,) * 4, "in_channels": channels,
+            "joint_attention_dim": shapes["context_embedder.weight"][1],
+            "timestep_guidance_channels": shapes[f"{_TIME}.linear_1.weight"][1],
+            "mlp_ratio": shapes["single_transformer_blocks.0.attn.to_out.weight"][1] / inner - 1,
+            "guidance_embeds": any(k.startswith("time_guidance_embed.guidance") for k in shapes)}  # fmt: skip
+
+
+def plan_qwen3(file: CheckpointFile) -> Plan:
+    """Qwen3 (Comfy-Org's qwen_3_4b.safetensors) by the shared reader, as the Qwen3ForCausalLM
+    of a folder: its decoder under ``model.``, the LM head tied to the embeddings (it is never
+    used: only hidden states are read, so a file's own head is left out)."""
+    plan = plan_qwen3_file(file, "text_encoder", QWEN3_WHAT, "qwen_3_4b.safetensors (klein 4B) "
+                           "or qwen_3_8b_fp8mixed.safetensors (9B)", QWEN3_4B)  # fmt: skip
+    plain, named = plan.convert, plan.file_name
+
+    def convert(state):
+        out = {"model." + k: v for k, v in plain(state).items()}
+        if "model.embed_tokens.weight" in out:
+            out["lm_head.weight"] = out["model.embed_tokens.weight"]
+        return out
+
+    def build(config: dict) -> torch.nn.Module:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        return Qwen3ForCausalLM(Qwen3Config(**config))
+
+    return dataclasses.replace(
+        plan, convert=convert, build=build, tied=True,
+        config={**plan.config, "tie_word_embeddings": True},
+        file_name=lambda key: named(key.removeprefix("model.")),
+    )  # fmt: skip
+
+
+def load_vae_folder(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """[model] vae: AutoencoderKLFlux2 in a folder (config.json and its weights, or vae/)."""
+    from diffusers import AutoencoderKLFlux2
+
+    if not path.is_dir():
+        raise ModelError(f"vae = {path}: {VAE_FIX}")
+    model_dir, sub = (path, "vae") if (path / "vae").is_dir() else (path.parent, path.name)
+    return load_weights(AutoencoderKLFlux2, model_dir, sub, dtype)
+
+
+# Black Forest Labs' / Comfy-Org's flux2-vae.safetensors: the LDM autoencoder names of FLUX.1's
+# ae.safetensors, its quant convs inside the encoder and decoder, and the BatchNorm statistics.
+_VAE_MOVED = {"encoder.quant_conv.": "quant_conv.", "decoder.post_quant_conv.": "post_quant_conv."}
+
+
+def vae_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """flux2-vae.safetensors' tensors -> AutoencoderKLFlux2's (the batch count, which the file
+    need not hold and nothing reads, 0 when absent)."""
+    moved = {}
+    for key, value in state.items():
+        old = next((o for o in _VAE_MOVED if key.startswith(o)), None)
+        moved[_VAE_MOVED[old] + key[len(old) :] if old else key] = value
+    stats = {k: moved.pop(k) for k in [k for k in moved if k.startswith("bn.")]}
+    stats.setdefault("bn.num_batches_tracked", torch.zeros((), dtype=torch.long))
+    return {**ldm_vae_from_original(moved), **stats}
+
+
+def _vae_file(file: CheckpointFile) -> Plan:
+    """The VAE file in the original names (or diffusers'); its config from the header, else
+    from the shapes (GroupNorm's groups: 32 where they divide every width)."""
+    refuse_scaled_fp8(file, "vae")
+    try:
+        keys, convert = ae_keys(file.keys(), ("vae.", "first_stage_model."), vae_from_original)
+        if not any(k.endswith("bn.running_mean") for k in keys):
+            raise ValueError("it has no bn.running_mean (the latents' statistics)")
+    except ValueError as exc:
+        raise ModelError(f"vae = {file.path} is no FLUX.2 VAE: {exc}; {VAE_FIX}") from None
+
+    def build(config: dict) -> torch.nn.Module:
+        from diffusers import AutoencoderKLFlux2
+
+        return AutoencoderKLFlux2.from_config(config)
+
+    return plan_part(
+        "vae", "vae", file, keys, convert, build,
+        lambda shapes: ae_config_from_shapes(shapes, {"norm_num_groups": 32}),
+        lambda exc: ModelError(f"vae = {file.path}: not a whole FLUX.2 VAE ({exc}); {VAE_FIX}"),
+        label="FLUX.2 VAE",
+    )  # fmt: skip
+
+
+def inspect(checked) -> tuple[dict, bool]:
+    """(the sampling scheduler's config, whether the model is distilled: model_index.json's
+    ``is_distilled``, a file's header or name); ModelError when the text encoder's three states
+    do not make the transformer's text width."""
+    text = checked.part_config("text_encoder")
+    width = 3 * text.get("text_config", text)["hidden_size"]
+    takes = checked.config["joint_attention_dim"]
+    if width != takes:
+        raise ModelError(
+            f"{checked.part_source('text_encoder')} gives {width}-wide states and the transformer "
+            f"takes {takes}: set text_encoder to this model's (klein 4B: qwen_3_4b, 9B: qwen_3_8b)"
+        )
+    if not isinstance(checked, CheckedFolder):
+        file = checked.plans["transformer"].file
+        stored, name = file.metadata.get(DISTILLED_KEY), file.path.name.lower()
+        if stored in ("true", "false"):
+            return dict(SCHEDULER_CONFIG), stored == "true"
+        # as Black Forest Labs names them: a klein file without "base" is the distilled model
+        return dict(SCHEDULER_CONFIG), "klein" in name and "base" not in name
+    scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
+    distilled = bool(read_json(checked.model_dir / "model_index.json").get("is_distilled"))
+    return {k: v for k, v in scheduler.items() if not k.startswith("_")}, distilled
+
+
+def _folder_tokenizer(folder):
+    """The folder's tokenizer/ (dev's: a Pixtral processor's, with the same chat template), or
+    tokenizer_path's."""
+    return folder_or_path_tokenizer(
+        folder.model_dir, folder.model.tokenizer_path, "FLUX.2", _TOKENIZER_HINT
+    )
+
+
+def _files_tokenizer(checked):
+    return load_local_tokenizer(
+        checked.model.tokenizer_path, checked.part_config("text_encoder")["vocab_size"],
+        checked.model_dir, "Qwen3", _TOKENIZER_HINT,
+    )  # fmt: skip
+
+
+def _spec(kind: str) -> FamilySpec:
+    text = (
+        ComponentFile("text_encoder", "[flow]", QWEN3_WHAT, plan_qwen3) if kind == "klein" else None
+    )
+    return FamilySpec(
+        family="FLUX.2 (klein or dev)",
+        pipeline=PIPELINES[kind],
+        parts=(
+            SpecPart(
+                "denoiser", "transformer", f"diffusers:{TRANSFORMER_CLASS}", label="FLUX.2 transformer",
+                main=MainFile(
+                    names=TABLE,
+                    # the shared modulation tells FLUX.2 from FLUX.1
+                    original_marks=("double_stream_modulation_img.lin.weight",),
+                    diffusers_marks=("double_stream_modulation_img.linear.weight",),
+                    config_from_shapes=transformer_config,
+                    damaged=re.compile(r'"(model\.diffusion_model\.)?double_stream_modulation_img\.'),
+                    example="flux-2-klein-base-4b.safetensors",
+                ),
+            ),
+            SpecPart(
+                "vae", "vae", f"diffusers:{VAE_CLASS}",
+                file=ComponentFile("vae", "[model]", "the FLUX.2 VAE (flux2-vae.safetensors or a diffusers "
+                                   "AutoencoderKLFlux2 folder)", _vae_file,
+                                   other=lambda path: partial(load_vae_folder, path)),
+            ),
+            SpecPart("text_encoder", "text_encoder", TEXT_ENCODER_CLASS[kind], file=text),
+        ),
+        tokenizers=(FolderTokenizer("tokenizer", _folder_tokenizer, read_files=_files_tokenizer),),
+        inspect=inspect,
+        other={"scheduler": "scheduler_config.json"},
+    )  # fmt: skip
+
+
+SPECS = {kind: _spec(kind) for kind in PIPELINES}
