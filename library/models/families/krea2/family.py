@@ -8,31 +8,35 @@ as Krea and ComfyUI distribute raw.safetensors."""
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from library.errors import ConfigError
-from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
 from library.models.families.krea2 import spec
-from library.models.families.krea2.key_map import krea2_names
+from library.models.families.krea2.keys import TABLE
 from library.models.families.krea2.objective import krea2_flow_options
 from library.models.families.krea2.sampling import LENGTHS, krea2_pipeline_kind
 from library.models.families.krea2.turbo import turbo_weights
+from library.models.families.spec_loader import write_main_file
 from library.models.families.transformer_family import swappable_tails
 from library.models.patch_tokens import grid_positions, pack, unpack
 from library.models.text_encoders.qwen3_vl import unused_layers
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 from library.networks.fused_keys import linears_inside
+from library.networks.key_maps import AliasedPathNames
 from library.networks.kohya_names import unwrap
-from library.saving.streamed import block_groups, save_streamed
+from library.networks.path_names import PREFIX, path_names
 
 PROJECTOR = "text_fusion.projector"  # 12 weights: an adapter of any rank would outweigh it
+# Adapter files: the original names written (keys.py), every other tool's read
+NAMES = path_names(
+    "Krea 2", "transformer_blocks.0.attn.to_q", TABLE, ("base_model.model.",), writes_original=True
+)
 # LyCORIS preset -> which Linears it adapts (musubi-tuner's LoRA adapts every one)
 _LYCORIS_PRESETS = {
     "full": lambda path: True,
@@ -123,7 +127,8 @@ class Krea2Family(ModelFamily):
         return {p: "linear" for p in paths if chosen(p) and p != PROJECTOR}
 
     def adapter_key_map(self):
-        return krea2_names()
+        """Written in the original names, alpha folded (keys.py); read under every name."""
+        return AliasedPathNames(prefix=PREFIX, names=NAMES, folds_alpha=True)
 
     def bucket_grid(self, denoiser) -> int:
         return self.PIXEL_MULTIPLE
@@ -152,10 +157,7 @@ class Krea2Family(ModelFamily):
     def write_full_model(self, path, denoiser, components, metadata, dtype):
         """The transformer alone in the original names (as raw.safetensors, which ComfyUI and
         diffusers' from_single_file read), its config in the header for exact reloading."""
-        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
-        header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
-        groups = block_groups(denoiser.state_dict(), ("transformer_blocks.",))
-        save_streamed(path, [(g, spec.state_to_original) for g in groups], header, dtype)
+        write_main_file(spec.SPEC, path, denoiser, metadata, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser,)
