@@ -143,10 +143,3 @@ class AliasedPathNames(PathNames):
     def read(self, models, tensors, source, metadata=None):
         model = kohya_names.unwrap(models[kohya_names.UNET])
         load_file_tensors(kind_in([model]), model, tensors, self.names, source, metadata)
-
-
-@dataclass(frozen=True)
-class PeftFoldedNames(AliasedPathNames):
-    """:class:`AliasedPathNames` with ``folds_alpha`` (kept until its one user moves)."""
-
-    folds_alpha: bool = True
