@@ -1,12 +1,10 @@
 """Krea 2's transformer in its original names (Krea's raw.safetensors / turbo.safetensors and
 ComfyUI's, as diffusers' single-file and LoRA converters read them) as a name table
 (families/name_table.py): each diffusers Linear is one original Linear, each main block's
-modulation table [6, width] is stored flat. Its adapter files (networks/path_names.py) are
-written as ``diffusion_model.<original path>`` with peft's tensors, alpha / r folded into the
-up factor: the layout diffusers' Krea2LoraLoaderMixin and ComfyUI both apply completely
-(diffusers refuses any other key, an ``.alpha`` or kohya's ``lora_unet_`` names included). They
-are read under every name networks/path_names.py lists, and ai-toolkit's peft files'
-``base_model.model.<original path>``."""
+modulation table [6, width] is stored flat. Adapter files (family.py, networks/path_names.py)
+are written as ``diffusion_model.<original path>`` with peft's tensors, alpha / r folded into
+the up factor: the layout diffusers' Krea2LoraLoaderMixin and ComfyUI both apply completely
+(diffusers refuses any other key, an ``.alpha`` or kohya's ``lora_unet_`` names included)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,13 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.models.families.krea2.family import krea2_family
-from library.models.families.krea2.objective import Krea2FlowObjective, krea2_flow_options
-from library.models.families.krea2.spec import PATCH, SPEC, claims_krea2
+from library.models.families.krea2.spec import (
+    PATCH,
+    SPEC,
+    Krea2FlowObjective,
+    claims_krea2,
+    flow_options,
+)
 from library.models.families.krea2.turbo import check_turbo
 from library.models.families.spec_loader import load_spec
 from library.models.loader import Components
@@ -42,7 +47,7 @@ def load_krea2(
         vae=vae,
         text_encoders=(text_encoder,),
         tokenizers=tuple(loaded.tokenizers.values()),
-        objective=Krea2FlowObjective(krea2_flow_options(flow), facts.scheduler, patch=PATCH),
+        objective=Krea2FlowObjective(flow_options(flow), facts.scheduler, patch=PATCH),
         family=krea2_family(facts.taps, facts.distilled, flow.turbo_dit),
         model_dir=loaded.model_dir,
     )

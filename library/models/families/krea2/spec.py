@@ -28,6 +28,7 @@ from library.models.families.spec import ComponentFile, FamilySpec, MainFile, Sp
 from library.models.families.spec_loader import claimer
 from library.models.loader import read_json
 from library.models.text_encoders.qwen3_vl import TappedQwen3VL
+from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 
 TAPS = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)  # the pipeline's default select layers
 MAX_TOKENS = 512  # the pipeline's max_sequence_length
@@ -51,6 +52,25 @@ def taps_for(depth: int, count: int) -> tuple[int, ...]:
 def text_taps(layers=TAPS, max_tokens: int = MAX_TOKENS) -> TappedQwen3VL:
     """How Krea 2 reads Qwen3-VL (the pipeline's template, drop and taps)."""
     return TappedQwen3VL(PREFIX, SUFFIX, 34, 5, tuple(layers), max_tokens)
+
+
+# Training sigmas: musubi-tuner's Krea 2 guide (shift 2.5, the pipeline's at 1024 x 1024, no
+# weighting); any [flow] draw key replaces them. The raw output is the velocity noise - x0.
+DEFAULTS = {"timestep_sampling": "shift", "sigmoid_scale": 1.0, "discrete_flow_shift": 2.5,
+            "weighting_scheme": "none", "model_prediction_type": "raw"}  # fmt: skip
+
+
+def flow_options(flow: object) -> FlowOptions:
+    """The set [flow] draw keys over the defaults."""
+    return flow_options_over(flow, DEFAULTS)
+
+
+class Krea2FlowObjective(VelocityObjective):
+    """Rectified flow (FlowMatchEulerDiscreteScheduler): x_t = (1 - sigma) x0 + sigma noise,
+    the transformer's timestep is sigma, its output the velocity (``scheduler.step`` takes it
+    as it is)."""
+
+    LABEL = "Krea 2"
 
 
 def scheduler_config() -> dict:
