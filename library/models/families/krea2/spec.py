@@ -13,7 +13,6 @@ the schedule (exponential shift, mu from 0.5 at 256 tokens to 1.15 at 6400; Turb
 
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
 from library.models.loader import read_json
+from library.models.released_configs import video_vae16_config
 from library.models.text_encoders.qwen3_vl import TappedQwen3VL
 from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 
@@ -106,14 +106,6 @@ def transformer_config(plain) -> dict:
     return config
 
 
-def _released_vae() -> dict:
-    """The Qwen-Image VAE's config: diffusers' AutoencoderKLQwenImage defaults are it."""
-    from diffusers import AutoencoderKLQwenImage
-
-    parameters = inspect.signature(AutoencoderKLQwenImage.__init__).parameters.values()
-    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
-
-
 @dataclass(frozen=True)
 class Facts:
     """The sampling scheduler, the pipeline's taps and whether the transformer is Turbo."""
@@ -184,7 +176,7 @@ SPEC = FamilySpec(
         SpecPart(
             "vae", "vae", "diffusers:AutoencoderKLQwenImage",
             file=ComponentFile("vae", "[model]", WHATS["vae"], lambda file: wan_vae_file.plan_vae(
-                file, "vae", WHATS["vae"], _released_vae, "Qwen-Image VAE")),
+                file, "vae", WHATS["vae"], video_vae16_config, "Qwen-Image VAE")),
         ),
         SpecPart(
             "text_encoder", "text_encoder", "transformers:Qwen3VLModel",
