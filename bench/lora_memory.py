@@ -143,7 +143,9 @@ def krea2_components(config, folder: Path) -> Components:
         vae = AutoencoderKLQwenImage()
         text = Qwen3VLModel(Qwen3VLConfig(**QWEN3VL_4B))
     tokenizer = _tokenizer(write_tiny_qwen3vl_tokenizer(folder / "qwen3vl"))
-    objective = spec.Krea2FlowObjective(spec.flow_options(config.flow), spec.scheduler_config())
+    objective = spec.Krea2FlowObjective(
+        spec.flow_options(config.flow), spec.scheduler_config(), patch=spec.PATCH
+    )
     return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, krea2_family())
 
 
