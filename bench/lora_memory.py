@@ -135,7 +135,6 @@ def krea2_components(config, folder: Path) -> Components:
 
     from library.models.families.krea2 import spec
     from library.models.families.krea2.family import krea2_family
-    from library.models.families.krea2.objective import Krea2FlowObjective, krea2_flow_options
     from library.models.families.qwen3_vl_file import QWEN3VL_4B
     from tests.kits.krea2.tiny_tokenizer import write_tiny_qwen3vl_tokenizer
 
@@ -144,7 +143,9 @@ def krea2_components(config, folder: Path) -> Components:
         vae = AutoencoderKLQwenImage()
         text = Qwen3VLModel(Qwen3VLConfig(**QWEN3VL_4B))
     tokenizer = _tokenizer(write_tiny_qwen3vl_tokenizer(folder / "qwen3vl"))
-    objective = Krea2FlowObjective(krea2_flow_options(config.flow), spec.scheduler_config())
+    objective = spec.Krea2FlowObjective(
+        spec.flow_options(config.flow), spec.scheduler_config(), patch=spec.PATCH
+    )
     return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, krea2_family())
 
 

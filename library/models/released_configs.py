@@ -5,10 +5,14 @@ kwargs), with their sources.
   transformer families (kohya-ss/sd-scripts library/flux_utils.py ``load_t5xxl`` copies it);
 - ``ae16_config``: the 16-channel autoencoder without quant convolutions that Black Forest Labs
   released as ae.safetensors (AutoEncoderParams in their repository, as sd-scripts'
-  library/flux_models.py copies them), which later families ship unchanged.
+  library/flux_models.py copies them), which later families ship unchanged;
+- ``video_vae16_config``: the 16-channel video VAE (Wan 2.1's layout) that Qwen-Image released
+  and Krea 2 ships too (diffusers' AutoencoderKLQwenImage defaults are its released config).
 """
 
 from __future__ import annotations
+
+import inspect
 
 AE16_LATENT_CHANNELS = 16
 
@@ -55,3 +59,11 @@ def ae16_config() -> dict:
         "use_post_quant_conv": False,
         "mid_block_add_attention": True,
     }
+
+
+def video_vae16_config() -> dict:
+    """AutoencoderKLQwenImage kwargs of the released 16-channel video VAE: the defaults."""
+    from diffusers import AutoencoderKLQwenImage
+
+    parameters = inspect.signature(AutoencoderKLQwenImage.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}

@@ -11,9 +11,10 @@ module's tensors, so writing and reading a file is the same code for every kind:
   module names, some of which stand for several diffusers layers (FLUX.1's and SD3's fused
   qkv; library/networks/fused_keys.py). A file may leave some of those modules out.
 - :class:`PathNames`: the denoiser alone, each layer as a fixed prefix plus its module path
-  (Z-Image's and Qwen-Image's ``diffusion_model.<path>``); :class:`AliasedPathNames` reads
-  those files in every other tool's names too; :class:`PeftFoldedNames` writes each layer
-  under a name of its own (Krea 2's original names) in peft's tensors, alpha folded in.
+  (Z-Image's and Qwen-Image's ``diffusion_model.<path>``); :class:`AliasedPathNames` writes
+  each layer under the name its ``LinearNames`` writes (library/networks/path_names.py: the
+  diffusers path, or the original model's) and reads those files in every other tool's names
+  too; with ``folds_alpha`` a LoRA is written in peft's tensors, alpha folded in (Krea 2).
 """
 
 from __future__ import annotations
@@ -121,26 +122,24 @@ class PathNames(KeyMap):
 
 @dataclass(frozen=True)
 class AliasedPathNames(PathNames):
-    """:class:`PathNames` written; read under every name ``names`` lists for a Linear (other
-    tools' layouts, library/networks/linear_files.py), per adapter kind."""
+    """Each layer written as ``names.written(path)``, sorted by path; read under every name
+    ``names`` lists for a Linear (other tools' layouts, library/networks/linear_files.py), per
+    adapter kind. ``folds_alpha``: a LoRA is written in peft's tensor names with alpha / r
+    folded into lora_B, for a family whose readers take no alpha there (diffusers' converters
+    of original names, ComfyUI); LyCORIS modules keep their kind's tensors."""
 
     names: LinearNames
+    folds_alpha: bool = False
     reads_peft = True
+
+    def modules(self, prefix, model):
+        paths = sorted(adapted_paths(model))
+        return [FileModule(self.names.written(path), (path,)) for path in paths]
+
+    def write(self, models):
+        tensors = super().write(models)
+        return fold_into_peft(tensors) if self.folds_alpha else tensors
 
     def read(self, models, tensors, source, metadata=None):
         model = kohya_names.unwrap(models[kohya_names.UNET])
         load_file_tensors(kind_in([model]), model, tensors, self.names, source, metadata)
-
-
-@dataclass(frozen=True)
-class PeftFoldedNames(AliasedPathNames):
-    """Read as :class:`AliasedPathNames`; written under ``names.written(path)`` (another name
-    than ``prefix + path``, such as the original model's), a LoRA in peft's tensor names with
-    alpha / r folded into lora_B, for a family whose readers take no alpha there (diffusers'
-    converters of original names, ComfyUI); LyCORIS modules keep their kind's tensors."""
-
-    def modules(self, prefix, model):
-        return [FileModule(self.names.written(path), (path,)) for path in adapted_paths(model)]
-
-    def write(self, models):
-        return fold_into_peft(super().write(models))

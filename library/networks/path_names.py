@@ -10,10 +10,14 @@ paths and, where the original model fuses some of them, from its name table
 ``lycoris_<diffusers path, _ for .>``       SimpleTuner / ai-toolkit's old LoKr files
 ``diffusion_model.<original path>``         ComfyUI's generic names of the original model
 ``lora_unet_<original path, _ for .>``      kohya's original names
+``<head><original path>``                   further heads a family names (ai-toolkit's
+                                            ``base_model.model.``)
 =========================================  =====================================================
 
-The last two exist only for Linears the name table renames; a module the original fuses
-(``attention.qkv``) stands for its diffusers parts in row order. Names are never guessed back
+The original names exist only for Linears the name table renames; a module the original fuses
+(``attention.qkv``) stands for its diffusers parts in row order. A family whose original names
+are one per Linear may write them (``writes_original``: Krea 2, whose readers in diffusers take
+only those) instead of ``diffusion_model.<diffusers path>``. Names are never guessed back
 from underscores: every one is made from a path the model has.
 """
 
@@ -48,9 +52,12 @@ def fused_parts(table, original: str) -> tuple[str, ...]:
     return tuple(k.removesuffix(".weight") for k in table.diffusers_keys(original + ".weight"))
 
 
-def path_modules(transformer: nn.Module, table=None) -> dict[str, tuple[str, ...]]:
-    """Every module name an adapter file may use for ``transformer`` (module docstring) -> the
-    diffusers Linears it stands for (a fused module's parts in row order; else one)."""
+def path_modules(
+    transformer: nn.Module, table=None, heads: tuple[str, ...] = ()
+) -> dict[str, tuple[str, ...]]:
+    """Every module name an adapter file may use for ``transformer`` (module docstring;
+    ``heads``: further prefixes of the original names) -> the diffusers Linears it stands for
+    (a fused module's parts in row order; else one)."""
     modules: dict[str, tuple[str, ...]] = {}
 
     def add(name: str, parts: tuple[str, ...]) -> None:
@@ -65,6 +72,8 @@ def path_modules(transformer: nn.Module, table=None) -> dict[str, tuple[str, ...
         original = original_module(table, path)
         if original != path:
             fused.setdefault(original, []).append(path)
+        for head in heads:
+            add(head + original, (path,))
     for original, paths in fused.items():
         parts = tuple(p for p in fused_parts(table, original) if p in paths)
         if len(parts) != len(paths):
@@ -76,15 +85,20 @@ def path_modules(transformer: nn.Module, table=None) -> dict[str, tuple[str, ...
     return modules
 
 
-def path_names(family: str, example: str, table=None) -> LinearNames:
+def path_names(
+    family: str, example: str, table=None, heads: tuple[str, ...] = (),
+    writes_original: bool = False,
+) -> LinearNames:  # fmt: skip
     """How the files of ``family`` name its Linears (``example``: one diffusers Linear path, for
-    messages), for the shared readers of other tools' layouts."""
+    messages), for the shared readers of other tools' layouts; written as
+    ``diffusion_model.<diffusers path>``, or ``<original path>`` with ``writes_original``."""
+    written = (lambda path: original_module(table, path)) if writes_original else str
     return LinearNames(
         family=family,
-        table=lambda transformer: path_modules(transformer, table),
-        written=lambda path: PREFIX + path,
+        table=lambda transformer: path_modules(transformer, table, heads),
+        written=lambda path: PREFIX + written(path),
         peft_prefix=PEFT_PREFIX,
-        examples=f"{PREFIX}{example} or {underscored(KOHYA_PREFIX, example)}",
+        examples=f"{PREFIX}{written(example)} or {underscored(KOHYA_PREFIX, example)}",
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from library.models.families.krea2.spec import state_from_original
+from library.models.families.krea2.keys import TABLE
 from tests.integration.harness import make_images, tensors, train, write_config
 from tests.kits.krea2.tiny import write_tiny_krea2_folder
 from tests.kits.krea2.tiny_files import write_tiny_krea2_files
@@ -55,7 +55,7 @@ def test_lora_trains_and_diffusers_applies_the_file(tmp_path, images):
             continue
         up = saved[key.replace("lora_A", "lora_B")]
         original = key[len(PREFIX) : -len(".lora_A.weight")]
-        weight = next(iter(state_from_original({original + ".weight": up})))
+        weight = next(iter(TABLE.from_original({original + ".weight": up})))
         expected = base[weight] + up.float() @ down.float()
         torch.testing.assert_close(fused[weight], expected, rtol=1e-5, atol=1e-6, msg=key)
         changed += 1
@@ -68,7 +68,6 @@ def test_full_fine_tune_from_single_files_writes_a_file_that_reloads(tmp_path, i
     from library.config.schema import ModelSection
     from library.models.families.krea2.family import Krea2Family
     from library.models.families.krea2.load import load_krea2
-    from library.models.families.krea2.spec import state_to_original
 
     trained = {}
     real = Krea2Family.write_full_model
@@ -87,7 +86,7 @@ def test_full_fine_tune_from_single_files_writes_a_file_that_reloads(tmp_path, i
                           save_precision="float")  # fmt: skip
     assert train(config) == 0
     saved = tensors(out / "run.safetensors")
-    want = state_to_original(trained)
+    want = TABLE.to_original(trained)
     assert saved.keys() == want.keys()  # the original names, no prefix, the transformer alone
     assert all(torch.equal(saved[k], v) for k, v in want.items())
     model = ModelSection(pretrained_model_name_or_path=str(out / "run.safetensors"),

@@ -86,3 +86,23 @@ def test_groups_linears_and_counts(state):
     }
     assert count_numbered(state, "single_transformer_blocks") == 2
     assert count_numbered(state, "no_such_blocks") == 0
+
+
+def test_whole_stems_and_flat_rows():
+    """A modulation table named like a Linear is one key (``whole``), and one stored flat in the
+    original comes back with the diffusers tensor's rows (``rows``), both ways."""
+    table = NameTable(
+        top={"last.mod.lin": "norm_out.table"},
+        lists=(("blocks", "transformer_blocks", {"mod.lin": "table", "wq": "attn.to_q"}),),
+        model="Toy",
+        whole=("mod.lin", "last.mod.lin"),
+        rows={"mod.lin": 6},
+    )
+    table6, last, q = torch.randn(6, 4), torch.randn(2, 4), torch.randn(4, 4)
+    state = {"transformer_blocks.0.table": table6, "norm_out.table": last,
+             "transformer_blocks.0.attn.to_q.weight": q}  # fmt: skip
+    original = table.to_original(state)
+    want = {"blocks.0.mod.lin": table6.flatten(), "last.mod.lin": last, "blocks.0.wq.weight": q}
+    _same(original, want)
+    _same(table.from_original(original), state)
+    assert table.linears("blocks") == (("wq", ("attn.to_q",)),)

@@ -55,12 +55,16 @@ _NUMBERED = re.compile(r"(.+?)\.(\d+)\.(.+)")
 _WHOLE = ("scale", "weight", "bias")
 
 
-def _expand(table: Mapping[str, Stem]) -> dict[str, tuple[str, ...]]:
+def _is_whole(stem: str, whole: Iterable[str] = ()) -> bool:
+    return stem.rsplit(".", 1)[-1] in _WHOLE or stem in whole
+
+
+def _expand(table: Mapping[str, Stem], whole: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
     """Stems -> whole keys: original key -> diffusers keys."""
     out = {}
     for old, new in table.items():
         new = (new,) if isinstance(new, str) else new
-        if old.rsplit(".", 1)[-1] in _WHOLE:
+        if _is_whole(old, whole):
             out[old] = new
             continue
         for param in ("weight", "bias"):
@@ -107,7 +111,9 @@ class NameTable:
     (an adaLN's shift/scale); ``model``: the diffusers class, as messages name it; ``width_key``:
     the original key whose rows are the hidden size (a 4-way fused split needs it);
     ``same_elsewhere``: a name the table does not list is the same on both sides (else it is
-    refused as not the model's)."""
+    refused as not the model's); ``whole``: further stems that are whole keys (a modulation
+    table named like a Linear); ``rows``: stems of whole keys the original stores flat, with
+    the number of rows of the diffusers tensor."""
 
     top: Mapping[str, Stem]
     lists: tuple[tuple[str, str, Mapping[str, Stem]], ...]
@@ -115,14 +121,16 @@ class NameTable:
     swapped: tuple[str, ...] = ()
     width_key: str = "img_in.weight"
     same_elsewhere: bool = False
+    whole: tuple[str, ...] = ()
+    rows: Mapping[str, int] = field(default_factory=dict)
     _top: dict = field(init=False, repr=False, compare=False)
     _lists: dict = field(init=False, repr=False, compare=False)
     _top_back: dict = field(init=False, repr=False, compare=False)
     _lists_back: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        top = _expand(self.top)
-        lists = {old: (new, _expand(stems)) for old, new, stems in self.lists}
+        top = _expand(self.top, self.whole)
+        lists = {old: (new, _expand(stems, self.whole)) for old, new, stems in self.lists}
         back = {new: (old, _back(keys)) for old, (new, keys) in lists.items()}
         for name, value in (("_top", top), ("_lists", lists), ("_top_back", _back(top))):
             object.__setattr__(self, name, value)
@@ -140,7 +148,7 @@ class NameTable:
         return tuple(
             (old, (new,) if isinstance(new, str) else tuple(new))
             for old, new in stems.items()
-            if old.rsplit(".", 1)[-1] not in _WHOLE
+            if not _is_whole(old, self.whole)
         )
 
     def original_group(self, key: str, prefix: str = "") -> str:
@@ -186,7 +194,15 @@ class NameTable:
         for key in self.swapped:
             if key in out:
                 out[key] = swap_halves(out[key])
+        for key, value in out.items():
+            if self._stem(key) in self.rows:
+                out[key] = value.reshape(-1)
         return out
+
+    def _stem(self, key: str) -> str:
+        """An original key's stem: within its numbered entry, else the key."""
+        m = _NUMBERED.match(key)
+        return m.group(3) if m and m.group(1) in self._lists else key
 
     def _width(self, state: Mapping[str, torch.Tensor]) -> int:
         if self.width_key in state:
@@ -205,6 +221,8 @@ class NameTable:
             new_keys = self.diffusers_keys(key)
             if key in self.swapped:
                 value = swap_halves(value)
+            if self._stem(key) in self.rows:
+                value = value.reshape(self.rows[self._stem(key)], -1)
             if len(new_keys) == 4:  # q|k|v|mlp-in: three of the hidden size, the MLP's the rest
                 width = width or self._width(state)
                 pieces = value.split([width] * 3 + [value.shape[0] - 3 * width], dim=0)

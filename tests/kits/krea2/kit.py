@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from library.models.families.krea2.family import krea2_family
-from library.models.families.krea2.spec import state_from_original, state_to_original
+from library.models.families.krea2.keys import TABLE
 from library.training.noise import NoiseOptions, draw
 from tests.kits.conformance_kit import (
     ConformanceKit,
@@ -157,8 +157,8 @@ KIT = ConformanceKit(
     family=lambda variant, modules: krea2_family(TAPS, distilled=variant == "turbo"),
     denoiser_inputs=_inputs,
     denoiser_names=NameTable(
-        to_original=state_to_original,
-        from_original=state_from_original,
+        to_original=lambda state, config: TABLE.to_original(state),
+        from_original=lambda original, config: TABLE.from_original(original),
         reference=_reference_names,
     ),  # fmt: skip
     sample_cases=_sample_cases,

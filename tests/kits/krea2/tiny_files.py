@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from library.models.checkpoint_parts import CONFIG_METADATA
-from library.models.families.krea2.spec import ORIGINAL_PREFIX, state_to_original
+from library.models.families.krea2.keys import TABLE
+from library.models.families.name_table import CHECKPOINT_PREFIX
 from library.models.wan_vae_keys import vae_to_original
 from tests.kits.krea2.tiny import build_tiny_krea2_components, text_encoder_config
 from tests.kits.krea2.tiny_tokenizer import write_tiny_qwen3vl_tokenizer
@@ -33,9 +34,9 @@ def write_tiny_krea2_files(path, seed=0, dtype=torch.float32, comfy=False) -> di
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     modules = build_tiny_krea2_components(seed)
-    head = ORIGINAL_PREFIX if comfy else ""
+    head = CHECKPOINT_PREFIX if comfy else ""
     original = {
-        head + k: v for k, v in state_to_original(modules["transformer"].state_dict()).items()
+        head + k: v for k, v in TABLE.to_original(modules["transformer"].state_dict()).items()
     }
     encoder = modules["text_encoder"]
     text = {"model." + k: v for k, v in encoder.state_dict().items()}

@@ -61,12 +61,14 @@ def test_every_linear_has_one_original_name_diffusers_maps_back():
         _convert_non_diffusers_krea2_lora_to_diffusers as convert,
     )
 
+    from library.models.families.krea2.keys import TABLE
     from library.networks.fused_keys import linears_inside
+    from library.networks.path_names import original_module
     from tests.kits.krea2.tiny import transformer_config
 
     model = Krea2Transformer2DModel(**transformer_config())
     paths = linears_inside(model)
-    keys = {f"diffusion_model.{spec.linear_original(p)}.lora_A.weight": torch.zeros(1)
+    keys = {f"diffusion_model.{original_module(TABLE, p)}.lora_A.weight": torch.zeros(1)
             for p in paths}  # fmt: skip
     assert sorted(convert(keys)) == sorted(f"transformer.{p}.lora_A.weight" for p in paths)
 

@@ -77,7 +77,7 @@ KREA2 = FamilyEntry(
         variant_labels={"krea2": "Krea 2"},
         version_marks=(("krea2", _LINE),),
         # the original names (Krea's and ComfyUI's), whose kohya form musubi-tuner writes
-        to_original=Deferred(f"{_PACKAGE}.spec:state_to_original"),
+        to_original=Deferred(f"{_PACKAGE}.keys:state_to_original"),
         own_layout="comfyui",
         folds_alpha=True,
         layout_names={

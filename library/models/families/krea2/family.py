@@ -3,36 +3,81 @@ Qwen-Image VAE's one-frame clips normalised per channel; captions are Qwen3-VL's
 [B, L, taps, width] at each caption's own length, handed to the transformer with their mask,
 the 2x2 patch tokens and the (t, h, w) positions of both; only the transformer trains (as
 musubi-tuner: no Qwen3-VL adapters); a full fine-tune is the transformer in the original names,
-as Krea and ComfyUI distribute raw.safetensors."""
+as Krea and ComfyUI distribute raw.safetensors.
+
+Samples through diffusers' Krea2Pipeline fed our conditioning: Euler over the folder's
+scheduler (resolution-aware shift; Turbo, the pipeline's ``is_distilled``: mu = 1.15). Its
+guidance is cond + g (cond - uncond), on when g > 0: the usual CFG at scale 1 + g, so a prompt's
+``scale`` s (musubi-tuner's ``--l``) is g = s - 1; unset, 5.5 (the pipeline's 4.5) for RAW, 1
+(none) for Turbo. Sides are rounded down to multiples of 16."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from library.errors import ConfigError
-from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
 from library.models.families.krea2 import spec
-from library.models.families.krea2.key_map import krea2_names
-from library.models.families.krea2.objective import krea2_flow_options
-from library.models.families.krea2.sampling import LENGTHS, krea2_pipeline_kind
+from library.models.families.krea2.keys import TABLE
 from library.models.families.krea2.turbo import turbo_weights
+from library.models.families.spec_loader import write_main_file
 from library.models.families.transformer_family import swappable_tails
 from library.models.patch_tokens import grid_positions, pack, unpack
 from library.models.text_encoders.qwen3_vl import unused_layers
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 from library.networks.fused_keys import linears_inside
+from library.networks.key_maps import AliasedPathNames
 from library.networks.kohya_names import unwrap
-from library.saving.streamed import block_groups, save_streamed
+from library.networks.path_names import PREFIX, path_names
+from library.sampling.pipelines import PipelineKind, on_grid
+
+LENGTHS = "caption_lengths"  # the conditioning entry of each caption's own length
+
+
+def krea2_pipeline_kind(taps: tuple[int, ...], distilled: bool) -> PipelineKind:
+    """diffusers' Krea2Pipeline fed our conditioning (module docstring)."""
+    return PipelineKind(
+        "Krea2Pipeline",
+        options={"text_encoder_select_layers": taps, "is_distilled": distilled},
+        denoiser_argument="transformer",
+        call_inputs=krea2_pipeline_inputs,
+        prompt_defaults={"sampler": "euler", "scale": 1.0 if distilled else 5.5},
+    )
+
+
+def krea2_pipeline_inputs(cond, prompt) -> dict:
+    """Call keywords from the conditioning of [prompt, negative prompt]: both at one width
+    (the pipeline gives them the same positions), each with the mask of its own length."""
+    extra = sorted(set(cond.unet_kwargs) - {LENGTHS})
+    if extra:
+        raise ValueError(f"no Krea2Pipeline argument carries the conditioning input {extra[0]!r}")
+    hidden = cond.encoder_hidden_states
+    masks = torch.arange(hidden.shape[1])[None, :] < cond.unet_kwargs[LENGTHS].reshape(-1, 1)
+    masks = masks.to(hidden.device)
+    guidance = max(float(prompt.scale) - 1.0, 0.0)
+    inputs = {
+        "prompt_embeds": hidden[:1],
+        "prompt_embeds_mask": masks[:1],
+        "guidance_scale": guidance,
+        "width": on_grid(prompt.width, spec.PIXEL_MULTIPLE),
+        "height": on_grid(prompt.height, spec.PIXEL_MULTIPLE),
+    }
+    if guidance > 0:
+        inputs |= {"negative_prompt_embeds": hidden[1:2], "negative_prompt_embeds_mask": masks[1:2]}
+    return inputs
+
 
 PROJECTOR = "text_fusion.projector"  # 12 weights: an adapter of any rank would outweigh it
+# Adapter files: the original names written (keys.py), every other tool's read
+NAMES = path_names(
+    "Krea 2", "transformer_blocks.0.attn.to_q", TABLE, ("base_model.model.",), writes_original=True
+)
 # LyCORIS preset -> which Linears it adapts (musubi-tuner's LoRA adapts every one)
 _LYCORIS_PRESETS = {
     "full": lambda path: True,
@@ -123,7 +168,8 @@ class Krea2Family(ModelFamily):
         return {p: "linear" for p in paths if chosen(p) and p != PROJECTOR}
 
     def adapter_key_map(self):
-        return krea2_names()
+        """Written in the original names, alpha folded (keys.py); read under every name."""
+        return AliasedPathNames(prefix=PREFIX, names=NAMES, folds_alpha=True)
 
     def bucket_grid(self, denoiser) -> int:
         return self.PIXEL_MULTIPLE
@@ -133,7 +179,7 @@ class Krea2Family(ModelFamily):
 
     def metadata_keys(self, config):
         """The run's flow-matching draw, in kohya's ss_* names."""
-        o = krea2_flow_options(config.flow)
+        o = spec.flow_options(config.flow)
         keys = ("timestep_sampling", "discrete_flow_shift", "weighting_scheme", "sigmoid_scale")
         return {f"ss_{k}": getattr(o, k) for k in keys}
 
@@ -152,10 +198,7 @@ class Krea2Family(ModelFamily):
     def write_full_model(self, path, denoiser, components, metadata, dtype):
         """The transformer alone in the original names (as raw.safetensors, which ComfyUI and
         diffusers' from_single_file read), its config in the header for exact reloading."""
-        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
-        header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
-        groups = block_groups(denoiser.state_dict(), ("transformer_blocks.",))
-        save_streamed(path, [(g, spec.state_to_original) for g in groups], header, dtype)
+        write_main_file(spec.SPEC, path, denoiser, metadata, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser,)

@@ -1,17 +1,35 @@
 """Krea 2's facts as data (diffusers 0.42.1's Krea2Pipeline, Krea2Transformer2DModel and its
-single-file and LoRA converters; musubi-tuner's docs/krea2.md): the pipeline's parts
-(transformer, the Qwen-Image VAE, Qwen3VLModel, tokenizer, scheduler; model_index.json's
-text_encoder_select_layers and is_distilled), its text template (Qwen-Image's, padded before
-its 5 closing tokens, the first 34 dropped) and taps, its schedule (exponential shift, mu from
-0.5 at 256 tokens to 1.15 at 6400; Turbo: mu = 1.15), and the transformer's original names
-(Krea's raw.safetensors and ComfyUI's: each diffusers Linear one original Linear)."""
+single-file converter; musubi-tuner's docs/krea2.md), its models for the shared loader
+(library/models/families/spec_loader.py). A Krea2Pipeline folder holds transformer/, the
+Qwen-Image VAE, Qwen3VLModel, tokenizer/ and scheduler/ (model_index.json's
+text_encoder_select_layers and is_distilled). As single files: the transformer
+(pretrained_model_name_or_path, musubi-tuner's --dit: Krea's raw.safetensors / turbo.safetensors
+in the original names, keys.py, bare or under ComfyUI's ``model.diffusion_model.``, or
+diffusers' names), Qwen3-VL ([flow] text_encoder: Comfy-Org's qwen3vl_4b_bf16.safetensors), the
+VAE ([model] vae: qwen_image_vae.safetensors), the tokenizer from tokenizer_path; a file does
+not say whether it is RAW or Turbo: [flow] dit_variant does (unset: raw). Also the text
+template (Qwen-Image's, padded before its 5 closing tokens, the first 34 dropped) and taps, and
+the schedule (exponential shift, mu from 0.5 at 256 tokens to 1.15 at 6400; Turbo: 1.15)."""
 
 from __future__ import annotations
 
-from library.models.text_encoders.qwen3_vl import TappedQwen3VL
+import re
+from dataclasses import dataclass
 
-PIPELINE = "Krea2Pipeline"
-TRANSFORMER_CLASS = "Krea2Transformer2DModel"
+from library.errors import ModelError
+from library.models import shape_configs
+from library.models.families import qwen3_vl_file, wan_vae_file
+from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
+from library.models.families.krea2.keys import TABLE
+from library.models.families.local_tokenizer import folder_or_path_tokenizer, load_local_tokenizer
+from library.models.families.name_table import count_numbered
+from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
+from library.models.families.spec_loader import claimer
+from library.models.loader import read_json
+from library.models.released_configs import video_vae16_config
+from library.models.text_encoders.qwen3_vl import TappedQwen3VL
+from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
+
 TAPS = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)  # the pipeline's default select layers
 MAX_TOKENS = 512  # the pipeline's max_sequence_length
 PATCH = 2
@@ -22,15 +40,6 @@ PREFIX = (
     "<|im_start|>user\n"
 )
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
-
-
-def detect_krea2(keys) -> str | None:
-    """ "transformer" when the keys are a Krea 2 transformer's (its text fusion's projector, a
-    name no other family has, original or diffusers'), else None."""
-    for key in keys:
-        if key.removeprefix(ORIGINAL_PREFIX).startswith(("txtfusion.proj", "text_fusion.proj")):
-            return "transformer"
-    return None
 
 
 def taps_for(depth: int, count: int) -> tuple[int, ...]:
@@ -45,6 +54,25 @@ def text_taps(layers=TAPS, max_tokens: int = MAX_TOKENS) -> TappedQwen3VL:
     return TappedQwen3VL(PREFIX, SUFFIX, 34, 5, tuple(layers), max_tokens)
 
 
+# Training sigmas: musubi-tuner's Krea 2 guide (shift 2.5, the pipeline's at 1024 x 1024, no
+# weighting); any [flow] draw key replaces them. The raw output is the velocity noise - x0.
+DEFAULTS = {"timestep_sampling": "shift", "sigmoid_scale": 1.0, "discrete_flow_shift": 2.5,
+            "weighting_scheme": "none", "model_prediction_type": "raw"}  # fmt: skip
+
+
+def flow_options(flow: object) -> FlowOptions:
+    """The set [flow] draw keys over the defaults."""
+    return flow_options_over(flow, DEFAULTS)
+
+
+class Krea2FlowObjective(VelocityObjective):
+    """Rectified flow (FlowMatchEulerDiscreteScheduler): x_t = (1 - sigma) x0 + sigma noise,
+    the transformer's timestep is sigma, its output the velocity (``scheduler.step`` takes it
+    as it is)."""
+
+    LABEL = "Krea 2"
+
+
 def scheduler_config() -> dict:
     """The released scheduler/ (FlowMatchEulerDiscreteScheduler, Krea 2's dynamic shift)."""
     return {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": True,
@@ -52,58 +80,113 @@ def scheduler_config() -> dict:
             "max_image_seq_len": 6400, "time_shift_type": "exponential"}  # fmt: skip
 
 
-# (diffusers, original) starts of the transformer's top-level parts, the first that fits
-_HEADS = (
-    ("img_in.", "first."), ("time_embed.linear_1.", "tmlp.0."), ("time_embed.linear_2.", "tmlp.2."),
-    ("time_mod_proj.", "tproj.1."), ("txt_in.norm.weight", "txtmlp.0.scale"),
-    ("txt_in.linear_1.", "txtmlp.1."), ("txt_in.linear_2.", "txtmlp.3."),
-    ("text_fusion.", "txtfusion."), ("transformer_blocks.", "blocks."),
-    ("final_layer.linear.", "last.linear."), ("final_layer.norm.weight", "last.norm.scale"),
-    ("final_layer.scale_shift_table", "last.modulation.lin"),
+def transformer_config(plain) -> dict:
+    """Krea2Transformer2DModel kwargs for diffusers-named shapes (KeyError naming a key the
+    sizes are read from); the rotary split is the released one, or its proportions."""
+    width, in_channels = plain["img_in.weight"]
+    head = plain["transformer_blocks.0.attn.norm_q.weight"][0]
+    text = plain["txt_in.linear_1.weight"][1]
+    fusion = "text_fusion.layerwise_blocks.0."
+    text_head = plain[fusion + "attn.norm_q.weight"][0]
+    config = {
+        "in_channels": in_channels, "num_layers": count_numbered(plain, "transformer_blocks"),
+        "attention_head_dim": head, "num_attention_heads": width // head,
+        "num_key_value_heads": plain["transformer_blocks.0.attn.to_k.weight"][0] // head,
+        "intermediate_size": plain["transformer_blocks.0.ff.gate.weight"][0],
+        "timestep_embed_dim": plain["time_embed.linear_1.weight"][1], "text_hidden_dim": text,
+        "num_text_layers": plain["text_fusion.projector.weight"][1],
+        "text_num_attention_heads": text // text_head,
+        "text_num_key_value_heads": plain[fusion + "attn.to_k.weight"][0] // text_head,
+        "text_intermediate_size": plain[fusion + "ff.gate.weight"][0],
+        "num_layerwise_text_blocks": count_numbered(plain, "text_fusion.layerwise_blocks"),
+        "num_refiner_text_blocks": count_numbered(plain, "text_fusion.refiner_blocks"),
+        "axes_dims_rope": (32, 48, 48),
+    }  # fmt: skip
+    shape_configs.fitted_rotary_axes(config, head, "Krea 2 transformer")
+    return config
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The sampling scheduler, the pipeline's taps and whether the transformer is Turbo."""
+
+    scheduler: dict
+    taps: tuple[int, ...]
+    distilled: bool
+
+
+def inspect_parts(checked) -> Facts:
+    """A folder's scheduler, taps (model_index.json's, as many as the transformer reads) and
+    is_distilled; single files name none: the release's taps spaced over Qwen3-VL's layers,
+    the released scheduler, and [flow] dit_variant."""
+    layers = checked.part_config("transformer").get("num_text_layers", len(TAPS))
+    if not isinstance(checked, CheckedFolder):
+        depth = checked.part_config("text_encoder")["text_config"]["num_hidden_layers"]
+        turbo = checked.flow.dit_variant == "turbo"
+        return Facts(scheduler_config(), taps_for(depth, layers), turbo)
+    index = read_json(checked.model_dir / "model_index.json")
+    scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
+    taps = tuple(index.get("text_encoder_select_layers") or TAPS)
+    if len(taps) != layers:
+        raise ModelError(
+            f"{checked.model_dir / 'model_index.json'}: text_encoder_select_layers names "
+            f"{len(taps)} layers and the transformer reads {layers}; the folder is inconsistent"
+        )
+    return Facts(scheduler, taps, bool(index.get("is_distilled", False)))
+
+
+TOKENIZER_WHERE = "a Krea 2 folder's tokenizer/ (Qwen3-VL-4B-Instruct's)"
+WHATS = {
+    "text_encoder": "the Qwen3-VL text encoder (qwen3vl_4b_bf16.safetensors)",
+    "vae": "the Qwen-Image VAE (qwen_image_vae.safetensors)",
+}
+
+
+def _folder_tokenizer(folder: CheckedFolder):
+    """The folder's Qwen3-VL tokenizer, or tokenizer_path's."""
+    return folder_or_path_tokenizer(
+        folder.model_dir, folder.model.tokenizer_path, "Qwen3-VL", TOKENIZER_WHERE
+    )
+
+
+def _files_tokenizer(checked):
+    """tokenizer_path's, as many tokens as the text encoder's embeddings at most."""
+    vocab = checked.part_config("text_encoder")["text_config"]["vocab_size"]
+    return load_local_tokenizer(
+        checked.model.tokenizer_path, vocab, checked.model_dir, "Qwen3-VL", TOKENIZER_WHERE
+    )
+
+
+SPEC = FamilySpec(
+    family="Krea 2",
+    pipeline="Krea2Pipeline",
+    parts=(
+        SpecPart(
+            "denoiser", "transformer", "diffusers:Krea2Transformer2DModel",
+            label="Krea 2 transformer",
+            main=MainFile(
+                names=TABLE,
+                original_marks=("txtfusion.projector.",),  # names only Krea 2 has
+                diffusers_marks=("text_fusion.projector.",),
+                config_from_shapes=transformer_config,
+                damaged=re.compile(r'"(model\.diffusion_model\.)?(txtfusion|text_fusion)\.projector\.'),
+                example="raw.safetensors (krea/Krea-2-Raw)",
+            ),
+        ),
+        SpecPart(
+            "vae", "vae", "diffusers:AutoencoderKLQwenImage",
+            file=ComponentFile("vae", "[model]", WHATS["vae"], lambda file: wan_vae_file.plan_vae(
+                file, "vae", WHATS["vae"], video_vae16_config, "Qwen-Image VAE")),
+        ),
+        SpecPart(
+            "text_encoder", "text_encoder", "transformers:Qwen3VLModel",
+            file=ComponentFile("text_encoder", "[flow]", WHATS["text_encoder"],
+                               lambda file: qwen3_vl_file.plan_qwen3_vl(
+                                   file, "text_encoder", WHATS["text_encoder"])),
+        ),
+    ),
+    tokenizers=(FolderTokenizer("tokenizer", _folder_tokenizer, read_files=_files_tokenizer),),
+    inspect=inspect_parts,
+    other={"scheduler": "scheduler_config.json"},
 )  # fmt: skip
-# (diffusers, original) parts inside the main blocks and the text fusion's, each replaced
-_INNER = (
-    (".attn.to_q.", ".attn.wq."), (".attn.to_k.", ".attn.wk."), (".attn.to_v.", ".attn.wv."),
-    (".attn.to_out.0.", ".attn.wo."), (".attn.to_gate.", ".attn.gate."),
-    (".attn.norm_q.weight", ".attn.qknorm.qnorm.scale"),
-    (".attn.norm_k.weight", ".attn.qknorm.knorm.scale"), (".ff.", ".mlp."),
-    (".norm1.weight", ".prenorm.scale"), (".norm2.weight", ".postnorm.scale"),
-    (".scale_shift_table", ".mod.lin"),
-)  # fmt: skip
-ORIGINAL_PREFIX = "model.diffusion_model."  # ComfyUI's checkpoints (Krea's files have none)
-
-
-def _renamed(name: str, back: bool) -> str:
-    """A weight (or, with a trailing dot, module) name diffusers -> original, or ``back``."""
-    a, b = (1, 0) if back else (0, 1)
-    head = next((pair for pair in _HEADS if name.startswith(pair[a])), None)
-    if head is not None:
-        name = head[b] + name[len(head[a]) :]
-    for pair in _INNER:
-        name = name.replace(pair[a], pair[b])
-    return name
-
-
-def linear_original(path: str) -> str:
-    """The original module path of a diffusers Linear path."""
-    return _renamed(path + ".", False)[:-1]
-
-
-def state_to_original(state, config=None) -> dict:
-    """A transformer state dict in the original names (each block's modulation table flat)."""
-    out = {_renamed(k, False): v for k, v in state.items()}
-    return {k: v.reshape(-1) if k.endswith(".mod.lin") else v for k, v in out.items()}
-
-
-def diffusers_name(key: str) -> str:
-    """The diffusers name of an original weight name (ComfyUI's prefix allowed)."""
-    return _renamed(key.removeprefix(ORIGINAL_PREFIX), True)
-
-
-def state_from_original(state, config=None) -> dict:
-    """An original-layout state dict (ComfyUI's prefix allowed) in diffusers' names."""
-    out = {diffusers_name(k): v for k, v in state.items()}
-    return {
-        k: v.reshape(6, -1) if k.startswith("transformer_blocks.") and k.endswith("_table") else v
-        for k, v in out.items()
-    }
+claims_krea2 = claimer(SPEC)

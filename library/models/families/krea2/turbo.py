@@ -13,7 +13,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from library.errors import ModelError
-from library.models.families.krea2.spec import diffusers_name, state_from_original
+from library.models.families.krea2.keys import TABLE
+from library.models.families.name_table import CHECKPOINT_PREFIX
 from library.networks.kohya_names import unwrap
 
 
@@ -29,9 +30,18 @@ def turbo_files(value: str) -> list[Path]:
 
 
 def _renamed(names) -> dict[str, str]:
-    """File name -> diffusers name (Krea's original names or diffusers')."""
-    diffusers = any(n.startswith("text_fusion.") for n in names)
-    return {n: n if diffusers else diffusers_name(n) for n in names}
+    """File name -> diffusers name (Krea's original names or diffusers'; a name neither knows
+    is kept, and found missing)."""
+    if any(n.startswith("text_fusion.") for n in names):
+        return {n: n for n in names}
+    return {n: _diffusers_name(n.removeprefix(CHECKPOINT_PREFIX)) for n in names}
+
+
+def _diffusers_name(name: str) -> str:
+    try:
+        return TABLE.diffusers_keys(name)[0]
+    except ValueError:
+        return name
 
 
 def check_turbo(value: str, transformer: torch.nn.Module) -> None:
@@ -57,9 +67,7 @@ def turbo_weights(denoiser: torch.nn.Module, value: str):
     turbo: dict[str, torch.Tensor] = {}
     for file in turbo_files(value):
         state = load_file(str(file))
-        turbo.update(
-            state if _renamed(state) == {n: n for n in state} else state_from_original(state)
-        )
+        turbo.update({name: state[key] for key, name in _renamed(state).items()})
     own = unwrap(denoiser).state_dict(keep_vars=True)
     saved = {}
     with torch.no_grad():

@@ -1,5 +1,5 @@
-"""PeftFoldedNames and fold_into_peft (library.networks.key_maps / linear_files): a LoRA written
-under a name of its own in peft's tensors, alpha / r folded into lora_B, reads back into fresh
+"""AliasedPathNames with folds_alpha and fold_into_peft (library.networks.key_maps /
+linear_files): a LoRA written under a name of its own in peft's tensors, alpha / r folded into lora_B, reads back into fresh
 adapters as the same weight change; LyCORIS tensors are kept as they are."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from library.networks.key_maps import PeftFoldedNames
+from library.networks.key_maps import AliasedPathNames
 from library.networks.linear_files import LinearNames, fold_into_peft
 from library.networks.lora import LoraSpec, apply_lora, lora_layers, randomize_lora
 
@@ -39,7 +39,7 @@ def _delta(model, path) -> torch.Tensor:
 
 
 def test_written_in_peft_names_with_alpha_folded_and_read_back():
-    names = PeftFoldedNames(prefix="diffusion_model.", names=NAMES)
+    names = AliasedPathNames(prefix="diffusion_model.", names=NAMES, folds_alpha=True)
     model = _model()
     apply_lora(model, {"0": "linear", "2": "linear"}, LoraSpec(2, 3.0))
     randomize_lora(model, torch.Generator().manual_seed(1), std=0.2)
