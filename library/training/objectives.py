@@ -428,3 +428,22 @@ class VelocityObjective(FlowMatchingObjective):
 
     def level_weights(self, options, t):
         return fm.output_loss_weights(self.options.weighting_scheme, t)
+
+
+class NegatedVelocityObjective(VelocityObjective):
+    """Rectified flow whose denoiser takes 1 - sigma (0 at pure noise) and returns the negated
+    velocity x0 - noise as its raw output (its pipeline negates it before the Euler step); the
+    timestep input is computed as such pipelines do, (1000 - 1000 * sigma) / 1000, so it
+    matches theirs bit for bit."""
+
+    def describe(self) -> str:
+        return (
+            f"rectified flow, x0 - noise target at timestep 1 - sigma, timestep_sampling "
+            f"{self.sampling_text()}, weighting_scheme {self.options.weighting_scheme}"
+        )
+
+    def target(self, latents, noise, t):
+        return latents - noise
+
+    def model_time(self, t):
+        return (fm.NUM_TRAIN_TIMESTEPS - t * fm.NUM_TRAIN_TIMESTEPS) / fm.NUM_TRAIN_TIMESTEPS
