@@ -17,7 +17,7 @@ from library.models.families.zimage.musubi_options import OPTIONS as MUSUBI_OPTI
 
 _LINE = "Z-Image"
 _PACKAGE = "library.models.families.zimage"
-# The [flow] keys of the flow-matching draw of Z-Image's objective (flow_objective.py)
+# The [flow] keys of the flow-matching draw of Z-Image's objective (objective.py)
 SIGMA_KEYS = frozenset(
     {
         "timestep_sampling",
