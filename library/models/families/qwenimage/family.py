@@ -109,9 +109,6 @@ class QwenImageFamily(ModelFamily):
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def trains_text_encoder(self, index: int) -> bool:
-        return False  # DENOISER_ONLY_ADAPTERS: the run trains the transformer alone
-
     def adapter_targets(self, module, role, conv):
         """musubi-tuner's Linears of the transformer (targets.py), with the modulation when
         exclude_mod is false."""
@@ -132,9 +129,6 @@ class QwenImageFamily(ModelFamily):
         return qwenimage_names()
 
     # -- sizes, options ----------------------------------------------------------------------
-
-    def bucket_grid(self, denoiser) -> int:
-        return self.PIXEL_MULTIPLE
 
     def swap_blocks(self, denoiser, count):
         """The last ``count`` dual-stream blocks."""

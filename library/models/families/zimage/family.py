@@ -98,9 +98,6 @@ class ZImageFamily(ModelFamily):
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def trains_text_encoder(self, index: int) -> bool:
-        return False  # DENOISER_ONLY_ADAPTERS: the run trains the transformer alone
-
     def adapter_targets(self, module, role, conv):
         """musubi-tuner's Linears of the transformer (targets.py)."""
         adapters.transformer_only(role, self.LABEL)
@@ -123,9 +120,6 @@ class ZImageFamily(ModelFamily):
         return zimage_names()
 
     # -- sizes, options ----------------------------------------------------------------------
-
-    def bucket_grid(self, denoiser) -> int:
-        return self.PIXEL_MULTIPLE
 
     def swap_blocks(self, denoiser, count):
         """The last ``count`` joint blocks (the refiners are small and stay)."""
