@@ -27,6 +27,7 @@ import torch
 from library.errors import ConfigError
 from library.sampling.samplers import build_flow_sampler, build_sampler
 from library.training import flow_matching as fm
+from library.training.flow_keys import SIGMA_KEYS
 from library.training.loss import LossOptions, huber_thresholds, signal_to_noise, timestep_weights
 from library.training.noise import NoiseOptions, SampleDraws, draw
 
@@ -398,11 +399,6 @@ class FlowMatchingObjective(Objective):
         if self.sampling_scheduler is None:
             raise ValueError("FlowMatchingObjective was built without a sampling_scheduler config")
         return build_flow_sampler(name, self.sampling_scheduler)
-
-
-# The [flow] keys of the flow-matching draw (kohya's and musubi-tuner's words)
-SIGMA_KEYS = ("timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
-              "logit_mean", "logit_std", "mode_scale")  # fmt: skip
 
 
 def flow_options_over(flow: object, defaults: Mapping[str, object]) -> FlowOptions:
