@@ -14,24 +14,14 @@ from library.models.families.family_entry import (
 )
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
 from library.models.families.zimage.musubi_options import OPTIONS as MUSUBI_OPTIONS
+from library.training.flow_keys import SIGMA_KEYS
 
 _LINE = "Z-Image"
 _PACKAGE = "library.models.families.zimage"
-# The [flow] keys of the flow-matching draw of Z-Image's objective (objective.py)
-SIGMA_KEYS = frozenset(
-    {
-        "timestep_sampling",
-        "sigmoid_scale",
-        "discrete_flow_shift",
-        "weighting_scheme",
-        "logit_mean",
-        "logit_std",
-        "mode_scale",
-    }
-)
-# ...and its text-encoder file beside a single transformer file (files.py; the AE file is
+# The [flow] keys of the flow-matching draw of Z-Image's objective (objective.py) and its
+# text-encoder file beside a single transformer file (files.py; the AE file is
 # [model] vae, which the loader reads itself: reads_vae).
-FLOW_KEYS = SIGMA_KEYS | {"text_encoder"}
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"text_encoder"}
 # Module names only Z-Image LoRA files hold (lora_keys.py): ours and ai-toolkit's, diffusers'
 # peft names, musubi-tuner's kohya names; joint and refiner blocks.
 _DENOISER_MARKS = tuple(
