@@ -407,6 +407,15 @@ def flow_options_over(flow: object, defaults: Mapping[str, object]) -> FlowOptio
     return dataclasses.replace(FlowOptions(), **{**defaults, **given})
 
 
+def shift_draw_over(flow: object, shift: float) -> FlowOptions:
+    """The set [flow] draw keys over musubi-tuner's suggested draw for the transformers it
+    trains at a fixed shift: sigma = shift(sigmoid(z)) at ``discrete_flow_shift`` ``shift``, no
+    loss weighting, the raw output as the prediction."""
+    defaults = {"timestep_sampling": "shift", "sigmoid_scale": 1.0, "weighting_scheme": "none",
+                "discrete_flow_shift": shift, "model_prediction_type": "raw"}  # fmt: skip
+    return flow_options_over(flow, defaults)
+
+
 class VelocityObjective(FlowMatchingObjective):
     """Rectified flow whose denoiser takes sigma and returns the velocity noise - x0 as its raw
     output (the pipelines' Euler step takes it as it is: Qwen-Image's, Krea 2's); a
