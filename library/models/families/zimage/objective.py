@@ -29,21 +29,15 @@ The facts (diffusers 0.42.1 ZImagePipeline with FlowMatchEulerDiscreteScheduler)
 from __future__ import annotations
 
 from library.models.families.zimage.shapes import PATCH_SIZE
-from library.training.objectives import FlowOptions, NegatedVelocityObjective, flow_options_over
+from library.training.objectives import FlowOptions, NegatedVelocityObjective, shift_draw_over
 
-# musubi-tuner's suggested Z-Image training draw (docs/zimage.md), in the [flow] option names
-DEFAULT_SIGMA_SAMPLING = {
-    "timestep_sampling": "shift",
-    "sigmoid_scale": 1.0,
-    "discrete_flow_shift": 2.0,
-    "weighting_scheme": "none",
-}
+DISCRETE_FLOW_SHIFT = 2.0  # musubi-tuner's suggested Z-Image training draw (docs/zimage.md)
 
 
 def zimage_flow_options(flow: object) -> FlowOptions:
-    """The objective's options: the set [flow] keys over musubi-tuner's Z-Image defaults; the
-    raw output is the prediction (model_prediction_type is not a Z-Image key)."""
-    return flow_options_over(flow, {**DEFAULT_SIGMA_SAMPLING, "model_prediction_type": "raw"})
+    """The objective's options: the set [flow] keys over musubi-tuner's Z-Image draw; the raw
+    output is the prediction (model_prediction_type is not a Z-Image key)."""
+    return shift_draw_over(flow, DISCRETE_FLOW_SHIFT)
 
 
 class ZImageFlowObjective(NegatedVelocityObjective):
