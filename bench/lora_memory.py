@@ -214,7 +214,7 @@ def zimage_components(config, folder: Path) -> Components:
 
     from library.models.families.zimage import shapes
     from library.models.families.zimage.family import zimage_family
-    from library.models.families.zimage.flow_objective import (
+    from library.models.families.zimage.objective import (
         ZImageFlowObjective,
         zimage_flow_options,
     )

@@ -27,6 +27,7 @@ import torch
 from library.errors import ConfigError
 from library.sampling.samplers import build_flow_sampler, build_sampler
 from library.training import flow_matching as fm
+from library.training.flow_keys import SIGMA_KEYS
 from library.training.loss import LossOptions, huber_thresholds, signal_to_noise, timestep_weights
 from library.training.noise import NoiseOptions, SampleDraws, draw
 
@@ -400,15 +401,19 @@ class FlowMatchingObjective(Objective):
         return build_flow_sampler(name, self.sampling_scheduler)
 
 
-# The [flow] keys of the flow-matching draw (kohya's and musubi-tuner's words)
-SIGMA_KEYS = ("timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
-              "logit_mean", "logit_std", "mode_scale")  # fmt: skip
-
-
 def flow_options_over(flow: object, defaults: Mapping[str, object]) -> FlowOptions:
     """The set [flow] draw keys over a family's ``defaults`` (its trainer's suggested draw)."""
     given = {key: getattr(flow, key) for key in SIGMA_KEYS if getattr(flow, key, None) is not None}
     return dataclasses.replace(FlowOptions(), **{**defaults, **given})
+
+
+def shift_draw_over(flow: object, shift: float) -> FlowOptions:
+    """The set [flow] draw keys over musubi-tuner's suggested draw for the transformers it
+    trains at a fixed shift: sigma = shift(sigmoid(z)) at ``discrete_flow_shift`` ``shift``, no
+    loss weighting, the raw output as the prediction."""
+    defaults = {"timestep_sampling": "shift", "sigmoid_scale": 1.0, "weighting_scheme": "none",
+                "discrete_flow_shift": shift, "model_prediction_type": "raw"}  # fmt: skip
+    return flow_options_over(flow, defaults)
 
 
 class VelocityObjective(FlowMatchingObjective):
@@ -428,3 +433,22 @@ class VelocityObjective(FlowMatchingObjective):
 
     def level_weights(self, options, t):
         return fm.output_loss_weights(self.options.weighting_scheme, t)
+
+
+class NegatedVelocityObjective(VelocityObjective):
+    """Rectified flow whose denoiser takes 1 - sigma (0 at pure noise) and returns the negated
+    velocity x0 - noise as its raw output (its pipeline negates it before the Euler step); the
+    timestep input is computed as such pipelines do, (1000 - 1000 * sigma) / 1000, so it
+    matches theirs bit for bit."""
+
+    def describe(self) -> str:
+        return (
+            f"rectified flow, x0 - noise target at timestep 1 - sigma, timestep_sampling "
+            f"{self.sampling_text()}, weighting_scheme {self.options.weighting_scheme}"
+        )
+
+    def target(self, latents, noise, t):
+        return latents - noise
+
+    def model_time(self, t):
+        return (fm.NUM_TRAIN_TIMESTEPS - t * fm.NUM_TRAIN_TIMESTEPS) / fm.NUM_TRAIN_TIMESTEPS

@@ -79,3 +79,21 @@ def test_family_fields_match_kohya_metadata():
 def test_family_is_frozen():
     with pytest.raises(AttributeError):
         SD1.v2 = True  # type: ignore[misc]
+
+
+def test_denoiser_only_families_train_no_text_encoder_and_grid_is_the_pixel_multiple():
+    """The base class's defaults: text encoders get adapters unless DENOISER_ONLY_ADAPTERS says
+    otherwise; the bucket grid is the class's PIXEL_MULTIPLE."""
+    import dataclasses
+    from typing import ClassVar
+
+    from library.models.families.base import ModelFamily
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class DenoiserOnly(type(SD1)):
+        PIXEL_MULTIPLE: ClassVar[int] = 32
+        DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "no text-encoder adapters"
+
+    family = DenoiserOnly(**{f.name: getattr(SD1, f.name) for f in dataclasses.fields(SD1)})
+    assert SD1.trains_text_encoder(0) and not family.trains_text_encoder(0)
+    assert ModelFamily.bucket_grid(family, None) == 32  # SD's own grid reads its UNet

@@ -220,8 +220,9 @@ class ModelFamily:
         raise NotImplementedError(f"{self.name} does not define its conditioning")
 
     def trains_text_encoder(self, index: int) -> bool:
-        """Text encoder ``index`` gets an adapter when text encoders train (all by default)."""
-        return True
+        """Text encoder ``index`` gets an adapter when text encoders train (all by default;
+        none where DENOISER_ONLY_ADAPTERS says so)."""
+        return self.DENOISER_ONLY_ADAPTERS is None
 
     def unused_text_layers(self, index: int, num_layers: int, clip_skip: int | None) -> range:
         """Layers of text encoder ``index`` whose output never reaches the conditioning."""
@@ -312,8 +313,9 @@ class ModelFamily:
         return ScaledLatentCodec(vae)
 
     def bucket_grid(self, denoiser: torch.nn.Module) -> int:
-        """Pixels an image side must be a multiple of for this denoiser."""
-        raise NotImplementedError(f"{self.name} does not define its size grid")
+        """Pixels an image side must be a multiple of for this denoiser (PIXEL_MULTIPLE by
+        default)."""
+        return self.PIXEL_MULTIPLE
 
     def use_plain_attention(self, denoiser: torch.nn.Module) -> None:
         """Switch the denoiser from scaled-dot-product attention to plain attention (kohya's

@@ -29,19 +29,6 @@ FLOW_MATCHING_KEYS = frozenset(
         "mode_scale",
     }
 )
-# The [flow] keys of musubi-tuner's flow-matching sigma draw (training/flow_matching.py), which
-# the families with their own objective (Z-Image, Qwen-Image, Krea 2, ...) read.
-SIGMA_KEYS = frozenset(
-    {
-        "timestep_sampling",
-        "sigmoid_scale",
-        "discrete_flow_shift",
-        "weighting_scheme",
-        "logit_mean",
-        "logit_std",
-        "mode_scale",
-    }
-)
 # The network_args both families' kohya networks take that difftune reads (as [flow] keys).
 NETWORK_ARGS = ("split_qkv", "train_t5xxl")
 # sd-scripts' DiT arguments (train_util), taken by the scripts of both.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from library.models.families.zimage import conditioning
+from library.models.text_encoders import qwen3
 from tests.kits.zimage import kit as zimage_kit
 from tests.kits.zimage.tiny_shapes import TINY_TEXT_WIDTH
 
@@ -15,6 +16,12 @@ CAPTIONS = [
     "the thin red thing in a long caption, with commas, digits 1234 and more words than the rest",
     "混合 unicode é",
 ]
+
+
+def encode_captions(pipe, captions, max_length=conditioning.MAX_LENGTH):
+    """Our conditioning of ``captions`` as the pipeline's list: each row cut to its length."""
+    text = conditioning.encode(pipe.tokenizer, pipe.text_encoder, captions, max_length)
+    return [row[:n] for row, n in zip(text.hidden, text.lengths.tolist(), strict=True)]
 
 
 def pipeline_states(pipe, captions, **kwargs):
@@ -27,9 +34,7 @@ def pipeline_states(pipe, captions, **kwargs):
 
 def test_equal_to_pipeline_encode_prompt(zimage_pipe):
     with torch.no_grad():
-        ours = conditioning.encode_captions(
-            zimage_pipe.tokenizer, zimage_pipe.text_encoder, CAPTIONS
-        )
+        ours = encode_captions(zimage_pipe, CAPTIONS)
         theirs = pipeline_states(zimage_pipe, CAPTIONS)
     assert len(ours) == len(theirs) == len(CAPTIONS)
     for a, b in zip(ours, theirs, strict=True):
@@ -44,9 +49,7 @@ def test_equal_to_pipeline_encode_prompt(zimage_pipe):
 
 def test_truncated_captions_equal_pipeline(zimage_pipe):
     with torch.no_grad():
-        ours = conditioning.encode_captions(
-            zimage_pipe.tokenizer, zimage_pipe.text_encoder, CAPTIONS, max_length=24
-        )
+        ours = encode_captions(zimage_pipe, CAPTIONS, max_length=24)
         theirs = pipeline_states(zimage_pipe, CAPTIONS, max_sequence_length=24)
     assert [len(s) for s in ours] == [len(s) for s in theirs]
     assert max(len(s) for s in ours) == 24
@@ -54,10 +57,10 @@ def test_truncated_captions_equal_pipeline(zimage_pipe):
 
 
 def test_states_are_the_next_to_last_layer(zimage_pipe):
-    ids, mask = conditioning.tokenize_captions(zimage_pipe.tokenizer, ["a cat"])
+    ids, mask = qwen3.tokenize(zimage_pipe.tokenizer, ["a cat"], conditioning.MAX_LENGTH, True)
     assert ids.shape == mask.shape == (1, conditioning.MAX_LENGTH) and mask.dtype == torch.bool
     with torch.no_grad():
-        (states,) = conditioning.encode_token_ids(zimage_pipe.text_encoder, ids, mask)
+        (states,) = encode_captions(zimage_pipe, ["a cat"])
         out = zimage_pipe.text_encoder(
             input_ids=ids, attention_mask=mask, output_hidden_states=True
         )
@@ -68,17 +71,8 @@ def test_states_are_the_next_to_last_layer(zimage_pipe):
 
 
 def test_chat_text_is_the_user_turn(zimage_pipe):
-    text = conditioning.chat_text(zimage_pipe.tokenizer, "a cat")
+    text = qwen3.chat_text(zimage_pipe.tokenizer, "a cat", thinking=True)
     assert text == "<|im_start|>user\na cat<|im_end|>\n<|im_start|>assistant\n"
-
-
-def test_pad_and_unpad_round_trip():
-    states = [torch.randn(3, 4), torch.randn(5, 4), torch.randn(1, 4)]
-    padded, lengths = conditioning.pad_caption_states(states)
-    assert padded.shape == (3, 5, 4) and lengths.tolist() == [3, 5, 1]
-    assert (padded[0, 3:] == 0).all()
-    back = conditioning.unpad_caption_states(padded, lengths)
-    assert all(torch.equal(a, b) for a, b in zip(back, states, strict=True))
 
 
 def test_the_distributed_modes_captions_differ_in_length(zimage_pipe):
@@ -87,6 +81,8 @@ def test_the_distributed_modes_captions_differ_in_length(zimage_pipe):
     transformer pads to four lengths again (to multiples of 32)."""
     for mode in zimage_kit.DISTRIBUTED:
         assert mode.captions == zimage_kit.CAPTIONS
-    ids, mask = conditioning.tokenize_captions(zimage_pipe.tokenizer, list(zimage_kit.CAPTIONS))
+    ids, mask = qwen3.tokenize(
+        zimage_pipe.tokenizer, list(zimage_kit.CAPTIONS), conditioning.MAX_LENGTH, True
+    )
     lengths = mask.sum(dim=1).tolist()
     assert len(set(lengths)) == 4 and len({-(-n // 32) for n in lengths}) == 4, lengths

@@ -1,33 +1,53 @@
-"""Z-Image's denoiser call in a hand-written Euler loop reproduces diffusers' ZImagePipeline
-latents from the same seed, with and without guidance; the VAE factors decode as it does."""
+"""Z-Image's family (its caption encoding, conditioning and denoiser call, the objective's
+timestep input) in a hand-written Euler loop reproduces diffusers' ZImagePipeline latents from
+the same seed, with and without guidance; the latent codec decodes as it does."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from library.models.families.zimage import conditioning, denoise, latents, objective
+from library.models import caption_lengths
+from library.models.families.zimage import denoise
+from library.models.families.zimage.family import zimage_family
+from library.models.families.zimage.objective import ZImageFlowObjective, zimage_flow_options
 from library.models.families.zimage.shapes import LATENT_CHANNELS, SCHEDULER_SHIFT
+from tests.models.zimage.flow_helpers import euler_step, sampling_sigmas
+
+FAMILY = zimage_family("turbo", SCHEDULER_SHIFT["turbo"])
+OBJECTIVE = ZImageFlowObjective(zimage_flow_options(None))
+
+
+def conditioning(pipe, *caption_lists):
+    """The family's conditioning of the caption lists, each encoded on its own (as the
+    pipeline encodes the prompts and the negative prompts), in one batch."""
+    rows = []
+    for captions in caption_lists:
+        text = FAMILY.encode_text((pipe.tokenizer,), (pipe.text_encoder,), captions, "cpu")
+        rows += [row[:n] for row, n in zip(text.hidden, text.lengths.tolist(), strict=True)]
+    hidden, lengths = caption_lengths.padded(rows)
+    text = type(text)(hidden, None, None, lengths=lengths)
+    return FAMILY.assemble_conditioning(text, None, "cpu")
 
 
 def hand_loop(pipe, captions, negatives, size, steps, guidance, seed):
     """Sampling written from the facts: noise from the seed, the shifted linspace sigmas, the
-    caption states, one denoise per step (with negatives appended for guidance), Euler."""
+    family's conditioning, one predict per step (with negatives appended for guidance), the
+    pipeline's guidance on raw outputs (pos + g * (pos - neg) in float32), Euler."""
     height, width = size
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(len(captions), LATENT_CHANNELS, height // 8, width // 8, generator=g)
-    sigmas = objective.sampling_sigmas(steps, SCHEDULER_SHIFT["turbo"])
+    sigmas = sampling_sigmas(steps, SCHEDULER_SHIFT["turbo"])
     with torch.no_grad():
-        states = conditioning.encode_captions(pipe.tokenizer, pipe.text_encoder, captions)
-        if guidance > 0:
-            states += conditioning.encode_captions(pipe.tokenizer, pipe.text_encoder, negatives)
+        cond = conditioning(pipe, captions, *([negatives] if guidance > 0 else []))
         for i in range(steps):
             batch = x if guidance == 0 else x.repeat(2, 1, 1, 1)
-            t = objective.model_timestep(sigmas[i].expand(batch.shape[0]))
-            raw = denoise.denoise(pipe.transformer, batch, t, states)
+            t = OBJECTIVE.model_time(sigmas[i].expand(batch.shape[0]))
+            raw = FAMILY.predict(pipe.transformer, batch, t, cond)
             if guidance > 0:
-                raw = denoise.guided(raw[: len(captions)], raw[len(captions) :], guidance)
-            x = objective.euler_step(x, raw, sigmas[i], sigmas[i + 1])
+                pos, neg = raw[: len(captions)].float(), raw[len(captions) :].float()
+                raw = pos + guidance * (pos - neg)
+            x = euler_step(x, raw, sigmas[i], sigmas[i + 1])
     return x
 
 
@@ -57,28 +77,26 @@ def test_pack_and_unpack():
     packed = denoise.pack(x)
     assert len(packed) == 3 and packed[0].shape == (16, 1, 4, 6)
     assert torch.equal(denoise.unpack(packed), x)
-    assert denoise.image_tokens(4, 6) == 6
     with pytest.raises(ValueError, match="multiples of 16 pixels"):
         denoise.pack(torch.zeros(1, 16, 5, 6))
 
 
-def test_one_caption_state_per_latent(zimage_pipe):
-    with pytest.raises(ValueError, match="2 latents but 1 caption states"):
-        denoise.denoise(
-            zimage_pipe.transformer, torch.zeros(2, 16, 4, 4), torch.ones(2), [torch.zeros(3, 40)]
-        )
-
-
-def test_vae_factors_decode_as_the_pipeline(zimage_pipe):
-    generator = torch.Generator().manual_seed(3)
+def test_latent_codec_decodes_as_the_pipeline(zimage_pipe):
+    codec = FAMILY.latent_codec(zimage_pipe.vae)
     with torch.no_grad():
-        x = zimage_pipe("a cat", height=64, width=64, num_inference_steps=1, guidance_scale=0.0,
-                        generator=generator, output_type="latent").images  # fmt: skip
+        x = zimage_pipe(
+            "a cat",
+            height=64,
+            width=64,
+            num_inference_steps=1,
+            guidance_scale=0.0,
+            generator=torch.Generator().manual_seed(3),
+            output_type="latent",
+        ).images
         theirs = zimage_pipe("a cat", height=64, width=64, num_inference_steps=1,
                              guidance_scale=0.0, generator=torch.Generator().manual_seed(3),
                              output_type="pt").images  # fmt: skip
-        decoded = zimage_pipe.vae.decode(latents.to_vae_latents(zimage_pipe.vae, x)).sample
+        decoded = zimage_pipe.vae.decode(codec.to_decoder(x)).sample
     ours = zimage_pipe.image_processor.postprocess(decoded, output_type="pt")
     assert torch.equal(ours, theirs)
-    back = latents.to_model_latents(zimage_pipe.vae, latents.to_vae_latents(zimage_pipe.vae, x))
-    assert torch.allclose(back, x, atol=1e-6)
+    assert torch.allclose(codec.to_latents(codec.to_decoder(x)), x, atol=1e-6)

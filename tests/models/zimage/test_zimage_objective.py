@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from library.models.families.zimage import objective
+from library.models.families.zimage.objective import ZImageFlowObjective, zimage_flow_options
 from library.models.families.zimage.shapes import scheduler_config
+from library.training.objectives import FlowOptions
+from tests.models.zimage.flow_helpers import euler_step, sampling_sigmas
+
+OBJECTIVE = ZImageFlowObjective(zimage_flow_options(None))
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +47,7 @@ def recorded_run(zimage_pipe):
 
 def test_sampling_sigmas_are_the_pipeline_schedule(recorded_run):
     *_, scheduler_sigmas = recorded_run
-    ours = objective.sampling_sigmas(3, shift=3.0)
+    ours = sampling_sigmas(3, shift=3.0)
     assert torch.equal(ours, scheduler_sigmas)
     assert ours[-1] == 0 and ours[0] == 1
 
@@ -51,7 +55,7 @@ def test_sampling_sigmas_are_the_pipeline_schedule(recorded_run):
 def test_model_timestep_is_what_the_pipeline_feeds(recorded_run):
     _, calls, _, sigmas = recorded_run
     for i, (t, _) in enumerate(calls):
-        expected = objective.model_timestep(sigmas[i].expand(2))
+        expected = OBJECTIVE.model_time(sigmas[i].expand(2))
         assert torch.equal(t, expected), i
         assert torch.allclose(t, 1 - sigmas[i].expand(2), atol=1e-6)
 
@@ -61,7 +65,7 @@ def test_euler_step_on_raw_output_is_the_scheduler_step(recorded_run):
     latents = start
     for i, (_, outputs) in enumerate(calls):
         raw = torch.stack(outputs).squeeze(2)
-        stepped = objective.euler_step(latents, raw, sigmas[i], sigmas[i + 1])
+        stepped = euler_step(latents, raw, sigmas[i], sigmas[i + 1])
         assert torch.equal(stepped, after[i]), i
         latents = after[i]
 
@@ -76,7 +80,7 @@ def test_noising_is_the_scheduler_scale_noise():
     timesteps = scheduler.timesteps[1:].clone()  # one per sample
     theirs = scheduler.scale_noise(x0, timesteps, noise)
     sigmas = scheduler.sigmas[1:3]
-    assert torch.allclose(objective.noisy_latents(x0, noise, sigmas), theirs, atol=1e-6)
+    assert torch.allclose(OBJECTIVE.noisy(x0, noise, sigmas), theirs, atol=1e-6)
 
 
 def test_perfect_predictor_has_zero_loss_and_the_wrong_sign_does_not():
@@ -93,26 +97,33 @@ def test_perfect_predictor_has_zero_loss_and_the_wrong_sign_does_not():
     x = scheduler.scale_noise(x0, scheduler.timesteps[:1], noise)
     x_next = scheduler.scale_noise(x0, scheduler.timesteps[1:2], noise)
     perfect = -(x_next - x) / (s_next - s)
-    target = objective.training_target(x0, noise)
+    target = OBJECTIVE.target(x0, noise, s.reshape(1))
     assert torch.nn.functional.mse_loss(perfect, target) < 1e-10
     assert torch.nn.functional.mse_loss(-perfect, target) > 1.0
     # and a scheduler step with the pipeline's negation lands on x_next, then on x0 at sigma 0
-    step = scheduler.step(objective.velocity(target), scheduler.timesteps[0], x).prev_sample
+    step = scheduler.step(-target, scheduler.timesteps[0], x).prev_sample
     assert torch.allclose(step, x_next, atol=1e-5)
-    final = scheduler.step(objective.velocity(target), scheduler.timesteps[1], step).prev_sample
+    final = scheduler.step(-target, scheduler.timesteps[1], step).prev_sample
     assert torch.allclose(final, x0, atol=1e-5)
-    assert torch.allclose(objective.denoised(x, target, s.reshape(1)), x0, atol=1e-5)
+    assert torch.allclose(x + s * target, x0, atol=1e-5)  # x0 = x_t - sigma * velocity
+    assert OBJECTIVE.prediction(target, x, s.reshape(1)) is target  # the raw output as it is
 
 
 def test_default_sigma_draw_is_musubi_shift_two():
+    options = zimage_flow_options(None)
+    assert (options.timestep_sampling, options.discrete_flow_shift) == ("shift", 2.0)
+    assert (options.weighting_scheme, options.model_prediction_type) == ("none", "raw")
     z = torch.tensor([-2.0, 0.0, 0.5, 3.0])
     u = torch.tensor([0.9, 0.1, 0.5, 0.3])
-    drawn = objective.sample_sigmas(z, u)
+    draws = type("Draws", (), {"time_normal": z, "time_uniform": u})()
+    drawn = OBJECTIVE.levels(draws, (4, 16, 8, 8))
     s = 1 / (1 + torch.exp(-z))
-    assert torch.allclose(drawn.sigmas, 2 * s / (1 + s), atol=1e-7)
-    assert torch.allclose(drawn.timesteps, drawn.sigmas * 1000)
-    uniform = objective.sample_sigmas(z, u, timestep_sampling="uniform")
-    assert torch.equal(uniform.sigmas, u)
+    assert torch.allclose(drawn, 2 * s / (1 + s), atol=1e-7)
+    given = type("Flow", (), {"timestep_sampling": "uniform"})()
+    uniform = ZImageFlowObjective(zimage_flow_options(given)).levels(draws, (4, 16, 8, 8))
+    assert torch.equal(uniform, u)
+    assert zimage_flow_options(given).discrete_flow_shift == 2.0
+    assert FlowOptions().timestep_sampling != "shift"  # the defaults are Z-Image's, not kohya's
 
 
 def test_dynamic_shift_mu_is_ignored_by_the_released_schedulers():
@@ -126,4 +137,4 @@ def test_dynamic_shift_mu_is_ignored_by_the_released_schedulers():
         scheduler.set_timesteps(sigmas=base, mu=calculate_shift(seq_len))
         runs.append(scheduler.sigmas.clone())
     assert torch.equal(runs[0], runs[1])
-    assert torch.equal(runs[0], objective.sampling_sigmas(4, shift=6.0))
+    assert torch.equal(runs[0], sampling_sigmas(4, shift=6.0))

@@ -15,21 +15,16 @@ image's token count (one token per 16 x 16 pixels here, h * w of the patched lat
 
 from __future__ import annotations
 
-import dataclasses
-
 from library.training import flow_matching as fm
-from library.training.objectives import FlowMatchingObjective, FlowOptions
+from library.training.objectives import FlowMatchingObjective, FlowOptions, flow_options_over
 
-SIGMA_KEYS = ("timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
-              "logit_mean", "logit_std", "mode_scale")  # fmt: skip
 DEFAULTS = {"timestep_sampling": "flux_shift", "weighting_scheme": "none",
             "model_prediction_type": "raw"}  # fmt: skip
 
 
 def flux2_flow_options(flow: object) -> FlowOptions:
     """The objective's options: the set [flow] keys over musubi-tuner's FLUX.2 draw."""
-    given = {key: getattr(flow, key) for key in SIGMA_KEYS if getattr(flow, key, None) is not None}
-    return dataclasses.replace(FlowOptions(), **{**DEFAULTS, **given})
+    return flow_options_over(flow, DEFAULTS)
 
 
 class Flux2FlowObjective(FlowMatchingObjective):

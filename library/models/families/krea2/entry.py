@@ -14,17 +14,13 @@ from library.models.families.family_entry import (
     ToolFacts,
 )
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
+from library.training.flow_keys import SIGMA_KEYS
 
 _LINE = "Krea 2"
 _PACKAGE = "library.models.families.krea2"
-# The [flow] keys of the flow-matching draw (objective.py), shared with the other flow families
-SIGMA_KEYS = frozenset(
-    {"timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
-     "logit_mean", "logit_std", "mode_scale"}
-)  # fmt: skip
-# ...and beside a single transformer file its Qwen3-VL file (the VAE file is [model] vae) and
+# The [flow] keys of the shared flow-matching draw, and beside a single transformer file its Qwen3-VL file (the VAE file is [model] vae) and
 # which checkpoint the file is
-FLOW_KEYS = SIGMA_KEYS | {"text_encoder", "dit_variant", "turbo_dit"}
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"text_encoder", "dit_variant", "turbo_dit"}
 
 
 class Krea2FlowKeys(Section):

@@ -15,7 +15,7 @@ The facts (diffusers 0.42.1, pipelines/qwenimage/pipeline_qwenimage.py):
   template's system turn and the user turn's opening, as Qwen's tokenizer splits them: a fixed
   count, dropped whatever the tokenizer). The captions are zero-padded to the longest of the
   batch with a mask of their lengths; the pipeline passes no mask (None) when every caption has
-  the same length.
+  the same length (the shared library/models/caption_lengths.py carries them so).
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ from collections.abc import Sequence
 
 import torch
 
-# The Conditioning.unet_kwargs entry holding each caption's own length [B].
-LENGTHS = "caption_lengths"
+from library.models.caption_lengths import LENGTHS, padded, text_conditioning
+from library.models.conditioning import TextConditioning
+from library.models.text_encoders.hidden_states import layer_states
+
+__all__ = ["LENGTHS", "encode", "padded", "tokenize_captions"]
 
 TEMPLATE = (
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
@@ -52,19 +55,9 @@ def tokenize_captions(
     return batch.input_ids, batch.attention_mask.bool()
 
 
-def kept_states(hidden: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
-    """Each caption's unpadded hidden states without its first DROP_TOKENS: [L_i, width]."""
-    return [states[keep][DROP_TOKENS:] for states, keep in zip(hidden, mask, strict=True)]
-
-
-def padded(states: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(zero-padded batch [B, max L_i, width], lengths [B])."""
-    lengths = torch.tensor([len(s) for s in states], dtype=torch.long)
-    return torch.nn.utils.rnn.pad_sequence(list(states), batch_first=True), lengths
-
-
-def caption_mask(lengths: torch.Tensor, width: int) -> torch.Tensor | None:
-    """The transformer's encoder_hidden_states_mask [B, width] for captions of ``lengths``
-    (ones over each caption), or None when every caption fills the width, as the pipeline."""
-    mask = torch.arange(width)[None, :] < lengths.reshape(-1, 1).cpu()
-    return None if bool(mask.all()) else mask.long()
+def encode(tokenizer, encoder, captions: Sequence[str], max_length: int) -> TextConditioning:
+    """Qwen2.5-VL's last hidden states of the templated captions without the template's first
+    DROP_TOKENS, padded to the batch's longest caption (padding zeroed), with their lengths."""
+    ids, mask = tokenize_captions(tokenizer, captions, max_length)
+    hidden = layer_states(encoder, ids, mask, (HIDDEN_STATE_INDEX,))
+    return text_conditioning(hidden, mask, DROP_TOKENS)

@@ -15,40 +15,18 @@ The facts (diffusers 0.42.1, QwenImagePipeline and QwenImageTransformer2DModel.f
 - The timestep input is sigma in [0, 1] (the scheduler's timestep / 1000); no guidance input
   (Qwen-Image is not guidance-distilled).
 - The output is the velocity d x_t / d sigma = noise - x0, passed to the Euler step as it is.
+
+The family's ``predict`` makes the call.
 """
 
 from __future__ import annotations
 
-import torch
-
 from library.models.families.qwenimage.shapes import PATCH_SIZE
 from library.models.patch_tokens import pack, unpack  # the pipeline's packing, 2x2 patches
 
-__all__ = ["denoise", "img_shapes", "pack", "unpack"]
+__all__ = ["img_shapes", "pack", "unpack"]
 
 
 def img_shapes(batch: int, height: int, width: int) -> list[list[tuple[int, int, int]]]:
     """The transformer's img_shapes for ``batch`` one-frame latents of height x width."""
     return [[(1, height // PATCH_SIZE, width // PATCH_SIZE)]] * batch
-
-
-def denoise(
-    transformer: torch.nn.Module,
-    latents: torch.Tensor,
-    sigmas: torch.Tensor,
-    states: torch.Tensor,
-    mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """The transformer's velocity [B, C, 1, h, w] for noisy latents [B, C, 1, h, w] at noise
-    levels ``sigmas`` [B], with caption states [B, L, width] and their mask (None: all kept)."""
-    h, w = latents.shape[-2:]
-    dtype = next(transformer.parameters()).dtype
-    out = transformer(
-        hidden_states=pack(latents.to(dtype)),
-        encoder_hidden_states=states.to(dtype),
-        encoder_hidden_states_mask=mask,
-        timestep=sigmas,
-        img_shapes=img_shapes(latents.shape[0], h, w),
-        return_dict=False,
-    )[0]
-    return unpack(out, h, w)

@@ -15,7 +15,7 @@ from library.models.families.family_entry import (
 from library.models.families.qwenimage.config_keys import QwenImageFlowKeys
 from library.models.families.qwenimage.musubi_options import OPTIONS as MUSUBI_OPTIONS
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
-from library.models.families.transformer_entry import SIGMA_KEYS
+from library.training.flow_keys import SIGMA_KEYS
 
 _LINE = "Qwen-Image"
 _PACKAGE = "library.models.families.qwenimage"
@@ -23,7 +23,7 @@ _PACKAGE = "library.models.families.qwenimage"
 # file its Qwen2.5-VL file and which release it is (files.py; the VAE file is [model] vae, which
 # the loader reads itself: reads_vae), and whether a LoRA adapts the blocks' modulation
 # (targets.py)
-FLOW_KEYS = SIGMA_KEYS | {"text_encoder", "model_version", "exclude_mod"}
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"text_encoder", "model_version", "exclude_mod"}
 # Module names only Qwen-Image LoRA files hold: its blocks' per-stream feed-forwards (img_mlp,
 # txt_mlp; SD3's and FLUX.1's blocks name theirs ff / ff_context), which every default LoRA
 # adapts, in ours (diffusion_model.), diffusers' peft (transformer.) and kohya's names, for each

@@ -6,9 +6,8 @@ Linears and key_map.py names them in files. This module joins them behind the fa
 
 - latents are the video VAE's one-frame clips [B, 16, 1, h, w], normalised per channel by the
   VAE config's latents_mean / latents_std (ChannelNormalizedVideoCodec);
-- captions keep their own lengths: ``encode_text`` gives the batch padded to its longest caption
-  with each caption's length (TextConditioning.lengths), ``predict`` hands the transformer the
-  mask of those lengths (none when all are equal, as the pipeline);
+- captions keep their own lengths (library/models/caption_lengths.py): ``predict`` hands the
+  transformer the mask of those lengths (none when all are equal, as the pipeline);
 - only the transformer trains (musubi-tuner's Qwen-Image LoRAs adapt no Qwen2.5-VL layer), so a
   LoRA file holds ``diffusion_model.<diffusers path>`` modules alone, and a full fine-tune is
   the transformer alone in diffusers' names (spec.py's main file), as ComfyUI loads it.
@@ -22,11 +21,12 @@ from typing import ClassVar
 import torch
 
 from library.errors import ConfigError
+from library.models import caption_lengths
 from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families import denoiser_adapters as adapters
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
 from library.models.families.qwenimage import conditioning as captions_
-from library.models.families.qwenimage.conditioning import LENGTHS, caption_mask
 from library.models.families.qwenimage.denoise import img_shapes, pack, unpack
 from library.models.families.qwenimage.key_map import qwenimage_names
 from library.models.families.qwenimage.objective import qwenimage_flow_options
@@ -35,19 +35,10 @@ from library.models.families.qwenimage.shapes import PIXEL_MULTIPLE
 from library.models.families.qwenimage.spec import SPEC
 from library.models.families.qwenimage.targets import default_targets
 from library.models.families.spec_loader import write_main_file
-from library.models.families.transformer_family import swappable_tails
+from library.models.families.transformer_family import flow_metadata, swappable_tails
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 
 FLOW_KIND = "qwenimage"  # the family's name in the registry
-# LyCORIS presets -> adapt the blocks' modulation too
-_LYCORIS_PRESETS = {
-    "full": True,
-    "full-lin": True,
-    "unet-only": True,
-    "attn-mlp": False,
-    "unet-transformer-only": False,
-    "attn-only": False,
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,31 +69,10 @@ class QwenImageFamily(ModelFamily):
         first 34 tokens (conditioning.py), as the batch padded to its longest caption (padding
         zeroed) with each caption's length."""
         (tokenizer,), (encoder,) = tokenizers, text_encoders
-        ids, mask = captions_.tokenize_captions(tokenizer, list(captions), self.caption_tokens)
-        weight = next(encoder.parameters())
-        if weight.is_meta:
-            # The dry run's memory estimate runs on the meta device, where the padding-mask code
-            # reads values; Qwen2.5-VL never trains here, so only the shape and dtype matter.
-            lengths = (mask.sum(dim=1) - captions_.DROP_TOKENS).clamp(min=0)
-            width = encoder.config.text_config.hidden_size
-            hidden = torch.empty(
-                len(ids), int(lengths.max()), width, device="meta", dtype=weight.dtype
-            )
-            return TextConditioning(hidden, None, None, lengths=lengths)
-        hidden = encoder(
-            input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True
-        ).hidden_states[captions_.HIDDEN_STATE_INDEX]
-        states, lengths = captions_.padded(captions_.kept_states(hidden, mask.to(hidden.device)))
-        return TextConditioning(states, None, None, lengths=lengths)
+        return captions_.encode(tokenizer, encoder, list(captions), self.caption_tokens)
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
-        hidden = text.hidden.to(device)
-        if dtype is not None:
-            hidden = hidden.to(dtype)
-        lengths = text.lengths
-        if lengths is None:  # every row whole (a text cache batch of equal lengths)
-            lengths = torch.full((hidden.shape[0],), hidden.shape[1], dtype=torch.long)
-        return Conditioning(hidden, {LENGTHS: lengths.cpu()})
+        return caption_lengths.conditioning(text, device, dtype)
 
     def context_latents(self, cond) -> list[torch.Tensor]:
         """One-frame latents [B, C, 1, h_k, w_k] the transformer reads after the noisy image's,
@@ -114,10 +84,9 @@ class QwenImageFamily(ModelFamily):
         """The transformer's velocity [B, C, 1, h, w] (noise - x0 at its best) for one-frame
         latents; ``timesteps`` is sigma. Context latents (``context_latents``) are packed after
         the image's tokens, each with its own frame grid in img_shapes."""
-        hidden = cond.encoder_hidden_states
-        lengths = cond.unet_kwargs[LENGTHS]
-        hidden = hidden[:, : int(lengths.max())]
-        mask = caption_mask(lengths, hidden.shape[1])
+        lengths = cond.unet_kwargs[caption_lengths.LENGTHS]
+        hidden = cond.encoder_hidden_states[:, : int(lengths.max())]
+        mask = caption_lengths.mask(lengths, hidden.shape[1])
         h, w = noisy.shape[-2:]
         tokens = pack(noisy)
         image_tokens = tokens.shape[1]
@@ -141,28 +110,20 @@ class QwenImageFamily(ModelFamily):
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def trains_text_encoder(self, index: int) -> bool:
-        return False  # DENOISER_ONLY_ADAPTERS: the run trains the transformer alone
-
     def adapter_targets(self, module, role, conv):
         """musubi-tuner's Linears of the transformer (targets.py), with the modulation when
         exclude_mod is false."""
-        if role != "unet":
-            raise ConfigError("Qwen-Image LoRAs adapt the transformer only")
+        adapters.transformer_only(role, self.LABEL)
         return default_targets(module, modulation=self.adapt_modulation)
 
     def lycoris_targets(self, module, role, preset):
         """The blocks' attention and feed-forward Linears (attention alone for attn-only), with
         the blocks' modulation for the presets that adapt every layer."""
-        if role != "unet" or preset not in _LYCORIS_PRESETS:
-            raise ConfigError(
-                f"preset = {preset}: adapts no layer of Qwen-Image's transformer; use full, "
-                "full-lin or attn-mlp"
-            )
-        targets = default_targets(module, modulation=_LYCORIS_PRESETS[preset])
-        if preset == "attn-only":
-            targets = {p: k for p, k in targets.items() if ".attn." in p}
-        return targets
+        return adapters.preset_targets(
+            self.LABEL, role, preset,
+            lambda every: default_targets(module, modulation=every),
+            ".attn.",
+        )  # fmt: skip
 
     def adapter_key_map(self):
         """The transformer's adapted Linears as ``diffusion_model.<diffusers path>`` modules."""
@@ -170,25 +131,13 @@ class QwenImageFamily(ModelFamily):
 
     # -- sizes, options ----------------------------------------------------------------------
 
-    def bucket_grid(self, denoiser) -> int:
-        return self.PIXEL_MULTIPLE
-
     def swap_blocks(self, denoiser, count):
         """The last ``count`` dual-stream blocks."""
         return swappable_tails(("dual", denoiser.transformer_blocks, count), count=count)
 
     def metadata_keys(self, config):
         """The run's flow-matching draw, in kohya's ss_* names."""
-        o = qwenimage_flow_options(config.flow)
-        return {
-            "ss_timestep_sampling": o.timestep_sampling,
-            "ss_sigmoid_scale": o.sigmoid_scale,
-            "ss_discrete_flow_shift": o.discrete_flow_shift,
-            "ss_weighting_scheme": o.weighting_scheme,
-            "ss_logit_mean": o.logit_mean,
-            "ss_logit_std": o.logit_std,
-            "ss_mode_scale": o.mode_scale,
-        }
+        return flow_metadata(qwenimage_flow_options(config.flow))
 
     def check_options(self, model, flow):
         """Other families' [flow] keys and SD 2.x's v2 are refused."""
@@ -198,13 +147,13 @@ class QwenImageFamily(ModelFamily):
         """A LoRA or LyCORIS of the transformer (no text-encoder adapters, no conv rank), or a
         full fine-tune of the transformer (train_mode = "unet"; Qwen2.5-VL stays frozen)."""
         super().check_training(config)
-        net = config.network
-        if net.train_mode != "lora":
-            return
-        lycoris = net.network_module == "lycoris.kohya"
-        if net.conv_dim is not None and not lycoris:
-            raise ConfigError("conv_dim: Qwen-Image's transformer has no convolutions; remove it")
-        if lycoris and getattr(config.flow, "exclude_mod", None) is not None:
+        adapters.check_lora(config, self.LABEL)
+        lycoris = config.network.network_module == "lycoris.kohya"
+        if (
+            config.network.train_mode == "lora"
+            and lycoris
+            and getattr(config.flow, "exclude_mod", None) is not None
+        ):
             raise ConfigError(
                 "exclude_mod chooses the layers of a LoRA; with lycoris.kohya the preset does "
                 "(full and full-lin adapt the modulation, attn-mlp leaves it out): remove it"

@@ -19,20 +19,15 @@ The facts (diffusers 0.42.1 QwenImagePipeline with FlowMatchEulerDiscreteSchedul
 from __future__ import annotations
 
 from library.models.families.qwenimage.shapes import PATCH_SIZE
-from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
+from library.training.objectives import FlowOptions, VelocityObjective, shift_draw_over
 
-DEFAULT_SIGMA_SAMPLING = {
-    "timestep_sampling": "shift",
-    "sigmoid_scale": 1.0,
-    "discrete_flow_shift": 2.2,
-    "weighting_scheme": "none",
-}
+DISCRETE_FLOW_SHIFT = 2.2  # musubi-tuner's suggested Qwen-Image training draw
 
 
 def qwenimage_flow_options(flow: object) -> FlowOptions:
-    """The objective's options: the set [flow] keys over musubi-tuner's Qwen-Image defaults; the
+    """The objective's options: the set [flow] keys over musubi-tuner's Qwen-Image draw; the
     raw output is the prediction."""
-    return flow_options_over(flow, {**DEFAULT_SIGMA_SAMPLING, "model_prediction_type": "raw"})
+    return shift_draw_over(flow, DISCRETE_FLOW_SHIFT)
 
 
 class QwenImageFlowObjective(VelocityObjective):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from library.models import caption_lengths
 from library.models.conditioning import Conditioning
-from library.models.families.qwenimage.conditioning import LENGTHS
 from library.models.families.qwenimage.shapes import PIXEL_MULTIPLE
 from library.sampling.pipelines import PipelineKind, on_grid
 
@@ -38,15 +38,7 @@ def qwenimage_pipeline_inputs(cond: Conditioning, prompt) -> dict:
     """QwenImagePipeline call keywords from the conditioning of [prompt, negative prompt]: each
     caption's states at its own length with an all-ones mask, true_cfg_scale (the negative only
     above 1) and the 16-pixel size."""
-    extra = sorted(set(cond.unet_kwargs) - {LENGTHS})
-    if extra:
-        raise ValueError(
-            f"no QwenImagePipeline argument carries the conditioning input {extra[0]!r}"
-        )
-    hidden = cond.encoder_hidden_states
-    positive, negative = (
-        hidden[i : i + 1, :n] for i, n in enumerate(cond.unet_kwargs[LENGTHS].tolist())
-    )
+    positive, negative = caption_lengths.pipeline_rows(cond, "QwenImagePipeline", keep_batch=True)
     scale = float(prompt.scale)
     inputs = {
         "prompt_embeds": positive,

@@ -5,16 +5,14 @@ ZImagePipeline, ZImageTransformer2DModel and single-file converter):
 
 - shapes: the released component configs as data;
 - keys: the name table between single-file (original) transformer checkpoints and diffusers;
-- conditioning: captions -> the list of variable-length Qwen3 hidden states the model takes;
-- denoise: latents [B, C, h, w] + timestep + caption states -> the transformer's raw output;
-- objective: sigma draws, noising, the model timestep (1 - sigma), the target (x0 - noise),
-  the sampling sigmas and Euler step;
-- latents: the VAE's scaling and shift;
+- conditioning: captions -> the variable-length Qwen3 hidden states the model takes (the
+  shared Qwen3 kind, library/models/text_encoders/);
+- denoise: latents [B, C, h, w] <-> the transformer's lists of one-frame latents;
+- objective: the training objective, the shared NegatedVelocityObjective (timestep 1 - sigma,
+  target x0 - noise) with musubi-tuner's draw;
 - targets: the Linears a default LoRA adapts (musubi-tuner's set);
 - lora_keys, key_map: adapter file names (``diffusion_model.<diffusers path>``, read by ComfyUI
   and diffusers) and the other tools' layouts, which library/networks/linear_files.py reads.
-
-- flow_objective: the training objective (the shared rectified flow in Z-Image's conventions);
 - family, load, entry: the ModelFamily the trainer calls, its loader and the registry entry
   (library/models/families/registry.py lists it);
 - spec, files: its folders and Comfy-Org's single files (transformer, qwen_3_4b,

@@ -9,7 +9,8 @@ The facts (diffusers 0.42.1, ZImagePipeline.__call__ and ZImageTransformer2DMode
   is cut into 1 x 2 x 2 (frame, row, column) patches, so h/2 * w/2 tokens of 64 values, padded
   to a multiple of 32 tokens with a learned pad token. Images of different sizes can share a
   batch (each item carries its own size).
-- The caption conditioning is the list of [L_i, 2560] tensors of conditioning.py, one per image.
+- The caption conditioning is the list of [L_i, 2560] tensors of conditioning.py, one per image
+  (the family's ``predict`` makes the call).
 - The timestep input is 1 - sigma in [0, 1] (0 at pure noise), one per image; the model
   multiplies it by t_scale = 1000 before its sinusoidal embedding.
 - Each item is one sequence [image tokens, caption tokens] (each part padded to 32 with its
@@ -30,12 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
-from library.models.families.zimage.shapes import F_PATCH_SIZE, PATCH_SIZE
-
-
-def image_tokens(latent_height: int, latent_width: int) -> int:
-    """Image tokens of one latent before the padding to 32: (h / 2) * (w / 2)."""
-    return (latent_height // PATCH_SIZE) * (latent_width // PATCH_SIZE)
+from library.models.families.zimage.shapes import PATCH_SIZE
 
 
 def pack(latents: torch.Tensor) -> list[torch.Tensor]:
@@ -54,35 +50,3 @@ def pack(latents: torch.Tensor) -> list[torch.Tensor]:
 def unpack(outputs: Sequence[torch.Tensor]) -> torch.Tensor:
     """The transformer's list of [C, 1, h, w] outputs -> [B, C, h, w] (same sizes required)."""
     return torch.stack(list(outputs), dim=0).squeeze(2)
-
-
-def denoise(
-    transformer: torch.nn.Module,
-    latents: torch.Tensor,
-    timestep: torch.Tensor,
-    caption_states: Sequence[torch.Tensor],
-) -> torch.Tensor:
-    """The transformer's raw output [B, C, h, w] (= x0 - noise at its best) for noisy latents
-    [B, C, h, w], the model timestep [B] (objective.model_timestep: 1 - sigma) and one caption
-    state [L_i, text width] per latent. Latents and captions are cast to the transformer's dtype;
-    the output is in that dtype."""
-    if len(caption_states) != latents.shape[0]:
-        raise ValueError(
-            f"{latents.shape[0]} latents but {len(caption_states)} caption states: one each"
-        )
-    dtype = next(transformer.parameters()).dtype
-    outputs = transformer(
-        pack(latents.to(dtype)),
-        timestep,
-        [c.to(dtype) for c in caption_states],
-        patch_size=PATCH_SIZE,
-        f_patch_size=F_PATCH_SIZE,
-        return_dict=False,
-    )[0]
-    return unpack(outputs)
-
-
-def guided(positive: torch.Tensor, negative: torch.Tensor, scale: float) -> torch.Tensor:
-    """The pipeline's guidance on raw outputs: pos + scale * (pos - neg), in float32."""
-    positive, negative = positive.float(), negative.float()
-    return positive + scale * (positive - negative)

@@ -13,15 +13,15 @@ from library.models.families.family_entry import (
     ToolFacts,
 )
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
-from library.models.families.transformer_entry import SIGMA_KEYS
 from library.models.families.zimage.musubi_options import OPTIONS as MUSUBI_OPTIONS
+from library.training.flow_keys import SIGMA_KEYS
 
 _LINE = "Z-Image"
 _PACKAGE = "library.models.families.zimage"
-# The [flow] keys of the flow-matching draw of Z-Image's objective (flow_objective.py) and its
+# The [flow] keys of the flow-matching draw of Z-Image's objective (objective.py) and its
 # text-encoder file beside a single transformer file (files.py; the AE file is
 # [model] vae, which the loader reads itself: reads_vae).
-FLOW_KEYS = SIGMA_KEYS | {"text_encoder"}
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"text_encoder"}
 # Module names only Z-Image LoRA files hold (lora_keys.py): ours and ai-toolkit's, diffusers'
 # peft names, musubi-tuner's kohya names; joint and refiner blocks.
 _DENOISER_MARKS = tuple(
@@ -55,9 +55,7 @@ ZIMAGE = FamilyEntry(
         architectures=(("Z-Image", _LINE),),
     ),
     tool=ToolFacts(
-        component_options={
-            "text_encoder": "the text encoder file beside a transformer file"
-        },
+        component_options={"text_encoder": "the text encoder file beside a transformer file"},
         variant_labels={
             "zimage-turbo": "Z-Image Turbo",
             "zimage-base": "Z-Image Base",

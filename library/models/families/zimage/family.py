@@ -1,13 +1,11 @@
 """Z-Image (Base and Turbo) as a ModelFamily: what the trainer asks of the model.
 
 The facts are the package's (docs/zimage.md): conditioning.py encodes captions, denoise.py packs
-latents for the transformer, flow_objective.py trains it, targets.py chooses the adapted
+latents for the transformer, objective.py trains it, targets.py chooses the adapted
 Linears and key_map.py names them in files. This module joins them behind the family seam:
 
-- captions keep their own lengths: ``encode_text`` gives the batch padded to its longest
-  caption with each caption's length (TextConditioning.lengths), ``assemble_conditioning``
-  carries the lengths, and ``predict`` hands the transformer one [L_i, 2560] tensor per image,
-  as ZImagePipeline does;
+- captions keep their own lengths (library/models/caption_lengths.py): ``predict`` hands the
+  transformer one [L_i, 2560] tensor per image, as ZImagePipeline does;
 - only the transformer trains (musubi-tuner's and ai-toolkit's Z-Image LoRAs adapt no Qwen3
   layer), so a LoRA file holds ``diffusion_model.<diffusers path>`` modules alone;
 - Base and Turbo differ only in weights and in the sampling shift of their scheduler
@@ -24,32 +22,22 @@ from typing import ClassVar
 
 import torch
 
-from library.errors import ConfigError
+from library.models import caption_lengths
 from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families import denoiser_adapters as adapters
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
 from library.models.families.transformer_family import flow_metadata, swappable_tails
 from library.models.families.zimage import conditioning as captions_
-from library.models.families.zimage.conditioning import LENGTHS
 from library.models.families.zimage.denoise import pack, unpack
-from library.models.families.zimage.flow_objective import zimage_flow_options
 from library.models.families.zimage.full_file import write_transformer_file
 from library.models.families.zimage.key_map import zimage_names
+from library.models.families.zimage.objective import zimage_flow_options
 from library.models.families.zimage.sampling import zimage_pipeline_kind
 from library.models.families.zimage.shapes import F_PATCH_SIZE, PATCH_SIZE, SCHEDULER_SHIFT
 from library.models.families.zimage.targets import default_targets
 
 FLOW_KIND = "zimage"  # the family's name in the registry
-# LyCORIS presets -> (adapt the blocks' modulation, adapt the refiner blocks), over the joint
-# blocks' attention and feed-forward Linears (targets.default_targets).
-_LYCORIS_PRESETS = {
-    "full": (True, True),
-    "full-lin": (True, True),
-    "unet-only": (True, True),
-    "attn-mlp": (False, False),
-    "unet-transformer-only": (False, False),
-    "attn-only": (False, False),
-}
 
 
 def variant_of_shift(shift: float) -> str:
@@ -63,7 +51,9 @@ class ZImageFamily(ModelFamily):
 
     PIXEL_MULTIPLE: ClassVar[int] = 16  # the VAE's 8 times the 2x2 patches
     LABEL: ClassVar[str] = "Z-Image"
-    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "no Qwen3 adapters, as musubi-tuner and ai-toolkit"
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = (
+        "no Qwen3 adapters, as musubi-tuner and ai-toolkit"
+    )
 
     variant: str = "turbo"  # "turbo", "base" or "custom" (by the scheduler's shift)
     sampling_shift: float = SCHEDULER_SHIFT["turbo"]
@@ -88,43 +78,18 @@ class ZImageFamily(ModelFamily):
         run as the pipeline runs them (padded to 512 tokens, padding masked), given as the
         batch cut to its longest caption, padding zeroed, with each caption's length."""
         (tokenizer,), (encoder,) = tokenizers, text_encoders
-        ids, mask = captions_.tokenize_captions(tokenizer, list(captions), self.caption_tokens)
-        lengths = mask.sum(dim=1)
-        longest = int(lengths.max())
-        weight = next(encoder.parameters())
-        if weight.is_meta:
-            # The dry run's memory estimate runs the models on the meta device, where Qwen3's
-            # padding-mask code reads values (.item()). Qwen3 never trains here, so its forward
-            # keeps nothing for backward: only the states' shape and dtype matter.
-            width = encoder.config.hidden_size
-            hidden = torch.empty(len(ids), longest, width, device="meta", dtype=weight.dtype)
-            return TextConditioning(hidden, None, None, lengths=lengths)
-        hidden = encoder(
-            input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True
-        ).hidden_states[captions_.HIDDEN_STATE_INDEX]
-        kept = mask[:, :longest, None].to(hidden.device)
-        hidden = hidden[:, :longest] * kept.to(hidden.dtype)
-        return TextConditioning(hidden, None, None, lengths=lengths)
+        return captions_.encode(tokenizer, encoder, list(captions), self.caption_tokens)
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
-        hidden = text.hidden.to(device)
-        if dtype is not None:
-            hidden = hidden.to(dtype)
-        lengths = text.lengths
-        if lengths is None:  # every row whole (a text cache batch of equal lengths)
-            lengths = torch.full((hidden.shape[0],), hidden.shape[1], dtype=torch.long)
-        return Conditioning(hidden, {LENGTHS: lengths.cpu()})
+        return caption_lengths.conditioning(text, device, dtype)
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         """The transformer's raw output [B, C, h, w] (x0 - noise at its best): one one-frame
         latent and one caption of its own length per image; ``timesteps`` is 1 - sigma."""
-        hidden = cond.encoder_hidden_states
-        lengths = cond.unet_kwargs[LENGTHS].tolist()
-        states = [hidden[i, :n] for i, n in enumerate(lengths)]
         outputs = denoiser(
             pack(noisy),
             timesteps,
-            states,
+            caption_lengths.rows(cond),
             patch_size=PATCH_SIZE,
             f_patch_size=F_PATCH_SIZE,
             return_dict=False,
@@ -133,30 +98,20 @@ class ZImageFamily(ModelFamily):
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def trains_text_encoder(self, index: int) -> bool:
-        return False  # DENOISER_ONLY_ADAPTERS: the run trains the transformer alone
-
     def adapter_targets(self, module, role, conv):
         """musubi-tuner's Linears of the transformer (targets.py)."""
-
-        if role != "unet":
-            raise ConfigError("Z-Image LoRAs adapt the transformer only")
+        adapters.transformer_only(role, self.LABEL)
         return default_targets(module)
 
     def lycoris_targets(self, module, role, preset):
         """The joint blocks' attention and feed-forward Linears for attn-mlp and attn-only
         (attention alone there), with the blocks' modulation and the refiner blocks for the
         presets that adapt every layer (full, full-lin, unet-only)."""
-        if role != "unet" or preset not in _LYCORIS_PRESETS:
-            raise ConfigError(
-                f"preset = {preset}: adapts no layer of Z-Image's transformer; use full, "
-                "full-lin or attn-mlp"
-            )
-        modulation, refiners = _LYCORIS_PRESETS[preset]
-        targets = default_targets(module, modulation=modulation, refiners=refiners)
-        if preset == "attn-only":
-            targets = {p: k for p, k in targets.items() if ".attention." in p}
-        return targets
+        return adapters.preset_targets(
+            self.LABEL, role, preset,
+            lambda every: default_targets(module, modulation=every, refiners=every),
+            ".attention.",
+        )  # fmt: skip
 
     def adapter_key_map(self):
         """The transformer's adapted Linears as ``diffusion_model.<diffusers path>`` modules,
@@ -165,9 +120,6 @@ class ZImageFamily(ModelFamily):
         return zimage_names()
 
     # -- sizes, options ----------------------------------------------------------------------
-
-    def bucket_grid(self, denoiser) -> int:
-        return self.PIXEL_MULTIPLE
 
     def swap_blocks(self, denoiser, count):
         """The last ``count`` joint blocks (the refiners are small and stay)."""
@@ -188,12 +140,7 @@ class ZImageFamily(ModelFamily):
         """A LoRA or LyCORIS of the transformer (no text-encoder adapters, no conv rank), or a
         full fine-tune of the transformer (train_mode = "unet")."""
         super().check_training(config)
-        net = config.network
-        if net.train_mode != "lora":
-            return  # the transformer trains whole; Qwen3 stays frozen (setup_training)
-        lycoris = net.network_module == "lycoris.kohya"
-        if net.conv_dim is not None and not lycoris:
-            raise ConfigError("conv_dim: Z-Image's transformer has no convolutions; remove it")
+        adapters.check_lora(config, self.LABEL)  # Qwen3 stays frozen (setup_training)
 
     # -- full fine-tunes, sampling ------------------------------------------------------------
 

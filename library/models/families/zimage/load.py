@@ -10,7 +10,7 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.models.families.spec_loader import load_spec
 from library.models.families.zimage.family import variant_of_shift, zimage_family
-from library.models.families.zimage.flow_objective import ZImageFlowObjective, zimage_flow_options
+from library.models.families.zimage.objective import ZImageFlowObjective, zimage_flow_options
 from library.models.families.zimage.spec import SPEC
 from library.models.loader import Components
 

@@ -16,8 +16,8 @@ The facts (diffusers' ZImagePipeline, the released model cards and ComfyUI's tem
 
 from __future__ import annotations
 
+from library.models import caption_lengths
 from library.models.conditioning import Conditioning
-from library.models.families.zimage.conditioning import LENGTHS
 from library.sampling.pipelines import PipelineKind, on_grid
 
 SIZE_GRID = 16
@@ -28,7 +28,6 @@ SAMPLE_CFG_SCALE = {"turbo": 1.0, "base": 4.0, "custom": 4.0}
 def zimage_pipeline_kind(variant: str):
     """ZImagePipeline, taking Z-Image's conditioning through ``zimage_pipeline_inputs``; a
     prompt's unset sampler and scale become Euler and the variant's scale."""
-
     return PipelineKind(
         "ZImagePipeline",
         denoiser_argument="transformer",
@@ -42,12 +41,7 @@ def zimage_pipeline_inputs(cond: Conditioning, prompt) -> dict:
     prompt's settings: each caption's states at its own length, the pipeline's guidance scale
     (the usual scale - 1; the negative prompt only when it is above 0) and the 16-pixel size."""
 
-    extra = sorted(set(cond.unet_kwargs) - {LENGTHS})
-    if extra:
-        # A conditioning input ZImagePipeline has no argument for would be silently dropped.
-        raise ValueError(f"no ZImagePipeline argument carries the conditioning input {extra[0]!r}")
-    hidden = cond.encoder_hidden_states
-    positive, negative = (hidden[i, :n] for i, n in enumerate(cond.unet_kwargs[LENGTHS].tolist()))
+    positive, negative = caption_lengths.pipeline_rows(cond, "ZImagePipeline")
     guidance = max(float(prompt.scale) - 1.0, 0.0)
     inputs = {
         "prompt_embeds": [positive],
