@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from functools import cached_property
 from torch.utils.data import DataLoader
 
 from library.config.dataset_schema import DatasetConfig
+from library.data.cache_group import CacheGroup, broadcast_or_raise
 from library.data.items import ScannedDataset, scan_dataset
 from library.data.notes import dataset_warnings
 from library.data.plan import DataStats, data_stats
@@ -43,9 +45,10 @@ def _groups(d: int, scanned: ScannedDataset, prior_loss_weight: float) -> list[G
     ]
     _check_epoch_size(d, scanned, sum(r for r, reg in repeats if not reg))
     samples = epoch_samples(repeats, prior_loss_weight)
+    keys = [image.group_key for image in scanned.images]
     by_key: dict[tuple, list[SampleSpec]] = {}
     for sample in samples:
-        by_key.setdefault(scanned.images[sample.item].group_key, []).append(sample)
+        by_key.setdefault(keys[sample.item], []).append(sample)
     return [Group(d, key[0], tuple(by_key[key]), key[1]) for key in sorted(by_key)]
 
 
@@ -69,7 +72,11 @@ class TrainData:
     process layout, and the validation images held out.
 
     Building it reads every caption file and checks every image header, so a bad file stops the
-    run before training starts (or, with ``skip_bad_images``, is left out and counted).
+    run before training starts (or, with ``skip_bad_images``, is left out and counted). A scan
+    index (library.data.scan_index) answers for the files unchanged since the last run where a
+    cache folder is set (``cache_dir``, a subset's cache_directory) or ``keep_scan_index``.
+    With a ``group`` of several processes only its rank 0 reads the files and the others
+    receive the result. ``scan_seconds``: how long that took (here).
     """
 
     def __init__(
@@ -81,13 +88,24 @@ class TrainData:
         prior_loss_weight: float = 1.0,
         skip_bad_images: bool = False,
         cache_dir: str | None = None,
+        keep_scan_index: bool = False,
+        group: CacheGroup | None = None,
     ) -> None:
         self.seed = seed
         self.world_size = world_size
-        self.scanned = tuple(
-            scan_dataset(i, config, seed, skip_bad_images, cache_dir)
-            for i, config in enumerate(datasets)
-        )
+
+        def scan() -> tuple[ScannedDataset, ...]:
+            return tuple(
+                scan_dataset(i, config, seed, skip_bad_images, cache_dir, keep_scan_index)
+                for i, config in enumerate(datasets)
+            )
+
+        started = time.perf_counter()
+        if group is None or group.world_size == 1:
+            self.scanned = scan()
+        else:  # one process reads the files, the others receive what it found
+            self.scanned = broadcast_or_raise(group, scan, "scanning the datasets")
+        self.scan_seconds = time.perf_counter() - started
         self.groups = tuple(
             group
             for d, scanned in enumerate(self.scanned)

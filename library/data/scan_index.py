@@ -1,0 +1,196 @@
+"""The scan index: what the last scan of a subset read from its image headers and caption files,
+so a later run over an unchanged dataset reads one file instead of every header.
+
+Decisions:
+- An entry is trusted only while its file is the same file: same path, size, modification time
+  (ns), change time (ns) and inode, all from one stat the scan makes anyway. Editing, replacing
+  (a new file under the old name, even of the same size and with the old mtime restored: its
+  change time and usually its inode differ), adding or removing a file is seen, and only that
+  file is read again. Nothing else of the file is trusted: its type and path problems are checked
+  from the same stat on every run.
+- Only what a good file gave is kept: an image's displayed size and frame count, a caption
+  file's text (every non-empty line). An unreadable image or a bad caption file is not indexed,
+  so its error is found again on every run.
+- The file starts with a header line (format, version, checksum of the rest). A file that is
+  truncated, overwritten, of another version or otherwise not an index is ignored with one
+  warning and written anew; the scan then reads every file, so a damaged index costs time, never
+  a wrong size or caption.
+- It is written (atomically) only when something changed, so a rerun over an unchanged dataset
+  writes nothing. It holds the entries of the files the scan met this run: removed files drop
+  out.
+- Where it lives: library.data.items.scan_index_path (beside the latent cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from library.data.images import ImageHeader
+from library.saving.atomic import SaveError, atomic_write_file
+
+log = logging.getLogger(__name__)
+
+FORMAT = "difftune scan index"
+VERSION = 1
+# what a stat says of a file that must not change for its entry to be trusted
+Identity = tuple[int, int, int, int]
+
+
+def identity(info: os.stat_result) -> Identity:
+    """(size, mtime_ns, ctime_ns, inode) of a stat result."""
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+
+
+class IndexDamaged(ValueError):
+    """The index file cannot be used; the message says why."""
+
+
+def _columns(body: dict, kind: str, width: int) -> tuple[list, list, list]:
+    part = body.get(kind)
+    if not isinstance(part, dict):
+        raise IndexDamaged(f"no {kind}")
+    names, numbers, values = part.get("names"), part.get("numbers"), part.get("values")
+    if not (isinstance(names, list) and isinstance(numbers, list) and isinstance(values, list)):
+        raise IndexDamaged(f"{kind} are not lists")
+    if len(numbers) != 4 * len(names) or len(values) != width * len(names):
+        raise IndexDamaged(f"{kind} columns differ in length")
+    return names, numbers, values
+
+
+def _parse(data: bytes) -> tuple[dict, dict]:
+    """(images, captions) of an index file's bytes: name -> (identity, value)."""
+    head, newline, body = data.partition(b"\n")
+    try:
+        header = json.loads(head)
+    except ValueError:
+        raise IndexDamaged("no header line") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise IndexDamaged("not a scan index")
+    if header.get("version") != VERSION:
+        raise IndexDamaged(f"version {header.get('version')}, this difftune writes {VERSION}")
+    if not newline or hashlib.blake2b(body, digest_size=16).hexdigest() != header.get("checksum"):
+        raise IndexDamaged("checksum mismatch: truncated or overwritten")
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        raise IndexDamaged("body is not JSON") from None
+    if not isinstance(parsed, dict):
+        raise IndexDamaged("body is not an object")
+    names, numbers, values = _columns(parsed, "images", 3)
+    images = {
+        name: (
+            tuple(numbers[4 * i : 4 * i + 4]),
+            ImageHeader(tuple(values[3 * i : 3 * i + 2]), values[3 * i + 2]),
+        )
+        for i, name in enumerate(names)
+    }
+    names, numbers, texts = _columns(parsed, "captions", 1)
+    captions = {name: (tuple(numbers[4 * i : 4 * i + 4]), texts[i]) for i, name in enumerate(names)}
+    return images, captions
+
+
+class ScanIndex:
+    """One subset's index file, read when opened; `header` and `caption` answer from it when the
+    file is unchanged and read the file otherwise, and `save` writes what this scan met."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._images: dict[str, tuple[Identity, ImageHeader]] = {}
+        self._captions: dict[str, tuple[Identity, str]] = {}
+        self.damaged: str | None = None
+        self._load(path)
+        self._met_images: dict[str, tuple[Identity, ImageHeader]] = {}
+        self._met_captions: dict[str, tuple[Identity, str]] = {}
+        self.reused = 0  # image headers answered from the index
+        self._changed = False
+
+    def _load(self, path: Path) -> None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            self.damaged = error.strerror or str(error)
+        else:
+            try:
+                self._images, self._captions = _parse(data)
+            except (IndexDamaged, TypeError, IndexError) as error:
+                self.damaged = str(error) or type(error).__name__
+        if self.damaged is not None:
+            log.warning(
+                "scan index %s cannot be used (%s); the images are read again and it is rebuilt",
+                path,
+                self.damaged,
+            )
+
+    def header(
+        self, key: str, info: os.stat_result, read: Callable[[], ImageHeader]
+    ) -> ImageHeader:
+        """The header of the image `key` whose stat is `info`: the indexed one when the file is
+        unchanged, else ``read()`` (whose errors pass through, leaving the image unindexed)."""
+        ident = identity(info)
+        known = self._images.get(key)
+        if known is not None and known[0] == ident:
+            self.reused += 1
+            header = known[1]
+        else:
+            header = read()
+            self._changed = True
+        self._met_images[key] = (ident, header)
+        return header
+
+    def caption(self, key: str, info: os.stat_result, read: Callable[[], str]) -> str:
+        """The text of the caption file `key` (stat `info`), like `header`."""
+        ident = identity(info)
+        known = self._captions.get(key)
+        if known is not None and known[0] == ident:
+            text = known[1]
+        else:
+            text = read()
+            self._changed = True
+        self._met_captions[key] = (ident, text)
+        return text
+
+    def save(self) -> None:
+        """Write the entries this scan met, when they differ from the file's. A folder that
+        cannot be written keeps no index (the next run reads the files again)."""
+        changed = self._changed or self.damaged is not None
+        if (
+            not changed
+            and len(self._met_images) == len(self._images)
+            and len(self._met_captions) == len(self._captions)
+        ):
+            return
+        body = json.dumps(
+            _body(self._met_images, self._met_captions), separators=(",", ":")
+        ).encode()
+        header = {
+            "format": FORMAT,
+            "version": VERSION,
+            "checksum": hashlib.blake2b(body, digest_size=16).hexdigest(),
+        }
+        data = json.dumps(header).encode() + b"\n" + body
+        try:
+            atomic_write_file(self.path, lambda tmp: tmp.write_bytes(data), place="cache_dir")
+        except SaveError as error:  # read-only data, full disk: the scan itself is done
+            log.info("scan index not kept: %s", error)
+
+
+def _body(images: dict, captions: dict) -> dict:
+    image_numbers, headers = [], []
+    for ident, header in images.values():
+        image_numbers.extend(ident)
+        headers.extend((*header.size, header.frames))
+    caption_numbers, texts = [], []
+    for ident, text in captions.values():
+        caption_numbers.extend(ident)
+        texts.append(text)
+    return {
+        "images": {"names": list(images), "numbers": image_numbers, "values": headers},
+        "captions": {"names": list(captions), "numbers": caption_numbers, "values": texts},
+    }
