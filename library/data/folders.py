@@ -52,7 +52,7 @@ MAX_CAPTION_BYTES = 1 << 20
 _REPEATS = re.compile(r"^(\d+)(?:_(.*))?$", re.DOTALL)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per image of a dataset
 class ImageItem:
     """One image file of a subset with its raw caption ("" when it has none, folders only)."""
 

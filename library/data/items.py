@@ -36,7 +36,7 @@ from library.errors import ConfigError, DataError
 CACHE_FOLDER = ".difftune_cache"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per image of a dataset
 class ScannedImage:
     """One usable image of a dataset."""
 
@@ -281,6 +281,7 @@ def scan_dataset(
     bucket_of = _Buckets(buckets, bucket_sizes(buckets) if predefined_buckets(buckets) else None)
     images, skipped, animated, ignored, unlisted = [], [], [], [], []
     reused = 0
+    sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for s, subset in enumerate(config.subsets):
         path = scan_index_path(subset, cache_dir, keep_index)
         scan_index = None if path is None else ScanIndex(path)
@@ -306,6 +307,7 @@ def scan_dataset(
                 skipped.append(checked)
                 continue
             size, bucket, is_animated, references = checked
+            size = sizes.setdefault(size, size)  # one tuple per size, not one per image
             if is_animated:
                 animated.append(item.path)
             key, root = keys(item.path), root_of(item.path)

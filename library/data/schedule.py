@@ -50,7 +50,7 @@ def permutation(n: int, seed: int) -> list[int]:
     return order
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per image of a dataset
 class SampleSpec:
     """One sample of a dataset's epoch: an item (index into the dataset's items) and its weight."""
 
