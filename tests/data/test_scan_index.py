@@ -337,3 +337,31 @@ def test_an_unreadable_image_left_out_is_found_again(tmp_path):
         scanned = data.scanned[0]
         assert len(scanned.skipped) == 1 and "1.png" in scanned.skipped[0]
         assert len(scanned.images) == len(SIZES) - 1
+
+
+def test_a_metadata_scan_resolves_only_paths_of_one_file(tmp_path, monkeypatch):
+    folder = _folder(tmp_path)
+    os.link(folder / "0.png", folder / "linked.png")  # a hard link: another image, same bytes
+    write_image(folder / "extra.png", (5, 5, 5), (16, 16))  # not listed
+    rows = [f"{i}.png,caption {i}" for i in range(len(SIZES))] + ["linked.png,the link"]
+    metadata = tmp_path / "meta.csv"
+    metadata.write_text("file_name,text\n" + "\n".join(rows) + "\n")
+    resolved = []
+    real = Path.resolve
+
+    def counting(self, *args, **kwargs):
+        resolved.append(self.name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "resolve", counting)
+    subset = SubsetConfig(metadata_file=str(metadata), image_dir=str(folder))
+    config = DatasetConfig(
+        resolution=128, enable_bucket=True, min_bucket_reso=64, max_bucket_reso=256,
+        bucket_reso_steps=64, subsets=[subset],
+    )  # fmt: skip
+    scanned = TrainData([config], seed=0).scanned[0]
+    assert sorted(i.item.path.name for i in scanned.images) == sorted(
+        [f"{i}.png" for i in range(len(SIZES))] + ["linked.png"]
+    )
+    assert [p.name for p in scanned.unlisted] == ["extra.png"]
+    assert set(resolved) <= {"0.png", "linked.png", folder.name}
