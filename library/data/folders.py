@@ -121,20 +121,29 @@ def dreambooth_subsets(
             try:
                 repeats, tokens = _parse_folder_name(folder)
                 if repeats < 1:
-                    raise DataError(f"image folder {folder} repeats its images 0 times; use 1 or more")
+                    raise DataError(
+                        f"image folder {folder} repeats its images 0 times; use 1 or more"
+                    )
             except DataError as error:
                 if skipped is None:
                     raise
                 left_out.append((folder, error))
                 continue
             subsets.append(
-                {"image_dir": str(folder), "class_tokens": tokens, "num_repeats": repeats, "is_reg": is_reg}
+                {
+                    "image_dir": str(folder),
+                    "class_tokens": tokens,
+                    "num_repeats": repeats,
+                    "is_reg": is_reg,
+                }
             )
         if left_out and len(left_out) == len(folders):
             raise left_out[0][1]
         for folder, _ in left_out:
             reason = "0 repeats" if _REPEATS.match(folder.name) else "no repeat count in its name"
-            skipped.append(f'{key} subfolder "{folder.name}" is left out: {reason}, as sd-scripts does')
+            skipped.append(
+                f'{key} subfolder "{folder.name}" is left out: {reason}, as sd-scripts does'
+            )
     return subsets
 
 
@@ -199,7 +208,7 @@ def _is_quiet(entry: os.DirEntry, caption_extension: str) -> bool:
     name = entry.name
     if name.startswith(".") or name.lower() in SYSTEM_FILES:
         return True
-    suffix = os.path.splitext(name)[1].lower()
+    suffix = _suffix(name)
     is_sidecar = suffix in SIDECAR_EXTENSIONS or suffix == caption_extension.lower()
     return is_sidecar and not entry.is_dir()  # a folder "a.txt" is reported, not a caption
 
@@ -225,14 +234,14 @@ class _Listing:
 
     def __init__(self, folder: Path, caption_extension: str) -> None:
         self.folder = folder
+        self.prefix = str(folder)
         self.images: list[str] = []
         self.others: set[str] = set()  # every other name: a caption file may have it
         ignored = []
         with os.scandir(folder) as entries:
             for entry in entries:
                 name = entry.name
-                suffix = os.path.splitext(name)[1].lower()
-                if suffix in IMAGE_EXTENSIONS and not name.startswith("."):
+                if _suffix(name) in IMAGE_EXTENSIONS and not name.startswith("."):
                     self.images.append(name)
                     continue
                 self.others.add(name)
@@ -252,17 +261,28 @@ class _Listing:
         return name.lower() in self._folded
 
 
-def _caption(image: Path, subset: SubsetConfig, listing: _Listing, index: ScanIndex | None) -> str:
-    name = image.stem + subset.caption_extension
-    path = image.with_name(name)
+def _suffix(name: str) -> str:
+    """Path(name).suffix, lower case, without building a Path."""
+    dot = name.rfind(".")
+    return name[dot:].lower() if 0 < dot < len(name) - 1 else ""
+
+
+def _caption(
+    folder: Path, image: str, subset: SubsetConfig, listing: _Listing, index: ScanIndex | None
+) -> str:
+    """The caption of image file ``image`` (a name) in ``folder``, looked up in its listing;
+    caption paths are strings, Paths are made only for a message."""
+    stem = image[: image.rfind(".")]
+    name = stem + subset.caption_extension
+    path = os.path.join(listing.prefix, name)
     info = _stat(path) if listing.may_exist(name) else None
-    if info is None and not (listing.may_exist(name) and (path.exists() or path.is_symlink())):
-        _refuse_other_extension(image, subset.caption_extension, listing)
+    if info is None and not (listing.may_exist(name) and os.path.lexists(path)):
+        _refuse_other_extension(folder / image, subset.caption_extension, listing)
         return subset.class_tokens or ""  # "": no caption at all (module docstring)
     if info is None or not stat.S_ISREG(info.st_mode):
-        problem = _caption_problem(path)
+        problem = _caption_problem(Path(path))
         if problem is not None:
-            raise DataError(f"caption file {path} (for image {image.name}) {problem}")
+            raise DataError(f"caption file {path} (for image {image}) {problem}")
     if index is None or info is None:
         lines = caption_lines(path)
     else:
@@ -270,7 +290,7 @@ def _caption(image: Path, subset: SubsetConfig, listing: _Listing, index: ScanIn
     return _caption_text(lines, subset.enable_wildcard)
 
 
-def _stat(path: Path) -> os.stat_result | None:
+def _stat(path: str) -> os.stat_result | None:
     try:
         return os.stat(path)
     except OSError:
@@ -314,9 +334,8 @@ def scan_folder(subset: SubsetConfig, index: ScanIndex | None = None) -> FolderS
         )
     items = []
     for name in listing.images:
-        image = folder / name
-        caption = _caption(image, subset, listing, index)
-        items.append(ImageItem(image, caption, subset.is_reg, subset.image_dir))
+        caption = _caption(folder, name, subset, listing, index)
+        items.append(ImageItem(folder / name, caption, subset.is_reg, subset.image_dir))
     return FolderScan(items, listing.ignored)
 
 

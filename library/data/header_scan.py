@@ -31,10 +31,23 @@ def _header(path: Path, index: ScanIndex | None, folder: Path) -> ImageHeader | 
             return read_image_header(path)
         if index is None or not stat.S_ISREG(info.st_mode):
             return read_image_header(path, info.st_mode)
-        key = path.name if path.parent == folder else str(path)
+        key = name_in(path, folder) or str(path)
         return index.header(key, info, lambda: read_image_header(path, info.st_mode))
     except DataError as error:
         return error
+
+
+def name_in(path: Path, folder: Path) -> str | None:
+    """The name of ``path`` when it is directly in ``folder`` as written, else None (strings
+    compared: no Path is made)."""
+    text, prefix = str(path), str(folder)
+    if prefix == ".":  # Path(".") / name is written "name"
+        return None if os.sep in text else text
+    if prefix != os.sep:
+        prefix += os.sep
+    if text.startswith(prefix) and os.sep not in text[len(prefix) :]:
+        return text[len(prefix) :]
+    return None
 
 
 def read_headers(

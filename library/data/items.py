@@ -20,7 +20,7 @@ from library.data.augment import AugmentOptions
 from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.captions import CaptionOptions
 from library.data.folders import FolderScan, ImageItem, scan_folder
-from library.data.header_scan import read_headers
+from library.data.header_scan import name_in, read_headers
 from library.data.images import ImageHeader, read_image_header
 from library.data.metadata_files import read_metadata_entries, unlisted_images
 from library.data.references import (
@@ -119,8 +119,9 @@ class _Keys:
         self._resolved: Path | None = None
 
     def __call__(self, path: Path) -> str:
-        if path.parent == self.folder:
-            return f"{self.index}/{path.name}"
+        name = name_in(path, self.folder)
+        if name is not None:
+            return f"{self.index}/{name}"
         if self._resolved is None:
             self._resolved = self.folder.resolve()
         try:

@@ -62,8 +62,30 @@ def _columns(body: dict, kind: str, width: int) -> tuple[list, list, list]:
     return names, numbers, values
 
 
-def _parse(data: bytes) -> tuple[dict, dict]:
-    """(images, captions) of an index file's bytes: name -> (identity, value)."""
+class _Table:
+    """One kind of entry of an index file, as read: name -> row, the rows' identities and values
+    kept flat as the file has them (no object per entry until one is asked for)."""
+
+    def __init__(self, names: list, numbers: list, values: list, width: int) -> None:
+        self.rows = dict(zip(names, range(len(names)), strict=True))
+        self.numbers, self.values, self.width = numbers, values, width
+
+    def get(self, key: str, ident: Identity) -> list | None:
+        """The values of ``key`` when its file's identity is ``ident``, else None."""
+        i = self.rows.get(key)
+        if i is None:
+            return None
+        numbers = self.numbers
+        if (numbers[4 * i], numbers[4 * i + 1], numbers[4 * i + 2], numbers[4 * i + 3]) != ident:
+            return None
+        return self.values[self.width * i : self.width * (i + 1)]
+
+
+_EMPTY = _Table([], [], [], 1)
+
+
+def _parse(data: bytes) -> tuple[_Table, _Table]:
+    """(images, captions) of an index file's bytes."""
     head, newline, body = data.partition(b"\n")
     try:
         header = json.loads(head)
@@ -81,33 +103,28 @@ def _parse(data: bytes) -> tuple[dict, dict]:
         raise IndexDamaged("body is not JSON") from None
     if not isinstance(parsed, dict):
         raise IndexDamaged("body is not an object")
-    names, numbers, values = _columns(parsed, "images", 3)
-    images = {
-        name: (
-            tuple(numbers[4 * i : 4 * i + 4]),
-            ImageHeader(tuple(values[3 * i : 3 * i + 2]), values[3 * i + 2]),
-        )
-        for i, name in enumerate(names)
-    }
-    names, numbers, texts = _columns(parsed, "captions", 1)
-    captions = {name: (tuple(numbers[4 * i : 4 * i + 4]), texts[i]) for i, name in enumerate(names)}
-    return images, captions
+    return _Table(*_columns(parsed, "images", 3), 3), _Table(*_columns(parsed, "captions", 1), 1)
 
 
 class ScanIndex:
     """One subset's index file, read when opened; `header` and `caption` answer from it when the
-    file is unchanged and read the file otherwise, and `save` writes what this scan met."""
+    file is unchanged and read the file otherwise, and `save` writes what this scan met. Safe
+    to call from several threads (each call stores one dict item; hits are appended)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._images: dict[str, tuple[Identity, ImageHeader]] = {}
-        self._captions: dict[str, tuple[Identity, str]] = {}
+        self._images, self._captions = _EMPTY, _EMPTY
         self.damaged: str | None = None
         self._load(path)
         self._met_images: dict[str, tuple[Identity, ImageHeader]] = {}
         self._met_captions: dict[str, tuple[Identity, str]] = {}
-        self.reused = 0  # image headers answered from the index
+        self._hits: list[str] = []  # image keys answered from the index
         self._changed = False
+
+    @property
+    def reused(self) -> int:
+        """Image headers answered from the index."""
+        return len(self._hits)
 
     def _load(self, path: Path) -> None:
         try:
@@ -119,7 +136,7 @@ class ScanIndex:
         else:
             try:
                 self._images, self._captions = _parse(data)
-            except (IndexDamaged, TypeError, IndexError) as error:
+            except (IndexDamaged, TypeError, IndexError, ValueError) as error:
                 self.damaged = str(error) or type(error).__name__
         if self.damaged is not None:
             log.warning(
@@ -134,10 +151,10 @@ class ScanIndex:
         """The header of the image `key` whose stat is `info`: the indexed one when the file is
         unchanged, else ``read()`` (whose errors pass through, leaving the image unindexed)."""
         ident = identity(info)
-        known = self._images.get(key)
-        if known is not None and known[0] == ident:
-            self.reused += 1
-            header = known[1]
+        known = self._images.get(key, ident)
+        if known is not None:
+            self._hits.append(key)
+            header = ImageHeader((known[0], known[1]), known[2])
         else:
             header = read()
             self._changed = True
@@ -147,9 +164,9 @@ class ScanIndex:
     def caption(self, key: str, info: os.stat_result, read: Callable[[], str]) -> str:
         """The text of the caption file `key` (stat `info`), like `header`."""
         ident = identity(info)
-        known = self._captions.get(key)
-        if known is not None and known[0] == ident:
-            text = known[1]
+        known = self._captions.get(key, ident)
+        if known is not None:
+            text = known[0]
         else:
             text = read()
             self._changed = True
@@ -162,8 +179,8 @@ class ScanIndex:
         changed = self._changed or self.damaged is not None
         if (
             not changed
-            and len(self._met_images) == len(self._images)
-            and len(self._met_captions) == len(self._captions)
+            and len(self._met_images) == len(self._images.rows)
+            and len(self._met_captions) == len(self._captions.rows)
         ):
             return
         body = json.dumps(

@@ -189,7 +189,7 @@ def test_an_added_and_a_removed_image_are_seen(tmp_path, reads):
     assert reads.images == ["9.png"] and reads.captions == ["9.txt"]
     assert _seen(again) == _truth(folder)
     index = ScanIndex(scan_index_path(_config(folder).subsets[0], str(cache), False))
-    assert set(index._images) == {"1.png", "2.png", "3.png", "9.png"}  # 0.png dropped out
+    assert set(index._images.rows) == {"1.png", "2.png", "3.png", "9.png"}  # 0.png dropped out
 
 
 @pytest.mark.parametrize("keep_times", [False, True], ids=["new mtime", "old mtime"])
