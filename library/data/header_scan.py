@@ -1,5 +1,5 @@
 """Reading the headers of a subset's images: one stat and (unless the scan index knows the file)
-one open per image, on a pool of threads.
+one open per image, the opens on a pool of threads.
 
 Opening an image waits on the file system (a cold disk, a network share) with the GIL released,
 so threads overlap those waits; the header parsing itself is Python and shares one core. Images
@@ -21,20 +21,18 @@ SCAN_THREADS = 8
 _CHUNK = 256
 
 
-def _header(path: Path, index: ScanIndex | None, folder: Path) -> ImageHeader | DataError:
+def _read(
+    path: Path, info: os.stat_result | None, index: ScanIndex | None, key: str
+) -> ImageHeader | DataError:
     try:
-        info = os.stat(path)
-    except OSError:  # missing, a broken link: read_image_header names the problem
-        info = None
-    try:
-        if info is None:
+        if info is None:  # missing, a broken link: read_image_header names the problem
             return read_image_header(path)
-        if index is None or not stat.S_ISREG(info.st_mode):
-            return read_image_header(path, info.st_mode)
-        key = name_in(path, folder) or str(path)
-        return index.header(key, info, lambda: read_image_header(path, info.st_mode))
-    except DataError as error:
+        header = read_image_header(path, info.st_mode)
+    except DataError as error:  # never indexed: found again on every run
         return error
+    if index is not None and stat.S_ISREG(info.st_mode):
+        index.record(key, info, header)
+    return header
 
 
 def name_in(path: Path, folder: Path) -> str | None:
@@ -55,13 +53,36 @@ def read_headers(
 ) -> list[ImageHeader | DataError]:
     """The header of each image in `paths`, in order, or the DataError that reading it raised.
     ``index``: the subset's scan index (None: read every file); ``folder``: the subset's folder,
-    under which the index knows its images by name."""
+    under which the index knows its images by name.
+
+    Every image is stat'ed here first and what the index answers is taken; only the others are
+    opened, on the threads (the answers themselves are too quick to share out)."""
+    headers: list[ImageHeader | DataError | None] = []
+    missing: list[tuple[int, os.stat_result | None, str]] = []
+    for i, path in enumerate(paths):
+        try:
+            info = os.stat(path)
+        except OSError:
+            info = None
+        key = (name_in(path, folder) or str(path)) if index is not None else ""
+        header = None
+        if index is not None and info is not None and stat.S_ISREG(info.st_mode):
+            header = index.known(key, info)
+        if header is None:
+            missing.append((i, info, key))
+        headers.append(header)
 
     def chunk(start: int) -> list[ImageHeader | DataError]:
-        return [_header(path, index, folder) for path in paths[start : start + _CHUNK]]
+        return [
+            _read(paths[i], info, index, key) for i, info, key in missing[start : start + _CHUNK]
+        ]
 
-    starts = range(0, len(paths), _CHUNK)
+    starts = range(0, len(missing), _CHUNK)
     if len(starts) <= 1:
-        return [header for start in starts for header in chunk(start)]
-    with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="difftune-scan") as pool:
-        return [header for part in pool.map(chunk, starts) for header in part]
+        read = [header for start in starts for header in chunk(start)]
+    else:
+        with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="difftune-scan") as pool:
+            read = [header for part in pool.map(chunk, starts) for header in part]
+    for (i, _, _), header in zip(missing, read, strict=True):
+        headers[i] = header
+    return headers

@@ -107,9 +107,9 @@ def _parse(data: bytes) -> tuple[_Table, _Table]:
 
 
 class ScanIndex:
-    """One subset's index file, read when opened; `header` and `caption` answer from it when the
-    file is unchanged and read the file otherwise, and `save` writes what this scan met. Safe
-    to call from several threads (each call stores one dict item; hits are appended)."""
+    """One subset's index file, read when opened; `known` and `caption` answer from it when the
+    file is unchanged, `record` and `caption` keep what was read otherwise, and `save` writes
+    what this scan met. Safe to call from several threads (each call stores one dict item)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -145,21 +145,22 @@ class ScanIndex:
                 self.damaged,
             )
 
-    def header(
-        self, key: str, info: os.stat_result, read: Callable[[], ImageHeader]
-    ) -> ImageHeader:
-        """The header of the image `key` whose stat is `info`: the indexed one when the file is
-        unchanged, else ``read()`` (whose errors pass through, leaving the image unindexed)."""
+    def known(self, key: str, info: os.stat_result) -> ImageHeader | None:
+        """The indexed header of the image `key` whose stat is `info` when the file is unchanged
+        (and kept for the next index), else None: the caller reads it and calls `record`."""
         ident = identity(info)
         known = self._images.get(key, ident)
-        if known is not None:
-            self._hits.append(key)
-            header = ImageHeader((known[0], known[1]), known[2])
-        else:
-            header = read()
-            self._changed = True
+        if known is None:
+            return None
+        header = ImageHeader((known[0], known[1]), known[2])
+        self._hits.append(key)
         self._met_images[key] = (ident, header)
         return header
+
+    def record(self, key: str, info: os.stat_result, header: ImageHeader) -> None:
+        """Keep the header read from the image `key` whose stat is `info` for the next index."""
+        self._changed = True
+        self._met_images[key] = (identity(info), header)
 
     def caption(self, key: str, info: os.stat_result, read: Callable[[], str]) -> str:
         """The text of the caption file `key` (stat `info`), like `header`."""
