@@ -16,7 +16,9 @@ not the cost of decoding big pictures, which the scan never does.
 Figures per size and run ("first": no scan index; "rerun": the index the first run wrote):
 - plan_seconds: ``train_network.py --dry_run`` from the command to its exit (the tiny SD 1.5
   test model, so the imports and the scan dominate);
-- scan_seconds, scan_images_per_second: the scan alone (TrainData, in a fresh process);
+- scan_seconds, scan_images_per_second: the scan alone (TrainData, in a fresh process), and
+  scan_cpu_seconds, the CPU time it took (all its threads): on a busy machine the wall clock
+  also counts the time other programs had the cores;
 - scan_bytes_per_image: the Python heap the scanned dataset holds, per image (tracemalloc);
 - index_bytes_per_image: the scan index file's size per image;
 - with ``--first_step``: first_step_seconds, the command to the end of the first optimizer step
@@ -66,12 +68,12 @@ config = DatasetConfig(batch_size=1, resolution=64, enable_bucket=True,
                        subsets=[SubsetConfig(image_dir=folder, num_repeats=1)])
 if memory:  # tracemalloc slows every allocation: not in the timed pass
     tracemalloc.start()
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 data = TrainData([config], seed=0, cache_dir=cache)
-seconds = time.perf_counter() - started
+seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
 held = tracemalloc.get_traced_memory()[0]
 scanned = data.scanned[0]
-print(json.dumps({"scan_seconds": seconds, "images": len(scanned.images),
+print(json.dumps({"scan_seconds": seconds, "scan_cpu_seconds": cpu, "images": len(scanned.images),
                   "from_index": scanned.indexed, "held_bytes": held}))
 """
 
@@ -153,6 +155,7 @@ def scan_figures(folder: Path, cache: Path) -> dict:
     index = sum(f.stat().st_size for f in (cache / "scan").glob("*.json"))
     return {
         "scan_seconds": round(figures["scan_seconds"], 2),
+        "scan_cpu_seconds": round(figures["scan_cpu_seconds"], 2),
         "scan_images_per_second": round(images / figures["scan_seconds"]),
         "from_index": figures["from_index"],
         "scan_bytes_per_image": round(figures["held_bytes"] / images),

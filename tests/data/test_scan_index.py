@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from data_helpers import write_image
+from data_helpers import bucketed_config, write_image
 
 import library.data.folders as folders
 import library.data.header_scan as header_scan
@@ -60,15 +60,7 @@ def _folder(tmp_path: Path) -> Path:
 
 
 def _config(folder: Path, **keys) -> DatasetConfig:
-    subset = SubsetConfig(image_dir=str(folder), **keys)
-    return DatasetConfig(
-        resolution=128,
-        enable_bucket=True,
-        min_bucket_reso=64,
-        max_bucket_reso=256,
-        bucket_reso_steps=64,
-        subsets=[subset],
-    )
+    return bucketed_config(folder, **keys)
 
 
 def _scan(folder: Path, cache: Path, **keys):

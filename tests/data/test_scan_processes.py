@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from data_helpers import write_image
+from data_helpers import bucketed_config, write_image
 
 import library.data.header_scan as header_scan
-from library.config.dataset_schema import DatasetConfig, SubsetConfig
+from library.config.dataset_schema import DatasetConfig
 from library.data.cache_group import CacheGroup
 from library.data.dataset import TrainData
 from library.errors import DataError
@@ -22,14 +22,7 @@ WORLD = 2
 
 
 def _config(folder: Path) -> DatasetConfig:
-    return DatasetConfig(
-        resolution=128,
-        enable_bucket=True,
-        min_bucket_reso=64,
-        max_bucket_reso=256,
-        bucket_reso_steps=64,
-        subsets=[SubsetConfig(image_dir=str(folder))],
-    )
+    return bucketed_config(folder)
 
 
 def worker(rank: int, init_file: str, good: str, bad: str, out: str) -> None:
