@@ -283,10 +283,11 @@ def _caption(
         problem = _caption_problem(Path(path))
         if problem is not None:
             raise DataError(f"caption file {path} (for image {image}) {problem}")
-    if index is None or info is None:
+    lines = None if index is None or info is None else index.known_caption(name, info)
+    if lines is None:
         lines = caption_lines(path)
-    else:
-        lines = index.caption(name, info, lambda: caption_lines(path))
+        if index is not None and info is not None:
+            index.record_caption(name, info, lines)
     return _caption_text(lines, subset.enable_wildcard)
 
 

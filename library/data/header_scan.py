@@ -49,22 +49,21 @@ def name_in(path: Path, folder: Path) -> str | None:
 
 
 def read_headers(
-    paths: list[Path], index: ScanIndex | None, folder: Path
+    paths: list[Path], index: ScanIndex | None, keys: list[str]
 ) -> list[ImageHeader | DataError]:
     """The header of each image in `paths`, in order, or the DataError that reading it raised.
-    ``index``: the subset's scan index (None: read every file); ``folder``: the subset's folder,
-    under which the index knows its images by name.
+    ``index``: the subset's scan index (None: read every file), which knows the images by
+    ``keys`` (one per path).
 
     Every image is stat'ed here first and what the index answers is taken; only the others are
     opened, on the threads (the answers themselves are too quick to share out)."""
     headers: list[ImageHeader | DataError | None] = []
     missing: list[tuple[int, os.stat_result | None, str]] = []
-    for i, path in enumerate(paths):
+    for i, (path, key) in enumerate(zip(paths, keys, strict=True)):
         try:
             info = os.stat(path)
         except OSError:
             info = None
-        key = (name_in(path, folder) or str(path)) if index is not None else ""
         header = None
         if index is not None and info is not None and stat.S_ISREG(info.st_mode):
             header = index.known(key, info)

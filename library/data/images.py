@@ -49,6 +49,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -75,9 +76,8 @@ def _unreadable(path: Path, error: Exception) -> DataError:
     return DataError(f"image {path} cannot be read ({error}); replace or remove the file")
 
 
-@dataclass(frozen=True)
-class ImageHeader:
-    """What a scan needs to know about an image file."""
+class ImageHeader(NamedTuple):
+    """What a scan needs to know about an image file (a tuple: one is made per image)."""
 
     size: tuple[int, int]  # (width, height) as displayed (EXIF orientation applied)
     frames: int  # animation frames or pages; only the first is trained

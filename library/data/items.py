@@ -131,6 +131,14 @@ class _Keys:
         return f"{self.index}/{relative.as_posix()}"
 
 
+def _names_in_folder(items: list[ImageItem], subset: SubsetConfig) -> list[str] | None:
+    """The file names of a folder subset's images (all directly in its folder); None for a
+    metadata subset, whose images may lie anywhere."""
+    if subset.metadata_file is not None:
+        return None
+    return [item.path.name for item in items]
+
+
 class _CacheRoots:
     """The folder of each image's disk-cache entries: the subset's cache_directory, else
     cache_dir, else a folder beside the image; one Path object per folder, not per image."""
@@ -139,6 +147,9 @@ class _CacheRoots:
         fixed = subset.cache_directory or cache_dir
         self._fixed = Path(fixed) if fixed else None
         self._beside: dict[Path, Path] = {}
+        # a folder subset's images all lie directly in its folder
+        folder = Path(subset.image_dir or ".")
+        self.folder_root = self._fixed or folder / CACHE_FOLDER
 
     def __call__(self, image: Path) -> Path:
         if self._fixed is not None:
@@ -300,9 +311,12 @@ def scan_dataset(
             )
         keys = _Keys(s, items[0].subset_dir if items else ".")
         root_of = _CacheRoots(subset, cache_dir)
-        headers = read_headers([item.path for item in items], scan_index, keys.folder)
+        # a folder's images are all directly in it: their names are their keys
+        names = _names_in_folder(items, subset)
+        index_keys = names or [name_in(i.path, keys.folder) or str(i.path) for i in items]
+        headers = read_headers([item.path for item in items], scan_index, index_keys)
         found = []
-        for item, header in zip(items, headers, strict=True):
+        for n, (item, header) in enumerate(zip(items, headers, strict=True)):
             checked = _checked_image(item, header, subset, bucket_of, sizing, skip_bad_images)
             if isinstance(checked, str):
                 skipped.append(checked)
@@ -311,7 +325,10 @@ def scan_dataset(
             size = sizes.setdefault(size, size)  # one tuple per size, not one per image
             if is_animated:
                 animated.append(item.path)
-            key, root = keys(item.path), root_of(item.path)
+            if names is None:
+                key, root = keys(item.path), root_of(item.path)
+            else:
+                key, root = f"{s}/{names[n]}", root_of.folder_root
             found.append(ScannedImage(item, s, size, bucket, key, root, references))
         if not found:
             raise DataError(

@@ -27,7 +27,6 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from library.data.images import ImageHeader
@@ -107,9 +106,10 @@ def _parse(data: bytes) -> tuple[_Table, _Table]:
 
 
 class ScanIndex:
-    """One subset's index file, read when opened; `known` and `caption` answer from it when the
-    file is unchanged, `record` and `caption` keep what was read otherwise, and `save` writes
-    what this scan met. Safe to call from several threads (each call stores one dict item)."""
+    """One subset's index file, read when opened; `known` and `known_caption` answer from it
+    when the file is unchanged, `record` and `record_caption` keep what was read otherwise, and
+    `save` writes what this scan met. Safe to call from several threads (each call stores one
+    dict item)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -162,17 +162,20 @@ class ScanIndex:
         self._changed = True
         self._met_images[key] = (identity(info), header)
 
-    def caption(self, key: str, info: os.stat_result, read: Callable[[], str]) -> str:
-        """The text of the caption file `key` (stat `info`), like `header`."""
+    def known_caption(self, key: str, info: os.stat_result) -> str | None:
+        """The indexed text of the caption file `key` (stat `info`) when it is unchanged (and
+        kept for the next index), else None: the caller reads it and calls `record_caption`."""
         ident = identity(info)
         known = self._captions.get(key, ident)
-        if known is not None:
-            text = known[0]
-        else:
-            text = read()
-            self._changed = True
-        self._met_captions[key] = (ident, text)
-        return text
+        if known is None:
+            return None
+        self._met_captions[key] = (ident, known[0])
+        return known[0]
+
+    def record_caption(self, key: str, info: os.stat_result, text: str) -> None:
+        """Keep the text read from the caption file `key` (stat `info`) for the next index."""
+        self._changed = True
+        self._met_captions[key] = (identity(info), text)
 
     def save(self) -> None:
         """Write the entries this scan met, when they differ from the file's. A folder that
