@@ -197,13 +197,15 @@ class TrainData:
         Tags are the caption split on commas and stripped; each image counts once, whatever its
         repeats. Subsets whose folders share a name are counted together.
         """
-        frequency: dict[str, Counter[str]] = {}
+        tags: dict[str, list[str]] = {}  # folder name -> every tag of its images, empty ones too
+        names: dict[str, str] = {}  # subset folder -> its name
         for image in (image for scanned in self.scanned for image in scanned.images):
-            name = os.path.basename(image.item.subset_dir)
-            counter = frequency.setdefault(name, Counter())
-            caption = image.item.caption.split("\n")[0]
-            counter.update(tag.strip() for tag in caption.split(",") if tag.strip())
-        return {name: dict(counter) for name, counter in frequency.items()}
+            folder = image.item.subset_dir
+            name = names.get(folder) or names.setdefault(folder, os.path.basename(folder))
+            caption = image.item.caption.partition("\n")[0]
+            tags.setdefault(name, []).extend(map(str.strip, caption.split(",")))
+        frequency = {name: Counter(found) for name, found in tags.items()}
+        return {name: {t: n for t, n in counter.items() if t} for name, counter in frequency.items()}
 
     def dataset_dirs(self) -> dict[str, dict[str, int]]:
         """Folder name -> {"n_repeats", "img_count"} (ss_dataset_dirs); same-name folders add
