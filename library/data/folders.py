@@ -162,7 +162,7 @@ def caption_lines(path: Path) -> str:
     newlines; DataError naming the file when it is too large, not UTF-8, unreadable or empty."""
     try:
         with open(path, "rb") as file:
-            data = file.read(MAX_CAPTION_BYTES + 1)  # never more: the file may be huge
+            data = _read_at_most(file, MAX_CAPTION_BYTES + 1)  # never more: it may be huge
         if len(data) > MAX_CAPTION_BYTES:
             raise DataError(caption_too_long(f"caption file {path}", os.path.getsize(path)))
         text = data.decode("utf-8-sig")
@@ -182,6 +182,17 @@ def caption_lines(path: Path) -> str:
     raise DataError(
         f"caption file {path} is empty; write a caption in it or delete it to use the class tokens"
     )
+
+
+def _read_at_most(file, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``file``. It asks for the size the file has (plus one byte,
+    to see a file that grew), not for ``limit``: a read of ``limit`` bytes sets aside that much
+    memory first, and for a caption of a few bytes that is most of the cost of reading it."""
+    size = os.fstat(file.fileno()).st_size
+    data = file.read(min(size + 1, limit))
+    if size < len(data) < limit:  # it grew, or its size says nothing (a pipe): read on
+        data += file.read(limit - len(data))
+    return data
 
 
 def read_caption_file(path: Path, all_lines: bool = False) -> str:
