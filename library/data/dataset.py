@@ -205,7 +205,9 @@ class TrainData:
             caption = image.item.caption.partition("\n")[0]
             tags.setdefault(name, []).extend(map(str.strip, caption.split(",")))
         frequency = {name: Counter(found) for name, found in tags.items()}
-        return {name: {t: n for t, n in counter.items() if t} for name, counter in frequency.items()}
+        return {
+            name: {t: n for t, n in counter.items() if t} for name, counter in frequency.items()
+        }
 
     def dataset_dirs(self) -> dict[str, dict[str, int]]:
         """Folder name -> {"n_repeats", "img_count"} (ss_dataset_dirs); same-name folders add
