@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 
 from library.data.images import ImageHeader
-from library.saving.atomic import SaveError, atomic_write_file
+from library.saving.atomic import SaveError, atomic_write_file, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,8 @@ class ScanIndex:
             "checksum": hashlib.blake2b(body, digest_size=16).hexdigest(),
         }
         data = json.dumps(header).encode() + b"\n" + body
+        # what a killed write of this index left behind (another run's live write is kept)
+        remove_stale_temporaries(self.path.parent, lambda output: output == self.path.name)
         try:
             atomic_write_file(self.path, lambda tmp: tmp.write_bytes(data), place="cache_dir")
         except SaveError as error:  # read-only data, full disk: the scan itself is done

@@ -257,6 +257,18 @@ def test_a_subset_cache_directory_holds_its_index(tmp_path):
     assert len(list((tmp_path / "mine" / "scan").glob("*.json"))) == 1
 
 
+def test_a_killed_write_of_the_index_is_cleared_when_it_is_written_again(tmp_path):
+    folder, cache = _folder(tmp_path), tmp_path / "cache"
+    _scan(folder, cache)
+    path = _index_file(folder, cache)
+    left = path.with_name(f".{path.name}.x1y2z3.tmp")  # as atomic_write_file names them
+    left.write_bytes(b"half an index")
+    os.utime(left, (0, 0))  # long ago: no live run is writing it
+    write_image(folder / "7.png", (7, 7, 7), (16, 16))  # a change: the index is written again
+    _scan(folder, cache)
+    assert not left.exists() and path.exists()
+
+
 def test_an_unreadable_index_folder_is_no_error(tmp_path):
     folder, cache = _folder(tmp_path), tmp_path / "cache"
     cache.write_text("a file where the cache folder would be")
