@@ -121,29 +121,20 @@ def dreambooth_subsets(
             try:
                 repeats, tokens = _parse_folder_name(folder)
                 if repeats < 1:
-                    raise DataError(
-                        f"image folder {folder} repeats its images 0 times; use 1 or more"
-                    )
+                    raise DataError(f"image folder {folder} repeats its images 0 times; use 1 or more")
             except DataError as error:
                 if skipped is None:
                     raise
                 left_out.append((folder, error))
                 continue
             subsets.append(
-                {
-                    "image_dir": str(folder),
-                    "class_tokens": tokens,
-                    "num_repeats": repeats,
-                    "is_reg": is_reg,
-                }
+                {"image_dir": str(folder), "class_tokens": tokens, "num_repeats": repeats, "is_reg": is_reg}
             )
         if left_out and len(left_out) == len(folders):
             raise left_out[0][1]
         for folder, _ in left_out:
             reason = "0 repeats" if _REPEATS.match(folder.name) else "no repeat count in its name"
-            skipped.append(
-                f'{key} subfolder "{folder.name}" is left out: {reason}, as sd-scripts does'
-            )
+            skipped.append(f'{key} subfolder "{folder.name}" is left out: {reason}, as sd-scripts does')
     return subsets
 
 
