@@ -66,8 +66,10 @@ class DataSection(Section):
     )
     cache_dir: str | None = Field(
         None,
-        description="Folder of the disk caches. Unset: a .difftune_cache folder inside each "
-        "image folder.",
+        description="Folder of the disk caches and of the scan index (what the last scan read "
+        "from the image headers and caption files: a rerun reads only the files that changed). "
+        "Unset: a .difftune_cache folder inside each image folder, where the scan index is kept "
+        "only with cache_latents_to_disk or cache_text_encoder_outputs_to_disk.",
     )
     validate_every_n_steps: int | None = Field(
         None, ge=1, description="Validation loss every N optimizer steps (needs validation_split)."

@@ -130,9 +130,9 @@ class SubsetConfig(_Strict):
 
     cache_directory: str | None = Field(
         None,
-        description="Folder of this subset's disk caches (latents, text-encoder outputs), "
-        "instead of cache_dir or a .difftune_cache folder beside the images (musubi-tuner's "
-        "word).",
+        description="Folder of this subset's disk caches (latents, text-encoder outputs) and "
+        "scan index, instead of cache_dir or a .difftune_cache folder beside the images "
+        "(musubi-tuner's word).",
     )
     control_directory: str | None = Field(
         None,

@@ -7,7 +7,7 @@ its collectives run on the CPU, so they use no GPU memory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +46,14 @@ class CacheGroup:
         if self._group is not None:
             dist.barrier(group=self._group)
 
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` (picklable) on every rank; the others' `obj` is not used."""
+        if self._group is None:
+            return obj
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=0, group=self._group)
+        return holder[0]
+
     def all_gather_object(self, obj: Any) -> list:
         """Every rank's `obj` (picklable), in rank order, on every rank."""
         if self._group is None:
@@ -69,22 +77,43 @@ def gather_or_raise(
     subclasses keep their class, so the CLI still prints one line) naming the failed rank, rather
     than waiting at the next collective until the timeout.
     """
-    report = None
-    if error is not None:
-        report = (type(error).__name__, str(error), isinstance(error, DifftuneError))
-        payload = None
-    gathered = group.all_gather_object((report, payload))
+    report = None if error is None else _report(error)
+    gathered = group.all_gather_object((report, None if error is not None else payload))
     if error is not None:
         raise error
     for rank, (report, _) in enumerate(gathered):
-        if report is None:
-            continue
-        name, message, user_error = report
-        if user_error:
-            subclass = next((c for c in _difftune_errors() if c.__name__ == name), DifftuneError)
-            raise subclass(f"{message} (on rank {rank}, while {what})")
-        raise PeerFailed(f"rank {rank} failed while {what}: {name}: {message}")
+        if report is not None:
+            raise _peer_error(rank, report, what)
     return [payload for _, payload in gathered]
+
+
+def broadcast_or_raise(group: CacheGroup, make: Callable[[], Any], what: str) -> Any:
+    """``make()`` run on rank 0 only, its result on every rank (the others wait meanwhile). When
+    it raises, rank 0 re-raises and the others raise the same kind, as in gather_or_raise."""
+    payload, report, error = None, None, None
+    if group.rank == 0:
+        try:
+            payload = make()
+        except Exception as exc:  # every rank must hear of it, or the others wait forever
+            error, report = exc, _report(exc)
+    report, payload = group.broadcast_object((report, payload))
+    if error is not None:
+        raise error
+    if report is not None:
+        raise _peer_error(0, report, what)
+    return payload
+
+
+def _report(error: BaseException) -> tuple[str, str, bool]:
+    return (type(error).__name__, str(error), isinstance(error, DifftuneError))
+
+
+def _peer_error(rank: int, report: tuple[str, str, bool], what: str) -> Exception:
+    name, message, user_error = report
+    if user_error:
+        subclass = next((c for c in _difftune_errors() if c.__name__ == name), DifftuneError)
+        return subclass(f"{message} (on rank {rank}, while {what})")
+    return PeerFailed(f"rank {rank} failed while {what}: {name}: {message}")
 
 
 def _difftune_errors() -> list[type[DifftuneError]]:

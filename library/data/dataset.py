@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import cached_property
 
 from torch.utils.data import DataLoader
 
 from library.config.dataset_schema import DatasetConfig
+from library.data.cache_group import CacheGroup, broadcast_or_raise
 from library.data.groups import Group
 from library.data.items import ScannedDataset, scan_dataset
 from library.data.notes import dataset_warnings
@@ -31,9 +35,10 @@ def _groups(d: int, scanned: ScannedDataset, prior_loss_weight: float) -> list[G
     ]
     _check_epoch_size(d, scanned, sum(r for r, reg in repeats if not reg))
     samples = epoch_samples(repeats, prior_loss_weight)
+    keys = [image.group_key for image in scanned.images]
     by_key: dict[tuple, list[SampleSpec]] = {}
     for sample in samples:
-        by_key.setdefault(scanned.images[sample.item].group_key, []).append(sample)
+        by_key.setdefault(keys[sample.item], []).append(sample)
     return [Group(d, key[0], tuple(by_key[key]), key[1]) for key in sorted(by_key)]
 
 
@@ -52,12 +57,30 @@ def _check_epoch_size(d: int, scanned: ScannedDataset, samples: int) -> None:
     )
 
 
+@contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """The cyclic garbage collector off while the records of a dataset are made: they hold no
+    cycles, and with millions of them each collection would walk them all again (a third of a
+    scan's time at 20,000 images)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class TrainData:
     """Every dataset scanned and checked, in bucket groups, with the epoch schedule for this
     process layout, and the validation images held out.
 
     Building it reads every caption file and checks every image header, so a bad file stops the
-    run before training starts (or, with ``skip_bad_images``, is left out and counted).
+    run before training starts (or, with ``skip_bad_images``, is left out and counted). A scan
+    index (library.data.scan_index) answers for the files unchanged since the last run where a
+    cache folder is set (``cache_dir``, a subset's cache_directory) or ``keep_scan_index``.
+    With a ``group`` of several processes only its rank 0 reads the files and the others
+    receive the result. ``scan_seconds``: how long that took (here).
     """
 
     def __init__(
@@ -69,18 +92,30 @@ class TrainData:
         prior_loss_weight: float = 1.0,
         skip_bad_images: bool = False,
         cache_dir: str | None = None,
+        keep_scan_index: bool = False,
+        group: CacheGroup | None = None,
     ) -> None:
         self.seed = seed
         self.world_size = world_size
-        self.scanned = tuple(
-            scan_dataset(i, config, seed, skip_bad_images, cache_dir)
-            for i, config in enumerate(datasets)
-        )
-        self.groups = tuple(
-            group
-            for d, scanned in enumerate(self.scanned)
-            for group in _groups(d, scanned, prior_loss_weight)
-        )
+
+        def scan() -> tuple[ScannedDataset, ...]:
+            return tuple(
+                scan_dataset(i, config, seed, skip_bad_images, cache_dir, keep_scan_index)
+                for i, config in enumerate(datasets)
+            )
+
+        started = time.perf_counter()
+        with _without_cycle_collection():
+            if group is None or group.world_size == 1:
+                self.scanned = scan()
+            else:  # one process reads the files, the others receive what it found
+                self.scanned = broadcast_or_raise(group, scan, "scanning the datasets")
+            self.scan_seconds = time.perf_counter() - started
+            self.groups = tuple(
+                group
+                for d, scanned in enumerate(self.scanned)
+                for group in _groups(d, scanned, prior_loss_weight)
+            )
         self.schedule = EpochSchedule(
             [g.samples for g in self.groups],
             [self.scanned[g.dataset].config.batch_size for g in self.groups],
@@ -150,13 +185,17 @@ class TrainData:
         Tags are the caption split on commas and stripped; each image counts once, whatever its
         repeats. Subsets whose folders share a name are counted together.
         """
-        frequency: dict[str, Counter[str]] = {}
+        tags: dict[str, list[str]] = {}  # folder name -> every tag of its images, empty ones too
+        names: dict[str, str] = {}  # subset folder -> its name
         for image in (image for scanned in self.scanned for image in scanned.images):
-            name = os.path.basename(image.item.subset_dir)
-            counter = frequency.setdefault(name, Counter())
-            caption = image.item.caption.split("\n")[0]
-            counter.update(tag.strip() for tag in caption.split(",") if tag.strip())
-        return {name: dict(counter) for name, counter in frequency.items()}
+            folder = image.item.subset_dir
+            name = names.get(folder) or names.setdefault(folder, os.path.basename(folder))
+            caption = image.item.caption.partition("\n")[0]
+            tags.setdefault(name, []).extend(map(str.strip, caption.split(",")))
+        frequency = {name: Counter(found) for name, found in tags.items()}
+        return {
+            name: {t: n for t, n in counter.items() if t} for name, counter in frequency.items()
+        }
 
     def dataset_dirs(self) -> dict[str, dict[str, int]]:
         """Folder name -> {"n_repeats", "img_count"} (ss_dataset_dirs); same-name folders add

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import features
 
 from library.config.dataset_schema import SubsetConfig
+from library.data.scan_index import ScanIndex
 from library.errors import DataError
 from library.saving.sizes import format_size
 
@@ -50,7 +52,7 @@ MAX_CAPTION_BYTES = 1 << 20
 _REPEATS = re.compile(r"^(\d+)(?:_(.*))?$", re.DOTALL)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per image of a dataset
 class ImageItem:
     """One image file of a subset with its raw caption ("" when it has none, folders only)."""
 
@@ -146,12 +148,12 @@ def caption_too_long(what: str, size: int) -> str:
     )
 
 
-def read_caption_file(path: Path, all_lines: bool = False) -> str:
-    """The caption in a sidecar file: its first non-empty line, stripped; with ``all_lines``
-    every non-empty line, stripped and joined by newlines (wildcard alternatives)."""
+def caption_lines(path: Path) -> str:
+    """Every non-empty line of the sidecar caption file at ``path``, stripped, joined by
+    newlines; DataError naming the file when it is too large, not UTF-8, unreadable or empty."""
     try:
         with open(path, "rb") as file:
-            data = file.read(MAX_CAPTION_BYTES + 1)  # never more: the file may be huge
+            data = _read_at_most(file, MAX_CAPTION_BYTES + 1)  # never more: it may be huge
         if len(data) > MAX_CAPTION_BYTES:
             raise DataError(caption_too_long(f"caption file {path}", os.path.getsize(path)))
         text = data.decode("utf-8-sig")
@@ -167,10 +169,31 @@ def read_caption_file(path: Path, all_lines: bool = False) -> str:
         ) from error
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if lines:
-        return "\n".join(lines) if all_lines else lines[0]
+        return "\n".join(lines)
     raise DataError(
         f"caption file {path} is empty; write a caption in it or delete it to use the class tokens"
     )
+
+
+def _read_at_most(file, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``file``. It asks for the size the file has (plus one byte,
+    to see a file that grew), not for ``limit``: a read of ``limit`` bytes sets aside that much
+    memory first, and for a caption of a few bytes that is most of the cost of reading it."""
+    size = os.fstat(file.fileno()).st_size
+    data = file.read(min(size + 1, limit))
+    if size < len(data) < limit:  # it grew, or its size says nothing (a pipe): read on
+        data += file.read(limit - len(data))
+    return data
+
+
+def read_caption_file(path: Path, all_lines: bool = False) -> str:
+    """The caption in a sidecar file: its first non-empty line, stripped; with ``all_lines``
+    every non-empty line, stripped and joined by newlines (wildcard alternatives)."""
+    return _caption_text(caption_lines(path), all_lines)
+
+
+def _caption_text(lines: str, all_lines: bool) -> str:
+    return lines if all_lines else lines.partition("\n")[0]
 
 
 @dataclass(frozen=True)
@@ -182,11 +205,12 @@ class FolderScan:
     unlisted: tuple[Path, ...] = ()  # metadata subsets: images its file does not list
 
 
-def _is_quiet(entry: Path, caption_extension: str) -> bool:
+def _is_quiet(entry: os.DirEntry, caption_extension: str) -> bool:
     """True for entries that are expected beside images and not worth reporting."""
-    if entry.name.startswith(".") or entry.name.lower() in SYSTEM_FILES:
+    name = entry.name
+    if name.startswith(".") or name.lower() in SYSTEM_FILES:
         return True
-    suffix = entry.suffix.lower()
+    suffix = _suffix(name)
     is_sidecar = suffix in SIDECAR_EXTENSIONS or suffix == caption_extension.lower()
     return is_sidecar and not entry.is_dir()  # a folder "a.txt" is reported, not a caption
 
@@ -206,23 +230,85 @@ def _caption_problem(path: Path) -> str | None:
 _COMMON_CAPTION_EXTENSIONS = (".txt", ".caption")
 
 
-def _caption(image: Path, subset: SubsetConfig) -> str:
-    path = image.with_name(image.stem + subset.caption_extension)
-    if not (path.exists() or path.is_symlink()):
-        _refuse_other_extension(image, subset.caption_extension)
+class _Listing:
+    """One listing of an image folder (os.scandir: the entry types come with the names): its
+    image names, the names of its other plain entries, and the entries it reports as ignored."""
+
+    def __init__(self, folder: Path, caption_extension: str) -> None:
+        self.folder = folder
+        self.prefix = str(folder)
+        self.images: list[str] = []
+        self.others: set[str] = set()  # every other name: a caption file may have it
+        ignored = []
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name = entry.name
+                if _suffix(name) in IMAGE_EXTENSIONS and not name.startswith("."):
+                    self.images.append(name)
+                    continue
+                self.others.add(name)
+                if not _is_quiet(entry, caption_extension):
+                    ignored.append(folder / name)
+        self.images.sort()
+        self.ignored = tuple(sorted(ignored, key=lambda p: p.name))
+        self._folded: set[str] | None = None
+
+    def may_exist(self, name: str) -> bool:
+        """Whether an entry ``name`` may be in the folder: listed under this name, or (a file
+        system that ignores case, which finds "a.TXT" as "a.txt") under another case of it."""
+        if name in self.others:
+            return True
+        if self._folded is None:
+            self._folded = {other.lower() for other in self.others}
+        return name.lower() in self._folded
+
+
+def _suffix(name: str) -> str:
+    """Path(name).suffix, lower case, without building a Path."""
+    dot = name.rfind(".")
+    return name[dot:].lower() if 0 < dot < len(name) - 1 else ""
+
+
+def _caption(
+    folder: Path, image: str, subset: SubsetConfig, listing: _Listing, index: ScanIndex | None
+) -> str:
+    """The caption of image file ``image`` (a name) in ``folder``, looked up in its listing;
+    caption paths are strings, Paths are made only for a message."""
+    stem = image[: image.rfind(".")]
+    name = stem + subset.caption_extension
+    path = os.path.join(listing.prefix, name)
+    info = _stat(path) if listing.may_exist(name) else None
+    if info is None and not (listing.may_exist(name) and os.path.lexists(path)):
+        _refuse_other_extension(folder / image, subset.caption_extension, listing)
         return subset.class_tokens or ""  # "": no caption at all (module docstring)
-    problem = _caption_problem(path)
-    if problem is not None:
-        raise DataError(f"caption file {path} (for image {image.name}) {problem}")
-    return read_caption_file(path, subset.enable_wildcard)
+    if info is None or not stat.S_ISREG(info.st_mode):
+        problem = _caption_problem(Path(path))
+        if problem is not None:
+            raise DataError(f"caption file {path} (for image {image}) {problem}")
+    lines = None if index is None or info is None else index.known_caption(name, info)
+    if lines is None:
+        lines = caption_lines(path)
+        if index is not None and info is not None:
+            index.record_caption(name, info, lines)
+    return _caption_text(lines, subset.enable_wildcard)
 
 
-def _refuse_other_extension(image: Path, extension: str) -> None:
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def _refuse_other_extension(image: Path, extension: str, listing: _Listing) -> None:
     """An image whose caption has the other common extension would silently train without it
     (kohya's default is ".caption", the GUIs' and ours ".txt"): say which key to set."""
     for other in _COMMON_CAPTION_EXTENSIONS:
-        found = image.with_name(image.stem + other)
-        if other != extension and found.is_file():
+        name = image.stem + other
+        if other == extension or not listing.may_exist(name):
+            continue
+        found = image.with_name(name)
+        if found.is_file():
             raise DataError(
                 f"image {image} has no {extension} caption but has {found.name}; set "
                 f'caption_extension = "{other}" (the {extension} files are read now)'
@@ -234,26 +320,26 @@ def _names(paths: list[Path], shown: int = 3) -> str:
     return ", ".join(names)
 
 
-def scan_folder(subset: SubsetConfig) -> FolderScan:
+def scan_folder(subset: SubsetConfig, index: ScanIndex | None = None) -> FolderScan:
     """The images of one subset folder (sorted by file name) with their captions, and the
-    entries that are ignored (see the module docstring)."""
+    entries that are ignored (see the module docstring). ``index``: the subset's scan index,
+    which answers for caption files that did not change."""
     folder = Path(subset.image_dir)
     if not folder.is_dir():
         raise DataError(f"image_dir {subset.image_dir} {missing_folder(folder)}; fix the path")
-    images, ignored = [], []
-    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
-        if entry.suffix.lower() in IMAGE_EXTENSIONS and not entry.name.startswith("."):
-            images.append(entry)
-        elif not _is_quiet(entry, subset.caption_extension):
-            ignored.append(entry)
-    if not images:
+    listing = _Listing(folder, subset.caption_extension)
+    if not listing.images:
+        ignored = list(listing.ignored)
         others = f", only {_names(ignored)}" if ignored else ""
         raise DataError(
             f"image_dir {subset.image_dir} has no images ({', '.join(sorted(IMAGE_EXTENSIONS))})"
             f"{others}; add or convert images, or remove the subset"
         )
-    items = [ImageItem(i, _caption(i, subset), subset.is_reg, subset.image_dir) for i in images]
-    return FolderScan(items, tuple(ignored))
+    items = []
+    for name in listing.images:
+        caption = _caption(folder, name, subset, listing, index)
+        items.append(ImageItem(folder / name, caption, subset.is_reg, subset.image_dir))
+    return FolderScan(items, listing.ignored)
 
 
 def scan_subset(subset: SubsetConfig) -> list[ImageItem]:

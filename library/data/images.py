@@ -49,6 +49,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -75,9 +76,8 @@ def _unreadable(path: Path, error: Exception) -> DataError:
     return DataError(f"image {path} cannot be read ({error}); replace or remove the file")
 
 
-@dataclass(frozen=True)
-class ImageHeader:
-    """What a scan needs to know about an image file."""
+class ImageHeader(NamedTuple):
+    """What a scan needs to know about an image file (a tuple: one is made per image)."""
 
     size: tuple[int, int]  # (width, height) as displayed (EXIF orientation applied)
     frames: int  # animation frames or pages; only the first is trained
@@ -87,21 +87,23 @@ class ImageHeader:
         return self.frames > 1
 
 
-def _check_not_a_path_problem(path: Path) -> None:
+def _check_not_a_path_problem(path: Path, mode: int | None = None) -> None:
     """Name the path problem itself where PIL would only say "No such file" or "Is a directory",
-    or would wait forever (a FIFO). One stat on the scan's path for every image; a missing or
-    unreadable path is left to PIL's open, whose error names it."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise DataError(
-                f"image {path} is a link to {os.readlink(path)}, which does not exist; "
-                "fix or remove the link"
-            ) from None
-        return
-    except OSError:
-        return
+    or would wait forever (a FIFO). One stat on the scan's path for every image (none when the
+    caller's stat gives its ``mode``); a missing or unreadable path is left to PIL's open, whose
+    error names it."""
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            if os.path.islink(path):
+                raise DataError(
+                    f"image {path} is a link to {os.readlink(path)}, which does not exist; "
+                    "fix or remove the link"
+                ) from None
+            return
+        except OSError:
+            return
     if stat.S_ISDIR(mode):
         raise DataError(f"image {path} is a folder, not an image file; rename or remove it")
     if not stat.S_ISREG(mode):
@@ -118,14 +120,19 @@ def _frames(image: Image.Image) -> int:
     return getattr(image, "n_frames", 1)
 
 
-def read_image_header(path: Path) -> ImageHeader:
+def read_image_header(path: Path, mode: int | None = None) -> ImageHeader:
     """The displayed size and the frame count of the image at `path`, read from its header.
 
     Also verifies the file's structure where the format allows it cheaply (e.g. PNG checksums),
     and the value range of 32-bit integer and float images (see the module docstring). Raises
-    DataError naming the file if it is missing, a broken link or not a usable image.
+    DataError naming the file if it is missing, a broken link or not a usable image. ``mode``:
+    the file's st_mode when the caller has just stat'ed it (saves a stat).
+
+    The file is opened once: verify() reads only what the header read left (PNG seeks back to
+    its first image chunk itself; other formats check nothing there). Only a 32-bit image, whose
+    pixels are read for their range, is opened a second time to verify.
     """
-    _check_not_a_path_problem(path)
+    _check_not_a_path_problem(path, mode)
     try:
         with Image.open(path) as image:
             width, height = image.size
@@ -134,11 +141,15 @@ def read_image_header(path: Path) -> ImageHeader:
             has_exif = image.format != "PNG" or "exif" in image.info
             if has_exif and image.getexif().get(_ORIENTATION) in _TRANSPOSED_ORIENTATIONS:
                 width, height = height, width
-            if image.mode in ("I", "F"):  # rare modes whose range only the pixels show
-                _grey_levels(np.asarray(image), image.mode)
             frames = _frames(image)
-        with Image.open(path) as image:  # verify() must come right after open
-            image.verify()
+            wide = image.mode in ("I", "F")  # rare modes whose range only the pixels show
+            if wide:
+                _grey_levels(np.asarray(image), image.mode)
+            else:
+                image.verify()
+        if wide:
+            with Image.open(path) as image:  # verify() must come before the pixels are read
+                image.verify()
     except Exception as error:  # PIL raises many types (OSError, SyntaxError, struct.error, ...)
         raise _unreadable(path, error) from error
     return ImageHeader((width, height), frames)

@@ -10,6 +10,7 @@ folder entries that are not training images, and images a metadata file does not
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,8 @@ from library.data.augment import AugmentOptions
 from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.captions import CaptionOptions
 from library.data.folders import FolderScan, ImageItem, scan_folder
-from library.data.images import read_image_header
+from library.data.header_scan import name_in, read_headers
+from library.data.images import ImageHeader, read_image_header
 from library.data.metadata_files import read_metadata_entries, unlisted_images
 from library.data.references import (
     ReferenceSizing,
@@ -27,13 +29,14 @@ from library.data.references import (
     paired_references,
     reference_sizing,
 )
+from library.data.scan_index import ScanIndex
 from library.data.validation_split import validation_indices
 from library.errors import ConfigError, DataError
 
 CACHE_FOLDER = ".difftune_cache"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per image of a dataset
 class ScannedImage:
     """One usable image of a dataset."""
 
@@ -72,6 +75,7 @@ class ScannedDataset:
     animated: tuple[Path, ...] = ()  # usable images with several frames: the first is trained
     ignored: tuple[Path, ...] = ()  # folder entries that are not training images (FolderScan)
     unlisted: tuple[Path, ...] = ()  # images beside a metadata file that it does not list
+    indexed: int = 0  # image headers the scan index answered (files unchanged since)
 
 
 def subset_options(subset: SubsetConfig) -> SubsetOptions:
@@ -94,27 +98,67 @@ def bucket_options(config: DatasetConfig) -> BucketOptions:
     )
 
 
-def _subset_items(subset: SubsetConfig) -> FolderScan:
+def _subset_items(subset: SubsetConfig, index: ScanIndex | None) -> FolderScan:
     if subset.metadata_file is None:
-        return scan_folder(subset)
+        return scan_folder(subset, index)
     entries = read_metadata_entries(subset.metadata_file, subset.image_dir)
     folder = subset.image_dir or str(Path(subset.metadata_file).parent)
     items = [ImageItem(e.path, e.caption, subset.is_reg, folder, e.references) for e in entries]
     return FolderScan(items, (), unlisted_images(folder, entries))
 
 
-def _relative_key(index: int, item: ImageItem) -> str:
-    try:
-        relative = Path(item.path).resolve().relative_to(Path(item.subset_dir).resolve())
-    except ValueError:  # a metadata file may name images outside its folder
-        relative = Path(os.path.abspath(item.path))
-    return f"{index}/{relative.as_posix()}"
+class _Keys:
+    """The validation-split keys of one subset's images: "<subset>/<path relative to the subset
+    folder>". The path is taken as written where it lies under the folder as written (every
+    image of a folder subset: no file system call); only other paths (a metadata file may name
+    images by another path, or outside its folder) are resolved."""
+
+    def __init__(self, index: int, subset_dir: str) -> None:
+        self.index = index
+        self.folder = Path(subset_dir)
+        self._resolved: Path | None = None
+
+    def __call__(self, path: Path) -> str:
+        name = name_in(path, self.folder)
+        if name is not None:
+            return f"{self.index}/{name}"
+        if self._resolved is None:
+            self._resolved = self.folder.resolve()
+        try:
+            relative = path.resolve().relative_to(self._resolved)
+        except ValueError:  # a metadata file may name images outside its folder
+            relative = Path(os.path.abspath(path))
+        return f"{self.index}/{relative.as_posix()}"
 
 
-def _cache_root(item: ImageItem, subset: SubsetConfig, cache_dir: str | None) -> Path:
-    if subset.cache_directory:
-        return Path(subset.cache_directory)
-    return Path(cache_dir) if cache_dir else Path(item.path).parent / CACHE_FOLDER
+def _names_in_folder(items: list[ImageItem], subset: SubsetConfig) -> list[str] | None:
+    """The file names of a folder subset's images (all directly in its folder); None for a
+    metadata subset, whose images may lie anywhere."""
+    if subset.metadata_file is not None:
+        return None
+    return [item.path.name for item in items]
+
+
+class _CacheRoots:
+    """The folder of each image's disk-cache entries: the subset's cache_directory, else
+    cache_dir, else a folder beside the image; one Path object per folder, not per image."""
+
+    def __init__(self, subset: SubsetConfig, cache_dir: str | None) -> None:
+        fixed = subset.cache_directory or cache_dir
+        self._fixed = Path(fixed) if fixed else None
+        self._beside: dict[Path, Path] = {}
+        # a folder subset's images all lie directly in its folder
+        folder = Path(subset.image_dir or ".")
+        self.folder_root = self._fixed or folder / CACHE_FOLDER
+
+    def __call__(self, image: Path) -> Path:
+        if self._fixed is not None:
+            return self._fixed
+        parent = image.parent
+        root = self._beside.get(parent)
+        if root is None:
+            root = self._beside[parent] = parent / CACHE_FOLDER
+        return root
 
 
 def _with_references(scan: FolderScan, subset: SubsetConfig) -> list[ImageItem]:
@@ -164,21 +208,42 @@ def _checked_references(
     return tuple(references)
 
 
+class _Buckets:
+    """assign_bucket memoised by image size: a dataset has far fewer sizes than images."""
+
+    def __init__(self, options: BucketOptions, sizes: list[tuple[int, int]] | None) -> None:
+        self.options, self.sizes = options, sizes
+        self._known: dict[tuple[int, int], tuple[int, int] | str] = {}
+
+    def __call__(self, size: tuple[int, int]) -> tuple[int, int]:
+        bucket = self._known.get(size)
+        if bucket is None:
+            try:
+                bucket = assign_bucket(size, self.options, self.sizes)
+            except ValueError as error:
+                bucket = str(error)
+            self._known[size] = bucket
+        if isinstance(bucket, str):
+            raise ValueError(bucket)
+        return bucket
+
+
 def _checked_image(
     item: ImageItem,
+    header: ImageHeader | DataError,
     subset: SubsetConfig,
-    buckets: BucketOptions,
-    sizes: list[tuple[int, int]] | None,
+    bucket_of: _Buckets,
     sizing: ReferenceSizing | None,
     skip_bad_images: bool,
 ) -> tuple[tuple[int, int], tuple[int, int], bool, tuple[ScannedReference, ...]] | str:
     """(size, bucket, animated, references) of a usable image, or the problem of one left out
-    (only with skip_bad_images; otherwise the problem is raised). ``sizing``: the subset's
-    reference sizing when its images take references (an image without its references is
-    unusable), None when they take none."""
+    (only with skip_bad_images; otherwise the problem is raised). ``header``: what reading its
+    header gave. ``sizing``: the subset's reference sizing when its images take references (an
+    image without its references is unusable), None when they take none."""
     try:
-        header = read_image_header(item.path)
-        bucket = assign_bucket(header.size, buckets, sizes)
+        if isinstance(header, DataError):
+            raise header
+        bucket = bucket_of(header.size)
         references = () if sizing is None else _checked_references(item, bucket, subset, sizing)
     except (DataError, ValueError) as error:
         problem = str(error) if isinstance(error, DataError) else f"image {item.path}: {error}"
@@ -188,10 +253,32 @@ def _checked_image(
     return header.size, bucket, header.animated, references
 
 
+def scan_index_path(subset: SubsetConfig, cache_dir: str | None, keep: bool) -> Path | None:
+    """Where a subset's scan index lives: "scan/<name>.json" in the folder of its disk caches
+    (its cache_directory, else cache_dir, else, with ``keep``, the .difftune_cache folder of its
+    image folder); None (no index) when neither is set and ``keep`` is false. The name is a
+    digest of the subset's folder and metadata file as absolute paths."""
+    folder = subset.image_dir or str(Path(subset.metadata_file).parent)
+    root = (
+        subset.cache_directory or cache_dir or (str(Path(folder) / CACHE_FOLDER) if keep else None)
+    )
+    if root is None:
+        return None
+    names = [os.path.abspath(folder), os.path.abspath(subset.metadata_file or "")]
+    digest = hashlib.blake2b("\0".join(names).encode(), digest_size=12).hexdigest()
+    return Path(root) / "scan" / f"{digest}.json"
+
+
 def scan_dataset(
-    index: int, config: DatasetConfig, seed: int, skip_bad_images: bool, cache_dir: str | None
+    index: int,
+    config: DatasetConfig,
+    seed: int,
+    skip_bad_images: bool,
+    cache_dir: str | None,
+    keep_index: bool = False,
 ) -> ScannedDataset:
-    """Scan and check every subset of dataset `index`; split off its validation images."""
+    """Scan and check every subset of dataset `index`; split off its validation images.
+    ``keep_index``: keep a scan index (scan_index_path) even where no cache folder is set."""
     if all(subset.is_reg for subset in config.subsets):
         raise DataError(
             f"dataset {index} has only regularisation subsets (is_reg = true); add a subset of "
@@ -203,10 +290,14 @@ def scan_dataset(
         buckets.check()
     except ValueError as error:
         raise DataError(f"dataset {index}: {error}") from None
-    sizes = bucket_sizes(buckets) if predefined_buckets(buckets) else None
+    bucket_of = _Buckets(buckets, bucket_sizes(buckets) if predefined_buckets(buckets) else None)
     images, skipped, animated, ignored, unlisted = [], [], [], [], []
+    reused = 0
+    sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for s, subset in enumerate(config.subsets):
-        scan = _subset_items(subset)
+        path = scan_index_path(subset, cache_dir, keep_index)
+        scan_index = None if path is None else ScanIndex(path)
+        scan = _subset_items(subset, scan_index)
         ignored += scan.ignored
         unlisted += scan.unlisted
         items = _with_references(scan, subset)
@@ -218,16 +309,26 @@ def scan_dataset(
                 f"datasets[{index}].subsets[{s}]: {key} would change an image but not its "
                 "reference images, which must stay aligned with it; remove it"
             )
+        keys = _Keys(s, items[0].subset_dir if items else ".")
+        root_of = _CacheRoots(subset, cache_dir)
+        # a folder's images are all directly in it: their names are their keys
+        names = _names_in_folder(items, subset)
+        index_keys = names or [name_in(i.path, keys.folder) or str(i.path) for i in items]
+        headers = read_headers([item.path for item in items], scan_index, index_keys)
         found = []
-        for item in items:
-            checked = _checked_image(item, subset, buckets, sizes, sizing, skip_bad_images)
+        for n, (item, header) in enumerate(zip(items, headers, strict=True)):
+            checked = _checked_image(item, header, subset, bucket_of, sizing, skip_bad_images)
             if isinstance(checked, str):
                 skipped.append(checked)
                 continue
             size, bucket, is_animated, references = checked
+            size = sizes.setdefault(size, size)  # one tuple per size, not one per image
             if is_animated:
                 animated.append(item.path)
-            key, root = _relative_key(s, item), _cache_root(item, subset, cache_dir)
+            if names is None:
+                key, root = keys(item.path), root_of(item.path)
+            else:
+                key, root = f"{s}/{names[n]}", root_of.folder_root
             found.append(ScannedImage(item, s, size, bucket, key, root, references))
         if not found:
             raise DataError(
@@ -235,6 +336,9 @@ def scan_dataset(
                 f"images ({len(skipped)} unreadable ones left out)"
             )
         images.extend(found)
+        if scan_index is not None:
+            reused += scan_index.reused
+            scan_index.save()
     train, validation = _hold_out(images, config, seed)
     return ScannedDataset(
         config,
@@ -245,6 +349,7 @@ def scan_dataset(
         tuple(animated),
         tuple(ignored),
         tuple(unlisted),
+        reused,
     )
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,18 +267,53 @@ def _csv_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
     return entries
 
 
+def _file_identity(path: Path) -> tuple:
+    """(device, inode) of the file at ``path`` from one stat, or, where it cannot be stat'ed (a
+    broken link, a missing file), its resolved path. Two paths to one file (links, "a/../b")
+    have the same identity; so have hard links, which are told apart by resolving them."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ("path", str(path.resolve()))
+    return (info.st_dev, info.st_ino)
+
+
+class _Files:
+    """Paths grouped by the file they reach: `find` gives the path added before that resolves
+    like the one asked about (the same path, through links), or None. One stat per path; only
+    paths of one file are resolved (hard links, or the same image named twice)."""
+
+    def __init__(self) -> None:
+        self._exact: set[str] = set()
+        self._by_file: dict[tuple, list[Path]] = {}
+
+    def add(self, path: Path) -> None:
+        self._exact.add(str(path))
+        self._by_file.setdefault(_file_identity(path), []).append(path)
+
+    def find(self, path: Path) -> Path | None:
+        if str(path) in self._exact:
+            return path
+        same = self._by_file.get(_file_identity(path))
+        if not same:
+            return None
+        resolved = path.resolve()
+        return next((other for other in same if other.resolve() == resolved), None)
+
+
 def _checked(path: Path, entries: list[tuple[str, MetadataEntry]]) -> list[MetadataEntry]:
     if not entries:
         raise DataError(f"metadata file {path} lists no images; add entries or remove the subset")
-    seen: dict[Path, str] = {}
+    files, labels = _Files(), {}
     for label, entry in entries:
-        resolved = entry.path.resolve()
-        if resolved in seen:
+        other = files.find(entry.path)
+        if other is not None:
             raise DataError(
-                f"metadata file {path} lists image {entry.path} twice ({seen[resolved]} and "
+                f"metadata file {path} lists image {entry.path} twice ({labels[other]} and "
                 f"{label}); keep one of them"
             )
-        seen[resolved] = label
+        files.add(entry.path)
+        labels[entry.path] = label
     return sorted((entry for _, entry in entries), key=lambda entry: entry.path)
 
 
@@ -314,11 +350,13 @@ def read_metadata_entries(
 def unlisted_images(folder: str | Path, entries: list[MetadataEntry]) -> tuple[Path, ...]:
     """The training images directly in `folder` (hidden names aside) that no entry names, sorted
     by name: the metadata file leaves them out of training."""
-    listed = {entry.path.resolve() for entry in entries}
+    listed = _Files()
+    for entry in entries:
+        listed.add(entry.path)
     return tuple(
         path
         for path in sorted(Path(folder).iterdir(), key=lambda p: p.name)
         if path.suffix.lower() in IMAGE_EXTENSIONS
         and not path.name.startswith(".")
-        and path.resolve() not in listed
+        and listed.find(path) is None
     )

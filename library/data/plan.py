@@ -77,6 +77,20 @@ class DataStats:
     dataset_dirs: dict[str, dict[str, int]] = field(default_factory=dict)  # ss_dataset_dirs
     validation_images: int = 0
     skipped: tuple[str, ...] = ()  # unreadable images left out (skip_bad_images), with reasons
+    scan: ScanStats | None = None  # the scan of the image files (None: not measured)
+
+
+@dataclass(frozen=True)
+class ScanStats:
+    """The scan of every dataset's files: how long it took (on the process that read them)."""
+
+    seconds: float
+    images: int  # image files checked (usable ones; unreadable ones left out are not counted)
+    from_index: int  # of which the scan index answered, the file unchanged since
+
+    def line(self) -> str:
+        indexed = f"; {self.from_index} unchanged, from the scan index" if self.from_index else ""
+        return f"data scan: {self.images} images checked in {self.seconds:.1f} s{indexed}"
 
 
 def _subset_stats(data: ScannedData, d: int) -> list[SubsetStats]:
@@ -197,6 +211,11 @@ def data_stats(data: ScannedData) -> DataStats:
         dataset_dirs=data.dataset_dirs(),
         validation_images=data.num_validation_images,
         skipped=data.skipped_images,
+        scan=ScanStats(
+            round(data.scan_seconds, 2),
+            sum(len(s.images) + len(s.validation) for s in data.scanned),
+            sum(s.indexed for s in data.scanned),
+        ),
     )
 
 
@@ -353,4 +372,6 @@ def plan_lines(data: _Planned | DataStats) -> list[str]:
             f"all datasets: {stats.samples_per_epoch} samples + {stats.padded_per_epoch} padding "
             f"= {stats.steps_per_epoch} optimizer steps per epoch"
         )
+    if stats.scan is not None:
+        lines.append(stats.scan.line())
     return lines

@@ -50,7 +50,7 @@ def permutation(n: int, seed: int) -> list[int]:
     return order
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per image of a dataset
 class SampleSpec:
     """One sample of a dataset's epoch: an item (index into the dataset's items) and its weight."""
 
@@ -101,11 +101,14 @@ def epoch_samples(items: Sequence[tuple[int, bool]], prior_loss_weight: float) -
     (balance_reg_repeats) to as many samples as the train items give, with weight
     prior_loss_weight.
     """
-    samples = [SampleSpec(i, 1.0) for i, (r, reg) in enumerate(items) if not reg for _ in range(r)]
+    samples = []
+    for i, (r, reg) in enumerate(items):
+        if not reg:
+            samples += [SampleSpec(i, 1.0)] * r  # one (frozen) object for an item's repeats
     reg_items = [(i, r) for i, (r, reg) in enumerate(items) if reg]
     counts = balance_reg_repeats([r for _, r in reg_items], len(samples))
     for (i, _), count in zip(reg_items, counts, strict=True):
-        samples.extend(SampleSpec(i, prior_loss_weight) for _ in range(count))
+        samples += [SampleSpec(i, prior_loss_weight)] * count
     return samples
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -41,6 +42,7 @@ def plan_report(config: Config, data, plan: RunPlan, resume=None, memory=None) -
         "train_mode": net.train_mode,
         "adapter": _adapter_report(config) if net.train_mode == "lora" else None,
         "datasets": [_dataset_report(ds) for ds in stats.datasets],
+        "data_scan": dataclasses.asdict(stats.scan) if stats.scan is not None else None,
         "processes": plan.world_size,
         "fsdp": training.fsdp if plan.world_size > 1 else "no",
         "gradient_accumulation_steps": plan.accumulation,

@@ -21,6 +21,7 @@ from accelerate.utils import (
 )
 
 from library.config.schema import Config
+from library.data.cache_group import CacheGroup
 from library.data.dataset import TrainData
 from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
@@ -127,6 +128,8 @@ class Trainer:
             prior_loss_weight=training.prior_loss_weight,
             skip_bad_images=config.data.skip_bad_images,
             cache_dir=config.data.cache_dir,
+            keep_scan_index=config.data.cache_latents_to_disk or config.data.cache_text_encoder_outputs_to_disk,
+            group=CacheGroup() if self.accelerator.num_processes > 1 else None,  # collective
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads

@@ -17,3 +17,19 @@ def write_image(path: Path, color=(0, 0, 0), size=(16, 16), mode="RGB") -> Path:
 def index_color(i: int) -> tuple[int, int, int]:
     """A distinct, exactly representable color for image number i (< 50)."""
     return (5 * i, 250 - 5 * i, (37 * i) % 256)
+
+
+def bucketed_config(folder: Path, **subset_keys):
+    """A dataset of one subset ``folder`` at resolution 128 with buckets from 64 to 256 in
+    steps of 64 (what the scan tests use)."""
+    from library.config.dataset_schema import DatasetConfig, SubsetConfig
+
+    subset = SubsetConfig(image_dir=str(folder), **subset_keys)
+    return DatasetConfig(
+        resolution=128,
+        enable_bucket=True,
+        min_bucket_reso=64,
+        max_bucket_reso=256,
+        bucket_reso_steps=64,
+        subsets=[subset],
+    )

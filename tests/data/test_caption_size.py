@@ -53,6 +53,37 @@ def test_a_huge_caption_file_stops_the_scan_without_being_read(tmp_path):
     assert peak < 4 * MAX_CAPTION_BYTES  # the bound and a little, not the file
 
 
+def test_a_short_caption_is_read_without_setting_aside_the_bound(tmp_path):
+    caption = tmp_path / "a.txt"
+    caption.write_text("a dog, on grass")
+    tracemalloc.start()
+    try:
+        text = read_caption_file(caption)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert text == "a dog, on grass"
+    # a read of the bound's size would set aside a megabyte per caption (most of its cost)
+    assert peak < MAX_CAPTION_BYTES // 16
+
+
+def test_a_file_whose_size_says_nothing_is_read_to_the_bound():
+    import os
+
+    from library.data.folders import _read_at_most
+
+    read_end, write_end = os.pipe()  # a pipe's size is 0 whatever it holds
+    os.write(write_end, b"x" * 5000)
+    os.close(write_end)
+    with open(read_end, "rb") as pipe:
+        assert _read_at_most(pipe, 4001) == b"x" * 4001
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"y" * 300)
+    os.close(write_end)
+    with open(read_end, "rb") as pipe:
+        assert _read_at_most(pipe, 4001) == b"y" * 300
+
+
 @pytest.mark.parametrize(
     "name, entry, where",
     [

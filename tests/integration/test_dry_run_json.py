@@ -23,6 +23,7 @@ TOP_FIELDS = {
     "train_mode",
     "adapter",
     "datasets",
+    "data_scan",
     "processes",
     "fsdp",
     "gradient_accumulation_steps",

@@ -1,0 +1,247 @@
+"""Startup against dataset size: how long difftune takes from the command to the plan (and, with
+``--first_step``, to the first optimizer step) on generated datasets of tiny images, in a first
+run and in a rerun that finds the scan index; the scan alone, its memory per image and the
+index's bytes per image.
+
+    python bench/data_scan.py                              # 1k and 10k images
+    python bench/data_scan.py --sizes 1000 10000 100000 1000000
+    python bench/data_scan.py --sizes 1000 40000 --first_step --sd_scripts ~/sd-scripts
+
+Not a test and not timed in CI. A dataset of N images is one kohya DreamBooth folder
+(``1_bench``) of N 8x8 PNGs, each with a one-line .txt caption, written once per size under
+``--data`` (about 0.2 KB per image; a million images take some 9 GB of inodes and blocks, so
+check the disk). Tiny images make the figures the cost per file (listing, stat, header, caption),
+not the cost of decoding big pictures, which the scan never does.
+
+Figures per size and run ("first": no scan index; "rerun": the index the first run wrote):
+- plan_seconds: ``train_network.py --dry_run`` from the command to its exit (the tiny SD 1.5
+  test model, so the imports and the scan dominate);
+- scan_seconds, scan_images_per_second: the scan alone (TrainData, in a fresh process), and
+  scan_cpu_seconds, the CPU time it took (all its threads): on a busy machine the wall clock
+  also counts the time other programs had the cores;
+- scan_bytes_per_image: the Python heap the scanned dataset holds, per image (tracemalloc);
+- index_bytes_per_image: the scan index file's size per image;
+- with ``--first_step``: first_step_seconds, the command to the end of the first optimizer step
+  of a one-step training (bench/train_speed.py's step timer); with ``--sd_scripts`` the same for
+  kohya's train_network.py on the same folder and model (first run only: it keeps no index).
+
+Human-readable lines go to stderr, one JSON object per size and run to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.train_speed import (  # noqa: E402
+    COMMON_KEYS,
+    BenchError,
+    case_text,
+    describe_machine,
+    kohya_tokenizer_dir,
+    launch,
+    log,
+)
+
+DEFAULT_SIZES = (1_000, 10_000)
+MODEL = "tiny-sd1"
+
+# Measured in a fresh process, so one size's memory and imports do not colour the next.
+_SCAN = r"""
+import json, sys, time, tracemalloc
+sys.path.insert(0, sys.argv[1])
+from library.config.dataset_schema import DatasetConfig, SubsetConfig
+from library.data.dataset import TrainData
+folder, cache, memory = sys.argv[2], sys.argv[3], sys.argv[4] == "memory"
+config = DatasetConfig(batch_size=1, resolution=64, enable_bucket=True,
+                       min_bucket_reso=64, max_bucket_reso=128,
+                       subsets=[SubsetConfig(image_dir=folder, num_repeats=1)])
+if memory:  # tracemalloc slows every allocation: not in the timed pass
+    tracemalloc.start()
+started, cpu = time.perf_counter(), time.process_time()
+data = TrainData([config], seed=0, cache_dir=cache)
+seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+held = tracemalloc.get_traced_memory()[0]
+scanned = data.scanned[0]
+print(json.dumps({"scan_seconds": seconds, "scan_cpu_seconds": cpu, "images": len(scanned.images),
+                  "from_index": scanned.indexed, "held_bytes": held}))
+"""
+
+
+def dataset(count: int, root: Path) -> Path:
+    """The train_data_dir of ``count`` 8x8 PNGs with captions, written once."""
+    import io
+
+    from PIL import Image
+
+    folder = root / f"images-{count}"
+    if (folder / "1_bench").is_dir():
+        return folder
+    tmp = root / f".images-{count}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    images = tmp / "1_bench"
+    images.mkdir(parents=True)
+    pixels = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 120, 40)).save(pixels, "PNG")
+    data = pixels.getvalue()
+    log(f"writing {count} images to {folder} (once)")
+    for i in range(count):
+        (images / f"{i:07d}.png").write_bytes(data)
+        (images / f"{i:07d}.txt").write_text(f"bench image {i}, orange, square", "utf-8")
+    tmp.replace(folder)
+    return folder
+
+
+def write_config(folder: Path, model: Path, cache: Path, work: Path, kohya: Path | None) -> Path:
+    """A flat args file both trainers read: one optimizer step, 64 px buckets, the scan index
+    (and any disk cache) in ``cache``."""
+    keys = {
+        "pretrained_model_name_or_path": str(model),
+        "train_data_dir": str(folder),
+        "resolution": "64,64",
+        "enable_bucket": True,
+        "min_bucket_reso": 64,
+        "max_bucket_reso": 128,
+        "max_train_steps": 1,
+        "network_module": "networks.lora",
+        "network_dim": 4,
+        "network_alpha": 4,
+        **COMMON_KEYS,
+    }
+    keys["cache_dir"] = str(cache)
+    if kohya is not None:
+        keys["tokenizer_cache_dir"] = str(kohya)
+    path = work / "config.toml"
+    path.write_text(case_text(keys), "utf-8")
+    return path
+
+
+def plan_seconds(config: Path, work: Path) -> float:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    command = [sys.executable, str(REPO / "train_network.py"), "--config_file", str(config),
+               "--output_dir", str(work / "plan-output"), "--dry_run"]  # fmt: skip
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise BenchError(f"the dry run failed:\n{result.stderr.strip()[-2000:]}")
+    return seconds
+
+
+def _scan(folder: Path, cache: Path, memory: bool) -> dict:
+    command = [sys.executable, "-c", _SCAN, str(REPO), str(folder / "1_bench"), str(cache),
+               "memory" if memory else "time"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BenchError(f"the scan failed:\n{result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def scan_figures(folder: Path, cache: Path) -> dict:
+    """The scan timed, then (another process, the index now written) its memory measured."""
+    figures = _scan(folder, cache, memory=False)
+    figures["held_bytes"] = _scan(folder, cache, memory=True)["held_bytes"]
+    images = figures["images"]
+    index = sum(f.stat().st_size for f in (cache / "scan").glob("*.json"))
+    return {
+        "scan_seconds": round(figures["scan_seconds"], 2),
+        "scan_cpu_seconds": round(figures["scan_cpu_seconds"], 2),
+        "scan_images_per_second": round(images / figures["scan_seconds"]),
+        "from_index": figures["from_index"],
+        "scan_bytes_per_image": round(figures["held_bytes"] / images),
+        "index_bytes_per_image": round(index / images),
+    }
+
+
+def first_step_seconds(script: Path, config: Path, work: Path, cwd: Path, python: str) -> float:
+    shutil.rmtree(work, ignore_errors=True)
+    run = launch(script, config, work, 1, "cpu", cwd, python, 1, [])
+    return round(run.step_times[0] - run.started, 2)
+
+
+def bench_size(count: int, args: argparse.Namespace, model: Path, kohya: Path | None, work: Path):
+    folder = dataset(count, args.data)
+    cache = work / f"cache-{count}"
+    config = write_config(folder, model, cache, work, kohya)
+    for run in ("first", "rerun"):
+
+        def fresh(run: str = run) -> None:  # a first run measures each figure without an index
+            if run == "first":
+                shutil.rmtree(cache, ignore_errors=True)
+
+        record = {"images": count, "run": run, "trainer": "difftune"}
+        fresh()
+        record |= scan_figures(folder, cache)
+        fresh()
+        record["plan_seconds"] = round(plan_seconds(config, work), 2)
+        if args.first_step:
+            fresh()
+            out = work / f"difftune-{count}-{run}"
+            record["first_step_seconds"] = first_step_seconds(
+                REPO / "train_network.py", config, out, REPO, sys.executable
+            )
+        emit(record)
+    if args.sd_scripts:
+        out = work / f"sd-scripts-{count}"
+        seconds = first_step_seconds(args.sd_scripts / "train_network.py", config, out,
+                                     args.sd_scripts, args.sd_scripts_python or sys.executable)  # fmt: skip
+        emit({"images": count, "run": "first", "trainer": "sd-scripts",
+              "first_step_seconds": seconds})  # fmt: skip
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+    figures = ", ".join(
+        f"{k} {v}" for k, v in record.items() if k not in ("images", "run", "trainer")
+    )
+    log(f"{record['trainer']} {record['images']} images, {record['run']} run: {figures}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
+                        help="dataset sizes in images (default: 1000 10000)")  # fmt: skip
+    parser.add_argument("--data", type=Path,
+                        default=Path(tempfile.gettempdir()) / "difftune-data-scan",
+                        help="where the generated datasets are written once (kept)")  # fmt: skip
+    parser.add_argument("--model_cache", type=Path,
+                        default=Path.home() / ".cache" / "difftune-bench",
+                        help="where the tiny model is written once")  # fmt: skip
+    parser.add_argument("--first_step", action="store_true",
+                        help="also time a one-step training to its first optimizer step")  # fmt: skip
+    parser.add_argument("--sd_scripts", type=Path,
+                        help="a kohya-ss sd-scripts checkout: time its train_network.py too")  # fmt: skip
+    parser.add_argument("--sd_scripts_python",
+                        help="the Python of sd-scripts' environment (default: this one)")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.sd_scripts and not (args.sd_scripts / "train_network.py").is_file():
+        parser.error(f"--sd_scripts {args.sd_scripts}: no train_network.py there")
+    from bench.random_models import model_folder
+
+    log(f"machine: {describe_machine('cpu')}")
+    model = model_folder(MODEL, args.model_cache, log=log)
+    kohya = kohya_tokenizer_dir(model, args.model_cache) if args.sd_scripts else None
+    work = Path(tempfile.mkdtemp(prefix="difftune-data-scan-"))
+    try:
+        for count in args.sizes:
+            bench_size(count, args, model, kohya, work)
+    except BenchError as error:
+        log(f"error: {error}")
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

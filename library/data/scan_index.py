@@ -1,0 +1,219 @@
+"""The scan index: what the last scan of a subset read from its image headers and caption files,
+so a later run over an unchanged dataset reads one file instead of every header.
+
+Decisions:
+- An entry is trusted only while its file is the same file: same path, size, modification time
+  (ns), change time (ns) and inode, all from one stat the scan makes anyway. Editing, replacing
+  (a new file under the old name, even of the same size and with the old mtime restored: its
+  change time and usually its inode differ), adding or removing a file is seen, and only that
+  file is read again. Nothing else of the file is trusted: its type and path problems are checked
+  from the same stat on every run.
+- Only what a good file gave is kept: an image's displayed size and frame count, a caption
+  file's text (every non-empty line). An unreadable image or a bad caption file is not indexed,
+  so its error is found again on every run.
+- The file starts with a header line (format, version, checksum of the rest). A file that is
+  truncated, overwritten, of another version or otherwise not an index is ignored with one
+  warning and written anew; the scan then reads every file, so a damaged index costs time, never
+  a wrong size or caption.
+- It is written (atomically) only when something changed, so a rerun over an unchanged dataset
+  writes nothing. It holds the entries of the files the scan met this run: removed files drop
+  out.
+- Where it lives: library.data.items.scan_index_path (beside the latent cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from library.data.images import ImageHeader
+from library.saving.atomic import SaveError, atomic_write_file, remove_stale_temporaries
+
+log = logging.getLogger(__name__)
+
+FORMAT = "difftune scan index"
+VERSION = 1
+# what a stat says of a file that must not change for its entry to be trusted
+Identity = tuple[int, int, int, int]
+
+
+def identity(info: os.stat_result) -> Identity:
+    """(size, mtime_ns, ctime_ns, inode) of a stat result."""
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+
+
+class IndexDamaged(ValueError):
+    """The index file cannot be used; the message says why."""
+
+
+def _columns(body: dict, kind: str, width: int) -> tuple[list, list, list]:
+    part = body.get(kind)
+    if not isinstance(part, dict):
+        raise IndexDamaged(f"no {kind}")
+    names, numbers, values = part.get("names"), part.get("numbers"), part.get("values")
+    if not (isinstance(names, list) and isinstance(numbers, list) and isinstance(values, list)):
+        raise IndexDamaged(f"{kind} are not lists")
+    if len(numbers) != 4 * len(names) or len(values) != width * len(names):
+        raise IndexDamaged(f"{kind} columns differ in length")
+    return names, numbers, values
+
+
+class _Table:
+    """One kind of entry of an index file, as read: name -> row, the rows' identities and values
+    kept flat as the file has them (no object per entry until one is asked for)."""
+
+    def __init__(self, names: list, numbers: list, values: list, width: int) -> None:
+        self.rows = dict(zip(names, range(len(names)), strict=True))
+        self.numbers, self.values, self.width = numbers, values, width
+
+    def get(self, key: str, ident: Identity) -> list | None:
+        """The values of ``key`` when its file's identity is ``ident``, else None."""
+        i = self.rows.get(key)
+        if i is None:
+            return None
+        numbers = self.numbers
+        if (numbers[4 * i], numbers[4 * i + 1], numbers[4 * i + 2], numbers[4 * i + 3]) != ident:
+            return None
+        return self.values[self.width * i : self.width * (i + 1)]
+
+
+_EMPTY = _Table([], [], [], 1)
+
+
+def _parse(data: bytes) -> tuple[_Table, _Table]:
+    """(images, captions) of an index file's bytes."""
+    head, newline, body = data.partition(b"\n")
+    try:
+        header = json.loads(head)
+    except ValueError:
+        raise IndexDamaged("no header line") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise IndexDamaged("not a scan index")
+    if header.get("version") != VERSION:
+        raise IndexDamaged(f"version {header.get('version')}, this difftune writes {VERSION}")
+    if not newline or hashlib.blake2b(body, digest_size=16).hexdigest() != header.get("checksum"):
+        raise IndexDamaged("checksum mismatch: truncated or overwritten")
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        raise IndexDamaged("body is not JSON") from None
+    if not isinstance(parsed, dict):
+        raise IndexDamaged("body is not an object")
+    return _Table(*_columns(parsed, "images", 3), 3), _Table(*_columns(parsed, "captions", 1), 1)
+
+
+class ScanIndex:
+    """One subset's index file, read when opened; `known` and `known_caption` answer from it
+    when the file is unchanged, `record` and `record_caption` keep what was read otherwise, and
+    `save` writes what this scan met. Safe to call from several threads (each call stores one
+    dict item)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._images, self._captions = _EMPTY, _EMPTY
+        self.damaged: str | None = None
+        self._load(path)
+        self._met_images: dict[str, tuple[Identity, ImageHeader]] = {}
+        self._met_captions: dict[str, tuple[Identity, str]] = {}
+        self._hits: list[str] = []  # image keys answered from the index
+        self._changed = False
+
+    @property
+    def reused(self) -> int:
+        """Image headers answered from the index."""
+        return len(self._hits)
+
+    def _load(self, path: Path) -> None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            self.damaged = error.strerror or str(error)
+        else:
+            try:
+                self._images, self._captions = _parse(data)
+            except (IndexDamaged, TypeError, IndexError, ValueError) as error:
+                self.damaged = str(error) or type(error).__name__
+        if self.damaged is not None:
+            log.warning(
+                "scan index %s cannot be used (%s); the images are read again and it is rebuilt",
+                path,
+                self.damaged,
+            )
+
+    def known(self, key: str, info: os.stat_result) -> ImageHeader | None:
+        """The indexed header of the image `key` whose stat is `info` when the file is unchanged
+        (and kept for the next index), else None: the caller reads it and calls `record`."""
+        ident = identity(info)
+        known = self._images.get(key, ident)
+        if known is None:
+            return None
+        header = ImageHeader((known[0], known[1]), known[2])
+        self._hits.append(key)
+        self._met_images[key] = (ident, header)
+        return header
+
+    def record(self, key: str, info: os.stat_result, header: ImageHeader) -> None:
+        """Keep the header read from the image `key` whose stat is `info` for the next index."""
+        self._changed = True
+        self._met_images[key] = (identity(info), header)
+
+    def known_caption(self, key: str, info: os.stat_result) -> str | None:
+        """The indexed text of the caption file `key` (stat `info`) when it is unchanged (and
+        kept for the next index), else None: the caller reads it and calls `record_caption`."""
+        ident = identity(info)
+        known = self._captions.get(key, ident)
+        if known is None:
+            return None
+        self._met_captions[key] = (ident, known[0])
+        return known[0]
+
+    def record_caption(self, key: str, info: os.stat_result, text: str) -> None:
+        """Keep the text read from the caption file `key` (stat `info`) for the next index."""
+        self._changed = True
+        self._met_captions[key] = (identity(info), text)
+
+    def save(self) -> None:
+        """Write the entries this scan met, when they differ from the file's. A folder that
+        cannot be written keeps no index (the next run reads the files again)."""
+        changed = self._changed or self.damaged is not None
+        if (
+            not changed
+            and len(self._met_images) == len(self._images.rows)
+            and len(self._met_captions) == len(self._captions.rows)
+        ):
+            return
+        body = json.dumps(
+            _body(self._met_images, self._met_captions), separators=(",", ":")
+        ).encode()
+        header = {
+            "format": FORMAT,
+            "version": VERSION,
+            "checksum": hashlib.blake2b(body, digest_size=16).hexdigest(),
+        }
+        data = json.dumps(header).encode() + b"\n" + body
+        # what a killed write of this index left behind (another run's live write is kept)
+        remove_stale_temporaries(self.path.parent, lambda output: output == self.path.name)
+        try:
+            atomic_write_file(self.path, lambda tmp: tmp.write_bytes(data), place="cache_dir")
+        except SaveError as error:  # read-only data, full disk: the scan itself is done
+            log.info("scan index not kept: %s", error)
+
+
+def _body(images: dict, captions: dict) -> dict:
+    image_numbers, headers = [], []
+    for ident, header in images.values():
+        image_numbers.extend(ident)
+        headers.extend((*header.size, header.frames))
+    caption_numbers, texts = [], []
+    for ident, text in captions.values():
+        caption_numbers.extend(ident)
+        texts.append(text)
+    return {
+        "images": {"names": list(images), "numbers": image_numbers, "values": headers},
+        "captions": {"names": list(captions), "numbers": caption_numbers, "values": texts},
+    }
