@@ -5,7 +5,7 @@ index's bytes per image.
 
     python bench/data_scan.py                              # 1k and 10k images
     python bench/data_scan.py --sizes 1000 10000 100000 1000000
-    python bench/data_scan.py --sizes 1000 40000 --first_step --sd_scripts ~/sd-scripts
+    python bench/data_scan.py --sizes 1000 40000 --sd_scripts ~/sd-scripts
 
 Not a test and not timed in CI. A dataset of N images is one kohya DreamBooth folder
 (``1_bench``) of N 8x8 PNGs, each with a one-line .txt caption, written once per size under
@@ -14,8 +14,8 @@ check the disk). Tiny images make the figures the cost per file (listing, stat, 
 not the cost of decoding big pictures, which the scan never does.
 
 Figures per size and run ("first": no scan index; "rerun": the index the first run wrote):
-- plan_seconds: ``train_network.py --dry_run`` from the command to its exit (the tiny SD 1.5
-  test model, so the imports and the scan dominate);
+- plan_seconds: ``train_network.py --dry_run`` from the command to its exit (by default the
+  tiny SD 1.5 test model, so the imports and the scan dominate);
 - scan_seconds, scan_images_per_second: the scan alone (TrainData, in a fresh process), and
   scan_cpu_seconds, the CPU time it took (all its threads): on a busy machine the wall clock
   also counts the time other programs had the cores;
@@ -23,7 +23,10 @@ Figures per size and run ("first": no scan index; "rerun": the index the first r
 - index_bytes_per_image: the scan index file's size per image;
 - with ``--first_step``: first_step_seconds, the command to the end of the first optimizer step
   of a one-step training (bench/train_speed.py's step timer); with ``--sd_scripts`` the same for
-  kohya's train_network.py on the same folder and model (first run only: it keeps no index).
+  kohya's train_network.py on the same folder and model (first run only: it keeps no index),
+  and difftune's figure over kohya's. sd-scripts builds its UNet at SD 1.5's released shapes, so
+  it cannot load the tiny model: with ``--sd_scripts`` the model is a full-size SD 1.5 (random
+  weights, bench/random_models.py, about 2 GB written once) and ``--first_step`` is implied.
 
 Human-readable lines go to stderr, one JSON object per size and run to stdout.
 """
@@ -54,7 +57,7 @@ from bench.train_speed import (  # noqa: E402
 )
 
 DEFAULT_SIZES = (1_000, 10_000)
-MODEL = "tiny-sd1"
+MODELS = ("tiny-sd1", "sd15")  # sd-scripts loads only the second
 
 # Measured in a fresh process, so one size's memory and imports do not colour the next.
 _SCAN = r"""
@@ -163,6 +166,16 @@ def scan_figures(folder: Path, cache: Path) -> dict:
     }
 
 
+def warm(model: Path) -> None:
+    """Read the model's files once, so that the first run timed does not alone pay for reading
+    them from disk (the full-size model is 2 GB) while the runs after it find them in memory."""
+    for path in model.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as file:
+                while file.read(1 << 24):
+                    pass
+
+
 def first_step_seconds(script: Path, config: Path, work: Path, cwd: Path, python: str) -> float:
     shutil.rmtree(work, ignore_errors=True)
     run = launch(script, config, work, 1, "cpu", cwd, python, 1, [])
@@ -173,6 +186,7 @@ def bench_size(count: int, args: argparse.Namespace, model: Path, kohya: Path | 
     folder = dataset(count, args.data)
     cache = work / f"cache-{count}"
     config = write_config(folder, model, cache, work, kohya)
+    warm(model)
     for run in ("first", "rerun"):
 
         def fresh(run: str = run) -> None:  # a first run measures each figure without an index
@@ -191,12 +205,15 @@ def bench_size(count: int, args: argparse.Namespace, model: Path, kohya: Path | 
                 REPO / "train_network.py", config, out, REPO, sys.executable
             )
         emit(record)
+        if run == "first":
+            ours = record.get("first_step_seconds")
     if args.sd_scripts:
         out = work / f"sd-scripts-{count}"
         seconds = first_step_seconds(args.sd_scripts / "train_network.py", config, out,
                                      args.sd_scripts, args.sd_scripts_python or sys.executable)  # fmt: skip
         emit({"images": count, "run": "first", "trainer": "sd-scripts",
-              "first_step_seconds": seconds})  # fmt: skip
+              "first_step_seconds": seconds,
+              "difftune_over_sd_scripts": round(ours / seconds, 2)})  # fmt: skip
 
 
 def emit(record: dict) -> None:
@@ -207,7 +224,7 @@ def emit(record: dict) -> None:
     log(f"{record['trainer']} {record['images']} images, {record['run']} run: {figures}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
                         help="dataset sizes in images (default: 1000 10000)")  # fmt: skip
@@ -216,9 +233,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the generated datasets are written once (kept)")  # fmt: skip
     parser.add_argument("--model_cache", type=Path,
                         default=Path.home() / ".cache" / "difftune-bench",
-                        help="where the tiny model is written once")  # fmt: skip
+                        help="where the model is written once")  # fmt: skip
     parser.add_argument("--first_step", action="store_true",
                         help="also time a one-step training to its first optimizer step")  # fmt: skip
+    parser.add_argument("--model", choices=MODELS,
+                        help="tiny-sd1 (default) or a full-size sd15 (the default with --sd_scripts)")  # fmt: skip
     parser.add_argument("--sd_scripts", type=Path,
                         help="a kohya-ss sd-scripts checkout: time its train_network.py too")  # fmt: skip
     parser.add_argument("--sd_scripts_python",
@@ -226,10 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.sd_scripts and not (args.sd_scripts / "train_network.py").is_file():
         parser.error(f"--sd_scripts {args.sd_scripts}: no train_network.py there")
+    if args.sd_scripts and args.model == "tiny-sd1":
+        parser.error("--sd_scripts needs --model sd15: sd-scripts cannot load the tiny model")
+    args.model = args.model or ("sd15" if args.sd_scripts else "tiny-sd1")
+    args.first_step = args.first_step or bool(args.sd_scripts)  # the figure compared
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from bench.random_models import model_folder
 
     log(f"machine: {describe_machine('cpu')}")
-    model = model_folder(MODEL, args.model_cache, log=log)
+    model = model_folder(args.model, args.model_cache, log=log)
     kohya = kohya_tokenizer_dir(model, args.model_cache) if args.sd_scripts else None
     work = Path(tempfile.mkdtemp(prefix="difftune-data-scan-"))
     try:
