@@ -26,6 +26,8 @@ PEER_TOOL = {
     "qwenimage": "musubi",
     "qwenimage_edit": "musubi",
     "qwenimage_edit_plus": "musubi",
+    "flux2": "musubi",
+    "krea2": "musubi",
 }
 
 
