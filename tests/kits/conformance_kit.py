@@ -31,6 +31,15 @@ if TYPE_CHECKING:
     from library.models.families.base import ModelFamily
 
 State = Mapping[str, "torch.Tensor"]
+# Captions of four token lengths, for a distributed mode whose family keeps each caption at its
+# own length: alone in a micro-batch each is its own length, in a batch of 4 they are padded to
+# the longest with a mask, and both must train the same adapter.
+FOUR_LENGTH_CAPTIONS = (
+    "red",
+    "a photo of shape number 1",
+    "a photo of shape number 2 on a gradient, centred in the frame",
+    "a much longer caption of shape number three, a coloured square on a soft gradient",
+)
 
 
 @dataclass(frozen=True, kw_only=True)

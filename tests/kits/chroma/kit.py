@@ -24,6 +24,7 @@ from tests.kits.chroma.tiny import (
 )
 from tests.kits.chroma.tiny_files import write_tiny_chroma_files
 from tests.kits.conformance_kit import (
+    FOUR_LENGTH_CAPTIONS,
     ConformanceKit,
     DistributedMode,
     LossCase,
@@ -170,12 +171,7 @@ DISTRIBUTED = (
         name="chroma-lora",
         keys={"network_train_unet_only": True, "bucket_reso_steps": 16},
         ddp_options=("--gradient_checkpointing",),
-        captions=(
-            "red",
-            "a photo of shape number 1",
-            "a photo of shape number 2 on a gradient, centred in the frame",
-            "a much longer caption of shape number three, a coloured square on a soft gradient",
-        ),
+        captions=FOUR_LENGTH_CAPTIONS,
         only=("lora_unet_",),
     ),
 )

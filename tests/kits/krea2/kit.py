@@ -13,6 +13,7 @@ from library.models.families.krea2.family import krea2_family
 from library.models.families.krea2.keys import TABLE
 from library.training.noise import NoiseOptions, draw
 from tests.kits.conformance_kit import (
+    FOUR_LENGTH_CAPTIONS,
     ConformanceKit,
     DistributedMode,
     LossCase,
@@ -136,12 +137,7 @@ DISTRIBUTED = (
             "bucket_reso_steps": 16,
         },
         ddp_options=("--gradient_checkpointing",),
-        captions=(
-            "red",
-            "a photo of shape number 1",
-            "a photo of shape number 2 on a gradient, centred in the frame",
-            "a much longer caption of shape number three, a coloured square on a soft gradient",
-        ),
+        captions=FOUR_LENGTH_CAPTIONS,
         only=("diffusion_model.",),
         resume=True,
     ),

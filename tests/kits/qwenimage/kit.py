@@ -12,6 +12,7 @@ from library.models.families.qwenimage.family import qwenimage_family
 from library.models.wan_vae_keys import vae_from_original, vae_to_original
 from library.training.noise import NoiseOptions, draw
 from tests.kits.conformance_kit import (
+    FOUR_LENGTH_CAPTIONS,
     ConformanceKit,
     DistributedMode,
     LossCase,
@@ -118,12 +119,7 @@ DISTRIBUTED = (
             "bucket_reso_steps": 16,
         },
         ddp_options=("--gradient_checkpointing",),
-        captions=(
-            "red",
-            "a photo of shape number 1",
-            "a photo of shape number 2 on a gradient, centred in the frame",
-            "a much longer caption of shape number three, a coloured square on a soft gradient",
-        ),
+        captions=FOUR_LENGTH_CAPTIONS,
         only=("diffusion_model.transformer_blocks.",),
     ),
 )

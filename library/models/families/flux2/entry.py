@@ -32,8 +32,8 @@ FLUX2 = FamilyEntry(
     family=Deferred(f"{_PACKAGE}.family:Flux2Family").get,
     claims=Deferred(f"{_PACKAGE}.family:claims_flux2"),
     load=Deferred(f"{_PACKAGE}.family:load_flux2"),
-    # musubi-tuner's LoRA module for FLUX.2 (its files say ss_network_module so)
     reads_vae=True,
+    # musubi-tuner's LoRA module for FLUX.2 (its files say ss_network_module so)
     network_module="networks.lora_flux_2",
     flow_matching=True,
     config_keys=(TextEncoderFileKeys,),
