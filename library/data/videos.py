@@ -1,0 +1,281 @@
+"""Reading training videos: probed once up front, then the chosen frames decoded as RGB.
+
+A video is a file PyAV opens (mp4, webm, mov, mkv, gif, ...; PyAV's wheels carry FFmpeg) or a
+folder of frames (its image files, in natural order: frame2 before frame10).
+
+Decisions:
+- The probe decodes every frame once (no colour conversion), so the frame count is the number
+  of frames that really decode, and a corrupt, truncated or empty file is named before training
+  rather than in the middle of a run. Headers are not trusted for the count: many files have
+  none (webm, gif) or a wrong one.
+- A file whose frames end well before the duration its header gives (over 5% and two frames
+  short) is truncated: a partial download or copy. It is refused, not trained shorter.
+- Rotation metadata (a phone's display matrix) is applied: the frames are trained the way
+  players show them, as images are with their EXIF orientation. The size is the displayed one.
+- Each frame's time is its presentation timestamp. A file whose frame durations differ by more
+  than 10% from their median has a variable frame rate: its frames are placed by these times
+  when resampled to the model's rate (library.data.frame_extraction.resample_times).
+- Transparent pixels (gif, vp9 with alpha) are composited on white, as for images.
+- Frames are numbered in presentation order from 0, the same numbering probe and decode use.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+import numpy as np
+
+from library.data.folders import IMAGE_EXTENSIONS
+from library.data.images import load_display_image, read_image_header
+from library.errors import DataError
+
+# musubi-tuner's video extensions plus gif (an animation trained as a clip in a video dataset)
+VIDEO_EXTENSIONS = frozenset(
+    {".mp4", ".webm", ".avi", ".mkv", ".mov", ".flv", ".wmv", ".m4v", ".mpg", ".mpeg", ".gif"}
+)
+_TRUNCATED_SHARE = 0.05  # of the header's duration missing at the end
+_VFR_SPREAD = 0.10  # of the median frame duration
+_NATURAL = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True)
+class VideoHeader:
+    """What a scan needs to know about a video: its frames and how they are shown.
+
+    ``size`` is (width, height) as displayed (rotation applied); ``rotation`` the degrees
+    clockwise the stored frames are turned for display (0, 90, 180, 270); ``times`` each
+    frame's presentation time in seconds from the first frame (None for a folder of frames,
+    which has no clock); ``fps`` the average frame rate (frames over duration; None for a
+    folder); ``variable_frame_rate`` whether the frames are unevenly spaced in time.
+    """
+
+    frames: int
+    size: tuple[int, int]
+    fps: float | None
+    duration: float | None
+    rotation: int = 0
+    variable_frame_rate: bool = False
+    times: tuple[float, ...] | None = None
+
+
+def is_video_path(path: Path) -> bool:
+    """Whether ``path`` names a video file by its extension (any case)."""
+    return Path(path).suffix.lower() in VIDEO_EXTENSIONS
+
+
+def frame_files(folder: Path) -> list[Path]:
+    """The image files of a folder of frames in natural order (digits compared as numbers),
+    hidden files left out."""
+    files = [
+        entry
+        for entry in Path(folder).iterdir()
+        if not entry.name.startswith(".") and entry.suffix.lower() in IMAGE_EXTENSIONS
+    ]
+    return sorted(files, key=_natural_key)
+
+
+def _natural_key(path: Path) -> tuple:
+    return tuple(int(p) if p.isdigit() else p.lower() for p in _NATURAL.split(path.name))
+
+
+def _unreadable(path: Path, reason: str) -> DataError:
+    return DataError(f"video {path} {reason}; replace or remove the file", file=str(path))
+
+
+def probe_video(path: Path) -> VideoHeader:
+    """The frame count, displayed size, rotation, frame rate, duration and frame times of the
+    video file or folder of frames at ``path``, from one open that decodes every frame (module
+    docstring). DataError naming the file, one line, when it is missing, not a video, corrupt,
+    truncated or has no frames."""
+    path = Path(path)
+    if path.is_dir():
+        return _probe_folder(path)
+    if not path.exists():
+        raise DataError(f"video {path} does not exist; fix the path or remove the entry")
+    try:
+        with av.open(str(path)) as container:
+            stream = _video_stream(container, path)
+            stream.thread_type = "AUTO"
+            times, rotation, size = [], 0, None
+            for frame in container.decode(stream):
+                if size is None:
+                    size, rotation = (frame.width, frame.height), _rotation(frame)
+                times.append(frame.time)
+            declared = _declared_duration(container, stream)
+    except DataError:
+        raise
+    except (av.FFmpegError, OSError, ValueError) as error:
+        raise _unreadable(path, f"cannot be read ({_first_line(error)})") from error
+    if not times:
+        raise _unreadable(path, "has no video frames")
+    return _header(path, times, size, rotation, declared)
+
+
+def _video_stream(container, path: Path):
+    if not container.streams.video:
+        raise _unreadable(path, "has no video stream")
+    return container.streams.video[0]
+
+
+def _declared_duration(container, stream) -> float | None:
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / av.time_base
+    return None
+
+
+def _rotation(frame) -> int:
+    """Degrees clockwise to turn the stored frame for display. FFmpeg's display matrix angle
+    is counter-clockwise, as its command-line tool reads it when it autorotates."""
+    return int(round(-(frame.rotation or 0) / 90.0)) % 4 * 90
+
+
+def _header(
+    path: Path,
+    raw_times: list[float | None],
+    size: tuple[int, int],
+    rotation: int,
+    declared: float | None,
+) -> VideoHeader:
+    times = _clean_times(raw_times)
+    durations = [b - a for a, b in zip(times, times[1:], strict=False)]
+    typical = statistics.median(durations) if durations else None
+    end = times[-1] + (typical or 0.0)
+    if declared and typical and declared - end > max(2 * typical, _TRUNCATED_SHARE * declared):
+        raise _unreadable(
+            path,
+            f"is truncated: its frames end at {end:.2f} s of the {declared:.2f} s its header "
+            "gives (an incomplete download or copy?)",
+        )
+    variable = bool(typical) and any(abs(d - typical) > _VFR_SPREAD * typical for d in durations)
+    shown = size if rotation in (0, 180) else (size[1], size[0])
+    duration = end if end > 0 else None
+    fps = len(times) / duration if duration else None
+    return VideoHeader(len(times), shown, fps, duration, rotation, variable, tuple(times))
+
+
+def _clean_times(raw: list[float | None]) -> list[float]:
+    """Presentation times from the first frame; a frame without a timestamp is placed one
+    typical step after the one before."""
+    known = [t for t in raw if t is not None]
+    if not known:
+        return [float(i) for i in range(len(raw))]  # no clock at all: one frame a second
+    first = known[0]
+    times: list[float] = []
+    for t in raw:
+        if t is None:
+            step = times[-1] - times[-2] if len(times) > 1 else 0.0
+            t = (times[-1] + step if times else 0.0) + first
+        times.append(float(t) - first)
+    return times
+
+
+def _probe_folder(folder: Path) -> VideoHeader:
+    files = frame_files(folder)
+    if not files:
+        raise DataError(
+            f"video folder {folder} holds no image files; add its frames or remove it",
+            file=str(folder),
+        )
+    size = read_image_header(files[0]).size
+    for file in files[1:]:
+        other = read_image_header(file).size
+        if other != size:
+            raise DataError(
+                f"frame {file} is {other[0]}x{other[1]} but the folder's first frame "
+                f"{files[0].name} is {size[0]}x{size[1]}; give every frame of a clip one size",
+                file=str(file),
+            )
+    return VideoHeader(len(files), size, None, None)
+
+
+def decode_frames(path: Path, indices: Sequence[int] | None = None) -> np.ndarray:
+    """The frames ``indices`` (presentation order from 0, as probe_video counts them; all when
+    None) of the video file or folder of frames at ``path``, as uint8 RGB [F, H, W, 3] in the
+    order asked, turned as displayed and transparency on white. DataError naming the file when
+    it cannot be read or holds fewer frames than asked (it changed since it was probed)."""
+    path = Path(path)
+    if path.is_dir():
+        files = frame_files(path)
+        wanted = range(len(files)) if indices is None else indices
+        _check_indices(path, wanted, len(files))
+        return np.stack([np.asarray(load_display_image(files[i])) for i in wanted])
+    try:
+        frames = _decode_file(path, indices)
+    except DataError:
+        raise
+    except (av.FFmpegError, OSError, ValueError) as error:
+        raise _unreadable(path, f"cannot be read ({_first_line(error)})") from error
+    return frames
+
+
+def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
+    wanted = None if indices is None else set(indices)
+    last = None if indices is None else max(indices, default=-1)
+    got: dict[int, np.ndarray] = {}
+    count = 0
+    with av.open(str(path)) as container:
+        stream = _video_stream(container, path)
+        stream.thread_type = "AUTO"
+        for index, frame in enumerate(container.decode(stream)):
+            count = index + 1
+            if wanted is None or index in wanted:
+                got[index] = _rgb(frame)
+            if last is not None and index >= last:
+                break
+    order = range(count) if indices is None else indices
+    _check_indices(path, order, count if last is None or count <= last else last + 1)
+    if not got:
+        raise _unreadable(path, "has no video frames")
+    return np.stack([got[i] for i in order])
+
+
+def _check_indices(path: Path, indices: Iterable[int], count: int) -> None:
+    missing = [i for i in indices if not 0 <= i < count]
+    if missing:
+        raise DataError(
+            f"video {path} has {count} frames, not the {missing[0] + 1} it had when it was "
+            "scanned (it changed); run again to scan it anew",
+            file=str(path),
+        )
+
+
+def _rgb(frame) -> np.ndarray:
+    """One decoded frame as uint8 RGB, transparency on white, turned as displayed."""
+    if _has_alpha(frame.format):
+        rgba = frame.to_ndarray(format="rgba").astype(np.float32)
+        alpha = rgba[..., 3:] / 255.0
+        rgb = np.rint(rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
+    else:
+        rgb = frame.to_ndarray(format="rgb24")
+    turns = _rotation(frame) // 90
+    return np.ascontiguousarray(np.rot90(rgb, k=-turns)) if turns else rgb
+
+
+def _has_alpha(pixel_format) -> bool:
+    # grey + alpha and colour + alpha have 2 and 4 components; a palette may hold transparency
+    return len(pixel_format.components) in (2, 4) or pixel_format.has_palette
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def video_stat_key(path: Path) -> tuple[int, int]:
+    """(size in bytes, modification time in ns) of a video file, or of the newest frame of a
+    folder of frames with their total size: what a scan index compares to know a probe is
+    still valid."""
+    path = Path(path)
+    if path.is_dir():
+        stats = [os.stat(f) for f in frame_files(path)]
+        return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
