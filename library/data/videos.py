@@ -111,15 +111,15 @@ def probe_video(path: Path) -> VideoHeader:
     except DataError:
         raise
     except (av.FFmpegError, OSError, ValueError) as error:
-        raise _unreadable(path, f"cannot be read ({_first_line(error)})") from error
+        raise _damaged(path, error) from error
     if not times:
-        raise _unreadable(path, "has no video frames")
+        raise _unreadable(path, "holds no video frames")
     return _header(path, times, size, rotation, declared)
 
 
 def _video_stream(container, path: Path):
     if not container.streams.video:
-        raise _unreadable(path, "has no video stream")
+        raise _unreadable(path, "holds no video stream")
     return container.streams.video[0]
 
 
@@ -212,7 +212,7 @@ def decode_frames(path: Path, indices: Sequence[int] | None = None) -> np.ndarra
     except DataError:
         raise
     except (av.FFmpegError, OSError, ValueError) as error:
-        raise _unreadable(path, f"cannot be read ({_first_line(error)})") from error
+        raise _damaged(path, error) from error
     return frames
 
 
@@ -233,7 +233,7 @@ def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
     order = range(count) if indices is None else indices
     _check_indices(path, order, count if last is None or count <= last else last + 1)
     if not got:
-        raise _unreadable(path, "has no video frames")
+        raise _unreadable(path, "holds no video frames")
     return np.stack([got[i] for i in order])
 
 
@@ -241,8 +241,8 @@ def _check_indices(path: Path, indices: Iterable[int], count: int) -> None:
     missing = [i for i in indices if not 0 <= i < count]
     if missing:
         raise DataError(
-            f"video {path} has {count} frames, not the {missing[0] + 1} it had when it was "
-            "scanned (it changed); run again to scan it anew",
+            f"video {path} has {count} frames, fewer than the {max(missing) + 1} it had when "
+            "it was scanned (it changed since); run again to scan it anew",
             file=str(path),
         )
 
@@ -264,9 +264,15 @@ def _has_alpha(pixel_format) -> bool:
     return len(pixel_format.components) in (2, 4) or pixel_format.has_palette
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
+def _damaged(path: Path, error: BaseException) -> DataError:
+    """The one line for a file FFmpeg cannot open or decode: its reason without the error
+    number and the C function FFmpeg names."""
+    if isinstance(error, av.error.EOFError):
+        return _unreadable(path, "holds no video frames (it ends before its first frame)")
+    reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+    if isinstance(error, av.FFmpegError):
+        return _unreadable(path, f"is damaged or not a video ({reason})")
+    return _unreadable(path, f"cannot be read ({reason})")
 
 
 def video_stat_key(path: Path) -> tuple[int, int]:
