@@ -32,6 +32,7 @@ import av
 import numpy as np
 
 from library.data.folders import IMAGE_EXTENSIONS
+from library.data.frame_extraction import Clip, cut_clips
 from library.data.images import load_display_image, read_image_header
 from library.errors import DataError
 
@@ -285,3 +286,12 @@ def video_stat_key(path: Path) -> tuple[int, int]:
         return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
     stat = os.stat(path)
     return stat.st_size, stat.st_mtime_ns
+
+
+def clips_of(header: VideoHeader, model_fps: float | None, **settings) -> list[Clip]:
+    """The clips musubi-tuner's frame settings (``target_frames``, ``frame_extraction``,
+    ``frame_stride``, ``frame_sample``, ``max_frames``, ``source_fps``: cut_clips' keywords)
+    cut from the probed video ``header`` at the model's frame rate ``model_fps``. A
+    variable-frame-rate file is resampled by its frame times."""
+    times = header.times if header.variable_frame_rate else None
+    return cut_clips(header.frames, model_fps=model_fps, times=times, **settings)

@@ -9,7 +9,13 @@ import pytest
 from PIL import Image
 
 from library.data.frame_extraction import resample_times
-from library.data.videos import decode_frames, frame_files, is_video_path, probe_video
+from library.data.videos import (
+    clips_of,
+    decode_frames,
+    frame_files,
+    is_video_path,
+    probe_video,
+)
 from library.errors import DataError
 from tests.kits import videos as kit
 
@@ -165,3 +171,26 @@ def test_a_video_that_lost_frames_since_its_scan_is_named_when_decoded(tmp_path)
         decode_frames(path, [2, 7])
     assert "has 5 frames" in _one_line_naming(caught.value, path)
     assert "scan it anew" in str(caught.value)
+
+
+def test_clips_are_cut_from_the_resampled_frames(tmp_path):
+    path = kit.write_video(tmp_path / "clip.mp4", kit.numbered_frames(20), fps=32)
+    header = probe_video(path)
+    # 32 -> 16 fps keeps every other frame (output frames 0, 0, 1, 1, 2, ...)
+    clips = clips_of(header, 16.0, target_frames=[5], frame_extraction="chunk", source_fps=32.0)
+    assert [c.source_frames for c in clips] == [(0, 2, 4, 6, 8), (10, 12, 14, 16, 18)]
+    frames = decode_frames(path, clips[1].source_frames)
+    assert [kit.frame_index(frame) for frame in frames] == [10, 12, 14, 16, 18]
+    # without source_fps every frame is kept, whatever the file's rate
+    plain = clips_of(header, 16.0, target_frames=[5], frame_extraction="chunk")
+    assert [c.source_frames[0] for c in plain] == [0, 5, 10, 15]
+
+
+def test_a_variable_rate_clip_is_cut_by_its_frame_times(tmp_path):
+    times = [0.0, 0.05, 0.1, 0.15, 0.2, 0.6, 0.65, 0.7, 0.75, 0.8]
+    path = kit.write_video(tmp_path / "vfr.mp4", kit.numbered_frames(10), times=times)
+    header = probe_video(path)
+    # at 10 fps: output frames 0, 0, 1, 1, 2, 6, 6, 7, 7, 8 -> the first of each; by index
+    # (source_fps = 20) it would be 0, 2, 4, 6, 8
+    clips = clips_of(header, 10.0, target_frames=[5], source_fps=20.0)
+    assert [c.source_frames for c in clips] == [(0, 2, 4, 5, 7)]
