@@ -32,6 +32,7 @@ import av
 import numpy as np
 
 from library.data.folders import IMAGE_EXTENSIONS
+from library.data.frame_extraction import Clip, cut_clips
 from library.data.images import load_display_image, read_image_header
 from library.errors import DataError
 
@@ -111,15 +112,15 @@ def probe_video(path: Path) -> VideoHeader:
     except DataError:
         raise
     except (av.FFmpegError, OSError, ValueError) as error:
-        raise _unreadable(path, f"cannot be read ({_first_line(error)})") from error
+        raise _damaged(path, error) from error
     if not times:
-        raise _unreadable(path, "has no video frames")
+        raise _unreadable(path, "holds no video frames")
     return _header(path, times, size, rotation, declared)
 
 
 def _video_stream(container, path: Path):
     if not container.streams.video:
-        raise _unreadable(path, "has no video stream")
+        raise _unreadable(path, "holds no video stream")
     return container.streams.video[0]
 
 
@@ -212,7 +213,7 @@ def decode_frames(path: Path, indices: Sequence[int] | None = None) -> np.ndarra
     except DataError:
         raise
     except (av.FFmpegError, OSError, ValueError) as error:
-        raise _unreadable(path, f"cannot be read ({_first_line(error)})") from error
+        raise _damaged(path, error) from error
     return frames
 
 
@@ -233,7 +234,7 @@ def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
     order = range(count) if indices is None else indices
     _check_indices(path, order, count if last is None or count <= last else last + 1)
     if not got:
-        raise _unreadable(path, "has no video frames")
+        raise _unreadable(path, "holds no video frames")
     return np.stack([got[i] for i in order])
 
 
@@ -241,8 +242,8 @@ def _check_indices(path: Path, indices: Iterable[int], count: int) -> None:
     missing = [i for i in indices if not 0 <= i < count]
     if missing:
         raise DataError(
-            f"video {path} has {count} frames, not the {missing[0] + 1} it had when it was "
-            "scanned (it changed); run again to scan it anew",
+            f"video {path} has {count} frames, fewer than the {max(missing) + 1} it had when "
+            "it was scanned (it changed since); run again to scan it anew",
             file=str(path),
         )
 
@@ -264,9 +265,15 @@ def _has_alpha(pixel_format) -> bool:
     return len(pixel_format.components) in (2, 4) or pixel_format.has_palette
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
+def _damaged(path: Path, error: BaseException) -> DataError:
+    """The one line for a file FFmpeg cannot open or decode: its reason without the error
+    number and the C function FFmpeg names."""
+    if isinstance(error, av.error.EOFError):
+        return _unreadable(path, "holds no video frames (it ends before its first frame)")
+    reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+    if isinstance(error, av.FFmpegError):
+        return _unreadable(path, f"is damaged or not a video ({reason})")
+    return _unreadable(path, f"cannot be read ({reason})")
 
 
 def video_stat_key(path: Path) -> tuple[int, int]:
@@ -279,3 +286,12 @@ def video_stat_key(path: Path) -> tuple[int, int]:
         return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
     stat = os.stat(path)
     return stat.st_size, stat.st_mtime_ns
+
+
+def clips_of(header: VideoHeader, model_fps: float | None, **settings) -> list[Clip]:
+    """The clips musubi-tuner's frame settings (``target_frames``, ``frame_extraction``,
+    ``frame_stride``, ``frame_sample``, ``max_frames``, ``source_fps``: cut_clips' keywords)
+    cut from the probed video ``header`` at the model's frame rate ``model_fps``. A
+    variable-frame-rate file is resampled by its frame times."""
+    times = header.times if header.variable_frame_rate else None
+    return cut_clips(header.frames, model_fps=model_fps, times=times, **settings)

@@ -1,0 +1,196 @@
+"""Video files and folders of frames: probed (count, size, rate, rotation, times) and decoded
+frame by frame, checked against what tests/kits/videos.py wrote into them; broken files are named
+in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from library.data.frame_extraction import resample_times
+from library.data.videos import (
+    clips_of,
+    decode_frames,
+    frame_files,
+    is_video_path,
+    probe_video,
+)
+from library.errors import DataError
+from tests.kits import videos as kit
+
+CONTAINERS = [".mp4", ".mov", ".mkv", ".webm", ".gif"]
+
+
+@pytest.mark.parametrize("extension", CONTAINERS)
+def test_every_container_probes_and_decodes_its_frames(tmp_path, extension):
+    path = kit.write_video(tmp_path / f"clip{extension}", kit.numbered_frames(10), fps=10)
+    header = probe_video(path)  # 10 fps: GIF counts frame delays in hundredths of a second
+    assert (header.frames, header.size, header.rotation) == (10, kit.SIZE, 0)
+    assert header.fps == pytest.approx(10.0)
+    assert header.duration == pytest.approx(1.0)
+    assert not header.variable_frame_rate
+    assert header.times == pytest.approx([i / 10 for i in range(10)], abs=1e-3)
+    frames = decode_frames(path)
+    assert frames.shape == (10, kit.SIZE[1], kit.SIZE[0], 3) and frames.dtype == np.uint8
+    assert [kit.frame_index(frame) for frame in frames] == list(range(10))
+    assert is_video_path(path)
+
+
+def test_chosen_frames_come_in_the_order_asked(tmp_path):
+    path = kit.write_video(tmp_path / "clip.mp4", kit.numbered_frames(12))
+    frames = decode_frames(path, [7, 2, 3, 11])
+    assert [kit.frame_index(frame) for frame in frames] == [7, 2, 3, 11]
+
+
+def test_a_folder_of_frames_is_read_in_natural_order(tmp_path):
+    folder = kit.write_frame_folder(tmp_path / "clip", kit.numbered_frames(12))
+    (tmp_path / "clip" / ".hidden.png").write_bytes(b"")
+    (tmp_path / "clip" / "notes.txt").write_text("not a frame")
+    # plain string order would put frame10..frame12 after frame1
+    assert [f.name for f in frame_files(folder)][:3] == ["frame1.png", "frame2.png", "frame3.png"]
+    header = probe_video(folder)
+    assert (header.frames, header.size, header.fps, header.times) == (12, kit.SIZE, None, None)
+    frames = decode_frames(folder, [0, 9, 11])
+    expected = kit.numbered_frames(12)[[0, 9, 11]]
+    assert np.array_equal(frames, expected)  # PNG is lossless: the very pixels written
+
+
+# FFmpeg's display matrix angle is counter-clockwise: a stored picture shown turned 90 degrees
+# counter-clockwise has its top-left corner at the bottom left. -90 is what phones write for a
+# portrait video held upright (turn 90 degrees clockwise).
+@pytest.mark.parametrize(
+    ("angle", "clockwise", "corner"),
+    [(90, 270, "bottom-left"), (-90, 90, "top-right"), (180, 180, "bottom-right")],
+)
+def test_rotation_metadata_turns_frames_as_players_show_them(tmp_path, angle, clockwise, corner):
+    path = kit.write_video(tmp_path / "phone.mp4", kit.numbered_frames(5), rotation=angle)
+    header = probe_video(path)
+    width, height = kit.SIZE
+    assert header.rotation == clockwise
+    assert header.size == ((width, height) if clockwise == 180 else (height, width))
+    frames = decode_frames(path)
+    assert frames.shape[1:3] == (header.size[1], header.size[0])
+    assert {kit.marker_corner(frame) for frame in frames} == {corner}
+    assert [kit.frame_index(frame) for frame in frames] == list(range(5))
+
+
+def test_variable_frame_rate_keeps_each_frames_time(tmp_path):
+    times = [0.0, 0.1, 0.15, 0.2, 0.5, 0.55, 0.6, 0.9, 1.0]
+    path = kit.write_video(tmp_path / "vfr.mp4", kit.numbered_frames(9), times=times)
+    header = probe_video(path)
+    assert header.variable_frame_rate
+    assert header.times == pytest.approx(times, abs=1e-3)
+    kept = resample_times(header.times, 10.0)
+    assert kept == [0, 1, 3, 4, 6, 7, 8]
+    assert [kit.frame_index(f) for f in decode_frames(path, kept)] == kept
+
+
+def test_transparent_gif_pixels_are_white(tmp_path):
+    path = tmp_path / "alpha.gif"
+    pictures = []
+    for index in range(3):
+        picture = Image.new("RGBA", kit.SIZE, (*kit.frame_colour(index), 255))
+        picture.paste((0, 0, 0, 0), (0, 0, 16, 16))  # a transparent corner, black underneath
+        pictures.append(picture)
+    pictures[0].save(path, save_all=True, append_images=pictures[1:], duration=125, disposal=2)
+    frames = decode_frames(path)
+    assert frames.shape[0] == 3
+    assert (frames[:, :16, :16] == 255).all()
+    assert [kit.frame_index(frame) for frame in frames] == [0, 1, 2]
+
+
+def _one_line_naming(error: DataError, path) -> str:
+    message = str(error)
+    assert str(path) in message and "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("extension", [".mp4", ".mkv", ".webm"])
+def test_a_video_without_frames_is_named(tmp_path, extension):
+    path = kit.write_zero_frames(tmp_path / f"empty{extension}")
+    with pytest.raises(DataError) as caught:
+        probe_video(path)
+    assert "no video" in _one_line_naming(caught.value, path)
+    assert "replace or remove the file" in str(caught.value)
+
+
+@pytest.mark.parametrize("extension", [".mp4", ".mov", ".webm"])
+def test_a_truncated_video_is_named(tmp_path, extension):
+    path = kit.write_truncated(tmp_path / f"cut{extension}")
+    with pytest.raises(DataError) as caught:
+        probe_video(path)
+    assert "truncated" in _one_line_naming(caught.value, path)
+
+
+def test_a_truncated_mp4_without_its_index_is_named(tmp_path):
+    path = kit.write_video(tmp_path / "cut.mp4", kit.numbered_frames(20))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # the index is at the end
+    with pytest.raises(DataError) as caught:
+        probe_video(path)
+    assert "damaged" in _one_line_naming(caught.value, path)
+
+
+def test_corrupt_frames_are_named(tmp_path):
+    path = kit.write_corrupt(tmp_path / "noise.mp4")
+    with pytest.raises(DataError) as caught:
+        probe_video(path)
+    assert "damaged" in _one_line_naming(caught.value, path)
+
+
+def test_a_file_that_is_not_a_video_is_named(tmp_path):
+    path = kit.write_not_a_video(tmp_path / "notes.mp4")
+    with pytest.raises(DataError) as caught:
+        probe_video(path)
+    _one_line_naming(caught.value, path)
+    with pytest.raises(DataError):
+        decode_frames(path)
+
+
+def test_a_missing_video_is_named(tmp_path):
+    with pytest.raises(DataError) as caught:
+        probe_video(tmp_path / "gone.mp4")
+    assert "does not exist" in _one_line_naming(caught.value, tmp_path / "gone.mp4")
+
+
+def test_frame_folders_without_frames_or_with_two_sizes_are_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError) as caught:
+        probe_video(tmp_path / "empty")
+    _one_line_naming(caught.value, tmp_path / "empty")
+    folder = kit.write_frame_folder(tmp_path / "mixed", kit.numbered_frames(3))
+    Image.new("RGB", (20, 20)).save(folder / "frame4.png")
+    with pytest.raises(DataError) as caught:
+        probe_video(folder)
+    assert "frame4.png" in str(caught.value) and "one size" in str(caught.value)
+
+
+def test_a_video_that_lost_frames_since_its_scan_is_named_when_decoded(tmp_path):
+    path = kit.write_video(tmp_path / "clip.mp4", kit.numbered_frames(5))
+    with pytest.raises(DataError) as caught:
+        decode_frames(path, [2, 7])
+    assert "has 5 frames" in _one_line_naming(caught.value, path)
+    assert "scan it anew" in str(caught.value)
+
+
+def test_clips_are_cut_from_the_resampled_frames(tmp_path):
+    path = kit.write_video(tmp_path / "clip.mp4", kit.numbered_frames(20), fps=32)
+    header = probe_video(path)
+    # 32 -> 16 fps keeps every other frame (output frames 0, 0, 1, 1, 2, ...)
+    clips = clips_of(header, 16.0, target_frames=[5], frame_extraction="chunk", source_fps=32.0)
+    assert [c.source_frames for c in clips] == [(0, 2, 4, 6, 8), (10, 12, 14, 16, 18)]
+    frames = decode_frames(path, clips[1].source_frames)
+    assert [kit.frame_index(frame) for frame in frames] == [10, 12, 14, 16, 18]
+    # without source_fps every frame is kept, whatever the file's rate
+    plain = clips_of(header, 16.0, target_frames=[5], frame_extraction="chunk")
+    assert [c.source_frames[0] for c in plain] == [0, 5, 10, 15]
+
+
+def test_a_variable_rate_clip_is_cut_by_its_frame_times(tmp_path):
+    times = [0.0, 0.05, 0.1, 0.15, 0.2, 0.6, 0.65, 0.7, 0.75, 0.8]
+    path = kit.write_video(tmp_path / "vfr.mp4", kit.numbered_frames(10), times=times)
+    header = probe_video(path)
+    # at 10 fps: output frames 0, 0, 1, 1, 2, 6, 6, 7, 7, 8 -> the first of each; by index
+    # (source_fps = 20) it would be 0, 2, 4, 6, 8
+    clips = clips_of(header, 10.0, target_frames=[5], source_fps=20.0)
+    assert [c.source_frames for c in clips] == [(0, 2, 4, 5, 7)]
