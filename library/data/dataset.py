@@ -39,7 +39,7 @@ def _groups(d: int, scanned: ScannedDataset, prior_loss_weight: float) -> list[G
     by_key: dict[tuple, list[SampleSpec]] = {}
     for sample in samples:
         by_key.setdefault(keys[sample.item], []).append(sample)
-    return [Group(d, key[0], tuple(by_key[key]), key[1]) for key in sorted(by_key)]
+    return [Group(d, key[0], tuple(by_key[key]), key[1], key[2]) for key in sorted(by_key)]
 
 
 def _check_epoch_size(d: int, scanned: ScannedDataset, samples: int) -> None:
@@ -49,7 +49,7 @@ def _check_epoch_size(d: int, scanned: ScannedDataset, samples: int) -> None:
         return
     subsets = scanned.config.subsets
     j = max(range(len(subsets)), key=lambda i: subsets[i].num_repeats)
-    folder = subsets[j].image_dir or subsets[j].metadata_file
+    folder = subsets[j].source
     raise ConfigError(
         f"datasets[{d}] would hold {samples:,} samples per epoch (images x num_repeats), more "
         f"than difftune takes ({MAX_EPOCH_SAMPLES:,}); lower datasets[{d}].subsets[{j}]."
@@ -203,7 +203,7 @@ class TrainData:
         dirs: dict[str, dict[str, int]] = {}
         for scanned in self.scanned:
             for j, subset in enumerate(scanned.config.subsets):
-                name = os.path.basename(subset.image_dir or subset.metadata_file or "")
+                name = os.path.basename(subset.source)
                 entry = dirs.setdefault(name, {"n_repeats": subset.num_repeats, "img_count": 0})
                 entry["img_count"] += sum(1 for image in scanned.images if image.subset == j)
         return dirs
@@ -223,8 +223,9 @@ class TrainData:
         epoch boundaries instead of starting again for each epoch.
 
         Each batch (see library.data.samples.collate): "pixel_values" float [B, 3, H, W] in
-        [-1, 1], or with a latent cache "latent_means"/"latent_stds" in the latent codec's
-        layout ([B, C, h, w] for an image VAE); "captions" (after caption processing);
+        [-1, 1] ([B, 3, F, H, W] for clips of F frames), or with a latent cache
+        "latent_means"/"latent_stds" in the latent codec's layout ([B, C, h, w] for an image
+        VAE); "captions" (after caption processing);
         "loss_weights" float [B] (0 for padding samples); "positions" long [B]; "epoch";
         "cache_roots"; "alpha_masks" [B, 1, H, W] when a subset
         has alpha_mask; SDXL's "original_sizes", "crop_top_lefts", "target_sizes" long [B, 2];

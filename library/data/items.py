@@ -5,6 +5,9 @@ A subset's images come from a folder (sidecar captions, library.data.folders) or
 before training starts, or, with skip_bad_images, is left out with a warning and counted. What
 the plan reports besides is collected here too: animated images (their first frame is trained),
 folder entries that are not training images, and images a metadata file does not list.
+
+A video subset's videos are probed in the same pass, and each gives one sample per clip
+(library.data.clips): a ScannedImage whose ``frames`` name the clip's frames.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.augment import AugmentOptions
 from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.captions import CaptionOptions
+from library.data.clips import ClipOptions, clip_frames, video_items
 from library.data.folders import FolderScan, ImageItem, scan_folder
 from library.data.header_scan import name_in, read_headers
 from library.data.images import ImageHeader, read_image_header
@@ -31,6 +35,7 @@ from library.data.references import (
 )
 from library.data.scan_index import ScanIndex
 from library.data.validation_split import validation_indices
+from library.data.videos import probe_video
 from library.errors import ConfigError, DataError
 
 CACHE_FOLDER = ".difftune_cache"
@@ -47,11 +52,19 @@ class ScannedImage:
     key: str  # "<subset>/<path relative to the subset folder>": names it for the validation split
     cache_root: Path  # folder of its disk-cache entries
     references: tuple[ScannedReference, ...] = ()  # edit models' reference images, in order
+    frames: tuple[int, ...] = ()  # a clip's frames in its video (library.data.clips); () image
+
+    @property
+    def frame_count(self) -> int:
+        """Frames of the sample: 1 for an image."""
+        return len(self.frames) or 1
 
     @property
     def group_key(self) -> tuple:
-        """What the images of one micro-batch share: the bucket, and their references' sizes."""
-        return (self.bucket, tuple(reference.bucket for reference in self.references))
+        """What the samples of one micro-batch share: the bucket, their references' sizes and
+        their frame count."""
+        references = tuple(reference.bucket for reference in self.references)
+        return (self.bucket, references, self.frame_count)
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,7 @@ class ScannedDataset:
     ignored: tuple[Path, ...] = ()  # folder entries that are not training images (FolderScan)
     unlisted: tuple[Path, ...] = ()  # images beside a metadata file that it does not list
     indexed: int = 0  # image headers the scan index answered (files unchanged since)
+    short_videos: tuple[Path, ...] = ()  # videos shorter than every clip length: no sample
 
 
 def subset_options(subset: SubsetConfig) -> SubsetOptions:
@@ -148,7 +162,7 @@ class _CacheRoots:
         self._fixed = Path(fixed) if fixed else None
         self._beside: dict[Path, Path] = {}
         # a folder subset's images all lie directly in its folder
-        folder = Path(subset.image_dir or ".")
+        folder = Path(subset.image_dir or subset.video_directory or ".")
         self.folder_root = self._fixed or folder / CACHE_FOLDER
 
     def __call__(self, image: Path) -> Path:
@@ -258,13 +272,14 @@ def scan_index_path(subset: SubsetConfig, cache_dir: str | None, keep: bool) -> 
     (its cache_directory, else cache_dir, else, with ``keep``, the .difftune_cache folder of its
     image folder); None (no index) when neither is set and ``keep`` is false. The name is a
     digest of the subset's folder and metadata file as absolute paths."""
-    folder = subset.image_dir or str(Path(subset.metadata_file).parent)
+    listed = subset.metadata_file or subset.video_jsonl_file
+    folder = subset.image_dir or subset.video_directory or str(Path(listed).parent)
     root = (
         subset.cache_directory or cache_dir or (str(Path(folder) / CACHE_FOLDER) if keep else None)
     )
     if root is None:
         return None
-    names = [os.path.abspath(folder), os.path.abspath(subset.metadata_file or "")]
+    names = [os.path.abspath(folder), os.path.abspath(listed or "")]
     digest = hashlib.blake2b("\0".join(names).encode(), digest_size=12).hexdigest()
     return Path(root) / "scan" / f"{digest}.json"
 
@@ -291,10 +306,19 @@ def scan_dataset(
     except ValueError as error:
         raise DataError(f"dataset {index}: {error}") from None
     bucket_of = _Buckets(buckets, bucket_sizes(buckets) if predefined_buckets(buckets) else None)
-    images, skipped, animated, ignored, unlisted = [], [], [], [], []
+    images, skipped, animated, ignored, unlisted, short_videos = [], [], [], [], [], []
     reused = 0
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for s, subset in enumerate(config.subsets):
+        if subset.is_video:
+            found, problems, short = _video_samples(
+                s, subset, bucket_of, cache_dir, skip_bad_images
+            )
+            _check_usable(index, subset, found, problems)
+            images += found
+            skipped += problems
+            short_videos += short
+            continue
         path = scan_index_path(subset, cache_dir, keep_index)
         scan_index = None if path is None else ScanIndex(path)
         scan = _subset_items(subset, scan_index)
@@ -330,11 +354,7 @@ def scan_dataset(
             else:
                 key, root = f"{s}/{names[n]}", root_of.folder_root
             found.append(ScannedImage(item, s, size, bucket, key, root, references))
-        if not found:
-            raise DataError(
-                f"dataset {index}: {subset.image_dir or subset.metadata_file} has no usable "
-                f"images ({len(skipped)} unreadable ones left out)"
-            )
+        _check_usable(index, subset, found, skipped)
         images.extend(found)
         if scan_index is not None:
             reused += scan_index.reused
@@ -350,7 +370,47 @@ def scan_dataset(
         tuple(ignored),
         tuple(unlisted),
         reused,
+        tuple(short_videos),
     )
+
+
+def _check_usable(index: int, subset: SubsetConfig, found: list, skipped: list) -> None:
+    if not found:
+        what = "clips" if subset.is_video else "images"
+        raise DataError(
+            f"dataset {index}: {subset.source} has no usable {what} ({len(skipped)} unreadable "
+            "ones left out)"
+        )
+
+
+def _video_samples(
+    s: int, subset: SubsetConfig, bucket_of: _Buckets, cache_dir: str | None, skip_bad: bool
+) -> tuple[list[ScannedImage], list[str], list[Path]]:
+    """The clips of video subset ``s`` as samples, the problems of the videos left out (only
+    with ``skip_bad``; otherwise raised) and the videos too short for any clip."""
+    options = ClipOptions.from_subset(subset)
+    root_of = _CacheRoots(subset, cache_dir)
+    keys = _Keys(s, subset.video_directory or str(Path(subset.video_jsonl_file).parent))
+    found, skipped, short = [], [], []
+    for item in video_items(subset):
+        try:
+            header = probe_video(item.path)
+            bucket = bucket_of(header.size)
+        except (DataError, ValueError) as error:
+            problem = str(error) if isinstance(error, DataError) else f"video {item.path}: {error}"
+            if not skip_bad:
+                raise DataError(f"{problem} (or set skip_bad_images = true)") from None
+            skipped.append(problem)
+            continue
+        clips = clip_frames(header, options)
+        if not clips:
+            short.append(item.path)
+        key, root = keys(item.path), root_of(item.path)
+        found += [
+            ScannedImage(item, s, header.size, bucket, f"{key}@{c[0]}+{len(c)}", root, (), c)
+            for c in clips
+        ]
+    return found, skipped, short
 
 
 def _options(index: int, config: DatasetConfig) -> tuple[SubsetOptions, ...]:

@@ -1,0 +1,184 @@
+"""Video subsets through the data path: musubi-tuner's video dataset configs scanned into clips,
+clips grouped by frame count beside images, loaded as [3, F, H, W] with the right frames, bad
+videos named before training, and clips cached per clip from the VAE's encode of their frames.
+
+Every expectation is computed here from the test videos' own numbering (tests.kits.videos), not
+read back from the code under test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from library.config.loader import load_config
+from library.data.dataset import TrainData
+from library.data.latent_cache import LatentCache
+from library.data.samples import SampleSource, latent_requests, load_for_cache
+from library.data.videos import decode_frames
+from library.errors import DataError
+from tests.data.data_helpers import write_image
+from tests.kits import videos as kit
+
+SIZE = (96, 64)  # (width, height) of the test videos and the datasets' resolution
+
+
+def _run(tmp_path: Path, dataset_text: str):
+    dataset = tmp_path / "dataset.toml"
+    dataset.write_text(dataset_text)
+    run = tmp_path / "run.toml"
+    run.write_text(f'pretrained_model_name_or_path = "m"\ndataset_config = {str(dataset)!r}\n')
+    return load_config(str(run)).datasets
+
+
+def _clip_folder(tmp_path: Path) -> Path:
+    """Two numbered videos (13 and 9 frames) with captions, and a 3-frame one."""
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    kit.write_video(folder / "a.mp4", kit.numbered_frames(13, SIZE))
+    (folder / "a.txt").write_text("clip a")
+    kit.write_video(folder / "b.webm", kit.numbered_frames(9, SIZE))
+    (folder / "b.txt").write_text("clip b")
+    kit.write_video(folder / "short.mp4", kit.numbered_frames(3, SIZE))
+    return folder
+
+
+def _video_dataset(folder: Path, images: Path, extraction: str = "chunk") -> str:
+    return (
+        '[general]\ncaption_extension = ".txt"\nresolution = [96, 64]\n'
+        f"[[datasets]]\nvideo_directory = {str(folder)!r}\ntarget_frames = [1, 5]\n"
+        f'frame_extraction = "{extraction}"\n'
+        f"[[datasets]]\nimage_directory = {str(images)!r}\n"
+    )
+
+
+@pytest.fixture
+def data(tmp_path):
+    folder = _clip_folder(tmp_path)
+    write_image(tmp_path / "stills" / "s.png", size=SIZE)
+    return TrainData(_run(tmp_path, _video_dataset(folder, tmp_path / "stills")), seed=0)
+
+
+def _expected_chunks(frames: int, lengths=(1, 5)) -> list[tuple[int, ...]]:
+    """musubi-tuner's chunk extraction written out: back-to-back clips of each length."""
+    return [
+        tuple(range(start, start + n)) for n in lengths for start in range(0, frames - n + 1, n)
+    ]
+
+
+def test_a_musubi_video_dataset_scans_into_its_clips_beside_an_image_dataset(data):
+    videos, stills = data.scanned
+    clips = {(image.item.path.name, image.frames) for image in videos.images}
+    expected = (
+        {("a.mp4", c) for c in _expected_chunks(13)}
+        | {("b.webm", c) for c in _expected_chunks(9)}
+        | {("short.mp4", c) for c in _expected_chunks(3, (1,))}
+    )
+    assert clips == expected
+    captions = {image.item.path.name: image.item.caption for image in videos.images}
+    assert captions["a.mp4"] == "clip a" and captions["b.webm"] == "clip b"
+    assert [image.frame_count for image in stills.images] == [1]
+    # a clip group holds clips of one frame count; images have groups of their own
+    counts = {(g.dataset, g.frames): len(g.samples) for g in data.groups}
+    assert counts == {(0, 1): 13 + 9 + 3, (0, 5): 2 + 1, (1, 1): 1}
+    assert videos.short_videos == ()
+
+
+def test_a_clip_sample_is_its_frames_in_order(data):
+    videos = data.scanned[0]
+    source = SampleSource()
+    from library.data.samples import TrainSamples
+
+    samples = TrainSamples(data, source)
+    for epoch, ref in [(0, ref) for batch in data.schedule.micro_batches(0, 0) for ref in batch]:
+        group = data.groups[ref.dataset]
+        image = data.scanned[group.dataset].images[group.samples[ref.index].item]
+        if group.dataset != 0 or image.frame_count == 1:
+            continue
+        pixels = samples[(epoch, ref)]["pixel_values"]
+        assert pixels.shape == (3, 5, SIZE[1], SIZE[0])
+        as_uint8 = ((pixels + 1) * 127.5).round().clamp(0, 255).byte().permute(1, 2, 3, 0)
+        got = [kit.frame_index(frame.numpy()) for frame in as_uint8]
+        assert got == list(image.frames)
+    assert any(image.frame_count == 5 for image in videos.images)
+
+
+def test_videos_too_short_for_every_clip_are_counted(tmp_path):
+    folder = _clip_folder(tmp_path)
+    write_image(tmp_path / "stills" / "s.png", size=SIZE)
+    text = _video_dataset(folder, tmp_path / "stills").replace("[1, 5]", "[5]")
+    data = TrainData(_run(tmp_path, text), seed=0)
+    assert data.scanned[0].short_videos == (folder / "short.mp4",)
+
+
+def test_a_video_jsonl_file_lists_videos_by_path_with_captions(tmp_path):
+    folder = _clip_folder(tmp_path)
+    listing = tmp_path / "clips.jsonl"
+    listing.write_text(
+        '{"video_path": "clips/a.mp4", "caption": "from the list"}\n'
+        f'{{"video_path": {str(folder / "b.webm")!r}, "caption": "absolute"}}\n'.replace("'", '"')
+    )
+    text = f"[[datasets]]\nvideo_jsonl_file = {str(listing)!r}\nresolution = [96, 64]\n"
+    text += 'target_frames = [9]\nframe_extraction = "head"\n'
+    (scanned,) = TrainData(_run(tmp_path, text), seed=0).scanned
+    got = [(i.item.path.name, i.item.caption, i.frames) for i in scanned.images]
+    assert got == [
+        ("a.mp4", "from the list", tuple(range(9))),
+        ("b.webm", "absolute", tuple(range(9))),
+    ]
+
+
+@pytest.mark.parametrize("broken", ["corrupt", "truncated", "zero"])
+def test_a_broken_video_is_named_before_training_or_left_out(tmp_path, broken):
+    folder = _clip_folder(tmp_path)
+    writer = {
+        "corrupt": kit.write_corrupt,
+        "truncated": kit.write_truncated,
+        "zero": kit.write_zero_frames,
+    }[broken]
+    bad = writer(folder / "bad.mp4")
+    text = f"[[datasets]]\nvideo_directory = {str(folder)!r}\nresolution = [96, 64]\n"
+    with pytest.raises(DataError) as caught:
+        TrainData(_run(tmp_path, text), seed=0)
+    message = str(caught.value)
+    assert str(bad) in message and "\n" not in message and "skip_bad_images" in message
+    kept = TrainData(_run(tmp_path, text), seed=0, skip_bad_images=True)
+    assert {i.item.path.name for i in kept.scanned[0].images} == {"a.mp4", "b.webm", "short.mp4"}
+    assert len(kept.skipped_images) == 1 and str(bad) in kept.skipped_images[0]
+
+
+def test_an_image_subset_option_on_a_video_subset_is_named(tmp_path):
+    folder = _clip_folder(tmp_path)
+    text = f"[[datasets]]\nvideo_directory = {str(folder)!r}\nalpha_mask = true\n"
+    with pytest.raises(Exception, match="alpha_mask is for images"):
+        _run(tmp_path, text)
+
+
+def test_clips_are_cached_per_clip_from_the_vaes_encode_of_their_frames(data, tmp_path):
+    requests = [r for r in latent_requests(data) if len(r.frames) == 5]
+    assert len(requests) == 3
+    cache = LatentCache("vae", torch.float32, to_disk=True, sample_dims=4)
+    torch.manual_seed(0)
+    weights = torch.randn(4, 3)
+
+    def encode(pixels):  # [B, 3, F, H, W] -> a per-frame linear map: frames stay visible
+        assert pixels.dim() == 5
+        mean = torch.einsum("oc,bcfhw->bofhw", weights, pixels)
+        return mean, mean.abs() + 0.1
+
+    cache.build(requests, encode, load_for_cache, batch_size=2)
+    keys = {cache.key(r) for r in requests}
+    assert len(keys) == 3  # two clips of a.mp4 and one of b.webm: each its own entry
+    for request in requests:
+        # the clip's frames as PyAV decodes them (at the dataset's resolution: no resizing)
+        frames = decode_frames(request.path, list(request.frames))
+        pixels = torch.from_numpy(frames).permute(3, 0, 1, 2).float() / 127.5 - 1
+        cached = cache.get(request).mean
+        expected = torch.einsum("oc,cfhw->ofhw", weights, pixels)
+        torch.testing.assert_close(cached, expected, atol=1e-5, rtol=1e-5)
+        shown = [kit.frame_index(f) for f in frames]
+        assert shown == list(request.frames)  # and they are the clip's frames
+        fresh = LatentCache("vae", torch.float32, to_disk=True, sample_dims=4)
+        assert torch.equal(fresh.get(request).mean, cached)  # read back and verified from disk
