@@ -16,6 +16,7 @@ import torch
 from library.config.loader import load_config
 from library.data.dataset import TrainData
 from library.data.latent_cache import LatentCache
+from library.data.plan import plan_lines
 from library.data.samples import SampleSource, latent_requests, load_for_cache
 from library.data.videos import decode_frames
 from library.errors import DataError
@@ -182,3 +183,21 @@ def test_clips_are_cached_per_clip_from_the_vaes_encode_of_their_frames(data, tm
         assert shown == list(request.frames)  # and they are the clip's frames
         fresh = LatentCache("vae", torch.float32, to_disk=True, sample_dims=4)
         assert torch.equal(fresh.get(request).mean, cached)  # read back and verified from disk
+
+
+def test_the_plan_counts_clips_per_bucket_and_frames(tmp_path):
+    folder = _clip_folder(tmp_path)
+    write_image(tmp_path / "stills" / "s.png", size=SIZE)
+    text = _video_dataset(folder, tmp_path / "stills").replace("[1, 5]", "[5, 9]")
+    data = TrainData(_run(tmp_path, text), seed=0)
+    lines = plan_lines(data)
+    # a: 13 frames -> 2 chunks of 5 and 1 of 9; b: 9 frames -> 1 of 5, 1 of 9; short: none
+    assert f"  {folder}: 5 clips from 2 videos x 1 repeat" in lines
+    buckets = [line.split() for line in lines if line.startswith("      96x64")]
+    assert [b[:4] for b in buckets] == [
+        ["96x64", "x5", "3", "clips"],
+        ["96x64", "x9", "2", "clips"],
+    ]
+    assert any("1 videos are shorter than every clip length" in line for line in lines)
+    frames = {(b.size, b.frames): b.images for b in data.stats.datasets[0].buckets}
+    assert frames == {((96, 64), 5): 3, ((96, 64), 9): 2}
