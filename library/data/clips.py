@@ -10,6 +10,9 @@ Decisions:
 - Frames kept for the model's frame rate: with source_fps, musubi-tuner's frame dropping (a
   variable-frame-rate file by its frame times); without it every frame
   (library.data.videos.clips_of).
+- A video file's probe (it decodes every frame) is kept in the subset's scan index
+  (library.data.scan_index) beside its images' headers, so a rerun over unchanged videos
+  decodes none of them before training.
 - A video shorter than every clip length gives no sample (as in musubi-tuner); the plan counts
   such videos so a wrong target_frames is seen.
 - Every frame of a clip goes through the image path's resize and crop, and one augmentation
@@ -19,6 +22,7 @@ Decisions:
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +36,15 @@ from library.data.augment import AugmentDraws, shift_hue
 from library.data.folders import ImageItem, caption_lines, missing_folder
 from library.data.images import LoadedImage, crop_geometry
 from library.data.metadata_files import parse_json, read_text
-from library.data.videos import VideoHeader, clips_of, decode_frames, frame_files, is_video_path
+from library.data.scan_index import ScanIndex
+from library.data.videos import (
+    VideoHeader,
+    clips_of,
+    decode_frames,
+    frame_files,
+    is_video_path,
+    probe_video,
+)
 from library.errors import DataError
 
 # The frame rate clips are cut for when source_fps is set: Wan's (the family that trains clips)
@@ -60,6 +72,47 @@ class ClipOptions:
             subset.max_frames,
             subset.source_fps,
         )
+
+
+def _video_header(values: list) -> VideoHeader | None:
+    """The VideoHeader an index entry holds, None when the entry is not one (a damaged entry
+    is read again, never trusted)."""
+    try:
+        frames, width, height, fps, duration, rotation, variable, times = values
+        header = VideoHeader(
+            int(frames), (int(width), int(height)), fps, duration, int(rotation), bool(variable),
+            None if times is None else tuple(float(t) for t in times),
+        )  # fmt: skip
+    except (TypeError, ValueError):
+        return None
+    return header if header.frames > 0 else None
+
+
+def _video_values(header: VideoHeader) -> list:
+    times = None if header.times is None else list(header.times)
+    return [header.frames, *header.size, header.fps, header.duration, header.rotation,
+            header.variable_frame_rate, times]  # fmt: skip
+
+
+def probed(path: Path, index: ScanIndex | None, key: str) -> VideoHeader:
+    """The probe of the video at ``path``: from the subset's scan ``index`` (by ``key``) when
+    the file is unchanged since, else probed now (and kept in the index). A folder of frames
+    is probed every time (its frames' headers only: cheap). DataError as probe_video."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        info = None  # missing: probe_video names it
+    indexed = index is not None and info is not None and stat.S_ISREG(info.st_mode)
+    if indexed:
+        values = index.known_video(key, info)
+        header = None if values is None else _video_header(values)
+        if header is not None:
+            index.keep_video(key, info, values)
+            return header
+    header = probe_video(path)
+    if indexed:
+        index.record_video(key, info, _video_values(header))
+    return header
 
 
 def clip_frames(

@@ -22,7 +22,7 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.augment import AugmentOptions
 from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.captions import CaptionOptions
-from library.data.clips import ClipOptions, clip_frames, video_items
+from library.data.clips import ClipOptions, clip_frames, probed, video_items
 from library.data.folders import FolderScan, ImageItem, scan_folder
 from library.data.header_scan import name_in, read_headers
 from library.data.images import ImageHeader, read_image_header
@@ -35,7 +35,6 @@ from library.data.references import (
 )
 from library.data.scan_index import ScanIndex
 from library.data.validation_split import validation_indices
-from library.data.videos import probe_video
 from library.errors import ConfigError, DataError
 
 CACHE_FOLDER = ".difftune_cache"
@@ -310,17 +309,20 @@ def scan_dataset(
     reused = 0
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for s, subset in enumerate(config.subsets):
+        path = scan_index_path(subset, cache_dir, keep_index)
+        scan_index = None if path is None else ScanIndex(path)
         if subset.is_video:
             found, problems, short = _video_samples(
-                s, subset, bucket_of, cache_dir, skip_bad_images
+                s, subset, bucket_of, cache_dir, scan_index, skip_bad_images
             )
             _check_usable(index, subset, found, problems)
             images += found
             skipped += problems
             short_videos += short
+            if scan_index is not None:
+                reused += scan_index.reused
+                scan_index.save()
             continue
-        path = scan_index_path(subset, cache_dir, keep_index)
-        scan_index = None if path is None else ScanIndex(path)
         scan = _subset_items(subset, scan_index)
         ignored += scan.ignored
         unlisted += scan.unlisted
@@ -384,7 +386,12 @@ def _check_usable(index: int, subset: SubsetConfig, found: list, skipped: list) 
 
 
 def _video_samples(
-    s: int, subset: SubsetConfig, bucket_of: _Buckets, cache_dir: str | None, skip_bad: bool
+    s: int,
+    subset: SubsetConfig,
+    bucket_of: _Buckets,
+    cache_dir: str | None,
+    scan_index: ScanIndex | None,
+    skip_bad: bool,
 ) -> tuple[list[ScannedImage], list[str], list[Path]]:
     """The clips of video subset ``s`` as samples, the problems of the videos left out (only
     with ``skip_bad``; otherwise raised) and the videos too short for any clip."""
@@ -394,7 +401,8 @@ def _video_samples(
     found, skipped, short = [], [], []
     for item in video_items(subset):
         try:
-            header = probe_video(item.path)
+            key = keys(item.path)
+            header = probed(item.path, scan_index, key)
             bucket = bucket_of(header.size)
         except (DataError, ValueError) as error:
             problem = str(error) if isinstance(error, DataError) else f"video {item.path}: {error}"
@@ -405,7 +413,7 @@ def _video_samples(
         clips = clip_frames(header, options)
         if not clips:
             short.append(item.path)
-        key, root = keys(item.path), root_of(item.path)
+        root = root_of(item.path)
         found += [
             ScannedImage(item, s, header.size, bucket, f"{key}@{c[0]}+{len(c)}", root, (), c)
             for c in clips

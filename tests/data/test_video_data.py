@@ -201,3 +201,32 @@ def test_the_plan_counts_clips_per_bucket_and_frames(tmp_path):
     assert any("1 videos are shorter than every clip length" in line for line in lines)
     frames = {(b.size, b.frames): b.images for b in data.stats.datasets[0].buckets}
     assert frames == {((96, 64), 5): 3, ((96, 64), 9): 2}
+
+
+def test_the_scan_index_keeps_video_probes_and_probes_only_a_changed_video(tmp_path, monkeypatch):
+    import library.data.clips as clips
+
+    folder = _clip_folder(tmp_path)
+    text = f"[[datasets]]\nvideo_directory = {str(folder)!r}\nresolution = [96, 64]\n"
+    text += "target_frames = [1, 5]\n"
+    datasets = _run(tmp_path, text)
+    probes = []
+    real = clips.probe_video
+    monkeypatch.setattr(clips, "probe_video", lambda path: probes.append(path.name) or real(path))
+
+    def scan():
+        probes.clear()
+        data = TrainData(datasets, seed=0, cache_dir=str(tmp_path / "cache"))
+        return data.scanned[0], sorted(probes)
+
+    first, probed = scan()
+    assert probed == ["a.mp4", "b.webm", "short.mp4"] and first.indexed == 0
+    again, probed = scan()
+    assert probed == [] and again.indexed == 3
+    assert [(i.key, i.size, i.frames) for i in again.images] == [
+        (i.key, i.size, i.frames) for i in first.images
+    ]
+    kit.write_video(folder / "b.webm", kit.numbered_frames(5, SIZE))  # edited: 5 frames now
+    edited, probed = scan()
+    assert probed == ["b.webm"] and edited.indexed == 2
+    assert max(len(i.frames) for i in edited.images if i.item.path.name == "b.webm") == 5
