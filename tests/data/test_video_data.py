@@ -230,3 +230,34 @@ def test_the_scan_index_keeps_video_probes_and_probes_only_a_changed_video(tmp_p
     edited, probed = scan()
     assert probed == ["b.webm"] and edited.indexed == 2
     assert max(len(i.frames) for i in edited.images if i.item.path.name == "b.webm") == 5
+
+
+def test_a_rotated_video_trains_as_displayed(tmp_path):
+    folder = tmp_path / "rotated"
+    folder.mkdir()
+    # stored 64 wide and 96 high, shown turned a quarter: 96 x 64 as the dataset's resolution
+    kit.write_video(folder / "r.mp4", kit.numbered_frames(5, (64, 96)), rotation=90)
+    text = f"[[datasets]]\nvideo_directory = {str(folder)!r}\nresolution = [96, 64]\n"
+    text += "target_frames = [5]\n"
+    data = TrainData(_run(tmp_path, text), seed=0)
+    (clip,) = data.scanned[0].images
+    assert clip.size == (96, 64) and clip.bucket == (96, 64)
+    (batch,) = list(data.loader(0, 0))
+    frames = ((batch["pixel_values"][0] + 1) * 127.5).round().byte().permute(1, 2, 3, 0)
+    assert [kit.frame_index(f.numpy()) for f in frames] == [0, 1, 2, 3, 4]
+    # FFmpeg's angle 90 is counter-clockwise: the stored top-left corner is shown bottom left
+    assert {kit.marker_corner(f.numpy()) for f in frames} == {"bottom-left"}
+
+
+def test_a_video_that_breaks_while_the_run_trains_is_a_stand_in_of_its_clips_shape(tmp_path):
+    folder = _clip_folder(tmp_path)
+    text = f"[[datasets]]\nvideo_directory = {str(folder)!r}\nresolution = [96, 64]\n"
+    text += 'target_frames = [5]\nframe_extraction = "chunk"\n'
+    data = TrainData(_run(tmp_path, text), seed=0)
+    (folder / "a.mp4").write_bytes(b"gone")  # broken after the scan
+    batches = list(data.loader(0, 0))
+    broken = [b for b in batches if b["unreadable"]]
+    assert broken and all("a.mp4" in problem for b in broken for problem in b["unreadable"])
+    for batch in broken:
+        assert batch["pixel_values"].shape[1:] == (3, 5, 64, 96)
+        assert batch["loss_weights"].tolist() == [0.0]
