@@ -5,58 +5,25 @@ frames is the one written out by hand from the VAE, the noise draw and the sched
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 import torch
-from diffusers import AutoencoderKLQwenImage, DDPMScheduler
+from diffusers import AutoencoderKLQwenImage
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.cache_group import CacheGroup
 from library.data.dataset import TrainData
 from library.data.samples import SampleSource, latent_requests
 from library.data.videos import decode_frames
-from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.base import ModelFamily
-from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 from library.training.caching import build_latent_cache
-from library.training.noise import NoiseOptions, draw
-from library.training.objectives import DDPMObjective
-from library.training.step import StepInputs, batch_posterior, micro_batch_loss
+from library.training.step import batch_posterior, micro_batch_loss
 from tests.kits import videos as kit
 from tests.kits.qwenimage.tiny_shapes import tiny_vae_config
+from tests.kits.video_latents import VIDEO, hand_ddpm_loss, step_inputs
 
 SIZE = (64, 64)  # (width, height)
 SEED = 11
-
-
-@dataclass(frozen=True, kw_only=True)
-class _ClipFamily(ModelFamily):
-    """A family whose denoiser (one Conv3d) takes clip latents [B, C, F', h, w]."""
-
-    TRAINS_CLIPS = True
-
-    def latent_codec(self, vae):
-        return ChannelNormalizedVideoCodec(vae)
-
-    def predict(self, denoiser, noisy, timesteps, cond):
-        return denoiser(noisy)
-
-    def encode_text(self, tokenizers, text_encoders, captions, device, *args):
-        return TextConditioning(hidden=torch.zeros(len(captions), 1, 1, device=device))
-
-    def assemble_conditioning(self, text, batch, device, dtype=None):
-        return Conditioning(encoder_hidden_states=text.hidden)
-
-
-CLIPS = _ClipFamily(
-    name="clip-latents",
-    prediction_type="epsilon",
-    base_model_version="test",
-    modelspec_architecture="test",
-    default_resolution=64,
-)
 
 
 @pytest.fixture(scope="module")
@@ -82,20 +49,8 @@ def data(tmp_path_factory):
     return TrainData([dataset], seed=3)
 
 
-def _inputs(vae, denoiser) -> StepInputs:
-    return StepInputs(
-        denoiser=denoiser,
-        vae=vae,
-        family=CLIPS,
-        objective=DDPMObjective(DDPMScheduler(), v_prediction=False),
-        text_encoders=(),
-        tokenizers=(),
-        train_text_encoder=False,
-        weight_dtype=torch.float32,
-        device=torch.device("cpu"),
-        seed=SEED,
-        noise=NoiseOptions(),
-    )
+def _inputs(vae, denoiser):
+    return step_inputs(VIDEO, vae, denoiser, SEED)
 
 
 def _encoded(vae, path, frames) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +69,7 @@ def test_a_cached_clip_is_the_vaes_encode_of_its_frames(tmp_path, data, vae, den
     accelerator = SimpleNamespace(
         device=torch.device("cpu"), print=lambda *_: None, is_local_main_process=False
     )
-    components = SimpleNamespace(family=CLIPS, vae=vae)
+    components = SimpleNamespace(family=VIDEO, vae=vae)
     cache = build_latent_cache(config, data, components, accelerator, CacheGroup.single())
     requests = latent_requests(data)
     assert sorted(r.frames for r in requests) == [tuple(range(5))] * 2
@@ -124,7 +79,7 @@ def test_a_cached_clip_is_the_vaes_encode_of_its_frames(tmp_path, data, vae, den
         assert cached.mean.shape == (vae.config.z_dim, 2, 8, 8)  # 1 + (5 - 1) / 4 latent frames
         torch.testing.assert_close(cached.mean.float(), mean, rtol=0, atol=1e-2)  # bf16 cache
         torch.testing.assert_close(cached.std.float(), std, rtol=0, atol=1e-2)
-    layout = CLIPS.latent_codec(vae).layout
+    layout = VIDEO.latent_codec(vae).layout
     (cached_batch,) = list(data.loader(0, 0, source=SampleSource(cache, 1, layout)))
     (pixel_batch,) = list(data.loader(0, 0))
     assert pixel_batch["pixel_values"].shape == (2, 3, 5, SIZE[1], SIZE[0])
@@ -137,19 +92,6 @@ def test_a_cached_clip_is_the_vaes_encode_of_its_frames(tmp_path, data, vae, den
 def test_the_loss_over_clips_is_the_hand_computed_one(data, vae, denoiser):
     (batch,) = list(data.loader(0, 0))
     loss = micro_batch_loss(_inputs(vae, denoiser), batch)
-    with torch.no_grad():
-        posterior = vae.encode(batch["pixel_values"]).latent_dist
-        positions = batch["positions"].tolist()
-        d = draw(SEED, 0, positions, tuple(posterior.mean.shape[1:]), 1000, torch.device("cpu"))
-        sample = posterior.mean + posterior.std * d.latent_eps
-        mean_c, std_c = (
-            torch.tensor(v).view(1, -1, 1, 1, 1)
-            for v in (vae.config.latents_mean, vae.config.latents_std)
-        )
-        x0 = (sample - mean_c) / std_c
-        a = DDPMScheduler().alphas_cumprod[d.timesteps].view(-1, 1, 1, 1, 1)
-        xt = a.sqrt() * x0 + (1 - a).sqrt() * d.noise
-        per_sample = ((denoiser(xt) - d.noise) ** 2).mean(dim=(1, 2, 3, 4))
-        expected = (per_sample * batch["loss_weights"]).mean()
-    assert posterior.mean.shape[2] == 2  # two latent frames: the clip's motion is in them
+    expected, mean = hand_ddpm_loss(vae, denoiser, batch, SEED)
+    assert mean.shape[2] == 2  # two latent frames: the clip's motion is in them
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-7)
