@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from diffusers import DDPMScheduler
 
+from library.data.cache_group import CacheGroup
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import ModelFamily
 from library.models.latent_codec import LatentLayout
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
+from library.training.caching import build_latent_cache
 from library.training.noise import NoiseOptions, draw
 from library.training.objectives import DDPMObjective
 from library.training.step import StepInputs
@@ -115,3 +118,15 @@ def hand_ddpm_loss(vae, denoiser, batch: dict, seed: int) -> tuple[torch.Tensor,
         xt = a.sqrt() * x0 + (1 - a).sqrt() * d.noise
         per_sample = ((denoiser(xt) - d.noise) ** 2).mean(dim=(1, 2, 3, 4))
     return (per_sample * batch["loss_weights"]).mean(), posterior.mean
+
+
+def latent_cache_of(data, vae, to_disk: bool):
+    """The latent cache a run of VIDEO over ``vae`` builds for ``data`` on one CPU process."""
+    config = SimpleNamespace(
+        data=SimpleNamespace(latents_cached=True, cache_latents_to_disk=to_disk, vae_batch_size=2)
+    )
+    accelerator = SimpleNamespace(
+        device=torch.device("cpu"), print=lambda *_: None, is_local_main_process=False
+    )
+    components = SimpleNamespace(family=VIDEO, vae=vae)
+    return build_latent_cache(config, data, components, accelerator, CacheGroup.single())

@@ -5,22 +5,18 @@ frames is the one written out by hand from the VAE, the noise draw and the sched
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from diffusers import AutoencoderKLQwenImage
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
-from library.data.cache_group import CacheGroup
 from library.data.dataset import TrainData
 from library.data.samples import SampleSource, latent_requests
 from library.data.videos import decode_frames
-from library.training.caching import build_latent_cache
 from library.training.step import batch_posterior, micro_batch_loss
 from tests.kits import videos as kit
 from tests.kits.qwenimage.tiny_shapes import tiny_vae_config
-from tests.kits.video_latents import VIDEO, hand_ddpm_loss, step_inputs
+from tests.kits.video_latents import VIDEO, hand_ddpm_loss, latent_cache_of, step_inputs
 
 SIZE = (64, 64)  # (width, height)
 SEED = 11
@@ -63,14 +59,7 @@ def _encoded(vae, path, frames) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("to_disk", [False, True], ids=["memory", "disk"])
 def test_a_cached_clip_is_the_vaes_encode_of_its_frames(tmp_path, data, vae, denoiser, to_disk):
-    config = SimpleNamespace(
-        data=SimpleNamespace(latents_cached=True, cache_latents_to_disk=to_disk, vae_batch_size=2)
-    )
-    accelerator = SimpleNamespace(
-        device=torch.device("cpu"), print=lambda *_: None, is_local_main_process=False
-    )
-    components = SimpleNamespace(family=VIDEO, vae=vae)
-    cache = build_latent_cache(config, data, components, accelerator, CacheGroup.single())
+    cache = latent_cache_of(data, vae, to_disk)
     requests = latent_requests(data)
     assert sorted(r.frames for r in requests) == [tuple(range(5))] * 2
     for request in requests:

@@ -16,17 +16,15 @@ from diffusers import AutoencoderKLQwenImage, DDPMScheduler
 from PIL import Image
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
-from library.data.cache_group import CacheGroup
 from library.data.dataset import TrainData
 from library.data.latent_cache import cache_file
 from library.data.samples import SampleSource, latent_requests
-from library.training.caching import build_latent_cache
 from library.training.memory_estimate import TrainingSize, _noisy_latents
 from library.training.noise import NoiseOptions
 from library.training.objectives import DDPMObjective
 from library.training.step import batch_posterior, micro_batch_loss
 from library.training.validation import batch_validation_loss
-from tests.kits.video_latents import TWIN, VIDEO, hand_ddpm_loss, step_inputs
+from tests.kits.video_latents import TWIN, VIDEO, hand_ddpm_loss, latent_cache_of, step_inputs
 
 CHANNELS, FACTOR = 4, 4
 SEED = 5
@@ -128,14 +126,7 @@ def _data(tmp_path) -> TrainData:
 @pytest.mark.parametrize("to_disk", [False, True], ids=["memory", "disk"])
 def test_the_latent_cache_holds_and_serves_5d_posteriors(tmp_path, vae, denoiser, to_disk):
     data = _data(tmp_path)
-    config = SimpleNamespace(
-        data=SimpleNamespace(latents_cached=True, cache_latents_to_disk=to_disk, vae_batch_size=2)
-    )
-    accelerator = SimpleNamespace(
-        device=torch.device("cpu"), print=lambda *_: None, is_local_main_process=False
-    )
-    components = SimpleNamespace(family=VIDEO, vae=vae)
-    cache = build_latent_cache(config, data, components, accelerator, CacheGroup.single())
+    cache = latent_cache_of(data, vae, to_disk)
     layout = VIDEO.latent_codec(vae).layout
     batches = list(data.loader(0, 0, source=SampleSource(cache, 1, layout)))
     assert batches and all(not b["unreadable"] for b in batches)
