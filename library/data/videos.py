@@ -295,3 +295,15 @@ def clips_of(header: VideoHeader, model_fps: float | None, **settings) -> list[C
     variable-frame-rate file is resampled by its frame times."""
     times = header.times if header.variable_frame_rate else None
     return cut_clips(header.frames, model_fps=model_fps, times=times, **settings)
+
+
+def decode_clips(path: Path, clips: Sequence[Clip]) -> list[np.ndarray]:
+    """The frames of each of ``clips`` (cut_clips / clips_of) of the video at ``path``, each
+    uint8 RGB [F, H, W, 3] as decode_frames gives them, from one pass over the file however
+    many clips overlap."""
+    needed = sorted({i for clip in clips for i in clip.source_frames})
+    if not needed:
+        return []
+    frames = decode_frames(path, needed)
+    row = {index: position for position, index in enumerate(needed)}
+    return [frames[[row[i] for i in clip.source_frames]] for clip in clips]
