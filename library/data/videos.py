@@ -21,8 +21,10 @@ Decisions:
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import stat
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -85,8 +87,8 @@ def _natural_key(path: Path) -> tuple:
     return tuple(int(p) if p.isdigit() else p.lower() for p in _NATURAL.split(path.name))
 
 
-def _unreadable(path: Path, reason: str) -> DataError:
-    return DataError(f"video {path} {reason}; replace or remove the file", file=str(path))
+def _unreadable(path: Path, reason: str, fix: str = "replace or remove the file") -> DataError:
+    return DataError(f"video {path} {reason}; {fix}", file=str(path))
 
 
 def probe_video(path: Path) -> VideoHeader:
@@ -97,8 +99,7 @@ def probe_video(path: Path) -> VideoHeader:
     path = Path(path)
     if path.is_dir():
         return _probe_folder(path)
-    if not path.exists():
-        raise DataError(f"video {path} does not exist; fix the path or remove the entry")
+    _check_regular_file(path)
     try:
         with av.open(str(path)) as container:
             stream = _video_stream(container, path)
@@ -107,6 +108,8 @@ def probe_video(path: Path) -> VideoHeader:
             for frame in container.decode(stream):
                 if size is None:
                     size, rotation = (frame.width, frame.height), _rotation(frame)
+                elif (frame.width, frame.height) != size:
+                    raise _size_change(path, len(times), size, frame)
                 times.append(frame.time)
             declared = _declared_duration(container, stream)
     except DataError:
@@ -116,6 +119,29 @@ def probe_video(path: Path) -> VideoHeader:
     if not times:
         raise _unreadable(path, "holds no video frames")
     return _header(path, times, size, rotation, declared)
+
+
+def _check_regular_file(path: Path) -> None:
+    """Name a missing path, or one that is not a regular file (a pipe or device, which FFmpeg
+    would wait on forever)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DataError(
+            f"video {path} does not exist; fix the path or remove the entry", file=str(path)
+        ) from None
+    except OSError:
+        return  # unreadable: FFmpeg's open names the reason
+    if not stat.S_ISREG(mode):
+        raise _unreadable(path, "is not a regular file (a pipe, device or socket)")
+
+
+def _size_change(path: Path, index: int, size: tuple[int, int], frame) -> DataError:
+    return _unreadable(
+        path,
+        f"changes size at frame {index} ({size[0]}x{size[1]} to {frame.width}x{frame.height})",
+        "re-encode it at one size or remove it",
+    )
 
 
 def _video_stream(container, path: Path):
@@ -135,7 +161,10 @@ def _declared_duration(container, stream) -> float | None:
 def _rotation(frame) -> int:
     """Degrees clockwise to turn the stored frame for display. FFmpeg's display matrix angle
     is counter-clockwise, as its command-line tool reads it when it autorotates."""
-    return int(round(-(frame.rotation or 0) / 90.0)) % 4 * 90
+    angle = frame.rotation or 0
+    if not math.isfinite(angle):  # a singular matrix: no rotation to read
+        return 0
+    return int(round(-angle / 90.0)) % 4 * 90
 
 
 def _header(
@@ -232,7 +261,7 @@ def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
             if last is not None and index >= last:
                 break
     order = range(count) if indices is None else indices
-    _check_indices(path, order, count if last is None or count <= last else last + 1)
+    _check_indices(path, order, count)
     if not got:
         raise _unreadable(path, "holds no video frames")
     return np.stack([got[i] for i in order])

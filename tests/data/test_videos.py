@@ -4,6 +4,8 @@ in one line."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -206,3 +208,18 @@ def test_overlapping_clips_are_decoded_in_one_pass(tmp_path):
     assert [[kit.frame_index(f) for f in frames] for frames in decoded] == [
         list(range(start, start + 5)) for start in (0, 3, 6)
     ]
+
+
+def test_a_video_whose_frames_change_size_is_named(tmp_path):
+    path = kit.write_size_change(tmp_path / "joined.ts")
+    with pytest.raises(DataError) as caught:
+        probe_video(path)
+    assert "changes size at frame 4 (48x32 to 64x48)" in _one_line_naming(caught.value, path)
+
+
+def test_a_pipe_is_named_instead_of_waited_on(tmp_path):
+    path = tmp_path / "pipe.mp4"
+    os.mkfifo(path)
+    with pytest.raises(DataError) as caught:
+        probe_video(path)
+    assert "not a regular file" in _one_line_naming(caught.value, path)

@@ -175,3 +175,23 @@ def write_not_a_video(path: Path) -> Path:
     path = Path(path)
     path.write_text("this is not a video\n")
     return path
+
+
+def write_size_change(path: Path, frames: int = 4) -> Path:
+    """An MPEG transport stream whose frames change size halfway (two streams of different
+    sizes, one after the other, as joined recordings are: MPEG-TS files join byte by byte)."""
+    path = Path(path)
+    parts = []
+    for size in (SIZE, (64, 48)):
+        part = path.with_name(f"{path.stem}-{size[0]}{path.suffix}")
+        with av.open(str(part), "w", format="mpegts") as container:
+            stream = container.add_stream("mpeg4", rate=8)
+            stream.width, stream.height = size
+            stream.pix_fmt = "yuv420p"
+            for pixels in numbered_frames(frames, size):
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+            container.mux(stream.encode())
+        parts.append(part.read_bytes())
+        part.unlink()
+    path.write_bytes(b"".join(parts))
+    return path
