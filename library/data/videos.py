@@ -45,6 +45,7 @@ VIDEO_EXTENSIONS = frozenset(
 _TRUNCATED_SHARE = 0.05  # of the header's duration missing at the end
 _VFR_SPREAD = 0.10  # of the median frame duration
 _NATURAL = re.compile(r"(\d+)")
+_DURATION_TAG = re.compile(r"^(\d+):(\d+):(\d+(?:\.\d*)?)$")  # Matroska's "00:00:05.000000000"
 
 
 @dataclass(frozen=True)
@@ -151,9 +152,16 @@ def _video_stream(container, path: Path):
 
 
 def _declared_duration(container, stream) -> float | None:
+    """The video stream's duration as the file's header gives it: the stream's own, or its
+    DURATION tag (Matroska, WebM), or the file's when the video is its only stream (a file's
+    duration covers its audio too, which may run longer)."""
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
-    if container.duration is not None:
+    tag = _DURATION_TAG.match(stream.metadata.get("DURATION", ""))
+    if tag:
+        hours, minutes, seconds = tag.groups()
+        return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    if container.duration is not None and len(container.streams) == 1:
         return container.duration / av.time_base
     return None
 

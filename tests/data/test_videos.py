@@ -223,3 +223,11 @@ def test_a_pipe_is_named_instead_of_waited_on(tmp_path):
     with pytest.raises(DataError) as caught:
         probe_video(path)
     assert "not a regular file" in _one_line_naming(caught.value, path)
+
+
+@pytest.mark.parametrize("extension", [".mkv", ".webm", ".mp4"])
+def test_audio_longer_than_the_video_is_not_taken_for_truncation(tmp_path, extension):
+    path = kit.write_with_audio(tmp_path / f"talk{extension}")
+    header = probe_video(path)
+    assert (header.frames, header.duration) == (8, pytest.approx(1.0))
+    assert [kit.frame_index(frame) for frame in decode_frames(path)] == list(range(8))

@@ -195,3 +195,27 @@ def write_size_change(path: Path, frames: int = 4) -> Path:
         part.unlink()
     path.write_bytes(b"".join(parts))
     return path
+
+
+def write_with_audio(path: Path, frames: int = 8, audio_seconds: float = 3.0) -> Path:
+    """A numbered clip at 8 fps with a silent audio track that runs ``audio_seconds``, longer
+    than the video, as clips cut from recordings often have: the file's duration is the
+    audio's."""
+    path = Path(path)
+    codec, pixel_format = CODECS[path.suffix.lower()]
+    audio_codec = "aac" if path.suffix.lower() in (".mp4", ".mov") else "libopus"
+    with av.open(str(path), "w") as container:
+        video = container.add_stream(codec, rate=8)
+        video.width, video.height = SIZE
+        video.pix_fmt = pixel_format
+        audio = container.add_stream(audio_codec, rate=48000)
+        for pixels in numbered_frames(frames):
+            container.mux(video.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(video.encode())
+        chunk = 1024 if audio_codec == "aac" else 960  # the encoders' frame sizes
+        for start in range(0, int(48000 * audio_seconds), chunk):
+            sound = av.AudioFrame.from_ndarray(np.zeros((1, chunk), np.float32), "flt", "mono")
+            sound.sample_rate, sound.pts = 48000, start
+            container.mux(audio.encode(sound))
+        container.mux(audio.encode())
+    return path
