@@ -22,12 +22,21 @@ from library.data.videos import (
 from library.errors import DataError
 from tests.kits import videos as kit
 
-CONTAINERS = [".mp4", ".mov", ".mkv", ".webm", ".gif"]
+# (container, encoder): H.264 in mp4 and mkv, MPEG-4 part 2 in mov, VP9 and VP8 in webm, GIF
+CONTAINERS = [
+    (".mp4", None),
+    (".mov", None),
+    (".mkv", None),
+    (".webm", None),
+    (".webm", "libvpx"),
+    (".gif", None),
+]
 
 
-@pytest.mark.parametrize("extension", CONTAINERS)
-def test_every_container_probes_and_decodes_its_frames(tmp_path, extension):
-    path = kit.write_video(tmp_path / f"clip{extension}", kit.numbered_frames(10), fps=10)
+@pytest.mark.parametrize(("extension", "codec"), CONTAINERS)
+def test_every_container_probes_and_decodes_its_frames(tmp_path, extension, codec):
+    frames = kit.numbered_frames(10)
+    path = kit.write_video(tmp_path / f"clip{extension}", frames, fps=10, codec=codec)
     header = probe_video(path)  # 10 fps: GIF counts frame delays in hundredths of a second
     assert (header.frames, header.size, header.rotation) == (10, kit.SIZE, 0)
     assert header.fps == pytest.approx(10.0)

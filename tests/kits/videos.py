@@ -100,13 +100,16 @@ def write_video(
     times: Sequence[float] | None = None,
     rotation: int | None = None,
     faststart: bool = False,
+    codec: str | None = None,
 ) -> Path:
     """Encode ``frames`` (uint8 [F, H, W, 3]) to ``path`` with the codec its extension takes
     (CODECS). ``times``: each frame's presentation time in seconds (a variable frame rate);
     ``rotation``: the display matrix's counter-clockwise angle (FFmpeg's convention);
-    ``faststart``: mp4/mov with the index before the frames."""
+    ``faststart``: mp4/mov with the index before the frames; ``codec``: another PyAV encoder
+    than the container's usual one (e.g. "libvpx" for VP8 in webm)."""
     path = Path(path)
-    codec, pixel_format = CODECS[path.suffix.lower()]
+    usual, pixel_format = CODECS[path.suffix.lower()]
+    codec = codec or usual
     options = {"movflags": "faststart"} if faststart else {}
     with av.open(str(path), "w", options=options) as container:
         stream = container.add_stream(codec, rate=fps)
