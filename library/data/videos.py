@@ -321,8 +321,8 @@ def video_stat_key(path: Path) -> tuple[int, int]:
     if path.is_dir():
         stats = [os.stat(f) for f in frame_files(path)]
         return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns
 
 
 def clips_of(header: VideoHeader, model_fps: float | None, **settings) -> list[Clip]:

@@ -18,6 +18,7 @@ from library.data.videos import (
     frame_files,
     is_video_path,
     probe_video,
+    video_stat_key,
 )
 from library.errors import DataError
 from tests.kits import videos as kit
@@ -240,3 +241,12 @@ def test_audio_longer_than_the_video_is_not_taken_for_truncation(tmp_path, exten
     header = probe_video(path)
     assert (header.frames, header.duration) == (8, pytest.approx(1.0))
     assert [kit.frame_index(frame) for frame in decode_frames(path)] == list(range(8))
+
+
+def test_the_stat_key_of_a_frame_folder_changes_with_any_frame(tmp_path):
+    folder = kit.write_frame_folder(tmp_path / "clip", kit.numbered_frames(3))
+    before = video_stat_key(folder)
+    Image.fromarray(kit.numbered_frames(4)[3]).save(folder / "frame4.png")
+    assert video_stat_key(folder) != before
+    path = kit.write_video(tmp_path / "clip.mp4", kit.numbered_frames(3))
+    assert video_stat_key(path) == (path.stat().st_size, path.stat().st_mtime_ns)
