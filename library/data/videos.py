@@ -11,7 +11,8 @@ Decisions:
 - A file whose frames end well before the duration its header gives (over 5% and two frames
   short) is truncated: a partial download or copy. It is refused, not trained shorter.
 - Rotation metadata (a phone's display matrix) is applied: the frames are trained the way
-  players show them, as images are with their EXIF orientation. The size is the displayed one.
+  players show them, as images are with their EXIF orientation. Non-square pixels (anamorphic
+  video) are made square by stretching the side that grows. The size is the displayed one.
 - Each frame's time is its presentation timestamp. A file whose frame durations differ by more
   than 10% from their median has a variable frame rate: its frames are placed by these times
   when resampled to the model's rate (library.data.frame_extraction.resample_times).
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+from PIL import Image
 
 from library.data.folders import IMAGE_EXTENSIONS
 from library.data.frame_extraction import Clip, cut_clips
@@ -113,13 +115,14 @@ def probe_video(path: Path) -> VideoHeader:
                     raise _size_change(path, len(times), size, frame)
                 times.append(frame.time)
             declared = _declared_duration(container, stream)
+            square = _square_pixels(size, stream) if size else None
     except DataError:
         raise
     except (av.FFmpegError, OSError, ValueError) as error:
         raise _damaged(path, error) from error
     if not times:
         raise _unreadable(path, "holds no video frames")
-    return _header(path, times, size, rotation, declared)
+    return _header(path, times, square, rotation, declared)
 
 
 def _check_regular_file(path: Path) -> None:
@@ -143,6 +146,19 @@ def _size_change(path: Path, index: int, size: tuple[int, int], frame) -> DataEr
         f"changes size at frame {index} ({size[0]}x{size[1]} to {frame.width}x{frame.height})",
         "re-encode it at one size or remove it",
     )
+
+
+def _square_pixels(size: tuple[int, int], stream) -> tuple[int, int]:
+    """The (width, height) a frame of ``size`` is shown at, its pixels made square: a file
+    with non-square pixels (anamorphic DVD and broadcast video) is stretched along the side
+    that grows, as players do, so no stored pixel is lost."""
+    aspect = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
+    if not aspect or aspect <= 0 or aspect == 1:
+        return size
+    width, height = size
+    if aspect > 1:
+        return round(width * aspect), height
+    return width, round(height / aspect)
 
 
 def _video_stream(container, path: Path):
@@ -263,9 +279,10 @@ def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
         stream = _video_stream(container, path)
         stream.thread_type = "AUTO"
         for index, frame in enumerate(container.decode(stream)):
+            square = _square_pixels((frame.width, frame.height), stream)
             count = index + 1
             if wanted is None or index in wanted:
-                got[index] = _rgb(frame)
+                got[index] = _rgb(frame, square)
             if last is not None and index >= last:
                 break
     order = range(count) if indices is None else indices
@@ -285,14 +302,17 @@ def _check_indices(path: Path, indices: Iterable[int], count: int) -> None:
         )
 
 
-def _rgb(frame) -> np.ndarray:
-    """One decoded frame as uint8 RGB, transparency on white, turned as displayed."""
+def _rgb(frame, square: tuple[int, int]) -> np.ndarray:
+    """One decoded frame as uint8 RGB, transparency on white, at its ``square``-pixel size
+    (_square_pixels; LANCZOS, as images are resized), turned as displayed."""
     if _has_alpha(frame.format):
         rgba = frame.to_ndarray(format="rgba").astype(np.float32)
         alpha = rgba[..., 3:] / 255.0
         rgb = np.rint(rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
     else:
         rgb = frame.to_ndarray(format="rgb24")
+    if square != (frame.width, frame.height):
+        rgb = np.asarray(Image.fromarray(rgb).resize(square, Image.Resampling.LANCZOS))
     turns = _rotation(frame) // 90
     return np.ascontiguousarray(np.rot90(rgb, k=-turns)) if turns else rgb
 

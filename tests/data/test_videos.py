@@ -5,6 +5,7 @@ in one line."""
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -250,3 +251,21 @@ def test_the_stat_key_of_a_frame_folder_changes_with_any_frame(tmp_path):
     assert video_stat_key(folder) != before
     path = kit.write_video(tmp_path / "clip.mp4", kit.numbered_frames(3))
     assert video_stat_key(path) == (path.stat().st_size, path.stat().st_mtime_ns)
+
+
+@pytest.mark.parametrize(
+    ("extension", "aspect", "shown"),
+    [(".mp4", Fraction(2, 1), (96, 32)), (".mkv", Fraction(1, 2), (48, 64))],
+)
+def test_non_square_pixels_are_shown_square(tmp_path, extension, aspect, shown):
+    path = kit.write_video(
+        tmp_path / f"dvd{extension}", kit.numbered_frames(3), pixel_aspect=aspect
+    )
+    assert probe_video(path).size == shown
+    frames = decode_frames(path)
+    assert frames.shape == (3, shown[1], shown[0], 3)
+    assert [kit.frame_index(frame) for frame in frames] == [0, 1, 2]
+    # the stored 8 x 8 marker is stretched with the picture: its white spans the stretched side
+    width_scale, height_scale = shown[0] // kit.SIZE[0], shown[1] // kit.SIZE[1]
+    marker = frames[0, : 8 * height_scale - 2, : 8 * width_scale - 2]
+    assert marker.min() > 200

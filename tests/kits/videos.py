@@ -101,12 +101,14 @@ def write_video(
     rotation: int | None = None,
     faststart: bool = False,
     codec: str | None = None,
+    pixel_aspect: fractions.Fraction | None = None,
 ) -> Path:
     """Encode ``frames`` (uint8 [F, H, W, 3]) to ``path`` with the codec its extension takes
     (CODECS). ``times``: each frame's presentation time in seconds (a variable frame rate);
     ``rotation``: the display matrix's counter-clockwise angle (FFmpeg's convention);
     ``faststart``: mp4/mov with the index before the frames; ``codec``: another PyAV encoder
-    than the container's usual one (e.g. "libvpx" for VP8 in webm)."""
+    than the container's usual one (e.g. "libvpx" for VP8 in webm); ``pixel_aspect``: the
+    width of a pixel over its height (anamorphic video)."""
     path = Path(path)
     usual, pixel_format = CODECS[path.suffix.lower()]
     codec = codec or usual
@@ -119,6 +121,8 @@ def write_video(
             stream.codec_context.time_base = fractions.Fraction(1, 1000)
         if rotation is not None:
             stream.set_display_rotation(rotation)
+        if pixel_aspect is not None:
+            stream.codec_context.sample_aspect_ratio = pixel_aspect
         for index, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format="rgb24")
             if times is not None:
