@@ -1,10 +1,9 @@
 """Video files and folders of frames: probed (count, size, rate, rotation, times) and decoded
-frame by frame, checked against what tests/kits/videos.py wrote into them; broken files are named
-in one line."""
+frame by frame, checked against what tests/kits/videos.py wrote into them (broken files:
+test_video_damage.py)."""
 
 from __future__ import annotations
 
-import os
 from fractions import Fraction
 
 import numpy as np
@@ -21,7 +20,6 @@ from library.data.videos import (
     probe_video,
     video_stat_key,
 )
-from library.errors import DataError
 from tests.kits import videos as kit
 
 # (container, encoder): H.264 in mp4 and mkv, MPEG-4 part 2 in mov, VP9 and VP8 in webm, GIF
@@ -114,79 +112,6 @@ def test_transparent_gif_pixels_are_white(tmp_path):
     assert [kit.frame_index(frame) for frame in frames] == [0, 1, 2]
 
 
-def _one_line_naming(error: DataError, path) -> str:
-    message = str(error)
-    assert str(path) in message and "\n" not in message
-    return message
-
-
-@pytest.mark.parametrize("extension", [".mp4", ".mkv", ".webm"])
-def test_a_video_without_frames_is_named(tmp_path, extension):
-    path = kit.write_zero_frames(tmp_path / f"empty{extension}")
-    with pytest.raises(DataError) as caught:
-        probe_video(path)
-    assert "no video" in _one_line_naming(caught.value, path)
-    assert "replace or remove the file" in str(caught.value)
-
-
-@pytest.mark.parametrize("extension", [".mp4", ".mov", ".webm"])
-def test_a_truncated_video_is_named(tmp_path, extension):
-    path = kit.write_truncated(tmp_path / f"cut{extension}")
-    with pytest.raises(DataError) as caught:
-        probe_video(path)
-    assert "truncated" in _one_line_naming(caught.value, path)
-
-
-def test_a_truncated_mp4_without_its_index_is_named(tmp_path):
-    path = kit.write_video(tmp_path / "cut.mp4", kit.numbered_frames(20))
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # the index is at the end
-    with pytest.raises(DataError) as caught:
-        probe_video(path)
-    assert "damaged" in _one_line_naming(caught.value, path)
-
-
-def test_corrupt_frames_are_named(tmp_path):
-    path = kit.write_corrupt(tmp_path / "noise.mp4")
-    with pytest.raises(DataError) as caught:
-        probe_video(path)
-    assert "damaged" in _one_line_naming(caught.value, path)
-
-
-def test_a_file_that_is_not_a_video_is_named(tmp_path):
-    path = kit.write_not_a_video(tmp_path / "notes.mp4")
-    with pytest.raises(DataError) as caught:
-        probe_video(path)
-    _one_line_naming(caught.value, path)
-    with pytest.raises(DataError):
-        decode_frames(path)
-
-
-def test_a_missing_video_is_named(tmp_path):
-    with pytest.raises(DataError) as caught:
-        probe_video(tmp_path / "gone.mp4")
-    assert "does not exist" in _one_line_naming(caught.value, tmp_path / "gone.mp4")
-
-
-def test_frame_folders_without_frames_or_with_two_sizes_are_named(tmp_path):
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError) as caught:
-        probe_video(tmp_path / "empty")
-    _one_line_naming(caught.value, tmp_path / "empty")
-    folder = kit.write_frame_folder(tmp_path / "mixed", kit.numbered_frames(3))
-    Image.new("RGB", (20, 20)).save(folder / "frame4.png")
-    with pytest.raises(DataError) as caught:
-        probe_video(folder)
-    assert "frame4.png" in str(caught.value) and "one size" in str(caught.value)
-
-
-def test_a_video_that_lost_frames_since_its_scan_is_named_when_decoded(tmp_path):
-    path = kit.write_video(tmp_path / "clip.mp4", kit.numbered_frames(5))
-    with pytest.raises(DataError) as caught:
-        decode_frames(path, [2, 7])
-    assert "has 5 frames" in _one_line_naming(caught.value, path)
-    assert "scan it anew" in str(caught.value)
-
-
 def test_clips_are_cut_from_the_resampled_frames(tmp_path):
     path = kit.write_video(tmp_path / "clip.mp4", kit.numbered_frames(20), fps=32)
     header = probe_video(path)
@@ -219,21 +144,6 @@ def test_overlapping_clips_are_decoded_in_one_pass(tmp_path):
     assert [[kit.frame_index(f) for f in frames] for frames in decoded] == [
         list(range(start, start + 5)) for start in (0, 3, 6)
     ]
-
-
-def test_a_video_whose_frames_change_size_is_named(tmp_path):
-    path = kit.write_size_change(tmp_path / "joined.ts")
-    with pytest.raises(DataError) as caught:
-        probe_video(path)
-    assert "changes size at frame 4 (48x32 to 64x48)" in _one_line_naming(caught.value, path)
-
-
-def test_a_pipe_is_named_instead_of_waited_on(tmp_path):
-    path = tmp_path / "pipe.mp4"
-    os.mkfifo(path)
-    with pytest.raises(DataError) as caught:
-        probe_video(path)
-    assert "not a regular file" in _one_line_naming(caught.value, path)
 
 
 @pytest.mark.parametrize("extension", [".mkv", ".webm", ".mp4"])
