@@ -206,28 +206,23 @@ class Clip(NamedTuple):
 def cut_clips(
     frame_count: int,
     *,
-    target_frames: Sequence[int] = DEFAULT_TARGET_FRAMES,
-    frame_extraction: str = "head",
-    frame_stride: int = 1,
-    frame_sample: int = 1,
-    max_frames: int = DEFAULT_MAX_FRAMES,
     source_fps: float | None = None,
     model_fps: float | None = None,
     times: Sequence[float] | None = None,
-    stride: int = VAE_FRAME_STRIDE,
+    **extraction,
 ) -> list[Clip]:
     """The clips musubi-tuner's settings cut from a video of ``frame_count`` frames: its
     frames resampled from ``source_fps`` to ``model_fps`` (kept as they are without
-    source_fps), then the windows of extract_windows over them. ``times``: each frame's
-    presentation time, given for a variable-frame-rate file, which is then resampled by its
-    timestamps (resample_times) rather than by its index."""
+    source_fps), then the windows of extract_windows over them (``extraction``: its keywords,
+    ``target_frames``, ``frame_extraction``, ``frame_stride``, ``frame_sample``,
+    ``max_frames``, ``stride``). ``times``: each frame's presentation time, given for a
+    variable-frame-rate file, which is then resampled by its timestamps (resample_times)
+    rather than by its index."""
     if source_fps is None or model_fps is None:
         kept = list(range(frame_count))
     elif times is not None:
         kept = resample_times(times, model_fps)
     else:
         kept = resample_indices(frame_count, source_fps, model_fps)
-    windows = extract_windows(
-        len(kept), target_frames, frame_extraction, frame_stride, frame_sample, max_frames, stride
-    )
+    windows = extract_windows(len(kept), **extraction)
     return [Clip(w, tuple(kept[i] for i in w.indices())) for w in windows]

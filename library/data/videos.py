@@ -11,7 +11,8 @@ Decisions:
 - A file whose frames end well before the duration its header gives (over 5% and two frames
   short) is truncated: a partial download or copy. It is refused, not trained shorter.
 - Rotation metadata (a phone's display matrix) is applied: the frames are trained the way
-  players show them, as images are with their EXIF orientation. The size is the displayed one.
+  players show them, as images are with their EXIF orientation. Non-square pixels (anamorphic
+  video) are made square by stretching the side that grows. The size is the displayed one.
 - Each frame's time is its presentation timestamp. A file whose frame durations differ by more
   than 10% from their median has a variable frame rate: its frames are placed by these times
   when resampled to the model's rate (library.data.frame_extraction.resample_times).
@@ -21,8 +22,10 @@ Decisions:
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import stat
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+from PIL import Image
 
 from library.data.folders import IMAGE_EXTENSIONS
 from library.data.frame_extraction import Clip, cut_clips
@@ -43,6 +47,7 @@ VIDEO_EXTENSIONS = frozenset(
 _TRUNCATED_SHARE = 0.05  # of the header's duration missing at the end
 _VFR_SPREAD = 0.10  # of the median frame duration
 _NATURAL = re.compile(r"(\d+)")
+_DURATION_TAG = re.compile(r"^(\d+):(\d+):(\d+(?:\.\d*)?)$")  # Matroska's "00:00:05.000000000"
 
 
 @dataclass(frozen=True)
@@ -85,8 +90,8 @@ def _natural_key(path: Path) -> tuple:
     return tuple(int(p) if p.isdigit() else p.lower() for p in _NATURAL.split(path.name))
 
 
-def _unreadable(path: Path, reason: str) -> DataError:
-    return DataError(f"video {path} {reason}; replace or remove the file", file=str(path))
+def _unreadable(path: Path, reason: str, fix: str = "replace or remove the file") -> DataError:
+    return DataError(f"video {path} {reason}; {fix}", file=str(path))
 
 
 def probe_video(path: Path) -> VideoHeader:
@@ -97,8 +102,7 @@ def probe_video(path: Path) -> VideoHeader:
     path = Path(path)
     if path.is_dir():
         return _probe_folder(path)
-    if not path.exists():
-        raise DataError(f"video {path} does not exist; fix the path or remove the entry")
+    _check_regular_file(path)
     try:
         with av.open(str(path)) as container:
             stream = _video_stream(container, path)
@@ -107,15 +111,54 @@ def probe_video(path: Path) -> VideoHeader:
             for frame in container.decode(stream):
                 if size is None:
                     size, rotation = (frame.width, frame.height), _rotation(frame)
+                elif (frame.width, frame.height) != size:
+                    raise _size_change(path, len(times), size, frame)
                 times.append(frame.time)
             declared = _declared_duration(container, stream)
+            square = _square_pixels(size, stream) if size else None
     except DataError:
         raise
     except (av.FFmpegError, OSError, ValueError) as error:
         raise _damaged(path, error) from error
     if not times:
         raise _unreadable(path, "holds no video frames")
-    return _header(path, times, size, rotation, declared)
+    return _header(path, times, square, rotation, declared)
+
+
+def _check_regular_file(path: Path) -> None:
+    """Name a missing path, or one that is not a regular file (a pipe or device, which FFmpeg
+    would wait on forever)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DataError(
+            f"video {path} does not exist; fix the path or remove the entry", file=str(path)
+        ) from None
+    except OSError:
+        return  # unreadable: FFmpeg's open names the reason
+    if not stat.S_ISREG(mode):
+        raise _unreadable(path, "is not a regular file (a pipe, device or socket)")
+
+
+def _size_change(path: Path, index: int, size: tuple[int, int], frame) -> DataError:
+    return _unreadable(
+        path,
+        f"changes size at frame {index} ({size[0]}x{size[1]} to {frame.width}x{frame.height})",
+        "re-encode it at one size or remove it",
+    )
+
+
+def _square_pixels(size: tuple[int, int], stream) -> tuple[int, int]:
+    """The (width, height) a frame of ``size`` is shown at, its pixels made square: a file
+    with non-square pixels (anamorphic DVD and broadcast video) is stretched along the side
+    that grows, as players do, so no stored pixel is lost."""
+    aspect = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
+    if not aspect or aspect <= 0 or aspect == 1:
+        return size
+    width, height = size
+    if aspect > 1:
+        return round(width * aspect), height
+    return width, round(height / aspect)
 
 
 def _video_stream(container, path: Path):
@@ -125,9 +168,16 @@ def _video_stream(container, path: Path):
 
 
 def _declared_duration(container, stream) -> float | None:
+    """The video stream's duration as the file's header gives it: the stream's own, or its
+    DURATION tag (Matroska, WebM), or the file's when the video is its only stream (a file's
+    duration covers its audio too, which may run longer)."""
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
-    if container.duration is not None:
+    tag = _DURATION_TAG.match(stream.metadata.get("DURATION", ""))
+    if tag:
+        hours, minutes, seconds = tag.groups()
+        return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    if container.duration is not None and len(container.streams) == 1:
         return container.duration / av.time_base
     return None
 
@@ -135,7 +185,10 @@ def _declared_duration(container, stream) -> float | None:
 def _rotation(frame) -> int:
     """Degrees clockwise to turn the stored frame for display. FFmpeg's display matrix angle
     is counter-clockwise, as its command-line tool reads it when it autorotates."""
-    return int(round(-(frame.rotation or 0) / 90.0)) % 4 * 90
+    angle = frame.rotation or 0
+    if not math.isfinite(angle):  # a singular matrix: no rotation to read
+        return 0
+    return int(round(-angle / 90.0)) % 4 * 90
 
 
 def _header(
@@ -226,13 +279,14 @@ def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
         stream = _video_stream(container, path)
         stream.thread_type = "AUTO"
         for index, frame in enumerate(container.decode(stream)):
+            square = _square_pixels((frame.width, frame.height), stream)
             count = index + 1
             if wanted is None or index in wanted:
-                got[index] = _rgb(frame)
+                got[index] = _rgb(frame, square)
             if last is not None and index >= last:
                 break
     order = range(count) if indices is None else indices
-    _check_indices(path, order, count if last is None or count <= last else last + 1)
+    _check_indices(path, order, count)
     if not got:
         raise _unreadable(path, "holds no video frames")
     return np.stack([got[i] for i in order])
@@ -248,14 +302,17 @@ def _check_indices(path: Path, indices: Iterable[int], count: int) -> None:
         )
 
 
-def _rgb(frame) -> np.ndarray:
-    """One decoded frame as uint8 RGB, transparency on white, turned as displayed."""
+def _rgb(frame, square: tuple[int, int]) -> np.ndarray:
+    """One decoded frame as uint8 RGB, transparency on white, at its ``square``-pixel size
+    (_square_pixels; LANCZOS, as images are resized), turned as displayed."""
     if _has_alpha(frame.format):
         rgba = frame.to_ndarray(format="rgba").astype(np.float32)
         alpha = rgba[..., 3:] / 255.0
         rgb = np.rint(rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
     else:
         rgb = frame.to_ndarray(format="rgb24")
+    if square != (frame.width, frame.height):
+        rgb = np.asarray(Image.fromarray(rgb).resize(square, Image.Resampling.LANCZOS))
     turns = _rotation(frame) // 90
     return np.ascontiguousarray(np.rot90(rgb, k=-turns)) if turns else rgb
 
@@ -284,8 +341,8 @@ def video_stat_key(path: Path) -> tuple[int, int]:
     if path.is_dir():
         stats = [os.stat(f) for f in frame_files(path)]
         return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns
 
 
 def clips_of(header: VideoHeader, model_fps: float | None, **settings) -> list[Clip]:
@@ -295,3 +352,15 @@ def clips_of(header: VideoHeader, model_fps: float | None, **settings) -> list[C
     variable-frame-rate file is resampled by its frame times."""
     times = header.times if header.variable_frame_rate else None
     return cut_clips(header.frames, model_fps=model_fps, times=times, **settings)
+
+
+def decode_clips(path: Path, clips: Sequence[Clip]) -> list[np.ndarray]:
+    """The frames of each of ``clips`` (cut_clips / clips_of) of the video at ``path``, each
+    uint8 RGB [F, H, W, 3] as decode_frames gives them, from one pass over the file however
+    many clips overlap."""
+    needed = sorted({i for clip in clips for i in clip.source_frames})
+    if not needed:
+        return []
+    frames = decode_frames(path, needed)
+    row = {index: position for position, index in enumerate(needed)}
+    return [frames[[row[i] for i in clip.source_frames]] for clip in clips]

@@ -100,13 +100,18 @@ def write_video(
     times: Sequence[float] | None = None,
     rotation: int | None = None,
     faststart: bool = False,
+    codec: str | None = None,
+    pixel_aspect: fractions.Fraction | None = None,
 ) -> Path:
     """Encode ``frames`` (uint8 [F, H, W, 3]) to ``path`` with the codec its extension takes
     (CODECS). ``times``: each frame's presentation time in seconds (a variable frame rate);
     ``rotation``: the display matrix's counter-clockwise angle (FFmpeg's convention);
-    ``faststart``: mp4/mov with the index before the frames."""
+    ``faststart``: mp4/mov with the index before the frames; ``codec``: another PyAV encoder
+    than the container's usual one (e.g. "libvpx" for VP8 in webm); ``pixel_aspect``: the
+    width of a pixel over its height (anamorphic video)."""
     path = Path(path)
-    codec, pixel_format = CODECS[path.suffix.lower()]
+    usual, pixel_format = CODECS[path.suffix.lower()]
+    codec = codec or usual
     options = {"movflags": "faststart"} if faststart else {}
     with av.open(str(path), "w", options=options) as container:
         stream = container.add_stream(codec, rate=fps)
@@ -116,6 +121,8 @@ def write_video(
             stream.codec_context.time_base = fractions.Fraction(1, 1000)
         if rotation is not None:
             stream.set_display_rotation(rotation)
+        if pixel_aspect is not None:
+            stream.codec_context.sample_aspect_ratio = pixel_aspect
         for index, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format="rgb24")
             if times is not None:
@@ -174,4 +181,48 @@ def write_not_a_video(path: Path) -> Path:
     """A text file under a video's name."""
     path = Path(path)
     path.write_text("this is not a video\n")
+    return path
+
+
+def write_size_change(path: Path, frames: int = 4) -> Path:
+    """An MPEG transport stream whose frames change size halfway (two streams of different
+    sizes, one after the other, as joined recordings are: MPEG-TS files join byte by byte)."""
+    path = Path(path)
+    parts = []
+    for size in (SIZE, (64, 48)):
+        part = path.with_name(f"{path.stem}-{size[0]}{path.suffix}")
+        with av.open(str(part), "w", format="mpegts") as container:
+            stream = container.add_stream("mpeg4", rate=8)
+            stream.width, stream.height = size
+            stream.pix_fmt = "yuv420p"
+            for pixels in numbered_frames(frames, size):
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+            container.mux(stream.encode())
+        parts.append(part.read_bytes())
+        part.unlink()
+    path.write_bytes(b"".join(parts))
+    return path
+
+
+def write_with_audio(path: Path, frames: int = 8, audio_seconds: float = 3.0) -> Path:
+    """A numbered clip at 8 fps with a silent audio track that runs ``audio_seconds``, longer
+    than the video, as clips cut from recordings often have: the file's duration is the
+    audio's."""
+    path = Path(path)
+    codec, pixel_format = CODECS[path.suffix.lower()]
+    audio_codec = "aac" if path.suffix.lower() in (".mp4", ".mov") else "libopus"
+    with av.open(str(path), "w") as container:
+        video = container.add_stream(codec, rate=8)
+        video.width, video.height = SIZE
+        video.pix_fmt = pixel_format
+        audio = container.add_stream(audio_codec, rate=48000)
+        for pixels in numbered_frames(frames):
+            container.mux(video.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(video.encode())
+        chunk = 1024 if audio_codec == "aac" else 960  # the encoders' frame sizes
+        for start in range(0, int(48000 * audio_seconds), chunk):
+            sound = av.AudioFrame.from_ndarray(np.zeros((1, chunk), np.float32), "flt", "mono")
+            sound.sample_rate, sound.pts = 48000, start
+            container.mux(audio.encode(sound))
+        container.mux(audio.encode())
     return path
