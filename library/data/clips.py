@@ -47,7 +47,8 @@ from library.data.videos import (
 )
 from library.errors import DataError
 
-# The frame rate clips are cut for when source_fps is set: Wan's (the family that trains clips)
+# The frame rate clips are cut for when source_fps is set, unless the run names its family's
+# (ModelFamily.FRAME_RATE): Wan 2.1's
 MODEL_FPS = 16.0
 
 

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from library.config.dataset_schema import DatasetConfig
 from library.data.cache_group import CacheGroup, broadcast_or_raise
+from library.data.clips import MODEL_FPS
 from library.data.groups import Group
 from library.data.items import ScannedDataset, scan_dataset
 from library.data.notes import dataset_warnings
@@ -80,7 +81,8 @@ class TrainData:
     index (library.data.scan_index) answers for the files unchanged since the last run where a
     cache folder is set (``cache_dir``, a subset's cache_directory) or ``keep_scan_index``.
     With a ``group`` of several processes only its rank 0 reads the files and the others
-    receive the result. ``scan_seconds``: how long that took (here).
+    receive the result. ``scan_seconds``: how long that took (here). ``frame_rate``: the
+    model's, which a video subset's source_fps resamples its videos to.
     """
 
     def __init__(
@@ -94,13 +96,16 @@ class TrainData:
         cache_dir: str | None = None,
         keep_scan_index: bool = False,
         group: CacheGroup | None = None,
+        frame_rate: float = MODEL_FPS,
     ) -> None:
         self.seed = seed
         self.world_size = world_size
 
         def scan() -> tuple[ScannedDataset, ...]:
             return tuple(
-                scan_dataset(i, config, seed, skip_bad_images, cache_dir, keep_scan_index)
+                scan_dataset(
+                    i, config, seed, skip_bad_images, cache_dir, keep_scan_index, frame_rate
+                )
                 for i, config in enumerate(datasets)
             )
 

@@ -22,7 +22,7 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.augment import AugmentOptions
 from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.captions import CaptionOptions
-from library.data.clips import ClipOptions, clip_frames, probed, video_items
+from library.data.clips import MODEL_FPS, ClipOptions, clip_frames, probed, video_items
 from library.data.folders import FolderScan, ImageItem, scan_folder
 from library.data.header_scan import name_in, read_headers
 from library.data.images import ImageHeader, read_image_header
@@ -290,9 +290,11 @@ def scan_dataset(
     skip_bad_images: bool,
     cache_dir: str | None,
     keep_index: bool = False,
+    frame_rate: float = MODEL_FPS,
 ) -> ScannedDataset:
     """Scan and check every subset of dataset `index`; split off its validation images.
-    ``keep_index``: keep a scan index (scan_index_path) even where no cache folder is set."""
+    ``keep_index``: keep a scan index (scan_index_path) even where no cache folder is set.
+    ``frame_rate``: the model's, which a video subset's source_fps resamples to."""
     if all(subset.is_reg for subset in config.subsets):
         raise DataError(
             f"dataset {index} has only regularisation subsets (is_reg = true); add a subset of "
@@ -313,7 +315,7 @@ def scan_dataset(
         scan_index = None if path is None else ScanIndex(path)
         if subset.is_video:
             found, problems, short = _video_samples(
-                s, subset, bucket_of, cache_dir, scan_index, skip_bad_images
+                s, subset, bucket_of, cache_dir, scan_index, skip_bad_images, frame_rate
             )
             _check_usable(index, subset, found, problems)
             images += found
@@ -392,6 +394,7 @@ def _video_samples(
     cache_dir: str | None,
     scan_index: ScanIndex | None,
     skip_bad: bool,
+    frame_rate: float,
 ) -> tuple[list[ScannedImage], list[str], list[Path]]:
     """The clips of video subset ``s`` as samples, the problems of the videos left out (only
     with ``skip_bad``; otherwise raised) and the videos too short for any clip."""
@@ -410,7 +413,7 @@ def _video_samples(
                 raise DataError(f"{problem} (or set skip_bad_images = true)") from None
             skipped.append(problem)
             continue
-        clips = clip_frames(header, options)
+        clips = clip_frames(header, options, frame_rate)
         if not clips:
             short.append(item.path)
         root = root_of(item.path)

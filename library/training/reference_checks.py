@@ -20,7 +20,7 @@ from library.models.families.registry import families
 
 
 def _edit_models() -> str:
-    """"an edit model (<the registered families that train with reference images>)"."""
+    """ "an edit model (<the registered families that train with reference images>)"."""
     names = [entry.models for entry in families() if entry.family().REFERENCE_IMAGES[1] != 0]
     return f"an edit model ({', '.join(names)})" if names else "an edit model"
 
@@ -81,17 +81,18 @@ def check_reference_config(config: Config) -> None:
 
 
 def _video_models() -> str:
-    """"a video model (<the registered families that train on clips>)"."""
+    """ "a video model (<the registered families that train on clips>)"."""
     names = [entry.models for entry in families() if entry.family().TRAINS_CLIPS]
     return f"a video model ({', '.join(names)})" if names else "a video model"
 
 
-def check_clip_config(config: Config) -> None:
+def check_clip_config(config: Config) -> float:
     """ConfigError for a video subset (video_directory, video_jsonl_file) given to a family
-    that trains on images alone (ModelFamily.TRAINS_CLIPS)."""
+    that trains on images alone (ModelFamily.TRAINS_CLIPS); else the frame rate the family's
+    clips are cut for (ModelFamily.FRAME_RATE)."""
     entry = entry_for(config.model, config.flow)
     if entry.family().TRAINS_CLIPS:
-        return
+        return entry.family().FRAME_RATE
     for d, dataset in enumerate(config.datasets):
         for j, subset in enumerate(dataset.subsets):
             if subset.is_video:
@@ -101,6 +102,7 @@ def check_clip_config(config: Config) -> None:
                     f"model learns from images, not video clips; remove the video dataset, or "
                     f"train {_video_models()}"
                 )
+    return entry.family().FRAME_RATE
 
 
 def check_reference_counts(config: Config, data) -> None:

@@ -124,7 +124,7 @@ class Trainer:
         self.sharded = shards(config, self.accelerator)  # fsdp over several processes
         training = config.training
         check_reference_config(config)  # reads no weight, nor any image
-        check_clip_config(config)  # nor any video
+        frame_rate = check_clip_config(config)  # nor any video
         self.data = TrainData(
             config.datasets,
             seed=training.seed,
@@ -135,6 +135,7 @@ class Trainer:
             cache_dir=config.data.cache_dir,
             keep_scan_index=config.data.cache_latents_to_disk or config.data.cache_text_encoder_outputs_to_disk,
             group=CacheGroup() if self.accelerator.num_processes > 1 else None,  # collective
+            frame_rate=frame_rate,
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads

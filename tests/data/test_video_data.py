@@ -261,3 +261,17 @@ def test_a_video_that_breaks_while_the_run_trains_is_a_stand_in_of_its_clips_sha
     for batch in broken:
         assert batch["pixel_values"].shape[1:] == (3, 5, 64, 96)
         assert batch["loss_weights"].tolist() == [0.0]
+
+
+# rates whose ratio is exact in binary: musubi-tuner sums the float step frame by frame
+@pytest.mark.parametrize(("model_fps", "source_fps", "step"), [(16.0, 64.0, 4), (24.0, 48.0, 2)])
+def test_source_fps_resamples_to_the_models_frame_rate(tmp_path, model_fps, source_fps, step):
+    folder = tmp_path / "fast"
+    folder.mkdir()
+    kit.write_video(folder / "f.mp4", kit.numbered_frames(20, SIZE), fps=int(source_fps))
+    text = f"[[datasets]]\nvideo_directory = {str(folder)!r}\nresolution = [96, 64]\n"
+    text += f"target_frames = [5]\nsource_fps = {source_fps}\n"
+    data = TrainData(_run(tmp_path, text), seed=0, frame_rate=model_fps)
+    (clip,) = data.scanned[0].images
+    # played at the model's rate, every (source / model)-th frame is kept
+    assert clip.frames == tuple(range(0, 5 * step, step))

@@ -39,3 +39,10 @@ def test_images_pass_and_a_family_that_trains_clips_takes_videos(
     videos = _config(tmp_path, tiny_model_dir, 'video_directory = "nowhere/clips"')
     monkeypatch.setattr(SDFamily, "TRAINS_CLIPS", True)
     check_clip_config(videos)
+
+
+def test_a_clip_family_gives_its_frame_rate(tmp_path, tiny_model_dir, monkeypatch):
+    videos = _config(tmp_path, tiny_model_dir, 'video_directory = "nowhere/clips"')
+    monkeypatch.setattr(SDFamily, "TRAINS_CLIPS", True)
+    monkeypatch.setattr(SDFamily, "FRAME_RATE", 24.0)
+    assert check_clip_config(videos) == 24.0
