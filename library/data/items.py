@@ -59,6 +59,13 @@ class ScannedImage:
         return len(self.frames) or 1
 
     @property
+    def split_key(self) -> str:
+        """What the validation split holds out together: an image, or every clip of a video
+        (its clips' keys are "<video key>@<first frame>+<frames>"), so no validation clip
+        shares frames with a trained one."""
+        return self.key.rpartition("@")[0] if self.frames else self.key
+
+    @property
     def group_key(self) -> tuple:
         """What the samples of one micro-batch share: the bucket, their references' sizes and
         their frame count."""
@@ -435,15 +442,16 @@ def _options(index: int, config: DatasetConfig) -> tuple[SubsetOptions, ...]:
 
 
 def _hold_out(images: list[ScannedImage], config: DatasetConfig, seed: int) -> tuple[list, list]:
-    """Split the non-reg images into training and validation (reg images always train)."""
+    """Split the non-reg images into training and validation (reg images always train); a
+    video's clips are held out together (ScannedImage.split_key)."""
     if not config.held_out:
         return images, []
     candidates = [i for i, image in enumerate(images) if not image.item.is_reg]
     split_seed = config.validation_seed if config.validation_seed is not None else seed
-    chosen = validation_indices(
-        [images[i].key for i in candidates], config.validation_split, split_seed
-    )
-    held = {candidates[c] for c in chosen}
+    units = list(dict.fromkeys(images[i].split_key for i in candidates))
+    chosen = validation_indices(units, config.validation_split, split_seed)
+    held_units = {units[c] for c in chosen}
+    held = {i for i in candidates if images[i].split_key in held_units}
     return (
         [image for i, image in enumerate(images) if i not in held],
         [image for i, image in enumerate(images) if i in held],

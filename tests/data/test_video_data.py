@@ -275,3 +275,20 @@ def test_source_fps_resamples_to_the_models_frame_rate(tmp_path, model_fps, sour
     (clip,) = data.scanned[0].images
     # played at the model's rate, every (source / model)-th frame is kept
     assert clip.frames == tuple(range(0, 5 * step, step))
+
+
+def test_the_validation_split_holds_out_whole_videos(tmp_path):
+    folder = _clip_folder(tmp_path)
+    for n in range(3):
+        kit.write_video(folder / f"more{n}.mp4", kit.numbered_frames(9, SIZE))
+    text = f"[[datasets]]\nvideo_directory = {str(folder)!r}\nresolution = [96, 64]\n"
+    text += 'target_frames = [1, 5]\nframe_extraction = "chunk"\nvalidation_split = 0.4\n'
+    (scanned,) = TrainData(_run(tmp_path, text), seed=0).scanned
+    held = {i.item.path.name for i in scanned.validation}
+    trained = {i.item.path.name for i in scanned.images}
+    assert held and trained and not held & trained  # no video on both sides
+    # 6 videos, 0.4 held out: round(2.4) = 2 whole videos, every clip of each
+    assert len(held) == 2
+    clips = {"a.mp4": 13 + 2, "b.webm": 9 + 1, "short.mp4": 3}
+    expected = sum(clips.get(name, 9 + 1) for name in held)
+    assert len(scanned.validation) == expected
