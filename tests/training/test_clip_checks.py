@@ -46,3 +46,11 @@ def test_a_clip_family_gives_its_frame_rate(tmp_path, tiny_model_dir, monkeypatc
     monkeypatch.setattr(SDFamily, "TRAINS_CLIPS", True)
     monkeypatch.setattr(SDFamily, "FRAME_RATE", 24.0)
     assert check_clip_config(videos) == 24.0
+
+
+@pytest.mark.parametrize("key", ["video_directory", "video_jsonl_file"])
+def test_a_video_source_is_an_input_the_run_never_writes_over(tmp_path, tiny_model_dir, key):
+    from library.training.preflight import run_inputs
+
+    config = _config(tmp_path, tiny_model_dir, f'{key} = "data/clips"')
+    assert (f"datasets[0].subsets[0].{key}", "data/clips") in run_inputs(config)
