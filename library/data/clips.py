@@ -21,6 +21,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from collections.abc import Sequence
@@ -75,24 +76,26 @@ class ClipOptions:
         )
 
 
-def _video_header(values: list) -> VideoHeader | None:
-    """The VideoHeader an index entry holds, None when the entry is not one (a damaged entry
-    is read again, never trusted)."""
+def _video_header(values: object) -> VideoHeader | None:
+    """The VideoHeader an index entry holds (its fields by name), None when the entry is not
+    one (a damaged entry, or one written with other fields, is probed again, never trusted)."""
+    if not isinstance(values, dict):
+        return None
     try:
-        frames, width, height, fps, duration, rotation, variable, times = values
-        header = VideoHeader(
-            int(frames), (int(width), int(height)), fps, duration, int(rotation), bool(variable),
-            None if times is None else tuple(float(t) for t in times),
-        )  # fmt: skip
-    except (TypeError, ValueError):
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        header = VideoHeader(**fields)
+    except TypeError:
+        return None
+    if dataclasses.asdict(header).keys() != values.keys() or not isinstance(header.frames, int):
         return None
     return header if header.frames > 0 else None
 
 
-def _video_values(header: VideoHeader) -> list:
-    times = None if header.times is None else list(header.times)
-    return [header.frames, *header.size, header.fps, header.duration, header.rotation,
-            header.variable_frame_rate, times]  # fmt: skip
+def _video_values(header: VideoHeader) -> dict:
+    """A probe as an index entry holds it: its fields by name, JSON values."""
+    return {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(header).items()
+    }
 
 
 def probed(path: Path, index: ScanIndex | None, key: str) -> VideoHeader:

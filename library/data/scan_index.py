@@ -122,7 +122,7 @@ class ScanIndex:
         self._load(path)
         self._met_images: dict[str, tuple[Identity, ImageHeader]] = {}
         self._met_captions: dict[str, tuple[Identity, str]] = {}
-        self._met_videos: dict[str, tuple[Identity, list]] = {}
+        self._met_videos: dict[str, tuple[Identity, object]] = {}
         self._hits: list[str] = []  # image keys answered from the index
         self._changed = False
 
@@ -167,19 +167,19 @@ class ScanIndex:
         self._changed = True
         self._met_images[key] = (identity(info), header)
 
-    def known_video(self, key: str, info: os.stat_result) -> list | None:
+    def known_video(self, key: str, info: os.stat_result) -> object | None:
         """The indexed probe (JSON values) of the video file `key` whose stat is `info` when
         the file is unchanged, else None: the caller probes it and calls `record_video`. The
         caller checks the values and calls `keep_video` for the ones it uses."""
         known = self._videos.get(key, identity(info))
         return None if known is None else known[0]
 
-    def keep_video(self, key: str, info: os.stat_result, values: list) -> None:
+    def keep_video(self, key: str, info: os.stat_result, values: object) -> None:
         """Keep an indexed probe that answered (counted as reused) for the next index."""
         self._hits.append(key)
         self._met_videos[key] = (identity(info), values)
 
-    def record_video(self, key: str, info: os.stat_result, values: list) -> None:
+    def record_video(self, key: str, info: os.stat_result, values: object) -> None:
         """Keep the probe (JSON values) of the video file `key` whose stat is `info` for the
         next index."""
         self._changed = True

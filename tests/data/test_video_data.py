@@ -292,3 +292,30 @@ def test_the_validation_split_holds_out_whole_videos(tmp_path):
     clips = {"a.mp4": 13 + 2, "b.webm": 9 + 1, "short.mp4": 3}
     expected = sum(clips.get(name, 9 + 1) for name in held)
     assert len(scanned.validation) == expected
+
+
+def test_an_index_entry_that_is_not_a_probe_is_probed_again(tmp_path, monkeypatch):
+    import hashlib
+    import json
+
+    import library.data.clips as clips
+
+    folder = _clip_folder(tmp_path)
+    text = f"[[datasets]]\nvideo_directory = {str(folder)!r}\nresolution = [96, 64]\n"
+    datasets = _run(tmp_path, text)
+    first = TrainData(datasets, seed=0, cache_dir=str(tmp_path / "cache")).scanned[0]
+    (index,) = (tmp_path / "cache" / "scan").iterdir()
+    head, body = index.read_bytes().split(b"\n", 1)
+    parsed = json.loads(body)
+    # a well-formed index (checksum and all) whose entries hold other fields than a probe's
+    parsed["videos"]["values"] = [{"frames": 3, "colour": "red"} for _ in parsed["videos"]["names"]]
+    body = json.dumps(parsed).encode()
+    header = json.loads(head)
+    header["checksum"] = hashlib.blake2b(body, digest_size=16).hexdigest()
+    index.write_bytes(json.dumps(header).encode() + b"\n" + body)
+    probes = []
+    real = clips.probe_video
+    monkeypatch.setattr(clips, "probe_video", lambda path: probes.append(path.name) or real(path))
+    again = TrainData(datasets, seed=0, cache_dir=str(tmp_path / "cache")).scanned[0]
+    assert sorted(probes) == ["a.mp4", "b.webm", "short.mp4"] and again.indexed == 0
+    assert [i.frames for i in again.images] == [i.frames for i in first.images]
