@@ -584,6 +584,7 @@ def show_bytes(n: int) -> str:
 def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str:
     """The plan's memory line."""
     s = estimate.size
+    frames = f" ({s.frames} frames)" if s.frames > 1 else ""
     checkpointing = " with gradient checkpointing" if estimate.checkpointing else ""
     if estimate.offloaded:
         checkpointing += ", block inputs in host memory"
@@ -591,7 +592,7 @@ def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str
         f"  memory: about {show_bytes(estimate.total)} peak on {device} (weights "
         f"{show_bytes(estimate.weights)}, gradients + optimizer "
         f"{show_bytes(estimate.trained_state)}, activations {show_bytes(estimate.activations)} "
-        f"at {s.width}x{s.height} x {s.batch}{checkpointing}, {_own_name(device)} "
+        f"at {s.width}x{s.height}{frames} x {s.batch}{checkpointing}, {_own_name(device)} "
         f"{show_bytes(estimate.process)})"
     )
     if estimate.encoding > estimate.step:
@@ -645,7 +646,12 @@ class MemoryCheck:
             "optimizer_update_bytes": e.update,
             "vae_encoding_bytes": e.encoding,
             "process_bytes": e.process,
-            "at": {"width": e.size.width, "height": e.size.height, "batch": e.size.batch},
+            "at": {
+                "width": e.size.width,
+                "height": e.size.height,
+                "batch": e.size.batch,
+                "frames": e.size.frames,
+            },
             "gradient_checkpointing": e.checkpointing,
             "device_total_bytes": total,
             "device_free_bytes": free,

@@ -334,7 +334,7 @@ def test_the_memory_estimate_counts_the_models_without_reading_them(runs, tiny_m
     assert memory["process_bytes"] > 0  # the interpreter, at least
     assert memory["vae_encoding_bytes"] > 0  # the images are encoded in every step here
     largest = max(plan["datasets"][0]["buckets"], key=lambda b: b["width"] * b["height"])
-    at = {"width": largest["width"], "height": largest["height"], "batch": BATCH}
+    at = {"width": largest["width"], "height": largest["height"], "batch": BATCH, "frames": 1}
     assert memory["at"] == at
     assert f"at {at['width']}x{at['height']} x {BATCH}" in text.split("  memory: about ")[1]
 
