@@ -12,7 +12,7 @@ Decisions:
   (library.data.videos.clips_of).
 - A video file's probe (it decodes every frame) is kept in the subset's scan index
   (library.data.scan_index) beside its images' headers, so a rerun over unchanged videos
-  decodes none of them before training.
+  decodes none of them before training. The others are probed on the scan's threads.
 - A video shorter than every clip length gives no sample (as in musubi-tuner); the plan counts
   such videos so a wrong target_frames is seen.
 - Every frame of a clip goes through the image path's resize and crop, and one augmentation
@@ -25,6 +25,7 @@ import dataclasses
 import os
 import stat
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from PIL import Image
 from library.config.dataset_schema import SubsetConfig
 from library.data.augment import AugmentDraws, shift_hue
 from library.data.folders import ImageItem, caption_lines, missing_folder
+from library.data.header_scan import SCAN_THREADS
 from library.data.images import LoadedImage, crop_geometry
 from library.data.metadata_files import parse_json, read_text
 from library.data.scan_index import ScanIndex
@@ -117,6 +119,25 @@ def probed(path: Path, index: ScanIndex | None, key: str) -> VideoHeader:
     if indexed:
         index.record_video(key, info, _video_values(header))
     return header
+
+
+def probe_all(
+    paths: Sequence[Path], index: ScanIndex | None, keys: Sequence[str]
+) -> list[VideoHeader | DataError]:
+    """The probe of each video of ``paths`` (``probed``, by ``keys``), in order, or the
+    DataError probing it raised; on a pool of threads, as FFmpeg decodes without the GIL."""
+
+    def one(pair: tuple[Path, str]) -> VideoHeader | DataError:
+        try:
+            return probed(pair[0], index, pair[1])
+        except DataError as error:
+            return error
+
+    pairs = list(zip(paths, keys, strict=True))
+    if len(pairs) <= 1:
+        return [one(pair) for pair in pairs]
+    with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="difftune-probe") as pool:
+        return list(pool.map(one, pairs))
 
 
 def clip_frames(

@@ -22,7 +22,7 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.augment import AugmentOptions
 from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.captions import CaptionOptions
-from library.data.clips import MODEL_FPS, ClipOptions, clip_frames, probed, video_items
+from library.data.clips import MODEL_FPS, ClipOptions, clip_frames, probe_all, video_items
 from library.data.folders import FolderScan, ImageItem, scan_folder
 from library.data.header_scan import name_in, read_headers
 from library.data.images import ImageHeader, read_image_header
@@ -409,10 +409,13 @@ def _video_samples(
     root_of = _CacheRoots(subset, cache_dir)
     keys = _Keys(s, subset.video_directory or str(Path(subset.video_jsonl_file).parent))
     found, skipped, short = [], [], []
-    for item in video_items(subset):
+    items = video_items(subset)
+    names = [keys(item.path) for item in items]
+    headers = probe_all([item.path for item in items], scan_index, names)
+    for item, key, header in zip(items, names, headers, strict=True):
         try:
-            key = keys(item.path)
-            header = probed(item.path, scan_index, key)
+            if isinstance(header, DataError):
+                raise header
             bucket = bucket_of(header.size)
         except (DataError, ValueError) as error:
             problem = str(error) if isinstance(error, DataError) else f"video {item.path}: {error}"
