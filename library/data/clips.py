@@ -35,7 +35,7 @@ from PIL import Image
 
 from library.config.dataset_schema import SubsetConfig
 from library.data.augment import AugmentDraws, shift_hue
-from library.data.folders import ImageItem, caption_lines, missing_folder
+from library.data.folders import FolderScan, ImageItem, caption_lines, is_quiet, missing_folder
 from library.data.header_scan import SCAN_THREADS
 from library.data.images import LoadedImage, crop_geometry
 from library.data.metadata_files import parse_json, read_text
@@ -172,25 +172,30 @@ def _sidecar_caption(video: Path, subset: SubsetConfig) -> str:
     return lines if subset.enable_wildcard else lines.partition("\n")[0]
 
 
-def _folder_items(subset: SubsetConfig) -> list[ImageItem]:
+def _folder_items(subset: SubsetConfig) -> FolderScan:
     folder = Path(subset.video_directory)
     if not folder.is_dir():
         raise DataError(
             f"video_directory {subset.video_directory} {missing_folder(folder)}; fix the path"
         )
+    videos, ignored = [], []
     with os.scandir(folder) as entries:
-        videos = sorted(
-            Path(e.path) for e in entries if is_video_path(Path(e.name)) or _is_frame_folder(e)
-        )
+        for entry in entries:
+            if is_video_path(Path(entry.name)) or _is_frame_folder(entry):
+                videos.append(Path(entry.path))
+            elif not is_quiet(entry, subset.caption_extension):
+                ignored.append(Path(entry.path))
+    videos.sort()
     if not videos:
         raise DataError(
             f"video_directory {subset.video_directory} has no videos (mp4, webm, mov, gif, ... "
             "or folders of frames); add videos or remove the dataset"
         )
-    return [
+    items = [
         ImageItem(v, _sidecar_caption(v, subset), subset.is_reg, subset.video_directory)
         for v in videos
     ]
+    return FolderScan(items, tuple(sorted(ignored)))
 
 
 def _jsonl_items(subset: SubsetConfig) -> list[ImageItem]:
@@ -215,9 +220,12 @@ def _jsonl_items(subset: SubsetConfig) -> list[ImageItem]:
     return items
 
 
-def video_items(subset: SubsetConfig) -> list[ImageItem]:
-    """The videos of a video subset with their raw captions, in a fixed order."""
-    return _folder_items(subset) if subset.video_directory else _jsonl_items(subset)
+def video_items(subset: SubsetConfig) -> FolderScan:
+    """The videos of a video subset with their raw captions, in a fixed order, and the
+    entries of its folder that are neither videos nor captions."""
+    if subset.video_directory:
+        return _folder_items(subset)
+    return FolderScan(_jsonl_items(subset), ())
 
 
 def load_training_clip(

@@ -106,12 +106,24 @@ def test_a_clip_sample_is_its_frames_in_order(data):
     assert any(image.frame_count == 5 for image in videos.images)
 
 
-def test_videos_too_short_for_every_clip_are_counted(tmp_path):
+def test_short_videos_and_other_files_are_counted_and_frame_folders_train(tmp_path):
     folder = _clip_folder(tmp_path)
+    kit.write_frame_folder(folder / "frames", kit.numbered_frames(6, SIZE))
+    (folder / "frames.txt").write_text("from frames")
+    (folder / "notes.pdf").write_bytes(b"%PDF")
     write_image(tmp_path / "stills" / "s.png", size=SIZE)
     text = _video_dataset(folder, tmp_path / "stills").replace("[1, 5]", "[5]")
-    data = TrainData(_run(tmp_path, text), seed=0)
-    assert data.scanned[0].short_videos == (folder / "short.mp4",)
+    videos = TrainData(_run(tmp_path, text), seed=0).scanned[0]
+    assert videos.short_videos == (folder / "short.mp4",)
+    assert videos.ignored == (folder / "notes.pdf",)
+    (from_frames,) = [i for i in videos.images if i.item.path.name == "frames"]
+    assert from_frames.frames == (0, 1, 2, 3, 4) and from_frames.item.caption == "from frames"
+    # a folder of frames is cached by its frames' bytes: another frame, another key
+    from library.data.content_hash import file_digest
+
+    before = file_digest(folder / "frames")
+    kit.write_frame_folder(folder / "frames", kit.numbered_frames(6, SIZE)[::-1])
+    assert file_digest(folder / "frames") != before
 
 
 def test_a_video_jsonl_file_lists_videos_by_path_with_captions(tmp_path):
