@@ -54,7 +54,7 @@ VIDEO_EXTENSIONS = frozenset(
 )
 _TRUNCATED_SHARE = 0.05  # of the header's duration missing at the end
 _VFR_SPREAD = 0.10  # of the median frame duration
-_TAIL_PACKETS = 48  # the last keyframe's group is decoded whole up to this many packets
+_TAIL_PACKETS = 16  # the last keyframe's group is decoded whole up to this many packets
 _NATURAL = re.compile(r"(\d+)")
 _DURATION_TAG = re.compile(r"^(\d+):(\d+):(\d+(?:\.\d*)?)$")  # Matroska's "00:00:05.000000000"
 
@@ -150,9 +150,11 @@ def _probe_packets(path: Path) -> VideoHeader | None:
             _rotation(first),
             _declared_duration(container, stream),
         )
-        if corrupt or not _tail_agrees(path, decoder, tail.packets, sorted(stamps), size):
+        if corrupt:
             return None
-        return header
+        if not tail.whole and tail.packets and tail.packets[0].pts == start:
+            return header  # one long group: its keyframe is the first frame, decoded above
+        return header if _tail_agrees(path, decoder, tail.packets, sorted(stamps), size) else None
 
 
 class _Tail:
