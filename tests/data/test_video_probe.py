@@ -22,8 +22,21 @@ def _decoded(path):
     return len(frames), (frames[0].width, frames[0].height), [f.time - start for f in frames]
 
 
+def _b_frames(path, codec, container_format=None):
+    """40 numbered frames through ``codec`` with B-frames and a keyframe every 12, for the
+    containers the kit has no writer for (AVI, MPEG program and transport streams)."""
+    with av.open(str(path), "w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=25)
+        stream.width, stream.height, stream.pix_fmt = *kit.SIZE, "yuv420p"
+        stream.codec_context.max_b_frames, stream.codec_context.gop_size = 2, 12
+        for pixels in kit.numbered_frames(40):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
 # (name, how it is written): B-frames over several keyframe groups, one group longer than the
-# probe decodes whole, open groups (HEVC), and the other containers' stamps
+# probe decodes whole, open groups (HEVC), and other containers' timestamps
 CASES = [
     ("groups.mp4", lambda p: kit.write_video(p, kit.numbered_frames(40), keyframe_every=8)),
     ("one_group.mp4", lambda p: kit.write_video(p, kit.numbered_frames(64))),
@@ -36,6 +49,9 @@ CASES = [
             p, kit.numbered_frames(40, SQUARE), codec="libx265", keyframe_every=8
         ),
     ),
+    ("b_frames.avi", lambda p: _b_frames(p, "mpeg4")),
+    ("b_frames.mpg", lambda p: _b_frames(p, "mpeg2video", "mpeg")),
+    ("b_frames.ts", lambda p: _b_frames(p, "libx264", "mpegts")),
     ("anim.gif", lambda p: kit.write_video(p, kit.numbered_frames(20), fps=10)),
     (
         "vfr.mp4",
@@ -79,3 +95,11 @@ def test_damage_in_the_middle_is_named_by_the_decode_that_uses_the_frames(tmp_pa
             decode()
         message = str(caught.value)
         assert str(path) in message and "\n" not in message and "is damaged" in message
+
+
+def test_a_size_change_is_named_by_the_decode_too(tmp_path):
+    path = kit.write_size_change(tmp_path / "joined.ts", frames=4)
+    with pytest.raises(DataError) as caught:
+        decode_frames(path)
+    message = str(caught.value)
+    assert str(path) in message and "changes size at frame 4 (48x32 to 64x48)" in message
