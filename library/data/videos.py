@@ -127,17 +127,7 @@ def _probe_packets(path: Path) -> VideoHeader | None:
     with av.open(str(path)) as container:
         stream = _video_stream(container, path)
         decoder = stream.codec_context
-        stamps, tail, first, corrupt = [], _Tail(), None, False
-        for packet in container.demux(stream):
-            if packet.size == 0 or packet.is_discard:  # the closing empty packet; edit lists
-                continue
-            corrupt = corrupt or packet.is_corrupt
-            stamps.append(packet.pts)
-            tail.add(packet)
-            if first is None:
-                first = next(iter(decoder.decode(packet)), None)
-        if first is None and stamps:
-            first = next(iter(decoder.decode(None)), None)
+        stamps, tail, first, corrupt = _read_packets(container, stream)
         if first is None or None in stamps or len(set(stamps)) != len(stamps):
             return None
         start, size = min(stamps), (first.width, first.height)
@@ -174,9 +164,28 @@ class _Tail:
                 self.packets, self.whole = self.packets[:1], False
 
 
+def _read_packets(container, stream) -> tuple[list, _Tail, object, bool]:
+    """Every packet of ``stream``: their timestamps (None where a packet has none), the last
+    keyframe's group (_Tail), the first decoded frame (None if none decodes) and whether the
+    demuxer marked any packet corrupt."""
+    decoder = stream.codec_context
+    stamps, tail, first, corrupt = [], _Tail(), None, False
+    for packet in container.demux(stream):
+        if packet.size == 0 or packet.is_discard:  # the closing empty packet; edit lists
+            continue
+        corrupt = corrupt or packet.is_corrupt
+        stamps.append(packet.pts)
+        tail.add(packet)
+        if first is None:
+            first = next(iter(decoder.decode(packet)), None)
+    if first is None and stamps:
+        first = next(iter(decoder.decode(None)), None)
+    return stamps, tail, first, corrupt
+
+
 def _tail_agrees(path: Path, decoder, tail: list, stamps: list[int], size) -> bool:
-    """Decode ``tail`` (_Tail's packets) anew: every packet shown from its keyframe on must give a
-    frame at its timestamp, all of the first frame's ``size`` (else a DataError names the frame
+    """Decode ``tail`` (_Tail's packets) anew: each packet shown from its keyframe on must give
+    a frame at its timestamp, all of the first frame's ``size`` (else a DataError names the frame
     where the size changes). Leading pictures shown before the keyframe (open groups) may not
     decode without the group before; they count as the full decode counts them. False when
     the frames and packets disagree."""
