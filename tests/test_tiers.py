@@ -195,6 +195,5 @@ def test_the_fast_tier_does_not_start_the_quickstart_run(tmp_path):
 
 
 def test_tests_compute_on_one_thread_unless_told_otherwise():
-
     # tests/conftest.py sets OMP_NUM_THREADS=1 before torch is imported, unless it was set
     assert torch.get_num_threads() == int(os.environ.get("OMP_NUM_THREADS", "1"))
