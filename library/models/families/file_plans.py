@@ -9,6 +9,7 @@ and ComfyUI's scaled-fp8 refusal; component files are opened and checked here to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -461,3 +462,27 @@ def build_qwen3(config: dict) -> torch.nn.Module:
     from transformers import Qwen3Config, Qwen3Model
 
     return Qwen3Model(Qwen3Config(**config))
+
+
+def as_qwen3_causal_lm(plan: Plan) -> Plan:
+    """``plan_qwen3_file``'s plan as the Qwen3ForCausalLM a pipeline folder holds: the decoder
+    under ``model.``, the LM head tied to the embeddings (only hidden states are read, so a
+    file's own head is never needed and stays left out)."""
+    plain, named = plan.convert, plan.file_name
+
+    def convert(state):
+        out = {QWEN3_PREFIX + k: v for k, v in plain(state).items()}
+        if "model.embed_tokens.weight" in out:
+            out["lm_head.weight"] = out["model.embed_tokens.weight"]
+        return out
+
+    def build(config: dict) -> torch.nn.Module:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        return Qwen3ForCausalLM(Qwen3Config(**config))
+
+    return dataclasses.replace(
+        plan, convert=convert, build=build, tied=True,
+        config={**plan.config, "tie_word_embeddings": True},
+        file_name=lambda key: named(key.removeprefix(QWEN3_PREFIX)),
+    )  # fmt: skip
