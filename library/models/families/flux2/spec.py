@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from functools import partial
@@ -27,6 +26,7 @@ from library.models.checkpoint_file import CheckpointFile
 from library.models.families.file_plans import (
     ae_config_from_shapes,
     ae_keys,
+    as_qwen3_causal_lm,
     plan_part,
     plan_qwen3_file,
     refuse_scaled_fp8,
@@ -39,6 +39,7 @@ from library.models.families.spec import ComponentFile, FamilySpec, MainFile, Sp
 from library.models.loader import load_weights, read_json
 from library.models.original_names import ldm_vae_from_original
 from library.models.plans import Plan
+from library.models.released_configs import qwen3_4b_config
 
 PIPELINES = {"klein": "Flux2KleinPipeline", "dev": "Flux2Pipeline"}
 VAE_CLASS = "AutoencoderKLFlux2"
@@ -68,11 +69,6 @@ RELEASED = {
 COMMON = dict(patch_size=1, in_channels=128, out_channels=None, attention_head_dim=128,
               timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
               rope_theta=2000, eps=1e-6)  # fmt: skip
-# The released text encoder of klein 4B (Qwen3-4B): a Qwen3 file's sizes are read over it.
-QWEN3_4B = dict(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                vocab_size=151936, rope_theta=1000000, max_position_embeddings=40960,
-                rms_norm_eps=1e-6, hidden_act="silu", hidden_size=2560, intermediate_size=9728,
-                tie_word_embeddings=True)  # fmt: skip
 # The released schedulers: sigmas shifted by exp(mu), mu from the image's token count and the
 # step count (the pipelines' compute_empirical_mu).
 SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
@@ -100,29 +96,11 @@ def transformer_config(shapes: Mapping[str, tuple[int, ...]]) -> dict:
 
 
 def plan_qwen3(file: CheckpointFile) -> Plan:
-    """Qwen3 (Comfy-Org's qwen_3_4b.safetensors) by the shared reader, as the Qwen3ForCausalLM
-    of a folder: its decoder under ``model.``, the LM head tied to the embeddings (it is never
-    used: only hidden states are read, so a file's own head is left out)."""
-    plan = plan_qwen3_file(file, "text_encoder", QWEN3_WHAT, "qwen_3_4b.safetensors (klein 4B) "
-                           "or qwen_3_8b_fp8mixed.safetensors (9B)", QWEN3_4B)  # fmt: skip
-    plain, named = plan.convert, plan.file_name
-
-    def convert(state):
-        out = {"model." + k: v for k, v in plain(state).items()}
-        if "model.embed_tokens.weight" in out:
-            out["lm_head.weight"] = out["model.embed_tokens.weight"]
-        return out
-
-    def build(config: dict) -> torch.nn.Module:
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        return Qwen3ForCausalLM(Qwen3Config(**config))
-
-    return dataclasses.replace(
-        plan, convert=convert, build=build, tied=True,
-        config={**plan.config, "tie_word_embeddings": True},
-        file_name=lambda key: named(key.removeprefix("model.")),
-    )  # fmt: skip
+    """Qwen3 (Comfy-Org's qwen_3_4b.safetensors) by the shared reader, as the folder's
+    Qwen3ForCausalLM; its sizes read over Qwen3-4B's (klein 4B's text encoder)."""
+    return as_qwen3_causal_lm(plan_qwen3_file(
+        file, "text_encoder", QWEN3_WHAT, "qwen_3_4b.safetensors (klein 4B) or "
+        "qwen_3_8b_fp8mixed.safetensors (9B)", qwen3_4b_config()))  # fmt: skip
 
 
 def load_vae_folder(path: Path, dtype: torch.dtype) -> torch.nn.Module:
