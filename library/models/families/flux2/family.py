@@ -29,7 +29,6 @@ from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, ModelFamily
 from library.models.families.claims import folder_pipeline
-from library.models.families.flux2.codec import Flux2LatentCodec
 from library.models.families.flux2.lora_keys import file_modules
 from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
 from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
@@ -45,6 +44,7 @@ from library.models.families.flux2.spec import (
 from library.models.families.spec_loader import claims, load_spec, write_main_file
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
 from library.models.loader import Components
+from library.models.patched_latent_codec import BatchNormPatchedCodec
 from library.models.text_encoders import hidden_states, mistral3, qwen3
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class Flux2Family(TransformerFamily):
         return out[:, : h * w].transpose(1, 2).reshape(b, c, h, w)
 
     def latent_codec(self, vae):
-        return Flux2LatentCodec(vae)
+        return BatchNormPatchedCodec(vae)
 
     # -- adapters ----------------------------------------------------------------------------
 
