@@ -32,8 +32,8 @@ from library.models.families.file_plans import (
     refuse_scaled_fp8,
 )
 from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
-from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
-from library.models.families.local_tokenizer import folder_or_path_tokenizer, load_local_tokenizer
+from library.models.families.folder_loader import CheckedFolder
+from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.loader import load_weights, read_json
@@ -178,21 +178,6 @@ def inspect(checked) -> tuple[dict, bool]:
     return {k: v for k, v in scheduler.items() if not k.startswith("_")}, distilled
 
 
-def _folder_tokenizer(folder):
-    """The folder's tokenizer/ (dev's: a Pixtral processor's, with the same chat template), or
-    tokenizer_path's."""
-    return folder_or_path_tokenizer(
-        folder.model_dir, folder.model.tokenizer_path, "FLUX.2", _TOKENIZER_HINT
-    )
-
-
-def _files_tokenizer(checked):
-    return load_local_tokenizer(
-        checked.model.tokenizer_path, checked.part_config("text_encoder")["vocab_size"],
-        checked.model_dir, "Qwen3", _TOKENIZER_HINT,
-    )  # fmt: skip
-
-
 def _spec(kind: str) -> FamilySpec:
     text = (
         ComponentFile("text_encoder", "[flow]", QWEN3_WHAT, plan_qwen3) if kind == "klein" else None
@@ -221,7 +206,7 @@ def _spec(kind: str) -> FamilySpec:
             ),
             SpecPart("text_encoder", "text_encoder", TEXT_ENCODER_CLASS[kind], file=text),
         ),
-        tokenizers=(FolderTokenizer("tokenizer", _folder_tokenizer, read_files=_files_tokenizer),),
+        tokenizers=(tokenizer_part("FLUX.2", _TOKENIZER_HINT),),
         inspect=inspect,
         other={"scheduler": "scheduler_config.json"},
     )  # fmt: skip

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from library.errors import ModelError
 from library.models import shape_configs
 from library.models.families import qwen3_vl_file, wan_vae_file
-from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
+from library.models.families.folder_loader import CheckedFolder
 from library.models.families.krea2.keys import TABLE
-from library.models.families.local_tokenizer import folder_or_path_tokenizer, load_local_tokenizer
+from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
@@ -142,21 +142,6 @@ WHATS = {
 }
 
 
-def _folder_tokenizer(folder: CheckedFolder):
-    """The folder's Qwen3-VL tokenizer, or tokenizer_path's."""
-    return folder_or_path_tokenizer(
-        folder.model_dir, folder.model.tokenizer_path, "Qwen3-VL", TOKENIZER_WHERE
-    )
-
-
-def _files_tokenizer(checked):
-    """tokenizer_path's, as many tokens as the text encoder's embeddings at most."""
-    vocab = checked.part_config("text_encoder")["text_config"]["vocab_size"]
-    return load_local_tokenizer(
-        checked.model.tokenizer_path, vocab, checked.model_dir, "Qwen3-VL", TOKENIZER_WHERE
-    )
-
-
 SPEC = FamilySpec(
     family="Krea 2",
     pipeline="Krea2Pipeline",
@@ -185,7 +170,7 @@ SPEC = FamilySpec(
                                    file, "text_encoder", WHATS["text_encoder"])),
         ),
     ),
-    tokenizers=(FolderTokenizer("tokenizer", _folder_tokenizer, read_files=_files_tokenizer),),
+    tokenizers=(tokenizer_part("Qwen3-VL", TOKENIZER_WHERE),),
     inspect=inspect_parts,
     other={"scheduler": "scheduler_config.json"},
 )  # fmt: skip
