@@ -36,7 +36,7 @@ from library.models.families.folder_loader import (
 )
 from library.models.families.shape_origins import convert_shapes
 from library.models.families.spec import ComponentFile, FamilySpec, SpecPart
-from library.models.loader import offline, one_line
+from library.models.loader import Components, offline, one_line, read_json
 from library.models.plans import CONFIG_METADATA, Plan, choose_plan, load_plan
 from library.saving.streamed import block_groups, save_streamed
 
@@ -88,6 +88,29 @@ def load_spec(
     if path.is_dir():
         return load_folder(folder_of(spec), path, model, flow, weight_dtype, vae_dtype)
     return load_files(spec, path, model, flow, weight_dtype, vae_dtype)
+
+
+def components(spec: FamilySpec, loaded: LoadedFolder, objective, family) -> Components:
+    """``load_spec``'s model as the trainer's Components: the spec's denoiser, its VAE, its
+    text encoders in the spec's order and the tokenizers, with ``objective`` and ``family``."""
+
+    def of(role: str) -> tuple[torch.nn.Module, ...]:
+        return tuple(loaded.modules[part.sub] for part in spec.parts if part.role == role)
+
+    (vae,) = of("vae")
+    return Components(
+        denoiser=loaded.modules[spec.denoiser.sub], vae=vae, text_encoders=of("text_encoder"),
+        tokenizers=tuple(loaded.tokenizers.values()), objective=objective, family=family,
+        model_dir=loaded.model_dir,
+    )  # fmt: skip
+
+
+def folder_scheduler(model_dir: Path, released: Mapping) -> dict:
+    """The sampling scheduler's config: a folder's ``scheduler/`` (its own keys, not diffusers'
+    ``_`` ones), else ``released`` (single files carry none)."""
+    path = model_dir / "scheduler" / "scheduler_config.json"
+    stored = read_json(path) if path.is_file() else released
+    return {k: v for k, v in stored.items() if not k.startswith("_")}
 
 
 @dataclass
