@@ -38,10 +38,17 @@ from library.models.families.flux2.spec import (
     PIPELINES,
     REFERENCE_T_STEP,
     RELEASED,
+    SCHEDULER_CONFIG,
     SPECS,
     TEXT_LAYERS,
 )
-from library.models.families.spec_loader import claims, load_spec, write_main_file
+from library.models.families.spec_loader import (
+    claims,
+    components,
+    folder_scheduler,
+    load_spec,
+    write_main_file,
+)
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
 from library.models.loader import Components
 from library.models.patched_latent_codec import BatchNormPatchedCodec
@@ -264,14 +271,7 @@ def load_flux2(
     path = Path(model.pretrained_model_name_or_path).expanduser()
     kind = "dev" if path.is_dir() and folder_pipeline(path) == PIPELINES["dev"] else "klein"
     loaded = load_spec(SPECS[kind], model, flow, weight_dtype, vae_dtype)
-    parts, (scheduler, distilled) = loaded.modules, loaded.facts
-    name, size = model_of(dict(parts["transformer"].config))
-    return Components(
-        denoiser=parts["transformer"],
-        vae=parts["vae"],
-        text_encoders=(parts["text_encoder"],),
-        tokenizers=tuple(loaded.tokenizers.values()),
-        objective=Flux2FlowObjective(flux2_flow_options(flow), scheduler),
-        family=flux2_family(name, size, distilled, flow),
-        model_dir=loaded.model_dir,
-    )
+    name, size = model_of(dict(loaded.modules["transformer"].config))
+    scheduler = folder_scheduler(loaded.model_dir, SCHEDULER_CONFIG)
+    objective = Flux2FlowObjective(flux2_flow_options(flow), scheduler)
+    return components(SPECS[kind], loaded, objective, flux2_family(name, size, loaded.facts, flow))

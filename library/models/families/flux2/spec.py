@@ -154,10 +154,10 @@ def _vae_file(file: CheckpointFile) -> Plan:
     )  # fmt: skip
 
 
-def inspect(checked) -> tuple[dict, bool]:
-    """(the sampling scheduler's config, whether the model is distilled: model_index.json's
-    ``is_distilled``, a file's header or name); ModelError when the text encoder's three states
-    do not make the transformer's text width."""
+def inspect(checked) -> bool:
+    """Whether the model is distilled (model_index.json's ``is_distilled``, a file's header or
+    name); ModelError when the text encoder's three states do not make the transformer's text
+    width."""
     text = checked.part_config("text_encoder")
     width = 3 * text.get("text_config", text)["hidden_size"]
     takes = checked.config["joint_attention_dim"]
@@ -166,16 +166,13 @@ def inspect(checked) -> tuple[dict, bool]:
             f"{checked.part_source('text_encoder')} gives {width}-wide states and the transformer "
             f"takes {takes}: set text_encoder to this model's (klein 4B: qwen_3_4b, 9B: qwen_3_8b)"
         )
-    if not isinstance(checked, CheckedFolder):
-        file = checked.plans["transformer"].file
-        stored, name = file.metadata.get(DISTILLED_KEY), file.path.name.lower()
-        if stored in ("true", "false"):
-            return dict(SCHEDULER_CONFIG), stored == "true"
-        # as Black Forest Labs names them: a klein file without "base" is the distilled model
-        return dict(SCHEDULER_CONFIG), "klein" in name and "base" not in name
-    scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
-    distilled = bool(read_json(checked.model_dir / "model_index.json").get("is_distilled"))
-    return {k: v for k, v in scheduler.items() if not k.startswith("_")}, distilled
+    if isinstance(checked, CheckedFolder):
+        return bool(read_json(checked.model_dir / "model_index.json").get("is_distilled"))
+    file = checked.plans["transformer"].file
+    stored, name = file.metadata.get(DISTILLED_KEY), file.path.name.lower()
+    if stored in ("true", "false"):
+        return stored == "true"
+    return "klein" in name and "base" not in name  # Black Forest Labs' names: klein's "base"
 
 
 def _spec(kind: str) -> FamilySpec:

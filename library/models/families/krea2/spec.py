@@ -108,31 +108,29 @@ def transformer_config(plain) -> dict:
 
 @dataclass(frozen=True)
 class Facts:
-    """The sampling scheduler, the pipeline's taps and whether the transformer is Turbo."""
+    """The pipeline's taps and whether the transformer is Turbo."""
 
-    scheduler: dict
     taps: tuple[int, ...]
     distilled: bool
 
 
 def inspect_parts(checked) -> Facts:
-    """A folder's scheduler, taps (model_index.json's, as many as the transformer reads) and
-    is_distilled; single files name none: the release's taps spaced over Qwen3-VL's layers,
-    the released scheduler, and [flow] dit_variant."""
+    """A folder's taps (model_index.json's, as many as the transformer reads) and is_distilled;
+    single files name neither: the release's taps spaced over Qwen3-VL's layers, and [flow]
+    dit_variant."""
     layers = checked.part_config("transformer").get("num_text_layers", len(TAPS))
     if not isinstance(checked, CheckedFolder):
         depth = checked.part_config("text_encoder")["text_config"]["num_hidden_layers"]
         turbo = checked.flow.dit_variant == "turbo"
-        return Facts(scheduler_config(), taps_for(depth, layers), turbo)
+        return Facts(taps_for(depth, layers), turbo)
     index = read_json(checked.model_dir / "model_index.json")
-    scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
     taps = tuple(index.get("text_encoder_select_layers") or TAPS)
     if len(taps) != layers:
         raise ModelError(
             f"{checked.model_dir / 'model_index.json'}: text_encoder_select_layers names "
             f"{len(taps)} layers and the transformer reads {layers}; the folder is inconsistent"
         )
-    return Facts(scheduler, taps, bool(index.get("is_distilled", False)))
+    return Facts(taps, bool(index.get("is_distilled", False)))
 
 
 TOKENIZER_WHERE = "a Krea 2 folder's tokenizer/ (Qwen3-VL-4B-Instruct's)"
