@@ -25,7 +25,11 @@ from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
 from library.models.families.krea2 import spec
 from library.models.families.krea2.keys import TABLE
-from library.models.families.krea2.turbo import turbo_weights
+from library.models.families.sampling_weights import (
+    check_swap_options,
+    swapped_base_weights,
+    weights_files,
+)
 from library.models.families.spec_loader import write_main_file
 from library.models.families.transformer_family import swappable_tails
 from library.models.patch_tokens import grid_positions, pack, unpack
@@ -38,6 +42,8 @@ from library.networks.path_names import PREFIX, path_names
 from library.sampling.pipelines import PipelineKind, on_grid
 
 LENGTHS = "caption_lengths"  # the conditioning entry of each caption's own length
+TURBO_KEY = "turbo_dit"  # [flow]: samples drawn on Turbo's weights (musubi-tuner's --turbo_dit)
+TURBO = "the Turbo transformer (turbo.safetensors, or a Krea-2-Turbo diffusers folder)"
 
 
 def krea2_pipeline_kind(taps: tuple[int, ...], distilled: bool) -> PipelineKind:
@@ -193,7 +199,9 @@ class Krea2Family(ModelFamily):
         if net.train_mode == "lora" and net.conv_dim is not None and not lycoris:
             raise ConfigError("conv_dim: Krea 2's transformer has no convolutions; remove it")
         if getattr(config.flow, "turbo_dit", None):
-            check_turbo_options(config)
+            check_swap_options(
+                config, TURBO_KEY, "Turbo's weights", "samples are then drawn on RAW"
+            )
 
     def write_full_model(self, path, denoiser, components, metadata, dtype):
         """The transformer alone in the original names (as raw.safetensors, which ComfyUI and
@@ -207,29 +215,11 @@ class Krea2Family(ModelFamily):
         return krea2_pipeline_kind(self.taps, self.distilled or self.turbo is not None)
 
     def sampling_weights(self, denoiser):
-        """Turbo's base weights for the round when turbo_dit is set (turbo.py)."""
+        """Turbo's base weights for the round when turbo_dit is set (families/sampling_weights.py:
+        the LoRA trained on RAW previewed on Turbo, with Turbo's fixed shift and no guidance)."""
         if self.turbo is None:
             return contextlib.nullcontext()
-        return turbo_weights(denoiser, self.turbo)
-
-
-def check_turbo_options(config) -> None:
-    """ConfigError for what turbo_dit's weight swap cannot do: a full fine-tune (the swap
-    would overwrite the trained weights) and base weights stored otherwise than as they load."""
-    training = config.training
-    given = {
-        'train_mode = "unet"': config.network.train_mode == "unet",
-        "fp8_base": training.fp8_base,
-        "base_model_precision": training.base_model_precision != "no_change",
-        "blocks_to_swap": bool(training.blocks_to_swap),
-        "fsdp": training.fsdp != "no",
-    }
-    found = next((key for key, on in given.items() if on), None)
-    if found is not None:
-        raise ConfigError(
-            f"turbo_dit swaps Turbo's weights into the transformer for each sampling round, "
-            f"which {found} does not allow; remove turbo_dit (samples are then drawn on RAW)"
-        )
+        return swapped_base_weights(denoiser, weights_files(TURBO_KEY, self.turbo, TURBO), TABLE)
 
 
 def krea2_family(taps=spec.TAPS, distilled: bool = False, turbo=None) -> Krea2Family:

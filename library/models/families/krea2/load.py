@@ -11,7 +11,8 @@ import torch
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
-from library.models.families.krea2.family import krea2_family
+from library.models.families.krea2.family import TURBO, TURBO_KEY, krea2_family
+from library.models.families.krea2.keys import TABLE
 from library.models.families.krea2.spec import (
     PATCH,
     SPEC,
@@ -20,7 +21,7 @@ from library.models.families.krea2.spec import (
     flow_options,
     scheduler_config,
 )
-from library.models.families.krea2.turbo import check_turbo
+from library.models.families.sampling_weights import check_same_weights
 from library.models.families.spec_loader import components, folder_scheduler, load_spec
 from library.models.loader import Components
 
@@ -41,7 +42,7 @@ def load_krea2(
             "loses its 8-step sampling"
         )
     if flow.turbo_dit:
-        check_turbo(flow.turbo_dit, loaded.modules["transformer"])
+        check_same_weights(TURBO_KEY, flow.turbo_dit, TURBO, TABLE, loaded.modules["transformer"])
     scheduler = folder_scheduler(loaded.model_dir, scheduler_config())
     objective = Krea2FlowObjective(flow_options(flow), scheduler, patch=PATCH)
     return components(
