@@ -19,8 +19,9 @@ from typing import ClassVar
 
 import torch
 
-from library.errors import ConfigError
+from library.models import caption_lengths
 from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families import denoiser_adapters as adapters
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
 from library.models.families.krea2 import spec
@@ -41,7 +42,7 @@ from library.networks.kohya_names import unwrap
 from library.networks.path_names import PREFIX, path_names
 from library.sampling.pipelines import PipelineKind, on_grid
 
-LENGTHS = "caption_lengths"  # the conditioning entry of each caption's own length
+LENGTHS = caption_lengths.LENGTHS
 TURBO_KEY = "turbo_dit"  # [flow]: samples drawn on Turbo's weights (musubi-tuner's --turbo_dit)
 TURBO = "the Turbo transformer (turbo.safetensors, or a Krea-2-Turbo diffusers folder)"
 
@@ -84,15 +85,14 @@ PROJECTOR = "text_fusion.projector"  # 12 weights: an adapter of any rank would 
 NAMES = path_names(
     "Krea 2", "transformer_blocks.0.attn.to_q", TABLE, ("base_model.model.",), writes_original=True
 )
-# LyCORIS preset -> which Linears it adapts (musubi-tuner's LoRA adapts every one)
-_LYCORIS_PRESETS = {
-    "full": lambda path: True,
-    "full-lin": lambda path: True,
-    "unet-only": lambda path: True,
-    "attn-mlp": lambda path: ".attn." in path or ".ff." in path,
-    "unet-transformer-only": lambda path: ".attn." in path or ".ff." in path,
-    "attn-only": lambda path: ".attn." in path,
-}
+
+
+def linear_targets(module, every: bool) -> dict:
+    """The transformer's Linears but the text projector: all, or (``every`` false) those of
+    the attention and feed-forward modules."""
+    paths = linears_inside(unwrap(module))
+    chosen = (p for p in paths if every or ".attn." in p or ".ff." in p)
+    return {p: "linear" for p in chosen if p != PROJECTOR}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,11 +126,7 @@ class Krea2Family(ModelFamily):
         return TextConditioning(states, None, None, lengths=lengths)
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
-        hidden = text.hidden.to(device, dtype or text.hidden.dtype)
-        lengths = text.lengths  # None: every row whole (a cache batch of equal lengths)
-        if lengths is None:
-            lengths = torch.full((hidden.shape[0],), hidden.shape[1], dtype=torch.long)
-        return Conditioning(hidden, {LENGTHS: lengths.cpu()})
+        return caption_lengths.conditioning(text, device, dtype)
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         """The velocity [B, C, 1, h, w] of one-frame latents at sigma ``timesteps``."""
@@ -154,31 +150,21 @@ class Krea2Family(ModelFamily):
     def unused_text_layers(self, index, num_layers, clip_skip=None):
         return unused_layers(self.taps, num_layers)
 
-    def trains_text_encoder(self, index: int) -> bool:
-        return False  # DENOISER_ONLY_ADAPTERS
-
     def adapter_targets(self, module, role, conv):
         """Every Linear of the transformer but the text projector (musubi-tuner's set)."""
-        if role != "unet":
-            raise ConfigError("Krea 2 LoRAs adapt the transformer only")
-        return self.lycoris_targets(module, role, "full")
+        adapters.transformer_only(role, self.LABEL)
+        return linear_targets(module, every=True)
 
     def lycoris_targets(self, module, role, preset):
-        if role != "unet" or preset not in _LYCORIS_PRESETS:
-            raise ConfigError(
-                f"preset = {preset}: adapts no layer of Krea 2's transformer; use full, "
-                "full-lin or attn-mlp"
-            )
-        chosen = _LYCORIS_PRESETS[preset]
-        paths = linears_inside(unwrap(module))
-        return {p: "linear" for p in paths if chosen(p) and p != PROJECTOR}
+        """Every Linear but the projector, or the attention and feed-forward ones (attention
+        alone for attn-only)."""
+        return adapters.preset_targets(
+            self.LABEL, role, preset, lambda every: linear_targets(module, every), ".attn."
+        )
 
     def adapter_key_map(self):
         """Written in the original names, alpha folded (keys.py); read under every name."""
         return AliasedPathNames(prefix=PREFIX, names=NAMES, folds_alpha=True)
-
-    def bucket_grid(self, denoiser) -> int:
-        return self.PIXEL_MULTIPLE
 
     def swap_blocks(self, denoiser, count):
         return swappable_tails(("single", denoiser.transformer_blocks, count), count=count)
@@ -194,10 +180,7 @@ class Krea2Family(ModelFamily):
 
     def check_training(self, config):
         super().check_training(config)
-        net = config.network
-        lycoris = net.network_module == "lycoris.kohya"
-        if net.train_mode == "lora" and net.conv_dim is not None and not lycoris:
-            raise ConfigError("conv_dim: Krea 2's transformer has no convolutions; remove it")
+        adapters.check_lora(config, self.LABEL)
         if getattr(config.flow, "turbo_dit", None):
             check_swap_options(
                 config, TURBO_KEY, "Turbo's weights", "samples are then drawn on RAW"
