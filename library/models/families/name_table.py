@@ -141,10 +141,15 @@ class NameTable:
         """The diffusers lists a streamed save converts one entry at a time."""
         return tuple(f"{new}." for _old, new, _stems in self.lists)
 
-    def linears(self, original_list: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    def linears(self, original_list: str | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """(original stem, its diffusers stems in row order) of each Linear of an entry of the
-        numbered list ``original_list``, in the table's order (RMSNorm scales left out)."""
-        stems = next(stems for old, _new, stems in self.lists if old == original_list)
+        numbered list ``original_list`` (None: of the top level), in the table's order (RMSNorm
+        scales left out)."""
+        stems = (
+            self.top
+            if original_list is None
+            else next(stems for old, _new, stems in self.lists if old == original_list)
+        )
         return tuple(
             (old, (new,) if isinstance(new, str) else tuple(new))
             for old, new in stems.items()
