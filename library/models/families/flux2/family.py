@@ -10,7 +10,7 @@ Flux2Transformer2DModel):
   layers 10, 20, 30, after FLUX.2's system message); all 512 tokens are attended, at position
   ids (0, 0, 0, k);
 - timestep: sigma (objective.py); dev also takes the distilled guidance value, klein none;
-- LoRA files: kohya's names of the original model (lora_keys.py); the text encoder never
+- LoRA files: kohya's names of the original model (names.py); the text encoder never
   trains, as in musubi-tuner and ai-toolkit.
 """
 
@@ -29,7 +29,7 @@ from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import REFERENCE_LATENTS_KEY, ModelFamily
 from library.models.families.claims import folder_pipeline
-from library.models.families.flux2.lora_keys import file_modules
+from library.models.families.flux2.names import file_modules
 from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
 from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
 from library.models.families.flux2.spec import (
