@@ -13,7 +13,7 @@ weights. ``claims`` says whether a model is the family's, from the same spec.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.claims import claims_model
+from library.models.families.claims import claims_model, folder_pipeline
 from library.models.families.family_entry import Deferred
 from library.models.families.file_contents import sample_keys
 from library.models.families.file_plans import open_safetensors, refuse_scaled_fp8
@@ -54,9 +54,18 @@ def claims(spec: FamilySpec, model: ModelSection) -> bool:
     )
 
 
-def claimer(spec: FamilySpec) -> Callable[[ModelSection, FlowSection], bool]:
-    """The registry entry's ``claims(model, flow)`` of the family ``spec`` describes."""
-    return lambda model, flow: claims(spec, model)
+def claimer(*specs: FamilySpec) -> Callable[[ModelSection, FlowSection], bool]:
+    """The registry entry's ``claims(model, flow)`` of the family ``specs`` describe (one per
+    pipeline of the family: ``spec_for`` picks a model's)."""
+    return lambda model, flow: claims(spec_for(specs, model), model)
+
+
+def spec_for(specs: Sequence[FamilySpec], model: ModelSection) -> FamilySpec:
+    """The spec of ``model``: the one whose pipeline its folder is, else the first (for single
+    files, and for folders the first claims or refuses by name)."""
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    pipeline = folder_pipeline(path) if path.is_dir() else None
+    return next((spec for spec in specs if spec.pipeline == pipeline), specs[0])
 
 
 def folder_of(spec: FamilySpec) -> PipelineFolder:
