@@ -83,6 +83,9 @@ class TransformerFamily(ModelFamily):
     PIXEL_MULTIPLE: ClassVar[int] = 16
     # LyCORIS presets whose classes this transformer lacks (they would adapt nothing).
     LYCORIS_EMPTY_PRESETS: ClassVar[tuple[str, ...]] = ("unet-convblock-only",)
+    # The family's kohya trainer reads split_qkv (its default: one adapter per fused layer), so
+    # a LoRA run is told that q, k and v train apart here; False where no trainer reads it.
+    SPLIT_QKV_NOTE: ClassVar[bool] = True
 
     # With the text encoders training: T5 (the last encoder) gets an adapter too (train_t5xxl).
     train_t5: bool = False
@@ -179,7 +182,11 @@ class TransformerFamily(ModelFamily):
         super().check_training(config)
         if config.network.network_module == "lycoris.kohya":
             self._check_lycoris(config)
-        elif config.network.train_mode == "lora" and config.flow.split_qkv is None:
+        elif (
+            config.network.train_mode == "lora"
+            and self.SPLIT_QKV_NOTE
+            and config.flow.split_qkv is None
+        ):
             log.warning(
                 "%s LoRA: q, k and v get separate adapters, as kohya's split_qkv=True; kohya's "
                 "default shares one per fused layer. The saved file has kohya's fused names "
