@@ -12,17 +12,13 @@ from library.models.families.family_entry import (
     ToolFacts,
 )
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
+from library.training.flow_keys import SIGMA_KEYS
 
 _LINE = "FLUX.2"
 _PACKAGE = "library.models.families.flux2"
 # The [flow] keys FLUX.2 reads: the flow-matching draw (objective.py), dev's guidance input and
 # the text-encoder file beside a transformer file.
-FLOW_KEYS = frozenset(
-    {
-        "timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
-        "logit_mean", "logit_std", "mode_scale", "guidance_scale", "text_encoder",
-    }
-)  # fmt: skip
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"guidance_scale", "text_encoder"}
 
 FLUX2 = FamilyEntry(
     name="flux2",

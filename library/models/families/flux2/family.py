@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -27,15 +26,14 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.base import REFERENCE_LATENTS_KEY, ModelFamily
-from library.models.families.claims import folder_pipeline
+from library.models.families import denoiser_adapters as adapters
+from library.models.families.base import REFERENCE_LATENTS_KEY
 from library.models.families.flux2.names import file_modules
 from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
 from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
 from library.models.families.flux2.spec import (
     DISTILLED_KEY,
     MAX_TOKENS,
-    PIPELINES,
     REFERENCE_T_STEP,
     RELEASED,
     SCHEDULER_CONFIG,
@@ -43,10 +41,11 @@ from library.models.families.flux2.spec import (
     TEXT_LAYERS,
 )
 from library.models.families.spec_loader import (
-    claims,
+    claimer,
     components,
     folder_scheduler,
     load_spec,
+    spec_for,
     write_main_file,
 )
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
@@ -77,6 +76,9 @@ class Flux2Family(TransformerFamily):
         "no text-encoder adapters, as musubi-tuner and ai-toolkit"
     )
 
+    # no trainer reads kohya's split_qkv for FLUX.2: q, k and v train apart here (docs/flux2.md
+    # says how that differs from musubi-tuner's one adapter on the fused qkv)
+    SPLIT_QKV_NOTE: ClassVar[bool] = False
     # FLUX.2 edits from any number of reference images (the pipelines' ``image`` list), none
     # for text to image
     REFERENCE_IMAGES: ClassVar[tuple[int, int | None]] = (0, None)
@@ -152,11 +154,10 @@ class Flux2Family(TransformerFamily):
     # -- adapters ----------------------------------------------------------------------------
 
     def trains_text_encoder(self, index):
-        return False  # DENOISER_ONLY_ADAPTERS
+        return False  # DENOISER_ONLY_ADAPTERS (TransformerFamily's would train T5)
 
     def adapter_targets(self, module, role, conv):
-        if role != "unet":
-            raise ConfigError("FLUX.2 LoRAs adapt the transformer only")
+        adapters.transformer_only(role, self.LABEL)
         return super().adapter_targets(module, role, conv)
 
     def transformer_modules(self, transformer):
@@ -189,16 +190,6 @@ class Flux2Family(TransformerFamily):
         keys = {f"ss_{k}": getattr(o, k) for k in ("timestep_sampling", "sigmoid_scale",
                 "discrete_flow_shift", "weighting_scheme", "model_prediction_type")}  # fmt: skip
         return {**keys, "ss_guidance_scale": self.guidance_scale} if self.model == "dev" else keys
-
-    def check_training(self, config):
-        """FLUX.1's and SD3's checks without their note on kohya's split_qkv, an argument FLUX.2
-        does not read (q, k and v train apart here; docs/flux2.md says how that differs from
-        musubi-tuner's one adapter on the fused qkv)."""
-        ModelFamily.check_training(self, config)
-        if config.network.network_module == "lycoris.kohya":
-            self._check_lycoris(config)
-        elif config.network.conv_dim is not None:
-            raise ConfigError("conv_dim: FLUX.2's transformer has no convolutions; remove it")
 
     def check_options(self, model, flow):
         super().check_options(model, flow)
@@ -242,13 +233,9 @@ def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Fami
     )
 
 
-def claims_flux2(model: ModelSection, flow: FlowSection) -> bool:
-    """True for a Flux2KleinPipeline or Flux2Pipeline folder, or a FLUX.2 transformer file
-    (damaged ones by their header text); ModelError for a folder of another FLUX.2 pipeline."""
-    path = Path(model.pretrained_model_name_or_path).expanduser()
-    return (path.is_dir() and folder_pipeline(path) == PIPELINES["dev"]) or claims(
-        SPECS["klein"], model
-    )
+# A Flux2KleinPipeline or Flux2Pipeline folder, or a FLUX.2 transformer file (damaged ones by
+# their header text); ModelError for a folder of another FLUX.2 pipeline.
+claims_flux2 = claimer(*SPECS.values())
 
 
 def model_of(config: dict) -> tuple[str, str]:
@@ -268,10 +255,9 @@ def load_flux2(
     shared loader, families/spec_loader.py): the transformer, the VAE, the text encoder and its
     tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype`` (the VAE in ``vae_dtype``).
     ModelError for any problem with the files, found before any weight is read."""
-    path = Path(model.pretrained_model_name_or_path).expanduser()
-    kind = "dev" if path.is_dir() and folder_pipeline(path) == PIPELINES["dev"] else "klein"
-    loaded = load_spec(SPECS[kind], model, flow, weight_dtype, vae_dtype)
+    spec = spec_for(tuple(SPECS.values()), model)
+    loaded = load_spec(spec, model, flow, weight_dtype, vae_dtype)
     name, size = model_of(dict(loaded.modules["transformer"].config))
     scheduler = folder_scheduler(loaded.model_dir, SCHEDULER_CONFIG)
     objective = Flux2FlowObjective(flux2_flow_options(flow), scheduler)
-    return components(SPECS[kind], loaded, objective, flux2_family(name, size, loaded.facts, flow))
+    return components(spec, loaded, objective, flux2_family(name, size, loaded.facts, flow))
