@@ -13,7 +13,7 @@ fits each to its area limit (1024 x 1024) on the 16-pixel grid and encodes it it
 from __future__ import annotations
 
 from library.models.families.flux2.spec import PIPELINES
-from library.sampling.pipelines import PipelineKind, on_grid
+from library.sampling.pipelines import PipelineKind, on_grid, refuse_uncarried
 
 SIZE_GRID = 16
 # The conditioning input carrying the reference latents (one [B, C, h, w] tensor per reference).
@@ -32,10 +32,7 @@ def flux2_pipeline_kind(model: str, distilled: bool) -> PipelineKind:
     guided = model == "klein" and not distilled
 
     def inputs(cond, prompt) -> dict:
-        extra = sorted(set(cond.unet_kwargs) - {REFERENCES})
-        if extra:
-            # a conditioning input the pipeline has no argument for would be silently dropped
-            raise ValueError(f"no {PIPELINES[model]} argument carries {extra}")
+        refuse_uncarried(cond, (REFERENCES,), PIPELINES[model])
         hidden = cond.encoder_hidden_states
         call = {
             "prompt_embeds": hidden[:1],

@@ -40,7 +40,7 @@ from library.networks.fused_keys import linears_inside
 from library.networks.key_maps import AliasedPathNames
 from library.networks.kohya_names import unwrap
 from library.networks.path_names import PREFIX, path_names
-from library.sampling.pipelines import PipelineKind, on_grid
+from library.sampling.pipelines import PipelineKind, on_grid, refuse_uncarried
 
 LENGTHS = caption_lengths.LENGTHS
 TURBO_KEY = "turbo_dit"  # [flow]: samples drawn on Turbo's weights (musubi-tuner's --turbo_dit)
@@ -61,9 +61,7 @@ def krea2_pipeline_kind(taps: tuple[int, ...], distilled: bool) -> PipelineKind:
 def krea2_pipeline_inputs(cond, prompt) -> dict:
     """Call keywords from the conditioning of [prompt, negative prompt]: both at one width
     (the pipeline gives them the same positions), each with the mask of its own length."""
-    extra = sorted(set(cond.unet_kwargs) - {LENGTHS})
-    if extra:
-        raise ValueError(f"no Krea2Pipeline argument carries the conditioning input {extra[0]!r}")
+    refuse_uncarried(cond, (LENGTHS,), "Krea2Pipeline")
     hidden = cond.encoder_hidden_states
     masks = torch.arange(hidden.shape[1])[None, :] < cond.unet_kwargs[LENGTHS].reshape(-1, 1)
     masks = masks.to(hidden.device)
