@@ -28,7 +28,7 @@ from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families import denoiser_adapters as adapters
 from library.models.families.base import REFERENCE_LATENTS_KEY
-from library.models.families.flux2.names import file_modules
+from library.models.families.flux2.names import TABLE
 from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
 from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
 from library.models.families.flux2.spec import (
@@ -52,6 +52,7 @@ from library.models.families.transformer_family import TransformerFamily, swappa
 from library.models.loader import Components
 from library.models.patched_latent_codec import BatchNormPatchedCodec
 from library.models.text_encoders import hidden_states, mistral3, qwen3
+from library.networks.table_modules import table_modules, top_modules
 
 log = logging.getLogger(__name__)
 DISTILLED_NOTE = (
@@ -64,6 +65,13 @@ def position_ids(t: int, h: int, w: int, length: int, batch: int, device) -> tor
     """[batch, h * w * length, 4] ids (t, row, column, l), rows then columns then l."""
     axes = [torch.tensor([t]), torch.arange(h), torch.arange(w), torch.arange(length)]
     return torch.cartesian_prod(*axes).to(device).expand(batch, -1, -1)
+
+
+def file_modules(transformer, *, blocks_only: bool = False) -> list:
+    """kohya's modules of the transformer's Linears (names.py; ``blocks_only``: the double and
+    single blocks', the default adapters), in the original model's order: top-level ones first."""
+    blocks = table_modules(transformer, "lora_unet", TABLE)
+    return blocks if blocks_only else top_modules(transformer, "lora_unet", TABLE) + blocks
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ modulation Linears (which tell FLUX.2 from FLUX.1) and the embedders; the final 
 (shift, scale) there and (scale, shift) in diffusers. Checked against diffusers'
 ``convert_flux2_transformer_checkpoint_to_diffusers`` (tests/conformance).
 
-LoRA files take kohya's names of the original model: ``lora_unet_`` + the original path with
+LoRA files (family.py's file_modules) take kohya's names of the original model: ``lora_unet_`` + the original path with
 dots as underscores (``lora_unet_double_blocks_0_img_attn_qkv``), as musubi-tuner writes them,
 a fused qkv holding the separate q, k and v adapters stacked (library/networks/fused_keys.py).
 The default adapters (musubi-tuner's: every Linear of the double and single blocks) are exactly
@@ -22,7 +22,6 @@ files may hold them.
 from __future__ import annotations
 
 from library.models.families.name_table import DUAL_STREAM_BLOCK, SINGLE_STREAM_BLOCK, NameTable
-from library.networks.table_modules import table_modules, top_modules
 
 TRANSFORMER_CLASS = "Flux2Transformer2DModel"
 _MLP = {"img_mlp.0": "ff.linear_in", "img_mlp.2": "ff.linear_out",
@@ -53,11 +52,3 @@ TABLE = NameTable(
     swapped=("final_layer.adaLN_modulation.1.weight", "final_layer.adaLN_modulation.1.bias"),
 )
 to_original = TABLE.to_original
-UNET = "lora_unet"
-
-
-def file_modules(transformer, *, blocks_only: bool = False) -> list:
-    """The kohya modules of the transformer's Linears (``blocks_only``: the double and single
-    blocks', the default adapters), in the original model's order: top-level ones first."""
-    blocks = table_modules(transformer, UNET, TABLE)
-    return blocks if blocks_only else top_modules(transformer, UNET, TABLE) + blocks
