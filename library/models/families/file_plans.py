@@ -274,13 +274,15 @@ def ae_keys(
 
 def plan_autoencoder(
     file: CheckpointFile, what: str, prefixes: tuple[str, ...], from_original: Convert,
-    base: dict, label: str, latents: tuple[int, str], wrong: Callable[[str], ModelError],
+    base: dict, label: str, latents: tuple[int, str] | None, wrong: Callable[[str], ModelError],
     fixed: Mapping[str, object] | None = None,
+    build: Callable[[dict], torch.nn.Module] | None = None,
 ) -> Plan:  # fmt: skip
     """The autoencoder under the first of ``prefixes`` in ``file`` (ae_keys), its config ``base``
     with the sizes the tensors show, ``fixed`` kept; ``latents``: (channels, the family's name
-    in messages) its latents must have, without quant convs; ``wrong(problem)``: the error for
-    a file that holds no such autoencoder."""
+    in messages) its latents must have, without quant convs (None: not checked); ``wrong(
+    problem)``: the error for a file that holds no such autoencoder; ``build``: the module of a
+    config (diffusers' AutoencoderKL by default)."""
     refuse_scaled_fp8(file, what)
     try:
         keys, convert = ae_keys(file.keys(), prefixes, from_original)
@@ -293,12 +295,12 @@ def plan_autoencoder(
         return config
 
     plan = plan_part(
-        "vae", what, file, keys, convert, build_ae, from_shapes,
+        "vae", what, file, keys, convert, build or build_ae, from_shapes,
         lambda exc: wrong(f"its keys do not fit ({one_line(exc)})"), fixed, label=label,
     )  # fmt: skip
     # Checked on the plan, whatever config chose it: an SD checkpoint's own header describes
     # its 4-channel VAE exactly, and that VAE cannot encode these latents.
-    problem = latent_problem(plan.config, *latents)
+    problem = latent_problem(plan.config, *latents) if latents else None
     if problem:
         raise wrong(problem)
     return plan
