@@ -23,13 +23,11 @@ import torch
 
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
+from library.models.families.family_entry import Deferred
 from library.models.families.file_plans import (
-    ae_config_from_shapes,
-    ae_keys,
     as_qwen3_causal_lm,
-    plan_part,
+    plan_autoencoder,
     plan_qwen3_file,
-    refuse_scaled_fp8,
 )
 from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
 from library.models.families.folder_loader import CheckedFolder
@@ -42,7 +40,7 @@ from library.models.plans import Plan
 from library.models.released_configs import qwen3_4b_config
 
 PIPELINES = {"klein": "Flux2KleinPipeline", "dev": "Flux2Pipeline"}
-VAE_CLASS = "AutoencoderKLFlux2"
+VAE_CLASS = "diffusers:AutoencoderKLFlux2"
 TEXT_ENCODER_CLASS = {
     "klein": "transformers:Qwen3ForCausalLM",
     "dev": "transformers:Mistral3ForConditionalGeneration",
@@ -131,26 +129,19 @@ def vae_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def _vae_file(file: CheckpointFile) -> Plan:
-    """The VAE file in the original names (or diffusers'); its config from the header, else
-    from the shapes (GroupNorm's groups: 32 where they divide every width)."""
-    refuse_scaled_fp8(file, "vae")
-    try:
-        keys, convert = ae_keys(file.keys(), ("vae.", "first_stage_model."), vae_from_original)
-        if not any(k.endswith("bn.running_mean") for k in keys):
-            raise ValueError("it has no bn.running_mean (the latents' statistics)")
-    except ValueError as exc:
-        raise ModelError(f"vae = {file.path} is no FLUX.2 VAE: {exc}; {VAE_FIX}") from None
+    """The VAE file in the original names (or diffusers') by the shared autoencoder reader; its
+    config from the header, else from the shapes (GroupNorm's groups: 32 where they divide
+    every width)."""
 
-    def build(config: dict) -> torch.nn.Module:
-        from diffusers import AutoencoderKLFlux2
+    def wrong(problem: str) -> ModelError:
+        return ModelError(f"vae = {file.path} is no FLUX.2 VAE: {problem}; {VAE_FIX}")
 
-        return AutoencoderKLFlux2.from_config(config)
-
-    return plan_part(
-        "vae", "vae", file, keys, convert, build,
-        lambda shapes: ae_config_from_shapes(shapes, {"norm_num_groups": 32}),
-        lambda exc: ModelError(f"vae = {file.path}: not a whole FLUX.2 VAE ({exc}); {VAE_FIX}"),
-        label="FLUX.2 VAE",
+    if not any(k.endswith("bn.running_mean") for k in file):
+        raise wrong("it has no bn.running_mean (the latents' statistics)")
+    build = Deferred(VAE_CLASS).get  # the class, imported on first use
+    return plan_autoencoder(
+        file, "vae", ("vae.", "first_stage_model."), vae_from_original, {"norm_num_groups": 32},
+        "FLUX.2 VAE", None, wrong, build=lambda config: build().from_config(config),
     )  # fmt: skip
 
 
@@ -196,7 +187,7 @@ def _spec(kind: str) -> FamilySpec:
                 ),
             ),
             SpecPart(
-                "vae", "vae", f"diffusers:{VAE_CLASS}",
+                "vae", "vae", VAE_CLASS,
                 file=ComponentFile("vae", "[model]", "the FLUX.2 VAE (flux2-vae.safetensors or a diffusers "
                                    "AutoencoderKLFlux2 folder)", _vae_file,
                                    other=lambda path: partial(load_vae_folder, path)),
