@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from library.models.families.folder_loader import (
 )
 from library.models.families.shape_origins import convert_shapes
 from library.models.families.spec import ComponentFile, FamilySpec, SpecPart
-from library.models.loader import Components, offline, one_line, read_json
+from library.models.loader import Components, load_weights, offline, one_line, read_json
 from library.models.plans import CONFIG_METADATA, Plan, choose_plan, load_plan
 from library.saving.streamed import block_groups, save_streamed
 
@@ -253,6 +254,16 @@ def plan_component(spec: FamilySpec, part: SpecPart, value: str | None) -> Repla
     path = Path(value).expanduser().absolute()
     if declared.other is not None and path.suffix.lower() != ".safetensors":
         return declared.other(path)
+    if declared.folders and path.suffix.lower() != ".safetensors":
+        if not path.is_dir():
+            raise ModelError(
+                f"{declared.key} = {path}: set {declared.key} in {declared.section} to "
+                f"{declared.what}"
+            )
+        model_dir, sub = (
+            (path, part.sub) if (path / part.sub).is_dir() else (path.parent, path.name)
+        )
+        return partial(load_weights, Deferred(part.cls).get(), model_dir, sub)
     if path.is_dir():
         raise ModelError(
             f"{declared.key} = {path} is a folder; set {declared.key} in {declared.section} to "
