@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from functools import partial
-from pathlib import Path
 
 import torch
 
@@ -34,7 +32,7 @@ from library.models.families.folder_loader import CheckedFolder
 from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
-from library.models.loader import load_weights, read_json
+from library.models.loader import read_json
 from library.models.original_names import ldm_vae_from_original
 from library.models.plans import Plan
 from library.models.released_configs import qwen3_4b_config
@@ -99,16 +97,6 @@ def plan_qwen3(file: CheckpointFile) -> Plan:
     return as_qwen3_causal_lm(plan_qwen3_file(
         file, "text_encoder", QWEN3_WHAT, "qwen_3_4b.safetensors (klein 4B) or "
         "qwen_3_8b_fp8mixed.safetensors (9B)", qwen3_4b_config()))  # fmt: skip
-
-
-def load_vae_folder(path: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """[model] vae: AutoencoderKLFlux2 in a folder (config.json and its weights, or vae/)."""
-    from diffusers import AutoencoderKLFlux2
-
-    if not path.is_dir():
-        raise ModelError(f"vae = {path}: {VAE_FIX}")
-    model_dir, sub = (path, "vae") if (path / "vae").is_dir() else (path.parent, path.name)
-    return load_weights(AutoencoderKLFlux2, model_dir, sub, dtype)
 
 
 # Black Forest Labs' / Comfy-Org's flux2-vae.safetensors: the LDM autoencoder names of FLUX.1's
@@ -189,8 +177,7 @@ def _spec(kind: str) -> FamilySpec:
             SpecPart(
                 "vae", "vae", VAE_CLASS,
                 file=ComponentFile("vae", "[model]", "the FLUX.2 VAE (flux2-vae.safetensors or a diffusers "
-                                   "AutoencoderKLFlux2 folder)", _vae_file,
-                                   other=lambda path: partial(load_vae_folder, path)),
+                                   "AutoencoderKLFlux2 folder)", _vae_file, folders=True),
             ),
             SpecPart("text_encoder", "text_encoder", TEXT_ENCODER_CLASS[kind], file=text),
         ),
