@@ -30,7 +30,7 @@ from library.models.families.file_plans import (
 from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
 from library.models.families.folder_loader import CheckedFolder
 from library.models.families.local_tokenizer import tokenizer_part
-from library.models.families.name_table import count_numbered
+from library.models.families.name_table import dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.loader import read_json
 from library.models.original_names import ldm_vae_from_original
@@ -62,9 +62,8 @@ RELEASED = {
     "dev": dict(num_layers=8, num_single_layers=48, num_attention_heads=48,
                 joint_attention_dim=15360, guidance_embeds=True),
 }  # fmt: skip
-COMMON = dict(patch_size=1, in_channels=128, out_channels=None, attention_head_dim=128,
-              timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
-              rope_theta=2000, eps=1e-6)  # fmt: skip
+# What the shapes do not show (the transformer takes patched latents: patch_size 1).
+COMMON = dict(patch_size=1, out_channels=None, rope_theta=2000, eps=1e-6)
 # The released schedulers: sigmas shifted by exp(mu), mu from the image's token count and the
 # step count (the pipelines' compute_empirical_mu).
 SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
@@ -79,13 +78,8 @@ _TIME = "time_guidance_embed.timestep_embedder"
 def transformer_config(shapes: Mapping[str, tuple[int, ...]]) -> dict:
     """Flux2Transformer2DModel kwargs for diffusers-named shapes (the rotary axes: a quarter of
     the head width each)."""
-    head = shapes["single_transformer_blocks.0.attn.norm_q.weight"][0]
-    inner, channels = shapes["x_embedder.weight"]
-    return {**COMMON, "num_layers": count_numbered(shapes, "transformer_blocks"),
-            "num_single_layers": count_numbered(shapes, "single_transformer_blocks"),
-            "attention_head_dim": head, "num_attention_heads": inner // head,
-            "axes_dims_rope": (head // 4,) * 4, "in_channels": channels,
-            "joint_attention_dim": shapes["context_embedder.weight"][1],
+    sizes, inner = dual_single_sizes(shapes), shapes["x_embedder.weight"][0]
+    return {**COMMON, **sizes, "axes_dims_rope": (sizes["attention_head_dim"] // 4,) * 4,
             "timestep_guidance_channels": shapes[f"{_TIME}.linear_1.weight"][1],
             "mlp_ratio": shapes["single_transformer_blocks.0.attn.to_out.weight"][1] / inner - 1,
             "guidance_embeds": any(k.startswith("time_guidance_embed.guidance") for k in shapes)}  # fmt: skip
