@@ -27,7 +27,7 @@ from library.config.schema import ModelSection
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families import denoiser_adapters as adapters
-from library.models.families.base import REFERENCE_LATENTS_KEY
+from library.models.families.base import reference_latents
 from library.models.families.flux2.names import TABLE
 from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
 from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
@@ -124,10 +124,9 @@ class Flux2Family(TransformerFamily):
         )
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
-        hidden = text.hidden.to(device)
-        references = (batch or {}).get(REFERENCE_LATENTS_KEY)
-        kwargs = {REFERENCES: [r.to(device, dtype) for r in references]} if references else {}
-        return Conditioning(hidden if dtype is None else hidden.to(dtype), kwargs)
+        references = reference_latents(batch, device, dtype)
+        hidden = text.hidden.to(device) if dtype is None else text.hidden.to(device, dtype)
+        return Conditioning(hidden, {REFERENCES: references} if references else {})
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         """The velocity [B, 128, h, w] of noisy latents at sigma ``timesteps``."""
