@@ -3,7 +3,7 @@
 The facts (docs/flux2.md; diffusers 0.42.1's Flux2KleinPipeline, Flux2Pipeline and
 Flux2Transformer2DModel):
 
-- latents: codec.py's 128 normalised channels at 1/16 of the image; each latent pixel is one
+- latents: models/patched_latent_codec.py's 128 normalised channels at 1/16 of the image; each latent pixel is one
   token (channels last), with position ids (T, H, W, L) = (0, row, column, 0);
 - text: the text encoder's hidden states of three layers joined per token for the caption as a
   chat turn, padded to 512 tokens (klein: Qwen3, layers 9, 18, 27, thinking off; dev: Mistral 3,
