@@ -21,6 +21,7 @@ from library.networks.fused_keys import target_paths, text_encoder_modules
 from library.networks.key_maps import OriginalNames
 from library.networks.lycoris_targets import lycoris_targets
 from library.networks.targets import default_targets
+from library.training.flow_keys import SIGMA_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +59,10 @@ def dual_single_tails(transformer, count: int) -> list:
     )
 
 
-def flow_metadata(options) -> dict:
-    """The run's flow-matching draw and loss weighting (a FlowOptions), in kohya's ss_* names."""
-    return {
-        "ss_timestep_sampling": options.timestep_sampling,
-        "ss_sigmoid_scale": options.sigmoid_scale,
-        "ss_discrete_flow_shift": options.discrete_flow_shift,
-        "ss_weighting_scheme": options.weighting_scheme,
-        "ss_logit_mean": options.logit_mean,
-        "ss_logit_std": options.logit_std,
-        "ss_mode_scale": options.mode_scale,
-    }
+def flow_metadata(options, keys: tuple[str, ...] = SIGMA_KEYS) -> dict:
+    """The run's flow-matching draw and loss weighting (a FlowOptions), in kohya's ss_* names:
+    the draw keys, or the ``keys`` of the options a family's trainer writes."""
+    return {f"ss_{key}": getattr(options, key) for key in keys}
 
 
 @dataclass(frozen=True, kw_only=True)
