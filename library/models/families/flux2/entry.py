@@ -7,7 +7,6 @@ from __future__ import annotations
 from library.models.families.family_entry import (
     Deferred,
     FamilyEntry,
-    KohyaVocabulary,
     LoraFiles,
     ToolFacts,
 )
@@ -34,7 +33,6 @@ FLUX2 = FamilyEntry(
     flow_matching=True,
     config_keys=(TextEncoderFileKeys,),
     flow_keys=FLOW_KEYS,
-    kohya=KohyaVocabulary(),
     lora_files=LoraFiles(
         # the shared modulation exists in FLUX.2 alone (FLUX.1's blocks modulate themselves);
         # a file of the blocks alone has FLUX.1's names, so no architecture refuses it by them

@@ -48,13 +48,19 @@ from library.models.families.spec_loader import (
     spec_for,
     write_main_file,
 )
-from library.models.families.transformer_family import TransformerFamily, swappable_tails
+from library.models.families.transformer_family import (
+    TransformerFamily,
+    flow_metadata,
+    swappable_tails,
+)
 from library.models.loader import Components
 from library.models.patched_latent_codec import BatchNormPatchedCodec
 from library.models.text_encoders import hidden_states, mistral3, qwen3
 from library.networks.table_modules import table_modules, top_modules
 
 log = logging.getLogger(__name__)
+METADATA_KEYS = ("timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
+                 "model_prediction_type")  # fmt: skip
 DISTILLED_NOTE = (
     "a step-distilled checkpoint: LoRAs trained on it are reported to collapse; train on "
     "FLUX.2 [klein] base (FLUX.2-klein-base-4B / -9B) and sample the LoRA on either"
@@ -193,9 +199,7 @@ class Flux2Family(TransformerFamily):
         )
 
     def metadata_keys(self, config):
-        o = flux2_flow_options(config.flow)
-        keys = {f"ss_{k}": getattr(o, k) for k in ("timestep_sampling", "sigmoid_scale",
-                "discrete_flow_shift", "weighting_scheme", "model_prediction_type")}  # fmt: skip
+        keys = flow_metadata(flux2_flow_options(config.flow), METADATA_KEYS)
         return {**keys, "ss_guidance_scale": self.guidance_scale} if self.model == "dev" else keys
 
     def check_options(self, model, flow):
