@@ -50,9 +50,7 @@ class ChromaFamily(TransformerFamily):
 
     FLOW_KIND: ClassVar[str] = "chroma"
     LABEL: ClassVar[str] = "Chroma"
-    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = (
-        "T5-XXL gets no adapters, as in kohya's Chroma trainer"
-    )
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "T5-XXL gets no adapters, as in kohya's Chroma trainer"
 
     t5_max_length: int = T5_MAX_LENGTH  # T5 tokens per caption (t5xxl_max_token_length)
 

@@ -262,10 +262,8 @@ def model_of(config: dict) -> tuple[str, str]:
 def load_flux2(
     model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
 ) -> Components:
-    """Components of a FLUX.2 folder or transformer file, as spec.py declares them (read by the
-    shared loader, families/spec_loader.py): the transformer, the VAE, the text encoder and its
-    tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype`` (the VAE in ``vae_dtype``).
-    ModelError for any problem with the files, found before any weight is read."""
+    """FLUX.2's Components (frozen, on the CPU) from a klein or dev folder or a transformer file,
+    by its pipeline's spec (spec.py); ModelError for any problem with the files."""
     spec = spec_for(tuple(SPECS.values()), model)
     loaded = load_spec(spec, model, flow, weight_dtype, vae_dtype)
     name, size = model_of(dict(loaded.modules["transformer"].config))
