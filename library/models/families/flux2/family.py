@@ -231,7 +231,6 @@ def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Fami
         base_model_version=f"flux2_{model}",  # as other tools write it
         modelspec_architecture=f"Flux.2-{model}",  # musubi-tuner's ARCH_FLUX_2 for dev,
         default_resolution=1024,
-        text_encoder_lora_prefixes=("lora_te",),
         lora_implementation="https://github.com/black-forest-labs/flux2",
         checkpoint_implementation="https://github.com/black-forest-labs/flux2",
         denoiser_subfolder="transformer",
