@@ -60,6 +60,14 @@ def on_grid(pixels: int, grid: int) -> int:
     return max(4 * grid, pixels - pixels % grid)
 
 
+def refuse_uncarried(cond: Conditioning, carried, pipeline: str) -> None:
+    """ValueError for a conditioning input other than ``carried`` (names of unet_kwargs the
+    ``pipeline``'s call inputs pass on): the pipeline would silently drop it."""
+    extra = sorted(set(cond.unet_kwargs) - set(carried))
+    if extra:
+        raise ValueError(f"no {pipeline} argument carries the conditioning input {extra[0]!r}")
+
+
 def pipeline_kind(family) -> PipelineKind:
     """The pipeline for ``family`` (its sampling_pipeline); ConfigError (sample_prompts) when
     no pipeline fits it."""

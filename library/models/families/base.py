@@ -46,6 +46,13 @@ CONDITIONING_DRAWS_KEY = "conditioning_draws"
 REFERENCE_LATENTS_KEY = "reference_latents"
 REFERENCE_PIXELS_KEY = "reference_pixels"
 AdapterRole = Literal["unet", "text_encoder"]
+
+
+def reference_latents(batch: Mapping | None, device, dtype=None) -> list[torch.Tensor]:
+    """The batch's reference latents (REFERENCE_LATENTS_KEY, one tensor per slot) on ``device``
+    (in ``dtype`` when given); [] without references."""
+    found = (batch or {}).get(REFERENCE_LATENTS_KEY) or ()
+    return [r.to(device) if dtype is None else r.to(device, dtype) for r in found]
 TargetKind = Literal["linear", "conv"]
 
 
