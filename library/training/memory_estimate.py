@@ -60,6 +60,7 @@ from library.training.activation_memory import (
     meta_copy,
 )
 from library.training.block_swap import HostLinear
+from library.training.experts import offloads
 from library.training.optimizers import optimizer_kwargs
 from library.training.process_memory import process_bytes
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
@@ -241,6 +242,7 @@ def weight_bytes(
         modules.append(comps.vae)
     total = sum(module_bytes(m) for m in modules)
     total += denoiser_weight_bytes(config, comps.denoiser, world_size)
+    total += sum(module_bytes(m) for m in _other_experts_on_device(config, comps))
     if device_type == "cpu":
         total += host_bytes(comps.denoiser)
     compute = WEIGHT_DTYPES[config.training.mixed_precision]
@@ -249,6 +251,20 @@ def weight_bytes(
     if compute != torch.float32 and trained_dtype(config) == torch.float32:
         total += sum(p.numel() for p in params) * compute.itemsize
     return total
+
+
+def _other_experts_on_device(config: Config, comps) -> list[torch.nn.Module]:
+    """The denoiser experts kept on the device beside ``comps.denoiser`` (none when the
+    inactive one waits in host memory: offload_inactive_dit)."""
+    if comps.experts is None or offloads(config, comps.experts):
+        return []
+    return [m for m in comps.experts.modules.values() if m is not comps.denoiser]
+
+
+def _trained_denoiser(parts: TrainedParts) -> torch.nn.Module:
+    """The denoiser whose training pass the estimate runs: the first trained expert, or the
+    one denoiser (the experts have one shape)."""
+    return next(iter(parts.experts.values()), parts.components.denoiser)
 
 
 def gradient_bytes(params: list[torch.nn.Parameter], world_size: int, bucket_view: bool) -> int:
@@ -376,7 +392,8 @@ def meta_forward(
     dtype = WEIGHT_DTYPES[config.training.mixed_precision]
     trained = {id(m) for _, m in parts.trained_modules()}
     encoders = [_meta_for_training(e, dtype, id(e) in trained) for e in comps.text_encoders]
-    denoiser = _meta_for_training(comps.denoiser, dtype, id(comps.denoiser) in trained)
+    denoiser = _trained_denoiser(parts)
+    denoiser = _meta_for_training(denoiser, dtype, id(denoiser) in trained)
     watch = watch or (lambda module: None)
     with torch.enable_grad():
         if parts.train_text_encoder:
