@@ -40,8 +40,11 @@ _STRIPPED = (WEIGHTS, "-ema", "-state", SUMMARY_SUFFIX, LOCK_SUFFIX)
 
 def expert_file(weights, expert: str):
     """The weights file of ``expert`` (a Path) for a save whose one-denoiser file is
-    ``weights``: ``run.safetensors`` -> ``run_high_noise.safetensors``."""
-    return weights.with_name(weights.name.removesuffix(WEIGHTS) + f"_{expert}{WEIGHTS}")
+    ``weights``: ``run.safetensors`` -> ``run_high_noise.safetensors``,
+    ``run-ema.safetensors`` -> ``run_high_noise-ema.safetensors``."""
+    stem = weights.name.removesuffix(WEIGHTS)
+    ema = "-ema" if stem.endswith("-ema") else ""
+    return weights.with_name(f"{stem.removesuffix(ema)}_{expert}{ema}{WEIGHTS}")
 
 
 def is_output(name: str, entry: str) -> bool:
