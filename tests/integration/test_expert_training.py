@@ -1,0 +1,122 @@
+"""A model with two denoiser experts trains through the real CLI (the made-up Toy family given
+a second transformer, as Wan 2.2's A14B folders hold one): one LoRA file per expert, each naming
+its expert and noise levels, each holding the family's modules, each trained; the plan and
+--dry_run --json show the split; the same weights whether a step's samples come as one batch or
+as accumulated micro-batches, and after a stop and resume; a file given to the other expert as
+network_weights is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from library.models.families import registry
+from tests.integration.harness import assert_close_dicts, make_images, tensors, train, write_config
+from tests.integration.test_dry_run_json import cli
+from tests.kits.toy.entry import TOY_ENTRY
+from tests.kits.toy.tiny import write_tiny_toy_experts_folder
+
+EXPERTS = ("high_noise", "low_noise")
+COMMON = {
+    "network_module": "networks.lora",
+    "network_train_unet_only": True,
+    "bucket_reso_steps": 16,
+    "learning_rate": 1e-2,
+    "model_prediction_type": "raw",
+    "timestep_sampling": "uniform",
+    "timestep_boundary": 600,  # musubi-tuner's 0-1000 scale: 0.6
+}
+
+
+@pytest.fixture(autouse=True)
+def toy():
+    with registry.registered(TOY_ENTRY):
+        yield
+
+
+@pytest.fixture
+def model(tmp_path):
+    return write_tiny_toy_experts_folder(tmp_path / "toy", boundary_ratio=0.875)
+
+
+def _files(out) -> dict[str, dict[str, torch.Tensor]]:
+    return {e: tensors(out / f"run_{e}.safetensors") for e in EXPERTS}
+
+
+def _header(path) -> dict[str, str]:
+    with safe_open(str(path), framework="pt") as file:
+        return file.metadata()
+
+
+def test_both_experts_train_into_a_file_each(model, tmp_path, capfd):
+    images = make_images(tmp_path / "imgs", 2, size=64)
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", model, images, out, max_train_steps=8,
+                          train_batch_size=2, **COMMON)  # fmt: skip
+    code, plan_out, err = cli(capfd, "--config", config, "--dry_run", "--json")
+    assert code == 0, err
+    split = json.loads(plan_out)["experts"]
+    assert split["boundary"] == pytest.approx(0.6)  # the config's, not the model's 0.875
+    assert [(e["name"], e["noise_levels"]) for e in split["experts"]] == [
+        ("high_noise", [0.6, 1.0]), ("low_noise", [0.0, 0.6])
+    ]  # fmt: skip
+    assert sum(e["share_of_steps"] for e in split["experts"]) == pytest.approx(1.0)
+
+    assert train(config) == 0
+    assert "expert high_noise: noise levels [0.6, 1]" in capfd.readouterr().out
+    assert not (out / "run.safetensors").exists()
+    files = _files(out)
+    assert set(files["high_noise"]) == set(files["low_noise"])  # the family's modules in each
+    for expert, saved in files.items():
+        header = _header(out / f"run_{expert}.safetensors")
+        assert header["ss_expert"] == expert
+        ups = [key for key in saved if key.endswith(".lora_up.weight")]
+        assert ups and all(saved[key].abs().sum() > 0 for key in ups), expert  # it trained
+    assert _header(out / "run_low_noise.safetensors")["ss_expert_noise_levels"] == "[0, 0.6)"
+
+    # the high-noise file given to a low-noise run: refused by name before training
+    again = write_config(tmp_path / "d.toml", model, images, tmp_path / "out2", max_train_steps=1,
+                         train_experts="low_noise", network_weights=str(out / "run_high_noise.safetensors"),
+                         **COMMON)  # fmt: skip
+    code, _, err = cli(capfd, "--config", again, "--dry_run")
+    assert code != 0
+    assert "is a LoRA of the high_noise expert and this run trains the low_noise expert" in err
+
+
+def test_expert_runs_are_layout_invariant_and_resume_exactly(model, tmp_path, monkeypatch):
+    """4 samples a step as one batch of 4 and as 2 x 2 accumulated micro-batches (each
+    micro-batch of a step on the same expert, its samples at the same levels), and a run
+    stopped after its step-1 save and resumed: the same two files."""
+    from library.training.saver import Saver
+
+    images = make_images(tmp_path / "imgs", 4, size=64)
+    keys = {**COMMON, "max_train_steps": 3}
+
+    def run(name, *argv, **more):
+        config = write_config(tmp_path / f"{name}.toml", model, images, tmp_path / name, **keys, **more)
+        return train(config, *argv), config
+
+    assert run("one", train_batch_size=4)[0] == 0
+    assert run("acc", train_batch_size=2, gradient_accumulation_steps=2)[0] == 0
+    one = _files(tmp_path / "one")
+    for expert in EXPERTS:
+        # summation order is all that differs (a step on the other expert moves weights by ~lr)
+        assert_close_dicts(_files(tmp_path / "acc")[expert], one[expert], 1e-5)
+
+    original = Saver.after_step
+
+    def stop_after_step_1(self, global_step):
+        original(self, global_step)
+        if global_step == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Saver, "after_step", stop_after_step_1)
+    code, config = run("resumed", train_batch_size=4, save_every_n_steps=1, save_state=True)
+    assert code == 130
+    monkeypatch.setattr(Saver, "after_step", original)
+    assert train(config, "--resume", str(tmp_path / "resumed" / "run-step00000001-state")) == 0
+    for expert in EXPERTS:
+        assert_close_dicts(_files(tmp_path / "resumed")[expert], one[expert], 1e-5)
