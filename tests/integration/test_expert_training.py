@@ -46,6 +46,12 @@ def _files(out) -> dict[str, dict[str, torch.Tensor]]:
     return {e: tensors(out / f"run_{e}.safetensors") for e in EXPERTS}
 
 
+def moved(saved: dict[str, torch.Tensor]) -> bool:
+    """Whether a LoRA trained: its up factors start at zero."""
+    ups = [key for key in saved if key.endswith(".lora_up.weight")]
+    return bool(ups) and all(saved[key].abs().sum() > 0 for key in ups)
+
+
 def _header(path) -> dict[str, str]:
     with safe_open(str(path), framework="pt") as file:
         return file.metadata()
@@ -73,8 +79,7 @@ def test_both_experts_train_into_a_file_each(model, tmp_path, capfd):
     for expert, saved in files.items():
         header = _header(out / f"run_{expert}.safetensors")
         assert header["ss_expert"] == expert
-        ups = [key for key in saved if key.endswith(".lora_up.weight")]
-        assert ups and all(saved[key].abs().sum() > 0 for key in ups), expert  # it trained
+        assert moved(saved), expert
     assert _header(out / "run_low_noise.safetensors")["ss_expert_noise_levels"] == "[0, 0.6)"
 
     # the high-noise file given to a low-noise run: refused by name before training
@@ -102,6 +107,7 @@ def test_expert_runs_are_layout_invariant_and_resume_exactly(model, tmp_path, mo
     assert run("one", train_batch_size=4)[0] == 0
     assert run("acc", train_batch_size=2, gradient_accumulation_steps=2)[0] == 0
     one = _files(tmp_path / "one")
+    assert all(moved(saved) for saved in one.values())  # both experts had steps
     for expert in EXPERTS:
         # summation order is all that differs (a step on the other expert moves weights by ~lr)
         assert_close_dicts(_files(tmp_path / "acc")[expert], one[expert], 1e-5)
