@@ -205,3 +205,21 @@ def test_a_file_of_the_other_expert_is_refused_by_name():
     check_file_expert({}, LOW_NOISE, "plain.safetensors")  # a file that names no expert
     with pytest.raises(CheckpointError, match="a.safetensors is a LoRA of the high_noise expert"):
         check_file_expert(metadata, LOW_NOISE, "a.safetensors")
+
+
+def test_offload_moves_only_frozen_weights_and_only_when_the_expert_changes(monkeypatch):
+    """offload_inactive_dit: the frozen weights of the expert a step uses come to the device,
+    the other's go to the host, and a step on the same expert moves nothing."""
+    import library.training.experts as experts
+
+    moves = []
+    monkeypatch.setattr(experts, "place_frozen", lambda m, device: moves.append((m, str(device))))
+    modules = {HIGH_NOISE: torch.nn.Linear(1, 1), LOW_NOISE: torch.nn.Linear(1, 1)}
+    ranges = expert_ranges(_config(timestep_boundary=0.6), _experts())
+    routing = ExpertRouting(ranges, modules, offload=True)
+    routing.module(ranges[HIGH_NOISE], "cuda:0")
+    assert moves == [(modules[LOW_NOISE], "cpu"), (modules[HIGH_NOISE], "cuda:0")]
+    routing.module(ranges[HIGH_NOISE], "cuda:0")
+    assert len(moves) == 2
+    routing.module(ranges[LOW_NOISE], "cuda:0")
+    assert moves[2:] == [(modules[HIGH_NOISE], "cpu"), (modules[LOW_NOISE], "cuda:0")]
