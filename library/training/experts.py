@@ -275,19 +275,40 @@ def offloads(config: Config, experts: Experts | None) -> bool:
 
 
 def move_denoisers(config: Config, components, device) -> None:
-    """Every denoiser to ``device``; with offload_inactive_dit only the experts' trained
-    parameters, their frozen weights coming when a step first uses the expert."""
+    """The denoisers that train to ``device`` (an expert the run does not train stays in host
+    memory); with offload_inactive_dit only the experts' trained parameters, their frozen
+    weights coming when a step first uses the expert."""
     experts = components.experts
     if experts is None:
         components.denoiser.to(device)
         return
-    for module in experts.modules.values():
+    for module in experts_on_device(config, experts):
         if offloads(config, experts):
             for param in module.parameters():
                 if param.requires_grad:
                     param.data = param.data.to(device)
         else:
             module.to(device)
+
+
+def experts_on_device(config: Config, experts: Experts) -> list[torch.nn.Module]:
+    """The experts the run trains (those it does not train are never used)."""
+    return [experts.modules[name] for name in expert_ranges(config, experts)]
+
+
+def expert_for_level(
+    routing: ExpertRouting | None, objective, level, device
+) -> torch.nn.Module | None:
+    """The trained expert whose range holds ``level`` (a level tensor, one value for every
+    sample), unwrapped from DDP; None without experts or where no trained expert owns it."""
+    if routing is None:
+        return None
+    fraction = objective.level_fraction(level)
+    for expert in routing.ranges.values():
+        if bool(expert.holds(fraction).all()):
+            module = routing.module(expert, device)
+            return getattr(module, "module", module)
+    return None
 
 
 def expert_routing(

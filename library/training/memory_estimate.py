@@ -60,7 +60,7 @@ from library.training.activation_memory import (
     meta_copy,
 )
 from library.training.block_swap import HostLinear
-from library.training.experts import offloads
+from library.training.experts import experts_on_device, offloads
 from library.training.optimizers import optimizer_kwargs
 from library.training.process_memory import process_bytes
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
@@ -258,7 +258,7 @@ def _other_experts_on_device(config: Config, comps) -> list[torch.nn.Module]:
     inactive one waits in host memory: offload_inactive_dit)."""
     if comps.experts is None or offloads(config, comps.experts):
         return []
-    return [m for m in comps.experts.modules.values() if m is not comps.denoiser]
+    return [m for m in experts_on_device(config, comps.experts) if m is not comps.denoiser]
 
 
 def _trained_denoiser(parts: TrainedParts) -> torch.nn.Module:

@@ -119,6 +119,11 @@ def setup_training(config: Config, components: Components) -> TrainedParts:
     """Inject adapters or unfreeze the denoiser, load network_weights, build parameter groups."""
     components.family.check_training(config)
     check_expert_config(config, components.experts)
+    if components.experts is not None:
+        # one expert trains: it is the denoiser validation, sampling and the estimate see
+        trained = list(expert_ranges(config, components.experts))
+        if len(trained) == 1:
+            components.denoiser = components.experts.modules[trained[0]]
     for denoiser in denoisers(components):
         components.family.prepare_denoiser(denoiser, config)
     _base_quantized(config, components)

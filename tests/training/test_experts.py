@@ -223,3 +223,12 @@ def test_offload_moves_only_frozen_weights_and_only_when_the_expert_changes(monk
     assert len(moves) == 2
     routing.module(ranges[LOW_NOISE], "cuda:0")
     assert moves[2:] == [(modules[HIGH_NOISE], "cpu"), (modules[LOW_NOISE], "cuda:0")]
+
+
+def test_validation_runs_each_level_on_the_expert_that_owns_it(routed):
+    from library.training.validation import batch_validation_loss
+
+    routing, family = routed
+    batch = {**_batch([0, 1]), "validation_keys": ["a", "b"]}
+    batch_validation_loss(_inputs(routing, family), batch, [0.3, 0.8], seed=1)
+    assert [module for module, _ in family.calls] == [routing.modules[LOW_NOISE], routing.modules[HIGH_NOISE]]
