@@ -89,6 +89,14 @@ def test_both_experts_train_into_a_file_each(model, tmp_path, capfd):
     code, _, err = cli(capfd, "--config", again, "--dry_run")
     assert code != 0
     assert "is a LoRA of the high_noise expert and this run trains the low_noise expert" in err
+    # given to a run of its own expert it starts that expert's adapter: the one file written
+    # starts from it (one step at a tiny rate moves it a little)
+    own = write_config(tmp_path / "e.toml", model, images, tmp_path / "out3", max_train_steps=1,
+                       train_experts="high_noise", network_weights=str(out / "run_high_noise.safetensors"),
+                       **{**COMMON, "learning_rate": 1e-6})  # fmt: skip
+    assert train(own) == 0
+    assert sorted(p.name for p in (tmp_path / "out3").glob("*.safetensors")) == ["run_high_noise.safetensors"]
+    assert_close_dicts(tensors(tmp_path / "out3" / "run_high_noise.safetensors"), files["high_noise"], 1e-4)
 
 
 def test_expert_runs_are_layout_invariant_and_resume_exactly(model, tmp_path, monkeypatch):
