@@ -242,7 +242,7 @@ def weight_bytes(
         modules.append(comps.vae)
     total = sum(module_bytes(m) for m in modules)
     total += denoiser_weight_bytes(config, comps.denoiser, world_size)
-    total += sum(module_bytes(m) for m in _other_experts_on_device(config, comps))
+    total += _other_experts_bytes(config, comps)
     if device_type == "cpu":
         total += host_bytes(comps.denoiser)
     compute = WEIGHT_DTYPES[config.training.mixed_precision]
@@ -253,12 +253,16 @@ def weight_bytes(
     return total
 
 
-def _other_experts_on_device(config: Config, comps) -> list[torch.nn.Module]:
-    """The denoiser experts kept on the device beside ``comps.denoiser`` (none when the
-    inactive one waits in host memory: offload_inactive_dit)."""
-    if comps.experts is None or offloads(config, comps.experts):
-        return []
-    return [m for m in experts_on_device(config, comps.experts) if m is not comps.denoiser]
+def _other_experts_bytes(config: Config, comps) -> int:
+    """The trained denoiser experts' weights on the device beside ``comps.denoiser``'s: whole,
+    or only their trained ones when the inactive expert's frozen weights wait in host memory
+    (offload_inactive_dit)."""
+    if comps.experts is None:
+        return 0
+    others = [m for m in experts_on_device(config, comps.experts) if m is not comps.denoiser]
+    if offloads(config, comps.experts):
+        return sum(tensor_bytes([p for p in m.parameters() if p.requires_grad]) for m in others)
+    return sum(module_bytes(m) for m in others)
 
 
 def _trained_denoiser(parts: TrainedParts) -> torch.nn.Module:

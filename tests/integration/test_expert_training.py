@@ -134,3 +134,27 @@ def test_expert_runs_are_layout_invariant_and_resume_exactly(model, tmp_path, mo
     assert train(config, "--resume", str(tmp_path / "resumed" / "run-step00000001-state")) == 0
     for expert in EXPERTS:
         assert_close_dicts(_files(tmp_path / "resumed")[expert], one[expert], 1e-5)
+
+
+def test_the_estimate_counts_the_other_expert_unless_it_waits_in_host_memory(model, tmp_path, capfd):
+    """Both experts on the device hold one transformer's frozen weights more than with
+    offload_inactive_dit (the bytes of the tiny transformer, counted here), and one transformer
+    with its adapter more than a run training one expert."""
+    from diffusers import BriaTransformer2DModel
+
+    from tests.kits.toy.tiny import tiny_transformer_config
+
+    images = make_images(tmp_path / "imgs", 2, size=64)
+
+    def weights(name, **keys) -> int:
+        config = write_config(tmp_path / f"{name}.toml", model, images, tmp_path / name,
+                              max_train_steps=1, **COMMON, **keys)  # fmt: skip
+        code, out, err = cli(capfd, "--config", config, "--dry_run", "--json")
+        assert code == 0, err
+        return json.loads(out)["memory"]["weights_bytes"]
+
+    one = sum(p.numel() * 4 for p in BriaTransformer2DModel(**tiny_transformer_config()).parameters())
+    both = weights("both")
+    assert both - weights("offload", offload_inactive_dit=True) == one
+    adapter = both - weights("high", train_experts="high_noise") - one
+    assert 0 < adapter < one / 4  # rank 4 on width-32 Linears
