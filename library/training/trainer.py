@@ -473,8 +473,10 @@ class Trainer:
         for _, module in wrapped:
             keep_out_of_ddp(module)  # fp8_base weights: frozen, and not every backend sends float8
         # offload_inactive_dit: accelerate must not move a whole expert onto the device
-        placed = [not (offloads(self.config, comps.experts) and n.startswith("unet")) for n, _ in wrapped]
-        prepared = acc.prepare(*[module for _, module in wrapped], device_placement=placed) if wrapped else []
+        placed = None
+        if offloads(self.config, comps.experts):
+            placed = [not n.startswith("unet") for n, _ in wrapped]
+        prepared = acc.prepare(*[m for _, m in wrapped], device_placement=placed) if wrapped else []
         prepared = list(prepared) if isinstance(prepared, (tuple, list)) else [prepared]
         self._prepared = dict(zip([n for n, _ in wrapped], prepared, strict=True))
         if self.sharded:
