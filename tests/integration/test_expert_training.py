@@ -14,7 +14,14 @@ import torch
 from safetensors import safe_open
 
 from library.models.families import registry
-from tests.integration.harness import assert_close_dicts, make_images, tensors, train, write_config
+from tests.integration.harness import (
+    assert_close_dicts,
+    check_accumulation_and_resume,
+    make_images,
+    tensors,
+    train,
+    write_config,
+)
 from tests.integration.test_dry_run_json import cli
 from tests.kits.toy.entry import TOY_ENTRY
 from tests.kits.toy.tiny import write_tiny_toy_experts_folder
@@ -102,38 +109,17 @@ def test_both_experts_train_into_a_file_each(model, tmp_path, capfd):
 def test_expert_runs_are_layout_invariant_and_resume_exactly(model, tmp_path, monkeypatch):
     """4 samples a step as one batch of 4 and as 2 x 2 accumulated micro-batches (each
     micro-batch of a step on the same expert, its samples at the same levels), and a run
-    stopped after its step-1 save and resumed: the same two files."""
-    from library.training.saver import Saver
-
+    stopped after its step-1 save and resumed: the same two files, each trained."""
     images = make_images(tmp_path / "imgs", 4, size=64)
-    keys = {**COMMON, "max_train_steps": 3}
 
-    def run(name, *argv, **more):
-        config = write_config(tmp_path / f"{name}.toml", model, images, tmp_path / name, **keys, **more)
-        return train(config, *argv), config
+    def make_config(folder, out, **keys):
+        return write_config(folder / "c.toml", model, images, out, **keys)
 
-    assert run("one", train_batch_size=4)[0] == 0
-    assert run("acc", train_batch_size=2, gradient_accumulation_steps=2)[0] == 0
-    one = _files(tmp_path / "one")
-    assert all(moved(saved) for saved in one.values())  # both experts had steps
-    for expert in EXPERTS:
-        # summation order is all that differs (a step on the other expert moves weights by ~lr)
-        assert_close_dicts(_files(tmp_path / "acc")[expert], one[expert], 1e-5)
-
-    original = Saver.after_step
-
-    def stop_after_step_1(self, global_step):
-        original(self, global_step)
-        if global_step == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Saver, "after_step", stop_after_step_1)
-    code, config = run("resumed", train_batch_size=4, save_every_n_steps=1, save_state=True)
-    assert code == 130
-    monkeypatch.setattr(Saver, "after_step", original)
-    assert train(config, "--resume", str(tmp_path / "resumed" / "run-step00000001-state")) == 0
-    for expert in EXPERTS:
-        assert_close_dicts(_files(tmp_path / "resumed")[expert], one[expert], 1e-5)
+    common = {**COMMON, "max_train_steps": 3, "train_batch_size": 4}
+    # summation order is all that differs (a step on the other expert moves weights by ~lr)
+    names = tuple(f"run_{e}.safetensors" for e in EXPERTS)
+    check_accumulation_and_resume(tmp_path, make_config, common, monkeypatch, names, (1e-5, 1e-5))
+    assert all(moved(saved) for saved in _files(tmp_path / "one").values())  # both had steps
 
 
 def test_the_estimate_counts_the_other_expert_unless_it_waits_in_host_memory(model, tmp_path, capfd):
