@@ -1,5 +1,5 @@
 """The [experts] section: which denoiser experts a run trains, for models that carry several
-(one per range of noise levels, such as Wan 2.2's high-noise and low-noise transformers).
+(one per range of noise levels: a high-noise and a low-noise transformer).
 
 Every key is unset by default, and a model with one denoiser refuses a set one (it would change
 nothing there). The words are musubi-tuner's where it has them (``timestep_boundary``,

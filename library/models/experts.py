@@ -1,6 +1,6 @@
 """Denoiser experts: a model whose denoising is split between several networks, each owning a
-range of noise levels (Wan 2.2's A14B releases: a high-noise and a low-noise transformer of the
-same shape, switched at the model's ``boundary_ratio``).
+range of noise levels (a high-noise and a low-noise transformer of the same shape, switched at
+the model's ``boundary_ratio``, as diffusers' two-transformer video pipelines hold them).
 
 A family declares them by returning ``Components.experts``: the networks by name and the
 boundary its model's config gives. The training code (library.training.experts) does the rest:
