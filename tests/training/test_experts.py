@@ -121,8 +121,10 @@ def _batch(positions: list[int]) -> dict:
 def routed(monkeypatch):
     """Two recorder experts split at 0.6 under a uniform draw, and the recording family."""
     import library.training.step as step
+    import library.training.validation as validation
 
-    monkeypatch.setattr(step, "batch_conditioning", lambda s, batch: None)
+    for module in (step, validation):  # no captions to encode
+        monkeypatch.setattr(module, "batch_conditioning", lambda s, batch: None)
     modules = {HIGH_NOISE: _Recorder(), LOW_NOISE: _Recorder()}
     ranges = expert_ranges(_config(timestep_boundary=0.6), _experts())
     return ExpertRouting(ranges, modules), _Family()
