@@ -146,14 +146,17 @@ class ExpertRouting:
     modules: Mapping[str, torch.nn.Module]
     offload: bool = False  # offload_inactive_dit: the unused expert's frozen weights on the host
     active: str | None = None
+    # the 0-based optimizer step whose micro-batches run now: the trainer sets it, so the loss's
+    # signature (which tests and tools wrap) stays that of a one-denoiser model
+    step: int = 0
 
-    def choose(self, objective, draws: SampleDraws, shape, seed: int, step: int) -> ExpertRange:
-        """The expert optimizer step ``step`` (0-based) trains: the one whose range holds a
-        level drawn from the run's distribution by (seed, step) alone."""
+    def choose(self, objective, draws: SampleDraws, shape, seed: int) -> ExpertRange:
+        """The expert optimizer step ``self.step`` trains: the one whose range holds a level
+        drawn from the run's distribution by (seed, step) alone."""
         if len(self.ranges) == 1:
             return next(iter(self.ranges.values()))
         device = draws.time_normal.device
-        normal, uniform = _time_inputs([sample_seed(seed, step, 0, STEP_STREAM)], device)
+        normal, uniform = _time_inputs([sample_seed(seed, self.step, 0, STEP_STREAM)], device)
         one = dataclasses.replace(draws, time_normal=normal, time_uniform=uniform)
         fraction = objective.level_fraction(objective.levels(one, shape))
         return next(r for r in self.ranges.values() if bool(r.holds(fraction).all()))

@@ -190,10 +190,10 @@ def predict(
     return s.objective.prediction(output, noisy, levels)
 
 
-def micro_batch_loss(s: StepInputs, batch: dict, step: int = 0) -> torch.Tensor:
-    """Loss of one micro-batch, with every random draw keyed by (seed, epoch, position);
-    ``step``: the 0-based optimizer step it belongs to, which picks the expert of a model with
-    several (library.training.experts)."""
+def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
+    """Loss of one micro-batch, with every random draw keyed by (seed, epoch, position); on a
+    model with experts, that of the expert of the optimizer step the trainer set in
+    ``s.experts.step`` (library.training.experts)."""
     mean, std = batch_posterior(s, batch)
     positions = batch["positions"].tolist()
     shape = tuple(mean.shape[1:])
@@ -204,7 +204,7 @@ def micro_batch_loss(s: StepInputs, batch: dict, step: int = 0) -> torch.Tensor:
     if s.experts is None:
         levels = s.objective.levels(draws, shape)
     else:
-        expert = s.experts.choose(s.objective, draws, shape, s.seed, step)
+        expert = s.experts.choose(s.objective, draws, shape, s.seed)
         key = (s.seed, batch["epoch"], positions)
         levels = s.experts.levels_within(s.objective, draws, shape, key, expert)
         denoiser = s.experts.module(expert, s.device)

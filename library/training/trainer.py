@@ -333,11 +333,13 @@ class Trainer:
         loss_sum = torch.zeros((), device=acc.device)
         for micro, batch in enumerate(epoch_batches):
             loop.unreadable.note(batch)
+            if loop.inputs.experts is not None:  # the step picks the expert
+                loop.inputs.experts.step = global_step
             with acc.accumulate(*loop.trained):
                 if self.sharded:  # accelerate's no_sync covers DDP modules, not FSDP ones
                     set_gradient_sync(loop.inputs.denoiser, acc.sync_gradients)
                 with acc.autocast():
-                    loss = micro_batch_loss(loop.inputs, batch, global_step)
+                    loss = micro_batch_loss(loop.inputs, batch)
                 acc.backward(loss)  # DDP all-reduces only on the window's last micro-batch
                 loss_sum += loss.detach()
                 step = self._sync_point(loop, micro, loss_sum, global_step) if acc.sync_gradients else None

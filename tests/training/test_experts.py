@@ -135,9 +135,10 @@ def test_each_step_trains_one_expert_at_levels_of_its_range_only(routed):
     s = _inputs(routing, family)
     used = []
     for step in range(40):
+        routing.step = step
         for module in routing.modules.values():
             module.weight.grad = None
-        micro_batch_loss(s, _batch([2 * step, 2 * step + 1]), step).backward()
+        micro_batch_loss(s, _batch([2 * step, 2 * step + 1])).backward()
         (module, levels), = family.calls[-1:]
         name = next(n for n, m in routing.modules.items() if m is module)
         assert all(routing.ranges[name].holds(torch.tensor(levels))), (step, name, levels)
@@ -154,11 +155,12 @@ def test_a_steps_expert_and_levels_do_not_depend_on_how_its_samples_are_split(ro
     routing, family = routed
     s = _inputs(routing, family)
     for step in range(12):
+        routing.step = step
         positions = [4 * step + i for i in range(4)]
-        micro_batch_loss(s, _batch(positions), step)
+        micro_batch_loss(s, _batch(positions))
         whole = family.calls[-1]
-        micro_batch_loss(s, _batch(positions[:2]), step)
-        micro_batch_loss(s, _batch(positions[2:]), step)
+        micro_batch_loss(s, _batch(positions[:2]))
+        micro_batch_loss(s, _batch(positions[2:]))
         first, second = family.calls[-2:]
         assert whole[0] is first[0] is second[0]
         assert whole[1] == pytest.approx(first[1] + second[1])
@@ -171,7 +173,8 @@ def test_over_many_steps_the_levels_follow_the_runs_distribution(routed):
     s = _inputs(routing, family)
     steps = 400
     for step in range(steps):
-        micro_batch_loss(s, _batch([step]), step)
+        routing.step = step
+        micro_batch_loss(s, _batch([step]))
     high = [lv for m, (lv,) in family.calls if m is routing.modules[HIGH_NOISE]]
     low = [lv for m, (lv,) in family.calls if m is routing.modules[LOW_NOISE]]
     assert len(high) / steps == pytest.approx(0.4, abs=0.07)
@@ -194,7 +197,7 @@ def test_one_trained_expert_takes_every_step_at_its_own_levels():
     routing = ExpertRouting(ranges, {HIGH_NOISE: _Recorder()})
     objective = _uniform()
     draws = draw(1, 0, list(range(64)), SHAPE, 1000, torch.device("cpu"), flow_times=True)
-    expert = routing.choose(objective, draws, SHAPE, 1, 5)
+    expert = routing.choose(objective, draws, SHAPE, 1)
     levels = routing.levels_within(objective, draws, SHAPE, (1, 0, list(range(64))), expert)
     assert expert.name == HIGH_NOISE and bool((levels >= 0.6).all())
 
