@@ -144,3 +144,39 @@ def test_the_estimate_counts_the_other_expert_unless_it_waits_in_host_memory(mod
     assert both - weights("offload", offload_inactive_dit=True) == one
     adapter = both - weights("high", train_experts="high_noise") - one
     assert 0 < adapter < one / 4  # rank 4 on width-32 Linears
+
+
+@pytest.mark.parametrize("kind", ["full", "loha"])
+def test_a_full_fine_tune_and_lycoris_write_a_file_per_expert(model, tmp_path, kind):
+    """Each expert's file holds what that run kind writes (the transformer in Toy's original
+    names; LyCORIS LoHa factors), names its expert, and differs from the other's."""
+    from tests.kits.toy.tiny import write_tiny_toy_files
+
+    images = make_images(tmp_path / "imgs", 2, size=64)
+    keys = {**COMMON, "max_train_steps": 4, "train_batch_size": 2}
+    if kind == "full":
+        for key in ("network_module", "network_train_unet_only"):
+            keys.pop(key)
+        keys.update(train_mode="unet", learning_rate=1e-4)
+    else:
+        keys.update(network_module="lycoris.kohya", network_args=["algo=loha"])
+    out = tmp_path / "out"
+    assert train(write_config(tmp_path / "c.toml", model, images, out, **keys)) == 0
+    files = _files(out)
+    if kind == "full":  # each file is its own expert, trained: not the base it started from
+        from diffusers import BriaTransformer2DModel
+
+        from tests.kits.toy.spec import TABLE
+
+        assert set(files["high_noise"]) == set(tensors(write_tiny_toy_files(tmp_path / "f")["transformer"]))
+        for expert, sub in (("high_noise", "transformer"), ("low_noise", "transformer_2")):
+            base = TABLE.to_original(BriaTransformer2DModel.from_pretrained(model / sub).state_dict())
+            changed = [k for k, v in files[expert].items() if not torch.equal(v, base[k])]
+            assert changed, expert
+            # near its own base (a file of the other expert is ~0.1 away)
+            assert all((files[expert][k] - base[k]).abs().max() < 1e-2 for k in base), expert
+    else:
+        assert any(key.endswith(".hada_w1_a") for key in files["high_noise"])
+    assert set(files["high_noise"]) == set(files["low_noise"])
+    for expert in EXPERTS:
+        assert _header(out / f"run_{expert}.safetensors")["ss_expert"] == expert
