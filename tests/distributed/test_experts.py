@@ -20,7 +20,9 @@ def test_two_processes_train_both_experts_as_one_process_does(tmp_path):
     model = write_tiny_toy_experts_folder(tmp_path / "toy", boundary_ratio=None)
     images = make_images(tmp_path / "imgs", 4, size=64)
     keys = {**COMMON, "max_train_steps": 3}
-    one = write_config(tmp_path / "one.toml", model, images, tmp_path / "one", train_batch_size=4, **keys)
+    one = write_config(
+        tmp_path / "one.toml", model, images, tmp_path / "one", train_batch_size=4, **keys
+    )
     with registry.registered(TOY_ENTRY):
         assert train(one) == 0
     two = write_config(tmp_path / "two.toml", model, images, tmp_path / "two", train_batch_size=1,

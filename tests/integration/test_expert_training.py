@@ -102,8 +102,12 @@ def test_both_experts_train_into_a_file_each(model, tmp_path, capfd):
                        train_experts="high_noise", network_weights=str(out / "run_high_noise.safetensors"),
                        **{**COMMON, "learning_rate": 1e-6})  # fmt: skip
     assert train(own) == 0
-    assert sorted(p.name for p in (tmp_path / "out3").glob("*.safetensors")) == ["run_high_noise.safetensors"]
-    assert_close_dicts(tensors(tmp_path / "out3" / "run_high_noise.safetensors"), files["high_noise"], 1e-4)
+    assert sorted(p.name for p in (tmp_path / "out3").glob("*.safetensors")) == [
+        "run_high_noise.safetensors"
+    ]
+    assert_close_dicts(
+        tensors(tmp_path / "out3" / "run_high_noise.safetensors"), files["high_noise"], 1e-4
+    )
 
 
 def test_expert_runs_are_layout_invariant_and_resume_exactly(model, tmp_path, monkeypatch):
@@ -122,7 +126,9 @@ def test_expert_runs_are_layout_invariant_and_resume_exactly(model, tmp_path, mo
     assert all(moved(saved) for saved in _files(tmp_path / "one").values())  # both had steps
 
 
-def test_the_estimate_counts_the_other_expert_unless_it_waits_in_host_memory(model, tmp_path, capfd):
+def test_the_estimate_counts_the_other_expert_unless_it_waits_in_host_memory(
+    model, tmp_path, capfd
+):
     """Both experts on the device hold one transformer's frozen weights more than with
     offload_inactive_dit (the bytes of the tiny transformer, counted here), and one transformer
     with its adapter more than a run training one expert."""
@@ -139,7 +145,9 @@ def test_the_estimate_counts_the_other_expert_unless_it_waits_in_host_memory(mod
         assert code == 0, err
         return json.loads(out)["memory"]["weights_bytes"]
 
-    one = sum(p.numel() * 4 for p in BriaTransformer2DModel(**tiny_transformer_config()).parameters())
+    one = sum(
+        p.numel() * 4 for p in BriaTransformer2DModel(**tiny_transformer_config()).parameters()
+    )
     both = weights("both")
     assert both - weights("offload", offload_inactive_dit=True) == one
     adapter = both - weights("high", train_experts="high_noise") - one
@@ -168,9 +176,13 @@ def test_a_full_fine_tune_and_lycoris_write_a_file_per_expert(model, tmp_path, k
 
         from tests.kits.toy.spec import TABLE
 
-        assert set(files["high_noise"]) == set(tensors(write_tiny_toy_files(tmp_path / "f")["transformer"]))
+        assert set(files["high_noise"]) == set(
+            tensors(write_tiny_toy_files(tmp_path / "f")["transformer"])
+        )
         for expert, sub in (("high_noise", "transformer"), ("low_noise", "transformer_2")):
-            base = TABLE.to_original(BriaTransformer2DModel.from_pretrained(model / sub).state_dict())
+            base = TABLE.to_original(
+                BriaTransformer2DModel.from_pretrained(model / sub).state_dict()
+            )
             changed = [k for k, v in files[expert].items() if not torch.equal(v, base[k])]
             assert changed, expert
             # near its own base (a file of the other expert is ~0.1 away)

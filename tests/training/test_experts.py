@@ -139,7 +139,7 @@ def test_each_step_trains_one_expert_at_levels_of_its_range_only(routed):
         for module in routing.modules.values():
             module.weight.grad = None
         micro_batch_loss(s, _batch([2 * step, 2 * step + 1])).backward()
-        (module, levels), = family.calls[-1:]
+        ((module, levels),) = family.calls[-1:]
         name = next(n for n, m in routing.modules.items() if m is module)
         assert all(routing.ranges[name].holds(torch.tensor(levels))), (step, name, levels)
         # only that expert's weights got a gradient
@@ -236,4 +236,7 @@ def test_validation_runs_each_level_on_the_expert_that_owns_it(routed):
     routing, family = routed
     batch = {**_batch([0, 1]), "validation_keys": ["a", "b"]}
     batch_validation_loss(_inputs(routing, family), batch, [0.3, 0.8], seed=1)
-    assert [module for module, _ in family.calls] == [routing.modules[LOW_NOISE], routing.modules[HIGH_NOISE]]
+    assert [module for module, _ in family.calls] == [
+        routing.modules[LOW_NOISE],
+        routing.modules[HIGH_NOISE],
+    ]
