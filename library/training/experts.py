@@ -26,6 +26,7 @@ from library.errors import CheckpointError, ConfigError, TrainingError
 from library.models.experts import EXPERT_NAMES, HIGH_NOISE, LOW_NOISE, Experts
 from library.saving.output_names import expert_file
 from library.training.noise import SampleDraws, draw, sample_seed
+from library.training.objectives import FlowMatchingObjective
 
 # The streams of the routing draws: one per optimizer step, one per sample and redraw.
 STEP_STREAM = "expert_step"
@@ -334,6 +335,10 @@ def expert_plan(config: Config, components) -> dict | None:
     experts = components.experts
     if experts is None:
         return None
+    if not isinstance(components.objective, FlowMatchingObjective):  # the redraws are its levels'
+        raise ConfigError(
+            f"denoiser experts train with a flow-matching objective; this model's is {components.objective.name}"
+        )
     ranges = expert_ranges(config, experts)
     width, height = (
         config.datasets[0].resolution
