@@ -116,9 +116,9 @@ UNSUPPORTED: dict[str, Unsupported] = {
         planned=False,
     ),
     # Wan 2.1 / 2.2 (wan_train_network.py)
-    **group("dit_high_noise t5 clip task timestep_boundary", _WAN, planned=False),
+    **group("dit_high_noise t5 clip task", _WAN, planned=False),
     **group(
-        "offload_inactive_dit vae_cache_cpu one_frame force_v2_1_time_embedding",
+        "vae_cache_cpu one_frame force_v2_1_time_embedding",
         _WAN,
         (False,),
         planned=False,

@@ -217,6 +217,8 @@ def print_plan_json(trainer) -> None:
         for line in plan_warnings(trainer):
             print(f"warning: {line}", file=sys.stderr)
         report = plan_report(config, trainer.data, trainer.plan, start.resume, memory)
+        if trainer.experts_plan is not None:
+            report["experts"] = {k: v for k, v in trainer.experts_plan.items() if k != "lines"}
         print(plan_document(report))
     finally:
         start.release()
