@@ -170,7 +170,8 @@ def check_sampling(components, prompts: Sequence[SamplePrompt]) -> None:
         components.objective.sampler(name)
     family = components.family
     for prompt in prompts:
-        _check_frames(family, kind, prompt)
+        check_frame_count(family, prompt)
+        _check_first_frame(family, kind, prompt)
         count = len(prompt.references)
         if not family.takes_references(count):
             fix = "remove its --ci options" if count else "give it its --ci reference images"
@@ -180,16 +181,21 @@ def check_sampling(components, prompts: Sequence[SamplePrompt]) -> None:
             )
 
 
-def _check_frames(family, kind, prompt: SamplePrompt) -> None:
-    """ConfigError when ``prompt``'s frame count (--f) or first frame (--i) does not fit the
-    model: frames for an image model, a first frame a text-to-video model does not take, or
-    none for an image-to-video model."""
-    where = f"sample prompt {prompt.index + 1}"
+def check_frame_count(family, prompt: SamplePrompt) -> None:
+    """ConfigError when ``prompt`` asks an image model (not ModelFamily.TRAINS_CLIPS) for
+    several frames (--f). Class data only: it can run before any weight is read."""
     if prompt.frames > 1 and not family.TRAINS_CLIPS:
         raise ConfigError(
-            f"{where} asks for {prompt.frames} frames (--f) and {family.LABEL} models make "
-            "single images; remove its --f option (or frame_count key)"
+            f"sample prompt {prompt.index + 1} asks for {prompt.frames} frames (--f) and "
+            f"{family.LABEL} models make single images; remove its --f option (or frame_count "
+            "key)"
         )
+
+
+def _check_first_frame(family, kind, prompt: SamplePrompt) -> None:
+    """ConfigError for a first frame (--i) a text-to-video model does not take, or none for an
+    image-to-video model."""
+    where = f"sample prompt {prompt.index + 1}"
     takes = kind.first_frame_argument is not None
     if prompt.first_frame is not None and not takes:
         raise ConfigError(
