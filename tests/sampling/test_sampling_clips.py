@@ -242,3 +242,111 @@ def test_write_clip_leaves_no_temporary_and_keeps_an_earlier_file_on_failure(tmp
     assert path.read_bytes() == b"earlier" and sorted(tmp_path.iterdir()) == [path]
     write_clip(path, frames, FPS)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.webp", "c_strip.png"]
+
+
+EMBEDDING = torch.linspace(-1, 1, 32).reshape(1, 4, 8)  # a caption's stand-in text states
+
+
+def _wan_inputs(cond, prompt) -> dict:
+    embeds, negative = cond.encoder_hidden_states.chunk(2)
+    return {"prompt_embeds": embeds, "negative_prompt_embeds": negative,
+            "guidance_scale": prompt.scale, "num_frames": 1}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyWanFamily(ClipFamily):
+    """Samples through diffusers' own WanPipeline; a caption is EMBEDDING, the empty one zeros."""
+
+    def sampling_pipeline(self):
+        if not self.first_frame:
+            return PipelineKind("WanPipeline", denoiser_argument="transformer",
+                                call_inputs=_wan_inputs)  # fmt: skip
+        # Wan 2.2's image-to-video: the first frame's latents alone, no CLIP image encoder
+        return PipelineKind(
+            "WanImageToVideoPipeline", {"image_encoder": None, "image_processor": None},
+            denoiser_argument="transformer", call_inputs=_wan_inputs, first_frame_argument="image",
+        )  # fmt: skip
+
+    def encode_text(self, tokenizers, text_encoders, captions, device, *args, **kw):
+        rows = [EMBEDDING[0] if caption else torch.zeros(4, 8) for caption in captions]
+        return TextConditioning(hidden=torch.stack(rows).to(device))
+
+
+def tiny_wan_pipeline(first_frame: bool = False):
+    """A tiny WanPipeline (WanImageToVideoPipeline with ``first_frame``) and Components that
+    sample through the same module objects."""
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanImageToVideoPipeline,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(
+        base_dim=4, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+        temperal_downsample=[False, True, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+    )  # fmt: skip
+    transformer = WanTransformer3DModel(
+        # image-to-video: noise, the first frame's mask (4 frames a latent) and its latents
+        in_channels=12 if first_frame else 4,
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8,
+        out_channels=4, text_dim=8, freq_dim=16, ffn_dim=16, num_layers=1, rope_max_seq_len=32,
+    )  # fmt: skip
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    # never run (the family encodes the captions): a pipeline's modules tell it its device
+    encoder = UMT5EncoderModel(UMT5Config(vocab_size=8, d_model=8, d_kv=4, num_heads=2,
+                                          num_layers=1, d_ff=8))  # fmt: skip
+    scheduler = lambda name: FlowMatchEulerDiscreteScheduler(shift=3.0)  # noqa: E731
+    modules = dict(tokenizer=None, text_encoder=encoder, vae=vae, transformer=transformer,
+                   scheduler=scheduler(None))  # fmt: skip
+    if first_frame:
+        pipe = WanImageToVideoPipeline(**modules, image_encoder=None, image_processor=None)
+    else:
+        pipe = WanPipeline(**modules)
+    pipe.set_progress_bar_config(disable=True)
+    components = SimpleNamespace(
+        family=TinyWanFamily(name="tiny-wan", prediction_type="flow", base_model_version="t",
+                             modelspec_architecture="t", default_resolution=32,
+                             first_frame=first_frame),
+        denoiser=transformer, text_encoders=(pipe.text_encoder,), tokenizers=(None,), vae=vae,
+        objective=SimpleNamespace(sampler=scheduler),
+    )  # fmt: skip
+    return pipe, components
+
+
+def test_a_clip_sampled_through_wan_pipeline_is_the_pipeline_own_clip(tmp_path):
+    pipe, parts = tiny_wan_pipeline()
+    p = prompt(frames=10, width=32, height=32, scale=2.0, steps=2)
+    done = sample_images(parts, [p], step=1, output_dir=tmp_path, output_name="w")
+    # the pipeline called directly, as its users call it: 9 frames (10 rounded down), numbers
+    video = pipe(
+        prompt_embeds=EMBEDDING, negative_prompt_embeds=torch.zeros(1, 4, 8), guidance_scale=2.0,
+        width=32, height=32, num_frames=9, num_inference_steps=2,
+        generator=torch.Generator().manual_seed(p.seed), output_type="np",
+    ).frames[0]  # fmt: skip
+    expected = (video * 255).round().astype(np.int16)
+    frames, _ = webp_frames(done.images[0])
+    assert len(frames) == 9 and np.abs(expected).max() > 0
+    assert all(np.array_equal(a, b) for a, b in zip(frames, expected, strict=True))
+
+
+def test_an_image_to_video_sample_is_the_pipeline_own_clip_from_the_cropped_first_frame(tmp_path):
+    pipe, parts = tiny_wan_pipeline(first_frame=True)
+    rng = np.random.default_rng(0)
+    wide = rng.integers(0, 256, (32, 64, 3), dtype=np.uint8)
+    Image.fromarray(wide).save(tmp_path / "start.png")
+    p = prompt(frames=5, width=32, height=32, scale=2.0, first_frame=tmp_path / "start.png")
+    check_sampling(parts, [p])
+    done = sample_images(parts, [p], step=0, output_dir=tmp_path, output_name="i")
+    video = pipe(
+        image=Image.fromarray(wide[:, 16:48]),  # the middle square: covered, center-cropped
+        prompt_embeds=EMBEDDING, negative_prompt_embeds=torch.zeros(1, 4, 8), guidance_scale=2.0,
+        width=32, height=32, num_frames=5, num_inference_steps=2,
+        generator=torch.Generator().manual_seed(p.seed), output_type="np",
+    ).frames[0]  # fmt: skip
+    expected = (video * 255).round().astype(np.int16)
+    frames, _ = webp_frames(done.images[0])
+    assert all(np.array_equal(a, b) for a, b in zip(frames, expected, strict=True))
