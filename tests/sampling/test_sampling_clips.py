@@ -317,17 +317,22 @@ def tiny_wan_pipeline(first_frame: bool = False):
     return pipe, components
 
 
+def pipeline_clip(pipe, seed: int, **call) -> np.ndarray:
+    """The pipeline called directly, as its users call it, for numbers: a 32 x 32 clip of 2
+    steps at guidance 2 from EMBEDDING; its frames in 8 bits as diffusers rounds them."""
+    video = pipe(
+        prompt_embeds=EMBEDDING, negative_prompt_embeds=torch.zeros(1, 4, 8), guidance_scale=2.0,
+        width=32, height=32, num_inference_steps=2, generator=torch.Generator().manual_seed(seed),
+        output_type="np", **call,
+    ).frames[0]  # fmt: skip
+    return (video * 255).round().astype(np.int16)
+
+
 def test_a_clip_sampled_through_wan_pipeline_is_the_pipeline_own_clip(tmp_path):
     pipe, parts = tiny_wan_pipeline()
     p = prompt(frames=10, width=32, height=32, scale=2.0, steps=2)
     done = sample_images(parts, [p], step=1, output_dir=tmp_path, output_name="w")
-    # the pipeline called directly, as its users call it: 9 frames (10 rounded down), numbers
-    video = pipe(
-        prompt_embeds=EMBEDDING, negative_prompt_embeds=torch.zeros(1, 4, 8), guidance_scale=2.0,
-        width=32, height=32, num_frames=9, num_inference_steps=2,
-        generator=torch.Generator().manual_seed(p.seed), output_type="np",
-    ).frames[0]  # fmt: skip
-    expected = (video * 255).round().astype(np.int16)
+    expected = pipeline_clip(pipe, p.seed, num_frames=9)  # 10 frames rounded down
     frames, _ = webp_frames(done.images[0])
     assert len(frames) == 9 and np.abs(expected).max() > 0
     assert all(np.array_equal(a, b) for a, b in zip(frames, expected, strict=True))
@@ -341,12 +346,7 @@ def test_an_image_to_video_sample_is_the_pipeline_own_clip_from_the_cropped_firs
     p = prompt(frames=5, width=32, height=32, scale=2.0, first_frame=tmp_path / "start.png")
     check_sampling(parts, [p])
     done = sample_images(parts, [p], step=0, output_dir=tmp_path, output_name="i")
-    video = pipe(
-        image=Image.fromarray(wide[:, 16:48]),  # the middle square: covered, center-cropped
-        prompt_embeds=EMBEDDING, negative_prompt_embeds=torch.zeros(1, 4, 8), guidance_scale=2.0,
-        width=32, height=32, num_frames=5, num_inference_steps=2,
-        generator=torch.Generator().manual_seed(p.seed), output_type="np",
-    ).frames[0]  # fmt: skip
-    expected = (video * 255).round().astype(np.int16)
+    # the middle square: the first frame covered and center-cropped
+    expected = pipeline_clip(pipe, p.seed, num_frames=5, image=Image.fromarray(wide[:, 16:48]))
     frames, _ = webp_frames(done.images[0])
     assert all(np.array_equal(a, b) for a, b in zip(frames, expected, strict=True))
