@@ -37,12 +37,15 @@ class PipelineKind:
     ``call_inputs(cond, prompt)`` gets the conditioning of [prompt, negative prompt] and the
     SamplePrompt; it returns the text and guidance keywords of the call, and may return
     ``width``/``height`` to replace the prompt's size (e.g. rounded to the model's grid).
+    ``first_frame_argument``: the call keyword an image-to-video pipeline takes its first frame
+    in ("image"); None where the pipeline starts from noise alone.
     """
 
     class_name: str
     options: dict = field(default_factory=dict)
     denoiser_argument: str = "unet"  # the constructor argument that takes the denoiser
     call_inputs: Callable[[Conditioning, object], dict] = guided_inputs
+    first_frame_argument: str | None = None
     # SamplePrompt fields a prompt left unset (None) -> the model's default for them.
     prompt_defaults: dict = field(
         default_factory=lambda: {"scale": DEFAULT_CFG_SCALE, "sampler": DEFAULT_SAMPLER}

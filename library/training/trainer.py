@@ -58,6 +58,7 @@ from library.training.reference_checks import (
     check_clip_config,
     check_reference_config,
     check_reference_counts,
+    check_sample_frames,
 )
 from library.training.resume_rules import change_lines
 from library.training.run_summary import RunSummary
@@ -142,6 +143,7 @@ class Trainer:
         check_batch_sizes(self.data.stats)  # before any model loads
         check_reference_counts(config, self.data)
         self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
+        check_sample_frames(config, self.sampler.prompts)  # reads no weight
         self.size_notes = check_image_sizes(config, self.sampler.prompts)  # reads no weight
         self.validator = Validator(config, self.data, self.accelerator)
         self.summary: RunSummary | None = None  # the run summary, while a run holds the name
