@@ -253,7 +253,14 @@ def load_training_clip(
     cropped like an image (library.data.images.load_training_image) with one draw for the whole
     clip: pixels float32 [3, F, H, W] in [-1, 1]. DataError naming the file when it cannot be
     decoded now."""
-    decoded = decode_frames(path, list(frames))  # [F, h, w, 3] uint8
+    return fit_clip(decode_frames(path, list(frames)), size, draws)
+
+
+def fit_clip(
+    decoded: np.ndarray, size: tuple[int, int], draws: AugmentDraws | None = None
+) -> LoadedImage:
+    """A clip's decoded frames (uint8 RGB [F, h, w, 3], as decode_frames gives them) at
+    training ``size``, as load_training_clip makes them."""
     height, width = decoded.shape[1:3]
     resized, (left, top) = crop_geometry(
         (width, height), size, draws.crop_fraction if draws else None
