@@ -365,3 +365,19 @@ def test_a_video_jsonl_as_musubi_tuner_reads_it(tmp_path, monkeypatch):
             TrainData(_run(tmp_path, text), seed=0)
         message = str(caught.value)
         assert named in message and str(listing) in message and "\n" not in message
+
+
+def test_the_plan_gives_each_clip_buckets_tokens(tmp_path):
+    """The stand-in clip family's denoiser sees every latent position: 96x64 pixels are 12x8
+    latents a frame, and clips of 5 and 9 frames are 2 and 3 latent frames (1 + (F - 1) / 4)."""
+    from tests.kits.video_latents import VideoLatentFamily
+
+    folder = _clip_folder(tmp_path)
+    write_image(tmp_path / "stills" / "s.png", size=SIZE)
+    text = _video_dataset(folder, tmp_path / "stills").replace("[1, 5]", "[5, 9]")
+    data = TrainData(_run(tmp_path, text), seed=0, tokens_of=VideoLatentFamily.tokens_per_sample)
+    clips, images = data.stats.datasets
+    assert {b.frames: b.tokens for b in clips.buckets} == {5: 12 * 8 * 2, 9: 12 * 8 * 3}
+    assert [b.tokens for b in images.buckets] == [12 * 8]
+    rows = [line.split() for line in plan_lines(data) if line.startswith("      96x64")]
+    assert [row[-2:] for row in rows] == [["192", "tokens"], ["288", "tokens"]]
