@@ -32,7 +32,7 @@ import numpy as np
 from library.data.videos import decode_frames
 
 GROUP_FRAMES = 128  # frames one group holds: about 0.35 GB of 720p RGB
-KEEP_GROUPS = 4  # groups held at once: one per latent cache load thread
+KEEP_GROUPS = 2  # groups held at once: the cache loads video by video, so two overlap at most
 
 
 class _Group:
