@@ -198,23 +198,41 @@ def _folder_items(subset: SubsetConfig) -> FolderScan:
     return FolderScan(items, tuple(sorted(ignored)))
 
 
+def _listed_video(name: str, listing: Path) -> Path:
+    """The video a video_jsonl_file line names: an absolute path as written; a relative one
+    from the working directory, as musubi-tuner opens it, else from the JSONL's folder (where
+    difftune's other metadata files start), so a listing written for either tool loads."""
+    path = Path(name)
+    if path.is_absolute() or path.exists():
+        return path
+    return listing.parent / path
+
+
+def _jsonl_record(record: object, path: Path, number: int, is_reg: bool) -> ImageItem:
+    """One line of musubi-tuner's video JSONL: ``video_path`` and ``caption`` (both required,
+    as musubi-tuner reads them); ``control_path`` (control videos) is not trained."""
+    where = f"video_jsonl_file {path} line {number}"
+    if not isinstance(record, dict) or not isinstance(record.get("video_path"), str):
+        raise DataError(f'{where} names no video: write {{"video_path": ..., "caption": ...}}')
+    if "control_path" in record:
+        raise DataError(
+            f'{where} has a "control_path" (control videos), which difftune does not train; '
+            "remove it"
+        )
+    caption = record.get("caption")
+    if not isinstance(caption, str):
+        raise DataError(f'{where} needs a "caption" (text); write one or remove the line')
+    video = _listed_video(record["video_path"], path)
+    return ImageItem(video, caption.strip(), is_reg, str(path.parent))
+
+
 def _jsonl_items(subset: SubsetConfig) -> list[ImageItem]:
     path = Path(subset.video_jsonl_file)
     items = []
     for number, line in enumerate(read_text(path).split("\n"), start=1):
-        if not line.strip():
-            continue
-        record = parse_json(line, path, number)
-        if not isinstance(record, dict) or not isinstance(record.get("video_path"), str):
-            raise DataError(
-                f'video_jsonl_file {path} line {number} names no video: write {{"video_path": '
-                '..., "caption": ...}'
-            )
-        caption = record.get("caption", "")
-        if not isinstance(caption, str):
-            raise DataError(f'video_jsonl_file {path} line {number}: "caption" must be text')
-        video = path.parent / record["video_path"]
-        items.append(ImageItem(video, caption.strip(), subset.is_reg, str(path.parent)))
+        if line.strip():
+            record = parse_json(line, path, number)
+            items.append(_jsonl_record(record, path, number, subset.is_reg))
     if not items:
         raise DataError(f"video_jsonl_file {path} lists no videos; add lines or remove it")
     return items
@@ -235,7 +253,14 @@ def load_training_clip(
     cropped like an image (library.data.images.load_training_image) with one draw for the whole
     clip: pixels float32 [3, F, H, W] in [-1, 1]. DataError naming the file when it cannot be
     decoded now."""
-    decoded = decode_frames(path, list(frames))  # [F, h, w, 3] uint8
+    return fit_clip(decode_frames(path, list(frames)), size, draws)
+
+
+def fit_clip(
+    decoded: np.ndarray, size: tuple[int, int], draws: AugmentDraws | None = None
+) -> LoadedImage:
+    """A clip's decoded frames (uint8 RGB [F, h, w, 3], as decode_frames gives them) at
+    training ``size``, as load_training_clip makes them."""
     height, width = decoded.shape[1:3]
     resized, (left, top) = crop_geometry(
         (width, height), size, draws.crop_fraction if draws else None

@@ -111,6 +111,7 @@ def _dataset_report(ds: DatasetStats) -> dict:
                 "padding_per_epoch": b.padded_per_epoch,
                 "references": [list(size) for size in b.references],
                 "frames": b.frames,
+                "tokens": b.tokens,
             }
             for b in ds.buckets
         ]
@@ -141,6 +142,7 @@ def _dataset_report(ds: DatasetStats) -> dict:
         "validation_images": ds.validation_images,
         "skipped_images": ds.skipped_images,
         "short_videos": list(ds.short_videos),
+        "tokens_per_sample": sorted({b.tokens for b in ds.buckets if b.tokens is not None}),
         "buckets": buckets,
     }
 

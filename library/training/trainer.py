@@ -26,6 +26,7 @@ from library.data.dataset import TrainData
 from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
 from library.errors import CheckpointError, ModelError, TrainingError
+from library.models.families.family_choice import entry_for
 from library.models.float8 import keep_out_of_ddp
 from library.models.loader import load_components, shapes_only
 from library.networks.max_norm import apply_max_norm
@@ -138,6 +139,7 @@ class Trainer:
             keep_scan_index=config.data.cache_latents_to_disk or config.data.cache_text_encoder_outputs_to_disk,
             group=CacheGroup() if self.accelerator.num_processes > 1 else None,  # collective
             frame_rate=frame_rate,
+            tokens_of=entry_for(config.model, config.flow).family().tokens_per_sample,
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads
