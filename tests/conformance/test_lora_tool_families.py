@@ -38,21 +38,6 @@ from tests.lora_tools.model_helpers import read, run_tool
 from tests.networks.lora_load_helpers import load_quietly
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """family -> its tiny diffusers folder (the kit's default variant), written on first use."""
-    cache = {}
-
-    def folder(name: str):
-        if name not in cache:
-            kit = kit_of(name)
-            path = tmp_path_factory.mktemp(name) / f"tiny-{kit.variant}"
-            cache[name] = kit.write_folder(path, kit.variant, 0)
-        return cache[name]
-
-    return folder
-
-
 def _pipeline_parts(name, folder):
     """(kit, diffusers' pipeline of the folder, private copies of its modules, the family)."""
     kit = kit_of(name)
@@ -102,9 +87,9 @@ def _trainer_reads(kit, family, modules, ours, path) -> bool:
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_the_family_writes_its_own_layout(name, folders, tmp_path):
+def test_the_family_writes_its_own_layout(name, kit_folders, tmp_path):
     """The layout the registry says the family's files are in is the one its key map writes."""
-    _, _, _, family, _, path = _own_file(name, folders(name), tmp_path)
+    _, _, _, family, _, path = _own_file(name, kit_folders(name), tmp_path)
     tensors, _ = read(path)
     own = registry.entry_of(family).tool.own_layout
     assert own in LAYOUTS
@@ -112,12 +97,12 @@ def test_the_family_writes_its_own_layout(name, folders, tmp_path):
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_check_reports_what_network_weights_reads(name, folders, tmp_path, capsys):
+def test_check_reports_what_network_weights_reads(name, kit_folders, tmp_path, capsys):
     """For our file in each layout (convert's output; diffusers' with alpha folded, so that a
     reader that ignores the peft header still reads our change): check's difftune column says
     "reads all" exactly when the trainer's network_weights import takes the file, and what
     the import then holds is our adapters."""
-    folder = folders(name)
+    folder = kit_folders(name)
     kit, _, modules, family, ours, own = _own_file(name, folder, tmp_path)
     files = {detect_layout(read(own)[0], own): own}
     for layout in LAYOUTS:
@@ -140,11 +125,11 @@ def test_check_reports_what_network_weights_reads(name, folders, tmp_path, capsy
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_convert_there_and_back_and_diffusers_applies_it(name, folders, tmp_path):
+def test_convert_there_and_back_and_diffusers_applies_it(name, kit_folders, tmp_path):
     """Our file to each other layout and back is the file again, bit for bit; the diffusers
     layout (alphas in the peft header) is applied by diffusers' own load_lora_weights exactly as
     peft merges our adapters."""
-    folder = folders(name)
+    folder = kit_folders(name)
     _, pipe, _, family, ours, own = _own_file(name, folder, tmp_path)
     mine, _ = read(own)
     own_layout = detect_layout(mine, own)
@@ -199,11 +184,11 @@ def _layer_deltas(model) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_extract_is_the_truncated_svd_of_the_weight_change(name, folders, tmp_path):
+def test_extract_is_the_truncated_svd_of_the_weight_change(name, kit_folders, tmp_path):
     """extract from the tiny base and a copy whose denoiser holds a rank-4 change: read by the
     trainer's import into rank-2 adapters, each adapted layer's change is the best rank-2
     approximation of tuned - base (plain torch's SVD of the two folders' weights)."""
-    folder = folders(name)
+    folder = kit_folders(name)
     kit, _, modules, family = _pipeline_parts(name, folder)
     sub = denoiser_name(modules)
     base = modules[sub]
@@ -252,11 +237,11 @@ def _module_changes(tensors) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_resize_is_the_truncated_svd_of_each_module(name, folders, tmp_path):
+def test_resize_is_the_truncated_svd_of_each_module(name, kit_folders, tmp_path):
     """resize of our file (rank 4, alphas differing by block) to rank 2: every module's change
     is the best rank-2 approximation of the input's (plain torch's SVD), the names are the
     input's, and the trainer's import reads the file into rank-2 adapters."""
-    folder = folders(name)
+    folder = kit_folders(name)
     kit, _, modules, family, _, own = _own_file(name, folder, tmp_path)
     out = tmp_path / "resized.safetensors"
     assert run_tool("resize", "--input", own, "--rank", 2, "--output", out) == 0
