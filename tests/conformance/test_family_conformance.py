@@ -186,10 +186,10 @@ def _load(name: str, folder, weight_dtype, vae_dtype):
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_folder_loads_what_diffusers_loads(name, kit_folders):
+def test_folder_loads_what_diffusers_loads(name, kit_folders, read_pipeline):
     kit = kit_of(name)
     folder = kit_folders(name, kit.variant)
-    pipe = pipeline(folder, kit)
+    pipe = read_pipeline(folder, kit)
     assert type(pipe).__name__ == kit.pipeline(kit.variant)
     parts = _load(name, folder, torch.float32, torch.float32)
     assert parts.model_dir == folder.absolute()
@@ -384,7 +384,7 @@ def test_lora_file_round_trip_is_exact(family_variant, lora_files):
 
 @pytest.mark.parametrize("family_variant", variant_params())
 def test_lora_file_merged_into_the_base_is_peft_merge(
-    family_variant, kit_folders, lora_files, tmp_path
+    family_variant, kit_folders, lora_files, read_pipeline, tmp_path
 ):
     """``lora_tool.py merge`` of the family's default LoRA file into the tiny folder (a diffusers
     folder out, read back by diffusers' own pipeline) holds, in every adapted denoiser and text
@@ -402,7 +402,7 @@ def test_lora_file_merged_into_the_base_is_peft_merge(
     assert cli.main(["merge", "--model", str(base), "--loras", str(path),
                      "--output_dir", str(out)]) == 0  # fmt: skip
     merged = dict(pipeline_modules(pipeline(out, kit)))
-    plain = dict(pipeline_modules(pipeline(base, kit)))
+    plain = dict(pipeline_modules(read_pipeline(base, kit)))
     components = {UNET: denoiser_name(merged)}
     pairs = zip(family.text_encoder_lora_prefixes, family.text_encoder_subfolders, strict=True)
     components.update(pairs)
@@ -658,7 +658,7 @@ def _loss_pixels() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family_variant", variant_params())
-def test_loss_equals_a_plain_reference(family_variant, kit_folders):
+def test_loss_equals_a_plain_reference(family_variant, kit_folders, read_pipeline):
     """The trainer's micro-batch loss (micro_batch_loss on the folder as our loader reads it)
     equals the kit's plain reference, written from the family's objective facts on diffusers'
     pipeline of the same folder with the same keyed draws, for each of the kit's configurations;
@@ -672,7 +672,7 @@ def test_loss_equals_a_plain_reference(family_variant, kit_folders):
     if not cases:
         pytest.skip(kit.skip_reason("loss", f"{name}-{variant} gives no plain reference loss"))
     folder = kit_folders(name, variant)
-    pipe = pipeline(folder, kit)
+    pipe = read_pipeline(folder, kit)
     batch = {**LOSS_BATCH, "pixel_values": _loss_pixels()}
     losses = []
     for case in cases:
