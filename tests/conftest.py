@@ -44,6 +44,15 @@ def tiny_sdxl_model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sdxl", family="sdxl")
 
 
+@pytest.fixture(scope="session")
+def kit_folders(tmp_path_factory):
+    """(family, variant) -> the kit's tiny diffusers folder (seed 0), written once per session
+    and read by every test that needs it (tests.kits.KitFolders): read it, never write into it."""
+    from tests.kits import KitFolders
+
+    return KitFolders(tmp_path_factory.mktemp("kit-folders"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def quickstart_process(request, tmp_path_factory):
     """When the session runs a test of the README's quickstart run (about a minute of

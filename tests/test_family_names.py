@@ -30,6 +30,7 @@ unnoticed.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -147,17 +148,23 @@ def _docstring_starts(tree: ast.AST) -> set[tuple[int, int]]:
     return starts
 
 
+@functools.cache
+def _code_words(source: str) -> tuple[tuple[int, str], ...]:
+    """(line, token) of each identifier and string literal of ``source`` but its docstrings.
+    Cached: the tests scan every library module once per family word, and tokenizing is the cost."""
+    docstrings = _docstring_starts(ast.parse(source))
+    return tuple(
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.NAME
+        or (token.type == tokenize.STRING and token.start not in docstrings)
+    )
+
+
 def family_names(source: str, word: re.Pattern = FAMILY_WORD) -> list[tuple[int, str]]:
     """(line, token) of each identifier or string literal of ``source`` naming a family (that
     ``word`` finds)."""
-    docstrings = _docstring_starts(ast.parse(source))
-    found = []
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.STRING and token.start in docstrings:
-            continue
-        if token.type in (tokenize.NAME, tokenize.STRING) and word.search(token.string):
-            found.append((token.start[0], token.string))
-    return found
+    return [(line, text) for line, text in _code_words(source) if word.search(text)]
 
 
 def _family_packages() -> tuple[str, ...]:

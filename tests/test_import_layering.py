@@ -30,6 +30,7 @@ too, so that the list only gets shorter.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -132,6 +133,11 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
 HEAVY = ("diffusers", "transformers", "peft", "accelerate", "bitsandbytes")
 
 
+def _parsed(source: str | ast.AST) -> ast.AST:
+    """``source``'s tree (a tree is already one)."""
+    return source if isinstance(source, ast.AST) else ast.parse(source)
+
+
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
@@ -157,7 +163,7 @@ def _imported_modules(
 
 
 def library_imports(
-    source: str, package: str, known: set[str]
+    source: str | ast.AST, package: str, known: set[str]
 ) -> list[tuple[int, str, bool, bool]]:
     """(line, imported library module, inside a function, under ``if TYPE_CHECKING:``) of each
     import of a library module in ``source`` (a module of ``package``)."""
@@ -181,7 +187,7 @@ def library_imports(
         nested = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
         visit(node, in_function or nested, checking)
 
-    visit(ast.parse(source), False, False)
+    visit(_parsed(source), False, False)
     return found
 
 
@@ -206,12 +212,12 @@ def _text(node: ast.expr, constants: dict[str, str]) -> str | None:
 DEFERRED_NAME = re.compile(r"library(\.\w+)+:\w+")
 
 
-def deferred_names(source: str) -> list[tuple[int, str]]:
+def deferred_names(source: str | ast.AST) -> list[tuple[int, str]]:
     """(line, "module:name") of each name of a library object imported on first use in
     ``source``: a string (or an f-string of the module's string constants, such as
     ``_PACKAGE``) of the form ``"library.package.module:name"``, as a ``Deferred`` takes it,
     also where it is handed to one later (folder_loader.FolderPart's classes)."""
-    tree = ast.parse(source)
+    tree = _parsed(source)
     constants = {
         node.targets[0].id: node.value.value
         for node in tree.body
@@ -238,6 +244,9 @@ def deferred_names(source: str) -> list[tuple[int, str]]:
     return [(line, text) for line, _, text in sorted(found)]
 
 
+# The rule tests read every library module, several of them the same tables: each table is
+# computed once per session (the files do not change while the tests run).
+@functools.cache
 def _modules() -> dict[str, tuple[Path, str]]:
     """Library module name -> (its file, its package)."""
     modules = {}
@@ -248,13 +257,26 @@ def _modules() -> dict[str, tuple[Path, str]]:
     return modules
 
 
+@functools.cache
+def _scans() -> dict[str, tuple[list, list, list]]:
+    """Library module name -> its (library_imports, deferred_names, imports_of_tests), each
+    module parsed once."""
+    modules = _modules()
+    known = set(modules)
+    scans = {}
+    for name, (path, package) in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        scans[name] = (
+            library_imports(tree, package, known),
+            deferred_names(tree),
+            imports_of_tests(tree),
+        )
+    return scans
+
+
 def _all_imports() -> dict[str, list[tuple[int, str, bool, bool]]]:
     """Library module name -> its library_imports."""
-    modules = _modules()
-    return {
-        name: library_imports(path.read_text(encoding="utf-8"), package, set(modules))
-        for name, (path, package) in modules.items()
-    }
+    return {name: scan[0] for name, scan in _scans().items()}
 
 
 def test_library_modules_import_each_other_at_the_top():
@@ -285,8 +307,8 @@ def _deferred() -> dict[str, list[tuple[str, str]]]:
     that name a library module."""
     modules = _modules()
     found = {}
-    for name, (path, _) in modules.items():
-        targets = deferred_names(path.read_text(encoding="utf-8"))
+    for name, scan in _scans().items():
+        targets = scan[1]
         found[name] = [
             (target, target.split(":")[0])
             for _, target in targets
@@ -443,12 +465,12 @@ def test_the_cli_and_the_config_load_light():
     assert not heavy, f"loading a config imports {', '.join(heavy)} (a training module's import?)"
 
 
-def imports_of_tests(source: str) -> list[tuple[int, str]]:
+def imports_of_tests(source: str | ast.AST) -> list[tuple[int, str]]:
     """(line, module) of each import of the test tree (``tests`` or ``tests.*``) in ``source``,
     wherever it is (inside a function or ``if TYPE_CHECKING:`` too), and of each string naming
     a module of it for a later import (``Deferred("tests.kits.x.kit:KIT")``)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parsed(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:
@@ -466,10 +488,11 @@ _DOTTED_TESTS = re.compile(r"tests(\.\w+)+(:\w+)?")
 
 def test_the_library_never_imports_the_tests():
     """Test kits and tiny models live in tests/ (tests/kits/): what ships runs without them."""
+    modules = _modules()
     found = [
-        f"{path.relative_to(ROOT)}:{line}: {name}"
-        for path, _ in _modules().values()
-        for line, name in imports_of_tests(path.read_text(encoding="utf-8"))
+        f"{modules[module][0].relative_to(ROOT)}:{line}: {name}"
+        for module, scan in _scans().items()
+        for line, name in scan[2]
     ]
     assert not found, "library modules import the test tree:\n" + "\n".join(found)
 

@@ -109,20 +109,6 @@ def denoiser_name(modules) -> str:
     return next(n for n in DENOISERS if n in modules)
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """(family, variant) -> its tiny diffusers folder, written on first use."""
-    cache = {}
-
-    def folder(name: str, variant: str):
-        if (name, variant) not in cache:
-            path = tmp_path_factory.mktemp(name) / f"tiny-{variant}"
-            cache[name, variant] = kit_of(name).write_folder(path, variant, 0)
-        return cache[name, variant]
-
-    return folder
-
-
 def pipeline(folder, kit=None):
     """diffusers' own reading of a folder: the class model_index.json names, its modules (with
     the kit's ``pipeline_keys`` for parts diffusers cannot read here by itself)."""
@@ -200,10 +186,10 @@ def _load(name: str, folder, weight_dtype, vae_dtype):
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_folder_loads_what_diffusers_loads(name, folders):
+def test_folder_loads_what_diffusers_loads(name, kit_folders, read_pipeline):
     kit = kit_of(name)
-    folder = folders(name, kit.variant)
-    pipe = pipeline(folder, kit)
+    folder = kit_folders(name, kit.variant)
+    pipe = read_pipeline(folder, kit)
     assert type(pipe).__name__ == kit.pipeline(kit.variant)
     parts = _load(name, folder, torch.float32, torch.float32)
     assert parts.model_dir == folder.absolute()
@@ -246,7 +232,7 @@ def _modules_of(parts) -> list[torch.nn.Module]:
 
 
 @pytest.mark.parametrize("family_variant", variant_params())
-def test_single_files_load_what_the_folder_loads(family_variant, folders, tmp_path):
+def test_single_files_load_what_the_folder_loads(family_variant, kit_folders, tmp_path):
     """The model as the single files users have (the original-layout checkpoint, or the
     family's component files), read by our loader, is the model its diffusers folder is: the
     same family, module types and configs, every weight equal in the same dtype, and the
@@ -263,7 +249,7 @@ def test_single_files_load_what_the_folder_loads(family_variant, folders, tmp_pa
         pytest.skip(kit.skip_reason("single_files", f"{name}-{variant} has no single files"))
     model, flow = kit.write_single_files(tmp_path / "files", variant, 0)
     parts = load_components(ModelSection(**model), torch.float32, FlowSection(**flow))
-    folder = folders(name, variant)
+    folder = kit_folders(name, variant)
     want = _load(name, folder, torch.float32, torch.float32)
     assert (
         parts.is_single_file
@@ -398,7 +384,7 @@ def test_lora_file_round_trip_is_exact(family_variant, lora_files):
 
 @pytest.mark.parametrize("family_variant", variant_params())
 def test_lora_file_merged_into_the_base_is_peft_merge(
-    family_variant, folders, lora_files, tmp_path
+    family_variant, kit_folders, lora_files, read_pipeline, tmp_path
 ):
     """``lora_tool.py merge`` of the family's default LoRA file into the tiny folder (a diffusers
     folder out, read back by diffusers' own pipeline) holds, in every adapted denoiser and text
@@ -411,12 +397,12 @@ def test_lora_file_merged_into_the_base_is_peft_merge(
     if "merge" in kit.skips:
         pytest.skip(kit.skips["merge"])
     family, ours, _, path = lora_files(name, variant)
-    base = folders(name, variant)
+    base = kit_folders(name, variant)
     out = tmp_path / "merged"
     assert cli.main(["merge", "--model", str(base), "--loras", str(path),
                      "--output_dir", str(out)]) == 0  # fmt: skip
     merged = dict(pipeline_modules(pipeline(out, kit)))
-    plain = dict(pipeline_modules(pipeline(base, kit)))
+    plain = dict(pipeline_modules(read_pipeline(base, kit)))
     components = {UNET: denoiser_name(merged)}
     pairs = zip(family.text_encoder_lora_prefixes, family.text_encoder_subfolders, strict=True)
     components.update(pairs)
@@ -437,13 +423,13 @@ def test_lora_file_merged_into_the_base_is_peft_merge(
 
 
 @pytest.mark.parametrize("family_variant", variant_params())
-def test_diffusers_loads_every_key_of_our_lora_file(family_variant, folders, tmp_path):
+def test_diffusers_loads_every_key_of_our_lora_file(family_variant, kit_folders, tmp_path):
     """diffusers' load_lora_weights (as A1111/ComfyUI, it reads kohya's names; a family that
     also writes diffusers' layout is checked in that one) takes every key of the file, adapts
     the layers we adapted and, fused, holds peft's merge of our adapters."""
     name, variant = family_variant
     kit = kit_of(name)
-    pipe = pipeline(folders(name, variant), kit)
+    pipe = pipeline(kit_folders(name, variant), kit)
     modules = {n: copy.deepcopy(m) for n, m in pipeline_modules(pipe)}
     before = {n: m.state_dict() for n, m in modules.items()}
     family = kit.family(variant, modules)
@@ -617,7 +603,7 @@ def _their_image(folder, pipe, case, p, **changes):
 
 
 @pytest.mark.parametrize("family_variant", variant_params())
-def test_sample_equals_the_diffusers_pipeline(family_variant, folders, tmp_path):
+def test_sample_equals_the_diffusers_pipeline(family_variant, kit_folders, tmp_path):
     """Each of the kit's prompts, sampled during training (sample_images on the folder as our
     loader reads it), is the image diffusers' pipeline draws from the same folder itself (its
     own prompt encoding, released scheduler, guidance and VAE) for the same prompt, seed and
@@ -632,7 +618,7 @@ def test_sample_equals_the_diffusers_pipeline(family_variant, folders, tmp_path)
     cases = kit.sample_cases(variant) if kit.sample_cases else ()
     if not cases:
         pytest.skip(kit.skip_reason("sample", f"{name}-{variant} gives no sampling case"))
-    folder = folders(name, variant)
+    folder = kit_folders(name, variant)
     for index, case in enumerate(cases):
         p = SamplePrompt(**{**PROMPT, **case.prompt})
         done = sample_images(_components(folder, case), [p], step=index,
@@ -672,7 +658,7 @@ def _loss_pixels() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family_variant", variant_params())
-def test_loss_equals_a_plain_reference(family_variant, folders):
+def test_loss_equals_a_plain_reference(family_variant, kit_folders, read_pipeline):
     """The trainer's micro-batch loss (micro_batch_loss on the folder as our loader reads it)
     equals the kit's plain reference, written from the family's objective facts on diffusers'
     pipeline of the same folder with the same keyed draws, for each of the kit's configurations;
@@ -685,8 +671,8 @@ def test_loss_equals_a_plain_reference(family_variant, folders):
     cases = kit.loss_cases(variant) if kit.loss_cases and kit.loss_reference else ()
     if not cases:
         pytest.skip(kit.skip_reason("loss", f"{name}-{variant} gives no plain reference loss"))
-    folder = folders(name, variant)
-    pipe = pipeline(folder, kit)
+    folder = kit_folders(name, variant)
+    pipe = read_pipeline(folder, kit)
     batch = {**LOSS_BATCH, "pixel_values": _loss_pixels()}
     losses = []
     for case in cases:

@@ -38,27 +38,11 @@ from tests.lora_tools.model_helpers import read, run_tool
 from tests.networks.lora_load_helpers import load_quietly
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """family -> its tiny diffusers folder (the kit's default variant), written on first use."""
-    cache = {}
-
-    def folder(name: str):
-        if name not in cache:
-            kit = kit_of(name)
-            path = tmp_path_factory.mktemp(name) / f"tiny-{kit.variant}"
-            cache[name] = kit.write_folder(path, kit.variant, 0)
-        return cache[name]
-
-    return folder
-
-
-def _pipeline_parts(name, folder):
-    """(kit, diffusers' pipeline of the folder, private copies of its modules, the family)."""
+def _pipeline_parts(read_pipeline, name, folder):
+    """(kit, private copies of the modules of diffusers' pipeline of the folder, the family)."""
     kit = kit_of(name)
-    pipe = pipeline(folder, kit)
-    modules = {n: copy.deepcopy(m) for n, m in pipeline_modules(pipe)}
-    return kit, pipe, modules, kit.family(kit.variant, modules)
+    modules = {n: copy.deepcopy(m) for n, m in pipeline_modules(read_pipeline(folder, kit))}
+    return kit, modules, kit.family(kit.variant, modules)
 
 
 def _fresh(kit, family, modules):
@@ -74,21 +58,22 @@ def _convert(source, folder, to, out, *extra) -> int:
     )
 
 
-def _own_file(name, folder, tmp_path, seed=3):
-    """(kit, pipe, modules, family, our adapters, the file the trainer writes for them)."""
-    kit, pipe, modules, family = _pipeline_parts(name, folder)
+def _own_file(read_pipeline, name, folder, tmp_path, seed=3):
+    """(kit, modules, family, our adapters, the file the trainer writes for them)."""
+    kit, modules, family = _pipeline_parts(read_pipeline, name, folder)
     copies = {n: copy.deepcopy(m) for n, m in modules.items()}
     ours = _adapted(kit, family, copies, seed=seed, skip=kit.diffusers_lora_skips,
                     vary_alpha=True)  # fmt: skip
     path = save_lora_file(tmp_path / "ours.safetensors", family.lora_tensors(ours), {},
                           torch.float32)  # fmt: skip
-    return kit, pipe, modules, family, ours, path
+    return kit, modules, family, ours, path
 
 
-def _trainer_reads(kit, family, modules, ours, path) -> bool:
-    """What network_weights does with the file: False when it refuses it; else the adapters it
-    fills must be ours (their merged weights, alphas included)."""
-    fresh = _fresh(kit, family, modules)
+def _trainer_reads(fresh, family, ours, path) -> bool:
+    """What network_weights does with the file, imported into a copy of ``fresh`` (``_fresh``'s
+    adapters, made once: copying them is cheaper than adapting again): False when it refuses
+    it; else the adapters it fills must be ours (their merged weights, alphas included)."""
+    fresh = copy.deepcopy(fresh)
     try:
         tensors = read_network_weights(family, path)
         import_network_weights(family, fresh, tensors, str(path))
@@ -102,9 +87,9 @@ def _trainer_reads(kit, family, modules, ours, path) -> bool:
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_the_family_writes_its_own_layout(name, folders, tmp_path):
+def test_the_family_writes_its_own_layout(name, kit_folders, read_pipeline, tmp_path):
     """The layout the registry says the family's files are in is the one its key map writes."""
-    _, _, _, family, _, path = _own_file(name, folders(name), tmp_path)
+    _, _, family, _, path = _own_file(read_pipeline, name, kit_folders(name), tmp_path)
     tensors, _ = read(path)
     own = registry.entry_of(family).tool.own_layout
     assert own in LAYOUTS
@@ -112,13 +97,15 @@ def test_the_family_writes_its_own_layout(name, folders, tmp_path):
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_check_reports_what_network_weights_reads(name, folders, tmp_path, capsys):
+def test_check_reports_what_network_weights_reads(
+    name, kit_folders, read_pipeline, tmp_path, capsys
+):
     """For our file in each layout (convert's output; diffusers' with alpha folded, so that a
     reader that ignores the peft header still reads our change): check's difftune column says
     "reads all" exactly when the trainer's network_weights import takes the file, and what
     the import then holds is our adapters."""
-    folder = folders(name)
-    kit, _, modules, family, ours, own = _own_file(name, folder, tmp_path)
+    folder = kit_folders(name)
+    kit, modules, family, ours, own = _own_file(read_pipeline, name, folder, tmp_path)
     files = {detect_layout(read(own)[0], own): own}
     for layout in LAYOUTS:
         if layout in files:
@@ -127,12 +114,12 @@ def test_check_reports_what_network_weights_reads(name, folders, tmp_path, capsy
         extra = ("--fold_alpha",) if layout == "diffusers" else ()
         assert _convert(own, folder, layout, out, *extra) == 0, layout
         files[layout] = out
-    verdicts = {}
+    verdicts, fresh = {}, _fresh(kit, family, modules)
     for layout, path in files.items():
         capsys.readouterr()
         code = run_tool("check", "--lora", path, "--model", folder, "--loader", "difftune")
         out = capsys.readouterr().out
-        reads = _trainer_reads(kit, family, modules, ours, path)
+        reads = _trainer_reads(fresh, family, ours, path)
         assert (code == 0) == reads, (layout, out)
         assert ("difftune: reads all" in out) == reads, (layout, out)
         verdicts[layout] = reads
@@ -140,12 +127,14 @@ def test_check_reports_what_network_weights_reads(name, folders, tmp_path, capsy
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_convert_there_and_back_and_diffusers_applies_it(name, folders, tmp_path):
+def test_convert_there_and_back_and_diffusers_applies_it(
+    name, kit_folders, read_pipeline, tmp_path
+):
     """Our file to each other layout and back is the file again, bit for bit; the diffusers
     layout (alphas in the peft header) is applied by diffusers' own load_lora_weights exactly as
     peft merges our adapters."""
-    folder = folders(name)
-    _, pipe, _, family, ours, own = _own_file(name, folder, tmp_path)
+    folder = kit_folders(name)
+    kit, _, family, ours, own = _own_file(read_pipeline, name, folder, tmp_path)
     mine, _ = read(own)
     own_layout = detect_layout(mine, own)
     for layout in (layout for layout in LAYOUTS if layout != own_layout):
@@ -157,6 +146,7 @@ def test_convert_there_and_back_and_diffusers_applies_it(name, folders, tmp_path
         assert sorted(again) == sorted(mine), layout
         for key, value in mine.items():
             assert again[key].dtype == value.dtype and torch.equal(again[key], value), key
+    pipe = pipeline(folder, kit)  # its own: diffusers loads the LoRA into it
     components = {UNET: denoiser_name(pipe.components)}
     pairs = zip(family.text_encoder_lora_prefixes, family.text_encoder_subfolders, strict=True)
     components.update(pairs)
@@ -199,12 +189,14 @@ def _layer_deltas(model) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_extract_is_the_truncated_svd_of_the_weight_change(name, folders, tmp_path):
+def test_extract_is_the_truncated_svd_of_the_weight_change(
+    name, kit_folders, read_pipeline, tmp_path
+):
     """extract from the tiny base and a copy whose denoiser holds a rank-4 change: read by the
     trainer's import into rank-2 adapters, each adapted layer's change is the best rank-2
     approximation of tuned - base (plain torch's SVD of the two folders' weights)."""
-    folder = folders(name)
-    kit, _, modules, family = _pipeline_parts(name, folder)
+    folder = kit_folders(name)
+    kit, modules, family = _pipeline_parts(read_pipeline, name, folder)
     sub = denoiser_name(modules)
     base = modules[sub]
     changed = _rank_adapters(family, base, 4)[UNET]
@@ -252,12 +244,12 @@ def _module_changes(tensors) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", family_params())
-def test_resize_is_the_truncated_svd_of_each_module(name, folders, tmp_path):
+def test_resize_is_the_truncated_svd_of_each_module(name, kit_folders, read_pipeline, tmp_path):
     """resize of our file (rank 4, alphas differing by block) to rank 2: every module's change
     is the best rank-2 approximation of the input's (plain torch's SVD), the names are the
     input's, and the trainer's import reads the file into rank-2 adapters."""
-    folder = folders(name)
-    kit, _, modules, family, _, own = _own_file(name, folder, tmp_path)
+    folder = kit_folders(name)
+    kit, modules, family, _, own = _own_file(read_pipeline, name, folder, tmp_path)
     out = tmp_path / "resized.safetensors"
     assert run_tool("resize", "--input", own, "--rank", 2, "--output", out) == 0
     before, after = _module_changes(read(own)[0]), _module_changes(read(out)[0])

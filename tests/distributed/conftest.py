@@ -19,10 +19,10 @@ def needed_launches(item) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def runs(request, tmp_path_factory, tiny_model_dir):
+def runs(request, tmp_path_factory, tiny_model_dir, kit_folders):
     """The shared runs; the launches the selected tests need start now, in test order."""
     images = make_images(tmp_path_factory.mktemp("dist-data") / "imgs", 4)
-    shared = Runs(tmp_path_factory.mktemp("dist-runs"), tiny_model_dir, images)
+    shared = Runs(tmp_path_factory.mktemp("dist-runs"), tiny_model_dir, images, kit_folders)
     needed = []
     for item in request.session.items:
         for name in needed_launches(item):

@@ -60,7 +60,7 @@ from tests.distributed.runs import (
     torchrun_two_nodes,
 )
 from tests.integration.harness import write_config
-from tests.kits import kit_of
+from tests.kits import KitFolders, kit_of
 from tests.kits.conformance_kit import DistributedMode
 
 # The suite's own modes: the trainer's options, on the tiny SD 1.x model (the session's
@@ -193,8 +193,9 @@ CONCURRENT_LAUNCHES = 2
 class Runs:
     """Starts each named run once, in the background if it is a launch, and keeps its result."""
 
-    def __init__(self, root: Path, model_dir: Path, images: Path):
+    def __init__(self, root: Path, model_dir: Path, images: Path, kit_folders: KitFolders):
         self.root, self.model_dir, self.images = root, model_dir, images
+        self.kit_folders = kit_folders  # the session's tiny kit folders (tests/conftest.py)
         self._pool = ThreadPoolExecutor(CONCURRENT_LAUNCHES, thread_name_prefix="launch")
         self._launched: dict[str, Future] = {}
         self._done: dict[str, Run] = {}
@@ -239,11 +240,7 @@ class Runs:
         if mode not in FAMILY_MODES:
             return self.model_dir
         family, declared = FAMILY_MODES[mode]
-        kit = kit_of(family)
-        variant = declared.variant or kit.variant
-        return self._tiny_folder(
-            f"tiny-{family}-{variant}", lambda folder: kit.write_folder(folder, variant, 0)
-        )
+        return self.kit_folders(family, declared.variant)
 
     def mode_images(self, mode: str) -> Path:
         """The images ``mode`` trains on: the shared ones, with the mode's own captions where it

@@ -19,7 +19,6 @@ from library.config.schema import ModelSection
 from library.models.loader import load_components
 from tests.integration.harness import make_images, tensors, train, write_config
 from tests.kits.chroma.kit import reference_loss
-from tests.kits.chroma.tiny import write_tiny_chroma_folder
 from tests.kits.chroma.tiny_files import write_tiny_chroma_files
 
 CHROMA = {
@@ -36,8 +35,9 @@ LINEAR1 = "_linear1"
 
 
 @pytest.fixture(scope="module")
-def chroma_dir(tmp_path_factory):
-    return write_tiny_chroma_folder(tmp_path_factory.mktemp("models") / "tiny-chroma")
+def chroma_dir(kit_folders):
+    """The session's tiny kit folder (chroma chroma, seed 0): read only."""
+    return kit_folders("chroma", "chroma")
 
 
 @pytest.fixture(scope="module")

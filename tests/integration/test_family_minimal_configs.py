@@ -62,12 +62,12 @@ def _musubi_files(root, entry, model) -> str:
 
 
 @pytest.mark.parametrize("entry", _entries())
-def test_the_minimal_config_of_every_family_dry_runs(tmp_path, entry, capfd):
+def test_the_minimal_config_of_every_family_dry_runs(tmp_path, entry, capfd, kit_folders):
     assert entry.name in PEER_TOOL, f"say whose files {entry.label} users bring: PEER_TOOL"
     kit = kit_of(entry.name)
     if kit is None:
         pytest.skip(f"{entry.label} has no test kit (tests/kits/) to write a tiny model with")
-    model = kit.write_folder(tmp_path / "model", kit.variant, 0)
+    model = kit_folders(entry.name)
     data = {"kohya": _kohya_files, "musubi": _musubi_files}[PEER_TOOL[entry.name]]
     config = tmp_path / "args.toml"
     config.write_text(

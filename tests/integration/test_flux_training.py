@@ -16,7 +16,7 @@ from tests.integration.harness import (
     train,
     write_config,
 )
-from tests.kits.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
+from tests.kits.flux.tiny_files import write_tiny_flux_files
 
 FLUX = {
     "network_module": "networks.lora_flux",
@@ -29,8 +29,9 @@ FLUX = {
 
 
 @pytest.fixture(scope="module")
-def flux_dir(tmp_path_factory):
-    return write_tiny_flux_folder(tmp_path_factory.mktemp("models") / "tiny-flux", "dev", seed=0)
+def flux_dir(kit_folders):
+    """The session's tiny kit folder (flux dev, seed 0): read only."""
+    return kit_folders("flux", "dev")
 
 
 @pytest.fixture(scope="module")

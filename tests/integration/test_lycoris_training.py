@@ -302,17 +302,15 @@ FLOW = {
 
 
 @pytest.fixture(scope="module")
-def flux_dir(tmp_path_factory):
-    from tests.kits.flux.tiny_files import write_tiny_flux_folder
-
-    return write_tiny_flux_folder(tmp_path_factory.mktemp("models") / "tiny-flux", "dev", seed=0)
+def flux_dir(kit_folders):
+    """The session's tiny kit folder (flux dev, seed 0): read only."""
+    return kit_folders("flux", "dev")
 
 
 @pytest.fixture(scope="module")
-def sd3_dir(tmp_path_factory):
-    from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
-
-    return write_tiny_sd3_folder(tmp_path_factory.mktemp("models") / "tiny-sd3", "sd3.5-medium", 0)
+def sd3_dir(kit_folders):
+    """The session's tiny kit folder (sd3 sd3.5-medium, seed 0): read only."""
+    return kit_folders("sd3", "sd3.5-medium")
 
 
 def _flow_config(folder, model_dir, images, out, args, **keys):

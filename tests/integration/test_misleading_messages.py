@@ -125,10 +125,9 @@ def test_an_sd1_lora_on_a_flux_model_names_flux(tmp_path, flux_folder, images, s
 
 
 @pytest.fixture(scope="module")
-def flux_folder(tmp_path_factory) -> Path:
-    from tests.kits.flux.tiny_files import write_tiny_flux_folder
-
-    return write_tiny_flux_folder(tmp_path_factory.mktemp("flux") / "tiny-flux", "dev", 0)
+def flux_folder(kit_folders) -> Path:
+    """The session's tiny kit folder (flux dev, seed 0): read only."""
+    return kit_folders("flux", "dev")
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from tests.integration.harness import (
     write_config,
 )
 from tests.integration.test_flux_training import FLUX
-from tests.kits.flux.tiny_files import write_tiny_flux_folder
 
 RUN = {
     **FLUX,
@@ -41,8 +40,9 @@ RUN = {
 
 
 @pytest.fixture(scope="module")
-def flux_dir(tmp_path_factory):
-    return write_tiny_flux_folder(tmp_path_factory.mktemp("models") / "tiny-flux", "dev", seed=0)
+def flux_dir(kit_folders):
+    """The session's tiny kit folder (flux dev, seed 0): read only."""
+    return kit_folders("flux", "dev")
 
 
 @pytest.fixture(scope="module")

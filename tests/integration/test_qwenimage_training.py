@@ -11,7 +11,6 @@ from safetensors import safe_open
 
 from library.training.noise import NoiseOptions, draw
 from tests.integration.harness import make_images, tensors, train, write_config
-from tests.kits.qwenimage.tiny import write_tiny_qwenimage_folder
 
 QWENIMAGE = {
     "network_module": "networks.lora_qwen_image",
@@ -25,8 +24,9 @@ PREFIX = "diffusion_model."
 
 
 @pytest.fixture(scope="module")
-def qwenimage_dir(tmp_path_factory):
-    return write_tiny_qwenimage_folder(tmp_path_factory.mktemp("models") / "tiny-qwenimage")
+def qwenimage_dir(kit_folders):
+    """The session's tiny kit folder (qwenimage qwenimage, seed 0): read only."""
+    return kit_folders("qwenimage", "qwenimage")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from tests.integration.harness import (
     train,
     write_config,
 )
-from tests.kits.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
+from tests.kits.sd3.tiny_files import write_tiny_sd3_files
 
 SD3 = {
     "network_module": "networks.lora_sd3",
@@ -29,8 +29,9 @@ SD3 = {
 
 
 @pytest.fixture(scope="module")
-def sd3_dir(tmp_path_factory):
-    return write_tiny_sd3_folder(tmp_path_factory.mktemp("models") / "tiny-sd3", "sd3.5-medium", 0)
+def sd3_dir(kit_folders):
+    """The session's tiny kit folder (sd3 sd3.5-medium, seed 0): read only."""
+    return kit_folders("sd3", "sd3.5-medium")
 
 
 @pytest.fixture(scope="module")

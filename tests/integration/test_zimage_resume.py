@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.harness import check_accumulation_and_resume, make_images, write_config
-from tests.kits.zimage.tiny import write_tiny_zimage_folder
 
 ZIMAGE = {
     "network_module": "networks.lora_zimage",
@@ -29,8 +28,9 @@ CAPTIONS = (
 
 
 @pytest.fixture(scope="module")
-def zimage_dir(tmp_path_factory):
-    return write_tiny_zimage_folder(tmp_path_factory.mktemp("models") / "tiny-zimage")
+def zimage_dir(kit_folders):
+    """The session's tiny kit folder (zimage turbo, seed 0): read only."""
+    return kit_folders("zimage", "turbo")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from safetensors import safe_open
 
 from library.training.noise import NoiseOptions, draw
 from tests.integration.harness import make_images, tensors, train, write_config
-from tests.kits.zimage.tiny import write_tiny_zimage_folder
 
 ZIMAGE = {
     "network_module": "networks.lora_zimage",
@@ -24,8 +23,9 @@ SEED = 7  # write_config's
 
 
 @pytest.fixture(scope="module")
-def zimage_dir(tmp_path_factory):
-    return write_tiny_zimage_folder(tmp_path_factory.mktemp("models") / "tiny-zimage")
+def zimage_dir(kit_folders):
+    """The session's tiny kit folder (zimage turbo, seed 0): read only."""
+    return kit_folders("zimage", "turbo")
 
 
 @pytest.fixture(scope="module")

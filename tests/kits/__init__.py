@@ -13,8 +13,10 @@ rotated and variable-rate ones) that the data path's tests read.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 _EXTRA: dict[str, Any] = {}
@@ -44,3 +46,27 @@ def registered_kit(name: str, kit: Any) -> Iterator[Any]:
         yield kit
     finally:
         del _EXTRA[name]
+
+
+class KitFolders:
+    """Each kit's tiny diffusers folder (``write_folder(path, variant, 0)``), written under
+    ``root`` when first asked for and then shared by every test of the session that reads it
+    (the conformance and LoRA-toolbox suites, the distributed runs, the minimal configs):
+    writing one costs seconds, and the readers only read it. Thread-safe: the distributed
+    suite asks from its launch threads too."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._folders: dict[tuple[int, str], Path] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str, variant: str | None = None) -> Path:
+        """The folder of the family ``name``'s kit variant (None: the kit's first)."""
+        kit = kit_of(name)
+        variant = variant or kit.variant
+        key = (id(kit), variant)  # a kit registered for a test under a taken name is its own
+        with self._lock:
+            if key not in self._folders:
+                folder = self.root / f"{name}-{len(self._folders)}" / f"tiny-{variant}"
+                self._folders[key] = kit.write_folder(folder, variant, 0)
+            return self._folders[key]

@@ -46,10 +46,9 @@ def assert_state(module: torch.nn.Module, want: dict[str, torch.Tensor]) -> None
 
 
 @pytest.fixture(scope="module")
-def flux_folder(tmp_path_factory) -> Path:
-    from tests.kits.flux.tiny_files import write_tiny_flux_folder
-
-    return write_tiny_flux_folder(tmp_path_factory.mktemp("flux") / "tiny-flux", "dev", 0)
+def flux_folder(kit_folders) -> Path:
+    """FLUX.1 [dev]'s tiny folder (seed 0), the session's: read only."""
+    return kit_folders("flux", "dev")
 
 
 @pytest.fixture(scope="module")
@@ -144,10 +143,9 @@ def test_flux_clip_l_of_another_width(flux_folder, other_files, sd_clip_file):
 
 
 @pytest.fixture(scope="module")
-def sd3_folder(tmp_path_factory) -> Path:
-    from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
-
-    return write_tiny_sd3_folder(tmp_path_factory.mktemp("sd3") / "tiny-sd3", "sd3.5-medium", 0)
+def sd3_folder(kit_folders) -> Path:
+    """SD3.5 Medium's tiny folder (seed 0), the session's: read only."""
+    return kit_folders("sd3", "sd3.5-medium")
 
 
 @pytest.fixture(scope="module")

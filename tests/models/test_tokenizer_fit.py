@@ -174,10 +174,9 @@ def flux_files(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def flux_folder(tmp_path_factory) -> Path:
-    from tests.kits.flux.tiny_files import write_tiny_flux_folder
-
-    return write_tiny_flux_folder(tmp_path_factory.mktemp("flux") / "tiny-flux", "dev", 0)
+def flux_folder(kit_folders) -> Path:
+    """The session's tiny kit folder (flux dev, seed 0): read only."""
+    return kit_folders("flux", "dev")
 
 
 def flux_keys(files, **changes) -> dict:
@@ -228,10 +227,9 @@ def sd3_files(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def sd3_folder(tmp_path_factory) -> Path:
-    from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
-
-    return write_tiny_sd3_folder(tmp_path_factory.mktemp("sd3") / "tiny-sd3", "sd3.5-medium", 0)
+def sd3_folder(kit_folders) -> Path:
+    """The session's tiny kit folder (sd3 sd3.5-medium, seed 0): read only."""
+    return kit_folders("sd3", "sd3.5-medium")
 
 
 def test_sd3_clip_g_tokenizer_with_a_bigger_vocabulary(sd3_files, tmp_path):

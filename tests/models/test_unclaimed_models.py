@@ -20,7 +20,7 @@ from library.errors import ModelError
 from library.models.families.family_choice import entry_for
 from library.models.families.registry import families
 from tests.integration.harness import make_images, train, write_config
-from tests.kits.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
+from tests.kits.flux.tiny_files import write_tiny_flux_files
 
 # model_index.json of diffusers pipelines no family trains, as diffusers writes them (the
 # part classes are those diffusers' own pipelines declare).
@@ -54,8 +54,9 @@ FOREIGN = {
 
 
 @pytest.fixture(scope="module")
-def flux_folder(tmp_path_factory) -> Path:
-    return write_tiny_flux_folder(tmp_path_factory.mktemp("models") / "flux")
+def flux_folder(kit_folders) -> Path:
+    """The session's tiny kit folder (flux dev, seed 0): read only."""
+    return kit_folders("flux", "dev")
 
 
 @pytest.fixture(scope="module")

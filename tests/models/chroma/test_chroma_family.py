@@ -24,14 +24,14 @@ from library.models.families.chroma.family import chroma_family
 from library.models.loader import load_components
 from library.sampling.generate import sample_images
 from library.sampling.prompts import SamplePrompt
-from tests.kits.chroma.tiny import write_tiny_chroma_folder
 
 CAPTIONS = ["a cat", "a much longer caption about a shape on gray paper"]
 
 
 @pytest.fixture(scope="module")
-def chroma_dir(tmp_path_factory):
-    return write_tiny_chroma_folder(tmp_path_factory.mktemp("models") / "tiny-chroma")
+def chroma_dir(kit_folders):
+    """The session's tiny kit folder (chroma chroma, seed 0): read only."""
+    return kit_folders("chroma", "chroma")
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,15 @@ from library.models.families.flux.load import claims_flux, load_flux
 from library.models.families.flux.original_keys import ORIGINAL_PREFIX
 from tests.kits.flux import tiny_shapes
 from tests.kits.flux.tiny import build_tiny_flux_components
-from tests.kits.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
+from tests.kits.flux.tiny_files import write_tiny_flux_files
 
 PARTS = ("denoiser", "vae", "clip_l", "t5")
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    return write_tiny_flux_folder(tmp_path_factory.mktemp("flux") / "tiny-flux-dev", "dev", 0)
+def folder(kit_folders) -> Path:
+    """The session's tiny kit folder (flux dev, seed 0): read only."""
+    return kit_folders("flux", "dev")
 
 
 @pytest.fixture(scope="module")

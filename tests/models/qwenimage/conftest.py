@@ -6,11 +6,10 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def qwenimage_dir(tmp_path_factory):
-    """A tiny Qwen-Image as a diffusers QwenImagePipeline folder (seed 0)."""
-    from tests.kits.qwenimage.tiny import write_tiny_qwenimage_folder
-
-    return write_tiny_qwenimage_folder(tmp_path_factory.mktemp("models") / "tiny-qwenimage")
+def qwenimage_dir(kit_folders):
+    """A tiny Qwen-Image as a diffusers QwenImagePipeline folder (seed 0): the session's kit
+    folder, read only."""
+    return kit_folders("qwenimage", "qwenimage")
 
 
 @pytest.fixture(scope="session")

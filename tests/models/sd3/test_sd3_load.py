@@ -39,8 +39,9 @@ FLOW_FILES = ("clip_l", "clip_g", "t5xxl")
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    return write_tiny_sd3_folder(tmp_path_factory.mktemp("sd3") / "tiny-sd3.5-medium", VARIANT, 0)
+def folder(kit_folders) -> Path:
+    """The kit's tiny folder of VARIANT (seed 0), the session's: read only."""
+    return kit_folders("sd3", VARIANT)
 
 
 @pytest.fixture(scope="module")

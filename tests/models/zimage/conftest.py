@@ -6,11 +6,10 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def zimage_dir(tmp_path_factory):
-    """A tiny Z-Image-Turbo as a diffusers ZImagePipeline folder (seed 0)."""
-    from tests.kits.zimage.tiny import write_tiny_zimage_folder
-
-    return write_tiny_zimage_folder(tmp_path_factory.mktemp("models") / "tiny-zimage")
+def zimage_dir(kit_folders):
+    """A tiny Z-Image-Turbo as a diffusers ZImagePipeline folder (seed 0): the session's kit
+    folder, read only."""
+    return kit_folders("zimage", "turbo")
 
 
 @pytest.fixture(scope="session")
