@@ -21,6 +21,8 @@ Renaming only: tensors keep their shapes and dtypes.
 
 from __future__ import annotations
 
+import inspect
+
 import re
 from collections.abc import Mapping
 
@@ -102,7 +104,11 @@ def diffusers_names(config: Mapping, original: Mapping) -> dict[str, str]:
     that a VAE of ``config`` does not have)."""
     from diffusers import AutoencoderKLQwenImage
 
-    module = empty_module(lambda c: AutoencoderKLQwenImage(**c), dict(config))
+    # AutoencoderKLWan's config of the Wan 2.1 VAE has further keys at values that add no
+    # tensor (decoder_base_dim, is_residual, patch_size unset): the same keys by the same names
+    accepted = inspect.signature(AutoencoderKLQwenImage.__init__).parameters
+    config = {k: v for k, v in config.items() if k in accepted}
+    module = empty_module(lambda c: AutoencoderKLQwenImage(**c), config)
     blocks = int(config["num_res_blocks"])
     table = {original_name(k, blocks): k for k in module.state_dict()}
     missing = [k for k in original if k not in table]
