@@ -250,7 +250,8 @@ def _generate(
             generator=generator,
             output_type="pil",
         )
-    return result.images[0]
+    # a video pipeline's output is its clips' frames: a one-frame clip is the image
+    return result.images[0] if hasattr(result, "images") else result.frames[0][0]
 
 
 def text_encoders_of(pipe, family) -> tuple[torch.nn.Module, ...]:
