@@ -22,7 +22,6 @@ Renaming only: tensors keep their shapes and dtypes.
 from __future__ import annotations
 
 import inspect
-
 import re
 from collections.abc import Mapping
 
@@ -72,7 +71,7 @@ def original_name(key: str, num_res_blocks: int) -> str:
     if found := re.match(r"(encoder|decoder)\.mid_block\.((?:resnets|attentions)\.\d+\.)(.+)", key):
         side, block, rest = found.groups()
         if block not in _MID:
-            raise ValueError(f"{key}: the Wan layout has one attention in the middle block")
+            raise ValueError(f"{key}: the original layout has one attention in the middle block")
         return f"{side}.{_MID[block]}{_residual(rest) if block.startswith('resnets') else rest}"
     per_level = num_res_blocks + 2  # its residual blocks, then its resample
     if found := re.match(r"decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.+)", key):

@@ -38,9 +38,9 @@ def plan_vae(
     the diffusers class built (the same network under two names, with the same keys)."""
     keys = list(file.keys())
     if wan_vae_keys.ORIGINAL_MARK in file:
-        wan = True
+        original = True
     elif wan_vae_keys.DIFFUSERS_MARK in file and any(".down_blocks." in k for k in keys):
-        wan = False
+        original = False
     else:
         raise ModelError(
             f"{what} = {file.path} is not {description} (the file looks like "
@@ -49,7 +49,7 @@ def plan_vae(
 
     def plan_of(config: dict) -> Plan:
         def convert(state):
-            return wan_vae_keys.vae_from_original(state, config) if wan else dict(state)
+            return wan_vae_keys.vae_from_original(state, config) if original else dict(state)
 
         build = functools.partial(_build_vae, model_class)
         return Plan("vae", what, file, keys, config, convert, build, label=label)
