@@ -16,6 +16,7 @@ negative prompt's states when the scale is above 1. Sides are rounded down to mu
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -181,6 +182,9 @@ def load_wan(
     model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
 ) -> Components:
     """Wan's Components (frozen, on the CPU); ModelError for any problem with the files."""
+    main = Path(model.pretrained_model_name_or_path).expanduser()
+    if main.is_file() and main.suffix == ".safetensors":
+        spec.refuse_image_input(main)
     loaded = load_spec(spec.SPEC, model, flow, weight_dtype, vae_dtype)
     transformer, vae, text_encoder = loaded.modules.values()
     objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)

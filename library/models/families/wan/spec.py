@@ -14,6 +14,9 @@ from __future__ import annotations
 import inspect as signature
 import re
 from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import safe_open
 
 from library.errors import ModelError
 from library.models.families import wan_vae_file
@@ -108,9 +111,49 @@ class Facts:
     boundary_ratio: float | None = None
 
 
+ONLY_T2V = (
+    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B) and the Wan 2.2 T2V-A14B experts; "
+    "give one of those"
+)
+# Keys of the image-to-video transformers' image input (the original and diffusers' names)
+_IMAGE_INPUT = (".cross_attn.k_img.", ".attn2.add_k_proj.")
+
+
+def refuse_image_input(path: Path) -> None:
+    """ModelError for an image-to-video transformer file (I2V, FLF2V: their CLIP image input),
+    from its header: its original keys have no place in a text-to-video transformer."""
+    with safe_open(str(path), "pt") as f:
+        if any(mark in key for key in f.keys() for mark in _IMAGE_INPUT):  # noqa: SIM118
+            raise ModelError(f"{path} is Wan's image-to-video transformer (I2V); {ONLY_T2V}")
+
+
+def refuse_other_tasks(checked) -> None:
+    """ModelError for a folder or file of another task: image input (I2V), or latents of
+    another VAE (TI2V-5B's 48 channels, I2V's 36)."""
+    config = {**transformer_defaults(), **checked.part_config("transformer")}
+    source = checked.part_source("transformer")
+    if config.get("image_dim") is not None or config.get("added_kv_proj_dim") is not None:
+        raise ModelError(f"{source} is Wan's image-to-video transformer (I2V); {ONLY_T2V}")
+    channels = checked.part_config("vae").get("z_dim", 16)
+    if config["in_channels"] != channels:
+        raise ModelError(
+            f"{source} takes {config['in_channels']} latent channels and the VAE makes "
+            f"{channels} (Wan 2.2 TI2V-5B or an image-to-video model); {ONLY_T2V}"
+        )
+
+
+def transformer_defaults() -> dict:
+    """WanTransformer3DModel's defaults (a folder's config.json may leave keys out)."""
+    from diffusers import WanTransformer3DModel
+
+    parameters = signature.signature(WanTransformer3DModel.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not signature.Parameter.empty}
+
+
 def inspect_parts(checked) -> Facts:
-    """umT5's width is the transformer's text input; a folder's scheduler and boundary_ratio
-    (single files: the released scheduler)."""
+    """umT5's width is the transformer's text input, the task text to video; a folder's
+    scheduler and boundary_ratio (single files: the released scheduler)."""
+    refuse_other_tasks(checked)
     text = checked.part_config("text_encoder")["d_model"]
     wanted = checked.part_config("transformer")["text_dim"]
     if text != wanted:

@@ -1,0 +1,117 @@
+"""Wan end to end through the CLI, from musubi-tuner's own files: its args (``dit``, ``t5``,
+``vae``, ``task``, ``network_module = "networks.lora_wan"``, the shift draw) and its dataset
+config of images, on the tiny model's single files (Comfy-Org's layouts). The LoRA file holds
+musubi-tuner's ten Linears of every block, each with its alpha, and diffusers'
+WanPipeline.load_lora_weights applies it exactly (base + alpha / r * up @ down); a full
+fine-tune writes the transformer in the original names, which reads back exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from library.models.families.wan.keys import TABLE
+from tests.integration.harness import make_images, tensors, train
+from tests.kits.wan.tiny import write_tiny_wan_folder
+from tests.kits.wan.tiny_files import write_tiny_wan_files
+
+# musubi-tuner's ten modules of a block -> diffusers' Linear (diffusers' musubi converter)
+BLOCK_LINEARS = {
+    "self_attn_q": "attn1.to_q", "self_attn_k": "attn1.to_k", "self_attn_v": "attn1.to_v",
+    "self_attn_o": "attn1.to_out.0", "cross_attn_q": "attn2.to_q", "cross_attn_k": "attn2.to_k",
+    "cross_attn_v": "attn2.to_v", "cross_attn_o": "attn2.to_out.0", "ffn_0": "ffn.net.0.proj",
+    "ffn_2": "ffn.net.2",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return write_tiny_wan_files(tmp_path_factory.mktemp("models") / "wan", comfy=True)
+
+
+def _musubi_args(root, files, **extra) -> object:
+    """musubi-tuner's args file and dataset config (images with captions, 64 x 64)."""
+    images = make_images(root / "images", 2, size=64)
+    (images / "img01.txt").write_text("a much longer caption of shape number one on a gradient")
+    dataset = root / "dataset.toml"
+    dataset.write_text("\n".join([
+        "[general]", "resolution = [64, 64]", 'caption_extension = ".txt"', "batch_size = 2",
+        "enable_bucket = true", "[[datasets]]", f'image_directory = "{images}"',
+        f'cache_directory = "{root / "cache"}"',
+    ]) + "\n", encoding="utf-8")  # fmt: skip
+    args = {
+        "dit": str(files["transformer"]), "t5": str(files["t5"]), "vae": str(files["vae"]),
+        "t5_tokenizer_path": str(files["tokenizer"]), "dataset_config": str(dataset),
+        "network_module": "networks.lora_wan", "network_dim": 4, "network_alpha": 2,
+        "timestep_sampling": "shift", "discrete_flow_shift": 3.0, "max_train_steps": 2,
+        "learning_rate": 1e-3, "output_dir": str(root / "out"), "output_name": "run",
+        "seed": 7, "mixed_precision": "no", **extra,
+    }  # fmt: skip
+    lines = [f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {v}"
+             for k, v in args.items()]  # fmt: skip
+    path = root / "args.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_lora_from_musubi_files_is_what_diffusers_applies(tmp_path, files):
+    from diffusers import WanPipeline
+
+    assert train(_musubi_args(tmp_path, files)) == 0
+    path = tmp_path / "out" / "run.safetensors"
+    saved = tensors(path)
+    modules = {k.split(".", 1)[0] for k in saved}
+    # ComfyUI's key map names every Linear weight of the model so: lora_unet_ + its path
+    want = {"lora_unet_" + k.removesuffix(".weight").replace(".", "_")
+            for k, v in TABLE.to_original(WanPipeline.from_pretrained(
+                write_tiny_wan_folder(tmp_path / "folder"), local_files_only=True,
+            ).transformer.state_dict()).items()
+            if k.startswith("blocks.") and v.dim() == 2 and k.endswith(".weight")}  # fmt: skip
+    assert modules == want and len(want) == 2 * len(BLOCK_LINEARS)
+    assert {m.split("_", 4)[-1] for m in modules} == set(BLOCK_LINEARS)
+    assert all(saved[f"{m}.alpha"].item() == 2 for m in modules)
+    assert any(v.abs().max() > 0 for k, v in saved.items() if k.endswith("lora_up.weight"))
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    assert meta["ss_network_module"] == "networks.lora_wan"
+    assert meta["ss_timestep_sampling"] == "shift" and meta["ss_discrete_flow_shift"] == "3.0"
+    pipe = WanPipeline.from_pretrained(tmp_path / "folder", local_files_only=True)
+    model = pipe.transformer
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pipe.load_lora_weights(str(path))
+    pipe.fuse_lora(components=["transformer"], lora_scale=1.0)
+    fused = {n.replace(".base_layer", ""): p for n, p in model.named_parameters()}
+    for module in sorted(modules):
+        down, up = saved[f"{module}.lora_down.weight"], saved[f"{module}.lora_up.weight"]
+        original = module.removeprefix("lora_unet_blocks_").split("_", 1)
+        weight = f"blocks.{original[0]}.{BLOCK_LINEARS[original[1]]}.weight"
+        expected = base[weight] + 2 / down.shape[0] * (up.float() @ down.float())
+        torch.testing.assert_close(fused[weight], expected, rtol=1e-5, atol=1e-6, msg=module)
+
+
+def test_full_fine_tune_writes_the_original_names_that_reload(tmp_path, files, monkeypatch):
+    from library.config.flow_schema import FlowSection
+    from library.config.schema import ModelSection
+    from library.models.families.wan.family import WanFamily, load_wan
+
+    trained = {}
+    real = WanFamily.write_full_model
+
+    def recording(self, path, denoiser, *args):
+        trained.update({k: v.detach().clone() for k, v in denoiser.state_dict().items()})
+        return real(self, path, denoiser, *args)
+
+    monkeypatch.setattr(WanFamily, "write_full_model", recording)
+    config = _musubi_args(tmp_path, files, train_mode="unet", learning_rate=1e-4,
+                          save_precision="float")  # fmt: skip
+    assert train(config) == 0
+    saved = tensors(tmp_path / "out" / "run.safetensors")
+    want = TABLE.to_original(trained)
+    assert saved.keys() == want.keys()
+    assert all(torch.equal(saved[k], v) for k, v in want.items())
+    model = ModelSection(pretrained_model_name_or_path=str(tmp_path / "out" / "run.safetensors"),
+                         vae=str(files["vae"]))  # fmt: skip
+    flow = FlowSection(t5=str(files["t5"]), t5_tokenizer_path=str(files["tokenizer"]))
+    reloaded = load_wan(model, flow, torch.float32, torch.float32).denoiser.state_dict()
+    assert all(torch.equal(reloaded[k], v) for k, v in trained.items())
