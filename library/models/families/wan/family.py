@@ -103,7 +103,9 @@ class WanFamily(TransformerFamily):
     ) -> TextConditioning:
         (tokenizer,), (encoder,) = tokenizers, text_encoders
         states, mask = umt5_states(tokenizer, encoder, captions, device)
-        return TextConditioning(states, None, None, mask.sum(dim=1).cpu())
+        # the dry run's estimate runs on the meta device: every row whole there
+        lengths = None if mask.is_meta else mask.sum(dim=1).cpu()
+        return TextConditioning(states, None, None, lengths)
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
         """The states padded with zeros to the pipelines' 512 tokens (a cache batch holds them

@@ -85,8 +85,25 @@ def transformer_config(plain) -> dict:
     }  # fmt: skip
 
 
-# musubi-tuner's --task -> the transformer's width
-TASK_WIDTHS = {"t2v-1.3B": 1536, "t2v-14B": 5120, "t2v-A14B": 5120}
+# musubi-tuner's --task -> what its released transformer's config says beyond the shared sizes
+_RELEASED = {
+    "t2v-1.3B": {"num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30},
+    "t2v-14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
+    "t2v-A14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
+}
+
+
+def released_transformer_config(task: str) -> dict:
+    """WanTransformer3DModel kwargs of the released transformer of ``task``."""
+    return {
+        "patch_size": (1, 2, 2), "attention_head_dim": HEAD_DIM, "in_channels": 16,
+        "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024,
+        **_RELEASED[task],
+    }  # fmt: skip
+
+
+TASK_WIDTHS = {task: sizes["num_attention_heads"] * HEAD_DIM for task, sizes in _RELEASED.items()}
 
 
 def check_task(checked) -> None:
