@@ -7,7 +7,6 @@ import torch
 
 from library.models.families.wan.family import WAN
 from library.models.families.wan.keys import TABLE
-from library.training.noise import NoiseOptions, draw
 from tests.kits.conformance_kit import (
     FOUR_LENGTH_CAPTIONS,
     ConformanceKit,
@@ -16,6 +15,7 @@ from tests.kits.conformance_kit import (
     NameTable,
     SampleCase,
 )
+from tests.kits.video_reference import shifted_clip
 from tests.kits.wan.tiny import build_tiny_wan_components, write_tiny_wan_folder
 from tests.kits.wan.tiny_files import write_tiny_wan_files
 
@@ -66,22 +66,12 @@ def _sample_cases(variant):
 
 def reference_loss(pipe, batch, seed, shift=3.0, low=0, high=1000) -> torch.Tensor:
     """The loss written out from the pipeline's parts and facts: the VAE's posterior of the
-    clip normalised as the pipeline un-normalises it (latents * (1 / latents_std) ... inverted:
-    (z - latents_mean) / latents_std), noisy = (1 - sigma) x0 + sigma noise, the transformer at
+    one-frame clip normalised per channel, the inverse of the pipeline's decoding
+    ((z - latents_mean) / latents_std), noisy = (1 - sigma) x0 + sigma noise, the transformer at
     timestep 1000 sigma on the pipeline's prompt embeddings (512 tokens, zero past each
     caption), target noise - x0; the trainer's keyed draws and musubi-tuner's "shift" draw,
     narrowed linearly into min_timestep..max_timestep."""
-    posterior = pipe.vae.encode(batch["pixel_values"].unsqueeze(2)).latent_dist
-    shape = tuple(posterior.mean.shape[1:])
-    d = draw(seed, batch["epoch"], batch["positions"].tolist(), shape, 1000,
-             torch.device("cpu"), NoiseOptions(), flow_times=True)  # fmt: skip
-    z = posterior.mean + posterior.std * d.latent_eps
-    config = pipe.vae.config
-    mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1, 1)
-    std = torch.tensor(config.latents_std).view(1, -1, 1, 1, 1)
-    x0 = (z - mean) / std
-    u = torch.sigmoid(d.time_normal)
-    sigma = shift * u / (1 + (shift - 1) * u)
+    x0, d, sigma = shifted_clip(pipe.vae, batch, seed, shift)
     sigma = sigma * (high - low) / 1000 + low / 1000
     s = sigma.view(-1, 1, 1, 1, 1)
     noisy = (1 - s) * x0 + s * d.noise
