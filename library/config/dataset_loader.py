@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from library.config import kohya
 from library.config.dataset_schema import MAX_IMAGE_SIDE, DatasetConfig, SubsetConfig
 from library.config.kohya_values import UNSET, normalise
-from library.config.musubi_dataset import IMAGE_KEYS, SOURCE_KEYS, bucketing_defaults
+from library.config.musubi_dataset import SOURCE_KEYS, bucketing_defaults
 from library.config.overrides import DATASET_KEYS, SUBSET_KEYS, all_key_names, key_kind
 from library.config.problems import Entry, Problems, source_of, validate
 from library.config.suggest import COMMAND_LINE, Origin, did_you_mean, near_miss, show_value
@@ -74,15 +74,15 @@ def check_dataset_keys(datasets: object, file: str, problems: Problems) -> None:
 
 def dataset_tables(raw: dict) -> tuple[dict, object, bool]:
     """A [[datasets]] table's own keys, its subset tables, and whether it is its own one subset:
-    musubi-tuner's image datasets have no subsets and name their images in the dataset table
-    (image_directory, image_jsonl_file), so their subset keys make the one subset."""
+    musubi-tuner's datasets have no subsets and name their images or videos in the dataset
+    table (image_directory, image_jsonl_file, video_directory, video_jsonl_file), so their
+    subset keys make the one subset."""
     names = {key: kohya.ALIASES.get(key, key) for key in raw}
     if "subsets" in raw or not any(names[key] in SOURCE_KEYS for key in raw):
         return _without(raw, "subsets"), raw.get("subsets"), False
     subset = {key: value for key, value in raw.items() if names[key] in SUBSET_KEYS}
     own = {key: value for key, value in raw.items() if key not in subset}
-    # a video dataset has no subset to train: its video key is refused by name with own's keys
-    return own, [subset] if any(names[key] in IMAGE_KEYS for key in subset) else [], True
+    return own, [subset], True
 
 
 def _subset_path(dataset_path: str, index: int, alone: bool) -> str:

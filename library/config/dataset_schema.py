@@ -67,6 +67,37 @@ class SubsetConfig(_Strict):
         '({"image": {"caption": ..., "tags": ...}}), or a Hugging Face imagefolder '
         "metadata.jsonl / metadata.csv (file_name + text).",
     )
+    video_directory: str | None = Field(
+        None,
+        description="Folder of training videos (mp4, webm, mov, gif, ... and folders of frames) "
+        "with optional sidecar caption files (musubi-tuner's word); each video gives the clips "
+        "frame_extraction cuts. For the families that train on clips.",
+    )
+    video_jsonl_file: str | None = Field(
+        None,
+        description='musubi-tuner\'s video JSONL: one {"video_path": ..., "caption": ...} per '
+        "line (paths relative to the file's folder, or absolute).",
+    )
+    target_frames: list[int] = Field(
+        default_factory=lambda: [1],
+        description="Video subsets: the clip lengths cut from each video, each rounded down to "
+        "4 N + 1 frames (musubi-tuner's word).",
+    )
+    frame_extraction: Literal["head", "chunk", "slide", "uniform", "full"] = Field(
+        "head",
+        description="Video subsets: which clips: head (the first), chunk (back to back), slide "
+        "(every frame_stride frames), uniform (frame_sample clips spread evenly), full (the "
+        "whole video up to max_frames).",
+    )
+    frame_stride: int = Field(1, ge=1, description="Video subsets: frames between slide's clips.")
+    frame_sample: int = Field(1, ge=1, description="Video subsets: clips per length of uniform.")
+    max_frames: int = Field(129, ge=1, description="Video subsets: longest clip of full.")
+    source_fps: float | None = Field(
+        None,
+        gt=0,
+        description="Video subsets: the videos' frame rate; frames are dropped to the model's "
+        "rate (16 for Wan) before clips are cut. Unset: every frame is kept.",
+    )
     class_tokens: str | None = Field(None, description="Caption of images without a caption file.")
     caption_extension: str = Field(".txt", description="Extension of sidecar caption files.")
     num_repeats: int = Field(1, ge=1, description="Times each image is seen per epoch.")
@@ -170,9 +201,39 @@ class SubsetConfig(_Strict):
 
     @model_validator(mode="after")
     def _source(self) -> SubsetConfig:
-        if self.image_dir is None and self.metadata_file is None:
-            raise ValueError("a subset needs image_dir (a folder of images) or metadata_file")
+        videos = [k for k in ("video_directory", "video_jsonl_file") if getattr(self, k)]
+        if len(videos) == 2:
+            raise ValueError("a subset takes video_directory or video_jsonl_file, not both")
+        if videos and (self.image_dir is not None or self.metadata_file is not None):
+            image = "image_dir" if self.image_dir is not None else "metadata_file"
+            raise ValueError(
+                f"a subset holds images or videos: {image} and {videos[0]} are both set; put "
+                "them in two subsets (or two datasets)"
+            )
+        if not videos and self.image_dir is None and self.metadata_file is None:
+            raise ValueError(
+                "a subset needs image_dir (a folder of images), metadata_file, video_directory "
+                "or video_jsonl_file"
+            )
         return self
+
+    @model_validator(mode="after")
+    def _video_options(self) -> SubsetConfig:
+        if self.is_video:
+            for key in ("alpha_mask", "control_directory"):
+                if getattr(self, key):
+                    raise ValueError(f"{key} is for images; a video subset cannot take it")
+        return self
+
+    @property
+    def is_video(self) -> bool:
+        """Whether the subset's samples are clips cut from videos."""
+        return self.video_directory is not None or self.video_jsonl_file is not None
+
+    @property
+    def source(self) -> str:
+        """The folder or file the subset's images (or videos) come from, for messages."""
+        return self.image_dir or self.metadata_file or self.video_directory or self.video_jsonl_file
 
     @model_validator(mode="after")
     def _references(self) -> SubsetConfig:

@@ -1,5 +1,6 @@
-"""musubi-tuner's dataset config words: what its image datasets call our subset keys, and the
-keys of its video and FramePack datasets, which difftune knows and refuses.
+"""musubi-tuner's dataset config words: what its image datasets call our subset keys, its video
+datasets' keys (our subset keys of the same names), and the keys of its FramePack datasets,
+which difftune knows and refuses.
 
 musubi-tuner (kohya's trainer for the video and edit models) writes a dataset as one table with
 no subsets: ``[[datasets]]`` with ``image_directory`` (or ``image_jsonl_file``),
@@ -21,23 +22,13 @@ from library.config.unsupported import group as _group
 # the families' own words: their entries' kohya aliases.)
 ALIASES: dict[str, str] = {"image_directory": "image_dir", "image_jsonl_file": "metadata_file"}
 
-# The keys a musubi-tuner dataset table names its images (or videos) with: a [[datasets]] table
-# with one of them (after ALIASES) and no subsets is a dataset of one subset, so a video key is
-# refused by name there rather than met with "no subsets".
-IMAGE_KEYS = ("image_dir", "metadata_file")
-SOURCE_KEYS = (*IMAGE_KEYS, "video_directory", "video_jsonl_file")
+# The keys a musubi-tuner dataset table names its images or videos with: a [[datasets]] table
+# with one of them (after ALIASES) and no subsets is a dataset of one subset.
+SOURCE_KEYS = ("image_dir", "metadata_file", "video_directory", "video_jsonl_file")
 
-_VIDEO = "difftune trains on images; musubi-tuner's video datasets are not supported"
-_VIDEO_ONLY = "only musubi-tuner's video datasets read it"
 _FRAMEPACK = "only musubi-tuner's FramePack one-frame training reads it"
 
 UNSUPPORTED: dict[str, Unsupported] = {
-    **_group("video_directory video_jsonl_file", _VIDEO, planned=False),
-    **_group(
-        "target_frames frame_extraction frame_stride frame_sample max_frames source_fps",
-        _VIDEO_ONLY,
-        ignored=True,
-    ),
     **_group(
         "fp_latent_window_size fp_1f_clean_indices fp_1f_target_index fp_1f_no_post",
         _FRAMEPACK,

@@ -20,8 +20,11 @@ _MEMO: dict[tuple[str, int, int], str] = {}
 
 def file_digest(path: str | Path) -> str:
     """Hex blake2b (16-byte digest) of the file's bytes, memoised per process by (resolved path,
-    size, mtime_ns). Raises DataError naming the file if it cannot be read."""
+    size, mtime_ns); of a folder (a video's frames), of its files' names and digests. Raises
+    DataError naming the file if it cannot be read."""
     path = Path(path)
+    if path.is_dir():
+        return _folder_digest(path)
     try:
         resolved = path.resolve()
         stat = os.stat(resolved)
@@ -37,6 +40,16 @@ def file_digest(path: str | Path) -> str:
         raise DataError(f"image {path} cannot be read ({reason}); replace or remove it") from error
     _MEMO[memo_key] = digest.hexdigest()
     return _MEMO[memo_key]
+
+
+def _folder_digest(folder: Path) -> str:
+    """Hex blake2b of the names and digests of a folder's files, by name: a folder of frames is
+    known by every frame's bytes and place."""
+    digest = hashlib.blake2b(digest_size=16)
+    for entry in sorted(folder.iterdir()):
+        if entry.is_file():
+            digest.update(f"{entry.name}\0{file_digest(entry)}\0".encode())
+    return digest.hexdigest()
 
 
 def _raw_bytes(tensor: torch.Tensor) -> bytes:

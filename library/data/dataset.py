@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from library.config.dataset_schema import DatasetConfig
 from library.data.cache_group import CacheGroup, broadcast_or_raise
+from library.data.clips import MODEL_FPS
 from library.data.groups import Group
 from library.data.items import ScannedDataset, scan_dataset
 from library.data.notes import dataset_warnings
@@ -39,7 +40,7 @@ def _groups(d: int, scanned: ScannedDataset, prior_loss_weight: float) -> list[G
     by_key: dict[tuple, list[SampleSpec]] = {}
     for sample in samples:
         by_key.setdefault(keys[sample.item], []).append(sample)
-    return [Group(d, key[0], tuple(by_key[key]), key[1]) for key in sorted(by_key)]
+    return [Group(d, key[0], tuple(by_key[key]), key[1], key[2]) for key in sorted(by_key)]
 
 
 def _check_epoch_size(d: int, scanned: ScannedDataset, samples: int) -> None:
@@ -49,7 +50,7 @@ def _check_epoch_size(d: int, scanned: ScannedDataset, samples: int) -> None:
         return
     subsets = scanned.config.subsets
     j = max(range(len(subsets)), key=lambda i: subsets[i].num_repeats)
-    folder = subsets[j].image_dir or subsets[j].metadata_file
+    folder = subsets[j].source
     raise ConfigError(
         f"datasets[{d}] would hold {samples:,} samples per epoch (images x num_repeats), more "
         f"than difftune takes ({MAX_EPOCH_SAMPLES:,}); lower datasets[{d}].subsets[{j}]."
@@ -80,7 +81,8 @@ class TrainData:
     index (library.data.scan_index) answers for the files unchanged since the last run where a
     cache folder is set (``cache_dir``, a subset's cache_directory) or ``keep_scan_index``.
     With a ``group`` of several processes only its rank 0 reads the files and the others
-    receive the result. ``scan_seconds``: how long that took (here).
+    receive the result. ``scan_seconds``: how long that took (here). ``frame_rate``: the
+    model's, which a video subset's source_fps resamples its videos to.
     """
 
     def __init__(
@@ -94,13 +96,16 @@ class TrainData:
         cache_dir: str | None = None,
         keep_scan_index: bool = False,
         group: CacheGroup | None = None,
+        frame_rate: float = MODEL_FPS,
     ) -> None:
         self.seed = seed
         self.world_size = world_size
 
         def scan() -> tuple[ScannedDataset, ...]:
             return tuple(
-                scan_dataset(i, config, seed, skip_bad_images, cache_dir, keep_scan_index)
+                scan_dataset(
+                    i, config, seed, skip_bad_images, cache_dir, keep_scan_index, frame_rate
+                )
                 for i, config in enumerate(datasets)
             )
 
@@ -203,7 +208,7 @@ class TrainData:
         dirs: dict[str, dict[str, int]] = {}
         for scanned in self.scanned:
             for j, subset in enumerate(scanned.config.subsets):
-                name = os.path.basename(subset.image_dir or subset.metadata_file or "")
+                name = os.path.basename(subset.source)
                 entry = dirs.setdefault(name, {"n_repeats": subset.num_repeats, "img_count": 0})
                 entry["img_count"] += sum(1 for image in scanned.images if image.subset == j)
         return dirs
@@ -223,8 +228,9 @@ class TrainData:
         epoch boundaries instead of starting again for each epoch.
 
         Each batch (see library.data.samples.collate): "pixel_values" float [B, 3, H, W] in
-        [-1, 1], or with a latent cache "latent_means"/"latent_stds" in the latent codec's
-        layout ([B, C, h, w] for an image VAE); "captions" (after caption processing);
+        [-1, 1] ([B, 3, F, H, W] for clips of F frames), or with a latent cache
+        "latent_means"/"latent_stds" in the latent codec's layout ([B, C, h, w] for an image
+        VAE); "captions" (after caption processing);
         "loss_weights" float [B] (0 for padding samples); "positions" long [B]; "epoch";
         "cache_roots"; "alpha_masks" [B, 1, H, W] when a subset
         has alpha_mask; SDXL's "original_sizes", "crop_top_lefts", "target_sizes" long [B, 2];

@@ -20,6 +20,7 @@ class Group:
     samples: tuple[SampleSpec, ...]  # .item indexes the dataset's images
     # (width, height) of each of its samples' reference images (edit models), () for none
     references: tuple[tuple[int, int], ...] = ()
+    frames: int = 1  # frames of each of its samples: a video dataset's clips have more than 1
 
 
 class ScannedData(Protocol):

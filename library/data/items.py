@@ -5,6 +5,9 @@ A subset's images come from a folder (sidecar captions, library.data.folders) or
 before training starts, or, with skip_bad_images, is left out with a warning and counted. What
 the plan reports besides is collected here too: animated images (their first frame is trained),
 folder entries that are not training images, and images a metadata file does not list.
+
+A video subset's videos are probed in the same pass, and each gives one sample per clip
+(library.data.clips): a ScannedImage whose ``frames`` name the clip's frames.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.augment import AugmentOptions
 from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.captions import CaptionOptions
+from library.data.clips import MODEL_FPS, ClipOptions, clip_frames, probed, video_items
 from library.data.folders import FolderScan, ImageItem, scan_folder
 from library.data.header_scan import name_in, read_headers
 from library.data.images import ImageHeader, read_image_header
@@ -47,11 +51,26 @@ class ScannedImage:
     key: str  # "<subset>/<path relative to the subset folder>": names it for the validation split
     cache_root: Path  # folder of its disk-cache entries
     references: tuple[ScannedReference, ...] = ()  # edit models' reference images, in order
+    frames: tuple[int, ...] = ()  # a clip's frames in its video (library.data.clips); () image
+
+    @property
+    def frame_count(self) -> int:
+        """Frames of the sample: 1 for an image."""
+        return len(self.frames) or 1
+
+    @property
+    def split_key(self) -> str:
+        """What the validation split holds out together: an image, or every clip of a video
+        (its clips' keys are "<video key>@<first frame>+<frames>"), so no validation clip
+        shares frames with a trained one."""
+        return self.key.rpartition("@")[0] if self.frames else self.key
 
     @property
     def group_key(self) -> tuple:
-        """What the images of one micro-batch share: the bucket, and their references' sizes."""
-        return (self.bucket, tuple(reference.bucket for reference in self.references))
+        """What the samples of one micro-batch share: the bucket, their references' sizes and
+        their frame count."""
+        references = tuple(reference.bucket for reference in self.references)
+        return (self.bucket, references, self.frame_count)
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,7 @@ class ScannedDataset:
     ignored: tuple[Path, ...] = ()  # folder entries that are not training images (FolderScan)
     unlisted: tuple[Path, ...] = ()  # images beside a metadata file that it does not list
     indexed: int = 0  # image headers the scan index answered (files unchanged since)
+    short_videos: tuple[Path, ...] = ()  # videos shorter than every clip length: no sample
 
 
 def subset_options(subset: SubsetConfig) -> SubsetOptions:
@@ -148,7 +168,7 @@ class _CacheRoots:
         self._fixed = Path(fixed) if fixed else None
         self._beside: dict[Path, Path] = {}
         # a folder subset's images all lie directly in its folder
-        folder = Path(subset.image_dir or ".")
+        folder = Path(subset.image_dir or subset.video_directory or ".")
         self.folder_root = self._fixed or folder / CACHE_FOLDER
 
     def __call__(self, image: Path) -> Path:
@@ -258,13 +278,14 @@ def scan_index_path(subset: SubsetConfig, cache_dir: str | None, keep: bool) -> 
     (its cache_directory, else cache_dir, else, with ``keep``, the .difftune_cache folder of its
     image folder); None (no index) when neither is set and ``keep`` is false. The name is a
     digest of the subset's folder and metadata file as absolute paths."""
-    folder = subset.image_dir or str(Path(subset.metadata_file).parent)
+    listed = subset.metadata_file or subset.video_jsonl_file
+    folder = subset.image_dir or subset.video_directory or str(Path(listed).parent)
     root = (
         subset.cache_directory or cache_dir or (str(Path(folder) / CACHE_FOLDER) if keep else None)
     )
     if root is None:
         return None
-    names = [os.path.abspath(folder), os.path.abspath(subset.metadata_file or "")]
+    names = [os.path.abspath(folder), os.path.abspath(listed or "")]
     digest = hashlib.blake2b("\0".join(names).encode(), digest_size=12).hexdigest()
     return Path(root) / "scan" / f"{digest}.json"
 
@@ -276,9 +297,11 @@ def scan_dataset(
     skip_bad_images: bool,
     cache_dir: str | None,
     keep_index: bool = False,
+    frame_rate: float = MODEL_FPS,
 ) -> ScannedDataset:
     """Scan and check every subset of dataset `index`; split off its validation images.
-    ``keep_index``: keep a scan index (scan_index_path) even where no cache folder is set."""
+    ``keep_index``: keep a scan index (scan_index_path) even where no cache folder is set.
+    ``frame_rate``: the model's, which a video subset's source_fps resamples to."""
     if all(subset.is_reg for subset in config.subsets):
         raise DataError(
             f"dataset {index} has only regularisation subsets (is_reg = true); add a subset of "
@@ -291,12 +314,24 @@ def scan_dataset(
     except ValueError as error:
         raise DataError(f"dataset {index}: {error}") from None
     bucket_of = _Buckets(buckets, bucket_sizes(buckets) if predefined_buckets(buckets) else None)
-    images, skipped, animated, ignored, unlisted = [], [], [], [], []
+    images, skipped, animated, ignored, unlisted, short_videos = [], [], [], [], [], []
     reused = 0
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for s, subset in enumerate(config.subsets):
         path = scan_index_path(subset, cache_dir, keep_index)
         scan_index = None if path is None else ScanIndex(path)
+        if subset.is_video:
+            found, problems, short = _video_samples(
+                s, subset, bucket_of, cache_dir, scan_index, skip_bad_images, frame_rate
+            )
+            _check_usable(index, subset, found, problems)
+            images += found
+            skipped += problems
+            short_videos += short
+            if scan_index is not None:
+                reused += scan_index.reused
+                scan_index.save()
+            continue
         scan = _subset_items(subset, scan_index)
         ignored += scan.ignored
         unlisted += scan.unlisted
@@ -330,11 +365,7 @@ def scan_dataset(
             else:
                 key, root = f"{s}/{names[n]}", root_of.folder_root
             found.append(ScannedImage(item, s, size, bucket, key, root, references))
-        if not found:
-            raise DataError(
-                f"dataset {index}: {subset.image_dir or subset.metadata_file} has no usable "
-                f"images ({len(skipped)} unreadable ones left out)"
-            )
+        _check_usable(index, subset, found, skipped)
         images.extend(found)
         if scan_index is not None:
             reused += scan_index.reused
@@ -350,7 +381,54 @@ def scan_dataset(
         tuple(ignored),
         tuple(unlisted),
         reused,
+        tuple(short_videos),
     )
+
+
+def _check_usable(index: int, subset: SubsetConfig, found: list, skipped: list) -> None:
+    if not found:
+        what = "clips" if subset.is_video else "images"
+        raise DataError(
+            f"dataset {index}: {subset.source} has no usable {what} ({len(skipped)} unreadable "
+            "ones left out)"
+        )
+
+
+def _video_samples(
+    s: int,
+    subset: SubsetConfig,
+    bucket_of: _Buckets,
+    cache_dir: str | None,
+    scan_index: ScanIndex | None,
+    skip_bad: bool,
+    frame_rate: float,
+) -> tuple[list[ScannedImage], list[str], list[Path]]:
+    """The clips of video subset ``s`` as samples, the problems of the videos left out (only
+    with ``skip_bad``; otherwise raised) and the videos too short for any clip."""
+    options = ClipOptions.from_subset(subset)
+    root_of = _CacheRoots(subset, cache_dir)
+    keys = _Keys(s, subset.video_directory or str(Path(subset.video_jsonl_file).parent))
+    found, skipped, short = [], [], []
+    for item in video_items(subset):
+        try:
+            key = keys(item.path)
+            header = probed(item.path, scan_index, key)
+            bucket = bucket_of(header.size)
+        except (DataError, ValueError) as error:
+            problem = str(error) if isinstance(error, DataError) else f"video {item.path}: {error}"
+            if not skip_bad:
+                raise DataError(f"{problem} (or set skip_bad_images = true)") from None
+            skipped.append(problem)
+            continue
+        clips = clip_frames(header, options, frame_rate)
+        if not clips:
+            short.append(item.path)
+        root = root_of(item.path)
+        found += [
+            ScannedImage(item, s, header.size, bucket, f"{key}@{c[0]}+{len(c)}", root, (), c)
+            for c in clips
+        ]
+    return found, skipped, short
 
 
 def _options(index: int, config: DatasetConfig) -> tuple[SubsetOptions, ...]:
@@ -364,15 +442,16 @@ def _options(index: int, config: DatasetConfig) -> tuple[SubsetOptions, ...]:
 
 
 def _hold_out(images: list[ScannedImage], config: DatasetConfig, seed: int) -> tuple[list, list]:
-    """Split the non-reg images into training and validation (reg images always train)."""
+    """Split the non-reg images into training and validation (reg images always train); a
+    video's clips are held out together (ScannedImage.split_key)."""
     if not config.held_out:
         return images, []
     candidates = [i for i, image in enumerate(images) if not image.item.is_reg]
     split_seed = config.validation_seed if config.validation_seed is not None else seed
-    chosen = validation_indices(
-        [images[i].key for i in candidates], config.validation_split, split_seed
-    )
-    held = {candidates[c] for c in chosen}
+    units = list(dict.fromkeys(images[i].split_key for i in candidates))
+    chosen = validation_indices(units, config.validation_split, split_seed)
+    held_units = {units[c] for c in chosen}
+    held = {i for i in candidates if images[i].split_key in held_units}
     return (
         [image for i, image in enumerate(images) if i not in held],
         [image for i, image in enumerate(images) if i in held],

@@ -72,6 +72,13 @@ class LatentRequest:
     flip: bool
     with_alpha: bool
     root: Path
+    frames: tuple[int, ...] = ()  # a clip's frames in the video at path (library.data.clips)
+
+    @property
+    def pixel_shape(self) -> tuple[int, ...]:
+        """The shape of its loaded pixels: [3, H, W], or [3, F, H, W] for a clip."""
+        width, height = self.size
+        return (3, *((len(self.frames),) if self.frames else ()), height, width)
 
 
 @dataclass(frozen=True)
@@ -157,11 +164,13 @@ class LatentCache:
             "vae": self.vae_identity,
             "dtype": str(self.dtype),
         }
+        if request.frames:  # a clip; an image's key stays what it was
+            parts["frames"] = [int(frame) for frame in request.frames]
         return json.dumps(parts, sort_keys=True)
 
     def key(self, request: LatentRequest) -> str:
         """Hex digest of the image's content digest, size, crop_fraction, flip, with_alpha, the
-        VAE identity, the cache dtype and FORMAT_VERSION."""
+        VAE identity, the cache dtype and FORMAT_VERSION, and a clip's frames."""
         return _key_of(self._parts(request))
 
     def __len__(self) -> int:
@@ -237,7 +246,7 @@ class LatentCache:
         # share of every (differently costly) size.
         faults = _merge_faults(theirs for _, theirs in gathered)
         order = {key: i for i, key in enumerate(jobs)}
-        missing = sorted(faults, key=lambda k: (tuple(jobs[k].request.size), order[k]))
+        missing = sorted(faults, key=lambda k: (jobs[k].request.pixel_shape, order[k]))
         share = missing[group.rank :: group.world_size]
         encoded, error = {}, None
         try:
@@ -379,9 +388,9 @@ def _key_of(parts: str) -> str:
 
 
 def _batches(items: list, batch_size: int) -> list[list]:
-    """Consecutive runs of one size, cut into batches of at most batch_size."""
+    """Consecutive runs of one size (and frame count), cut into batches of at most batch_size."""
     batches = []
-    for _, run in itertools.groupby(items, key=lambda item: tuple(item[1].request.size)):
+    for _, run in itertools.groupby(items, key=lambda item: item[1].request.pixel_shape):
         run = list(run)
         batches.extend(run[i : i + batch_size] for i in range(0, len(run), batch_size))
     return batches
@@ -408,7 +417,7 @@ def _prefetched(batches: list, load: Load, pool: ThreadPoolExecutor) -> Iterator
 def _check_loaded(request: LatentRequest, item: Loaded) -> None:
     pixels, alpha = item[0], item[1]
     width, height = request.size
-    if tuple(pixels.shape) != (3, height, width):
+    if tuple(pixels.shape) != request.pixel_shape:
         raise ValueError(f"load gave {tuple(pixels.shape)} for {request.path} at {request.size}")
     if (alpha is not None) != request.with_alpha:
         raise ValueError(f"load gave alpha={alpha is not None} for {request}")

@@ -81,7 +81,8 @@ def _not_a_file(path: Path) -> str:
     return "does not exist"
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """The text of a metadata file; DataError naming it when it is missing or not UTF-8."""
     if not path.is_file():
         raise DataError(f"metadata_file {path} {_not_a_file(path)}; fix metadata_file")
     try:
@@ -95,7 +96,8 @@ def _read_text(path: Path) -> str:
         raise DataError(f"metadata file {path} cannot be read: {error.strerror}") from error
 
 
-def _parse_json(text: str, path: Path, line: int | None = None) -> object:
+def parse_json(text: str, path: Path, line: int | None = None) -> object:
+    """``text`` (all of a metadata file, or its ``line``) as JSON; DataError naming the place."""
     where = f"metadata file {path}" + (f" line {line}" if line is not None else "")
     try:
         return json.loads(text, object_pairs_hook=_no_duplicate_keys)
@@ -141,7 +143,7 @@ def _text_field(record: dict, name: str, where: str) -> str:
 
 
 def _kohya_entries(path: Path, image_dir: Path | None) -> list[tuple[str, MetadataEntry]]:
-    data = _parse_json(_read_text(path), path)
+    data = parse_json(read_text(path), path)
     if not isinstance(data, dict):
         raise DataError(
             f'metadata file {path} must hold a JSON object {{"<image>": {{"caption": ...}}}}, '
@@ -233,10 +235,10 @@ def _names_musubi_image(record: dict) -> bool:
 def _jsonl_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
     entries = []
     # split("\n"), not splitlines(): JSON strings may hold U+2028 and other line separators.
-    for number, line in enumerate(_read_text(path).split("\n"), start=1):
+    for number, line in enumerate(read_text(path).split("\n"), start=1):
         if not line.strip():
             continue
-        record = _parse_json(line, path, number)
+        record = parse_json(line, path, number)
         where = f"metadata file {path} line {number}"
         if not isinstance(record, dict):
             raise DataError(f'{where} must be a JSON object {{"file_name": ..., "text": ...}}')
@@ -252,7 +254,7 @@ def _jsonl_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
 
 
 def _csv_entries(path: Path, base: Path) -> list[tuple[str, MetadataEntry]]:
-    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
     entries = []
     try:
         for record in reader:

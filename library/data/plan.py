@@ -14,8 +14,9 @@ from library.errors import ConfigError
 
 @dataclass(frozen=True)
 class SubsetStats:
-    image_dir: str  # or the metadata file of a metadata subset
-    images: int  # used for training (held-out validation images not counted)
+    image_dir: str  # or the metadata file of a metadata subset, or a video subset's source
+    images: int  # used for training (held-out validation images not counted); a video
+    # subset's clips
     num_repeats: int
     is_reg: bool
     samples_per_epoch: int  # reg: after balancing to the dataset's train samples
@@ -25,6 +26,7 @@ class SubsetStats:
     reference_images: int = 0
     references_from: str | None = None  # the control_directory, or the metadata file
     reference_sizing: str | None = None
+    videos: int = 0  # a video subset's videos that give clips (0: an image subset)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class BucketStats:
     steps_per_epoch: int
     padded_per_epoch: int  # padding slots (loss weight 0) filling its last step
     references: tuple[tuple[int, int], ...] = ()  # its samples' reference sizes (edit models)
+    frames: int = 1  # frames of each sample: clips of a video dataset have more
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class DatasetStats:
     ignored_files: tuple[str, ...] = ()  # short names of folder entries that are not images
     unlisted_images: tuple[str, ...] = ()  # short names of images a metadata file leaves out
     uncaptioned_images: int = 0  # no caption file, no class_tokens: trained with ""
+    short_videos: tuple[str, ...] = ()  # short names of videos shorter than every clip length
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,10 @@ def _subset_stats(data: ScannedData, d: int) -> list[SubsetStats]:
     for j, config in enumerate(scanned.config.subsets):
         members = [i for i, image in enumerate(scanned.images) if image.subset == j]
         references = sum(len(scanned.images[i].references) for i in members)
+        videos = len({scanned.images[i].item.path for i in members}) if config.is_video else 0
         subsets.append(
             SubsetStats(
-                config.image_dir or config.metadata_file or "",
+                config.source,
                 len(members),
                 config.num_repeats,
                 config.is_reg,
@@ -115,6 +120,7 @@ def _subset_stats(data: ScannedData, d: int) -> list[SubsetStats]:
                 references,
                 (config.control_directory or config.metadata_file) if references else None,
                 _sizing_text(config) if references else None,
+                videos,
             )
         )
     return subsets
@@ -142,6 +148,7 @@ def _bucket_stats(data: ScannedData, d: int) -> list[BucketStats]:
             schedule.dataset_steps(g),
             schedule.dataset_padding(g),
             group.references,
+            group.frames,
         )
         for g, group in enumerate(data.groups)
         if group.dataset == d
@@ -162,6 +169,7 @@ def _left_out_stats(scanned: ScannedDataset) -> dict:
         "unlisted_images": tuple(short_name(p) for p in scanned.unlisted),
         # Empty caption files and captions are errors, so "" means the image has no caption.
         "uncaptioned_images": sum(image.item.caption == "" for image in everything),
+        "short_videos": tuple(short_name(p) for p in scanned.short_videos),
     }
 
 
@@ -240,6 +248,10 @@ def _subset_line(subset: SubsetStats) -> str:
         if subset.reference_images
         else ""
     )
+    if subset.videos:
+        kind = " (reg)" if subset.is_reg else ""
+        clips = f"{subset.images} clips from {subset.videos} videos"
+        return f"  {subset.image_dir}{kind}: {clips} x {repeats}"
     if not subset.is_reg:
         return f"  {subset.image_dir}: {subset.images} images x {repeats}{references}"
     line = (
@@ -259,8 +271,10 @@ MAX_BUCKET_LINES = 24  # bucket_no_upscale can make hundreds of buckets; list th
 
 
 def _bucket_lines(ds: DatasetStats) -> list[str]:
-    """The bucket histogram: one line per bucket, with a bar scaled to the largest bucket."""
-    if not ds.enable_bucket:
+    """The bucket histogram: one line per bucket (size, and frame count where a dataset has
+    clips), with a bar scaled to the largest bucket."""
+    clips = any(b.frames > 1 for b in ds.buckets)
+    if not ds.enable_bucket and not clips:
         return []
     most = max(b.samples_per_epoch for b in ds.buckets)
     shown = ds.buckets
@@ -268,14 +282,15 @@ def _bucket_lines(ds: DatasetStats) -> list[str]:
         largest = sorted(shown, key=lambda b: -b.samples_per_epoch)[: MAX_BUCKET_LINES - 4]
         shown = tuple(b for b in ds.buckets if b in largest)
     rule = "musubi-tuner's rule; " if ds.bucketing == "musubi" else ""
-    lines = [
-        f"  {len(ds.buckets)} buckets ({rule}width x height: images, samples per epoch, steps):"
-    ]
+    shape = "width x height x frames" if clips else "width x height"
+    lines = [f"  {len(ds.buckets)} buckets ({rule}{shape}: images, samples per epoch, steps):"]
     for b in shown:
         bar = "#" * max(1, round(20 * b.samples_per_epoch / most))
+        frames = f"x{b.frames:<3}" if clips else ""
+        unit = "clips " if b.frames > 1 else "images"
         line = (
-            f"    {b.size[0]:>4}x{b.size[1]:<4} {b.images:>5} images {b.samples_per_epoch:>6} "
-            f"samples {b.steps_per_epoch:>4} steps {bar}"
+            f"    {b.size[0]:>4}x{b.size[1]:<4}{frames} {b.images:>5} {unit} "
+            f"{b.samples_per_epoch:>6} samples {b.steps_per_epoch:>4} steps {bar}"
         )
         if b.references:
             line += f"  references {_sizes(b.references)}"
@@ -327,6 +342,11 @@ def _left_out_lines(ds: DatasetStats) -> list[str]:
         lines.append(
             f"  {len(ds.ignored_files)} files that are not training images were ignored: "
             f"{_listed(ds.ignored_files)}"
+        )
+    if ds.short_videos:
+        lines.append(
+            f"  {len(ds.short_videos)} videos are shorter than every clip length (target_frames) "
+            f"and give no clip: {_listed(ds.short_videos)}"
         )
     if ds.unlisted_images:
         lines.append(

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from library.data.augment import AugmentDraws, draw_augment
 from library.data.captions import process_caption
+from library.data.clips import load_training_clip
 from library.data.content_hash import file_digest
 from library.data.groups import ScannedData
 from library.data.images import load_training_image
@@ -52,7 +53,13 @@ def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> L
     """The cache entry of an image as a sample with this flip sees it (crops are centered:
     random_crop is refused with a latent cache)."""
     return LatentRequest(
-        image.item.path, image.bucket, None, flip, options.alpha_mask, image.cache_root
+        image.item.path,
+        image.bucket,
+        None,
+        flip,
+        options.alpha_mask,
+        image.cache_root,
+        image.frames,
     )
 
 
@@ -72,7 +79,10 @@ def reference_id(reference: ScannedReference, flip: bool) -> str:
 def load_for_cache(request: LatentRequest):
     """What LatentCache.build loads for a request: (pixels, alpha, original size, crop)."""
     draws = AugmentDraws(flip=request.flip, crop_fraction=request.crop_fraction, hue_shift=0.0)
-    image = load_training_image(request.path, request.size, draws, request.with_alpha)
+    if request.frames:
+        image = load_training_clip(request.path, request.frames, request.size, draws)
+    else:
+        image = load_training_image(request.path, request.size, draws, request.with_alpha)
     return image.pixels, image.alpha, image.original_size, image.crop_top_left
 
 
@@ -123,6 +133,10 @@ def _image_entries(
         cached = source.latents.get(latent_request(image, options, draws.flip))
         entries = {"latent_mean": cached.mean, "latent_std": cached.std, "alpha": cached.alpha}
         original, crop = cached.original_size, cached.crop_top_left
+    elif image.frames:
+        loaded = load_training_clip(image.item.path, image.frames, image.bucket, draws)
+        entries = {"pixel_values": loaded.pixels, "alpha": None}
+        original, crop = loaded.original_size, loaded.crop_top_left
     else:
         loaded = load_training_image(image.item.path, image.bucket, draws, options.alpha_mask)
         entries = {"pixel_values": loaded.pixels, "alpha": loaded.alpha}
@@ -141,10 +155,12 @@ def _stand_in(image: ScannedImage, source: SampleSource) -> dict:
     """Zeros where an unreadable image's pixels (or cached latents) would be, at its bucket size;
     the sample's loss weight 0 makes their values irrelevant."""
     width, height = image.bucket
+    frames = image.frame_count
     if source.latents is None:
-        entries = {"pixel_values": torch.zeros(3, height, width)}
+        clip = (frames,) if image.frames else ()  # an image has no frame axis
+        entries = {"pixel_values": torch.zeros(3, *clip, height, width)}
     else:
-        latent = torch.zeros(source.latent_layout.shape(1, height, width)[1:])
+        latent = torch.zeros(source.latent_layout.shape(1, height, width, frames)[1:])
         entries = {"latent_mean": latent, "latent_std": latent}
     if image.references:
         entries.update(_stand_in_references(image, source))

@@ -8,8 +8,9 @@ Decisions:
   change time and usually its inode differ), adding or removing a file is seen, and only that
   file is read again. Nothing else of the file is trusted: its type and path problems are checked
   from the same stat on every run.
-- Only what a good file gave is kept: an image's displayed size and frame count, a caption
-  file's text (every non-empty line). An unreadable image or a bad caption file is not indexed,
+- Only what a good file gave is kept: an image's displayed size and frame count, a video file's
+  probe (as the JSON values library.data.clips makes of it: a probe decodes every frame, the
+  costliest read of a scan), a caption file's text (every non-empty line). An unreadable image or a bad caption file is not indexed,
   so its error is found again on every run.
 - The file starts with a header line (format, version, checksum of the rest). A file that is
   truncated, overwritten, of another version or otherwise not an index is ignored with one
@@ -83,8 +84,8 @@ class _Table:
 _EMPTY = _Table([], [], [], 1)
 
 
-def _parse(data: bytes) -> tuple[_Table, _Table]:
-    """(images, captions) of an index file's bytes."""
+def _parse(data: bytes) -> tuple[_Table, _Table, _Table]:
+    """(images, captions, videos) of an index file's bytes."""
     head, newline, body = data.partition(b"\n")
     try:
         header = json.loads(head)
@@ -102,7 +103,10 @@ def _parse(data: bytes) -> tuple[_Table, _Table]:
         raise IndexDamaged("body is not JSON") from None
     if not isinstance(parsed, dict):
         raise IndexDamaged("body is not an object")
-    return _Table(*_columns(parsed, "images", 3), 3), _Table(*_columns(parsed, "captions", 1), 1)
+    images, captions = _columns(parsed, "images", 3), _columns(parsed, "captions", 1)
+    # an index written before videos were scanned has none
+    videos = _columns(parsed, "videos", 1) if "videos" in parsed else ([], [], [])
+    return _Table(*images, 3), _Table(*captions, 1), _Table(*videos, 1)
 
 
 class ScanIndex:
@@ -113,11 +117,12 @@ class ScanIndex:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._images, self._captions = _EMPTY, _EMPTY
+        self._images, self._captions, self._videos = _EMPTY, _EMPTY, _EMPTY
         self.damaged: str | None = None
         self._load(path)
         self._met_images: dict[str, tuple[Identity, ImageHeader]] = {}
         self._met_captions: dict[str, tuple[Identity, str]] = {}
+        self._met_videos: dict[str, tuple[Identity, object]] = {}
         self._hits: list[str] = []  # image keys answered from the index
         self._changed = False
 
@@ -135,7 +140,7 @@ class ScanIndex:
             self.damaged = error.strerror or str(error)
         else:
             try:
-                self._images, self._captions = _parse(data)
+                self._images, self._captions, self._videos = _parse(data)
             except (IndexDamaged, TypeError, IndexError, ValueError) as error:
                 self.damaged = str(error) or type(error).__name__
         if self.damaged is not None:
@@ -162,6 +167,24 @@ class ScanIndex:
         self._changed = True
         self._met_images[key] = (identity(info), header)
 
+    def known_video(self, key: str, info: os.stat_result) -> object | None:
+        """The indexed probe (JSON values) of the video file `key` whose stat is `info` when
+        the file is unchanged, else None: the caller probes it and calls `record_video`. The
+        caller checks the values and calls `keep_video` for the ones it uses."""
+        known = self._videos.get(key, identity(info))
+        return None if known is None else known[0]
+
+    def keep_video(self, key: str, info: os.stat_result, values: object) -> None:
+        """Keep an indexed probe that answered (counted as reused) for the next index."""
+        self._hits.append(key)
+        self._met_videos[key] = (identity(info), values)
+
+    def record_video(self, key: str, info: os.stat_result, values: object) -> None:
+        """Keep the probe (JSON values) of the video file `key` whose stat is `info` for the
+        next index."""
+        self._changed = True
+        self._met_videos[key] = (identity(info), values)
+
     def known_caption(self, key: str, info: os.stat_result) -> str | None:
         """The indexed text of the caption file `key` (stat `info`) when it is unchanged (and
         kept for the next index), else None: the caller reads it and calls `record_caption`."""
@@ -185,11 +208,13 @@ class ScanIndex:
             not changed
             and len(self._met_images) == len(self._images.rows)
             and len(self._met_captions) == len(self._captions.rows)
+            and len(self._met_videos) == len(self._videos.rows)
         ):
             return
-        body = json.dumps(
-            _body(self._met_images, self._met_captions), separators=(",", ":")
-        ).encode()
+        body = _body(self._met_images, self._met_captions)
+        if self._met_videos:
+            body["videos"] = _table(self._met_videos, lambda values: values)
+        body = json.dumps(body, separators=(",", ":")).encode()
         header = {
             "format": FORMAT,
             "version": VERSION,
@@ -202,6 +227,16 @@ class ScanIndex:
             atomic_write_file(self.path, lambda tmp: tmp.write_bytes(data), place="cache_dir")
         except SaveError as error:  # read-only data, full disk: the scan itself is done
             log.info("scan index not kept: %s", error)
+
+
+def _table(entries: dict, values) -> dict:
+    """A kind of entry as the file holds it: names, identities and values in flat columns."""
+    numbers = [number for ident, _ in entries.values() for number in ident]
+    return {
+        "names": list(entries),
+        "numbers": numbers,
+        "values": [values(entry) for _, entry in entries.values()],
+    }
 
 
 def _body(images: dict, captions: dict) -> dict:

@@ -27,9 +27,11 @@ from torch.amp import is_autocast_available
 
 @dataclass(frozen=True)
 class LatentLayout:
-    """The shape of the latents of an image: ``channels``, the spatial ``factor`` by which the
-    VAE shrinks each side, and the sizes of any axes between the channel axis and the two
-    spatial ones (``inner_axes``: () for an image VAE, (1,) for a video VAE's single frame).
+    """The shape of the latents of an image or clip: ``channels``, the spatial ``factor`` by
+    which the VAE shrinks each side, and the sizes of any axes between the channel axis and the
+    two spatial ones (``inner_axes``: () for an image VAE, (1,) for a video VAE's single frame).
+    ``frame_factor``: how many frames after the first a video VAE folds into one latent frame
+    (a clip of F frames has 1 + (F - 1) / frame_factor); 0 for a VAE without a frame axis.
 
     Plain data, so it travels to data-loader workers without the VAE.
     """
@@ -37,11 +39,36 @@ class LatentLayout:
     channels: int
     factor: int
     inner_axes: tuple[int, ...] = ()
+    frame_factor: int = 0
 
-    def shape(self, batch: int, height: int, width: int) -> tuple[int, ...]:
-        """The latents' shape for ``batch`` images of ``height`` x ``width`` pixels."""
+    @property
+    def takes_clips(self) -> bool:
+        """Whether the VAE encodes clips of several frames."""
+        return self.frame_factor > 0
+
+    def latent_frames(self, frames: int) -> int:
+        """Latent frames of a clip of ``frames`` frames; ValueError where the VAE cannot
+        encode that many (no frame axis, or not 1 + a multiple of frame_factor)."""
+        if frames == 1:
+            return 1
+        if not self.takes_clips:
+            raise ValueError(f"this VAE encodes single images, not clips of {frames} frames")
+        if frames < 1 or (frames - 1) % self.frame_factor:
+            nearest = 1 + self.frame_factor * max(1, (frames - 1) // self.frame_factor)
+            raise ValueError(
+                f"a clip of {frames} frames cannot be encoded: this VAE takes 1 + a multiple of "
+                f"{self.frame_factor} frames (e.g. {nearest})"
+            )
+        return 1 + (frames - 1) // self.frame_factor
+
+    def shape(self, batch: int, height: int, width: int, frames: int = 1) -> tuple[int, ...]:
+        """The latents' shape for ``batch`` images (or clips of ``frames`` frames) of
+        ``height`` x ``width`` pixels."""
         spatial = (height // self.factor, width // self.factor)
-        return (batch, self.channels, *self.inner_axes, *spatial)
+        inner = self.inner_axes
+        if frames != 1:
+            inner = (self.latent_frames(frames), *inner[1:])
+        return (batch, self.channels, *inner, *spatial)
 
     @property
     def sample_dims(self) -> int:
@@ -59,7 +86,8 @@ class LatentCodec(Protocol):
 
     def posterior(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The VAE posterior's (mean, std) in float32, each of ``layout.shape`` for ``pixels``
-        [B, 3, H, W] in [-1, 1] on the VAE's device; without gradients."""
+        [B, 3, H, W] (or, where ``layout.takes_clips``, clips [B, 3, F, H, W]) in [-1, 1] on
+        the VAE's device; without gradients."""
         ...
 
     def to_latents(self, sample: torch.Tensor) -> torch.Tensor:
@@ -81,7 +109,9 @@ def vae_posterior(
     """
     device = vae_input.device.type
     # no autocast to leave on the meta device (the memory estimate's shapes-only encoding)
-    plain = torch.autocast(device, enabled=False) if is_autocast_available(device) else nullcontext()
+    plain = (
+        torch.autocast(device, enabled=False) if is_autocast_available(device) else nullcontext()
+    )
     with torch.no_grad(), plain:
         posterior = vae.encode(vae_input.to(dtype=vae.dtype)).latent_dist
     return posterior.mean.float(), posterior.std.float()

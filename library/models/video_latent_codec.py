@@ -1,8 +1,9 @@
 """The latent codec of a video VAE that normalises each latent channel by its own mean and std.
 
 Such a VAE (diffusers' AutoencoderKLQwenImage, for one) encodes clips [B, 3, F, H, W] into
-latents [B, z_dim, F', H / f, W / f]; an image is a clip of one frame and gives one latent
-frame. Its config carries per-channel ``latents_mean`` and ``latents_std``, and diffusers'
+latents [B, z_dim, F', H / f, W / f], F' = 1 + (F - 1) / t for the temporal factor t (4 for Wan's
+and Qwen-Image's VAE, which are one network); an image is a clip of one frame and gives one
+latent frame. Its config carries per-channel ``latents_mean`` and ``latents_std``, and diffusers'
 pipelines normalise with them where AutoencoderKL uses one scale and shift.
 """
 
@@ -19,10 +20,12 @@ FRAME_AXIS = 2  # [B, C, F, h, w]
 
 @dataclass(frozen=True)
 class ChannelNormalizedVideoCodec:
-    """latents = (z - latents_mean[c]) / latents_std[c] per channel c, over one-frame clips.
+    """latents = (z - latents_mean[c]) / latents_std[c] per channel c, over clips; an image
+    [B, 3, H, W] is encoded as a clip of one frame.
 
     The spatial factor is 2 ** len(temperal_downsample): every level that may downsample in time
-    halves the image sides, as diffusers' pipelines reckon it.
+    halves the image sides, as diffusers' pipelines reckon it; the temporal factor is 2 to the
+    number of levels that do (diffusers' vae_scale_factor_temporal).
     """
 
     vae: torch.nn.Module
@@ -30,10 +33,15 @@ class ChannelNormalizedVideoCodec:
     @property
     def layout(self) -> LatentLayout:
         config = self.vae.config
-        return LatentLayout(config.z_dim, 2 ** len(config.temperal_downsample), inner_axes=(1,))
+        downsample = config.temperal_downsample
+        return LatentLayout(
+            config.z_dim, 2 ** len(downsample), inner_axes=(1,), frame_factor=2 ** sum(downsample)
+        )
 
     def posterior(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return vae_posterior(self.vae, pixels.unsqueeze(FRAME_AXIS))
+        clips = pixels if pixels.dim() == 5 else pixels.unsqueeze(FRAME_AXIS)
+        self.layout.latent_frames(clips.shape[FRAME_AXIS])  # a count the VAE cannot fold: named
+        return vae_posterior(self.vae, clips)
 
     def to_latents(self, sample: torch.Tensor) -> torch.Tensor:
         mean, std = self._statistics(sample)

@@ -93,13 +93,20 @@ BNB_BLOCK = 256  # elements per float32 scale of bitsandbytes' blockwise 8-bit s
 
 @dataclass(frozen=True)
 class TrainingSize:
-    """One micro-batch: ``batch`` images of ``width`` x ``height`` pixels, each with reference
-    images of the ``references`` sizes (width, height; edit models)."""
+    """One micro-batch: ``batch`` images (or clips of ``frames`` frames) of ``width`` x
+    ``height`` pixels, each with reference images of the ``references`` sizes (width, height;
+    edit models)."""
 
     width: int
     height: int
     batch: int
     references: tuple[tuple[int, int], ...] = ()
+    frames: int = 1
+
+    def pixel_shape(self, batch: int) -> tuple[int, ...]:
+        """The shape of ``batch`` samples' pixels: [B, 3, H, W], or [B, 3, F, H, W] for clips."""
+        clip = (self.frames,) if self.frames > 1 else ()
+        return (batch, 3, *clip, self.height, self.width)
 
 
 @dataclass(frozen=True)
@@ -412,7 +419,7 @@ def encoding_bytes(parts: TrainedParts, size: TrainingSize, batch: int) -> int:
     comps = parts.components
     vae = meta_copy(comps.vae)
     codec = comps.family.latent_codec(vae)
-    pixels = torch.empty(batch, 3, size.height, size.width, device="meta")
+    pixels = torch.empty(size.pixel_shape(batch), device="meta")
     with FusedAttention(), LiveBytes() as live:
         codec.posterior(pixels)
     return live.peak
@@ -434,9 +441,10 @@ def _encoding(config: Config, parts: TrainedParts, size: TrainingSize, trained_s
 
 def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """Meta latents of the family's latent codec for the size ([B, C, H / f, W / f] for an image
-    VAE, f its downscaling) and noise levels [B]."""
+    VAE, f its downscaling; a clip's latent frames on a video VAE's frame axis) and noise levels
+    [B]."""
     layout = comps.family.latent_codec(comps.vae).layout
-    shape = layout.shape(size.batch, size.height, size.width)
+    shape = layout.shape(size.batch, size.height, size.width, size.frames)
     latents = torch.empty(shape, device="meta", dtype=dtype)
     levels = comps.objective.level_tensor(comps.objective.validation_levels(1), "meta")
     return latents, levels.expand(size.batch)
@@ -463,20 +471,20 @@ def _meta_for_training(module: torch.nn.Module, dtype: torch.dtype, trained: boo
 
 def training_sizes(stats: DataStats) -> list[TrainingSize]:
     """Each dataset's largest bucket at its batch size (each size once), its reference images'
-    pixels counted with its own (edit models)."""
+    pixels counted with its own (edit models) and a clip's pixels over its frames."""
     sizes = []
     for ds in stats.datasets:
-        buckets = [(b.size, b.references) for b in ds.buckets] or [(ds.resolution, ())]
-        (width, height), references = max(buckets, key=_pixels)
-        size = TrainingSize(width, height, ds.batch_size, references)
+        buckets = [(b.size, b.references, b.frames) for b in ds.buckets]
+        (width, height), references, frames = max(buckets or [(ds.resolution, (), 1)], key=_pixels)
+        size = TrainingSize(width, height, ds.batch_size, references, frames)
         if size not in sizes:
             sizes.append(size)
     return sizes
 
 
 def _pixels(bucket: tuple) -> int:
-    (width, height), references = bucket
-    return width * height + sum(w * h for w, h in references)
+    (width, height), references, frames = bucket
+    return width * height * frames + sum(w * h for w, h in references)
 
 
 def estimate_peak_memory(

@@ -122,8 +122,8 @@ def run_inputs(config: Config) -> list[tuple[str, str]]:
     for i, dataset in enumerate(config.datasets):
         for j, subset in enumerate(dataset.subsets):
             key = f"datasets[{i}].subsets[{j}]"
-            named += [(f"{key}.image_dir", subset.image_dir)]
-            named += [(f"{key}.metadata_file", subset.metadata_file)]
+            for source in ("image_dir", "metadata_file", "video_directory", "video_jsonl_file"):
+                named += [(f"{key}.{source}", getattr(subset, source))]
     named += [("config file", file) for file in provenance(config).files]
     return [(key, path) for key, path in named if path]
 

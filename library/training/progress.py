@@ -100,7 +100,7 @@ def _adapter_report(config: Config) -> dict:
 
 def _dataset_report(ds: DatasetStats) -> dict:
     buckets = None
-    if ds.enable_bucket:
+    if ds.enable_bucket or any(b.frames > 1 for b in ds.buckets):
         buckets = [
             {
                 "width": b.size[0],
@@ -110,6 +110,7 @@ def _dataset_report(ds: DatasetStats) -> dict:
                 "steps_per_epoch": b.steps_per_epoch,
                 "padding_per_epoch": b.padded_per_epoch,
                 "references": [list(size) for size in b.references],
+                "frames": b.frames,
             }
             for b in ds.buckets
         ]
@@ -127,6 +128,7 @@ def _dataset_report(ds: DatasetStats) -> dict:
                 "unused_images": s.unused_images,
                 "reference_images": s.reference_images,
                 "references_from": s.references_from,
+                "videos": s.videos,
             }
             for s in ds.subsets
         ],
@@ -138,6 +140,7 @@ def _dataset_report(ds: DatasetStats) -> dict:
         "micro_batches_per_process": ds.micro_batches_per_process,
         "validation_images": ds.validation_images,
         "skipped_images": ds.skipped_images,
+        "short_videos": list(ds.short_videos),
         "buckets": buckets,
     }
 

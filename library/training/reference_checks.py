@@ -1,5 +1,6 @@
-"""Reference images against the model, before any weight is read: a text-to-image model is
-never given reference images it would ignore, and an edit model always gets as many as it takes.
+"""Reference images and video clips against the model, before any weight is read: a
+text-to-image model is never given reference images it would ignore, an edit model always gets
+as many as it takes, and an image model is never given a video dataset.
 
 The model's family is known from a cheap look at its files (its registry entry's ``claims``),
 and how many references it takes is class data (ModelFamily.REFERENCE_IMAGES), so both checks run
@@ -19,7 +20,7 @@ from library.models.families.registry import families
 
 
 def _edit_models() -> str:
-    """"an edit model (<the registered families that train with reference images>)"."""
+    """ "an edit model (<the registered families that train with reference images>)"."""
     names = [entry.models for entry in families() if entry.family().REFERENCE_IMAGES[1] != 0]
     return f"an edit model ({', '.join(names)})" if names else "an edit model"
 
@@ -77,6 +78,31 @@ def check_reference_config(config: Config) -> None:
                     f"model learns each image with {family.references_text()}; set "
                     "control_directory to the folder that holds them"
                 )
+
+
+def _video_models() -> str:
+    """ "a video model (<the registered families that train on clips>)"."""
+    names = [entry.models for entry in families() if entry.family().TRAINS_CLIPS]
+    return f"a video model ({', '.join(names)})" if names else "a video model"
+
+
+def check_clip_config(config: Config) -> float:
+    """ConfigError for a video subset (video_directory, video_jsonl_file) given to a family
+    that trains on images alone (ModelFamily.TRAINS_CLIPS); else the frame rate the family's
+    clips are cut for (ModelFamily.FRAME_RATE)."""
+    entry = entry_for(config.model, config.flow)
+    if entry.family().TRAINS_CLIPS:
+        return entry.family().FRAME_RATE
+    for d, dataset in enumerate(config.datasets):
+        for j, subset in enumerate(dataset.subsets):
+            if subset.is_video:
+                key = "video_directory" if subset.video_directory else "video_jsonl_file"
+                raise ConfigError(
+                    f"datasets[{d}].subsets[{j}].{key} = {subset.source}: {entry.a_models} "
+                    f"model learns from images, not video clips; remove the video dataset, or "
+                    f"train {_video_models()}"
+                )
+    return entry.family().FRAME_RATE
 
 
 def check_reference_counts(config: Config, data) -> None:

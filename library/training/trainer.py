@@ -53,7 +53,11 @@ from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan
 from library.training.preflight import RunStart, check_launch_layout, start_run
 from library.training.progress import ProgressReporter, plan_text, plan_warnings, run_logging_dir
-from library.training.reference_checks import check_reference_config, check_reference_counts
+from library.training.reference_checks import (
+    check_clip_config,
+    check_reference_config,
+    check_reference_counts,
+)
 from library.training.resume_rules import change_lines
 from library.training.run_summary import RunSummary
 from library.training.saver import Saver
@@ -120,6 +124,7 @@ class Trainer:
         self.sharded = shards(config, self.accelerator)  # fsdp over several processes
         training = config.training
         check_reference_config(config)  # reads no weight, nor any image
+        frame_rate = check_clip_config(config)  # nor any video
         self.data = TrainData(
             config.datasets,
             seed=training.seed,
@@ -130,6 +135,7 @@ class Trainer:
             cache_dir=config.data.cache_dir,
             keep_scan_index=config.data.cache_latents_to_disk or config.data.cache_text_encoder_outputs_to_disk,
             group=CacheGroup() if self.accelerator.num_processes > 1 else None,  # collective
+            frame_rate=frame_rate,
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads

@@ -1,7 +1,7 @@
 """musubi-tuner's dataset config files load as they are: a [[datasets]] table that names its
 images (image_directory / image_jsonl_file) is a dataset of one subset, its reference-image keys
-(control_directory and the options sizing the references) are read, and its video and FramePack
-keys are refused or dropped by name.
+(control_directory and the options sizing the references) are read, its video datasets load with
+their frame keys, and its FramePack keys are dropped by name.
 
 The file below is shaped like the dataset configs musubi-tuner's docs and its GUI write for the
 edit models: [general] with resolution, caption_extension, batch_size, enable_bucket and
@@ -78,18 +78,56 @@ def test_problems_are_named_where_the_musubi_table_is(write_toml):
     assert 'unknown key "num_repeat" in datasets[0]; did you mean "num_repeats"?' in error_of(path)
 
 
-def test_video_datasets_are_refused_and_video_only_keys_dropped(write_toml):
-    dataset = write_toml(
-        "dataset.toml", '[[datasets]]\nvideo_directory = "v"\ncache_directory = "c"\n'
-    )
-    path = write_toml("run.toml", HEAD + f"dataset_config = {dataset!r}\n")
-    assert "video_directory" in error_of(path) and "video datasets are not supported" in error_of(
-        path
-    )
-    # keys only video datasets read change nothing for an image dataset: it loads
-    text = '[[datasets]]\nimage_directory = "t"\ntarget_frames = [1]\nframe_extraction = "head"\n'
-    (subset,) = _load(write_toml, text).datasets[0].subsets
-    assert subset.image_dir == "t"
+# musubi-tuner's video dataset example (its docs/dataset_config.md), beside an image dataset
+MUSUBI_VIDEO = """\
+[general]
+resolution = [960, 544]
+caption_extension = ".txt"
+batch_size = 1
+enable_bucket = true
+
+[[datasets]]
+video_directory = "/data/clips"
+cache_directory = "/data/clips_cache"
+target_frames = [1, 25, 45]
+frame_extraction = "slide"
+frame_stride = 10
+max_frames = 129
+source_fps = 30.0
+
+[[datasets]]
+video_jsonl_file = "/data/clips.jsonl"
+target_frames = [81]
+frame_extraction = "uniform"
+frame_sample = 4
+
+[[datasets]]
+image_directory = "/data/stills"
+"""
+
+
+def test_musubi_video_datasets_load_with_their_frame_keys_beside_images(write_toml):
+    slide, uniform, stills = _load(write_toml, MUSUBI_VIDEO).datasets
+    (clips,) = slide.subsets
+    assert clips.video_directory == "/data/clips" and clips.is_video
+    assert clips.target_frames == [1, 25, 45] and clips.frame_extraction == "slide"
+    assert (clips.frame_stride, clips.max_frames, clips.source_fps) == (10, 129, 30.0)
+    assert clips.cache_directory == "/data/clips_cache"
+    (listed,) = uniform.subsets
+    assert listed.video_jsonl_file == "/data/clips.jsonl" and listed.frame_sample == 4
+    assert (listed.target_frames, listed.frame_extraction) == ([81], "uniform")
+    (images,) = stills.subsets
+    assert not images.is_video and images.target_frames == [1]
+    assert slide.bucketing == "musubi" and slide.resolution == [960, 544]
+
+
+def test_a_subset_of_images_and_videos_and_a_bad_extraction_are_named(write_toml):
+    both = '[[datasets]]\nvideo_directory = "v"\nimage_directory = "i"\n'
+    path = write_toml("run.toml", HEAD + f"dataset_config = {write_toml('d.toml', both)!r}\n")
+    assert "image_dir and video_directory are both set" in error_of(path)
+    bad = '[[datasets]]\nvideo_directory = "v"\nframe_extraction = "every"\n'
+    path = write_toml("run.toml", HEAD + f"dataset_config = {write_toml('e.toml', bad)!r}\n")
+    assert "frame_extraction" in error_of(path) and "every" in error_of(path)
 
 
 def test_reference_sizing_options_need_references_and_may_be_combined(write_toml):

@@ -72,6 +72,7 @@ DATASET_FIELDS = {
     "micro_batches_per_process",
     "validation_images",
     "skipped_images",
+    "short_videos",
     "buckets",
 }
 SUBSET_FIELDS = {
@@ -83,6 +84,7 @@ SUBSET_FIELDS = {
     "unused_images",
     "reference_images",
     "references_from",
+    "videos",
 }
 BUCKET_FIELDS = {
     "width",
@@ -92,6 +94,7 @@ BUCKET_FIELDS = {
     "steps_per_epoch",
     "padding_per_epoch",
     "references",
+    "frames",
 }
 OUTPUT_FIELDS = {"output_dir", "output_name", "final", "final_kind", "final_state", "saves"}
 SAVE_FIELDS = {"every", "unit", "count", "keep_last", "state", "keep_last_state"}

@@ -6,6 +6,8 @@ models it is built from (``tiny.py``, ``tiny_files.py``, ``tiny_tokenizer.py``,
 ``tiny_shapes.py`` as the family needs). A family without a kit folder is left out of those
 suites, which say so. ``toy/`` is a made-up family's whole package (spec, family class, entry,
 tiny models), registered only by its own tests: docs/design.md's "Adding a family" example.
+``videos.py`` is no family: it encodes the tiny test videos (every container, and broken,
+rotated and variable-rate ones) that the data path's tests read.
 """
 
 from __future__ import annotations

@@ -127,8 +127,47 @@ def test_video_posterior_is_the_vaes_on_one_frame_clips(video_vae):
     with torch.no_grad():
         posterior = video_vae.encode(pixels[:, :, None]).latent_dist
     assert torch.equal(mean, posterior.mean) and torch.equal(std, posterior.std)
-    assert codec.layout == LatentLayout(4, 4, inner_axes=(1,))
+    assert codec.layout == LatentLayout(4, 4, inner_axes=(1,), frame_factor=2)
     assert tuple(mean.shape) == codec.layout.shape(2, 32, 48) == (2, 4, 1, 8, 12)
+
+
+def _clip(batch: int, frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(batch, 3, frames, height, width, generator=generator) * 2 - 1
+
+
+@pytest.fixture(scope="module")
+def released_video_vae():
+    """Qwen-Image's VAE (Wan 2.1's network) in its released layout: diffusers' encoder reads a
+    clip as its first frame and then chunks of four, so clips need its temporal factor 4."""
+    from tests.kits.qwenimage.tiny_shapes import tiny_vae_config as qwen_tiny_vae_config
+
+    return _seeded(AutoencoderKLQwenImage, **qwen_tiny_vae_config())
+
+
+@pytest.mark.parametrize("frames", [5, 9])
+def test_video_posterior_of_a_clip_is_the_vaes_and_its_shape_the_layouts(
+    released_video_vae, frames
+):
+    codec = ChannelNormalizedVideoCodec(released_video_vae)
+    clips = _clip(1, frames, 16, 16)
+    mean, std = codec.posterior(clips)
+    with torch.no_grad():
+        posterior = released_video_vae.encode(clips).latent_dist
+    assert torch.equal(mean, posterior.mean) and torch.equal(std, posterior.std)
+    # the VAE's own output frame count, not the layout's formula, is what the layout must give
+    assert tuple(mean.shape) == codec.layout.shape(1, 16, 16, frames=frames)
+    assert codec.layout.frame_factor == 4 and mean.shape[2] == 1 + (frames - 1) // 4
+
+
+def test_a_clip_the_vae_cannot_fold_is_named_and_an_image_layout_takes_no_clips(video_vae):
+    codec = ChannelNormalizedVideoCodec(video_vae)
+    with pytest.raises(ValueError, match=r"4 frames cannot be encoded.*1 \+ a multiple of 2"):
+        codec.posterior(_clip(1, 4, 32, 48))
+    image = LatentLayout(16, 8)
+    assert not image.takes_clips and image.shape(1, 64, 64, frames=1) == (1, 16, 8, 8)
+    with pytest.raises(ValueError, match="single images, not clips of 5 frames"):
+        image.shape(1, 64, 64, frames=5)
 
 
 def test_video_latents_are_normalised_per_channel_by_hand(video_vae):

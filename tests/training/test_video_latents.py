@@ -8,8 +8,6 @@ compute the very same numbers, noise options and alpha masks included."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -18,20 +16,15 @@ from diffusers import AutoencoderKLQwenImage, DDPMScheduler
 from PIL import Image
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
-from library.data.cache_group import CacheGroup
 from library.data.dataset import TrainData
 from library.data.latent_cache import cache_file
 from library.data.samples import SampleSource, latent_requests
-from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.base import ModelFamily
-from library.models.latent_codec import LatentLayout
-from library.models.video_latent_codec import ChannelNormalizedVideoCodec
-from library.training.caching import build_latent_cache
 from library.training.memory_estimate import TrainingSize, _noisy_latents
-from library.training.noise import NoiseOptions, draw
+from library.training.noise import NoiseOptions
 from library.training.objectives import DDPMObjective
-from library.training.step import StepInputs, batch_posterior, micro_batch_loss
+from library.training.step import batch_posterior, micro_batch_loss
 from library.training.validation import batch_validation_loss
+from tests.kits.video_latents import TWIN, VIDEO, hand_ddpm_loss, latent_cache_of, step_inputs
 
 CHANNELS, FACTOR = 4, 4
 SEED = 5
@@ -41,58 +34,6 @@ ALL_NOISE = NoiseOptions(
     multires_noise_iterations=3,
     ip_noise_gamma=0.1,
 )
-
-
-@dataclass(frozen=True)
-class _FrameDropped:
-    """A video codec read as an image codec: its one latent frame squeezed away."""
-
-    video: ChannelNormalizedVideoCodec
-
-    @property
-    def layout(self) -> LatentLayout:
-        return LatentLayout(self.video.layout.channels, self.video.layout.factor)
-
-    def posterior(self, pixels):
-        return tuple(t.squeeze(2) for t in self.video.posterior(pixels))
-
-    def to_latents(self, sample):
-        return self.video.to_latents(sample.unsqueeze(2)).squeeze(2)
-
-    def to_decoder(self, latents):
-        return self.video.to_decoder(latents.unsqueeze(2)).squeeze(2)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _VideoLatentFamily(ModelFamily):
-    """A family whose denoiser (one Conv3d) takes one-frame video latents; with
-    ``drop_frames`` its codec and denoiser call are the 4-D twin."""
-
-    drop_frames: bool = False
-
-    def latent_codec(self, vae):
-        codec = ChannelNormalizedVideoCodec(vae)
-        return _FrameDropped(codec) if self.drop_frames else codec
-
-    def predict(self, denoiser, noisy, timesteps, cond):
-        out = denoiser(noisy if noisy.dim() == 5 else noisy.unsqueeze(2))
-        return out if noisy.dim() == 5 else out.squeeze(2)
-
-    def encode_text(self, tokenizers, text_encoders, captions, device, *args):
-        return TextConditioning(hidden=torch.zeros(len(captions), 1, 1, device=device))
-
-    def assemble_conditioning(self, text, batch, device, dtype=None):
-        return Conditioning(encoder_hidden_states=text.hidden)
-
-
-VIDEO = _VideoLatentFamily(
-    name="video-latents",
-    prediction_type="epsilon",
-    base_model_version="test",
-    modelspec_architecture="test",
-    default_resolution=32,
-)
-TWIN = dataclasses.replace(VIDEO, drop_frames=True)
 
 
 @pytest.fixture(scope="module")
@@ -115,20 +56,8 @@ def denoiser():
     return torch.nn.Conv3d(CHANNELS, CHANNELS, (1, 3, 3), padding=(0, 1, 1))
 
 
-def _inputs(family, vae, denoiser, noise=None) -> StepInputs:
-    return StepInputs(
-        denoiser=denoiser,
-        vae=vae,
-        family=family,
-        objective=DDPMObjective(DDPMScheduler(), v_prediction=False),
-        text_encoders=(),
-        tokenizers=(),
-        train_text_encoder=False,
-        weight_dtype=torch.float32,
-        device=torch.device("cpu"),
-        seed=SEED,
-        noise=noise or NoiseOptions(),
-    )
+def _inputs(family, vae, denoiser, noise=None):
+    return step_inputs(family, vae, denoiser, SEED, noise)
 
 
 def _batch(masked: bool = False) -> dict:
@@ -158,19 +87,7 @@ def test_the_posterior_of_pixels_has_the_frame_axis(vae, denoiser):
 def test_the_loss_is_the_hand_computed_one_over_5d_latents(vae, denoiser):
     batch = _batch()
     loss = micro_batch_loss(_inputs(VIDEO, vae, denoiser), batch)
-    with torch.no_grad():
-        posterior = vae.encode(batch["pixel_values"][:, :, None]).latent_dist
-        d = draw(SEED, 1, [3, 8], tuple(posterior.mean.shape[1:]), 1000, torch.device("cpu"))
-        sample = posterior.mean + posterior.std * d.latent_eps
-        mean_c, std_c = (
-            torch.tensor(v).view(1, -1, 1, 1, 1)
-            for v in (vae.config.latents_mean, vae.config.latents_std)
-        )
-        x0 = (sample - mean_c) / std_c
-        a = DDPMScheduler().alphas_cumprod[d.timesteps].view(-1, 1, 1, 1, 1)
-        xt = a.sqrt() * x0 + (1 - a).sqrt() * d.noise
-        per_sample = ((denoiser(xt) - d.noise) ** 2).mean(dim=(1, 2, 3, 4))
-        expected = (per_sample * batch["loss_weights"]).mean()
+    expected, _ = hand_ddpm_loss(vae, denoiser, batch, SEED)
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-7)
 
 
@@ -209,14 +126,7 @@ def _data(tmp_path) -> TrainData:
 @pytest.mark.parametrize("to_disk", [False, True], ids=["memory", "disk"])
 def test_the_latent_cache_holds_and_serves_5d_posteriors(tmp_path, vae, denoiser, to_disk):
     data = _data(tmp_path)
-    config = SimpleNamespace(
-        data=SimpleNamespace(latents_cached=True, cache_latents_to_disk=to_disk, vae_batch_size=2)
-    )
-    accelerator = SimpleNamespace(
-        device=torch.device("cpu"), print=lambda *_: None, is_local_main_process=False
-    )
-    components = SimpleNamespace(family=VIDEO, vae=vae)
-    cache = build_latent_cache(config, data, components, accelerator, CacheGroup.single())
+    cache = latent_cache_of(data, vae, to_disk)
     layout = VIDEO.latent_codec(vae).layout
     batches = list(data.loader(0, 0, source=SampleSource(cache, 1, layout)))
     assert batches and all(not b["unreadable"] for b in batches)

@@ -71,6 +71,13 @@ class ModelFamily:
     # None for no bound; (0, 0) for a text-to-image family, whose datasets may not name any.
     # Class data, so a dataset is checked against it before any weight is read.
     REFERENCE_IMAGES: ClassVar[tuple[int, int | None]] = (0, 0)
+    # Whether the family trains on clips of several frames (video datasets: its latent codec
+    # has a frame axis, LatentLayout.takes_clips); False: images only, and a video dataset is
+    # refused. Class data, so it is checked before any weight or video is read.
+    TRAINS_CLIPS: ClassVar[bool] = False
+    # The frame rate a clip family's videos are resampled to where a dataset sets source_fps
+    # (musubi-tuner's rule; Wan 2.1 and the Wan 2.2 A14B experts run at 16 fps, TI2V-5B at 24).
+    FRAME_RATE: ClassVar[float] = 16.0
     # The text encoder reads the reference images with the caption (REFERENCE_PIXELS_KEY and
     # encode_text_with_references): the text cache keys an entry by both.
     TEXT_READS_REFERENCES: ClassVar[bool] = False

@@ -1,0 +1,366 @@
+"""Reading training videos: probed once up front, then the chosen frames decoded as RGB.
+
+A video is a file PyAV opens (mp4, webm, mov, mkv, gif, ...; PyAV's wheels carry FFmpeg) or a
+folder of frames (its image files, in natural order: frame2 before frame10).
+
+Decisions:
+- The probe decodes every frame once (no colour conversion), so the frame count is the number
+  of frames that really decode, and a corrupt, truncated or empty file is named before training
+  rather than in the middle of a run. Headers are not trusted for the count: many files have
+  none (webm, gif) or a wrong one.
+- A file whose frames end well before the duration its header gives (over 5% and two frames
+  short) is truncated: a partial download or copy. It is refused, not trained shorter.
+- Rotation metadata (a phone's display matrix) is applied: the frames are trained the way
+  players show them, as images are with their EXIF orientation. Non-square pixels (anamorphic
+  video) are made square by stretching the side that grows. The size is the displayed one.
+- Each frame's time is its presentation timestamp. A file whose frame durations differ by more
+  than 10% from their median has a variable frame rate: its frames are placed by these times
+  when resampled to the model's rate (library.data.frame_extraction.resample_times).
+- Transparent pixels (gif, vp9 with alpha) are composited on white, as for images.
+- Frames are numbered in presentation order from 0, the same numbering probe and decode use.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+import numpy as np
+from PIL import Image
+
+from library.data.folders import IMAGE_EXTENSIONS
+from library.data.frame_extraction import Clip, cut_clips
+from library.data.images import load_display_image, read_image_header
+from library.errors import DataError
+
+# musubi-tuner's video extensions plus gif (an animation trained as a clip in a video dataset)
+VIDEO_EXTENSIONS = frozenset(
+    {".mp4", ".webm", ".avi", ".mkv", ".mov", ".flv", ".wmv", ".m4v", ".mpg", ".mpeg", ".gif"}
+)
+_TRUNCATED_SHARE = 0.05  # of the header's duration missing at the end
+_VFR_SPREAD = 0.10  # of the median frame duration
+_NATURAL = re.compile(r"(\d+)")
+_DURATION_TAG = re.compile(r"^(\d+):(\d+):(\d+(?:\.\d*)?)$")  # Matroska's "00:00:05.000000000"
+
+
+@dataclass(frozen=True)
+class VideoHeader:
+    """What a scan needs to know about a video: its frames and how they are shown.
+
+    ``size`` is (width, height) as displayed (rotation applied); ``rotation`` the degrees
+    clockwise the stored frames are turned for display (0, 90, 180, 270); ``times`` each
+    frame's presentation time in seconds from the first frame (None for a folder of frames,
+    which has no clock); ``fps`` the average frame rate (frames over duration; None for a
+    folder); ``variable_frame_rate`` whether the frames are unevenly spaced in time.
+    """
+
+    frames: int
+    size: tuple[int, int]
+    fps: float | None
+    duration: float | None
+    rotation: int = 0
+    variable_frame_rate: bool = False
+    times: tuple[float, ...] | None = None
+
+
+def is_video_path(path: Path) -> bool:
+    """Whether ``path`` names a video file by its extension (any case)."""
+    return Path(path).suffix.lower() in VIDEO_EXTENSIONS
+
+
+def frame_files(folder: Path) -> list[Path]:
+    """The image files of a folder of frames in natural order (digits compared as numbers),
+    hidden files left out."""
+    files = [
+        entry
+        for entry in Path(folder).iterdir()
+        if not entry.name.startswith(".") and entry.suffix.lower() in IMAGE_EXTENSIONS
+    ]
+    return sorted(files, key=_natural_key)
+
+
+def _natural_key(path: Path) -> tuple:
+    return tuple(int(p) if p.isdigit() else p.lower() for p in _NATURAL.split(path.name))
+
+
+def _unreadable(path: Path, reason: str, fix: str = "replace or remove the file") -> DataError:
+    return DataError(f"video {path} {reason}; {fix}", file=str(path))
+
+
+def probe_video(path: Path) -> VideoHeader:
+    """The frame count, displayed size, rotation, frame rate, duration and frame times of the
+    video file or folder of frames at ``path``, from one open that decodes every frame (module
+    docstring). DataError naming the file, one line, when it is missing, not a video, corrupt,
+    truncated or has no frames."""
+    path = Path(path)
+    if path.is_dir():
+        return _probe_folder(path)
+    _check_regular_file(path)
+    try:
+        with av.open(str(path)) as container:
+            stream = _video_stream(container, path)
+            stream.thread_type = "AUTO"
+            times, rotation, size = [], 0, None
+            for frame in container.decode(stream):
+                if size is None:
+                    size, rotation = (frame.width, frame.height), _rotation(frame)
+                elif (frame.width, frame.height) != size:
+                    raise _size_change(path, len(times), size, frame)
+                times.append(frame.time)
+            declared = _declared_duration(container, stream)
+            square = _square_pixels(size, stream) if size else None
+    except DataError:
+        raise
+    except (av.FFmpegError, OSError, ValueError) as error:
+        raise _damaged(path, error) from error
+    if not times:
+        raise _unreadable(path, "holds no video frames")
+    return _header(path, times, square, rotation, declared)
+
+
+def _check_regular_file(path: Path) -> None:
+    """Name a missing path, or one that is not a regular file (a pipe or device, which FFmpeg
+    would wait on forever)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DataError(
+            f"video {path} does not exist; fix the path or remove the entry", file=str(path)
+        ) from None
+    except OSError:
+        return  # unreadable: FFmpeg's open names the reason
+    if not stat.S_ISREG(mode):
+        raise _unreadable(path, "is not a regular file (a pipe, device or socket)")
+
+
+def _size_change(path: Path, index: int, size: tuple[int, int], frame) -> DataError:
+    return _unreadable(
+        path,
+        f"changes size at frame {index} ({size[0]}x{size[1]} to {frame.width}x{frame.height})",
+        "re-encode it at one size or remove it",
+    )
+
+
+def _square_pixels(size: tuple[int, int], stream) -> tuple[int, int]:
+    """The (width, height) a frame of ``size`` is shown at, its pixels made square: a file
+    with non-square pixels (anamorphic DVD and broadcast video) is stretched along the side
+    that grows, as players do, so no stored pixel is lost."""
+    aspect = stream.sample_aspect_ratio or stream.codec_context.sample_aspect_ratio
+    if not aspect or aspect <= 0 or aspect == 1:
+        return size
+    width, height = size
+    if aspect > 1:
+        return round(width * aspect), height
+    return width, round(height / aspect)
+
+
+def _video_stream(container, path: Path):
+    if not container.streams.video:
+        raise _unreadable(path, "holds no video stream")
+    return container.streams.video[0]
+
+
+def _declared_duration(container, stream) -> float | None:
+    """The video stream's duration as the file's header gives it: the stream's own, or its
+    DURATION tag (Matroska, WebM), or the file's when the video is its only stream (a file's
+    duration covers its audio too, which may run longer)."""
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    tag = _DURATION_TAG.match(stream.metadata.get("DURATION", ""))
+    if tag:
+        hours, minutes, seconds = tag.groups()
+        return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    if container.duration is not None and len(container.streams) == 1:
+        return container.duration / av.time_base
+    return None
+
+
+def _rotation(frame) -> int:
+    """Degrees clockwise to turn the stored frame for display. FFmpeg's display matrix angle
+    is counter-clockwise, as its command-line tool reads it when it autorotates."""
+    angle = frame.rotation or 0
+    if not math.isfinite(angle):  # a singular matrix: no rotation to read
+        return 0
+    return int(round(-angle / 90.0)) % 4 * 90
+
+
+def _header(
+    path: Path,
+    raw_times: list[float | None],
+    size: tuple[int, int],
+    rotation: int,
+    declared: float | None,
+) -> VideoHeader:
+    times = _clean_times(raw_times)
+    durations = [b - a for a, b in zip(times, times[1:], strict=False)]
+    typical = statistics.median(durations) if durations else None
+    end = times[-1] + (typical or 0.0)
+    if declared and typical and declared - end > max(2 * typical, _TRUNCATED_SHARE * declared):
+        raise _unreadable(
+            path,
+            f"is truncated: its frames end at {end:.2f} s of the {declared:.2f} s its header "
+            "gives (an incomplete download or copy?)",
+        )
+    variable = bool(typical) and any(abs(d - typical) > _VFR_SPREAD * typical for d in durations)
+    shown = size if rotation in (0, 180) else (size[1], size[0])
+    duration = end if end > 0 else None
+    fps = len(times) / duration if duration else None
+    return VideoHeader(len(times), shown, fps, duration, rotation, variable, tuple(times))
+
+
+def _clean_times(raw: list[float | None]) -> list[float]:
+    """Presentation times from the first frame; a frame without a timestamp is placed one
+    typical step after the one before."""
+    known = [t for t in raw if t is not None]
+    if not known:
+        return [float(i) for i in range(len(raw))]  # no clock at all: one frame a second
+    first = known[0]
+    times: list[float] = []
+    for t in raw:
+        if t is None:
+            step = times[-1] - times[-2] if len(times) > 1 else 0.0
+            t = (times[-1] + step if times else 0.0) + first
+        times.append(float(t) - first)
+    return times
+
+
+def _probe_folder(folder: Path) -> VideoHeader:
+    files = frame_files(folder)
+    if not files:
+        raise DataError(
+            f"video folder {folder} holds no image files; add its frames or remove it",
+            file=str(folder),
+        )
+    size = read_image_header(files[0]).size
+    for file in files[1:]:
+        other = read_image_header(file).size
+        if other != size:
+            raise DataError(
+                f"frame {file} is {other[0]}x{other[1]} but the folder's first frame "
+                f"{files[0].name} is {size[0]}x{size[1]}; give every frame of a clip one size",
+                file=str(file),
+            )
+    return VideoHeader(len(files), size, None, None)
+
+
+def decode_frames(path: Path, indices: Sequence[int] | None = None) -> np.ndarray:
+    """The frames ``indices`` (presentation order from 0, as probe_video counts them; all when
+    None) of the video file or folder of frames at ``path``, as uint8 RGB [F, H, W, 3] in the
+    order asked, turned as displayed and transparency on white. DataError naming the file when
+    it cannot be read or holds fewer frames than asked (it changed since it was probed)."""
+    path = Path(path)
+    if path.is_dir():
+        files = frame_files(path)
+        wanted = range(len(files)) if indices is None else indices
+        _check_indices(path, wanted, len(files))
+        return np.stack([np.asarray(load_display_image(files[i])) for i in wanted])
+    try:
+        frames = _decode_file(path, indices)
+    except DataError:
+        raise
+    except (av.FFmpegError, OSError, ValueError) as error:
+        raise _damaged(path, error) from error
+    return frames
+
+
+def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
+    wanted = None if indices is None else set(indices)
+    last = None if indices is None else max(indices, default=-1)
+    got: dict[int, np.ndarray] = {}
+    count = 0
+    with av.open(str(path)) as container:
+        stream = _video_stream(container, path)
+        stream.thread_type = "AUTO"
+        for index, frame in enumerate(container.decode(stream)):
+            square = _square_pixels((frame.width, frame.height), stream)
+            count = index + 1
+            if wanted is None or index in wanted:
+                got[index] = _rgb(frame, square)
+            if last is not None and index >= last:
+                break
+    order = range(count) if indices is None else indices
+    _check_indices(path, order, count)
+    if not got:
+        raise _unreadable(path, "holds no video frames")
+    return np.stack([got[i] for i in order])
+
+
+def _check_indices(path: Path, indices: Iterable[int], count: int) -> None:
+    missing = [i for i in indices if not 0 <= i < count]
+    if missing:
+        raise DataError(
+            f"video {path} has {count} frames, fewer than the {max(missing) + 1} it had when "
+            "it was scanned (it changed since); run again to scan it anew",
+            file=str(path),
+        )
+
+
+def _rgb(frame, square: tuple[int, int]) -> np.ndarray:
+    """One decoded frame as uint8 RGB, transparency on white, at its ``square``-pixel size
+    (_square_pixels; LANCZOS, as images are resized), turned as displayed."""
+    if _has_alpha(frame.format):
+        rgba = frame.to_ndarray(format="rgba").astype(np.float32)
+        alpha = rgba[..., 3:] / 255.0
+        rgb = np.rint(rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
+    else:
+        rgb = frame.to_ndarray(format="rgb24")
+    if square != (frame.width, frame.height):
+        rgb = np.asarray(Image.fromarray(rgb).resize(square, Image.Resampling.LANCZOS))
+    turns = _rotation(frame) // 90
+    return np.ascontiguousarray(np.rot90(rgb, k=-turns)) if turns else rgb
+
+
+def _has_alpha(pixel_format) -> bool:
+    # grey + alpha and colour + alpha have 2 and 4 components; a palette may hold transparency
+    return len(pixel_format.components) in (2, 4) or pixel_format.has_palette
+
+
+def _damaged(path: Path, error: BaseException) -> DataError:
+    """The one line for a file FFmpeg cannot open or decode: its reason without the error
+    number and the C function FFmpeg names."""
+    if isinstance(error, av.error.EOFError):
+        return _unreadable(path, "holds no video frames (it ends before its first frame)")
+    reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+    if isinstance(error, av.FFmpegError):
+        return _unreadable(path, f"is damaged or not a video ({reason})")
+    return _unreadable(path, f"cannot be read ({reason})")
+
+
+def video_stat_key(path: Path) -> tuple[int, int]:
+    """(size in bytes, modification time in ns) of a video file, or of the newest frame of a
+    folder of frames with their total size: what a scan index compares to know a probe is
+    still valid."""
+    path = Path(path)
+    if path.is_dir():
+        stats = [os.stat(f) for f in frame_files(path)]
+        return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns
+
+
+def clips_of(header: VideoHeader, model_fps: float | None, **settings) -> list[Clip]:
+    """The clips musubi-tuner's frame settings (``target_frames``, ``frame_extraction``,
+    ``frame_stride``, ``frame_sample``, ``max_frames``, ``source_fps``: cut_clips' keywords)
+    cut from the probed video ``header`` at the model's frame rate ``model_fps``. A
+    variable-frame-rate file is resampled by its frame times."""
+    times = header.times if header.variable_frame_rate else None
+    return cut_clips(header.frames, model_fps=model_fps, times=times, **settings)
+
+
+def decode_clips(path: Path, clips: Sequence[Clip]) -> list[np.ndarray]:
+    """The frames of each of ``clips`` (cut_clips / clips_of) of the video at ``path``, each
+    uint8 RGB [F, H, W, 3] as decode_frames gives them, from one pass over the file however
+    many clips overlap."""
+    needed = sorted({i for clip in clips for i in clip.source_frames})
+    if not needed:
+        return []
+    frames = decode_frames(path, needed)
+    row = {index: position for position, index in enumerate(needed)}
+    return [frames[[row[i] for i in clip.source_frames]] for clip in clips]
