@@ -30,16 +30,34 @@ def files(tmp_path_factory):
     return write_tiny_wan_files(tmp_path_factory.mktemp("models") / "wan", comfy=True)
 
 
-def _musubi_args(root, files, **extra) -> object:
-    """musubi-tuner's args file and dataset config (images with captions, 64 x 64)."""
+def _images_dataset(root) -> list[str]:
+    """musubi-tuner's dataset config lines of images with captions, 64 x 64."""
     images = make_images(root / "images", 2, size=64)
     (images / "img01.txt").write_text("a much longer caption of shape number one on a gradient")
+    return ["[general]", "resolution = [64, 64]", 'caption_extension = ".txt"', "batch_size = 2",
+            "enable_bucket = true", "[[datasets]]", f'image_directory = "{images}"',
+            f'cache_directory = "{root / "cache"}"']  # fmt: skip
+
+
+def _videos_dataset(root) -> list[str]:
+    """musubi-tuner's dataset config lines of two mp4 clips of a square moving (each way) with
+    captions, 64 x 64, 5 frames from the head of each (2 latent frames), beside the images."""
+    from tests.kits.videos import moving_square, write_video
+
+    folder = root / "videos"
+    folder.mkdir()
+    for name, reverse in (("right", False), ("left", True)):
+        write_video(folder / f"{name}.mp4", moving_square(9, (64, 64), 16, reverse), fps=16)
+        (folder / f"{name}.txt").write_text(f"a white square moving {name}")
+    return [*_images_dataset(root), "[[datasets]]", f'video_directory = "{folder}"',
+            f'cache_directory = "{root / "video_cache"}"', "resolution = [64, 64]",
+            "target_frames = [5]", 'frame_extraction = "head"']  # fmt: skip
+
+
+def _musubi_args(root, files, dataset_lines=_images_dataset, **extra) -> object:
+    """musubi-tuner's args file and dataset config."""
     dataset = root / "dataset.toml"
-    dataset.write_text("\n".join([
-        "[general]", "resolution = [64, 64]", 'caption_extension = ".txt"', "batch_size = 2",
-        "enable_bucket = true", "[[datasets]]", f'image_directory = "{images}"',
-        f'cache_directory = "{root / "cache"}"',
-    ]) + "\n", encoding="utf-8")  # fmt: skip
+    dataset.write_text("\n".join(dataset_lines(root)) + "\n", encoding="utf-8")
     args = {
         "dit": str(files["transformer"]), "t5": str(files["t5"]), "vae": str(files["vae"]),
         "t5_tokenizer_path": str(files["tokenizer"]), "dataset_config": str(dataset),
@@ -55,10 +73,22 @@ def _musubi_args(root, files, **extra) -> object:
     return path
 
 
-def test_lora_from_musubi_files_is_what_diffusers_applies(tmp_path, files):
+@pytest.mark.parametrize("data", [_images_dataset, _videos_dataset], ids=["images", "clips"])
+def test_lora_from_musubi_files_is_what_diffusers_applies(tmp_path, files, data, monkeypatch):
     from diffusers import WanPipeline
 
-    assert train(_musubi_args(tmp_path, files)) == 0
+    from library.models.families.wan.family import WanFamily
+
+    frames = set()  # the latent frames of each micro-batch the transformer is given
+    real = WanFamily.predict
+
+    def recording(self, denoiser, noisy, *args):
+        frames.add(noisy.shape[2])
+        return real(self, denoiser, noisy, *args)
+
+    monkeypatch.setattr(WanFamily, "predict", recording)
+    assert train(_musubi_args(tmp_path, files, data, max_train_steps=4)) == 0
+    assert frames == ({1, 2} if data is _videos_dataset else {1})
     path = tmp_path / "out" / "run.safetensors"
     saved = tensors(path)
     modules = {k.split(".", 1)[0] for k in saved}

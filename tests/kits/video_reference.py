@@ -11,8 +11,10 @@ from library.training.noise import NoiseOptions, draw
 
 
 def shifted_clip(vae, batch, seed: int, shift: float):
-    """(x0, the draws, sigma [B]) of the batch's images as one-frame clips."""
-    posterior = vae.encode(batch["pixel_values"].unsqueeze(2)).latent_dist
+    """(x0, the draws, sigma [B]) of the batch's clips [B, 3, F, H, W] (images [B, 3, H, W]:
+    one-frame clips)."""
+    pixels = batch["pixel_values"]
+    posterior = vae.encode(pixels if pixels.dim() == 5 else pixels.unsqueeze(2)).latent_dist
     shape = tuple(posterior.mean.shape[1:])
     d = draw(seed, batch["epoch"], batch["positions"].tolist(), shape, 1000,
              torch.device("cpu"), NoiseOptions(), flow_times=True)  # fmt: skip

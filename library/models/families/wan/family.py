@@ -88,6 +88,8 @@ class WanFamily(TransformerFamily):
 
     FLOW_KIND: ClassVar[str] = "wan"
     LABEL: ClassVar[str] = "Wan"
+    TRAINS_CLIPS: ClassVar[bool] = True
+    FRAME_RATE: ClassVar[float] = 16.0  # Wan 2.1's and the A14B's clips (musubi-tuner's target)
     DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "umT5 gets no adapters, as in musubi-tuner"
     LYCORIS_EMPTY_PRESETS: ClassVar[tuple[str, ...]] = ("unet-convblock-only",)
 
