@@ -95,7 +95,7 @@ def _loss_reference(pipe, batch, seed, case):
     )
 
 
-# LoRA (musubi-tuner's ten Linears of every block) on images whose captions have four lengths,
+# LoRA (musubi-tuner's ten Linears of every block) on images (then clips) whose captions have four lengths,
 # each kept at its own length in the text cache and padded back with zeros to 512 tokens: alone
 # or in the batch of 4 they must train the same LoRA, and a run resumed from its step-1 state
 # must end on the same weights.
@@ -111,6 +111,15 @@ DISTRIBUTED = (
         captions=FOUR_LENGTH_CAPTIONS,
         only=("lora_unet_blocks_",),
         resume=True,
+    ),
+    # the same on clips of 5 frames (2 latent frames) cut from four short videos
+    DistributedMode(
+        name="wan-clips",
+        keys={"network_module": "networks.lora_wan", "network_train_unet_only": True},
+        captions=FOUR_LENGTH_CAPTIONS,
+        only=("lora_unet_blocks_",),
+        resume=True,
+        clips=5,
     ),
 )
 
