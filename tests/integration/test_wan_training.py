@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from library.models.families.wan.keys import TABLE
-from tests.integration.harness import make_images, tensors, train
+from tests.integration.harness import flat_toml_lines, make_images, tensors, train
 from tests.kits.wan.tiny import write_tiny_wan_folder
 from tests.kits.wan.tiny_files import write_tiny_wan_files
 
@@ -66,8 +66,7 @@ def _musubi_args(root, files, dataset_lines=_images_dataset, **extra) -> object:
         "learning_rate": 1e-3, "output_dir": str(root / "out"), "output_name": "run",
         "seed": 7, "mixed_precision": "no", **extra,
     }  # fmt: skip
-    lines = [f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {v}"
-             for k, v in args.items()]  # fmt: skip
+    lines = flat_toml_lines(args)
     path = root / "args.toml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
