@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+# pytester's in-process runs put sys.modules back as they found it; torch imported first inside
+# one of them would be dropped there and imported a second time by the last test, which
+# crashes torch's C extension. Importing it here keeps it in every snapshot.
+import torch
+
 REPO = Path(__file__).resolve().parents[1]
 PYTHON_CHILD = "subprocess.run([sys.executable, '-c', 'pass'], check=True)"
 
@@ -190,7 +195,5 @@ def test_the_fast_tier_does_not_start_the_quickstart_run(tmp_path):
 
 
 def test_tests_compute_on_one_thread_unless_told_otherwise():
-    import torch
-
     # tests/conftest.py sets OMP_NUM_THREADS=1 before torch is imported, unless it was set
     assert torch.get_num_threads() == int(os.environ.get("OMP_NUM_THREADS", "1"))

@@ -78,8 +78,9 @@ class SubsetConfig(_Strict):
         description='musubi-tuner\'s video JSONL: one {"video_path": ..., "caption": ...} per '
         "line (paths relative to the file's folder, or absolute).",
     )
-    target_frames: list[int] = Field(
+    target_frames: list[Annotated[int, Field(ge=1)]] = Field(
         default_factory=lambda: [1],
+        min_length=1,
         description="Video subsets: the clip lengths cut from each video, each rounded down to "
         "4 N + 1 frames (musubi-tuner's word).",
     )

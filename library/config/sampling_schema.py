@@ -36,7 +36,7 @@ class SamplingSection(Section):
     sample_prompts: str | None = Field(
         None,
         description="Prompts file: .txt (one prompt per line with --n --w --h --d --s --l --ss "
-        "options, # comment lines), .toml ([prompt] defaults and [[prompt.subset]] entries) or "
+        "options, and --f frames and --i first frame for video models; # comment lines), .toml ([prompt] defaults and [[prompt.subset]] entries) or "
         ".json (a list of prompt objects or lines). Unset: no samples.",
     )
     sample_every_n_steps: int | None = Field(
@@ -77,6 +77,12 @@ class SamplingSection(Section):
         ge=0,
         description="Classifier-free guidance scale of prompts without --l. Unset: 7.5 for SD "
         "and SD3 models, 1 (no CFG; FLUX.1 dev uses its distilled guidance, --g) for FLUX.1.",
+    )
+    sample_video_format: Literal["webp", "mp4"] = Field(
+        "webp",
+        description="File of a prompt with several frames (--f, video models): webp (an "
+        "animated WebP, lossless) or mp4 (H.264). Either plays at the model's frame rate, with "
+        "a PNG strip of a few frames beside it.",
     )
     sample_seed: int | None = Field(
         None,

@@ -20,6 +20,7 @@ from library.config.adapter_schema import (
 )
 from library.config.data_schema import DataSection
 from library.config.dataset_schema import DatasetConfig
+from library.config.expert_schema import ExpertSection
 from library.config.flow_schema import FlowSection
 from library.config.optimizer_schema import MAX_RATE, SHARDABLE_OPTIMIZERS, OptimizerSection
 from library.config.provenance import Provenance
@@ -27,7 +28,7 @@ from library.config.sampling_schema import SamplingSection
 from library.config.section import Section
 from library.models.families.family_entry import GENERIC_LORA_MODULE
 from library.models.families.registry import FAMILIES, listed, network_modules
-from library.saving.output_names import reserved_ending
+from library.saving.output_names import EXPERT_TAGS, reserved_ending
 
 # The network_module values: kohya's LoRA, each registered family's own module, LyCORIS.
 NetworkModule = Literal[network_modules()]
@@ -573,9 +574,16 @@ class SavingSection(Section):
             raise ValueError(
                 f'"{value}" ends in "{ending}", like the files output_name "{base}" writes, so '
                 f'two runs could replace each other\'s files; choose a name that does not end in '
-                f'"{ending}" (e.g. "{base}_{ending.strip("-.")}")'
+                f'"{ending}" (e.g. "{base}{_renamed(ending)}")'
             )
         return value
+
+
+def _renamed(ending: str) -> str:
+    """An ending like ``ending`` that no output name reserves."""
+    if ending in EXPERT_TAGS:  # an expert's file: "_high_noise" -> "-high-noise"
+        return ending.replace("_", "-")
+    return f"_{ending.strip('-.')}"
 
 
 class LoggingSection(Section):
@@ -619,6 +627,7 @@ class Config(BaseModel):
     sampling: SamplingSection = SamplingSection()
     flow: FlowSection = FlowSection()
     adapter: AdapterSection = AdapterSection()
+    experts: ExpertSection = ExpertSection()
     datasets: list[DatasetConfig] = Field(default_factory=list)
     # Dataset keys written as plain keys (kohya's arguments), as given: already applied to the
     # datasets; kept so --print_config writes them back when the datasets come from elsewhere.
@@ -768,6 +777,7 @@ SECTIONS: dict[str, type[Section]] = {
     "sampling": SamplingSection,
     "flow": FlowSection,
     "adapter": AdapterSection,
+    "experts": ExpertSection,
 }
 
 

@@ -12,7 +12,7 @@ Decisions:
   (library.data.videos.clips_of).
 - A video file's probe (it decodes every frame) is kept in the subset's scan index
   (library.data.scan_index) beside its images' headers, so a rerun over unchanged videos
-  decodes none of them before training.
+  decodes none of them before training. The others are probed on the scan's threads.
 - A video shorter than every clip length gives no sample (as in musubi-tuner); the plan counts
   such videos so a wrong target_frames is seen.
 - Every frame of a clip goes through the image path's resize and crop, and one augmentation
@@ -25,6 +25,7 @@ import dataclasses
 import os
 import stat
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,8 @@ from PIL import Image
 
 from library.config.dataset_schema import SubsetConfig
 from library.data.augment import AugmentDraws, shift_hue
-from library.data.folders import ImageItem, caption_lines, missing_folder
+from library.data.folders import FolderScan, ImageItem, caption_lines, is_quiet, missing_folder
+from library.data.header_scan import SCAN_THREADS
 from library.data.images import LoadedImage, crop_geometry
 from library.data.metadata_files import parse_json, read_text
 from library.data.scan_index import ScanIndex
@@ -119,6 +121,25 @@ def probed(path: Path, index: ScanIndex | None, key: str) -> VideoHeader:
     return header
 
 
+def probe_all(
+    paths: Sequence[Path], index: ScanIndex | None, keys: Sequence[str]
+) -> list[VideoHeader | DataError]:
+    """The probe of each video of ``paths`` (``probed``, by ``keys``), in order, or the
+    DataError probing it raised; on a pool of threads, as FFmpeg decodes without the GIL."""
+
+    def one(pair: tuple[Path, str]) -> VideoHeader | DataError:
+        try:
+            return probed(pair[0], index, pair[1])
+        except DataError as error:
+            return error
+
+    pairs = list(zip(paths, keys, strict=True))
+    if len(pairs) <= 1:
+        return [one(pair) for pair in pairs]
+    with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="difftune-probe") as pool:
+        return list(pool.map(one, pairs))
+
+
 def clip_frames(
     header: VideoHeader, options: ClipOptions, model_fps: float = MODEL_FPS
 ) -> list[tuple[int, ...]]:
@@ -151,52 +172,78 @@ def _sidecar_caption(video: Path, subset: SubsetConfig) -> str:
     return lines if subset.enable_wildcard else lines.partition("\n")[0]
 
 
-def _folder_items(subset: SubsetConfig) -> list[ImageItem]:
+def _folder_items(subset: SubsetConfig) -> FolderScan:
     folder = Path(subset.video_directory)
     if not folder.is_dir():
         raise DataError(
             f"video_directory {subset.video_directory} {missing_folder(folder)}; fix the path"
         )
+    videos, ignored = [], []
     with os.scandir(folder) as entries:
-        videos = sorted(
-            Path(e.path) for e in entries if is_video_path(Path(e.name)) or _is_frame_folder(e)
-        )
+        for entry in entries:
+            if is_video_path(Path(entry.name)) or _is_frame_folder(entry):
+                videos.append(Path(entry.path))
+            elif not is_quiet(entry, subset.caption_extension):
+                ignored.append(Path(entry.path))
+    videos.sort()
     if not videos:
         raise DataError(
             f"video_directory {subset.video_directory} has no videos (mp4, webm, mov, gif, ... "
             "or folders of frames); add videos or remove the dataset"
         )
-    return [
+    items = [
         ImageItem(v, _sidecar_caption(v, subset), subset.is_reg, subset.video_directory)
         for v in videos
     ]
+    return FolderScan(items, tuple(sorted(ignored)))
+
+
+def _listed_video(name: str, listing: Path) -> Path:
+    """The video a video_jsonl_file line names: an absolute path as written; a relative one
+    from the working directory, as musubi-tuner opens it, else from the JSONL's folder (where
+    difftune's other metadata files start), so a listing written for either tool loads."""
+    path = Path(name)
+    if path.is_absolute() or path.exists():
+        return path
+    return listing.parent / path
+
+
+def _jsonl_record(record: object, path: Path, number: int, is_reg: bool) -> ImageItem:
+    """One line of musubi-tuner's video JSONL: ``video_path`` and ``caption`` (both required,
+    as musubi-tuner reads them); ``control_path`` (control videos) is not trained."""
+    where = f"video_jsonl_file {path} line {number}"
+    if not isinstance(record, dict) or not isinstance(record.get("video_path"), str):
+        raise DataError(f'{where} names no video: write {{"video_path": ..., "caption": ...}}')
+    if "control_path" in record:
+        raise DataError(
+            f'{where} has a "control_path" (control videos), which difftune does not train; '
+            "remove it"
+        )
+    caption = record.get("caption")
+    if not isinstance(caption, str):
+        raise DataError(f'{where} needs a "caption" (text); write one or remove the line')
+    video = _listed_video(record["video_path"], path)
+    return ImageItem(video, caption.strip(), is_reg, str(path.parent))
 
 
 def _jsonl_items(subset: SubsetConfig) -> list[ImageItem]:
     path = Path(subset.video_jsonl_file)
     items = []
     for number, line in enumerate(read_text(path).split("\n"), start=1):
-        if not line.strip():
-            continue
-        record = parse_json(line, path, number)
-        if not isinstance(record, dict) or not isinstance(record.get("video_path"), str):
-            raise DataError(
-                f'video_jsonl_file {path} line {number} names no video: write {{"video_path": '
-                '..., "caption": ...}'
-            )
-        caption = record.get("caption", "")
-        if not isinstance(caption, str):
-            raise DataError(f'video_jsonl_file {path} line {number}: "caption" must be text')
-        video = path.parent / record["video_path"]
-        items.append(ImageItem(video, caption.strip(), subset.is_reg, str(path.parent)))
+        if line.strip():
+            record = parse_json(line, path, number)
+            items.append(_jsonl_record(record, path, number, subset.is_reg))
     if not items:
         raise DataError(f"video_jsonl_file {path} lists no videos; add lines or remove it")
     return items
 
 
-def video_items(subset: SubsetConfig) -> list[ImageItem]:
-    """The videos of a video subset with their raw captions, in a fixed order."""
-    return _folder_items(subset) if subset.video_directory else _jsonl_items(subset)
+def video_items(subset: SubsetConfig) -> FolderScan:
+    """The videos of a video subset with their raw captions, in a fixed order, and the
+    entries of its folder that are neither videos nor captions."""
+    if subset.video_directory:
+        return _folder_items(subset)
+    return FolderScan(_jsonl_items(subset), ())
 
 
 def load_training_clip(
@@ -206,7 +253,14 @@ def load_training_clip(
     cropped like an image (library.data.images.load_training_image) with one draw for the whole
     clip: pixels float32 [3, F, H, W] in [-1, 1]. DataError naming the file when it cannot be
     decoded now."""
-    decoded = decode_frames(path, list(frames))  # [F, h, w, 3] uint8
+    return fit_clip(decode_frames(path, list(frames)), size, draws)
+
+
+def fit_clip(
+    decoded: np.ndarray, size: tuple[int, int], draws: AugmentDraws | None = None
+) -> LoadedImage:
+    """A clip's decoded frames (uint8 RGB [F, h, w, 3], as decode_frames gives them) at
+    training ``size``, as load_training_clip makes them."""
     height, width = decoded.shape[1:3]
     resized, (left, top) = crop_geometry(
         (width, height), size, draws.crop_fraction if draws else None

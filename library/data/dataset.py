@@ -6,7 +6,7 @@ import gc
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
 
@@ -97,8 +97,10 @@ class TrainData:
         keep_scan_index: bool = False,
         group: CacheGroup | None = None,
         frame_rate: float = MODEL_FPS,
+        tokens_of: Callable[[tuple[int, int], int], int] | None = None,
     ) -> None:
         self.seed = seed
+        self.tokens_of = tokens_of  # the plan's tokens per sample (ScannedData.tokens_of)
         self.world_size = world_size
 
         def scan() -> tuple[ScannedDataset, ...]:

@@ -205,7 +205,7 @@ class FolderScan:
     unlisted: tuple[Path, ...] = ()  # metadata subsets: images its file does not list
 
 
-def _is_quiet(entry: os.DirEntry, caption_extension: str) -> bool:
+def is_quiet(entry: os.DirEntry, caption_extension: str) -> bool:
     """True for entries that are expected beside images and not worth reporting."""
     name = entry.name
     if name.startswith(".") or name.lower() in SYSTEM_FILES:
@@ -247,7 +247,7 @@ class _Listing:
                     self.images.append(name)
                     continue
                 self.others.add(name)
-                if not _is_quiet(entry, caption_extension):
+                if not is_quiet(entry, caption_extension):
                     ignored.append(folder / name)
         self.images.sort()
         self.ignored = tuple(sorted(ignored, key=lambda p: p.name))

@@ -3,6 +3,7 @@ training data (library.data.dataset.TrainData builds on both, so they do not imp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +33,9 @@ class ScannedData(Protocol):
     scanned: tuple[ScannedDataset, ...]
     groups: tuple[Group, ...]
     schedule: EpochSchedule
+    # the denoiser's sequence length of one sample of a bucket size (W, H) and frame count, from
+    # the model's family (ModelFamily.tokens_per_sample); None where no family is known
+    tokens_of: Callable[[tuple[int, int], int], int] | None
 
     @property
     def num_train_images(self) -> int: ...

@@ -22,7 +22,7 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.augment import AugmentOptions
 from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, predefined_buckets
 from library.data.captions import CaptionOptions
-from library.data.clips import MODEL_FPS, ClipOptions, clip_frames, probed, video_items
+from library.data.clips import MODEL_FPS, ClipOptions, clip_frames, probe_all, video_items
 from library.data.folders import FolderScan, ImageItem, scan_folder
 from library.data.header_scan import name_in, read_headers
 from library.data.images import ImageHeader, read_image_header
@@ -321,13 +321,14 @@ def scan_dataset(
         path = scan_index_path(subset, cache_dir, keep_index)
         scan_index = None if path is None else ScanIndex(path)
         if subset.is_video:
-            found, problems, short = _video_samples(
+            found, problems, short, others = _video_samples(
                 s, subset, bucket_of, cache_dir, scan_index, skip_bad_images, frame_rate
             )
             _check_usable(index, subset, found, problems)
             images += found
             skipped += problems
             short_videos += short
+            ignored += others
             if scan_index is not None:
                 reused += scan_index.reused
                 scan_index.save()
@@ -402,17 +403,22 @@ def _video_samples(
     scan_index: ScanIndex | None,
     skip_bad: bool,
     frame_rate: float,
-) -> tuple[list[ScannedImage], list[str], list[Path]]:
+) -> tuple[list[ScannedImage], list[str], list[Path], tuple[Path, ...]]:
     """The clips of video subset ``s`` as samples, the problems of the videos left out (only
-    with ``skip_bad``; otherwise raised) and the videos too short for any clip."""
+    with ``skip_bad``; otherwise raised), the videos too short for any clip and the folder's
+    entries that are neither videos nor captions."""
     options = ClipOptions.from_subset(subset)
     root_of = _CacheRoots(subset, cache_dir)
     keys = _Keys(s, subset.video_directory or str(Path(subset.video_jsonl_file).parent))
     found, skipped, short = [], [], []
-    for item in video_items(subset):
+    listing = video_items(subset)
+    items = listing.items
+    names = [keys(item.path) for item in items]
+    headers = probe_all([item.path for item in items], scan_index, names)
+    for item, key, header in zip(items, names, headers, strict=True):
         try:
-            key = keys(item.path)
-            header = probed(item.path, scan_index, key)
+            if isinstance(header, DataError):
+                raise header
             bucket = bucket_of(header.size)
         except (DataError, ValueError) as error:
             problem = str(error) if isinstance(error, DataError) else f"video {item.path}: {error}"
@@ -428,7 +434,7 @@ def _video_samples(
             ScannedImage(item, s, header.size, bucket, f"{key}@{c[0]}+{len(c)}", root, (), c)
             for c in clips
         ]
-    return found, skipped, short
+    return found, skipped, short, listing.ignored
 
 
 def _options(index: int, config: DatasetConfig) -> tuple[SubsetOptions, ...]:

@@ -38,6 +38,7 @@ class BucketStats:
     padded_per_epoch: int  # padding slots (loss weight 0) filling its last step
     references: tuple[tuple[int, int], ...] = ()  # its samples' reference sizes (edit models)
     frames: int = 1  # frames of each sample: clips of a video dataset have more
+    tokens: int | None = None  # the denoiser's sequence length per sample (None: not known)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def _sizing_text(config) -> str:
 
 def _bucket_stats(data: ScannedData, d: int) -> list[BucketStats]:
     schedule = data.schedule
+    tokens_of = data.tokens_of
     return [
         BucketStats(
             group.bucket,
@@ -149,6 +151,7 @@ def _bucket_stats(data: ScannedData, d: int) -> list[BucketStats]:
             schedule.dataset_padding(g),
             group.references,
             group.frames,
+            None if tokens_of is None else tokens_of(group.bucket, group.frames),
         )
         for g, group in enumerate(data.groups)
         if group.dataset == d
@@ -283,7 +286,10 @@ def _bucket_lines(ds: DatasetStats) -> list[str]:
         shown = tuple(b for b in ds.buckets if b in largest)
     rule = "musubi-tuner's rule; " if ds.bucketing == "musubi" else ""
     shape = "width x height x frames" if clips else "width x height"
-    lines = [f"  {len(ds.buckets)} buckets ({rule}{shape}: images, samples per epoch, steps):"]
+    tokens = ", tokens per sample" if any(b.tokens is not None for b in ds.buckets) else ""
+    lines = [
+        f"  {len(ds.buckets)} buckets ({rule}{shape}: images, samples per epoch, steps{tokens}):"
+    ]
     for b in shown:
         bar = "#" * max(1, round(20 * b.samples_per_epoch / most))
         frames = f"x{b.frames:<3}" if clips else ""
@@ -292,6 +298,8 @@ def _bucket_lines(ds: DatasetStats) -> list[str]:
             f"    {b.size[0]:>4}x{b.size[1]:<4}{frames} {b.images:>5} {unit} "
             f"{b.samples_per_epoch:>6} samples {b.steps_per_epoch:>4} steps {bar}"
         )
+        if b.tokens is not None:
+            line += f"  {b.tokens} tokens"
         if b.references:
             line += f"  references {_sizes(b.references)}"
         if b.samples_per_epoch < ds.step_size:
@@ -305,6 +313,14 @@ def _bucket_lines(ds: DatasetStats) -> list[str]:
             f"({small} of them smaller than a step)"
         )
     return lines
+
+
+def _tokens_line(ds: DatasetStats) -> list[str]:
+    """The denoiser's sequence length per sample, for a dataset without bucket lines."""
+    tokens = sorted({b.tokens for b in ds.buckets if b.tokens is not None})
+    if not tokens:
+        return []
+    return [f"  {', '.join(str(t) for t in tokens)} tokens per sample (the denoiser's sequence)"]
 
 
 def _padding_line(ds: DatasetStats) -> str:
@@ -380,7 +396,8 @@ def plan_lines(data: _Planned | DataStats) -> list[str]:
         if ds.validation_images:
             lines.append(f"  {ds.validation_images} images held out for validation")
         lines.extend(_left_out_lines(ds))
-        lines.extend(_bucket_lines(ds))
+        buckets = _bucket_lines(ds)
+        lines.extend(buckets or _tokens_line(ds))
         if ds.padded_per_epoch:
             lines.append(_padding_line(ds))
         lines.append(

@@ -14,6 +14,8 @@ with the other processes at the step's end on what to do (library.training.unrea
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +23,8 @@ from torch.utils.data import Dataset
 
 from library.data.augment import AugmentDraws, draw_augment
 from library.data.captions import process_caption
-from library.data.clips import load_training_clip
+from library.data.clip_frames import ClipFrames
+from library.data.clips import fit_clip, load_training_clip
 from library.data.content_hash import file_digest
 from library.data.groups import ScannedData
 from library.data.images import load_training_image
@@ -76,14 +79,24 @@ def reference_id(reference: ScannedReference, flip: bool) -> str:
     return f"{file_digest(reference.path)}@{width}x{height}" + ("-flipped" if flip else "")
 
 
-def load_for_cache(request: LatentRequest):
-    """What LatentCache.build loads for a request: (pixels, alpha, original size, crop)."""
+def load_for_cache(request: LatentRequest, clips: ClipFrames | None = None):
+    """What LatentCache.build loads for a request: (pixels, alpha, original size, crop); a
+    clip's frames from ``clips`` when given (its video decoded once for all its clips)."""
     draws = AugmentDraws(flip=request.flip, crop_fraction=request.crop_fraction, hue_shift=0.0)
-    if request.frames:
+    if request.frames and clips is not None:
+        image = fit_clip(clips.frames(request.path, request.frames), request.size, draws)
+    elif request.frames:
         image = load_training_clip(request.path, request.frames, request.size, draws)
     else:
         image = load_training_image(request.path, request.size, draws, request.with_alpha)
     return image.pixels, image.alpha, image.original_size, image.crop_top_left
+
+
+def cache_loader(requests: Sequence[LatentRequest]) -> Callable[[LatentRequest], tuple]:
+    """load_for_cache for a build of ``requests``: each video decoded once for all its clips
+    (library.data.clip_frames)."""
+    clips = ClipFrames((r.path, r.frames) for r in requests if r.frames)
+    return functools.partial(load_for_cache, clips=clips)
 
 
 def latent_requests(data: ScannedData) -> list[LatentRequest]:

@@ -4,10 +4,18 @@ A video is a file PyAV opens (mp4, webm, mov, mkv, gif, ...; PyAV's wheels carry
 folder of frames (its image files, in natural order: frame2 before frame10).
 
 Decisions:
-- The probe decodes every frame once (no colour conversion), so the frame count is the number
-  of frames that really decode, and a corrupt, truncated or empty file is named before training
-  rather than in the middle of a run. Headers are not trusted for the count: many files have
-  none (webm, gif) or a wrong one.
+- The probe reads the video stream's packets without decoding them: the frame count is the
+  number of packets, each frame's time its packet's presentation timestamp (sorted: B-frames
+  are stored out of order). It decodes only the first frame (size, rotation, pixel aspect,
+  and that the stream decodes at all) and the group of packets from the last keyframe (at most
+  _TAIL_PACKETS of them, else the keyframe alone), which must give a frame at each packet's
+  time and of the first frame's size. When the packets leave doubt (a packet without a
+  timestamp or flagged corrupt, two at one time, leading frames that do not decode, a last
+  group that disagrees), every frame is decoded instead and counted as it decodes. Headers'
+  frame counts are never trusted: many files have none (webm, gif) or a wrong one.
+- Damage in the middle of a stream is not seen by the probe: decode_frames names the file in
+  one line when it meets it (the latent cache is filled before training), and a frame the
+  decoder drops there makes the file hold fewer frames than its probe counted, named too.
 - A file whose frames end well before the duration its header gives (over 5% and two frames
   short) is truncated: a partial download or copy. It is refused, not trained shorter.
 - Rotation metadata (a phone's display matrix) is applied: the frames are trained the way
@@ -46,6 +54,7 @@ VIDEO_EXTENSIONS = frozenset(
 )
 _TRUNCATED_SHARE = 0.05  # of the header's duration missing at the end
 _VFR_SPREAD = 0.10  # of the median frame duration
+_TAIL_PACKETS = 16  # the last keyframe's group is decoded whole up to this many packets
 _NATURAL = re.compile(r"(\d+)")
 _DURATION_TAG = re.compile(r"^(\d+):(\d+):(\d+(?:\.\d*)?)$")  # Matroska's "00:00:05.000000000"
 
@@ -96,30 +105,121 @@ def _unreadable(path: Path, reason: str, fix: str = "replace or remove the file"
 
 def probe_video(path: Path) -> VideoHeader:
     """The frame count, displayed size, rotation, frame rate, duration and frame times of the
-    video file or folder of frames at ``path``, from one open that decodes every frame (module
-    docstring). DataError naming the file, one line, when it is missing, not a video, corrupt,
-    truncated or has no frames."""
+    video file or folder of frames at ``path``, from its packets and a few decoded frames
+    (module docstring). DataError naming the file, one line, when it is missing, not a video,
+    truncated, has no frames, or is damaged where the probe decodes."""
     path = Path(path)
     if path.is_dir():
         return _probe_folder(path)
     _check_regular_file(path)
     try:
-        with av.open(str(path)) as container:
-            stream = _video_stream(container, path)
-            stream.thread_type = "AUTO"
-            times, rotation, size = [], 0, None
-            for frame in container.decode(stream):
-                if size is None:
-                    size, rotation = (frame.width, frame.height), _rotation(frame)
-                elif (frame.width, frame.height) != size:
-                    raise _size_change(path, len(times), size, frame)
-                times.append(frame.time)
-            declared = _declared_duration(container, stream)
-            square = _square_pixels(size, stream) if size else None
+        return _probe_packets(path) or _probe_decoding(path)
     except DataError:
         raise
     except (av.FFmpegError, OSError, ValueError) as error:
         raise _damaged(path, error) from error
+
+
+def _probe_packets(path: Path) -> VideoHeader | None:
+    """The header from the video packets' timestamps (no decoding), the first frame and the
+    last keyframe's group (_Tail); None when the packets and those frames disagree or leave
+    doubt, for _probe_decoding to count the frames that really decode."""
+    with av.open(str(path)) as container:
+        stream = _video_stream(container, path)
+        decoder = stream.codec_context
+        stamps, tail, first, corrupt = _read_packets(container, stream)
+        if first is None or None in stamps or len(set(stamps)) != len(stamps):
+            return None
+        start, size = min(stamps), (first.width, first.height)
+        if first.pts != start:  # leading frames that do not decode
+            return None
+        header = _header(  # names a file whose frames end before its header's duration
+            path,
+            [float((t - start) * stream.time_base) for t in sorted(stamps)],
+            _square_pixels(size, stream),
+            _rotation(first),
+            _declared_duration(container, stream),
+        )
+        if corrupt:
+            return None
+        if not tail.whole and tail.packets and tail.packets[0].pts == start:
+            return header  # one long group: its keyframe is the first frame, decoded above
+        return header if _tail_agrees(path, decoder, tail.packets, sorted(stamps), size) else None
+
+
+class _Tail:
+    """The packets from the last keyframe demuxed so far: all of them while there are at most
+    _TAIL_PACKETS, else the keyframe alone (its group is too long to decode whole)."""
+
+    def __init__(self) -> None:
+        self.packets: list = []
+        self.whole = True
+
+    def add(self, packet) -> None:
+        if packet.is_keyframe:
+            self.packets, self.whole = [packet], True
+        elif self.packets and self.whole:
+            self.packets.append(packet)
+            if len(self.packets) > _TAIL_PACKETS:
+                self.packets, self.whole = self.packets[:1], False
+
+
+def _read_packets(container, stream) -> tuple[list, _Tail, object, bool]:
+    """Every packet of ``stream``: their timestamps (None where a packet has none), the last
+    keyframe's group (_Tail), the first decoded frame (None if none decodes) and whether the
+    demuxer marked any packet corrupt."""
+    decoder = stream.codec_context
+    stamps, tail, first, corrupt = [], _Tail(), None, False
+    for packet in container.demux(stream):
+        if packet.size == 0 or packet.is_discard:  # the closing empty packet; edit lists
+            continue
+        corrupt = corrupt or packet.is_corrupt
+        stamps.append(packet.pts)
+        tail.add(packet)
+        if first is None:
+            first = next(iter(decoder.decode(packet)), None)
+    if first is None and stamps:
+        first = next(iter(decoder.decode(None)), None)
+    return stamps, tail, first, corrupt
+
+
+def _tail_agrees(path: Path, decoder, tail: list, stamps: list[int], size) -> bool:
+    """Decode ``tail`` (_Tail's packets) anew: each packet shown from its keyframe on must give
+    a frame at its timestamp, all of the first frame's ``size`` (else a DataError names the frame
+    where the size changes). Leading pictures shown before the keyframe (open groups) may not
+    decode without the group before; they count as the full decode counts them. False when
+    the frames and packets disagree."""
+    if not tail:
+        return False
+    decoder.flush_buffers()
+    try:
+        frames = [f for packet in [*tail, None] for f in decoder.decode(packet)]
+    except av.FFmpegError:  # damage near the end: the full decode names it
+        return False
+    shown = {f.pts for f in frames}
+    owed = {p.pts for p in tail if p.pts >= tail[0].pts}
+    if len(shown) != len(frames) or not owed <= shown <= {p.pts for p in tail}:
+        return False
+    for frame in frames:
+        if (frame.width, frame.height) != size:
+            raise _size_change(path, stamps.index(frame.pts), size, frame)
+    return True
+
+
+def _probe_decoding(path: Path) -> VideoHeader:
+    """The header from decoding every frame: the count is the frames that really decode."""
+    with av.open(str(path)) as container:
+        stream = _video_stream(container, path)
+        stream.thread_type = "AUTO"
+        times, rotation, size = [], 0, None
+        for frame in container.decode(stream):
+            if size is None:
+                size, rotation = (frame.width, frame.height), _rotation(frame)
+            elif (frame.width, frame.height) != size:
+                raise _size_change(path, len(times), size, frame)
+            times.append(frame.time)
+        declared = _declared_duration(container, stream)
+        square = _square_pixels(size, stream) if size else None
     if not times:
         raise _unreadable(path, "holds no video frames")
     return _header(path, times, square, rotation, declared)
@@ -278,8 +378,12 @@ def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
     with av.open(str(path)) as container:
         stream = _video_stream(container, path)
         stream.thread_type = "AUTO"
+        size = None
         for index, frame in enumerate(container.decode(stream)):
-            square = _square_pixels((frame.width, frame.height), stream)
+            size = size or (frame.width, frame.height)
+            if (frame.width, frame.height) != size:  # in a part of the file the probe skips
+                raise _size_change(path, index, size, frame)
+            square = _square_pixels(size, stream)
             count = index + 1
             if wanted is None or index in wanted:
                 got[index] = _rgb(frame, square)
@@ -296,8 +400,9 @@ def _check_indices(path: Path, indices: Iterable[int], count: int) -> None:
     missing = [i for i in indices if not 0 <= i < count]
     if missing:
         raise DataError(
-            f"video {path} has {count} frames, fewer than the {max(missing) + 1} it had when "
-            "it was scanned (it changed since); run again to scan it anew",
+            f"video {path} has {count} frames that decode, fewer than the {max(missing) + 1} "
+            "its scan counted: it is damaged or changed since; replace it, or run again to "
+            "scan it anew",
             file=str(path),
         )
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from library.models.conditioning import Conditioning, TextConditioning
+from library.sampling.pipelines import refuse_uncarried
 
 # The Conditioning.unet_kwargs entry holding each caption's own length [B].
 LENGTHS = "caption_lengths"
@@ -57,9 +58,7 @@ def rows(cond: Conditioning, keep_batch: bool = False) -> list[torch.Tensor]:
 def pipeline_rows(cond: Conditioning, pipeline: str, keep_batch: bool = False) -> list:
     """``rows`` for a sampling pipeline that takes the states alone: ValueError for any other
     conditioning input, which the pipeline would silently drop."""
-    extra = sorted(set(cond.unet_kwargs) - {LENGTHS})
-    if extra:
-        raise ValueError(f"no {pipeline} argument carries the conditioning input {extra[0]!r}")
+    refuse_uncarried(cond, (LENGTHS,), pipeline)
     return rows(cond, keep_batch)
 
 

@@ -25,6 +25,7 @@ from safetensors import SafetensorError, safe_open
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError, one_line
+from library.models.experts import Experts
 from library.models.families.base import ModelFamily
 from library.models.families.family_choice import check_config_family, entry_for
 
@@ -48,7 +49,9 @@ class Components:
     ``denoiser`` is the network that is trained (a UNet, or a transformer); ``text_encoders``
     and ``tokenizers`` are in ``family.text_encoder_subfolders`` order; ``objective``
     (library.training.objectives) says how the denoiser is trained and sampled. ``model_dir``
-    is the diffusers folder, or the checkpoint file of a single-file model.
+    is the diffusers folder, or the checkpoint file of a single-file model. ``experts``: a
+    model with several denoiser experts (library.models.experts; ``denoiser`` is then its
+    low-noise expert), else None.
     """
 
     denoiser: torch.nn.Module
@@ -58,6 +61,7 @@ class Components:
     objective: object
     family: ModelFamily
     model_dir: Path
+    experts: Experts | None = None
 
     @property
     def text_encoder(self) -> torch.nn.Module:

@@ -7,7 +7,10 @@ kwargs), with their sources.
   released as ae.safetensors (AutoEncoderParams in their repository, as sd-scripts'
   library/flux_models.py copies them), which later families ship unchanged;
 - ``video_vae16_config``: the 16-channel video VAE (Wan 2.1's layout) that Qwen-Image released
-  and Krea 2 ships too (diffusers' AutoencoderKLQwenImage defaults are its released config).
+  and Krea 2 ships too (diffusers' AutoencoderKLQwenImage defaults are its released config);
+- ``qwen3_4b_config``: Qwen/Qwen3-4B's (its config.json: architectures Qwen3ForCausalLM), the
+  text encoder of Z-Image and FLUX.2 [klein] 4B; query width 32 * 128 = 4096 differs from the
+  2560 hidden size, and keys and values use 8 heads (grouped-query attention).
 """
 
 from __future__ import annotations
@@ -67,3 +70,22 @@ def video_vae16_config() -> dict:
 
     parameters = inspect.signature(AutoencoderKLQwenImage.__init__).parameters.values()
     return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+
+
+def qwen3_4b_config() -> dict:
+    """Qwen3Config kwargs of Qwen3-4B (its LM head tied to the embeddings)."""
+    return {
+        "vocab_size": 151936,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+    }

@@ -1,5 +1,7 @@
 """Generate one round of sample images from the live models, without disturbing training.
 
+A prompt with several frames (a video family's) gives a clip instead of an image (clips.py).
+
 The pipeline is assembled from the module objects being trained (the UNet carrying the adapter,
 or the full UNet), so the images show the current weights; nothing is reloaded or copied. The
 models run in eval mode under torch.no_grad, and afterwards every module's train/eval flag and
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +21,11 @@ import torch
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from library.data.images import load_display_image, load_image, read_image_header
+from library.data.images import cover_and_crop, load_display_image, load_image, read_image_header
 from library.errors import ConfigError
 from library.models.conditioning import encode_conditioning, plain_sizes
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
+from library.sampling.clips import frame_strip, round_frames, write_clip
 from library.sampling.grid import grid_path, image_path, make_grid, sample_dir, side_by_side
 from library.sampling.pipelines import build_pipeline, on_grid, pipeline_kind
 from library.sampling.prompts import SamplePrompt
@@ -32,8 +35,9 @@ from library.sampling.tracking import log_sample_images
 @dataclass(frozen=True)
 class SampleRound:
     """What one round wrote. ``images``: every prompt's file in prompt order (the same list on
-    every process; each process writes the files of its own prompts). ``grid``: the grid file on
-    the main process, None on the others."""
+    every process; each process writes the files of its own prompts): a PNG, or for a prompt of
+    several frames its clip (its frame strip beside it, grid.strip_path). ``grid``: the grid
+    file on the main process, None on the others."""
 
     images: list[Path]
     grid: Path | None
@@ -81,8 +85,10 @@ def sample_images(
     clip_skip: int | None = None,
     max_token_length: int | None = None,
     lockstep: bool = False,
+    video_format: str = "webp",
 ) -> SampleRound:
-    """Write one image per prompt and (main process) the round's grid; log them to trackers.
+    """Write one image (or clip) per prompt and (main process) the round's grid; log them to
+    trackers.
 
     Call on every process. ``components`` is the run's Components; its unet and text encoders
     are the live (adapted or trained) modules, already on the device. ``prepared`` maps module
@@ -92,17 +98,21 @@ def sample_images(
     trackers, so no shared filesystem is needed. ``clip_skip`` and ``max_token_length`` are the
     model section's, so prompts are encoded as captions are in training. ``lockstep``: every
     process generates every prompt (a sharded denoiser computes only with all processes at
-    once); the main process writes them.
+    once); the main process writes them. ``video_format``: "webp" or "mp4", the file of a
+    prompt with several frames (clips.py).
     """
     if not prompts:
         return SampleRound([], None)
-    kind = pipeline_kind(components.family)
-    prompts = [kind.complete(p) for p in prompts]  # the model's sampler / scale where unset
+    prompts = completed(components, prompts)
     world, rank = _world(accelerator)
     unet, text_encoders = live_modules(components, prepared or {}, accelerator)
     folder = sample_dir(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = [image_path(folder, output_name, step, p.index, p.seed) for p in prompts]
+    suffixes = [".png" if p.frames == 1 else f".{video_format}" for p in prompts]
+    paths = [
+        image_path(folder, output_name, step, p.index, p.seed, suffix)
+        for p, suffix in zip(prompts, suffixes, strict=True)
+    ]
     mine: list[tuple[int, Image.Image]] = []
     weights = components.family.sampling_weights(unet)
     with preserved_rng(), eval_mode(unet, *text_encoders, components.vae), torch.no_grad(), weights:
@@ -116,10 +126,10 @@ def sample_images(
         for i, prompt in enumerate(prompts):
             if lockstep or i % world == rank:
                 text = (clip_skip, max_token_length)
-                image = _generate(pipe, components, prompt, accelerator, schedulers, text)
+                frames = _generate(pipe, components, prompt, accelerator, schedulers, text)
                 if rank == 0 or not lockstep:
-                    image.save(paths[i], pnginfo=_png_info(prompt))
-                mine.append((i, _shown(image, prompt)))
+                    _write(paths[i], frames, prompt, components.family.FRAME_RATE)
+                mine.append((i, _shown(frames, prompt)))
     gathered = mine if lockstep else _gather(accelerator, mine, world)
     if rank != 0:
         return SampleRound(paths, None)
@@ -131,16 +141,37 @@ def sample_images(
     return SampleRound(paths, grid)
 
 
+def completed(components, prompts: Sequence[SamplePrompt]) -> list[SamplePrompt]:
+    """``prompts`` with the model's sampler and scale where unset, and each frame count as the
+    family's VAE takes it (round_frames)."""
+    prompts = [pipeline_kind(components.family).complete(p) for p in prompts]
+    if all(p.frames == 1 for p in prompts):
+        return prompts
+    factor = components.family.latent_codec(components.vae).layout.frame_factor
+    return [replace(p, frames=round_frames(p.frames, factor)) for p in prompts]
+
+
+def _write(path: Path, frames: list[Image.Image], prompt: SamplePrompt, fps: float) -> None:
+    """A prompt's file: its image as a PNG with its settings, or its clip and frame strip."""
+    if path.suffix == ".png":
+        frames[0].save(path, pnginfo=_png_info(prompt))
+    else:
+        write_clip(path, frames, fps)
+
+
 def check_sampling(components, prompts: Sequence[SamplePrompt]) -> None:
     """ConfigError when ``components``' model cannot be sampled as ``prompts`` ask: no pipeline
     for its family, a prompt's sampler its objective cannot use (an SD sampler for Flux.1), or
-    a prompt with more or fewer reference images than the model takes. Cheap: builds
-    schedulers only, so it can run before training starts."""
+    a prompt with more or fewer reference images than the model takes, a frame count for an
+    image model, a first frame the model does not take or lacks. Cheap: builds schedulers only,
+    so it can run before training starts."""
     kind = pipeline_kind(components.family)
     for name in dict.fromkeys(kind.complete(p).sampler for p in prompts):
         components.objective.sampler(name)
     family = components.family
     for prompt in prompts:
+        check_frame_count(family, prompt)
+        _check_first_frame(family, kind, prompt)
         count = len(prompt.references)
         if not family.takes_references(count):
             fix = "remove its --ci options" if count else "give it its --ci reference images"
@@ -150,9 +181,38 @@ def check_sampling(components, prompts: Sequence[SamplePrompt]) -> None:
             )
 
 
-def _shown(image: Image.Image, prompt: SamplePrompt) -> Image.Image:
+def check_frame_count(family, prompt: SamplePrompt) -> None:
+    """ConfigError when ``prompt`` asks an image model (not ModelFamily.TRAINS_CLIPS) for
+    several frames (--f). Class data only: it can run before any weight is read."""
+    if prompt.frames > 1 and not family.TRAINS_CLIPS:
+        raise ConfigError(
+            f"sample prompt {prompt.index + 1} asks for {prompt.frames} frames (--f) and "
+            f"{family.LABEL} models make single images; remove its --f option (or frame_count "
+            "key)"
+        )
+
+
+def _check_first_frame(family, kind, prompt: SamplePrompt) -> None:
+    """ConfigError for a first frame (--i) a text-to-video model does not take, or none for an
+    image-to-video model."""
+    where = f"sample prompt {prompt.index + 1}"
+    takes = kind.first_frame_argument is not None
+    if prompt.first_frame is not None and not takes:
+        raise ConfigError(
+            f"{where} gives a first frame (--i) and {family.LABEL} models do not start from an "
+            "image; remove its --i option (or image_path key)"
+        )
+    if takes and prompt.first_frame is None:
+        raise ConfigError(
+            f"{where} gives no first frame and {family.LABEL} models start from one; give it "
+            "with --i (or the image_path key)"
+        )
+
+
+def _shown(frames: list[Image.Image], prompt: SamplePrompt) -> Image.Image:
     """What the grid and the trackers show of a prompt's image: an edit model's result beside
-    its reference images (and the target, when the prompt names one)."""
+    its reference images (and the target, when the prompt names one); a clip's frame strip."""
+    image = frames[0] if len(frames) == 1 else frame_strip(frames)
     if not prompt.references and prompt.target_image is None:
         return image
     shown = [load_display_image(path) for path in prompt.references]
@@ -219,8 +279,8 @@ def _pipeline(
 
 def _generate(
     pipe, components, prompt: SamplePrompt, accelerator, schedulers: dict, text=(None, None)
-) -> Image.Image:
-    """One image. The conditioning comes from encode_conditioning, the trainer's own text path;
+) -> list[Image.Image]:
+    """One image, or a clip's frames (as one list). The conditioning comes from encode_conditioning, the trainer's own text path;
     the family's pipeline kind turns it and the prompt's settings into the call's keywords.
 
     ``schedulers`` caches one scheduler per sampler name for the round (the pipeline resets a
@@ -243,15 +303,27 @@ def _generate(
             family, components.tokenizers, text_encoders_of(pipe, family), texts, device,
             batch=batch, clip_skip=text[0], max_token_length=text[1],
         )  # fmt: skip
-        size = {"width": prompt.width, "height": prompt.height}
         result = pipe(
-            **(size | pipeline_kind(family).call_inputs(cond, prompt)),
+            **call_keywords(family, cond, prompt),
             num_inference_steps=prompt.steps,
             generator=generator,
             output_type="pil",
         )
     # a video pipeline's output is its clips' frames: a one-frame clip is the image
-    return result.images[0] if hasattr(result, "images") else result.frames[0][0]
+    return result.images[:1] if hasattr(result, "images") else list(result.frames[0])
+
+
+def call_keywords(family, cond, prompt: SamplePrompt) -> dict:
+    """The pipeline call's size, text and guidance keywords (the family's PipelineKind), and a
+    video family's frame count and first frame (covering the call's size, center-cropped)."""
+    kind = pipeline_kind(family)
+    call = {"width": prompt.width, "height": prompt.height} | kind.call_inputs(cond, prompt)
+    if family.TRAINS_CLIPS:
+        call["num_frames"] = prompt.frames
+    if prompt.first_frame is not None:
+        first = load_display_image(prompt.first_frame)
+        call[kind.first_frame_argument] = cover_and_crop(first, (call["width"], call["height"]))
+    return call
 
 
 def text_encoders_of(pipe, family) -> tuple[torch.nn.Module, ...]:

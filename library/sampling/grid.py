@@ -17,14 +17,22 @@ def sample_dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / SAMPLE_SUBDIR
 
 
-def image_path(folder: Path, output_name: str, step: int, index: int, seed: int) -> Path:
-    """``<output_name>_<step:06d>_<index:02d>_<seed>.png``.
+def image_path(
+    folder: Path, output_name: str, step: int, index: int, seed: int, suffix: str = ".png"
+) -> Path:
+    """``<output_name>_<step:06d>_<index:02d>_<seed>.png`` (``suffix``: a clip's ``.webp`` or
+    ``.mp4``).
 
     kohya's name with the timestamp left out: the name then depends only on what the image
     depends on (step, prompt, seed), so a resumed run that samples the same step rewrites the
     same file instead of adding a near copy.
     """
-    return folder / f"{output_name}_{step:06d}_{index:02d}_{seed}.png"
+    return folder / f"{output_name}_{step:06d}_{index:02d}_{seed}{suffix}"
+
+
+def strip_path(clip: Path) -> Path:
+    """The frame strip beside a sample clip: ``<clip's name>_strip.png``."""
+    return clip.with_name(f"{clip.stem}_strip.png")
 
 
 def grid_path(folder: Path, output_name: str, step: int) -> Path:
@@ -34,8 +42,9 @@ def grid_path(folder: Path, output_name: str, step: int) -> Path:
 
 def is_sample_image(output_name: str, entry: str) -> bool:
     """Whether ``entry``, a name in the sample folder, is one of ``output_name``'s sample
-    images or grids (image_path, grid_path)."""
-    pattern = rf"{re.escape(output_name)}_\d{{6,}}_(\d{{2,}}_-?\d+|grid)\.png"
+    images, clips, frame strips or grids (image_path, strip_path, grid_path)."""
+    sample = r"\d{2,}_-?\d+(\.png|\.webp|\.mp4|_strip\.png)"
+    pattern = rf"{re.escape(output_name)}_\d{{6,}}_({sample}|grid\.png)"
     return re.fullmatch(pattern, entry) is not None
 
 

@@ -37,12 +37,15 @@ class PipelineKind:
     ``call_inputs(cond, prompt)`` gets the conditioning of [prompt, negative prompt] and the
     SamplePrompt; it returns the text and guidance keywords of the call, and may return
     ``width``/``height`` to replace the prompt's size (e.g. rounded to the model's grid).
+    ``first_frame_argument``: the call keyword an image-to-video pipeline takes its first frame
+    in ("image"); None where the pipeline starts from noise alone.
     """
 
     class_name: str
     options: dict = field(default_factory=dict)
     denoiser_argument: str = "unet"  # the constructor argument that takes the denoiser
     call_inputs: Callable[[Conditioning, object], dict] = guided_inputs
+    first_frame_argument: str | None = None
     # SamplePrompt fields a prompt left unset (None) -> the model's default for them.
     prompt_defaults: dict = field(
         default_factory=lambda: {"scale": DEFAULT_CFG_SCALE, "sampler": DEFAULT_SAMPLER}
@@ -58,6 +61,14 @@ def on_grid(pixels: int, grid: int) -> int:
     """An image side rounded down to a multiple of ``grid`` (at least 4 of them), as the
     transformer pipelines round sizes."""
     return max(4 * grid, pixels - pixels % grid)
+
+
+def refuse_uncarried(cond: Conditioning, carried, pipeline: str) -> None:
+    """ValueError for a conditioning input other than ``carried`` (names of unet_kwargs the
+    ``pipeline``'s call inputs pass on): the pipeline would silently drop it."""
+    extra = sorted(set(cond.unet_kwargs) - set(carried))
+    if extra:
+        raise ValueError(f"no {pipeline} argument carries the conditioning input {extra[0]!r}")
 
 
 def pipeline_kind(family) -> PipelineKind:

@@ -40,6 +40,10 @@ OPTIONS = {
     # image the edit should give, shown beside the result
     "ci": "control_image",
     "ti": "target_image",
+    # video models (musubi-tuner's words): the clip's frame count, and the image-to-video
+    # models' first frame
+    "f": "frame_count",
+    "i": "image_path",
 }
 # Options a line may repeat: each adds to a list.
 _REPEATED = {"control_image"}
@@ -55,6 +59,8 @@ _KEY_TYPES: dict[str, tuple[type, ...]] = {
     "guidance_scale": (int, float),
     "control_image": (str, list),  # one path, or a list of paths
     "target_image": (str,),
+    "frame_count": (int,),
+    "image_path": (str,),
 }
 _UNSUPPORTED_OPTIONS = {"cn": "ControlNet sampling is not supported"}
 
@@ -78,6 +84,9 @@ class SamplePrompt:
     # the image the edit should give, shown beside the result in the grid
     references: tuple[Path, ...] = ()
     target_image: Path | None = None
+    # video models: the clip's frames (1: an image) and an image-to-video model's first frame
+    frames: int = 1
+    first_frame: Path | None = None
 
 
 def derive_seed(base_seed: int, index: int) -> int:
@@ -238,9 +247,11 @@ def _prompt_images(raw: dict, where: str, folder: Path) -> dict:
     references = raw.get("control_image", ())
     references = [references] if isinstance(references, str) else references
     target = raw.get("target_image")
+    first = raw.get("image_path")
     return {
         "references": tuple(_image_path(r, folder, where, "ci") for r in references),
         "target_image": None if target is None else _image_path(target, folder, where, "ti"),
+        "first_frame": None if first is None else _image_path(first, folder, where, "i"),
     }
 
 
@@ -254,6 +265,9 @@ def _resolve(
     for key in ("width", "height", "seed"):
         if raw.get(key, 0) < 0:
             raise ConfigError(f'{where}: "{key}" must not be negative')
+    frames = raw.get("frame_count", 1)
+    if frames < 1:
+        raise ConfigError(f"{where}: the frame count --f {frames} must be at least 1")
     steps = raw.get("sample_steps", sampling.sample_steps)
     if not 1 <= steps <= MAX_STEPS:
         raise ConfigError(f"{where}: sample steps {steps} must be between 1 and {MAX_STEPS}")
@@ -276,5 +290,6 @@ def _resolve(
         scale=None if scale is None else float(scale),
         sampler=None if sampler is None else check_sampler(sampler, where),
         guidance_scale=None if guidance is None else float(guidance),
+        frames=frames,
         **_prompt_images(raw, where, folder),
     )

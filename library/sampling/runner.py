@@ -110,4 +110,5 @@ class SampleRunner:
             clip_skip=self.clip_skip,
             max_token_length=self.max_token_length,
             lockstep=self.lockstep,
+            video_format=self.sampling.sample_video_format,
         )

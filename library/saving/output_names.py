@@ -3,7 +3,9 @@ may therefore not have.
 
 An output name N owns ``N.safetensors``, ``N-ema.safetensors``, ``N-state``, the diffusers folder
 ``N`` and the numbered saves ``N-stepXXXXXXXX`` / ``N-XXXXXX`` (each with ``.safetensors``,
-``-ema.safetensors``, ``-state``); beside them a run keeps ``N-summary.json`` and its lock
+``-ema.safetensors``, ``-state``); a model's denoiser experts' weights carry the expert's
+name before the suffix (``N_high_noise.safetensors``, ``N-step00000500_low_noise-ema.safetensors``,
+EXPERT_TAGS); beside them a run keeps ``N-summary.json`` and its lock
 ``N.lock``. A second name that ends like one of these (``N-step00000002``, ``N-ema``,
 ``N-000003``, ``N-state``, ...) would share files with N: its final file would be one of N's
 step files, N would prune it or refuse it as its own, and the two runs would hold different
@@ -18,14 +20,31 @@ import re
 WEIGHTS = ".safetensors"
 SUMMARY_SUFFIX = "-summary.json"
 LOCK_SUFFIX = ".lock"
-STEP = re.compile(r"-step(\d{8})(-state|-ema\.safetensors|\.safetensors)?$")
-EPOCH = re.compile(r"-(\d{6})(-state|-ema\.safetensors|\.safetensors)?$")
-_PLAIN = (WEIGHTS, "-ema.safetensors", "-state", "")
+# The expert a weights file is for, between its name and its suffix (library.models.experts).
+EXPERT_TAGS = ("_high_noise", "_low_noise")
+_TAG = "(?:_high_noise|_low_noise)?"
+STEP = re.compile(rf"-step(\d{{8}})(-state|{_TAG}-ema\.safetensors|{_TAG}\.safetensors)?$")
+EPOCH = re.compile(rf"-(\d{{6}})(-state|{_TAG}-ema\.safetensors|{_TAG}\.safetensors)?$")
+_PLAIN = (
+    WEIGHTS, "-ema.safetensors", "-state", "",
+    *(f"{tag}{end}" for tag in EXPERT_TAGS for end in (WEIGHTS, "-ema.safetensors")),
+)  # fmt: skip
 # Every ending that makes a name one of another name's outputs (see the module docstring):
 # the numbered and EMA forms end in "-stepXXXXXXXX", "-XXXXXX" or "-ema"; the others are
 # the suffixes themselves.
-_RESERVED = re.compile(r"(-ema|-state|-step\d{8}|-\d{6}|\.safetensors|-summary\.json|\.lock)$")
+_RESERVED = re.compile(
+    r"(-ema|-state|-step\d{8}|-\d{6}|\.safetensors|-summary\.json|\.lock|_high_noise|_low_noise)$"
+)
 _STRIPPED = (WEIGHTS, "-ema", "-state", SUMMARY_SUFFIX, LOCK_SUFFIX)
+
+
+def expert_file(weights, expert: str):
+    """The weights file of ``expert`` (a Path) for a save whose one-denoiser file is
+    ``weights``: ``run.safetensors`` -> ``run_high_noise.safetensors``,
+    ``run-ema.safetensors`` -> ``run_high_noise-ema.safetensors``."""
+    stem = weights.name.removesuffix(WEIGHTS)
+    ema = "-ema" if stem.endswith("-ema") else ""
+    return weights.with_name(f"{stem.removesuffix(ema)}_{expert}{ema}{WEIGHTS}")
 
 
 def is_output(name: str, entry: str) -> bool:
@@ -53,6 +72,9 @@ def owner_of(entry: str) -> str:
             if suffix == WEIGHTS and name.endswith("-ema") and len(name) > 4:
                 name = name[:-4]
             break
+    for tag in EXPERT_TAGS:
+        if name.endswith(tag) and len(name) > len(tag):
+            name = name[: -len(tag)]
     numbered = STEP.search(name) or EPOCH.search(name)
     if numbered and numbered.group(2) is None and numbered.start() > 0:
         name = name[: numbered.start()]

@@ -21,7 +21,7 @@ from library.errors import ConfigError
 from library.sampling.grid import SAMPLE_SUBDIR, is_sample_image, sample_dir
 from library.saving import atomic
 from library.saving.output_names import EPOCH as _EPOCH
-from library.saving.output_names import LOCK_SUFFIX, SUMMARY_SUFFIX, is_output
+from library.saving.output_names import EXPERT_TAGS, LOCK_SUFFIX, SUMMARY_SUFFIX, is_output
 from library.saving.output_names import STEP as _STEP
 
 RUN_ID_KEY = "ss_session_id"  # kohya's per-run random id; ours stays the same across resumes
@@ -178,6 +178,10 @@ class OutputLayout:
         rest = path.name[len(self.name) :]
         kinds = {".safetensors": "weights", "-ema.safetensors": "ema weights", "-state": "state"}
         entry: dict = {"path": str(path.absolute())}
+        for tag in EXPERT_TAGS:  # an expert's weights: the kind of the name without its tag
+            if tag in rest:
+                rest = rest.replace(tag, "", 1)
+                entry["expert"] = tag[1:]
         numbered = _STEP.fullmatch(rest) or _EPOCH.fullmatch(rest)
         if numbered:
             entry["kind"] = kinds.get(numbered.group(2), "diffusers folder")

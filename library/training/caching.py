@@ -13,7 +13,7 @@ from library.data.captions import process_caption
 from library.data.content_hash import tensor_digest
 from library.data.dataset import TrainData
 from library.data.latent_cache import LatentCache
-from library.data.samples import latent_requests, load_for_cache, validation_caption
+from library.data.samples import cache_loader, latent_requests, validation_caption
 from library.errors import ConfigError
 from library.models.conditioning import encode_text
 from library.models.loader import Components
@@ -98,7 +98,7 @@ def build_latent_cache(
     stats = cache.build(
         requests,
         encode,
-        load_for_cache,
+        cache_loader(requests),
         config.data.vae_batch_size,
         rank=group.rank,
         world_size=group.world_size,

@@ -60,6 +60,7 @@ from library.training.activation_memory import (
     meta_copy,
 )
 from library.training.block_swap import HostLinear
+from library.training.experts import experts_on_device, offloads
 from library.training.optimizers import optimizer_kwargs
 from library.training.process_memory import process_bytes
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
@@ -248,6 +249,7 @@ def weight_bytes(
         modules.append(comps.vae)
     total = sum(module_bytes(m) for m in modules)
     total += denoiser_weight_bytes(config, comps.denoiser, world_size)
+    total += _other_experts_bytes(config, comps)
     if device_type == "cpu":
         total += host_bytes(comps.denoiser)
     compute = WEIGHT_DTYPES[config.training.mixed_precision]
@@ -256,6 +258,24 @@ def weight_bytes(
     if compute != torch.float32 and trained_dtype(config) == torch.float32:
         total += sum(p.numel() for p in params) * compute.itemsize
     return total
+
+
+def _other_experts_bytes(config: Config, comps) -> int:
+    """The trained denoiser experts' weights on the device beside ``comps.denoiser``'s: whole,
+    or only their trained ones when the inactive expert's frozen weights wait in host memory
+    (offload_inactive_dit)."""
+    if comps.experts is None:
+        return 0
+    others = [m for m in experts_on_device(config, comps.experts) if m is not comps.denoiser]
+    if offloads(config, comps.experts):
+        return sum(tensor_bytes([p for p in m.parameters() if p.requires_grad]) for m in others)
+    return sum(module_bytes(m) for m in others)
+
+
+def _trained_denoiser(parts: TrainedParts) -> torch.nn.Module:
+    """The denoiser whose training pass the estimate runs: the first trained expert, or the
+    one denoiser (the experts have one shape)."""
+    return next(iter(parts.experts.values()), parts.components.denoiser)
 
 
 def gradient_bytes(params: list[torch.nn.Parameter], world_size: int, bucket_view: bool) -> int:
@@ -383,7 +403,8 @@ def meta_forward(
     dtype = WEIGHT_DTYPES[config.training.mixed_precision]
     trained = {id(m) for _, m in parts.trained_modules()}
     encoders = [_meta_for_training(e, dtype, id(e) in trained) for e in comps.text_encoders]
-    denoiser = _meta_for_training(comps.denoiser, dtype, id(comps.denoiser) in trained)
+    denoiser = _trained_denoiser(parts)
+    denoiser = _meta_for_training(denoiser, dtype, id(denoiser) in trained)
     watch = watch or (lambda module: None)
     with torch.enable_grad():
         if parts.train_text_encoder:
@@ -584,6 +605,7 @@ def show_bytes(n: int) -> str:
 def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str:
     """The plan's memory line."""
     s = estimate.size
+    frames = f" ({s.frames} frames)" if s.frames > 1 else ""
     checkpointing = " with gradient checkpointing" if estimate.checkpointing else ""
     if estimate.offloaded:
         checkpointing += ", block inputs in host memory"
@@ -591,7 +613,7 @@ def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str
         f"  memory: about {show_bytes(estimate.total)} peak on {device} (weights "
         f"{show_bytes(estimate.weights)}, gradients + optimizer "
         f"{show_bytes(estimate.trained_state)}, activations {show_bytes(estimate.activations)} "
-        f"at {s.width}x{s.height} x {s.batch}{checkpointing}, {_own_name(device)} "
+        f"at {s.width}x{s.height}{frames} x {s.batch}{checkpointing}, {_own_name(device)} "
         f"{show_bytes(estimate.process)})"
     )
     if estimate.encoding > estimate.step:
@@ -645,7 +667,12 @@ class MemoryCheck:
             "optimizer_update_bytes": e.update,
             "vae_encoding_bytes": e.encoding,
             "process_bytes": e.process,
-            "at": {"width": e.size.width, "height": e.size.height, "batch": e.size.batch},
+            "at": {
+                "width": e.size.width,
+                "height": e.size.height,
+                "batch": e.size.batch,
+                "frames": e.size.frames,
+            },
             "gradient_checkpointing": e.checkpointing,
             "device_total_bytes": total,
             "device_free_bytes": free,

@@ -90,6 +90,11 @@ class Objective(ABC):
     def model_time(self, t: torch.Tensor) -> torch.Tensor:
         """The timestep argument the denoiser receives for level ``t``."""
 
+    def level_fraction(self, t: torch.Tensor) -> torch.Tensor:
+        """Level ``t`` as a fraction of the schedule, 0 clean to 1 pure noise (float32 [B]):
+        the scale of denoiser experts' boundaries. A flow objective's sigma is one already."""
+        return t.float()
+
     def prediction(
         self, output: torch.Tensor, noisy: torch.Tensor, t: torch.Tensor
     ) -> torch.Tensor:

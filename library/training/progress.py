@@ -111,6 +111,7 @@ def _dataset_report(ds: DatasetStats) -> dict:
                 "padding_per_epoch": b.padded_per_epoch,
                 "references": [list(size) for size in b.references],
                 "frames": b.frames,
+                "tokens": b.tokens,
             }
             for b in ds.buckets
         ]
@@ -141,6 +142,7 @@ def _dataset_report(ds: DatasetStats) -> dict:
         "validation_images": ds.validation_images,
         "skipped_images": ds.skipped_images,
         "short_videos": list(ds.short_videos),
+        "tokens_per_sample": sorted({b.tokens for b in ds.buckets if b.tokens is not None}),
         "buckets": buckets,
     }
 
@@ -217,6 +219,8 @@ def print_plan_json(trainer) -> None:
         for line in plan_warnings(trainer):
             print(f"warning: {line}", file=sys.stderr)
         report = plan_report(config, trainer.data, trainer.plan, start.resume, memory)
+        if trainer.experts_plan is not None:
+            report["experts"] = {k: v for k, v in trainer.experts_plan.items() if k != "lines"}
         print(plan_document(report))
     finally:
         start.release()

@@ -17,6 +17,7 @@ from library.errors import ConfigError
 from library.models.families.family_choice import entry_for
 from library.models.families.family_entry import FamilyEntry
 from library.models.families.registry import families
+from library.sampling.generate import check_frame_count
 
 
 def _edit_models() -> str:
@@ -103,6 +104,14 @@ def check_clip_config(config: Config) -> float:
                     f"train {_video_models()}"
                 )
     return entry.family().FRAME_RATE
+
+
+def check_sample_frames(config: Config, prompts) -> None:
+    """ConfigError for a sample prompt asking an image model for several frames (--f), before
+    any weight is read (library.sampling.generate.check_frame_count)."""
+    family = entry_for(config.model, config.flow).family()
+    for prompt in prompts:
+        check_frame_count(family, prompt)
 
 
 def check_reference_counts(config: Config, data) -> None:

@@ -23,9 +23,11 @@ from library.saving.disk_space import (
     space_problem,
 )
 from library.saving.metadata import RunInfo, lora_metadata, unet_metadata
+from library.saving.output_names import expert_file
 from library.saving.outputs import OutputLayout, output_run_id
 from library.saving.writers import SAVE_DTYPES, write_checkpoint, write_lora, write_pipeline_folder
 from library.training.ema import WeightAverage
+from library.training.experts import expert_metadata, expert_ranges
 from library.training.from_main import from_main
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.plan import RunPlan
@@ -87,6 +89,8 @@ class Saver:
         self._save(self.layout.final, global_step, with_state=False, final=True)
         if saving.save_state or saving.save_state_on_train_end:
             self.save_state(self.layout.final_state, global_step)
+        if self.parts.experts:  # the first expert's file; every expert's is beside it
+            return expert_file(self.layout.final, next(iter(self.parts.experts)))
         return self.layout.final
 
     def check_finite(self, global_step: int, what: Path) -> None:
@@ -255,6 +259,9 @@ class Saver:
         """The trained weights as they are now: a LoRA file, or an original-layout checkpoint
         (and, at the end, a diffusers folder when the base model was one)."""
         dtype = SAVE_DTYPES[self.config.saving.save_precision]
+        if self.parts.experts:
+            self._write_experts(path, metadata, dtype)
+            return
         if self.parts.lora:
             family = self.parts.components.family
             layout = self.config.saving.lora_format
@@ -265,6 +272,21 @@ class Saver:
         if folder and not components.is_single_file:
             subfolder = components.family.denoiser_subfolder
             write_pipeline_folder(path.with_suffix(""), components.denoiser, components.model_dir, dtype, subfolder)
+
+    def _write_experts(self, path: Path, metadata: dict[str, str], dtype) -> None:
+        """One file per trained expert (``path`` with the expert's name before its suffix),
+        its header naming the expert and its noise levels."""
+        components = self.parts.components
+        ranges = expert_ranges(self.config, components.experts)
+        for name, module in self.parts.experts.items():
+            target = expert_file(path, name)
+            tagged = {**metadata, **expert_metadata(ranges[name])}
+            if self.parts.lora:
+                models = self.parts.lora_models(name)
+                layout = self.config.saving.lora_format
+                write_lora(target, models, tagged, dtype, components.family, layout)
+            else:
+                write_checkpoint(target, module, components, tagged, dtype)
 
     def _metadata(self, global_step: int, final: bool) -> dict[str, str]:
         """Training metadata; with no_metadata the writers keep only what loaders need."""

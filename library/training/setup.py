@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,12 @@ from library.training.adapter_setup import (
 )
 from library.training.block_swap import swap_linears
 from library.training.blockwise_setup import block_groups, blockwise, inject_blockwise
+from library.training.experts import (
+    check_expert_config,
+    check_file_expert,
+    expert_module_name,
+    expert_ranges,
+)
 from library.training.offloaded_checkpoint import offloaded_checkpoint
 
 log = logging.getLogger(__name__)
@@ -39,10 +45,15 @@ class TrainedParts:
     train_unet: bool
     train_text_encoder: bool
     param_groups: list[dict]
+    # the denoiser experts that train, by name (library.models.experts), in place of the one
+    # denoiser; empty for a model with one
+    experts: dict[str, torch.nn.Module] = field(default_factory=dict)
 
     def trained_modules(self) -> list[tuple[str, torch.nn.Module]]:
         out = []
-        if self.train_unet:
+        if self.train_unet and self.experts:
+            out.extend((expert_module_name(n), m) for n, m in self.experts.items())
+        elif self.train_unet:
             out.append(("unet", self.components.denoiser))
         if self.train_text_encoder:
             family = self.components.family
@@ -55,14 +66,21 @@ class TrainedParts:
         names = self.components.family.text_encoder_subfolders
         return list(zip(names, self.components.text_encoders, strict=True))
 
-    def lora_models(self) -> dict[str, torch.nn.Module]:
-        """kohya prefix -> model, for the models that carry an adapter."""
+    def lora_models(self, expert: str | None = None) -> dict[str, torch.nn.Module]:
+        """kohya prefix -> model, for the models that carry an adapter; with experts, those of
+        one file: ``expert``'s denoiser under the denoiser's prefix (unset: every expert, each
+        under its module name, for what counts or scales adapters without writing them)."""
         family = self.components.family
         prefixes = {"unet": UNET}
         prefixes.update(
             zip(family.text_encoder_subfolders, family.text_encoder_lora_prefixes, strict=True)
         )
-        return {prefixes[name]: module for name, module in self.trained_modules()}
+        for name in self.experts:
+            prefixes[expert_module_name(name)] = UNET if name == expert else expert_module_name(name)
+        models = {prefixes[name]: module for name, module in self.trained_modules()}
+        if expert is not None:
+            models = {k: m for k, m in models.items() if k not in map(expert_module_name, self.experts)}
+        return models
 
     def trained_weights(self) -> dict[str, torch.Tensor]:
         """Every trained parameter by "<model>.<parameter path>", and the adapter buffers that
@@ -83,18 +101,42 @@ class TrainedParts:
         return [p for group in self.param_groups for p in group["params"]]
 
 
+def denoisers(components: Components) -> tuple[torch.nn.Module, ...]:
+    """Every denoiser of the model: its experts, or its one denoiser."""
+    experts = components.experts
+    return tuple(experts.modules.values()) if experts is not None else (components.denoiser,)
+
+
+def trained_denoisers(config: Config, components: Components) -> dict[str, torch.nn.Module]:
+    """The denoiser modules that train, by trained-module name."""
+    if components.experts is None:
+        return {"unet": components.denoiser}
+    ranges = expert_ranges(config, components.experts)
+    return {expert_module_name(n): components.experts.modules[n] for n in ranges}
+
+
 def setup_training(config: Config, components: Components) -> TrainedParts:
     """Inject adapters or unfreeze the denoiser, load network_weights, build parameter groups."""
     components.family.check_training(config)
-    components.family.prepare_denoiser(components.denoiser, config)
+    check_expert_config(config, components.experts)
+    if components.experts is not None:
+        # one expert trains: it is the denoiser validation, sampling and the estimate see
+        trained = list(expert_ranges(config, components.experts))
+        if len(trained) == 1:
+            components.denoiser = components.experts.modules[trained[0]]
+    for denoiser in denoisers(components):
+        components.family.prepare_denoiser(denoiser, config)
     _base_quantized(config, components)
     _base_in_float8(config, components)
     net, lr = config.network, config.optimizer.learning_rate
     unet_lr = net.unet_lr if net.unet_lr is not None else lr
     te_lrs = text_encoder_rates(net.text_encoder_lr, lr, len(components.text_encoders))
     if net.train_mode == "unet":
-        unet = components.denoiser.to(trained_dtype(config)).requires_grad_(True)
-        parts = TrainedParts(components, False, True, False, [{"params": list(unet.parameters()), "lr": unet_lr, "name": "unet"}])
+        groups = []
+        for name, unet in trained_denoisers(config, components).items():
+            unet.to(trained_dtype(config)).requires_grad_(True)
+            groups.append({"params": list(unet.parameters()), "lr": unet_lr, "name": name})
+        parts = TrainedParts(components, False, True, False, groups, _experts(config, components))
     else:
         parts = _setup_lora(config, components, unet_lr, te_lrs)
         for param in parts.parameters():  # peft makes adapters float32
@@ -137,9 +179,8 @@ def _base_quantized(config: Config, components: Components) -> None:
     if precision is None:
         return
     compute = WEIGHT_DTYPES[training.mixed_precision]
-    quantize_linears(
-        components.denoiser, precision, training.bnb_4bit_use_double_quant, compute
-    )
+    for denoiser in denoisers(components):
+        quantize_linears(denoiser, precision, training.bnb_4bit_use_double_quant, compute)
 
 
 def _base_in_float8(config: Config, components: Components) -> None:
@@ -148,7 +189,7 @@ def _base_in_float8(config: Config, components: Components) -> None:
     if not (training.fp8_base or training.fp8_base_unet):
         return
     compute = WEIGHT_DTYPES[training.mixed_precision]
-    modules = [components.denoiser]
+    modules = list(denoisers(components))
     if training.fp8_base and not training.fp8_base_unet:
         modules += list(components.text_encoders)
     for module in modules:
@@ -201,15 +242,15 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
         _refuse_loraplus(config, refusal)
     blocks = blockwise(config, family)
     if train_unet:
-        denoiser = components.denoiser
         ratio = opt.loraplus_unet_lr_ratio or opt.loraplus_lr_ratio
-        if blocks is None:
-            inject(family, denoiser, "unet", settings)
-            groups += _lora_groups(denoiser, "unet", unet_lr, ratio)
-        else:
-            targets = family.adapter_targets(denoiser, "unet", blocks.conv)
-            inject_blockwise(denoiser, targets, blocks, settings.lora)
-            groups += block_groups(denoiser, blocks, unet_lr, ratio)
+        for name, denoiser in trained_denoisers(config, components).items():
+            if blocks is None:
+                inject(family, denoiser, "unet", settings)
+                groups += _lora_groups(denoiser, name, unet_lr, ratio)
+            else:
+                targets = family.adapter_targets(denoiser, "unet", blocks.conv)
+                inject_blockwise(denoiser, targets, blocks, settings.lora)
+                groups += block_groups(denoiser, blocks, unet_lr, ratio)
     if train_te:
         ratio = opt.loraplus_text_encoder_lr_ratio or opt.loraplus_lr_ratio
         names = family.text_encoder_subfolders
@@ -223,13 +264,22 @@ def _setup_lora(config: Config, components: Components, unet_lr: float, te_lrs: 
         for name, encoder, te_lr, trains in zip(names, components.text_encoders, te_lrs, trained, strict=True):
             if trains:
                 groups += _lora_groups(encoder, name, te_lr, ratio)
-    parts = TrainedParts(components, True, train_unet, train_te, groups)
+    parts = TrainedParts(components, True, train_unet, train_te, groups, _experts(config, components))
     if net.network_weights:
         tensors, metadata = read_network_file(family, net.network_weights)
+        expert = next(iter(parts.experts), None)  # one at most: check_expert_config
+        check_file_expert(metadata, expert, net.network_weights)
         import_network_weights(
-            family, parts.lora_models(), tensors, net.network_weights, metadata
+            family, parts.lora_models(expert), tensors, net.network_weights, metadata
         )
     return parts
+
+
+def _experts(config: Config, components: Components) -> dict[str, torch.nn.Module]:
+    """The experts that train, by expert name ({} for a model with one denoiser)."""
+    if components.experts is None:
+        return {}
+    return {n: components.experts.modules[n] for n in expert_ranges(config, components.experts)}
 
 
 def _lora_groups(model: torch.nn.Module, name: str, lr: float, ratio: float | None) -> list[dict]:
@@ -245,28 +295,25 @@ def _lora_groups(model: torch.nn.Module, name: str, lr: float, ratio: float | No
 
 
 def _memory_options(config: Config, parts: TrainedParts) -> None:
-    denoiser = parts.components.denoiser
-    if config.training.gradient_checkpointing:
-        if parts.train_unet or parts.train_text_encoder:
-            if config.training.cpu_offload_checkpointing:
-                denoiser.enable_gradient_checkpointing(offloaded_checkpoint)
-            else:
-                denoiser.enable_gradient_checkpointing()
-        if parts.train_text_encoder:
-            for encoder in parts.components.text_encoders:
-                encoder.activation_checkpointing_enable()
+    for denoiser in denoisers(parts.components):
+        _denoiser_memory_options(config, parts, denoiser)
+    if parts.train_text_encoder and config.training.gradient_checkpointing:
+        for encoder in parts.components.text_encoders:
+            encoder.activation_checkpointing_enable()
+
+
+def _denoiser_memory_options(config: Config, parts: TrainedParts, denoiser: torch.nn.Module) -> None:
+    trains = parts.train_unet or parts.train_text_encoder
+    if config.training.gradient_checkpointing and trains:
+        if config.training.cpu_offload_checkpointing:
+            denoiser.enable_gradient_checkpointing(offloaded_checkpoint)
+        else:
+            denoiser.enable_gradient_checkpointing()
     if not uses_sdpa(config):
         parts.components.family.use_plain_attention(denoiser)
     if config.training.blocks_to_swap:
-        _swap_blocks(config, parts)
-
-
-def _swap_blocks(config: Config, parts: TrainedParts) -> None:
-    """blocks_to_swap: the frozen Linears of the transformer's last blocks to host memory."""
-    blocks = parts.components.family.swap_blocks(
-        parts.components.denoiser, config.training.blocks_to_swap
-    )
-    swap_linears(blocks)
+        # blocks_to_swap: the frozen Linears of the transformer's last blocks to host memory
+        swap_linears(parts.components.family.swap_blocks(denoiser, config.training.blocks_to_swap))
 
 
 def uses_sdpa(config: Config) -> bool:

@@ -54,6 +54,9 @@ class StepInputs:
     max_token_length: int | None = None
     # Denoiser-only training with cache_text_encoder_outputs: a TextEncoderCache, else None.
     text_cache: object | None = None
+    # A model with denoiser experts: the routing of each step (library.training.experts); its
+    # modules are those whose forward runs, in place of ``denoiser``.
+    experts: object | None = None
 
     def __post_init__(self) -> None:
         self.text_encoders = tuple(self.text_encoders)
@@ -176,24 +179,35 @@ def latent_mask(batch: dict, latent_shape: torch.Size) -> torch.Tensor | None:
     return mask.view(mask.shape[0], *([1] * (len(latent_shape) - 3)), *mask.shape[-2:])
 
 
-def predict(s: StepInputs, noisy: torch.Tensor, levels: torch.Tensor, cond: Conditioning):
-    """The objective's prediction for latents noised to ``levels``: the denoiser runs on the
-    noisy latents in the weight dtype."""
+def predict(
+    s: StepInputs, noisy: torch.Tensor, levels: torch.Tensor, cond: Conditioning, denoiser=None
+):
+    """The objective's prediction for latents noised to ``levels``: the denoiser (unset:
+    ``s.denoiser``) runs on the noisy latents in the weight dtype."""
     output = s.family.predict(
-        s.denoiser, noisy.to(s.weight_dtype), s.objective.model_time(levels), cond
+        denoiser or s.denoiser, noisy.to(s.weight_dtype), s.objective.model_time(levels), cond
     )
     return s.objective.prediction(output, noisy, levels)
 
 
 def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
-    """Loss of one micro-batch, with every random draw keyed by (seed, epoch, position)."""
+    """Loss of one micro-batch, with every random draw keyed by (seed, epoch, position); on a
+    model with experts, that of the expert of the optimizer step the trainer set in
+    ``s.experts.step`` (library.training.experts)."""
     mean, std = batch_posterior(s, batch)
     positions = batch["positions"].tolist()
     shape = tuple(mean.shape[1:])
     draws = s.objective.draws(s.seed, batch["epoch"], positions, shape, s.device, s.noise)
     latents = s.codec.to_latents(mean + std * draws.latent_eps)
     noise, input_noise = training_noise(draws, latents, s.noise)
-    levels = s.objective.levels(draws, shape)
+    denoiser = None
+    if s.experts is None:
+        levels = s.objective.levels(draws, shape)
+    else:
+        expert = s.experts.choose(s.objective, draws, shape, s.seed)
+        key = (s.seed, batch["epoch"], positions)
+        levels = s.experts.levels_within(s.objective, draws, shape, key, expert)
+        denoiser = s.experts.module(expert, s.device)
     noisy = s.objective.noisy(latents, input_noise, levels)
     if s.family.conditioning_draws:
         draws = keyed_uniforms(
@@ -201,7 +215,8 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
             s.device,
         )  # fmt: skip
         batch = {**batch, CONDITIONING_DRAWS_KEY: draws}
-    prediction = predict(s, noisy, levels, batch_conditioning(s, with_references(s, batch)))
+    cond = batch_conditioning(s, with_references(s, batch))
+    prediction = predict(s, noisy, levels, cond, denoiser)
     return diffusion_loss(
         prediction,
         s.objective.target(latents, noise, levels),

@@ -26,6 +26,7 @@ from library.data.dataset import TrainData
 from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
 from library.errors import CheckpointError, ModelError, TrainingError
+from library.models.families.family_choice import entry_for
 from library.models.float8 import keep_out_of_ddp
 from library.models.loader import load_components, shapes_only
 from library.networks.max_norm import apply_max_norm
@@ -40,6 +41,7 @@ from library.training.caching import (
     check_bucket_steps,
 )
 from library.training.ema import WeightAverage
+from library.training.experts import expert_plan, expert_routing, move_denoisers, offloads
 from library.training.family_defaults import for_family
 from library.training.image_sizes import check_image_sizes
 from library.training.loss import LossOptions
@@ -57,6 +59,7 @@ from library.training.reference_checks import (
     check_clip_config,
     check_reference_config,
     check_reference_counts,
+    check_sample_frames,
 )
 from library.training.resume_rules import change_lines
 from library.training.run_summary import RunSummary
@@ -136,15 +139,18 @@ class Trainer:
             keep_scan_index=config.data.cache_latents_to_disk or config.data.cache_text_encoder_outputs_to_disk,
             group=CacheGroup() if self.accelerator.num_processes > 1 else None,  # collective
             frame_rate=frame_rate,
+            tokens_of=entry_for(config.model, config.flow).family().tokens_per_sample,
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads
         check_reference_counts(config, self.data)
         self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
+        check_sample_frames(config, self.sampler.prompts)  # reads no weight
         self.size_notes = check_image_sizes(config, self.sampler.prompts)  # reads no weight
         self.validator = Validator(config, self.data, self.accelerator)
         self.summary: RunSummary | None = None  # the run summary, while a run holds the name
         self.model_line = ""  # the dry run's model line, once check_model has run
+        self.experts_plan: dict | None = None  # a model with experts: their split (expert_plan)
 
     def _make_accelerator(self) -> Accelerator:
         c = self.config
@@ -196,6 +202,7 @@ class Trainer:
             )
             parts = setup_training(config, components)
         self.model_line = model_line(parts.components)
+        self.experts_plan = expert_plan(config, parts.components)
         check_bucket_steps(config, parts.components)
         if self.sampler.prompts:
             check_sampling(parts.components, self.sampler.prompts)
@@ -211,6 +218,8 @@ class Trainer:
             if dry_run:
                 memory = self.check_model()
                 self.accelerator.print(f"  {self.model_line}")
+                for line in self.experts_plan["lines"] if self.experts_plan else ():
+                    self.accelerator.print(f"  {line}")
                 self.accelerator.print(memory.line)
                 return None
             summary = RunSummary(self.config, self.plan, self.accelerator, start, config_files)
@@ -230,6 +239,9 @@ class Trainer:
         parts = setup_training(config, components)
         family = parts.components.family
         acc.print(model_line(parts.components))
+        self.experts_plan = expert_plan(config, parts.components)
+        for line in self.experts_plan["lines"] if self.experts_plan else ():
+            acc.print(f"  {line}")
         check_bucket_steps(config, parts.components)
         memory = check_peak_memory(config, parts, self.data.stats, acc, bool(self.sampler.prompts))
         acc.print(memory.line)
@@ -331,6 +343,8 @@ class Trainer:
         loss_sum = torch.zeros((), device=acc.device)
         for micro, batch in enumerate(epoch_batches):
             loop.unreadable.note(batch)
+            if loop.inputs.experts is not None:  # the step picks the expert
+                loop.inputs.experts.step = global_step
             with acc.accumulate(*loop.trained):
                 if self.sharded:  # accelerate's no_sync covers DDP modules, not FSDP ones
                     set_gradient_sync(loop.inputs.denoiser, acc.sync_gradients)
@@ -462,14 +476,19 @@ class Trainer:
         processes); with fsdp, shard the denoiser instead (trained or not)."""
         acc, comps = self.accelerator, parts.components
         encoders = () if getattr(self, "_text_leaves", False) else comps.text_encoders
-        for module in (comps.denoiser, comps.vae, *encoders):
+        move_denoisers(self.config, comps, acc.device)
+        for module in (comps.vae, *encoders):
             module.to(acc.device)
         if self.sharded:
             shard_trained_denoiser(parts, self.config.training.fsdp, acc.device, acc.num_processes)
         wrapped = [(n, m) for n, m in parts.trained_modules() if not (self.sharded and n == "unet")]
         for _, module in wrapped:
             keep_out_of_ddp(module)  # fp8_base weights: frozen, and not every backend sends float8
-        prepared = acc.prepare(*[module for _, module in wrapped]) if wrapped else []
+        # offload_inactive_dit: accelerate must not move a whole expert onto the device
+        placed = None
+        if offloads(self.config, comps.experts):
+            placed = [not n.startswith("unet") for n, _ in wrapped]
+        prepared = acc.prepare(*[m for _, m in wrapped], device_placement=placed) if wrapped else []
         prepared = list(prepared) if isinstance(prepared, (tuple, list)) else [prepared]
         self._prepared = dict(zip([n for n, _ in wrapped], prepared, strict=True))
         if self.sharded:
@@ -497,6 +516,7 @@ class Trainer:
             clip_skip=self.config.model.clip_skip,
             max_token_length=self.config.model.max_token_length,
             text_cache=text_cache,
+            experts=expert_routing(self.config, parts, self._prepared),
         )
 
     def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver, start: RunStart) -> int:

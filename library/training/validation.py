@@ -31,6 +31,7 @@ import torch
 
 from library.data.schedule import stable_seed
 from library.errors import ConfigError
+from library.training.experts import expert_for_level
 from library.training.loss import element_loss
 from library.training.objectives import validation_timesteps
 from library.training.step import (
@@ -98,7 +99,10 @@ def _per_sample_loss(s: StepInputs, latents, cond, mask, keys, t, seed: int) -> 
     noise = validation_noise(keys, t, seed, tuple(latents.shape[1:]), latents.device)
     levels = s.objective.level_tensor([t] * len(keys), latents.device)
     noisy = s.objective.noisy(latents, noise, levels)
-    prediction = predict(s, noisy, levels, cond)
+    # a model with experts: the one that owns the level (else the default denoiser)
+    prediction = predict(
+        s, noisy, levels, cond, expert_for_level(s.experts, s.objective, levels, s.device)
+    )
     huber_c = None
     if s.loss.loss_type in ("huber", "smooth_l1"):
         huber_c = s.objective.huber_thresholds(s.loss, levels).to(prediction.device)

@@ -214,3 +214,11 @@ def test_the_compatibility_page_lists_every_word():
         w for w in words if f"`{w}`" not in section and f"`{w.split('.')[-1]}`" not in section
     ]
     assert not missing, missing
+
+
+@pytest.mark.parametrize(("line", "value"), [("timestep_boundary = 875", 875.0), ("timestep_boundary = 0.9", 0.9)])
+def test_musubi_tuners_expert_words_are_the_experts_keys(write_toml, line, value):
+    """Its Wan 2.2 two-expert words land in [experts] as written (the scales are read there)."""
+    config = load_config(write_toml("a.toml", HEAD + line + "\noffload_inactive_dit = true\n" + DATASET))
+    assert config.experts.timestep_boundary == value
+    assert config.experts.offload_inactive_dit is True

@@ -205,3 +205,11 @@ def test_a_written_bucket_range_is_named_as_unused_by_musubi_bucketing(write_tom
     (notice,) = [n for n in config.notices if "max_bucket_reso" in n]
     assert "general.max_bucket_reso = 2048 is not used by datasets[0]" in notice
     assert 'set bucketing = "kohya"' in notice
+
+
+def test_a_clip_length_below_one_is_named_by_its_key(write_toml):
+    for value in ("[0, 5]", "[]"):
+        text = f'[[datasets]]\nvideo_directory = "v"\ntarget_frames = {value}\n'
+        path = write_toml("run.toml", HEAD + f"dataset_config = {write_toml('t.toml', text)!r}\n")
+        message = error_of(path)
+        assert "target_frames" in message and "\n" not in message

@@ -74,3 +74,23 @@ def test_a_long_bucket_histogram_lists_the_largest_and_counts_the_rest():
     assert len(lines) == 1 + (MAX_BUCKET_LINES - 4) + 1
     assert any(line.strip().startswith("88x64") for line in lines)  # the largest bucket is listed
     assert lines[-1] == "    ... 10 more buckets with 10 images (10 of them smaller than a step)"
+
+
+def test_tokens_per_sample_are_the_families_patch_tokens(tmp_path):
+    """FLUX.1 packs its latents (8x smaller than the image) into 2x2 patches: the tokens are
+    pack_latents' sequence; a dataset without buckets prints them on their own line."""
+    import torch
+
+    from library.models.families.flux.family import FluxFamily
+    from library.models.patch_tokens import pack_latents
+
+    write_image(tmp_path / "train" / "0.png", size=(96, 64))
+    config = DatasetConfig(
+        resolution=[96, 64], subsets=[SubsetConfig(image_dir=str(tmp_path / "train"))]
+    )
+    data = TrainData([config], seed=0, tokens_of=FluxFamily.tokens_per_sample)
+    packed = pack_latents(torch.zeros(1, 16, 64 // 8, 96 // 8))  # [1, tokens, 64]
+    (bucket,) = data.stats.datasets[0].buckets
+    assert bucket.tokens == packed.shape[1] == 24
+    assert "  24 tokens per sample (the denoiser's sequence)" in plan_lines(data)
+    assert TrainData([config], seed=0).stats.datasets[0].buckets[0].tokens is None

@@ -106,12 +106,24 @@ def test_a_clip_sample_is_its_frames_in_order(data):
     assert any(image.frame_count == 5 for image in videos.images)
 
 
-def test_videos_too_short_for_every_clip_are_counted(tmp_path):
+def test_short_videos_and_other_files_are_counted_and_frame_folders_train(tmp_path):
     folder = _clip_folder(tmp_path)
+    kit.write_frame_folder(folder / "frames", kit.numbered_frames(6, SIZE))
+    (folder / "frames.txt").write_text("from frames")
+    (folder / "notes.pdf").write_bytes(b"%PDF")
     write_image(tmp_path / "stills" / "s.png", size=SIZE)
     text = _video_dataset(folder, tmp_path / "stills").replace("[1, 5]", "[5]")
-    data = TrainData(_run(tmp_path, text), seed=0)
-    assert data.scanned[0].short_videos == (folder / "short.mp4",)
+    videos = TrainData(_run(tmp_path, text), seed=0).scanned[0]
+    assert videos.short_videos == (folder / "short.mp4",)
+    assert videos.ignored == (folder / "notes.pdf",)
+    (from_frames,) = [i for i in videos.images if i.item.path.name == "frames"]
+    assert from_frames.frames == (0, 1, 2, 3, 4) and from_frames.item.caption == "from frames"
+    # a folder of frames is cached by its frames' bytes: another frame, another key
+    from library.data.content_hash import file_digest
+
+    before = file_digest(folder / "frames")
+    kit.write_frame_folder(folder / "frames", kit.numbered_frames(6, SIZE)[::-1])
+    assert file_digest(folder / "frames") != before
 
 
 def test_a_video_jsonl_file_lists_videos_by_path_with_captions(tmp_path):
@@ -319,3 +331,53 @@ def test_an_index_entry_that_is_not_a_probe_is_probed_again(tmp_path, monkeypatc
     again = TrainData(datasets, seed=0, cache_dir=str(tmp_path / "cache")).scanned[0]
     assert sorted(probes) == ["a.mp4", "b.webm", "short.mp4"] and again.indexed == 0
     assert [i.frames for i in again.images] == [i.frames for i in first.images]
+
+
+def test_a_video_jsonl_as_musubi_tuner_reads_it(tmp_path, monkeypatch):
+    """musubi-tuner opens a line's video_path as written: a relative one from the working
+    directory. A name found only beside the JSONL is read from there (difftune's metadata
+    files); "caption" is required and "control_path" is named, each in one line."""
+    work = tmp_path / "work"
+    for folder in (work / "videos", tmp_path / "lists" / "videos"):
+        folder.mkdir(parents=True)
+    kit.write_video(work / "videos" / "a.mp4", kit.numbered_frames(5, SIZE))
+    kit.write_video(tmp_path / "lists" / "b.mp4", kit.numbered_frames(5, SIZE))
+    kit.write_video(tmp_path / "lists" / "videos" / "a.mp4", kit.numbered_frames(7, SIZE))
+    listing = tmp_path / "lists" / "clips.jsonl"
+    lines = ['{"video_path": "videos/a.mp4", "caption": "A caption for video1"}']
+    lines.append('{"video_path": "b.mp4", "caption": "A caption for video2"}')
+    listing.write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(work)
+    text = f"[[datasets]]\nvideo_jsonl_file = {str(listing)!r}\nresolution = [96, 64]\n"
+    text += 'target_frames = [5]\nframe_extraction = "head"\n'
+    (scanned,) = TrainData(_run(tmp_path, text), seed=0).scanned
+    got = {i.item.path.resolve(): i.item.caption for i in scanned.images}
+    assert got == {
+        (work / "videos" / "a.mp4").resolve(): "A caption for video1",  # not lists/videos/a.mp4
+        (tmp_path / "lists" / "b.mp4").resolve(): "A caption for video2",
+    }
+    for line, named in (
+        ('{"video_path": "b.mp4"}', '"caption"'),
+        ('{"video_path": "b.mp4", "caption": "c", "control_path": "b.mp4"}', '"control_path"'),
+    ):
+        listing.write_text(line + "\n")
+        with pytest.raises(DataError) as caught:
+            TrainData(_run(tmp_path, text), seed=0)
+        message = str(caught.value)
+        assert named in message and str(listing) in message and "\n" not in message
+
+
+def test_the_plan_gives_each_clip_buckets_tokens(tmp_path):
+    """The stand-in clip family's denoiser sees every latent position: 96x64 pixels are 12x8
+    latents a frame, and clips of 5 and 9 frames are 2 and 3 latent frames (1 + (F - 1) / 4)."""
+    from tests.kits.video_latents import VideoLatentFamily
+
+    folder = _clip_folder(tmp_path)
+    write_image(tmp_path / "stills" / "s.png", size=SIZE)
+    text = _video_dataset(folder, tmp_path / "stills").replace("[1, 5]", "[5, 9]")
+    data = TrainData(_run(tmp_path, text), seed=0, tokens_of=VideoLatentFamily.tokens_per_sample)
+    clips, images = data.stats.datasets
+    assert {b.frames: b.tokens for b in clips.buckets} == {5: 12 * 8 * 2, 9: 12 * 8 * 3}
+    assert [b.tokens for b in images.buckets] == [12 * 8]
+    rows = [line.split() for line in plan_lines(data) if line.startswith("      96x64")]
+    assert [row[-2:] for row in rows] == [["192", "tokens"], ["288", "tokens"]]

@@ -73,6 +73,7 @@ DATASET_FIELDS = {
     "validation_images",
     "skipped_images",
     "short_videos",
+    "tokens_per_sample",
     "buckets",
 }
 SUBSET_FIELDS = {
@@ -95,6 +96,7 @@ BUCKET_FIELDS = {
     "padding_per_epoch",
     "references",
     "frames",
+    "tokens",
 }
 OUTPUT_FIELDS = {"output_dir", "output_name", "final", "final_kind", "final_state", "saves"}
 SAVE_FIELDS = {"every", "unit", "count", "keep_last", "state", "keep_last_state"}
@@ -234,6 +236,9 @@ def test_numbers_match_the_images_on_disk(runs):
     for b in buckets:
         assert b["samples_per_epoch"] == by_shape[b["width"] > b["height"]]
         assert b["steps_per_epoch"] == math.ceil(b["samples_per_epoch"] / step_size)
+        # an SD UNet's sequence: one position per 8 x 8 pixels (its latent grid)
+        assert b["tokens"] == (b["width"] // 8) * (b["height"] // 8)
+    assert dataset["tokens_per_sample"] == sorted({b["tokens"] for b in buckets})
     steps = sum(math.ceil(n / step_size) for n in by_shape.values())
     assert dataset["steps_per_epoch"] == plan["steps_per_epoch"] == steps
     assert (plan["epochs"], plan["total_steps"]) == (EPOCHS, EPOCHS * steps)
@@ -276,9 +281,12 @@ def test_numbers_match_the_text_plan(runs, layers):
     )
     assert numbers(r"(\d+) warmup steps") == (plan["warmup_steps"],)
     assert numbers(r"every \d+ steps \((\d+) saves\)") == (plan["outputs"]["saves"][0]["count"],)
-    rows = re.findall(r"(\d+)x(\d+)\s+(\d+) images\s+(\d+) samples\s+(\d+) steps", text)
+    rows = re.findall(
+        r"(\d+)x(\d+)\s+(\d+) images\s+(\d+) samples\s+(\d+) steps #+  (\d+) tokens", text
+    )
     assert [tuple(map(int, row)) for row in rows] == [
         (b["width"], b["height"], b["images"], b["samples_per_epoch"], b["steps_per_epoch"])
+        + (b["tokens"],)
         for b in dataset["buckets"]
     ]
     assert "learning rate: 0.0002, cosine schedule" in text
@@ -334,7 +342,7 @@ def test_the_memory_estimate_counts_the_models_without_reading_them(runs, tiny_m
     assert memory["process_bytes"] > 0  # the interpreter, at least
     assert memory["vae_encoding_bytes"] > 0  # the images are encoded in every step here
     largest = max(plan["datasets"][0]["buckets"], key=lambda b: b["width"] * b["height"])
-    at = {"width": largest["width"], "height": largest["height"], "batch": BATCH}
+    at = {"width": largest["width"], "height": largest["height"], "batch": BATCH, "frames": 1}
     assert memory["at"] == at
     assert f"at {at['width']}x{at['height']} x {BATCH}" in text.split("  memory: about ")[1]
 

@@ -102,13 +102,15 @@ def write_video(
     faststart: bool = False,
     codec: str | None = None,
     pixel_aspect: fractions.Fraction | None = None,
+    keyframe_every: int | None = None,
 ) -> Path:
     """Encode ``frames`` (uint8 [F, H, W, 3]) to ``path`` with the codec its extension takes
     (CODECS). ``times``: each frame's presentation time in seconds (a variable frame rate);
     ``rotation``: the display matrix's counter-clockwise angle (FFmpeg's convention);
     ``faststart``: mp4/mov with the index before the frames; ``codec``: another PyAV encoder
     than the container's usual one (e.g. "libvpx" for VP8 in webm); ``pixel_aspect``: the
-    width of a pixel over its height (anamorphic video)."""
+    width of a pixel over its height (anamorphic video); ``keyframe_every``: the most frames
+    from one keyframe to the next (the encoder's own default otherwise)."""
     path = Path(path)
     usual, pixel_format = CODECS[path.suffix.lower()]
     codec = codec or usual
@@ -123,6 +125,8 @@ def write_video(
             stream.set_display_rotation(rotation)
         if pixel_aspect is not None:
             stream.codec_context.sample_aspect_ratio = pixel_aspect
+        if keyframe_every is not None:
+            stream.codec_context.gop_size = keyframe_every
         for index, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format="rgb24")
             if times is not None:
@@ -173,6 +177,27 @@ def write_corrupt(path: Path, frames: int = 9) -> Path:
     data = bytearray(path.read_bytes())
     start = len(data) // 3
     data[start : start + 400] = np.random.default_rng(0).integers(0, 256, 400, np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    return path
+
+
+def write_corrupt_middle(path: Path, frames: int = 48, group: int = 8) -> Path:
+    """A numbered mp4 or mov clip with a keyframe every ``group`` frames whose middle group's
+    frame data (after each packet's first 5 bytes: its length and NAL or start code) is noise.
+    The container, its index and the packets' timestamps are intact; only decoding those
+    frames finds the damage."""
+    path = Path(path)
+    write_video(path, numbered_frames(frames), keyframe_every=group)
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        packets = [(p.pos, p.size, p.is_keyframe) for p in container.demux(stream) if p.size]
+    keys = [index for index, (_, _, key) in enumerate(packets) if key]
+    start = keys[len(keys) // 2]
+    end = next((k for k in keys if k > start), len(packets))
+    data = bytearray(path.read_bytes())
+    noise = np.random.default_rng(0)
+    for position, size, _ in packets[start:end]:
+        data[position + 5 : position + size] = noise.integers(0, 256, size - 5, np.uint8).tobytes()
     path.write_bytes(bytes(data))
     return path
 

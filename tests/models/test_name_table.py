@@ -106,3 +106,26 @@ def test_whole_stems_and_flat_rows():
     _same(original, want)
     _same(table.from_original(original), state)
     assert table.linears("blocks") == (("wq", ("attn.to_q",)),)
+
+
+def test_kohya_modules_of_every_list_and_the_top_level_come_from_the_table():
+    """Every list's modules by default, and the top-level Linears the model has, are FLUX.1's
+    hand-written kohya modules (an independent list): its blocks' (in the table's order), and
+    its input embedders
+    (guidance_in only where the model has it) beside the final layer's, whose adaLN halves the
+    table swaps."""
+    from library.models.families.flux.lora_keys import transformer_modules
+    from library.networks.table_modules import table_modules, top_modules
+
+    for variant in ("dev", "schnell"):
+        model = build_tiny_flux_components(variant, 0)["transformer"]
+        blocks = table_modules(model, "lora_unet", FLUX_TABLE)
+        by_name = {m.name: m for m in transformer_modules(model)}
+        assert {m.name: m for m in blocks} == by_name and len(blocks) == len(by_name)
+        top = {m.original: m for m in top_modules(model, "lora_unet", FLUX_TABLE)}
+        embedders = [m for m in transformer_modules(model, embedders=True) if m not in blocks]
+        assert {m.original for m in embedders} | {"final_layer.linear",
+                "final_layer.adaLN_modulation.1"} == set(top)  # fmt: skip
+        assert all(top[m.original] == m for m in embedders)
+        assert top["final_layer.adaLN_modulation.1"].swapped_halves
+        assert ("guidance_in.in_layer" in top) == (variant == "dev")

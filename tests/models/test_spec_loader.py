@@ -66,3 +66,24 @@ def test_component_files_are_refused_by_key(tmp_path):
     missing = tmp_path / "t5.safetensors"
     with pytest.raises(ModelError, match=f"t5xxl = {re.escape(str(missing))} is not a file"):
         plan_component(SPEC, part, str(missing))
+
+
+def test_a_component_may_be_a_folder_of_the_parts_class(tmp_path):
+    """With ``folders``, a component key naming a diffusers folder reads the part's class from
+    it (the folder itself, or its subfolder of the part's name); another value that is no
+    .safetensors file is refused by the key."""
+    import dataclasses
+
+    import torch
+    from diffusers import AutoencoderKL
+
+    part = SPEC.part("vae")
+    part = dataclasses.replace(part, file=dataclasses.replace(part.file, folders=True))
+    vae = AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=4)
+    vae.save_pretrained(tmp_path / "pipe" / "vae")
+    for value in (tmp_path / "pipe", tmp_path / "pipe" / "vae"):
+        loaded = plan_component(SPEC, part, str(value))(torch.float32)
+        assert type(loaded) is AutoencoderKL
+        assert all(torch.equal(v, vae.state_dict()[k]) for k, v in loaded.state_dict().items())
+    with pytest.raises(ModelError, match=r"ae = .*vae\.ckpt: set ae in \[flow\] to "):
+        plan_component(SPEC, part, str(tmp_path / "vae.ckpt"))

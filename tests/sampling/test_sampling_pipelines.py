@@ -71,6 +71,18 @@ def test_conditioning_no_pipeline_argument_carries_is_refused():
         pipeline_inputs(Conditioning(torch.zeros(2, 3, 4), {"added_cond_kwargs": added}))
 
 
+def test_a_family_pipeline_refuses_what_its_call_inputs_do_not_carry():
+    """refuse_uncarried, which the transformer families' call inputs run first: the inputs
+    they pass on are accepted, any other is named with the pipeline."""
+    from library.sampling.pipelines import refuse_uncarried
+
+    cond = Conditioning(torch.zeros(2, 3, 4), {"text_mask": torch.ones(2, 3)})
+    refuse_uncarried(cond, ("text_mask", "pooled_projections"), "SomePipeline")
+    cond.unet_kwargs["reference_latents"] = []
+    with pytest.raises(ValueError, match="no SomePipeline argument carries .*'reference_latents'"):
+        refuse_uncarried(cond, ("text_mask",), "SomePipeline")
+
+
 def test_sdxl_euler_config_samples_ddim_without_clipping():
     """SDXL folders ship an Euler config that may lack DDIM's keys; DDIM must not then fall back
     to clipping x0 to [-1, 1] (latents are not bounded) or to alpha 1 at the end."""

@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import pytest
+from PIL import Image
 
 from library.config.sampling_schema import SamplingSection
 from library.errors import ConfigError
@@ -225,3 +226,37 @@ def test_utf8_bom_is_ignored(tmp_path):
     (tmp_path / "p.txt").write_bytes("\ufeffa dog --w 256\n".encode())
     (p,) = load(tmp_path / "p.txt")
     assert (p.prompt, p.width) == ("a dog", 256)
+
+
+def test_video_options_frame_count_and_first_frame(tmp_path):
+    # musubi-tuner's words: --f / frame_count for the clip's frames, --i / image_path for an
+    # image-to-video model's first frame (relative to the prompts file's folder)
+    Image.new("RGB", (8, 8)).save(tmp_path / "start.png")
+    txt = write(tmp_path, "p.txt", "a ball rolls --f 33 --i start.png\na still photo\n")
+    clip, still = load(txt)
+    assert (clip.frames, clip.first_frame) == (33, tmp_path / "start.png")
+    assert (still.frames, still.first_frame) == (1, None)
+    toml = write(
+        tmp_path, "p.toml",
+        '[prompt]\nframe_count = 17\n[[prompt.subset]]\nprompt = "a"\nimage_path = "start.png"\n'
+        '[[prompt.subset]]\nprompt = "b"\nframe_count = 1\n',
+    )  # fmt: skip
+    a, b = load(toml)
+    assert (a.frames, a.first_frame, b.frames, b.first_frame) == (
+        17, tmp_path / "start.png", 1, None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("a dog --f 0", "line 1: the frame count --f 0 must be at least 1"),
+        ("a dog --f many", "line 1: --f 'many' is not a whole number"),
+        ("a dog --i nowhere.png", r"line 1: --i nowhere.png: no image at"),
+    ],
+)
+def test_video_option_errors(tmp_path, line, message):
+    path = write(tmp_path, "p.txt", line + "\n")
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert message in str(info.value) and "\n" not in str(info.value)

@@ -54,3 +54,22 @@ def test_a_video_source_is_an_input_the_run_never_writes_over(tmp_path, tiny_mod
 
     config = _config(tmp_path, tiny_model_dir, f'{key} = "data/clips"')
     assert (f"datasets[0].subsets[0].{key}", "data/clips") in run_inputs(config)
+
+
+def test_a_sample_prompt_asking_an_image_family_for_frames_is_refused_before_any_weight(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    from library.sampling.prompts import load_prompts
+    from library.training.reference_checks import check_sample_frames
+
+    config = _config(tmp_path, tiny_model_dir, 'image_dir = "nowhere/images"')
+    (tmp_path / "prompts.txt").write_text("a still\na ball rolls --f 17\n")
+    prompts = load_prompts(tmp_path / "prompts.txt", config.sampling, 1)
+    with pytest.raises(ConfigError) as caught:
+        check_sample_frames(config, prompts)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("sample prompt 2 asks for 17 frames (--f) and SD models make")
+    check_sample_frames(config, prompts[:1])
+    monkeypatch.setattr(SDFamily, "TRAINS_CLIPS", True)
+    check_sample_frames(config, prompts)

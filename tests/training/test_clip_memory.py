@@ -67,3 +67,14 @@ def test_the_largest_training_size_counts_every_frame():
     assert training_sizes(stats) == [TrainingSize(64, 48, 2, (), 5)]
     stats = SimpleNamespace(datasets=(_dataset([image, BucketStats((64, 48), 2, 2, 1, 0)]),))
     assert training_sizes(stats) == [TrainingSize(96, 64, 2)]
+
+
+def test_the_memory_line_names_a_clips_frames():
+    from library.training.memory_estimate import MemoryEstimate, estimate_line
+
+    def line(size):
+        found = MemoryEstimate(1 << 30, 1 << 29, 1 << 28, size, checkpointing=False)
+        return estimate_line(found, torch.device("cpu"), None)
+
+    assert "at 64x48 (5 frames) x 2," in line(TrainingSize(64, 48, 2, frames=5))
+    assert "at 64x48 x 2," in line(TrainingSize(64, 48, 2))

@@ -311,3 +311,33 @@ def test_the_plan_says_what_overwrite_moves_aside(tmp_path):
     assert _set_aside_lines(SimpleNamespace(saving=resume)) == []
     plain = saving.model_copy(update={"overwrite": False})
     assert _set_aside_lines(SimpleNamespace(saving=plain)) == []
+
+
+def test_an_experts_files_are_its_output_names_and_pruned_with_them(tmp_path):
+    """Each denoiser expert's weights carry its name before the suffix; they are this output
+    name's outputs (refused, pruned, described as its own) and no other name's."""
+    from library.saving.output_names import expert_file, is_output, owner_of
+
+    layout = OutputLayout(SavingSection(output_dir=str(tmp_path), output_name="run",
+                                        save_every_n_steps=10, save_last_n_steps=10))  # fmt: skip
+    final = expert_file(layout.final, "high_noise")
+    assert final.name == "run_high_noise.safetensors"
+    ema = expert_file(layout.ema_of(layout.step_file(10)), "low_noise")
+    assert ema.name == "run-step00000010_low_noise-ema.safetensors"
+    for path in (final, ema, expert_file(layout.step_file(20), "low_noise")):
+        assert is_output("run", path.name) and owner_of(path.name) == "run"
+        assert not is_output("ru", path.name)
+        _touch(path)
+    assert layout.describe(ema) == {"path": str(ema.absolute()), "expert": "low_noise",
+                                    "kind": "ema weights", "step": 10}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"low_noise-ema.safetensors \(and 2 more\) already"):
+        layout.refuse_overwrite(resuming=False)
+    layout.prune_steps(30)  # keeps the saves of the last 10 steps
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "run-step00000020_low_noise.safetensors", "run_high_noise.safetensors"
+    ]  # fmt: skip
+
+
+def test_an_output_name_may_not_end_like_an_experts_file():
+    with pytest.raises(ValueError, match='ends in "_high_noise".*"wan-high-noise"'):
+        SavingSection(output_name="wan_high_noise")

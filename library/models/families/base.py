@@ -46,6 +46,13 @@ CONDITIONING_DRAWS_KEY = "conditioning_draws"
 REFERENCE_LATENTS_KEY = "reference_latents"
 REFERENCE_PIXELS_KEY = "reference_pixels"
 AdapterRole = Literal["unet", "text_encoder"]
+
+
+def reference_latents(batch: Mapping | None, device, dtype=None) -> list[torch.Tensor]:
+    """The batch's reference latents (REFERENCE_LATENTS_KEY, one tensor per slot) on ``device``
+    (in ``dtype`` when given); [] without references."""
+    found = (batch or {}).get(REFERENCE_LATENTS_KEY) or ()
+    return [r.to(device) if dtype is None else r.to(device, dtype) for r in found]
 TargetKind = Literal["linear", "conv"]
 
 
@@ -78,6 +85,14 @@ class ModelFamily:
     # The frame rate a clip family's videos are resampled to where a dataset sets source_fps
     # (musubi-tuner's rule; Wan 2.1 and the Wan 2.2 A14B experts run at 16 fps, TI2V-5B at 24).
     FRAME_RATE: ClassVar[float] = 16.0
+    # The side in pixels of the square one denoiser token covers in each latent frame (the
+    # VAE's factor times the transformer's patch); None: PIXEL_MULTIPLE, which is exactly that
+    # for the transformer families, and a UNet's latent grid (its largest feature map) for SD.
+    # Class data, as the two below: the plan counts tokens before any weight is read.
+    TOKEN_PIXELS: ClassVar[int | None] = None
+    # Frames after the first that a clip family's VAE folds into one latent frame (Wan's VAE
+    # and Qwen-Image's, the same network: 4), as LatentLayout.frame_factor.
+    FRAMES_PER_LATENT: ClassVar[int] = 4
     # The text encoder reads the reference images with the caption (REFERENCE_PIXELS_KEY and
     # encode_text_with_references): the text cache keys an entry by both.
     TEXT_READS_REFERENCES: ClassVar[bool] = False
@@ -112,6 +127,15 @@ class ModelFamily:
     # kohya network_module values that train this family ("networks.lora" trains every family;
     # the others name one family's file layout or adapter kind). The last is the one suggested.
     network_modules: tuple[str, ...] = ("lycoris.kohya", "networks.lora")
+
+    @classmethod
+    def tokens_per_sample(cls, size: tuple[int, int], frames: int = 1) -> int:
+        """The denoiser's sequence length for one sample of ``size`` = (W, H) pixels and
+        ``frames`` frames: a token per TOKEN_PIXELS square of each latent frame (a clip of F
+        frames has 1 + (F - 1) // FRAMES_PER_LATENT of them, an image one)."""
+        side = cls.TOKEN_PIXELS or cls.PIXEL_MULTIPLE
+        latent_frames = 1 + (frames - 1) // cls.FRAMES_PER_LATENT
+        return latent_frames * (size[0] // side) * (size[1] // side)
 
     @classmethod
     def references_text(cls) -> str:

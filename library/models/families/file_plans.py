@@ -9,6 +9,7 @@ and ComfyUI's scaled-fp8 refusal; component files are opened and checked here to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -274,13 +275,15 @@ def ae_keys(
 
 def plan_autoencoder(
     file: CheckpointFile, what: str, prefixes: tuple[str, ...], from_original: Convert,
-    base: dict, label: str, latents: tuple[int, str], wrong: Callable[[str], ModelError],
+    base: dict, label: str, latents: tuple[int, str] | None, wrong: Callable[[str], ModelError],
     fixed: Mapping[str, object] | None = None,
+    build: Callable[[dict], torch.nn.Module] | None = None,
 ) -> Plan:  # fmt: skip
     """The autoencoder under the first of ``prefixes`` in ``file`` (ae_keys), its config ``base``
     with the sizes the tensors show, ``fixed`` kept; ``latents``: (channels, the family's name
-    in messages) its latents must have, without quant convs; ``wrong(problem)``: the error for
-    a file that holds no such autoencoder."""
+    in messages) its latents must have, without quant convs (None: not checked); ``wrong(
+    problem)``: the error for a file that holds no such autoencoder; ``build``: the module of a
+    config (diffusers' AutoencoderKL by default)."""
     refuse_scaled_fp8(file, what)
     try:
         keys, convert = ae_keys(file.keys(), prefixes, from_original)
@@ -293,12 +296,12 @@ def plan_autoencoder(
         return config
 
     plan = plan_part(
-        "vae", what, file, keys, convert, build_ae, from_shapes,
+        "vae", what, file, keys, convert, build or build_ae, from_shapes,
         lambda exc: wrong(f"its keys do not fit ({one_line(exc)})"), fixed, label=label,
     )  # fmt: skip
     # Checked on the plan, whatever config chose it: an SD checkpoint's own header describes
     # its 4-channel VAE exactly, and that VAE cannot encode these latents.
-    problem = latent_problem(plan.config, *latents)
+    problem = latent_problem(plan.config, *latents) if latents else None
     if problem:
         raise wrong(problem)
     return plan
@@ -462,3 +465,27 @@ def build_qwen3(config: dict) -> torch.nn.Module:
     from transformers import Qwen3Config, Qwen3Model
 
     return Qwen3Model(Qwen3Config(**config))
+
+
+def as_qwen3_causal_lm(plan: Plan) -> Plan:
+    """``plan_qwen3_file``'s plan as the Qwen3ForCausalLM a pipeline folder holds: the decoder
+    under ``model.``, the LM head tied to the embeddings (only hidden states are read, so a
+    file's own head is never needed and stays left out)."""
+    plain, named = plan.convert, plan.file_name
+
+    def convert(state):
+        out = {QWEN3_PREFIX + k: v for k, v in plain(state).items()}
+        if "model.embed_tokens.weight" in out:
+            out["lm_head.weight"] = out["model.embed_tokens.weight"]
+        return out
+
+    def build(config: dict) -> torch.nn.Module:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        return Qwen3ForCausalLM(Qwen3Config(**config))
+
+    return dataclasses.replace(
+        plan, convert=convert, build=build, tied=True,
+        config={**plan.config, "tie_word_embeddings": True},
+        file_name=lambda key: named(key.removeprefix(QWEN3_PREFIX)),
+    )  # fmt: skip

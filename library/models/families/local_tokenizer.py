@@ -1,11 +1,13 @@
 """A text encoder's tokenizer from the folder tokenizer_path names, for families read from single
-files that carry none (Z-Image's Qwen3, Qwen-Image's Qwen2.5-VL). Nothing is downloaded."""
+files that carry none (Z-Image's Qwen3, Qwen-Image's Qwen2.5-VL), and the spec's tokenizer part
+of the families that read theirs so (``tokenizer_part``). Nothing is downloaded."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from library.errors import ModelError
+from library.models.families.folder_loader import FolderTokenizer
 from library.models.loader import offline, one_line
 
 
@@ -62,3 +64,22 @@ def folder_or_path_tokenizer(model_dir: Path, tokenizer_path: str | None, name: 
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot read the {name} tokenizer in {folder}: {exc}") from None
+
+
+def tokenizer_part(name: str, where: str, encoder: str = "text_encoder") -> FolderTokenizer:
+    """A spec's ``tokenizer/``, read by AutoTokenizer: a folder's (``folder_or_path_tokenizer``)
+    and, beside single files, tokenizer_path's, fitting the vocabulary of the ``encoder`` part
+    (its ``text_config``'s for a vision-language model). ``name``: the tokenizer's kind in
+    messages; ``where``: where users find its files."""
+
+    def read(folder):
+        return folder_or_path_tokenizer(folder.model_dir, folder.model.tokenizer_path, name, where)
+
+    def read_files(checked):
+        config = checked.part_config(encoder)
+        vocab = config.get("text_config", config)["vocab_size"]
+        return load_local_tokenizer(
+            checked.model.tokenizer_path, vocab, checked.model_dir, name, where
+        )
+
+    return FolderTokenizer("tokenizer", read, read_files=read_files)

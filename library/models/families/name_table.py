@@ -141,10 +141,15 @@ class NameTable:
         """The diffusers lists a streamed save converts one entry at a time."""
         return tuple(f"{new}." for _old, new, _stems in self.lists)
 
-    def linears(self, original_list: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    def linears(self, original_list: str | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """(original stem, its diffusers stems in row order) of each Linear of an entry of the
-        numbered list ``original_list``, in the table's order (RMSNorm scales left out)."""
-        stems = next(stems for old, _new, stems in self.lists if old == original_list)
+        numbered list ``original_list`` (None: of the top level), in the table's order (RMSNorm
+        scales left out)."""
+        stems = (
+            self.top
+            if original_list is None
+            else next(stems for old, _new, stems in self.lists if old == original_list)
+        )
         return tuple(
             (old, (new,) if isinstance(new, str) else tuple(new))
             for old, new in stems.items()
@@ -241,3 +246,19 @@ def count_numbered(keys: Iterable[str], head: str) -> int:
     pattern = re.compile(re.escape(head) + r"\.(\d+)\.")
     found = {int(m.group(1)) for k in keys if (m := pattern.match(k))}
     return max(found) + 1 if found else 0
+
+
+def dual_single_sizes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """The sizes every dual/single-stream transformer's diffusers-named ``shapes`` show, as its
+    config names them: the input channels, both block counts, the head width (its q norm's) and
+    count, and the text width (``context_embedder``'s input); KeyError naming a missing key."""
+    inner, channels = shapes["x_embedder.weight"]
+    head = next(v for k, v in shapes.items() if k.endswith(".attn.norm_q.weight"))[0]
+    return {
+        "in_channels": channels,
+        "num_layers": count_numbered(shapes, "transformer_blocks"),
+        "num_single_layers": count_numbered(shapes, "single_transformer_blocks"),
+        "attention_head_dim": head,
+        "num_attention_heads": inner // head,
+        "joint_attention_dim": shapes["context_embedder.weight"][1],
+    }

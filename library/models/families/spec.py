@@ -89,13 +89,15 @@ class ComponentFile:
     ``what``: what the file must hold, as messages say it; ``plan(file)``: the part's plan from
     the opened file (a shared reader with the family's facts); ``other(path)``: for a value that
     is not a .safetensors file (a diffusers VAE folder), a function loading the part in a dtype;
-    None: only .safetensors files are read."""
+    None: only .safetensors files are read, and, with ``folders``, diffusers folders of the
+    part's class (its own config.json and weights, or a folder holding the part's subfolder)."""
 
     key: str
     section: str
     what: str
     plan: Callable[[CheckpointFile], Plan]
     other: Callable[[Path], Callable[[torch.dtype], torch.nn.Module]] | None = None
+    folders: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ weights. ``claims`` says whether a model is the family's, from the same spec.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.claims import claims_model
+from library.models.families.claims import claims_model, folder_pipeline
 from library.models.families.family_entry import Deferred
 from library.models.families.file_contents import sample_keys
 from library.models.families.file_plans import open_safetensors, refuse_scaled_fp8
@@ -36,7 +37,7 @@ from library.models.families.folder_loader import (
 )
 from library.models.families.shape_origins import convert_shapes
 from library.models.families.spec import ComponentFile, FamilySpec, SpecPart
-from library.models.loader import offline, one_line
+from library.models.loader import Components, load_weights, offline, one_line, read_json
 from library.models.plans import CONFIG_METADATA, Plan, choose_plan, load_plan
 from library.saving.streamed import block_groups, save_streamed
 
@@ -54,9 +55,18 @@ def claims(spec: FamilySpec, model: ModelSection) -> bool:
     )
 
 
-def claimer(spec: FamilySpec) -> Callable[[ModelSection, FlowSection], bool]:
-    """The registry entry's ``claims(model, flow)`` of the family ``spec`` describes."""
-    return lambda model, flow: claims(spec, model)
+def claimer(*specs: FamilySpec) -> Callable[[ModelSection, FlowSection], bool]:
+    """The registry entry's ``claims(model, flow)`` of the family ``specs`` describe (one per
+    pipeline of the family: ``spec_for`` picks a model's)."""
+    return lambda model, flow: claims(spec_for(specs, model), model)
+
+
+def spec_for(specs: Sequence[FamilySpec], model: ModelSection) -> FamilySpec:
+    """The spec of ``model``: the one whose pipeline its folder is, else the first (for single
+    files, and for folders the first claims or refuses by name)."""
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    pipeline = folder_pipeline(path) if path.is_dir() else None
+    return next((spec for spec in specs if spec.pipeline == pipeline), specs[0])
 
 
 def folder_of(spec: FamilySpec) -> PipelineFolder:
@@ -88,6 +98,29 @@ def load_spec(
     if path.is_dir():
         return load_folder(folder_of(spec), path, model, flow, weight_dtype, vae_dtype)
     return load_files(spec, path, model, flow, weight_dtype, vae_dtype)
+
+
+def components(spec: FamilySpec, loaded: LoadedFolder, objective, family) -> Components:
+    """``load_spec``'s model as the trainer's Components: the spec's denoiser, its VAE, its
+    text encoders in the spec's order and the tokenizers, with ``objective`` and ``family``."""
+
+    def of(role: str) -> tuple[torch.nn.Module, ...]:
+        return tuple(loaded.modules[part.sub] for part in spec.parts if part.role == role)
+
+    (vae,) = of("vae")
+    return Components(
+        denoiser=loaded.modules[spec.denoiser.sub], vae=vae, text_encoders=of("text_encoder"),
+        tokenizers=tuple(loaded.tokenizers.values()), objective=objective, family=family,
+        model_dir=loaded.model_dir,
+    )  # fmt: skip
+
+
+def folder_scheduler(model_dir: Path, released: Mapping) -> dict:
+    """The sampling scheduler's config: a folder's ``scheduler/`` (its own keys, not diffusers'
+    ``_`` ones), else ``released`` (single files carry none)."""
+    path = model_dir / "scheduler" / "scheduler_config.json"
+    stored = read_json(path) if path.is_file() else released
+    return {k: v for k, v in stored.items() if not k.startswith("_")}
 
 
 @dataclass
@@ -221,6 +254,16 @@ def plan_component(spec: FamilySpec, part: SpecPart, value: str | None) -> Repla
     path = Path(value).expanduser().absolute()
     if declared.other is not None and path.suffix.lower() != ".safetensors":
         return declared.other(path)
+    if declared.folders and path.suffix.lower() != ".safetensors":
+        if not path.is_dir():
+            raise ModelError(
+                f"{declared.key} = {path}: set {declared.key} in {declared.section} to "
+                f"{declared.what}"
+            )
+        model_dir, sub = (
+            (path, part.sub) if (path / part.sub).is_dir() else (path.parent, path.name)
+        )
+        return partial(load_weights, Deferred(part.cls).get(), model_dir, sub)
     if path.is_dir():
         raise ModelError(
             f"{declared.key} = {path} is a folder; set {declared.key} in {declared.section} to "

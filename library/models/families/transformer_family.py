@@ -21,6 +21,7 @@ from library.networks.fused_keys import target_paths, text_encoder_modules
 from library.networks.key_maps import OriginalNames
 from library.networks.lycoris_targets import lycoris_targets
 from library.networks.targets import default_targets
+from library.training.flow_keys import SIGMA_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +59,10 @@ def dual_single_tails(transformer, count: int) -> list:
     )
 
 
-def flow_metadata(options) -> dict:
-    """The run's flow-matching draw and loss weighting (a FlowOptions), in kohya's ss_* names."""
-    return {
-        "ss_timestep_sampling": options.timestep_sampling,
-        "ss_sigmoid_scale": options.sigmoid_scale,
-        "ss_discrete_flow_shift": options.discrete_flow_shift,
-        "ss_weighting_scheme": options.weighting_scheme,
-        "ss_logit_mean": options.logit_mean,
-        "ss_logit_std": options.logit_std,
-        "ss_mode_scale": options.mode_scale,
-    }
+def flow_metadata(options, keys: tuple[str, ...] = SIGMA_KEYS) -> dict:
+    """The run's flow-matching draw and loss weighting (a FlowOptions), in kohya's ss_* names:
+    the draw keys, or the ``keys`` of the options a family's trainer writes."""
+    return {f"ss_{key}": getattr(options, key) for key in keys}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +77,9 @@ class TransformerFamily(ModelFamily):
     PIXEL_MULTIPLE: ClassVar[int] = 16
     # LyCORIS presets whose classes this transformer lacks (they would adapt nothing).
     LYCORIS_EMPTY_PRESETS: ClassVar[tuple[str, ...]] = ("unet-convblock-only",)
+    # The family's kohya trainer reads split_qkv (its default: one adapter per fused layer), so
+    # a LoRA run is told that q, k and v train apart here; False where no trainer reads it.
+    SPLIT_QKV_NOTE: ClassVar[bool] = True
 
     # With the text encoders training: T5 (the last encoder) gets an adapter too (train_t5xxl).
     train_t5: bool = False
@@ -179,7 +176,11 @@ class TransformerFamily(ModelFamily):
         super().check_training(config)
         if config.network.network_module == "lycoris.kohya":
             self._check_lycoris(config)
-        elif config.network.train_mode == "lora" and config.flow.split_qkv is None:
+        elif (
+            config.network.train_mode == "lora"
+            and self.SPLIT_QKV_NOTE
+            and config.flow.split_qkv is None
+        ):
             log.warning(
                 "%s LoRA: q, k and v get separate adapters, as kohya's split_qkv=True; kohya's "
                 "default shares one per fused layer. The saved file has kohya's fused names "

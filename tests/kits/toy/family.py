@@ -10,9 +10,10 @@ from typing import ClassVar
 import torch
 
 from library.models.conditioning import Conditioning, TextConditioning
+from library.models.experts import HIGH_NOISE, LOW_NOISE, Experts
 from library.models.families.spec_loader import load_spec, write_main_file
 from library.models.families.transformer_family import TransformerFamily
-from library.models.loader import Components
+from library.models.loader import Components, load_weights, read_json
 from library.models.patch_tokens import PATCH, image_position_ids, pack_latents, unpack_latents
 from library.models.text_encoders.t5 import t5_states
 from library.networks.table_modules import table_modules
@@ -92,12 +93,30 @@ def load_toy(model, flow, weight_dtype: torch.dtype, vae_dtype: torch.dtype) -> 
     """A Toy folder or single file, read by the shared loader as the spec declares it."""
     loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
     transformer, vae, t5 = loaded.modules.values()
+    experts = _experts(loaded.model_dir, transformer, weight_dtype)
     return Components(
-        denoiser=transformer,
+        denoiser=transformer if experts is None else experts.modules[LOW_NOISE],
         vae=vae,
         text_encoders=(t5,),
         tokenizers=tuple(loaded.tokenizers.values()),
         objective=FlowMatchingObjective(FlowOptions.from_section(flow), SCHEDULER, patch=PATCH),
         family=TOY,
         model_dir=loaded.model_dir,
+        experts=experts,
     )
+
+
+def _experts(model_dir, transformer, weight_dtype: torch.dtype) -> Experts | None:
+    """A folder with a second transformer holds two experts, as Wan 2.2's A14B folders do:
+    ``transformer`` the high-noise one, ``transformer_2`` the low-noise one, and the boundary
+    in model_index.json's ``boundary_ratio``."""
+    if not (model_dir.is_dir() and (model_dir / "transformer_2").is_dir()):
+        return None
+    from diffusers import BriaTransformer2DModel
+
+    low = load_weights(
+        BriaTransformer2DModel, model_dir, "transformer_2", weight_dtype, "diffusion_pytorch_model"
+    )
+    low.requires_grad_(False).eval()
+    ratio = read_json(model_dir / "model_index.json").get("boundary_ratio")
+    return Experts({HIGH_NOISE: transformer, LOW_NOISE: low}, ratio)

@@ -89,3 +89,20 @@ def write_tiny_toy_files(folder: Path, seed: int = 0) -> dict[str, Path]:
         save_file(tensors, str(paths[role]), metadata=meta)
     paths["t5_tokenizer"] = write_tiny_t5_tokenizer(folder / "t5_tokenizer")
     return paths
+
+
+def write_tiny_toy_experts_folder(path: Path, boundary_ratio: float | None, seed: int = 0) -> Path:
+    """A Toy folder with two experts, as diffusers' Wan 2.2 A14B folders hold them: the
+    high-noise transformer in transformer/, a low-noise one (other weights) in transformer_2/,
+    and ``boundary_ratio`` (None: left out) in model_index.json."""
+    from diffusers import BriaTransformer2DModel
+
+    write_tiny_toy_folder(path, seed)
+    low = build_seeded({"transformer_2": lambda: BriaTransformer2DModel(**tiny_transformer_config())}, seed + 1)
+    low["transformer_2"].save_pretrained(path / "transformer_2", safe_serialization=True)
+    index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
+    index["transformer_2"] = ["diffusers", "BriaTransformer2DModel"]
+    if boundary_ratio is not None:
+        index["boundary_ratio"] = boundary_ratio
+    (path / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
+    return path

@@ -27,13 +27,18 @@ from library.models.families.chroma.lora_keys import transformer_modules
 from library.models.families.chroma.sampling import chroma_pipeline_kind
 from library.models.families.chroma.shapes import PATCH_SIZE, SCHEDULER_CONFIG, T5_MAX_LENGTH
 from library.models.families.chroma.spec import SPEC
-from library.models.families.spec_loader import load_spec, write_main_file
+from library.models.families.spec_loader import (
+    components,
+    folder_scheduler,
+    load_spec,
+    write_main_file,
+)
 from library.models.families.transformer_family import (
     TransformerFamily,
     dual_single_tails,
     flow_metadata,
 )
-from library.models.loader import Components, read_json
+from library.models.loader import Components
 from library.models.patch_tokens import image_position_ids, pack_latents, unpack_latents
 from library.models.text_encoders.t5 import t5_states, tokenize_t5
 from library.training.objectives import FlowMatchingObjective, FlowOptions
@@ -194,18 +199,6 @@ def load_chroma(
     its tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype`` (the AE in
     ``vae_dtype``). ModelError for any problem with the files, found before a weight is read."""
     loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
-    transformer, vae, t5 = loaded.modules.values()
-    scheduler_file = loaded.model_dir / "scheduler" / "scheduler_config.json"
-    scheduler = read_json(scheduler_file) if scheduler_file.is_file() else dict(SCHEDULER_CONFIG)
-    scheduler = {k: v for k, v in scheduler.items() if not k.startswith("_")}
-    return Components(
-        denoiser=transformer,
-        vae=vae,
-        text_encoders=(t5,),
-        tokenizers=tuple(loaded.tokenizers.values()),
-        objective=FlowMatchingObjective(
-            FlowOptions.from_section(flow), scheduler, patch=PATCH_SIZE
-        ),
-        family=chroma_family(flow),
-        model_dir=loaded.model_dir,
-    )
+    scheduler = folder_scheduler(loaded.model_dir, SCHEDULER_CONFIG)
+    objective = FlowMatchingObjective(FlowOptions.from_section(flow), scheduler, patch=PATCH_SIZE)
+    return components(SPEC, loaded, objective, chroma_family(flow))

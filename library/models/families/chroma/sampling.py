@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from library.models.conditioning import Conditioning
 from library.models.families.chroma.conditioning import TEXT_MASK, transformer_text_mask
-from library.sampling.pipelines import PipelineKind, on_grid
+from library.sampling.pipelines import PipelineKind, on_grid, refuse_uncarried
 
 # ChromaPipeline's default guidance scale, the CFG scale of a prompt that gives none.
 SAMPLE_CFG_SCALE = 5.0
@@ -39,9 +39,7 @@ def chroma_pipeline_kind() -> PipelineKind:
 def chroma_pipeline_inputs(cond: Conditioning, prompt) -> dict:
     """ChromaPipeline call keywords from the conditioning of [prompt, negative prompt]:
     embeddings and boolean attention masks, the CFG scale and the 16-pixel size."""
-    extra = sorted(set(cond.unet_kwargs) - {TEXT_MASK})
-    if extra:
-        raise ValueError(f"no ChromaPipeline argument carries the conditioning input {extra[0]!r}")
+    refuse_uncarried(cond, (TEXT_MASK,), "ChromaPipeline")
     hidden, negative_hidden = cond.encoder_hidden_states.chunk(2)
     mask, negative_mask = transformer_text_mask(cond.unet_kwargs[TEXT_MASK]).chunk(2)
     scale = prompt.scale if prompt.scale is not None else SAMPLE_CFG_SCALE

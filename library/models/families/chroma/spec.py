@@ -21,7 +21,7 @@ from library.models.families.chroma.original_keys import GUIDANCE, TABLE
 from library.models.families.chroma.shapes import transformer_config
 from library.models.families.file_plans import plan_ae16_file, plan_t5_file
 from library.models.families.folder_loader import t5_tokenizer
-from library.models.families.name_table import count_numbered
+from library.models.families.name_table import count_numbered, dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
 from library.models.released_configs import t5_xxl_config
@@ -43,24 +43,17 @@ def transformer_config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dic
     """ChromaTransformer2DModel kwargs for diffusers-named shapes: the released config with the
     widths and counts the tensors show. The rotary axes do not show: (16, 56, 56) when they fit
     the head width, else a guess in the same proportions (with a warning)."""
-    width, in_channels = shapes["x_embedder.weight"]
-    out_channels = shapes["proj_out.weight"][0]
-    head_dim = next(v for k, v in shapes.items() if k.endswith(".attn.norm_q.weight"))[0]
+    sizes, out_channels = dual_single_sizes(shapes), shapes["proj_out.weight"][0]
     hidden, channels = shapes[f"{GUIDANCE}.in_proj.weight"]
     config = {
         **transformer_config(),
-        "in_channels": in_channels,
-        "out_channels": None if out_channels == in_channels else out_channels,
-        "num_layers": count_numbered(shapes, "transformer_blocks"),
-        "num_single_layers": count_numbered(shapes, "single_transformer_blocks"),
-        "attention_head_dim": head_dim,
-        "num_attention_heads": width // head_dim,
-        "joint_attention_dim": shapes["context_embedder.weight"][1],
+        **sizes,
+        "out_channels": None if out_channels == sizes["in_channels"] else out_channels,
         "approximator_num_channels": channels,
         "approximator_hidden_dim": hidden,
         "approximator_layers": count_numbered(shapes, f"{GUIDANCE}.layers"),
     }
-    shape_configs.fitted_rotary_axes(config, head_dim, "transformer")
+    shape_configs.fitted_rotary_axes(config, sizes["attention_head_dim"], "transformer")
     return config
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning
-from library.sampling.pipelines import PipelineKind, on_grid
+from library.sampling.pipelines import PipelineKind, on_grid, refuse_uncarried
 
 # kohya's distilled guidance of a prompt without --g (not the run's training guidance_scale,
 # which kohya recommends setting to 1.0).
@@ -79,10 +79,7 @@ def flux_pipeline_kind(guidance: bool = True):
 def flux_pipeline_inputs(cond: Conditioning, prompt) -> dict:
     """FluxPipeline call keywords from the conditioning of [prompt, negative prompt] and the
     prompt's settings: embeddings, distilled guidance, true CFG and the 16-pixel size."""
-    extra = sorted(set(cond.unet_kwargs) - {"pooled_projections", "text_mask"})
-    if extra:
-        # A conditioning input FluxPipeline has no argument for would be silently dropped.
-        raise ValueError(f"no FluxPipeline argument carries the conditioning input {extra[0]!r}")
+    refuse_uncarried(cond, ("pooled_projections", "text_mask"), "FluxPipeline")
     hidden, negative_hidden = cond.encoder_hidden_states.chunk(2)
     pooled, negative_pooled = cond.unet_kwargs["pooled_projections"].chunk(2)
     guidance = prompt.guidance_scale

@@ -7,22 +7,17 @@ from __future__ import annotations
 from library.models.families.family_entry import (
     Deferred,
     FamilyEntry,
-    KohyaVocabulary,
     LoraFiles,
     ToolFacts,
 )
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
+from library.training.flow_keys import SIGMA_KEYS
 
 _LINE = "FLUX.2"
 _PACKAGE = "library.models.families.flux2"
 # The [flow] keys FLUX.2 reads: the flow-matching draw (objective.py), dev's guidance input and
 # the text-encoder file beside a transformer file.
-FLOW_KEYS = frozenset(
-    {
-        "timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
-        "logit_mean", "logit_std", "mode_scale", "guidance_scale", "text_encoder",
-    }
-)  # fmt: skip
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"guidance_scale", "text_encoder"}
 
 FLUX2 = FamilyEntry(
     name="flux2",
@@ -38,7 +33,6 @@ FLUX2 = FamilyEntry(
     flow_matching=True,
     config_keys=(TextEncoderFileKeys,),
     flow_keys=FLOW_KEYS,
-    kohya=KohyaVocabulary(),
     lora_files=LoraFiles(
         # the shared modulation exists in FLUX.2 alone (FLUX.1's blocks modulate themselves);
         # a file of the blocks alone has FLUX.1's names, so no architecture refuses it by them

@@ -3,14 +3,14 @@
 The facts (docs/flux2.md; diffusers 0.42.1's Flux2KleinPipeline, Flux2Pipeline and
 Flux2Transformer2DModel):
 
-- latents: codec.py's 128 normalised channels at 1/16 of the image; each latent pixel is one
+- latents: models/patched_latent_codec.py's 128 normalised channels at 1/16 of the image; each latent pixel is one
   token (channels last), with position ids (T, H, W, L) = (0, row, column, 0);
 - text: the text encoder's hidden states of three layers joined per token for the caption as a
   chat turn, padded to 512 tokens (klein: Qwen3, layers 9, 18, 27, thinking off; dev: Mistral 3,
   layers 10, 20, 30, after FLUX.2's system message); all 512 tokens are attended, at position
   ids (0, 0, 0, k);
 - timestep: sigma (objective.py); dev also takes the distilled guidance value, klein none;
-- LoRA files: kohya's names of the original model (lora_keys.py); the text encoder never
+- LoRA files: kohya's names of the original model (names.py); the text encoder never
   trains, as in musubi-tuner and ai-toolkit.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -27,27 +26,41 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.base import REFERENCE_LATENTS_KEY, ModelFamily
-from library.models.families.claims import folder_pipeline
-from library.models.families.flux2.codec import Flux2LatentCodec
-from library.models.families.flux2.lora_keys import file_modules
+from library.models.families import denoiser_adapters as adapters
+from library.models.families.base import reference_latents
+from library.models.families.flux2.names import TABLE
 from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
 from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
 from library.models.families.flux2.spec import (
     DISTILLED_KEY,
     MAX_TOKENS,
-    PIPELINES,
     REFERENCE_T_STEP,
     RELEASED,
+    SCHEDULER_CONFIG,
     SPECS,
     TEXT_LAYERS,
 )
-from library.models.families.spec_loader import claims, load_spec, write_main_file
-from library.models.families.transformer_family import TransformerFamily, swappable_tails
+from library.models.families.spec_loader import (
+    claimer,
+    components,
+    folder_scheduler,
+    load_spec,
+    spec_for,
+    write_main_file,
+)
+from library.models.families.transformer_family import (
+    TransformerFamily,
+    flow_metadata,
+    swappable_tails,
+)
 from library.models.loader import Components
+from library.models.patched_latent_codec import BatchNormPatchedCodec
 from library.models.text_encoders import hidden_states, mistral3, qwen3
+from library.networks.table_modules import table_modules, top_modules
 
 log = logging.getLogger(__name__)
+METADATA_KEYS = ("timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
+                 "model_prediction_type")  # fmt: skip
 DISTILLED_NOTE = (
     "a step-distilled checkpoint: LoRAs trained on it are reported to collapse; train on "
     "FLUX.2 [klein] base (FLUX.2-klein-base-4B / -9B) and sample the LoRA on either"
@@ -60,6 +73,13 @@ def position_ids(t: int, h: int, w: int, length: int, batch: int, device) -> tor
     return torch.cartesian_prod(*axes).to(device).expand(batch, -1, -1)
 
 
+def file_modules(transformer, *, blocks_only: bool = False) -> list:
+    """kohya's modules of the transformer's Linears (names.py; ``blocks_only``: the double and
+    single blocks', the default adapters), in the original model's order: top-level ones first."""
+    blocks = table_modules(transformer, "lora_unet", TABLE)
+    return blocks if blocks_only else top_modules(transformer, "lora_unet", TABLE) + blocks
+
+
 @dataclass(frozen=True, kw_only=True)
 class Flux2Family(TransformerFamily):
     """A FLUX.2 model: ``model`` "klein" or "dev", ``size`` ("4b", "9b", "32b"), ``distilled``."""
@@ -70,6 +90,9 @@ class Flux2Family(TransformerFamily):
         "no text-encoder adapters, as musubi-tuner and ai-toolkit"
     )
 
+    # no trainer reads kohya's split_qkv for FLUX.2: q, k and v train apart here (docs/flux2.md
+    # says how that differs from musubi-tuner's one adapter on the fused qkv)
+    SPLIT_QKV_NOTE: ClassVar[bool] = False
     # FLUX.2 edits from any number of reference images (the pipelines' ``image`` list), none
     # for text to image
     REFERENCE_IMAGES: ClassVar[tuple[int, int | None]] = (0, None)
@@ -107,10 +130,9 @@ class Flux2Family(TransformerFamily):
         )
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
-        hidden = text.hidden.to(device)
-        references = (batch or {}).get(REFERENCE_LATENTS_KEY)
-        kwargs = {REFERENCES: [r.to(device, dtype) for r in references]} if references else {}
-        return Conditioning(hidden if dtype is None else hidden.to(dtype), kwargs)
+        references = reference_latents(batch, device, dtype)
+        hidden = text.hidden.to(device) if dtype is None else text.hidden.to(device, dtype)
+        return Conditioning(hidden, {REFERENCES: references} if references else {})
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         """The velocity [B, 128, h, w] of noisy latents at sigma ``timesteps``."""
@@ -140,16 +162,15 @@ class Flux2Family(TransformerFamily):
         return out[:, : h * w].transpose(1, 2).reshape(b, c, h, w)
 
     def latent_codec(self, vae):
-        return Flux2LatentCodec(vae)
+        return BatchNormPatchedCodec(vae)
 
     # -- adapters ----------------------------------------------------------------------------
 
     def trains_text_encoder(self, index):
-        return False  # DENOISER_ONLY_ADAPTERS
+        return False  # DENOISER_ONLY_ADAPTERS (TransformerFamily's would train T5)
 
     def adapter_targets(self, module, role, conv):
-        if role != "unet":
-            raise ConfigError("FLUX.2 LoRAs adapt the transformer only")
+        adapters.transformer_only(role, self.LABEL)
         return super().adapter_targets(module, role, conv)
 
     def transformer_modules(self, transformer):
@@ -178,20 +199,8 @@ class Flux2Family(TransformerFamily):
         )
 
     def metadata_keys(self, config):
-        o = flux2_flow_options(config.flow)
-        keys = {f"ss_{k}": getattr(o, k) for k in ("timestep_sampling", "sigmoid_scale",
-                "discrete_flow_shift", "weighting_scheme", "model_prediction_type")}  # fmt: skip
+        keys = flow_metadata(flux2_flow_options(config.flow), METADATA_KEYS)
         return {**keys, "ss_guidance_scale": self.guidance_scale} if self.model == "dev" else keys
-
-    def check_training(self, config):
-        """FLUX.1's and SD3's checks without their note on kohya's split_qkv, an argument FLUX.2
-        does not read (q, k and v train apart here; docs/flux2.md says how that differs from
-        musubi-tuner's one adapter on the fused qkv)."""
-        ModelFamily.check_training(self, config)
-        if config.network.network_module == "lycoris.kohya":
-            self._check_lycoris(config)
-        elif config.network.conv_dim is not None:
-            raise ConfigError("conv_dim: FLUX.2's transformer has no convolutions; remove it")
 
     def check_options(self, model, flow):
         super().check_options(model, flow)
@@ -222,7 +231,6 @@ def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Fami
         base_model_version=f"flux2_{model}",  # as other tools write it
         modelspec_architecture=f"Flux.2-{model}",  # musubi-tuner's ARCH_FLUX_2 for dev,
         default_resolution=1024,
-        text_encoder_lora_prefixes=("lora_te",),
         lora_implementation="https://github.com/black-forest-labs/flux2",
         checkpoint_implementation="https://github.com/black-forest-labs/flux2",
         denoiser_subfolder="transformer",
@@ -235,13 +243,9 @@ def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Fami
     )
 
 
-def claims_flux2(model: ModelSection, flow: FlowSection) -> bool:
-    """True for a Flux2KleinPipeline or Flux2Pipeline folder, or a FLUX.2 transformer file
-    (damaged ones by their header text); ModelError for a folder of another FLUX.2 pipeline."""
-    path = Path(model.pretrained_model_name_or_path).expanduser()
-    return (path.is_dir() and folder_pipeline(path) == PIPELINES["dev"]) or claims(
-        SPECS["klein"], model
-    )
+# A Flux2KleinPipeline or Flux2Pipeline folder, or a FLUX.2 transformer file (damaged ones by
+# their header text); ModelError for a folder of another FLUX.2 pipeline.
+claims_flux2 = claimer(*SPECS.values())
 
 
 def model_of(config: dict) -> tuple[str, str]:
@@ -257,21 +261,11 @@ def model_of(config: dict) -> tuple[str, str]:
 def load_flux2(
     model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
 ) -> Components:
-    """Components of a FLUX.2 folder or transformer file, as spec.py declares them (read by the
-    shared loader, families/spec_loader.py): the transformer, the VAE, the text encoder and its
-    tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype`` (the VAE in ``vae_dtype``).
-    ModelError for any problem with the files, found before any weight is read."""
-    path = Path(model.pretrained_model_name_or_path).expanduser()
-    kind = "dev" if path.is_dir() and folder_pipeline(path) == PIPELINES["dev"] else "klein"
-    loaded = load_spec(SPECS[kind], model, flow, weight_dtype, vae_dtype)
-    parts, (scheduler, distilled) = loaded.modules, loaded.facts
-    name, size = model_of(dict(parts["transformer"].config))
-    return Components(
-        denoiser=parts["transformer"],
-        vae=parts["vae"],
-        text_encoders=(parts["text_encoder"],),
-        tokenizers=tuple(loaded.tokenizers.values()),
-        objective=Flux2FlowObjective(flux2_flow_options(flow), scheduler),
-        family=flux2_family(name, size, distilled, flow),
-        model_dir=loaded.model_dir,
-    )
+    """FLUX.2's Components (frozen, on the CPU) from a klein or dev folder or a transformer file,
+    by its pipeline's spec (spec.py); ModelError for any problem with the files."""
+    spec = spec_for(tuple(SPECS.values()), model)
+    loaded = load_spec(spec, model, flow, weight_dtype, vae_dtype)
+    name, size = model_of(dict(loaded.modules["transformer"].config))
+    scheduler = folder_scheduler(loaded.model_dir, SCHEDULER_CONFIG)
+    objective = Flux2FlowObjective(flux2_flow_options(flow), scheduler)
+    return components(spec, loaded, objective, flux2_family(name, size, loaded.facts, flow))

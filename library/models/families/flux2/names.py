@@ -7,6 +7,17 @@ fused ``qkv`` Linear in each double block's attention (rows q, k, v). At the top
 modulation Linears (which tell FLUX.2 from FLUX.1) and the embedders; the final adaLN's rows are
 (shift, scale) there and (scale, shift) in diffusers. Checked against diffusers'
 ``convert_flux2_transformer_checkpoint_to_diffusers`` (tests/conformance).
+
+LoRA files (family.py's file_modules) take kohya's names of the original model:
+``lora_unet_`` + the original path with dots as underscores
+(``lora_unet_double_blocks_0_img_attn_qkv``), as musubi-tuner writes them, a fused qkv holding
+the separate q, k and v adapters stacked (library/networks/fused_keys.py). The default adapters
+(musubi-tuner's: every Linear of the double and single blocks) are exactly what diffusers'
+Flux2LoraLoaderMixin converts from this layout (its kohya converter drops the shared
+modulation Linears and the final adaLN, which no default adapter touches) and what ComfyUI
+reads by the original names. Reading takes every Linear of the original model, modulation and
+embedders included (the final adaLN's halves swapped back), as other tools' files may hold
+them.
 """
 
 from __future__ import annotations

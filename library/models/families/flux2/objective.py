@@ -16,7 +16,7 @@ image's token count (one token per 16 x 16 pixels here, h * w of the patched lat
 from __future__ import annotations
 
 from library.training import flow_matching as fm
-from library.training.objectives import FlowMatchingObjective, FlowOptions, flow_options_over
+from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 
 DEFAULTS = {"timestep_sampling": "flux_shift", "weighting_scheme": "none",
             "model_prediction_type": "raw"}  # fmt: skip
@@ -27,18 +27,15 @@ def flux2_flow_options(flow: object) -> FlowOptions:
     return flow_options_over(flow, DEFAULTS)
 
 
-class Flux2FlowObjective(FlowMatchingObjective):
-    """Rectified flow with FLUX.2's token count: one token per latent pixel."""
+class Flux2FlowObjective(VelocityObjective):
+    """The shared velocity objective with FLUX.2's token count (one token per latent pixel: its
+    codec patchifies) and its pipelines' timestep input."""
 
     LABEL = "FLUX.2"
 
     def __init__(self, options: FlowOptions, sampling_scheduler=None) -> None:
-        # its codec patchifies: one token per latent pixel
         super().__init__(options, sampling_scheduler, patch=1)
 
     def model_time(self, t):
         # as the pipeline computes it from the scheduler's timestep (sigma * 1000) / 1000
         return fm.sigma_to_timestep(t) / fm.NUM_TRAIN_TIMESTEPS
-
-    def level_weights(self, options, t):
-        return fm.output_loss_weights(self.options.weighting_scheme, t)

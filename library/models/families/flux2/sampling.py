@@ -12,19 +12,13 @@ fits each to its area limit (1024 x 1024) on the 16-pixel grid and encodes it it
 
 from __future__ import annotations
 
+from library.data.images import load_display_image
 from library.models.families.flux2.spec import PIPELINES
-from library.sampling.pipelines import PipelineKind, on_grid
+from library.sampling.pipelines import PipelineKind, on_grid, refuse_uncarried
 
 SIZE_GRID = 16
 # The conditioning input carrying the reference latents (one [B, C, h, w] tensor per reference).
 REFERENCES = "reference_latents"
-
-
-def _image(path):
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return image.convert("RGB")
 
 
 def flux2_pipeline_kind(model: str, distilled: bool) -> PipelineKind:
@@ -32,10 +26,7 @@ def flux2_pipeline_kind(model: str, distilled: bool) -> PipelineKind:
     guided = model == "klein" and not distilled
 
     def inputs(cond, prompt) -> dict:
-        extra = sorted(set(cond.unet_kwargs) - {REFERENCES})
-        if extra:
-            # a conditioning input the pipeline has no argument for would be silently dropped
-            raise ValueError(f"no {PIPELINES[model]} argument carries {extra}")
+        refuse_uncarried(cond, (REFERENCES,), PIPELINES[model])
         hidden = cond.encoder_hidden_states
         call = {
             "prompt_embeds": hidden[:1],
@@ -46,7 +37,7 @@ def flux2_pipeline_kind(model: str, distilled: bool) -> PipelineKind:
         if guided and prompt.scale > 1:
             call["negative_prompt_embeds"] = hidden[1:2]
         if prompt.references:  # the pipeline takes images, which it sizes and encodes itself
-            call["image"] = [_image(path) for path in prompt.references]
+            call["image"] = [load_display_image(path) for path in prompt.references]
         return call
 
     options = {"is_distilled": distilled} if model == "klein" else {}

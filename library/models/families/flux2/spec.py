@@ -14,34 +14,31 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
-from functools import partial
-from pathlib import Path
 
 import torch
 
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
+from library.models.families.family_entry import Deferred
 from library.models.families.file_plans import (
-    ae_config_from_shapes,
-    ae_keys,
-    plan_part,
+    as_qwen3_causal_lm,
+    plan_autoencoder,
     plan_qwen3_file,
-    refuse_scaled_fp8,
 )
 from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
-from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
-from library.models.families.local_tokenizer import folder_or_path_tokenizer, load_local_tokenizer
-from library.models.families.name_table import count_numbered
+from library.models.families.folder_loader import CheckedFolder
+from library.models.families.local_tokenizer import tokenizer_part
+from library.models.families.name_table import dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
-from library.models.loader import load_weights, read_json
+from library.models.loader import read_json
 from library.models.original_names import ldm_vae_from_original
 from library.models.plans import Plan
+from library.models.released_configs import qwen3_4b_config
 
 PIPELINES = {"klein": "Flux2KleinPipeline", "dev": "Flux2Pipeline"}
-VAE_CLASS = "AutoencoderKLFlux2"
+VAE_CLASS = "diffusers:AutoencoderKLFlux2"
 TEXT_ENCODER_CLASS = {
     "klein": "transformers:Qwen3ForCausalLM",
     "dev": "transformers:Mistral3ForConditionalGeneration",
@@ -65,14 +62,8 @@ RELEASED = {
     "dev": dict(num_layers=8, num_single_layers=48, num_attention_heads=48,
                 joint_attention_dim=15360, guidance_embeds=True),
 }  # fmt: skip
-COMMON = dict(patch_size=1, in_channels=128, out_channels=None, attention_head_dim=128,
-              timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
-              rope_theta=2000, eps=1e-6)  # fmt: skip
-# The released text encoder of klein 4B (Qwen3-4B): a Qwen3 file's sizes are read over it.
-QWEN3_4B = dict(num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                vocab_size=151936, rope_theta=1000000, max_position_embeddings=40960,
-                rms_norm_eps=1e-6, hidden_act="silu", hidden_size=2560, intermediate_size=9728,
-                tie_word_embeddings=True)  # fmt: skip
+# What the shapes do not show (the transformer takes patched latents: patch_size 1).
+COMMON = dict(patch_size=1, out_channels=None, rope_theta=2000, eps=1e-6)
 # The released schedulers: sigmas shifted by exp(mu), mu from the image's token count and the
 # step count (the pipelines' compute_empirical_mu).
 SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
@@ -87,52 +78,19 @@ _TIME = "time_guidance_embed.timestep_embedder"
 def transformer_config(shapes: Mapping[str, tuple[int, ...]]) -> dict:
     """Flux2Transformer2DModel kwargs for diffusers-named shapes (the rotary axes: a quarter of
     the head width each)."""
-    head = shapes["single_transformer_blocks.0.attn.norm_q.weight"][0]
-    inner, channels = shapes["x_embedder.weight"]
-    return {**COMMON, "num_layers": count_numbered(shapes, "transformer_blocks"),
-            "num_single_layers": count_numbered(shapes, "single_transformer_blocks"),
-            "attention_head_dim": head, "num_attention_heads": inner // head,
-            "axes_dims_rope": (head // 4,) * 4, "in_channels": channels,
-            "joint_attention_dim": shapes["context_embedder.weight"][1],
+    sizes, inner = dual_single_sizes(shapes), shapes["x_embedder.weight"][0]
+    return {**COMMON, **sizes, "axes_dims_rope": (sizes["attention_head_dim"] // 4,) * 4,
             "timestep_guidance_channels": shapes[f"{_TIME}.linear_1.weight"][1],
             "mlp_ratio": shapes["single_transformer_blocks.0.attn.to_out.weight"][1] / inner - 1,
             "guidance_embeds": any(k.startswith("time_guidance_embed.guidance") for k in shapes)}  # fmt: skip
 
 
 def plan_qwen3(file: CheckpointFile) -> Plan:
-    """Qwen3 (Comfy-Org's qwen_3_4b.safetensors) by the shared reader, as the Qwen3ForCausalLM
-    of a folder: its decoder under ``model.``, the LM head tied to the embeddings (it is never
-    used: only hidden states are read, so a file's own head is left out)."""
-    plan = plan_qwen3_file(file, "text_encoder", QWEN3_WHAT, "qwen_3_4b.safetensors (klein 4B) "
-                           "or qwen_3_8b_fp8mixed.safetensors (9B)", QWEN3_4B)  # fmt: skip
-    plain, named = plan.convert, plan.file_name
-
-    def convert(state):
-        out = {"model." + k: v for k, v in plain(state).items()}
-        if "model.embed_tokens.weight" in out:
-            out["lm_head.weight"] = out["model.embed_tokens.weight"]
-        return out
-
-    def build(config: dict) -> torch.nn.Module:
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        return Qwen3ForCausalLM(Qwen3Config(**config))
-
-    return dataclasses.replace(
-        plan, convert=convert, build=build, tied=True,
-        config={**plan.config, "tie_word_embeddings": True},
-        file_name=lambda key: named(key.removeprefix("model.")),
-    )  # fmt: skip
-
-
-def load_vae_folder(path: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """[model] vae: AutoencoderKLFlux2 in a folder (config.json and its weights, or vae/)."""
-    from diffusers import AutoencoderKLFlux2
-
-    if not path.is_dir():
-        raise ModelError(f"vae = {path}: {VAE_FIX}")
-    model_dir, sub = (path, "vae") if (path / "vae").is_dir() else (path.parent, path.name)
-    return load_weights(AutoencoderKLFlux2, model_dir, sub, dtype)
+    """Qwen3 (Comfy-Org's qwen_3_4b.safetensors) by the shared reader, as the folder's
+    Qwen3ForCausalLM; its sizes read over Qwen3-4B's (klein 4B's text encoder)."""
+    return as_qwen3_causal_lm(plan_qwen3_file(
+        file, "text_encoder", QWEN3_WHAT, "qwen_3_4b.safetensors (klein 4B) or "
+        "qwen_3_8b_fp8mixed.safetensors (9B)", qwen3_4b_config()))  # fmt: skip
 
 
 # Black Forest Labs' / Comfy-Org's flux2-vae.safetensors: the LDM autoencoder names of FLUX.1's
@@ -153,33 +111,26 @@ def vae_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def _vae_file(file: CheckpointFile) -> Plan:
-    """The VAE file in the original names (or diffusers'); its config from the header, else
-    from the shapes (GroupNorm's groups: 32 where they divide every width)."""
-    refuse_scaled_fp8(file, "vae")
-    try:
-        keys, convert = ae_keys(file.keys(), ("vae.", "first_stage_model."), vae_from_original)
-        if not any(k.endswith("bn.running_mean") for k in keys):
-            raise ValueError("it has no bn.running_mean (the latents' statistics)")
-    except ValueError as exc:
-        raise ModelError(f"vae = {file.path} is no FLUX.2 VAE: {exc}; {VAE_FIX}") from None
+    """The VAE file in the original names (or diffusers') by the shared autoencoder reader; its
+    config from the header, else from the shapes (GroupNorm's groups: 32 where they divide
+    every width)."""
 
-    def build(config: dict) -> torch.nn.Module:
-        from diffusers import AutoencoderKLFlux2
+    def wrong(problem: str) -> ModelError:
+        return ModelError(f"vae = {file.path} is no FLUX.2 VAE: {problem}; {VAE_FIX}")
 
-        return AutoencoderKLFlux2.from_config(config)
-
-    return plan_part(
-        "vae", "vae", file, keys, convert, build,
-        lambda shapes: ae_config_from_shapes(shapes, {"norm_num_groups": 32}),
-        lambda exc: ModelError(f"vae = {file.path}: not a whole FLUX.2 VAE ({exc}); {VAE_FIX}"),
-        label="FLUX.2 VAE",
+    if not any(k.endswith("bn.running_mean") for k in file):
+        raise wrong("it has no bn.running_mean (the latents' statistics)")
+    build = Deferred(VAE_CLASS).get  # the class, imported on first use
+    return plan_autoencoder(
+        file, "vae", ("vae.", "first_stage_model."), vae_from_original, {"norm_num_groups": 32},
+        "FLUX.2 VAE", None, wrong, build=lambda config: build().from_config(config),
     )  # fmt: skip
 
 
-def inspect(checked) -> tuple[dict, bool]:
-    """(the sampling scheduler's config, whether the model is distilled: model_index.json's
-    ``is_distilled``, a file's header or name); ModelError when the text encoder's three states
-    do not make the transformer's text width."""
+def inspect(checked) -> bool:
+    """Whether the model is distilled (model_index.json's ``is_distilled``, a file's header or
+    name); ModelError when the text encoder's three states do not make the transformer's text
+    width."""
     text = checked.part_config("text_encoder")
     width = 3 * text.get("text_config", text)["hidden_size"]
     takes = checked.config["joint_attention_dim"]
@@ -188,31 +139,13 @@ def inspect(checked) -> tuple[dict, bool]:
             f"{checked.part_source('text_encoder')} gives {width}-wide states and the transformer "
             f"takes {takes}: set text_encoder to this model's (klein 4B: qwen_3_4b, 9B: qwen_3_8b)"
         )
-    if not isinstance(checked, CheckedFolder):
-        file = checked.plans["transformer"].file
-        stored, name = file.metadata.get(DISTILLED_KEY), file.path.name.lower()
-        if stored in ("true", "false"):
-            return dict(SCHEDULER_CONFIG), stored == "true"
-        # as Black Forest Labs names them: a klein file without "base" is the distilled model
-        return dict(SCHEDULER_CONFIG), "klein" in name and "base" not in name
-    scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
-    distilled = bool(read_json(checked.model_dir / "model_index.json").get("is_distilled"))
-    return {k: v for k, v in scheduler.items() if not k.startswith("_")}, distilled
-
-
-def _folder_tokenizer(folder):
-    """The folder's tokenizer/ (dev's: a Pixtral processor's, with the same chat template), or
-    tokenizer_path's."""
-    return folder_or_path_tokenizer(
-        folder.model_dir, folder.model.tokenizer_path, "FLUX.2", _TOKENIZER_HINT
-    )
-
-
-def _files_tokenizer(checked):
-    return load_local_tokenizer(
-        checked.model.tokenizer_path, checked.part_config("text_encoder")["vocab_size"],
-        checked.model_dir, "Qwen3", _TOKENIZER_HINT,
-    )  # fmt: skip
+    if isinstance(checked, CheckedFolder):
+        return bool(read_json(checked.model_dir / "model_index.json").get("is_distilled"))
+    file = checked.plans["transformer"].file
+    stored, name = file.metadata.get(DISTILLED_KEY), file.path.name.lower()
+    if stored in ("true", "false"):
+        return stored == "true"
+    return "klein" in name and "base" not in name  # Black Forest Labs' names: klein's "base"
 
 
 def _spec(kind: str) -> FamilySpec:
@@ -236,14 +169,13 @@ def _spec(kind: str) -> FamilySpec:
                 ),
             ),
             SpecPart(
-                "vae", "vae", f"diffusers:{VAE_CLASS}",
+                "vae", "vae", VAE_CLASS,
                 file=ComponentFile("vae", "[model]", "the FLUX.2 VAE (flux2-vae.safetensors or a diffusers "
-                                   "AutoencoderKLFlux2 folder)", _vae_file,
-                                   other=lambda path: partial(load_vae_folder, path)),
+                                   "AutoencoderKLFlux2 folder)", _vae_file, folders=True),
             ),
             SpecPart("text_encoder", "text_encoder", TEXT_ENCODER_CLASS[kind], file=text),
         ),
-        tokenizers=(FolderTokenizer("tokenizer", _folder_tokenizer, read_files=_files_tokenizer),),
+        tokenizers=(tokenizer_part("FLUX.2", _TOKENIZER_HINT),),
         inspect=inspect,
         other={"scheduler": "scheduler_config.json"},
     )  # fmt: skip

@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from library.models.families.base import REFERENCE_LATENTS_KEY
+from library.models.families.base import reference_latents
 from library.models.families.flux.family import (
     FLUX_DEV,
     FluxFamily,
@@ -49,11 +49,9 @@ class FluxKontextFamily(FluxFamily):
     def assemble_conditioning(self, text, batch, device, dtype=None):
         """FLUX.1's conditioning, with the batch's reference latents."""
         cond = super().assemble_conditioning(text, batch, device, dtype)
-        references = (batch or {}).get(REFERENCE_LATENTS_KEY)
+        references = reference_latents(batch, device, dtype)
         if references:
-            cond.unet_kwargs[REFERENCES] = [
-                r.to(device) if dtype is None else r.to(device, dtype) for r in references
-            ]
+            cond.unet_kwargs[REFERENCES] = references
         return cond
 
     def context_tokens(self, cond, dtype):

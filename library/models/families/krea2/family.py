@@ -19,15 +19,20 @@ from typing import ClassVar
 
 import torch
 
-from library.errors import ConfigError
+from library.models import caption_lengths
 from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families import denoiser_adapters as adapters
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
 from library.models.families.krea2 import spec
 from library.models.families.krea2.keys import TABLE
-from library.models.families.krea2.turbo import turbo_weights
+from library.models.families.sampling_weights import (
+    check_swap_options,
+    swapped_base_weights,
+    weights_files,
+)
 from library.models.families.spec_loader import write_main_file
-from library.models.families.transformer_family import swappable_tails
+from library.models.families.transformer_family import flow_metadata, swappable_tails
 from library.models.patch_tokens import grid_positions, pack, unpack
 from library.models.text_encoders.qwen3_vl import unused_layers
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
@@ -35,9 +40,11 @@ from library.networks.fused_keys import linears_inside
 from library.networks.key_maps import AliasedPathNames
 from library.networks.kohya_names import unwrap
 from library.networks.path_names import PREFIX, path_names
-from library.sampling.pipelines import PipelineKind, on_grid
+from library.sampling.pipelines import PipelineKind, on_grid, refuse_uncarried
 
-LENGTHS = "caption_lengths"  # the conditioning entry of each caption's own length
+LENGTHS = caption_lengths.LENGTHS
+TURBO_KEY = "turbo_dit"  # [flow]: samples drawn on Turbo's weights (musubi-tuner's --turbo_dit)
+TURBO = "the Turbo transformer (turbo.safetensors, or a Krea-2-Turbo diffusers folder)"
 
 
 def krea2_pipeline_kind(taps: tuple[int, ...], distilled: bool) -> PipelineKind:
@@ -54,9 +61,7 @@ def krea2_pipeline_kind(taps: tuple[int, ...], distilled: bool) -> PipelineKind:
 def krea2_pipeline_inputs(cond, prompt) -> dict:
     """Call keywords from the conditioning of [prompt, negative prompt]: both at one width
     (the pipeline gives them the same positions), each with the mask of its own length."""
-    extra = sorted(set(cond.unet_kwargs) - {LENGTHS})
-    if extra:
-        raise ValueError(f"no Krea2Pipeline argument carries the conditioning input {extra[0]!r}")
+    refuse_uncarried(cond, (LENGTHS,), "Krea2Pipeline")
     hidden = cond.encoder_hidden_states
     masks = torch.arange(hidden.shape[1])[None, :] < cond.unet_kwargs[LENGTHS].reshape(-1, 1)
     masks = masks.to(hidden.device)
@@ -78,15 +83,14 @@ PROJECTOR = "text_fusion.projector"  # 12 weights: an adapter of any rank would 
 NAMES = path_names(
     "Krea 2", "transformer_blocks.0.attn.to_q", TABLE, ("base_model.model.",), writes_original=True
 )
-# LyCORIS preset -> which Linears it adapts (musubi-tuner's LoRA adapts every one)
-_LYCORIS_PRESETS = {
-    "full": lambda path: True,
-    "full-lin": lambda path: True,
-    "unet-only": lambda path: True,
-    "attn-mlp": lambda path: ".attn." in path or ".ff." in path,
-    "unet-transformer-only": lambda path: ".attn." in path or ".ff." in path,
-    "attn-only": lambda path: ".attn." in path,
-}
+
+
+def linear_targets(module, every: bool) -> dict:
+    """The transformer's Linears but the text projector: all, or (``every`` false) those of
+    the attention and feed-forward modules."""
+    paths = linears_inside(unwrap(module))
+    chosen = (p for p in paths if every or ".attn." in p or ".ff." in p)
+    return {p: "linear" for p in chosen if p != PROJECTOR}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,11 +124,7 @@ class Krea2Family(ModelFamily):
         return TextConditioning(states, None, None, lengths=lengths)
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
-        hidden = text.hidden.to(device, dtype or text.hidden.dtype)
-        lengths = text.lengths  # None: every row whole (a cache batch of equal lengths)
-        if lengths is None:
-            lengths = torch.full((hidden.shape[0],), hidden.shape[1], dtype=torch.long)
-        return Conditioning(hidden, {LENGTHS: lengths.cpu()})
+        return caption_lengths.conditioning(text, device, dtype)
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         """The velocity [B, C, 1, h, w] of one-frame latents at sigma ``timesteps``."""
@@ -148,52 +148,40 @@ class Krea2Family(ModelFamily):
     def unused_text_layers(self, index, num_layers, clip_skip=None):
         return unused_layers(self.taps, num_layers)
 
-    def trains_text_encoder(self, index: int) -> bool:
-        return False  # DENOISER_ONLY_ADAPTERS
-
     def adapter_targets(self, module, role, conv):
         """Every Linear of the transformer but the text projector (musubi-tuner's set)."""
-        if role != "unet":
-            raise ConfigError("Krea 2 LoRAs adapt the transformer only")
-        return self.lycoris_targets(module, role, "full")
+        adapters.transformer_only(role, self.LABEL)
+        return linear_targets(module, every=True)
 
     def lycoris_targets(self, module, role, preset):
-        if role != "unet" or preset not in _LYCORIS_PRESETS:
-            raise ConfigError(
-                f"preset = {preset}: adapts no layer of Krea 2's transformer; use full, "
-                "full-lin or attn-mlp"
-            )
-        chosen = _LYCORIS_PRESETS[preset]
-        paths = linears_inside(unwrap(module))
-        return {p: "linear" for p in paths if chosen(p) and p != PROJECTOR}
+        """Every Linear but the projector, or the attention and feed-forward ones (attention
+        alone for attn-only)."""
+        return adapters.preset_targets(
+            self.LABEL, role, preset, lambda every: linear_targets(module, every), ".attn."
+        )
 
     def adapter_key_map(self):
         """Written in the original names, alpha folded (keys.py); read under every name."""
         return AliasedPathNames(prefix=PREFIX, names=NAMES, folds_alpha=True)
-
-    def bucket_grid(self, denoiser) -> int:
-        return self.PIXEL_MULTIPLE
 
     def swap_blocks(self, denoiser, count):
         return swappable_tails(("single", denoiser.transformer_blocks, count), count=count)
 
     def metadata_keys(self, config):
         """The run's flow-matching draw, in kohya's ss_* names."""
-        o = spec.flow_options(config.flow)
         keys = ("timestep_sampling", "discrete_flow_shift", "weighting_scheme", "sigmoid_scale")
-        return {f"ss_{k}": getattr(o, k) for k in keys}
+        return flow_metadata(spec.flow_options(config.flow), keys)
 
     def check_options(self, model, flow):
         check_flow_model_options(model, flow, "krea2", self.LABEL, False)
 
     def check_training(self, config):
         super().check_training(config)
-        net = config.network
-        lycoris = net.network_module == "lycoris.kohya"
-        if net.train_mode == "lora" and net.conv_dim is not None and not lycoris:
-            raise ConfigError("conv_dim: Krea 2's transformer has no convolutions; remove it")
+        adapters.check_lora(config, self.LABEL)
         if getattr(config.flow, "turbo_dit", None):
-            check_turbo_options(config)
+            check_swap_options(
+                config, TURBO_KEY, "Turbo's weights", "samples are then drawn on RAW"
+            )
 
     def write_full_model(self, path, denoiser, components, metadata, dtype):
         """The transformer alone in the original names (as raw.safetensors, which ComfyUI and
@@ -207,29 +195,11 @@ class Krea2Family(ModelFamily):
         return krea2_pipeline_kind(self.taps, self.distilled or self.turbo is not None)
 
     def sampling_weights(self, denoiser):
-        """Turbo's base weights for the round when turbo_dit is set (turbo.py)."""
+        """Turbo's base weights for the round when turbo_dit is set (families/sampling_weights.py:
+        the LoRA trained on RAW previewed on Turbo, with Turbo's fixed shift and no guidance)."""
         if self.turbo is None:
             return contextlib.nullcontext()
-        return turbo_weights(denoiser, self.turbo)
-
-
-def check_turbo_options(config) -> None:
-    """ConfigError for what turbo_dit's weight swap cannot do: a full fine-tune (the swap
-    would overwrite the trained weights) and base weights stored otherwise than as they load."""
-    training = config.training
-    given = {
-        'train_mode = "unet"': config.network.train_mode == "unet",
-        "fp8_base": training.fp8_base,
-        "base_model_precision": training.base_model_precision != "no_change",
-        "blocks_to_swap": bool(training.blocks_to_swap),
-        "fsdp": training.fsdp != "no",
-    }
-    found = next((key for key, on in given.items() if on), None)
-    if found is not None:
-        raise ConfigError(
-            f"turbo_dit swaps Turbo's weights into the transformer for each sampling round, "
-            f"which {found} does not allow; remove turbo_dit (samples are then drawn on RAW)"
-        )
+        return swapped_base_weights(denoiser, weights_files(TURBO_KEY, self.turbo, TURBO), TABLE)
 
 
 def krea2_family(taps=spec.TAPS, distilled: bool = False, turbo=None) -> Krea2Family:

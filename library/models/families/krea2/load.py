@@ -11,16 +11,18 @@ import torch
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
-from library.models.families.krea2.family import krea2_family
+from library.models.families.krea2.family import TURBO, TURBO_KEY, krea2_family
+from library.models.families.krea2.keys import TABLE
 from library.models.families.krea2.spec import (
     PATCH,
     SPEC,
     Krea2FlowObjective,
     claims_krea2,
     flow_options,
+    scheduler_config,
 )
-from library.models.families.krea2.turbo import check_turbo
-from library.models.families.spec_loader import load_spec
+from library.models.families.sampling_weights import check_same_weights
+from library.models.families.spec_loader import components, folder_scheduler, load_spec
 from library.models.loader import Components
 
 __all__ = ["claims_krea2", "load_krea2"]
@@ -32,7 +34,6 @@ def load_krea2(
 ) -> Components:
     """Krea 2's Components (frozen, on the CPU); ModelError for any problem with the files."""
     loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
-    transformer, vae, text_encoder = loaded.modules.values()
     facts = loaded.facts
     if facts.distilled:  # training the distilled Turbo collapses its few-step sampling
         log.warning(
@@ -41,13 +42,9 @@ def load_krea2(
             "loses its 8-step sampling"
         )
     if flow.turbo_dit:
-        check_turbo(flow.turbo_dit, transformer)
-    return Components(
-        denoiser=transformer,
-        vae=vae,
-        text_encoders=(text_encoder,),
-        tokenizers=tuple(loaded.tokenizers.values()),
-        objective=Krea2FlowObjective(flow_options(flow), facts.scheduler, patch=PATCH),
-        family=krea2_family(facts.taps, facts.distilled, flow.turbo_dit),
-        model_dir=loaded.model_dir,
+        check_same_weights(TURBO_KEY, flow.turbo_dit, TURBO, TABLE, loaded.modules["transformer"])
+    scheduler = folder_scheduler(loaded.model_dir, scheduler_config())
+    objective = Krea2FlowObjective(flow_options(flow), scheduler, patch=PATCH)
+    return components(
+        SPEC, loaded, objective, krea2_family(facts.taps, facts.distilled, flow.turbo_dit)
     )

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from library.errors import ModelError
 from library.models import shape_configs
 from library.models.families import qwen3_vl_file, wan_vae_file
-from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
+from library.models.families.folder_loader import CheckedFolder
 from library.models.families.krea2.keys import TABLE
-from library.models.families.local_tokenizer import folder_or_path_tokenizer, load_local_tokenizer
+from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
@@ -108,31 +108,29 @@ def transformer_config(plain) -> dict:
 
 @dataclass(frozen=True)
 class Facts:
-    """The sampling scheduler, the pipeline's taps and whether the transformer is Turbo."""
+    """The pipeline's taps and whether the transformer is Turbo."""
 
-    scheduler: dict
     taps: tuple[int, ...]
     distilled: bool
 
 
 def inspect_parts(checked) -> Facts:
-    """A folder's scheduler, taps (model_index.json's, as many as the transformer reads) and
-    is_distilled; single files name none: the release's taps spaced over Qwen3-VL's layers,
-    the released scheduler, and [flow] dit_variant."""
+    """A folder's taps (model_index.json's, as many as the transformer reads) and is_distilled;
+    single files name neither: the release's taps spaced over Qwen3-VL's layers, and [flow]
+    dit_variant."""
     layers = checked.part_config("transformer").get("num_text_layers", len(TAPS))
     if not isinstance(checked, CheckedFolder):
         depth = checked.part_config("text_encoder")["text_config"]["num_hidden_layers"]
         turbo = checked.flow.dit_variant == "turbo"
-        return Facts(scheduler_config(), taps_for(depth, layers), turbo)
+        return Facts(taps_for(depth, layers), turbo)
     index = read_json(checked.model_dir / "model_index.json")
-    scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
     taps = tuple(index.get("text_encoder_select_layers") or TAPS)
     if len(taps) != layers:
         raise ModelError(
             f"{checked.model_dir / 'model_index.json'}: text_encoder_select_layers names "
             f"{len(taps)} layers and the transformer reads {layers}; the folder is inconsistent"
         )
-    return Facts(scheduler, taps, bool(index.get("is_distilled", False)))
+    return Facts(taps, bool(index.get("is_distilled", False)))
 
 
 TOKENIZER_WHERE = "a Krea 2 folder's tokenizer/ (Qwen3-VL-4B-Instruct's)"
@@ -140,21 +138,6 @@ WHATS = {
     "text_encoder": "the Qwen3-VL text encoder (qwen3vl_4b_bf16.safetensors)",
     "vae": "the Qwen-Image VAE (qwen_image_vae.safetensors)",
 }
-
-
-def _folder_tokenizer(folder: CheckedFolder):
-    """The folder's Qwen3-VL tokenizer, or tokenizer_path's."""
-    return folder_or_path_tokenizer(
-        folder.model_dir, folder.model.tokenizer_path, "Qwen3-VL", TOKENIZER_WHERE
-    )
-
-
-def _files_tokenizer(checked):
-    """tokenizer_path's, as many tokens as the text encoder's embeddings at most."""
-    vocab = checked.part_config("text_encoder")["text_config"]["vocab_size"]
-    return load_local_tokenizer(
-        checked.model.tokenizer_path, vocab, checked.model_dir, "Qwen3-VL", TOKENIZER_WHERE
-    )
 
 
 SPEC = FamilySpec(
@@ -185,7 +168,7 @@ SPEC = FamilySpec(
                                    file, "text_encoder", WHATS["text_encoder"])),
         ),
     ),
-    tokenizers=(FolderTokenizer("tokenizer", _folder_tokenizer, read_files=_files_tokenizer),),
+    tokenizers=(tokenizer_part("Qwen3-VL", TOKENIZER_WHERE),),
     inspect=inspect_parts,
     other={"scheduler": "scheduler_config.json"},
 )  # fmt: skip

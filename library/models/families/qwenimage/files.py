@@ -28,7 +28,6 @@ from library.models.checkpoint_file import CheckpointFile
 from library.models.families import wan_vae_file
 from library.models.families.file_contents import looks_like
 from library.models.families.file_plans import Plan, plan_part, refuse_scaled_fp8
-from library.models.families.local_tokenizer import folder_or_path_tokenizer, load_local_tokenizer
 from library.models.families.qwenimage import shapes
 from library.models.families.wan_vae_file import stored_config
 
@@ -117,23 +116,4 @@ def plan_vae(file: CheckpointFile) -> Plan:
     """The VAE in Wan 2.1's names (ComfyUI's file) or diffusers' (a folder's vae/ file)."""
     return wan_vae_file.plan_vae(
         file, "vae", COMPONENT_FILES["vae"], shapes.vae_config, "Qwen-Image VAE"
-    )
-
-
-# --- tokenizer ----------------------------------------------------------------------------------
-
-
-def folder_tokenizer(folder):
-    """A folder's Qwen2.5-VL tokenizer, or tokenizer_path's."""
-    return folder_or_path_tokenizer(
-        folder.model_dir, folder.model.tokenizer_path, "Qwen2.5-VL", TOKENIZER_WHERE
-    )
-
-
-def files_tokenizer(checked):
-    """tokenizer_path's Qwen2.5-VL tokenizer beside single files, fitting the encoder's
-    vocabulary."""
-    vocab = checked.part_config("text_encoder")["text_config"]["vocab_size"]
-    return load_local_tokenizer(
-        checked.model.tokenizer_path, vocab, checked.model_dir, "Qwen2.5-VL", TOKENIZER_WHERE
     )

@@ -23,7 +23,7 @@ from library.models.families.qwenimage.objective import (
 )
 from library.models.families.qwenimage.spec import SPEC
 from library.models.families.spec import FamilySpec
-from library.models.families.spec_loader import load_spec
+from library.models.families.spec_loader import components, load_spec
 from library.models.loader import Components
 
 
@@ -50,13 +50,5 @@ def load_release(
     if path.is_dir():
         check_folder_version(flow, spec.pipeline, path)
     loaded = load_spec(spec, model, flow, weight_dtype, vae_dtype)
-    transformer, vae, text_encoder = loaded.modules.values()
-    return Components(
-        denoiser=transformer,
-        vae=vae,
-        text_encoders=(text_encoder,),
-        tokenizers=tuple(loaded.tokenizers.values()),
-        objective=QwenImageFlowObjective(qwenimage_flow_options(flow), loaded.facts),  # scheduler
-        family=family,
-        model_dir=loaded.model_dir,
-    )
+    objective = QwenImageFlowObjective(qwenimage_flow_options(flow), loaded.facts)  # scheduler
+    return components(spec, loaded, objective, family)

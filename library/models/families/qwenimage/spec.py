@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from library.models import shape_configs
-from library.models.families.folder_loader import CheckedFolder, FolderTokenizer
+from library.models.families.folder_loader import CheckedFolder
+from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import NameTable, count_numbered
 from library.models.families.qwenimage import files, shapes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
@@ -94,9 +95,7 @@ SPEC = FamilySpec(
             ),
         ),
     ),
-    tokenizers=(
-        FolderTokenizer("tokenizer", files.folder_tokenizer, read_files=files.files_tokenizer),
-    ),
+    tokenizers=(tokenizer_part("Qwen2.5-VL", files.TOKENIZER_WHERE),),
     inspect=inspect,
     other={"scheduler": "scheduler_config.json"},
 )  # fmt: skip

@@ -18,7 +18,11 @@ from typing import ClassVar
 from PIL import Image
 
 from library.models.conditioning import TextConditioning
-from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
+from library.models.families.base import (
+    REFERENCE_LATENTS_KEY,
+    REFERENCE_PIXELS_KEY,
+    reference_latents,
+)
 from library.models.families.qwenimage.family import QwenImageFamily, qwenimage_family
 from library.models.families.qwenimage_edit.conditioning import (
     CONDITION_AREA,
@@ -67,10 +71,7 @@ class QwenImageEditFamily(QwenImageFamily):
         cond = super().assemble_conditioning(text, batch, device, dtype)
         batch = batch or {}
         if batch.get(REFERENCE_LATENTS_KEY):
-            cond.unet_kwargs[REFERENCES] = [
-                r.to(device) if dtype is None else r.to(device, dtype)
-                for r in batch[REFERENCE_LATENTS_KEY]
-            ]
+            cond.unet_kwargs[REFERENCES] = reference_latents(batch, device, dtype)
         if batch.get(REFERENCE_PIXELS_KEY):
             cond.unet_kwargs[PIPELINE_IMAGES] = list(batch[REFERENCE_PIXELS_KEY])
         return cond

@@ -13,7 +13,7 @@ SD3 Medium and SD3.5, kohya's library/sd3_train_utils.sample_image_inference):
 from __future__ import annotations
 
 from library.models.conditioning import Conditioning
-from library.sampling.pipelines import PipelineKind, on_grid
+from library.sampling.pipelines import PipelineKind, on_grid, refuse_uncarried
 
 SAMPLE_CFG_SCALE = 7.5
 SIZE_GRID = 16
@@ -42,10 +42,7 @@ def sd3_pipeline_kind():
 def sd3_pipeline_inputs(cond: Conditioning, prompt) -> dict:
     """StableDiffusion3Pipeline call keywords from the conditioning of [prompt, negative
     prompt]: embeddings, the CFG scale and the 16-pixel size."""
-    extra = sorted(set(cond.unet_kwargs) - {"pooled_projections"})
-    if extra:
-        # A conditioning input the pipeline has no argument for would be silently dropped.
-        raise ValueError(f"no StableDiffusion3Pipeline argument carries {extra[0]!r}")
+    refuse_uncarried(cond, ("pooled_projections",), "StableDiffusion3Pipeline")
     hidden, negative_hidden = cond.encoder_hidden_states.chunk(2)
     pooled, negative_pooled = cond.unet_kwargs["pooled_projections"].chunk(2)
     return {

@@ -49,8 +49,8 @@ _LATER = (
     "dit)"
 )
 _OPTIONS = {
-    **group("dit_high_noise clip timestep_boundary", _LATER, planned=True),
-    **group("offload_inactive_dit one_frame force_v2_1_time_embedding", _LATER, (False,)),
+    **group("dit_high_noise clip", _LATER, planned=True),
+    **group("one_frame force_v2_1_time_embedding", _LATER, (False,)),
     **group("vae_cache_cpu", "it only changes where musubi-tuner keeps the VAE's cache; the "
             "result is the same", (False,), ignored=True),
 }  # fmt: skip

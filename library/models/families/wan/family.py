@@ -67,10 +67,11 @@ class WanFlowObjective(VelocityObjective):
 
 
 def wan_pipeline_inputs(cond: Conditioning, prompt) -> dict:
-    """Call keywords from the conditioning of [prompt, negative prompt]: one frame."""
+    """Call keywords from the conditioning of [prompt, negative prompt] (the frame count is the
+    prompt's, added by the shared sampling)."""
     embeds, negative = cond.encoder_hidden_states.chunk(2)
     inputs = {
-        "prompt_embeds": embeds, "guidance_scale": float(prompt.scale), "num_frames": 1,
+        "prompt_embeds": embeds, "guidance_scale": float(prompt.scale),
         "width": on_grid(prompt.width, spec.PIXEL_MULTIPLE),
         "height": on_grid(prompt.height, spec.PIXEL_MULTIPLE),
     }  # fmt: skip

@@ -8,7 +8,7 @@ import torch
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
-from library.models.families.spec_loader import load_spec
+from library.models.families.spec_loader import components, load_spec
 from library.models.families.zimage.family import variant_of_shift, zimage_family
 from library.models.families.zimage.objective import ZImageFlowObjective, zimage_flow_options
 from library.models.families.zimage.spec import SPEC
@@ -22,14 +22,6 @@ def load_zimage(
     AE, Qwen3 and its tokenizer, frozen, in eval mode, on the CPU, in ``weight_dtype`` (the AE
     in ``vae_dtype``). ModelError for any problem with the files."""
     loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
-    transformer, vae, text_encoder = loaded.modules.values()
     shift = float(loaded.facts.get("shift", 1.0))  # facts: the variant's scheduler config
-    return Components(
-        denoiser=transformer,
-        vae=vae,
-        text_encoders=(text_encoder,),
-        tokenizers=tuple(loaded.tokenizers.values()),
-        objective=ZImageFlowObjective(zimage_flow_options(flow), loaded.facts),
-        family=zimage_family(variant_of_shift(shift), shift),
-        model_dir=loaded.model_dir,
-    )
+    objective = ZImageFlowObjective(zimage_flow_options(flow), loaded.facts)
+    return components(SPEC, loaded, objective, zimage_family(variant_of_shift(shift), shift))

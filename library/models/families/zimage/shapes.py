@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from library.models.released_configs import ae16_config
+from library.models.released_configs import ae16_config, qwen3_4b_config
 
 Variant = Literal["turbo", "base"]
 VARIANTS: tuple[Variant, ...] = ("turbo", "base")
@@ -67,27 +67,9 @@ def transformer_config() -> dict:
 
 
 def text_encoder_config() -> dict:
-    """Qwen3Config kwargs of Qwen3-4B, Z-Image's text encoder (loaded as ``Qwen3Model``).
-
-    [hub] text_encoder/config.json (architectures Qwen3ForCausalLM; the pipeline loads the
-    base model without the LM head). Query width 32 * 128 = 4096 differs from the 2560 hidden
-    size, and keys/values use 8 heads (grouped-query attention).
-    """
-    return {
-        "vocab_size": 151936,
-        "hidden_size": TEXT_WIDTH,
-        "intermediate_size": 9728,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "hidden_act": "silu",
-        "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000,
-        "attention_bias": False,
-        "tie_word_embeddings": True,
-    }
+    """Qwen3Config kwargs of Qwen3-4B, Z-Image's text encoder (loaded as ``Qwen3Model``: the
+    pipeline loads the base model without the LM head)."""
+    return qwen3_4b_config()
 
 
 def ae_config() -> dict:

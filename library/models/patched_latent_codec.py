@@ -1,13 +1,14 @@
-"""FLUX.2's latents: AutoencoderKLFlux2's 32 channels, patched 2x2 into 128 and normalised by the
-VAE's BatchNorm running statistics (diffusers 0.42.1, Flux2KleinPipeline._encode_vae_image and
-the end of __call__):
+"""Latents patched into channels and normalised by the VAE's BatchNorm running statistics: the
+codec of a VAE that keeps its latents' statistics in a BatchNorm (``vae.bn``), as FLUX.2's
+AutoencoderKLFlux2 does (32 channels, patched 2x2 into 128; diffusers 0.42.1,
+Flux2KleinPipeline._encode_vae_image and the end of __call__):
 
 - encode: z = the VAE posterior (32 x H/8 x W/8), patched 2x2 (channel c, row offset i, column
   offset j -> channel 4c + 2i + j: 128 x H/16 x W/16), then (z - running_mean) /
   sqrt(running_var + batch_norm_eps) per channel;
 - decode: the inverse, then the VAE's decoder;
 - the transformer reads each latent pixel as one token (its patch_size is 1), so an image side
-  must be a multiple of 16 pixels.
+  must be a multiple of 16 pixels (the VAE's 8 times the 2x2 patch).
 
 The posterior is patched before sampling (a permutation of its values), so the latent cache and
 the training step keep it in the denoiser's layout.
@@ -25,7 +26,7 @@ from library.models.patch_tokens import pack_latents, unpack_latents
 
 def patchify(latents: torch.Tensor) -> torch.Tensor:
     """[B, C, h, w] -> [B, 4C, h/2, w/2]: the 2x2 patch tokens (channel-major) laid out as a
-    latent, as Flux2KleinPipeline._patchify_latents."""
+    latent (FLUX.2's pipelines' _patchify_latents)."""
     b, c, h, w = latents.shape
     return pack_latents(latents).transpose(1, 2).reshape(b, 4 * c, h // 2, w // 2)
 
@@ -37,8 +38,9 @@ def unpatchify(latents: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Flux2LatentCodec:
-    """AutoencoderKLFlux2's latents in the transformer's space (module docstring)."""
+class BatchNormPatchedCodec:
+    """A BatchNorm-normalising VAE's latents, patched 2x2, in the denoiser's space (module
+    docstring)."""
 
     vae: torch.nn.Module
 
