@@ -26,7 +26,7 @@ def transformer_config() -> dict:
         "in_channels": 16, "out_channels": 16, "text_dim": TEXT_WIDTH, "freq_dim": 16,
         "ffn_dim": 32, "num_layers": 2, "cross_attn_norm": True,
         "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": None,
-        "added_kv_proj_dim": None, "rope_max_seq_len": 32,
+        "added_kv_proj_dim": None, "rope_max_seq_len": 1024,
     }  # fmt: skip
 
 
