@@ -16,7 +16,8 @@ trains at batch 2):
   (configs/sdxl_lora.toml, 1024), from the released configs in library/models/configs;
 - FLUX.1 [dev] (configs/flux_lora.toml), SD3.5 Large (configs/sd35_large_lora.toml), Z-Image
   Turbo (configs/zimage_lora.toml), Chroma (configs/chroma_lora.toml), Qwen-Image
-  (configs/qwenimage_lora.toml) and Krea 2 (configs/krea2_lora.toml), all at 1024, from each
+  (configs/qwenimage_lora.toml) and Krea 2 (configs/krea2_lora.toml), all at 1024, and Wan 2.1
+  T2V 1.3B and 14B (configs/wan21_t2v_lora.toml, an image at the preset's side), from each
   family's released configs.
 
 The edit models (FLUX.1 Kontext, Qwen-Image-Edit) are left out: their peak depends on the
@@ -147,6 +148,32 @@ def krea2_components(config, folder: Path) -> Components:
         spec.flow_options(config.flow), spec.scheduler_config(), patch=spec.PATCH
     )
     return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, krea2_family())
+
+
+def wan_components(task: str) -> Callable[[object, Path], Components]:
+    """Wan's released transformer of ``task`` with umT5-XXL and the Wan 2.1 VAE at full size
+    on the meta device, frozen, in the config's weight dtype."""
+
+    def build(config, folder: Path) -> Components:
+        from diffusers import AutoencoderKLWan, WanTransformer3DModel
+        from transformers import UMT5Config, UMT5EncoderModel
+
+        from library.models.families.wan import spec
+        from library.models.families.wan.family import WAN, WanFlowObjective, spec_flow_options
+        from library.models.text_encoders.umt5 import umt5_xxl_config
+        from tests.kits.wan.tiny_tokenizer import write_tiny_umt5_tokenizer
+
+        with torch.device("meta"):
+            transformer = WanTransformer3DModel(**spec.released_transformer_config(task))
+            vae = AutoencoderKLWan()
+            text = UMT5EncoderModel(UMT5Config(**umt5_xxl_config()))
+        tokenizer = _tokenizer(write_tiny_umt5_tokenizer(folder / "umt5"))
+        objective = WanFlowObjective(
+            spec_flow_options(config.flow), spec.scheduler_config(), patch=2
+        )
+        return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, WAN)
+
+    return build
 
 
 def flux_components(config, folder: Path) -> Components:
@@ -320,8 +347,9 @@ class Bench:
     build: Callable[[object, Path], Components]
     swaps: tuple[int, ...] = ()
 
-    def resolution(self) -> int:
-        """The preset's (first dataset's) resolution: 512 for SD 1.5, 1024 for the others."""
+    def resolution(self) -> int | list[int]:
+        """The preset's (first dataset's) resolution: 512 for SD 1.5, [832, 480] for Wan, 1024
+        for the others."""
         data = tomllib.loads(self.preset.read_text(encoding="utf-8"))
         return data["datasets"][0]["resolution"]
 
@@ -350,6 +378,10 @@ FAMILIES = {
     "qwenimage": Bench("Qwen-Image", _preset("qwenimage_lora.toml"), qwenimage_components,
                        (16, 24, 30, 45)),
     "krea2": Bench("Krea 2", _preset("krea2_lora.toml"), krea2_components, (10, 14, 20)),
+    "wan-1.3b": Bench("Wan 2.1 T2V 1.3B", _preset("wan21_t2v_lora.toml"),
+                      wan_components("t2v-1.3B"), (10, 20)),
+    "wan-14b": Bench("Wan 2.1 T2V 14B / Wan 2.2 A14B expert", _preset("wan21_t2v_lora.toml"),
+                     wan_components("t2v-14B"), (10, 20, 30)),
 }  # fmt: skip
 
 
@@ -387,7 +419,8 @@ def _toml(value) -> str:
 
 def estimate(config, build, folder: Path, resolution: int):
     parts = setup_training(config, build(config, folder))
-    dataset = SimpleNamespace(buckets=[], resolution=(resolution, resolution), batch_size=1)
+    sides = tuple(resolution) if isinstance(resolution, list) else (resolution, resolution)
+    dataset = SimpleNamespace(buckets=[], resolution=sides, batch_size=1)
     return estimate_peak_memory(
         config, parts, SimpleNamespace(datasets=[dataset]), 1, False, "cuda"
     )
@@ -428,7 +461,8 @@ def main() -> None:
             side = args.resolution or bench.resolution()
             # a UNet family gets no swap rows even with --swaps: the setup would refuse them
             swaps = (args.swaps or bench.swaps) if bench.swaps else ()
-            print(f"\n{bench.label} LoRA ({bench.preset.relative_to(REPO)}), {side} x {side}, "
+            size = " x ".join(map(str, side)) if isinstance(side, list) else f"{side} x {side}"
+            print(f"\n{bench.label} LoRA ({bench.preset.relative_to(REPO)}), {size}, "
                   "batch 1; GiB")  # fmt: skip
             print("| options | weights | adapters + optimizer | activations | VAE encoding "
                   "| text encoders caching | peak |")  # fmt: skip

@@ -45,7 +45,7 @@ FAMILIES_DIR = "library/models/families/"
 FAMILY_WORD = re.compile(
     r"(?<![A-Za-z0-9])(?i:flux|kontext|klein|krea|sd3|sdxl|sd[-_ ]?v?[12]"
     r"|sd(?![a-z0-9]|[-_ ]scripts|_model_name)|stable[-_ ]?diffusion|z[-_]?image"
-    r"|qwen(?![-_ .]?(?:[0-9]|vl)))"
+    r"|qwen(?![-_ .]?(?:[0-9]|vl))|wan(?![a-z0-9]|_vae|_2\.1_vae))"
     r"|(?<![A-Za-z0-9])SD(?=[A-Z][a-z])|Chroma|CHROMA|chroma_|_chroma|^[rbuf]*[\"']+chroma"
 )
 # Words of the families being added, before their registry entries exist.
@@ -99,7 +99,7 @@ ALLOWED = {
         "ignores, named as SD's in its messages",
     ),
     "library/models/families/registry.py": (
-        31,
+        34,
         "the one list of families: it imports each family's entry (and nothing else of it)",
     ),
     "library/models/families/transformer_keys.py": (
@@ -251,6 +251,9 @@ PACKAGE_ONLY = {
     # Qwen-Image, not Qwen3 or Qwen2.5-VL (the text encoders of other families too), nor the
     # Qwen-Image VAE that sd-scripts' Anima options name (library/config/kohya_script_keys.py)
     "qwenimage": re.compile(r"(?<![a-z0-9])qwen_?-?image(?![ _-]?vae)", re.IGNORECASE),
+    # Wan, not the Wan 2.1 VAE's file layout that Qwen-Image's and Krea 2's VAEs share
+    # (models/wan_vae_keys.py, families/wan_vae_file.py)
+    "wan": re.compile(r"(?<![a-z0-9])wan(?![a-z0-9]|_vae|_2\.1_vae)", re.IGNORECASE),
 }
 REGISTRY = "library/models/families/registry.py"
 

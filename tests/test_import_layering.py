@@ -95,6 +95,11 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.krea2.load:claims_krea2": _LOADER,
         "library.models.families.krea2.load:load_krea2": _LOADER,
     },
+    "library/models/families/wan/entry.py": {
+        "library.models.families.wan.family:WanFamily": _LOADER,
+        "library.models.families.wan.spec:claims_wan": _LOADER,
+        "library.models.families.wan.family:load_wan": _LOADER,
+    },
     "library/models/families/qwenimage/entry.py": {
         "library.models.families.qwenimage.family:QwenImageFamily": _LOADER,
         "library.models.families.qwenimage.key_map:comfy_keys": _KEYS,

@@ -97,7 +97,7 @@ class SubsetConfig(_Strict):
         None,
         gt=0,
         description="Video subsets: the videos' frame rate; frames are dropped to the model's "
-        "rate (16 for Wan) before clips are cut. Unset: every frame is kept.",
+        "frame rate (each video family's page says it) before clips are cut. Unset: every frame is kept.",
     )
     class_tokens: str | None = Field(None, description="Caption of images without a caption file.")
     caption_extension: str = Field(".txt", description="Extension of sidecar caption files.")

@@ -11,8 +11,8 @@ releases), Z-Image and FLUX.1 Kontext (``*_train_network.py``, and the full fine
 - ``ALIASES``: a word for one of difftune's keys (``dit`` is the model file);
 - ``UNSUPPORTED``: known by name (see library.config.unsupported): speed and loading switches of
   musubi-tuner that change no result here are accepted with a note, and options difftune does
-  not implement are refused with the nearest setting that works; the options of its video
-  trainers (Wan) are refused saying so;
+  not implement are refused with the nearest setting that works (the options of one model's
+  trainer are that family's entry's: its kohya vocabulary);
 - ``UNSUPPORTED_VALUES``: values of shared keys that only musubi-tuner has.
 
 kohya.py merges them into its own tables, so a musubi-tuner word is never an "unknown key".
@@ -42,10 +42,6 @@ _TEXT_FP8 = (
     "a float8 text encoder; difftune stores the text encoders in float8 with fp8_base (which "
     "also covers the transformer, as musubi-tuner's fp8_base does), and the captions are "
     "encoded once either way"
-)
-_WAN = (
-    "Wan is not supported yet: it is an option of musubi-tuner's Wan 2.1 / 2.2 video training "
-    "(wan_train_network.py), and difftune trains image models"
 )
 
 UNSUPPORTED: dict[str, Unsupported] = {
@@ -115,14 +111,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         (False,),
         planned=False,
     ),
-    # Wan 2.1 / 2.2 (wan_train_network.py)
-    **group("dit_high_noise t5 clip task", _WAN, planned=False),
-    **group(
-        "vae_cache_cpu one_frame force_v2_1_time_embedding",
-        _WAN,
-        (False,),
-        planned=False,
-    ),
 }
 
 _LYCORIS_MODULES = {
@@ -151,7 +139,6 @@ UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
             f"networks.lora_{name}": f"musubi-tuner's LoRA of {label}, a model difftune does "
             "not train"
             for name, label in {
-                "wan": "Wan (not supported yet)",
                 "framepack": "FramePack",
                 "hv_1_5": "HunyuanVideo 1.5",
                 "kandinsky": "Kandinsky 5",

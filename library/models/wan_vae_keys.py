@@ -21,6 +21,7 @@ Renaming only: tensors keep their shapes and dtypes.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Mapping
 
@@ -70,7 +71,7 @@ def original_name(key: str, num_res_blocks: int) -> str:
     if found := re.match(r"(encoder|decoder)\.mid_block\.((?:resnets|attentions)\.\d+\.)(.+)", key):
         side, block, rest = found.groups()
         if block not in _MID:
-            raise ValueError(f"{key}: the Wan layout has one attention in the middle block")
+            raise ValueError(f"{key}: the original layout has one attention in the middle block")
         return f"{side}.{_MID[block]}{_residual(rest) if block.startswith('resnets') else rest}"
     per_level = num_res_blocks + 2  # its residual blocks, then its resample
     if found := re.match(r"decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.+)", key):
@@ -102,7 +103,11 @@ def diffusers_names(config: Mapping, original: Mapping) -> dict[str, str]:
     that a VAE of ``config`` does not have)."""
     from diffusers import AutoencoderKLQwenImage
 
-    module = empty_module(lambda c: AutoencoderKLQwenImage(**c), dict(config))
+    # AutoencoderKLWan's config of the Wan 2.1 VAE has further keys at values that add no
+    # tensor (decoder_base_dim, is_residual, patch_size unset): the same keys by the same names
+    accepted = inspect.signature(AutoencoderKLQwenImage.__init__).parameters
+    config = {k: v for k, v in config.items() if k in accepted}
+    module = empty_module(lambda c: AutoencoderKLQwenImage(**c), config)
     blocks = int(config["num_res_blocks"])
     table = {original_name(k, blocks): k for k in module.state_dict()}
     missing = [k for k in original if k not in table]

@@ -140,6 +140,15 @@ def test_kontexts_text_encoders_are_flux_keys(write_toml):
     )
 
 
+def test_wan_words_load_as_difftune_keys(write_toml):
+    """musubi-tuner's Wan trainer's t5 and task, and its network module."""
+    text = (HEAD + 't5 = "/m/umt5.safetensors"\ntask = "t2v-1.3B"\n'
+            'network_module = "networks.lora_wan"\n' + DATASET)  # fmt: skip
+    config = load_config(write_toml("a.toml", text))
+    assert (config.flow.t5, config.flow.task) == ("/m/umt5.safetensors", "t2v-1.3B")
+    assert config.network.network_module == "networks.lora_wan"
+
+
 def test_dit_and_the_model_key_must_agree(write_toml):
     message = error_of(write_toml("a.toml", HEAD + 'dit = "other"\n' + DATASET))
     assert "set twice with different values" in message
@@ -151,15 +160,13 @@ def test_dit_and_the_model_key_must_agree(write_toml):
         ("fp8_scaled = true", "fp8_base = true"),
         ("edit = true", 'model_version = "edit"'),
         ("edit_plus = true", 'model_version = "edit-2509"'),
-        ('dit_high_noise = "/m/high.safetensors"', "Wan is not supported yet"),
-        ('t5 = "/m/umt5.safetensors"', "Wan is not supported yet"),
+        ('dit_high_noise = "/m/high.safetensors"', "one Wan 2.2 A14B expert at a time"),
         ("num_timestep_buckets = 4", "timestep_sampling"),
         ("preserve_distribution_shape = true", "whole range"),
         ("use_32bit_attention = true", 'mixed_precision = "no"'),
         ('timestep_sampling = "qinglong_qwen"', "use qwen_shift"),
         ('timestep_sampling = "logsnr"', "use qwen_shift"),
         ('timestep_sampling = "flux2_shift"', "write flux_shift"),
-        ('network_module = "networks.lora_wan"', "Wan (not supported yet)"),
         ('network_module = "networks.lokr"', '"lycoris.kohya" and network_args = ["algo=lokr"]'),
         ('save_precision = "fp32"', 'write "float"'),
         ('lr_scheduler = "rex"', "cosine_with_min_lr"),

@@ -476,7 +476,8 @@ def _fused_lycoris(name: str):
     kit = kit_of(name)
     modules = built(name, kit.variant)
     family = kit.family(kit.variant, modules)
-    if not hasattr(family, "lycoris_modules") or kit.denoiser_names is None:
+    fused = hasattr(family, "lycoris_modules") and "lycoris_fused" not in kit.skips
+    if not fused or kit.denoiser_names is None:
         default = f"{name}'s LyCORIS files name each diffusers layer (tests/networks/lycoris)"
         pytest.skip(kit.skip_reason("lycoris_fused", default))
     return kit, modules, family
@@ -591,14 +592,17 @@ def _their_image(folder, pipe, case, p, **changes):
     scheduler = call.pop("scheduler", case.scheduler)
     if scheduler is not None:
         pipe.scheduler = scheduler(folder)
-    image = pipe(
+    out = pipe(
         prompt=p.prompt,
         width=p.width,
         height=p.height,
         num_inference_steps=p.steps,
         generator=torch.Generator().manual_seed(p.seed),
+        output_type="pil",
         **call,
-    ).images[0]
+    )
+    # a video pipeline's output is its clips' frames: a one-frame clip is the image
+    image = out.images[0] if hasattr(out, "images") else out.frames[0][0]
     return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 

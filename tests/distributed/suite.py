@@ -190,6 +190,25 @@ _SAVING = {"save_every_n_steps": SAVE_EVERY, "save_state": True}
 CONCURRENT_LAUNCHES = 2
 
 
+def write_clips(folder: Path, frames: int) -> None:
+    """The images of ``folder`` as videos of as many frames: each image's colours on a square
+    moving across it (its own speed and way), as <name>.mp4 beside the image's caption; the
+    images themselves are removed."""
+    import numpy as np
+
+    from tests.kits.videos import write_video
+
+    for i, image in enumerate(sorted(folder.glob("*.png"))):
+        with Image.open(image) as picture:
+            base = np.asarray(picture.convert("RGB").resize((64, 64)))
+        clip = np.repeat(base[None], frames, axis=0).copy()
+        for f in range(frames):
+            left = (f * (4 + 4 * i)) % 48 if i % 2 else 48 - (f * (4 + 4 * i)) % 48
+            clip[f, 24:40, left : left + 16] = 255 - clip[f, 24:40, left : left + 16]
+        write_video(folder / f"{image.stem}.mp4", clip, fps=16)
+        image.unlink()
+
+
 class Runs:
     """Starts each named run once, in the background if it is a launch, and keeps its result."""
 
@@ -220,6 +239,9 @@ class Runs:
             if declared.references
             else {}
         )
+        if declared.clips:
+            subset = {"video_directory": str(images), "target_frames": [declared.clips],
+                      "frame_extraction": "head"}  # fmt: skip
         return self.config(
             f"eq-{mode}-{layout}",
             images,
@@ -246,7 +268,7 @@ class Runs:
         """The images ``mode`` trains on: the shared ones, with the mode's own captions where it
         declares them (written on first use)."""
         declared = MODES[mode]
-        if not declared.captions and not declared.references:
+        if not declared.captions and not declared.references and not declared.clips:
             return self.images
 
         def write(folder: Path) -> None:
@@ -267,6 +289,8 @@ class Runs:
                         mirrored = picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
                         size = (picture.width + 32 * (i % 2), picture.height)
                         mirrored.resize(size).save(self.controls(folder) / image.name)
+            if declared.clips:
+                write_clips(folder, declared.clips)
 
         return self._tiny_folder(f"imgs-{mode}", write)
 

@@ -85,12 +85,13 @@ def test_another_effective_batch_gives_other_weights(runs, mode):
 
 @pytest.mark.parametrize("mode", [mode for mode in MODES if MODES[mode].captions])
 def test_a_mode_trains_on_its_own_captions(runs, mode):
-    """The images of a mode that declares captions carry them, one per image (Z-Image's: four
-    token lengths, checked in its own tests)."""
+    """The images (or videos) of a mode that declares captions carry them, one per sample
+    (Z-Image's: four token lengths, checked in its own tests)."""
     folder = runs.mode_images(mode)
     captions = [p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.txt"))]
     assert captions == list(MODES[mode].captions)
-    assert len(list(folder.glob("*.png"))) == len(captions)
+    samples = [p for p in folder.iterdir() if p.suffix == (".mp4" if MODES[mode].clips else ".png")]
+    assert len(samples) == len(captions)
 
 
 def test_logged_loss_is_the_mean_over_ranks_and_micro_batches(runs):

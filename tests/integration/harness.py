@@ -42,7 +42,8 @@ def write_config(
     path: Path, model_dir: Path, image_dir: Path, output_dir: Path, subset_keys=None, **keys
 ) -> Path:
     """A sectionless (flat) config: every key routes to its section by name. ``resolution``
-    goes into the [[datasets]] table (default 64), ``subset_keys`` into its subset."""
+    goes into the [[datasets]] table (default 64), ``subset_keys`` into its subset (one with a
+    ``video_directory`` is a video subset: no image_dir)."""
     resolution = keys.pop("resolution", 64)
     values = {
         "pretrained_model_name_or_path": str(model_dir),
@@ -62,7 +63,7 @@ def write_config(
         f"resolution = {resolution!r}",
         f"batch_size = {values.get('train_batch_size', 1)}",
         "[[datasets.subsets]]",
-        f'image_dir = "{image_dir}"',
+        *([] if "video_directory" in (subset_keys or {}) else [f'image_dir = "{image_dir}"']),
         'class_tokens = "shape"',
         "num_repeats = 1",
         *flat_toml_lines(subset_keys or {}),

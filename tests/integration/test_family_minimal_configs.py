@@ -28,6 +28,7 @@ PEER_TOOL = {
     "qwenimage_edit_plus": "musubi",
     "flux2": "musubi",
     "krea2": "musubi",
+    "wan": "musubi",
 }
 
 

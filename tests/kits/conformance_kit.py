@@ -112,7 +112,9 @@ class DistributedMode:
     on the uninterrupted weights. ``ddp_modules``: for a sharded mode (``keys["fsdp"]``), the
     modules the 2-process run keeps under DDP beside the sharded denoiser (trained text
     encoders). ``references``: each image trains with a reference image (an edit model's), the
-    image mirrored at another size, paired from a control folder.
+    image mirrored at another size, paired from a control folder. ``clips``: the four samples are
+    clips (a family that TRAINS_CLIPS): four short mp4 videos of a square moving, one clip of
+    ``clips`` frames from the head of each, with the mode's captions.
 
     A family's first mode is its own proof: it is also trained as 1 x 2 x 1 (2 samples a step
     instead of 4), which must give other weights, so the comparison can fail."""
@@ -128,6 +130,7 @@ class DistributedMode:
     resume: bool = False
     ddp_modules: tuple[str, ...] = ()
     references: bool = False
+    clips: int = 0
 
     @property
     def sharded(self) -> bool:

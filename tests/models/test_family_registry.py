@@ -41,6 +41,8 @@ from library.models.families.sd import family as sd
 from library.models.families.sd.entry import SD
 from library.models.families.sd3 import family as sd3
 from library.models.families.sd3.entry import SD3
+from library.models.families.wan.entry import WAN
+from library.models.families.wan.family import WAN as WAN_FAMILY
 from library.models.families.zimage.entry import ZIMAGE
 from library.models.families.zimage.family import zimage_family
 from library.networks.lora_file_checks import check_lora_file, lora_family
@@ -60,6 +62,7 @@ _INSTANCES.append(kontext_family(FlowSection()))
 _INSTANCES.append(qwenimage_edit_family())
 _INSTANCES.append(qwenimage_edit_family(plus=True))
 _INSTANCES.append(krea2_family())
+_INSTANCES.append(WAN_FAMILY)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +116,7 @@ def test_every_family_instance_agrees_with_its_entry():
         QWENIMAGE_EDIT,
         QWENIMAGE_EDIT_PLUS,
         KREA2,
+        WAN,
     )
     names = {registry.entry_of(family).name for family in _INSTANCES}
     assert names == {
@@ -127,6 +131,7 @@ def test_every_family_instance_agrees_with_its_entry():
         "qwenimage_edit",
         "qwenimage_edit_plus",
         "krea2",
+        "wan",
     }
     for family in _INSTANCES:
         entry = registry.entry_of(family)
@@ -152,11 +157,12 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
         "networks.lora_zimage",
         "networks.lora_qwen_image",
         "networks.lora_krea2",
+        "networks.lora_wan",
         "lycoris.kohya",
     )
     lines = (
         "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, FLUX.2, SD3/SD3.5, Z-Image, Chroma, Qwen-Image, "
-        "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511 and Krea 2"
+        "Qwen-Image-Edit, Qwen-Image-Edit-2509/2511, Krea 2 and Wan"
     )
     assert registry.trained_lines() == lines
 
@@ -200,7 +206,7 @@ def test_a_registered_family_claims_its_models_and_leaves_with_the_block():
         assert registry.claim_order()[-1] is SD  # its claim is asked last
         lines = (
             "SD 1.x/2.x, SDXL, FLUX.1, FLUX.1 Kontext, FLUX.2, SD3/SD3.5, Z-Image, Chroma, "
-            "Qwen-Image, Qwen-Image-Edit, Qwen-Image-Edit-2509/2511, Krea 2 or FAKE-1"
+            "Qwen-Image, Qwen-Image-Edit, Qwen-Image-Edit-2509/2511, Krea 2, Wan or FAKE-1"
         )
         assert registry.trained_lines("or") == lines
         assert "networks.lora_fake" in registry.network_modules()

@@ -25,13 +25,6 @@ from tests.kits.flux.tiny_files import write_tiny_flux_files
 # model_index.json of diffusers pipelines no family trains, as diffusers writes them (the
 # part classes are those diffusers' own pipelines declare).
 FOREIGN = {
-    "WanPipeline": {
-        "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-        "text_encoder": ["transformers", "UMT5EncoderModel"],
-        "tokenizer": ["transformers", "T5TokenizerFast"],
-        "transformer": ["diffusers", "WanTransformer3DModel"],
-        "vae": ["diffusers", "AutoencoderKLWan"],
-    },
     "HunyuanVideoPipeline": {
         "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
         "text_encoder": ["transformers", "LlavaForConditionalGeneration"],
@@ -161,11 +154,11 @@ def test_a_file_of_something_else_says_what_it_holds(tmp_path):
 
 @pytest.mark.integration
 def test_the_dry_run_answers_before_the_plan(flux_folder, tmp_path, capsys):
-    folder = _foreign_folder(flux_folder, tmp_path, "WanPipeline")
+    folder = _foreign_folder(flux_folder, tmp_path, "HunyuanVideoPipeline")
     images = make_images(tmp_path / "img", 1)
     config = write_config(tmp_path / "c.toml", folder, images, tmp_path / "out")
     assert train(config, "--dry_run") != 0
     out, err = capsys.readouterr()
     assert "plan" not in out
     errors = re.findall(r"(?m)^error: (.*)$", err)
-    assert len(errors) == 1 and errors[0].startswith(f"{folder} holds a WanPipeline")
+    assert len(errors) == 1 and errors[0].startswith(f"{folder} holds a HunyuanVideoPipeline")

@@ -194,17 +194,18 @@ def t5_encoder_keys(keys: Iterable[str], prefix: str = "") -> tuple[list[str], C
 
 def plan_t5_encoder(
     file: CheckpointFile, what: str, prefix: str, part: str, label: str, base: dict,
-    wrong: Callable[[str], ModelError],
+    wrong: Callable[[str], ModelError], build: Callable[[dict], torch.nn.Module] | None = None,
 ) -> Plan:  # fmt: skip
     """The T5 encoder under ``prefix`` in ``file`` as ``part`` (``label`` in errors), its config
     ``base`` (T5 v1.1 XXL's) with the sizes the tensors show; ``wrong(problem)``: the error for a
-    file that holds none."""
+    file that holds none. ``build``: the module from its config (unset: T5EncoderModel; umT5's
+    files have the same names, with a position bias in every block)."""
     try:
         keys, convert = t5_encoder_keys(file.keys(), prefix)
     except ValueError as exc:
         raise wrong(str(exc)) from None
     return plan_part(
-        part, what, file, keys, convert, build_t5,
+        part, what, file, keys, convert, build or build_t5,
         lambda shapes: t5_config_from_shapes(shapes, base),
         lambda exc: wrong(f"it lacks {exc}"), label=label, tied=True,
     )  # fmt: skip

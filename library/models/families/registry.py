@@ -24,6 +24,7 @@ from library.models.families.qwenimage.entry import QWENIMAGE
 from library.models.families.qwenimage_edit.entry import QWENIMAGE_EDIT, QWENIMAGE_EDIT_PLUS
 from library.models.families.sd.entry import SD
 from library.models.families.sd3.entry import SD3
+from library.models.families.wan.entry import WAN
 from library.models.families.zimage.entry import ZIMAGE
 
 FAMILIES: tuple[FamilyEntry, ...] = (
@@ -38,6 +39,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     QWENIMAGE_EDIT,
     QWENIMAGE_EDIT_PLUS,
     KREA2,
+    WAN,
 )
 _TEST_ENTRIES: list[FamilyEntry] = []
 

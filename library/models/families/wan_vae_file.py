@@ -5,6 +5,7 @@ family that uses this VAE reads its file here. Its config is the one in the file
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 
@@ -29,15 +30,17 @@ def stored_config(file: CheckpointFile, part: str) -> dict | None:
 
 
 def plan_vae(
-    file: CheckpointFile, what: str, description: str, released: Callable[[], dict], label: str
-) -> Plan:
+    file: CheckpointFile, what: str, description: str, released: Callable[[], dict], label: str,
+    model_class: str = "AutoencoderKLQwenImage",
+) -> Plan:  # fmt: skip
     """The VAE in Wan 2.1's names or diffusers'; ModelError naming ``what`` (the config key)
-    and ``description`` (the file it should be) for a file that is neither."""
+    and ``description`` (the file it should be) for a file that is neither. ``model_class``:
+    the diffusers class built (the same network under two names, with the same keys)."""
     keys = list(file.keys())
     if wan_vae_keys.ORIGINAL_MARK in file:
-        wan = True
+        original = True
     elif wan_vae_keys.DIFFUSERS_MARK in file and any(".down_blocks." in k for k in keys):
-        wan = False
+        original = False
     else:
         raise ModelError(
             f"{what} = {file.path} is not {description} (the file looks like "
@@ -46,16 +49,17 @@ def plan_vae(
 
     def plan_of(config: dict) -> Plan:
         def convert(state):
-            return wan_vae_keys.vae_from_original(state, config) if wan else dict(state)
+            return wan_vae_keys.vae_from_original(state, config) if original else dict(state)
 
-        return Plan("vae", what, file, keys, config, convert, _build_vae, label=label)
+        build = functools.partial(_build_vae, model_class)
+        return Plan("vae", what, file, keys, config, convert, build, label=label)
 
     # the header's config when it fits, else the released one; the header's stays the measure
     # when it does not fit, so the error names the tensor that differs from it
     return plan_with_config("vae", plan_of, file, lambda: stored_config(file, "vae") or released())
 
 
-def _build_vae(config: dict) -> torch.nn.Module:
-    from diffusers import AutoencoderKLQwenImage
+def _build_vae(model_class: str, config: dict) -> torch.nn.Module:
+    import diffusers
 
-    return AutoencoderKLQwenImage(**config)
+    return getattr(diffusers, model_class)(**config)

@@ -11,7 +11,6 @@ import torch
 
 from library.models.families.krea2.family import krea2_family
 from library.models.families.krea2.keys import TABLE
-from library.training.noise import NoiseOptions, draw
 from tests.kits.conformance_kit import (
     FOUR_LENGTH_CAPTIONS,
     ConformanceKit,
@@ -22,6 +21,7 @@ from tests.kits.conformance_kit import (
 )
 from tests.kits.krea2.tiny import TAPS, build_tiny_krea2_components, write_tiny_krea2_folder
 from tests.kits.krea2.tiny_files import write_tiny_krea2_files
+from tests.kits.video_reference import shifted_clip
 
 TEXT_TOKENS = 512  # the pipeline's fixed caption length (max_sequence_length), as our family's cap
 
@@ -94,17 +94,7 @@ def reference_loss(pipe, batch, seed, shift=2.5) -> torch.Tensor:
     x0 + sigma noise, packed by the pipeline's _pack_latents with its prepare_position_ids, the
     transformer at sigma on the pipeline's prompt embeddings and mask (its fixed-length layout),
     target noise - x0; the trainer's keyed draws and musubi-tuner's "shift" sigma draw."""
-    posterior = pipe.vae.encode(batch["pixel_values"].unsqueeze(2)).latent_dist
-    shape = tuple(posterior.mean.shape[1:])
-    d = draw(seed, batch["epoch"], batch["positions"].tolist(), shape, 1000,
-             torch.device("cpu"), NoiseOptions(), flow_times=True)  # fmt: skip
-    z = posterior.mean + posterior.std * d.latent_eps
-    config = pipe.vae.config
-    mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1, 1)
-    std = torch.tensor(config.latents_std).view(1, -1, 1, 1, 1)
-    x0 = (z - mean) / std
-    u = torch.sigmoid(d.time_normal)
-    sigma = shift * u / (1 + (shift - 1) * u)
+    x0, d, sigma = shifted_clip(pipe.vae, batch, seed, shift)
     s = sigma.view(-1, 1, 1, 1, 1)
     noisy = (1 - s) * x0 + s * d.noise
     b, c, _, h, w = noisy.shape

@@ -10,7 +10,6 @@ import torch
 
 from library.models.families.qwenimage.family import qwenimage_family
 from library.models.wan_vae_keys import vae_from_original, vae_to_original
-from library.training.noise import NoiseOptions, draw
 from tests.kits.conformance_kit import (
     FOUR_LENGTH_CAPTIONS,
     ConformanceKit,
@@ -24,6 +23,7 @@ from tests.kits.qwenimage.tiny import (
     write_tiny_qwenimage_folder,
 )
 from tests.kits.qwenimage.tiny_files import write_tiny_qwenimage_files
+from tests.kits.video_reference import shifted_clip
 
 
 def _inputs(transformer, seed):
@@ -79,17 +79,7 @@ def reference_loss(pipe, batch, seed, shift=2.2) -> torch.Tensor:
     x0 + sigma noise, packed into 2x2 patches by the pipeline's _pack_latents, the transformer at
     sigma on the pipeline's prompt embeddings and mask, target noise - x0; the trainer's keyed
     draws and musubi-tuner's "shift" sigma draw."""
-    posterior = pipe.vae.encode(batch["pixel_values"].unsqueeze(2)).latent_dist
-    shape = tuple(posterior.mean.shape[1:])
-    d = draw(seed, batch["epoch"], batch["positions"].tolist(), shape, 1000,
-             torch.device("cpu"), NoiseOptions(), flow_times=True)  # fmt: skip
-    z = posterior.mean + posterior.std * d.latent_eps
-    config = pipe.vae.config
-    mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1, 1)
-    std = torch.tensor(config.latents_std).view(1, -1, 1, 1, 1)
-    x0 = (z - mean) / std
-    u = torch.sigmoid(d.time_normal)
-    sigma = shift * u / (1 + (shift - 1) * u)
+    x0, d, sigma = shifted_clip(pipe.vae, batch, seed, shift)
     s = sigma.view(-1, 1, 1, 1, 1)
     noisy = (1 - s) * x0 + s * d.noise
     b, c, _, h, w = noisy.shape

@@ -1,0 +1,87 @@
+"""Wan's registry entry (readable without torch: its modules are named, not imported)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from library.config.section import Section
+from library.config.unsupported import group
+from library.models.families.family_entry import (
+    Deferred,
+    FamilyEntry,
+    KohyaVocabulary,
+    LoraFiles,
+    ToolFacts,
+)
+from library.training.flow_keys import SIGMA_KEYS
+
+_LINE = "Wan"
+_PACKAGE = "library.models.families.wan"
+# The [flow] keys of the shared flow-matching draw, umT5's file and tokenizer, and the task
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"t5", "t5_tokenizer_path", "task"}
+TASKS = ("t2v-1.3B", "t2v-14B", "t2v-A14B")
+
+
+class WanFlowKeys(Section):
+    """musubi-tuner's --t5 and --task."""
+
+    t5: str | None = Field(
+        None,
+        description="Wan: the umT5-XXL text encoder file beside a transformer file "
+        "(umt5_xxl_fp16.safetensors, transformers' names; musubi-tuner's --t5). Needed with "
+        "such a transformer file; with a diffusers folder it replaces the folder's "
+        "text_encoder/.",
+    )
+    task: Literal[TASKS] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="Wan: which model the transformer is (musubi-tuner's --task): t2v-1.3B, "
+        "t2v-14B or t2v-A14B (a Wan 2.2 expert); checked against the transformer's width. "
+        "Unset: read off the file.",
+    )
+
+
+# musubi-tuner's Wan trainer (wan_train_network.py): options of what is not trained here yet
+_LATER = (
+    "an option of musubi-tuner's Wan 2.2 two-expert, image-to-video or one-frame training; "
+    "difftune trains Wan 2.1 text to video and one Wan 2.2 A14B expert at a time (its file as "
+    "dit)"
+)
+_OPTIONS = {
+    **group("dit_high_noise clip", _LATER, planned=True),
+    **group("one_frame force_v2_1_time_embedding", _LATER, (False,)),
+    **group("vae_cache_cpu", "it only changes where musubi-tuner keeps the VAE's cache; the "
+            "result is the same", (False,), ignored=True),
+}  # fmt: skip
+
+# Module names only Wan LoRA files hold, in every layout they come in (name starts).
+_DENOISER_MARKS = tuple(
+    (start, _LINE)
+    for start in ("lora_unet_blocks_0_self_attn_", "diffusion_model.blocks.0.self_attn.",
+                  "transformer.blocks.0.attn1.", "lora_unet_blocks_0_attn1_")
+)  # fmt: skip
+
+WAN = FamilyEntry(
+    name="wan",
+    label=_LINE,
+    models="Wan 2.1 / 2.2",
+    lines=(_LINE,),
+    family=Deferred(f"{_PACKAGE}.family:WanFamily").get,
+    claims=Deferred(f"{_PACKAGE}.spec:claims_wan"),
+    load=Deferred(f"{_PACKAGE}.family:load_wan"),
+    reads_vae=True,
+    # musubi-tuner's LoRA module for Wan
+    network_module="networks.lora_wan",
+    flow_matching=True,
+    config_keys=(WanFlowKeys,),
+    kohya=KohyaVocabulary(options=_OPTIONS),
+    flow_keys=FLOW_KEYS,
+    lora_files=LoraFiles(denoiser_marks=_DENOISER_MARKS, architectures=(("wan", _LINE),)),
+    tool=ToolFacts(
+        component_options={"t5": "the umT5-XXL text encoder file beside a transformer file"},
+        variant_labels={"wan": _LINE},
+        version_marks=(("wan", _LINE),),
+        to_original=Deferred(f"{_PACKAGE}.keys:state_to_original"),
+    ),
+)

@@ -1,0 +1,200 @@
+"""Wan as a ModelFamily (facts: spec.py, diffusers' WanPipeline): latents are the Wan VAE's clips
+normalised per channel, [B, 16, F', h, w] (an image: one latent frame); captions are umT5's
+states at 512 tokens, zero past each caption's own (text_encoders/umt5.py), kept per caption at
+its own length in the text cache and padded back with zeros; the transformer takes the noisy
+latents whole (its own 1x2x2 patches and 3-D rotary positions) at timestep 1000 sigma and
+returns the velocity noise - x0; only the transformer trains (as musubi-tuner). LoRA modules
+are kohya's ten Linears of every block, written as musubi-tuner names them (``lora_unet_`` +
+the original path, with alpha): the layout diffusers' WanPipeline.load_lora_weights converts
+and ComfyUI's Wan key map reads. A full fine-tune is the transformer in the original names.
+
+Samples through diffusers' WanPipeline fed our conditioning, on the folder's scheduler
+(UniPCMultistepScheduler over flow sigmas; single files: the released one); its guidance is
+the usual CFG at the prompt's scale (musubi-tuner's --l; unset: the pipeline's 5), with the
+negative prompt's states when the scale is above 1. Sides are rounded down to multiples of 16."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
+from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.spec_loader import load_spec, write_main_file
+from library.models.families.transformer_family import (
+    TransformerFamily,
+    flow_metadata,
+    swappable_tails,
+)
+from library.models.families.wan import spec
+from library.models.families.wan.keys import TABLE
+from library.models.loader import Components
+from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
+from library.models.video_latent_codec import ChannelNormalizedVideoCodec
+from library.networks.table_modules import table_modules
+from library.sampling.pipelines import PipelineKind, on_grid
+from library.training import flow_matching as fm
+from library.training.objectives import VelocityObjective, shift_draw_over
+
+DEFAULT_SCALE = 5.0  # the pipeline's guidance_scale
+
+
+class WanFlowObjective(VelocityObjective):
+    """Rectified flow at timestep 1000 sigma (the pipelines' scheduler timesteps); min_timestep
+    / max_timestep (musubi-tuner's, out of 1000) narrow the drawn sigma into their range
+    linearly. Samples on the model's UniPC scheduler."""
+
+    LABEL = "Wan"
+    TIMESTEP_RANGE = True
+
+    def levels(self, draws, latent_shape):
+        sigmas = super().levels(draws, latent_shape)
+        low = (self.min_timestep or 0) / fm.NUM_TRAIN_TIMESTEPS
+        high = fm.NUM_TRAIN_TIMESTEPS if self.max_timestep is None else self.max_timestep
+        return sigmas * (high / fm.NUM_TRAIN_TIMESTEPS - low) + low
+
+    def model_time(self, t):
+        return t * fm.NUM_TRAIN_TIMESTEPS
+
+    def sampler(self, name: str):
+        from diffusers import UniPCMultistepScheduler
+
+        return UniPCMultistepScheduler.from_config(self.sampling_scheduler)
+
+
+def wan_pipeline_inputs(cond: Conditioning, prompt) -> dict:
+    """Call keywords from the conditioning of [prompt, negative prompt] (the frame count is the
+    prompt's, added by the shared sampling)."""
+    embeds, negative = cond.encoder_hidden_states.chunk(2)
+    inputs = {
+        "prompt_embeds": embeds, "guidance_scale": float(prompt.scale),
+        "width": on_grid(prompt.width, spec.PIXEL_MULTIPLE),
+        "height": on_grid(prompt.height, spec.PIXEL_MULTIPLE),
+    }  # fmt: skip
+    return inputs | ({"negative_prompt_embeds": negative} if prompt.scale > 1 else {})
+
+
+def block_modules(transformer) -> list:
+    """kohya's modules: the ten Linears of every block (keys.py), in musubi-tuner's order."""
+    return table_modules(transformer, "lora_unet", TABLE, (("blocks", "blocks"),))
+
+
+@dataclass(frozen=True, kw_only=True)
+class WanFamily(TransformerFamily):
+    """Wan 2.1 / a Wan 2.2 A14B expert with umT5 captions."""
+
+    FLOW_KIND: ClassVar[str] = "wan"
+    LABEL: ClassVar[str] = "Wan"
+    TRAINS_CLIPS: ClassVar[bool] = True
+    FRAME_RATE: ClassVar[float] = 16.0  # Wan 2.1's and the A14B's clips (musubi-tuner's target)
+    DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "umT5 gets no adapters, as in musubi-tuner"
+    LYCORIS_EMPTY_PRESETS: ClassVar[tuple[str, ...]] = ("unet-convblock-only",)
+
+    def describe(self) -> str:
+        return f"Wan ({MAX_TOKENS} umT5 tokens, zero past each caption)"
+
+    @property
+    def text_cache_name(self) -> str:
+        return f"{self.name}|umt5_tokens={MAX_TOKENS}|zeroed"
+
+    def encode_text(
+        self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
+    ) -> TextConditioning:
+        (tokenizer,), (encoder,) = tokenizers, text_encoders
+        states, mask = umt5_states(tokenizer, encoder, captions, device)
+        # the dry run's estimate runs on the meta device: every row whole there
+        lengths = None if mask.is_meta else mask.sum(dim=1).cpu()
+        return TextConditioning(states, None, None, lengths)
+
+    def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        """The states padded with zeros to the pipelines' 512 tokens (a cache batch holds them
+        cut to their longest caption)."""
+        hidden = text.hidden.to(device, dtype or text.hidden.dtype)
+        missing = MAX_TOKENS - hidden.shape[1]
+        if missing > 0:
+            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, missing))
+        return Conditioning(hidden, {})
+
+    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
+        """The velocity [B, C, F', h, w] at timesteps 1000 sigma."""
+        return denoiser(
+            hidden_states=noisy, timestep=timesteps,
+            encoder_hidden_states=cond.encoder_hidden_states, return_dict=False,
+        )[0]  # fmt: skip
+
+    def latent_codec(self, vae):
+        return ChannelNormalizedVideoCodec(vae)
+
+    def trains_text_encoder(self, index: int) -> bool:
+        return False  # DENOISER_ONLY_ADAPTERS
+
+    def transformer_modules(self, transformer):
+        return block_modules(transformer)
+
+    def file_modules(self, transformer):
+        return block_modules(transformer)
+
+    def lycoris_modules(self, transformer, preset):
+        """The ten Linears of every block; attn-only: the eight attention ones."""
+        modules = block_modules(transformer)
+        if preset == "attn-only":
+            return [m for m in modules if "_attn." in m.original]
+        return modules
+
+    def swap_blocks(self, transformer, count):
+        return swappable_tails(("", transformer.blocks, count), count=count)
+
+    def sampling_pipeline(self):
+        return PipelineKind(
+            "WanPipeline", denoiser_argument="transformer", call_inputs=wan_pipeline_inputs,
+            prompt_defaults={"scale": DEFAULT_SCALE, "sampler": "euler"},
+        )  # fmt: skip
+
+    def metadata_keys(self, config):
+        """musubi-tuner's Wan trainer's draw, in kohya's ss_* names."""
+        return {"ss_model_type": "wan", **flow_metadata(spec_flow_options(config.flow))}
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        """The transformer alone in the original names (as Wan-AI's and ComfyUI's files), its
+        config in the header for exact reloading."""
+        write_main_file(spec.SPEC, path, denoiser, metadata, dtype)
+
+    def full_model_modules(self, components):
+        return (components.denoiser,)
+
+
+WAN = WanFamily(
+    name="wan", prediction_type="flow", base_model_version="wan2.1",
+    modelspec_architecture="wan2.1-t2v", default_resolution=832,
+    text_encoder_lora_prefixes=("lora_te",),
+    lora_implementation="https://github.com/kohya-ss/musubi-tuner",
+    checkpoint_implementation="https://github.com/Wan-Video/Wan2.1",
+    denoiser_subfolder="transformer",
+    network_modules=("lycoris.kohya", "networks.lora", "networks.lora_wan"),
+)  # fmt: skip
+
+
+def spec_flow_options(flow):
+    """The set [flow] draw keys over musubi-tuner's Wan guide (shift 3)."""
+    return shift_draw_over(flow, spec.DISCRETE_FLOW_SHIFT)
+
+
+def load_wan(
+    model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
+) -> Components:
+    """Wan's Components (frozen, on the CPU); ModelError for any problem with the files."""
+    main = Path(model.pretrained_model_name_or_path).expanduser()
+    if main.is_file() and main.suffix == ".safetensors":
+        spec.refuse_image_input(main)
+    loaded = load_spec(spec.SPEC, model, flow, weight_dtype, vae_dtype)
+    transformer, vae, text_encoder = loaded.modules.values()
+    objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)
+    return Components(
+        denoiser=transformer, vae=vae, text_encoders=(text_encoder,),
+        tokenizers=tuple(loaded.tokenizers.values()), objective=objective,
+        family=replace(WAN), model_dir=loaded.model_dir,
+    )  # fmt: skip

@@ -1,0 +1,224 @@
+"""Wan's facts as data (diffusers 0.42.1's WanPipeline, WanTransformer3DModel, AutoencoderKLWan
+and its single-file converter; musubi-tuner's Wan guide), its models for the shared loader
+(library/models/families/spec_loader.py). A WanPipeline folder (Wan-AI/Wan2.1-T2V-1.3B-Diffusers,
+-14B-Diffusers) holds transformer/, vae/ (AutoencoderKLWan), text_encoder/ (UMT5EncoderModel),
+tokenizer/ (umT5's) and scheduler/ (UniPCMultistepScheduler with the flow shift). As single
+files: the transformer (pretrained_model_name_or_path, musubi-tuner's --dit: Wan-AI's
+diffusion_pytorch_model*.safetensors or Comfy-Org's wan2.1_t2v_*.safetensors in the original
+names, keys.py, bare or under ``model.diffusion_model.``, or diffusers' names; a Wan 2.2 A14B
+expert's file is one of these), umT5 ([flow] t5: umt5_xxl_fp16.safetensors), the VAE ([model]
+vae: wan_2.1_vae.safetensors) and umT5's tokenizer (t5_tokenizer_path, or found locally)."""
+
+from __future__ import annotations
+
+import inspect as signature
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import safe_open
+
+from library.errors import ModelError
+from library.models.families import wan_vae_file
+from library.models.families.folder_loader import CheckedFolder, t5_tokenizer
+from library.models.families.name_table import count_numbered
+from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
+from library.models.families.spec_loader import claimer
+from library.models.families.wan.keys import TABLE
+from library.models.loader import read_json
+from library.models.text_encoders.t5 import T5TokenizerPlaces
+from library.models.text_encoders.umt5 import plan_umt5_file, umt5_xxl_config
+
+FAMILY = "Wan"
+HEAD_DIM = 128  # every release's attention head width (the shapes do not show it)
+PIXEL_MULTIPLE = 16  # the VAE's 8 times the 1x2x2 patches
+TEMPORAL = 4  # the VAE's frames per latent frame after the first
+DISCRETE_FLOW_SHIFT = 3.0  # musubi-tuner's Wan guide for training (and the 480p sampling shift)
+PLACES = T5TokenizerPlaces(
+    repos=(
+        ("google/umt5-xxl", ""),
+        ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "tokenizer"),
+        ("Wan-AI/Wan2.1-T2V-14B-Diffusers", "tokenizer"),
+    ),  # fmt: skip
+    sub="tokenizer",
+    copy_from="a Wan diffusers folder's tokenizer/, or google/umt5-xxl's files",
+)
+WHATS = {
+    "t5": "the umT5-XXL text encoder (umt5_xxl_fp16.safetensors)",
+    "vae": "the Wan 2.1 VAE (wan_2.1_vae.safetensors)",
+}
+
+
+def scheduler_config(shift: float = DISCRETE_FLOW_SHIFT) -> dict:
+    """The released scheduler/ (UniPCMultistepScheduler over flow sigmas at ``shift``)."""
+    return {"num_train_timesteps": 1000, "prediction_type": "flow_prediction",
+            "use_flow_sigmas": True, "flow_shift": shift, "solver_order": 2,
+            "solver_type": "bh2", "predict_x0": True, "lower_order_final": True,
+            "final_sigmas_type": "zero", "timestep_spacing": "linspace"}  # fmt: skip
+
+
+def vae_config() -> dict:
+    """AutoencoderKLWan kwargs of the released Wan 2.1 VAE: the defaults."""
+    from diffusers import AutoencoderKLWan
+
+    parameters = signature.signature(AutoencoderKLWan.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not signature.Parameter.empty}
+
+
+def transformer_config(plain) -> dict:
+    """WanTransformer3DModel kwargs for diffusers-named shapes (KeyError naming a key the sizes
+    are read from); the head width is the releases' 128."""
+    width, in_channels, *patch = plain["patch_embedding.weight"]
+    if width % HEAD_DIM:
+        raise KeyError(f"a transformer {width} wide, not a multiple of the {HEAD_DIM}-wide heads")
+    return {
+        "patch_size": tuple(patch), "num_attention_heads": width // HEAD_DIM,
+        "attention_head_dim": HEAD_DIM, "in_channels": in_channels,
+        "out_channels": plain["proj_out.weight"][0] // (patch[0] * patch[1] * patch[2]),
+        "text_dim": plain["condition_embedder.text_embedder.linear_1.weight"][1],
+        "freq_dim": plain["condition_embedder.time_embedder.linear_1.weight"][1],
+        "ffn_dim": plain["blocks.0.ffn.net.0.proj.weight"][0],
+        "num_layers": count_numbered(plain, "blocks"),
+        "cross_attn_norm": "blocks.0.norm2.weight" in plain,
+        "qk_norm": "rms_norm_across_heads" if "blocks.0.attn1.norm_q.weight" in plain else None,
+        "eps": 1e-6, "image_dim": None, "added_kv_proj_dim": None, "rope_max_seq_len": 1024,
+    }  # fmt: skip
+
+
+# musubi-tuner's --task -> what its released transformer's config says beyond the shared sizes
+_RELEASED = {
+    "t2v-1.3B": {"num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30},
+    "t2v-14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
+    "t2v-A14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
+}
+
+
+def released_transformer_config(task: str) -> dict:
+    """WanTransformer3DModel kwargs of the released transformer of ``task``."""
+    return {
+        "patch_size": (1, 2, 2), "attention_head_dim": HEAD_DIM, "in_channels": 16,
+        "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024,
+        **_RELEASED[task],
+    }  # fmt: skip
+
+
+TASK_WIDTHS = {task: sizes["num_attention_heads"] * HEAD_DIM for task, sizes in _RELEASED.items()}
+
+
+def check_task(checked) -> None:
+    """[flow] task (musubi-tuner's) names a model as wide as the transformer."""
+    task = getattr(checked.flow, "task", None)
+    config = checked.part_config("transformer")
+    width = config["num_attention_heads"] * config["attention_head_dim"]
+    if task is not None and TASK_WIDTHS[task] != width:
+        fits = [name for name, wide in TASK_WIDTHS.items() if wide == width] or ["none"]
+        raise ModelError(
+            f"task = {task!r} is a {TASK_WIDTHS[task]}-wide Wan transformer and "
+            f"{checked.part_source('transformer')} is {width} wide; set task to "
+            f"{' or '.join(fits)}, or remove it"
+        )
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The sampling scheduler (UniPC's config) and the folder's expert boundary (Wan 2.2)."""
+
+    scheduler: dict
+    boundary_ratio: float | None = None
+
+
+ONLY_T2V = (
+    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B) and the Wan 2.2 T2V-A14B experts; "
+    "give one of those"
+)
+# Keys of the image-to-video transformers' image input (the original and diffusers' names)
+_IMAGE_INPUT = (".cross_attn.k_img.", ".attn2.add_k_proj.")
+
+
+def refuse_image_input(path: Path) -> None:
+    """ModelError for an image-to-video transformer file (I2V, FLF2V: their CLIP image input),
+    from its header: its original keys have no place in a text-to-video transformer."""
+    with safe_open(str(path), "pt") as f:
+        if any(mark in key for key in f.keys() for mark in _IMAGE_INPUT):  # noqa: SIM118
+            raise ModelError(f"{path} is Wan's image-to-video transformer (I2V); {ONLY_T2V}")
+
+
+def refuse_other_tasks(checked) -> None:
+    """ModelError for a folder or file of another task: image input (I2V), or latents of
+    another VAE (TI2V-5B's 48 channels, I2V's 36)."""
+    config = {**transformer_defaults(), **checked.part_config("transformer")}
+    source = checked.part_source("transformer")
+    if config.get("image_dim") is not None or config.get("added_kv_proj_dim") is not None:
+        raise ModelError(f"{source} is Wan's image-to-video transformer (I2V); {ONLY_T2V}")
+    channels = checked.part_config("vae").get("z_dim", 16)
+    if config["in_channels"] != channels:
+        raise ModelError(
+            f"{source} takes {config['in_channels']} latent channels and the VAE makes "
+            f"{channels} (Wan 2.2 TI2V-5B or an image-to-video model); {ONLY_T2V}"
+        )
+
+
+def transformer_defaults() -> dict:
+    """WanTransformer3DModel's defaults (a folder's config.json may leave keys out)."""
+    from diffusers import WanTransformer3DModel
+
+    parameters = signature.signature(WanTransformer3DModel.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not signature.Parameter.empty}
+
+
+def inspect_parts(checked) -> Facts:
+    """umT5's width is the transformer's text input, the task text to video; a folder's
+    scheduler and boundary_ratio (single files: the released scheduler)."""
+    refuse_other_tasks(checked)
+    text = checked.part_config("text_encoder")["d_model"]
+    wanted = checked.part_config("transformer")["text_dim"]
+    if text != wanted:
+        raise ModelError(
+            f"{checked.part_source('text_encoder')} is {text} wide and the Wan transformer of "
+            f"{checked.model_dir} takes {wanted}-wide umT5 states; set t5 in [flow] to "
+            "umT5-XXL's file"
+        )
+    check_task(checked)
+    if not isinstance(checked, CheckedFolder):
+        return Facts(scheduler_config())
+    index = read_json(checked.model_dir / "model_index.json")
+    scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
+    scheduler = {k: v for k, v in scheduler.items() if not k.startswith("_")}
+    return Facts(scheduler, index.get("boundary_ratio"))
+
+
+SPEC = FamilySpec(
+    family=FAMILY,
+    pipeline="WanPipeline",
+    parts=(
+        SpecPart(
+            "denoiser", "transformer", "diffusers:WanTransformer3DModel",
+            label="Wan transformer",
+            main=MainFile(
+                names=TABLE,
+                original_marks=("text_embedding.0.weight", "blocks.0.cross_attn.q.weight"),
+                diffusers_marks=("condition_embedder.text_embedder.linear_1.weight",
+                                 "blocks.0.attn2.to_q.weight"),
+                config_from_shapes=transformer_config,
+                damaged=re.compile(r'"(model\.diffusion_model\.)?(text_embedding\.0|'
+                                   r'condition_embedder\.text_embedder)\.'),
+                example="wan2.1_t2v_1.3B_fp16.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged)",
+            ),
+        ),
+        SpecPart(
+            "vae", "vae", "diffusers:AutoencoderKLWan", base=vae_config,
+            file=ComponentFile("vae", "[model]", WHATS["vae"], lambda file: wan_vae_file.plan_vae(
+                file, "vae", WHATS["vae"], vae_config, "Wan VAE", "AutoencoderKLWan")),
+        ),
+        SpecPart(
+            "text_encoder", "text_encoder", "transformers:UMT5EncoderModel", base=umt5_xxl_config,
+            file=ComponentFile("t5", "[flow]", WHATS["t5"], lambda file: plan_umt5_file(
+                file, "t5", "text_encoder", "Wan text_encoder")),
+        ),
+    ),
+    tokenizers=(t5_tokenizer("tokenizer", "text_encoder", PLACES.find, PLACES.missing),),
+    inspect=inspect_parts,
+    other={"scheduler": "scheduler_config.json"},
+)  # fmt: skip
+claims_wan = claimer(SPEC)

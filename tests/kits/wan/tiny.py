@@ -1,0 +1,88 @@
+"""Tiny Wan 2.1 components and a tiny diffusers WanPipeline folder, built under a seed.
+
+The components have Wan 2.1 T2V's module layout (the 3-D patch embedding and blocks of self- and
+cross-attention with q/k RMS norms across heads, the Wan VAE, umT5's encoder with a position
+bias in every block) at a fraction of the size, for offline tests; ``WanPipeline.from_pretrained``
+reads the folder without a network. umT5's tokenizer is a T5 tokenizer (tokenizer.json with pad
+0, end 1), written by tiny_tokenizer.py (``python -m tests.kits.wan.tiny_tokenizer <folder>``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from library.models.families.wan.spec import scheduler_config
+from tests.kits.flux.tiny import build_seeded
+from tests.kits.wan.tiny_tokenizer import tiny_umt5_vocab_size, write_tiny_umt5_tokenizer
+
+TEXT_WIDTH = 32
+
+
+def transformer_config() -> dict:
+    """WanTransformer3DModel kwargs: two blocks of 2 heads of 8, umT5's tiny width."""
+    return {
+        "patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 8,
+        "in_channels": 16, "out_channels": 16, "text_dim": TEXT_WIDTH, "freq_dim": 16,
+        "ffn_dim": 32, "num_layers": 2, "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": None,
+        "added_kv_proj_dim": None, "rope_max_seq_len": 1024,
+    }  # fmt: skip
+
+
+def text_encoder_config() -> dict:
+    """UMT5Config kwargs: two gated-GELU layers of 4 heads, as many ids as the tiny tokenizer."""
+    return {
+        "vocab_size": tiny_umt5_vocab_size(), "d_model": TEXT_WIDTH, "d_kv": 8, "d_ff": 64,
+        "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
+        "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16,
+        "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+        "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
+    }  # fmt: skip
+
+
+def vae_config() -> dict:
+    return {"base_dim": 8}
+
+
+def build_tiny_wan_components(seed: int = 0) -> dict:
+    """transformer, vae and text_encoder (UMT5EncoderModel) drawn under ``seed``."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    builders = {
+        "transformer": lambda: WanTransformer3DModel(**transformer_config()),
+        "vae": lambda: AutoencoderKLWan(**vae_config()),
+        "text_encoder": lambda: UMT5EncoderModel(UMT5Config(**text_encoder_config())),
+    }
+    return build_seeded(builders, seed)
+
+
+def model_index() -> dict:
+    """model_index.json of a Wan 2.1 T2V folder."""
+    import diffusers
+
+    return {
+        "_class_name": "WanPipeline",
+        "_diffusers_version": diffusers.__version__,
+        "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+        "text_encoder": ["transformers", "UMT5EncoderModel"],
+        "tokenizer": ["transformers", "T5TokenizerFast"],
+        "transformer": ["diffusers", "WanTransformer3DModel"],
+        "vae": ["diffusers", "AutoencoderKLWan"],
+    }
+
+
+def write_tiny_wan_folder(path: str | Path, seed: int = 0) -> Path:
+    """Write a tiny Wan 2.1 T2V as a diffusers WanPipeline folder; returns ``path``."""
+    from diffusers import UniPCMultistepScheduler
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for name, module in build_tiny_wan_components(seed).items():
+        module.save_pretrained(path / name)
+    write_tiny_umt5_tokenizer(path / "tokenizer")
+    UniPCMultistepScheduler(**scheduler_config()).save_pretrained(path / "scheduler")
+    text = json.dumps(model_index(), indent=2) + "\n"
+    (path / "model_index.json").write_text(text, encoding="utf-8")
+    return path

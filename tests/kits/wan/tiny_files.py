@@ -1,0 +1,46 @@
+"""The tiny Wan as the single files users have: the transformer in the original names
+(Comfy-Org's wan2.1_t2v_1.3B_fp16.safetensors layout; ``comfy``: under
+``model.diffusion_model.``), umT5's encoder in transformers' names (umt5_xxl_fp16.safetensors),
+the VAE in Wan 2.1's names (wan_2.1_vae.safetensors) and the tokenizer folder. The tiny sizes
+are not the releases' (the transformer's 8-wide heads do not show in its shapes), so each
+file carries its exact config in the header, as difftune's own files do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from library.models.families.name_table import CHECKPOINT_PREFIX
+from library.models.families.wan.keys import TABLE
+from library.models.wan_vae_keys import vae_to_original
+from tests.kits.krea2.tiny_files import _save
+from tests.kits.wan.tiny import (
+    build_tiny_wan_components,
+    text_encoder_config,
+    transformer_config,
+)
+from tests.kits.wan.tiny_tokenizer import write_tiny_umt5_tokenizer
+
+
+def write_tiny_wan_files(path, seed=0, dtype=torch.float32, comfy=False) -> dict[str, Path]:
+    """Write the four under ``path``; returns their paths by part."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    modules = build_tiny_wan_components(seed)
+    head = CHECKPOINT_PREFIX if comfy else ""
+    original = {
+        head + k: v for k, v in TABLE.to_original(modules["transformer"].state_dict()).items()
+    }
+    text = {k: v for k, v in modules["text_encoder"].state_dict().items()
+            if k != "encoder.embed_tokens.weight"}  # fmt: skip
+    vae = modules["vae"]
+    return {
+        "transformer": _save(original, path / "wan2.1_t2v.safetensors", dtype,
+                             transformer_config(), "transformer"),
+        "t5": _save(text, path / "umt5_xxl.safetensors", dtype, text_encoder_config(),
+                    "text_encoder"),
+        "vae": _save(vae_to_original(vae.state_dict(), vae.config), path / "wan_vae.safetensors",
+                     dtype, dict(vae.config), "vae"),
+        "tokenizer": write_tiny_umt5_tokenizer(path / "tokenizer"),
+    }  # fmt: skip

@@ -1,0 +1,81 @@
+"""What is only Wan's: umT5 captions as the pipelines make them, musubi-tuner's task checked
+against the transformer, and image-to-video transformers refused by name (the properties every
+family has are the conformance suite's: tests/kits/wan/kit.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
+from library.errors import ModelError
+from library.models.families.wan.family import load_wan
+from library.models.families.wan.keys import TABLE
+from tests.kits.wan.tiny import transformer_config, write_tiny_wan_folder
+from tests.kits.wan.tiny_files import write_tiny_wan_files
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return write_tiny_wan_files(tmp_path_factory.mktemp("models") / "wan")
+
+
+def _load(files, transformer=None, **flow):
+    model = ModelSection(pretrained_model_name_or_path=str(transformer or files["transformer"]),
+                         vae=str(files["vae"]))  # fmt: skip
+    flow = FlowSection(t5=str(files["t5"]), t5_tokenizer_path=str(files["tokenizer"]), **flow)
+    return load_wan(model, flow, torch.float32, torch.float32)
+
+
+def test_caption_states_are_the_pipelines_prompt_embeds(tmp_path):
+    """Cleaned (HTML entities, runs of whitespace), 512 tokens, zero past each caption: as
+    WanPipeline.encode_prompt gives them, padded back from the cache's own lengths."""
+    from diffusers import WanPipeline
+
+    folder = write_tiny_wan_folder(tmp_path / "wan")
+    pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
+    captions = ["a  red &amp; blue\ncube ", "x"]
+    with torch.no_grad():  # as the pipeline's call runs it
+        theirs, _ = pipe.encode_prompt(captions, do_classifier_free_guidance=False,
+                                       max_sequence_length=512, device=torch.device("cpu"))  # fmt: skip
+    components = load_wan(ModelSection(pretrained_model_name_or_path=str(folder)), FlowSection(),
+                          torch.float32, torch.float32)  # fmt: skip
+    family = components.family
+    text = family.encode_text(components.tokenizers, components.text_encoders, captions, "cpu")
+    assert text.lengths.tolist() == [int(n) for n in (theirs.abs().sum(-1) > 0).sum(-1)]
+    cut = type(text)(text.hidden[:, : int(text.lengths.max())], None, None, text.lengths)
+    ours = family.assemble_conditioning(cut, None, "cpu").encoder_hidden_states
+    assert ours.shape == theirs.shape == (2, 512, 32)
+    assert torch.equal(ours, theirs)
+
+
+def test_task_must_be_the_transformers(files):
+    with pytest.raises(ModelError, match=r"task = 't2v-14B' is a 5120-wide .* set task to none"):
+        _load(files, task="t2v-14B")
+    assert _load(files).denoiser.config.num_layers == 2
+
+
+def test_an_image_to_video_transformer_is_refused_by_name(files, tmp_path):
+    """Wan 2.1 I2V's file: the T2V keys and the image input's (cross_attn.k_img / v_img, the
+    image embedder), which no text-to-video transformer has."""
+    from diffusers import WanTransformer3DModel
+
+    model = WanTransformer3DModel(**{**transformer_config(), "in_channels": 36,
+                                     "image_dim": 24, "added_kv_proj_dim": 16})  # fmt: skip
+    original = {}
+    for key, value in model.state_dict().items():
+        try:
+            original[TABLE.original_key(key)] = value
+        except ValueError:  # the image input, in the original names
+            for theirs, name in ((".attn2.add_k_proj.", ".cross_attn.k_img."),
+                                 (".attn2.add_v_proj.", ".cross_attn.v_img."),
+                                 (".attn2.norm_added_k.", ".cross_attn.norm_k_img."),
+                                 ("condition_embedder.image_embedder.", "img_emb.")):  # fmt: skip
+                key = key.replace(theirs, name)
+            original[key] = value
+    path = tmp_path / "wan2.1_i2v_480p.safetensors"
+    save_file({k: v.contiguous() for k, v in original.items()}, str(path))
+    with pytest.raises(ModelError, match="is Wan's image-to-video transformer"):
+        _load(files, path)
