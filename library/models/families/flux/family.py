@@ -21,10 +21,8 @@ from typing import ClassVar
 import torch
 
 from library.errors import ConfigError
-from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.flux.lora_keys import transformer_modules
-from library.models.families.flux.original_keys import transformer_to_original
 from library.models.families.flux.sampling import flux_pipeline_kind
 from library.models.families.flux.shapes import (
     CLIP_MAX_LENGTH,
@@ -32,9 +30,10 @@ from library.models.families.flux.shapes import (
     NUM_SINGLE_BLOCKS,
     T5_MAX_LENGTH,
 )
+from library.models.families.flux.spec import SPEC
+from library.models.families.spec_loader import write_main_file
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
 from library.models.patch_tokens import image_position_ids, pack_latents, unpack_latents
-from library.saving.streamed import block_groups, save_streamed
 from library.training.objectives import FlowOptions
 
 RELEASED_BLOCKS = (NUM_DOUBLE_BLOCKS, NUM_SINGLE_BLOCKS)
@@ -248,13 +247,7 @@ class FluxFamily(TransformerFamily):
         is distributed (ComfyUI's diffusion_models/, kohya's --pretrained_model_name_or_path),
         with its diffusers config in the header (difftune.config.transformer) for exact
         reloading; clip_l, t5xxl and ae stay the user's files."""
-        import json
-
-        # one block at a time: the fused tensors of a block are built only while it is written
-        blocks = block_groups(denoiser.state_dict(), ("transformer_blocks.", "single_transformer_blocks."))
-        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
-        header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
-        save_streamed(path, [(b, transformer_to_original) for b in blocks], header, dtype)
+        write_main_file(SPEC, path, denoiser, metadata, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser,)
