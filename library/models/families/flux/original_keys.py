@@ -31,6 +31,7 @@ from library.models.families.name_table import (
     DUAL_STREAM_BLOCK,
     SINGLE_STREAM_BLOCK,
     NameTable,
+    Stem,
     count_numbered,
 )
 from library.models.families.name_table import join_parts as join_parts  # SD3's converters
@@ -42,17 +43,27 @@ ORIGINAL_PREFIX = CHECKPOINT_PREFIX
 
 # The shared dual- and single-stream block stems with FLUX.1's per-block modulation Linears, and
 # its embedders; the final layer's adaLN is (shift, scale) in the original, (scale, shift) here.
+# In kohya's order of the Linears (lora_keys.py): each stream's modulation before its attention,
+# the input embedders in_dims adapts before the final layer.
 _FINAL_ADALN = "final_layer.adaLN_modulation.1"
+
+
+def _stream(name: str, modulation: str) -> dict[str, Stem]:
+    """One stream's stems of a double block, its modulation Linear first."""
+    stems = {k: v for k, v in DUAL_STREAM_BLOCK.items() if k.startswith(name)}
+    return {f"{name}_mod.lin": modulation, **stems}
+
+
 TABLE = NameTable(
     top={
         "img_in": "x_embedder",
-        "txt_in": "context_embedder",
         "time_in.in_layer": "time_text_embed.timestep_embedder.linear_1",
         "time_in.out_layer": "time_text_embed.timestep_embedder.linear_2",
         "vector_in.in_layer": "time_text_embed.text_embedder.linear_1",
         "vector_in.out_layer": "time_text_embed.text_embedder.linear_2",
         "guidance_in.in_layer": "time_text_embed.guidance_embedder.linear_1",
         "guidance_in.out_layer": "time_text_embed.guidance_embedder.linear_2",
+        "txt_in": "context_embedder",
         "final_layer.linear": "proj_out",
         _FINAL_ADALN: "norm_out.linear",
     },
@@ -60,8 +71,7 @@ TABLE = NameTable(
         (
             "double_blocks",
             "transformer_blocks",
-            {"img_mod.lin": "norm1.linear", "txt_mod.lin": "norm1_context.linear"}
-            | DUAL_STREAM_BLOCK,
+            _stream("img", "norm1.linear") | _stream("txt", "norm1_context.linear"),
         ),
         (
             "single_blocks",
@@ -72,6 +82,8 @@ TABLE = NameTable(
     model="FluxTransformer2DModel",
     swapped=(f"{_FINAL_ADALN}.weight", f"{_FINAL_ADALN}.bias"),
 )
+# The input embedders (kohya's in_dims), the top-level Linears before the final layer.
+EMBEDDERS = tuple(stem for stem in TABLE.top if not stem.startswith("final_layer."))
 
 
 def transformer_to_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
