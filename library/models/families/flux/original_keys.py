@@ -7,6 +7,8 @@
   split (original -> diffusers) or concatenated (diffusers -> original): q|k|v in the double
   blocks, q|k|v|mlp-in in a single block's ``linear1``. The final layer's modulation holds
   (shift, scale) in the original and (scale, shift) in diffusers, so its halves are swapped.
+  Both come from one name table (``TABLE``: the shared dual/single-stream block stems,
+  library/models/families/name_table.py, with FLUX.1's modulation Linears and embedders).
 - AE: ``ae_to_original`` / ``ae_from_original``. ae.safetensors uses SD's LDM VAE names without
   the ``first_stage_model.`` prefix and without quant convs, so library/models/original_names.py
   does the renaming.
@@ -19,12 +21,9 @@ Split pieces are views of the fused tensor: clone them before saving them with s
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
-
-import torch
 
 from library.models.families.name_table import (
     CHECKPOINT_PREFIX,
@@ -37,7 +36,7 @@ from library.models.families.name_table import (
 from library.models.families.name_table import join_parts as join_parts  # SD3's converters
 from library.models.families.name_table import swap_halves as swap_halves
 from library.models.families.shape_origins import convert_shapes as convert_shapes
-from library.models.original_names import vae_state_dict_from_original, vae_state_dict_to_original
+from library.models.original_names import ldm_vae_from_original, ldm_vae_to_original
 
 ORIGINAL_PREFIX = CHECKPOINT_PREFIX
 
@@ -86,41 +85,15 @@ TABLE = NameTable(
 EMBEDDERS = tuple(stem for stem in TABLE.top if not stem.startswith("final_layer."))
 
 
-def transformer_to_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Diffusers FluxTransformer2DModel state dict -> original (BFL) keys, without a prefix.
-
-    Raises ValueError for a key it does not know or a fused tensor with a missing part.
-    """
-    return TABLE.to_original(state)
-
-
-def transformer_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Original (BFL) transformer state dict -> diffusers FluxTransformer2DModel keys.
-
-    Keys may carry the ``model.diffusion_model.`` prefix. Raises ValueError for a key that is not
-    part of a FLUX.1 transformer (other components of a full checkpoint must be left out).
-    """
-    return TABLE.from_original(state)
+transformer_to_original = TABLE.to_original  # raises ValueError for a key it does not know
+transformer_from_original = TABLE.from_original  # ``model.diffusion_model.`` prefixes stripped
 
 
 # --- AE ---------------------------------------------------------------------------------------
 
-
-def _levels(state: Mapping[str, object], pattern: str) -> int:
-    found = {int(m.group(1)) for k in state if (m := re.match(pattern, k))}
-    if not found:
-        raise ValueError("no encoder down blocks found: not an AE state dict")
-    return max(found) + 1
-
-
-def ae_to_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Diffusers AutoencoderKL state dict -> ae.safetensors keys (attention as 1x1 convs)."""
-    return vae_state_dict_to_original(state, _levels(state, r"encoder\.down_blocks\.(\d+)\."))
-
-
-def ae_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """ae.safetensors keys -> diffusers AutoencoderKL state dict (attention as matrices)."""
-    return vae_state_dict_from_original(state, _levels(state, r"encoder\.down\.(\d+)\."))
+# ae.safetensors: SD's LDM VAE names without a prefix or quant convs (attention as 1x1 convs).
+ae_to_original = ldm_vae_to_original
+ae_from_original = ldm_vae_from_original
 
 
 # --- shapes and detection ---------------------------------------------------------------------
