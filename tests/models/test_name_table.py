@@ -1,8 +1,9 @@
 """The shared name table (library/models/families/name_table.py) builds both converters from one
 table of stems: FLUX.1's original names, declared as data over the shared dual- and
-single-stream blocks, convert exactly as FLUX.1's hand-written converter does (an independent
-implementation), both ways, fused splits and the swapped adaLN halves included; and kohya's
-modules come from the same table."""
+single-stream blocks, round-trip both ways, fused splits and the swapped adaLN halves included,
+as FLUX.1's own converters do (those are checked against diffusers' single-file converter and
+hand-written names in tests/models/flux/test_flux_keys.py and the conformance suite); and
+kohya's modules come from the same table."""
 
 from __future__ import annotations
 
