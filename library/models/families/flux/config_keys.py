@@ -27,7 +27,7 @@ class FluxFlowKeys(Section):
     )
     model_type: str | None = Field(
         None,
-        description="kohya's model_type: which model of FLUX.1's architecture this is, \"flux\" "
+        description='kohya\'s model_type: which model of FLUX.1\'s architecture this is, "flux" '
         'for FLUX.1; "flux_kontext" says a transformer file is FLUX.1 Kontext [dev] (its file '
         "has FLUX.1 dev's names and shapes). Each family that reads the key takes its own value "
         "(the model's files tell the others apart, and the key must agree with them).",
