@@ -77,7 +77,7 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
     },
     "library/models/families/flux/entry.py": {
         "library.models.families.flux.family:FluxFamily": _LOADER,
-        "library.models.families.flux.load:claims_flux": _LOADER,
+        "library.models.families.flux.spec:claims_flux": _LOADER,
         "library.models.families.flux.load:load_flux": _LOADER,
     },
     "library/models/families/flux2/entry.py": {

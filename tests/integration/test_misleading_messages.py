@@ -152,7 +152,7 @@ def test_a_damaged_flux_file_names_flux(tmp_path, flux_files, images, capsys):
     assert train(config, "--dry_run") == 2
     error = _error(capsys)
     assert error.startswith(f"error: pretrained_model_name_or_path: {cut} is corrupt or truncated")
-    assert error.endswith("re-download the FLUX.1 file")
+    assert error.endswith("re-download the FLUX.1 (dev or schnell) file")
 
 
 def test_an_sd3_config_given_a_flux_file_says_so(tmp_path, flux_files, images, capsys):

@@ -85,7 +85,7 @@ def test_flux_folder_takes_the_component_files(flux_folder, other_files):
 def test_flux_folder_with_a_component_key_naming_no_file(flux_folder, tmp_path, key):
     missing = tmp_path / f"{key}.safetensors"
     message = error(flux_folder, **{key: missing})
-    assert message.startswith(f"{key} = {missing} does not exist")
+    assert message.startswith(f"{key} = {missing} is not a file (nothing is there)")
     message = error(flux_folder, **{key: tmp_path})
     assert message.startswith(f"{key} = {tmp_path} is a folder; set {key} in [flow]")
 

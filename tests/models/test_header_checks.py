@@ -138,7 +138,7 @@ def sd_checkpoint(tmp_path_factory) -> Path:
 def test_sd_checkpoint_given_as_flux_ae(flux_files, sd_checkpoint):
     """It used to pass the dry run and stop at step 1 with a traceback."""
     message = error(flux_files["transformer"], **flux_keys(flux_files, ae=sd_checkpoint))
-    assert message.startswith(f"ae = {sd_checkpoint} is not the FLUX.1 autoencoder")
+    assert message.startswith(f"ae = {sd_checkpoint} is not the 16-channel autoencoder")
     assert "its latents have 4 channels and it has quant convs, FLUX.1's 16" in message
 
 

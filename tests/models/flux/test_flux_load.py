@@ -298,7 +298,9 @@ def test_files_without_stored_configs(tmp_path, folder_parts, caplog):
     for name in ("denoiser", "vae", "t5"):
         got, want = config_of(parts[name]), config_of(folder_parts[name])
         if name == "vae":  # not a property of the weights: the full-size AE's
-            assert got.pop("sample_size") == 1024 and want.pop("sample_size") == tiny_shapes.TINY_SIZE
+            assert (
+                got.pop("sample_size") == 1024 and want.pop("sample_size") == tiny_shapes.TINY_SIZE
+            )
         assert got == want, name
     clip = parts["clip_l"].config
     assert (clip.hidden_size, clip.num_hidden_layers) == (tiny_shapes.TINY_CLIP_WIDTH, 2)
@@ -328,7 +330,7 @@ def test_missing_flow_key(files, no_weights_read):
 def test_missing_t5xxl_file(files, tmp_path, no_weights_read):
     missing = tmp_path / "t5xxl_fp16.safetensors"
     message = error(files["transformer"], files, t5xxl=missing)
-    assert f"t5xxl = {missing}" in message and "does not exist" in message
+    assert f"t5xxl = {missing}" in message and "nothing is there" in message
 
 
 def test_truncated_ae(files, tmp_path, no_weights_read):
@@ -438,7 +440,9 @@ def test_folder_with_truncated_t5_fails_before_loading(folder, tmp_path, monkeyp
     shutil.copytree(folder, broken)
     weights = broken / "text_encoder_2" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
-    monkeypatch.setattr(folder_loader, "load_weights", lambda *a, **k: pytest.fail("loaded weights"))
+    monkeypatch.setattr(
+        folder_loader, "load_weights", lambda *a, **k: pytest.fail("loaded weights")
+    )
     message = error(broken)
     assert str(weights) in message and "corrupt or truncated" in message
 
@@ -474,12 +478,12 @@ def test_full_size_files_plan_the_published_configs(tmp_path):
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     from library.models import original_names as names
-    from library.models.families.flux import files as flux_files
-    from library.models.families.flux.original_keys import (
-        ae_to_original,
-        detect_flux,
-        transformer_to_original,
-    )
+    from library.models.families.flux.original_keys import ae_to_original, transformer_to_original
+    from library.models.families.flux.spec import SPEC
+    from library.models.families.spec_loader import plan_main
+
+    def plan(key, state):
+        return SPEC.by_key(key).file.plan(file(state))
 
     def file(state) -> CheckpointFile:
         return CheckpointFile(tmp_path / "meta.safetensors", tensors=dict(state))
@@ -494,14 +498,12 @@ def test_full_size_files_plan_the_published_configs(tmp_path):
         }
     for variant in shapes.VARIANTS:
         original = file(transformer_to_original(built[variant].state_dict()))
-        found = detect_flux(original.keys())
-        plan = flux_files.plan_transformer(original, found)
-        assert plan.config == shapes.transformer_config(variant)
+        assert plan_main(SPEC, original).config == shapes.transformer_config(variant)
     clip_state = names.with_text_model_prefix(built["clip"].state_dict())
-    assert flux_files.plan_clip(file(clip_state)).config == shapes.clip_l_config()
+    assert plan("clip_l", clip_state).config == shapes.clip_l_config()
     t5_state = {
         k: v for k, v in built["t5"].state_dict().items() if not k.startswith("encoder.embed")
     }
-    assert flux_files.plan_t5(file(t5_state)).config == shapes.t5_xxl_config()
+    assert plan("t5xxl", t5_state).config == shapes.t5_xxl_config()
     ae_state = ae_to_original(built["ae"].state_dict())
-    assert flux_files.plan_ae(file(ae_state)).config == shapes.ae_config()
+    assert plan("ae", ae_state).config == shapes.ae_config()

@@ -2,10 +2,11 @@
 
 - entry: its entry in the family registry (what shared code asks before loading it);
 - family: the ModelFamily (latents, conditioning, the denoiser call, LoRA files, saving);
-- load, files, tokenizers: which models are FLUX.1, a diffusers FluxPipeline folder, the single
-  transformer file with its clip_l / t5xxl / ae files, and the tokenizers, found offline;
+- spec, load: its FluxPipeline folders and single transformer file with its clip_l / t5xxl / ae
+  files as data for the shared loader (families/spec_loader.py), which models are FLUX.1, and
+  the loaded parts as the trainer's components;
 - shapes, original_keys, lora_keys: the component configs as data, the original <-> diffusers
-  state-dict names, and kohya's LoRA names (fused modules);
+  name table, and kohya's LoRA names (fused modules, from the table);
 - sampling: sample images during training with diffusers' FluxPipeline.
 
 Its tiny test models (with a tiny T5 tokenizer) and conformance kit are in tests/kits/flux/.

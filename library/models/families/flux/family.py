@@ -21,10 +21,8 @@ from typing import ClassVar
 import torch
 
 from library.errors import ConfigError
-from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.flux.lora_keys import transformer_modules
-from library.models.families.flux.original_keys import transformer_to_original
 from library.models.families.flux.sampling import flux_pipeline_kind
 from library.models.families.flux.shapes import (
     CLIP_MAX_LENGTH,
@@ -32,9 +30,15 @@ from library.models.families.flux.shapes import (
     NUM_SINGLE_BLOCKS,
     T5_MAX_LENGTH,
 )
-from library.models.families.transformer_family import TransformerFamily, swappable_tails
+from library.models.families.flux.spec import SPEC
+from library.models.families.spec_loader import write_main_file
+from library.models.families.transformer_family import (
+    TransformerFamily,
+    dual_single_tails,
+    flow_metadata,
+)
 from library.models.patch_tokens import image_position_ids, pack_latents, unpack_latents
-from library.saving.streamed import block_groups, save_streamed
+from library.models.text_encoders.t5 import t5_states, tokenize_t5
 from library.training.objectives import FlowOptions
 
 RELEASED_BLOCKS = (NUM_DOUBLE_BLOCKS, NUM_SINGLE_BLOCKS)
@@ -97,33 +101,22 @@ class FluxFamily(TransformerFamily):
         """CLIP-L's pooled output and T5's last hidden states of ``captions``."""
         clip_tokenizer, t5_tokenizer = tokenizers
         clip, t5 = text_encoders
-        captions = list(captions)
         clip_ids = clip_tokenizer(
-            captions,
+            list(captions),
             padding="max_length",
             max_length=CLIP_MAX_LENGTH,
             truncation=True,
             return_tensors="pt",
         ).input_ids.to(device)
         pooled = clip(clip_ids, output_hidden_states=False).pooler_output
-        t5_tokens = self._t5_tokens(t5_tokenizer, captions)
-        mask = t5_tokens.attention_mask.to(device) if self.t5_attention_mask else None
-        hidden = t5(t5_tokens.input_ids.to(device), attention_mask=mask).last_hidden_state
-        return TextConditioning(hidden, pooled, mask)
-
-    def _t5_tokens(self, tokenizer, captions):
-        return tokenizer(
-            list(captions),
-            padding="max_length",
-            max_length=self.t5_max_length,
-            truncation=True,
-            return_tensors="pt",
-        )
+        masked = self.t5_attention_mask
+        hidden, mask = t5_states(t5_tokenizer, t5, captions, self.t5_max_length, device, masked)
+        return TextConditioning(hidden, pooled, mask if masked else None)
 
     def text_mask(self, tokenizers, captions, device):
         if not self.t5_attention_mask:
             return None
-        return self._t5_tokens(tokenizers[1], captions).attention_mask.to(device)
+        return tokenize_t5(tokenizers[1], captions, self.t5_max_length).attention_mask.to(device)
 
     def assemble_conditioning(self, text, batch, device, dtype=None):
         hidden, pooled = text.hidden.to(device), text.pooled.to(device)
@@ -184,14 +177,7 @@ class FluxFamily(TransformerFamily):
         return transformer_modules(transformer, train_blocks=self.train_blocks)
 
     def swap_blocks(self, transformer, count):
-        # kohya's split (flux_models.enable_block_swap): half the count in double blocks, and
-        # two single blocks (each about half a double block's size) for every other one
-        double, single = count // 2, (count - count // 2) * 2
-        return swappable_tails(
-            ("double", transformer.transformer_blocks, double),
-            ("single", transformer.single_transformer_blocks, single),
-            count=count,
-        )
+        return dual_single_tails(transformer, count)
 
     def file_modules(self, transformer):
         """kohya's modules of every double and single block (whatever train_blocks says)."""
@@ -220,15 +206,9 @@ class FluxFamily(TransformerFamily):
         return {
             "ss_model_type": "flux",
             "ss_apply_t5_attn_mask": self.t5_attention_mask,
-            "ss_weighting_scheme": o.weighting_scheme,
-            "ss_logit_mean": o.logit_mean,
-            "ss_logit_std": o.logit_std,
-            "ss_mode_scale": o.mode_scale,
             "ss_guidance_scale": self.guidance_scale,
-            "ss_timestep_sampling": o.timestep_sampling,
-            "ss_sigmoid_scale": o.sigmoid_scale,
             "ss_model_prediction_type": o.model_prediction_type,
-            "ss_discrete_flow_shift": o.discrete_flow_shift,
+            **flow_metadata(o),
         }
 
     def check_options(self, model, flow):
@@ -248,13 +228,7 @@ class FluxFamily(TransformerFamily):
         is distributed (ComfyUI's diffusion_models/, kohya's --pretrained_model_name_or_path),
         with its diffusers config in the header (difftune.config.transformer) for exact
         reloading; clip_l, t5xxl and ae stay the user's files."""
-        import json
-
-        # one block at a time: the fused tensors of a block are built only while it is written
-        blocks = block_groups(denoiser.state_dict(), ("transformer_blocks.", "single_transformer_blocks."))
-        config = json.dumps(dict(denoiser.config), default=list, sort_keys=True)
-        header = {CONFIG_METADATA + "transformer": config, **dict(metadata or {})}
-        save_streamed(path, [(b, transformer_to_original) for b in blocks], header, dtype)
+        write_main_file(SPEC, path, denoiser, metadata, dtype)
 
     def full_model_modules(self, components):
         return (components.denoiser,)

@@ -4,7 +4,7 @@ A diffusers folder says so itself (model_index.json names FluxKontextPipeline; i
 FLUX.1's). The distributed transformer file (flux1-kontext-dev.safetensors) has FLUX.1 dev's
 names and shapes, so nothing in it tells the two apart: the config says so with kohya's
 model_type = "flux_kontext", and the file is then read with its clip_l, t5xxl and ae files as
-FLUX.1's are (flux/files.py).
+FLUX.1's are (flux/spec.py, read by the shared loader).
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.claims import folder_pipeline
-from library.models.families.flux import load as flux_load
+from library.models.families.flux import spec as flux_spec
+from library.models.families.flux.load import flux_components
 from library.models.families.kontext.family import kontext_family
 from library.models.families.kontext.sampling import PIPELINE
+from library.models.families.spec_loader import load_spec
 from library.models.loader import Components
 
 MODEL_TYPE = "flux_kontext"
-FOLDER = dataclasses.replace(flux_load.FOLDER, pipeline=PIPELINE, family="FLUX.1 Kontext [dev]")
+SPEC = dataclasses.replace(flux_spec.SPEC, pipeline=PIPELINE, family="FLUX.1 Kontext [dev]")
 
 
 def claims_kontext(model: ModelSection, flow: FlowSection) -> bool:
@@ -40,9 +42,9 @@ def claims_kontext(model: ModelSection, flow: FlowSection) -> bool:
 
 
 def _refuse_text_to_image_folder(path: Path) -> None:
-    if path.is_dir() and folder_pipeline(path) == flux_load.FLUX_PIPELINE:
+    if path.is_dir() and folder_pipeline(path) == flux_spec.PIPELINE:
         raise ModelError(
-            f"{path} holds a text-to-image FLUX.1 ({flux_load.FLUX_PIPELINE}), not a FLUX.1 "
+            f"{path} holds a text-to-image FLUX.1 ({flux_spec.PIPELINE}), not a FLUX.1 "
             f'Kontext model, and model_type = "{MODEL_TYPE}" says Kontext: remove model_type '
             "to train FLUX.1, or point pretrained_model_name_or_path at the Kontext model"
         )
@@ -56,10 +58,10 @@ def load_kontext(
     distilled guidance input (schnell-shaped), which Kontext [dev] has."""
     path = Path(model.pretrained_model_name_or_path).expanduser()
     _refuse_text_to_image_folder(path)
-    parts = flux_load.load_flux_parts(FOLDER, model, flow, weight_dtype, vae_dtype)
-    if parts.variant != "dev":
+    loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
+    if loaded.facts != "dev":
         raise ModelError(
             f"{path} has no distilled guidance input (a schnell-shaped transformer), and FLUX.1 "
             "Kontext [dev] has one; point pretrained_model_name_or_path at flux1-kontext-dev"
         )
-    return flux_load.flux_components(parts, kontext_family(flow), flow)
+    return flux_components(SPEC, loaded, kontext_family(flow), flow)
