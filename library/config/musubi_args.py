@@ -107,7 +107,8 @@ UNSUPPORTED: dict[str, Unsupported] = {
     ),
     "preserve_distribution_shape": Unsupported(
         "drawing the noise level again until it lies in min_timestep..max_timestep is not "
-        "supported: flow-matching models here draw from the whole range",
+        "supported: where a model reads min_timestep / max_timestep, the drawn level is scaled "
+        "into their range (musubi-tuner's default)",
         (False,),
         planned=False,
     ),

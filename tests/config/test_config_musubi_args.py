@@ -162,7 +162,7 @@ def test_dit_and_the_model_key_must_agree(write_toml):
         ("edit_plus = true", 'model_version = "edit-2509"'),
         ('dit_high_noise = "/m/high.safetensors"', "one Wan 2.2 A14B expert at a time"),
         ("num_timestep_buckets = 4", "timestep_sampling"),
-        ("preserve_distribution_shape = true", "whole range"),
+        ("preserve_distribution_shape = true", "scaled into their range"),
         ("use_32bit_attention = true", 'mixed_precision = "no"'),
         ('timestep_sampling = "qinglong_qwen"', "use qwen_shift"),
         ('timestep_sampling = "logsnr"', "use qwen_shift"),
