@@ -24,13 +24,15 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.spec_loader import load_spec, write_main_file
+from library.models.experts import LOW_NOISE
+from library.models.families.spec_loader import load_main_file, load_spec, write_main_file
 from library.models.families.transformer_family import (
     TransformerFamily,
     flow_metadata,
     swappable_tails,
 )
 from library.models.families.wan import spec
+from library.models.families.wan.experts import file_experts, folder_experts
 from library.models.families.wan.keys import TABLE
 from library.models.loader import Components
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
@@ -193,8 +195,13 @@ def load_wan(
     loaded = load_spec(spec.SPEC, model, flow, weight_dtype, vae_dtype)
     transformer, vae, text_encoder = loaded.modules.values()
     objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)
+    if main.is_dir():
+        experts = folder_experts(main, transformer, weight_dtype)
+    else:
+        experts = file_experts(getattr(flow, "dit_high_noise", None), transformer,
+                               lambda path: load_main_file(spec.SPEC, path, weight_dtype))  # fmt: skip
     return Components(
-        denoiser=transformer, vae=vae, text_encoders=(text_encoder,),
-        tokenizers=tuple(loaded.tokenizers.values()), objective=objective,
-        family=replace(WAN), model_dir=loaded.model_dir,
+        denoiser=transformer if experts is None else experts.modules[LOW_NOISE], vae=vae,
+        text_encoders=(text_encoder,), tokenizers=tuple(loaded.tokenizers.values()),
+        objective=objective, family=replace(WAN), model_dir=loaded.model_dir, experts=experts,
     )  # fmt: skip

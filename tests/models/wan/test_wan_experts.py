@@ -1,0 +1,72 @@
+"""Wan 2.2 T2V-A14B's two experts load as diffusers' WanPipeline holds them: in a folder,
+``transformer`` the high-noise expert and ``transformer_2`` the low-noise one, split at
+model_index.json's boundary_ratio; as single files, musubi-tuner's ``dit`` the low-noise one and
+``dit_high_noise`` the high-noise one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
+from library.errors import ModelError
+from library.models.families.wan.family import load_wan
+from tests.kits.wan.tiny import write_tiny_wan_experts_folder, write_tiny_wan_folder
+from tests.kits.wan.tiny_files import write_tiny_wan_expert_file, write_tiny_wan_files
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_tiny_wan_experts_folder(tmp_path_factory.mktemp("m") / "a14b", 0.9)
+
+
+def _state(module) -> dict:
+    return module.state_dict()
+
+
+def _assert_same(ours, theirs):
+    mine, other = _state(ours), _state(theirs)
+    assert mine.keys() == other.keys()
+    assert all(torch.equal(mine[k], other[k]) for k in mine)
+
+
+def test_a_folder_is_the_pipelines_two_experts(folder):
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
+    loaded = load_wan(ModelSection(pretrained_model_name_or_path=str(folder)), FlowSection(),
+                      torch.float32, torch.float32)  # fmt: skip
+    experts = loaded.experts
+    assert experts is not None and experts.boundary_ratio == pipe.config.boundary_ratio == 0.9
+    _assert_same(experts.modules["high_noise"], pipe.transformer)
+    _assert_same(experts.modules["low_noise"], pipe.transformer_2)
+    assert loaded.denoiser is experts.modules["low_noise"]
+    assert not torch.equal(*(next(iter(_state(m).values())) for m in experts.modules.values()))
+
+
+def test_a_wan21_folder_has_one_denoiser(tmp_path):
+    folder = write_tiny_wan_folder(tmp_path / "wan")
+    loaded = load_wan(ModelSection(pretrained_model_name_or_path=str(folder)), FlowSection(),
+                      torch.float32, torch.float32)  # fmt: skip
+    assert loaded.experts is None
+
+
+def test_single_files_are_musubi_tuners_dit_and_dit_high_noise(folder, tmp_path):
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
+    files = write_tiny_wan_files(tmp_path / "f")
+    low = write_tiny_wan_expert_file(folder, "transformer_2", tmp_path / "low.safetensors")
+    high = write_tiny_wan_expert_file(folder, "transformer", tmp_path / "high.safetensors")
+    model = ModelSection(pretrained_model_name_or_path=str(low), vae=str(files["vae"]))
+    flow = {"t5": str(files["t5"]), "t5_tokenizer_path": str(files["tokenizer"])}
+    loaded = load_wan(model, FlowSection(**flow, dit_high_noise=str(high)), torch.float32,
+                      torch.float32)  # fmt: skip
+    _assert_same(loaded.experts.modules["high_noise"], pipe.transformer)
+    _assert_same(loaded.experts.modules["low_noise"], pipe.transformer_2)
+    assert loaded.experts.boundary_ratio == 0.875  # musubi-tuner's t2v-A14B boundary
+    assert load_wan(model, FlowSection(**flow), torch.float32, torch.float32).experts is None
+    with pytest.raises(ModelError, match="dit_high_noise = .*nothere.* does not exist"):
+        load_wan(model, FlowSection(**flow, dit_high_noise=str(tmp_path / "nothere")),
+                 torch.float32, torch.float32)  # fmt: skip
