@@ -5,6 +5,7 @@ model_index.json's boundary_ratio; as single files, musubi-tuner's ``dit`` the l
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -70,3 +71,49 @@ def test_single_files_are_musubi_tuners_dit_and_dit_high_noise(folder, tmp_path)
     with pytest.raises(ModelError, match="dit_high_noise = .*nothere.* does not exist"):
         load_wan(model, FlowSection(**flow, dit_high_noise=str(tmp_path / "nothere")),
                  torch.float32, torch.float32)  # fmt: skip
+
+
+def _pixels(path) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
+
+
+def test_a_sample_is_the_pipelines_own_with_both_experts(folder, tmp_path):
+    """sample_images on the loaded experts draws WanPipeline's own image with transformer_2 and
+    boundary_ratio; the high-noise transformer alone draws another (both took part); each
+    expert keeps its tensors and training flag."""
+    from diffusers import WanPipeline
+
+    from library.sampling.generate import sample_images
+    from library.sampling.prompts import SamplePrompt
+
+    loaded = load_wan(ModelSection(pretrained_model_name_or_path=str(folder)), FlowSection(),
+                      torch.float32, torch.float32)  # fmt: skip
+    low = loaded.experts.modules["low_noise"]
+    placed = {n: p for n, p in low.named_parameters()}
+    loaded.experts.modules["high_noise"].train()
+    prompt = SamplePrompt(index=0, prompt="a red cube", seed=3, steps=4, scale=1.0, width=64,
+                          height=64, frames=1, negative_prompt="", sampler=None)  # fmt: skip
+    done = sample_images(loaded, [prompt], step=0, output_dir=tmp_path / "o", output_name="s")
+    ours = _pixels(done.images[0])
+    assert loaded.experts.modules["high_noise"].training  # its own mode back
+    assert all(p is placed[n] for n, p in low.named_parameters())  # the same tensors kept
+
+    pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+
+    def theirs(pipe) -> np.ndarray:
+        from diffusers import UniPCMultistepScheduler
+
+        pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config)
+        out = pipe(prompt="a red cube", negative_prompt="", num_frames=1, width=64, height=64,
+                   num_inference_steps=4, guidance_scale=1.0, output_type="pil",
+                   generator=torch.Generator().manual_seed(3))  # fmt: skip
+        return np.asarray(out.frames[0][0].convert("RGB"), dtype=np.int16)
+
+    assert int(abs(ours - theirs(pipe)).max()) <= 1
+    alone = WanPipeline(pipe.tokenizer, pipe.text_encoder, pipe.vae, pipe.scheduler,
+                        transformer=pipe.transformer)  # fmt: skip
+    alone.set_progress_bar_config(disable=True)
+    assert int(abs(ours - theirs(alone)).max()) > 1

@@ -154,6 +154,7 @@ class WanFamily(TransformerFamily):
         return PipelineKind(
             "WanPipeline", denoiser_argument="transformer", call_inputs=wan_pipeline_inputs,
             prompt_defaults={"scale": DEFAULT_SCALE, "sampler": "euler"},
+            expert_arguments=("transformer", "transformer_2", "boundary_ratio"),
         )  # fmt: skip
 
     def metadata_keys(self, config):
