@@ -87,7 +87,7 @@ def block_modules(transformer) -> list:
 
 @dataclass(frozen=True, kw_only=True)
 class WanFamily(TransformerFamily):
-    """Wan 2.1 / a Wan 2.2 A14B expert with umT5 captions."""
+    """Wan 2.1 / Wan 2.2 A14B (its two experts: experts.py) with umT5 captions."""
 
     FLOW_KIND: ClassVar[str] = "wan"
     LABEL: ClassVar[str] = "Wan"
