@@ -7,14 +7,17 @@ other expert's file as network_weights is refused by name."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from library.models.families.wan import family as wan_family
 from tests.integration.harness import make_images, tensors, train, write_config
 from tests.integration.test_dry_run_json import cli
-from tests.integration.test_wan_training import BLOCK_LINEARS
+from tests.integration.test_wan_training import BLOCK_LINEARS, _musubi_args
 from tests.kits.wan.tiny import write_tiny_wan_experts_folder
+from tests.kits.wan.tiny_files import write_tiny_wan_expert_file, write_tiny_wan_files
 
 BOUNDARY = 0.7  # the folder's boundary_ratio: the run's split, no timestep_boundary set
 COMMON = {
@@ -84,6 +87,12 @@ def test_both_experts_train_each_on_its_range_into_files_diffusers_apply(
     out = tmp_path / "out"
     config = write_config(tmp_path / "c.toml", folder, images, out, max_train_steps=8,
                           train_batch_size=2, **COMMON)  # fmt: skip
+    code, plan, err = cli(capfd, "--config", config, "--dry_run", "--json")
+    assert code == 0, err
+    split = json.loads(plan)["experts"]
+    assert [(e["name"], e["noise_levels"]) for e in split["experts"]] == [
+        ("high_noise", [BOUNDARY, 1.0]), ("low_noise", [0.0, BOUNDARY])
+    ]  # fmt: skip
     assert train(config) == 0
     assert f"expert high_noise: noise levels [{BOUNDARY:g}, 1]" in capfd.readouterr().out
     assert set(levels) == set(SUBS)  # both had steps, each on its own range only
@@ -114,3 +123,17 @@ def test_a_one_expert_run_trains_and_writes_only_that_expert(folder, tmp_path, l
     assert train(config) == 0
     assert set(levels) == {"low_noise"} and max(levels["low_noise"]) < BOUNDARY
     assert [p.name for p in out.glob("*.safetensors")] == ["run_low_noise.safetensors"]
+
+
+def test_musubi_tuners_dit_and_dit_high_noise_plan_two_experts(folder, tmp_path, capfd):
+    """musubi-tuner's args: dit the low-noise file, dit_high_noise the high-noise one; the dry
+    run plans both experts at its T2V-A14B boundary 0.875, or at its timestep_boundary."""
+    files = write_tiny_wan_files(tmp_path / "f")
+    low = write_tiny_wan_expert_file(folder, "transformer_2", tmp_path / "low.safetensors")
+    high = write_tiny_wan_expert_file(folder, "transformer", tmp_path / "high.safetensors")
+    for extra, boundary in (({}, 0.875), ({"timestep_boundary": 600}, 0.6)):
+        args = _musubi_args(tmp_path, {**files, "transformer": low}, dit_high_noise=str(high),
+                            **extra)  # fmt: skip
+        code, plan, err = cli(capfd, "--config", args, "--dry_run", "--json")
+        assert code == 0, err
+        assert json.loads(plan)["experts"]["boundary"] == pytest.approx(boundary)
