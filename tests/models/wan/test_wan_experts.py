@@ -46,6 +46,12 @@ def test_a_folder_is_the_pipelines_two_experts(folder):
     assert not torch.equal(*(next(iter(_state(m).values())) for m in experts.modules.values()))
 
 
+def test_dit_high_noise_beside_a_folder_is_refused(folder):
+    with pytest.raises(ModelError, match="dit_high_noise = /m/high.safetensors names the high"):
+        load_wan(ModelSection(pretrained_model_name_or_path=str(folder)),
+                 FlowSection(dit_high_noise="/m/high.safetensors"), torch.float32, torch.float32)  # fmt: skip
+
+
 def test_a_wan21_folder_has_one_denoiser(tmp_path):
     folder = write_tiny_wan_folder(tmp_path / "wan")
     loaded = load_wan(ModelSection(pretrained_model_name_or_path=str(folder)), FlowSection(),

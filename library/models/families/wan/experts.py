@@ -52,6 +52,17 @@ def file_experts(high_file: str | None, low, load_main) -> Experts | None:
     return Experts({HIGH_NOISE: high, LOW_NOISE: low}, T2V_A14B_BOUNDARY)
 
 
+def refuse_folder_expert_file(main: Path, high_file: str | None) -> None:
+    """ModelError for dit_high_noise beside a diffusers folder (it holds its own experts)."""
+    if high_file is not None and main.is_dir():
+        raise ModelError(
+            f"dit_high_noise = {high_file} names the high-noise expert beside a transformer "
+            f"file, and {main} is a diffusers folder (its experts are transformer/ and "
+            "transformer_2/); remove dit_high_noise, or point the model at the low-noise "
+            "expert's file"
+        )
+
+
 def _same_shape(one, other, source) -> None:
     if dict(one.config) != dict(other.config):
         raise ModelError(

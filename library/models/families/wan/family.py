@@ -32,7 +32,11 @@ from library.models.families.transformer_family import (
     swappable_tails,
 )
 from library.models.families.wan import spec
-from library.models.families.wan.experts import file_experts, folder_experts
+from library.models.families.wan.experts import (
+    file_experts,
+    folder_experts,
+    refuse_folder_expert_file,
+)
 from library.models.families.wan.keys import TABLE
 from library.models.loader import Components
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
@@ -193,6 +197,7 @@ def load_wan(
     main = Path(model.pretrained_model_name_or_path).expanduser()
     if main.is_file() and main.suffix == ".safetensors":
         spec.refuse_image_input(main)
+    refuse_folder_expert_file(main, getattr(flow, "dit_high_noise", None))
     loaded = load_spec(spec.SPEC, model, flow, weight_dtype, vae_dtype)
     transformer, vae, text_encoder = loaded.modules.values()
     objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)
