@@ -2,8 +2,9 @@
 folder: one run of both writes one LoRA per expert, each applied exactly by diffusers'
 WanPipeline.load_lora_weights (the low-noise file into transformer_2 with
 load_into_transformer_2=True), each expert's transformer run only at noise levels of its own
-range (split at the folder's boundary_ratio); a run of one expert writes only its file; the
-other expert's file as network_weights is refused by name."""
+range (split at the folder's boundary_ratio), the same files whether a step's samples come as
+one batch or accumulated, and after a stop and resume; a run of one expert writes only its
+file; the other expert's file as network_weights is refused by name."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ import pytest
 import torch
 
 from library.models.families.wan import family as wan_family
-from tests.integration.harness import make_images, tensors, train, write_config
+from tests.integration.harness import (
+    check_accumulation_and_resume,
+    make_images,
+    tensors,
+    train,
+    write_config,
+)
 from tests.integration.test_dry_run_json import cli
 from tests.integration.test_wan_training import BLOCK_LINEARS, _musubi_args
 from tests.kits.wan.tiny import write_tiny_wan_experts_folder
@@ -137,3 +144,16 @@ def test_musubi_tuners_dit_and_dit_high_noise_plan_two_experts(folder, tmp_path,
         code, plan, err = cli(capfd, "--config", args, "--dry_run", "--json")
         assert code == 0, err
         assert json.loads(plan)["experts"]["boundary"] == pytest.approx(boundary)
+
+
+def test_a14b_runs_are_layout_invariant_and_resume_exactly(folder, tmp_path, monkeypatch):
+    """4 samples a step as one batch and as 2 x 2 accumulated micro-batches, and a run stopped
+    after its step-1 save and resumed: the same two files."""
+    images = make_images(tmp_path / "imgs", 4, size=64)
+
+    def make_config(where, out, **keys):
+        return write_config(where / "c.toml", folder, images, out, **keys)
+
+    common = {**COMMON, "max_train_steps": 3, "train_batch_size": 4}
+    names = tuple(f"run_{e}.safetensors" for e in SUBS)
+    check_accumulation_and_resume(tmp_path, make_config, common, monkeypatch, names, (1e-5, 1e-5))
