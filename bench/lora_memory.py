@@ -17,7 +17,9 @@ trains at batch 2):
 - FLUX.1 [dev] (configs/flux_lora.toml), SD3.5 Large (configs/sd35_large_lora.toml), Z-Image
   Turbo (configs/zimage_lora.toml), Chroma (configs/chroma_lora.toml), Qwen-Image
   (configs/qwenimage_lora.toml) and Krea 2 (configs/krea2_lora.toml), all at 1024, and Wan 2.1
-  T2V 1.3B and 14B (configs/wan21_t2v_lora.toml, an image at the preset's side), from each
+  T2V 1.3B and 14B (configs/wan21_t2v_lora.toml, an image at the preset's side) and Wan 2.2
+  T2V-A14B's two experts (configs/wan22_t2v_a14b_lora.toml: both trained, the inactive one on
+  the device or in host memory with ``offload_inactive_dit``, or one expert a run), from each
   family's released configs.
 
 The edit models (FLUX.1 Kontext, Qwen-Image-Edit) are left out: their peak depends on the
@@ -48,7 +50,7 @@ import sys
 import tempfile
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -158,7 +160,9 @@ def wan_components(task: str) -> Callable[[object, Path], Components]:
         from diffusers import AutoencoderKLWan, WanTransformer3DModel
         from transformers import UMT5Config, UMT5EncoderModel
 
+        from library.models.experts import HIGH_NOISE, LOW_NOISE, Experts
         from library.models.families.wan import spec
+        from library.models.families.wan.experts import T2V_A14B_BOUNDARY
         from library.models.families.wan.family import WAN, WanFlowObjective, spec_flow_options
         from library.models.text_encoders.umt5 import umt5_xxl_config
         from tests.kits.wan.tiny_tokenizer import write_tiny_umt5_tokenizer
@@ -171,7 +175,15 @@ def wan_components(task: str) -> Callable[[object, Path], Components]:
         objective = WanFlowObjective(
             spec_flow_options(config.flow), spec.scheduler_config(), patch=2
         )
-        return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, WAN)
+        components = _frozen(config, transformer, vae, (text,), (tokenizer,), objective, WAN)
+        if task != "t2v-A14B":
+            return components
+        # the low-noise expert beside it, split at the released folder's boundary
+        with torch.device("meta"):
+            low = WanTransformer3DModel(**spec.released_transformer_config(task))
+        low.to(transformer.dtype).requires_grad_(False).eval()
+        experts = Experts({HIGH_NOISE: transformer, LOW_NOISE: low}, T2V_A14B_BOUNDARY)
+        return replace(components, denoiser=low, experts=experts)
 
     return build
 
@@ -346,6 +358,7 @@ class Bench:
     preset: Path
     build: Callable[[object, Path], Components]
     swaps: tuple[int, ...] = ()
+    rows: Callable[[list[int]], list[tuple[str, dict]]] | None = None  # None: rows()
 
     def resolution(self) -> int | list[int]:
         """The preset's (first dataset's) resolution: 512 for SD 1.5, [832, 480] for Wan, 1024
@@ -382,12 +395,19 @@ FAMILIES = {
                       wan_components("t2v-1.3B"), (10, 20)),
     "wan-14b": Bench("Wan 2.1 T2V 14B / Wan 2.2 A14B expert", _preset("wan21_t2v_lora.toml"),
                      wan_components("t2v-14B"), (10, 20, 30)),
+    "wan-a14b": Bench("Wan 2.2 T2V-A14B, two experts", _preset("wan22_t2v_a14b_lora.toml"),
+                      wan_components("t2v-A14B"), (10, 20), lambda swaps: expert_rows(swaps)),
 }  # fmt: skip
+# [experts] keys a row may set (the others are [training]'s)
+EXPERT_KEYS = ("offload_inactive_dit", "train_experts")
 
 
 def preset_with(preset: Path, folder: Path, resolution: int, **training) -> object:
     """The preset read with ``training`` keys over its [training] table."""
     data = tomllib.loads(preset.read_text(encoding="utf-8"))
+    if "experts" in data:  # its rows say each memory option they use
+        data["experts"] = {k: training.pop(k) for k in EXPERT_KEYS if k in training}
+        training = {"fp8_base": False, **training}
     data["training"].update(training)
     data["datasets"][0]["resolution"] = resolution
     data["datasets"][0]["subsets"][0]["image_dir"] = str(folder)
@@ -443,6 +463,22 @@ def rows(swaps: list[int]) -> list[tuple[str, dict]]:
     ]  # fmt: skip
 
 
+def expert_rows(swaps: list[int]) -> list[tuple[str, dict]]:
+    """Two experts: both on the device, the inactive one in host memory, one expert a run."""
+    fp8 = {"fp8_base": True}
+    offload = {**fp8, "offload_inactive_dit": True}
+    return [
+        ("both experts, bf16 base", {}),
+        ("both, `fp8_base`", fp8),
+        ("both, `fp8_base`, `offload_inactive_dit`", offload),
+        *((f"one expert (`train_experts`), `fp8_base`, `blocks_to_swap = {n}`",
+           {**fp8, "train_experts": "high_noise", "blocks_to_swap": n}) for n in swaps),
+        ('both, `offload_inactive_dit`, `base_model_precision = "nf4-bnb"` (double quant), '
+         "`fp8_base`", {**offload, "base_model_precision": "nf4-bnb",
+                        "bnb_4bit_use_double_quant": True}),
+    ]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES),
@@ -467,7 +503,7 @@ def main() -> None:
             print("| options | weights | adapters + optimizer | activations | VAE encoding "
                   "| text encoders caching | peak |")  # fmt: skip
             print("|---|---|---|---|---|---|---|")
-            for text, training in rows(list(swaps)):
+            for text, training in (bench.rows or rows)(list(swaps)):
                 config = preset_with(bench.preset, folder, side, **training)
                 found = estimate(config, bench.build, folder, side)
                 cells = (found.weights, found.trained_state, found.activations, found.encoding,

@@ -26,6 +26,7 @@ from library.errors import ConfigError
 from library.models.conditioning import encode_conditioning, plain_sizes
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.sampling.clips import frame_strip, round_frames, write_clip
+from library.sampling.experts import experts_on
 from library.sampling.grid import grid_path, image_path, make_grid, sample_dir, side_by_side
 from library.sampling.pipelines import build_pipeline, on_grid, pipeline_kind
 from library.sampling.prompts import SamplePrompt
@@ -115,7 +116,9 @@ def sample_images(
     ]
     mine: list[tuple[int, Image.Image]] = []
     weights = components.family.sampling_weights(unet)
-    with preserved_rng(), eval_mode(unet, *text_encoders, components.vae), torch.no_grad(), weights:
+    device = next(components.vae.parameters()).device
+    with preserved_rng(), eval_mode(unet, *text_encoders, components.vae), torch.no_grad(), \
+            weights, experts_on(components, device):  # fmt: skip
         # Every prompt's sampler is built first, on every process, so a sampler the model cannot
         # use stops the round before any image (and before a process waits in the gather).
         schedulers = {

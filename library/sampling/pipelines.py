@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from library.models.conditioning import Conditioning
+from library.sampling.experts import expert_arguments
 from library.sampling.samplers import DEFAULT_SAMPLER
 
 # The classifier-free guidance scale of a prompt that gives none (SD's usual 7.5).
@@ -46,6 +47,9 @@ class PipelineKind:
     denoiser_argument: str = "unet"  # the constructor argument that takes the denoiser
     call_inputs: Callable[[Conditioning, object], dict] = guided_inputs
     first_frame_argument: str | None = None
+    # A model with experts (library.models.experts): the constructor arguments of its
+    # high-noise and low-noise experts and of the boundary between them (sampling/experts.py).
+    expert_arguments: tuple[str, str, str] | None = None
     # SamplePrompt fields a prompt left unset (None) -> the model's default for them.
     prompt_defaults: dict = field(
         default_factory=lambda: {"scale": DEFAULT_CFG_SCALE, "sampler": DEFAULT_SAMPLER}
@@ -96,9 +100,10 @@ def build_pipeline(
     encoders = dict(zip(family.text_encoder_subfolders, text_encoders, strict=True))
     tokenizers = dict(zip(family.tokenizer_subfolders, components.tokenizers, strict=True))
     cls = getattr(diffusers, kind.class_name)
+    denoisers = {kind.denoiser_argument: denoiser} | expert_arguments(components, kind)
     pipe = cls(
         vae=components.vae,
-        **{kind.denoiser_argument: denoiser},
+        **denoisers,
         scheduler=scheduler,
         **encoders,
         **tokenizers,

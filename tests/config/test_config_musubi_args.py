@@ -160,7 +160,7 @@ def test_dit_and_the_model_key_must_agree(write_toml):
         ("fp8_scaled = true", "fp8_base = true"),
         ("edit = true", 'model_version = "edit"'),
         ("edit_plus = true", 'model_version = "edit-2509"'),
-        ('dit_high_noise = "/m/high.safetensors"', "one Wan 2.2 A14B expert at a time"),
+        ('clip = "/m/clip.safetensors"', "Wan 2.2 T2V-A14B's experts"),
         ("num_timestep_buckets = 4", "timestep_sampling"),
         ("preserve_distribution_shape = true", "scaled into their range"),
         ("use_32bit_attention = true", 'mixed_precision = "no"'),

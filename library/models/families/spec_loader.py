@@ -176,6 +176,14 @@ def load_files(
     return LoadedFolder(path, facts, modules, tokenizers)
 
 
+def load_main_file(spec: FamilySpec, path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The denoiser alone from a main file ``path`` (frozen, on the CPU), as ``load_files``
+    reads it: a second denoiser of the same model (another expert's file)."""
+    plan = plan_main(spec, open_safetensors(path, WHAT, spec.family))
+    with offline():
+        return _load(plan, dtype)
+
+
 def _load(plan: Replacement, dtype: torch.dtype) -> torch.nn.Module:
     module = load_plan(plan, dtype) if isinstance(plan, Plan) else plan(dtype)
     return module.requires_grad_(False).eval()

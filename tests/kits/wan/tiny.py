@@ -86,3 +86,21 @@ def write_tiny_wan_folder(path: str | Path, seed: int = 0) -> Path:
     text = json.dumps(model_index(), indent=2) + "\n"
     (path / "model_index.json").write_text(text, encoding="utf-8")
     return path
+
+
+def write_tiny_wan_experts_folder(
+    path: str | Path, boundary_ratio: float | None = 0.875, seed: int = 0
+) -> Path:
+    """A tiny Wan 2.2 T2V-A14B folder: the high-noise transformer in transformer/ (the Wan 2.1
+    folder's), a low-noise one drawn under ``seed + 1`` in transformer_2/, and
+    ``boundary_ratio`` (None: left out) in model_index.json, as diffusers' A14B folders."""
+    from diffusers import WanTransformer3DModel
+
+    path = write_tiny_wan_folder(path, seed)
+    low = build_seeded({"t": lambda: WanTransformer3DModel(**transformer_config())}, seed + 1)
+    low["t"].save_pretrained(path / "transformer_2")
+    index = {**model_index(), "transformer_2": ["diffusers", "WanTransformer3DModel"]}
+    if boundary_ratio is not None:
+        index["boundary_ratio"] = boundary_ratio
+    (path / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return path

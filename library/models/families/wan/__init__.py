@@ -2,4 +2,5 @@
 transformer, one module per concern: keys (the original names as a name table), spec (the
 facts as data for the shared loader), family (what the trainer calls: umT5 captions through
 text_encoders/umt5.py, the transformer on 5-D latents of the channel-normalised video codec,
-kohya's ten block Linears as LoRA modules), entry (the registry entry)."""
+kohya's ten block Linears as LoRA modules), experts (Wan 2.2 A14B's two transformers from a
+folder or musubi-tuner's dit / dit_high_noise files), entry (the registry entry)."""

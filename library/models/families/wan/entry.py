@@ -20,12 +20,12 @@ from library.training.flow_keys import SIGMA_KEYS
 _LINE = "Wan"
 _PACKAGE = "library.models.families.wan"
 # The [flow] keys of the shared flow-matching draw, umT5's file and tokenizer, and the task
-FLOW_KEYS = frozenset(SIGMA_KEYS) | {"t5", "t5_tokenizer_path", "task"}
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"t5", "t5_tokenizer_path", "task", "dit_high_noise"}
 TASKS = ("t2v-1.3B", "t2v-14B", "t2v-A14B")
 
 
 class WanFlowKeys(Section):
-    """musubi-tuner's --t5 and --task."""
+    """musubi-tuner's --t5, --task and --dit_high_noise."""
 
     t5: str | None = Field(
         None,
@@ -33,6 +33,15 @@ class WanFlowKeys(Section):
         "(umt5_xxl_fp16.safetensors, transformers' names; musubi-tuner's --t5). Needed with "
         "such a transformer file; with a diffusers folder it replaces the folder's "
         "text_encoder/.",
+    )
+    dit_high_noise: str | None = Field(
+        None,
+        description="Wan 2.2 A14B: the high-noise expert's transformer file "
+        "(wan2.2_t2v_high_noise_14B_fp16.safetensors; musubi-tuner's --dit_high_noise), the "
+        "low-noise one's being pretrained_model_name_or_path (musubi-tuner's --dit). Both "
+        "given: a model of two experts ([experts] picks which train), split at 0.875 unless "
+        "timestep_boundary is set. A diffusers folder holds both (transformer/, "
+        "transformer_2/).",
     )
     task: Literal[TASKS] | None = Field(  # type: ignore[valid-type]
         None,
@@ -44,12 +53,11 @@ class WanFlowKeys(Section):
 
 # musubi-tuner's Wan trainer (wan_train_network.py): options of what is not trained here yet
 _LATER = (
-    "an option of musubi-tuner's Wan 2.2 two-expert, image-to-video or one-frame training; "
-    "difftune trains Wan 2.1 text to video and one Wan 2.2 A14B expert at a time (its file as "
-    "dit)"
+    "an option of musubi-tuner's Wan image-to-video or one-frame training; difftune trains "
+    "Wan 2.1 text to video and Wan 2.2 T2V-A14B's experts"
 )
 _OPTIONS = {
-    **group("dit_high_noise clip", _LATER, planned=True),
+    **group("clip", _LATER, planned=True),
     **group("one_frame force_v2_1_time_embedding", _LATER, (False,)),
     **group("vae_cache_cpu", "it only changes where musubi-tuner keeps the VAE's cache; the "
             "result is the same", (False,), ignored=True),

@@ -24,13 +24,19 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families.spec_loader import load_spec, write_main_file
+from library.models.experts import LOW_NOISE
+from library.models.families.spec_loader import load_main_file, load_spec, write_main_file
 from library.models.families.transformer_family import (
     TransformerFamily,
     flow_metadata,
     swappable_tails,
 )
 from library.models.families.wan import spec
+from library.models.families.wan.experts import (
+    file_experts,
+    folder_experts,
+    refuse_folder_expert_file,
+)
 from library.models.families.wan.keys import TABLE
 from library.models.loader import Components
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
@@ -85,7 +91,7 @@ def block_modules(transformer) -> list:
 
 @dataclass(frozen=True, kw_only=True)
 class WanFamily(TransformerFamily):
-    """Wan 2.1 / a Wan 2.2 A14B expert with umT5 captions."""
+    """Wan 2.1 / Wan 2.2 A14B (its two experts: experts.py) with umT5 captions."""
 
     FLOW_KIND: ClassVar[str] = "wan"
     LABEL: ClassVar[str] = "Wan"
@@ -152,6 +158,7 @@ class WanFamily(TransformerFamily):
         return PipelineKind(
             "WanPipeline", denoiser_argument="transformer", call_inputs=wan_pipeline_inputs,
             prompt_defaults={"scale": DEFAULT_SCALE, "sampler": "euler"},
+            expert_arguments=("transformer", "transformer_2", "boundary_ratio"),
         )  # fmt: skip
 
     def metadata_keys(self, config):
@@ -190,11 +197,17 @@ def load_wan(
     main = Path(model.pretrained_model_name_or_path).expanduser()
     if main.is_file() and main.suffix == ".safetensors":
         spec.refuse_image_input(main)
+    refuse_folder_expert_file(main, getattr(flow, "dit_high_noise", None))
     loaded = load_spec(spec.SPEC, model, flow, weight_dtype, vae_dtype)
     transformer, vae, text_encoder = loaded.modules.values()
     objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)
+    if main.is_dir():
+        experts = folder_experts(main, transformer, weight_dtype)
+    else:
+        experts = file_experts(getattr(flow, "dit_high_noise", None), transformer,
+                               lambda path: load_main_file(spec.SPEC, path, weight_dtype))  # fmt: skip
     return Components(
-        denoiser=transformer, vae=vae, text_encoders=(text_encoder,),
-        tokenizers=tuple(loaded.tokenizers.values()), objective=objective,
-        family=replace(WAN), model_dir=loaded.model_dir,
+        denoiser=transformer if experts is None else experts.modules[LOW_NOISE], vae=vae,
+        text_encoders=(text_encoder,), tokenizers=tuple(loaded.tokenizers.values()),
+        objective=objective, family=replace(WAN), model_dir=loaded.model_dir, experts=experts,
     )  # fmt: skip
