@@ -105,13 +105,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "its own (timestep_sampling)",
         planned=False,
     ),
-    "preserve_distribution_shape": Unsupported(
-        "drawing the noise level again until it lies in min_timestep..max_timestep is not "
-        "supported: where a model reads min_timestep / max_timestep, the drawn level is scaled "
-        "into their range (musubi-tuner's default)",
-        (False,),
-        planned=False,
-    ),
 }
 
 _LYCORIS_MODULES = {

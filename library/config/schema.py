@@ -343,6 +343,13 @@ class TrainingSection(Section):
         description="Timesteps are drawn below this (exclusive); equal to min_timestep: always "
         "that timestep. Unset: the model's number of timesteps (1000).",
     )
+    preserve_distribution_shape: bool = Field(
+        False,
+        description="Where a flow model's draw takes min_timestep / max_timestep: draw each "
+        "sample's noise level again until it lies in that range (both ends in), so the levels "
+        "keep the shape of the run's draw (musubi-tuner's word), instead of scaling the draw "
+        "into the range. A DDPM model's uniform draw in the range is that already.",
+    )
     loss_type: Literal["l2", "l1", "huber", "smooth_l1"] = Field(
         "l2",
         description="l2 (squared error), l1 (absolute error), huber (2c(sqrt(d^2+c^2)-c)) or "

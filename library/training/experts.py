@@ -25,13 +25,13 @@ from library.config.schema import Config
 from library.errors import CheckpointError, ConfigError, TrainingError
 from library.models.experts import EXPERT_NAMES, HIGH_NOISE, LOW_NOISE, Experts
 from library.saving.output_names import expert_file
+from library.training.level_redraw import MAX_REDRAWS, keyed_seeds, redraw_until, time_inputs
 from library.training.noise import SampleDraws, draw, sample_seed
 from library.training.objectives import FlowMatchingObjective
 
 # The streams of the routing draws: one per optimizer step, one per sample and redraw.
 STEP_STREAM = "expert_step"
 REDRAW_STREAM = "expert_level"
-MAX_REDRAWS = 1000
 # A range the run's level distribution almost never reaches would redraw without end.
 MIN_SHARE = 0.02
 _SHARE_DRAWS = 2000
@@ -122,20 +122,10 @@ def check_expert_config(config: Config, experts: Experts | None) -> None:
         )
 
 
-def _levels_from(objective, draws: SampleDraws, shape, normal, uniform) -> torch.Tensor:
-    """The objective's levels for the draws with their level inputs replaced."""
-    return objective.levels(
-        dataclasses.replace(draws, time_normal=normal, time_uniform=uniform), shape
-    )
-
-
-def _time_inputs(seeds: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    normal, uniform = [], []
-    for seed in seeds:
-        gen = torch.Generator().manual_seed(seed)
-        normal.append(torch.randn((1,), generator=gen))
-        uniform.append(torch.rand((1,), generator=gen))
-    return torch.cat(normal).to(device), torch.cat(uniform).to(device)
+def _step_draws(draws: SampleDraws, seed: int) -> SampleDraws:
+    """One sample's level inputs drawn from ``seed``: the draw that routes a step."""
+    normal, uniform = time_inputs([seed], draws.time_normal.device)
+    return dataclasses.replace(draws, time_normal=normal, time_uniform=uniform)
 
 
 @dataclass
@@ -153,13 +143,21 @@ class ExpertRouting:
 
     def choose(self, objective, draws: SampleDraws, shape, seed: int) -> ExpertRange:
         """The expert optimizer step ``self.step`` trains: the one whose range holds a level
-        drawn from the run's distribution by (seed, step) alone."""
+        drawn from the run's distribution by (seed, step) alone (with
+        preserve_distribution_shape, drawn again until it lies in min_timestep..max_timestep)."""
         if len(self.ranges) == 1:
             return next(iter(self.ranges.values()))
-        device = draws.time_normal.device
-        normal, uniform = _time_inputs([sample_seed(seed, self.step, 0, STEP_STREAM)], device)
-        one = dataclasses.replace(draws, time_normal=normal, time_uniform=uniform)
-        fraction = objective.level_fraction(objective.levels(one, shape))
+        one = _step_draws(draws, sample_seed(seed, self.step, 0, STEP_STREAM))
+        level = redraw_until(
+            objective, one, shape, objective.range_holds,
+            lambda attempt: [sample_seed(seed, self.step, 0, f"{STEP_STREAM}:{attempt}")],
+        )  # fmt: skip
+        if level is None:
+            raise TrainingError(
+                f"no noise level in min_timestep..max_timestep ({objective.range_text()}) after "
+                f"{MAX_REDRAWS} draws; widen the range or change timestep_sampling"
+            )
+        fraction = objective.level_fraction(level)
         return next(r for r in self.ranges.values() if bool(r.holds(fraction).all()))
 
     def levels_within(
@@ -171,19 +169,14 @@ class ExpertRouting:
         expert: ExpertRange,
     ) -> torch.Tensor:
         """Each sample's level, drawn from its own key (seed, epoch, position) until it lies in
-        ``expert``'s range: the run's distribution restricted to that range."""
-        seed, epoch, positions = key
-        levels = objective.levels(draws, shape)
-        done = expert.holds(objective.level_fraction(levels))
-        for attempt in range(1, MAX_REDRAWS + 1):
-            if bool(done.all()):
-                return levels
-            seeds = [sample_seed(seed, epoch, p, f"{REDRAW_STREAM}:{attempt}") for p in positions]
-            again = _levels_from(objective, draws, shape, *_time_inputs(seeds, levels.device))
-            take = ~done & expert.holds(objective.level_fraction(again))
-            levels = torch.where(take, again, levels)
-            done = done | take
-        if bool(done.all()):
+        ``expert``'s range (and, with preserve_distribution_shape, in min_timestep..
+        max_timestep): the run's distribution restricted to that range."""
+
+        def holds(levels: torch.Tensor) -> torch.Tensor:
+            return expert.holds(objective.level_fraction(levels)) & objective.range_holds(levels)
+
+        levels = redraw_until(objective, draws, shape, holds, keyed_seeds(key, REDRAW_STREAM))
+        if levels is not None:
             return levels
         raise TrainingError(
             f"no noise level in the {expert.name} expert's range {expert.text()} after "

@@ -50,6 +50,7 @@ class NoiseOptions:
     ip_noise_gamma_random_strength: bool = False
     min_timestep: int = 0
     max_timestep: int | None = None
+    preserve_distribution_shape: bool = False
 
     @classmethod
     def from_training(cls, training: object) -> NoiseOptions:

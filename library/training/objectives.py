@@ -52,6 +52,9 @@ class Objective(ABC):
     """How one model family is trained and sampled, for the loss and validation code."""
 
     name: str
+    # preserve_distribution_shape: levels outside min_timestep..max_timestep are drawn again
+    # (library.training.level_redraw) rather than scaled into it; set by check()
+    preserve_shape: bool = False
 
     @abstractmethod
     def describe(self) -> str:
@@ -249,6 +252,8 @@ class FlowMatchingObjective(Objective):
     UNUSED_NOISE_KEYS: tuple[str, ...] = DDPM_NOISE_KEYS
     # Whether min/max_timestep narrow the draw (else anything but the whole range is refused).
     TIMESTEP_RANGE = False
+    # levels() leaves the draw unscaled when preserve_shape, for the redraw into the range
+    RANGE_REDRAW = False
 
     def __init__(
         self, options: FlowOptions, sampling_scheduler: Mapping | None = None, *, patch: int
@@ -271,6 +276,25 @@ class FlowMatchingObjective(Objective):
         # The FlowMatchEulerDiscreteScheduler config samples are drawn with (the variant's
         # released one: library.models.families.flux.sampling.flux_scheduler_config).
         self.sampling_scheduler = dict(sampling_scheduler) if sampling_scheduler else None
+
+    def range_fractions(self) -> tuple[float, float]:
+        """min_timestep..max_timestep as fractions of the schedule (unset: 0..1)."""
+        low = (self.min_timestep or 0) / fm.NUM_TRAIN_TIMESTEPS
+        high = 1.0 if self.max_timestep is None else self.max_timestep / fm.NUM_TRAIN_TIMESTEPS
+        return low, high
+
+    def range_holds(self, levels: torch.Tensor) -> torch.Tensor:
+        """Which levels the redraw keeps: with preserve_shape, those in min_timestep..
+        max_timestep, both ends in (as musubi-tuner); otherwise all (the draw is the range's)."""
+        fractions = self.level_fraction(levels)
+        if not self.preserve_shape:
+            return torch.ones_like(fractions, dtype=torch.bool)
+        low, high = self.range_fractions()
+        return (fractions >= low) & (fractions <= high)
+
+    def range_text(self) -> str:
+        low, high = self.range_fractions()
+        return f"[{low:g}, {high:g}]"
 
     def sampling_text(self) -> str:
         """The noise-level draw in the run plan's words: timestep_sampling and the settings it
@@ -308,6 +332,14 @@ class FlowMatchingObjective(Objective):
                 "min_timestep / max_timestep apply to DDPM models; flow-matching models draw "
                 "sigma with timestep_sampling (kohya ignores them for Flux.1); remove them"
             )
+        if noise.preserve_distribution_shape:
+            if not self.RANGE_REDRAW:
+                raise ConfigError(
+                    "preserve_distribution_shape draws the noise level again until it lies in "
+                    "min_timestep..max_timestep, and this model's draw "
+                    f"({self.sampling_text()}) does not take that range; remove it"
+                )
+            self.preserve_shape = True
         if loss.loss_type in ("huber", "smooth_l1") and loss.huber_schedule == "snr":
             raise ConfigError(
                 f'loss_type = "{loss.loss_type}" with huber_schedule = "snr" needs DDPM\'s '

@@ -17,6 +17,7 @@ from library.models.families.base import (
     ModelFamily,
 )
 from library.models.latent_codec import LatentCodec
+from library.training.level_redraw import levels_in_range
 from library.training.loss import LossOptions, diffusion_loss
 from library.training.noise import (
     CONDITIONING_STREAM,
@@ -201,11 +202,11 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
     latents = s.codec.to_latents(mean + std * draws.latent_eps)
     noise, input_noise = training_noise(draws, latents, s.noise)
     denoiser = None
+    key = (s.seed, batch["epoch"], positions)
     if s.experts is None:
-        levels = s.objective.levels(draws, shape)
+        levels = levels_in_range(s.objective, draws, shape, key)
     else:
         expert = s.experts.choose(s.objective, draws, shape, s.seed)
-        key = (s.seed, batch["epoch"], positions)
         levels = s.experts.levels_within(s.objective, draws, shape, key, expert)
         denoiser = s.experts.module(expert, s.device)
     noisy = s.objective.noisy(latents, input_noise, levels)

@@ -154,6 +154,16 @@ def test_dit_and_the_model_key_must_agree(write_toml):
     assert "set twice with different values" in message
 
 
+def test_wan_22_expert_run_words_load(write_toml):
+    """A Wan 2.2 expert run's words as users' scripts carry them: the level drawn again into
+    min_timestep..max_timestep."""
+    text = (HEAD + 'task = "t2v-A14B"\nmin_timestep = 875\nmax_timestep = 1000\n'
+            "preserve_distribution_shape = true\n" + DATASET)  # fmt: skip
+    config = load_config(write_toml("a.toml", text))
+    assert config.training.preserve_distribution_shape is True
+    assert (config.training.min_timestep, config.training.max_timestep) == (875, 1000)
+
+
 @pytest.mark.parametrize(
     ("line", "fix"),
     [
@@ -162,7 +172,6 @@ def test_dit_and_the_model_key_must_agree(write_toml):
         ("edit_plus = true", 'model_version = "edit-2509"'),
         ('clip = "/m/clip.safetensors"', "Wan 2.2 T2V-A14B's experts"),
         ("num_timestep_buckets = 4", "timestep_sampling"),
-        ("preserve_distribution_shape = true", "scaled into their range"),
         ("use_32bit_attention = true", 'mixed_precision = "no"'),
         ('timestep_sampling = "qinglong_qwen"', "use qwen_shift"),
         ('timestep_sampling = "logsnr"', "use qwen_shift"),

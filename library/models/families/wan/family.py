@@ -52,16 +52,20 @@ DEFAULT_SCALE = 5.0  # the pipeline's guidance_scale
 class WanFlowObjective(VelocityObjective):
     """Rectified flow at timestep 1000 sigma (the pipelines' scheduler timesteps); min_timestep
     / max_timestep (musubi-tuner's, out of 1000) narrow the drawn sigma into their range
-    linearly. Samples on the model's UniPC scheduler."""
+    linearly, or with preserve_distribution_shape keep the draw whole for the step to draw
+    again until it lies inside (library.training.level_redraw). Samples on the model's UniPC
+    scheduler."""
 
     LABEL = "Wan"
     TIMESTEP_RANGE = True
+    RANGE_REDRAW = True
 
     def levels(self, draws, latent_shape):
         sigmas = super().levels(draws, latent_shape)
-        low = (self.min_timestep or 0) / fm.NUM_TRAIN_TIMESTEPS
-        high = fm.NUM_TRAIN_TIMESTEPS if self.max_timestep is None else self.max_timestep
-        return sigmas * (high / fm.NUM_TRAIN_TIMESTEPS - low) + low
+        if self.preserve_shape:
+            return sigmas
+        low, high = self.range_fractions()
+        return sigmas * (high - low) + low
 
     def model_time(self, t):
         return t * fm.NUM_TRAIN_TIMESTEPS
