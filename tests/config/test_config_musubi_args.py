@@ -156,12 +156,15 @@ def test_dit_and_the_model_key_must_agree(write_toml):
 
 def test_wan_22_expert_run_words_load(write_toml):
     """A Wan 2.2 expert run's words as users' scripts carry them: the level drawn again into
-    min_timestep..max_timestep."""
+    min_timestep..max_timestep, and Wan 2.1's time embedding (the same result here)."""
     text = (HEAD + 'task = "t2v-A14B"\nmin_timestep = 875\nmax_timestep = 1000\n'
-            "preserve_distribution_shape = true\n" + DATASET)  # fmt: skip
+            "preserve_distribution_shape = true\nforce_v2_1_time_embedding = true\n" + DATASET)  # fmt: skip
     config = load_config(write_toml("a.toml", text))
     assert config.training.preserve_distribution_shape is True
     assert (config.training.min_timestep, config.training.max_timestep) == (875, 1000)
+    notes = " ".join(config.notices)
+    assert "force_v2_1_time_embedding = true is ignored" in notes, notes
+    assert "shares its sample's time" in notes
 
 
 @pytest.mark.parametrize(

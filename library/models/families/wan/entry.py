@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from library.config.section import Section
-from library.config.unsupported import group
+from library.config.unsupported import Unsupported, group
 from library.models.families.family_entry import (
     Deferred,
     FamilyEntry,
@@ -58,7 +58,15 @@ _LATER = (
 )
 _OPTIONS = {
     **group("clip", _LATER, planned=True),
-    **group("one_frame force_v2_1_time_embedding", _LATER, (False,)),
+    **group("one_frame", _LATER, (False,)),
+    # Wan 2.2's per-token time embedding equals Wan 2.1's (one per sample) when every token
+    # shares the sample's time, as in each model trained here; diffusers embeds it once too.
+    "force_v2_1_time_embedding": Unsupported(
+        "every token of the Wan models trained here shares its sample's time, so Wan 2.1's "
+        "time embedding (one per sample, as diffusers computes it) is the same as Wan 2.2's",
+        (False,),
+        ignored=True,
+    ),
     **group("vae_cache_cpu", "it only changes where musubi-tuner keeps the VAE's cache; the "
             "result is the same", (False,), ignored=True),
 }  # fmt: skip
