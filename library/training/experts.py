@@ -25,16 +25,22 @@ from library.config.schema import Config
 from library.errors import CheckpointError, ConfigError, TrainingError
 from library.models.experts import EXPERT_NAMES, HIGH_NOISE, LOW_NOISE, Experts
 from library.saving.output_names import expert_file
-from library.training.level_redraw import MAX_REDRAWS, keyed_seeds, redraw_until, time_inputs
-from library.training.noise import SampleDraws, draw, sample_seed
+from library.training.level_redraw import (
+    MAX_REDRAWS,
+    MIN_SHARE,
+    check_level_range,
+    fixed_levels,
+    keyed_seeds,
+    plan_latent_shape,
+    redraw_until,
+    time_inputs,
+)
+from library.training.noise import SampleDraws, sample_seed
 from library.training.objectives import FlowMatchingObjective
 
 # The streams of the routing draws: one per optimizer step, one per sample and redraw.
 STEP_STREAM = "expert_step"
 REDRAW_STREAM = "expert_level"
-# A range the run's level distribution almost never reaches would redraw without end.
-MIN_SHARE = 0.02
-_SHARE_DRAWS = 2000
 
 
 @dataclass(frozen=True)
@@ -213,10 +219,10 @@ def range_shares(
 ) -> dict[str, float]:
     """Each range's share of the run's level distribution at ``latent_shape`` (one sample's),
     from a fixed set of draws: the part of the steps its expert trains (both trained)."""
-    draws = draw(
-        seed, 0, list(range(_SHARE_DRAWS)), (1, 1, 1), 1000, torch.device("cpu"), flow_times=True
-    )
-    fractions = objective.level_fraction(objective.levels(draws, tuple(latent_shape)))
+    levels = fixed_levels(objective, latent_shape, seed)
+    # with preserve_distribution_shape the steps' levels are those in min..max
+    levels = levels[objective.range_holds(levels)]
+    fractions = objective.level_fraction(levels)
     return {name: float(r.holds(fractions).float().mean()) for name, r in ranges.items()}
 
 
@@ -324,7 +330,9 @@ def expert_routing(
 def expert_plan(config: Config, components) -> dict | None:
     """What the plan says of the experts (None for a model with one): the boundary and, for
     each trained expert, its noise levels and its part of the steps at the first dataset's
-    resolution. ConfigError for a range the run's draw almost never reaches."""
+    resolution. ConfigError for a range the run's draw almost never reaches: an expert's, or
+    on any model preserve_distribution_shape's (level_redraw.check_level_range)."""
+    check_level_range(config, components)
     experts = components.experts
     if experts is None:
         return None
@@ -333,12 +341,7 @@ def expert_plan(config: Config, components) -> dict | None:
             f"denoiser experts train with a flow-matching objective; this model's is {components.objective.name}"
         )
     ranges = expert_ranges(config, experts)
-    width, height = (
-        config.datasets[0].resolution
-        if config.datasets
-        else (components.family.default_resolution,) * 2
-    )
-    shape = components.family.latent_codec(components.vae).layout.shape(1, height, width)[1:]
+    shape = plan_latent_shape(config, components)
     shares = range_shares(components.objective, ranges, shape) if len(ranges) > 1 else None
     if shares is not None:
         check_shares(shares, ranges)

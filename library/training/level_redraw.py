@@ -11,12 +11,16 @@ from collections.abc import Callable
 
 import torch
 
-from library.errors import TrainingError
-from library.training.noise import SampleDraws, sample_seed
+from library.errors import ConfigError, TrainingError
+from library.training.noise import NoiseOptions, SampleDraws, draw, sample_seed
 
 # As musubi-tuner: a range its draw almost never reaches gives up after this many tries.
 MAX_REDRAWS = 1000
 RANGE_STREAM = "level_range"
+# A range holding less of the draw than this is refused before training (it would redraw
+# for long, or give up mid-run).
+MIN_SHARE = 0.02
+_SHARE_DRAWS = 2000
 
 
 def time_inputs(seeds: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,3 +85,50 @@ def levels_in_range(
             "timestep_sampling / discrete_flow_shift"
         )
     return levels
+
+
+def fixed_levels(objective, latent_shape, seed: int = 0) -> torch.Tensor:
+    """The objective's (unredrawn) levels of a fixed set of draws at ``latent_shape`` (one
+    sample's): the run's distribution, for the plan's shares."""
+    draws = draw(
+        seed, 0, list(range(_SHARE_DRAWS)), (1, 1, 1), 1000, torch.device("cpu"), flow_times=True
+    )
+    return objective.levels(draws, tuple(latent_shape))
+
+
+def check_range_share(objective, latent_shape) -> None:
+    """ConfigError, before training, for a preserve_distribution_shape range that the draw at
+    ``latent_shape`` almost never reaches."""
+    if not objective.preserve_shape:
+        return
+    share = float(objective.range_holds(fixed_levels(objective, latent_shape)).float().mean())
+    if share < MIN_SHARE:
+        raise ConfigError(
+            f"with preserve_distribution_shape the noise level is drawn again until it lies in "
+            f"min_timestep..max_timestep {objective.range_text()}, where the run's draw "
+            f"({objective.sampling_text()}) falls {share:.1%} of the time; widen the range, "
+            "change timestep_sampling / discrete_flow_shift, or remove "
+            "preserve_distribution_shape (the draw is then scaled into the range)"
+        )
+
+
+def plan_latent_shape(config, components) -> tuple[int, ...]:
+    """One sample's latent shape at the first dataset's resolution (the plan's draws)."""
+    width, height = (
+        config.datasets[0].resolution
+        if config.datasets
+        else (components.family.default_resolution,) * 2
+    )
+    return tuple(components.family.latent_codec(components.vae).layout.shape(1, height, width)[1:])
+
+
+def check_level_range(config, components) -> None:
+    """Before training: the objective takes the run's min_timestep / max_timestep /
+    preserve_distribution_shape (ConfigError where it cannot), and a redraw range the draw
+    almost never reaches is refused."""
+    objective = components.objective
+    if not hasattr(objective, "take_range"):  # DDPM: its draw is uniform in the range already
+        return
+    objective.take_range(NoiseOptions.from_training(config.training))
+    if objective.preserve_shape:
+        check_range_share(objective, plan_latent_shape(config, components))

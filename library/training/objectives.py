@@ -317,11 +317,10 @@ class FlowMatchingObjective(Objective):
             f"model_prediction_type {o.model_prediction_type}"
         )
 
-    def check(self, noise: NoiseOptions, loss: LossOptions) -> tuple[NoiseOptions, LossOptions]:
-        """Refuses Huber's snr schedule, and a timestep range narrower than the whole schedule
-        unless the family's trainer draws in one (TIMESTEP_RANGE); leaves out, with a warning,
-        the SNR weights and the noise keys kohya's trainer for the family does not apply
-        (UNUSED_NOISE_KEYS; GUI presets carry them)."""
+    def take_range(self, noise: NoiseOptions) -> None:
+        """Takes min_timestep / max_timestep where the family's trainer draws in a range
+        (TIMESTEP_RANGE), and preserve_distribution_shape where its draw is redrawn into it
+        (RANGE_REDRAW); ConfigError for either where not."""
         if self.TIMESTEP_RANGE:
             fm.validate_flow_options(
                 min_timestep=noise.min_timestep, max_timestep=noise.max_timestep
@@ -340,6 +339,13 @@ class FlowMatchingObjective(Objective):
                     f"({self.sampling_text()}) does not take that range; remove it"
                 )
             self.preserve_shape = True
+
+    def check(self, noise: NoiseOptions, loss: LossOptions) -> tuple[NoiseOptions, LossOptions]:
+        """Refuses Huber's snr schedule, and a timestep range narrower than the whole schedule
+        unless the family's trainer draws in one (TIMESTEP_RANGE); leaves out, with a warning,
+        the SNR weights and the noise keys kohya's trainer for the family does not apply
+        (UNUSED_NOISE_KEYS; GUI presets carry them)."""
+        self.take_range(noise)
         if loss.loss_type in ("huber", "smooth_l1") and loss.huber_schedule == "snr":
             raise ConfigError(
                 f'loss_type = "{loss.loss_type}" with huber_schedule = "snr" needs DDPM\'s '

@@ -132,6 +132,23 @@ def test_a_one_expert_run_trains_and_writes_only_that_expert(folder, tmp_path, l
     assert [p.name for p in out.glob("*.safetensors")] == ["run_low_noise.safetensors"]
 
 
+def test_a_per_expert_run_with_preserve_distribution_shape_trains_in_min_max_only(
+    folder, tmp_path, levels, capfd
+):
+    """musubi-tuner users' high-noise run: min_timestep inside the expert's range, the level
+    drawn again until it lies there; a range the draw never reaches is refused by the dry run."""
+    images = make_images(tmp_path / "imgs", 2, size=64)
+    words = {**COMMON, "train_experts": "high_noise", "preserve_distribution_shape": True}
+    config = write_config(tmp_path / "c.toml", folder, images, tmp_path / "out",
+                          max_train_steps=2, train_batch_size=2, min_timestep=850, **words)  # fmt: skip
+    assert train(config) == 0
+    assert set(levels) == {"high_noise"} and min(levels["high_noise"]) >= 0.85
+    never = write_config(tmp_path / "d.toml", folder, images, tmp_path / "out2",
+                         max_train_steps=1, min_timestep=900, max_timestep=900, **words)  # fmt: skip
+    code, _, err = cli(capfd, "--config", never, "--dry_run")
+    assert code != 0 and "preserve_distribution_shape" in err and "falls 0.0%" in err
+
+
 def test_musubi_tuners_dit_and_dit_high_noise_plan_two_experts(folder, tmp_path, capfd):
     """musubi-tuner's args: dit the low-noise file, dit_high_noise the high-noise one; the dry
     run plans both experts at its T2V-A14B boundary 0.875, or at its timestep_boundary."""

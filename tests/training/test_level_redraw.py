@@ -11,8 +11,8 @@ import torch
 from library.errors import ConfigError, TrainingError
 from library.models.experts import HIGH_NOISE, LOW_NOISE, Experts
 from library.models.families.wan.family import WanFlowObjective
-from library.training.experts import ExpertRouting, expert_ranges
-from library.training.level_redraw import levels_in_range
+from library.training.experts import ExpertRouting, expert_ranges, range_shares
+from library.training.level_redraw import check_range_share, levels_in_range
 from library.training.loss import LossOptions
 from library.training.noise import NoiseOptions, draw
 from library.training.objectives import FlowMatchingObjective, FlowOptions
@@ -79,3 +79,25 @@ def test_an_experts_levels_lie_in_both_its_range_and_min_max():
     expert = routing.choose(objective, draws, SHAPE, 3)
     levels = routing.levels_within(objective, draws, SHAPE, (3, 0, positions), expert)
     assert bool(((levels >= 0.5) & (levels <= 0.8)).all())
+
+
+def test_a_range_the_draw_almost_never_reaches_is_refused_before_training():
+    check_range_share(_wan(min_timestep=200, max_timestep=700, preserve_distribution_shape=True),
+                      SHAPE)  # fmt: skip
+    check_range_share(_wan(min_timestep=500, max_timestep=500), SHAPE)  # scaled: always there
+    objective = _wan(min_timestep=500, max_timestep=500, preserve_distribution_shape=True)
+    with pytest.raises(ConfigError, match="preserve_distribution_shape.*falls 0.0%"):
+        check_range_share(objective, SHAPE)
+
+
+def test_the_plans_expert_shares_are_those_of_the_levels_in_min_max():
+    from library.config.schema import Config
+
+    config = Config(model={"pretrained_model_name_or_path": "x"},
+                    experts={"timestep_boundary": 0.5})  # fmt: skip
+    experts = Experts({HIGH_NOISE: torch.nn.Identity(), LOW_NOISE: torch.nn.Identity()}, 0.5)
+    objective = _wan(max_timestep=800, preserve_distribution_shape=True)
+    shares = range_shares(objective, expert_ranges(config, experts), SHAPE)
+    # sigmoid of a standard normal, conditioned on sigma <= 0.8
+    below = torch.distributions.Normal(0, 1).cdf(torch.logit(torch.tensor(0.8))).item()
+    assert shares[HIGH_NOISE] == pytest.approx((below - 0.5) / below, abs=0.03)
