@@ -21,11 +21,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny SD 1.x model in diffusers folder format (epsilon prediction)."""
-    from tests.kits.sd.tiny import save_tiny_model
-
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sd1", family="sd1")
+def tiny_model_dir(kit_folders):
+    """A tiny SD 1.x model in diffusers folder format (epsilon prediction): the SD kit's folder,
+    the one the conformance and distributed suites read too."""
+    return kit_folders("sd", "sd1")
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +36,10 @@ def tiny_sd2v_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_sdxl_model_dir(tmp_path_factory):
-    """A tiny SDXL model (two text encoders, size conditioning) in diffusers folder format."""
-    from tests.kits.sd.tiny import save_tiny_model
-
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sdxl", family="sdxl")
+def tiny_sdxl_model_dir(kit_folders):
+    """A tiny SDXL model (two text encoders, size conditioning) in diffusers folder format: the
+    SD kit's folder."""
+    return kit_folders("sd", "sdxl")
 
 
 @pytest.fixture(scope="session")

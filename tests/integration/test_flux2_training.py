@@ -10,7 +10,6 @@ import torch
 from safetensors import safe_open
 
 from tests.integration.harness import make_images, tensors, train, write_config
-from tests.kits.flux2.tiny import write_tiny_flux2_folder
 from tests.kits.flux2.tiny_files import write_tiny_flux2_files
 
 FLUX2 = {"network_module": "networks.lora_flux_2", "network_train_unet_only": True,
@@ -18,8 +17,8 @@ FLUX2 = {"network_module": "networks.lora_flux_2", "network_train_unet_only": Tr
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return write_tiny_flux2_folder(tmp_path_factory.mktemp("models") / "klein-base")
+def folder(kit_folders):
+    return kit_folders("flux2", "klein-base")
 
 
 @pytest.fixture(scope="module")

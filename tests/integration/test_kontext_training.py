@@ -17,8 +17,6 @@ from tests.integration.harness import (
     tensors,
     train,
 )
-from tests.kits.flux.tiny_files import write_tiny_flux_folder
-from tests.kits.flux_kontext.tiny import write_tiny_kontext_folder
 
 RUN = {
     "network_module": "networks.lora_flux",
@@ -38,8 +36,8 @@ RUN = {
 
 
 @pytest.fixture(scope="module")
-def kontext_dir(tmp_path_factory):
-    return write_tiny_kontext_folder(tmp_path_factory.mktemp("models") / "tiny-kontext")
+def kontext_dir(kit_folders):
+    return kit_folders("flux_kontext", "dev")
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +137,9 @@ def test_the_dry_run_plans_the_references_and_counts_their_tokens(
 
 
 def test_reference_images_and_models_must_agree_before_loading(
-    tmp_path, kontext_dir, edit_data, capsys
+    tmp_path, kontext_dir, edit_data, capsys, kit_folders
 ):
-    flux_dir = write_tiny_flux_folder(tmp_path / "tiny-flux", "dev")
+    flux_dir = kit_folders("flux", "dev")
     dataset = _musubi_dataset(edit_data)
     config = _config(tmp_path / "t2i.toml", flux_dir, dataset, tmp_path / "o1")
     assert train(config) == 2

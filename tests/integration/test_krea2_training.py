@@ -11,7 +11,6 @@ from safetensors import safe_open
 
 from library.models.families.krea2.keys import TABLE
 from tests.integration.harness import make_images, tensors, train, write_config
-from tests.kits.krea2.tiny import write_tiny_krea2_folder
 from tests.kits.krea2.tiny_files import write_tiny_krea2_files
 
 KREA2 = {"network_module": "networks.lora_krea2", "bucket_reso_steps": 16,
@@ -26,10 +25,10 @@ def images(tmp_path_factory):
     return folder
 
 
-def test_lora_trains_and_diffusers_applies_the_file(tmp_path, images):
+def test_lora_trains_and_diffusers_applies_the_file(tmp_path, images, kit_folders):
     from diffusers import Krea2Pipeline
 
-    folder = write_tiny_krea2_folder(tmp_path / "tiny-krea2")
+    folder = kit_folders("krea2", "raw")
     out = tmp_path / "out"
     assert train(write_config(tmp_path / "c.toml", folder, images, out, **KREA2)) == 0
     path = out / "run.safetensors"

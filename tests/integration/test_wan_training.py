@@ -13,7 +13,6 @@ from safetensors import safe_open
 
 from library.models.families.wan.keys import TABLE
 from tests.integration.harness import flat_toml_lines, make_images, tensors, train
-from tests.kits.wan.tiny import write_tiny_wan_folder
 from tests.kits.wan.tiny_files import write_tiny_wan_files
 
 # musubi-tuner's ten modules of a block -> diffusers' Linear (diffusers' musubi converter)
@@ -73,7 +72,9 @@ def _musubi_args(root, files, dataset_lines=_images_dataset, **extra) -> object:
 
 
 @pytest.mark.parametrize("data", [_images_dataset, _videos_dataset], ids=["images", "clips"])
-def test_lora_from_musubi_files_is_what_diffusers_applies(tmp_path, files, data, monkeypatch):
+def test_lora_from_musubi_files_is_what_diffusers_applies(
+    tmp_path, files, data, monkeypatch, kit_folders
+):
     from diffusers import WanPipeline
 
     from library.models.families.wan.family import WanFamily
@@ -90,11 +91,12 @@ def test_lora_from_musubi_files_is_what_diffusers_applies(tmp_path, files, data,
     assert frames == ({1, 2} if data is _videos_dataset else {1})
     path = tmp_path / "out" / "run.safetensors"
     saved = tensors(path)
+    folder = kit_folders("wan", "t2v")  # the same seed-0 weights as the files trained on
     modules = {k.split(".", 1)[0] for k in saved}
     # ComfyUI's key map names every Linear weight of the model so: lora_unet_ + its path
     want = {"lora_unet_" + k.removesuffix(".weight").replace(".", "_")
             for k, v in TABLE.to_original(WanPipeline.from_pretrained(
-                write_tiny_wan_folder(tmp_path / "folder"), local_files_only=True,
+                folder, local_files_only=True,
             ).transformer.state_dict()).items()
             if k.startswith("blocks.") and v.dim() == 2 and k.endswith(".weight")}  # fmt: skip
     assert modules == want and len(want) == 2 * len(BLOCK_LINEARS)
@@ -105,7 +107,7 @@ def test_lora_from_musubi_files_is_what_diffusers_applies(tmp_path, files, data,
         meta = f.metadata()
     assert meta["ss_network_module"] == "networks.lora_wan"
     assert meta["ss_timestep_sampling"] == "shift" and meta["ss_discrete_flow_shift"] == "3.0"
-    pipe = WanPipeline.from_pretrained(tmp_path / "folder", local_files_only=True)
+    pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
     model = pipe.transformer
     base = {n: p.detach().clone() for n, p in model.named_parameters()}
     pipe.load_lora_weights(str(path))

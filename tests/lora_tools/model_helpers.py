@@ -17,26 +17,15 @@ from pathlib import Path
 import torch
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-_MODELS: dict[str, Path] = {}
+# the toolbox's family word -> its kit's (name, variant)
+KITS = {"sd1": ("sd", "sd1"), "sdxl": ("sd", "sdxl"), "flux": ("flux", "dev"),
+        "sd3": ("sd3", "sd3.5-medium")}  # fmt: skip
 
 
-def model_dir(family: str, root: Path) -> Path:
-    """A tiny model of ``family`` ("sd1", "sdxl", "flux", "sd3") as a diffusers folder under
-    ``root``, written once per process."""
-    if family not in _MODELS:
-        from tests.kits.flux.tiny_files import write_tiny_flux_folder
-        from tests.kits.sd.tiny import save_tiny_model
-        from tests.kits.sd3.tiny_files import write_tiny_sd3_folder
-
-        path = Path(root) / f"tiny-{family}"
-        if family in ("sd1", "sdxl"):
-            save_tiny_model(path, family=family)
-        elif family == "flux":
-            write_tiny_flux_folder(path, "dev")
-        else:
-            write_tiny_sd3_folder(path, "sd3.5-medium")
-        _MODELS[family] = path
-    return _MODELS[family]
+def model_dir(family: str, kit_folders) -> Path:
+    """A tiny model of ``family`` ("sd1", "sdxl", "flux", "sd3") as a diffusers folder: the
+    session's kit folder (the ``kit_folders`` fixture), shared with the other suites."""
+    return kit_folders(*KITS[family])
 
 
 def load(path, **options):

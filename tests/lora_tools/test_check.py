@@ -20,9 +20,9 @@ BOGUS = "lora_unet_down_blocks_0_attentions_0_not_a_layer"
 
 
 @pytest.fixture(scope="module")
-def sd1(tmp_path_factory):
+def sd1(tmp_path_factory, kit_folders):
     root = tmp_path_factory.mktemp("check")
-    base_dir = model_dir("sd1", tmp_path_factory.getbasetemp())
+    base_dir = model_dir("sd1", kit_folders)
     lora = TrainedLora(load(base_dir), rank=4, alpha=2.0, conv=(2, 1.0), seed=31)
     path = lora.save(root / "ours.safetensors", {"ss_base_model_version": "sd_v1"})
     tensors, _ = read(path)
@@ -65,8 +65,8 @@ def test_a_bogus_module_is_named_by_every_loader(sd1, capsys):
         assert "names no layer of this SD 1.x model" in report, loader
 
 
-def test_a_file_of_another_family(sd1, tmp_path, tmp_path_factory, capsys):
-    sdxl = load(model_dir("sdxl", tmp_path_factory.getbasetemp()))
+def test_a_file_of_another_family(sd1, tmp_path, kit_folders, capsys):
+    sdxl = load(model_dir("sdxl", kit_folders))
     path = TrainedLora(sdxl, rank=2, alpha=2.0, seed=32).save(tmp_path / "sdxl.safetensors")
     code = run_tool("check", "--lora", path, "--model", sd1["base_dir"], "--loader", "difftune")
     assert code == 1
@@ -106,10 +106,10 @@ def test_diffusers_layout_in_comfyui_and_difftune(sd1, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("family", ["flux", "sd3"])
-def test_transformer_families(family, tmp_path, tmp_path_factory, capsys):
+def test_transformer_families(family, tmp_path, kit_folders, capsys):
     """Our FLUX.1 / SD3 files (fused kohya modules) are read whole by ComfyUI (difftune's
     column is checked for every family in tests/conformance/test_lora_tool_families.py)."""
-    base_dir = model_dir(family, tmp_path_factory.getbasetemp())
+    base_dir = model_dir(family, kit_folders)
     path = TrainedLora(load(base_dir), rank=2, alpha=2.0, seed=33).save(tmp_path / "t.safetensors")
     assert run_tool("check", "--lora", path, "--model", base_dir, "--loader", "comfyui") == 0
     assert "reads all" in capsys.readouterr().out
@@ -125,12 +125,12 @@ def test_refusals(sd1, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("family", ["sdxl", "flux", "sd3"])
-def test_lycoris_files_are_read_whole(family, tmp_path, tmp_path_factory, capsys):
+def test_lycoris_files_are_read_whole(family, tmp_path, kit_folders, capsys):
     """Our LyCORIS files (LoHa with DoRA; on FLUX.1/SD3 one module per fused original layer)
     lose no key in difftune's import or ComfyUI's key map."""
     from library.networks.lycoris.spec import LycorisSpec
 
-    base_dir = model_dir(family, tmp_path_factory.getbasetemp())
+    base_dir = model_dir(family, kit_folders)
     components = load(base_dir)
     spec = LycorisSpec(algo="loha", dim=2, alpha=1.0, dora_wd=True)
     family_obj = components.family

@@ -24,13 +24,13 @@ METADATA = {"ss_network_module": "networks.lora", "ss_output_name": "x", "sshs_m
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, kit_folders):
     """family -> (model folder, kohya LoRA path, the TrainedLora): SD 1.x with LoCon convs and
     alpha != rank, SDXL, FLUX.1 (fused modules)."""
     root = tmp_path_factory.mktemp("convert")
     out = {}
     for family, conv in (("sd1", (2, 1.0)), ("sdxl", None), ("flux", None)):
-        base_dir = model_dir(family, tmp_path_factory.getbasetemp())
+        base_dir = model_dir(family, kit_folders)
         lora = TrainedLora(load(base_dir), rank=4, alpha=3.0, conv=conv, seed=21, std=0.2)
         out[family] = (base_dir, lora.save(root / f"{family}.safetensors", METADATA), lora)
     return out

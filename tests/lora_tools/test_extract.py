@@ -24,11 +24,11 @@ RANK, CONV_RANK = 4, 2
 
 
 @pytest.fixture(scope="module")
-def sd1(tmp_path_factory):
+def sd1(tmp_path_factory, kit_folders):
     """An SD 1.x LoRA L (with LoCon convs), the base merged with L, and the LoRA extracted from
     the two at L's ranks."""
     root = tmp_path_factory.mktemp("extract")
-    base_dir = model_dir("sd1", tmp_path_factory.getbasetemp())
+    base_dir = model_dir("sd1", kit_folders)
     base = load(base_dir)
     lora = TrainedLora(base, rank=RANK, alpha=3.0, conv=(CONV_RANK, 1.0), seed=11, std=0.2)
     path = lora.save(root / "lora.safetensors")
@@ -103,13 +103,13 @@ def test_extracted_file_loads_as_network_weights(sd1):
             torch.testing.assert_close(peft_delta(layer), want, rtol=1e-4, atol=2e-6, msg=path)
 
 
-def test_flux_fused_modules_and_trainer_import(tmp_path, tmp_path_factory):
+def test_flux_fused_modules_and_trainer_import(tmp_path, kit_folders):
     """FLUX.1: q/k/v (and a single block's MLP input) are factored per diffusers Linear and
     written as one block-diagonal kohya module, as the trainer writes them."""
     from library.networks.lora import LoraSpec, apply_lora, lora_layers
     from tests.lora_tools.model_helpers import peft_delta
 
-    base_dir = model_dir("flux", tmp_path_factory.getbasetemp())
+    base_dir = model_dir("flux", kit_folders)
     base = load(base_dir)
     lora = TrainedLora(base, rank=RANK, alpha=2.0, seed=12, std=0.2)
     path = lora.save(tmp_path / "flux.safetensors")
@@ -179,7 +179,7 @@ def test_small_changes_are_skipped_and_listed(sd1, tmp_path, capsys):
         torch.testing.assert_close(kohya_deltas(dynamic)[name], delta, rtol=1e-4, atol=2e-6)
 
 
-def test_refusals(sd1, tmp_path, tmp_path_factory, capsys):
+def test_refusals(sd1, tmp_path, kit_folders, capsys):
     existing = tmp_path / "exists.safetensors"
     existing.write_bytes(b"keep")
     args = ["--rank", 2, "--output", existing]
@@ -200,7 +200,7 @@ def test_refusals(sd1, tmp_path, tmp_path_factory, capsys):
     )
     (line,) = error_lines(capsys.readouterr().err)
     assert code == 2 and "--base" in line and "not found" in line
-    sdxl = model_dir("sdxl", tmp_path_factory.getbasetemp())
+    sdxl = model_dir("sdxl", kit_folders)
     code = run_tool(
         "extract", "--base", sd1["base_dir"], "--tuned", sdxl, "--rank", 2, "--output", out
     )

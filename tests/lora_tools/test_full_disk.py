@@ -13,9 +13,9 @@ from tests.lora_tools.model_helpers import TrainedLora, error_lines, load, model
 
 
 @pytest.fixture(scope="module")
-def sd1(tmp_path_factory):
+def sd1(tmp_path_factory, kit_folders):
     root = tmp_path_factory.mktemp("full-disk")
-    base = shutil.copytree(model_dir("sd1", tmp_path_factory.getbasetemp()), root / "sd15")
+    base = shutil.copytree(model_dir("sd1", kit_folders), root / "sd15")
     lora = TrainedLora(load(base), rank=2, alpha=2.0, seed=5).save(root / "lora.safetensors")
     return {"model": base, "lora": lora}
 

@@ -22,11 +22,11 @@ RATIOS = (0.8, -0.5)
 
 
 @pytest.fixture(scope="module")
-def sd1(tmp_path_factory):
+def sd1(tmp_path_factory, kit_folders):
     """The SD 1.x base, two LoRAs of it (A: UNet + text encoder + LoCon convs, B: UNet only,
     another rank and alpha) and the model merged with both (a file and a folder)."""
     root = tmp_path_factory.mktemp("merge")
-    base_dir = model_dir("sd1", tmp_path_factory.getbasetemp())
+    base_dir = model_dir("sd1", kit_folders)
     base = load(base_dir)
     lora_a = TrainedLora(base, rank=4, alpha=2.0, conv=(2, 1.0), seed=1)
     lora_b = TrainedLora(base, rank=3, alpha=5.0, text=False, seed=2)
@@ -116,13 +116,13 @@ def test_output_is_the_trainers_full_model_layout(sd1):
     assert (sd1["folder"] / "tokenizer" / "vocab.json").is_file()
 
 
-def test_fused_flux_modules_into_the_transformer_file(tmp_path, tmp_path_factory):
+def test_fused_flux_modules_into_the_transformer_file(tmp_path, kit_folders):
     """FLUX.1 (fused q/k/v modules) into its one-file layout, the transformer in Black Forest
     Labs' names, at a ratio. (Every family's default LoRA into a diffusers folder, SDXL's kohya
     names in SGM's layout among them: the conformance suite, tests/conformance.)"""
     from library.models.families.flux.original_keys import transformer_from_original
 
-    base_dir = model_dir("flux", tmp_path_factory.getbasetemp())
+    base_dir = model_dir("flux", kit_folders)
     base = load(base_dir)
     lora = TrainedLora(base, rank=4, alpha=8.0, seed=5, text=False)
     path = lora.save(tmp_path / "flux.safetensors")
@@ -137,8 +137,8 @@ def test_fused_flux_modules_into_the_transformer_file(tmp_path, tmp_path_factory
         torch.testing.assert_close(got, weight, rtol=1e-5, atol=1e-6, msg=path_)
 
 
-def test_text_encoder_modules_need_a_place_in_the_output(tmp_path, tmp_path_factory, capsys):
-    base_dir = model_dir("flux", tmp_path_factory.getbasetemp())
+def test_text_encoder_modules_need_a_place_in_the_output(tmp_path, kit_folders, capsys):
+    base_dir = model_dir("flux", kit_folders)
     lora = TrainedLora(load(base_dir), rank=2, alpha=2.0, seed=6)  # with CLIP-L modules
     path = lora.save(tmp_path / "flux_te.safetensors")
     out = tmp_path / "flux.safetensors"
@@ -153,7 +153,7 @@ def test_text_encoder_modules_need_a_place_in_the_output(tmp_path, tmp_path_fact
     assert "left out" in capsys.readouterr().out
 
 
-def test_refusals(sd1, tmp_path, tmp_path_factory, capsys):
+def test_refusals(sd1, tmp_path, kit_folders, capsys):
     base_dir, lora = sd1["base_dir"], sd1["paths"][0]
     # a model that is not there
     code = run_tool(
@@ -175,7 +175,7 @@ def test_refusals(sd1, tmp_path, tmp_path_factory, capsys):
     assert code == 2 and "--overwrite" in line
     assert existing.read_bytes() == b"keep me"
     # a LoRA of another family: an SDXL LoRA on the SD 1.x model
-    sdxl = load(model_dir("sdxl", tmp_path_factory.getbasetemp()))
+    sdxl = load(model_dir("sdxl", kit_folders))
     other = TrainedLora(sdxl, rank=2, alpha=2.0, seed=7).save(tmp_path / "sdxl_lora.safetensors")
     out = tmp_path / "other.safetensors"
     code = run_tool("merge", "--model", base_dir, "--loras", other, "--output", out)
@@ -244,7 +244,7 @@ def test_lycoris_loha_module_is_merged_by_its_own_formula(sd1, tmp_path):
 
 @pytest.mark.parametrize("family", ["flux", "sd3"])
 def test_lycoris_on_fused_layers_merges_into_what_the_adapters_compute(
-    family, tmp_path, tmp_path_factory
+    family, tmp_path, kit_folders
 ):
     """A LoKr (DoRA) file of FLUX.1 / SD3, one module per original fused layer, baked into the
     transformer: each diffusers weight equals the adapted model's (base + its rows of the
@@ -254,7 +254,7 @@ def test_lycoris_on_fused_layers_merges_into_what_the_adapters_compute(
     from library.networks.lycoris.spec import LycorisSpec
     from library.networks.lycoris_fused import LycorisPart, module_layers
 
-    base_dir = model_dir(family, tmp_path_factory.getbasetemp())
+    base_dir = model_dir(family, kit_folders)
     components = load(base_dir)
     plain = {k: v.clone() for k, v in components.denoiser.state_dict().items()}
     spec = LycorisSpec(algo="lokr", dim=2, alpha=1.0, factor=2, dora_wd=True)

@@ -22,9 +22,9 @@ BROKEN = "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight"
 
 
 @pytest.fixture(scope="module")
-def sd1(tmp_path_factory):
+def sd1(tmp_path_factory, kit_folders):
     root = tmp_path_factory.mktemp("finite")
-    base_dir = model_dir("sd1", tmp_path_factory.getbasetemp())
+    base_dir = model_dir("sd1", kit_folders)
     base = load(base_dir)
     good = TrainedLora(base, rank=4, alpha=2.0, seed=11).save(root / "good.safetensors")
     tensors, metadata = read(good)

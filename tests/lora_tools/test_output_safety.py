@@ -21,11 +21,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def sd1(tmp_path_factory):
+def sd1(tmp_path_factory, kit_folders):
     """A copy of the tiny SD 1.x model of its own (a refusal that failed would write into it)
     and a LoRA of it."""
     root = tmp_path_factory.mktemp("safety")
-    base = shutil.copytree(model_dir("sd1", tmp_path_factory.getbasetemp()), root / "sd15")
+    base = shutil.copytree(model_dir("sd1", kit_folders), root / "sd15")
     lora = TrainedLora(load(base), rank=2, alpha=2.0, seed=21).save(root / "lora.safetensors")
     return {"root": root, "model": base, "lora": lora}
 

@@ -11,8 +11,7 @@ from library.config.loader import load_config
 from library.errors import ConfigError, ModelError
 from library.training.reference_checks import check_reference_config
 from tests.integration.harness import make_images, write_config
-from tests.kits.flux.tiny_files import write_tiny_flux_files, write_tiny_flux_folder
-from tests.kits.flux_kontext.tiny import write_tiny_kontext_folder
+from tests.kits.flux.tiny_files import write_tiny_flux_files
 from tests.kits.qwenimage.tiny_files import write_tiny_qwenimage_files
 
 
@@ -33,8 +32,8 @@ def _error(tmp_path, model, data, error=ConfigError, subset_keys=None, **keys) -
     return message
 
 
-def test_kontext_takes_one_reference_per_image(tmp_path, data):
-    kontext = write_tiny_kontext_folder(tmp_path / "kontext")
+def test_kontext_takes_one_reference_per_image(tmp_path, data, kit_folders):
+    kontext = kit_folders("flux_kontext", "dev")
     message = _error(tmp_path, kontext, data, subset_keys={"control_count_per_image": 2})
     assert message == (
         "datasets[0].subsets[0].control_count_per_image = 2: a FLUX.1 Kontext model takes 1 "
@@ -58,14 +57,14 @@ def test_a_transformer_file_with_references_is_told_which_setting_makes_it_an_ed
     assert 'set model_version = "edit-2509" or "edit-2511" in [flow]' in message
 
 
-def test_a_folder_with_references_still_names_the_edit_models(tmp_path, data):
-    flux = write_tiny_flux_folder(tmp_path / "flux")
+def test_a_folder_with_references_still_names_the_edit_models(tmp_path, data, kit_folders):
+    flux = kit_folders("flux", "dev")
     message = _error(tmp_path, flux, data)
     assert "a FLUX.1 model learns from images alone" in message and "model_type" not in message
 
 
-def test_kontext_model_type_on_a_text_to_image_folder_says_so_first(tmp_path, data):
-    flux = write_tiny_flux_folder(tmp_path / "flux")
+def test_kontext_model_type_on_a_text_to_image_folder_says_so_first(tmp_path, data, kit_folders):
+    flux = kit_folders("flux", "dev")
     images, _ = data
     path = write_config(
         tmp_path / "c.toml", flux, images, tmp_path / "o", model_type="flux_kontext"

@@ -13,21 +13,18 @@ from PIL import Image
 
 from library.training.image_sizes import nearest_multiples
 from tests.integration.harness import flat_toml_lines, make_images, train
-from tests.kits.flux_kontext.tiny import write_tiny_kontext_folder
-from tests.kits.qwenimage_edit.tiny import write_tiny_qwenimage_edit_folder
 
-FAMILIES = {
-    "kontext": (write_tiny_kontext_folder, {"network_module": "networks.lora_flux",
-                                            "guidance_scale": 1.0, "train_blocks": "double"}),
-    "qwen-edit": (write_tiny_qwenimage_edit_folder, {"network_module": "networks.lora_qwen_image"}),
+FAMILIES = {  # test name -> (its kit's name, the run's keys)
+    "kontext": ("flux_kontext", {"network_module": "networks.lora_flux",
+                                 "guidance_scale": 1.0, "train_blocks": "double"}),
+    "qwen-edit": ("qwenimage_edit", {"network_module": "networks.lora_qwen_image"}),
 }  # fmt: skip
 GRID = 16
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return {name: write(root / name) for name, (write, _) in FAMILIES.items()}
+def models(kit_folders):
+    return {name: kit_folders(kit) for name, (kit, _) in FAMILIES.items()}
 
 
 @pytest.fixture(scope="module")

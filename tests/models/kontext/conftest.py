@@ -6,11 +6,10 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def kontext_dir(tmp_path_factory):
-    """A tiny FLUX.1 Kontext [dev] as a diffusers FluxKontextPipeline folder (seed 0)."""
-    from tests.kits.flux_kontext.tiny import write_tiny_kontext_folder
-
-    return write_tiny_kontext_folder(tmp_path_factory.mktemp("models") / "tiny-kontext")
+def kontext_dir(kit_folders):
+    """A tiny FLUX.1 Kontext [dev] as a diffusers FluxKontextPipeline folder (seed 0), the
+    session's kit folder."""
+    return kit_folders("flux_kontext", "dev")
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,6 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def krea2_dir(tmp_path_factory):
-    """A tiny Krea 2 RAW as a diffusers Krea2Pipeline folder (seed 0)."""
-    from tests.kits.krea2.tiny import write_tiny_krea2_folder
-
-    return write_tiny_krea2_folder(tmp_path_factory.mktemp("models") / "tiny-krea2")
+def krea2_dir(kit_folders):
+    """A tiny Krea 2 RAW as a diffusers Krea2Pipeline folder (seed 0), the session's kit folder."""
+    return kit_folders("krea2", "raw")

@@ -9,7 +9,6 @@ import torch
 from library.models.families.wan.family import WanFamily
 from library.training.step import micro_batch_loss
 from tests.kits.wan.kit import reference_loss
-from tests.kits.wan.tiny import write_tiny_wan_folder
 from tests.models.step_inputs import step_inputs
 
 SEED = 11
@@ -29,7 +28,7 @@ def _batch(frames: int) -> dict:
     }
 
 
-def test_clip_loss_equals_the_pipelines_parts(tmp_path):
+def test_clip_loss_equals_the_pipelines_parts(kit_folders):
     from diffusers import WanPipeline
 
     from library.config.flow_schema import FlowSection
@@ -37,7 +36,7 @@ def test_clip_loss_equals_the_pipelines_parts(tmp_path):
     from library.models.loader import load_components
 
     assert WanFamily.TRAINS_CLIPS
-    folder = write_tiny_wan_folder(tmp_path / "wan")
+    folder = kit_folders("wan", "t2v")
     pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
     components = load_components(ModelSection(pretrained_model_name_or_path=str(folder)),
                                  torch.float32, FlowSection())  # fmt: skip

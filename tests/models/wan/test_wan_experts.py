@@ -13,7 +13,7 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.wan.family import load_wan
-from tests.kits.wan.tiny import write_tiny_wan_experts_folder, write_tiny_wan_folder
+from tests.kits.wan.tiny import write_tiny_wan_experts_folder
 from tests.kits.wan.tiny_files import write_tiny_wan_expert_file, write_tiny_wan_files
 
 
@@ -52,8 +52,8 @@ def test_dit_high_noise_beside_a_folder_is_refused(folder):
                  FlowSection(dit_high_noise="/m/high.safetensors"), torch.float32, torch.float32)  # fmt: skip
 
 
-def test_a_wan21_folder_has_one_denoiser(tmp_path):
-    folder = write_tiny_wan_folder(tmp_path / "wan")
+def test_a_wan21_folder_has_one_denoiser(kit_folders):
+    folder = kit_folders("wan", "t2v")
     loaded = load_wan(ModelSection(pretrained_model_name_or_path=str(folder)), FlowSection(),
                       torch.float32, torch.float32)  # fmt: skip
     assert loaded.experts is None

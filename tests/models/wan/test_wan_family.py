@@ -13,7 +13,7 @@ from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.wan.family import load_wan
 from library.models.families.wan.keys import TABLE
-from tests.kits.wan.tiny import transformer_config, write_tiny_wan_folder
+from tests.kits.wan.tiny import transformer_config
 from tests.kits.wan.tiny_files import write_tiny_wan_files
 
 
@@ -29,12 +29,12 @@ def _load(files, transformer=None, **flow):
     return load_wan(model, flow, torch.float32, torch.float32)
 
 
-def test_caption_states_are_the_pipelines_prompt_embeds(tmp_path):
+def test_caption_states_are_the_pipelines_prompt_embeds(kit_folders):
     """Cleaned (HTML entities, runs of whitespace), 512 tokens, zero past each caption: as
     WanPipeline.encode_prompt gives them, padded back from the cache's own lengths."""
     from diffusers import WanPipeline
 
-    folder = write_tiny_wan_folder(tmp_path / "wan")
+    folder = kit_folders("wan", "t2v")
     pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
     captions = ["a  red &amp; blue\ncube ", "x"]
     with torch.no_grad():  # as the pipeline's call runs it
