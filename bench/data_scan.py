@@ -6,6 +6,7 @@ index's bytes per image.
     python bench/data_scan.py                              # 1k and 10k images
     python bench/data_scan.py --sizes 1000 10000 100000 1000000
     python bench/data_scan.py --sizes 1000 40000 --sd_scripts ~/sd-scripts
+    python bench/data_scan.py --sizes 100000 --against main   # rerun scan: main's code vs this
 
 Not a test and not timed in CI. A dataset of N images is one kohya DreamBooth folder
 (``1_bench``) of N 8x8 PNGs, each with a one-line .txt caption, written once per size under
@@ -34,11 +35,13 @@ Human-readable lines go to stderr, one JSON object per size and run to stdout.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -141,8 +144,8 @@ def plan_seconds(config: Path, work: Path) -> float:
     return seconds
 
 
-def _scan(folder: Path, cache: Path, memory: bool) -> dict:
-    command = [sys.executable, "-c", _SCAN, str(REPO), str(folder / "1_bench"), str(cache),
+def _scan(folder: Path, cache: Path, memory: bool, code: Path = REPO) -> dict:
+    command = [sys.executable, "-c", _SCAN, str(code), str(folder / "1_bench"), str(cache),
                "memory" if memory else "time"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -166,6 +169,40 @@ def scan_figures(folder: Path, cache: Path) -> dict:
     }
 
 
+def export(ref: str, work: Path) -> Path:
+    """This repository's library at the git commit ``ref``, written under ``work``."""
+    result = subprocess.run(["git", "-C", str(REPO), "archive", ref, "library"],
+                            capture_output=True)  # fmt: skip
+    if result.returncode != 0:
+        raise BenchError(f"--against {ref}: {result.stderr.decode().strip()}")
+    tree = work / f"code-{ref}"
+    with tarfile.open(fileobj=io.BytesIO(result.stdout)) as archive:
+        archive.extractall(tree, filter="data")
+    return tree
+
+
+def scan_against(count: int, folder: Path, ref: str, old: Path, work: Path, rounds: int) -> None:
+    """The rerun scan of ``ref``'s code and of this checkout's, alternated ``rounds`` times in
+    one run (each over its own index, written by a first scan), so both meet the same load."""
+    codes = {ref: old, "this checkout": REPO}
+    caches = {name: work / f"against-{count}-{i}" for i, name in enumerate(codes)}
+    for name, code in codes.items():
+        shutil.rmtree(caches[name], ignore_errors=True)
+        _scan(folder, caches[name], False, code)
+    figures: dict[str, list[dict]] = {name: [] for name in codes}
+    for _ in range(rounds):
+        for name, code in codes.items():
+            figures[name].append(_scan(folder, caches[name], False, code))
+    for name, runs in figures.items():
+        cpu = sorted(run["scan_cpu_seconds"] for run in runs)
+        wall = sorted(run["scan_seconds"] for run in runs)
+        emit({"images": count, "run": "rerun", "trainer": f"difftune ({name})",
+              "scan_cpu_seconds_median": round(cpu[len(cpu) // 2], 2),
+              "scan_cpu_seconds_min": round(cpu[0], 2),
+              "scan_seconds_median": round(wall[len(wall) // 2], 2),
+              "from_index": runs[-1]["from_index"]})  # fmt: skip
+
+
 def warm(model: Path) -> None:
     """Read the model's files once, so that the first run timed does not alone pay for reading
     them from disk (the full-size model is 2 GB) while the runs after it find them in memory."""
@@ -184,6 +221,9 @@ def first_step_seconds(script: Path, config: Path, work: Path, cwd: Path, python
 
 def bench_size(count: int, args: argparse.Namespace, model: Path, kohya: Path | None, work: Path):
     folder = dataset(count, args.data)
+    if args.against:
+        scan_against(count, folder, args.against, args.against_code, work, args.rounds)
+        return
     cache = work / f"cache-{count}"
     config = write_config(folder, model, cache, work, kohya)
     warm(model)
@@ -242,6 +282,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a kohya-ss sd-scripts checkout: time its train_network.py too")  # fmt: skip
     parser.add_argument("--sd_scripts_python",
                         help="the Python of sd-scripts' environment (default: this one)")  # fmt: skip
+    parser.add_argument("--against", metavar="GIT_REF",
+                        help="only time the rerun scan, of this commit's code and of this "
+                             "checkout's, alternated in one run")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --against: reruns of each (default 3)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.sd_scripts and not (args.sd_scripts / "train_network.py").is_file():
         parser.error(f"--sd_scripts {args.sd_scripts}: no train_network.py there")
@@ -261,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     kohya = kohya_tokenizer_dir(model, args.model_cache) if args.sd_scripts else None
     work = Path(tempfile.mkdtemp(prefix="difftune-data-scan-"))
     try:
+        args.against_code = export(args.against, work) if args.against else None
         for count in args.sizes:
             bench_size(count, args, model, kohya, work)
     except BenchError as error:

@@ -205,12 +205,14 @@ class FolderScan:
     unlisted: tuple[Path, ...] = ()  # metadata subsets: images its file does not list
 
 
-def is_quiet(entry: os.DirEntry, caption_extension: str) -> bool:
-    """True for entries that are expected beside images and not worth reporting."""
+def is_quiet(entry: os.DirEntry, caption_extension: str, suffix: str | None = None) -> bool:
+    """True for entries that are expected beside images and not worth reporting. ``suffix``:
+    the name's (_suffix), where the caller has it."""
     name = entry.name
     if name.startswith(".") or name.lower() in SYSTEM_FILES:
         return True
-    suffix = _suffix(name)
+    if suffix is None:
+        suffix = _suffix(name)
     is_sidecar = suffix in SIDECAR_EXTENSIONS or suffix == caption_extension.lower()
     return is_sidecar and not entry.is_dir()  # a folder "a.txt" is reported, not a caption
 
@@ -237,17 +239,30 @@ class _Listing:
     def __init__(self, folder: Path, caption_extension: str) -> None:
         self.folder = folder
         self.prefix = str(folder)
+        self.join_prefix = os.path.join(self.prefix, "")  # + name: os.path.join(prefix, name)
         self.images: list[str] = []
         self.others: set[str] = set()  # every other name: a caption file may have it
         ignored = []
+        # a million names pass here: the suffix is found once per name, the caption files'
+        # (the usual other entry) checked first
+        caption_suffix = caption_extension.lower()
         with os.scandir(folder) as entries:
             for entry in entries:
                 name = entry.name
-                if _suffix(name) in IMAGE_EXTENSIONS and not name.startswith("."):
-                    self.images.append(name)
+                dot = name.rfind(".")
+                suffix = name[dot:].lower() if 0 < dot < len(name) - 1 else ""
+                if suffix in IMAGE_EXTENSIONS:
+                    if not name.startswith("."):
+                        self.images.append(name)
+                        continue
+                elif suffix == caption_suffix and name.lower() not in SYSTEM_FILES:
+                    self.others.add(name)
+                    # a folder "a.txt" is reported, not a caption (a hidden one is not)
+                    if entry.is_dir() and not name.startswith("."):
+                        ignored.append(folder / name)
                     continue
                 self.others.add(name)
-                if not is_quiet(entry, caption_extension):
+                if not is_quiet(entry, caption_extension, suffix):
                     ignored.append(folder / name)
         self.images.sort()
         self.ignored = tuple(sorted(ignored, key=lambda p: p.name))
@@ -276,8 +291,8 @@ def _caption(
     caption paths are strings, Paths are made only for a message."""
     stem = image[: image.rfind(".")]
     name = stem + subset.caption_extension
-    path = os.path.join(listing.prefix, name)
-    info = _stat(path) if listing.may_exist(name) else None
+    path = listing.join_prefix + name
+    info = _stat(path) if name in listing.others or listing.may_exist(name) else None
     if info is None and not (listing.may_exist(name) and os.path.lexists(path)):
         _refuse_other_extension(folder / image, subset.caption_extension, listing)
         return subset.class_tokens or ""  # "": no caption at all (module docstring)

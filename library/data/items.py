@@ -350,7 +350,8 @@ def scan_dataset(
         # a folder's images are all directly in it: their names are their keys
         names = _names_in_folder(items, subset)
         index_keys = names or [name_in(i.path, keys.folder) or str(i.path) for i in items]
-        headers = read_headers([item.path for item in items], scan_index, index_keys)
+        folder = None if names is None else Path(subset.image_dir)
+        headers = read_headers([item.path for item in items], scan_index, index_keys, folder)
         found = []
         for n, (item, header) in enumerate(zip(items, headers, strict=True)):
             checked = _checked_image(item, header, subset, bucket_of, sizing, skip_bad_images)

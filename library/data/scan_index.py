@@ -70,15 +70,27 @@ class _Table:
         self.rows = dict(zip(names, range(len(names)), strict=True))
         self.numbers, self.values, self.width = numbers, values, width
 
-    def get(self, key: str, ident: Identity) -> list | None:
-        """The values of ``key`` when its file's identity is ``ident``, else None."""
+    def row(self, key: str, info: os.stat_result) -> int | None:
+        """The row of ``key`` when its file's identity is that of the stat ``info``, else None
+        (compared field by field: no tuple is made for the millions of unchanged files)."""
         i = self.rows.get(key)
         if i is None:
             return None
-        numbers = self.numbers
-        if (numbers[4 * i], numbers[4 * i + 1], numbers[4 * i + 2], numbers[4 * i + 3]) != ident:
+        numbers, j = self.numbers, 4 * i
+        if (
+            numbers[j] != info.st_size
+            or numbers[j + 1] != info.st_mtime_ns
+            or numbers[j + 2] != info.st_ctime_ns
+            or numbers[j + 3] != info.st_ino
+        ):
             return None
-        return self.values[self.width * i : self.width * (i + 1)]
+        return i
+
+    def get(self, key: str, info: os.stat_result) -> list | None:
+        """The values of ``key`` when its file's identity is that of the stat ``info``, else
+        None."""
+        i = self.row(key, info)
+        return None if i is None else self.values[self.width * i : self.width * (i + 1)]
 
 
 _EMPTY = _Table([], [], [], 1)
@@ -153,13 +165,14 @@ class ScanIndex:
     def known(self, key: str, info: os.stat_result) -> ImageHeader | None:
         """The indexed header of the image `key` whose stat is `info` when the file is unchanged
         (and kept for the next index), else None: the caller reads it and calls `record`."""
-        ident = identity(info)
-        known = self._images.get(key, ident)
-        if known is None:
+        table = self._images
+        i = table.row(key, info)
+        if i is None:
             return None
-        header = ImageHeader((known[0], known[1]), known[2])
+        values, j = table.values, 3 * i
+        header = ImageHeader((values[j], values[j + 1]), values[j + 2])
         self._hits.append(key)
-        self._met_images[key] = (ident, header)
+        self._met_images[key] = (identity(info), header)
         return header
 
     def record(self, key: str, info: os.stat_result, header: ImageHeader) -> None:
@@ -171,7 +184,7 @@ class ScanIndex:
         """The indexed probe (JSON values) of the video file `key` whose stat is `info` when
         the file is unchanged, else None: the caller probes it and calls `record_video`. The
         caller checks the values and calls `keep_video` for the ones it uses."""
-        known = self._videos.get(key, identity(info))
+        known = self._videos.get(key, info)
         return None if known is None else known[0]
 
     def keep_video(self, key: str, info: os.stat_result, values: object) -> None:
@@ -188,12 +201,12 @@ class ScanIndex:
     def known_caption(self, key: str, info: os.stat_result) -> str | None:
         """The indexed text of the caption file `key` (stat `info`) when it is unchanged (and
         kept for the next index), else None: the caller reads it and calls `record_caption`."""
-        ident = identity(info)
-        known = self._captions.get(key, ident)
-        if known is None:
+        i = self._captions.row(key, info)
+        if i is None:
             return None
-        self._met_captions[key] = (ident, known[0])
-        return known[0]
+        text = self._captions.values[i]
+        self._met_captions[key] = (identity(info), text)
+        return text
 
     def record_caption(self, key: str, info: os.stat_result, text: str) -> None:
         """Keep the text read from the caption file `key` (stat `info`) for the next index."""

@@ -3,6 +3,8 @@ model sd-scripts can load and times the figure it compares."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from bench.data_scan import parse_args
@@ -29,3 +31,23 @@ def test_sd_scripts_with_the_tiny_model_written_is_refused(kohya, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--sd_scripts", kohya, "--model", "tiny-sd1"])
     assert "--model sd15" in capsys.readouterr().err
+
+
+def test_against_exports_that_commits_library(tmp_path):
+    # the old code the rerun scan is compared with is the commit's own, not this checkout's
+    from bench.data_scan import REPO, export
+
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "show", "HEAD:library/data/scan_index.py"],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    tree = export("HEAD", tmp_path)
+    assert (tree / "library" / "data" / "scan_index.py").read_bytes() == head
+    assert parse_args(["--against", "HEAD"]).rounds == 3
+
+
+def test_against_an_unknown_commit_names_it(tmp_path):
+    from bench.data_scan import BenchError, export
+
+    with pytest.raises(BenchError, match="--against no-such-ref"):
+        export("no-such-ref", tmp_path)

@@ -15,7 +15,7 @@ from PIL import Image, features
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.dataset import TrainData
-from library.data.folders import IMAGE_EXTENSIONS, scan_folder
+from library.data.folders import IMAGE_EXTENSIONS, _Listing, is_quiet, scan_folder
 from library.data.plan import plan_lines
 from library.errors import DataError
 
@@ -80,6 +80,28 @@ def test_unknown_entries_are_listed_and_companions_are_not(tmp_path):
         "  6 files that are not training images were ignored: 2_dog/e.txt/, 2_dog/notes.md, "
         "2_dog/sub/, 2_dog/x.psd, 2_dog/y.heic, ..."
     ) in lines
+
+
+@pytest.mark.parametrize("caption_extension", [".txt", ".caption", ".TXT", ".md"])
+def test_the_listing_reports_what_is_quiet_would(tmp_path, caption_extension):
+    """The listing sorts a million names in one pass with its own shortcuts; what it reports
+    as ignored is what is_quiet says of each non-image entry."""
+    names = ["a.txt", "b.caption", "c.TXT", "d.md", ".e.txt", "thumbs.db", "f.json", "g", ".h"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+        (tmp_path / f"dir{name}").mkdir()  # a folder under a caption's or sidecar's name
+        (tmp_path / f".dir{name}").mkdir()  # a hidden folder
+    write_image(tmp_path / "z.png")
+    with os.scandir(tmp_path) as entries:
+        expected = sorted(
+            entry.name
+            for entry in entries
+            if entry.name != "z.png" and not is_quiet(entry, caption_extension)
+        )
+    listing = _Listing(tmp_path, caption_extension)
+    assert listing.images == ["z.png"]
+    assert sorted(path.name for path in listing.ignored) == expected
+    assert "dira.txt" in expected  # a folder is never a caption file
 
 
 def test_a_clean_folder_reports_nothing_ignored(tmp_path):
