@@ -51,6 +51,9 @@ def test_the_folder_loads_what_wan_pipeline_loads(folder, pipe):
         assert got.keys() == expected.keys()
         assert all(torch.equal(got[k], expected[k]) for k in expected)
     assert components.family.latent_codec(components.vae).layout.factor == 16
+    # a token's pixels: the pipeline's own spatial factor times the transformer's patch
+    grid = pipe.vae_scale_factor_spatial * pipe.transformer.config.patch_size[1]
+    assert components.family.PIXEL_MULTIPLE == grid == 32
 
 
 def test_the_task_word_ti2v_5b_is_checked_against_the_released_width(folder):

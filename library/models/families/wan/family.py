@@ -197,6 +197,7 @@ class WanTi2vFamily(WanFamily):
     it without a first frame."""
 
     FRAME_RATE: ClassVar[float] = 24.0  # TI2V-5B's clips (musubi-tuner's target)
+    PIXEL_MULTIPLE: ClassVar[int] = 32  # the VAE's 16 times the 2x2 patches
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         frames, height, width = noisy.shape[2:]
@@ -206,10 +207,9 @@ class WanTi2vFamily(WanFamily):
         return super().predict(denoiser, noisy, per_token, cond)
 
     def sampling_pipeline(self):
-        grid = spec.PIXEL_MULTIPLE * 2  # the VAE's 16 times the 2x2 patches
         return replace(
             super().sampling_pipeline(), options={"expand_timesteps": True},
-            call_inputs=functools.partial(wan_pipeline_inputs, grid=grid),
+            call_inputs=functools.partial(wan_pipeline_inputs, grid=self.PIXEL_MULTIPLE),
         )  # fmt: skip
 
 
