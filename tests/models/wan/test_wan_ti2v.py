@@ -104,3 +104,49 @@ def test_sample_equals_wan_pipelines(folder, pipe, tmp_path):
     theirs = np.asarray(out.frames[0][0].convert("RGB"), dtype=np.int16)
     assert ours.shape == theirs.shape == (128, 128, 3)  # 152 rounded down to the 32 grid (16: 144)
     assert int(abs(ours - theirs).max()) <= 1
+
+
+def test_our_lora_file_is_applied_exactly_by_diffusers(folder, tmp_path):
+    """The default LoRA (musubi-tuner's lora_unet_ names over the ten block Linears) on the
+    TI2V transformer, written as we write it: WanPipeline.load_lora_weights takes every key
+    and its transformer then gives what ours gives on per-token timesteps."""
+    from diffusers import WanPipeline
+
+    from library.networks.lora import LoraSpec, apply_lora, randomize_lora
+    from library.saving.lora_file import save_lora_file
+    from tests.networks.lora_load_helpers import load_quietly
+
+    components = _load(folder)
+    family, transformer = components.family, components.denoiser
+    apply_lora(transformer, family.adapter_targets(transformer, "unet", False), LoraSpec(4, 2.0))
+    randomize_lora(transformer, torch.Generator().manual_seed(7), std=0.05)
+    tensors = family.lora_tensors({"lora_unet": transformer})
+    path = save_lora_file(tmp_path / "lora.safetensors", tensors, {}, torch.float32)
+    pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
+    plain = pipe.transformer.state_dict()
+    assert not load_quietly(pipe, path, ("text_encoder",))
+    gen = torch.Generator().manual_seed(3)
+    noisy = torch.randn(1, 48, 2, 4, 4, generator=gen)
+    states = torch.randn(1, 7, pipe.transformer.config.text_dim, generator=gen)
+    with torch.no_grad():
+        ours = family.predict(transformer, noisy, torch.tensor([300.0]),
+                              family.assemble_conditioning(_text(states), {}, "cpu"))  # fmt: skip
+        theirs = pipe.transformer(hidden_states=noisy, timestep=torch.full((1, 8), 300.0),
+                                  encoder_hidden_states=_padded(states), return_dict=False)[0]  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    pipe.unload_lora_weights()
+    assert pipe.transformer.state_dict().keys() == plain.keys()
+    with torch.no_grad():
+        unadapted = pipe.transformer(hidden_states=noisy, timestep=torch.full((1, 8), 300.0),
+                                     encoder_hidden_states=_padded(states), return_dict=False)[0]  # fmt: skip
+    assert not torch.allclose(ours, unadapted)  # the LoRA mattered
+
+
+def _text(states):
+    from library.models.conditioning import TextConditioning
+
+    return TextConditioning(states, None, None, None)
+
+
+def _padded(states):
+    return torch.nn.functional.pad(states, (0, 0, 0, 512 - states.shape[1]))
