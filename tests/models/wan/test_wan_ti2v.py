@@ -150,3 +150,32 @@ def _text(states):
 
 def _padded(states):
     return torch.nn.functional.pad(states, (0, 0, 0, 512 - states.shape[1]))
+
+
+def _run_config(tmp_path, model_dir, task=None):
+    from library.config.loader import load_config
+
+    path = tmp_path / "run.toml"
+    flow = "" if task is None else f'[flow]\ntask = "{task}"\n'
+    path.write_text(
+        f"pretrained_model_name_or_path = {str(model_dir)!r}\nenable_bucket = true\n{flow}"
+        '[[datasets]]\n[[datasets.subsets]]\nvideo_directory = "nowhere/clips"\n'
+    )
+    return load_config(str(path))
+
+
+def test_before_any_weight_a_ti2v_run_cuts_24_fps_clips_on_a_32_pixel_grid(folder, tmp_path):
+    """The checks made before loading (the clips' frame rate; the pixel grid the bucket and
+    image-size checks use) take TI2V-5B's numbers from its folder or its task word, Wan 2.1's
+    from a Wan 2.1 folder."""
+    from library.models.families.family_choice import entry_for
+    from library.training.reference_checks import check_clip_config
+    from tests.kits.wan.tiny import write_tiny_wan_folder
+
+    wan21 = write_tiny_wan_folder(tmp_path / "wan21")
+    cases = ((folder, None, 24.0, 32), (wan21, None, 16.0, 16), (wan21, "ti2v-5B", 24.0, 32))
+    for model_dir, task, rate, grid in cases:
+        config = _run_config(tmp_path, model_dir, task)
+        assert check_clip_config(config) == rate, model_dir
+        family = entry_for(config.model, config.flow).family_of(config.model, config.flow)
+        assert grid == family.PIXEL_MULTIPLE, model_dir

@@ -85,6 +85,7 @@ WAN = FamilyEntry(
     models="Wan 2.1 / 2.2",
     lines=(_LINE,),
     family=Deferred(f"{_PACKAGE}.family:WanFamily").get,
+    model_family=Deferred(f"{_PACKAGE}.family:family_class"),
     claims=Deferred(f"{_PACKAGE}.spec:claims_wan"),
     load=Deferred(f"{_PACKAGE}.family:load_wan"),
     reads_vae=True,

@@ -39,7 +39,7 @@ from library.models.families.wan.experts import (
     refuse_folder_expert_file,
 )
 from library.models.families.wan.keys import TABLE
-from library.models.loader import Components
+from library.models.loader import Components, read_json
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 from library.networks.table_modules import table_modules
@@ -217,6 +217,16 @@ WAN_TI2V = WanTi2vFamily(
     **{f.name: getattr(WAN, f.name) for f in fields(WAN)} | {"base_model_version": "wan2.2",
        "modelspec_architecture": "wan2.2-ti2v-5b", "default_resolution": 1280},
 )  # fmt: skip
+
+
+def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
+    """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, or a folder whose model_index.json sets
+    expand_timesteps), else WanFamily: the class data read before any weight is."""
+    if getattr(flow, "task", None) == "ti2v-5B":
+        return WanTi2vFamily
+    index = Path(model.pretrained_model_name_or_path).expanduser() / "model_index.json"
+    expands = index.is_file() and read_json(index).get("expand_timesteps")
+    return WanTi2vFamily if expands else WanFamily
 
 
 def spec_flow_options(flow):
