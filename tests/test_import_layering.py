@@ -99,6 +99,7 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.wan.family:WanFamily": _LOADER,
         "library.models.families.wan.spec:claims_wan": _LOADER,
         "library.models.families.wan.family:load_wan": _LOADER,
+        "library.models.families.wan.family:family_class": _LOADER,
     },
     "library/models/families/qwenimage/entry.py": {
         "library.models.families.qwenimage.family:QwenImageFamily": _LOADER,

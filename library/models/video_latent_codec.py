@@ -23,9 +23,10 @@ class ChannelNormalizedVideoCodec:
     """latents = (z - latents_mean[c]) / latents_std[c] per channel c, over clips; an image
     [B, 3, H, W] is encoded as a clip of one frame.
 
-    The spatial factor is 2 ** len(temperal_downsample): every level that may downsample in time
-    halves the image sides, as diffusers' pipelines reckon it; the temporal factor is 2 to the
-    number of levels that do (diffusers' vae_scale_factor_temporal).
+    The spatial factor is the config's scale_factor_spatial where it has one (Wan 2.2's VAE: 16,
+    its 2x2 pixel patches included), else 2 ** len(temperal_downsample): every level that may
+    downsample in time halves the image sides, as diffusers' pipelines reckon it; the temporal
+    factor is 2 to the number of levels that do (diffusers' vae_scale_factor_temporal).
     """
 
     vae: torch.nn.Module
@@ -34,8 +35,9 @@ class ChannelNormalizedVideoCodec:
     def layout(self) -> LatentLayout:
         config = self.vae.config
         downsample = config.temperal_downsample
+        spatial = getattr(config, "scale_factor_spatial", 2 ** len(downsample))
         return LatentLayout(
-            config.z_dim, 2 ** len(downsample), inner_axes=(1,), frame_factor=2 ** sum(downsample)
+            config.z_dim, spatial, inner_axes=(1,), frame_factor=2 ** sum(downsample)
         )
 
     def posterior(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -124,7 +124,7 @@ def check_image_sizes(config: Config, prompts: Sequence = ()) -> list[str]:
     """ConfigError for a resolution or bucket step the model cannot run (module docstring);
     the warnings about rounded sample sizes. Reads no weight: the model's family is known from
     a look at its files."""
-    family = entry_for(config.model, config.flow).family()
+    family = entry_for(config.model, config.flow).family_of(config.model, config.flow)
     for d, dataset in enumerate(config.datasets):
         own_sizes = any(subset.no_resize_control for subset in dataset.subsets)
         if dataset.enable_bucket or own_sizes:

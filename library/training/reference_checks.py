@@ -92,8 +92,9 @@ def check_clip_config(config: Config) -> float:
     that trains on images alone (ModelFamily.TRAINS_CLIPS); else the frame rate the family's
     clips are cut for (ModelFamily.FRAME_RATE)."""
     entry = entry_for(config.model, config.flow)
-    if entry.family().TRAINS_CLIPS:
-        return entry.family().FRAME_RATE
+    family = entry.family_of(config.model, config.flow)
+    if family.TRAINS_CLIPS:
+        return family.FRAME_RATE
     for d, dataset in enumerate(config.datasets):
         for j, subset in enumerate(dataset.subsets):
             if subset.is_video:
@@ -103,13 +104,13 @@ def check_clip_config(config: Config) -> float:
                     f"model learns from images, not video clips; remove the video dataset, or "
                     f"train {_video_models()}"
                 )
-    return entry.family().FRAME_RATE
+    return family.FRAME_RATE
 
 
 def check_sample_frames(config: Config, prompts) -> None:
     """ConfigError for a sample prompt asking an image model for several frames (--f), before
     any weight is read (library.sampling.generate.check_frame_count)."""
-    family = entry_for(config.model, config.flow).family()
+    family = entry_for(config.model, config.flow).family_of(config.model, config.flow)
     for prompt in prompts:
         check_frame_count(family, prompt)
 

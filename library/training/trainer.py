@@ -139,7 +139,7 @@ class Trainer:
             keep_scan_index=config.data.cache_latents_to_disk or config.data.cache_text_encoder_outputs_to_disk,
             group=CacheGroup() if self.accelerator.num_processes > 1 else None,  # collective
             frame_rate=frame_rate,
-            tokens_of=entry_for(config.model, config.flow).family().tokens_per_sample,
+            tokens_of=entry_for(config.model, config.flow).family_of(config.model, config.flow).tokens_per_sample,
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads

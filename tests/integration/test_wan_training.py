@@ -53,13 +53,17 @@ def _videos_dataset(root) -> list[str]:
             "target_frames = [5]", 'frame_extraction = "head"']  # fmt: skip
 
 
-def _musubi_args(root, files, dataset_lines=_images_dataset, **extra) -> object:
-    """musubi-tuner's args file and dataset config."""
+def _musubi_args(root, files, dataset_lines=_images_dataset, model=None, **extra) -> object:
+    """musubi-tuner's args file and dataset config; ``model``: the keys naming the model
+    (unset: musubi-tuner's dit, t5 and vae naming the single ``files``)."""
     dataset = root / "dataset.toml"
     dataset.write_text("\n".join(dataset_lines(root)) + "\n", encoding="utf-8")
-    args = {
+    model = model or {
         "dit": str(files["transformer"]), "t5": str(files["t5"]), "vae": str(files["vae"]),
-        "t5_tokenizer_path": str(files["tokenizer"]), "dataset_config": str(dataset),
+        "t5_tokenizer_path": str(files["tokenizer"]),
+    }  # fmt: skip
+    args = {
+        **model, "dataset_config": str(dataset),
         "network_module": "networks.lora_wan", "network_dim": 4, "network_alpha": 2,
         "timestep_sampling": "shift", "discrete_flow_shift": 3.0, "max_train_steps": 2,
         "learning_rate": 1e-3, "output_dir": str(root / "out"), "output_name": "run",
@@ -221,3 +225,30 @@ def test_a_clips_motion_is_learned(tmp_path, files):
     # on each clip, the model trained on it beats the one trained on the reversed clip
     assert losses["right"]["right"] < losses["left"]["right"], losses
     assert losses["left"]["left"] < losses["right"]["left"], losses
+
+
+def test_ti2v_trains_from_its_folder_on_clips_and_images(tmp_path, monkeypatch):
+    """Wan 2.2 TI2V-5B's folder (its 48-channel VAE, per-token timesteps) trains a LoRA on
+    musubi-tuner's dataset config of clips and images: every micro-batch reaches its
+    transformer as 48-channel latents of 1 or 2 latent frames, and the file holds musubi-tuner's
+    ten Linears of every block, trained."""
+    from library.models.families.wan.family import WanTi2vFamily
+    from tests.kits.wan.tiny import write_tiny_wan_ti2v_folder
+
+    folder = write_tiny_wan_ti2v_folder(tmp_path / "ti2v")
+    seen = set()  # (channels, latent frames) of each micro-batch the transformer is given
+    real = WanTi2vFamily.predict
+
+    def recording(self, denoiser, noisy, *args):
+        seen.add(tuple(noisy.shape[1:3]))
+        return real(self, denoiser, noisy, *args)
+
+    monkeypatch.setattr(WanTi2vFamily, "predict", recording)
+    model = {"pretrained_model_name_or_path": str(folder)}
+    path = _musubi_args(tmp_path, {}, _videos_dataset, model=model, max_train_steps=4)
+    assert train(path) == 0
+    assert seen == {(48, 1), (48, 2)}
+    saved = tensors(tmp_path / "out" / "run.safetensors")
+    modules = {k.split(".", 1)[0] for k in saved}
+    assert {m.split("_", 4)[-1] for m in modules} == set(BLOCK_LINEARS) and len(modules) == 20
+    assert any(v.abs().max() > 0 for k, v in saved.items() if k.endswith("lora_up.weight"))

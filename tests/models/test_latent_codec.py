@@ -191,3 +191,20 @@ def test_video_decoder_input_is_the_pipelines_formula_and_decodes(video_vae):
     torch.testing.assert_close(codec.to_latents(decoder_input), latents, rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         assert video_vae.decode(decoder_input).sample.shape == (2, 3, 1, 32, 48)
+
+
+def test_wan22_vae_clip_latents_have_the_shape_its_layout_gives():
+    """Wan 2.2's VAE (TI2V-5B's) folds 2x2 pixel patches before its 8x downsampling: the layout
+    takes its config's 16 and the posterior is the VAE's own."""
+    from diffusers import AutoencoderKLWan
+
+    from tests.kits.wan.tiny import ti2v_vae_config
+
+    vae = _seeded(AutoencoderKLWan, **ti2v_vae_config())
+    codec = ChannelNormalizedVideoCodec(vae)
+    clips = _clip(1, 5, 32, 64)
+    mean, std = codec.posterior(clips)
+    with torch.no_grad():
+        posterior = vae.encode(clips).latent_dist
+    assert torch.equal(mean, posterior.mean) and torch.equal(std, posterior.std)
+    assert tuple(mean.shape) == codec.layout.shape(1, 32, 64, frames=5) == (1, 48, 2, 2, 4)

@@ -153,6 +153,9 @@ class FamilyEntry:
     family's and the shared flow-matching keys; a class several families share is named by each).
     ``flow_keys``: the [flow] keys it reads, its own and shared ones (the other families refuse
     them by name).
+    ``model_family(model, flow)``: the ModelFamily class of this model where the family's
+    models differ in class data (Wan 2.2 TI2V-5B's frame rate and pixel grid; a cheap look at
+    its files); None: ``family`` for every model.
     ``kohya``, ``lora_files``, ``tool``: its kohya vocabulary, how its LoRA files are told
     apart, what lora_tool.py needs. (A family's conformance kit is no part of its entry: the
     tests find it by the family's name, tests/kits/<name>/kit.py.)"""
@@ -173,9 +176,14 @@ class FamilyEntry:
     flow_matching: bool = False
     config_keys: tuple[type[Section], ...] = ()
     flow_keys: frozenset[str] = frozenset()
+    model_family: Callable[[ModelKeys, FlowKeys], type] | None = None
     kohya: KohyaVocabulary = KohyaVocabulary()
     lora_files: LoraFiles = LoraFiles()
     tool: ToolFacts = ToolFacts()
+
+    def family_of(self, model: ModelKeys, flow: FlowKeys) -> type:
+        """The ModelFamily class of this model (``model_family``'s, else ``family``)."""
+        return self.model_family(model, flow) if self.model_family else self.family()
 
     @property
     def a_models(self) -> str:

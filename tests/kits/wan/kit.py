@@ -69,7 +69,7 @@ def reference_loss(pipe, batch, seed, shift=3.0, low=0, high=1000) -> torch.Tens
     one-frame clip normalised per channel, the inverse of the pipeline's decoding
     ((z - latents_mean) / latents_std), noisy = (1 - sigma) x0 + sigma noise, the transformer at
     timestep 1000 sigma on the pipeline's prompt embeddings (512 tokens, zero past each
-    caption), target noise - x0; the trainer's keyed draws and musubi-tuner's "shift" draw,
+    caption; TI2V-5B's pipeline: that timestep for every token), target noise - x0; the trainer's keyed draws and musubi-tuner's "shift" draw,
     narrowed linearly into min_timestep..max_timestep."""
     x0, d, sigma = shifted_clip(pipe.vae, batch, seed, shift)
     sigma = sigma * (high - low) / 1000 + low / 1000
@@ -77,7 +77,12 @@ def reference_loss(pipe, batch, seed, shift=3.0, low=0, high=1000) -> torch.Tens
     noisy = (1 - s) * x0 + s * d.noise
     states, _ = pipe.encode_prompt(list(batch["captions"]), do_classifier_free_guidance=False,
                                    max_sequence_length=512, device=torch.device("cpu"))  # fmt: skip
-    out = pipe.transformer(hidden_states=noisy, timestep=sigma * 1000,
+    timestep = sigma * 1000
+    if pipe.config.expand_timesteps:
+        # WanPipeline's per-token timesteps (TI2V-5B): its mask's ones, one per 1x2x2 patch
+        ones = torch.ones(x0.shape)[0][0][:, ::2, ::2].flatten()
+        timestep = timestep.view(-1, 1) * ones
+    out = pipe.transformer(hidden_states=noisy, timestep=timestep,
                            encoder_hidden_states=states, return_dict=False)[0]  # fmt: skip
     per_sample = ((out - (d.noise - x0)) ** 2).mean(dim=(1, 2, 3, 4))
     return (per_sample * batch["loss_weights"]).mean()

@@ -104,3 +104,33 @@ def write_tiny_wan_experts_folder(
         index["boundary_ratio"] = boundary_ratio
     (path / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def ti2v_vae_config() -> dict:
+    """AutoencoderKLWan kwargs of a tiny Wan 2.2 VAE (TI2V-5B's): 48 latent channels, residual
+    blocks over 2x2 pixel patches (12 channels in and out), 16 times smaller sides; per-channel
+    statistics that are not the identity, so a missed normalisation shows."""
+    return {
+        "base_dim": 8, "decoder_base_dim": 8, "z_dim": 48, "is_residual": True,
+        "in_channels": 12, "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16,
+        "scale_factor_temporal": 4, "latents_mean": [0.05 * i - 1.2 for i in range(48)],
+        "latents_std": [0.8 + 0.01 * i for i in range(48)],
+    }  # fmt: skip
+
+
+def write_tiny_wan_ti2v_folder(path: str | Path, seed: int = 0) -> Path:
+    """A tiny Wan 2.2 TI2V-5B folder as diffusers': the transformer on 48 latent channels, the
+    Wan 2.2 VAE, and ``expand_timesteps`` (its per-token timesteps) in model_index.json."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    path = write_tiny_wan_folder(path, seed)
+    config = {**transformer_config(), "in_channels": 48, "out_channels": 48}
+    builders = {
+        "transformer": lambda: WanTransformer3DModel(**config),
+        "vae": lambda: AutoencoderKLWan(**ti2v_vae_config()),
+    }
+    for name, module in build_seeded(builders, seed + 2).items():
+        module.save_pretrained(path / name)
+    index = {**model_index(), "expand_timesteps": True}
+    (path / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -21,7 +21,7 @@ _LINE = "Wan"
 _PACKAGE = "library.models.families.wan"
 # The [flow] keys of the shared flow-matching draw, umT5's file and tokenizer, and the task
 FLOW_KEYS = frozenset(SIGMA_KEYS) | {"t5", "t5_tokenizer_path", "task", "dit_high_noise"}
-TASKS = ("t2v-1.3B", "t2v-14B", "t2v-A14B")
+TASKS = ("t2v-1.3B", "t2v-14B", "t2v-A14B", "ti2v-5B")
 
 
 class WanFlowKeys(Section):
@@ -46,7 +46,8 @@ class WanFlowKeys(Section):
     task: Literal[TASKS] | None = Field(  # type: ignore[valid-type]
         None,
         description="Wan: which model the transformer is (musubi-tuner's --task): t2v-1.3B, "
-        "t2v-14B or t2v-A14B (a Wan 2.2 expert); checked against the transformer's width. "
+        "t2v-14B, t2v-A14B (a Wan 2.2 expert) or ti2v-5B (Wan 2.2 TI2V-5B, trained as text to "
+        "video); checked against the transformer's width. "
         "Unset: read off the file.",
     )
 
@@ -84,6 +85,7 @@ WAN = FamilyEntry(
     models="Wan 2.1 / 2.2",
     lines=(_LINE,),
     family=Deferred(f"{_PACKAGE}.family:WanFamily").get,
+    model_family=Deferred(f"{_PACKAGE}.family:family_class"),
     claims=Deferred(f"{_PACKAGE}.spec:claims_wan"),
     load=Deferred(f"{_PACKAGE}.family:load_wan"),
     reads_vae=True,

@@ -15,7 +15,8 @@ negative prompt's states when the scale is above 1. Sides are rounded down to mu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -38,7 +39,7 @@ from library.models.families.wan.experts import (
     refuse_folder_expert_file,
 )
 from library.models.families.wan.keys import TABLE
-from library.models.loader import Components
+from library.models.loader import Components, read_json
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 from library.networks.table_modules import table_modules
@@ -76,14 +77,13 @@ class WanFlowObjective(VelocityObjective):
         return UniPCMultistepScheduler.from_config(self.sampling_scheduler)
 
 
-def wan_pipeline_inputs(cond: Conditioning, prompt) -> dict:
+def wan_pipeline_inputs(cond: Conditioning, prompt, grid: int = spec.PIXEL_MULTIPLE) -> dict:
     """Call keywords from the conditioning of [prompt, negative prompt] (the frame count is the
-    prompt's, added by the shared sampling)."""
+    prompt's, added by the shared sampling); sides rounded down to multiples of ``grid``."""
     embeds, negative = cond.encoder_hidden_states.chunk(2)
     inputs = {
         "prompt_embeds": embeds, "guidance_scale": float(prompt.scale),
-        "width": on_grid(prompt.width, spec.PIXEL_MULTIPLE),
-        "height": on_grid(prompt.height, spec.PIXEL_MULTIPLE),
+        "width": on_grid(prompt.width, grid), "height": on_grid(prompt.height, grid),
     }  # fmt: skip
     return inputs | ({"negative_prompt_embeds": negative} if prompt.scale > 1 else {})
 
@@ -189,6 +189,46 @@ WAN = WanFamily(
 )  # fmt: skip
 
 
+@dataclass(frozen=True, kw_only=True)
+class WanTi2vFamily(WanFamily):
+    """Wan 2.2 TI2V-5B trained as text to video: the Wan 2.2 VAE's 48 channels at 16 times
+    smaller sides (samples' sides: multiples of 32), 24 fps clips, and a timestep per latent
+    token (diffusers' expand_timesteps), each token the sample's own time as WanPipeline gives
+    it without a first frame."""
+
+    FRAME_RATE: ClassVar[float] = 24.0  # TI2V-5B's clips (musubi-tuner's target)
+    PIXEL_MULTIPLE: ClassVar[int] = 32  # the VAE's 16 times the 2x2 patches
+
+    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
+        frames, height, width = noisy.shape[2:]
+        _, ph, pw = denoiser.config.patch_size
+        tokens = frames * (height // ph) * (width // pw)  # the patch embedding's count
+        per_token = timesteps.view(-1, 1).expand(-1, tokens)
+        return super().predict(denoiser, noisy, per_token, cond)
+
+    def sampling_pipeline(self):
+        return replace(
+            super().sampling_pipeline(), options={"expand_timesteps": True},
+            call_inputs=functools.partial(wan_pipeline_inputs, grid=self.PIXEL_MULTIPLE),
+        )  # fmt: skip
+
+
+WAN_TI2V = WanTi2vFamily(
+    **{f.name: getattr(WAN, f.name) for f in fields(WAN)} | {"base_model_version": "wan2.2",
+       "modelspec_architecture": "wan2.2-ti2v-5b", "default_resolution": 1280},
+)  # fmt: skip
+
+
+def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
+    """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, or a folder whose model_index.json sets
+    expand_timesteps), else WanFamily: the class data read before any weight is."""
+    if getattr(flow, "task", None) == "ti2v-5B":
+        return WanTi2vFamily
+    index = Path(model.pretrained_model_name_or_path).expanduser() / "model_index.json"
+    expands = index.is_file() and read_json(index).get("expand_timesteps")
+    return WanTi2vFamily if expands else WanFamily
+
+
 def spec_flow_options(flow):
     """The set [flow] draw keys over musubi-tuner's Wan guide (shift 3)."""
     return shift_draw_over(flow, spec.DISCRETE_FLOW_SHIFT)
@@ -213,5 +253,6 @@ def load_wan(
     return Components(
         denoiser=transformer if experts is None else experts.modules[LOW_NOISE], vae=vae,
         text_encoders=(text_encoder,), tokenizers=tuple(loaded.tokenizers.values()),
-        objective=objective, family=replace(WAN), model_dir=loaded.model_dir, experts=experts,
+        objective=objective, family=replace(WAN_TI2V if loaded.facts.expand_timesteps else WAN),
+        model_dir=loaded.model_dir, experts=experts,
     )  # fmt: skip

@@ -32,6 +32,7 @@ from library.models.text_encoders.umt5 import plan_umt5_file, umt5_xxl_config
 FAMILY = "Wan"
 HEAD_DIM = 128  # every release's attention head width (the shapes do not show it)
 PIXEL_MULTIPLE = 16  # the VAE's 8 times the 1x2x2 patches
+TI2V_CHANNELS = 48  # Wan 2.2's VAE (TI2V-5B's) latent channels
 TEMPORAL = 4  # the VAE's frames per latent frame after the first
 DISCRETE_FLOW_SHIFT = 3.0  # musubi-tuner's Wan guide for training (and the 480p sampling shift)
 PLACES = T5TokenizerPlaces(
@@ -90,7 +91,9 @@ _RELEASED = {
     "t2v-1.3B": {"num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30},
     "t2v-14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
     "t2v-A14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
-}
+    "ti2v-5B": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
+                "in_channels": 48, "out_channels": 48},
+}  # fmt: skip
 
 
 def released_transformer_config(task: str) -> dict:
@@ -122,15 +125,17 @@ def check_task(checked) -> None:
 
 @dataclass(frozen=True)
 class Facts:
-    """The sampling scheduler (UniPC's config) and the folder's expert boundary (Wan 2.2)."""
+    """The sampling scheduler (UniPC's config), the folder's expert boundary (Wan 2.2 A14B) and
+    whether its transformer takes a timestep per token (Wan 2.2 TI2V-5B: expand_timesteps)."""
 
     scheduler: dict
     boundary_ratio: float | None = None
+    expand_timesteps: bool = False
 
 
 ONLY_T2V = (
-    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B) and the Wan 2.2 T2V-A14B experts; "
-    "give one of those"
+    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B), the Wan 2.2 T2V-A14B experts and "
+    "Wan 2.2 TI2V-5B as text to video from its diffusers folder; give one of those"
 )
 # Keys of the image-to-video transformers' image input (the original and diffusers' names)
 _IMAGE_INPUT = (".cross_attn.k_img.", ".attn2.add_k_proj.")
@@ -144,9 +149,10 @@ def refuse_image_input(path: Path) -> None:
             raise ModelError(f"{path} is Wan's image-to-video transformer (I2V); {ONLY_T2V}")
 
 
-def refuse_other_tasks(checked) -> None:
-    """ModelError for a folder or file of another task: image input (I2V), or latents of
-    another VAE (TI2V-5B's 48 channels, I2V's 36)."""
+def refuse_other_tasks(checked, expand_timesteps: bool = False) -> None:
+    """ModelError for a folder or file of another task: image input (I2V), latents of another
+    VAE (I2V's 36 channels), or TI2V-5B's 48 channels without the per-token timesteps its
+    diffusers folder declares (expand_timesteps in model_index.json)."""
     config = {**transformer_defaults(), **checked.part_config("transformer")}
     source = checked.part_source("transformer")
     if config.get("image_dim") is not None or config.get("added_kv_proj_dim") is not None:
@@ -156,6 +162,11 @@ def refuse_other_tasks(checked) -> None:
         raise ModelError(
             f"{source} takes {config['in_channels']} latent channels and the VAE makes "
             f"{channels} (Wan 2.2 TI2V-5B or an image-to-video model); {ONLY_T2V}"
+        )
+    if channels == TI2V_CHANNELS and not expand_timesteps:
+        raise ModelError(
+            f"{source} is Wan 2.2 TI2V-5B without its folder's expand_timesteps (per-token "
+            f"timesteps); {ONLY_T2V}"
         )
 
 
@@ -169,8 +180,10 @@ def transformer_defaults() -> dict:
 
 def inspect_parts(checked) -> Facts:
     """umT5's width is the transformer's text input, the task text to video; a folder's
-    scheduler and boundary_ratio (single files: the released scheduler)."""
-    refuse_other_tasks(checked)
+    scheduler, boundary_ratio and expand_timesteps (single files: the released scheduler)."""
+    index = read_json(checked.model_dir / "model_index.json") if isinstance(
+        checked, CheckedFolder) else {}  # fmt: skip
+    refuse_other_tasks(checked, bool(index.get("expand_timesteps")))
     text = checked.part_config("text_encoder")["d_model"]
     wanted = checked.part_config("transformer")["text_dim"]
     if text != wanted:
@@ -182,10 +195,9 @@ def inspect_parts(checked) -> Facts:
     check_task(checked)
     if not isinstance(checked, CheckedFolder):
         return Facts(scheduler_config())
-    index = read_json(checked.model_dir / "model_index.json")
     scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
     scheduler = {k: v for k, v in scheduler.items() if not k.startswith("_")}
-    return Facts(scheduler, index.get("boundary_ratio"))
+    return Facts(scheduler, index.get("boundary_ratio"), bool(index.get("expand_timesteps")))
 
 
 SPEC = FamilySpec(
