@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from library.errors import ConfigError
-from library.models.families.base import ModelFamily
+from library.models.families import denoiser_adapters as adapters
+from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.flow_options import check_flow_model_options
 from library.models.families.registry import flow_key_owners
+from library.models.families.spec import FamilySpec
+from library.models.families.spec_loader import write_main_file
 from library.networks.fused_keys import target_paths, text_encoder_modules
 from library.networks.key_maps import OriginalNames
 from library.networks.lycoris_targets import lycoris_targets
@@ -80,7 +83,12 @@ class TransformerFamily(ModelFamily):
     # The family's kohya trainer reads split_qkv (its default: one adapter per fused layer), so
     # a LoRA run is told that q, k and v train apart here; False where no trainer reads it.
     SPLIT_QKV_NOTE: ClassVar[bool] = True
+    # The spec whose main file a full fine-tune is written as (the transformer alone in the
+    # original names, its config in the header for exact reloading); None: the family's own.
+    MAIN_FILE: ClassVar[FamilySpec | None] = None
 
+    prediction_type: PredictionType = "flow"
+    denoiser_subfolder: str = "transformer"
     # With the text encoders training: T5 (the last encoder) gets an adapter too (train_t5xxl).
     train_t5: bool = False
 
@@ -91,16 +99,25 @@ class TransformerFamily(ModelFamily):
 
     def lycoris_modules(self, transformer, preset: str) -> list:
         """The transformer's modules (KohyaModule) LyCORIS' ``preset`` adapts, as LyCORIS
-        chooses them in sd-scripts' original model classes."""
-        raise NotImplementedError(f"{self.name} does not define its LyCORIS modules")
+        chooses them in sd-scripts' original model classes: those of ``transformer_modules``
+        (the blocks' Linears), for attn-only the blocks' attention ones (``_attn.`` paths)."""
+        modules = self.transformer_modules(transformer)
+        if preset == "attn-only":
+            return [m for m in modules if "_attn." in m.original]
+        return modules
 
     # -- adapters ----------------------------------------------------------------------------
 
     def trains_text_encoder(self, index):
-        """Every CLIP; T5-XXL (the last encoder) only with train_t5xxl, as kohya."""
+        """None with DENOISER_ONLY_ADAPTERS; else every CLIP, and T5-XXL (the last encoder)
+        only with train_t5xxl, as kohya."""
+        if self.DENOISER_ONLY_ADAPTERS:
+            return False
         return index < len(self.text_encoder_subfolders) - 1 or self.train_t5
 
     def adapter_targets(self, module, role, conv):
+        if self.DENOISER_ONLY_ADAPTERS:
+            adapters.transformer_only(role, self.LABEL)
         if role == "unet":
             return dict.fromkeys(target_paths(self.transformer_modules(module)), "linear")
         if type(module).__name__ == "T5EncoderModel":
@@ -153,6 +170,18 @@ class TransformerFamily(ModelFamily):
                 f"preset = {preset} adapts no layer of {self.LABEL}'s transformer; use full, "
                 "full-lin or attn-mlp"
             )
+
+    # -- full fine-tunes ---------------------------------------------------------------------
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        if self.MAIN_FILE is None:
+            return super().write_full_model(path, denoiser, components, metadata, dtype)
+        write_main_file(self.MAIN_FILE, path, denoiser, metadata, dtype)
+
+    def full_model_modules(self, components):
+        if self.MAIN_FILE is None:
+            return super().full_model_modules(components)
+        return (components.denoiser,)
 
     # -- sizes, options ----------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import torch
 
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.experts import HIGH_NOISE, LOW_NOISE, Experts
-from library.models.families.spec_loader import load_spec, write_main_file
+from library.models.families.spec_loader import load_spec
 from library.models.families.transformer_family import TransformerFamily
 from library.models.loader import Components, load_weights, read_json
 from library.models.patch_tokens import PATCH, image_position_ids, pack_latents, unpack_latents
@@ -32,6 +32,7 @@ class ToyFamily(TransformerFamily):
     FLOW_KIND: ClassVar[str] = "toy"
     LABEL: ClassVar[str] = "Toy"
     DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "T5 gets no adapters"
+    MAIN_FILE: ClassVar = SPEC  # a full fine-tune: the spec's main file, in the original names
 
     def encode_text(
         self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
@@ -57,9 +58,6 @@ class ToyFamily(TransformerFamily):
         )[0]
         return unpack_latents(out, channels, height, width)
 
-    def trains_text_encoder(self, index):
-        return False
-
     def transformer_modules(self, transformer):
         """kohya's modules of every block's Linears, named from the spec's table."""
         return table_modules(transformer, LORA_PREFIX, TABLE, BLOCK_LISTS)
@@ -70,21 +68,13 @@ class ToyFamily(TransformerFamily):
     def lycoris_modules(self, transformer, preset):
         return self.transformer_modules(transformer)
 
-    def write_full_model(self, path, denoiser, components, metadata, dtype):
-        write_main_file(SPEC, path, denoiser, metadata, dtype)
-
-    def full_model_modules(self, components):
-        return (components.denoiser,)
-
 
 TOY = ToyFamily(
     name="toy",
-    prediction_type="flow",
     base_model_version="toy",
     modelspec_architecture="toy",
     default_resolution=64,
     text_encoder_lora_prefixes=("lora_te3",),
-    denoiser_subfolder="transformer",
     latent_scale=0.3611,
 )
 
