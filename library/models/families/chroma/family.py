@@ -31,7 +31,6 @@ from library.models.families.spec_loader import (
     components,
     folder_scheduler,
     load_spec,
-    write_main_file,
 )
 from library.models.families.transformer_family import (
     TransformerFamily,
@@ -51,6 +50,9 @@ class ChromaFamily(TransformerFamily):
     FLOW_KIND: ClassVar[str] = "chroma"
     LABEL: ClassVar[str] = "Chroma"
     DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "T5-XXL gets no adapters, as in kohya's Chroma trainer"
+    # a full fine-tune: the transformer in the original names (original_keys.py), as
+    # Chroma1-HD.safetensors is distributed; T5 and the AE stay the user's files
+    MAIN_FILE: ClassVar = SPEC
 
     t5_max_length: int = T5_MAX_LENGTH  # T5 tokens per caption (t5xxl_max_token_length)
 
@@ -103,23 +105,12 @@ class ChromaFamily(TransformerFamily):
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def trains_text_encoder(self, index):
-        return False  # DENOISER_ONLY_ADAPTERS: the run trains the transformer alone
-
     def transformer_modules(self, transformer):
         """kohya's modules of every double and single block (lora_keys.py)."""
         return transformer_modules(transformer)
 
     def file_modules(self, transformer):
         return transformer_modules(transformer)
-
-    def lycoris_modules(self, transformer, preset):
-        """Every Linear of the double and single blocks; attn-only: the double blocks'
-        attention Linears (qkv, proj)."""
-        modules = transformer_modules(transformer)
-        if preset == "attn-only":
-            return [m for m in modules if "_attn." in m.original]
-        return modules
 
     def swap_blocks(self, transformer, count):
         return dual_single_tails(transformer, count)
@@ -153,23 +144,9 @@ class ChromaFamily(TransformerFamily):
                 "so, and kohya forces it for Chroma); remove apply_t5_attn_mask"
             )
 
-    # -- full fine-tunes ---------------------------------------------------------------------
-
-    def write_full_model(self, path, denoiser, components, metadata, dtype):
-        """The trained transformer alone in the original names (original_keys.py), as
-        Chroma1-HD.safetensors is distributed (ComfyUI's diffusion_models/, diffusers'
-        from_single_file), with its diffusers config in the header
-        (difftune.config.transformer) for exact reloading; T5 and the AE stay the user's
-        files."""
-        write_main_file(SPEC, path, denoiser, metadata, dtype)
-
-    def full_model_modules(self, components):
-        return (components.denoiser,)
-
 
 CHROMA = ChromaFamily(
     name="chroma",
-    prediction_type="flow",
     base_model_version="chroma",  # kohya's model_type
     modelspec_architecture="chroma",
     default_resolution=1024,
@@ -178,7 +155,6 @@ CHROMA = ChromaFamily(
     text_encoder_lora_prefixes=("lora_te3",),  # kohya's T5 prefix (no adapters trained here)
     lora_implementation="https://github.com/lodestone-rock/flow",
     checkpoint_implementation="https://github.com/lodestone-rock/flow",
-    denoiser_subfolder="transformer",
     latent_scale=0.3611,
     network_modules=("lycoris.kohya", "networks.lora", "networks.lora_flux"),
 )

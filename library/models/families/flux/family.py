@@ -31,7 +31,6 @@ from library.models.families.flux.shapes import (
     T5_MAX_LENGTH,
 )
 from library.models.families.flux.spec import SPEC
-from library.models.families.spec_loader import write_main_file
 from library.models.families.transformer_family import (
     TransformerFamily,
     dual_single_tails,
@@ -51,6 +50,9 @@ class FluxFamily(TransformerFamily):
     FLOW_KIND: ClassVar[str] = "flux"
     LABEL: ClassVar[str] = "Flux.1"
     MODEL_TYPE: ClassVar[str] = "flux"  # kohya's model_type of these models
+    # a full fine-tune: the transformer in Black Forest Labs' layout, as flux1-dev.safetensors
+    # is distributed; clip_l, t5xxl and ae stay the user's files
+    MAIN_FILE: ClassVar = SPEC
 
     variant: str = "dev"
     guidance_scale: float = 3.5
@@ -223,20 +225,9 @@ class FluxFamily(TransformerFamily):
                 "guidance_scale: Flux.1 schnell has no guidance input; remove guidance_scale"
             )
 
-    def write_full_model(self, path, denoiser, components, metadata, dtype):
-        """The trained transformer alone in Black Forest Labs' layout, as flux1-dev.safetensors
-        is distributed (ComfyUI's diffusion_models/, kohya's --pretrained_model_name_or_path),
-        with its diffusers config in the header (difftune.config.transformer) for exact
-        reloading; clip_l, t5xxl and ae stay the user's files."""
-        write_main_file(SPEC, path, denoiser, metadata, dtype)
-
-    def full_model_modules(self, components):
-        return (components.denoiser,)
-
 
 FLUX_DEV = FluxFamily(
     name="flux-dev",
-    prediction_type="flow",
     base_model_version="flux1",
     modelspec_architecture="flux-1-dev",
     default_resolution=1024,
@@ -246,7 +237,6 @@ FLUX_DEV = FluxFamily(
     uses_pooled_text_embedding=True,
     lora_implementation="https://github.com/black-forest-labs/flux",
     checkpoint_implementation="https://github.com/black-forest-labs/flux",
-    denoiser_subfolder="transformer",
     latent_scale=0.3611,
     network_modules=("lycoris.kohya", "networks.lora", "networks.lora_flux"),
     variant="dev",

@@ -26,7 +26,6 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
-from library.models.families import denoiser_adapters as adapters
 from library.models.families.base import reference_latents
 from library.models.families.flux2.names import TABLE
 from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
@@ -46,7 +45,6 @@ from library.models.families.spec_loader import (
     folder_scheduler,
     load_spec,
     spec_for,
-    write_main_file,
 )
 from library.models.families.transformer_family import (
     TransformerFamily,
@@ -96,6 +94,7 @@ class Flux2Family(TransformerFamily):
     # FLUX.2 edits from any number of reference images (the pipelines' ``image`` list), none
     # for text to image
     REFERENCE_IMAGES: ClassVar[tuple[int, int | None]] = (0, None)
+    MAIN_FILE: ClassVar = SPECS["klein"]  # Black Forest Labs' names (klein's and dev's alike)
 
     model: str = "klein"
     size: str = "4b"
@@ -166,26 +165,12 @@ class Flux2Family(TransformerFamily):
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def trains_text_encoder(self, index):
-        return False  # DENOISER_ONLY_ADAPTERS (TransformerFamily's would train T5)
-
-    def adapter_targets(self, module, role, conv):
-        adapters.transformer_only(role, self.LABEL)
-        return super().adapter_targets(module, role, conv)
-
     def transformer_modules(self, transformer):
         """musubi-tuner's: every Linear of the double and single blocks."""
         return file_modules(transformer, blocks_only=True)
 
     def file_modules(self, transformer):
         return file_modules(transformer)
-
-    def lycoris_modules(self, transformer, preset):
-        """The blocks' Linears; attn-only: the double blocks' attention (qkv, proj)."""
-        modules = file_modules(transformer, blocks_only=True)
-        if preset == "attn-only":
-            return [m for m in modules if "_attn." in m.original]
-        return modules
 
     # -- sizes, options, files ---------------------------------------------------------------
 
@@ -211,13 +196,9 @@ class Flux2Family(TransformerFamily):
         return flux2_pipeline_kind(self.model, self.distilled)
 
     def write_full_model(self, path, denoiser, components, metadata, dtype):
-        """The trained transformer alone in Black Forest Labs' names (as flux-2-klein-base-4b
-        .safetensors), its diffusers config and whether it is distilled in the header."""
+        """As flux-2-klein-base-4b.safetensors, with whether it is distilled in the header."""
         header = {DISTILLED_KEY: str(self.distilled).lower(), **dict(metadata or {})}
-        write_main_file(SPECS["klein"], path, denoiser, header, dtype)
-
-    def full_model_modules(self, components):
-        return (components.denoiser,)
+        super().write_full_model(path, denoiser, components, header, dtype)
 
 
 def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Family:
@@ -227,13 +208,11 @@ def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Fami
     guidance = getattr(flow, "guidance_scale", None)
     return Flux2Family(
         name=f"flux2-{model}-{size}" + ("" if model == "dev" else ("" if distilled else "-base")),
-        prediction_type="flow",
         base_model_version=f"flux2_{model}",  # as other tools write it
         modelspec_architecture=f"Flux.2-{model}",  # musubi-tuner's ARCH_FLUX_2 for dev,
         default_resolution=1024,
         lora_implementation="https://github.com/black-forest-labs/flux2",
         checkpoint_implementation="https://github.com/black-forest-labs/flux2",
-        denoiser_subfolder="transformer",
         latent_scale=1.0,
         network_modules=("lycoris.kohya", "networks.lora", "networks.lora_flux_2"),
         model=model,
