@@ -23,6 +23,7 @@ from library.models.families.spec_loader import write_main_file
 from library.networks.fused_keys import target_paths, text_encoder_modules
 from library.networks.key_maps import OriginalNames
 from library.networks.lycoris_targets import lycoris_targets
+from library.networks.table_modules import table_modules
 from library.networks.targets import default_targets
 from library.training.flow_keys import SIGMA_KEYS
 
@@ -86,6 +87,10 @@ class TransformerFamily(ModelFamily):
     # The spec whose main file a full fine-tune is written as (the transformer alone in the
     # original names, its config in the header for exact reloading); None: the family's own.
     MAIN_FILE: ClassVar[FamilySpec | None] = None
+    # kohya's modules of the transformer from MAIN_FILE's name table: every Linear of these
+    # (original, diffusers) block lists (None: every list of the table), which the LoRA adapts
+    # and a file names.
+    LORA_LISTS: ClassVar[tuple[tuple[str, str], ...] | None] = None
 
     prediction_type: PredictionType = "flow"
     denoiser_subfolder: str = "transformer"
@@ -94,8 +99,11 @@ class TransformerFamily(ModelFamily):
 
     def transformer_modules(self, transformer) -> list:
         """kohya's modules (library.networks.fused_keys.KohyaModule) of the transformer that
-        this run adapts."""
-        raise NotImplementedError(f"{self.name} does not define its transformer modules")
+        this run adapts: those of MAIN_FILE's table's LORA_LISTS."""
+        if self.MAIN_FILE is None:
+            raise NotImplementedError(f"{self.name} does not define its transformer modules")
+        prefix = self.unet_lora_prefix.rstrip("_")
+        return table_modules(transformer, prefix, self.MAIN_FILE.main.names, self.LORA_LISTS)
 
     def lycoris_modules(self, transformer, preset: str) -> list:
         """The transformer's modules (KohyaModule) LyCORIS' ``preset`` adapts, as LyCORIS
@@ -133,8 +141,11 @@ class TransformerFamily(ModelFamily):
 
     def file_modules(self, transformer) -> list:
         """Every module (KohyaModule) of the original model a file may name for the
-        transformer: the key map's denoiser entries, whichever kind and preset adapt them."""
-        raise NotImplementedError(f"{self.name} does not define its file modules")
+        transformer: the key map's denoiser entries, whichever kind and preset adapt them
+        (those of ``transformer_modules`` where MAIN_FILE's table gives them)."""
+        if self.MAIN_FILE is None:
+            raise NotImplementedError(f"{self.name} does not define its file modules")
+        return self.transformer_modules(transformer)
 
     def adapter_key_map(self):
         """The transformer in kohya's names of the original model (fused layers as one module);

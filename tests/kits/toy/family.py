@@ -16,14 +16,12 @@ from library.models.families.transformer_family import TransformerFamily
 from library.models.loader import Components, load_weights, read_json
 from library.models.patch_tokens import PATCH, image_position_ids, pack_latents, unpack_latents
 from library.models.text_encoders.t5 import t5_states
-from library.networks.table_modules import table_modules
 from library.training.objectives import FlowMatchingObjective, FlowOptions
-from tests.kits.toy.spec import PAIRS, SOLOS, SPEC, TABLE
+from tests.kits.toy.spec import PAIRS, SOLOS, SPEC
 
 T5_TOKENS = 32  # T5 tokens per caption
 TIMESTEP_SCALE = 1000.0  # the transformer's time embedding takes sigma in [0, 1000]
 SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False}
-LORA_PREFIX = "lora_unet"
 BLOCK_LISTS = ((PAIRS, "transformer_blocks"), (SOLOS, "single_transformer_blocks"))
 
 
@@ -33,6 +31,7 @@ class ToyFamily(TransformerFamily):
     LABEL: ClassVar[str] = "Toy"
     DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "T5 gets no adapters"
     MAIN_FILE: ClassVar = SPEC  # a full fine-tune: the spec's main file, in the original names
+    LORA_LISTS: ClassVar = BLOCK_LISTS  # kohya's modules: every block's Linears, by its table
 
     def encode_text(
         self, tokenizers, text_encoders, captions, device, clip_skip=None, max_token_length=None
@@ -57,13 +56,6 @@ class ToyFamily(TransformerFamily):
             return_dict=False,
         )[0]
         return unpack_latents(out, channels, height, width)
-
-    def transformer_modules(self, transformer):
-        """kohya's modules of every block's Linears, named from the spec's table."""
-        return table_modules(transformer, LORA_PREFIX, TABLE, BLOCK_LISTS)
-
-    def file_modules(self, transformer):
-        return self.transformer_modules(transformer)
 
     def lycoris_modules(self, transformer, preset):
         return self.transformer_modules(transformer)
