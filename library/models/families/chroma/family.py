@@ -5,7 +5,7 @@ AE's ``(z - 0.1159) * 0.3611`` packed into 2x2-patch tokens with ids (0, row, co
 tokens at (0, 0, 0), as FLUX.1; text is T5-XXL alone with the caption's padding mask
 (conditioning.py); the timestep is sigma in [0, 1] with no guidance input; the raw output is
 the velocity noise - x0, so training is FLUX.1's rectified flow (FlowMatchingObjective); LoRA
-files carry kohya's names of the original model (lora_keys.py).
+files carry kohya's names of the original model (original_keys.py's block Linears).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.chroma import conditioning as text_
 from library.models.families.chroma.checkpointing import single_blocks_masked
 from library.models.families.chroma.conditioning import TEXT_MASK
-from library.models.families.chroma.lora_keys import transformer_modules
 from library.models.families.chroma.sampling import chroma_pipeline_kind
 from library.models.families.chroma.shapes import PATCH_SIZE, SCHEDULER_CONFIG, T5_MAX_LENGTH
 from library.models.families.chroma.spec import SPEC
@@ -53,6 +52,12 @@ class ChromaFamily(TransformerFamily):
     # a full fine-tune: the transformer in the original names (original_keys.py), as
     # Chroma1-HD.safetensors is distributed; T5 and the AE stay the user's files
     MAIN_FILE: ClassVar = SPEC
+    # kohya's modules (lora_unet_ + the original path, as networks.lora_flux names them and
+    # ComfyUI and diffusers' FluxLoraLoaderMixin read them): every Linear of every block
+    LORA_LISTS: ClassVar = (
+        ("double_blocks", "transformer_blocks"),
+        ("single_blocks", "single_transformer_blocks"),
+    )
 
     t5_max_length: int = T5_MAX_LENGTH  # T5 tokens per caption (t5xxl_max_token_length)
 
@@ -104,13 +109,6 @@ class ChromaFamily(TransformerFamily):
         return unpack_latents(out, channels, height, width)
 
     # -- adapters ----------------------------------------------------------------------------
-
-    def transformer_modules(self, transformer):
-        """kohya's modules of every double and single block (lora_keys.py)."""
-        return transformer_modules(transformer)
-
-    def file_modules(self, transformer):
-        return transformer_modules(transformer)
 
     def swap_blocks(self, transformer, count):
         return dual_single_tails(transformer, count)

@@ -54,7 +54,7 @@ from library.models.families.transformer_family import (
 from library.models.loader import Components
 from library.models.patched_latent_codec import BatchNormPatchedCodec
 from library.models.text_encoders import hidden_states, mistral3, qwen3
-from library.networks.table_modules import table_modules, top_modules
+from library.networks.table_modules import top_modules
 
 log = logging.getLogger(__name__)
 METADATA_KEYS = ("timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
@@ -69,13 +69,6 @@ def position_ids(t: int, h: int, w: int, length: int, batch: int, device) -> tor
     """[batch, h * w * length, 4] ids (t, row, column, l), rows then columns then l."""
     axes = [torch.tensor([t]), torch.arange(h), torch.arange(w), torch.arange(length)]
     return torch.cartesian_prod(*axes).to(device).expand(batch, -1, -1)
-
-
-def file_modules(transformer, *, blocks_only: bool = False) -> list:
-    """kohya's modules of the transformer's Linears (names.py; ``blocks_only``: the double and
-    single blocks', the default adapters), in the original model's order: top-level ones first."""
-    blocks = table_modules(transformer, "lora_unet", TABLE)
-    return blocks if blocks_only else top_modules(transformer, "lora_unet", TABLE) + blocks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,12 +158,11 @@ class Flux2Family(TransformerFamily):
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def transformer_modules(self, transformer):
-        """musubi-tuner's: every Linear of the double and single blocks."""
-        return file_modules(transformer, blocks_only=True)
-
     def file_modules(self, transformer):
-        return file_modules(transformer)
+        """Every Linear of the original model (names.py), in its order: the top-level ones,
+        then the blocks' (musubi-tuner's default adapters: ``transformer_modules``)."""
+        top = top_modules(transformer, self.unet_lora_prefix.rstrip("_"), TABLE)
+        return top + self.transformer_modules(transformer)
 
     # -- sizes, options, files ---------------------------------------------------------------
 
