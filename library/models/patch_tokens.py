@@ -9,6 +9,8 @@ token the C channels of its patch times the p x p positions (channel-major: ``c 
 is (0, patch row, patch column); the first axis is left for what a family puts beside the image
 (text tokens at 0, reference images at 1, ...). Image latents are [B, C, h, w]
 (``pack_latents``); the Qwen-Image VAE's one-frame latents are [B, C, 1, h, w] (``pack``).
+Transformers whose codec patchifies (one token per latent pixel) and whose positions have a
+fourth axis (t, row, column, l) take ``lattice_ids``.
 """
 
 from __future__ import annotations
@@ -65,3 +67,12 @@ def grid_positions(text_tokens: int, rows: int, columns: int) -> torch.Tensor:
     then each patch's (0, row, column) in raster order."""
     patches = image_position_ids(rows * PATCH, columns * PATCH, "cpu", torch.float32)
     return torch.cat([torch.zeros(text_tokens, 3), patches])
+
+
+def lattice_ids(t: int, height: int, width: int, length: int, batch: int, device) -> torch.Tensor:
+    """[batch, height * width * length, 4] position ids (t, row, column, l) of the transformers
+    whose every latent pixel is one token and whose positions have a fourth axis: an image's
+    tokens (``length`` 1) at index ``t``, or (``height`` = ``width`` = 1) ``length`` text tokens;
+    rows, then columns, then l."""
+    axes = [torch.tensor([t]), torch.arange(height), torch.arange(width), torch.arange(length)]
+    return torch.cartesian_prod(*axes).to(device).expand(batch, -1, -1)

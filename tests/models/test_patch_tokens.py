@@ -1,12 +1,12 @@
 """Latents as patch tokens (library.models.patch_tokens), against diffusers' Krea2Pipeline's own
-packing and position ids."""
+packing and position ids, and the four-axis ids against Flux2KleinPipeline's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from library.models.patch_tokens import grid_positions, pack, unpack
+from library.models.patch_tokens import grid_positions, lattice_ids, pack, unpack
 
 
 def test_pack_and_unpack_are_the_pipelines():
@@ -32,3 +32,17 @@ def test_positions_are_the_pipelines():
 def test_odd_latent_sides_are_refused():
     with pytest.raises(ValueError, match="multiples of 16 pixels"):
         pack(torch.zeros(1, 16, 1, 5, 4))
+
+
+def test_lattice_ids_are_the_four_axis_pipelines():
+    """An image's ids, a reference's at its time index and the text's, as Flux2KleinPipeline
+    computes them."""
+    from diffusers import Flux2KleinPipeline as Pipe
+
+    latents, text = torch.zeros(2, 8, 3, 5), torch.zeros(2, 7, 4)
+    assert torch.equal(lattice_ids(0, 3, 5, 1, 2, "cpu"), Pipe._prepare_latent_ids(latents))
+    assert torch.equal(lattice_ids(0, 1, 1, 7, 2, "cpu"), Pipe._prepare_text_ids(text))
+    references = [torch.zeros(1, 8, 4, 2), torch.zeros(1, 8, 2, 3)]
+    ours = torch.cat([lattice_ids(10 * (k + 1), *r.shape[-2:], 1, 1, "cpu")
+                      for k, r in enumerate(references)], dim=1)  # fmt: skip
+    assert torch.equal(ours, Pipe._prepare_image_ids(references))
