@@ -52,6 +52,7 @@ from library.models.families.transformer_family import (
     swappable_tails,
 )
 from library.models.loader import Components
+from library.models.patch_tokens import lattice_ids
 from library.models.patched_latent_codec import BatchNormPatchedCodec
 from library.models.text_encoders import hidden_states, mistral3, qwen3
 from library.networks.table_modules import top_modules
@@ -63,12 +64,6 @@ DISTILLED_NOTE = (
     "a step-distilled checkpoint: LoRAs trained on it are reported to collapse; train on "
     "FLUX.2 [klein] base (FLUX.2-klein-base-4B / -9B) and sample the LoRA on either"
 )
-
-
-def position_ids(t: int, h: int, w: int, length: int, batch: int, device) -> torch.Tensor:
-    """[batch, h * w * length, 4] ids (t, row, column, l), rows then columns then l."""
-    axes = [torch.tensor([t]), torch.arange(h), torch.arange(w), torch.arange(length)]
-    return torch.cartesian_prod(*axes).to(device).expand(batch, -1, -1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,19 +130,19 @@ class Flux2Family(TransformerFamily):
             guidance = torch.full((b,), self.guidance_scale, device=noisy.device, dtype=noisy.dtype)
         tokens, ids = (
             [noisy.flatten(2).transpose(1, 2)],
-            [position_ids(0, h, w, 1, b, noisy.device)],
+            [lattice_ids(0, h, w, 1, b, noisy.device)],
         )
         # reference k's tokens follow the image's, at T = 10 (k + 1) (_prepare_image_ids)
         for k, ref in enumerate(cond.unet_kwargs.get(REFERENCES, ())):
             tokens.append(ref.to(noisy.dtype).flatten(2).transpose(1, 2))
             t = REFERENCE_T_STEP * (k + 1)
-            ids.append(position_ids(t, *ref.shape[-2:], 1, b, noisy.device))
+            ids.append(lattice_ids(t, *ref.shape[-2:], 1, b, noisy.device))
         out = denoiser(
             hidden_states=torch.cat(tokens, dim=1),
             encoder_hidden_states=text,
             timestep=timesteps.to(noisy.dtype),
             img_ids=torch.cat(ids, dim=1),
-            txt_ids=position_ids(0, 1, 1, text.shape[1], b, noisy.device),
+            txt_ids=lattice_ids(0, 1, 1, text.shape[1], b, noisy.device),
             guidance=guidance,
             return_dict=False,
         )[0]
