@@ -1,17 +1,12 @@
-"""FLUX.2 (klein 4B / 9B, base and distilled; dev) as a ModelFamily: what the trainer asks.
+"""FLUX.2 (klein 4B / 9B, base and distilled; dev) as a ModelFamily: what the trainer asks
+(docs/flux2.md; diffusers 0.42.1's Flux2KleinPipeline, Flux2Pipeline, Flux2Transformer2DModel).
 
-The facts (docs/flux2.md; diffusers 0.42.1's Flux2KleinPipeline, Flux2Pipeline and
-Flux2Transformer2DModel):
-
-- latents: models/patched_latent_codec.py's 128 normalised channels at 1/16 of the image; each latent pixel is one
-  token (channels last), with position ids (T, H, W, L) = (0, row, column, 0);
-- text: the text encoder's hidden states of three layers joined per token for the caption as a
-  chat turn, padded to 512 tokens (klein: Qwen3, layers 9, 18, 27, thinking off; dev: Mistral 3,
-  layers 10, 20, 30, after FLUX.2's system message); all 512 tokens are attended, at position
-  ids (0, 0, 0, k);
-- timestep: sigma (objective.py); dev also takes the distilled guidance value, klein none;
-- LoRA files: kohya's names of the original model (names.py); the text encoder never
-  trains, as in musubi-tuner and ai-toolkit.
+Latents: the patched codec's 128 channels, a token per latent pixel at ids (0, row, column, 0);
+text: the encoder's states of three layers (spec.TEXT_LAYERS) joined per token for the caption
+as a chat turn (klein: Qwen3, thinking off; dev: Mistral 3 after FLUX.2's system message), 512
+tokens all attended, at ids (0, 0, 0, k); timestep: the scheduler's (spec.py's objective), dev
+with its distilled guidance value; reference k's tokens after the image's at T = 10 (k + 1).
+Only the transformer trains (as musubi-tuner and ai-toolkit); LoRA files: names.py.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import reference_latents
 from library.models.families.flux2.names import TABLE
-from library.models.families.flux2.objective import Flux2FlowObjective, flux2_flow_options
 from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
 from library.models.families.flux2.spec import (
     DISTILLED_KEY,
@@ -38,6 +32,8 @@ from library.models.families.flux2.spec import (
     SCHEDULER_CONFIG,
     SPECS,
     TEXT_LAYERS,
+    Flux2FlowObjective,
+    flux2_flow_options,
 )
 from library.models.families.spec_loader import (
     claimer,
@@ -96,10 +92,6 @@ class Flux2Family(TransformerFamily):
         text = f"FLUX.2 [klein] {self.size.upper()} {kind}"
         return text + (f"; {DISTILLED_NOTE}" if self.distilled and self.model == "klein" else "")
 
-    @property
-    def text_layers(self) -> tuple[int, ...]:
-        return TEXT_LAYERS[self.model]
-
     # -- conditioning ------------------------------------------------------------------------
 
     def encode_text(
@@ -113,7 +105,7 @@ class Flux2Family(TransformerFamily):
         else:  # Qwen3, thinking off
             ids, mask = qwen3.tokenize(tokenizer, list(captions), MAX_TOKENS, thinking=False)
         return TextConditioning(
-            hidden_states.layer_states(encoder, ids, mask, self.text_layers), None, None
+            hidden_states.layer_states(encoder, ids, mask, TEXT_LAYERS[self.model]), None, None
         )
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
@@ -128,15 +120,10 @@ class Flux2Family(TransformerFamily):
         guidance = None
         if self.model == "dev":
             guidance = torch.full((b,), self.guidance_scale, device=noisy.device, dtype=noisy.dtype)
-        tokens, ids = (
-            [noisy.flatten(2).transpose(1, 2)],
-            [lattice_ids(0, h, w, 1, b, noisy.device)],
-        )
-        # reference k's tokens follow the image's, at T = 10 (k + 1) (_prepare_image_ids)
-        for k, ref in enumerate(cond.unet_kwargs.get(REFERENCES, ())):
+        tokens, ids = [noisy.flatten(2).transpose(1, 2)], [lattice_ids(0, h, w, 1, b, noisy.device)]
+        for k, ref in enumerate(cond.unet_kwargs.get(REFERENCES, ())):  # _prepare_image_ids
             tokens.append(ref.to(noisy.dtype).flatten(2).transpose(1, 2))
-            t = REFERENCE_T_STEP * (k + 1)
-            ids.append(lattice_ids(t, *ref.shape[-2:], 1, b, noisy.device))
+            ids.append(lattice_ids(REFERENCE_T_STEP * (k + 1), *ref.shape[-2:], 1, b, noisy.device))
         out = denoiser(
             hidden_states=torch.cat(tokens, dim=1),
             encoder_hidden_states=text,
@@ -233,5 +220,6 @@ def load_flux2(
     loaded = load_spec(spec, model, flow, weight_dtype, vae_dtype)
     name, size = model_of(dict(loaded.modules["transformer"].config))
     scheduler = folder_scheduler(loaded.model_dir, SCHEDULER_CONFIG)
-    objective = Flux2FlowObjective(flux2_flow_options(flow), scheduler)
+    # one token per latent pixel: the codec patchifies
+    objective = Flux2FlowObjective(flux2_flow_options(flow), scheduler, patch=1)
     return components(spec, loaded, objective, flux2_family(name, size, loaded.facts, flow))

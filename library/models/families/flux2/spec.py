@@ -9,7 +9,13 @@
 - Black Forest Labs' single files: ``flux-2-klein-4b.safetensors``, ``flux-2-klein-base-4b``,
   ``flux-2-klein-9b``, ``flux-2-klein-base-9b`` (and ``-fp8``), ``flux2-dev.safetensors``;
   Comfy-Org's: ``flux2_dev_fp8mixed.safetensors``, ``qwen_3_4b.safetensors``,
-  ``qwen_3_8b_fp8mixed.safetensors``, ``flux2-vae.safetensors``.
+  ``qwen_3_8b_fp8mixed.safetensors``, ``flux2-vae.safetensors``;
+- training (Flux2KleinPipeline / Flux2Pipeline over FlowMatchEulerDiscreteScheduler): x_t =
+  (1 - sigma) x0 + sigma noise; the transformer takes the scheduler's timestep / 1000 and
+  returns the velocity noise - x0. musubi-tuner trains with ``timestep_sampling flux2_shift``:
+  sigmoid(z) shifted by exp(mu), mu on FLUX.1's line through (256, 0.5) and (4096, 1.15) at the
+  image's token count (h * w of the patched latent): ``flux_shift`` on FLUX.2's tokens, the raw
+  output as the prediction, no loss weighting (DEFAULTS).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from library.models.loader import read_json
 from library.models.original_names import ldm_vae_from_original
 from library.models.plans import Plan
 from library.models.released_configs import qwen3_4b_config
+from library.training import flow_matching as fm
+from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 
 PIPELINES = {"klein": "Flux2KleinPipeline", "dev": "Flux2Pipeline"}
 VAE_CLASS = "diffusers:AutoencoderKLFlux2"
@@ -69,10 +77,25 @@ COMMON = dict(patch_size=1, out_channels=None, rope_theta=2000, eps=1e-6)
 SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
                         base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                         max_image_seq_len=4096, time_shift_type="exponential")  # fmt: skip
-
-
+DEFAULTS = {"timestep_sampling": "flux_shift", "weighting_scheme": "none",
+            "model_prediction_type": "raw"}  # fmt: skip
 DISTILLED_KEY = "difftune.flux2.distilled"  # a transformer file's header: base or distilled
 _TIME = "time_guidance_embed.timestep_embedder"
+
+
+def flux2_flow_options(flow: object) -> FlowOptions:
+    """The objective's options: the set [flow] keys over musubi-tuner's FLUX.2 draw."""
+    return flow_options_over(flow, DEFAULTS)
+
+
+class Flux2FlowObjective(VelocityObjective):
+    """The shared velocity objective with the pipelines' timestep input."""
+
+    LABEL = "FLUX.2"
+
+    def model_time(self, t):
+        # as the pipeline computes it from the scheduler's timestep (sigma * 1000) / 1000
+        return fm.sigma_to_timestep(t) / fm.NUM_TRAIN_TIMESTEPS
 
 
 def transformer_config(shapes: Mapping[str, tuple[int, ...]]) -> dict:
