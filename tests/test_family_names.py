@@ -116,6 +116,12 @@ ALLOWED = {
         "the Hugging Face repositories of SD 1.x/2.x/SDXL tokenizers, which a local copy of "
         "the CLIP tokenizer is found by",
     ),
+    "library/models/text_encoders/t5.py": (
+        3,
+        "where T5-XXL's tokenizer is found beside single files: the FLUX.1 repositories whose "
+        "tokenizer_2/ holds it, one definition for FLUX.1, Chroma and SD3 (each family package "
+        "named them before)",
+    ),
     "library/networks/kohya_names.py": (
         8,
         "kohya's text-encoder prefixes explained by the families whose files hold them "

@@ -123,6 +123,21 @@ class T5TokenizerPlaces:
         return located_t5_tokenizer(found, t5_tokenizer_path, cache_dir, missing)
 
 
+# Where T5-XXL's tokenizer is found beside single files of the transformers that take it with
+# T5 v1.1 XXL (t5_tokenizer_path, or its tokenizer_2/; else google's repository or the
+# diffusers repositories whose tokenizer_2/ holds it, in tokenizer_cache_dir or the Hugging
+# Face cache): one definition for every family that reads it so.
+T5_XXL_PLACES = T5TokenizerPlaces(
+    repos=(
+        T5_XXL_REPO,
+        ("black-forest-labs/FLUX.1-dev", "tokenizer_2"),
+        ("black-forest-labs/FLUX.1-schnell", "tokenizer_2"),
+    ),
+    sub="tokenizer_2",
+    copy_from="a FLUX.1 diffusers folder's tokenizer_2/, or google/t5-v1_1-xxl's files",
+)
+
+
 def load_t5_tokenizer(folder: Path, config: Mapping, source: TokenizerSource):
     """The T5 tokenizer in ``folder``, checked against T5-XXL's ``config`` (kind, vocabulary,
     end and padding ids)."""
