@@ -25,18 +25,9 @@ from library.models.families.name_table import count_numbered, dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
 from library.models.released_configs import t5_xxl_config
-from library.models.text_encoders.t5 import T5_XXL_REPO, T5TokenizerPlaces
+from library.models.text_encoders.t5 import T5_XXL_PLACES
 
 FAMILY = "Chroma"
-T5_PLACES = T5TokenizerPlaces(
-    repos=(
-        T5_XXL_REPO,
-        ("black-forest-labs/FLUX.1-dev", "tokenizer_2"),
-        ("black-forest-labs/FLUX.1-schnell", "tokenizer_2"),
-    ),
-    sub="tokenizer_2",  # t5_tokenizer_path may name a FLUX.1 diffusers folder
-    copy_from="a FLUX.1 diffusers folder's tokenizer_2/, or google/t5-v1_1-xxl's files",
-)
 
 
 def transformer_config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict:
@@ -102,7 +93,7 @@ SPEC = FamilySpec(
             ),
         ),
     ),
-    tokenizers=(t5_tokenizer("tokenizer", "text_encoder", T5_PLACES.find, T5_PLACES.missing),),
+    tokenizers=(t5_tokenizer("tokenizer", "text_encoder", T5_XXL_PLACES.find, T5_XXL_PLACES.missing),),
     inspect=check_t5_width,
 )  # fmt: skip
 

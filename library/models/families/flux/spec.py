@@ -35,21 +35,10 @@ from library.models.families.folder_loader import clip_tokenizer, t5_tokenizer
 from library.models.families.name_table import dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
-from library.models.text_encoders.t5 import T5_XXL_REPO, T5TokenizerPlaces
+from library.models.text_encoders.t5 import T5_XXL_PLACES
 
 FAMILY = "FLUX.1 (dev or schnell)"
 PIPELINE = "FluxPipeline"
-# Where FLUX.1's T5-XXL tokenizer is found beside single files (t5_tokenizer_path, or its
-# tokenizer_2/; else these repositories in tokenizer_cache_dir or the Hugging Face cache).
-T5_PLACES = T5TokenizerPlaces(
-    repos=(
-        T5_XXL_REPO,
-        ("black-forest-labs/FLUX.1-dev", "tokenizer_2"),
-        ("black-forest-labs/FLUX.1-schnell", "tokenizer_2"),
-    ),
-    sub="tokenizer_2",
-    copy_from="a FLUX.1 diffusers folder's tokenizer_2/, or google/t5-v1_1-xxl's files",
-)
 _GUIDANCE = "time_text_embed.guidance_embedder.linear_1.weight"
 
 
@@ -174,7 +163,7 @@ SPEC = FamilySpec(
     ),
     tokenizers=(
         clip_tokenizer("tokenizer", "clip", 0, "text_encoder", "CLIP-L"),
-        t5_tokenizer("tokenizer_2", "text_encoder_2", T5_PLACES.find, T5_PLACES.missing),
+        t5_tokenizer("tokenizer_2", "text_encoder_2", T5_XXL_PLACES.find, T5_XXL_PLACES.missing),
     ),
     inspect=variant_of,
 )  # fmt: skip

@@ -1,15 +1,15 @@
 """SD3's T5 tokenizer, found offline: ``t5_tokenizer_path`` (or its tokenizer_3/, as an SD3
-diffusers folder has it), else where FLUX.1's is looked for (library.models.families.
-flux.spec), else the SD3 repositories' tokenizer_3/ in the Hugging Face cache."""
+diffusers folder has it), else where T5-XXL's is looked for beside single files
+(text_encoders/t5.py's T5_XXL_PLACES), else the SD3 repositories' tokenizer_3/ in the Hugging
+Face cache."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from library.models.families.flux.spec import T5_PLACES
-from library.models.text_encoders.t5 import hub_t5_tokenizer_folder
+from library.models.text_encoders.t5 import T5_XXL_PLACES, hub_t5_tokenizer_folder
 
-find_t5_tokenizer_folder = T5_PLACES.find
+find_t5_tokenizer_folder = T5_XXL_PLACES.find
 
 # Diffusers repositories whose tokenizer_3/ is SD3's T5 tokenizer, for the Hub cache.
 _T5_REPOS = (
