@@ -26,7 +26,25 @@ from library.models.families.spec_loader import load_spec
 from library.models.loader import Components
 
 MODEL_TYPE = "flux_kontext"
-SPEC = dataclasses.replace(flux_spec.SPEC, pipeline=PIPELINE, family="FLUX.1 Kontext [dev]")
+
+
+def kontext_variant(checked) -> str:
+    """FLUX.1's look at the checked parts, and ModelError for a model without the distilled
+    guidance input (schnell-shaped), which Kontext [dev] has: before any weight is read."""
+    variant = flux_spec.variant_of(checked)
+    if variant != "dev":
+        raise ModelError(
+            f"{checked.model_dir} has no distilled guidance input (a schnell-shaped transformer), "
+            "and FLUX.1 Kontext [dev] has one; point pretrained_model_name_or_path at "
+            "flux1-kontext-dev"
+        )
+    return variant
+
+
+# FLUX.1's spec under Kontext's pipeline, with Kontext's look at the parts
+SPEC = dataclasses.replace(
+    flux_spec.SPEC, pipeline=PIPELINE, family="FLUX.1 Kontext [dev]", inspect=kontext_variant
+)
 
 
 def claims_kontext(model: ModelSection, flow: FlowSection) -> bool:
@@ -54,14 +72,8 @@ def load_kontext(
     model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
 ) -> Components:
     """Components of FLUX.1 Kontext [dev] (a folder, or a transformer file with FLUX.1's
-    component files), as FLUX.1's loader reads them. ModelError for a model without the
-    distilled guidance input (schnell-shaped), which Kontext [dev] has."""
-    path = Path(model.pretrained_model_name_or_path).expanduser()
-    _refuse_text_to_image_folder(path)
+    component files), as FLUX.1's loader reads them. ModelError for any problem with the files,
+    a model without the guidance input among them (``kontext_variant``)."""
+    _refuse_text_to_image_folder(Path(model.pretrained_model_name_or_path).expanduser())
     loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
-    if loaded.facts != "dev":
-        raise ModelError(
-            f"{path} has no distilled guidance input (a schnell-shaped transformer), and FLUX.1 "
-            "Kontext [dev] has one; point pretrained_model_name_or_path at flux1-kontext-dev"
-        )
     return flux_components(SPEC, loaded, kontext_family(flow), flow)
