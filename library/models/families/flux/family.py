@@ -22,6 +22,7 @@ import torch
 
 from library.errors import ConfigError
 from library.models.conditioning import Conditioning, TextConditioning
+from library.models.families.base import REFERENCE_LATENTS_KEY, reference_latents
 from library.models.families.flux.lora_keys import transformer_modules
 from library.models.families.flux.sampling import flux_pipeline_kind
 from library.models.families.flux.shapes import (
@@ -129,6 +130,9 @@ class FluxFamily(TransformerFamily):
             if text.mask is None:
                 raise ValueError("apply_t5_attn_mask needs the T5 padding mask of the captions")
             kwargs["text_mask"] = text.mask.to(device)
+        references = reference_latents(batch, device, dtype)  # an edit model's (context_tokens)
+        if references:
+            kwargs[REFERENCE_LATENTS_KEY] = references
         return Conditioning(hidden, kwargs)
 
     def context_tokens(self, cond, dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -206,7 +210,7 @@ class FluxFamily(TransformerFamily):
         """kohya's Flux.1 keys, with its defaults where the [flow] key is unset."""
         o = FlowOptions.from_section(config.flow)
         return {
-            "ss_model_type": "flux",
+            "ss_model_type": self.MODEL_TYPE,
             "ss_apply_t5_attn_mask": self.t5_attention_mask,
             "ss_guidance_scale": self.guidance_scale,
             "ss_model_prediction_type": o.model_prediction_type,

@@ -19,7 +19,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from library.models.families.base import reference_latents
 from library.models.families.flux.family import (
     FLUX_DEV,
     FluxFamily,
@@ -46,14 +45,6 @@ class FluxKontextFamily(FluxFamily):
     def describe(self) -> str:
         return super().describe().replace("FLUX.1 dev", "FLUX.1 Kontext [dev]", 1)
 
-    def assemble_conditioning(self, text, batch, device, dtype=None):
-        """FLUX.1's conditioning, with the batch's reference latents."""
-        cond = super().assemble_conditioning(text, batch, device, dtype)
-        references = reference_latents(batch, device, dtype)
-        if references:
-            cond.unet_kwargs[REFERENCES] = references
-        return cond
-
     def context_tokens(self, cond, dtype):
         """The reference latents' packed tokens and their position ids (1, row, column)."""
         tokens, ids = [], []
@@ -68,9 +59,6 @@ class FluxKontextFamily(FluxFamily):
     def sampling_pipeline(self):
         """FluxKontextPipeline fed our conditioning and the prompt's reference latents."""
         return kontext_pipeline_kind()
-
-    def metadata_keys(self, config):
-        return {**super().metadata_keys(config), "ss_model_type": "flux_kontext"}
 
 
 # FLUX.1 dev's settings under Kontext's names

@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 
 from library.models.conditioning import Conditioning
+from library.models.families.base import REFERENCE_LATENTS_KEY as REFERENCES
 from library.models.families.flux.sampling import flux_pipeline_inputs, flux_pipeline_kind
 
+# The conditioning input REFERENCES carries the reference latents (one [B, C, h, w] tensor per
+# reference) from FLUX.1's assemble_conditioning to Kontext's context tokens and the pipeline.
 PIPELINE = "FluxKontextPipeline"
-# The conditioning input carrying the reference latents (one [B, C, h, w] tensor per reference)
-# from the family's assemble_conditioning to its predict and to the pipeline.
-REFERENCES = "reference_latents"
 
 
 def kontext_pipeline_kind():
