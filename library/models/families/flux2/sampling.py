@@ -13,12 +13,11 @@ fits each to its area limit (1024 x 1024) on the 16-pixel grid and encodes it it
 from __future__ import annotations
 
 from library.data.images import load_display_image
+from library.models.families.base import REFERENCE_LATENTS_KEY as REFERENCES
 from library.models.families.flux2.spec import PIPELINES
 from library.sampling.pipelines import PipelineKind, on_grid, refuse_uncarried
 
 SIZE_GRID = 16
-# The conditioning input carrying the reference latents (one [B, C, h, w] tensor per reference).
-REFERENCES = "reference_latents"
 
 
 def flux2_pipeline_kind(model: str, distilled: bool) -> PipelineKind:
