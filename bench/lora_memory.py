@@ -308,10 +308,7 @@ def flux2_components(model: str):
 
         from library.models.families.flux2 import spec
         from library.models.families.flux2.family import flux2_family
-        from library.models.families.flux2.objective import (
-            Flux2FlowObjective,
-            flux2_flow_options,
-        )
+        from library.models.families.flux2.spec import Flux2FlowObjective, flux2_flow_options
 
         with torch.device("meta"):
             transformer = Flux2Transformer2DModel(**spec.COMMON, **spec.RELEASED[model])
@@ -325,7 +322,9 @@ def flux2_components(model: str):
             from tests.kits.flux2.tiny import MISTRAL_TEMPLATE
 
             tokenizer.chat_template = MISTRAL_TEMPLATE
-        objective = Flux2FlowObjective(flux2_flow_options(config.flow), spec.SCHEDULER_CONFIG)
+        objective = Flux2FlowObjective(
+            flux2_flow_options(config.flow), spec.SCHEDULER_CONFIG, patch=1
+        )
         name, _, size = model.partition("-")
         family = flux2_family(name, size or "32b", False)
         return _frozen(config, transformer, vae, (text,), (tokenizer,), objective, family)
