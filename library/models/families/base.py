@@ -11,6 +11,7 @@ Instances are frozen; variants of one architecture (SD 2.x 512 / 768-v) are sepa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -419,3 +420,12 @@ class ModelFamily:
                 f'network_module = "{module}" is for {family} and this is a {self.name} '
                 f'model; use "{self.network_modules[-1]}"'
             )
+
+
+def derived_family(base: ModelFamily, cls: type[ModelFamily], **changes) -> ModelFamily:
+    """A family of ``cls`` (a subclass of ``base``'s class: a variant's own behaviours) holding
+    every field of ``base`` but ``changes``, as dataclasses.replace would for ``base``'s class."""
+    if not isinstance(base, ModelFamily) or not issubclass(cls, type(base)):
+        raise TypeError(f"{cls.__name__} does not derive from {type(base).__name__}")
+    kept = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
+    return cls(**kept | changes)

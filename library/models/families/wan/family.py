@@ -16,7 +16,7 @@ negative prompt's states when the scale is above 1. Sides are rounded down to mu
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -26,6 +26,7 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.experts import LOW_NOISE
+from library.models.families.base import derived_family
 from library.models.families.spec_loader import load_main_file, load_spec, write_main_file
 from library.models.families.transformer_family import (
     TransformerFamily,
@@ -213,10 +214,10 @@ class WanTi2vFamily(WanFamily):
         )  # fmt: skip
 
 
-WAN_TI2V = WanTi2vFamily(
-    **{f.name: getattr(WAN, f.name) for f in fields(WAN)} | {"base_model_version": "wan2.2",
-       "modelspec_architecture": "wan2.2-ti2v-5b", "default_resolution": 1280},
-)  # fmt: skip
+WAN_TI2V = derived_family(
+    WAN, WanTi2vFamily, base_model_version="wan2.2", modelspec_architecture="wan2.2-ti2v-5b",
+    default_resolution=1280,
+)
 
 
 def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
