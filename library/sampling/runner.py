@@ -6,7 +6,6 @@ from library.config.sampling_schema import SamplingSection
 from library.sampling.generate import SampleRound, check_sampling, sample_images
 from library.sampling.prompts import SamplePrompt, load_prompts
 from library.sampling.samplers import check_zero_terminal_snr
-from library.training.experts import boundary
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.sharding import shards
 
@@ -75,7 +74,10 @@ class SampleRunner:
         self.optimizer = optimizer
         experts = getattr(components, "experts", None)  # stand-ins in tests may have none
         if experts is not None and self.config.experts.timestep_boundary is not None:
-            # samples switch experts where training splits them
+            # samples switch experts where training splits them (imported here: training's
+            # objectives import the sampling package, which this module belongs to)
+            from library.training.experts import boundary
+
             self.boundary = boundary(self.config, experts)
 
     def at_start(self, global_step: int) -> SampleRound | None:
