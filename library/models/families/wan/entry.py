@@ -21,7 +21,7 @@ _LINE = "Wan"
 _PACKAGE = "library.models.families.wan"
 # The [flow] keys of the shared flow-matching draw, umT5's file and tokenizer, and the task
 FLOW_KEYS = frozenset(SIGMA_KEYS) | {"t5", "t5_tokenizer_path", "task", "dit_high_noise"}
-TASKS = ("t2v-1.3B", "t2v-14B", "t2v-A14B", "ti2v-5B")
+TASKS = ("t2v-1.3B", "t2v-14B", "t2v-A14B", "ti2v-5B", "i2v-A14B")
 
 
 class WanFlowKeys(Section):
@@ -39,15 +39,16 @@ class WanFlowKeys(Section):
         description="Wan 2.2 A14B: the high-noise expert's transformer file "
         "(wan2.2_t2v_high_noise_14B_fp16.safetensors; musubi-tuner's --dit_high_noise), the "
         "low-noise one's being pretrained_model_name_or_path (musubi-tuner's --dit). Both "
-        "given: a model of two experts ([experts] picks which train), split at 0.875 unless "
-        "timestep_boundary is set. A diffusers folder holds both (transformer/, "
+        "given: a model of two experts ([experts] picks which train), split at 0.875 (I2V: 0.9) "
+        "unless timestep_boundary is set. A diffusers folder holds both (transformer/, "
         "transformer_2/).",
     )
     task: Literal[TASKS] | None = Field(  # type: ignore[valid-type]
         None,
         description="Wan: which model the transformer is (musubi-tuner's --task): t2v-1.3B, "
-        "t2v-14B, t2v-A14B (a Wan 2.2 expert) or ti2v-5B (Wan 2.2 TI2V-5B, trained as text to "
-        "video); checked against the transformer's width. "
+        "t2v-14B, t2v-A14B (a Wan 2.2 expert), i2v-A14B (a Wan 2.2 image-to-video expert: the "
+        "clip's first frame conditions it) or ti2v-5B (Wan 2.2 TI2V-5B, trained as text to "
+        "video); checked against the transformer's width and input channels. "
         "Unset: read off the file.",
     )
 

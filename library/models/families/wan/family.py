@@ -26,8 +26,13 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.experts import LOW_NOISE
-from library.models.families.base import derived_family
-from library.models.families.spec_loader import load_main_file, load_spec, write_main_file
+from library.models.families.base import FIRST_FRAME_LATENTS_KEY, derived_family
+from library.models.families.spec_loader import (
+    load_main_file,
+    load_spec,
+    spec_for,
+    write_main_file,
+)
 from library.models.families.transformer_family import (
     TransformerFamily,
     flow_metadata,
@@ -220,14 +225,53 @@ WAN_TI2V = derived_family(
 )
 
 
+def first_frame_condition(latents: torch.Tensor) -> torch.Tensor:
+    """The condition an image-to-video transformer reads after the noisy latents, from the
+    first frame's latents [B, C, F', h, w]: the mask of the frames the image gives (the first
+    latent frame's four, none after) then those latents, [B, 4 + C, F', h, w], as
+    WanImageToVideoPipeline.prepare_latents builds it."""
+    batch, _, frames, height, width = latents.shape
+    mask = latents.new_zeros(batch, spec.TEMPORAL, frames, height, width)
+    mask[:, :, 0] = 1
+    return torch.cat([mask, latents], dim=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WanI2vFamily(WanFamily):
+    """Wan 2.2 I2V-A14B: its two experts read the noisy latents followed by the sample's first
+    frame as the condition (first_frame_condition over FIRST_FRAME_LATENTS_KEY: its latents
+    cached with the clip's, library.data.samples), 36 channels in, the velocity's 16 out."""
+
+    FIRST_FRAME_CONDITION: ClassVar[bool] = True
+
+    def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        cond = super().assemble_conditioning(text, batch, device, dtype)
+        latents = batch[FIRST_FRAME_LATENTS_KEY].to(device, dtype or cond.encoder_hidden_states.dtype)
+        return Conditioning(cond.encoder_hidden_states, {"condition": first_frame_condition(latents)})
+
+    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
+        condition = cond.unet_kwargs["condition"].to(noisy.dtype)
+        return super().predict(denoiser, torch.cat([noisy, condition], dim=1), timesteps, cond)
+
+
+WAN_I2V = derived_family(
+    WAN, WanI2vFamily, base_model_version="wan2.2", modelspec_architecture="wan2.2-i2v-a14b",
+    checkpoint_implementation="https://github.com/Wan-Video/Wan2.2",
+)
+
+
 def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
     """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, or a folder whose model_index.json sets
-    expand_timesteps), else WanFamily: the class data read before any weight is."""
-    if getattr(flow, "task", None) == "ti2v-5B":
+    expand_timesteps), WanI2vFamily for I2V-A14B (task i2v-A14B, or a WanImageToVideoPipeline
+    folder), else WanFamily: the class data read before any weight is."""
+    task = getattr(flow, "task", None)
+    if task in ("ti2v-5B", "i2v-A14B"):
+        return WanTi2vFamily if task == "ti2v-5B" else WanI2vFamily
+    index_path = Path(model.pretrained_model_name_or_path).expanduser() / "model_index.json"
+    index = read_json(index_path) if index_path.is_file() else {}
+    if index.get("expand_timesteps"):
         return WanTi2vFamily
-    index = Path(model.pretrained_model_name_or_path).expanduser() / "model_index.json"
-    expands = index.is_file() and read_json(index).get("expand_timesteps")
-    return WanTi2vFamily if expands else WanFamily
+    return WanI2vFamily if index.get("_class_name") == spec.I2V_PIPELINE else WanFamily
 
 
 def spec_flow_options(flow):
@@ -243,17 +287,24 @@ def load_wan(
     if main.is_file() and main.suffix == ".safetensors":
         spec.refuse_image_input(main)
     refuse_folder_expert_file(main, getattr(flow, "dit_high_noise", None))
-    loaded = load_spec(spec.SPEC, model, flow, weight_dtype, vae_dtype)
+    loaded = load_spec(spec_for(spec.SPECS, model), model, flow, weight_dtype, vae_dtype)
     transformer, vae, text_encoder = loaded.modules.values()
     objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)
     if main.is_dir():
         experts = folder_experts(main, transformer, weight_dtype)
     else:
         experts = file_experts(getattr(flow, "dit_high_noise", None), transformer,
-                               lambda path: load_main_file(spec.SPEC, path, weight_dtype))  # fmt: skip
+                               lambda path: load_main_file(spec.SPEC, path, weight_dtype),
+                               loaded.facts.first_frame)  # fmt: skip
     return Components(
         denoiser=transformer if experts is None else experts.modules[LOW_NOISE], vae=vae,
         text_encoders=(text_encoder,), tokenizers=tuple(loaded.tokenizers.values()),
-        objective=objective, family=replace(WAN_TI2V if loaded.facts.expand_timesteps else WAN),
+        objective=objective, family=replace(_family_of(loaded.facts)),
         model_dir=loaded.model_dir, experts=experts,
     )  # fmt: skip
+
+
+def _family_of(facts: spec.Facts) -> WanFamily:
+    if facts.expand_timesteps:
+        return WAN_TI2V
+    return WAN_I2V if facts.first_frame else WAN

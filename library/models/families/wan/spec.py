@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect as signature
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from safetensors import safe_open
@@ -34,6 +34,10 @@ HEAD_DIM = 128  # every release's attention head width (the shapes do not show i
 PIXEL_MULTIPLE = 16  # the VAE's 8 times the 1x2x2 patches
 TI2V_CHANNELS = 48  # Wan 2.2's VAE (TI2V-5B's) latent channels
 TEMPORAL = 4  # the VAE's frames per latent frame after the first
+I2V_PIPELINE = "WanImageToVideoPipeline"
+# An image-to-video transformer's input: the noisy latents, the first frame's 4 mask channels
+# and its 16 latent channels (diffusers' WanImageToVideoPipeline.prepare_latents)
+I2V_CHANNELS = 16 + 4 + 16
 DISCRETE_FLOW_SHIFT = 3.0  # musubi-tuner's Wan guide for training (and the 480p sampling shift)
 PLACES = T5TokenizerPlaces(
     repos=(
@@ -93,6 +97,8 @@ _RELEASED = {
     "t2v-A14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
     "ti2v-5B": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
                 "in_channels": 48, "out_channels": 48},
+    "i2v-A14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40,
+                 "in_channels": 36},
 }  # fmt: skip
 
 
@@ -110,10 +116,18 @@ TASK_WIDTHS = {task: sizes["num_attention_heads"] * HEAD_DIM for task, sizes in 
 
 
 def check_task(checked) -> None:
-    """[flow] task (musubi-tuner's) names a model as wide as the transformer."""
+    """[flow] task (musubi-tuner's) names a model of the transformer's input (a first frame's
+    or not) and width."""
     task = getattr(checked.flow, "task", None)
     config = checked.part_config("transformer")
     width = config["num_attention_heads"] * config["attention_head_dim"]
+    first_frame = config["in_channels"] == I2V_CHANNELS
+    if task is not None and (task == "i2v-A14B") != first_frame:
+        raise ModelError(
+            f"task = {task!r} and {checked.part_source('transformer')} takes "
+            f"{config['in_channels']} input channels ({'an' if first_frame else 'no'} image-to-"
+            "video first frame); set the task of that model, or remove it"
+        )
     if task is not None and TASK_WIDTHS[task] != width:
         fits = [name for name, wide in TASK_WIDTHS.items() if wide == width] or ["none"]
         raise ModelError(
@@ -131,11 +145,13 @@ class Facts:
     scheduler: dict
     boundary_ratio: float | None = None
     expand_timesteps: bool = False
+    first_frame: bool = False  # Wan 2.2 I2V-A14B: the first frame's latents beside the noisy ones
 
 
 ONLY_T2V = (
-    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B), the Wan 2.2 T2V-A14B experts and "
-    "Wan 2.2 TI2V-5B as text to video from its diffusers folder; give one of those"
+    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B), the Wan 2.2 T2V-A14B and "
+    "I2V-A14B experts and Wan 2.2 TI2V-5B as text to video from its diffusers folder; give one "
+    "of those"
 )
 # Keys of the image-to-video transformers' image input (the original and diffusers' names)
 _IMAGE_INPUT = (".cross_attn.k_img.", ".attn2.add_k_proj.")
@@ -150,15 +166,16 @@ def refuse_image_input(path: Path) -> None:
 
 
 def refuse_other_tasks(checked, expand_timesteps: bool = False) -> None:
-    """ModelError for a folder or file of another task: image input (I2V), latents of another
-    VAE (I2V's 36 channels), or TI2V-5B's 48 channels without the per-token timesteps its
-    diffusers folder declares (expand_timesteps in model_index.json)."""
+    """ModelError for a folder or file of another task: CLIP image input (Wan 2.1 I2V), latents
+    of another VAE, or TI2V-5B's 48 channels without the per-token timesteps its diffusers
+    folder declares (expand_timesteps in model_index.json). Wan 2.2 I2V-A14B's 36 channels
+    (the VAE's 16 and the first frame's 20) pass."""
     config = {**transformer_defaults(), **checked.part_config("transformer")}
     source = checked.part_source("transformer")
     if config.get("image_dim") is not None or config.get("added_kv_proj_dim") is not None:
-        raise ModelError(f"{source} is Wan's image-to-video transformer (I2V); {ONLY_T2V}")
+        raise ModelError(f"{source} is Wan 2.1's image-to-video transformer (I2V); {ONLY_T2V}")
     channels = checked.part_config("vae").get("z_dim", 16)
-    if config["in_channels"] != channels:
+    if config["in_channels"] not in (channels, 2 * channels + 4):
         raise ModelError(
             f"{source} takes {config['in_channels']} latent channels and the VAE makes "
             f"{channels} (Wan 2.2 TI2V-5B or an image-to-video model); {ONLY_T2V}"
@@ -193,11 +210,13 @@ def inspect_parts(checked) -> Facts:
             "umT5-XXL's file"
         )
     check_task(checked)
+    first_frame = checked.part_config("transformer")["in_channels"] == I2V_CHANNELS
     if not isinstance(checked, CheckedFolder):
-        return Facts(scheduler_config())
+        return Facts(scheduler_config(), first_frame=first_frame)
     scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
     scheduler = {k: v for k, v in scheduler.items() if not k.startswith("_")}
-    return Facts(scheduler, index.get("boundary_ratio"), bool(index.get("expand_timesteps")))
+    return Facts(scheduler, index.get("boundary_ratio"), bool(index.get("expand_timesteps")),
+                 first_frame)  # fmt: skip
 
 
 SPEC = FamilySpec(
@@ -233,4 +252,8 @@ SPEC = FamilySpec(
     inspect=inspect_parts,
     other={"scheduler": "scheduler_config.json"},
 )  # fmt: skip
-claims_wan = claimer(SPEC)
+# Wan 2.2 I2V-A14B's folders: the same parts under WanImageToVideoPipeline (its image_encoder
+# and image_processor null)
+SPEC_I2V = replace(SPEC, pipeline=I2V_PIPELINE)
+SPECS = (SPEC, SPEC_I2V)
+claims_wan = claimer(*SPECS)

@@ -1,0 +1,104 @@
+"""Wan 2.2 I2V-A14B from its diffusers folder (WanImageToVideoPipeline: two experts of 36 input
+channels, no image encoder): the folder loads what the pipeline loads, and the micro-batch loss
+on clips of F > 1 frames equals the one written from the pipeline's parts, the condition built
+by the pipeline's own prepare_latents from the clip's first frame."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from library.config.flow_schema import FlowSection
+from library.config.schema import ModelSection
+from library.errors import ModelError
+from library.models.experts import HIGH_NOISE, LOW_NOISE
+from library.models.loader import load_components
+from library.training.step import micro_batch_loss
+from tests.kits.wan.kit import reference_loss
+from tests.kits.wan.tiny import write_tiny_wan_experts_folder, write_tiny_wan_i2v_folder
+from tests.models.step_inputs import step_inputs
+from tests.models.wan.test_wan_clips import _batch
+
+SEED = 11
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_tiny_wan_i2v_folder(tmp_path_factory.mktemp("models") / "i2v")
+
+
+@pytest.fixture(scope="module")
+def pipe(folder):
+    from diffusers import WanImageToVideoPipeline
+
+    pipe = WanImageToVideoPipeline.from_pretrained(folder, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _load(folder, **flow):
+    model = ModelSection(pretrained_model_name_or_path=str(folder))
+    return load_components(model, torch.float32, FlowSection(**flow))
+
+
+def test_the_folder_loads_what_the_image_to_video_pipeline_loads(folder, pipe):
+    components = _load(folder)
+    assert components.family.FIRST_FRAME_CONDITION
+    experts = components.experts
+    assert experts.boundary_ratio == pipe.config.boundary_ratio == 0.9
+    pairs = ((experts.modules[HIGH_NOISE], pipe.transformer),
+             (experts.modules[LOW_NOISE], pipe.transformer_2), (components.vae, pipe.vae))  # fmt: skip
+    for ours, theirs in pairs:
+        expected, got = theirs.state_dict(), ours.state_dict()
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_the_task_word_is_checked_against_the_input_channels(folder, tmp_path):
+    with pytest.raises(ModelError, match="task = 't2v-A14B' and .* takes 36 input channels"):
+        _load(folder, task="t2v-A14B")
+    t2v = write_tiny_wan_experts_folder(tmp_path / "t2v")
+    with pytest.raises(ModelError, match="task = 'i2v-A14B' and .* takes 16 input channels"):
+        _load(t2v, task="i2v-A14B")
+
+
+def _pipeline_condition(pipe, pixels) -> torch.Tensor:
+    """WanImageToVideoPipeline.prepare_latents' condition of each clip's first frame."""
+    frames, height, width = pixels.shape[2:]
+    rows = []
+    for clip in pixels:
+        _, condition = pipe.prepare_latents(
+            clip[:, 0][None], 1, 16, height, width, frames, torch.float32, torch.device("cpu"),
+            latents=torch.zeros(1),
+        )  # fmt: skip
+        rows.append(condition)
+    return torch.cat(rows)
+
+
+def _text_pipe(pipe):
+    """A WanPipeline of the same parts, for its prompt encoding: the pinned diffusers'
+    image-to-video pipeline cleans prompts with ftfy even where it is not installed."""
+    from diffusers import WanPipeline
+
+    parts = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
+    return WanPipeline(**{name: getattr(pipe, name) for name in parts})
+
+
+@pytest.mark.parametrize("expert", [LOW_NOISE, HIGH_NOISE])
+def test_clip_loss_equals_the_pipelines_parts(folder, pipe, expert):
+    components = _load(folder)
+    inputs = step_inputs(components, SEED)
+    inputs.denoiser = components.experts.modules[expert]
+    batch = _batch(5)
+    theirs = pipe.transformer if expert == HIGH_NOISE else pipe.transformer_2
+    with torch.no_grad():
+        condition = _pipeline_condition(pipe, batch["pixel_values"])
+        assert condition.shape == (2, 20, 2, 4, 6)  # 4 mask and 16 latent channels, 2 frames
+        ours = micro_batch_loss(inputs, batch)
+        expected = reference_loss(_text_pipe(pipe), batch, SEED, condition=condition,
+                                  transformer=theirs)  # fmt: skip
+        other_first = batch["pixel_values"].clone()
+        other_first[:, :, 0] = other_first[:, :, 0].flip(0)  # each clip the other's first frame
+        swapped = micro_batch_loss(inputs, {**batch, "pixel_values": other_first})
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(ours, swapped)  # the first frame reaches the loss
