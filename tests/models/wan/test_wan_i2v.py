@@ -102,3 +102,36 @@ def test_clip_loss_equals_the_pipelines_parts(folder, pipe, expert):
         swapped = micro_batch_loss(inputs, {**batch, "pixel_values": other_first})
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(ours, swapped)  # the first frame reaches the loss
+
+
+def test_sample_equals_the_image_to_video_pipelines(folder, pipe, tmp_path):
+    """A sample prompt with a first frame (--i) and 5 frames: our clip is the pipeline's own
+    call with that image, both experts switching at its boundary."""
+    import numpy as np
+    from PIL import Image
+
+    from library.sampling.generate import check_sampling, sample_images
+    from library.sampling.prompts import SamplePrompt
+    from tests.sampling.test_sampling_clips import webp_frames
+
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (64, 80, 3), dtype=np.uint8)).save(tmp_path / "i.png")
+    prompt = SamplePrompt(index=0, prompt="a red cube", negative_prompt="", seed=4, steps=2,
+                          scale=5.0, sampler=None, width=80, height=64, frames=5,
+                          first_frame=tmp_path / "i.png")  # fmt: skip
+    components = _load(folder)
+    check_sampling(components, [prompt])
+    done = sample_images(components, [prompt], step=0, output_dir=tmp_path, output_name="s")
+    ours, _ = webp_frames(done.images[0])
+    embeds, negative = _text_pipe(pipe).encode_prompt("a red cube", "", max_sequence_length=512,
+                                                      device=torch.device("cpu"))  # fmt: skip
+    video = pipe(image=Image.open(tmp_path / "i.png").convert("RGB"), prompt_embeds=embeds,
+                 negative_prompt_embeds=negative, width=80, height=64, num_frames=5,
+                 num_inference_steps=2, guidance_scale=5.0, output_type="np",
+                 generator=torch.Generator().manual_seed(4)).frames[0]  # fmt: skip
+    theirs = (video * 255).round().astype(np.int16)
+    assert len(ours) == len(theirs) == 5
+    assert max(int(np.abs(a - b).max()) for a, b in zip(ours, theirs, strict=True)) <= 1
+    without = SamplePrompt(**{**prompt.__dict__, "first_frame": None})
+    with pytest.raises(Exception, match="gives no first frame"):
+        check_sampling(components, [without])

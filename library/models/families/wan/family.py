@@ -240,18 +240,32 @@ def first_frame_condition(latents: torch.Tensor) -> torch.Tensor:
 class WanI2vFamily(WanFamily):
     """Wan 2.2 I2V-A14B: its two experts read the noisy latents followed by the sample's first
     frame as the condition (first_frame_condition over FIRST_FRAME_LATENTS_KEY: its latents
-    cached with the clip's, library.data.samples), 36 channels in, the velocity's 16 out."""
+    cached with the clip's, library.data.samples), 36 channels in, the velocity's 16 out;
+    samples through WanImageToVideoPipeline from the prompt's first frame."""
 
     FIRST_FRAME_CONDITION: ClassVar[bool] = True
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        """The caption's states and, in training and validation, the first frame's condition
+        (samples: the pipeline builds it from the prompt's image)."""
         cond = super().assemble_conditioning(text, batch, device, dtype)
-        latents = batch[FIRST_FRAME_LATENTS_KEY].to(device, dtype or cond.encoder_hidden_states.dtype)
+        latents = (batch or {}).get(FIRST_FRAME_LATENTS_KEY)
+        if latents is None:
+            return cond
+        latents = latents.to(device, dtype or cond.encoder_hidden_states.dtype)
         return Conditioning(cond.encoder_hidden_states, {"condition": first_frame_condition(latents)})
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         condition = cond.unet_kwargs["condition"].to(noisy.dtype)
         return super().predict(denoiser, torch.cat([noisy, condition], dim=1), timesteps, cond)
+
+    def sampling_pipeline(self):
+        """WanImageToVideoPipeline with both experts and no image encoder, its first frame the
+        prompt's image (--i)."""
+        return replace(
+            super().sampling_pipeline(), class_name=spec.I2V_PIPELINE, first_frame_argument="image",
+            options={"image_encoder": None, "image_processor": None},
+        )  # fmt: skip
 
 
 WAN_I2V = derived_family(
