@@ -48,9 +48,10 @@ def write_tiny_wan_files(path, seed=0, dtype=torch.float32, comfy=False) -> dict
 
 def write_tiny_wan_expert_file(folder, sub: str, path, dtype=torch.float32) -> Path:
     """One expert of a tiny experts folder (``sub``: transformer or transformer_2) as its single
-    file in the original names (Comfy-Org's wan2.2_t2v_{high,low}_noise_14B layout)."""
+    file in the original names (Comfy-Org's wan2.2_{t2v,i2v}_{high,low}_noise_14B layout)."""
     from diffusers import WanTransformer3DModel
 
     module = WanTransformer3DModel.from_pretrained(Path(folder) / sub)
     original = TABLE.to_original(module.state_dict())
-    return _save(original, Path(path), dtype, transformer_config(), "transformer")
+    config = {**transformer_config(), "in_channels": module.config.in_channels}  # I2V: 36
+    return _save(original, Path(path), dtype, config, "transformer")

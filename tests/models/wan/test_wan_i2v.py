@@ -16,6 +16,7 @@ from library.models.loader import load_components
 from library.training.step import micro_batch_loss
 from tests.kits.wan.kit import reference_loss
 from tests.kits.wan.tiny import write_tiny_wan_experts_folder, write_tiny_wan_i2v_folder
+from tests.kits.wan.tiny_files import write_tiny_wan_expert_file, write_tiny_wan_files
 from tests.models.step_inputs import step_inputs
 from tests.models.wan.test_wan_clips import _batch
 
@@ -52,6 +53,23 @@ def test_the_folder_loads_what_the_image_to_video_pipeline_loads(folder, pipe):
         expected, got = theirs.state_dict(), ours.state_dict()
         assert got.keys() == expected.keys()
         assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_single_files_are_musubi_tuners_dit_and_dit_high_noise(folder, pipe, tmp_path):
+    """ComfyUI's expert files (the original names) as musubi-tuner takes them: dit the
+    low-noise expert, dit_high_noise the high-noise one, split at its I2V-A14B boundary 0.9."""
+    files = write_tiny_wan_files(tmp_path / "f")
+    low = write_tiny_wan_expert_file(folder, "transformer_2", tmp_path / "low.safetensors")
+    high = write_tiny_wan_expert_file(folder, "transformer", tmp_path / "high.safetensors")
+    model = ModelSection(pretrained_model_name_or_path=str(low), vae=str(files["vae"]))
+    flow = FlowSection(t5=str(files["t5"]), t5_tokenizer_path=str(files["tokenizer"]),
+                       dit_high_noise=str(high))  # fmt: skip
+    components = load_components(model, torch.float32, flow)
+    assert components.family.FIRST_FRAME_CONDITION and components.experts.boundary_ratio == 0.9
+    for ours, theirs in ((components.experts.modules[HIGH_NOISE], pipe.transformer),
+                         (components.experts.modules[LOW_NOISE], pipe.transformer_2)):  # fmt: skip
+        expected = theirs.state_dict()
+        assert all(torch.equal(ours.state_dict()[k], expected[k]) for k in expected)
 
 
 def test_the_task_word_is_checked_against_the_input_channels(folder, tmp_path):
