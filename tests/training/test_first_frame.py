@@ -124,3 +124,25 @@ def test_a_missing_or_damaged_condition_file_is_encoded_again(clips, vae):
     file.unlink()
     rebuilt = latent_cache_of(clips, vae, True, FIRST_FRAME)
     torch.testing.assert_close(rebuilt.get(condition).mean, before)
+
+
+def test_a_condition_file_lost_during_training_makes_a_stand_in_not_another_entry(clips, vae):
+    """The condition's file gone after the build: its sample trains as a zero-weight stand-in
+    (a condition of zeros in the right shape), never with another entry's latents."""
+    cache = latent_cache_of(clips, vae, True, FIRST_FRAME)
+    condition = next(r for r in latent_requests(clips, first_frame=True) if r.first_frame)
+    layout = VIDEO.latent_codec(vae).layout
+    source = SampleSource(cache, 1, layout, first_frame=True)
+    (before,) = list(clips.loader(0, 0, source=source))
+    file = cache_file(condition.root, cache.key(condition))
+    kept = file.read_bytes()
+    file.unlink()
+    try:
+        (batch,) = list(clips.loader(0, 0, source=source))
+    finally:
+        file.write_bytes(kept)
+    lost = [i for i, readable in enumerate(batch["readable"].tolist()) if not readable]
+    assert len(lost) == 1 and batch["loss_weights"][lost[0]] == 0
+    assert batch["first_frame_means"].shape == before["first_frame_means"].shape
+    assert not batch["first_frame_means"][lost[0]].any()
+    assert "is missing" in batch["unreadable"][0]

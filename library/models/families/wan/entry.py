@@ -55,8 +55,9 @@ class WanFlowKeys(Section):
 
 # musubi-tuner's Wan trainer (wan_train_network.py): options of what is not trained here yet
 _LATER = (
-    "an option of musubi-tuner's Wan image-to-video or one-frame training; difftune trains "
-    "Wan 2.1 text to video and Wan 2.2 T2V-A14B's experts"
+    "an option of musubi-tuner's Wan 2.1 image-to-video (its CLIP image encoder) or one-frame "
+    "training; difftune trains Wan 2.1 text to video, Wan 2.2 T2V-A14B's and I2V-A14B's "
+    "experts (I2V-A14B needs no CLIP) and TI2V-5B"
 )
 _OPTIONS = {
     **group("clip", _LATER, planned=True),
