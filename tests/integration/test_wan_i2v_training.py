@@ -1,7 +1,8 @@
 """Wan 2.2 I2V-A14B trained through the CLI from musubi-tuner's words and its dataset config of clips and images, on a tiny WanImageToVideoPipeline folder: every step
 reaches an expert as the noisy latents followed by the first frame's mask and latents (36
 channels), both experts train, one file each, and diffusers' WanImageToVideoPipeline
-.load_lora_weights applies each file exactly (the low-noise one into transformer_2)."""
+.load_lora_weights applies each file exactly (the low-noise one into transformer_2); runs on
+clips are layout invariant and resume exactly."""
 
 from __future__ import annotations
 
@@ -37,3 +38,27 @@ def test_both_i2v_experts_train_on_clips_into_files_diffusers_apply(tmp_path, mo
         pipe = WanImageToVideoPipeline.from_pretrained(folder, local_files_only=True)
         load = {"load_into_transformer_2": True} if sub == "transformer_2" else {}
         _assert_applied_exactly(pipe, out / f"run_{expert}.safetensors", sub, **load)
+
+
+def test_i2v_runs_on_clips_are_layout_invariant_and_resume_exactly(tmp_path, monkeypatch):
+    """4 clips (their first frames cached with their latents) a step as one batch and as 2 x 2
+    accumulated micro-batches, and a run stopped after its step-1 save and resumed: the same
+    two expert files."""
+    from tests.integration.harness import check_accumulation_and_resume, write_config
+    from tests.kits.videos import moving_square, write_video
+
+    folder = write_tiny_wan_i2v_folder(tmp_path / "i2v")
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    for i, (count, reverse) in enumerate(((9, False), (9, True), (13, False), (13, True))):
+        write_video(videos / f"v{i}.mp4", moving_square(count, (64, 64), 16, reverse), fps=16)
+    clips = {"video_directory": str(videos), "target_frames": [5], "frame_extraction": "head"}
+
+    def make_config(where, out, **keys):
+        return write_config(where / "c.toml", folder, videos, out, subset_keys=clips, **keys)
+
+    common = {"network_module": "networks.lora_wan", "network_train_unet_only": True,
+              "mixed_precision": "no", "cache_latents": True, "max_train_steps": 3,
+              "train_batch_size": 4}  # fmt: skip
+    names = tuple(f"run_{e}.safetensors" for e in SUBS)
+    check_accumulation_and_resume(tmp_path, make_config, common, monkeypatch, names, (1e-5, 1e-5))
