@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from library.config.sampling_schema import SamplingSection
+from library.models.experts import boundary
 from library.sampling.generate import SampleRound, check_sampling, sample_images
 from library.sampling.prompts import SamplePrompt, load_prompts
 from library.sampling.samplers import check_zero_terminal_snr
@@ -74,10 +75,7 @@ class SampleRunner:
         self.optimizer = optimizer
         experts = getattr(components, "experts", None)  # stand-ins in tests may have none
         if experts is not None and self.config.experts.timestep_boundary is not None:
-            # samples switch experts where training splits them (imported here: training's
-            # objectives import the sampling package, which this module belongs to)
-            from library.training.experts import boundary
-
+            # samples switch experts where training splits them
             self.boundary = boundary(self.config, experts)
 
     def at_start(self, global_step: int) -> SampleRound | None:
