@@ -54,3 +54,29 @@ def write_tiny_wan_expert_file(folder, sub: str, path, dtype=torch.float32) -> P
     module = WanTransformer3DModel.from_pretrained(Path(folder) / sub)
     original = TABLE.to_original(module.state_dict())
     return _save(original, Path(path), dtype, transformer_config(), "transformer")
+
+
+# transformers' UMT5EncoderModel stems -> Wan's T5 code's (Wan-AI's wan/modules/t5.py)
+_WAN_T5 = {
+    "layer.0.layer_norm": "norm1", "layer.1.layer_norm": "norm2",
+    "layer.0.SelfAttention.relative_attention_bias": "pos_embedding.embedding",
+    "layer.1.DenseReluDense.wi_0": "ffn.gate.0", "layer.1.DenseReluDense.wi_1": "ffn.fc1",
+    "layer.1.DenseReluDense.wo": "ffn.fc2",
+    **{f"layer.0.SelfAttention.{p}": f"attn.{p}" for p in "qkvo"},
+}  # fmt: skip
+
+
+def write_tiny_wan_t5_pth(path, seed=0, dtype=torch.bfloat16) -> Path:
+    """The tiny umT5 encoder as Wan-AI's models_t5_umt5-xxl-enc-bf16.pth: a torch file of the
+    encoder in the names of Wan's own T5 code."""
+    state = build_tiny_wan_components(seed)["text_encoder"].state_dict()
+    wan = {"token_embedding.weight": state["shared.weight"],
+           "norm.weight": state["encoder.final_layer_norm.weight"]}  # fmt: skip
+    for key, tensor in state.items():
+        if key.startswith("encoder.block."):
+            _, _, index, rest = key.split(".", 3)
+            stem, _ = rest.rsplit(".", 1)
+            wan[f"blocks.{index}.{_WAN_T5[stem]}.weight"] = tensor
+    path = Path(path)
+    torch.save({k: v.to(dtype) for k, v in wan.items()}, path)
+    return path

@@ -6,7 +6,8 @@ tokenizer/ (umT5's) and scheduler/ (UniPCMultistepScheduler with the flow shift)
 files: the transformer (pretrained_model_name_or_path, musubi-tuner's --dit: Wan-AI's
 diffusion_pytorch_model*.safetensors or Comfy-Org's wan2.1_t2v_*.safetensors in the original
 names, keys.py, bare or under ``model.diffusion_model.``, or diffusers' names; a Wan 2.2 A14B
-expert's file is one of these), umT5 ([flow] t5: umt5_xxl_fp16.safetensors), the VAE ([model]
+expert's file is one of these), umT5 ([flow] t5: umt5_xxl_fp16.safetensors, or Wan-AI's
+models_t5_umt5-xxl-enc-bf16.pth in the names of Wan's own T5 code), the VAE ([model]
 vae: wan_2.1_vae.safetensors) and umT5's tokenizer (t5_tokenizer_path, or found locally)."""
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ PLACES = T5TokenizerPlaces(
     copy_from="a Wan diffusers folder's tokenizer/, or google/umt5-xxl's files",
 )
 WHATS = {
-    "t5": "the umT5-XXL text encoder (umt5_xxl_fp16.safetensors)",
+    "t5": "the umT5-XXL text encoder (umt5_xxl_fp16.safetensors or Wan-AI's "
+    "models_t5_umt5-xxl-enc-bf16.pth)",
     "vae": "the Wan 2.1 VAE (wan_2.1_vae.safetensors)",
 }
 
@@ -226,7 +228,7 @@ SPEC = FamilySpec(
         SpecPart(
             "text_encoder", "text_encoder", "transformers:UMT5EncoderModel", base=umt5_xxl_config,
             file=ComponentFile("t5", "[flow]", WHATS["t5"], lambda file: plan_umt5_file(
-                file, "t5", "text_encoder", "Wan text_encoder")),
+                file, "t5", "text_encoder", "Wan text_encoder"), pickles=True),
         ),
     ),
     tokenizers=(t5_tokenizer("tokenizer", "text_encoder", PLACES.find, PLACES.missing),),
