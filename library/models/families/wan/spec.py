@@ -26,9 +26,10 @@ from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
 from library.models.families.wan.keys import TABLE
+from library.models.families.wan.t5_file import plan_t5_file
 from library.models.loader import read_json
 from library.models.text_encoders.t5 import T5TokenizerPlaces
-from library.models.text_encoders.umt5 import plan_umt5_file, umt5_xxl_config
+from library.models.text_encoders.umt5 import umt5_xxl_config
 
 FAMILY = "Wan"
 HEAD_DIM = 128  # every release's attention head width (the shapes do not show it)
@@ -227,8 +228,7 @@ SPEC = FamilySpec(
         ),
         SpecPart(
             "text_encoder", "text_encoder", "transformers:UMT5EncoderModel", base=umt5_xxl_config,
-            file=ComponentFile("t5", "[flow]", WHATS["t5"], lambda file: plan_umt5_file(
-                file, "t5", "text_encoder", "Wan text_encoder"), pickles=True),
+            file=ComponentFile("t5", "[flow]", WHATS["t5"], plan_t5_file, pickles=True),
         ),
     ),
     tokenizers=(t5_tokenizer("tokenizer", "text_encoder", PLACES.find, PLACES.missing),),

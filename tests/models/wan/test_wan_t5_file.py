@@ -13,8 +13,8 @@ import torch
 
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
+from library.models.families.wan.t5_file import plan_t5_file
 from library.models.plans import load_plan
-from library.models.text_encoders.umt5 import plan_umt5_file
 
 WIDTH, HEADS, FFN, LAYERS, BUCKETS, VOCAB = 32, 4, 48, 2, 8, 64
 MAX_DISTANCE = 128  # Wan's code's (and umT5-XXL's)
@@ -80,8 +80,7 @@ def test_wans_pth_encodes_as_wans_own_encoder(tmp_path):
     state = wan_layout()
     path = tmp_path / "models_t5_umt5-xxl-enc-bf16.pth"
     torch.save(state, path)
-    encoder = load_plan(plan_umt5_file(CheckpointFile(path), "t5", "text_encoder", "Wan T5"),
-                        torch.float32)  # fmt: skip
+    encoder = load_plan(plan_t5_file(CheckpointFile(path)), torch.float32)
     assert type(encoder).__name__ == "UMT5EncoderModel"
     ids = torch.randint(2, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
@@ -98,4 +97,4 @@ def test_a_wan_pth_with_a_tensor_of_another_model_is_named(tmp_path):
     torch.save(state, path)
     with pytest.raises(ModelError, match=r"t5 = .*odd\.pth is not the umT5-XXL.*blocks\.0\.attn"
                                          r"\.rel\.weight"):  # fmt: skip
-        plan_umt5_file(CheckpointFile(path), "t5", "text_encoder", "Wan T5")
+        plan_t5_file(CheckpointFile(path))
