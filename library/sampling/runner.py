@@ -6,7 +6,6 @@ from library.config.sampling_schema import SamplingSection
 from library.sampling.generate import SampleRound, check_sampling, sample_images
 from library.sampling.prompts import SamplePrompt, load_prompts
 from library.sampling.samplers import check_zero_terminal_snr
-from library.training.experts import boundary
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.sharding import shards
 
@@ -75,6 +74,9 @@ class SampleRunner:
         self.optimizer = optimizer
         experts = getattr(components, "experts", None)  # stand-ins in tests may have none
         if experts is not None and self.config.experts.timestep_boundary is not None:
+            # imported here: training.experts imports the objectives, which import sampling
+            from library.training.experts import boundary
+
             # samples switch experts where training splits them
             self.boundary = boundary(self.config, experts)
 
