@@ -217,15 +217,19 @@ class WanTi2vFamily(WanFamily):
 WAN_TI2V = derived_family(
     WAN, WanTi2vFamily, base_model_version="wan2.2", modelspec_architecture="wan2.2-ti2v-5b",
     default_resolution=1280,
-)
+)  # fmt: skip
 
 
 def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
-    """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, or a folder whose model_index.json sets
-    expand_timesteps), else WanFamily: the class data read before any weight is."""
+    """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, a folder whose model_index.json sets
+    expand_timesteps, or a transformer file on 48 channels), else WanFamily: the class data
+    read before any weight is."""
     if getattr(flow, "task", None) == "ti2v-5B":
         return WanTi2vFamily
-    index = Path(model.pretrained_model_name_or_path).expanduser() / "model_index.json"
+    main = Path(model.pretrained_model_name_or_path).expanduser()
+    if main.is_file():
+        return WanTi2vFamily if spec.is_ti2v_file(main) else WanFamily
+    index = main / "model_index.json"
     expands = index.is_file() and read_json(index).get("expand_timesteps")
     return WanTi2vFamily if expands else WanFamily
 
