@@ -43,6 +43,7 @@ from library.models.families.wan.keys import TABLE
 from library.models.loader import Components, read_json
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
+from library.networks.kohya_names import unwrap
 from library.networks.table_modules import table_modules
 from library.sampling.pipelines import PipelineKind, on_grid
 from library.training import flow_matching as fm
@@ -202,7 +203,7 @@ class WanTi2vFamily(WanFamily):
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         frames, height, width = noisy.shape[2:]
-        _, ph, pw = denoiser.config.patch_size
+        _, ph, pw = unwrap(denoiser).config.patch_size  # DDP's wrapper has no config
         tokens = frames * (height // ph) * (width // pw)  # the patch embedding's count
         per_token = timesteps.view(-1, 1).expand(-1, tokens)
         return super().predict(denoiser, noisy, per_token, cond)
