@@ -12,11 +12,11 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.families.wan.family import WanTi2vFamily
+from library.models.families.wan.family import WanFamily, WanTi2vFamily, family_class
 from library.models.families.wan.spec import TI2V_SAMPLE_SHIFT
 from library.models.loader import load_components
 from tests.kits.wan.tiny import write_tiny_wan_ti2v_folder
-from tests.kits.wan.tiny_files import write_tiny_wan_ti2v_files
+from tests.kits.wan.tiny_files import write_tiny_wan_files, write_tiny_wan_ti2v_files
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +54,13 @@ def test_the_task_word_is_checked(folder, tmp_path):
     files = write_tiny_wan_ti2v_files(folder, tmp_path)
     with pytest.raises(ModelError, match="task = 't2v-1.3B' is a 1536-wide Wan transformer"):
         _load(files, task="t2v-1.3B")
+
+
+def test_the_class_data_comes_from_the_files_header_before_any_weight(folder, tmp_path):
+    """The 24 fps and 32-pixel grid the checks before loading use: a transformer file on 48
+    channels is TI2V-5B's, a Wan 2.1 one is not."""
+    ti2v = write_tiny_wan_ti2v_files(folder, tmp_path / "ti2v", comfy=True)["transformer"]
+    t2v = write_tiny_wan_files(tmp_path / "t2v")["transformer"]
+    for path, expected in ((ti2v, WanTi2vFamily), (t2v, WanFamily)):
+        model = ModelSection(pretrained_model_name_or_path=str(path))
+        assert family_class(model, FlowSection()) is expected
