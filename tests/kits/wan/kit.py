@@ -16,7 +16,11 @@ from tests.kits.conformance_kit import (
     SampleCase,
 )
 from tests.kits.video_reference import shifted_clip
-from tests.kits.wan.tiny import build_tiny_wan_components, write_tiny_wan_folder
+from tests.kits.wan.tiny import (
+    build_tiny_wan_components,
+    write_tiny_wan_folder,
+    write_tiny_wan_ti2v_folder,
+)
 from tests.kits.wan.tiny_files import write_tiny_wan_files
 
 
@@ -121,10 +125,13 @@ DISTRIBUTED = (
         only=("lora_unet_blocks_",),
         resume=True,
     ),
-    # the same on clips of 5 frames (2 latent frames) cut from four short videos
+    # the same on clips of 5 frames (2 latent frames) cut from four short videos, on Wan 2.2
+    # TI2V-5B (its 48-channel VAE and a timestep per latent token: the clip path of the T2V
+    # models and more)
     DistributedMode(
         name="wan-clips",
         keys={"network_module": "networks.lora_wan", "network_train_unet_only": True},
+        variant="ti2v",
         captions=FOUR_LENGTH_CAPTIONS,
         only=("lora_unet_blocks_",),
         resume=True,
@@ -135,7 +142,10 @@ DISTRIBUTED = (
 KIT = ConformanceKit(
     variants=("t2v", "comfy"),
     build=lambda variant, seed: build_tiny_wan_components(seed),
-    write_folder=lambda path, variant, seed: write_tiny_wan_folder(path, seed),
+    # "ti2v" (not a conformance variant): the tiny TI2V-5B folder the clips mode trains on
+    write_folder=lambda path, variant, seed: (
+        write_tiny_wan_ti2v_folder if variant == "ti2v" else write_tiny_wan_folder
+    )(path, seed),
     pipeline=lambda variant: "WanPipeline",
     family=lambda variant, modules: WAN,
     denoiser_inputs=_inputs,

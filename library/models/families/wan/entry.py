@@ -30,7 +30,8 @@ class WanFlowKeys(Section):
     t5: str | None = Field(
         None,
         description="Wan: the umT5-XXL text encoder file beside a transformer file "
-        "(umt5_xxl_fp16.safetensors, transformers' names; musubi-tuner's --t5). Needed with "
+        "(umt5_xxl_fp16.safetensors in transformers' names, or Wan-AI's "
+        "models_t5_umt5-xxl-enc-bf16.pth; musubi-tuner's --t5). Needed with "
         "such a transformer file; with a diffusers folder it replaces the folder's "
         "text_encoder/.",
     )

@@ -48,6 +48,7 @@ from library.models.families.wan.keys import TABLE
 from library.models.loader import Components, read_json
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
+from library.networks.kohya_names import unwrap
 from library.networks.table_modules import table_modules
 from library.sampling.pipelines import PipelineKind, on_grid
 from library.training import flow_matching as fm
@@ -207,7 +208,7 @@ class WanTi2vFamily(WanFamily):
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         frames, height, width = noisy.shape[2:]
-        _, ph, pw = denoiser.config.patch_size
+        _, ph, pw = unwrap(denoiser).config.patch_size  # DDP's wrapper has no config
         tokens = frames * (height // ph) * (width // pw)  # the patch embedding's count
         per_token = timesteps.view(-1, 1).expand(-1, tokens)
         return super().predict(denoiser, noisy, per_token, cond)
@@ -222,7 +223,7 @@ class WanTi2vFamily(WanFamily):
 WAN_TI2V = derived_family(
     WAN, WanTi2vFamily, base_model_version="wan2.2", modelspec_architecture="wan2.2-ti2v-5b",
     default_resolution=1280,
-)
+)  # fmt: skip
 
 
 def first_frame_condition(latents: torch.Tensor) -> torch.Tensor:
@@ -275,14 +276,17 @@ WAN_I2V = derived_family(
 
 
 def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
-    """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, or a folder whose model_index.json sets
-    expand_timesteps), WanI2vFamily for I2V-A14B (task i2v-A14B, or a WanImageToVideoPipeline
-    folder), else WanFamily: the class data read before any weight is."""
+    """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, a folder whose model_index.json sets
+    expand_timesteps, or a transformer file on 48 channels), WanI2vFamily for I2V-A14B (task
+    i2v-A14B, or a WanImageToVideoPipeline folder; a file's is known once read), else
+    WanFamily: the class data read before any weight is."""
     task = getattr(flow, "task", None)
     if task in ("ti2v-5B", "i2v-A14B"):
         return WanTi2vFamily if task == "ti2v-5B" else WanI2vFamily
-    index_path = Path(model.pretrained_model_name_or_path).expanduser() / "model_index.json"
-    index = read_json(index_path) if index_path.is_file() else {}
+    main = Path(model.pretrained_model_name_or_path).expanduser()
+    if main.is_file():
+        return WanTi2vFamily if spec.is_ti2v_file(main) else WanFamily
+    index = read_json(main / "model_index.json") if (main / "model_index.json").is_file() else {}
     if index.get("expand_timesteps"):
         return WanTi2vFamily
     return WanI2vFamily if index.get("_class_name") == spec.I2V_PIPELINE else WanFamily
