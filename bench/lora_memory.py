@@ -17,8 +17,10 @@ trains at batch 2):
 - FLUX.1 [dev] (configs/flux_lora.toml), SD3.5 Large (configs/sd35_large_lora.toml), Z-Image
   Turbo (configs/zimage_lora.toml), Chroma (configs/chroma_lora.toml), Qwen-Image
   (configs/qwenimage_lora.toml) and Krea 2 (configs/krea2_lora.toml), all at 1024, and Wan 2.1
-  T2V 1.3B and 14B (configs/wan21_t2v_lora.toml, an image at the preset's side) and Wan 2.2
-  T2V-A14B's two experts (configs/wan22_t2v_a14b_lora.toml: both trained, the inactive one on
+  T2V 1.3B and 14B (configs/wan21_t2v_lora.toml, an image at the preset's side), Wan 2.2
+  TI2V-5B (configs/wan22_ti2v_5b_lora.toml, with its Wan 2.2 VAE) and Wan 2.2 T2V-A14B's and
+  I2V-A14B's two experts (configs/wan22_t2v_a14b_lora.toml, configs/wan22_i2v_a14b_lora.toml:
+  both trained, the inactive one on
   the device or in host memory with ``offload_inactive_dit``, or one expert a run), from each
   family's released configs.
 
@@ -162,27 +164,37 @@ def wan_components(task: str) -> Callable[[object, Path], Components]:
 
         from library.models.experts import HIGH_NOISE, LOW_NOISE, Experts
         from library.models.families.wan import spec
-        from library.models.families.wan.experts import T2V_A14B_BOUNDARY
-        from library.models.families.wan.family import WAN, WanFlowObjective, spec_flow_options
+        from library.models.families.wan.experts import I2V_A14B_BOUNDARY, T2V_A14B_BOUNDARY
+        from library.models.families.wan.family import (
+            WAN,
+            WAN_I2V,
+            WAN_TI2V,
+            WanFlowObjective,
+            spec_flow_options,
+        )
         from library.models.text_encoders.umt5 import umt5_xxl_config
         from tests.kits.wan.tiny_tokenizer import write_tiny_umt5_tokenizer
 
+        ti2v = task == "ti2v-5B"  # its own VAE (Wan 2.2's) and per-token timesteps
         with torch.device("meta"):
             transformer = WanTransformer3DModel(**spec.released_transformer_config(task))
-            vae = AutoencoderKLWan()
+            vae = AutoencoderKLWan(**(spec.ti2v_vae_config() if ti2v else {}))
             text = UMT5EncoderModel(UMT5Config(**umt5_xxl_config()))
         tokenizer = _tokenizer(write_tiny_umt5_tokenizer(folder / "umt5"))
+        shift = spec.TI2V_SAMPLE_SHIFT if ti2v else spec.DISCRETE_FLOW_SHIFT
         objective = WanFlowObjective(
-            spec_flow_options(config.flow), spec.scheduler_config(), patch=2
+            spec_flow_options(config.flow), spec.scheduler_config(shift), patch=2
         )
-        components = _frozen(config, transformer, vae, (text,), (tokenizer,), objective, WAN)
-        if task != "t2v-A14B":
+        family = WAN_TI2V if ti2v else WAN_I2V if task == "i2v-A14B" else WAN
+        components = _frozen(config, transformer, vae, (text,), (tokenizer,), objective, family)
+        if not task.endswith("-A14B"):
             return components
         # the low-noise expert beside it, split at the released folder's boundary
         with torch.device("meta"):
             low = WanTransformer3DModel(**spec.released_transformer_config(task))
         low.to(transformer.dtype).requires_grad_(False).eval()
-        experts = Experts({HIGH_NOISE: transformer, LOW_NOISE: low}, T2V_A14B_BOUNDARY)
+        boundary = I2V_A14B_BOUNDARY if family is WAN_I2V else T2V_A14B_BOUNDARY
+        experts = Experts({HIGH_NOISE: transformer, LOW_NOISE: low}, boundary)
         return replace(components, denoiser=low, experts=experts)
 
     return build
@@ -394,8 +406,12 @@ FAMILIES = {
                       wan_components("t2v-1.3B"), (10, 20)),
     "wan-14b": Bench("Wan 2.1 T2V 14B / Wan 2.2 A14B expert", _preset("wan21_t2v_lora.toml"),
                      wan_components("t2v-14B"), (10, 20, 30)),
+    "wan-ti2v-5b": Bench("Wan 2.2 TI2V-5B", _preset("wan22_ti2v_5b_lora.toml"),
+                         wan_components("ti2v-5B"), (10, 20)),
     "wan-a14b": Bench("Wan 2.2 T2V-A14B, two experts", _preset("wan22_t2v_a14b_lora.toml"),
                       wan_components("t2v-A14B"), (10, 20), lambda swaps: expert_rows(swaps)),
+    "wan-i2v-a14b": Bench("Wan 2.2 I2V-A14B, two experts", _preset("wan22_i2v_a14b_lora.toml"),
+                          wan_components("i2v-A14B"), (10, 20), lambda swaps: expert_rows(swaps)),
 }  # fmt: skip
 # [experts] keys a row may set (the others are [training]'s)
 EXPERT_KEYS = ("offload_inactive_dit", "train_experts")
@@ -409,7 +425,10 @@ def preset_with(preset: Path, folder: Path, resolution: int, **training) -> obje
         training = {"fp8_base": False, **training}
     data["training"].update(training)
     data["datasets"][0]["resolution"] = resolution
-    data["datasets"][0]["subsets"][0]["image_dir"] = str(folder)
+    subset = data["datasets"][0]["subsets"][0]
+    for key in ("video_directory", "target_frames", "frame_extraction"):
+        subset.pop(key, None)  # the bench draws an image (a one-frame clip)
+    subset["image_dir"] = str(folder)
     lines = []
     for section, table in data.items():
         if section == "datasets":

@@ -8,7 +8,9 @@ clips (library.data.clip_frames, what the cache fill does), in one run on the sa
 Not a test and not timed in CI. The videos are a square moving across a textured background
 (tests/kits/videos.py writes them as H.264 mp4), written once under a temporary folder. The
 clips are musubi-tuner's slide extraction (--frames, --stride) cut from each video's probe, at
-the videos' own size (no resize), so the figure is decoding. Both ways must give the same
+the videos' own size (no resize), so the figure is decoding. A clip decoded alone starts at
+the keyframe before it (library.data.videos), so the gap between the two ways depends on how
+far apart the keyframes are (--keyframe_every). Both ways must give the same
 pixels (a sample of each clip's compared). Prints the seconds of each way and their ratio, for decoding alone and for the cache's
 whole load (decoding, resizing and cropping, conversion to float).
 """
@@ -35,13 +37,16 @@ from library.data.videos import decode_frames, probe_video  # noqa: E402
 from tests.kits import videos as kit  # noqa: E402
 
 
-def write_videos(folder: Path, count: int, size: tuple[int, int], frames: int) -> list[Path]:
+def write_videos(
+    folder: Path, count: int, size: tuple[int, int], frames: int, keyframe_every: int
+) -> list[Path]:
     rng = np.random.default_rng(0)
     paths = []
     for i in range(count):
         clip = kit.moving_square(frames, size, side=size[1] // 4)
         texture = rng.integers(0, 48, (1, size[1], size[0], 3), dtype=np.uint8)
-        paths.append(kit.write_video(folder / f"v{i}.mp4", clip // 2 + texture, fps=24))
+        paths.append(kit.write_video(folder / f"v{i}.mp4", clip // 2 + texture, fps=24,
+                                     keyframe_every=keyframe_every))  # fmt: skip
     return paths
 
 
@@ -87,14 +92,19 @@ def main() -> None:
     parser.add_argument("--videos", type=int, default=2)
     parser.add_argument("--frames", type=int, default=33, help="clip length (target_frames)")
     parser.add_argument("--stride", type=int, default=12, help="frame_stride between clips")
+    parser.add_argument("--keyframe_every", type=int, default=48,
+                        help="most frames between keyframes (48: 2 s, as cameras and streaming "
+                        "encoders write them)")  # fmt: skip
     args = parser.parse_args()
     options = ClipOptions((args.frames,), "slide", args.stride)
     with tempfile.TemporaryDirectory() as folder:
-        paths = write_videos(Path(folder), args.videos, tuple(args.size), round(args.seconds * 24))
+        paths = write_videos(Path(folder), args.videos, tuple(args.size),
+                             round(args.seconds * 24), args.keyframe_every)  # fmt: skip
         requests = requests_of(paths, options)
         print(
             f"{args.videos} videos {args.size[0]}x{args.size[1]}, {args.seconds:g} s at 24 fps, "
-            f"{len(requests)} clips of {args.frames} frames (slide, stride {args.stride})"
+            f"{len(requests)} clips of {args.frames} frames (slide, stride {args.stride}), a "
+            f"keyframe at least every {args.keyframe_every} frames"
         )
         for name, (alone_load, once_load) in ways(requests).items():
             alone, expected = timed(alone_load, requests)

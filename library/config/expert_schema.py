@@ -31,7 +31,7 @@ class ExpertSection(Section):
         description="The noise level at which the high-noise expert hands over to the "
         "low-noise one, as musubi-tuner writes it: in [0, 1] (a value above 1 is read on the "
         "0-1000 timestep scale and divided by 1000). Levels at or above it are the high-noise "
-        "expert's. Unset: the model's own boundary_ratio.",
+        "expert's, in training and in samples. Unset: the model's own boundary_ratio.",
     )
     offload_inactive_dit: bool | None = Field(
         None,

@@ -1,10 +1,9 @@
 """Decoding a video once for the many clips cut from it, while the latent cache is filled.
 
 With frame_extraction slide or chunk one video gives many clips, and decoding each clip alone
-reads the file from its start every time (decode_frames decodes in order up to the last frame
-asked), so a video of N clips was decoded about N times. ClipFrames knows every clip the fill
-will load and decodes the frames of a video's clips in one pass (as
-library.data.videos.decode_clips), then cuts each clip out of them.
+decodes its frames and those from the keyframe before them (decode_frames), overlapping clips
+many times over. ClipFrames knows every clip the fill will load and decodes the frames of a
+video's clips in one pass, then cuts each clip out of them.
 
 Decisions:
 - A video's clips of one length are taken by first frame and gathered into groups whose

@@ -232,7 +232,9 @@ class TrainData:
         Each batch (see library.data.samples.collate): "pixel_values" float [B, 3, H, W] in
         [-1, 1] ([B, 3, F, H, W] for clips of F frames), or with a latent cache
         "latent_means"/"latent_stds" in the latent codec's layout ([B, C, h, w] for an image
-        VAE); "captions" (after caption processing);
+        VAE) and, for a family whose first frame conditions it, "first_frame_means" (the
+        posterior mean of each sample's first frame followed by zeros); "captions" (after
+        caption processing);
         "loss_weights" float [B] (0 for padding samples); "positions" long [B]; "epoch";
         "cache_roots"; "alpha_masks" [B, 1, H, W] when a subset
         has alpha_mask; SDXL's "original_sizes", "crop_top_lefts", "target_sizes" long [B, 2];

@@ -73,6 +73,8 @@ class LatentRequest:
     with_alpha: bool
     root: Path
     frames: tuple[int, ...] = ()  # a clip's frames in the video at path (library.data.clips)
+    # the clip's first frame followed by zeros (an image-to-video condition), not the clip
+    first_frame: bool = False
 
     @property
     def pixel_shape(self) -> tuple[int, ...]:
@@ -166,11 +168,14 @@ class LatentCache:
         }
         if request.frames:  # a clip; an image's key stays what it was
             parts["frames"] = [int(frame) for frame in request.frames]
+        if request.first_frame:
+            parts["first_frame"] = True
         return json.dumps(parts, sort_keys=True)
 
     def key(self, request: LatentRequest) -> str:
         """Hex digest of the image's content digest, size, crop_fraction, flip, with_alpha, the
-        VAE identity, the cache dtype and FORMAT_VERSION, and a clip's frames."""
+        VAE identity, the cache dtype and FORMAT_VERSION, and a clip's frames (and whether it
+        is the clip's first-frame condition)."""
         return _key_of(self._parts(request))
 
     def __len__(self) -> int:

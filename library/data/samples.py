@@ -14,6 +14,7 @@ with the other processes at the step's end on what to do (library.training.unrea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from library.data.references import ScannedReference
 from library.data.schedule import SampleRef, stable_seed
 from library.errors import DataError
 from library.models.latent_codec import LatentLayout
+from library.models.video_latent_codec import first_frame_pixels
 
 _NO_AUGMENT = AugmentDraws(flip=False, crop_fraction=None, hue_shift=0.0)
 
@@ -50,6 +52,8 @@ class SampleSource:
     # load reference images' pixels with a latent cache too: the family's text encoder reads
     # them (ModelFamily.TEXT_READS_REFERENCES)
     reference_pixels: bool = False
+    # cache each clip's first-frame condition too (ModelFamily.FIRST_FRAME_CONDITION)
+    first_frame: bool = False
 
 
 def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> LatentRequest:
@@ -64,6 +68,16 @@ def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> L
         image.cache_root,
         image.frames,
     )
+
+
+def first_frame_request(image: ScannedImage, options: SubsetOptions, flip: bool):
+    """The cache entry of a sample's first-frame condition: the clip's own request whose pixels
+    are its first frame followed by zeros; None for an image or a one-frame clip, which is its
+    own condition (its latents' entry serves)."""
+    if len(image.frames) < 2:
+        return None
+    request = latent_request(image, options, flip)
+    return dataclasses.replace(request, with_alpha=False, first_frame=True)
 
 
 def reference_request(image: ScannedImage, reference: ScannedReference, flip: bool):
@@ -89,7 +103,8 @@ def load_for_cache(request: LatentRequest, clips: ClipFrames | None = None):
         image = load_training_clip(request.path, request.frames, request.size, draws)
     else:
         image = load_training_image(request.path, request.size, draws, request.with_alpha)
-    return image.pixels, image.alpha, image.original_size, image.crop_top_left
+    pixels = first_frame_pixels(image.pixels) if request.first_frame else image.pixels
+    return pixels, image.alpha, image.original_size, image.crop_top_left
 
 
 def cache_loader(requests: Sequence[LatentRequest]) -> Callable[[LatentRequest], tuple]:
@@ -99,24 +114,46 @@ def cache_loader(requests: Sequence[LatentRequest]) -> Callable[[LatentRequest],
     return functools.partial(load_for_cache, clips=clips)
 
 
-def latent_requests(data: ScannedData) -> list[LatentRequest]:
+def latent_requests(data: ScannedData, first_frame: bool = False) -> list[LatentRequest]:
     """Every cache entry a run can use: each training image (both sides with flip_aug) and
-    each validation image, in a fixed order."""
+    each validation image, in a fixed order; with ``first_frame``, each clip's first-frame
+    condition after the clip (first_frame_request)."""
     requests = []
     for scanned in data.scanned:
         for image in scanned.images:
             options = scanned.options[image.subset]
             flips = (False, True) if options.augment.flip_aug else (False,)
             requests += [latent_request(image, options, flip) for flip in flips]
+            if first_frame:
+                requests += _present(first_frame_request(image, options, f) for f in flips)
             requests += [
                 reference_request(image, reference, flip)
                 for flip in flips
                 for reference in image.references
             ]
         for image in scanned.validation:
-            requests.append(latent_request(image, scanned.options[image.subset], False))
+            options = scanned.options[image.subset]
+            requests.append(latent_request(image, options, False))
+            if first_frame:
+                requests += _present([first_frame_request(image, options, False)])
             requests += [reference_request(image, r, False) for r in image.references]
     return requests
+
+
+def _present(requests) -> list[LatentRequest]:
+    return [request for request in requests if request is not None]
+
+
+def _first_frame_entry(
+    image: ScannedImage, options: SubsetOptions, flip: bool, source: SampleSource, own_mean
+) -> dict:
+    """The cached posterior mean of a sample's first-frame condition when the source asks for
+    it (an image's or one-frame clip's is its own mean, ``own_mean``)."""
+    if not source.first_frame:
+        return {}
+    request = first_frame_request(image, options, flip)
+    mean = own_mean if request is None else source.latents.get(request).mean
+    return {"first_frame_mean": mean}
 
 
 def _reference_entries(image: ScannedImage, flip: bool, source: SampleSource) -> dict:
@@ -145,6 +182,7 @@ def _image_entries(
     if source.latents is not None:
         cached = source.latents.get(latent_request(image, options, draws.flip))
         entries = {"latent_mean": cached.mean, "latent_std": cached.std, "alpha": cached.alpha}
+        entries |= _first_frame_entry(image, options, draws.flip, source, cached.mean)
         original, crop = cached.original_size, cached.crop_top_left
     elif image.frames:
         loaded = load_training_clip(image.item.path, image.frames, image.bucket, draws)
@@ -175,6 +213,8 @@ def _stand_in(image: ScannedImage, source: SampleSource) -> dict:
     else:
         latent = torch.zeros(source.latent_layout.shape(1, height, width, frames)[1:])
         entries = {"latent_mean": latent, "latent_std": latent}
+        if source.first_frame:
+            entries["first_frame_mean"] = latent
     if image.references:
         entries.update(_stand_in_references(image, source))
     return {
@@ -322,6 +362,8 @@ def collate(samples: list[dict]) -> dict:
     else:
         batch["latent_means"] = torch.stack([s["latent_mean"] for s in samples])
         batch["latent_stds"] = torch.stack([s["latent_std"] for s in samples])
+    if "first_frame_mean" in samples[0]:
+        batch["first_frame_means"] = torch.stack([s["first_frame_mean"] for s in samples])
     for key in ("reference_pixels", "reference_means", "reference_stds"):
         if key in samples[0]:  # one tensor per reference slot: the samples share their sizes
             slots = range(len(samples[0][key]))

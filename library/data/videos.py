@@ -26,6 +26,12 @@ Decisions:
   when resampled to the model's rate (library.data.frame_extraction.resample_times).
 - Transparent pixels (gif, vp9 with alpha) are composited on white, as for images.
 - Frames are numbered in presentation order from 0, the same numbering probe and decode use.
+- Decoding frames that start past the first seeks to the keyframe at or before the first one
+  asked (the packets' timestamps, read without decoding, give each frame's number) and decodes
+  forward from there, instead of decoding the file from its start for every clip. Where the
+  packets leave doubt (as for the probe: timestamps missing or repeated, leading frames that do
+  not decode, packets flagged corrupt) or the seek does not land before the first frame asked,
+  the file is decoded from its start, counting frames as they decode.
 """
 
 from __future__ import annotations
@@ -371,6 +377,10 @@ def decode_frames(path: Path, indices: Sequence[int] | None = None) -> np.ndarra
 
 
 def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
+    if indices and min(indices) > 0:
+        sought = _decode_from_keyframe(path, indices)
+        if sought is not None:
+            return sought
     wanted = None if indices is None else set(indices)
     last = None if indices is None else max(indices, default=-1)
     got: dict[int, np.ndarray] = {}
@@ -394,6 +404,51 @@ def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
     if not got:
         raise _unreadable(path, "holds no video frames")
     return np.stack([got[i] for i in order])
+
+
+def _frame_stamps(path: Path) -> tuple[list[int], tuple[int, int]] | None:
+    """Each frame's presentation timestamp in presentation order (from the packets, decoding
+    only the first frame) and the stored frame size; None when the packets leave doubt about
+    which frame is which (module docstring)."""
+    with av.open(str(path)) as container:
+        stamps, _, first, corrupt = _read_packets(container, _video_stream(container, path))
+    if first is None or corrupt or None in stamps or len(set(stamps)) != len(stamps):
+        return None
+    order = sorted(stamps)
+    return (order, (first.width, first.height)) if first.pts == order[0] else None
+
+
+def _decode_from_keyframe(path: Path, indices: Sequence[int]) -> np.ndarray | None:
+    """The frames ``indices`` decoded from the keyframe at or before the first of them; None
+    when that cannot be done surely (the caller decodes from the start)."""
+    found = _frame_stamps(path)
+    if found is None or max(indices) >= len(found[0]):
+        return None  # a missing frame is named by the decode from the start
+    order, size = found
+    number = {stamp: index for index, stamp in enumerate(order)}
+    wanted, last = set(indices), order[max(indices)]
+    got: dict[int, np.ndarray] = {}
+    with av.open(str(path)) as container:
+        stream = _video_stream(container, path)
+        stream.thread_type = "AUTO"
+        square = _square_pixels(size, stream)
+        try:
+            container.seek(order[min(indices)], stream=stream, backward=True, any_frame=False)
+        except av.FFmpegError:  # a format that cannot seek
+            return None
+        for frame in container.decode(stream):
+            index = number.get(frame.pts)
+            if index is None or (not got and index > min(indices)):
+                return None  # a frame of unknown number, or the seek landed past the first
+            if (frame.width, frame.height) != size:
+                raise _size_change(path, index, size, frame)
+            if index in wanted:
+                got[index] = _rgb(frame, square)
+            if frame.pts >= last:
+                break
+    if len(got) != len(wanted):
+        return None
+    return np.stack([got[i] for i in indices])
 
 
 def _check_indices(path: Path, indices: Iterable[int], count: int) -> None:
@@ -457,15 +512,3 @@ def clips_of(header: VideoHeader, model_fps: float | None, **settings) -> list[C
     variable-frame-rate file is resampled by its frame times."""
     times = header.times if header.variable_frame_rate else None
     return cut_clips(header.frames, model_fps=model_fps, times=times, **settings)
-
-
-def decode_clips(path: Path, clips: Sequence[Clip]) -> list[np.ndarray]:
-    """The frames of each of ``clips`` (cut_clips / clips_of) of the video at ``path``, each
-    uint8 RGB [F, H, W, 3] as decode_frames gives them, from one pass over the file however
-    many clips overlap."""
-    needed = sorted({i for clip in clips for i in clip.source_frames})
-    if not needed:
-        return []
-    frames = decode_frames(path, needed)
-    row = {index: position for position, index in enumerate(needed)}
-    return [frames[[row[i] for i in clip.source_frames]] for clip in clips]

@@ -87,11 +87,22 @@ class CheckpointFile:
             raise ModelError(f"cannot read {key} from {self.path}: {_one_line(exc)}") from None
 
 
+def _torch_load(path: Path):
+    """The file's objects, its tensors mapped from the file where its format allows (each read
+    when used); torch's legacy format (before 1.6) has no such mapping and is read whole."""
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "mmap" not in str(exc):
+            raise
+    return torch.load(str(path), map_location="cpu", weights_only=True)
+
+
 def _load_pickled(path: Path) -> dict[str, torch.Tensor]:
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols before refusing
             warnings.simplefilter("ignore", UserWarning)
-            data = torch.load(str(path), map_location="cpu", weights_only=True)
+            data = _torch_load(path)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
         if found is None and _is_plain_pickle(path):

@@ -10,8 +10,14 @@ per expert."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+from library.errors import ConfigError
+
+if TYPE_CHECKING:
+    from library.config.schema import Config
 
 HIGH_NOISE = "high_noise"
 LOW_NOISE = "low_noise"
@@ -34,3 +40,19 @@ class Experts:
             raise ValueError(
                 f"experts must be {EXPERT_NAMES} in that order, got {tuple(self.modules)}"
             )
+
+
+def boundary(config: Config, experts: Experts) -> float:
+    """The boundary between the experts as a fraction: ``timestep_boundary`` (musubi-tuner's
+    word and scales: [0, 1], or a timestep above 1 divided by 1000), else the model's
+    ``boundary_ratio``; ConfigError when neither gives one."""
+    given = config.experts.timestep_boundary
+    if given is not None:
+        return given / 1000.0 if given > 1 else given
+    if experts.boundary_ratio is None:
+        raise ConfigError(
+            "this model's config gives no boundary_ratio between its high-noise and low-noise "
+            "experts; set timestep_boundary (e.g. 0.875, at or above which the high-noise "
+            "expert denoises)"
+        )
+    return experts.boundary_ratio

@@ -62,3 +62,12 @@ class ChannelNormalizedVideoCodec:
             torch.tensor(values, dtype=like.dtype, device=like.device).view(shape)
             for values in (config.latents_mean, config.latents_std)
         )
+
+
+def first_frame_pixels(clips: torch.Tensor) -> torch.Tensor:
+    """What an image-to-video pipeline encodes as its condition from clips [..., 3, F, H, W]:
+    each clip's first frame followed by zeros (mid-grey in [-1, 1]) to its frame count
+    (diffusers' WanImageToVideoPipeline.prepare_latents, musubi-tuner's I2V latent cache)."""
+    condition = torch.zeros_like(clips)
+    condition[..., :1, :, :] = clips[..., :1, :, :]
+    return condition

@@ -16,6 +16,13 @@ diffusers' AutoencoderKLQwenImage in how blocks are grouped, not in what they ho
   ``head.0`` / ``head.2`` the output norm and conv; ``conv1`` / ``conv2`` (top level) the quant
   and post-quant convs, ``encoder.conv1`` / ``decoder.conv1`` the input convs.
 
+Wan 2.2's VAE (TI2V-5B's, Wan-AI's Wan2.2_VAE.pth and Comfy-Org's wan2.2_vae.safetensors;
+diffusers' AutoencoderKLWan with ``is_residual``) nests one level deeper: each encoder level is
+``downsamples.<level>`` holding its residual blocks and resample as ``downsamples.<j>``
+(diffusers: ``down_blocks.<level>.resnets.<j>`` and ``.downsampler``), each decoder level
+``upsamples.<level>.upsamples.<j>`` (``up_blocks.<level>.resnets.<j>`` and ``.upsampler``, a
+level having ``num_res_blocks + 1`` residual blocks); the rest is named as in Wan 2.1.
+
 Renaming only: tensors keep their shapes and dtypes.
 """
 
@@ -51,6 +58,8 @@ _MID = {"resnets.0.": "middle.0.", "attentions.0.": "middle.1.", "resnets.1.": "
 # A key that only the Wan layout has, and one only diffusers' has.
 ORIGINAL_MARK = "encoder.conv1.weight"
 DIFFUSERS_MARK = "encoder.conv_in.weight"
+# Wan 2.2's VAE (the nested, residual levels) in the Wan layout and in diffusers'
+RESIDUAL_MARKS = ("encoder.downsamples.0.downsamples.0.", "encoder.down_blocks.0.resnets.0.")
 
 
 def _residual(rest: str) -> str:
@@ -60,12 +69,36 @@ def _residual(rest: str) -> str:
     return rest  # a resample's resample.1 / time_conv keep their names
 
 
-def original_name(key: str, num_res_blocks: int) -> str:
+_LEVEL_RESNET = re.compile(r"(encoder|decoder)\.(down|up)_blocks\.(\d+)\.resnets\.(\d+)\.(.+)")
+_LEVEL_RESAMPLE = re.compile(r"(encoder|decoder)\.(down|up)_blocks\.(\d+)\.(down|up)sampler\.(.+)")
+
+
+def is_residual(keys) -> bool:
+    """The keys are Wan 2.2's VAE's (in either layout)."""
+    return any(k.startswith(RESIDUAL_MARKS) for k in keys)
+
+
+def _residual_level(key: str, num_res_blocks: int) -> str | None:
+    """The Wan-layout name of a Wan 2.2 VAE level's tensor (None: not one)."""
+    if found := _LEVEL_RESNET.fullmatch(key):
+        side, way, level, index, rest = found.groups()
+        return f"{side}.{way}samples.{level}.{way}samples.{index}.{_residual(rest)}"
+    if found := _LEVEL_RESAMPLE.fullmatch(key):
+        side, way, level, _, rest = found.groups()
+        index = num_res_blocks + (way == "up")  # after the level's residual blocks
+        return f"{side}.{way}samples.{level}.{way}samples.{index}.{rest}"
+    return None
+
+
+def original_name(key: str, num_res_blocks: int, residual: bool = False) -> str:
     """The Wan-layout name of diffusers' AutoencoderKLQwenImage tensor ``key`` (a VAE whose
-    levels have ``num_res_blocks`` residual blocks); ValueError for a name it does not have."""
+    levels have ``num_res_blocks`` residual blocks; ``residual``: Wan 2.2's AutoencoderKLWan);
+    ValueError for a name it does not have."""
     for ours, theirs in _FIXED.items():
         if key.startswith(ours):
             return theirs + key[len(ours) :]
+    if residual and (name := _residual_level(key, num_res_blocks)) is not None:
+        return name
     if found := re.match(r"encoder\.down_blocks\.(\d+)\.(.+)", key):
         return f"encoder.downsamples.{found[1]}.{_residual(found[2])}"
     if found := re.match(r"(encoder|decoder)\.mid_block\.((?:resnets|attentions)\.\d+\.)(.+)", key):
@@ -85,8 +118,8 @@ def original_name(key: str, num_res_blocks: int) -> str:
 
 def vae_to_original(state: Mapping[str, torch.Tensor], config: Mapping) -> dict[str, torch.Tensor]:
     """``state`` (diffusers' names) in the Wan layout, for a VAE of ``config``."""
-    blocks = int(config["num_res_blocks"])
-    return {original_name(k, blocks): v for k, v in state.items()}
+    blocks, residual = int(config["num_res_blocks"]), bool(config.get("is_residual"))
+    return {original_name(k, blocks, residual): v for k, v in state.items()}
 
 
 def vae_from_original(
@@ -101,15 +134,17 @@ def vae_from_original(
 def diffusers_names(config: Mapping, original: Mapping) -> dict[str, str]:
     """Wan-layout name -> diffusers' name for the keys of ``original`` (KeyError naming one
     that a VAE of ``config`` does not have)."""
-    from diffusers import AutoencoderKLQwenImage
+    from diffusers import AutoencoderKLQwenImage, AutoencoderKLWan
 
+    residual = bool(config.get("is_residual"))
     # AutoencoderKLWan's config of the Wan 2.1 VAE has further keys at values that add no
     # tensor (decoder_base_dim, is_residual, patch_size unset): the same keys by the same names
-    accepted = inspect.signature(AutoencoderKLQwenImage.__init__).parameters
+    cls = AutoencoderKLWan if residual else AutoencoderKLQwenImage
+    accepted = inspect.signature(cls.__init__).parameters
     config = {k: v for k, v in config.items() if k in accepted}
-    module = empty_module(lambda c: AutoencoderKLQwenImage(**c), config)
+    module = empty_module(lambda c: cls(**c), config)
     blocks = int(config["num_res_blocks"])
-    table = {original_name(k, blocks): k for k in module.state_dict()}
+    table = {original_name(k, blocks, residual): k for k in module.state_dict()}
     missing = [k for k in original if k not in table]
     if missing:
         raise KeyError(missing[0])

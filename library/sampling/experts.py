@@ -2,7 +2,8 @@
 experts go in, each under the pipeline's argument for it, with the boundary the model gives
 (``PipelineKind.expert_arguments``: diffusers' two-transformer video pipelines take the
 high-noise expert as ``transformer``, the low-noise one as ``transformer_2`` and the split as
-``boundary_ratio``). For the round, every expert is on the sampling device and in eval mode:
+``boundary_ratio``), the run's own boundary (``timestep_boundary``) when it sets one, so samples
+switch experts where training does. For the round, every expert is on the sampling device and in eval mode:
 an expert a run does not train, or one waiting in host memory (offload_inactive_dit), comes in
 and goes back after."""
 
@@ -17,15 +18,17 @@ import torch
 from library.models.experts import HIGH_NOISE, LOW_NOISE
 
 
-def expert_arguments(components, kind) -> dict:
+def expert_arguments(components, kind, boundary: float | None = None) -> dict:
     """The pipeline constructor keywords of the model's experts (empty: no experts, or a
-    pipeline that takes one denoiser)."""
+    pipeline that takes one denoiser), split at ``boundary`` (a fraction of the schedule),
+    else at the model's boundary_ratio."""
     experts = getattr(components, "experts", None)  # stand-ins in tests may have no experts
     if experts is None or kind.expert_arguments is None:
         return {}
     high, low, split = kind.expert_arguments
     modules = experts.modules
-    return {high: modules[HIGH_NOISE], low: modules[LOW_NOISE], split: experts.boundary_ratio}
+    split_at = experts.boundary_ratio if boundary is None else boundary
+    return {high: modules[HIGH_NOISE], low: modules[LOW_NOISE], split: split_at}
 
 
 @contextlib.contextmanager

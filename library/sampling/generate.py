@@ -87,6 +87,7 @@ def sample_images(
     max_token_length: int | None = None,
     lockstep: bool = False,
     video_format: str = "webp",
+    boundary: float | None = None,
 ) -> SampleRound:
     """Write one image (or clip) per prompt and (main process) the round's grid; log them to
     trackers.
@@ -100,7 +101,8 @@ def sample_images(
     model section's, so prompts are encoded as captions are in training. ``lockstep``: every
     process generates every prompt (a sharded denoiser computes only with all processes at
     once); the main process writes them. ``video_format``: "webp" or "mp4", the file of a
-    prompt with several frames (clips.py).
+    prompt with several frames (clips.py). ``boundary``: where a model's experts switch (the
+    run's timestep_boundary as a fraction; None: the model's boundary_ratio).
     """
     if not prompts:
         return SampleRound([], None)
@@ -125,7 +127,7 @@ def sample_images(
             name: components.objective.sampler(name)
             for name in dict.fromkeys(p.sampler for p in prompts)
         }
-        pipe = _pipeline(components, unet, text_encoders, next(iter(schedulers.values())))
+        pipe = _pipeline(components, unet, text_encoders, next(iter(schedulers.values())), boundary)
         for i, prompt in enumerate(prompts):
             if lockstep or i % world == rank:
                 text = (clip_skip, max_token_length)
@@ -274,10 +276,11 @@ def _unwrap(accelerator, module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _pipeline(
-    components, unet: torch.nn.Module, text_encoders: tuple[torch.nn.Module, ...], scheduler
-):
+    components, unet: torch.nn.Module, text_encoders: tuple[torch.nn.Module, ...], scheduler,
+    boundary: float | None = None,
+):  # fmt: skip
     """The family's pipeline holding the given module objects (no copies)."""
-    return build_pipeline(components, unet, text_encoders, scheduler)
+    return build_pipeline(components, unet, text_encoders, scheduler, boundary)
 
 
 def _generate(

@@ -86,8 +86,10 @@ def build_pipeline(
     denoiser: torch.nn.Module,
     text_encoders: Sequence[torch.nn.Module],
     scheduler,
+    boundary: float | None = None,
 ):
-    """The family's pipeline holding these module objects (no copies).
+    """The family's pipeline holding these module objects (no copies); a model's experts split
+    at ``boundary`` when given (the run's timestep_boundary), else at the model's own.
 
     ``text_encoders`` are in ``family.text_encoder_subfolders`` order; each goes in under its
     subfolder's name ("text_encoder", "text_encoder_2"), which is also the pipeline's argument
@@ -100,7 +102,7 @@ def build_pipeline(
     encoders = dict(zip(family.text_encoder_subfolders, text_encoders, strict=True))
     tokenizers = dict(zip(family.tokenizer_subfolders, components.tokenizers, strict=True))
     cls = getattr(diffusers, kind.class_name)
-    denoisers = {kind.denoiser_argument: denoiser} | expert_arguments(components, kind)
+    denoisers = {kind.denoiser_argument: denoiser} | expert_arguments(components, kind, boundary)
     pipe = cls(
         vae=components.vae,
         **denoisers,

@@ -94,7 +94,7 @@ def build_latent_cache(
         to_disk=config.data.cache_latents_to_disk,
         sample_dims=codec.layout.sample_dims,
     )
-    requests = latent_requests(data)
+    requests = latent_requests(data, components.family.FIRST_FRAME_CONDITION)
     stats = cache.build(
         requests,
         encode,

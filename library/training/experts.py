@@ -23,7 +23,7 @@ import torch
 
 from library.config.schema import Config
 from library.errors import CheckpointError, ConfigError, TrainingError
-from library.models.experts import EXPERT_NAMES, HIGH_NOISE, LOW_NOISE, Experts
+from library.models.experts import EXPERT_NAMES, HIGH_NOISE, LOW_NOISE, Experts, boundary
 from library.saving.output_names import expert_file
 from library.training.level_redraw import (
     MAX_REDRAWS,
@@ -63,22 +63,6 @@ class ExpertRange:
 def expert_module_name(expert: str) -> str:
     """An expert's name among the trained modules (state keys, parameter groups)."""
     return f"unet_{expert}"
-
-
-def boundary(config: Config, experts: Experts) -> float:
-    """The boundary between the experts as a fraction: ``timestep_boundary`` (musubi-tuner's
-    word and scales: [0, 1], or a timestep above 1 divided by 1000), else the model's
-    ``boundary_ratio``; ConfigError when neither gives one."""
-    given = config.experts.timestep_boundary
-    if given is not None:
-        return given / 1000.0 if given > 1 else given
-    if experts.boundary_ratio is None:
-        raise ConfigError(
-            "this model's config gives no boundary_ratio between its high-noise and low-noise "
-            "experts; set timestep_boundary (e.g. 0.875, at or above which the high-noise "
-            "expert denoises)"
-        )
-    return experts.boundary_ratio
 
 
 def expert_ranges(config: Config, experts: Experts) -> dict[str, ExpertRange]:

@@ -51,7 +51,7 @@ from library.data.captions import CaptionOptions
 from library.data.plan import DataStats
 from library.errors import ConfigError
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
-from library.models.families.base import REFERENCE_LATENTS_KEY
+from library.models.families.base import FIRST_FRAME_LATENTS_KEY, REFERENCE_LATENTS_KEY
 from library.models.quantized_base import QuantizedLinear
 from library.training.activation_memory import (
     ActivationCounter,
@@ -422,7 +422,7 @@ def meta_forward(
                 config.model.max_token_length,
             )
         batch = plain_sizes(size.batch, size.height, size.width)
-        batch |= _meta_references(comps, size, dtype)
+        batch |= _meta_references(comps, size, dtype) | _meta_first_frame(comps, size, dtype)
         cond = assemble_conditioning(comps.family, text, batch, "meta", dtype)
         watch(denoiser)
         latents, levels = _noisy_latents(comps, size, dtype)
@@ -483,6 +483,15 @@ def _meta_references(comps, size: TrainingSize, dtype: torch.dtype) -> dict:
         for width, height in size.references
     ]
     return {REFERENCE_LATENTS_KEY: latents}
+
+
+def _meta_first_frame(comps, size: TrainingSize, dtype: torch.dtype) -> dict:
+    """The batch entry of the first-frame condition's latents (the sample's shape), on the meta
+    device, for a family whose first frame conditions it (else {})."""
+    if not comps.family.FIRST_FRAME_CONDITION:
+        return {}
+    latents, _ = _noisy_latents(comps, size, dtype)
+    return {FIRST_FRAME_LATENTS_KEY: latents}
 
 
 def _meta_for_training(module: torch.nn.Module, dtype: torch.dtype, trained: bool):

@@ -12,11 +12,13 @@ from library.models import conditioning
 from library.models.conditioning import Conditioning, encode_conditioning
 from library.models.families.base import (
     CONDITIONING_DRAWS_KEY,
+    FIRST_FRAME_LATENTS_KEY,
     REFERENCE_LATENTS_KEY,
     REFERENCE_PIXELS_KEY,
     ModelFamily,
 )
 from library.models.latent_codec import LatentCodec
+from library.models.video_latent_codec import first_frame_pixels
 from library.training.level_redraw import levels_in_range
 from library.training.loss import LossOptions, diffusion_loss
 from library.training.noise import (
@@ -95,6 +97,27 @@ def with_references(s: StepInputs, batch: dict) -> dict:
     if s.family.TEXT_READS_REFERENCES:
         entries[REFERENCE_PIXELS_KEY] = [p.to(s.device) for p in batch["reference_pixels"]]
     return {**batch, **entries}
+
+
+def with_first_frame(s: StepInputs, batch: dict) -> dict:
+    """``batch`` with the first-frame condition's latents (FIRST_FRAME_LATENTS_KEY) for a family
+    whose FIRST_FRAME_CONDITION: from the cached posterior mean, or encoded from the pixels (a
+    clip's first frame followed by zeros; an image is its own), the mode as the pipelines
+    encode it. Unchanged for other families."""
+    if not s.family.FIRST_FRAME_CONDITION:
+        return batch
+    if "first_frame_means" in batch:
+        mean = batch["first_frame_means"].to(s.device, dtype=torch.float32)
+    else:
+        pixels = batch["pixel_values"].to(s.device)
+        mean = s.codec.posterior(first_frame_pixels(pixels) if pixels.dim() == 5 else pixels)[0]
+    return {**batch, FIRST_FRAME_LATENTS_KEY: s.codec.to_latents(mean)}
+
+
+def with_image_inputs(s: StepInputs, batch: dict) -> dict:
+    """``batch`` with the image inputs the family's conditioning reads besides the caption: the
+    reference images' and the first frame's latents (with_references, with_first_frame)."""
+    return with_first_frame(s, with_references(s, batch))
 
 
 def _text_keys(batch: dict) -> list[str]:
@@ -216,7 +239,7 @@ def micro_batch_loss(s: StepInputs, batch: dict) -> torch.Tensor:
             s.device,
         )  # fmt: skip
         batch = {**batch, CONDITIONING_DRAWS_KEY: draws}
-    cond = batch_conditioning(s, with_references(s, batch))
+    cond = batch_conditioning(s, with_image_inputs(s, batch))
     prediction = predict(s, noisy, levels, cond, denoiser)
     return diffusion_loss(
         prediction,

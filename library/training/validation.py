@@ -40,7 +40,7 @@ from library.training.step import (
     batch_posterior,
     latent_mask,
     predict,
-    with_references,
+    with_image_inputs,
 )
 
 __all__ = [
@@ -132,7 +132,7 @@ def batch_validation_loss(
     with torch.no_grad():
         mean, _ = batch_posterior(plain, batch)
         latents = plain.codec.to_latents(mean)
-        cond = batch_conditioning(plain, with_references(plain, batch))
+        cond = batch_conditioning(plain, with_image_inputs(plain, batch))
         mask = latent_mask(batch, latents.shape)
         readable = batch.get("readable", torch.ones(len(keys), dtype=torch.bool)).to(s.device)
         total = torch.zeros((), dtype=torch.float32, device=s.device)

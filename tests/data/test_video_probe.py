@@ -7,7 +7,7 @@ import av
 import pytest
 
 from library.data import videos
-from library.data.videos import clips_of, decode_clips, decode_frames, probe_video
+from library.data.videos import clips_of, decode_frames, probe_video
 from library.errors import DataError
 from tests.kits import videos as kit
 
@@ -89,7 +89,8 @@ def test_damage_in_the_middle_is_named_by_the_decode_that_uses_the_frames(tmp_pa
     assert [kit.frame_index(frame) for frame in early] == list(range(8))
     for decode in (
         lambda: decode_frames(path),
-        lambda: decode_clips(path, clips_of(header, None, target_frames=[41])),
+        lambda: decode_frames(path, clips_of(header, None, target_frames=[41])[0].source_frames),
+        lambda: decode_frames(path, range(12, 40)),  # from the keyframe before frame 12
     ):
         with pytest.raises(DataError) as caught:
             decode()

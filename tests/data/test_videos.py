@@ -13,7 +13,6 @@ from PIL import Image
 from library.data.frame_extraction import resample_times
 from library.data.videos import (
     clips_of,
-    decode_clips,
     decode_frames,
     frame_files,
     is_video_path,
@@ -133,17 +132,6 @@ def test_a_variable_rate_clip_is_cut_by_its_frame_times(tmp_path):
     # (source_fps = 20) it would be 0, 2, 4, 6, 8
     clips = clips_of(header, 10.0, target_frames=[5], source_fps=20.0)
     assert [c.source_frames for c in clips] == [(0, 2, 4, 5, 7)]
-
-
-def test_overlapping_clips_are_decoded_in_one_pass(tmp_path):
-    path = kit.write_video(tmp_path / "clip.webm", kit.numbered_frames(12))
-    header = probe_video(path)
-    clips = clips_of(header, 16.0, target_frames=[5], frame_extraction="slide", frame_stride=3)
-    assert [c.source_frames[0] for c in clips] == [0, 3, 6]
-    decoded = decode_clips(path, clips)
-    assert [[kit.frame_index(f) for f in frames] for frames in decoded] == [
-        list(range(start, start + 5)) for start in (0, 3, 6)
-    ]
 
 
 @pytest.mark.parametrize("extension", [".mkv", ".webm", ".mp4"])

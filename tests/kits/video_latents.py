@@ -79,6 +79,16 @@ VIDEO = VideoLatentFamily(
 TWIN = dataclasses.replace(VIDEO, drop_frames=True)
 
 
+@dataclass(frozen=True, kw_only=True)
+class FirstFrameFamily(VideoLatentFamily):
+    """VIDEO whose denoiser also takes the sample's first frame (image-to-video models)."""
+
+    FIRST_FRAME_CONDITION = True
+
+
+FIRST_FRAME = FirstFrameFamily(**{f.name: getattr(VIDEO, f.name) for f in dataclasses.fields(VIDEO)})
+
+
 def step_inputs(family, vae, denoiser, seed: int, noise: NoiseOptions | None = None):
     """StepInputs of a DDPM run of ``family`` on the CPU in float32, without text encoders."""
     return StepInputs(
@@ -120,13 +130,14 @@ def hand_ddpm_loss(vae, denoiser, batch: dict, seed: int) -> tuple[torch.Tensor,
     return (per_sample * batch["loss_weights"]).mean(), posterior.mean
 
 
-def latent_cache_of(data, vae, to_disk: bool):
-    """The latent cache a run of VIDEO over ``vae`` builds for ``data`` on one CPU process."""
+def latent_cache_of(data, vae, to_disk: bool, family=VIDEO):
+    """The latent cache a run of ``family`` over ``vae`` builds for ``data`` on one CPU
+    process."""
     config = SimpleNamespace(
         data=SimpleNamespace(latents_cached=True, cache_latents_to_disk=to_disk, vae_batch_size=2)
     )
     accelerator = SimpleNamespace(
         device=torch.device("cpu"), print=lambda *_: None, is_local_main_process=False
     )
-    components = SimpleNamespace(family=VIDEO, vae=vae)
+    components = SimpleNamespace(family=family, vae=vae)
     return build_latent_cache(config, data, components, accelerator, CacheGroup.single())

@@ -97,3 +97,24 @@ def test_denoiser_only_families_train_no_text_encoder_and_grid_is_the_pixel_mult
     family = DenoiserOnly(**{f.name: getattr(SD1, f.name) for f in dataclasses.fields(SD1)})
     assert SD1.trains_text_encoder(0) and not family.trains_text_encoder(0)
     assert ModelFamily.bucket_grid(family, None) == 32  # SD's own grid reads its UNet
+
+
+def test_a_derived_family_keeps_every_field_but_its_changes():
+    """derived_family gives the subclass every field of the base family (compared one by one
+    with dataclasses' own list) except the changed ones, and refuses a class that is not the
+    base's subclass."""
+    import dataclasses
+
+    from library.models.families.base import derived_family
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Variant(type(SD2_V)):
+        pass
+
+    made = derived_family(SD2_V, Variant, name="sd2-variant")
+    assert type(made) is Variant and made.name == "sd2-variant"
+    for field in dataclasses.fields(SD2_V):
+        if field.name != "name":
+            assert getattr(made, field.name) == getattr(SD2_V, field.name), field.name
+    with pytest.raises(TypeError, match="does not derive"):
+        derived_family(made, type(SD2_V))

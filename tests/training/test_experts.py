@@ -88,6 +88,7 @@ class _Family:
 
     conditioning_draws = 0
     TEXT_READS_REFERENCES = False
+    FIRST_FRAME_CONDITION = False
 
     def __init__(self):
         self.calls: list[tuple[torch.nn.Module, list[float]]] = []

@@ -11,6 +11,7 @@ Instances are frozen; variants of one architecture (SD 2.x 512 / 768-v) are sepa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -45,6 +46,13 @@ CONDITIONING_DRAWS_KEY = "conditioning_draws"
 # encoder does). Every sample of a micro-batch has as many references of the same sizes.
 REFERENCE_LATENTS_KEY = "reference_latents"
 REFERENCE_PIXELS_KEY = "reference_pixels"
+# A clip's first frame as a conditioning input (image-to-video models): the batch entry a
+# training step and validation add before assemble_conditioning for a family whose
+# FIRST_FRAME_CONDITION is set, [B, C, F', h, w] in the family codec's layout: the latents of
+# the posterior mean of the sample's first frame followed by zero pixels to its frame count, as
+# the image-to-video pipelines encode their image (diffusers' WanImageToVideoPipeline,
+# musubi-tuner's I2V latent cache). An image (one frame) is its own first frame.
+FIRST_FRAME_LATENTS_KEY = "first_frame_latents"
 AdapterRole = Literal["unet", "text_encoder"]
 
 
@@ -96,6 +104,9 @@ class ModelFamily:
     # The text encoder reads the reference images with the caption (REFERENCE_PIXELS_KEY and
     # encode_text_with_references): the text cache keys an entry by both.
     TEXT_READS_REFERENCES: ClassVar[bool] = False
+    # The denoiser takes the sample's first frame as a condition (FIRST_FRAME_LATENTS_KEY): the
+    # data path encodes it beside the sample's latents (cached with them, keyed like them).
+    FIRST_FRAME_CONDITION: ClassVar[bool] = False
     # Where the family's adapters go into the denoiser alone: which text encoders get none and
     # whose trainers do the same ("no Qwen3 adapters, as musubi-tuner"), for the note shown when
     # a config asks for text-encoder adapters; None where its text encoders take adapters too.
@@ -409,3 +420,12 @@ class ModelFamily:
                 f'network_module = "{module}" is for {family} and this is a {self.name} '
                 f'model; use "{self.network_modules[-1]}"'
             )
+
+
+def derived_family(base: ModelFamily, cls: type[ModelFamily], **changes) -> ModelFamily:
+    """A family of ``cls`` (a subclass of ``base``'s class: a variant's own behaviours) holding
+    every field of ``base`` but ``changes``, as dataclasses.replace would for ``base``'s class."""
+    if not isinstance(base, ModelFamily) or not issubclass(cls, type(base)):
+        raise TypeError(f"{cls.__name__} does not derive from {type(base).__name__}")
+    kept = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
+    return cls(**kept | changes)

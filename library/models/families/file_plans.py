@@ -21,7 +21,7 @@ import torch
 from library.errors import ModelError
 from library.models import original_names as names
 from library.models import released_configs, shape_configs
-from library.models.checkpoint_file import CheckpointFile
+from library.models.checkpoint_file import PICKLE_SUFFIXES, CheckpointFile
 from library.models.families.file_contents import looks_like
 from library.models.families.shape_origins import convert_shapes
 from library.models.loader import one_line
@@ -31,9 +31,11 @@ from library.models.plans import Convert, Plan, choose_plan, load_plan
 __all__ = ["Convert", "Plan", "load_plan"]
 
 
-def open_safetensors(path: Path, what: str, family: str) -> CheckpointFile:
-    """``path``'s header, read; ModelError naming ``what`` for another format or a broken file."""
-    if path.suffix.lower() != ".safetensors":
+def open_safetensors(path: Path, what: str, family: str, pickles: bool = False) -> CheckpointFile:
+    """``path``'s header, read; ModelError naming ``what`` for another format or a broken file.
+    ``pickles``: a torch file (.pth, as Wan-AI ship theirs) is read too, tensors only."""
+    torch_file = pickles and path.suffix.lower() in PICKLE_SUFFIXES
+    if path.suffix.lower() != ".safetensors" and not torch_file:
         raise ModelError(
             f"{what} = {path}: {family} component files are read as .safetensors only; convert "
             "the file with a tool you trust"

@@ -90,7 +90,8 @@ class ComponentFile:
     the opened file (a shared reader with the family's facts); ``other(path)``: for a value that
     is not a .safetensors file (a diffusers VAE folder), a function loading the part in a dtype;
     None: only .safetensors files are read, and, with ``folders``, diffusers folders of the
-    part's class (its own config.json and weights, or a folder holding the part's subfolder)."""
+    part's class (its own config.json and weights, or a folder holding the part's subfolder);
+    with ``pickles``, torch files too (.pth: tensors only, never pickled code)."""
 
     key: str
     section: str
@@ -98,6 +99,7 @@ class ComponentFile:
     plan: Callable[[CheckpointFile], Plan]
     other: Callable[[Path], Callable[[torch.dtype], torch.nn.Module]] | None = None
     folders: bool = False
+    pickles: bool = False
 
 
 @dataclass(frozen=True)

@@ -282,7 +282,7 @@ def plan_component(spec: FamilySpec, part: SpecPart, value: str | None) -> Repla
             f"{declared.key} = {path} is not a file (nothing is there); set {declared.key} in "
             f"{declared.section} to {declared.what}"
         )
-    return declared.plan(open_safetensors(path, declared.key, spec.family))
+    return declared.plan(open_safetensors(path, declared.key, spec.family, declared.pickles))
 
 
 def write_main_file(

@@ -16,7 +16,11 @@ from tests.kits.conformance_kit import (
     SampleCase,
 )
 from tests.kits.video_reference import shifted_clip
-from tests.kits.wan.tiny import build_tiny_wan_components, write_tiny_wan_folder
+from tests.kits.wan.tiny import (
+    build_tiny_wan_components,
+    write_tiny_wan_folder,
+    write_tiny_wan_ti2v_folder,
+)
 from tests.kits.wan.tiny_files import write_tiny_wan_files
 
 
@@ -64,13 +68,16 @@ def _sample_cases(variant):
     )
 
 
-def reference_loss(pipe, batch, seed, shift=3.0, low=0, high=1000) -> torch.Tensor:
+def reference_loss(
+    pipe, batch, seed, shift=3.0, low=0, high=1000, condition=None, transformer=None
+) -> torch.Tensor:
     """The loss written out from the pipeline's parts and facts: the VAE's posterior of the
     one-frame clip normalised per channel, the inverse of the pipeline's decoding
     ((z - latents_mean) / latents_std), noisy = (1 - sigma) x0 + sigma noise, the transformer at
     timestep 1000 sigma on the pipeline's prompt embeddings (512 tokens, zero past each
     caption; TI2V-5B's pipeline: that timestep for every token), target noise - x0; the trainer's keyed draws and musubi-tuner's "shift" draw,
-    narrowed linearly into min_timestep..max_timestep."""
+    narrowed linearly into min_timestep..max_timestep. ``condition``: what an image-to-video
+    transformer reads after the noisy latents (channels); ``transformer``: unset, the pipe's."""
     x0, d, sigma = shifted_clip(pipe.vae, batch, seed, shift)
     sigma = sigma * (high - low) / 1000 + low / 1000
     s = sigma.view(-1, 1, 1, 1, 1)
@@ -82,8 +89,9 @@ def reference_loss(pipe, batch, seed, shift=3.0, low=0, high=1000) -> torch.Tens
         # WanPipeline's per-token timesteps (TI2V-5B): its mask's ones, one per 1x2x2 patch
         ones = torch.ones(x0.shape)[0][0][:, ::2, ::2].flatten()
         timestep = timestep.view(-1, 1) * ones
-    out = pipe.transformer(hidden_states=noisy, timestep=timestep,
-                           encoder_hidden_states=states, return_dict=False)[0]  # fmt: skip
+    inputs = noisy if condition is None else torch.cat([noisy, condition], dim=1)
+    out = (transformer or pipe.transformer)(hidden_states=inputs, timestep=timestep,
+                                            encoder_hidden_states=states, return_dict=False)[0]  # fmt: skip
     per_sample = ((out - (d.noise - x0)) ** 2).mean(dim=(1, 2, 3, 4))
     return (per_sample * batch["loss_weights"]).mean()
 
@@ -117,10 +125,13 @@ DISTRIBUTED = (
         only=("lora_unet_blocks_",),
         resume=True,
     ),
-    # the same on clips of 5 frames (2 latent frames) cut from four short videos
+    # the same on clips of 5 frames (2 latent frames) cut from four short videos, on Wan 2.2
+    # TI2V-5B (its 48-channel VAE and a timestep per latent token: the clip path of the T2V
+    # models and more)
     DistributedMode(
         name="wan-clips",
         keys={"network_module": "networks.lora_wan", "network_train_unet_only": True},
+        variant="ti2v",
         captions=FOUR_LENGTH_CAPTIONS,
         only=("lora_unet_blocks_",),
         resume=True,
@@ -131,7 +142,10 @@ DISTRIBUTED = (
 KIT = ConformanceKit(
     variants=("t2v", "comfy"),
     build=lambda variant, seed: build_tiny_wan_components(seed),
-    write_folder=lambda path, variant, seed: write_tiny_wan_folder(path, seed),
+    # "ti2v" (not a conformance variant): the tiny TI2V-5B folder the clips mode trains on
+    write_folder=lambda path, variant, seed: (
+        write_tiny_wan_ti2v_folder if variant == "ti2v" else write_tiny_wan_folder
+    )(path, seed),
     pipeline=lambda variant: "WanPipeline",
     family=lambda variant, modules: WAN,
     denoiser_inputs=_inputs,

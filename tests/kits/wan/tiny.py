@@ -134,3 +134,25 @@ def write_tiny_wan_ti2v_folder(path: str | Path, seed: int = 0) -> Path:
     index = {**model_index(), "expand_timesteps": True}
     (path / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def write_tiny_wan_i2v_folder(path: str | Path, boundary_ratio: float = 0.9, seed: int = 0) -> Path:
+    """A tiny Wan 2.2 I2V-A14B folder as diffusers' (WanImageToVideoPipeline): two experts of
+    36 input channels (the noisy latents, the first frame's 4 mask and 16 latent channels) and
+    16 out, no image encoder, ``boundary_ratio`` in model_index.json."""
+    from diffusers import WanTransformer3DModel
+
+    path = write_tiny_wan_folder(path, seed)
+    config = {**transformer_config(), "in_channels": 36}
+    builders = {
+        "transformer": lambda: WanTransformer3DModel(**config),
+        "transformer_2": lambda: WanTransformer3DModel(**config),
+    }
+    for name, module in build_seeded(builders, seed + 3).items():
+        module.save_pretrained(path / name)
+    index = {**model_index(), "_class_name": "WanImageToVideoPipeline",
+             "transformer_2": ["diffusers", "WanTransformer3DModel"],
+             "image_encoder": [None, None], "image_processor": [None, None],
+             "boundary_ratio": boundary_ratio, "expand_timesteps": False}  # fmt: skip
+    (path / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -13,7 +13,7 @@ import torch
 
 from library.models.families.name_table import CHECKPOINT_PREFIX
 from library.models.families.wan.keys import TABLE
-from library.models.wan_vae_keys import vae_to_original
+from library.models.wan_vae_keys import original_name, vae_to_original
 from tests.kits.krea2.tiny_files import _save
 from tests.kits.wan.tiny import (
     build_tiny_wan_components,
@@ -48,9 +48,87 @@ def write_tiny_wan_files(path, seed=0, dtype=torch.float32, comfy=False) -> dict
 
 def write_tiny_wan_expert_file(folder, sub: str, path, dtype=torch.float32) -> Path:
     """One expert of a tiny experts folder (``sub``: transformer or transformer_2) as its single
-    file in the original names (Comfy-Org's wan2.2_t2v_{high,low}_noise_14B layout)."""
+    file in the original names (Comfy-Org's wan2.2_{t2v,i2v}_{high,low}_noise_14B layout)."""
     from diffusers import WanTransformer3DModel
 
     module = WanTransformer3DModel.from_pretrained(Path(folder) / sub)
     original = TABLE.to_original(module.state_dict())
-    return _save(original, Path(path), dtype, transformer_config(), "transformer")
+    config = {**transformer_config(), "in_channels": module.config.in_channels}  # I2V: 36
+    return _save(original, Path(path), dtype, config, "transformer")
+
+
+# transformers' UMT5EncoderModel stems -> Wan's T5 code's (Wan-AI's wan/modules/t5.py)
+_WAN_T5 = {
+    "layer.0.layer_norm": "norm1", "layer.1.layer_norm": "norm2",
+    "layer.0.SelfAttention.relative_attention_bias": "pos_embedding.embedding",
+    "layer.1.DenseReluDense.wi_0": "ffn.gate.0", "layer.1.DenseReluDense.wi_1": "ffn.fc1",
+    "layer.1.DenseReluDense.wo": "ffn.fc2",
+    **{f"layer.0.SelfAttention.{p}": f"attn.{p}" for p in "qkvo"},
+}  # fmt: skip
+
+
+def write_tiny_wan_t5_pth(path, seed=0, dtype=torch.bfloat16) -> Path:
+    """The tiny umT5 encoder as Wan-AI's models_t5_umt5-xxl-enc-bf16.pth: a torch file of the
+    encoder in the names of Wan's own T5 code."""
+    state = build_tiny_wan_components(seed)["text_encoder"].state_dict()
+    wan = {"token_embedding.weight": state["shared.weight"],
+           "norm.weight": state["encoder.final_layer_norm.weight"]}  # fmt: skip
+    for key, tensor in state.items():
+        if key.startswith("encoder.block."):
+            _, _, index, rest = key.split(".", 3)
+            stem, _ = rest.rsplit(".", 1)
+            wan[f"blocks.{index}.{_WAN_T5[stem]}.weight"] = tensor
+    path = Path(path)
+    torch.save({k: v.to(dtype) for k, v in wan.items()}, path)
+    return path
+
+
+def wan22_vae_original(state: dict, num_res_blocks: int) -> dict:
+    """AutoencoderKLWan (is_residual) tensors in the names of Wan-AI's vae2_2.py, as Wan2.2_VAE.pth
+    and Comfy-Org's wan2.2_vae.safetensors hold them: each level's residual blocks, then its
+    resample, numbered in one list under the level (encoder ``downsamples.<i>.downsamples.<j>``,
+    decoder ``upsamples.<i>.upsamples.<j>``), written here from that layout; the keys outside the
+    levels are named as in Wan 2.1 (wan_vae_keys, tested on its own)."""
+    residual = {"norm1.": "residual.0.", "conv1.": "residual.2.", "norm2.": "residual.3.",
+                "conv2.": "residual.6.", "conv_shortcut.": "shortcut."}  # fmt: skip
+    out = {}
+    for key, tensor in state.items():
+        parts = key.split(".")
+        if parts[1] not in ("down_blocks", "up_blocks"):
+            out[original_name(key, num_res_blocks)] = tensor
+            continue
+        side, level, kind = parts[0], parts[2], parts[3]
+        way = "down" if side == "encoder" else "up"
+        if kind == "resnets":
+            rest = ".".join(parts[5:])
+            stem = next(theirs for ours, theirs in residual.items() if rest.startswith(ours))
+            name = f"{parts[4]}.{stem}{rest.split('.', 1)[1]}"
+        else:  # the resample after the level's residual blocks (one more in a decoder level)
+            name = f"{num_res_blocks + (way == 'up')}.{'.'.join(parts[4:])}"
+        out[f"{side}.{way}samples.{level}.{way}samples.{name}"] = tensor
+    return out
+
+
+def write_tiny_wan_ti2v_files(folder, path, dtype=torch.float32, comfy=False) -> dict[str, Path]:
+    """A tiny TI2V-5B folder's (tiny.write_tiny_wan_ti2v_folder) transformer and Wan 2.2 VAE
+    as Comfy-Org's wan2.2_ti2v_5B_fp16.safetensors and wan2.2_vae.safetensors (the original
+    names; ``comfy``: the transformer under ``model.diffusion_model.``), beside the umT5 file
+    and tokenizer; returns their paths by part."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    path = Path(path)
+    files = write_tiny_wan_files(path)
+    transformer = WanTransformer3DModel.from_pretrained(Path(folder) / "transformer")
+    vae = AutoencoderKLWan.from_pretrained(Path(folder) / "vae")
+    head = CHECKPOINT_PREFIX if comfy else ""
+    original = {head + k: v for k, v in TABLE.to_original(transformer.state_dict()).items()}
+    vae_state = wan22_vae_original(vae.state_dict(), vae.config.num_res_blocks)
+    return files | {
+        "transformer": _save(original, path / "wan2.2_ti2v_5B.safetensors", dtype,
+                             _config(transformer), "transformer"),
+        "vae": _save(vae_state, path / "wan2.2_vae.safetensors", dtype, _config(vae), "vae"),
+    }  # fmt: skip
+
+
+def _config(module) -> dict:
+    return {k: v for k, v in module.config.items() if not k.startswith("_")}

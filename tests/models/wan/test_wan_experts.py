@@ -123,3 +123,41 @@ def test_a_sample_is_the_pipelines_own_with_both_experts(folder, tmp_path):
                         transformer=pipe.transformer)  # fmt: skip
     alone.set_progress_bar_config(disable=True)
     assert int(abs(ours - theirs(alone)).max()) > 1
+
+
+def test_samples_switch_experts_at_the_runs_timestep_boundary(folder, tmp_path):
+    """With timestep_boundary set (musubi-tuner's 0-1000 scale), the trainer's SampleRunner
+    draws WanPipeline's own sample at that boundary_ratio, not at the folder's 0.9."""
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+
+    from library.config.loader import load_config
+    from library.sampling.runner import SampleRunner
+
+    (tmp_path / "p.txt").write_text("a red cube --w 64 --h 64 --s 4 --l 1 --d 3 --f 1\n")
+    (tmp_path / "c.toml").write_text(
+        f'pretrained_model_name_or_path = "{folder}"\noutput_dir = "{tmp_path / "o"}"\n'
+        f'sample_prompts = "{tmp_path / "p.txt"}"\nsample_at_first = true\n'
+        "[experts]\ntimestep_boundary = 500\n"
+        '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "img"\n', encoding="utf-8")  # fmt: skip
+    loaded = load_wan(ModelSection(pretrained_model_name_or_path=str(folder)), FlowSection(),
+                      torch.float32, torch.float32)  # fmt: skip
+    runner = SampleRunner(load_config(str(tmp_path / "c.toml")))
+    runner.attach(loaded)
+    ours = _pixels(runner.at_start(0).images[0])
+
+    pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+
+    def theirs(ratio: float) -> np.ndarray:
+        split = WanPipeline(pipe.tokenizer, pipe.text_encoder, pipe.vae,
+                            UniPCMultistepScheduler.from_config(pipe.scheduler.config),
+                            transformer=pipe.transformer, transformer_2=pipe.transformer_2,
+                            boundary_ratio=ratio)  # fmt: skip
+        split.set_progress_bar_config(disable=True)
+        out = split(prompt="a red cube", negative_prompt="", num_frames=1, width=64, height=64,
+                    num_inference_steps=4, guidance_scale=1.0, output_type="pil",
+                    generator=torch.Generator().manual_seed(3))  # fmt: skip
+        return np.asarray(out.frames[0][0].convert("RGB"), dtype=np.int16)
+
+    assert int(abs(ours - theirs(0.5)).max()) <= 1
+    assert int(abs(ours - theirs(0.9)).max()) > 1  # the folder's own boundary draws another

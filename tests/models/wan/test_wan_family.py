@@ -14,7 +14,7 @@ from library.errors import ModelError
 from library.models.families.wan.family import load_wan
 from library.models.families.wan.keys import TABLE
 from tests.kits.wan.tiny import transformer_config
-from tests.kits.wan.tiny_files import write_tiny_wan_files
+from tests.kits.wan.tiny_files import write_tiny_wan_files, write_tiny_wan_t5_pth
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,20 @@ def test_caption_states_are_the_pipelines_prompt_embeds(kit_folders):
     ours = family.assemble_conditioning(cut, None, "cpu").encoder_hidden_states
     assert ours.shape == theirs.shape == (2, 512, 32)
     assert torch.equal(ours, theirs)
+
+
+def test_t5_may_be_wan_ais_pth(files, tmp_path):
+    """[flow] t5 names Wan-AI's models_t5_umt5-xxl-enc-bf16.pth (Wan's own names, a torch
+    file): the same encoder as the safetensors file's, tensor for tensor."""
+    pth = write_tiny_wan_t5_pth(tmp_path / "models_t5_umt5-xxl-enc-bf16.pth", dtype=torch.float32)
+    model = ModelSection(pretrained_model_name_or_path=str(files["transformer"]),
+                         vae=str(files["vae"]))  # fmt: skip
+    flow = {"t5_tokenizer_path": str(files["tokenizer"])}
+    from_pth = load_wan(model, FlowSection(t5=str(pth), **flow), torch.float32, torch.float32)
+    plain = _load(files).text_encoders[0].state_dict()
+    loaded = from_pth.text_encoders[0].state_dict()
+    assert loaded.keys() == plain.keys()
+    assert all(torch.equal(loaded[k], plain[k]) for k in plain)
 
 
 def test_task_must_be_the_transformers(files):

@@ -11,7 +11,6 @@ reference image read twice, as QwenImageEditPipeline reads it:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,6 +20,7 @@ from library.models.conditioning import TextConditioning
 from library.models.families.base import (
     REFERENCE_LATENTS_KEY,
     REFERENCE_PIXELS_KEY,
+    derived_family,
     reference_latents,
 )
 from library.models.families.qwenimage.family import QwenImageFamily, qwenimage_family
@@ -129,7 +129,6 @@ def qwenimage_edit_family(plus: bool = False, flow=None) -> QwenImageEditFamily:
     """The Qwen-Image-Edit family (``plus``: 2509/2511): Qwen-Image's settings (the [flow]
     section's among them) under its own names, with the processor beside the tokenizer."""
     base = qwenimage_family(flow)
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     names = (
         {"name": "qwenimage-edit-plus", "base_model_version": "qwen_image_edit_plus",
          "modelspec_architecture": "Qwen-Image-Edit-2509"}
@@ -138,4 +137,4 @@ def qwenimage_edit_family(plus: bool = False, flow=None) -> QwenImageEditFamily:
               "modelspec_architecture": "Qwen-Image-Edit"}
     )  # fmt: skip
     family = QwenImageEditPlusFamily if plus else QwenImageEditFamily
-    return family(**{**fields, **names, "tokenizer_subfolders": ("tokenizer", "processor")})
+    return derived_family(base, family, **names, tokenizer_subfolders=("tokenizer", "processor"))

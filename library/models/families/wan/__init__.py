@@ -1,6 +1,7 @@
-"""Wan 2.1 text to video (1.3B, 14B) and Wan 2.2 A14B's experts, each a Wan 2.1-shaped
-transformer, one module per concern: keys (the original names as a name table), spec (the
-facts as data for the shared loader), family (what the trainer calls: umT5 captions through
-text_encoders/umt5.py, the transformer on 5-D latents of the channel-normalised video codec,
-kohya's ten block Linears as LoRA modules), experts (Wan 2.2 A14B's two transformers from a
-folder or musubi-tuner's dit / dit_high_noise files), entry (the registry entry)."""
+"""Wan 2.1 text to video (1.3B, 14B), Wan 2.2 A14B's experts (text to video, or image to video
+from a clip's first frame) and Wan 2.2 TI2V-5B, one module per concern: keys (the original
+names as a name table), spec (the facts as data for the shared loader), family (what the
+trainer calls: umT5 captions through text_encoders/umt5.py, the transformer on 5-D latents of
+the channel-normalised video codec, kohya's ten block Linears as LoRA modules), t5_file (umT5
+in the names of Wan-AI's own T5 code), experts (Wan 2.2 A14B's two transformers from a folder
+or musubi-tuner's dit / dit_high_noise files), entry (the registry entry)."""

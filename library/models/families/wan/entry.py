@@ -21,7 +21,7 @@ _LINE = "Wan"
 _PACKAGE = "library.models.families.wan"
 # The [flow] keys of the shared flow-matching draw, umT5's file and tokenizer, and the task
 FLOW_KEYS = frozenset(SIGMA_KEYS) | {"t5", "t5_tokenizer_path", "task", "dit_high_noise"}
-TASKS = ("t2v-1.3B", "t2v-14B", "t2v-A14B", "ti2v-5B")
+TASKS = ("t2v-1.3B", "t2v-14B", "t2v-A14B", "ti2v-5B", "i2v-A14B")
 
 
 class WanFlowKeys(Section):
@@ -30,7 +30,8 @@ class WanFlowKeys(Section):
     t5: str | None = Field(
         None,
         description="Wan: the umT5-XXL text encoder file beside a transformer file "
-        "(umt5_xxl_fp16.safetensors, transformers' names; musubi-tuner's --t5). Needed with "
+        "(umt5_xxl_fp16.safetensors in transformers' names, or Wan-AI's "
+        "models_t5_umt5-xxl-enc-bf16.pth; musubi-tuner's --t5). Needed with "
         "such a transformer file; with a diffusers folder it replaces the folder's "
         "text_encoder/.",
     )
@@ -39,23 +40,25 @@ class WanFlowKeys(Section):
         description="Wan 2.2 A14B: the high-noise expert's transformer file "
         "(wan2.2_t2v_high_noise_14B_fp16.safetensors; musubi-tuner's --dit_high_noise), the "
         "low-noise one's being pretrained_model_name_or_path (musubi-tuner's --dit). Both "
-        "given: a model of two experts ([experts] picks which train), split at 0.875 unless "
-        "timestep_boundary is set. A diffusers folder holds both (transformer/, "
+        "given: a model of two experts ([experts] picks which train), split at 0.875 (I2V: 0.9) "
+        "unless timestep_boundary is set. A diffusers folder holds both (transformer/, "
         "transformer_2/).",
     )
     task: Literal[TASKS] | None = Field(  # type: ignore[valid-type]
         None,
         description="Wan: which model the transformer is (musubi-tuner's --task): t2v-1.3B, "
-        "t2v-14B, t2v-A14B (a Wan 2.2 expert) or ti2v-5B (Wan 2.2 TI2V-5B, trained as text to "
-        "video); checked against the transformer's width. "
+        "t2v-14B, t2v-A14B (a Wan 2.2 expert), i2v-A14B (a Wan 2.2 image-to-video expert: the "
+        "clip's first frame conditions it) or ti2v-5B (Wan 2.2 TI2V-5B, trained as text to "
+        "video); checked against the transformer's width and input channels. "
         "Unset: read off the file.",
     )
 
 
 # musubi-tuner's Wan trainer (wan_train_network.py): options of what is not trained here yet
 _LATER = (
-    "an option of musubi-tuner's Wan image-to-video or one-frame training; difftune trains "
-    "Wan 2.1 text to video and Wan 2.2 T2V-A14B's experts"
+    "an option of musubi-tuner's Wan 2.1 image-to-video (its CLIP image encoder) or one-frame "
+    "training; difftune trains Wan 2.1 text to video, Wan 2.2 T2V-A14B's and I2V-A14B's "
+    "experts (I2V-A14B needs no CLIP) and TI2V-5B"
 )
 _OPTIONS = {
     **group("clip", _LATER, planned=True),

@@ -15,8 +15,9 @@ from library.errors import ModelError
 from library.models.experts import HIGH_NOISE, LOW_NOISE, Experts
 from library.models.loader import load_weights, read_json
 
-# musubi-tuner's boundary of the T2V-A14B experts (its wan config's, 875 of 1000)
+# musubi-tuner's boundaries of the A14B experts (its wan configs', 875 and 900 of 1000)
 T2V_A14B_BOUNDARY = 0.875
+I2V_A14B_BOUNDARY = 0.9
 
 
 def folder_experts(model_dir: Path, transformer, weight_dtype: torch.dtype) -> Experts | None:
@@ -36,9 +37,10 @@ def folder_experts(model_dir: Path, transformer, weight_dtype: torch.dtype) -> E
     return Experts({HIGH_NOISE: transformer, LOW_NOISE: low}, ratio)
 
 
-def file_experts(high_file: str | None, low, load_main) -> Experts | None:
+def file_experts(high_file: str | None, low, load_main, i2v: bool = False) -> Experts | None:
     """The experts of single files: ``dit_high_noise`` (``high_file``, read by ``load_main``)
-    and the main file's ``low`` transformer; None without dit_high_noise."""
+    and the main file's ``low`` transformer, split at T2V-A14B's boundary (``i2v``:
+    I2V-A14B's); None without dit_high_noise."""
     if high_file is None:
         return None
     path = Path(high_file).expanduser()
@@ -49,7 +51,8 @@ def file_experts(high_file: str | None, low, load_main) -> Experts | None:
         )
     high = load_main(path)
     _same_shape(low, high, path)
-    return Experts({HIGH_NOISE: high, LOW_NOISE: low}, T2V_A14B_BOUNDARY)
+    boundary = I2V_A14B_BOUNDARY if i2v else T2V_A14B_BOUNDARY
+    return Experts({HIGH_NOISE: high, LOW_NOISE: low}, boundary)
 
 
 def refuse_folder_expert_file(main: Path, high_file: str | None) -> None:

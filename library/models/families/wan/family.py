@@ -16,7 +16,7 @@ negative prompt's states when the scale is above 1. Sides are rounded down to mu
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -26,7 +26,13 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.experts import LOW_NOISE
-from library.models.families.spec_loader import load_main_file, load_spec, write_main_file
+from library.models.families.base import FIRST_FRAME_LATENTS_KEY, derived_family
+from library.models.families.spec_loader import (
+    load_main_file,
+    load_spec,
+    spec_for,
+    write_main_file,
+)
 from library.models.families.transformer_family import (
     TransformerFamily,
     flow_metadata,
@@ -42,6 +48,7 @@ from library.models.families.wan.keys import TABLE
 from library.models.loader import Components, read_json
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
+from library.networks.kohya_names import unwrap
 from library.networks.table_modules import table_modules
 from library.sampling.pipelines import PipelineKind, on_grid
 from library.training import flow_matching as fm
@@ -201,7 +208,7 @@ class WanTi2vFamily(WanFamily):
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         frames, height, width = noisy.shape[2:]
-        _, ph, pw = denoiser.config.patch_size
+        _, ph, pw = unwrap(denoiser).config.patch_size  # DDP's wrapper has no config
         tokens = frames * (height // ph) * (width // pw)  # the patch embedding's count
         per_token = timesteps.view(-1, 1).expand(-1, tokens)
         return super().predict(denoiser, noisy, per_token, cond)
@@ -213,20 +220,76 @@ class WanTi2vFamily(WanFamily):
         )  # fmt: skip
 
 
-WAN_TI2V = WanTi2vFamily(
-    **{f.name: getattr(WAN, f.name) for f in fields(WAN)} | {"base_model_version": "wan2.2",
-       "modelspec_architecture": "wan2.2-ti2v-5b", "default_resolution": 1280},
+WAN_TI2V = derived_family(
+    WAN, WanTi2vFamily, base_model_version="wan2.2", modelspec_architecture="wan2.2-ti2v-5b",
+    default_resolution=1280,
 )  # fmt: skip
 
 
+def first_frame_condition(latents: torch.Tensor) -> torch.Tensor:
+    """The condition an image-to-video transformer reads after the noisy latents, from the
+    first frame's latents [B, C, F', h, w]: the mask of the frames the image gives (the first
+    latent frame's four, none after) then those latents, [B, 4 + C, F', h, w], as
+    WanImageToVideoPipeline.prepare_latents builds it."""
+    batch, _, frames, height, width = latents.shape
+    mask = latents.new_zeros(batch, spec.TEMPORAL, frames, height, width)
+    mask[:, :, 0] = 1
+    return torch.cat([mask, latents], dim=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WanI2vFamily(WanFamily):
+    """Wan 2.2 I2V-A14B: its two experts read the noisy latents followed by the sample's first
+    frame as the condition (first_frame_condition over FIRST_FRAME_LATENTS_KEY: its latents
+    cached with the clip's, library.data.samples), 36 channels in, the velocity's 16 out;
+    samples through WanImageToVideoPipeline from the prompt's first frame."""
+
+    FIRST_FRAME_CONDITION: ClassVar[bool] = True
+
+    def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        """The caption's states and, in training and validation, the first frame's condition
+        (samples: the pipeline builds it from the prompt's image)."""
+        cond = super().assemble_conditioning(text, batch, device, dtype)
+        latents = (batch or {}).get(FIRST_FRAME_LATENTS_KEY)
+        if latents is None:
+            return cond
+        latents = latents.to(device, dtype or cond.encoder_hidden_states.dtype)
+        return Conditioning(cond.encoder_hidden_states, {"condition": first_frame_condition(latents)})
+
+    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
+        condition = cond.unet_kwargs["condition"].to(noisy.dtype)
+        return super().predict(denoiser, torch.cat([noisy, condition], dim=1), timesteps, cond)
+
+    def sampling_pipeline(self):
+        """WanImageToVideoPipeline with both experts and no image encoder, its first frame the
+        prompt's image (--i)."""
+        return replace(
+            super().sampling_pipeline(), class_name=spec.I2V_PIPELINE, first_frame_argument="image",
+            options={"image_encoder": None, "image_processor": None},
+        )  # fmt: skip
+
+
+WAN_I2V = derived_family(
+    WAN, WanI2vFamily, base_model_version="wan2.2", modelspec_architecture="wan2.2-i2v-a14b",
+    checkpoint_implementation="https://github.com/Wan-Video/Wan2.2",
+)
+
+
 def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
-    """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, or a folder whose model_index.json sets
-    expand_timesteps), else WanFamily: the class data read before any weight is."""
-    if getattr(flow, "task", None) == "ti2v-5B":
+    """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, a folder whose model_index.json sets
+    expand_timesteps, or a transformer file on 48 channels), WanI2vFamily for I2V-A14B (task
+    i2v-A14B, or a WanImageToVideoPipeline folder; a file's is known once read), else
+    WanFamily: the class data read before any weight is."""
+    task = getattr(flow, "task", None)
+    if task in ("ti2v-5B", "i2v-A14B"):
+        return WanTi2vFamily if task == "ti2v-5B" else WanI2vFamily
+    main = Path(model.pretrained_model_name_or_path).expanduser()
+    if main.is_file():
+        return WanTi2vFamily if spec.is_ti2v_file(main) else WanFamily
+    index = read_json(main / "model_index.json") if (main / "model_index.json").is_file() else {}
+    if index.get("expand_timesteps"):
         return WanTi2vFamily
-    index = Path(model.pretrained_model_name_or_path).expanduser() / "model_index.json"
-    expands = index.is_file() and read_json(index).get("expand_timesteps")
-    return WanTi2vFamily if expands else WanFamily
+    return WanI2vFamily if index.get("_class_name") == spec.I2V_PIPELINE else WanFamily
 
 
 def spec_flow_options(flow):
@@ -242,17 +305,24 @@ def load_wan(
     if main.is_file() and main.suffix == ".safetensors":
         spec.refuse_image_input(main)
     refuse_folder_expert_file(main, getattr(flow, "dit_high_noise", None))
-    loaded = load_spec(spec.SPEC, model, flow, weight_dtype, vae_dtype)
+    loaded = load_spec(spec_for(spec.SPECS, model), model, flow, weight_dtype, vae_dtype)
     transformer, vae, text_encoder = loaded.modules.values()
     objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)
     if main.is_dir():
         experts = folder_experts(main, transformer, weight_dtype)
     else:
         experts = file_experts(getattr(flow, "dit_high_noise", None), transformer,
-                               lambda path: load_main_file(spec.SPEC, path, weight_dtype))  # fmt: skip
+                               lambda path: load_main_file(spec.SPEC, path, weight_dtype),
+                               loaded.facts.first_frame)  # fmt: skip
     return Components(
         denoiser=transformer if experts is None else experts.modules[LOW_NOISE], vae=vae,
         text_encoders=(text_encoder,), tokenizers=tuple(loaded.tokenizers.values()),
-        objective=objective, family=replace(WAN_TI2V if loaded.facts.expand_timesteps else WAN),
+        objective=objective, family=replace(_family_of(loaded.facts)),
         model_dir=loaded.model_dir, experts=experts,
     )  # fmt: skip
+
+
+def _family_of(facts: spec.Facts) -> WanFamily:
+    if facts.expand_timesteps:
+        return WAN_TI2V
+    return WAN_I2V if facts.first_frame else WAN

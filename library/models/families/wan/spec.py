@@ -6,35 +6,43 @@ tokenizer/ (umT5's) and scheduler/ (UniPCMultistepScheduler with the flow shift)
 files: the transformer (pretrained_model_name_or_path, musubi-tuner's --dit: Wan-AI's
 diffusion_pytorch_model*.safetensors or Comfy-Org's wan2.1_t2v_*.safetensors in the original
 names, keys.py, bare or under ``model.diffusion_model.``, or diffusers' names; a Wan 2.2 A14B
-expert's file is one of these), umT5 ([flow] t5: umt5_xxl_fp16.safetensors), the VAE ([model]
+expert's file is one of these), umT5 ([flow] t5: umt5_xxl_fp16.safetensors, or Wan-AI's
+models_t5_umt5-xxl-enc-bf16.pth in the names of Wan's own T5 code), the VAE ([model]
 vae: wan_2.1_vae.safetensors) and umT5's tokenizer (t5_tokenizer_path, or found locally)."""
 
 from __future__ import annotations
 
 import inspect as signature
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from library.errors import ModelError
+from library.models import wan_vae_keys
 from library.models.families import wan_vae_file
 from library.models.families.folder_loader import CheckedFolder, t5_tokenizer
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
 from library.models.families.wan.keys import TABLE
+from library.models.families.wan.t5_file import plan_t5_file
 from library.models.loader import read_json
 from library.models.text_encoders.t5 import T5TokenizerPlaces
-from library.models.text_encoders.umt5 import plan_umt5_file, umt5_xxl_config
+from library.models.text_encoders.umt5 import umt5_xxl_config
 
 FAMILY = "Wan"
 HEAD_DIM = 128  # every release's attention head width (the shapes do not show it)
 PIXEL_MULTIPLE = 16  # the VAE's 8 times the 1x2x2 patches
 TI2V_CHANNELS = 48  # Wan 2.2's VAE (TI2V-5B's) latent channels
 TEMPORAL = 4  # the VAE's frames per latent frame after the first
+I2V_PIPELINE = "WanImageToVideoPipeline"
+# An image-to-video transformer's input: the noisy latents, the first frame's 4 mask channels
+# and its 16 latent channels (diffusers' WanImageToVideoPipeline.prepare_latents)
+I2V_CHANNELS = 16 + 4 + 16
 DISCRETE_FLOW_SHIFT = 3.0  # musubi-tuner's Wan guide for training (and the 480p sampling shift)
+TI2V_SAMPLE_SHIFT = 5.0  # TI2V-5B's released scheduler (Wan-AI's sample_shift, diffusers' folder)
 PLACES = T5TokenizerPlaces(
     repos=(
         ("google/umt5-xxl", ""),
@@ -45,8 +53,9 @@ PLACES = T5TokenizerPlaces(
     copy_from="a Wan diffusers folder's tokenizer/, or google/umt5-xxl's files",
 )
 WHATS = {
-    "t5": "the umT5-XXL text encoder (umt5_xxl_fp16.safetensors)",
-    "vae": "the Wan 2.1 VAE (wan_2.1_vae.safetensors)",
+    "t5": "the umT5-XXL text encoder (umt5_xxl_fp16.safetensors or Wan-AI's "
+    "models_t5_umt5-xxl-enc-bf16.pth)",
+    "vae": "the Wan VAE (wan_2.1_vae.safetensors, or wan2.2_vae.safetensors for TI2V-5B)",
 }
 
 
@@ -64,6 +73,41 @@ def vae_config() -> dict:
 
     parameters = signature.signature(AutoencoderKLWan.__init__).parameters.values()
     return {p.name: p.default for p in parameters if p.default is not signature.Parameter.empty}
+
+
+# The Wan 2.2 VAE's per-channel latent statistics (Wan-AI's vae2_2.py, diffusers'
+# Wan2.2-TI2V-5B-Diffusers vae/config.json)
+_TI2V_MEAN = (
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542,
+    0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109,
+    0.2665, -0.2108, -0.2158, 0.2502, -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899,
+    -0.2799, -0.1230, -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+    0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+)  # fmt: skip
+_TI2V_STD = (
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894,
+    1.0901, 0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146,
+    0.8986, 0.5659, 0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709,
+    0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537,
+    0.5444, 0.4089, 0.7468, 0.7744,
+)  # fmt: skip
+
+
+def ti2v_vae_config() -> dict:
+    """AutoencoderKLWan kwargs of the released Wan 2.2 VAE (TI2V-5B's): residual levels over
+    2x2 pixel patches, 48 channels, 16 times smaller sides."""
+    return {
+        **vae_config(), "base_dim": 160, "decoder_base_dim": 256, "z_dim": TI2V_CHANNELS,
+        "is_residual": True, "in_channels": 12, "out_channels": 12, "patch_size": 2,
+        "scale_factor_spatial": 16, "latents_mean": list(_TI2V_MEAN),
+        "latents_std": list(_TI2V_STD),
+    }  # fmt: skip
+
+
+def plan_vae_file(file):
+    """The VAE file (vae): Wan 2.1's or Wan 2.2's (TI2V-5B's), in Wan's names or diffusers'."""
+    released = ti2v_vae_config if wan_vae_keys.is_residual(file.keys()) else vae_config
+    return wan_vae_file.plan_vae(file, "vae", WHATS["vae"], released, "Wan VAE", "AutoencoderKLWan")
 
 
 def transformer_config(plain) -> dict:
@@ -93,6 +137,8 @@ _RELEASED = {
     "t2v-A14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40},
     "ti2v-5B": {"num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
                 "in_channels": 48, "out_channels": 48},
+    "i2v-A14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40,
+                 "in_channels": 36},
 }  # fmt: skip
 
 
@@ -110,10 +156,18 @@ TASK_WIDTHS = {task: sizes["num_attention_heads"] * HEAD_DIM for task, sizes in 
 
 
 def check_task(checked) -> None:
-    """[flow] task (musubi-tuner's) names a model as wide as the transformer."""
+    """[flow] task (musubi-tuner's) names a model of the transformer's input (a first frame's
+    or not) and width."""
     task = getattr(checked.flow, "task", None)
     config = checked.part_config("transformer")
     width = config["num_attention_heads"] * config["attention_head_dim"]
+    first_frame = config["in_channels"] == I2V_CHANNELS
+    if task is not None and (task == "i2v-A14B") != first_frame:
+        raise ModelError(
+            f"task = {task!r} and {checked.part_source('transformer')} takes "
+            f"{config['in_channels']} input channels ({'an' if first_frame else 'no'} image-to-"
+            "video first frame); set the task of that model, or remove it"
+        )
     if task is not None and TASK_WIDTHS[task] != width:
         fits = [name for name, wide in TASK_WIDTHS.items() if wide == width] or ["none"]
         raise ModelError(
@@ -131,11 +185,12 @@ class Facts:
     scheduler: dict
     boundary_ratio: float | None = None
     expand_timesteps: bool = False
+    first_frame: bool = False  # Wan 2.2 I2V-A14B: the first frame's latents beside the noisy ones
 
 
 ONLY_T2V = (
-    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B), the Wan 2.2 T2V-A14B experts and "
-    "Wan 2.2 TI2V-5B as text to video from its diffusers folder; give one of those"
+    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B), the Wan 2.2 T2V-A14B and "
+    "I2V-A14B experts and Wan 2.2 TI2V-5B as text to video; give one of those"
 )
 # Keys of the image-to-video transformers' image input (the original and diffusers' names)
 _IMAGE_INPUT = (".cross_attn.k_img.", ".attn2.add_k_proj.")
@@ -149,16 +204,29 @@ def refuse_image_input(path: Path) -> None:
             raise ModelError(f"{path} is Wan's image-to-video transformer (I2V); {ONLY_T2V}")
 
 
+def is_ti2v_file(path: Path) -> bool:
+    """A transformer file on TI2V-5B's 48 latent channels (its patch embedding's input, named
+    alike in the original and diffusers' names), read from the header; False for a file that
+    is not such a safetensors file (the loader names what it is)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            key = next((k for k in f.keys() if k.endswith("patch_embedding.weight")), None)  # noqa: SIM118
+            return key is not None and f.get_slice(key).get_shape()[1] == TI2V_CHANNELS
+    except (SafetensorError, OSError, IndexError):
+        return False
+
+
 def refuse_other_tasks(checked, expand_timesteps: bool = False) -> None:
-    """ModelError for a folder or file of another task: image input (I2V), latents of another
-    VAE (I2V's 36 channels), or TI2V-5B's 48 channels without the per-token timesteps its
-    diffusers folder declares (expand_timesteps in model_index.json)."""
+    """ModelError for a folder or file of another task: CLIP image input (Wan 2.1 I2V), latents
+    of another VAE, or TI2V-5B's 48 channels without the per-token timesteps its diffusers
+    folder declares (expand_timesteps in model_index.json). Wan 2.2 I2V-A14B's 36 channels
+    (the VAE's 16 and the first frame's 20) pass."""
     config = {**transformer_defaults(), **checked.part_config("transformer")}
     source = checked.part_source("transformer")
     if config.get("image_dim") is not None or config.get("added_kv_proj_dim") is not None:
-        raise ModelError(f"{source} is Wan's image-to-video transformer (I2V); {ONLY_T2V}")
+        raise ModelError(f"{source} is Wan 2.1's image-to-video transformer (I2V); {ONLY_T2V}")
     channels = checked.part_config("vae").get("z_dim", 16)
-    if config["in_channels"] != channels:
+    if config["in_channels"] not in (channels, 2 * channels + 4):
         raise ModelError(
             f"{source} takes {config['in_channels']} latent channels and the VAE makes "
             f"{channels} (Wan 2.2 TI2V-5B or an image-to-video model); {ONLY_T2V}"
@@ -180,10 +248,13 @@ def transformer_defaults() -> dict:
 
 def inspect_parts(checked) -> Facts:
     """umT5's width is the transformer's text input, the task text to video; a folder's
-    scheduler, boundary_ratio and expand_timesteps (single files: the released scheduler)."""
-    index = read_json(checked.model_dir / "model_index.json") if isinstance(
-        checked, CheckedFolder) else {}  # fmt: skip
-    refuse_other_tasks(checked, bool(index.get("expand_timesteps")))
+    scheduler, boundary_ratio and expand_timesteps (single files: the released scheduler; a
+    transformer on 48 channels is TI2V-5B, whose timesteps are per token)."""
+    folder = isinstance(checked, CheckedFolder)
+    index = read_json(checked.model_dir / "model_index.json") if folder else {}
+    channels = checked.part_config("transformer").get("in_channels")
+    expands = bool(index.get("expand_timesteps")) if folder else channels == TI2V_CHANNELS
+    refuse_other_tasks(checked, expands)
     text = checked.part_config("text_encoder")["d_model"]
     wanted = checked.part_config("transformer")["text_dim"]
     if text != wanted:
@@ -193,11 +264,14 @@ def inspect_parts(checked) -> Facts:
             "umT5-XXL's file"
         )
     check_task(checked)
-    if not isinstance(checked, CheckedFolder):
-        return Facts(scheduler_config())
+    first_frame = checked.part_config("transformer")["in_channels"] == I2V_CHANNELS
+    if not folder:
+        shift = TI2V_SAMPLE_SHIFT if expands else DISCRETE_FLOW_SHIFT
+        return Facts(scheduler_config(shift), expand_timesteps=expands, first_frame=first_frame)
     scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
     scheduler = {k: v for k, v in scheduler.items() if not k.startswith("_")}
-    return Facts(scheduler, index.get("boundary_ratio"), bool(index.get("expand_timesteps")))
+    return Facts(scheduler, index.get("boundary_ratio"), bool(index.get("expand_timesteps")),
+                 first_frame)  # fmt: skip
 
 
 SPEC = FamilySpec(
@@ -220,17 +294,19 @@ SPEC = FamilySpec(
         ),
         SpecPart(
             "vae", "vae", "diffusers:AutoencoderKLWan", base=vae_config,
-            file=ComponentFile("vae", "[model]", WHATS["vae"], lambda file: wan_vae_file.plan_vae(
-                file, "vae", WHATS["vae"], vae_config, "Wan VAE", "AutoencoderKLWan")),
+            file=ComponentFile("vae", "[model]", WHATS["vae"], plan_vae_file),
         ),
         SpecPart(
             "text_encoder", "text_encoder", "transformers:UMT5EncoderModel", base=umt5_xxl_config,
-            file=ComponentFile("t5", "[flow]", WHATS["t5"], lambda file: plan_umt5_file(
-                file, "t5", "text_encoder", "Wan text_encoder")),
+            file=ComponentFile("t5", "[flow]", WHATS["t5"], plan_t5_file, pickles=True),
         ),
     ),
     tokenizers=(t5_tokenizer("tokenizer", "text_encoder", PLACES.find, PLACES.missing),),
     inspect=inspect_parts,
     other={"scheduler": "scheduler_config.json"},
 )  # fmt: skip
-claims_wan = claimer(SPEC)
+# Wan 2.2 I2V-A14B's folders: the same parts under WanImageToVideoPipeline (its image_encoder
+# and image_processor null)
+SPEC_I2V = replace(SPEC, pipeline=I2V_PIPELINE)
+SPECS = (SPEC, SPEC_I2V)
+claims_wan = claimer(*SPECS)
