@@ -173,7 +173,7 @@ def test_wan_22_expert_run_words_load(write_toml):
         ("fp8_scaled = true", "fp8_base = true"),
         ("edit = true", 'model_version = "edit"'),
         ("edit_plus = true", 'model_version = "edit-2509"'),
-        ('clip = "/m/clip.safetensors"', "Wan 2.2 T2V-A14B's experts"),
+        ('clip = "/m/clip.safetensors"', "I2V-A14B needs no CLIP"),
         ("num_timestep_buckets = 4", "timestep_sampling"),
         ("use_32bit_attention = true", 'mixed_precision = "no"'),
         ('timestep_sampling = "qinglong_qwen"', "use qwen_shift"),
