@@ -77,8 +77,12 @@ def family_entry(name: str) -> FamilyEntry:
 
 
 def entry_of(family: LoadedFamily) -> FamilyEntry:
-    """The registered family a loaded family (a ModelFamily instance) belongs to."""
-    matches = [entry for entry in families() if isinstance(family, entry.family())]
+    """The registered family a loaded family (a ModelFamily instance) was built from: its edit
+    variant's entry, else the entry without an edit variant whose class it is."""
+    edit = getattr(family, "edit", None)
+    if edit is not None:
+        return family_entry(edit.entry)
+    matches = [e for e in families() if e.edit is None and isinstance(family, e.family())]
     if not matches:
         raise LookupError(f"{family.name} is no registered family")
     # a family class derived from another family's is that family's most specific match
