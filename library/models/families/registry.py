@@ -82,11 +82,12 @@ def entry_of(family: LoadedFamily) -> FamilyEntry:
     edit = getattr(family, "edit", None)
     if edit is not None:
         return family_entry(edit.entry)
-    matches = [e for e in families() if e.edit is None and isinstance(family, e.family())]
-    if not matches:
+    # no family's class derives from another's (tests/test_family_classes.py): one match
+    found = (e for e in families() if e.edit is None and isinstance(family, e.family()))
+    entry = next(found, None)
+    if entry is None:
         raise LookupError(f"{family.name} is no registered family")
-    # a family class derived from another family's is that family's most specific match
-    return max(matches, key=lambda entry: len(entry.family().__mro__))
+    return entry
 
 
 def network_module_owner(module: str | None) -> FamilyEntry | None:
