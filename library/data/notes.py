@@ -40,23 +40,24 @@ def _names(paths: Sequence[Path]) -> str:
     return ", ".join(shown + (["..."] if len(paths) > MAX_NAMES else []))
 
 
-def _sized(scanned) -> Iterable[tuple[str, Path, tuple[int, int], tuple[int, int]]]:
-    """("image" or "reference", path, size, trained size) of every image of a dataset."""
+def _sized(scanned) -> Iterable[tuple[object, tuple[int, int], tuple[int, int]]]:
+    """(the image's item or the reference, size, trained size) of every image of a dataset;
+    each has a ``path`` (an item's is made when asked: most never are)."""
     for image in scanned.images + scanned.validation:
-        yield "image", image.item.path, image.size, image.bucket
+        yield image.item, image.size, image.bucket
         for reference in image.references:
-            yield "reference", reference.path, reference.size, reference.bucket
+            yield reference, reference.size, reference.bucket
 
 
 def dataset_warnings(index: int, scanned) -> list[str]:
     """The warnings (module docstring) about dataset ``index`` (a ScannedDataset)."""
     enlarged: list[Path] = []
     cropped: list[Path] = []
-    for _, path, size, bucket in _sized(scanned):
+    for image, size, bucket in _sized(scanned):
         if cover_scale(size, bucket) > ENLARGE_LIMIT:
-            enlarged.append(path)
+            enlarged.append(image.path)
         elif kept_fraction(size, bucket) < KEPT_LIMIT:
-            cropped.append(path)
+            cropped.append(image.path)
     own = [
         image.item.path
         for image in scanned.images + scanned.validation
