@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
+from typing import NamedTuple
 
 from PIL import features
 
@@ -56,9 +57,9 @@ MAX_CAPTION_BYTES = 1 << 20
 _REPEATS = re.compile(r"^(\d+)(?:_(.*))?$", re.DOTALL)
 
 
-@dataclass(frozen=True, slots=True)  # slots: one per image of a dataset
-class ImageItem:
-    """One image file of a subset with its raw caption ("" when it has none, folders only)."""
+class ImageItem(NamedTuple):
+    """One image file of a subset with its raw caption ("" when it has none, folders only); a
+    tuple: one is made per image, and a tuple is made quicker than a frozen dataclass."""
 
     # its path, or the file name of an image directly in ``subset_dir`` (a folder subset's):
     # a million Paths take seconds to make, and a scan asks for few of them
