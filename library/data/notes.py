@@ -35,9 +35,11 @@ def kept_fraction(size: tuple[int, int], bucket: tuple[int, int]) -> float:
     return bucket[0] * bucket[1] / (size[0] * scale * size[1] * scale)
 
 
-def _names(paths: Sequence[Path]) -> str:
-    shown = [f"{p.parent.name}/{p.name}" for p in paths[:MAX_NAMES]]
-    return ", ".join(shown + (["..."] if len(paths) > MAX_NAMES else []))
+def _names(files: Sequence) -> str:
+    """The first few of ``files`` (each with a ``path``) by folder and name, "..." for more:
+    only those shown have their Path made (a dataset of small images may list all of them)."""
+    shown = [f"{f.path.parent.name}/{f.path.name}" for f in files[:MAX_NAMES]]
+    return ", ".join(shown + (["..."] if len(files) > MAX_NAMES else []))
 
 
 def _sized(scanned) -> Iterable[tuple[object, tuple[int, int], tuple[int, int]]]:
@@ -51,15 +53,14 @@ def _sized(scanned) -> Iterable[tuple[object, tuple[int, int], tuple[int, int]]]
 
 def dataset_warnings(index: int, scanned) -> list[str]:
     """The warnings (module docstring) about dataset ``index`` (a ScannedDataset)."""
-    enlarged: list[Path] = []
-    cropped: list[Path] = []
+    enlarged, cropped = [], []  # items and references
     for image, size, bucket in _sized(scanned):
         if cover_scale(size, bucket) > ENLARGE_LIMIT:
-            enlarged.append(image.path)
+            enlarged.append(image)
         elif kept_fraction(size, bucket) < KEPT_LIMIT:
-            cropped.append(image.path)
+            cropped.append(image)
     own = [
-        image.item.path
+        image.item
         for image in scanned.images + scanned.validation
         if any(_same_file(image.item.path, r.path) for r in image.references)
     ]

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from data_helpers import bucketed_config, write_image
+from data_helpers import bucketed_config, count_paths, write_image
 
 import library.data.folders as folders
 import library.data.header_scan as header_scan
@@ -416,22 +416,12 @@ def test_the_index_is_found_from_another_working_folder(tmp_path, monkeypatch, r
 
 
 def test_a_rerun_makes_no_path_per_image(tmp_path, monkeypatch):
-    import pathlib
-
     folder, count = tmp_path / "many", 60
     for i in range(count):
         write_image(folder / f"{i:03d}.png", (i, 0, 0), (16, 16))
         (folder / f"{i:03d}.txt").write_text(f"caption {i}")
     TrainData([_config(folder)], seed=0, cache_dir=str(tmp_path / "cache"))  # opens each image
-    made = []
-    for name in ("__new__", "__truediv__"):
-        real = getattr(pathlib.PurePath, name)
-
-        def counting(*args, real=real, **kwargs):
-            made.append(args)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(pathlib.PurePath, name, counting)
+    made = count_paths(monkeypatch)
     data = TrainData([_config(folder)], seed=0, cache_dir=str(tmp_path / "cache"))
     assert len(made) < count // 4, len(made)
     assert data.scanned[0].indexed == count
