@@ -16,16 +16,18 @@ not the cost of decoding big pictures, which the scan never does.
 
 Figures per size and run ("first": no scan index; "rerun": the index the first run wrote):
 - plan_seconds: ``train_network.py --dry_run`` from the command to its exit (by default the
-  tiny SD 1.5 test model, so the imports and the scan dominate);
+  tiny SD 1.5 test model, so the imports and the scan dominate), and plan_cpu_seconds, the CPU
+  time it took (resource.getrusage: all its threads);
 - scan_seconds, scan_images_per_second: the scan alone (TrainData, in a fresh process), and
   scan_cpu_seconds, the CPU time it took (all its threads): on a busy machine the wall clock
   also counts the time other programs had the cores;
 - scan_bytes_per_image: the Python heap the scanned dataset holds, per image (tracemalloc);
 - index_bytes_per_image: the scan index file's size per image;
 - with ``--first_step``: first_step_seconds, the command to the end of the first optimizer step
-  of a one-step training (bench/train_speed.py's step timer); with ``--sd_scripts`` the same for
-  kohya's train_network.py on the same folder and model (first run only: it keeps no index),
-  and difftune's figure over kohya's. sd-scripts builds its UNet at SD 1.5's released shapes, so
+  of a one-step training (bench/train_speed.py's step timer), and first_step_cpu_seconds, the
+  trainer's CPU time at that step; with ``--sd_scripts`` the same for kohya's train_network.py
+  on the same folder and model (first run only: it keeps no index), and difftune's figures over
+  kohya's (wall clock and CPU). sd-scripts builds its UNet at SD 1.5's released shapes, so
   it cannot load the tiny model: with ``--sd_scripts`` the model is a full-size SD 1.5 (random
   weights, bench/random_models.py, about 2 GB written once) and ``--first_step`` is implied.
 
@@ -38,6 +40,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -132,16 +135,22 @@ def write_config(folder: Path, model: Path, cache: Path, work: Path, kohya: Path
     return path
 
 
-def plan_seconds(config: Path, work: Path) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def plan_seconds(config: Path, work: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of the dry run, the CPU time that of the process and its threads."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     command = [sys.executable, str(REPO / "train_network.py"), "--config_file", str(config),
                "--output_dir", str(work / "plan-output"), "--dry_run"]  # fmt: skip
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _children_cpu()
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, _children_cpu() - cpu
     if result.returncode != 0:
         raise BenchError(f"the dry run failed:\n{result.stderr.strip()[-2000:]}")
-    return seconds
+    return seconds, cpu
 
 
 def _scan(folder: Path, cache: Path, memory: bool, code: Path = REPO) -> dict:
@@ -213,10 +222,14 @@ def warm(model: Path) -> None:
                     pass
 
 
-def first_step_seconds(script: Path, config: Path, work: Path, cwd: Path, python: str) -> float:
+def first_step_seconds(
+    script: Path, config: Path, work: Path, cwd: Path, python: str
+) -> tuple[float, float]:
+    """(wall, CPU) seconds from the command to the end of the first optimizer step; the CPU
+    time is the trainer process's (all its threads) at that step."""
     shutil.rmtree(work, ignore_errors=True)
     run = launch(script, config, work, 1, "cpu", cwd, python, 1, [])
-    return round(run.step_times[0] - run.started, 2)
+    return round(run.step_times[0] - run.started, 2), round(run.steps[0]["cpu_seconds"], 2)
 
 
 def bench_size(count: int, args: argparse.Namespace, model: Path, kohya: Path | None, work: Path):
@@ -237,23 +250,25 @@ def bench_size(count: int, args: argparse.Namespace, model: Path, kohya: Path | 
         fresh()
         record |= scan_figures(folder, cache)
         fresh()
-        record["plan_seconds"] = round(plan_seconds(config, work), 2)
+        wall, cpu = plan_seconds(config, work)
+        record["plan_seconds"], record["plan_cpu_seconds"] = round(wall, 2), round(cpu, 2)
         if args.first_step:
             fresh()
             out = work / f"difftune-{count}-{run}"
-            record["first_step_seconds"] = first_step_seconds(
+            record["first_step_seconds"], record["first_step_cpu_seconds"] = first_step_seconds(
                 REPO / "train_network.py", config, out, REPO, sys.executable
             )
         emit(record)
         if run == "first":
-            ours = record.get("first_step_seconds")
+            ours = record.get("first_step_seconds"), record.get("first_step_cpu_seconds")
     if args.sd_scripts:
         out = work / f"sd-scripts-{count}"
-        seconds = first_step_seconds(args.sd_scripts / "train_network.py", config, out,
-                                     args.sd_scripts, args.sd_scripts_python or sys.executable)  # fmt: skip
+        seconds, cpu = first_step_seconds(args.sd_scripts / "train_network.py", config, out,
+                                          args.sd_scripts, args.sd_scripts_python or sys.executable)  # fmt: skip
         emit({"images": count, "run": "first", "trainer": "sd-scripts",
-              "first_step_seconds": seconds,
-              "difftune_over_sd_scripts": round(ours / seconds, 2)})  # fmt: skip
+              "first_step_seconds": seconds, "first_step_cpu_seconds": cpu,
+              "difftune_over_sd_scripts": round(ours[0] / seconds, 2),
+              "difftune_over_sd_scripts_cpu": round(ours[1] / cpu, 2)})  # fmt: skip
 
 
 def emit(record: dict) -> None:

@@ -24,14 +24,19 @@ from __future__ import annotations
 
 import os
 import re
-import stat
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISDIR, S_ISREG
+from typing import NamedTuple
 
 from PIL import features
 
 from library.config.dataset_schema import SubsetConfig
-from library.data.scan_index import ScanIndex
+from library.data.images import ImageHeader
+from library.data.scan_index import NO_STAT, ScanIndex, identity, stat_fields
 from library.errors import DataError
 from library.saving.sizes import format_size
 
@@ -52,17 +57,25 @@ MAX_CAPTION_BYTES = 1 << 20
 _REPEATS = re.compile(r"^(\d+)(?:_(.*))?$", re.DOTALL)
 
 
-@dataclass(frozen=True, slots=True)  # slots: one per image of a dataset
-class ImageItem:
-    """One image file of a subset with its raw caption ("" when it has none, folders only)."""
+class ImageItem(NamedTuple):
+    """One image file of a subset with its raw caption ("" when it has none, folders only); a
+    tuple: one is made per image, and a tuple is made quicker than a frozen dataclass."""
 
-    path: Path
+    # its path, or the file name of an image directly in ``subset_dir`` (a folder subset's):
+    # a million Paths take seconds to make, and a scan asks for few of them
+    location: Path | str
     caption: str
     is_reg: bool
     subset_dir: str
     # reference images a metadata file names for it (musubi-tuner's JSONL); a control_directory's
     # are paired while the dataset is scanned (library.data.references)
     references: tuple[Path, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        """The image file (made anew on each call where ``location`` is a name)."""
+        location = self.location
+        return location if isinstance(location, Path) else Path(self.subset_dir, location)
 
 
 def missing_folder(path: str | Path) -> str:
@@ -196,6 +209,11 @@ def _caption_text(lines: str, all_lines: bool) -> str:
     return lines if all_lines else lines.partition("\n")[0]
 
 
+# What a listing learnt of an image file: the header the scan index answered for it, else its
+# stat_fields (None: it has no stat, a broken link), which the header read takes.
+Found = ImageHeader | tuple[int, int, int, int, int] | None
+
+
 @dataclass(frozen=True)
 class FolderScan:
     """A subset's images with captions, and the files beside them that are not trained."""
@@ -203,6 +221,9 @@ class FolderScan:
     items: list[ImageItem]  # sorted by file name
     ignored: tuple[Path, ...]  # neither an image nor a caption, sidecar, system or hidden entry
     unlisted: tuple[Path, ...] = ()  # metadata subsets: images its file does not list
+    # per item, what the folder's listing learnt of its file (a folder subset's; None for a
+    # metadata subset, whose images are stat'ed where they lie)
+    found: list[Found] | None = None
 
 
 def is_quiet(entry: os.DirEntry, caption_extension: str, suffix: str | None = None) -> bool:
@@ -232,39 +253,85 @@ def _caption_problem(path: Path) -> str | None:
 _COMMON_CAPTION_EXTENSIONS = (".txt", ".caption")
 
 
+# Where the listing's entries can be stat'ed by name in the open folder (fstatat: quicker than
+# a stat of the whole path). Elsewhere (Windows) an entry's own stat has no inode, so the path is
+# stat'ed.
+_STAT_IN_FOLDER = os.scandir in os.supports_fd
+
+
+@contextmanager
+def _entries(folder: Path) -> Iterator[Iterator[os.DirEntry]]:
+    """os.scandir of ``folder``, on an open folder where its entries' stat() is then by name."""
+    if not _STAT_IN_FOLDER:
+        with os.scandir(folder) as entries:
+            yield entries
+        return
+    descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        with os.scandir(descriptor) as entries:
+            yield entries
+    finally:
+        os.close(descriptor)
+
+
+def _entry_stat(entry: os.DirEntry, folder: Path) -> tuple[int, int, int, int, int]:
+    """stat_fields of a listed entry (following a link), NO_STAT where it has no stat."""
+    try:
+        info = entry.stat() if _STAT_IN_FOLDER else os.stat(folder / entry.name)
+    except OSError:
+        return NO_STAT
+    return stat_fields(info)
+
+
 class _Listing:
     """One listing of an image folder (os.scandir: the entry types come with the names): its
-    image names, the names of its other plain entries, and the entries it reports as ignored."""
+    image names, the names of its other plain entries, and the entries it reports as ignored.
 
-    def __init__(self, folder: Path, caption_extension: str) -> None:
+    Each image and caption file is stat'ed as it is listed, and the scan index asked about them
+    all at once: ``found`` (per image of ``images``: Found) and ``captions`` (caption file name
+    -> the indexed text, or the stat_fields of a regular file to read). A caption entry that is
+    no regular file is left to the caption lookup, which names its problem."""
+
+    def __init__(
+        self, folder: Path, caption_extension: str, index: ScanIndex | None = None
+    ) -> None:
         self.folder = folder
         self.prefix = str(folder)
         self.join_prefix = os.path.join(self.prefix, "")  # + name: os.path.join(prefix, name)
-        self.images: list[str] = []
         self.others: set[str] = set()  # every other name: a caption file may have it
+        images, image_stats = [], array("q")
+        captions, caption_stats = [], array("q")
         ignored = []
         # a million names pass here: the suffix is found once per name, the caption files'
         # (the usual other entry) checked first
         caption_suffix = caption_extension.lower()
-        with os.scandir(folder) as entries:
+        with _entries(folder) as entries:
             for entry in entries:
                 name = entry.name
                 dot = name.rfind(".")
                 suffix = name[dot:].lower() if 0 < dot < len(name) - 1 else ""
                 if suffix in IMAGE_EXTENSIONS:
                     if not name.startswith("."):
-                        self.images.append(name)
+                        images.append(name)
+                        image_stats.extend(_entry_stat(entry, folder))
                         continue
                 elif suffix == caption_suffix and name.lower() not in SYSTEM_FILES:
                     self.others.add(name)
-                    # a folder "a.txt" is reported, not a caption (a hidden one is not)
-                    if entry.is_dir() and not name.startswith("."):
-                        ignored.append(folder / name)
+                    captions.append(name)
+                    caption_stats.extend(_entry_stat(entry, folder))
                     continue
                 self.others.add(name)
                 if not is_quiet(entry, caption_extension, suffix):
                     ignored.append(folder / name)
-        self.images.sort()
+        self.images, self.found = _found_images(images, image_stats, index)
+        self.captions = _found_captions(captions, caption_stats, index)
+        if len(self.captions) < len(captions):  # some are no regular file
+            # a folder "a.txt" is reported, not a caption (a hidden one is not)
+            ignored += [
+                folder / name
+                for name, fields in zip(captions, _rows(caption_stats), strict=True)
+                if S_ISDIR(fields[0]) and not name.startswith(".")
+            ]
         self.ignored = tuple(sorted(ignored, key=lambda p: p.name))
         self._folded: set[str] | None = None
 
@@ -276,6 +343,46 @@ class _Listing:
         if self._folded is None:
             self._folded = {other.lower() for other in self.others}
         return name.lower() in self._folded
+
+
+def _rows(stats: array) -> list[tuple[int, int, int, int, int]]:
+    """A listing's stat_fields, one tuple per file."""
+    return list(zip(*[iter(stats)] * 5, strict=True))
+
+
+def images_found(names: list[str], stats: array, index: ScanIndex | None) -> list[Found]:
+    """What is known of each image of ``names`` (Found), from its stat_fields in ``stats`` and
+    the scan ``index`` (None: none), which knows the images by these names."""
+    found: list[Found] = [None] * len(names) if index is None else index.known_images(names, stats)
+    if None in found:  # images to read: their stats
+        found = [
+            header if header is not None else (fields if fields[0] else None)
+            for header, fields in zip(found, _rows(stats), strict=True)
+        ]
+    return found
+
+
+def _found_images(
+    names: list[str], stats: array, index: ScanIndex | None
+) -> tuple[list[str], list[Found]]:
+    """The image names sorted, and what is known of each (Found)."""
+    found = images_found(names, stats, index)
+    order = sorted(range(len(names)), key=names.__getitem__)
+    return [names[i] for i in order], [found[i] for i in order]
+
+
+def _found_captions(
+    names: list[str], stats: array, index: ScanIndex | None
+) -> dict[str, str | tuple[int, ...]]:
+    """Caption file name -> the indexed text, or the stat_fields of a regular file to read."""
+    known = [None] * len(names) if index is None else index.known_captions(names, stats)
+    if None not in known:
+        return dict(zip(names, known, strict=True))
+    return {
+        name: text if text is not None else fields
+        for name, text, fields in zip(names, known, _rows(stats), strict=True)
+        if text is not None or S_ISREG(fields[0])
+    }
 
 
 def _suffix(name: str) -> str:
@@ -291,12 +398,34 @@ def _caption(
     caption paths are strings, Paths are made only for a message."""
     stem = image[: image.rfind(".")]
     name = stem + subset.caption_extension
+    listed = listing.captions.get(name)
+    if listed is None:  # none, or no regular file (or another case of the name)
+        return _unlisted_caption(folder, image, name, subset, listing, index)
+    if isinstance(listed, str):  # the index's
+        return _caption_text(listed, subset.enable_wildcard)
+    lines = caption_lines(listing.join_prefix + name)
+    if index is not None:
+        index.record_caption(name, listed[1:], lines)
+    return _caption_text(lines, subset.enable_wildcard)
+
+
+def _unlisted_caption(
+    folder: Path,
+    image: str,
+    name: str,
+    subset: SubsetConfig,
+    listing: _Listing,
+    index: ScanIndex | None,
+) -> str:
+    """The caption of ``image`` whose caption file ``name`` the listing did not find as a
+    regular file: none (the class tokens), another case of the name, or an error naming what
+    is there instead."""
     path = listing.join_prefix + name
-    info = _stat(path) if name in listing.others or listing.may_exist(name) else None
+    info = _stat(path) if listing.may_exist(name) else None
     if info is None and not (listing.may_exist(name) and os.path.lexists(path)):
         _refuse_other_extension(folder / image, subset.caption_extension, listing)
         return subset.class_tokens or ""  # "": no caption at all (module docstring)
-    if info is None or not stat.S_ISREG(info.st_mode):
+    if info is None or not S_ISREG(info.st_mode):
         problem = _caption_problem(Path(path))
         if problem is not None:
             raise DataError(f"caption file {path} (for image {image}) {problem}")
@@ -304,7 +433,7 @@ def _caption(
     if lines is None:
         lines = caption_lines(path)
         if index is not None and info is not None:
-            index.record_caption(name, info, lines)
+            index.record_caption(name, identity(info), lines)
     return _caption_text(lines, subset.enable_wildcard)
 
 
@@ -342,7 +471,7 @@ def scan_folder(subset: SubsetConfig, index: ScanIndex | None = None) -> FolderS
     folder = Path(subset.image_dir)
     if not folder.is_dir():
         raise DataError(f"image_dir {subset.image_dir} {missing_folder(folder)}; fix the path")
-    listing = _Listing(folder, subset.caption_extension)
+    listing = _Listing(folder, subset.caption_extension, index)
     if not listing.images:
         ignored = list(listing.ignored)
         others = f", only {_names(ignored)}" if ignored else ""
@@ -353,8 +482,8 @@ def scan_folder(subset: SubsetConfig, index: ScanIndex | None = None) -> FolderS
     items = []
     for name in listing.images:
         caption = _caption(folder, name, subset, listing, index)
-        items.append(ImageItem(folder / name, caption, subset.is_reg, subset.image_dir))
-    return FolderScan(items, listing.ignored)
+        items.append(ImageItem(name, caption, subset.is_reg, subset.image_dir))
+    return FolderScan(items, listing.ignored, found=listing.found)
 
 
 def scan_subset(subset: SubsetConfig) -> list[ImageItem]:

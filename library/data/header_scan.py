@@ -9,12 +9,15 @@ go to the threads in chunks, so a million images make a few thousand tasks, not 
 from __future__ import annotations
 
 import os
-import stat
+from array import array
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from stat import S_ISREG
 
+from library.data.folders import Found, images_found
 from library.data.images import ImageHeader, read_image_header
-from library.data.scan_index import ScanIndex
+from library.data.scan_index import NO_STAT, ScanIndex, stat_fields
 from library.errors import DataError
 
 SCAN_THREADS = 8
@@ -22,16 +25,18 @@ _CHUNK = 256
 
 
 def _read(
-    path: Path, info: os.stat_result | None, index: ScanIndex | None, key: str
+    path: Path, fields: tuple[int, ...] | None, index: ScanIndex | None, key: str
 ) -> ImageHeader | DataError:
+    """The header of the image at ``path`` (``fields``: its stat_fields, None: it has no stat),
+    kept in the index when it is a regular file."""
     try:
-        if info is None:  # missing, a broken link: read_image_header names the problem
+        if fields is None:  # missing, a broken link: read_image_header names the problem
             return read_image_header(path)
-        header = read_image_header(path, info.st_mode)
+        header = read_image_header(path, fields[0])
     except DataError as error:  # never indexed: found again on every run
         return error
-    if index is not None and stat.S_ISREG(info.st_mode):
-        index.record(key, info, header)
+    if index is not None and S_ISREG(fields[0]):
+        index.record(key, fields[1:], header)
     return header
 
 
@@ -48,36 +53,30 @@ def name_in(path: Path, folder: Path) -> str | None:
     return None
 
 
-def read_headers(
-    paths: list[Path], index: ScanIndex | None, keys: list[str], folder: Path | None = None
-) -> list[ImageHeader | DataError]:
-    """The header of each image in `paths`, in order, or the DataError that reading it raised.
-    ``index``: the subset's scan index (None: read every file), which knows the images by
-    ``keys`` (one per path). ``folder``: where every path is ``folder / key`` (a folder subset's
-    images, keyed by name).
-
-    Every image is stat'ed here first and what the index answers is taken; only the others are
-    opened, on the threads (the answers themselves are too quick to share out)."""
-    headers: list[ImageHeader | DataError | None] = []
-    missing: list[tuple[int, os.stat_result | None, str]] = []
-    # a folder's files are stat'ed by a joined string: formatting a million Paths costs more
-    where = paths if folder is None else [os.path.join(folder, "") + key for key in keys]
-    for i, (path, key) in enumerate(zip(where, keys, strict=True)):
+def look_up(paths: Sequence[Path], index: ScanIndex | None, keys: list[str]) -> list[Found]:
+    """What a stat of each image of ``paths`` and the scan ``index`` (None: none) say of it
+    (Found; the index knows the images by ``keys``): what a folder's listing finds itself."""
+    stats = array("q")
+    for path in paths:
         try:
-            info = os.stat(path)
+            stats.extend(stat_fields(os.stat(path)))
         except OSError:
-            info = None
-        header = None
-        if index is not None and info is not None and stat.S_ISREG(info.st_mode):
-            header = index.known(key, info)
-        if header is None:
-            missing.append((i, info, key))
-        headers.append(header)
+            stats.extend(NO_STAT)
+    return images_found(keys, stats, index)
+
+
+def read_headers(
+    found: list[Found], path_of: Callable[[int], Path], index: ScanIndex | None, keys: Sequence[str]
+) -> list[ImageHeader | DataError]:
+    """The header of each image, in order, or the DataError that reading it raised. ``found``:
+    what a stat and the scan ``index`` (None: none) gave for each (look_up, or a folder's
+    listing); the images it has no header of are opened, on the threads (path_of(i): the
+    path of the i-th), and recorded in the index by their ``keys``."""
+    headers: list[ImageHeader | DataError] = list(found)
+    missing = [i for i, known in enumerate(found) if not isinstance(known, ImageHeader)]
 
     def chunk(start: int) -> list[ImageHeader | DataError]:
-        return [
-            _read(paths[i], info, index, key) for i, info, key in missing[start : start + _CHUNK]
-        ]
+        return [_read(path_of(i), found[i], index, keys[i]) for i in missing[start : start + _CHUNK]]
 
     starts = range(0, len(missing), _CHUNK)
     if len(starts) <= 1:
@@ -85,6 +84,6 @@ def read_headers(
     else:
         with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="difftune-scan") as pool:
             read = [header for part in pool.map(chunk, starts) for header in part]
-    for (i, _, _), header in zip(missing, read, strict=True):
+    for i, header in zip(missing, read, strict=True):
         headers[i] = header
     return headers

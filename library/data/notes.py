@@ -35,30 +35,32 @@ def kept_fraction(size: tuple[int, int], bucket: tuple[int, int]) -> float:
     return bucket[0] * bucket[1] / (size[0] * scale * size[1] * scale)
 
 
-def _names(paths: Sequence[Path]) -> str:
-    shown = [f"{p.parent.name}/{p.name}" for p in paths[:MAX_NAMES]]
-    return ", ".join(shown + (["..."] if len(paths) > MAX_NAMES else []))
+def _names(files: Sequence) -> str:
+    """The first few of ``files`` (each with a ``path``) by folder and name, "..." for more:
+    only those shown have their Path made (a dataset of small images may list all of them)."""
+    shown = [f"{f.path.parent.name}/{f.path.name}" for f in files[:MAX_NAMES]]
+    return ", ".join(shown + (["..."] if len(files) > MAX_NAMES else []))
 
 
-def _sized(scanned) -> Iterable[tuple[str, Path, tuple[int, int], tuple[int, int]]]:
-    """("image" or "reference", path, size, trained size) of every image of a dataset."""
+def _sized(scanned) -> Iterable[tuple[object, tuple[int, int], tuple[int, int]]]:
+    """(the image's item or the reference, size, trained size) of every image of a dataset;
+    each has a ``path`` (an item's is made when asked: most never are)."""
     for image in scanned.images + scanned.validation:
-        yield "image", image.item.path, image.size, image.bucket
+        yield image.item, image.size, image.bucket
         for reference in image.references:
-            yield "reference", reference.path, reference.size, reference.bucket
+            yield reference, reference.size, reference.bucket
 
 
 def dataset_warnings(index: int, scanned) -> list[str]:
     """The warnings (module docstring) about dataset ``index`` (a ScannedDataset)."""
-    enlarged: list[Path] = []
-    cropped: list[Path] = []
-    for _, path, size, bucket in _sized(scanned):
+    enlarged, cropped = [], []  # items and references
+    for image, size, bucket in _sized(scanned):
         if cover_scale(size, bucket) > ENLARGE_LIMIT:
-            enlarged.append(path)
+            enlarged.append(image)
         elif kept_fraction(size, bucket) < KEPT_LIMIT:
-            cropped.append(path)
+            cropped.append(image)
     own = [
-        image.item.path
+        image.item
         for image in scanned.images + scanned.validation
         if any(_same_file(image.item.path, r.path) for r in image.references)
     ]

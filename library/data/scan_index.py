@@ -3,7 +3,8 @@ so a later run over an unchanged dataset reads one file instead of every header.
 
 Decisions:
 - An entry is trusted only while its file is the same file: same path, size, modification time
-  (ns), change time (ns) and inode, all from one stat the scan makes anyway. Editing, replacing
+  (ns), change time (ns) and inode (the times and inode as their low 63 bits), all from one
+  stat the scan makes anyway. Editing, replacing
   (a new file under the old name, even of the same size and with the old mtime restored: its
   change time and usually its inode differ), adding or removing a file is seen, and only that
   file is read again. Nothing else of the file is trusted: its type and path problems are checked
@@ -12,7 +13,11 @@ Decisions:
   probe (as the JSON values library.data.clips makes of it: a probe decodes every frame, the
   costliest read of a scan), a caption file's text (every non-empty line). An unreadable image or a bad caption file is not indexed,
   so its error is found again on every run.
-- The file starts with a header line (format, version, checksum of the rest). A file that is
+- The file starts with a header line (format, version, checksum of the rest); the rest is JSON
+  whose numbers (the identities, an image's header as a number in a table of the distinct
+  headers) are packed little-endian arrays in base64. A rerun compares a folder's stats with
+  them all at once (numpy), not file by file in Python: a million files' entries are read and
+  checked in about a second. A file that is
   truncated, overwritten, of another version or otherwise not an index is ignored with one
   warning and written anew; the scan then reads every file, so a damaged index costs time, never
   a wrong size or caption.
@@ -24,11 +29,18 @@ Decisions:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import logging
 import os
+from array import array
+from itertools import repeat
 from pathlib import Path
+from stat import S_IFREG
+
+import numpy as np
 
 from library.data.images import ImageHeader
 from library.saving.atomic import SaveError, atomic_write_file, remove_stale_temporaries
@@ -36,64 +48,125 @@ from library.saving.atomic import SaveError, atomic_write_file, remove_stale_tem
 log = logging.getLogger(__name__)
 
 FORMAT = "difftune scan index"
-VERSION = 1
-# what a stat says of a file that must not change for its entry to be trusted
+VERSION = 2
+# What a stat says of a file that must not change for its entry to be trusted: size, mtime_ns,
+# ctime_ns and inode, the last three as their low 63 bits (a time before 1970 is negative, a
+# Windows file id may have 128 bits): every field fits a signed 64-bit number.
 Identity = tuple[int, int, int, int]
+_LOW_BITS = (1 << 63) - 1
+_PACKED = np.dtype("<i8")  # how the file holds its numbers
+# What a listing keeps of each file's stat for `ScanIndex.known_images`/`known_captions`, five
+# numbers per file in an array("q"): st_mode, then the identity. NO_STAT: a file without a stat
+# (a broken link); no file has the mode 0.
+NO_STAT = (0, 0, 0, 0, 0)
+_FILE_TYPE = 0o170000  # the bits of st_mode that say a file's type (stat.S_IFMT)
 
 
 def identity(info: os.stat_result) -> Identity:
-    """(size, mtime_ns, ctime_ns, inode) of a stat result."""
-    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+    """The identity of a stat result."""
+    return (
+        info.st_size,
+        info.st_mtime_ns & _LOW_BITS,
+        info.st_ctime_ns & _LOW_BITS,
+        info.st_ino & _LOW_BITS,
+    )
+
+
+def stat_fields(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    """(st_mode, *identity) of a stat result: what a listing keeps of it (written out: it is
+    called for millions of files)."""
+    return (
+        info.st_mode,
+        info.st_size,
+        info.st_mtime_ns & _LOW_BITS,
+        info.st_ctime_ns & _LOW_BITS,
+        info.st_ino & _LOW_BITS,
+    )
 
 
 class IndexDamaged(ValueError):
     """The index file cannot be used; the message says why."""
 
 
-def _columns(body: dict, kind: str, width: int) -> tuple[list, list, list]:
-    part = body.get(kind)
-    if not isinstance(part, dict):
-        raise IndexDamaged(f"no {kind}")
-    names, numbers, values = part.get("names"), part.get("numbers"), part.get("values")
-    if not (isinstance(names, list) and isinstance(numbers, list) and isinstance(values, list)):
-        raise IndexDamaged(f"{kind} are not lists")
-    if len(numbers) != 4 * len(names) or len(values) != width * len(names):
-        raise IndexDamaged(f"{kind} columns differ in length")
-    return names, numbers, values
+def _unpacked(text: object, count: int, what: str) -> np.ndarray:
+    """The ``count`` numbers packed in base64 ``text``."""
+    if not isinstance(text, str):
+        raise IndexDamaged(f"{what} are not packed numbers")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise IndexDamaged(f"{what} are not base64") from None
+    if len(data) != count * _PACKED.itemsize:
+        raise IndexDamaged(f"{what} differ in length from the names")
+    return np.frombuffer(data, _PACKED).astype(np.int64, copy=False)
+
+
+def _packed(numbers: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(numbers, _PACKED).tobytes()).decode("ascii")
 
 
 class _Table:
-    """One kind of entry of an index file, as read: name -> row, the rows' identities and values
-    kept flat as the file has them (no object per entry until one is asked for)."""
+    """One kind of entry of an index file, as read: name -> row, and per row the file's
+    identity (an [N, 4] array) and what was read from it (no object per entry until one is
+    asked for)."""
 
-    def __init__(self, names: list, numbers: list, values: list, width: int) -> None:
+    def __init__(self, names: list, identities: np.ndarray, values: list) -> None:
+        self.names, self.identities, self.values = names, identities, values
         self.rows = dict(zip(names, range(len(names)), strict=True))
-        self.numbers, self.values, self.width = numbers, values, width
+
+    def unchanged(self, names: list[str], stats: array) -> np.ndarray:
+        """The row of each of ``names`` (-1 where none) whose file is a regular file and the
+        same file as its entry's, from the listing's ``stats`` (five numbers per name:
+        NO_STAT's)."""
+        count = len(names)
+        if not self.names or not count:
+            return np.full(count, -1, np.int64)
+        rows = np.fromiter(map(self.rows.get, names, repeat(-1)), np.int64, count)
+        fields = np.frombuffer(stats, np.int64).reshape(count, 5)
+        listed = rows >= 0
+        same = self.identities[np.where(listed, rows, 0)] == fields[:, 1:]
+        regular = (fields[:, 0] & _FILE_TYPE) == S_IFREG
+        return np.where(listed & regular & same.all(axis=1), rows, -1)
 
     def row(self, key: str, info: os.stat_result) -> int | None:
-        """The row of ``key`` when its file's identity is that of the stat ``info``, else None
-        (compared field by field: no tuple is made for the millions of unchanged files)."""
+        """The row of ``key`` when its file's identity is that of the stat ``info``, else
+        None (one file: `unchanged` checks a listing's)."""
         i = self.rows.get(key)
-        if i is None:
-            return None
-        numbers, j = self.numbers, 4 * i
-        if (
-            numbers[j] != info.st_size
-            or numbers[j + 1] != info.st_mtime_ns
-            or numbers[j + 2] != info.st_ctime_ns
-            or numbers[j + 3] != info.st_ino
-        ):
+        if i is None or tuple(self.identities[i].tolist()) != identity(info):
             return None
         return i
 
-    def get(self, key: str, info: os.stat_result) -> list | None:
-        """The values of ``key`` when its file's identity is that of the stat ``info``, else
-        None."""
-        i = self.row(key, info)
-        return None if i is None else self.values[self.width * i : self.width * (i + 1)]
+
+_EMPTY = _Table([], np.zeros((0, 4), np.int64), [])
 
 
-_EMPTY = _Table([], [], [], 1)
+def _table(body: dict, kind: str) -> _Table:
+    part = body.get(kind)
+    if not isinstance(part, dict) or not isinstance(part.get("names"), list):
+        raise IndexDamaged(f"no {kind}")
+    names, values = part["names"], part.get("values")
+    count = len(names)
+    identities = _unpacked(part.get("identities"), 4 * count, f"{kind} identities")
+    if kind == "images":
+        values = _header_values(part, values, count)
+    elif not isinstance(values, list) or len(values) != count:
+        raise IndexDamaged(f"{kind} values differ in length from the names")
+    return _Table(names, identities.reshape(count, 4), values)
+
+
+def _header_values(part: dict, codes: object, count: int) -> list[ImageHeader]:
+    """Each image's header (one shared object per distinct header) from the table of distinct
+    headers and each image's number in it."""
+    distinct = part.get("headers")
+    if not isinstance(distinct, list) or not all(
+        isinstance(h, list) and len(h) == 3 and all(type(n) is int for n in h) for h in distinct
+    ):
+        raise IndexDamaged("images headers are not [width, height, frames]")
+    numbers = _unpacked(codes, count, "images values")
+    if count and not 0 <= numbers.min() <= numbers.max() < len(distinct):
+        raise IndexDamaged("an image's header is not in the table")
+    headers = [ImageHeader((width, height), frames) for width, height, frames in distinct]
+    return list(map(headers.__getitem__, numbers.tolist()))
 
 
 def _parse(data: bytes) -> tuple[_Table, _Table, _Table]:
@@ -115,44 +188,85 @@ def _parse(data: bytes) -> tuple[_Table, _Table, _Table]:
         raise IndexDamaged("body is not JSON") from None
     if not isinstance(parsed, dict):
         raise IndexDamaged("body is not an object")
-    images, captions = _columns(parsed, "images", 3), _columns(parsed, "captions", 1)
-    # an index written before videos were scanned has none
-    videos = _columns(parsed, "videos", 1) if "videos" in parsed else ([], [], [])
-    return _Table(*images, 3), _Table(*captions, 1), _Table(*videos, 1)
+    return _table(parsed, "images"), _table(parsed, "captions"), _table(parsed, "videos")
+
+
+class _Met:
+    """What a scan met of one kind of entry: the rows of the file that answered, and the
+    entries read anew (name -> (identity, value))."""
+
+    def __init__(self, table: _Table) -> None:
+        self.table = table
+        self.rows: list[np.ndarray] = []
+        self.new: dict[str, tuple[Identity, object]] = {}
+
+    def answered(self, rows: np.ndarray) -> list:
+        """The value of each row of ``rows`` (None where -1), kept for the next index."""
+        self.rows.append(rows[rows >= 0])
+        values = self.table.values
+        return [values[row] if row >= 0 else None for row in rows.tolist()]
+
+    def _kept(self) -> np.ndarray:
+        return np.unique(np.concatenate([np.zeros(0, np.int64), *self.rows]))
+
+    def unchanged(self) -> bool:
+        """Whether the entries met are the file's, all of them."""
+        count = len(self.table.names)
+        met = sum(len(rows) for rows in self.rows)
+        return not self.new and met == count and len(self._kept()) == count
+
+    def columns(self) -> dict:
+        """The entries met as the file holds them."""
+        table, kept = self.table, self._kept()
+        identities = table.identities[kept]
+        if self.new:
+            new = np.array([ident for ident, _ in self.new.values()], np.int64).reshape(-1, 4)
+            identities = np.concatenate([identities, new])
+        rows = kept.tolist()
+        return {
+            "names": [table.names[i] for i in rows] + list(self.new),
+            "identities": _packed(identities),
+            "values": [table.values[i] for i in rows] + [v for _, v in self.new.values()],
+        }
+
+
+def _image_columns(met: _Met) -> dict:
+    """The images met, their headers as numbers in a table of the distinct headers."""
+    columns = met.columns()
+    numbers: dict[ImageHeader, int] = {}
+    codes = [numbers.setdefault(header, len(numbers)) for header in columns["values"]]
+    columns["values"] = _packed(np.array(codes, np.int64))
+    columns["headers"] = [[*header.size, header.frames] for header in numbers]
+    return columns
 
 
 class ScanIndex:
-    """One subset's index file, read when opened; `known` and `known_caption` answer from it
-    when the file is unchanged, `record` and `record_caption` keep what was read otherwise, and
-    `save` writes what this scan met. Safe to call from several threads (each call stores one
-    dict item)."""
+    """One subset's index file, read when opened; `known_images` and `known_captions` answer
+    from it for the files of a listing that did not change, `record` and `record_caption` keep
+    what was read otherwise, and `save` writes what this scan met. Safe to call from several
+    threads (each call adds one list or dict item)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._images, self._captions, self._videos = _EMPTY, _EMPTY, _EMPTY
         self.damaged: str | None = None
-        self._load(path)
-        self._met_images: dict[str, tuple[Identity, ImageHeader]] = {}
-        self._met_captions: dict[str, tuple[Identity, str]] = {}
-        self._met_videos: dict[str, tuple[Identity, object]] = {}
-        self._hits: list[str] = []  # image keys answered from the index
-        self._changed = False
+        self._images, self._captions, self._videos = self._load(path)
 
     @property
     def reused(self) -> int:
-        """Image headers answered from the index."""
-        return len(self._hits)
+        """Image headers and video probes answered from the index."""
+        return sum(len(rows) for rows in self._images.rows + self._videos.rows)
 
-    def _load(self, path: Path) -> None:
+    def _load(self, path: Path) -> tuple[_Met, _Met, _Met]:
+        tables = (_EMPTY, _EMPTY, _EMPTY)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return
+            pass
         except OSError as error:
             self.damaged = error.strerror or str(error)
         else:
             try:
-                self._images, self._captions, self._videos = _parse(data)
+                tables = _parse(data)
             except (IndexDamaged, TypeError, IndexError, ValueError) as error:
                 self.damaged = str(error) or type(error).__name__
         if self.damaged is not None:
@@ -161,72 +275,63 @@ class ScanIndex:
                 path,
                 self.damaged,
             )
+        return tuple(_Met(table) for table in tables)
 
-    def known(self, key: str, info: os.stat_result) -> ImageHeader | None:
-        """The indexed header of the image `key` whose stat is `info` when the file is unchanged
-        (and kept for the next index), else None: the caller reads it and calls `record`."""
-        table = self._images
-        i = table.row(key, info)
-        if i is None:
-            return None
-        values, j = table.values, 3 * i
-        header = ImageHeader((values[j], values[j + 1]), values[j + 2])
-        self._hits.append(key)
-        self._met_images[key] = (identity(info), header)
-        return header
+    def known_images(self, keys: list[str], stats: array) -> list[ImageHeader | None]:
+        """The indexed header of each image of ``keys`` whose file is unchanged (and kept for
+        the next index), else None: the caller reads it and calls `record`. ``stats``: five
+        numbers per image (stat_fields, NO_STAT)."""
+        met = self._images
+        return met.answered(met.table.unchanged(keys, stats))
 
-    def record(self, key: str, info: os.stat_result, header: ImageHeader) -> None:
-        """Keep the header read from the image `key` whose stat is `info` for the next index."""
-        self._changed = True
-        self._met_images[key] = (identity(info), header)
+    def record(self, key: str, ident: Identity, header: ImageHeader) -> None:
+        """Keep the header read from the image `key` whose identity is `ident`."""
+        self._images.new[key] = (ident, header)
+
+    def known_captions(self, keys: list[str], stats: array) -> list[str | None]:
+        """The indexed text of each caption file of ``keys`` that is unchanged (and kept for
+        the next index), else None: the caller reads it and calls `record_caption`."""
+        met = self._captions
+        return met.answered(met.table.unchanged(keys, stats))
+
+    def known_caption(self, key: str, info: os.stat_result) -> str | None:
+        """`known_captions` of one file, by its stat."""
+        met = self._captions
+        i = met.table.row(key, info)
+        return None if i is None else met.answered(np.array([i], np.int64))[0]
+
+    def record_caption(self, key: str, ident: Identity, text: str) -> None:
+        """Keep the text read from the caption file `key` whose identity is `ident`."""
+        self._captions.new[key] = (ident, text)
 
     def known_video(self, key: str, info: os.stat_result) -> object | None:
         """The indexed probe (JSON values) of the video file `key` whose stat is `info` when
         the file is unchanged, else None: the caller probes it and calls `record_video`. The
         caller checks the values and calls `keep_video` for the ones it uses."""
-        known = self._videos.get(key, info)
-        return None if known is None else known[0]
+        table = self._videos.table
+        i = table.row(key, info)
+        return None if i is None else table.values[i]
 
     def keep_video(self, key: str, info: os.stat_result, values: object) -> None:
         """Keep an indexed probe that answered (counted as reused) for the next index."""
-        self._hits.append(key)
-        self._met_videos[key] = (identity(info), values)
+        self._videos.rows.append(np.array([self._videos.table.rows[key]], np.int64))
 
     def record_video(self, key: str, info: os.stat_result, values: object) -> None:
         """Keep the probe (JSON values) of the video file `key` whose stat is `info` for the
         next index."""
-        self._changed = True
-        self._met_videos[key] = (identity(info), values)
-
-    def known_caption(self, key: str, info: os.stat_result) -> str | None:
-        """The indexed text of the caption file `key` (stat `info`) when it is unchanged (and
-        kept for the next index), else None: the caller reads it and calls `record_caption`."""
-        i = self._captions.row(key, info)
-        if i is None:
-            return None
-        text = self._captions.values[i]
-        self._met_captions[key] = (identity(info), text)
-        return text
-
-    def record_caption(self, key: str, info: os.stat_result, text: str) -> None:
-        """Keep the text read from the caption file `key` (stat `info`) for the next index."""
-        self._changed = True
-        self._met_captions[key] = (identity(info), text)
+        self._videos.new[key] = (identity(info), values)
 
     def save(self) -> None:
         """Write the entries this scan met, when they differ from the file's. A folder that
         cannot be written keeps no index (the next run reads the files again)."""
-        changed = self._changed or self.damaged is not None
-        if (
-            not changed
-            and len(self._met_images) == len(self._images.rows)
-            and len(self._met_captions) == len(self._captions.rows)
-            and len(self._met_videos) == len(self._videos.rows)
-        ):
+        kinds = (self._images, self._captions, self._videos)
+        if self.damaged is None and all(met.unchanged() for met in kinds):
             return
-        body = _body(self._met_images, self._met_captions)
-        if self._met_videos:
-            body["videos"] = _table(self._met_videos, lambda values: values)
+        body = {
+            "images": _image_columns(self._images),
+            "captions": self._captions.columns(),
+            "videos": self._videos.columns(),
+        }
         body = json.dumps(body, separators=(",", ":")).encode()
         header = {
             "format": FORMAT,
@@ -240,28 +345,3 @@ class ScanIndex:
             atomic_write_file(self.path, lambda tmp: tmp.write_bytes(data), place="cache_dir")
         except SaveError as error:  # read-only data, full disk: the scan itself is done
             log.info("scan index not kept: %s", error)
-
-
-def _table(entries: dict, values) -> dict:
-    """A kind of entry as the file holds it: names, identities and values in flat columns."""
-    numbers = [number for ident, _ in entries.values() for number in ident]
-    return {
-        "names": list(entries),
-        "numbers": numbers,
-        "values": [values(entry) for _, entry in entries.values()],
-    }
-
-
-def _body(images: dict, captions: dict) -> dict:
-    image_numbers, headers = [], []
-    for ident, header in images.values():
-        image_numbers.extend(ident)
-        headers.extend((*header.size, header.frames))
-    caption_numbers, texts = [], []
-    for ident, text in captions.values():
-        caption_numbers.extend(ident)
-        texts.append(text)
-    return {
-        "images": {"names": list(images), "numbers": image_numbers, "values": headers},
-        "captions": {"names": list(captions), "numbers": caption_numbers, "values": texts},
-    }

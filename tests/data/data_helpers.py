@@ -33,3 +33,21 @@ def bucketed_config(folder: Path, **subset_keys):
         bucket_reso_steps=64,
         subsets=[subset],
     )
+
+
+def count_paths(monkeypatch) -> list:
+    """A list that gets an entry for every path object made from now on (constructed or
+    joined with "/"), for checks that a scan makes none per image."""
+    import pathlib
+
+    made: list = []
+    for cls, name in ((pathlib.PurePath, "__new__"), (pathlib.Path, "__new__"),
+                      (pathlib.PurePath, "__truediv__")):  # fmt: skip
+        real = cls.__dict__[name]
+
+        def counting(*args, real=real, **kwargs):
+            made.append(args[1:])
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, counting)
+    return made

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from data_helpers import write_image
+from data_helpers import count_paths, write_image
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.dataset import TrainData
@@ -56,3 +56,15 @@ def test_the_plan_prints_them_as_warnings(tmp_path):
     data = _data(tmp_path, {"a.png": (1, 1)})
     trainer = SimpleNamespace(data=data, size_notes=(), family_notes=())
     assert plan_warnings(trainer) == list(data.warnings) != []
+
+
+def test_only_the_names_shown_are_made_into_paths(tmp_path, monkeypatch):
+    # a dataset of small files, every one of them enlarged: the warning counts them all and
+    # names three, and a folder's images make a Path only for a name it shows
+    count = 40
+    data = _data(tmp_path, {f"{i:02d}.png": (2, 2) for i in range(count)})
+    made = count_paths(monkeypatch)
+    (enlarged,) = data.warnings
+    assert enlarged.startswith(f"dataset 0: {count} images or references are enlarged")
+    assert "(img/00.png, img/01.png, img/02.png, ...)" in enlarged
+    assert len(made) < 10, len(made)

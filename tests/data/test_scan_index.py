@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from data_helpers import bucketed_config, write_image
+from data_helpers import bucketed_config, count_paths, write_image
 
 import library.data.folders as folders
 import library.data.header_scan as header_scan
@@ -181,7 +181,7 @@ def test_an_added_and_a_removed_image_are_seen(tmp_path, reads):
     assert reads.images == ["9.png"] and reads.captions == ["9.txt"]
     assert _seen(again) == _truth(folder)
     index = ScanIndex(scan_index_path(_config(folder).subsets[0], str(cache), False))
-    assert set(index._images.rows) == {"1.png", "2.png", "3.png", "9.png"}  # 0.png dropped out
+    assert set(index._images.table.rows) == {"1.png", "2.png", "3.png", "9.png"}  # 0.png dropped out
 
 
 @pytest.mark.parametrize("keep_times", [False, True], ids=["new mtime", "old mtime"])
@@ -219,9 +219,9 @@ def test_a_damaged_index_is_rebuilt_with_one_warning(tmp_path, reads, caplog, da
     elif damage == "empty":
         path.write_bytes(b"")
     elif damage == "other version":
-        path.write_bytes(data.replace(b'"version": 1', b'"version": 999', 1))
+        path.write_bytes(data.replace(b'"version": ', b'"version": 999', 1))
     elif damage == "body edited":  # a size changed by hand: the checksum no longer fits
-        path.write_bytes(data.replace(b"[16,16,1", b"[99,99,1", 1))
+        path.write_bytes(data.replace(b"[16,16,1]", b"[99,99,1]", 1))
     else:
         path.unlink()
         path.mkdir()
@@ -401,3 +401,50 @@ def test_the_scanned_dataset_holds_under_a_kilobyte_per_image(tmp_path):
         tracemalloc.stop()
     assert len(data.scanned[0].images) == count
     assert held / count < MAX_BYTES_PER_IMAGE, held / count
+
+
+def test_the_index_is_found_from_another_working_folder(tmp_path, monkeypatch, reads):
+    folder, cache = _folder(tmp_path), tmp_path / "cache"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _scan(folder, cache)
+    monkeypatch.chdir(elsewhere)  # the same absolute folder and cache, started from elsewhere
+    reads.clear()
+    again = _scan(folder, cache)
+    assert reads.images == [] and again.indexed == len(SIZES)
+    assert len(list((cache / "scan").glob("*.json"))) == 1
+
+
+def test_a_rerun_makes_no_path_per_image(tmp_path, monkeypatch):
+    folder, count = tmp_path / "many", 60
+    for i in range(count):
+        write_image(folder / f"{i:03d}.png", (i, 0, 0), (16, 16))
+        (folder / f"{i:03d}.txt").write_text(f"caption {i}")
+    TrainData([_config(folder)], seed=0, cache_dir=str(tmp_path / "cache"))  # opens each image
+    made = count_paths(monkeypatch)
+    data = TrainData([_config(folder)], seed=0, cache_dir=str(tmp_path / "cache"))
+    assert len(made) < count // 4, len(made)
+    assert data.scanned[0].indexed == count
+    assert {i.item.path for i in data.scanned[0].images} == set(folder.glob("*.png"))
+
+
+@pytest.mark.parametrize(
+    "ns",
+    [-(10**17), 2**63 - 1, 2**63],  # before 1970; the last ns a signed 64-bit number holds; beyond
+    ids=["1966", "2262", "past 2262"],
+)
+def test_file_times_outside_the_usual_range_are_indexed_and_compared(tmp_path, reads, ns):
+    folder, cache = _folder(tmp_path), tmp_path / "cache"
+    target = folder / "1.png"
+    try:
+        os.utime(target, ns=(ns, ns))
+        set_to = target.stat().st_mtime_ns
+    except (OSError, OverflowError, ValueError):
+        pytest.skip("the file system does not take this time")
+    _scan(folder, cache)
+    reads.clear()
+    assert _scan(folder, cache).indexed == len(SIZES) and reads.images == []
+    os.utime(target, ns=(set_to + 10**9, set_to + 10**9))
+    reads.clear()
+    again = _scan(folder, cache)
+    assert reads.images == ["1.png"] and _seen(again) == _truth(folder)
