@@ -478,7 +478,8 @@ class Trainer:
         acc, comps = self.accelerator, parts.components
         encoders = () if getattr(self, "_text_leaves", False) else comps.text_encoders
         move_denoisers(self.config, comps, acc.device)
-        for module in (comps.vae, *encoders):
+        image = () if comps.image_encoder is None else (comps.image_encoder.model,)
+        for module in (comps.vae, *encoders, *image):
             module.to(acc.device)
         if self.sharded:
             shard_trained_denoiser(parts, self.config.training.fsdp, acc.device, acc.num_processes)
@@ -518,6 +519,7 @@ class Trainer:
             max_token_length=self.config.model.max_token_length,
             text_cache=text_cache,
             experts=expert_routing(self.config, parts, self._prepared),
+            image_encoder=comps.image_encoder,
         )
 
     def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver, start: RunStart) -> int:
