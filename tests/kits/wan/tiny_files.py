@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 
 from library.models.families.name_table import CHECKPOINT_PREFIX
-from library.models.families.wan.keys import TABLE
+from library.models.families.wan.keys import TABLE, TABLE_CLIP
 from library.models.wan_vae_keys import original_name, vae_to_original
 from tests.kits.krea2.tiny_files import _save
 from tests.kits.wan.tiny import (
     build_tiny_wan_components,
+    clip_vision_config,
     text_encoder_config,
     transformer_config,
 )
@@ -132,3 +133,28 @@ def write_tiny_wan_ti2v_files(folder, path, dtype=torch.float32, comfy=False) ->
 
 def _config(module) -> dict:
     return {k: v for k, v in module.config.items() if not k.startswith("_")}
+
+
+def write_tiny_wan_i2v_clip_files(folder, path, dtype=torch.float32) -> dict[str, Path]:
+    """A tiny Wan 2.1 I2V-14B folder's transformer in the original names (Comfy-Org's
+    wan2.1_i2v_480p_14B layout: img_emb, cross_attn.k_img / v_img / norm_k_img) and its CLIP
+    vision tower as Comfy-Org's clip_vision_h.safetensors holds one (transformers' names with
+    the projection of CLIPVisionModelWithProjection), beside write_tiny_wan_files' others."""
+    from diffusers import WanTransformer3DModel
+    from transformers import CLIPVisionModel
+
+    folder, path = Path(folder), Path(path)
+    files = write_tiny_wan_files(path)
+    transformer = WanTransformer3DModel.from_pretrained(folder / "transformer")
+    vision = CLIPVisionModel.from_pretrained(folder / "image_encoder")
+    config = vision.config
+    projection = torch.randn(config.projection_dim, config.hidden_size)
+    state = {f"vision_model.{k}": v for k, v in vision.state_dict().items()}
+    state["visual_projection.weight"] = projection
+    return files | {
+        "transformer": _save(TABLE_CLIP.to_original(transformer.state_dict()),
+                             path / "wan2.1_i2v_480p_14B.safetensors", dtype,
+                             _config(transformer), "transformer"),
+        "clip": _save(state, path / "clip_vision_h.safetensors", dtype, clip_vision_config(),
+                      "image_encoder"),
+    }  # fmt: skip

@@ -26,13 +26,12 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.experts import LOW_NOISE
-from library.models.families.base import FIRST_FRAME_LATENTS_KEY, derived_family
-from library.models.families.spec_loader import (
-    load_main_file,
-    load_spec,
-    spec_for,
-    write_main_file,
+from library.models.families.base import (
+    FIRST_FRAME_IMAGE_STATES_KEY,
+    FIRST_FRAME_LATENTS_KEY,
+    derived_family,
 )
+from library.models.families.spec_loader import load_main_file, load_spec, write_main_file
 from library.models.families.transformer_family import (
     TransformerFamily,
     flow_metadata,
@@ -44,7 +43,12 @@ from library.models.families.wan.experts import (
     folder_experts,
     refuse_folder_expert_file,
 )
-from library.models.families.wan.keys import TABLE
+from library.models.families.wan.keys import TABLE, TABLE_CLIP
+from library.models.image_encoders.clip_vision import (
+    ImageEncoder,
+    clip_processor,
+    folder_processor,
+)
 from library.models.loader import Components, read_json
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
@@ -275,14 +279,73 @@ WAN_I2V = derived_family(
 )
 
 
+def clip_block_modules(transformer) -> list:
+    """musubi-tuner's modules of an I2V-14B transformer: the twelve Linears of every block (the
+    image keys and values after the cross-attention's four)."""
+    return table_modules(transformer, "lora_unet", TABLE_CLIP, (("blocks", "blocks"),))
+
+
+@dataclass(frozen=True, kw_only=True)
+class WanI2vClipFamily(WanI2vFamily):
+    """Wan 2.1 I2V-14B: one transformer reading the first frame's condition (as I2V-A14B) and,
+    beside the caption's states, the CLIP vision tower's states of that frame
+    (FIRST_FRAME_IMAGE_STATES_KEY, as the pipeline's encode_image: Components.image_encoder);
+    samples through WanImageToVideoPipeline with that encoder and its processor."""
+
+    def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        cond = super().assemble_conditioning(text, batch, device, dtype)
+        states = (batch or {}).get(FIRST_FRAME_IMAGE_STATES_KEY)
+        if states is None:
+            return cond
+        states = states.to(device, dtype or cond.encoder_hidden_states.dtype)
+        return Conditioning(cond.encoder_hidden_states, {**cond.unet_kwargs, "image_states": states})
+
+    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
+        condition = cond.unet_kwargs["condition"].to(noisy.dtype)
+        return denoiser(
+            hidden_states=torch.cat([noisy, condition], dim=1), timestep=timesteps,
+            encoder_hidden_states=cond.encoder_hidden_states,
+            encoder_hidden_states_image=cond.unet_kwargs["image_states"], return_dict=False,
+        )[0]  # fmt: skip
+
+    def transformer_modules(self, transformer):
+        return clip_block_modules(transformer)
+
+    def file_modules(self, transformer):
+        return clip_block_modules(transformer)
+
+    def lycoris_modules(self, transformer, preset):
+        """The twelve Linears of every block; attn-only: the ten attention ones."""
+        modules = clip_block_modules(transformer)
+        if preset == "attn-only":
+            return [m for m in modules if "_attn." in m.original]
+        return modules
+
+    def sampling_pipeline(self):
+        """WanImageToVideoPipeline with the one transformer and the image encoder (the shared
+        build passes it), its first frame the prompt's image (--i)."""
+        return replace(super().sampling_pipeline(), options={})
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        write_main_file(spec.SPEC_I2V_CLIP, path, denoiser, metadata, dtype)
+
+
+WAN_I2V_CLIP = derived_family(
+    WAN, WanI2vClipFamily, base_model_version="wan2.1", modelspec_architecture="wan2.1-i2v-14b",
+)
+
+
 def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
     """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, a folder whose model_index.json sets
     expand_timesteps, or a transformer file on 48 channels), WanI2vFamily for I2V-A14B (task
     i2v-A14B, or a WanImageToVideoPipeline folder; a file's is known once read), else
     WanFamily: the class data read before any weight is."""
     task = getattr(flow, "task", None)
-    if task in ("ti2v-5B", "i2v-A14B"):
-        return WanTi2vFamily if task == "ti2v-5B" else WanI2vFamily
+    tasks = {"ti2v-5B": WanTi2vFamily, "i2v-A14B": WanI2vFamily, "i2v-14B": WanI2vClipFamily}
+    if task in tasks:
+        return tasks[task]
+    if spec.model_spec(model) is spec.SPEC_I2V_CLIP:
+        return WanI2vClipFamily
     main = Path(model.pretrained_model_name_or_path).expanduser()
     if main.is_file():
         return WanTi2vFamily if spec.is_ti2v_file(main) else WanFamily
@@ -302,11 +365,9 @@ def load_wan(
 ) -> Components:
     """Wan's Components (frozen, on the CPU); ModelError for any problem with the files."""
     main = Path(model.pretrained_model_name_or_path).expanduser()
-    if main.is_file() and main.suffix == ".safetensors":
-        spec.refuse_image_input(main)
     refuse_folder_expert_file(main, getattr(flow, "dit_high_noise", None))
-    loaded = load_spec(spec_for(spec.SPECS, model), model, flow, weight_dtype, vae_dtype)
-    transformer, vae, text_encoder = loaded.modules.values()
+    loaded = load_spec(spec.model_spec(model), model, flow, weight_dtype, vae_dtype)
+    transformer, vae, text_encoder = (loaded.modules[k] for k in ("transformer", "vae", "text_encoder"))
     objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)
     if main.is_dir():
         experts = folder_experts(main, transformer, weight_dtype)
@@ -318,11 +379,23 @@ def load_wan(
         denoiser=transformer if experts is None else experts.modules[LOW_NOISE], vae=vae,
         text_encoders=(text_encoder,), tokenizers=tuple(loaded.tokenizers.values()),
         objective=objective, family=replace(_family_of(loaded.facts)),
-        model_dir=loaded.model_dir, experts=experts,
+        model_dir=loaded.model_dir, experts=experts, image_encoder=_image_encoder(loaded),
     )  # fmt: skip
+
+
+def _image_encoder(loaded) -> ImageEncoder | None:
+    """Wan 2.1 I2V-14B's CLIP vision tower with the folder's image processor (single files:
+    CLIP ViT-H's)."""
+    model = loaded.modules.get(spec.IMAGE_ENCODER)
+    if model is None:
+        return None
+    folder = loaded.model_dir / spec.IMAGE_PROCESSOR
+    return ImageEncoder(model, folder_processor(folder) if folder.is_dir() else clip_processor())
 
 
 def _family_of(facts: spec.Facts) -> WanFamily:
     if facts.expand_timesteps:
         return WAN_TI2V
+    if facts.image_states:
+        return WAN_I2V_CLIP
     return WAN_I2V if facts.first_frame else WAN
