@@ -34,6 +34,7 @@ from library.sampling.generate import check_sampling
 from library.sampling.runner import SampleRunner
 from library.training.base_weights import non_finite_model_weights
 from library.training.caching import (
+    build_image_state_cache,
     build_latent_cache,
     build_text_cache,
     build_text_cache_alone,
@@ -264,7 +265,8 @@ class Trainer:
         latents = build_latent_cache(config, self.data, parts.components, acc, group)
         layout = family.latent_codec(parts.components.vae).layout
         source = SampleSource(latents, plan.total_steps, layout, family.TEXT_READS_REFERENCES,
-                              family.FIRST_FRAME_CONDITION)  # fmt: skip
+                              family.FIRST_FRAME_CONDITION,
+                              *self._image_states(parts, group))  # fmt: skip
         if not self._text_leaves:
             text_cache = build_text_cache(
                 config, self.data, parts.components, weight_dtype, acc, group
@@ -499,6 +501,18 @@ class Trainer:
         for module in trained:
             module.train()
         return trained
+
+    def _image_states(self, parts: TrainedParts, group) -> tuple:
+        """The image encoder's cache of first-frame states and their shape (with cached latents;
+        the encoder then leaves the device: the step reads its states from the cache), else
+        (None, None)."""
+        image = parts.components.image_encoder
+        cache = build_image_state_cache(self.config, self.data, parts.components,
+                                        self.accelerator, group)  # fmt: skip
+        if cache is None:
+            return None, None
+        image.model.to("cpu")
+        return cache, (image.tokens(), image.width)
 
     def _step_inputs(self, parts: TrainedParts, weight_dtype, text_cache=None) -> StepInputs:
         comps, training = parts.components, self.config.training
