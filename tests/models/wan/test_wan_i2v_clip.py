@@ -19,7 +19,7 @@ from library.models.loader import load_components
 from library.training.step import micro_batch_loss
 from tests.kits.wan.kit import reference_loss
 from tests.kits.wan.tiny import write_tiny_wan_i2v_clip_folder, write_tiny_wan_i2v_folder
-from tests.kits.wan.tiny_files import write_tiny_wan_i2v_clip_files
+from tests.kits.wan.tiny_files import write_tiny_wan_clip_pth, write_tiny_wan_i2v_clip_files
 from tests.models.step_inputs import step_inputs
 from tests.models.wan.test_wan_clips import _batch
 from tests.models.wan.test_wan_i2v import _pipeline_condition, _text_pipe
@@ -146,3 +146,17 @@ def test_single_files_are_musubi_tuners_dit_and_clip(folder, pipe, tmp_path):
     assert processor["crop_size"] == CLIP_PROCESSOR["crop_size"] == {"height": 224, "width": 224}
     with pytest.raises(ModelError, match=r"clip = .* is not Wan 2.1 I2V-14B's CLIP"):
         load_components(model, torch.float32, FlowSection(clip=str(files["t5"]), **flow))
+
+
+def test_wan_ais_clip_file_gives_its_visual_tower(folder, pipe, tmp_path):
+    """Wan-AI's models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth as clip: its visual
+    tower (Wan's own names, q/k/v fused) is the folder's CLIP vision encoder, the text tower and
+    the pooling head left out (the file carries no config: its sizes come from its shapes)."""
+    files = write_tiny_wan_i2v_clip_files(folder, tmp_path / "f")
+    pth = write_tiny_wan_clip_pth(folder, tmp_path / "models_clip_open-clip-xlm-roberta.pth")
+    flow = FlowSection(clip=str(pth), t5=str(files["t5"]),
+                       t5_tokenizer_path=str(files["tokenizer"]))  # fmt: skip
+    model = ModelSection(pretrained_model_name_or_path=str(files["transformer"]),
+                         vae=str(files["vae"]))  # fmt: skip
+    components = load_components(model, torch.float32, flow)
+    _same(components.image_encoder.model, pipe.image_encoder)

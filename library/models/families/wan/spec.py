@@ -8,7 +8,10 @@ diffusion_pytorch_model*.safetensors or Comfy-Org's wan2.1_t2v_*.safetensors in 
 names, keys.py, bare or under ``model.diffusion_model.``, or diffusers' names; a Wan 2.2 A14B
 expert's file is one of these), umT5 ([flow] t5: umt5_xxl_fp16.safetensors, or Wan-AI's
 models_t5_umt5-xxl-enc-bf16.pth in the names of Wan's own T5 code), the VAE ([model]
-vae: wan_2.1_vae.safetensors) and umT5's tokenizer (t5_tokenizer_path, or found locally)."""
+vae: wan_2.1_vae.safetensors) and umT5's tokenizer (t5_tokenizer_path, or found locally).
+Wan 2.1 I2V-14B (SPEC_I2V_CLIP): a WanImageToVideoPipeline folder with image_encoder/
+(CLIPVisionModel) and image_processor/, or its transformer file beside [flow] clip (Comfy-Org's
+clip_vision_h.safetensors, Wan-AI's CLIP .pth: image_encoders/clip_vision_file.py)."""
 
 from __future__ import annotations
 
@@ -58,7 +61,8 @@ WHATS = {
     "t5": "the umT5-XXL text encoder (umt5_xxl_fp16.safetensors or Wan-AI's "
     "models_t5_umt5-xxl-enc-bf16.pth)",
     "vae": "the Wan VAE (wan_2.1_vae.safetensors, or wan2.2_vae.safetensors for TI2V-5B)",
-    "clip": "Wan 2.1 I2V-14B's CLIP vision encoder (clip_vision_h.safetensors)",
+    "clip": "Wan 2.1 I2V-14B's CLIP vision encoder (clip_vision_h.safetensors or Wan-AI's "
+    "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth)",
 }
 
 
@@ -376,7 +380,7 @@ SPEC_I2V_CLIP = replace(
             "image_encoder", IMAGE_ENCODER, "transformers:CLIPVisionModel",
             base=lambda: dict(VIT_H), label="Wan CLIP image encoder",
             file=ComponentFile("clip", "[flow]", WHATS["clip"], lambda file: plan_clip_vision_file(
-                file, "clip", IMAGE_ENCODER, WHATS["clip"])),
+                file, "clip", IMAGE_ENCODER, WHATS["clip"]), pickles=True),
         ),
     ),
     other={**SPEC.other, IMAGE_PROCESSOR: "preprocessor_config.json"},
