@@ -53,4 +53,4 @@ TABLE = _table(_TOP, _BLOCK)
 # the image Linears after the cross-attention's four, as musubi-tuner's blocks order them
 _CLIP_BLOCK = dict(list(_BLOCK.items())[:8]) | _IMAGE_BLOCK | dict(list(_BLOCK.items())[8:])
 TABLE_CLIP = _table(_TOP | _IMAGE_TOP, _CLIP_BLOCK)
-state_to_original = TABLE.to_original  # the registry entry's ToolFacts.to_original
+state_to_original = TABLE_CLIP.to_original  # ToolFacts.to_original (T2V states alike)
