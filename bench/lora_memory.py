@@ -324,6 +324,27 @@ def chroma_components(config, folder: Path) -> Components:
     return _frozen(config, transformer, vae, (t5,), (tokenizer,), objective, family)
 
 
+def flux2_text_config(model: str) -> dict:
+    """The released text encoder's config of FLUX.2 ``model``: Qwen3-4B (klein 4B), Qwen3-8B
+    (klein 9B: Qwen3-4B's layout, wider, its LM head untied) or Mistral Small 3.1 24B (dev:
+    Mistral3ForConditionalGeneration, its language model and the Pixtral vision tower, which
+    FLUX.2 leaves unused). The family reads these from the files; the bench has none."""
+    from library.models.released_configs import qwen3_4b_config
+
+    if model == "klein-4b":
+        return qwen3_4b_config()
+    if model == "klein-9b":
+        return {**qwen3_4b_config(), "hidden_size": 4096, "intermediate_size": 12288,
+                "tie_word_embeddings": False}  # fmt: skip
+    text = dict(model_type="mistral", hidden_size=5120, intermediate_size=32768,
+                num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                vocab_size=131072, rope_theta=1e9, max_position_embeddings=131072)  # fmt: skip
+    vision = dict(model_type="pixtral", hidden_size=1024, intermediate_size=4096,
+                  num_hidden_layers=24, num_attention_heads=16, head_dim=64, image_size=1540,
+                  patch_size=14)  # fmt: skip
+    return dict(text_config=text, vision_config=vision, spatial_merge_size=2)
+
+
 def flux2_components(model: str):
     """FLUX.2 ``model`` ("klein-4b", "klein-9b": base; "dev") at full size on the meta device,
     frozen, in the config's weight dtype."""
@@ -345,9 +366,9 @@ def flux2_components(model: str):
             transformer = Flux2Transformer2DModel(**spec.COMMON, **spec.RELEASED[model])
             vae = AutoencoderKLFlux2()  # the released VAE's config is the class default
             if model == "dev":
-                text = Mistral3ForConditionalGeneration(Mistral3Config(**spec.TEXT_ENCODERS[model]))
+                text = Mistral3ForConditionalGeneration(Mistral3Config(**flux2_text_config(model)))
             else:
-                text = Qwen3ForCausalLM(Qwen3Config(**spec.TEXT_ENCODERS[model]))
+                text = Qwen3ForCausalLM(Qwen3Config(**flux2_text_config(model)))
         tokenizer = _tokenizer(ASSETS / "qwen3_tokenizer")
         if model == "dev":  # the tiny tokenizer with a chat template of Mistral's shape
             from tests.kits.flux2.tiny import MISTRAL_TEMPLATE

@@ -86,7 +86,7 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.flux2.family:load_flux2": _LOADER,
     },
     "library/models/families/kontext/entry.py": {
-        "library.models.families.kontext.family:FluxKontextFamily": _LOADER,
+        "library.models.families.kontext.family:HOOKS": _LOADER,
         "library.models.families.kontext.load:claims_kontext": _LOADER,
         "library.models.families.kontext.load:load_kontext": _LOADER,
     },
@@ -109,8 +109,8 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.qwenimage.load:load_qwenimage": _LOADER,
     },
     "library/models/families/qwenimage_edit/entry.py": {
-        "library.models.families.qwenimage_edit.family:QwenImageEditFamily": _LOADER,
-        "library.models.families.qwenimage_edit.family:QwenImageEditPlusFamily": _LOADER,
+        "library.models.families.qwenimage_edit.family:HOOKS": _LOADER,
+        "library.models.families.qwenimage_edit.family:PLUS_HOOKS": _LOADER,
         "library.models.families.qwenimage_edit.load:claims_qwenimage_edit": _LOADER,
         "library.models.families.qwenimage_edit.load:claims_qwenimage_edit_plus": _LOADER,
         "library.models.families.qwenimage_edit.load:load_qwenimage_edit": _LOADER,

@@ -39,3 +39,12 @@ class ExpertSection(Section):
         "memory, moved to the GPU when a step needs it (less GPU memory, one transfer of a "
         "whole transformer whenever the expert changes). Unset: false.",
     )
+
+    @property
+    def boundary_fraction(self) -> float | None:
+        """timestep_boundary as a fraction of the schedule (musubi-tuner's scales: [0, 1], or
+        a timestep above 1 divided by 1000); None when unset."""
+        given = self.timestep_boundary
+        if given is None:
+            return None
+        return given / 1000.0 if given > 1 else given

@@ -50,7 +50,7 @@ class SampleSource:
     max_train_steps: int = 1
     latent_layout: LatentLayout | None = None
     # load reference images' pixels with a latent cache too: the family's text encoder reads
-    # them (ModelFamily.TEXT_READS_REFERENCES)
+    # them (ModelFamily.text_reads_references)
     reference_pixels: bool = False
     # cache each clip's first-frame condition too (ModelFamily.FIRST_FRAME_CONDITION)
     first_frame: bool = False

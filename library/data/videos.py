@@ -36,6 +36,7 @@ Decisions:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -409,9 +410,15 @@ def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
 def _frame_stamps(path: Path) -> tuple[list[int], tuple[int, int]] | None:
     """Each frame's presentation timestamp in presentation order (from the packets, decoding
     only the first frame) and the stored frame size; None when the packets leave doubt about
-    which frame is which (module docstring)."""
-    with av.open(str(path)) as container:
-        stamps, _, first, corrupt = _read_packets(container, _video_stream(container, path))
+    which frame is which (module docstring). Kept for the file as it is now: the clips of one
+    video read its packets once."""
+    return _stamps_of(str(path), video_stat_key(path))
+
+
+@functools.lru_cache(maxsize=64)
+def _stamps_of(path: str, _: tuple[int, int]) -> tuple[list[int], tuple[int, int]] | None:
+    with av.open(path) as container:
+        stamps, _, first, corrupt = _read_packets(container, _video_stream(container, Path(path)))
     if first is None or corrupt or None in stamps or len(set(stamps)) != len(stamps):
         return None
     order = sorted(stamps)

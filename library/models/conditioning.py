@@ -213,7 +213,7 @@ def encode_conditioning(
     ``assemble_conditioning(encode_text(...))``; see those two for the arguments. A family whose
     text encoder reads the reference images reads them from ``batch``
     (``ModelFamily.encode_text_with_references``)."""
-    if family.TEXT_READS_REFERENCES and batch is not None and REFERENCE_PIXELS_KEY in batch:
+    if family.text_reads_references and batch is not None and REFERENCE_PIXELS_KEY in batch:
         text = family.encode_text_with_references(
             tokenizers, text_encoders, captions, batch[REFERENCE_PIXELS_KEY], device
         )

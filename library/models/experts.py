@@ -46,9 +46,9 @@ def boundary(config: Config, experts: Experts) -> float:
     """The boundary between the experts as a fraction: ``timestep_boundary`` (musubi-tuner's
     word and scales: [0, 1], or a timestep above 1 divided by 1000), else the model's
     ``boundary_ratio``; ConfigError when neither gives one."""
-    given = config.experts.timestep_boundary
+    given = config.experts.boundary_fraction
     if given is not None:
-        return given / 1000.0 if given > 1 else given
+        return given
     if experts.boundary_ratio is None:
         raise ConfigError(
             "this model's config gives no boundary_ratio between its high-noise and low-noise "

@@ -175,24 +175,25 @@ def check_sampling(components, prompts: Sequence[SamplePrompt]) -> None:
         components.objective.sampler(name)
     family = components.family
     for prompt in prompts:
-        check_frame_count(family, prompt)
+        check_frame_count(family, prompt, family.label)
         _check_first_frame(family, kind, prompt)
         count = len(prompt.references)
         if not family.takes_references(count):
             fix = "remove its --ci options" if count else "give it its --ci reference images"
             raise ConfigError(
                 f"sample prompt {prompt.index + 1} gives {count} reference images (--ci) and "
-                f"{family.LABEL} models take {family.references_text()}; {fix}"
+                f"{family.label} models take {family.references_text()}; {fix}"
             )
 
 
-def check_frame_count(family, prompt: SamplePrompt) -> None:
+def check_frame_count(family, prompt: SamplePrompt, label: str) -> None:
     """ConfigError when ``prompt`` asks an image model (not ModelFamily.TRAINS_CLIPS) for
-    several frames (--f). Class data only: it can run before any weight is read."""
+    several frames (--f); ``label``: the model's name in messages. Class data only: it can run
+    before any weight is read."""
     if prompt.frames > 1 and not family.TRAINS_CLIPS:
         raise ConfigError(
             f"sample prompt {prompt.index + 1} asks for {prompt.frames} frames (--f) and "
-            f"{family.LABEL} models make single images; remove its --f option (or frame_count "
+            f"{label} models make single images; remove its --f option (or frame_count "
             "key)"
         )
 
@@ -204,12 +205,12 @@ def _check_first_frame(family, kind, prompt: SamplePrompt) -> None:
     takes = kind.first_frame_argument is not None
     if prompt.first_frame is not None and not takes:
         raise ConfigError(
-            f"{where} gives a first frame (--i) and {family.LABEL} models do not start from an "
+            f"{where} gives a first frame (--i) and {family.label} models do not start from an "
             "image; remove its --i option (or image_path key)"
         )
     if takes and prompt.first_frame is None:
         raise ConfigError(
-            f"{where} gives no first frame and {family.LABEL} models start from one; give it "
+            f"{where} gives no first frame and {family.label} models start from one; give it "
             "with --i (or the image_path key)"
         )
 
@@ -246,7 +247,7 @@ def reference_entries(components, prompt: SamplePrompt, device, rows: int) -> di
     ]
     latents = [codec.to_latents(codec.posterior(p)[0]) for p in pixels]
     entries = {REFERENCE_LATENTS_KEY: [z.expand(rows, *z.shape[1:]) for z in latents]}
-    if family.TEXT_READS_REFERENCES:
+    if family.text_reads_references:
         entries[REFERENCE_PIXELS_KEY] = [p.expand(rows, *p.shape[1:]) for p in pixels]
     return entries
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from library.config.sampling_schema import SamplingSection
-from library.models.experts import boundary
 from library.sampling.generate import SampleRound, check_sampling, sample_images
 from library.sampling.prompts import SamplePrompt, load_prompts
 from library.sampling.samplers import check_zero_terminal_snr
@@ -50,9 +49,9 @@ class SampleRunner:
             for name in dict.fromkeys(p.sampler for p in self.prompts):
                 if name is not None:  # None: DDIM, which can
                     check_zero_terminal_snr(name, f"sample_prompts {self.sampling.sample_prompts}")
-        self.config = config
         self.components = self.optimizer = None
-        self.boundary: float | None = None  # where a model's experts switch (the run's split)
+        # samples switch a model's experts where training splits them (unset: the model's own)
+        self.boundary: float | None = config.experts.boundary_fraction
         self.prepared: dict = {}
         self._last_step: int | None = None
 
@@ -73,10 +72,6 @@ class SampleRunner:
             check_sampling(components, self.prompts)
         self.components, self.prepared = components, dict(prepared or {})
         self.optimizer = optimizer
-        experts = getattr(components, "experts", None)  # stand-ins in tests may have none
-        if experts is not None and self.config.experts.timestep_boundary is not None:
-            # samples switch experts where training splits them
-            self.boundary = boundary(self.config, experts)
 
     def at_start(self, global_step: int) -> SampleRound | None:
         """Before the first optimizer step of this run (``global_step`` > 0 when resuming)."""

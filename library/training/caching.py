@@ -197,7 +197,7 @@ def build_text_cache(
     if to_disk:
         clear_killed_writes(data, "text", accelerator)
     cache = TextEncoderCache(identity, to_disk=to_disk)
-    if family.TEXT_READS_REFERENCES:
+    if family.text_reads_references:
         # an entry is a caption read with its reference images: the training step encodes
         # each the first time a sample meets it (library.training.step)
         accelerator.print("text-encoder cache: captions are encoded with their references as met")

@@ -30,12 +30,13 @@ def for_family(config: Config) -> tuple[Config, list[str]]:
     asks_text = net.train_mode == "lora" and not net.network_train_unet_only
     if not (unwritten or asks_text):
         return config, []  # nothing to settle: no look at the model's files
-    family = entry_for(config.model, config.flow).family_of(config.model, config.flow)
+    entry = entry_for(config.model, config.flow)
+    family = entry.family_of(config.model, config.flow)
     config = _with_bucket_steps(config, unwritten, family.BUCKET_STEP or family.PIXEL_MULTIPLE)
     reason = family.DENOISER_ONLY_ADAPTERS
     if not asks_text or reason is None:
         return config, []
-    adapts = f"{family.LABEL} LoRAs adapt the transformer only ({reason})"
+    adapts = f"{entry.label} LoRAs adapt the transformer only ({reason})"
     if net.network_train_text_encoder_only:
         raise ConfigError(
             f"network_train_text_encoder_only = true: {adapts}, so nothing would train; remove "

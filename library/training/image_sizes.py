@@ -21,12 +21,21 @@ made, in --dry_run too, instead of at the first step:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from library.config.provenance import DEFAULT, provenance
 from library.config.schema import Config
 from library.errors import ConfigError
 from library.models.families.family_choice import entry_for
 from library.sampling.pipelines import on_grid
+
+
+class Grid(NamedTuple):
+    """The pixel multiple a model needs (its family's PIXEL_MULTIPLE) and its name in messages
+    (its registry entry's label: an edit variant's own)."""
+
+    multiple: int
+    label: str
 
 
 def nearest_multiples(value: int, multiple: int) -> list[int]:
@@ -49,18 +58,18 @@ def _sizes_text(sizes: list[list[int]]) -> str:
     return " or ".join(f"[{width}, {height}]" for width, height in sizes)
 
 
-def _check_resolution(config: Config, d: int, family: type) -> None:
+def _check_resolution(config: Config, d: int, grid: Grid) -> None:
     width, height = config.datasets[d].resolution
-    _check_size(config, f"datasets[{d}].resolution", (width, height), family, "image")
+    _check_size(config, f"datasets[{d}].resolution", (width, height), grid, "image")
 
 
-def _check_control_resolutions(config: Config, d: int, family: type) -> None:
+def _check_control_resolutions(config: Config, d: int, grid: Grid) -> None:
     for j, subset in enumerate(config.datasets[d].subsets):
         if subset.control_resolution is None or subset.no_resize_control:
             continue  # no_resize_control: the sides are rounded to bucket_reso_steps
         key = _subset_key(config, d, j, "control_resolution")
         width, height = subset.control_resolution
-        _check_size(config, key, (width, height), family, "reference image")
+        _check_size(config, key, (width, height), grid, "reference image")
 
 
 def _subset_key(config: Config, d: int, j: int, name: str) -> str:
@@ -74,10 +83,10 @@ def _subset_key(config: Config, d: int, j: int, name: str) -> str:
     )
 
 
-def _check_size(config: Config, key: str, size: tuple[int, int], family: type, what: str) -> None:
+def _check_size(config: Config, key: str, size: tuple[int, int], grid: Grid, what: str) -> None:
     """ConfigError when ``size`` at ``key``, the exact size of every ``what`` with buckets off,
     is not on the family's pixel grid."""
-    multiple = family.PIXEL_MULTIPLE
+    multiple = grid.multiple
     width, height = size
     if not (width % multiple or height % multiple):
         return
@@ -88,33 +97,33 @@ def _check_size(config: Config, key: str, size: tuple[int, int], family: type, w
         options = [[w, h] for w in widths for h in heights]
     written = width if width == height else [width, height]
     raise ConfigError(
-        f"{key} = {written}{_where(config, key)} does not fit {family.LABEL}, whose model needs "
+        f"{key} = {written}{_where(config, key)} does not fit {grid.label}, whose model needs "
         f"image sides that are multiples of {multiple}, and with enable_bucket = false every "
         f"{what} is trained at exactly that size; use {_sizes_text(options)}"
     )
 
 
-def _check_bucket_steps(config: Config, d: int, family: type) -> None:
-    steps, multiple = config.datasets[d].bucket_reso_steps, family.PIXEL_MULTIPLE
+def _check_bucket_steps(config: Config, d: int, grid: Grid) -> None:
+    steps, multiple = config.datasets[d].bucket_reso_steps, grid.multiple
     if steps % multiple == 0:
         return
     key = f"datasets[{d}].bucket_reso_steps"
     use = " or ".join(str(v) for v in nearest_multiples(steps, multiple))
     raise ConfigError(
-        f"{key} = {steps}{_where(config, key)} does not fit {family.LABEL}, whose model needs "
+        f"{key} = {steps}{_where(config, key)} does not fit {grid.label}, whose model needs "
         f"image sides that are multiples of {multiple}; use {use}"
     )
 
 
-def sample_size_notes(prompts: Sequence, family: type) -> list[str]:
+def sample_size_notes(prompts: Sequence, grid: Grid) -> list[str]:
     """A warning line for each sample prompt whose size the family's pipeline rounds down."""
-    multiple, notes = family.PIXEL_MULTIPLE, []
+    multiple, notes = grid.multiple, []
     for prompt in prompts:
         if prompt.width % multiple or prompt.height % multiple:
             drawn = on_grid(prompt.width, multiple), on_grid(prompt.height, multiple)
             notes.append(
                 f"sample prompt {prompt.index + 1} asks for {prompt.width}x{prompt.height}; "
-                f"{family.LABEL} draws sides in multiples of {multiple} (as sd-scripts does), "
+                f"{grid.label} draws sides in multiples of {multiple} (as sd-scripts does), "
                 f"so it is drawn at {drawn[0]}x{drawn[1]}"
             )
     return notes
@@ -124,12 +133,13 @@ def check_image_sizes(config: Config, prompts: Sequence = ()) -> list[str]:
     """ConfigError for a resolution or bucket step the model cannot run (module docstring);
     the warnings about rounded sample sizes. Reads no weight: the model's family is known from
     a look at its files."""
-    family = entry_for(config.model, config.flow).family_of(config.model, config.flow)
+    entry = entry_for(config.model, config.flow)
+    grid = Grid(entry.family_of(config.model, config.flow).PIXEL_MULTIPLE, entry.label)
     for d, dataset in enumerate(config.datasets):
         own_sizes = any(subset.no_resize_control for subset in dataset.subsets)
         if dataset.enable_bucket or own_sizes:
-            _check_bucket_steps(config, d, family)
+            _check_bucket_steps(config, d, grid)
         if not dataset.enable_bucket:
-            _check_resolution(config, d, family)
-            _check_control_resolutions(config, d, family)
-    return sample_size_notes(prompts, family)
+            _check_resolution(config, d, grid)
+            _check_control_resolutions(config, d, grid)
+    return sample_size_notes(prompts, grid)

@@ -205,7 +205,7 @@ def text_encoders_leave_device(
         and config.data.text_cached
         and not parts.train_text_encoder
         and fixed
-        and not family.TEXT_READS_REFERENCES
+        and not family.text_reads_references
         and not draws_samples
     )
 

@@ -3,7 +3,7 @@ text-to-image model is never given reference images it would ignore, an edit mod
 as many as it takes, and an image model is never given a video dataset.
 
 The model's family is known from a cheap look at its files (its registry entry's ``claims``),
-and how many references it takes is class data (ModelFamily.REFERENCE_IMAGES), so both checks run
+and how many references it takes is its entry's data (FamilyEntry.reference_images), so both checks run
 while the plan is made, in --dry_run too: the config's keys before the images are scanned, each
 image's count after.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from library.config.schema import Config
 from library.errors import ConfigError
+from library.models.families.edit_variant import takes_references
 from library.models.families.family_choice import entry_for
 from library.models.families.family_entry import FamilyEntry
 from library.models.families.registry import families
@@ -22,7 +23,7 @@ from library.sampling.generate import check_frame_count
 
 def _edit_models() -> str:
     """ "an edit model (<the registered families that train with reference images>)"."""
-    names = [entry.models for entry in families() if entry.family().REFERENCE_IMAGES[1] != 0]
+    names = [entry.models for entry in families() if entry.reference_images[1] != 0]
     return f"an edit model ({', '.join(names)})" if names else "an edit model"
 
 
@@ -36,7 +37,7 @@ def _edit_files_of(entry: FamilyEntry, model_path: str) -> str | None:
         f"if it is {other.a_models} model, set {other.file_setting} in [flow]"
         for other in families()
         if other.claims_within == entry.name and other.file_setting
-        and other.family().REFERENCE_IMAGES[1] != 0
+        and other.reference_images[1] != 0
     ]  # fmt: skip
     return "; ".join(hints) or None
 
@@ -47,8 +48,7 @@ def check_reference_config(config: Config) -> None:
     name references itself, which the count check sees), or a control_count_per_image above
     what the model takes."""
     entry = entry_for(config.model, config.flow)
-    family = entry.family()
-    low, high = family.REFERENCE_IMAGES
+    low, high = entry.reference_images
     for d, dataset in enumerate(config.datasets):
         for j, subset in enumerate(dataset.subsets):
             key = f"datasets[{d}].subsets[{j}]"
@@ -70,13 +70,13 @@ def check_reference_config(config: Config) -> None:
             if wanted is not None and high and wanted > high:
                 raise ConfigError(
                     f"{key}.control_count_per_image = {wanted}: {entry.a_models} model takes "
-                    f"{family.references_text()} per image; set control_count_per_image = "
+                    f"{entry.references_text()} per image; set control_count_per_image = "
                     f"{high} (or remove it)"
                 )
             if low and subset.control_directory is None and subset.metadata_file is None:
                 raise ConfigError(
                     f"{key} ({subset.image_dir}) has no reference images, and {entry.a_models} "
-                    f"model learns each image with {family.references_text()}; set "
+                    f"model learns each image with {entry.references_text()}; set "
                     "control_directory to the folder that holds them"
                 )
 
@@ -110,27 +110,27 @@ def check_clip_config(config: Config) -> float:
 def check_sample_frames(config: Config, prompts) -> None:
     """ConfigError for a sample prompt asking an image model for several frames (--f), before
     any weight is read (library.sampling.generate.check_frame_count)."""
-    family = entry_for(config.model, config.flow).family_of(config.model, config.flow)
+    entry = entry_for(config.model, config.flow)
+    family = entry.family_of(config.model, config.flow)
     for prompt in prompts:
-        check_frame_count(family, prompt)
+        check_frame_count(family, prompt, entry.label)
 
 
 def check_reference_counts(config: Config, data) -> None:
     """ConfigError for an image with more or fewer references than the model takes (``data``:
     the scanned TrainData)."""
     entry = entry_for(config.model, config.flow)
-    family = entry.family()
     for scanned in data.scanned:
         for image in scanned.images + scanned.validation:
             count = len(image.references)
-            if not family.takes_references(count):
+            if not takes_references(entry.reference_images, count):
                 fix = (
                     "remove its reference images"
-                    if family.REFERENCE_IMAGES[1] == 0
-                    else f"give it {family.references_text()} (control_count_per_image takes "
+                    if entry.reference_images[1] == 0
+                    else f"give it {entry.references_text()} (control_count_per_image takes "
                     "the first ones)"
                 )
                 raise ConfigError(
                     f"image {image.item.path} has {count} reference images, and "
-                    f"{entry.a_models} model takes {family.references_text()}; {fix}"
+                    f"{entry.a_models} model takes {entry.references_text()}; {fix}"
                 )

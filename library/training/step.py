@@ -98,7 +98,7 @@ def with_references(s: StepInputs, batch: dict) -> dict:
     else:
         return batch
     entries = {REFERENCE_LATENTS_KEY: [s.codec.to_latents(mean) for mean in means]}
-    if s.family.TEXT_READS_REFERENCES:
+    if s.family.text_reads_references:
         entries[REFERENCE_PIXELS_KEY] = [p.to(s.device) for p in batch["reference_pixels"]]
     return {**batch, **entries}
 
@@ -155,7 +155,7 @@ def batch_conditioning(s: StepInputs, batch: dict) -> Conditioning:
     """The denoiser's conditioning of the batch's captions (and SDXL sizes, and reference
     images where the family takes them: ``with_references`` first), from the text-encoder
     cache when there is one."""
-    if s.family.TEXT_READS_REFERENCES and s.text_cache is not None:
+    if s.family.text_reads_references and s.text_cache is not None:
         return _cached_with_references(s, batch)
     if s.text_cache is not None:
 

@@ -264,7 +264,7 @@ class Trainer:
         optimizer = acc.prepare(optimizer)  # frozen modules are never prepared: DDP would refuse them
         latents = build_latent_cache(config, self.data, parts.components, acc, group)
         layout = family.latent_codec(parts.components.vae).layout
-        source = SampleSource(latents, plan.total_steps, layout, family.TEXT_READS_REFERENCES,
+        source = SampleSource(latents, plan.total_steps, layout, family.text_reads_references,
                               family.FIRST_FRAME_CONDITION,
                               *self._image_states(parts, group))  # fmt: skip
         if not self._text_leaves:

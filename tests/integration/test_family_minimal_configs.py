@@ -54,7 +54,7 @@ def _musubi_files(root, entry, model) -> str:
         f'cache_directory = "{root / "cache"}"',
         "num_repeats = 1",
     ]
-    if entry.family().REFERENCE_IMAGES[0]:
+    if entry.reference_images[0]:
         references = mirrored_references(images, root / "references")
         dataset.append(f'control_directory = "{references}"')
     path = root / "dataset.toml"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from library.models.families.qwenimage_edit.family import QwenImageEditFamily
+from library.models.families.qwenimage.family import QwenImageFamily
 from tests.integration.harness import (
     assert_fuses_exactly,
     flat_toml_lines,
@@ -93,13 +93,13 @@ def test_a_musubi_edit_dataset_trains_a_lora_diffusers_applies(
     from diffusers import QwenImageEditPipeline
 
     encoded: list[list[str]] = []
-    real = QwenImageEditFamily.encode_text_with_references
+    real = QwenImageFamily.encode_text_with_references
 
     def counting(self, tokenizers, text_encoders, captions, references, device):
         encoded.append(list(captions))
         return real(self, tokenizers, text_encoders, captions, references, device)
 
-    monkeypatch.setattr(QwenImageEditFamily, "encode_text_with_references", counting)
+    monkeypatch.setattr(QwenImageFamily, "encode_text_with_references", counting)
     assert train(_config(tmp_path, edit_dir, edit_data)) == 0
     # 4 steps over 2 pairs (2 epochs): each caption read with its reference once
     assert sorted(c for batch in encoded for c in batch) == sorted(

@@ -137,8 +137,8 @@ def test_every_family_instance_agrees_with_its_entry():
         entry = registry.entry_of(family)
         assert family.name in entry.tool.variant_labels
         assert family.network_modules[-1] == entry.network_module  # the one suggested
-        assert entry.label == type(family).LABEL
-        assert getattr(type(family), "FLOW_KIND", entry.name) == entry.name
+        assert entry.label == family.label
+        assert getattr(family, "flow_kind", entry.name) == entry.name
         assert (family.prediction_type == "flow") == entry.flow_matching
         # a family within another's (FLUX.1 Kontext) shares its LoRA files' line
         within = registry.family_entry(entry.claims_within) if entry.claims_within else entry

@@ -87,7 +87,7 @@ class _Family:
     """Just enough of a ModelFamily for micro_batch_loss; ``predict`` records what ran."""
 
     conditioning_draws = 0
-    TEXT_READS_REFERENCES = False
+    text_reads_references = False
     FIRST_FRAME_CONDITION = False
 
     def __init__(self):

@@ -20,6 +20,8 @@ import torch
 
 from library.errors import ConfigError
 from library.models.conditioning_data import Conditioning, TextConditioning
+from library.models.families import edit_variant
+from library.models.families.edit_variant import EditHooks, EditVariant, ReferenceCounts
 from library.models.families.registry import network_module_owner
 from library.models.latent_codec import LatentCodec, ScaledLatentCodec
 from library.networks.key_maps import KohyaNames
@@ -80,7 +82,10 @@ class ModelFamily:
 
     # Pixels every image side must be a multiple of for the model to run at all: the VAE's 8
     # (SD's UNets pad their up-sampling to the skip connections, so any latent size runs).
-    # Class data: known before any weight is read (family_entry.FamilyEntry.family).
+    # Class data: known before any weight is read (family_entry.FamilyEntry.family). An edit
+    # variant (edit_variant.EditVariant, the ``edit`` field) is no class of its own: the class
+    # data it changes (LABEL, REFERENCE_IMAGES, TEXT_READS_REFERENCES) is its entry's data, read
+    # through the properties below (label, reference_images, text_reads_references).
     PIXEL_MULTIPLE: ClassVar[int] = 8
     # A bucket step every model of the family runs (its denoiser's grid at the coarsest), for a
     # dataset whose step nobody wrote; None: PIXEL_MULTIPLE. Class data, as PIXEL_MULTIPLE.
@@ -142,6 +147,8 @@ class ModelFamily:
     # kohya network_module values that train this family ("networks.lora" trains every family;
     # the others name one family's file layout or adapter kind). The last is the one suggested.
     network_modules: tuple[str, ...] = ("lycoris.kohya", "networks.lora")
+    # The edit variant this instance is (its registry entry's), None for the family itself.
+    edit: EditVariant | None = None
 
     @classmethod
     def tokens_per_sample(cls, size: tuple[int, int], frames: int = 1) -> int:
@@ -152,33 +159,50 @@ class ModelFamily:
         latent_frames = 1 + (frames - 1) // cls.FRAMES_PER_LATENT
         return latent_frames * (size[0] // side) * (size[1] // side)
 
-    @classmethod
-    def references_text(cls) -> str:
-        """How many reference images a sample takes, in words: "no reference images",
-        "1 reference image", "at least 1 reference image", "1 to 3 reference images"."""
-        low, high = cls.REFERENCE_IMAGES
-        if high == 0:
-            return "no reference images"
-        plural = "s" if (high or low) != 1 else ""
-        if high == low:
-            return f"{low} reference image{plural}"
-        if high is None:
-            return f"at least {low} reference image{'s' if low != 1 else ''}"
-        return f"{low} to {high} reference images"
+    @property
+    def label(self) -> str:
+        """The family's name in messages (its edit variant's, else LABEL)."""
+        return self.edit.label if self.edit else self.LABEL
+
+    @property
+    def reference_images(self) -> ReferenceCounts:
+        """How many reference images a sample takes (its edit variant's, else REFERENCE_IMAGES)."""
+        return self.edit.reference_images if self.edit else self.REFERENCE_IMAGES
+
+    @property
+    def text_reads_references(self) -> bool:
+        """Its text encoder reads the reference images with the caption
+        (REFERENCE_PIXELS_KEY and encode_text_with_references): its edit variant's, else
+        TEXT_READS_REFERENCES."""
+        return self.edit.text_reads_references if self.edit else self.TEXT_READS_REFERENCES
+
+    @property
+    def edit_hooks(self) -> EditHooks | None:
+        """Its edit variant's hooks, which the base family calls; None for no edit variant."""
+        return self.edit.hooks() if self.edit else None
+
+    def references_text(self) -> str:
+        """How many reference images a sample takes, in words ("1 reference image")."""
+        return edit_variant.references_text(self.reference_images)
 
     def sample_reference_size(
         self, size: tuple[int, int], width: int, height: int
     ) -> tuple[int, int]:
         """The (width, height) a sample prompt's reference image of ``size`` is fitted to
         (scaled to cover, center-cropped) before it is encoded, for an image of ``width`` x
-        ``height``: that size, unless the family's pipeline sizes references otherwise."""
+        ``height``: that size, unless the edit variant's pipeline sizes references otherwise."""
+        hooks = self.edit_hooks
+        if hooks is not None and hooks.reference_size is not None:
+            return hooks.reference_size(self, size, width, height)
         return width, height
 
-    @classmethod
-    def takes_references(cls, count: int) -> bool:
+    def takes_references(self, count: int) -> bool:
         """Whether a sample with ``count`` reference images fits the family."""
-        low, high = cls.REFERENCE_IMAGES
-        return low <= count and (high is None or count <= high)
+        return edit_variant.takes_references(self.reference_images, count)
+
+    def edited(self, text: str) -> str:
+        """The run plan's description ``text`` of the base family in its edit variant's words."""
+        return self.edit.describe(text) if self.edit else text
 
     @property
     def v_parameterization(self) -> bool:
@@ -246,7 +270,12 @@ class ModelFamily:
     ) -> TextConditioning:
         """The conditioning of ``captions`` read together with their reference images
         (``references``: one [B, 3, H, W] tensor in [-1, 1] per reference slot), for a family
-        whose TEXT_READS_REFERENCES."""
+        whose ``text_reads_references``: its edit variant's hook."""
+        hooks = self.edit_hooks
+        if hooks is not None and hooks.text_with_references is not None:
+            return hooks.text_with_references(
+                self, tokenizers, text_encoders, captions, references, device
+            )
         raise NotImplementedError(f"{self.name} does not read reference images with its text")
 
     def text_mask(

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from library.config.section import Section
 from library.config.unsupported import Unsupported
+from library.models.families import edit_variant
+from library.models.families.edit_variant import EditVariant, ReferenceCounts
 
 
 class LoadedFamily(Protocol):
@@ -156,6 +158,8 @@ class FamilyEntry:
     ``model_family(model, flow)``: the ModelFamily class of this model where the family's
     models differ in class data (Wan 2.2 TI2V-5B's frame rate and pixel grid; a cheap look at
     its files); None: ``family`` for every model.
+    ``edit``: for an edit variant of the family ``family`` names (library.models.families
+    .edit_variant), its data and hooks; the entry's ``label`` is the variant's.
     ``kohya``, ``lora_files``, ``tool``: its kohya vocabulary, how its LoRA files are told
     apart, what lora_tool.py needs. (A family's conformance kit is no part of its entry: the
     tests find it by the family's name, tests/kits/<name>/kit.py.)"""
@@ -177,6 +181,7 @@ class FamilyEntry:
     config_keys: tuple[type[Section], ...] = ()
     flow_keys: frozenset[str] = frozenset()
     model_family: Callable[[ModelKeys, FlowKeys], type] | None = None
+    edit: EditVariant | None = None
     kohya: KohyaVocabulary = KohyaVocabulary()
     lora_files: LoraFiles = LoraFiles()
     tool: ToolFacts = ToolFacts()
@@ -184,6 +189,16 @@ class FamilyEntry:
     def family_of(self, model: ModelKeys, flow: FlowKeys) -> type:
         """The ModelFamily class of this model (``model_family``'s, else ``family``)."""
         return self.model_family(model, flow) if self.model_family else self.family()
+
+    @property
+    def reference_images(self) -> ReferenceCounts:
+        """How many reference images a sample takes (the edit variant's, else the family
+        class's REFERENCE_IMAGES): known before any weight is read."""
+        return self.edit.reference_images if self.edit else self.family().REFERENCE_IMAGES
+
+    def references_text(self) -> str:
+        """``reference_images`` in words ("1 reference image")."""
+        return edit_variant.references_text(self.reference_images)
 
     @property
     def a_models(self) -> str:

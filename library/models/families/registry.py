@@ -77,12 +77,17 @@ def family_entry(name: str) -> FamilyEntry:
 
 
 def entry_of(family: LoadedFamily) -> FamilyEntry:
-    """The registered family a loaded family (a ModelFamily instance) belongs to."""
-    matches = [entry for entry in families() if isinstance(family, entry.family())]
-    if not matches:
+    """The registered family a loaded family (a ModelFamily instance) was built from: its edit
+    variant's entry, else the entry without an edit variant whose class it is."""
+    edit = getattr(family, "edit", None)
+    if edit is not None:
+        return family_entry(edit.entry)
+    # no family's class derives from another's (tests/test_family_classes.py): one match
+    found = (e for e in families() if e.edit is None and isinstance(family, e.family()))
+    entry = next(found, None)
+    if entry is None:
         raise LookupError(f"{family.name} is no registered family")
-    # a family class derived from another family's is that family's most specific match
-    return max(matches, key=lambda entry: len(entry.family().__mro__))
+    return entry
 
 
 def network_module_owner(module: str | None) -> FamilyEntry | None:

@@ -73,7 +73,8 @@ def flow_metadata(options, keys: tuple[str, ...] = SIGMA_KEYS) -> dict:
 class TransformerFamily(ModelFamily):
     """A flow-matching transformer family. Subclasses give ``transformer_modules`` (kohya's
     modules of their denoiser), ``FLOW_KIND`` (their name in the family registry, whose entry
-    says which [flow] keys apply) and ``LABEL`` (the name in messages)."""
+    says which [flow] keys apply) and ``LABEL`` (the name in messages); an edit variant's are
+    its entry's (``flow_kind``, ``label``)."""
 
     FLOW_KIND: ClassVar[str]
     LABEL: ClassVar[str]
@@ -96,6 +97,11 @@ class TransformerFamily(ModelFamily):
     denoiser_subfolder: str = "transformer"
     # With the text encoders training: T5 (the last encoder) gets an adapter too (train_t5xxl).
     train_t5: bool = False
+
+    @property
+    def flow_kind(self) -> str:
+        """Its name in the family registry: its edit variant's entry's, else FLOW_KIND."""
+        return self.edit.entry if self.edit else self.FLOW_KIND
 
     def transformer_modules(self, transformer) -> list:
         """kohya's modules (library.networks.fused_keys.KohyaModule) of the transformer that
@@ -125,7 +131,7 @@ class TransformerFamily(ModelFamily):
 
     def adapter_targets(self, module, role, conv):
         if self.DENOISER_ONLY_ADAPTERS:
-            adapters.transformer_only(role, self.LABEL)
+            adapters.transformer_only(role, self.label)
         if role == "unet":
             return dict.fromkeys(target_paths(self.transformer_modules(module)), "linear")
         if type(module).__name__ == "T5EncoderModel":
@@ -178,7 +184,7 @@ class TransformerFamily(ModelFamily):
         preset = adapter.preset or "full"
         if preset in self.LYCORIS_EMPTY_PRESETS:
             raise ConfigError(
-                f"preset = {preset} adapts no layer of {self.LABEL}'s transformer; use full, "
+                f"preset = {preset} adapts no layer of {self.label}'s transformer; use full, "
                 "full-lin or attn-mlp"
             )
 
@@ -204,7 +210,7 @@ class TransformerFamily(ModelFamily):
         """[flow] keys of other families, SD model settings (v2, v_parameterization) and
         zero_terminal_snr, and kohya's shared fused adapter (split_qkv=False); SD text settings
         (clip_skip, max_token_length) at other values than the GUI's get a warning."""
-        check_flow_model_options(model, flow, self.FLOW_KIND, self.LABEL, True)
+        check_flow_model_options(model, flow, self.flow_kind, self.label, True)
         if flow.split_qkv is False:
             raise ConfigError(
                 "network_args split_qkv=False: one adapter shared by a fused layer's q, k and v "
@@ -225,11 +231,11 @@ class TransformerFamily(ModelFamily):
                 "%s LoRA: q, k and v get separate adapters, as kohya's split_qkv=True; kohya's "
                 "default shares one per fused layer. The saved file has kohya's fused names "
                 "either way",
-                self.LABEL,
+                self.label,
             )
         lycoris = config.network.network_module == "lycoris.kohya"
         # LyCORIS' conv rank applies to SD3's patch-embedding conv, and GUIs always write it
         if config.network.conv_dim is not None and not lycoris:
             raise ConfigError(
-                f"conv_dim: {self.LABEL}'s transformer has no convolutions to adapt; remove it"
+                f"conv_dim: {self.label}'s transformer has no convolutions to adapt; remove it"
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from library.models.families.wan.family import WAN
+from library.models.families.wan.family import WAN, WAN_TI2V
 from library.models.families.wan.keys import TABLE
 from tests.kits.conformance_kit import (
     FOUR_LENGTH_CAPTIONS,
@@ -18,10 +18,11 @@ from tests.kits.conformance_kit import (
 from tests.kits.video_reference import shifted_clip
 from tests.kits.wan.tiny import (
     build_tiny_wan_components,
+    build_tiny_wan_ti2v_components,
     write_tiny_wan_folder,
     write_tiny_wan_ti2v_folder,
 )
-from tests.kits.wan.tiny_files import write_tiny_wan_files
+from tests.kits.wan.tiny_files import write_tiny_wan_files, write_tiny_wan_ti2v_files
 
 
 def _inputs(transformer, seed):
@@ -37,8 +38,10 @@ def _inputs(transformer, seed):
 
 def single_files(path, variant, seed):
     """The transformer in the original names (ComfyUI's prefix for "comfy"), umT5's file, the
-    VAE's and the tokenizer folder."""
-    files = write_tiny_wan_files(path, seed, comfy=variant == "comfy")
+    VAE's and the tokenizer folder (TI2V-5B's: Comfy-Org's files of the transformer and the
+    Wan 2.2 VAE)."""
+    write = write_tiny_wan_ti2v_files if variant == "ti2v" else write_tiny_wan_files
+    files = write(path, seed, comfy=variant in ("comfy", "ti2v"))
     model = {"pretrained_model_name_or_path": str(files["transformer"]), "vae": str(files["vae"])}
     return model, {"t5": str(files["t5"]), "t5_tokenizer_path": str(files["tokenizer"])}
 
@@ -52,7 +55,9 @@ def _reference_names(original, config):
 
 def _sample_cases(variant):
     """The pipeline's CFG with an empty negative prompt, and an unguided prompt at another
-    size, each on the folder's UniPC scheduler."""
+    size, each on the folder's UniPC scheduler (TI2V-5B: none here, the "sample" skip)."""
+    if variant == "ti2v":
+        return ()
     return (
         SampleCase(
             prompt=dict(
@@ -100,6 +105,19 @@ def reference_loss(
     return (per_sample * batch["loss_weights"]).mean()
 
 
+def _loss_cases(variant):
+    """musubi-tuner's draw, then another shift inside a timestep range (TI2V-5B: none here,
+    the "loss" skip)."""
+    if variant == "ti2v":
+        return ()
+    return (
+        LossCase(),
+        LossCase(
+            flow={"discrete_flow_shift": 5.0}, training={"min_timestep": 200, "max_timestep": 900}
+        ),
+    )
+
+
 def _loss_reference(pipe, batch, seed, case):
     flow, training = case.flow, case.training
     return reference_loss(
@@ -144,14 +162,15 @@ DISTRIBUTED = (
 )
 
 KIT = ConformanceKit(
-    variants=("t2v", "comfy"),
-    build=lambda variant, seed: build_tiny_wan_components(seed),
-    # "ti2v" (not a conformance variant): the tiny TI2V-5B folder the clips mode trains on
+    variants=("t2v", "comfy", "ti2v"),
+    build=lambda variant, seed: (
+        build_tiny_wan_ti2v_components if variant == "ti2v" else build_tiny_wan_components
+    )(seed),
     write_folder=lambda path, variant, seed: (
         write_tiny_wan_ti2v_folder if variant == "ti2v" else write_tiny_wan_folder
     )(path, seed),
     pipeline=lambda variant: "WanPipeline",
-    family=lambda variant, modules: WAN,
+    family=lambda variant, modules: WAN_TI2V if variant == "ti2v" else WAN,
     denoiser_inputs=_inputs,
     denoiser_names=NameTable(
         to_original=lambda state, config: TABLE.to_original(state),
@@ -159,17 +178,15 @@ KIT = ConformanceKit(
         reference=_reference_names,
     ),
     sample_cases=_sample_cases,
-    loss_cases=lambda variant: (
-        LossCase(),
-        LossCase(
-            flow={"discrete_flow_shift": 5.0}, training={"min_timestep": 200, "max_timestep": 900}
-        ),
-    ),  # fmt: skip
+    loss_cases=_loss_cases,
     loss_reference=_loss_reference,
     distributed=DISTRIBUTED,
     write_single_files=single_files,
     skips={
         "vae_names": "Wan's VAE file names are Qwen-Image's (its name table is checked there)",
         "lycoris_fused": "Wan's LyCORIS files name each Linear; no fused original layer",
+        # the suite's sizes (64 x 48 images, an 80-pixel side) are off TI2V-5B's 32-pixel grid
+        "sample": "TI2V-5B's sample on its 32-pixel grid is tests/models/wan/test_wan_ti2v.py's",
+        "loss": "TI2V-5B's loss on its 32-pixel grid is tests/models/wan/test_wan_ti2v.py's",
     },
 )

@@ -118,18 +118,25 @@ def ti2v_vae_config() -> dict:
     }  # fmt: skip
 
 
-def write_tiny_wan_ti2v_folder(path: str | Path, seed: int = 0) -> Path:
-    """A tiny Wan 2.2 TI2V-5B folder as diffusers': the transformer on 48 latent channels, the
-    Wan 2.2 VAE, and ``expand_timesteps`` (its per-token timesteps) in model_index.json."""
+def build_tiny_wan_ti2v_components(seed: int = 0) -> dict:
+    """A tiny Wan 2.2 TI2V-5B's modules: the transformer on 48 latent channels and the Wan 2.2
+    VAE drawn under ``seed + 2``, umT5's encoder the Wan 2.1 kit's under ``seed``."""
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
-    path = write_tiny_wan_folder(path, seed)
     config = {**transformer_config(), "in_channels": 48, "out_channels": 48}
     builders = {
         "transformer": lambda: WanTransformer3DModel(**config),
         "vae": lambda: AutoencoderKLWan(**ti2v_vae_config()),
     }
-    for name, module in build_seeded(builders, seed + 2).items():
+    text = build_tiny_wan_components(seed)["text_encoder"]
+    return {**build_seeded(builders, seed + 2), "text_encoder": text}
+
+
+def write_tiny_wan_ti2v_folder(path: str | Path, seed: int = 0) -> Path:
+    """A tiny Wan 2.2 TI2V-5B folder as diffusers' (build_tiny_wan_ti2v_components), with
+    ``expand_timesteps`` (its per-token timesteps) in model_index.json."""
+    path = write_tiny_wan_folder(path, seed)
+    for name, module in build_tiny_wan_ti2v_components(seed).items():
         module.save_pretrained(path / name)
     index = {**model_index(), "expand_timesteps": True}
     (path / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")

@@ -17,6 +17,7 @@ from library.models.wan_vae_keys import original_name, vae_to_original
 from tests.kits.krea2.tiny_files import _save
 from tests.kits.wan.tiny import (
     build_tiny_wan_components,
+    build_tiny_wan_ti2v_components,
     clip_vision_config,
     text_encoder_config,
     transformer_config,
@@ -110,17 +111,15 @@ def wan22_vae_original(state: dict, num_res_blocks: int) -> dict:
     return out
 
 
-def write_tiny_wan_ti2v_files(folder, path, dtype=torch.float32, comfy=False) -> dict[str, Path]:
-    """A tiny TI2V-5B folder's (tiny.write_tiny_wan_ti2v_folder) transformer and Wan 2.2 VAE
-    as Comfy-Org's wan2.2_ti2v_5B_fp16.safetensors and wan2.2_vae.safetensors (the original
-    names; ``comfy``: the transformer under ``model.diffusion_model.``), beside the umT5 file
-    and tokenizer; returns their paths by part."""
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
-
+def write_tiny_wan_ti2v_files(path, seed=0, dtype=torch.float32, comfy=False) -> dict[str, Path]:
+    """The tiny TI2V-5B (tiny.build_tiny_wan_ti2v_components, the modules of
+    tiny.write_tiny_wan_ti2v_folder) as Comfy-Org's wan2.2_ti2v_5B_fp16.safetensors and
+    wan2.2_vae.safetensors (the original names; ``comfy``: the transformer under
+    ``model.diffusion_model.``), beside the umT5 file and tokenizer; their paths by part."""
     path = Path(path)
-    files = write_tiny_wan_files(path)
-    transformer = WanTransformer3DModel.from_pretrained(Path(folder) / "transformer")
-    vae = AutoencoderKLWan.from_pretrained(Path(folder) / "vae")
+    files = write_tiny_wan_files(path, seed)
+    modules = build_tiny_wan_ti2v_components(seed)
+    transformer, vae = modules["transformer"], modules["vae"]
     head = CHECKPOINT_PREFIX if comfy else ""
     original = {head + k: v for k, v in TABLE.to_original(transformer.state_dict()).items()}
     vae_state = wan22_vae_original(vae.state_dict(), vae.config.num_res_blocks)

@@ -42,7 +42,7 @@ def test_the_files_load_as_the_folder(folder, tmp_path, comfy):
     from diffusers import WanPipeline
 
     pipe = WanPipeline.from_pretrained(folder, local_files_only=True)
-    files = write_tiny_wan_ti2v_files(folder, tmp_path, comfy=comfy)
+    files = write_tiny_wan_ti2v_files(tmp_path, comfy=comfy)
     components = _load(files)
     _assert_same(components.denoiser, pipe.transformer)
     _assert_same(components.vae, pipe.vae)
@@ -51,7 +51,7 @@ def test_the_files_load_as_the_folder(folder, tmp_path, comfy):
 
 
 def test_the_task_word_is_checked(folder, tmp_path):
-    files = write_tiny_wan_ti2v_files(folder, tmp_path)
+    files = write_tiny_wan_ti2v_files(tmp_path)
     with pytest.raises(ModelError, match="task = 't2v-1.3B' is a 1536-wide Wan transformer"):
         _load(files, task="t2v-1.3B")
 
@@ -59,7 +59,7 @@ def test_the_task_word_is_checked(folder, tmp_path):
 def test_the_class_data_comes_from_the_files_header_before_any_weight(folder, tmp_path):
     """The 24 fps and 32-pixel grid the checks before loading use: a transformer file on 48
     channels is TI2V-5B's, a Wan 2.1 one is not."""
-    ti2v = write_tiny_wan_ti2v_files(folder, tmp_path / "ti2v", comfy=True)["transformer"]
+    ti2v = write_tiny_wan_ti2v_files(tmp_path / "ti2v", comfy=True)["transformer"]
     t2v = write_tiny_wan_files(tmp_path / "t2v")["transformer"]
     for path, expected in ((ti2v, WanTi2vFamily), (t2v, WanFamily)):
         model = ModelSection(pretrained_model_name_or_path=str(path))

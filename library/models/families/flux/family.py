@@ -69,7 +69,7 @@ class FluxFamily(TransformerFamily):
         guidance = f", guidance {self.guidance_scale:g}" if self.has_guidance else ""
         mask = ", T5 padding masked" if self.t5_attention_mask else ""
         text = f"FLUX.1 {self.variant} ({self.t5_max_length} T5 tokens{mask}{guidance})"
-        return text + self._blocks_text()
+        return self.edited(text + self._blocks_text())
 
     def _blocks_text(self) -> str:
         """The block counts, and the released ones where they differ: a file without a header
@@ -90,6 +90,11 @@ class FluxFamily(TransformerFamily):
     def text_cache_name(self) -> str:
         mask = "|t5_mask" if self.t5_attention_mask else ""
         return f"{self.name}|t5_tokens={self.t5_max_length}{mask}"
+
+    @property
+    def model_type(self) -> str:
+        """kohya's model_type of these models (an edit variant's own where it has one)."""
+        return (self.edit and self.edit.model_type) or self.MODEL_TYPE
 
     @property
     def has_guidance(self) -> bool:
@@ -130,7 +135,7 @@ class FluxFamily(TransformerFamily):
             if text.mask is None:
                 raise ValueError("apply_t5_attn_mask needs the T5 padding mask of the captions")
             kwargs["text_mask"] = text.mask.to(device)
-        references = reference_latents(batch, device, dtype)  # an edit model's (context_tokens)
+        references = reference_latents(batch, device, dtype)  # an edit variant's (its context)
         if references:
             kwargs[REFERENCE_LATENTS_KEY] = references
         return Conditioning(hidden, kwargs)
@@ -138,8 +143,9 @@ class FluxFamily(TransformerFamily):
     def context_tokens(self, cond, dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Packed tokens ([B, n, 4C] each) and their position ids ([n, 3] each) the transformer
         reads after the noisy image's, whose outputs are not predictions: none for text to
-        image (an edit model's reference images)."""
-        return [], []
+        image, an edit variant's reference images (its ``context`` hook) for an edit."""
+        hooks = self.edit_hooks
+        return hooks.context(self, cond, dtype) if hooks else ([], [])
 
     def predict(self, denoiser, noisy, timesteps, cond):
         batch, channels, height, width = noisy.shape
@@ -201,7 +207,10 @@ class FluxFamily(TransformerFamily):
 
     def sampling_pipeline(self):
         """FluxPipeline fed our conditioning, with kohya's Flux prompt options
-        (library.models.families.flux.sampling)."""
+        (library.models.families.flux.sampling); an edit variant's pipeline (its hook)."""
+        hooks = self.edit_hooks
+        if hooks is not None:
+            return hooks.sampling_pipeline(self)
         return flux_pipeline_kind(guidance=self.has_guidance)
 
     # -- sizes, options ----------------------------------------------------------------------
@@ -210,7 +219,7 @@ class FluxFamily(TransformerFamily):
         """kohya's Flux.1 keys, with its defaults where the [flow] key is unset."""
         o = FlowOptions.from_section(config.flow)
         return {
-            "ss_model_type": self.MODEL_TYPE,
+            "ss_model_type": self.model_type,
             "ss_apply_t5_attn_mask": self.t5_attention_mask,
             "ss_guidance_scale": self.guidance_scale,
             "ss_model_prediction_type": o.model_prediction_type,
@@ -219,10 +228,10 @@ class FluxFamily(TransformerFamily):
 
     def check_options(self, model, flow):
         super().check_options(model, flow)
-        if flow.model_type not in (None, self.MODEL_TYPE):
+        if flow.model_type not in (None, self.model_type):
             raise ConfigError(
                 f"model_type = {flow.model_type!r}: {model.pretrained_model_name_or_path} is a "
-                f"{self.LABEL} model (model_type {self.MODEL_TYPE!r}); fix or remove model_type"
+                f"{self.label} model (model_type {self.model_type!r}); fix or remove model_type"
             )
         if flow.guidance_scale is not None and not self.has_guidance:
             raise ConfigError(

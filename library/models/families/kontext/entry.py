@@ -1,25 +1,39 @@
 """FLUX.1 Kontext [dev]'s entry in the family registry: what shared code asks of it before
 loading it. Its files, keys and LoRA layout are FLUX.1's (flux/entry.py); what differs is how
 a model is recognised (a FluxKontextPipeline folder, or model_type = "flux_kontext") and that
-each training image comes with its reference image.
+each training image comes with its reference image: an edit variant of FLUX.1's family
+(library.models.families.edit_variant), not a family class of its own.
 
-Readable without torch or diffusers: the loader and the family class are named and imported on
-first use."""
+Readable without torch or diffusers: the loader and the hooks are named and imported on first
+use."""
 
 from __future__ import annotations
 
+from library.models.families.edit_variant import EditVariant
 from library.models.families.family_entry import Deferred, FamilyEntry, KohyaVocabulary, ToolFacts
 from library.models.families.flux.entry import FLUX
 
 _LINE = "FLUX.1 Kontext"
 _PACKAGE = "library.models.families.kontext"
 
+# FLUX.1's family as Kontext: one reference image per sample, as the pipeline and musubi-tuner
+# take it; kohya's model_type "flux_kontext"; its hooks in family.py
+EDIT = EditVariant(
+    entry="flux_kontext",
+    label=_LINE,
+    reference_images=(1, 1),
+    model_type="flux_kontext",
+    described_as=("FLUX.1 dev", "FLUX.1 Kontext [dev]"),
+    hooks=Deferred(f"{_PACKAGE}.family:HOOKS").get,
+)
+
 KONTEXT = FamilyEntry(
-    name="flux_kontext",
-    label="FLUX.1 Kontext",
+    name=EDIT.entry,
+    label=EDIT.label,
     models=_LINE,
     lines=(_LINE,),
-    family=Deferred(f"{_PACKAGE}.family:FluxKontextFamily").get,
+    family=FLUX.family,
+    edit=EDIT,
     claims=Deferred(f"{_PACKAGE}.load:claims_kontext"),
     load=Deferred(f"{_PACKAGE}.load:load_kontext"),
     # a FluxKontextPipeline folder's transformer is FLUX.1's, which FLUX.1's claim takes

@@ -1,5 +1,6 @@
 """FLUX.1 Kontext [dev]: FLUX.1 dev's transformer, taught to change a reference image as the
-caption says.
+caption says. No family class of its own: FLUX.1's family with Kontext's edit variant (its
+entry's data, entry.py) and the hooks below, which FLUX.1's family calls.
 
 The facts (diffusers' FluxKontextPipeline in the pinned version, Black Forest Labs' release):
 
@@ -16,9 +17,8 @@ The facts (diffusers' FluxKontextPipeline in the pinned version, Black Forest La
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import ClassVar
 
+from library.models.families.edit_variant import EditHooks
 from library.models.families.flux.family import (
     FLUX_DEV,
     FluxFamily,
@@ -26,52 +26,38 @@ from library.models.families.flux.family import (
     pack_latents,
     with_flow,
 )
+from library.models.families.kontext.entry import EDIT
 from library.models.families.kontext.sampling import REFERENCES, kontext_pipeline_kind
 
 # The first position id of a reference image's tokens (the noisy image's are 0).
 REFERENCE_INDEX = 1
 
 
-@dataclass(frozen=True, kw_only=True)
-class FluxKontextFamily(FluxFamily):
-    """FLUX.1 Kontext [dev] with the run's text and guidance settings."""
+def context_tokens(family: FluxFamily, cond, dtype):
+    """The reference latents' packed tokens and their position ids (1, row, column)."""
+    tokens, ids = [], []
+    for latents in cond.unet_kwargs.get(REFERENCES, ()):
+        height, width = latents.shape[-2:]
+        tokens.append(pack_latents(latents.to(dtype)))
+        position = image_position_ids(height, width, latents.device, dtype)
+        position[:, 0] = REFERENCE_INDEX
+        ids.append(position)
+    return tokens, ids
 
-    FLOW_KIND: ClassVar[str] = "flux_kontext"
-    LABEL: ClassVar[str] = "FLUX.1 Kontext"
-    MODEL_TYPE: ClassVar[str] = "flux_kontext"
-    # one reference image per sample, as the pipeline and musubi-tuner take it
-    REFERENCE_IMAGES: ClassVar[tuple[int, int | None]] = (1, 1)
 
-    def describe(self) -> str:
-        return super().describe().replace("FLUX.1 dev", "FLUX.1 Kontext [dev]", 1)
-
-    def context_tokens(self, cond, dtype):
-        """The reference latents' packed tokens and their position ids (1, row, column)."""
-        tokens, ids = [], []
-        for latents in cond.unet_kwargs.get(REFERENCES, ()):
-            height, width = latents.shape[-2:]
-            tokens.append(pack_latents(latents.to(dtype)))
-            position = image_position_ids(height, width, latents.device, dtype)
-            position[:, 0] = REFERENCE_INDEX
-            ids.append(position)
-        return tokens, ids
-
-    def sampling_pipeline(self):
-        """FluxKontextPipeline fed our conditioning and the prompt's reference latents."""
-        return kontext_pipeline_kind()
-
+# FluxKontextPipeline fed our conditioning and the prompt's reference latents
+HOOKS = EditHooks(context=context_tokens, sampling_pipeline=lambda family: kontext_pipeline_kind())
 
 # FLUX.1 dev's settings under Kontext's names
-FLUX_KONTEXT = FluxKontextFamily(
-    **{
-        **{f.name: getattr(FLUX_DEV, f.name) for f in dataclasses.fields(FLUX_DEV)},
-        "name": "flux-kontext-dev",
-        "modelspec_architecture": "flux-1-kontext-dev",
-        "base_model_version": "flux1_kontext",
-    }
+FLUX_KONTEXT = dataclasses.replace(
+    FLUX_DEV,
+    name="flux-kontext-dev",
+    modelspec_architecture="flux-1-kontext-dev",
+    base_model_version="flux1_kontext",
+    edit=EDIT,
 )
 
 
-def kontext_family(flow) -> FluxKontextFamily:
+def kontext_family(flow) -> FluxFamily:
     """FLUX.1 Kontext [dev] with the [flow] section's text and guidance settings."""
     return with_flow(FLUX_KONTEXT, flow)

@@ -24,7 +24,12 @@ from library.errors import ConfigError
 from library.models import caption_lengths
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families import denoiser_adapters as adapters
-from library.models.families.base import ModelFamily
+from library.models.families.base import (
+    REFERENCE_LATENTS_KEY,
+    REFERENCE_PIXELS_KEY,
+    ModelFamily,
+    reference_latents,
+)
 from library.models.families.flow_options import check_flow_model_options
 from library.models.families.qwenimage import conditioning as captions_
 from library.models.families.qwenimage.denoise import img_shapes, pack, unpack
@@ -54,7 +59,7 @@ class QwenImageFamily(ModelFamily):
     adapt_modulation: bool = False
 
     def describe(self) -> str:
-        return f"Qwen-Image ({self.caption_tokens} Qwen2.5-VL tokens)"
+        return self.edited(f"Qwen-Image ({self.caption_tokens} Qwen2.5-VL tokens)")
 
     @property
     def text_cache_name(self) -> str:
@@ -67,18 +72,28 @@ class QwenImageFamily(ModelFamily):
     ) -> TextConditioning:
         """Qwen2.5-VL's last hidden states of the templated captions without the template's
         first 34 tokens (conditioning.py), as the batch padded to its longest caption (padding
-        zeroed) with each caption's length."""
-        (tokenizer,), (encoder,) = tokenizers, text_encoders
-        return captions_.encode(tokenizer, encoder, list(captions), self.caption_tokens)
+        zeroed) with each caption's length. An edit variant's captions alone (only the memory
+        estimate asks, for shapes): its second tokenizer is its processor."""
+        (encoder,) = text_encoders
+        return captions_.encode(tokenizers[0], encoder, list(captions), self.caption_tokens)
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
-        return caption_lengths.conditioning(text, device, dtype)
+        """The captions' states and lengths, with an edit variant's batch's reference latents
+        and pixels (which its sampling pipeline takes as the image)."""
+        cond = caption_lengths.conditioning(text, device, dtype)
+        batch = batch or {}
+        if batch.get(REFERENCE_LATENTS_KEY):
+            cond.unet_kwargs[REFERENCE_LATENTS_KEY] = reference_latents(batch, device, dtype)
+        if batch.get(REFERENCE_PIXELS_KEY):
+            cond.unet_kwargs[REFERENCE_PIXELS_KEY] = list(batch[REFERENCE_PIXELS_KEY])
+        return cond
 
     def context_latents(self, cond) -> list[torch.Tensor]:
         """One-frame latents [B, C, 1, h_k, w_k] the transformer reads after the noisy image's,
-        whose outputs are not predictions: none for text to image (an edit model's reference
-        images)."""
-        return []
+        whose outputs are not predictions: none for text to image, an edit variant's reference
+        images (its ``context`` hook, called with the family and ``cond``) for an edit."""
+        hooks = self.edit_hooks
+        return hooks.context(self, cond) if hooks else []
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
         """The transformer's velocity [B, C, 1, h, w] (noise - x0 at its best) for one-frame
@@ -113,14 +128,14 @@ class QwenImageFamily(ModelFamily):
     def adapter_targets(self, module, role, conv):
         """musubi-tuner's Linears of the transformer (targets.py), with the modulation when
         exclude_mod is false."""
-        adapters.transformer_only(role, self.LABEL)
+        adapters.transformer_only(role, self.label)
         return default_targets(module, modulation=self.adapt_modulation)
 
     def lycoris_targets(self, module, role, preset):
         """The blocks' attention and feed-forward Linears (attention alone for attn-only), with
         the blocks' modulation for the presets that adapt every layer."""
         return adapters.preset_targets(
-            self.LABEL, role, preset,
+            self.label, role, preset,
             lambda every: default_targets(module, modulation=every),
             ".attn.",
         )  # fmt: skip
@@ -147,7 +162,7 @@ class QwenImageFamily(ModelFamily):
         """A LoRA or LyCORIS of the transformer (no text-encoder adapters, no conv rank), or a
         full fine-tune of the transformer (train_mode = "unet"; Qwen2.5-VL stays frozen)."""
         super().check_training(config)
-        adapters.check_lora(config, self.LABEL)
+        adapters.check_lora(config, self.label)
         lycoris = config.network.network_module == "lycoris.kohya"
         if (
             config.network.train_mode == "lora"
@@ -172,8 +187,10 @@ class QwenImageFamily(ModelFamily):
         return (components.denoiser,)
 
     def sampling_pipeline(self):
-        """QwenImagePipeline fed our conditioning (sampling.py)."""
-        return qwenimage_pipeline_kind()
+        """QwenImagePipeline fed our conditioning (sampling.py); an edit variant's pipeline (its
+        hook)."""
+        hooks = self.edit_hooks
+        return hooks.sampling_pipeline(self) if hooks else qwenimage_pipeline_kind()
 
 
 def qwenimage_family(flow=None) -> QwenImageFamily:

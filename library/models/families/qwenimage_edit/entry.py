@@ -1,15 +1,17 @@
 """Qwen-Image-Edit's entry in the family registry: what shared code asks of it before loading
 it. Its transformer, files, keys and LoRA layout are Qwen-Image's (qwenimage/entry.py); what
 differs is its folder (QwenImageEditPipeline, with processor/) and that each training image
-comes with its reference image, which Qwen2.5-VL reads with the caption.
+comes with its reference image, which Qwen2.5-VL reads with the caption: an edit variant of
+Qwen-Image's family (library.models.families.edit_variant), not a family class of its own.
 
-Readable without torch or diffusers: the loader and the family class are named and imported on
-first use."""
+Readable without torch or diffusers: the loader and the hooks are named and imported on first
+use."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from library.models.families.edit_variant import EditVariant
 from library.models.families.family_entry import Deferred, FamilyEntry, KohyaVocabulary, ToolFacts
 from library.models.families.qwenimage.entry import QWENIMAGE
 
@@ -17,12 +19,33 @@ _LINE = "Qwen-Image-Edit"
 _PLUS_LINE = "Qwen-Image-Edit-2509/2511"
 _PACKAGE = "library.models.families.qwenimage_edit"
 
-QWENIMAGE_EDIT = FamilyEntry(
-    name="qwenimage_edit",
+# Qwen-Image's family as Qwen-Image-Edit: one reference image per sample, which Qwen2.5-VL reads
+# with the caption; its hooks in family.py
+EDIT = EditVariant(
+    entry="qwenimage_edit",
     label=_LINE,
+    reference_images=(1, 1),
+    text_reads_references=True,
+    described_as=("Qwen-Image", _LINE),
+    hooks=Deferred(f"{_PACKAGE}.family:HOOKS").get,
+)
+# Qwen-Image-Edit-2509 and 2511 (QwenImageEditPlusPipeline): one or more references
+PLUS_EDIT = replace(
+    EDIT,
+    entry="qwenimage_edit_plus",
+    label="Qwen-Image-Edit-2509",
+    reference_images=(1, None),
+    described_as=("Qwen-Image", _PLUS_LINE),
+    hooks=Deferred(f"{_PACKAGE}.family:PLUS_HOOKS").get,
+)
+
+QWENIMAGE_EDIT = FamilyEntry(
+    name=EDIT.entry,
+    label=EDIT.label,
     models=_LINE,
     lines=(_LINE,),
-    family=Deferred(f"{_PACKAGE}.family:QwenImageEditFamily").get,
+    family=QWENIMAGE.family,
+    edit=EDIT,
     claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage_edit"),
     # its folder's transformer is Qwen-Image's, which Qwen-Image's claim takes
     claims_within=QWENIMAGE.name,
@@ -57,11 +80,11 @@ QWENIMAGE_EDIT = FamilyEntry(
 # more references per sample, numbered in the caption's text.
 QWENIMAGE_EDIT_PLUS = replace(
     QWENIMAGE_EDIT,
-    name="qwenimage_edit_plus",
-    label="Qwen-Image-Edit-2509",
+    name=PLUS_EDIT.entry,
+    label=PLUS_EDIT.label,
     models=_PLUS_LINE,
     lines=(_PLUS_LINE,),
-    family=Deferred(f"{_PACKAGE}.family:QwenImageEditPlusFamily").get,
+    edit=PLUS_EDIT,
     claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage_edit_plus"),
     file_setting='model_version = "edit-2509" or "edit-2511"',
     load=Deferred(f"{_PACKAGE}.load:load_qwenimage_edit_plus"),

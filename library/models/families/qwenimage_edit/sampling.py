@@ -15,6 +15,8 @@ import dataclasses
 import math
 
 from library.models.conditioning import Conditioning
+from library.models.families.base import REFERENCE_LATENTS_KEY as REFERENCES
+from library.models.families.base import REFERENCE_PIXELS_KEY as PIPELINE_IMAGES
 from library.models.families.qwenimage.sampling import (
     qwenimage_pipeline_inputs,
     qwenimage_pipeline_kind,
@@ -23,10 +25,9 @@ from library.models.families.qwenimage_edit.conditioning import to_pil
 
 PIPELINE = "QwenImageEditPipeline"
 PLUS_PIPELINE = "QwenImageEditPlusPipeline"  # Qwen-Image-Edit-2509 and 2511
-# Conditioning inputs: the reference latents [B, C, 1, h, w] for predict, and the reference
-# pixels [B, 3, H, W] the sampling pipeline takes as its image.
-REFERENCES = "reference_latents"
-PIPELINE_IMAGES = "reference_images"
+# Conditioning inputs (Qwen-Image's assemble_conditioning carries them): REFERENCES, the
+# reference latents [B, C, 1, h, w] for predict, and PIPELINE_IMAGES, the reference pixels
+# [B, 3, H, W] the sampling pipeline takes as its image.
 _AREA = 1024 * 1024  # the pipeline's reference area
 
 
