@@ -1,17 +1,13 @@
 """CLIP's vision tower from one file (musubi-tuner's --clip): Comfy-Org's
 clip_vision_h.safetensors holds transformers' CLIPVisionModelWithProjection in its own names
 (``vision_model.*``, the projection ``visual_projection.weight`` besides, which the states do not
-use), as ComfyUI's clip_vision loader reads it; Wan-AI's
-models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth holds the whole CLIP of Wan's own code
-(wan/modules/clip.py: ``visual.*`` beside the XLM-RoBERTa text tower ``textual.*``), whose
-visual tower is renamed here (its fused ``attn.to_qkv`` split into q, k, v; the text tower and
-the pooling head read past). The config is the file's own, else CLIP ViT-H/14's with the sizes
-its tensors show."""
+use), as ComfyUI's clip_vision loader reads it, or CLIPVisionModel's own bare names; a family
+with a layout of its own renames it through plan_clip_vision. The config is the file's own,
+else CLIP ViT-H/14's with the sizes its tensors show."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 
 import torch
@@ -30,18 +26,6 @@ VIT_H = {
 _HEAD_WIDTH = 80  # ViT-H's attention heads (the shapes do not show them)
 _VISION = "vision_model."  # the tower's names in ComfyUI's files (transformers 4's modules)
 _PATCHES = "embeddings.patch_embedding.weight"
-_WAN_MARK = "visual.transformer.0.attn.to_qkv.weight"  # a key only Wan-AI's layout has
-# Wan's visual tower -> CLIPVisionModel's names (whole keys, and each block's stems)
-_WAN_TOP = {
-    "visual.patch_embedding.weight": _PATCHES,
-    "visual.pos_embedding": "embeddings.position_embedding.weight",
-    "visual.cls_embedding": "embeddings.class_embedding",
-    **{f"visual.{o}.{p}": f"{d}.{p}" for o, d in (("pre_norm", "pre_layrnorm"),
-       ("post_norm", "post_layernorm")) for p in ("weight", "bias")},
-}  # fmt: skip
-_WAN_BLOCK = {"norm1": "layer_norm1", "norm2": "layer_norm2", "attn.proj": "self_attn.out_proj",
-              "mlp.0": "mlp.fc1", "mlp.2": "mlp.fc2"}  # fmt: skip
-_WAN_BLOCK_KEY = re.compile(r"visual\.transformer\.(\d+)\.(.+)\.(weight|bias)")
 
 
 def build_clip_vision(config: dict) -> torch.nn.Module:
@@ -70,9 +54,6 @@ def plan_clip_vision_file(file: CheckpointFile, key: str, part: str, expected: s
     the states do not use) or bare (CLIPVisionModel's own), as ``part``; its config the file's
     own, else ViT-H's with the sizes its tensors show."""
     names = list(file.keys())
-    if _WAN_MARK in names:
-        return _plan(file, key, part, expected, [k for k in names if _from_wan(k) is not None],
-                     from_wan)  # fmt: skip
     prefix = _VISION if _VISION + _PATCHES in names else ""
     if prefix + _PATCHES not in names:
         open_clip = any(k.startswith("visual.") for k in names)
@@ -84,41 +65,13 @@ def plan_clip_vision_file(file: CheckpointFile, key: str, part: str, expected: s
     def convert(state):
         return {k[len(prefix) :]: v for k, v in state.items()}
 
-    return _plan(file, key, part, expected, keys, convert)
+    return plan_clip_vision(file, key, part, expected, keys, convert)
 
 
-def _plan(file, key, part, expected, keys, convert) -> Plan:
+def plan_clip_vision(file, key, part, expected, keys, convert) -> Plan:
+    """The plan of CLIP's vision tower from ``keys`` of ``file`` renamed by ``convert`` to
+    CLIPVisionModel's names (another layout's reader gives its own renaming)."""
     return plan_part(
         part, key, file, keys, convert, build_clip_vision, vision_config_from_shapes,
         lambda exc: wrong_file(key, file, expected, f"it lacks {exc}"), label="CLIP vision",
     )  # fmt: skip
-
-
-def _from_wan(key: str) -> str | tuple[str, ...] | None:
-    """CLIPVisionModel's name of Wan's visual tower key (a fused q/k/v: its three), None for a
-    key the tower does not read (the text tower, the pooling head)."""
-    if key in _WAN_TOP:
-        return _WAN_TOP[key]
-    found = _WAN_BLOCK_KEY.fullmatch(key)
-    if found is None:
-        return None
-    layer, stem, kind = found.groups()
-    head = f"encoder.layers.{layer}"
-    if stem == "attn.to_qkv":
-        return tuple(f"{head}.self_attn.{p}_proj.{kind}" for p in "qkv")
-    return f"{head}.{_WAN_BLOCK[stem]}.{kind}" if stem in _WAN_BLOCK else None
-
-
-def from_wan(state) -> dict:
-    """Wan's visual tower tensors in CLIPVisionModel's names (its class and position embeddings
-    without Wan's leading unit dimensions)."""
-    out = {}
-    for key, value in state.items():
-        name = _from_wan(key)
-        if isinstance(name, tuple):
-            out.update(zip(name, value.chunk(3), strict=True))
-        elif key == "visual.cls_embedding":
-            out[name] = value.reshape(-1)
-        else:
-            out[name] = value[0] if key == "visual.pos_embedding" else value
-    return out

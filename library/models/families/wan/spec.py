@@ -11,7 +11,7 @@ models_t5_umt5-xxl-enc-bf16.pth in the names of Wan's own T5 code), the VAE ([mo
 vae: wan_2.1_vae.safetensors) and umT5's tokenizer (t5_tokenizer_path, or found locally).
 Wan 2.1 I2V-14B (SPEC_I2V_CLIP): a WanImageToVideoPipeline folder with image_encoder/
 (CLIPVisionModel) and image_processor/, or its transformer file beside [flow] clip (Comfy-Org's
-clip_vision_h.safetensors, Wan-AI's CLIP .pth: image_encoders/clip_vision_file.py)."""
+clip_vision_h.safetensors, Wan-AI's CLIP .pth: clip_file.py)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ from library.models.families.folder_loader import CheckedFolder, t5_tokenizer
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer, spec_for
+from library.models.families.wan.clip_file import plan_clip_file
 from library.models.families.wan.keys import TABLE, TABLE_CLIP
 from library.models.families.wan.t5_file import plan_t5_file
-from library.models.image_encoders.clip_vision_file import VIT_H, plan_clip_vision_file
+from library.models.image_encoders.clip_vision_file import VIT_H
 from library.models.loader import read_json
 from library.models.text_encoders.t5 import T5TokenizerPlaces
 from library.models.text_encoders.umt5 import umt5_xxl_config
@@ -379,7 +380,7 @@ SPEC_I2V_CLIP = replace(
         SpecPart(
             "image_encoder", IMAGE_ENCODER, "transformers:CLIPVisionModel",
             base=lambda: dict(VIT_H), label="Wan CLIP image encoder",
-            file=ComponentFile("clip", "[flow]", WHATS["clip"], lambda file: plan_clip_vision_file(
+            file=ComponentFile("clip", "[flow]", WHATS["clip"], lambda file: plan_clip_file(
                 file, "clip", IMAGE_ENCODER, WHATS["clip"]), pickles=True),
         ),
     ),
