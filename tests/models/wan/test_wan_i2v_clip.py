@@ -66,6 +66,8 @@ def test_the_task_word_and_the_image_encoder_are_checked(folder, tmp_path):
     a14b = write_tiny_wan_i2v_folder(tmp_path / "a14b")
     with pytest.raises(ModelError, match="task = 'i2v-14B' and .* takes no CLIP image states"):
         _load(a14b, task="i2v-14B")
+    with pytest.raises(ModelError, match="clip is set and .* reads no CLIP image states"):
+        _load(a14b, clip=str(tmp_path / "clip_vision_h.safetensors"))
 
 
 def _eight_bit_batch(frames: int) -> tuple[dict, np.ndarray]:
@@ -160,3 +162,21 @@ def test_wan_ais_clip_file_gives_its_visual_tower(folder, pipe, tmp_path):
                          vae=str(files["vae"]))  # fmt: skip
     components = load_components(model, torch.float32, flow)
     _same(components.image_encoder.model, pipe.image_encoder)
+
+
+def test_a_full_fine_tune_is_written_in_the_original_names_and_reloads(folder, tmp_path):
+    """The whole transformer in the original names of Wan 2.1 I2V-14B's files (its image
+    input: img_emb, cross_attn.k_img / v_img / norm_k_img), read back as the model."""
+    from safetensors import safe_open
+
+    from library.models.families.spec_loader import load_main_file
+    from library.models.families.wan import spec
+
+    components = _load(folder)
+    path = tmp_path / "full.safetensors"
+    components.family.write_full_model(path, components.denoiser, components, {}, torch.float32)
+    with safe_open(str(path), "pt") as f:
+        keys = set(f.keys())
+    assert {"img_emb.proj.1.weight", "blocks.0.cross_attn.k_img.weight",
+            "blocks.1.cross_attn.norm_k_img.weight"} <= keys  # fmt: skip
+    _same(load_main_file(spec.SPEC_I2V_CLIP, path, torch.float32), components.denoiser)

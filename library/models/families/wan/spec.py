@@ -323,6 +323,11 @@ def inspect_parts(checked) -> Facts:
     image_states = reads_image_states(checked)
     if image_states:
         check_image_encoder(checked)
+    elif getattr(checked.flow, "clip", None):
+        raise ModelError(
+            f"clip is set and {checked.part_source('transformer')} reads no CLIP image states "
+            "(only Wan 2.1 I2V-14B's does); remove clip from [flow]"
+        )
     first_frame = checked.part_config("transformer")["in_channels"] == I2V_CHANNELS
     if not folder:
         shift = TI2V_SAMPLE_SHIFT if expands else DISCRETE_FLOW_SHIFT
