@@ -93,15 +93,11 @@ def image_state_request(image: ScannedImage, options: SubsetOptions, flip: bool)
 
 def image_state_requests(data: ScannedData) -> list[LatentRequest]:
     """Every image-state cache entry a run can use, in latent_requests' order."""
-    requests = []
-    for scanned in data.scanned:
-        for image in scanned.images:
-            options = scanned.options[image.subset]
-            flips = (False, True) if options.augment.flip_aug else (False,)
-            requests += [image_state_request(image, options, flip) for flip in flips]
-        for image in scanned.validation:
-            requests.append(image_state_request(image, scanned.options[image.subset], False))
-    return requests
+    return [
+        image_state_request(image, options, flip)
+        for image, options, flips in _samples(data)
+        for flip in flips
+    ]
 
 
 def reference_request(image: ScannedImage, reference: ScannedReference, flip: bool):
@@ -143,25 +139,23 @@ def latent_requests(data: ScannedData, first_frame: bool = False) -> list[Latent
     each validation image, in a fixed order; with ``first_frame``, each clip's first-frame
     condition after the clip (first_frame_request)."""
     requests = []
+    for image, options, flips in _samples(data):
+        requests += [latent_request(image, options, flip) for flip in flips]
+        if first_frame:
+            requests += _present(first_frame_request(image, options, f) for f in flips)
+        requests += [reference_request(image, r, flip) for flip in flips for r in image.references]
+    return requests
+
+
+def _samples(data: ScannedData):
+    """(image, its subset's options, the flips a run sees it with) of each training image
+    (both sides with flip_aug) then each validation image (unflipped), dataset by dataset."""
     for scanned in data.scanned:
         for image in scanned.images:
             options = scanned.options[image.subset]
-            flips = (False, True) if options.augment.flip_aug else (False,)
-            requests += [latent_request(image, options, flip) for flip in flips]
-            if first_frame:
-                requests += _present(first_frame_request(image, options, f) for f in flips)
-            requests += [
-                reference_request(image, reference, flip)
-                for flip in flips
-                for reference in image.references
-            ]
+            yield image, options, ((False, True) if options.augment.flip_aug else (False,))
         for image in scanned.validation:
-            options = scanned.options[image.subset]
-            requests.append(latent_request(image, options, False))
-            if first_frame:
-                requests += _present([first_frame_request(image, options, False)])
-            requests += [reference_request(image, r, False) for r in image.references]
-    return requests
+            yield image, scanned.options[image.subset], (False,)
 
 
 def _present(requests) -> list[LatentRequest]:

@@ -141,10 +141,13 @@ class WanFamily(TransformerFamily):
         return Conditioning(hidden, {})
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
-        """The velocity [B, C, F', h, w] at timesteps 1000 sigma."""
+        """The velocity [B, C, F', h, w] at timesteps 1000 sigma (with the first frame's CLIP
+        states where the conditioning has them: Wan 2.1 I2V-14B)."""
+        states = cond.unet_kwargs.get("image_states")
+        images = {} if states is None else {"encoder_hidden_states_image": states}
         return denoiser(
             hidden_states=noisy, timestep=timesteps,
-            encoder_hidden_states=cond.encoder_hidden_states, return_dict=False,
+            encoder_hidden_states=cond.encoder_hidden_states, return_dict=False, **images,
         )[0]  # fmt: skip
 
     def latent_codec(self, vae):
@@ -299,14 +302,6 @@ class WanI2vClipFamily(WanI2vFamily):
             return cond
         states = states.to(device, dtype or cond.encoder_hidden_states.dtype)
         return Conditioning(cond.encoder_hidden_states, {**cond.unet_kwargs, "image_states": states})
-
-    def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
-        condition = cond.unet_kwargs["condition"].to(noisy.dtype)
-        return denoiser(
-            hidden_states=torch.cat([noisy, condition], dim=1), timestep=timesteps,
-            encoder_hidden_states=cond.encoder_hidden_states,
-            encoder_hidden_states_image=cond.unet_kwargs["image_states"], return_dict=False,
-        )[0]  # fmt: skip
 
     def transformer_modules(self, transformer):
         return clip_block_modules(transformer)
