@@ -22,7 +22,7 @@ from tests.kits.wan.tiny import write_tiny_wan_i2v_clip_folder, write_tiny_wan_i
 from tests.kits.wan.tiny_files import write_tiny_wan_clip_pth, write_tiny_wan_i2v_clip_files
 from tests.models.step_inputs import step_inputs
 from tests.models.wan.test_wan_clips import _batch
-from tests.models.wan.test_wan_i2v import _pipeline_condition, _text_pipe
+from tests.models.wan.test_wan_i2v import _load, _pipeline_condition, _text_pipe
 
 SEED = 11
 
@@ -39,11 +39,6 @@ def pipe(folder):
     pipe = WanImageToVideoPipeline.from_pretrained(folder, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
-
-
-def _load(folder, **flow):
-    model = ModelSection(pretrained_model_name_or_path=str(folder))
-    return load_components(model, torch.float32, FlowSection(**flow))
 
 
 def _same(ours, theirs) -> None:

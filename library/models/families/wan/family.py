@@ -99,9 +99,10 @@ def wan_pipeline_inputs(cond: Conditioning, prompt, grid: int = spec.PIXEL_MULTI
     return inputs | ({"negative_prompt_embeds": negative} if prompt.scale > 1 else {})
 
 
-def block_modules(transformer) -> list:
-    """kohya's modules: the ten Linears of every block (keys.py), in musubi-tuner's order."""
-    return table_modules(transformer, "lora_unet", TABLE, (("blocks", "blocks"),))
+def block_modules(transformer, table=TABLE) -> list:
+    """kohya's modules: the ten Linears of every block (keys.py; TABLE_CLIP: twelve, the image
+    keys and values after the cross-attention's four), in musubi-tuner's order."""
+    return table_modules(transformer, "lora_unet", table, (("blocks", "blocks"),))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +115,7 @@ class WanFamily(TransformerFamily):
     FRAME_RATE: ClassVar[float] = 16.0  # Wan 2.1's and the A14B's clips (musubi-tuner's target)
     DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "umT5 gets no adapters, as in musubi-tuner"
     LYCORIS_EMPTY_PRESETS: ClassVar[tuple[str, ...]] = ("unet-convblock-only",)
+    NAMES: ClassVar[object] = TABLE  # the transformer's original names (keys.py)
 
     def describe(self) -> str:
         return f"Wan ({MAX_TOKENS} umT5 tokens, zero past each caption)"
@@ -157,14 +159,14 @@ class WanFamily(TransformerFamily):
         return False  # DENOISER_ONLY_ADAPTERS
 
     def transformer_modules(self, transformer):
-        return block_modules(transformer)
+        return block_modules(transformer, self.NAMES)
 
     def file_modules(self, transformer):
-        return block_modules(transformer)
+        return block_modules(transformer, self.NAMES)
 
     def lycoris_modules(self, transformer, preset):
-        """The ten Linears of every block; attn-only: the eight attention ones."""
-        modules = block_modules(transformer)
+        """The Linears of every block; attn-only: the attention ones."""
+        modules = block_modules(transformer, self.NAMES)
         if preset == "attn-only":
             return [m for m in modules if "_attn." in m.original]
         return modules
@@ -282,18 +284,14 @@ WAN_I2V = derived_family(
 )
 
 
-def clip_block_modules(transformer) -> list:
-    """musubi-tuner's modules of an I2V-14B transformer: the twelve Linears of every block (the
-    image keys and values after the cross-attention's four)."""
-    return table_modules(transformer, "lora_unet", TABLE_CLIP, (("blocks", "blocks"),))
-
-
 @dataclass(frozen=True, kw_only=True)
 class WanI2vClipFamily(WanI2vFamily):
     """Wan 2.1 I2V-14B: one transformer reading the first frame's condition (as I2V-A14B) and,
     beside the caption's states, the CLIP vision tower's states of that frame
     (FIRST_FRAME_IMAGE_STATES_KEY, as the pipeline's encode_image: Components.image_encoder);
     samples through WanImageToVideoPipeline with that encoder and its processor."""
+
+    NAMES: ClassVar[object] = TABLE_CLIP  # the image input's Linears too (twelve per block)
 
     def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
         cond = super().assemble_conditioning(text, batch, device, dtype)
@@ -302,19 +300,6 @@ class WanI2vClipFamily(WanI2vFamily):
             return cond
         states = states.to(device, dtype or cond.encoder_hidden_states.dtype)
         return Conditioning(cond.encoder_hidden_states, {**cond.unet_kwargs, "image_states": states})
-
-    def transformer_modules(self, transformer):
-        return clip_block_modules(transformer)
-
-    def file_modules(self, transformer):
-        return clip_block_modules(transformer)
-
-    def lycoris_modules(self, transformer, preset):
-        """The twelve Linears of every block; attn-only: the ten attention ones."""
-        modules = clip_block_modules(transformer)
-        if preset == "attn-only":
-            return [m for m in modules if "_attn." in m.original]
-        return modules
 
     def sampling_pipeline(self):
         """WanImageToVideoPipeline with the one transformer and the image encoder (the shared
@@ -333,8 +318,10 @@ WAN_I2V_CLIP = derived_family(
 def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
     """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, a folder whose model_index.json sets
     expand_timesteps, or a transformer file on 48 channels), WanI2vFamily for I2V-A14B (task
-    i2v-A14B, or a WanImageToVideoPipeline folder; a file's is known once read), else
-    WanFamily: the class data read before any weight is."""
+    i2v-A14B, or a WanImageToVideoPipeline folder; a file's is known once read),
+    WanI2vClipFamily for I2V-14B (task i2v-14B, such a folder with an image encoder, or a
+    transformer file reading image states), else WanFamily: the class data read before any
+    weight is."""
     task = getattr(flow, "task", None)
     tasks = {"ti2v-5B": WanTi2vFamily, "i2v-A14B": WanI2vFamily, "i2v-14B": WanI2vClipFamily}
     if task in tasks:
