@@ -18,7 +18,11 @@ from library.errors import ModelError
 from library.models.loader import load_components
 from library.training.step import micro_batch_loss
 from tests.kits.wan.kit import reference_loss
-from tests.kits.wan.tiny import write_tiny_wan_i2v_clip_folder, write_tiny_wan_i2v_folder
+from tests.kits.wan.tiny import (
+    clip_vision_config,
+    write_tiny_wan_i2v_clip_folder,
+    write_tiny_wan_i2v_folder,
+)
 from tests.kits.wan.tiny_files import write_tiny_wan_clip_pth, write_tiny_wan_i2v_clip_files
 from tests.models.step_inputs import step_inputs
 from tests.models.wan.test_wan_clips import _batch
@@ -175,3 +179,27 @@ def test_a_full_fine_tune_is_written_in_the_original_names_and_reloads(folder, t
     assert {"img_emb.proj.1.weight", "blocks.0.cross_attn.k_img.weight",
             "blocks.1.cross_attn.norm_k_img.weight"} <= keys  # fmt: skip
     _same(load_main_file(spec.SPEC_I2V_CLIP, path, torch.float32), components.denoiser)
+
+
+def test_a_folder_without_its_encoder_or_with_another_width_is_refused(folder, tmp_path):
+    """Before any weight is read: an I2V-14B folder whose model_index.json names no image
+    encoder, and a clip file whose states are not the transformer's image input's width."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    bare = tmp_path / "bare"
+    shutil.copytree(folder, bare)
+    index = json.loads((bare / "model_index.json").read_text())
+    index["image_encoder"] = index["image_processor"] = [None, None]
+    (bare / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelError, match="reads CLIP image states, and .* gives no CLIP vision"):
+        _load(bare)
+    wide = CLIPVisionModel(CLIPVisionConfig(**{**clip_vision_config(), "hidden_size": 24}))
+    path = tmp_path / "clip_wide.safetensors"
+    save_file({f"vision_model.{k}": v.contiguous() for k, v in wide.state_dict().items()},
+              str(path))  # fmt: skip
+    with pytest.raises(ModelError, match=r"gives 24-wide image states .* reads 16-wide ones"):
+        _load(folder, clip=str(path))
