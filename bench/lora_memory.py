@@ -17,7 +17,8 @@ trains at batch 2):
 - FLUX.1 [dev] (configs/flux_lora.toml), SD3.5 Large (configs/sd35_large_lora.toml), Z-Image
   Turbo (configs/zimage_lora.toml), Chroma (configs/chroma_lora.toml), Qwen-Image
   (configs/qwenimage_lora.toml) and Krea 2 (configs/krea2_lora.toml), all at 1024, and Wan 2.1
-  T2V 1.3B and 14B (configs/wan21_t2v_lora.toml, an image at the preset's side), Wan 2.2
+  T2V 1.3B and 14B (configs/wan21_t2v_lora.toml, an image at the preset's side), Wan 2.1
+  I2V-14B (configs/wan21_i2v_14b_lora.toml, with its CLIP ViT-H image encoder), Wan 2.2
   TI2V-5B (configs/wan22_ti2v_5b_lora.toml, with its Wan 2.2 VAE) and Wan 2.2 T2V-A14B's and
   I2V-A14B's two experts (configs/wan22_t2v_a14b_lora.toml, configs/wan22_i2v_a14b_lora.toml:
   both trained, the inactive one on
@@ -168,6 +169,7 @@ def wan_components(task: str) -> Callable[[object, Path], Components]:
         from library.models.families.wan.family import (
             WAN,
             WAN_I2V,
+            WAN_I2V_CLIP,
             WAN_TI2V,
             WanFlowObjective,
             spec_flow_options,
@@ -185,8 +187,11 @@ def wan_components(task: str) -> Callable[[object, Path], Components]:
         objective = WanFlowObjective(
             spec_flow_options(config.flow), spec.scheduler_config(shift), patch=2
         )
-        family = WAN_TI2V if ti2v else WAN_I2V if task == "i2v-A14B" else WAN
+        families = {"ti2v-5B": WAN_TI2V, "i2v-A14B": WAN_I2V, "i2v-14B": WAN_I2V_CLIP}
+        family = families.get(task, WAN)
         components = _frozen(config, transformer, vae, (text,), (tokenizer,), objective, family)
+        if task == "i2v-14B":  # its CLIP ViT-H/14 vision tower beside
+            return replace(components, image_encoder=_clip_vision_h(transformer.dtype))
         if not task.endswith("-A14B"):
             return components
         # the low-noise expert beside it, split at the released folder's boundary
@@ -198,6 +203,20 @@ def wan_components(task: str) -> Callable[[object, Path], Components]:
         return replace(components, denoiser=low, experts=experts)
 
     return build
+
+
+def _clip_vision_h(dtype: torch.dtype):
+    """CLIP ViT-H/14's vision tower (Wan 2.1 I2V's image encoder) on the meta device, frozen,
+    with the released preprocessing."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    from library.models.image_encoders.clip_vision import ImageEncoder, clip_processor
+    from library.models.image_encoders.clip_vision_file import VIT_H
+
+    with torch.device("meta"):
+        model = CLIPVisionModel(CLIPVisionConfig(**VIT_H))
+    model.to(dtype).requires_grad_(False).eval()
+    return ImageEncoder(model, clip_processor())
 
 
 def flux_components(config, folder: Path) -> Components:
@@ -427,6 +446,8 @@ FAMILIES = {
                       wan_components("t2v-1.3B"), (10, 20)),
     "wan-14b": Bench("Wan 2.1 T2V 14B / Wan 2.2 A14B expert", _preset("wan21_t2v_lora.toml"),
                      wan_components("t2v-14B"), (10, 20, 30)),
+    "wan-i2v-14b": Bench("Wan 2.1 I2V-14B", _preset("wan21_i2v_14b_lora.toml"),
+                         wan_components("i2v-14B"), (10, 20)),
     "wan-ti2v-5b": Bench("Wan 2.2 TI2V-5B", _preset("wan22_ti2v_5b_lora.toml"),
                          wan_components("ti2v-5B"), (10, 20)),
     "wan-a14b": Bench("Wan 2.2 T2V-A14B, two experts", _preset("wan22_t2v_a14b_lora.toml"),
@@ -443,6 +464,7 @@ def preset_with(preset: Path, folder: Path, resolution: int, **training) -> obje
     data = tomllib.loads(preset.read_text(encoding="utf-8"))
     if "experts" in data:  # its rows say each memory option they use
         data["experts"] = {k: training.pop(k) for k in EXPERT_KEYS if k in training}
+    if "experts" in data or data["training"].get("fp8_base"):  # a preset's fp8_base: the rows'
         training = {"fp8_base": False, **training}
     data["training"].update(training)
     data["datasets"][0]["resolution"] = resolution

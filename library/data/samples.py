@@ -54,6 +54,10 @@ class SampleSource:
     reference_pixels: bool = False
     # cache each clip's first-frame condition too (ModelFamily.FIRST_FRAME_CONDITION)
     first_frame: bool = False
+    # with the latent cache, the image encoder's states of each sample's first frame, cached
+    # per clip (image_state_request) by the encoder's identity, and their [tokens, width]
+    image_states: LatentCache | None = None
+    image_state_shape: tuple[int, int] | None = None
 
 
 def latent_request(image: ScannedImage, options: SubsetOptions, flip: bool) -> LatentRequest:
@@ -78,6 +82,22 @@ def first_frame_request(image: ScannedImage, options: SubsetOptions, flip: bool)
         return None
     request = latent_request(image, options, flip)
     return dataclasses.replace(request, with_alpha=False, first_frame=True)
+
+
+def image_state_request(image: ScannedImage, options: SubsetOptions, flip: bool):
+    """The cache entry of the image encoder's states of a sample's first frame: the sample's
+    own request cut to its first frame (an image: itself), in a cache of the encoder's."""
+    request = latent_request(image, options, flip)
+    return dataclasses.replace(request, with_alpha=False, frames=request.frames[:1])
+
+
+def image_state_requests(data: ScannedData) -> list[LatentRequest]:
+    """Every image-state cache entry a run can use, in latent_requests' order."""
+    return [
+        image_state_request(image, options, flip)
+        for image, options, flips in _samples(data)
+        for flip in flips
+    ]
 
 
 def reference_request(image: ScannedImage, reference: ScannedReference, flip: bool):
@@ -119,25 +139,23 @@ def latent_requests(data: ScannedData, first_frame: bool = False) -> list[Latent
     each validation image, in a fixed order; with ``first_frame``, each clip's first-frame
     condition after the clip (first_frame_request)."""
     requests = []
+    for image, options, flips in _samples(data):
+        requests += [latent_request(image, options, flip) for flip in flips]
+        if first_frame:
+            requests += _present(first_frame_request(image, options, f) for f in flips)
+        requests += [reference_request(image, r, flip) for flip in flips for r in image.references]
+    return requests
+
+
+def _samples(data: ScannedData):
+    """(image, its subset's options, the flips a run sees it with) of each training image
+    (both sides with flip_aug) then each validation image (unflipped), dataset by dataset."""
     for scanned in data.scanned:
         for image in scanned.images:
             options = scanned.options[image.subset]
-            flips = (False, True) if options.augment.flip_aug else (False,)
-            requests += [latent_request(image, options, flip) for flip in flips]
-            if first_frame:
-                requests += _present(first_frame_request(image, options, f) for f in flips)
-            requests += [
-                reference_request(image, reference, flip)
-                for flip in flips
-                for reference in image.references
-            ]
+            yield image, options, ((False, True) if options.augment.flip_aug else (False,))
         for image in scanned.validation:
-            options = scanned.options[image.subset]
-            requests.append(latent_request(image, options, False))
-            if first_frame:
-                requests += _present([first_frame_request(image, options, False)])
-            requests += [reference_request(image, r, False) for r in image.references]
-    return requests
+            yield image, scanned.options[image.subset], (False,)
 
 
 def _present(requests) -> list[LatentRequest]:
@@ -183,6 +201,9 @@ def _image_entries(
         cached = source.latents.get(latent_request(image, options, draws.flip))
         entries = {"latent_mean": cached.mean, "latent_std": cached.std, "alpha": cached.alpha}
         entries |= _first_frame_entry(image, options, draws.flip, source, cached.mean)
+        if source.image_states is not None:
+            request = image_state_request(image, options, draws.flip)
+            entries["first_frame_state"] = source.image_states.get(request).mean
         original, crop = cached.original_size, cached.crop_top_left
     elif image.frames:
         loaded = load_training_clip(image.item.path, image.frames, image.bucket, draws)
@@ -215,6 +236,8 @@ def _stand_in(image: ScannedImage, source: SampleSource) -> dict:
         entries = {"latent_mean": latent, "latent_std": latent}
         if source.first_frame:
             entries["first_frame_mean"] = latent
+        if source.image_states is not None:
+            entries["first_frame_state"] = torch.zeros(source.image_state_shape)
     if image.references:
         entries.update(_stand_in_references(image, source))
     return {
@@ -364,6 +387,8 @@ def collate(samples: list[dict]) -> dict:
         batch["latent_stds"] = torch.stack([s["latent_std"] for s in samples])
     if "first_frame_mean" in samples[0]:
         batch["first_frame_means"] = torch.stack([s["first_frame_mean"] for s in samples])
+    if "first_frame_state" in samples[0]:
+        batch["first_frame_states"] = torch.stack([s["first_frame_state"] for s in samples])
     for key in ("reference_pixels", "reference_means", "reference_stds"):
         if key in samples[0]:  # one tensor per reference slot: the samples share their sizes
             slots = range(len(samples[0][key]))

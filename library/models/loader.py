@@ -28,6 +28,7 @@ from library.errors import ModelError, one_line
 from library.models.experts import Experts
 from library.models.families.base import ModelFamily
 from library.models.families.family_choice import check_config_family, entry_for
+from library.models.image_encoders.clip_vision import ImageEncoder
 
 _WEIGHT_STEMS = {"unet": "diffusion_pytorch_model", "vae": "diffusion_pytorch_model"}
 LOAD_ERRORS = (
@@ -51,7 +52,9 @@ class Components:
     (library.training.objectives) says how the denoiser is trained and sampled. ``model_dir``
     is the diffusers folder, or the checkpoint file of a single-file model. ``experts``: a
     model with several denoiser experts (library.models.experts; ``denoiser`` is then its
-    low-noise expert), else None.
+    low-noise expert), else None. ``image_encoder``: the image encoder whose states of the
+    sample's first frame condition the denoiser beside the caption (an ImageEncoder of
+    library.models.image_encoders.clip_vision), else None.
     """
 
     denoiser: torch.nn.Module
@@ -62,6 +65,7 @@ class Components:
     family: ModelFamily
     model_dir: Path
     experts: Experts | None = None
+    image_encoder: ImageEncoder | None = None
 
     @property
     def text_encoder(self) -> torch.nn.Module:

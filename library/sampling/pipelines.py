@@ -93,7 +93,8 @@ def build_pipeline(
 
     ``text_encoders`` are in ``family.text_encoder_subfolders`` order; each goes in under its
     subfolder's name ("text_encoder", "text_encoder_2"), which is also the pipeline's argument
-    name, and so do the tokenizers.
+    name, and so do the tokenizers; a model's image encoder (Components.image_encoder) goes in
+    as image_encoder and image_processor.
     """
     import diffusers
 
@@ -103,12 +104,16 @@ def build_pipeline(
     tokenizers = dict(zip(family.tokenizer_subfolders, components.tokenizers, strict=True))
     cls = getattr(diffusers, kind.class_name)
     denoisers = {kind.denoiser_argument: denoiser} | expert_arguments(components, kind, boundary)
+    image = getattr(components, "image_encoder", None)  # stand-ins in tests may have none
+    images = {} if image is None else {"image_encoder": image.model,
+                                       "image_processor": image.processor}  # fmt: skip
     pipe = cls(
         vae=components.vae,
         **denoisers,
         scheduler=scheduler,
         **encoders,
         **tokenizers,
+        **images,
         **kind.options,
     )
     pipe.set_progress_bar_config(disable=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 
 import torch
@@ -13,7 +15,12 @@ from library.data.captions import process_caption
 from library.data.content_hash import tensor_digest
 from library.data.dataset import TrainData
 from library.data.latent_cache import LatentCache
-from library.data.samples import cache_loader, latent_requests, validation_caption
+from library.data.samples import (
+    cache_loader,
+    image_state_requests,
+    latent_requests,
+    validation_caption,
+)
 from library.errors import ConfigError
 from library.models.conditioning import encode_text
 from library.models.loader import Components
@@ -110,6 +117,41 @@ def build_latent_cache(
         f"{stats.encoded_here} encoded by this process"
     )
     return cache
+
+
+def build_image_state_cache(
+    config: Config, data: TrainData, components: Components, accelerator, group: CacheGroup
+) -> LatentCache | None:
+    """With the latent cache and an image encoder (Components.image_encoder): its states of
+    every sample's first frame (image_state_request), encoded once or found on disk, keyed by
+    the encoder's weights and its processor's settings; None otherwise."""
+    encoder = components.image_encoder
+    if encoder is None or not config.data.latents_cached:
+        return None
+    device = accelerator.device
+
+    def encode(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        states = encoder.pixel_states(pixels[:, :, 0] if pixels.dim() == 5 else pixels, device)
+        states = states.float().cpu()
+        return states, torch.zeros_like(states)  # the cache's std: states have none
+
+    processor = json.dumps(encoder.processor.to_dict(), sort_keys=True, default=str)
+    identity = f"image-states:{tensor_digest(encoder.model)}:{_digest(processor)}"
+    cache = LatentCache(identity, LATENT_CACHE_DTYPE, config.data.cache_latents_to_disk, 2)
+    requests = image_state_requests(data)
+    stats = cache.build(
+        requests, encode, cache_loader(requests), config.data.vae_batch_size, rank=group.rank,
+        world_size=group.world_size, group=group, progress=accelerator.is_local_main_process,
+    )  # fmt: skip
+    accelerator.print(
+        f"image encoder cache: {stats.total} entries, {stats.reused} found cached, "
+        f"{stats.encoded_here} encoded by this process"
+    )
+    return cache
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _fixed_captions(data: TrainData) -> tuple[list[str], list]:

@@ -51,7 +51,11 @@ from library.data.captions import CaptionOptions
 from library.data.plan import DataStats
 from library.errors import ConfigError
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
-from library.models.families.base import FIRST_FRAME_LATENTS_KEY, REFERENCE_LATENTS_KEY
+from library.models.families.base import (
+    FIRST_FRAME_IMAGE_STATES_KEY,
+    FIRST_FRAME_LATENTS_KEY,
+    REFERENCE_LATENTS_KEY,
+)
 from library.models.quantized_base import QuantizedLinear
 from library.training.activation_memory import (
     ActivationCounter,
@@ -247,6 +251,8 @@ def weight_bytes(
     modules = [] if leave else [*comps.text_encoders]
     if vae_stays_on_device(config, draws_samples, device_type):
         modules.append(comps.vae)
+    if comps.image_encoder is not None:  # on the device with the VAE (its states: every step)
+        modules.append(comps.image_encoder.model)
     total = sum(module_bytes(m) for m in modules)
     total += denoiser_weight_bytes(config, comps.denoiser, world_size)
     total += _other_experts_bytes(config, comps)
@@ -486,12 +492,18 @@ def _meta_references(comps, size: TrainingSize, dtype: torch.dtype) -> dict:
 
 
 def _meta_first_frame(comps, size: TrainingSize, dtype: torch.dtype) -> dict:
-    """The batch entry of the first-frame condition's latents (the sample's shape), on the meta
-    device, for a family whose first frame conditions it (else {})."""
+    """The batch entry of the first-frame condition's latents (the sample's shape) and, with an
+    image encoder, its states of that frame, on the meta device, for a family whose first frame
+    conditions it (else {})."""
     if not comps.family.FIRST_FRAME_CONDITION:
         return {}
     latents, _ = _noisy_latents(comps, size, dtype)
-    return {FIRST_FRAME_LATENTS_KEY: latents}
+    image = comps.image_encoder
+    if image is None:
+        return {FIRST_FRAME_LATENTS_KEY: latents}
+    shape = (size.batch, image.tokens(), image.width)
+    states = torch.empty(shape, device="meta", dtype=dtype)
+    return {FIRST_FRAME_LATENTS_KEY: latents, FIRST_FRAME_IMAGE_STATES_KEY: states}
 
 
 def _meta_for_training(module: torch.nn.Module, dtype: torch.dtype, trained: bool):

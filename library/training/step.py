@@ -12,6 +12,7 @@ from library.models import conditioning
 from library.models.conditioning import Conditioning, encode_conditioning
 from library.models.families.base import (
     CONDITIONING_DRAWS_KEY,
+    FIRST_FRAME_IMAGE_STATES_KEY,
     FIRST_FRAME_LATENTS_KEY,
     REFERENCE_LATENTS_KEY,
     REFERENCE_PIXELS_KEY,
@@ -60,6 +61,9 @@ class StepInputs:
     # A model with denoiser experts: the routing of each step (library.training.experts); its
     # modules are those whose forward runs, in place of ``denoiser``.
     experts: object | None = None
+    # A model whose denoiser reads an image encoder's states of the first frame
+    # (Components.image_encoder), else None.
+    image_encoder: object | None = None
 
     def __post_init__(self) -> None:
         self.text_encoders = tuple(self.text_encoders)
@@ -111,7 +115,22 @@ def with_first_frame(s: StepInputs, batch: dict) -> dict:
     else:
         pixels = batch["pixel_values"].to(s.device)
         mean = s.codec.posterior(first_frame_pixels(pixels) if pixels.dim() == 5 else pixels)[0]
-    return {**batch, FIRST_FRAME_LATENTS_KEY: s.codec.to_latents(mean)}
+    return with_image_states(s, {**batch, FIRST_FRAME_LATENTS_KEY: s.codec.to_latents(mean)})
+
+
+def with_image_states(s: StepInputs, batch: dict) -> dict:
+    """``batch`` with the image encoder's states of each sample's first frame
+    (FIRST_FRAME_IMAGE_STATES_KEY): cached ("first_frame_states"), or encoded from the first
+    frame's pixels. Unchanged without an image encoder."""
+    if s.image_encoder is None:
+        return batch
+    if "first_frame_states" in batch:
+        states = batch["first_frame_states"].to(s.device)
+    else:
+        pixels = batch["pixel_values"]
+        states = s.image_encoder.pixel_states(pixels[:, :, 0] if pixels.dim() == 5 else pixels,
+                                              s.device)  # fmt: skip
+    return {**batch, FIRST_FRAME_IMAGE_STATES_KEY: states}
 
 
 def with_image_inputs(s: StepInputs, batch: dict) -> dict:

@@ -34,6 +34,7 @@ from library.sampling.generate import check_sampling
 from library.sampling.runner import SampleRunner
 from library.training.base_weights import non_finite_model_weights
 from library.training.caching import (
+    build_image_state_cache,
     build_latent_cache,
     build_text_cache,
     build_text_cache_alone,
@@ -264,7 +265,8 @@ class Trainer:
         latents = build_latent_cache(config, self.data, parts.components, acc, group)
         layout = family.latent_codec(parts.components.vae).layout
         source = SampleSource(latents, plan.total_steps, layout, family.text_reads_references,
-                              family.FIRST_FRAME_CONDITION)  # fmt: skip
+                              family.FIRST_FRAME_CONDITION,
+                              *self._image_states(parts, group))  # fmt: skip
         if not self._text_leaves:
             text_cache = build_text_cache(
                 config, self.data, parts.components, weight_dtype, acc, group
@@ -478,7 +480,8 @@ class Trainer:
         acc, comps = self.accelerator, parts.components
         encoders = () if getattr(self, "_text_leaves", False) else comps.text_encoders
         move_denoisers(self.config, comps, acc.device)
-        for module in (comps.vae, *encoders):
+        image = () if comps.image_encoder is None else (comps.image_encoder.model,)
+        for module in (comps.vae, *encoders, *image):
             module.to(acc.device)
         if self.sharded:
             shard_trained_denoiser(parts, self.config.training.fsdp, acc.device, acc.num_processes)
@@ -499,6 +502,18 @@ class Trainer:
             module.train()
         return trained
 
+    def _image_states(self, parts: TrainedParts, group) -> tuple:
+        """The image encoder's cache of first-frame states and their shape (with cached latents;
+        the encoder then leaves the device: the step reads its states from the cache), else
+        (None, None)."""
+        image = parts.components.image_encoder
+        cache = build_image_state_cache(self.config, self.data, parts.components,
+                                        self.accelerator, group)  # fmt: skip
+        if cache is None:
+            return None, None
+        image.model.to("cpu")
+        return cache, (image.tokens(), image.width)
+
     def _step_inputs(self, parts: TrainedParts, weight_dtype, text_cache=None) -> StepInputs:
         comps, training = parts.components, self.config.training
         return StepInputs(
@@ -518,6 +533,7 @@ class Trainer:
             max_token_length=self.config.model.max_token_length,
             text_cache=text_cache,
             experts=expert_routing(self.config, parts, self._prepared),
+            image_encoder=comps.image_encoder,
         )
 
     def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver, start: RunStart) -> int:

@@ -149,6 +149,13 @@ def test_wan_words_load_as_difftune_keys(write_toml):
     assert config.network.network_module == "networks.lora_wan"
 
 
+def test_wan_21_image_to_video_words_load(write_toml):
+    """musubi-tuner's Wan 2.1 I2V-14B words: its task and the CLIP vision file (clip)."""
+    text = HEAD + 'clip = "/m/clip_vision_h.safetensors"\ntask = "i2v-14B"\n' + DATASET
+    config = load_config(write_toml("a.toml", text))
+    assert (config.flow.clip, config.flow.task) == ("/m/clip_vision_h.safetensors", "i2v-14B")
+
+
 def test_dit_and_the_model_key_must_agree(write_toml):
     message = error_of(write_toml("a.toml", HEAD + 'dit = "other"\n' + DATASET))
     assert "set twice with different values" in message
@@ -173,7 +180,6 @@ def test_wan_22_expert_run_words_load(write_toml):
         ("fp8_scaled = true", "fp8_base = true"),
         ("edit = true", 'model_version = "edit"'),
         ("edit_plus = true", 'model_version = "edit-2509"'),
-        ('clip = "/m/clip.safetensors"', "I2V-A14B needs no CLIP"),
         ("num_timestep_buckets = 4", "timestep_sampling"),
         ("use_32bit_attention = true", 'mixed_precision = "no"'),
         ('timestep_sampling = "qinglong_qwen"', "use qwen_shift"),

@@ -23,4 +23,5 @@ def step_inputs(components, seed: int, training: Mapping | None = None) -> StepI
         text_encoders=c.text_encoders, tokenizers=c.tokenizers, train_text_encoder=False,
         weight_dtype=torch.float32, device=torch.device("cpu"), seed=seed,
         noise=NoiseOptions.from_training(section), loss=LossOptions.from_training(section),
+        image_encoder=c.image_encoder,
     )  # fmt: skip

@@ -55,6 +55,10 @@ REFERENCE_PIXELS_KEY = "reference_pixels"
 # the image-to-video pipelines encode their image (diffusers' WanImageToVideoPipeline,
 # musubi-tuner's I2V latent cache). An image (one frame) is its own first frame.
 FIRST_FRAME_LATENTS_KEY = "first_frame_latents"
+# A model with an image encoder (Components.image_encoder: CLIP's vision tower): the batch entry
+# a training step and validation add beside FIRST_FRAME_LATENTS_KEY, the encoder's states of
+# the sample's first frame [B, T, hidden] (library.models.image_encoders.clip_vision).
+FIRST_FRAME_IMAGE_STATES_KEY = "first_frame_image_states"
 AdapterRole = Literal["unet", "text_encoder"]
 
 

@@ -35,7 +35,7 @@ from library.models.families.folder_loader import (
 from library.models.families.name_table import CHECKPOINT_PREFIX, NameTable
 from library.models.plans import Plan
 
-Role = Literal["denoiser", "vae", "text_encoder"]
+Role = Literal["denoiser", "vae", "text_encoder", "image_encoder"]
 Layout = Literal["original", "diffusers"]
 
 

@@ -74,15 +74,17 @@ def _sample_cases(variant):
 
 
 def reference_loss(
-    pipe, batch, seed, shift=3.0, low=0, high=1000, condition=None, transformer=None
-) -> torch.Tensor:
+    pipe, batch, seed, shift=3.0, low=0, high=1000, condition=None, transformer=None,
+    image_embeds=None,
+) -> torch.Tensor:  # fmt: skip
     """The loss written out from the pipeline's parts and facts: the VAE's posterior of the
     one-frame clip normalised per channel, the inverse of the pipeline's decoding
     ((z - latents_mean) / latents_std), noisy = (1 - sigma) x0 + sigma noise, the transformer at
     timestep 1000 sigma on the pipeline's prompt embeddings (512 tokens, zero past each
     caption; TI2V-5B's pipeline: that timestep for every token), target noise - x0; the trainer's keyed draws and musubi-tuner's "shift" draw,
     narrowed linearly into min_timestep..max_timestep. ``condition``: what an image-to-video
-    transformer reads after the noisy latents (channels); ``transformer``: unset, the pipe's."""
+    transformer reads after the noisy latents (channels); ``transformer``: unset, the pipe's;
+    ``image_embeds``: the CLIP image states Wan 2.1 I2V-14B's transformer reads."""
     x0, d, sigma = shifted_clip(pipe.vae, batch, seed, shift)
     sigma = sigma * (high - low) / 1000 + low / 1000
     s = sigma.view(-1, 1, 1, 1, 1)
@@ -95,8 +97,10 @@ def reference_loss(
         ones = torch.ones(x0.shape)[0][0][:, ::2, ::2].flatten()
         timestep = timestep.view(-1, 1) * ones
     inputs = noisy if condition is None else torch.cat([noisy, condition], dim=1)
+    images = {} if image_embeds is None else {"encoder_hidden_states_image": image_embeds}
     out = (transformer or pipe.transformer)(hidden_states=inputs, timestep=timestep,
-                                            encoder_hidden_states=states, return_dict=False)[0]  # fmt: skip
+                                            encoder_hidden_states=states, return_dict=False,
+                                            **images)[0]  # fmt: skip
     per_sample = ((out - (d.noise - x0)) ** 2).mean(dim=(1, 2, 3, 4))
     return (per_sample * batch["loss_weights"]).mean()
 

@@ -163,3 +163,51 @@ def write_tiny_wan_i2v_folder(path: str | Path, boundary_ratio: float = 0.9, see
              "boundary_ratio": boundary_ratio, "expand_timesteps": False}  # fmt: skip
     (path / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def clip_vision_config() -> dict:
+    """CLIPVisionConfig kwargs: two layers of 2 heads over 16-pixel patches of 32-pixel images
+    (5 tokens: the class token and 4 patches), quick_gelu as Wan 2.1's ViT-H."""
+    return {
+        "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "image_size": 32, "patch_size": 16, "projection_dim": 16,
+        "hidden_act": "gelu",
+    }  # fmt: skip
+
+
+def image_processor_config() -> dict:
+    """CLIPImageProcessor kwargs at the tiny encoder's 32 pixels (the released: 224), with
+    CLIP's mean and std."""
+    return {
+        "do_resize": True, "size": {"shortest_edge": 32}, "resample": 3, "do_center_crop": True,
+        "crop_size": {"height": 32, "width": 32}, "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711], "do_convert_rgb": True,
+    }  # fmt: skip
+
+
+def write_tiny_wan_i2v_clip_folder(path: str | Path, seed: int = 0) -> Path:
+    """A tiny Wan 2.1 I2V-14B folder as diffusers' (WanImageToVideoPipeline): one transformer of
+    36 input channels that reads CLIP image states (image_dim, added_kv_proj_dim), a tiny
+    CLIPVisionModel in image_encoder/ and its CLIPImageProcessor in image_processor/."""
+    from diffusers import WanTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    path = write_tiny_wan_folder(path, seed)
+    vision = clip_vision_config()
+    config = {**transformer_config(), "in_channels": 36, "image_dim": vision["hidden_size"],
+              "added_kv_proj_dim": 16}  # fmt: skip
+    builders = {
+        "transformer": lambda: WanTransformer3DModel(**config),
+        "image_encoder": lambda: CLIPVisionModel(CLIPVisionConfig(**vision)),
+    }
+    for name, module in build_seeded(builders, seed + 4).items():
+        module.save_pretrained(path / name)
+    CLIPImageProcessor(**image_processor_config()).save_pretrained(path / "image_processor")
+    index = {**model_index(), "_class_name": "WanImageToVideoPipeline",
+             "image_encoder": ["transformers", "CLIPVisionModel"],
+             "image_processor": ["transformers", "CLIPImageProcessor"],
+             "transformer_2": [None, None], "boundary_ratio": None,
+             "expand_timesteps": False}  # fmt: skip
+    (path / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -12,12 +12,13 @@ from pathlib import Path
 import torch
 
 from library.models.families.name_table import CHECKPOINT_PREFIX
-from library.models.families.wan.keys import TABLE
+from library.models.families.wan.keys import TABLE, TABLE_CLIP
 from library.models.wan_vae_keys import original_name, vae_to_original
 from tests.kits.krea2.tiny_files import _save
 from tests.kits.wan.tiny import (
     build_tiny_wan_components,
     build_tiny_wan_ti2v_components,
+    clip_vision_config,
     text_encoder_config,
     transformer_config,
 )
@@ -131,3 +132,61 @@ def write_tiny_wan_ti2v_files(path, seed=0, dtype=torch.float32, comfy=False) ->
 
 def _config(module) -> dict:
     return {k: v for k, v in module.config.items() if not k.startswith("_")}
+
+
+def write_tiny_wan_i2v_clip_files(folder, path, dtype=torch.float32) -> dict[str, Path]:
+    """A tiny Wan 2.1 I2V-14B folder's transformer in the original names (Comfy-Org's
+    wan2.1_i2v_480p_14B layout: img_emb, cross_attn.k_img / v_img / norm_k_img) and its CLIP
+    vision tower as Comfy-Org's clip_vision_h.safetensors holds one (transformers' names with
+    the projection of CLIPVisionModelWithProjection), beside write_tiny_wan_files' others."""
+    from diffusers import WanTransformer3DModel
+    from transformers import CLIPVisionModel
+
+    folder, path = Path(folder), Path(path)
+    files = write_tiny_wan_files(path)
+    transformer = WanTransformer3DModel.from_pretrained(folder / "transformer")
+    vision = CLIPVisionModel.from_pretrained(folder / "image_encoder")
+    config = vision.config
+    projection = torch.randn(config.projection_dim, config.hidden_size)
+    state = {f"vision_model.{k}": v for k, v in vision.state_dict().items()}
+    state["visual_projection.weight"] = projection
+    return files | {
+        "transformer": _save(TABLE_CLIP.to_original(transformer.state_dict()),
+                             path / "wan2.1_i2v_480p_14B.safetensors", dtype,
+                             _config(transformer), "transformer"),
+        "clip": _save(state, path / "clip_vision_h.safetensors", dtype, clip_vision_config(),
+                      "image_encoder"),
+    }  # fmt: skip
+
+
+def write_tiny_wan_clip_pth(folder, path) -> Path:
+    """A tiny Wan 2.1 I2V-14B folder's CLIP vision tower as Wan-AI ship theirs
+    (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth): a torch file of the whole CLIP in
+    the names of Wan's own code (wan/modules/clip.py), its visual tower's q, k and v fused in one
+    to_qkv, beside a text tower and a pooling head (stand-ins of their shapes)."""
+    from transformers import CLIPVisionModel
+
+    state = CLIPVisionModel.from_pretrained(Path(folder) / "image_encoder").state_dict()
+    width = state["embeddings.class_embedding"].shape[0]
+    wan = {
+        "visual.patch_embedding.weight": state["embeddings.patch_embedding.weight"],
+        "visual.cls_embedding": state["embeddings.class_embedding"].view(1, 1, -1),
+        "visual.pos_embedding": state["embeddings.position_embedding.weight"][None],
+        "visual.head": torch.randn(width, 8), "textual.token_embedding.weight": torch.randn(4, 8),
+        "log_scale": torch.tensor(2.6),
+    }  # fmt: skip
+    for ours, theirs in (("pre_norm", "pre_layrnorm"), ("post_norm", "post_layernorm")):
+        for p in ("weight", "bias"):
+            wan[f"visual.{ours}.{p}"] = state[f"{theirs}.{p}"]
+    layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.layers."))
+    for i in range(layers):
+        head = f"encoder.layers.{i}"
+        for p in ("weight", "bias"):
+            wan[f"visual.transformer.{i}.attn.to_qkv.{p}"] = torch.cat(
+                [state[f"{head}.self_attn.{q}_proj.{p}"] for q in "qkv"])
+            for ours, theirs in (("norm1", "layer_norm1"), ("norm2", "layer_norm2"),
+                                 ("attn.proj", "self_attn.out_proj"), ("mlp.0", "mlp.fc1"),
+                                 ("mlp.2", "mlp.fc2")):  # fmt: skip
+                wan[f"visual.transformer.{i}.{ours}.{p}"] = state[f"{head}.{theirs}.{p}"]
+    torch.save(wan, str(path))
+    return Path(path)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.wan.family import load_wan
-from library.models.families.wan.keys import TABLE
+from library.models.families.wan.keys import TABLE, TABLE_CLIP
 from tests.kits.wan.tiny import transformer_config
 from tests.kits.wan.tiny_files import write_tiny_wan_files, write_tiny_wan_t5_pth
 
@@ -71,25 +70,33 @@ def test_task_must_be_the_transformers(files):
     assert _load(files).denoiser.config.num_layers == 2
 
 
-def test_an_image_to_video_transformer_is_refused_by_name(files, tmp_path):
-    """Wan 2.1 I2V's file: the T2V keys and the image input's (cross_attn.k_img / v_img, the
-    image embedder), which no text-to-video transformer has."""
+def test_the_image_input_has_its_original_names():
+    """Wan 2.1 I2V-14B's transformer: the T2V keys and the image input's (cross_attn.k_img /
+    v_img / norm_k_img, the image embedding img_emb.proj.0-4, spelled here from Wan-AI's
+    model.py), as diffusers' single-file converter reads them back."""
     from diffusers import WanTransformer3DModel
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     model = WanTransformer3DModel(**{**transformer_config(), "in_channels": 36,
                                      "image_dim": 24, "added_kv_proj_dim": 16})  # fmt: skip
+    state = model.state_dict()
     original = {}
-    for key, value in model.state_dict().items():
+    for key, value in state.items():
         try:
             original[TABLE.original_key(key)] = value
         except ValueError:  # the image input, in the original names
             for theirs, name in ((".attn2.add_k_proj.", ".cross_attn.k_img."),
                                  (".attn2.add_v_proj.", ".cross_attn.v_img."),
                                  (".attn2.norm_added_k.", ".cross_attn.norm_k_img."),
-                                 ("condition_embedder.image_embedder.", "img_emb.")):  # fmt: skip
+                                 ("condition_embedder.image_embedder.norm1", "img_emb.proj.0"),
+                                 ("condition_embedder.image_embedder.ff.net.0.proj",
+                                  "img_emb.proj.1"),
+                                 ("condition_embedder.image_embedder.ff.net.2", "img_emb.proj.3"),
+                                 ("condition_embedder.image_embedder.norm2", "img_emb.proj.4")):  # fmt: skip
                 key = key.replace(theirs, name)
             original[key] = value
-    path = tmp_path / "wan2.1_i2v_480p.safetensors"
-    save_file({k: v.contiguous() for k, v in original.items()}, str(path))
-    with pytest.raises(ModelError, match="is Wan's image-to-video transformer"):
-        _load(files, path)
+    ours = TABLE_CLIP.to_original(state)
+    assert ours.keys() == original.keys()
+    assert all(torch.equal(ours[k], original[k]) for k in original)
+    back = convert_wan_transformer_to_diffusers(dict(original))
+    assert back.keys() == state.keys() and TABLE_CLIP.from_original(original).keys() == state.keys()

@@ -20,12 +20,12 @@ from library.training.flow_keys import SIGMA_KEYS
 _LINE = "Wan"
 _PACKAGE = "library.models.families.wan"
 # The [flow] keys of the shared flow-matching draw, umT5's file and tokenizer, and the task
-FLOW_KEYS = frozenset(SIGMA_KEYS) | {"t5", "t5_tokenizer_path", "task", "dit_high_noise"}
-TASKS = ("t2v-1.3B", "t2v-14B", "t2v-A14B", "ti2v-5B", "i2v-A14B")
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"t5", "t5_tokenizer_path", "task", "dit_high_noise", "clip"}
+TASKS = ("t2v-1.3B", "t2v-14B", "i2v-14B", "t2v-A14B", "ti2v-5B", "i2v-A14B")
 
 
 class WanFlowKeys(Section):
-    """musubi-tuner's --t5, --task and --dit_high_noise."""
+    """musubi-tuner's --t5, --clip, --task and --dit_high_noise."""
 
     t5: str | None = Field(
         None,
@@ -34,6 +34,13 @@ class WanFlowKeys(Section):
         "models_t5_umt5-xxl-enc-bf16.pth; musubi-tuner's --t5). Needed with "
         "such a transformer file; with a diffusers folder it replaces the folder's "
         "text_encoder/.",
+    )
+    clip: str | None = Field(
+        None,
+        description="Wan 2.1 I2V-14B: the CLIP vision encoder file beside a transformer file "
+        "(Comfy-Org's clip_vision_h.safetensors; musubi-tuner's --clip), whose states of the "
+        "clip's first frame the transformer reads. Needed with such a transformer file; with a "
+        "diffusers folder it replaces the folder's image_encoder/.",
     )
     dit_high_noise: str | None = Field(
         None,
@@ -47,7 +54,8 @@ class WanFlowKeys(Section):
     task: Literal[TASKS] | None = Field(  # type: ignore[valid-type]
         None,
         description="Wan: which model the transformer is (musubi-tuner's --task): t2v-1.3B, "
-        "t2v-14B, t2v-A14B (a Wan 2.2 expert), i2v-A14B (a Wan 2.2 image-to-video expert: the "
+        "t2v-14B, i2v-14B (Wan 2.1 image-to-video: the clip's first frame and its CLIP states "
+        "condition it), t2v-A14B (a Wan 2.2 expert), i2v-A14B (a Wan 2.2 image-to-video expert: the "
         "clip's first frame conditions it) or ti2v-5B (Wan 2.2 TI2V-5B, trained as text to "
         "video); checked against the transformer's width and input channels. "
         "Unset: read off the file.",
@@ -56,12 +64,10 @@ class WanFlowKeys(Section):
 
 # musubi-tuner's Wan trainer (wan_train_network.py): options of what is not trained here yet
 _LATER = (
-    "an option of musubi-tuner's Wan 2.1 image-to-video (its CLIP image encoder) or one-frame "
-    "training; difftune trains Wan 2.1 text to video, Wan 2.2 T2V-A14B's and I2V-A14B's "
-    "experts (I2V-A14B needs no CLIP) and TI2V-5B"
+    "an option of musubi-tuner's one-frame training; difftune trains Wan 2.1 text to video "
+    "and image to video (I2V-14B), Wan 2.2 T2V-A14B's and I2V-A14B's experts and TI2V-5B"
 )
 _OPTIONS = {
-    **group("clip", _LATER, planned=True),
     **group("one_frame", _LATER, (False,)),
     # Wan 2.2's per-token time embedding equals Wan 2.1's (one per sample) when every token
     # shares the sample's time, as in each model trained here; diffusers embeds it once too.
@@ -100,7 +106,8 @@ WAN = FamilyEntry(
     flow_keys=FLOW_KEYS,
     lora_files=LoraFiles(denoiser_marks=_DENOISER_MARKS, architectures=(("wan", _LINE),)),
     tool=ToolFacts(
-        component_options={"t5": "the umT5-XXL text encoder file beside a transformer file"},
+        component_options={"t5": "the umT5-XXL text encoder file beside a transformer file",
+                           "clip": "Wan 2.1 I2V-14B's CLIP vision encoder file"},
         variant_labels={"wan": _LINE},
         version_marks=(("wan", _LINE),),
         to_original=Deferred(f"{_PACKAGE}.keys:state_to_original"),

@@ -26,13 +26,12 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.experts import LOW_NOISE
-from library.models.families.base import FIRST_FRAME_LATENTS_KEY, derived_family
-from library.models.families.spec_loader import (
-    load_main_file,
-    load_spec,
-    spec_for,
-    write_main_file,
+from library.models.families.base import (
+    FIRST_FRAME_IMAGE_STATES_KEY,
+    FIRST_FRAME_LATENTS_KEY,
+    derived_family,
 )
+from library.models.families.spec_loader import load_main_file, load_spec, write_main_file
 from library.models.families.transformer_family import (
     TransformerFamily,
     flow_metadata,
@@ -44,7 +43,12 @@ from library.models.families.wan.experts import (
     folder_experts,
     refuse_folder_expert_file,
 )
-from library.models.families.wan.keys import TABLE
+from library.models.families.wan.keys import TABLE, TABLE_CLIP
+from library.models.image_encoders.clip_vision import (
+    ImageEncoder,
+    clip_processor,
+    folder_processor,
+)
 from library.models.loader import Components, read_json
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
@@ -95,9 +99,10 @@ def wan_pipeline_inputs(cond: Conditioning, prompt, grid: int = spec.PIXEL_MULTI
     return inputs | ({"negative_prompt_embeds": negative} if prompt.scale > 1 else {})
 
 
-def block_modules(transformer) -> list:
-    """kohya's modules: the ten Linears of every block (keys.py), in musubi-tuner's order."""
-    return table_modules(transformer, "lora_unet", TABLE, (("blocks", "blocks"),))
+def block_modules(transformer, table=TABLE) -> list:
+    """kohya's modules: the ten Linears of every block (keys.py; TABLE_CLIP: twelve, the image
+    keys and values after the cross-attention's four), in musubi-tuner's order."""
+    return table_modules(transformer, "lora_unet", table, (("blocks", "blocks"),))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +115,7 @@ class WanFamily(TransformerFamily):
     FRAME_RATE: ClassVar[float] = 16.0  # Wan 2.1's and the A14B's clips (musubi-tuner's target)
     DENOISER_ONLY_ADAPTERS: ClassVar[str | None] = "umT5 gets no adapters, as in musubi-tuner"
     LYCORIS_EMPTY_PRESETS: ClassVar[tuple[str, ...]] = ("unet-convblock-only",)
+    NAMES: ClassVar[object] = TABLE  # the transformer's original names (keys.py)
 
     def describe(self) -> str:
         return f"Wan ({MAX_TOKENS} umT5 tokens, zero past each caption)"
@@ -137,10 +143,13 @@ class WanFamily(TransformerFamily):
         return Conditioning(hidden, {})
 
     def predict(self, denoiser, noisy, timesteps, cond) -> torch.Tensor:
-        """The velocity [B, C, F', h, w] at timesteps 1000 sigma."""
+        """The velocity [B, C, F', h, w] at timesteps 1000 sigma (with the first frame's CLIP
+        states where the conditioning has them: Wan 2.1 I2V-14B)."""
+        states = cond.unet_kwargs.get("image_states")
+        images = {} if states is None else {"encoder_hidden_states_image": states}
         return denoiser(
             hidden_states=noisy, timestep=timesteps,
-            encoder_hidden_states=cond.encoder_hidden_states, return_dict=False,
+            encoder_hidden_states=cond.encoder_hidden_states, return_dict=False, **images,
         )[0]  # fmt: skip
 
     def latent_codec(self, vae):
@@ -150,14 +159,14 @@ class WanFamily(TransformerFamily):
         return False  # DENOISER_ONLY_ADAPTERS
 
     def transformer_modules(self, transformer):
-        return block_modules(transformer)
+        return block_modules(transformer, self.NAMES)
 
     def file_modules(self, transformer):
-        return block_modules(transformer)
+        return block_modules(transformer, self.NAMES)
 
     def lycoris_modules(self, transformer, preset):
-        """The ten Linears of every block; attn-only: the eight attention ones."""
-        modules = block_modules(transformer)
+        """The Linears of every block; attn-only: the attention ones."""
+        modules = block_modules(transformer, self.NAMES)
         if preset == "attn-only":
             return [m for m in modules if "_attn." in m.original]
         return modules
@@ -275,14 +284,50 @@ WAN_I2V = derived_family(
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class WanI2vClipFamily(WanI2vFamily):
+    """Wan 2.1 I2V-14B: one transformer reading the first frame's condition (as I2V-A14B) and,
+    beside the caption's states, the CLIP vision tower's states of that frame
+    (FIRST_FRAME_IMAGE_STATES_KEY, as the pipeline's encode_image: Components.image_encoder);
+    samples through WanImageToVideoPipeline with that encoder and its processor."""
+
+    NAMES: ClassVar[object] = TABLE_CLIP  # the image input's Linears too (twelve per block)
+
+    def assemble_conditioning(self, text, batch, device, dtype=None) -> Conditioning:
+        cond = super().assemble_conditioning(text, batch, device, dtype)
+        states = (batch or {}).get(FIRST_FRAME_IMAGE_STATES_KEY)
+        if states is None:
+            return cond
+        states = states.to(device, dtype or cond.encoder_hidden_states.dtype)
+        return Conditioning(cond.encoder_hidden_states, {**cond.unet_kwargs, "image_states": states})
+
+    def sampling_pipeline(self):
+        """WanImageToVideoPipeline with the one transformer and the image encoder (the shared
+        build passes it), its first frame the prompt's image (--i)."""
+        return replace(super().sampling_pipeline(), options={})
+
+    def write_full_model(self, path, denoiser, components, metadata, dtype):
+        write_main_file(spec.SPEC_I2V_CLIP, path, denoiser, metadata, dtype)
+
+
+WAN_I2V_CLIP = derived_family(
+    WAN, WanI2vClipFamily, base_model_version="wan2.1", modelspec_architecture="wan2.1-i2v-14b",
+)
+
+
 def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
     """WanTi2vFamily for TI2V-5B ([flow] task ti2v-5B, a folder whose model_index.json sets
     expand_timesteps, or a transformer file on 48 channels), WanI2vFamily for I2V-A14B (task
-    i2v-A14B, or a WanImageToVideoPipeline folder; a file's is known once read), else
-    WanFamily: the class data read before any weight is."""
+    i2v-A14B, or a WanImageToVideoPipeline folder; a file's is known once read),
+    WanI2vClipFamily for I2V-14B (task i2v-14B, such a folder with an image encoder, or a
+    transformer file reading image states), else WanFamily: the class data read before any
+    weight is."""
     task = getattr(flow, "task", None)
-    if task in ("ti2v-5B", "i2v-A14B"):
-        return WanTi2vFamily if task == "ti2v-5B" else WanI2vFamily
+    tasks = {"ti2v-5B": WanTi2vFamily, "i2v-A14B": WanI2vFamily, "i2v-14B": WanI2vClipFamily}
+    if task in tasks:
+        return tasks[task]
+    if spec.model_spec(model) is spec.SPEC_I2V_CLIP:
+        return WanI2vClipFamily
     main = Path(model.pretrained_model_name_or_path).expanduser()
     if main.is_file():
         return WanTi2vFamily if spec.is_ti2v_file(main) else WanFamily
@@ -302,11 +347,9 @@ def load_wan(
 ) -> Components:
     """Wan's Components (frozen, on the CPU); ModelError for any problem with the files."""
     main = Path(model.pretrained_model_name_or_path).expanduser()
-    if main.is_file() and main.suffix == ".safetensors":
-        spec.refuse_image_input(main)
     refuse_folder_expert_file(main, getattr(flow, "dit_high_noise", None))
-    loaded = load_spec(spec_for(spec.SPECS, model), model, flow, weight_dtype, vae_dtype)
-    transformer, vae, text_encoder = loaded.modules.values()
+    loaded = load_spec(spec.model_spec(model), model, flow, weight_dtype, vae_dtype)
+    transformer, vae, text_encoder = (loaded.modules[k] for k in ("transformer", "vae", "text_encoder"))
     objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)
     if main.is_dir():
         experts = folder_experts(main, transformer, weight_dtype)
@@ -318,11 +361,23 @@ def load_wan(
         denoiser=transformer if experts is None else experts.modules[LOW_NOISE], vae=vae,
         text_encoders=(text_encoder,), tokenizers=tuple(loaded.tokenizers.values()),
         objective=objective, family=replace(_family_of(loaded.facts)),
-        model_dir=loaded.model_dir, experts=experts,
+        model_dir=loaded.model_dir, experts=experts, image_encoder=_image_encoder(loaded),
     )  # fmt: skip
+
+
+def _image_encoder(loaded) -> ImageEncoder | None:
+    """Wan 2.1 I2V-14B's CLIP vision tower with the folder's image processor (single files:
+    CLIP ViT-H's)."""
+    model = loaded.modules.get(spec.IMAGE_ENCODER)
+    if model is None:
+        return None
+    folder = loaded.model_dir / spec.IMAGE_PROCESSOR
+    return ImageEncoder(model, folder_processor(folder) if folder.is_dir() else clip_processor())
 
 
 def _family_of(facts: spec.Facts) -> WanFamily:
     if facts.expand_timesteps:
         return WAN_TI2V
+    if facts.image_states:
+        return WAN_I2V_CLIP
     return WAN_I2V if facts.first_frame else WAN

@@ -22,8 +22,7 @@ _BLOCK = {
     "norm3.weight": "norm2.weight", "norm3.bias": "norm2.bias",
     "modulation": "scale_shift_table",
 }  # fmt: skip
-TABLE = NameTable(
-    top={
+_TOP = {
         "patch_embedding": "patch_embedding",
         "text_embedding.0": "condition_embedder.text_embedder.linear_1",
         "text_embedding.2": "condition_embedder.text_embedder.linear_2",
@@ -32,10 +31,26 @@ TABLE = NameTable(
         "time_projection.1": "condition_embedder.time_proj",
         "head.head": "proj_out",
         "head.modulation": "scale_shift_table",
-    },
-    lists=(("blocks", "blocks", _BLOCK),),
-    model="WanTransformer3DModel",
-    width_key="patch_embedding.weight",
-    whole=("modulation", "head.modulation"),
-)  # fmt: skip
-state_to_original = TABLE.to_original  # the registry entry's ToolFacts.to_original
+}  # fmt: skip
+_IMAGE_TOP = {
+    **{f"img_emb.proj.{o}.{p}": f"condition_embedder.image_embedder.{d}.{p}"
+       for o, d in (("0", "norm1"), ("4", "norm2")) for p in ("weight", "bias")},
+    "img_emb.proj.1": "condition_embedder.image_embedder.ff.net.0.proj",
+    "img_emb.proj.3": "condition_embedder.image_embedder.ff.net.2",
+}  # fmt: skip
+_IMAGE_BLOCK = {"cross_attn.k_img": "attn2.add_k_proj", "cross_attn.v_img": "attn2.add_v_proj",
+                "cross_attn.norm_k_img.weight": "attn2.norm_added_k.weight"}  # fmt: skip
+
+
+def _table(top: dict, block: dict) -> NameTable:
+    return NameTable(
+        top=top, lists=(("blocks", "blocks", block),), model="WanTransformer3DModel",
+        width_key="patch_embedding.weight", whole=("modulation", "head.modulation"),
+    )  # fmt: skip
+
+
+TABLE = _table(_TOP, _BLOCK)
+# the image Linears after the cross-attention's four, as musubi-tuner's blocks order them
+_CLIP_BLOCK = dict(list(_BLOCK.items())[:8]) | _IMAGE_BLOCK | dict(list(_BLOCK.items())[8:])
+TABLE_CLIP = _table(_TOP | _IMAGE_TOP, _CLIP_BLOCK)
+state_to_original = TABLE_CLIP.to_original  # ToolFacts.to_original (T2V states alike)

@@ -8,7 +8,10 @@ diffusion_pytorch_model*.safetensors or Comfy-Org's wan2.1_t2v_*.safetensors in 
 names, keys.py, bare or under ``model.diffusion_model.``, or diffusers' names; a Wan 2.2 A14B
 expert's file is one of these), umT5 ([flow] t5: umt5_xxl_fp16.safetensors, or Wan-AI's
 models_t5_umt5-xxl-enc-bf16.pth in the names of Wan's own T5 code), the VAE ([model]
-vae: wan_2.1_vae.safetensors) and umT5's tokenizer (t5_tokenizer_path, or found locally)."""
+vae: wan_2.1_vae.safetensors) and umT5's tokenizer (t5_tokenizer_path, or found locally).
+Wan 2.1 I2V-14B (SPEC_I2V_CLIP): a WanImageToVideoPipeline folder with image_encoder/
+(CLIPVisionModel) and image_processor/, or its transformer file beside [flow] clip (Comfy-Org's
+clip_vision_h.safetensors, Wan-AI's CLIP .pth: clip_file.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ from library.models.families import wan_vae_file
 from library.models.families.folder_loader import CheckedFolder, t5_tokenizer
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
-from library.models.families.spec_loader import claimer
-from library.models.families.wan.keys import TABLE
+from library.models.families.spec_loader import claimer, spec_for
+from library.models.families.wan.clip_file import plan_clip_file
+from library.models.families.wan.keys import TABLE, TABLE_CLIP
 from library.models.families.wan.t5_file import plan_t5_file
+from library.models.image_encoders.clip_vision_file import VIT_H
 from library.models.loader import read_json
 from library.models.text_encoders.t5 import T5TokenizerPlaces
 from library.models.text_encoders.umt5 import umt5_xxl_config
@@ -38,6 +43,7 @@ PIXEL_MULTIPLE = 16  # the VAE's 8 times the 1x2x2 patches
 TI2V_CHANNELS = 48  # Wan 2.2's VAE (TI2V-5B's) latent channels
 TEMPORAL = 4  # the VAE's frames per latent frame after the first
 I2V_PIPELINE = "WanImageToVideoPipeline"
+IMAGE_ENCODER, IMAGE_PROCESSOR = "image_encoder", "image_processor"  # Wan 2.1 I2V's subfolders
 # An image-to-video transformer's input: the noisy latents, the first frame's 4 mask channels
 # and its 16 latent channels (diffusers' WanImageToVideoPipeline.prepare_latents)
 I2V_CHANNELS = 16 + 4 + 16
@@ -56,6 +62,8 @@ WHATS = {
     "t5": "the umT5-XXL text encoder (umt5_xxl_fp16.safetensors or Wan-AI's "
     "models_t5_umt5-xxl-enc-bf16.pth)",
     "vae": "the Wan VAE (wan_2.1_vae.safetensors, or wan2.2_vae.safetensors for TI2V-5B)",
+    "clip": "Wan 2.1 I2V-14B's CLIP vision encoder (clip_vision_h.safetensors or Wan-AI's "
+    "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth)",
 }
 
 
@@ -126,8 +134,16 @@ def transformer_config(plain) -> dict:
         "num_layers": count_numbered(plain, "blocks"),
         "cross_attn_norm": "blocks.0.norm2.weight" in plain,
         "qk_norm": "rms_norm_across_heads" if "blocks.0.attn1.norm_q.weight" in plain else None,
-        "eps": 1e-6, "image_dim": None, "added_kv_proj_dim": None, "rope_max_seq_len": 1024,
+        "eps": 1e-6, "rope_max_seq_len": 1024, **_image_sizes(plain),
     }  # fmt: skip
+
+
+def _image_sizes(plain) -> dict:
+    """An image-to-video transformer's CLIP state width and image key/value input (Wan 2.1
+    I2V-14B's), None for the others."""
+    norm = plain.get("condition_embedder.image_embedder.norm1.weight")
+    added = plain.get("blocks.0.attn2.add_k_proj.weight")
+    return {"image_dim": norm and norm[0], "added_kv_proj_dim": added and added[1]}
 
 
 # musubi-tuner's --task -> what its released transformer's config says beyond the shared sizes
@@ -139,7 +155,10 @@ _RELEASED = {
                 "in_channels": 48, "out_channels": 48},
     "i2v-A14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40,
                  "in_channels": 36},
+    "i2v-14B": {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40,
+                "in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120},
 }  # fmt: skip
+IMAGE_TASKS = ("i2v-A14B", "i2v-14B")  # a first frame's channels after the noisy latents
 
 
 def released_transformer_config(task: str) -> dict:
@@ -162,11 +181,18 @@ def check_task(checked) -> None:
     config = checked.part_config("transformer")
     width = config["num_attention_heads"] * config["attention_head_dim"]
     first_frame = config["in_channels"] == I2V_CHANNELS
-    if task is not None and (task == "i2v-A14B") != first_frame:
+    if task is not None and (task in IMAGE_TASKS) != first_frame:
         raise ModelError(
             f"task = {task!r} and {checked.part_source('transformer')} takes "
             f"{config['in_channels']} input channels ({'an' if first_frame else 'no'} image-to-"
             "video first frame); set the task of that model, or remove it"
+        )
+    reads_clip = config.get("image_dim") is not None
+    if task in IMAGE_TASKS and (task == "i2v-14B") != reads_clip:
+        raise ModelError(
+            f"task = {task!r} and {checked.part_source('transformer')} "
+            f"{'reads' if reads_clip else 'takes no'} CLIP image states (Wan 2.1 I2V-14B's "
+            "input); set the task of that model, or remove it"
         )
     if task is not None and TASK_WIDTHS[task] != width:
         fits = [name for name, wide in TASK_WIDTHS.items() if wide == width] or ["none"]
@@ -186,22 +212,26 @@ class Facts:
     boundary_ratio: float | None = None
     expand_timesteps: bool = False
     first_frame: bool = False  # Wan 2.2 I2V-A14B: the first frame's latents beside the noisy ones
+    image_states: bool = False  # Wan 2.1 I2V-14B: and the CLIP states of the first frame
 
 
 ONLY_T2V = (
-    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B), the Wan 2.2 T2V-A14B and "
-    "I2V-A14B experts and Wan 2.2 TI2V-5B as text to video; give one of those"
+    "difftune trains Wan 2.1 text to video (T2V 1.3B / 14B) and image to video (I2V-14B, with "
+    "its CLIP image encoder), the Wan 2.2 T2V-A14B and I2V-A14B experts and Wan 2.2 TI2V-5B as "
+    "text to video; give one of those"
 )
 # Keys of the image-to-video transformers' image input (the original and diffusers' names)
 _IMAGE_INPUT = (".cross_attn.k_img.", ".attn2.add_k_proj.")
 
 
-def refuse_image_input(path: Path) -> None:
-    """ModelError for an image-to-video transformer file (I2V, FLF2V: their CLIP image input),
-    from its header: its original keys have no place in a text-to-video transformer."""
-    with safe_open(str(path), "pt") as f:
-        if any(mark in key for key in f.keys() for mark in _IMAGE_INPUT):  # noqa: SIM118
-            raise ModelError(f"{path} is Wan's image-to-video transformer (I2V); {ONLY_T2V}")
+def _file_reads_images(path: Path) -> bool:
+    """A transformer file of an image-to-video model that reads CLIP image states (Wan 2.1
+    I2V-14B), from its header; False for a file that is not such a safetensors file."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return any(mark in key for key in f.keys() for mark in _IMAGE_INPUT)  # noqa: SIM118
+    except (SafetensorError, OSError):
+        return False
 
 
 def is_ti2v_file(path: Path) -> bool:
@@ -223,8 +253,17 @@ def refuse_other_tasks(checked, expand_timesteps: bool = False) -> None:
     (the VAE's 16 and the first frame's 20) pass."""
     config = {**transformer_defaults(), **checked.part_config("transformer")}
     source = checked.part_source("transformer")
-    if config.get("image_dim") is not None or config.get("added_kv_proj_dim") is not None:
-        raise ModelError(f"{source} is Wan 2.1's image-to-video transformer (I2V); {ONLY_T2V}")
+    reads_clip = config.get("image_dim") is not None or config.get("added_kv_proj_dim") is not None
+    if reads_clip != reads_image_states(checked):
+        raise ModelError(
+            f"{source} is Wan 2.1's image-to-video transformer (I2V-14B), which reads CLIP image "
+            f"states, and {checked.model_dir} gives no CLIP vision encoder; give its "
+            "WanImageToVideoPipeline folder with image_encoder/ and image_processor/ (or set "
+            "clip in [flow] to clip_vision_h.safetensors)"
+            if reads_clip else
+            f"{checked.model_dir} has a CLIP image encoder and {source} reads no image states "
+            f"(not Wan 2.1 I2V-14B); {ONLY_T2V}"
+        )  # fmt: skip
     channels = checked.part_config("vae").get("z_dim", 16)
     if config["in_channels"] not in (channels, 2 * channels + 4):
         raise ModelError(
@@ -235,6 +274,23 @@ def refuse_other_tasks(checked, expand_timesteps: bool = False) -> None:
         raise ModelError(
             f"{source} is Wan 2.2 TI2V-5B without its folder's expand_timesteps (per-token "
             f"timesteps); {ONLY_T2V}"
+        )
+
+
+def reads_image_states(checked) -> bool:
+    """The checked model declares a CLIP image encoder (Wan 2.1 I2V-14B's spec)."""
+    return any(part.sub == IMAGE_ENCODER for part in checked.spec.parts)
+
+
+def check_image_encoder(checked) -> None:
+    """The image encoder's states are as wide as the transformer's image input."""
+    width = checked.part_config(IMAGE_ENCODER)["hidden_size"]
+    wanted = checked.part_config("transformer")["image_dim"]
+    if width != wanted:
+        raise ModelError(
+            f"{checked.part_source(IMAGE_ENCODER)} gives {width}-wide image states and the Wan "
+            f"transformer of {checked.model_dir} reads {wanted}-wide ones; set clip in [flow] "
+            "to the CLIP ViT-H file (clip_vision_h.safetensors)"
         )
 
 
@@ -264,14 +320,23 @@ def inspect_parts(checked) -> Facts:
             "umT5-XXL's file"
         )
     check_task(checked)
+    image_states = reads_image_states(checked)
+    if image_states:
+        check_image_encoder(checked)
+    elif getattr(checked.flow, "clip", None):
+        raise ModelError(
+            f"clip is set and {checked.part_source('transformer')} reads no CLIP image states "
+            "(only Wan 2.1 I2V-14B's does); remove clip from [flow]"
+        )
     first_frame = checked.part_config("transformer")["in_channels"] == I2V_CHANNELS
     if not folder:
         shift = TI2V_SAMPLE_SHIFT if expands else DISCRETE_FLOW_SHIFT
-        return Facts(scheduler_config(shift), expand_timesteps=expands, first_frame=first_frame)
+        return Facts(scheduler_config(shift), expand_timesteps=expands, first_frame=first_frame,
+                     image_states=image_states)  # fmt: skip
     scheduler = read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
     scheduler = {k: v for k, v in scheduler.items() if not k.startswith("_")}
     return Facts(scheduler, index.get("boundary_ratio"), bool(index.get("expand_timesteps")),
-                 first_frame)  # fmt: skip
+                 first_frame, image_states)  # fmt: skip
 
 
 SPEC = FamilySpec(
@@ -308,5 +373,36 @@ SPEC = FamilySpec(
 # Wan 2.2 I2V-A14B's folders: the same parts under WanImageToVideoPipeline (its image_encoder
 # and image_processor null)
 SPEC_I2V = replace(SPEC, pipeline=I2V_PIPELINE)
-SPECS = (SPEC, SPEC_I2V)
+# Wan 2.1 I2V-14B's: its transformer reads CLIP image states too (TABLE_CLIP's names), from the
+# CLIP vision tower in image_encoder/ (musubi-tuner's clip file) with image_processor/'s
+# preprocessing (single files: CLIP ViT-H's, image_encoders/clip_vision.py)
+SPEC_I2V_CLIP = replace(
+    SPEC_I2V,
+    parts=(
+        replace(SPEC.denoiser, main=replace(SPEC.main, names=TABLE_CLIP, example=(
+            "wan2.1_i2v_480p_14B_fp16.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged)"))),
+        *SPEC.parts[1:],
+        SpecPart(
+            "image_encoder", IMAGE_ENCODER, "transformers:CLIPVisionModel",
+            base=lambda: dict(VIT_H), label="Wan CLIP image encoder",
+            file=ComponentFile("clip", "[flow]", WHATS["clip"], lambda file: plan_clip_file(
+                file, "clip", IMAGE_ENCODER, WHATS["clip"]), pickles=True),
+        ),
+    ),
+    other={**SPEC.other, IMAGE_PROCESSOR: "preprocessor_config.json"},
+)  # fmt: skip
+SPECS = (SPEC, SPEC_I2V, SPEC_I2V_CLIP)
 claims_wan = claimer(*SPECS)
+
+
+def model_spec(model) -> FamilySpec:
+    """The spec of ``model``: Wan 2.1 I2V-14B's for a WanImageToVideoPipeline folder with an
+    image encoder or a transformer file that reads image states, else by the folder's
+    pipeline (spec_for)."""
+    main = Path(model.pretrained_model_name_or_path).expanduser()
+    if main.is_file():
+        return SPEC_I2V_CLIP if _file_reads_images(main) else SPEC
+    index = read_json(main / "model_index.json") if (main / "model_index.json").is_file() else {}
+    if index.get("_class_name") == I2V_PIPELINE and (index.get(IMAGE_ENCODER) or [None])[0]:
+        return SPEC_I2V_CLIP
+    return spec_for(SPECS[:2], model)
