@@ -7,7 +7,8 @@ import os
 import pytest
 
 # tests/tiers.py: the tier markers, assigned and checked; pytester runs pytest inside a test
-pytest_plugins = ["pytester", "tests.tiers"]
+# tests/parallel.py: what -n (pytest-xdist) needs to run the suite on several workers
+pytest_plugins = ["pytester", "tests.tiers", "tests.parallel"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -55,8 +56,13 @@ def kit_folders(tmp_path_factory):
 def quickstart_process(request, tmp_path_factory):
     """When the session runs a test of the README's quickstart run (about a minute of
     training), that run starts at once, beside the other tests, instead of when its first test
-    asks for it (quickstart_output). None when no selected test needs it."""
-    if not any("quickstart_output" in getattr(item, "fixturenames", ()) for item in request.session.items):
+    asks for it (quickstart_output). None when no selected test needs it, and in an xdist
+    worker, which holds every selected test but runs only those it is sent (the worker that
+    gets the quickstart's group starts the run when its first test asks for it)."""
+    from tests.parallel import is_worker
+
+    items = request.session.items
+    if is_worker() or not any("quickstart_output" in getattr(i, "fixturenames", ()) for i in items):
         yield None
         return
     from tests.integration.test_quickstart import start_quickstart
