@@ -463,11 +463,25 @@ def scan_folder(subset: SubsetConfig, index: ScanIndex | None = None) -> FolderS
             f"image_dir {subset.image_dir} has no images ({', '.join(sorted(IMAGE_EXTENSIONS))})"
             f"{others}; add or convert images, or remove the subset"
         )
+    return FolderScan(_paired(folder, subset, listing, index), listing.ignored, found=listing.found)
+
+
+def _paired(
+    folder: Path, subset: SubsetConfig, listing: _Listing, index: ScanIndex | None
+) -> list[ImageItem]:
+    """The listing's images with their captions: the index's text paired here (a million images
+    of a rerun pass: no call per image), every other case by _caption."""
+    extension, whole = subset.caption_extension, subset.enable_wildcard
+    is_reg, image_dir, known = subset.is_reg, subset.image_dir, listing.captions.get
     items = []
     for name in listing.images:
-        caption = _caption(folder, name, subset, listing, index)
-        items.append(ImageItem(name, caption, subset.is_reg, subset.image_dir))
-    return FolderScan(items, listing.ignored, found=listing.found)
+        text = known(name[: name.rfind(".")] + extension)
+        if text.__class__ is str:
+            caption = text if whole else text.partition("\n")[0]
+        else:
+            caption = _caption(folder, name, subset, listing, index)
+        items.append(ImageItem(name, caption, is_reg, image_dir))
+    return items
 
 
 def scan_subset(subset: SubsetConfig) -> list[ImageItem]:
