@@ -67,7 +67,7 @@ MODELS = ("tiny-sd1", "sd15")  # sd-scripts loads only the second
 
 # Measured in a fresh process, so one size's memory and imports do not colour the next.
 _SCAN = r"""
-import json, sys, time, tracemalloc
+import json, resource, sys, time, tracemalloc
 sys.path.insert(0, sys.argv[1])
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.dataset import TrainData
@@ -77,9 +77,12 @@ config = DatasetConfig(batch_size=1, resolution=64, enable_bucket=True,
                        subsets=[SubsetConfig(image_dir=folder, num_repeats=1)])
 if memory:  # tracemalloc slows every allocation: not in the timed pass
     tracemalloc.start()
-started, cpu = time.perf_counter(), time.process_time()
+def cpu_time():  # this process's threads and the worker processes it waited for
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+started, cpu = time.perf_counter(), cpu_time()
 data = TrainData([config], seed=0, cache_dir=cache)
-seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+seconds, cpu = time.perf_counter() - started, cpu_time() - cpu
 held = tracemalloc.get_traced_memory()[0]
 scanned = data.scanned[0]
 print(json.dumps({"scan_seconds": seconds, "scan_cpu_seconds": cpu, "images": len(scanned.images),

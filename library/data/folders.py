@@ -25,8 +25,6 @@ from __future__ import annotations
 import os
 import re
 from array import array
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
@@ -36,7 +34,8 @@ from PIL import features
 
 from library.config.dataset_schema import SubsetConfig
 from library.data.images import ImageHeader
-from library.data.scan_index import NO_STAT, ScanIndex, identity, stat_fields
+from library.data.listing import Rules, Sorted, sort_folder, sort_names
+from library.data.scan_index import ScanIndex, identity
 from library.errors import DataError
 from library.saving.sizes import format_size
 
@@ -134,20 +133,29 @@ def dreambooth_subsets(
             try:
                 repeats, tokens = _parse_folder_name(folder)
                 if repeats < 1:
-                    raise DataError(f"image folder {folder} repeats its images 0 times; use 1 or more")
+                    raise DataError(
+                        f"image folder {folder} repeats its images 0 times; use 1 or more"
+                    )
             except DataError as error:
                 if skipped is None:
                     raise
                 left_out.append((folder, error))
                 continue
             subsets.append(
-                {"image_dir": str(folder), "class_tokens": tokens, "num_repeats": repeats, "is_reg": is_reg}
+                {
+                    "image_dir": str(folder),
+                    "class_tokens": tokens,
+                    "num_repeats": repeats,
+                    "is_reg": is_reg,
+                }
             )
         if left_out and len(left_out) == len(folders):
             raise left_out[0][1]
         for folder, _ in left_out:
             reason = "0 repeats" if _REPEATS.match(folder.name) else "no repeat count in its name"
-            skipped.append(f'{key} subfolder "{folder.name}" is left out: {reason}, as sd-scripts does')
+            skipped.append(
+                f'{key} subfolder "{folder.name}" is left out: {reason}, as sd-scripts does'
+            )
     return subsets
 
 
@@ -256,36 +264,31 @@ _COMMON_CAPTION_EXTENSIONS = (".txt", ".caption")
 # Where the listing's entries can be stat'ed by name in the open folder (fstatat: quicker than
 # a stat of the whole path). Elsewhere (Windows) an entry's own stat has no inode, so the path is
 # stat'ed.
-_STAT_IN_FOLDER = os.scandir in os.supports_fd
+_STAT_IN_FOLDER = os.stat in os.supports_dir_fd
 
 
-@contextmanager
-def _entries(folder: Path) -> Iterator[Iterator[os.DirEntry]]:
-    """os.scandir of ``folder``, on an open folder where its entries' stat() is then by name."""
+def _sorted_listing(folder: Path, caption_extension: str) -> Sorted:
+    """The folder's entries sorted (library.data.listing): a large folder in parts, in worker
+    processes and this one, each entry stat'ed by name in the open folder (fstatat: quicker than
+    a stat of the whole path). Where that is not possible (Windows: an entry's own stat has no
+    inode) the paths are stat'ed."""
+    rules = Rules(IMAGE_EXTENSIONS, caption_extension.lower(), SIDECAR_EXTENSIONS, SYSTEM_FILES)
     if not _STAT_IN_FOLDER:
-        with os.scandir(folder) as entries:
-            yield entries
-        return
+        return sort_names(
+            os.listdir(folder),
+            lambda name: os.stat(folder / name),
+            lambda name: (folder / name).is_dir(),
+            rules,
+        )
     descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        with os.scandir(descriptor) as entries:
-            yield entries
+        return sort_folder(str(folder), descriptor, rules)
     finally:
         os.close(descriptor)
 
 
-def _entry_stat(entry: os.DirEntry, folder: Path) -> tuple[int, int, int, int, int]:
-    """stat_fields of a listed entry (following a link), NO_STAT where it has no stat."""
-    try:
-        info = entry.stat() if _STAT_IN_FOLDER else os.stat(folder / entry.name)
-    except OSError:
-        return NO_STAT
-    return stat_fields(info)
-
-
 class _Listing:
-    """One listing of an image folder (os.scandir: the entry types come with the names): its
-    image names, the names of its other plain entries, and the entries it reports as ignored.
+    """One listing of an image folder: its image names, the names of its other plain entries, and the entries it reports as ignored.
 
     Each image and caption file is stat'ed as it is listed, and the scan index asked about them
     all at once: ``found`` (per image of ``images``: Found) and ``captions`` (caption file name
@@ -299,30 +302,11 @@ class _Listing:
         self.prefix = str(folder)
         self.join_prefix = os.path.join(self.prefix, "")  # + name: os.path.join(prefix, name)
         self.others: set[str] = set()  # every other name: a caption file may have it
-        images, image_stats = [], array("q")
-        captions, caption_stats = [], array("q")
-        ignored = []
-        # a million names pass here: the suffix is found once per name, the caption files'
-        # (the usual other entry) checked first
-        caption_suffix = caption_extension.lower()
-        with _entries(folder) as entries:
-            for entry in entries:
-                name = entry.name
-                dot = name.rfind(".")
-                suffix = name[dot:].lower() if 0 < dot < len(name) - 1 else ""
-                if suffix in IMAGE_EXTENSIONS:
-                    if not name.startswith("."):
-                        images.append(name)
-                        image_stats.extend(_entry_stat(entry, folder))
-                        continue
-                elif suffix == caption_suffix and name.lower() not in SYSTEM_FILES:
-                    self.others.add(name)
-                    captions.append(name)
-                    caption_stats.extend(_entry_stat(entry, folder))
-                    continue
-                self.others.add(name)
-                if not is_quiet(entry, caption_extension, suffix):
-                    ignored.append(folder / name)
+        listed = _sorted_listing(folder, caption_extension)
+        self.others.update(listed.others)
+        images, image_stats = listed.images, listed.image_stats
+        captions, caption_stats = listed.captions, listed.caption_stats
+        ignored = [folder / name for name in listed.reported]
         self.images, self.found = _found_images(images, image_stats, index)
         self.captions = _found_captions(captions, caption_stats, index)
         if len(self.captions) < len(captions):  # some are no regular file
@@ -479,11 +463,25 @@ def scan_folder(subset: SubsetConfig, index: ScanIndex | None = None) -> FolderS
             f"image_dir {subset.image_dir} has no images ({', '.join(sorted(IMAGE_EXTENSIONS))})"
             f"{others}; add or convert images, or remove the subset"
         )
+    return FolderScan(_paired(folder, subset, listing, index), listing.ignored, found=listing.found)
+
+
+def _paired(
+    folder: Path, subset: SubsetConfig, listing: _Listing, index: ScanIndex | None
+) -> list[ImageItem]:
+    """The listing's images with their captions: the index's text paired here (a million images
+    of a rerun pass: no call per image), every other case by _caption."""
+    extension, whole = subset.caption_extension, subset.enable_wildcard
+    is_reg, image_dir, known = subset.is_reg, subset.image_dir, listing.captions.get
     items = []
     for name in listing.images:
-        caption = _caption(folder, name, subset, listing, index)
-        items.append(ImageItem(name, caption, subset.is_reg, subset.image_dir))
-    return FolderScan(items, listing.ignored, found=listing.found)
+        text = known(name[: name.rfind(".")] + extension)
+        if text.__class__ is str:
+            caption = text if whole else text.partition("\n")[0]
+        else:
+            caption = _caption(folder, name, subset, listing, index)
+        items.append(ImageItem(name, caption, is_reg, image_dir))
+    return items
 
 
 def scan_subset(subset: SubsetConfig) -> list[ImageItem]:

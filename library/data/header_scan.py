@@ -17,7 +17,8 @@ from stat import S_ISREG
 
 from library.data.folders import Found, images_found
 from library.data.images import ImageHeader, read_image_header
-from library.data.scan_index import NO_STAT, ScanIndex, stat_fields
+from library.data.listing import NO_STAT, stat_fields
+from library.data.scan_index import ScanIndex
 from library.errors import DataError
 
 SCAN_THREADS = 8

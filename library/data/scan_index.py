@@ -55,28 +55,12 @@ VERSION = 2
 Identity = tuple[int, int, int, int]
 _LOW_BITS = (1 << 63) - 1
 _PACKED = np.dtype("<i8")  # how the file holds its numbers
-# What a listing keeps of each file's stat for `ScanIndex.known_images`/`known_captions`, five
-# numbers per file in an array("q"): st_mode, then the identity. NO_STAT: a file without a stat
-# (a broken link); no file has the mode 0.
-NO_STAT = (0, 0, 0, 0, 0)
 _FILE_TYPE = 0o170000  # the bits of st_mode that say a file's type (stat.S_IFMT)
 
 
 def identity(info: os.stat_result) -> Identity:
     """The identity of a stat result."""
     return (
-        info.st_size,
-        info.st_mtime_ns & _LOW_BITS,
-        info.st_ctime_ns & _LOW_BITS,
-        info.st_ino & _LOW_BITS,
-    )
-
-
-def stat_fields(info: os.stat_result) -> tuple[int, int, int, int, int]:
-    """(st_mode, *identity) of a stat result: what a listing keeps of it (written out: it is
-    called for millions of files)."""
-    return (
-        info.st_mode,
         info.st_size,
         info.st_mtime_ns & _LOW_BITS,
         info.st_ctime_ns & _LOW_BITS,
