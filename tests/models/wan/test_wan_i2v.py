@@ -122,9 +122,10 @@ def test_clip_loss_equals_the_pipelines_parts(folder, pipe, expert):
     assert not torch.allclose(ours, swapped)  # the first frame reaches the loss
 
 
-def test_sample_equals_the_image_to_video_pipelines(folder, pipe, tmp_path):
-    """A sample prompt with a first frame (--i) and 5 frames: our clip is the pipeline's own
-    call with that image, both experts switching at its boundary."""
+def assert_sample_equals_pipelines(folder, pipe, tmp_path):
+    """Sample a 5-frame clip from a first frame (--i) with the model of ``folder`` and with
+    ``pipe`` (a WanImageToVideoPipeline of the same parts) and assert the frames agree to 1/255;
+    the components and the prompt, for further checks."""
     import numpy as np
     from PIL import Image
 
@@ -150,6 +151,16 @@ def test_sample_equals_the_image_to_video_pipelines(folder, pipe, tmp_path):
     theirs = (video * 255).round().astype(np.int16)
     assert len(ours) == len(theirs) == 5
     assert max(int(np.abs(a - b).max()) for a, b in zip(ours, theirs, strict=True)) <= 1
+    return components, prompt
+
+
+def test_sample_equals_the_image_to_video_pipelines(folder, pipe, tmp_path):
+    """A sample prompt with a first frame (--i) and 5 frames: our clip is the pipeline's own
+    call with that image, both experts switching at its boundary."""
+    from library.sampling.generate import check_sampling
+    from library.sampling.prompts import SamplePrompt
+
+    components, prompt = assert_sample_equals_pipelines(folder, pipe, tmp_path)
     without = SamplePrompt(**{**prompt.__dict__, "first_frame": None})
     with pytest.raises(Exception, match="gives no first frame"):
         check_sampling(components, [without])

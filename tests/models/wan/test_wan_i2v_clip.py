@@ -26,7 +26,12 @@ from tests.kits.wan.tiny import (
 from tests.kits.wan.tiny_files import write_tiny_wan_clip_pth, write_tiny_wan_i2v_clip_files
 from tests.models.step_inputs import step_inputs
 from tests.models.wan.test_wan_clips import _batch
-from tests.models.wan.test_wan_i2v import _load, _pipeline_condition, _text_pipe
+from tests.models.wan.test_wan_i2v import (
+    _load,
+    _pipeline_condition,
+    _text_pipe,
+    assert_sample_equals_pipelines,
+)
 
 SEED = 11
 
@@ -103,29 +108,7 @@ def test_clip_loss_equals_the_pipelines_parts(folder, pipe):
 def test_sample_equals_the_image_to_video_pipelines(folder, pipe, tmp_path):
     """A sample prompt with a first frame (--i) and 5 frames: our clip is the pipeline's own
     call with that image, its CLIP states from the pipeline's encode_image."""
-    from library.sampling.generate import check_sampling, sample_images
-    from library.sampling.prompts import SamplePrompt
-    from tests.sampling.test_sampling_clips import webp_frames
-
-    rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 256, (64, 80, 3), dtype=np.uint8)).save(tmp_path / "i.png")
-    prompt = SamplePrompt(index=0, prompt="a red cube", negative_prompt="", seed=4, steps=2,
-                          scale=5.0, sampler=None, width=80, height=64, frames=5,
-                          first_frame=tmp_path / "i.png")  # fmt: skip
-    components = _load(folder)
-    check_sampling(components, [prompt])
-    done = sample_images(components, [prompt], step=0, output_dir=tmp_path, output_name="s")
-    ours, _ = webp_frames(done.images[0])
-    embeds, negative = _text_pipe(pipe).encode_prompt("a red cube", "", max_sequence_length=512,
-                                                      device=torch.device("cpu"))  # fmt: skip
-    video = pipe(image=Image.open(tmp_path / "i.png").convert("RGB"), prompt_embeds=embeds,
-                 negative_prompt_embeds=negative, width=80, height=64, num_frames=5,
-                 num_inference_steps=2, guidance_scale=5.0, output_type="np",
-                 generator=torch.Generator().manual_seed(4)).frames[0]  # fmt: skip
-    theirs = (video * 255).round().astype(np.int16)
-    assert len(ours) == len(theirs) == 5
-    assert max(int(np.abs(a - b).max()) for a, b in zip(ours, theirs, strict=True)) <= 1
-
+    assert_sample_equals_pipelines(folder, pipe, tmp_path)
 
 def test_single_files_are_musubi_tuners_dit_and_clip(folder, pipe, tmp_path):
     """ComfyUI's files as musubi-tuner takes them: the transformer in the original names (dit)
