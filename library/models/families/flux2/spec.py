@@ -23,14 +23,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-import torch
-
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.family_entry import Deferred
+from library.models.families.batchnorm_vae_file import VAE_CLASS, plan_batchnorm_vae
 from library.models.families.file_plans import (
     as_qwen3_causal_lm,
-    plan_autoencoder,
     plan_qwen3_file,
 )
 from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
@@ -39,14 +36,12 @@ from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.loader import read_json
-from library.models.original_names import ldm_vae_from_original
 from library.models.plans import Plan
 from library.models.released_configs import qwen3_4b_config
 from library.training import flow_matching as fm
 from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 
 PIPELINES = {"klein": "Flux2KleinPipeline", "dev": "Flux2Pipeline"}
-VAE_CLASS = "diffusers:AutoencoderKLFlux2"
 TEXT_ENCODER_CLASS = {
     "klein": "transformers:Qwen3ForCausalLM",
     "dev": "transformers:Mistral3ForConditionalGeneration",
@@ -116,38 +111,8 @@ def plan_qwen3(file: CheckpointFile) -> Plan:
         "qwen_3_8b_fp8mixed.safetensors (9B)", qwen3_4b_config()))  # fmt: skip
 
 
-# Black Forest Labs' / Comfy-Org's flux2-vae.safetensors: the LDM autoencoder names of FLUX.1's
-# ae.safetensors, its quant convs inside the encoder and decoder, and the BatchNorm statistics.
-_VAE_MOVED = {"encoder.quant_conv.": "quant_conv.", "decoder.post_quant_conv.": "post_quant_conv."}
-
-
-def vae_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """flux2-vae.safetensors' tensors -> AutoencoderKLFlux2's (the batch count, which the file
-    need not hold and nothing reads, 0 when absent)."""
-    moved = {}
-    for key, value in state.items():
-        old = next((o for o in _VAE_MOVED if key.startswith(o)), None)
-        moved[_VAE_MOVED[old] + key[len(old) :] if old else key] = value
-    stats = {k: moved.pop(k) for k in [k for k in moved if k.startswith("bn.")]}
-    stats.setdefault("bn.num_batches_tracked", torch.zeros((), dtype=torch.long))
-    return {**ldm_vae_from_original(moved), **stats}
-
-
 def _vae_file(file: CheckpointFile) -> Plan:
-    """The VAE file in the original names (or diffusers') by the shared autoencoder reader; its
-    config from the header, else from the shapes (GroupNorm's groups: 32 where they divide
-    every width)."""
-
-    def wrong(problem: str) -> ModelError:
-        return ModelError(f"vae = {file.path} is no FLUX.2 VAE: {problem}; {VAE_FIX}")
-
-    if not any(k.endswith("bn.running_mean") for k in file):
-        raise wrong("it has no bn.running_mean (the latents' statistics)")
-    build = Deferred(VAE_CLASS).get  # the class, imported on first use
-    return plan_autoencoder(
-        file, "vae", ("vae.", "first_stage_model."), vae_from_original, {"norm_num_groups": 32},
-        "FLUX.2 VAE", None, wrong, build=lambda config: build().from_config(config),
-    )  # fmt: skip
+    return plan_batchnorm_vae(file, "vae", "FLUX.2 VAE", VAE_FIX)
 
 
 def inspect(checked) -> bool:
