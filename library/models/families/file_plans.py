@@ -53,9 +53,10 @@ _SCALED_FP8_ENDS = (".scale_weight", ".weight_scale", ".input_scale", ".comfy_qu
 _SCALED_FP8_MARKER = "scaled_fp8"
 
 
-def refuse_scaled_fp8(file: CheckpointFile, what: str) -> None:
+def refuse_scaled_fp8(file: CheckpointFile, what: str, released: str | None = None) -> None:
     """ModelError naming ``what`` for a file in ComfyUI's scaled fp8 format: its weights are
-    only right multiplied by their scales, which difftune does not apply."""
+    only right multiplied by their scales, which difftune does not apply. ``released``: the
+    released file's name, said as the fix with a diffusers folder (a main file)."""
     keys = file.keys()
     found = next((k for k in keys if k.endswith(_SCALED_FP8_ENDS)), None)
     if found is None and _SCALED_FP8_MARKER in keys:
@@ -64,6 +65,7 @@ def refuse_scaled_fp8(file: CheckpointFile, what: str) -> None:
         raise ModelError(
             f"{what} = {file.path} is in ComfyUI's scaled fp8 format (scale tensors such as {found}), "
             "which difftune does not read; use the bf16, fp16 or plain fp8 (e4m3fn) file"
+            + (f" ({released}) or a diffusers folder" if released else "")
         )
 
 
