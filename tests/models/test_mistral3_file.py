@@ -102,3 +102,11 @@ def test_wrong_files_are_refused_by_name_before_any_weight_is_read(tmp_path, no_
     scaled = {**state, "model.layers.0.mlp.up_proj.weight_scale": torch.ones(())}
     with pytest.raises(ModelError, match=r"^text_encoder = .*scaled fp8"):
         _plan(_write(tmp_path / "fp8.safetensors", scaled, None))
+
+
+def test_a_headerless_file_whose_heads_do_not_fit_is_refused(tmp_path, no_weights_read):
+    """Without a header the head width is the released 128, which the tiny queries (8 rows) are
+    no whole number of: refused as a misfit in one line, not a crash building the model."""
+    state = comfy_mistral3(mistral3_encoder())
+    with pytest.raises(ModelError, match=r"^text_encoder = .*tiny.*sizes fit no Mistral 3 text"):
+        _plan(_write(tmp_path / "tiny.safetensors", state, None))

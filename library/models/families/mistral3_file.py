@@ -38,17 +38,23 @@ LABEL = "Mistral 3 text encoder"
 
 def mistral_config_from_shapes(plain, base: dict) -> dict:
     """MistralConfig kwargs for MistralModel-named shapes: ``base`` with every size the tensors
-    show (the head width does not: ``base``'s); KeyError naming a missing key."""
+    show (the head width does not: ``base``'s); KeyError naming a missing key, ValueError when
+    the queries or keys are no whole number of such heads."""
     vocab, hidden = plain["embed_tokens.weight"]
     head_dim = base["head_dim"]
+    heads = {}
+    for name, proj in (("num_attention_heads", "q_proj"), ("num_key_value_heads", "k_proj")):
+        rows = plain[f"layers.0.self_attn.{proj}.weight"][0]
+        if rows % head_dim or not rows:
+            raise ValueError(f"{proj} has {rows} rows, no whole number of {head_dim}-wide heads")
+        heads[name] = rows // head_dim
     return {
         **base,
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": plain["layers.0.mlp.gate_proj.weight"][0],
         "num_hidden_layers": count_numbered(plain, "layers"),
-        "num_attention_heads": plain["layers.0.self_attn.q_proj.weight"][0] // head_dim,
-        "num_key_value_heads": plain["layers.0.self_attn.k_proj.weight"][0] // head_dim,
+        **heads,
     }
 
 
