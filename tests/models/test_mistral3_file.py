@@ -110,3 +110,15 @@ def test_a_headerless_file_whose_heads_do_not_fit_is_refused(tmp_path, no_weight
     state = comfy_mistral3(mistral3_encoder())
     with pytest.raises(ModelError, match=r"^text_encoder = .*tiny.*sizes fit no Mistral 3 text"):
         _plan(_write(tmp_path / "tiny.safetensors", state, None))
+
+
+def test_a_plain_float8_file_is_read_cast_to_the_weight_dtype(tmp_path):
+    """mistral_3_small_flux2_fp8.safetensors without scales: its float8 weights, cast."""
+    encoder = mistral3_encoder()
+    fp8 = {k: v.to(torch.float8_e4m3fn) if v.is_floating_point() else v
+           for k, v in comfy_mistral3(encoder).items()}  # fmt: skip
+    config = encoder.config.text_config.to_dict()
+    model = load_plan(_plan(_write(tmp_path / "fp8.safetensors", fp8, config)), torch.float32)
+    for key, value in model.state_dict().items():
+        assert value.dtype == torch.float32
+        assert torch.equal(value, fp8[f"model.{key}"].to(torch.float32)), key
