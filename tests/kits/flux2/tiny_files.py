@@ -74,10 +74,6 @@ def write_tiny_flux2_files(folder: str | Path, variant: str = "klein-base", seed
 
 def single_files(path, variant, seed) -> tuple[dict, dict]:
     """The ModelSection and FlowSection keys that load the tiny files (ConformanceKit)."""
-    if variant == "dev":
-        import pytest
-
-        pytest.skip("FLUX.2 [dev]'s Mistral 3 file is not read yet (its folder is)")
     files = write_tiny_flux2_files(path, variant, seed)
     model = {"pretrained_model_name_or_path": str(files["transformer"]),
              "tokenizer_path": str(files["tokenizer"]), "vae": str(files["vae"])}  # fmt: skip
