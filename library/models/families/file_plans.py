@@ -446,9 +446,19 @@ def plan_qwen3_file(
             f"looks like {looks}); set {key} in [flow] to {example}"
         )
     keys = [k for k in file if k.startswith(prefix) and k not in _QWEN3_UNUSED]
+    return plan_part(
+        "text_encoder", key, file, keys,
+        lambda state: {k[len(prefix) :]: v for k, v in state.items()}, build_qwen3,
+        lambda shapes: qwen3_config_from_shapes(shapes, base),
+        text_misfit(key, file, prefix, label), label=label, file_name=lambda name: prefix + name,
+    )  # fmt: skip
 
-    def strip(state):
-        return {k[len(prefix) :]: v for k, v in state.items()}
+
+def text_misfit(
+    key: str, file: CheckpointFile, prefix: str, label: str
+) -> Callable[[Exception], ModelError]:
+    """The error of a text model's file (``key``'s, its keys under ``prefix``) whose tensors
+    give no config: a missing key (KeyError) named, else its sizes fit no ``label``."""
 
     def misfit(exc: Exception) -> ModelError:
         problem = (
@@ -458,11 +468,7 @@ def plan_qwen3_file(
         )
         return ModelError(f"{key} = {file.path}: {problem}; re-download or re-convert it")
 
-    return plan_part(
-        "text_encoder", key, file, keys, strip, build_qwen3,
-        lambda shapes: qwen3_config_from_shapes(shapes, base), misfit, label=label,
-        file_name=lambda name: prefix + name,
-    )  # fmt: skip
+    return misfit
 
 
 def build_qwen3(config: dict) -> torch.nn.Module:

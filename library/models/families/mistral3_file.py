@@ -23,7 +23,12 @@ import torch
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
 from library.models.families.file_contents import looks_like
-from library.models.families.file_plans import note_derived, plan_part, refuse_scaled_fp8
+from library.models.families.file_plans import (
+    note_derived,
+    plan_part,
+    refuse_scaled_fp8,
+    text_misfit,
+)
 from library.models.families.name_table import count_numbered
 from library.models.plans import Plan
 from library.models.released_configs import mistral_small_3_text_config
@@ -94,15 +99,8 @@ def plan_mistral3_file(
         cut = {"tie_last_hidden_states": False} if config["num_hidden_layers"] <= reads else {}
         return MistralModel(MistralConfig(**{**config, **cut}))
 
-    def misfit(exc: Exception) -> ModelError:
-        problem = (
-            f"it lacks {prefix}{exc.args[0]}, which the {LABEL} has"
-            if isinstance(exc, KeyError)
-            else f"its tensors' sizes fit no {LABEL}"
-        )
-        return ModelError(f"{key} = {file.path}: {problem}; re-download or re-convert it")
-
     return plan_part(
-        "text_encoder", key, file, keys, lambda state: {k[len(prefix) :]: v for k, v in state.items()},
-        build, from_shapes, misfit, label=LABEL, file_name=lambda name: prefix + name,
+        "text_encoder", key, file, keys,
+        lambda state: {k[len(prefix) :]: v for k, v in state.items()}, build, from_shapes,
+        text_misfit(key, file, prefix, LABEL), label=LABEL, file_name=lambda name: prefix + name,
     )  # fmt: skip

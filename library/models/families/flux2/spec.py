@@ -140,9 +140,9 @@ def inspect(checked) -> bool:
     takes = checked.config["joint_attention_dim"]
     if width != takes:
         raise ModelError(
-            f"{checked.part_source('text_encoder')} gives {width}-wide states and the transformer of "
-            f"{checked.model_dir} takes {takes}: set text_encoder to this model's (klein 4B: "
-            "qwen_3_4b, 9B: qwen_3_8b, dev: mistral_3_small_flux2_bf16)"
+            f"{checked.part_source('text_encoder')} gives {width}-wide states and the "
+            f"transformer of {checked.model_dir} takes {takes}: set text_encoder to this "
+            "model's (klein 4B: qwen_3_4b, 9B: qwen_3_8b, dev: mistral_3_small_flux2_bf16)"
         )
     if isinstance(checked, CheckedFolder):
         return bool(read_json(checked.model_dir / "model_index.json").get("is_distilled"))
