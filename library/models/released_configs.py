@@ -10,7 +10,9 @@ kwargs), with their sources.
   and Krea 2 ships too (diffusers' AutoencoderKLQwenImage defaults are its released config);
 - ``qwen3_4b_config``: Qwen/Qwen3-4B's (its config.json: architectures Qwen3ForCausalLM), the
   text encoder of Z-Image and FLUX.2 [klein] 4B; query width 32 * 128 = 4096 differs from the
-  2560 hidden size, and keys and values use 8 heads (grouped-query attention).
+  2560 hidden size, and keys and values use 8 heads (grouped-query attention);
+- ``mistral_small_3_text_config``: Mistral Small 3.1 24B's language model, the text encoder of
+  FLUX.2 [dev] (its vision tower is never read).
 """
 
 from __future__ import annotations
@@ -88,4 +90,25 @@ def qwen3_4b_config() -> dict:
         "rope_theta": 1000000,
         "attention_bias": False,
         "tie_word_embeddings": True,
+    }
+
+
+def mistral_small_3_text_config() -> dict:
+    """MistralConfig kwargs of Mistral Small 3.1 24B's language model (the ``text_config`` of
+    mistralai/Mistral-Small-3.1-24B-Instruct-2503's Mistral3ForConditionalGeneration, FLUX.2
+    [dev]'s text encoder): no sliding window, the LM head apart from the embeddings."""
+    return {
+        "vocab_size": 131072,
+        "hidden_size": 5120,
+        "intermediate_size": 32768,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
     }

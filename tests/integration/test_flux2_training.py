@@ -1,7 +1,7 @@
-"""FLUX.2 [klein] end to end through the CLI on the tiny Flux2KleinPipeline folder: a full
-fine-tune writes the trained transformer in Black Forest Labs' names (what diffusers' converter
-and our single-file loader read back exactly); a LoRA trains from the single files and samples;
-the dry run estimates memory."""
+"""FLUX.2 end to end through the CLI on the tiny Flux2KleinPipeline folder: a full fine-tune
+writes the trained transformer in Black Forest Labs' names (what diffusers' converter and our
+single-file loader read back exactly); a dev LoRA trains from the single files and samples; the
+dry run estimates memory."""
 
 from __future__ import annotations
 
@@ -58,8 +58,11 @@ def test_full_fine_tune_writes_the_trained_transformer_in_the_original_names(
         assert f.metadata()["difftune.flux2.distilled"] == "false"
 
 
-def test_lora_trains_from_single_files_and_samples_during_training(tmp_path, images):
-    files = write_tiny_flux2_files(tmp_path / "files")
+def test_a_dev_lora_trains_from_single_files_and_samples_during_training(tmp_path, images):
+    """dev's files (Black Forest Labs' transformer, Comfy-Org's Mistral 3 file): every path
+    klein's files take through the run, and the guidance input and the language model alone
+    sampling through Flux2Pipeline (klein's files load as its folder: tests/conformance)."""
+    files = write_tiny_flux2_files(tmp_path / "files", "dev")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red cube --w 64 --h 80 --s 2\n", encoding="utf-8")
     out = tmp_path / "out"

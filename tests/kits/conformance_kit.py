@@ -158,6 +158,9 @@ class ConformanceKit:
     have (the original-layout checkpoint, or the family's separate component files, with
     tokenizer folders), written in float32 under ``path``; returns the ModelSection and
     FlowSection keys that load them (``pretrained_model_name_or_path`` and the rest).
+    ``file_module(variant, module)``: the part of a folder's module its single file holds,
+    where that is less (a vision-language text encoder whose file is read as its language
+    model alone); unset: the whole module.
     ``family(variant, modules)``: the ModelFamily instance of those modules.
     ``denoiser_names`` / ``vae_names``: the name tables of a family whose single files use the
     original layout. ``denoiser_inputs(denoiser, seed)``: keyword arguments of one forward
@@ -197,6 +200,7 @@ class ConformanceKit:
     write_single_files: (
         Callable[[Path, str, int], tuple[Mapping[str, Any], Mapping[str, Any]]] | None
     ) = None
+    file_module: Callable[[str, torch.nn.Module], torch.nn.Module] | None = None
     sample_cases: Callable[[str], tuple[SampleCase, ...]] | None = None
     loss_cases: Callable[[str], tuple[LossCase, ...]] | None = None
     loss_reference: Callable[[Any, Mapping[str, Any], int, LossCase], torch.Tensor] | None = None

@@ -10,10 +10,11 @@ import pytest
 
 from library.config.schema import ModelSection
 from library.errors import ModelError
+from library.models.checkpoint_file import CheckpointFile
 from library.models.families.chroma.original_keys import TABLE
 from library.models.families.chroma.spec import SPEC
 from library.models.families.spec import MainFile
-from library.models.families.spec_loader import claims, folder_of, plan_component
+from library.models.families.spec_loader import claims, folder_of, plan_component, plan_main
 
 MAIN = MainFile(
     names=TABLE,
@@ -87,3 +88,18 @@ def test_a_component_may_be_a_folder_of_the_parts_class(tmp_path):
         assert all(torch.equal(v, vae.state_dict()[k]) for k, v in loaded.state_dict().items())
     with pytest.raises(ModelError, match=r"ae = .*vae\.ckpt: set ae in \[flow\] to "):
         plan_component(SPEC, part, str(tmp_path / "vae.ckpt"))
+
+
+def test_a_main_file_in_scaled_fp8_is_refused_naming_the_released_file(tmp_path):
+    """ComfyUI's fp8 files (a weight_scale beside each fp8 weight) are refused before any
+    weight is read, naming the released file and a folder as the fix."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model_fp8mixed.safetensors"
+    save_file({"double_blocks.0.img_attn.qkv.weight_scale": torch.ones(())}, str(path))
+    with pytest.raises(ModelError) as info:
+        plan_main(SPEC, CheckpointFile(path))
+    message = str(info.value)
+    assert message.startswith(f"pretrained_model_name_or_path = {path} is in ComfyUI's scaled fp8")
+    assert f"({SPEC.main.example}) or a diffusers folder" in message and "\n" not in message

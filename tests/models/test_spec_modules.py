@@ -19,6 +19,8 @@ SHARED = (
     "library/models/families/folder_loader.py",
     "library/models/families/file_plans.py",
     "library/models/families/name_table.py",
+    "library/models/families/mistral3_file.py",
+    "library/models/families/batchnorm_vae_file.py",
     "library/networks/table_modules.py",
     *(p.relative_to(ROOT).as_posix() for p in (ROOT / "library/models/text_encoders").glob("*.py")),
 )

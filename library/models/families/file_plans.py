@@ -53,9 +53,10 @@ _SCALED_FP8_ENDS = (".scale_weight", ".weight_scale", ".input_scale", ".comfy_qu
 _SCALED_FP8_MARKER = "scaled_fp8"
 
 
-def refuse_scaled_fp8(file: CheckpointFile, what: str) -> None:
+def refuse_scaled_fp8(file: CheckpointFile, what: str, released: str | None = None) -> None:
     """ModelError naming ``what`` for a file in ComfyUI's scaled fp8 format: its weights are
-    only right multiplied by their scales, which difftune does not apply."""
+    only right multiplied by their scales, which difftune does not apply. ``released``: the
+    released file's name, said as the fix with a diffusers folder (a main file)."""
     keys = file.keys()
     found = next((k for k in keys if k.endswith(_SCALED_FP8_ENDS)), None)
     if found is None and _SCALED_FP8_MARKER in keys:
@@ -64,6 +65,7 @@ def refuse_scaled_fp8(file: CheckpointFile, what: str) -> None:
         raise ModelError(
             f"{what} = {file.path} is in ComfyUI's scaled fp8 format (scale tensors such as {found}), "
             "which difftune does not read; use the bf16, fp16 or plain fp8 (e4m3fn) file"
+            + (f" ({released}) or a diffusers folder" if released else "")
         )
 
 
@@ -444,9 +446,19 @@ def plan_qwen3_file(
             f"looks like {looks}); set {key} in [flow] to {example}"
         )
     keys = [k for k in file if k.startswith(prefix) and k not in _QWEN3_UNUSED]
+    return plan_part(
+        "text_encoder", key, file, keys,
+        lambda state: {k[len(prefix) :]: v for k, v in state.items()}, build_qwen3,
+        lambda shapes: qwen3_config_from_shapes(shapes, base),
+        text_misfit(key, file, prefix, label), label=label, file_name=lambda name: prefix + name,
+    )  # fmt: skip
 
-    def strip(state):
-        return {k[len(prefix) :]: v for k, v in state.items()}
+
+def text_misfit(
+    key: str, file: CheckpointFile, prefix: str, label: str
+) -> Callable[[Exception], ModelError]:
+    """The error of a text model's file (``key``'s, its keys under ``prefix``) whose tensors
+    give no config: a missing key (KeyError) named, else its sizes fit no ``label``."""
 
     def misfit(exc: Exception) -> ModelError:
         problem = (
@@ -456,11 +468,7 @@ def plan_qwen3_file(
         )
         return ModelError(f"{key} = {file.path}: {problem}; re-download or re-convert it")
 
-    return plan_part(
-        "text_encoder", key, file, keys, strip, build_qwen3,
-        lambda shapes: qwen3_config_from_shapes(shapes, base), misfit, label=label,
-        file_name=lambda name: prefix + name,
-    )  # fmt: skip
+    return misfit
 
 
 def build_qwen3(config: dict) -> torch.nn.Module:

@@ -195,7 +195,7 @@ def plan_main(spec: FamilySpec, file: CheckpointFile) -> Plan:
     fits, else the one its shapes show (the main file's ``fixed`` values over either)."""
     part, main = spec.denoiser, spec.main
     label = part.label or f"{spec.family} {part.sub}"
-    refuse_scaled_fp8(file, WHAT)
+    refuse_scaled_fp8(file, WHAT, main.example)
     found = main.detect(file.keys())
     if found is None:
         raise ModelError(

@@ -168,6 +168,10 @@ KIT = ConformanceKit(
         reference=_reference_transformer,
     ),
     write_single_files=single_files,
+    # dev's Mistral 3 file is read as the language model alone (its vision tower is unused)
+    file_module=lambda variant, module: (
+        module.model.language_model if variant == "dev" and hasattr(module, "model") else module
+    ),
     sample_cases=_sample_cases,
     loss_cases=lambda variant: (
         LossCase(),

@@ -126,6 +126,18 @@ def model_index(distilled: bool, dev: bool = False) -> dict:
     return {**index, "is_distilled": True} if distilled else index
 
 
+def write_tokenizer(path: Path, dev: bool = False) -> Path:
+    """The tiny tokenizer in the folder ``path`` (dev: with MISTRAL_TEMPLATE); returns it."""
+    shutil.copytree(TOKENIZER, path, dirs_exist_ok=True)
+    if dev:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+        tokenizer.chat_template = MISTRAL_TEMPLATE
+        tokenizer.save_pretrained(path)
+    return path
+
+
 def write_tiny_flux2_folder(path: str | Path, variant: str = "klein-base", seed: int = 0) -> Path:
     """A tiny FLUX.2 ``variant`` ("klein-base", "klein": distilled, or "dev") as a diffusers
     Flux2KleinPipeline / Flux2Pipeline folder (float32); returns ``path``."""
@@ -136,13 +148,7 @@ def write_tiny_flux2_folder(path: str | Path, variant: str = "klein-base", seed:
     dev = variant == "dev"
     for name, module in build_tiny_flux2_components(seed, dev).items():
         module.save_pretrained(path / name)
-    shutil.copytree(TOKENIZER, path / "tokenizer", dirs_exist_ok=True)
-    if dev:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
-        tokenizer.chat_template = MISTRAL_TEMPLATE
-        tokenizer.save_pretrained(path / "tokenizer")
+    write_tokenizer(path / "tokenizer", dev)
     FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG).save_pretrained(path / "scheduler")
     index = model_index(distilled=variant == "klein", dev=dev)
     (path / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")

@@ -34,13 +34,13 @@ from library.models.families.flux2.spec import (
     TEXT_LAYERS,
     Flux2FlowObjective,
     flux2_flow_options,
+    model_spec,
 )
 from library.models.families.spec_loader import (
     claimer,
     components,
     folder_scheduler,
     load_spec,
-    spec_for,
 )
 from library.models.families.transformer_family import (
     TransformerFamily,
@@ -216,7 +216,7 @@ def load_flux2(
 ) -> Components:
     """FLUX.2's Components (frozen, on the CPU) from a klein or dev folder or a transformer file,
     by its pipeline's spec (spec.py); ModelError for any problem with the files."""
-    spec = spec_for(tuple(SPECS.values()), model)
+    spec = model_spec(model)
     loaded = load_spec(spec, model, flow, weight_dtype, vae_dtype)
     name, size = model_of(dict(loaded.modules["transformer"].config))
     scheduler = folder_scheduler(loaded.model_dir, SCHEDULER_CONFIG)

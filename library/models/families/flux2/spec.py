@@ -22,39 +22,45 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-
-import torch
+from pathlib import Path
 
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.family_entry import Deferred
+from library.models.families.batchnorm_vae_file import VAE_CLASS, plan_batchnorm_vae
+from library.models.families.claims import file_keys
 from library.models.families.file_plans import (
     as_qwen3_causal_lm,
-    plan_autoencoder,
     plan_qwen3_file,
 )
 from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
 from library.models.families.folder_loader import CheckedFolder
 from library.models.families.local_tokenizer import tokenizer_part
+from library.models.families.mistral3_file import plan_mistral3_file
 from library.models.families.name_table import dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
+from library.models.families.spec_loader import spec_for
 from library.models.loader import read_json
-from library.models.original_names import ldm_vae_from_original
 from library.models.plans import Plan
 from library.models.released_configs import qwen3_4b_config
 from library.training import flow_matching as fm
 from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 
 PIPELINES = {"klein": "Flux2KleinPipeline", "dev": "Flux2Pipeline"}
-VAE_CLASS = "diffusers:AutoencoderKLFlux2"
+_TIME = "time_guidance_embed"
 TEXT_ENCODER_CLASS = {
     "klein": "transformers:Qwen3ForCausalLM",
     "dev": "transformers:Mistral3ForConditionalGeneration",
 }
 QWEN3_WHAT = "the Qwen3 text encoder (qwen_3_4b.safetensors)"
+MISTRAL3_FILE = "mistral_3_small_flux2_bf16.safetensors"
+MISTRAL3_WHAT = f"the Mistral 3 text encoder ({MISTRAL3_FILE})"
 VAE_FIX = ("set [model] vae to flux2-vae.safetensors or a diffusers AutoencoderKLFlux2 folder (a "
            "FLUX.2 diffusers folder's vae/)")  # fmt: skip
-_TOKENIZER_HINT = "a FLUX.2 [klein] diffusers folder's tokenizer/, or Qwen/Qwen3-4B's"
+_TOKENIZER_HINTS = {"klein": "a FLUX.2 [klein] diffusers folder's tokenizer/, or Qwen/Qwen3-4B's",
+                    "dev": "a FLUX.2 [dev] diffusers folder's tokenizer/"}  # fmt: skip
+# Black Forest Labs' transformer files, told apart by dev's guidance input (original, diffusers).
+RELEASED_FILES = {"klein": "flux-2-klein-base-4b.safetensors", "dev": "flux2-dev.safetensors"}
+GUIDANCE_MARKS = ("guidance_in.in_layer.weight", f"{_TIME}.guidance_embedder.linear_1.weight")
 # The text encoder's hidden states the pipelines stack per token (text_encoder_out_layers).
 TEXT_LAYERS = {"klein": (9, 18, 27), "dev": (10, 20, 30)}
 MAX_TOKENS = 512  # the pipelines' max_sequence_length
@@ -80,7 +86,6 @@ SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shiftin
 DEFAULTS = {"timestep_sampling": "flux_shift", "weighting_scheme": "none",
             "model_prediction_type": "raw"}  # fmt: skip
 DISTILLED_KEY = "difftune.flux2.distilled"  # a transformer file's header: base or distilled
-_TIME = "time_guidance_embed.timestep_embedder"
 
 
 def flux2_flow_options(flow: object) -> FlowOptions:
@@ -103,9 +108,9 @@ def transformer_config(shapes: Mapping[str, tuple[int, ...]]) -> dict:
     the head width each)."""
     sizes, inner = dual_single_sizes(shapes), shapes["x_embedder.weight"][0]
     return {**COMMON, **sizes, "axes_dims_rope": (sizes["attention_head_dim"] // 4,) * 4,
-            "timestep_guidance_channels": shapes[f"{_TIME}.linear_1.weight"][1],
+            "timestep_guidance_channels": shapes[f"{_TIME}.timestep_embedder.linear_1.weight"][1],
             "mlp_ratio": shapes["single_transformer_blocks.0.attn.to_out.weight"][1] / inner - 1,
-            "guidance_embeds": any(k.startswith("time_guidance_embed.guidance") for k in shapes)}  # fmt: skip
+            "guidance_embeds": any(k.startswith(f"{_TIME}.guidance") for k in shapes)}  # fmt: skip
 
 
 def plan_qwen3(file: CheckpointFile) -> Plan:
@@ -116,38 +121,14 @@ def plan_qwen3(file: CheckpointFile) -> Plan:
         "qwen_3_8b_fp8mixed.safetensors (9B)", qwen3_4b_config()))  # fmt: skip
 
 
-# Black Forest Labs' / Comfy-Org's flux2-vae.safetensors: the LDM autoencoder names of FLUX.1's
-# ae.safetensors, its quant convs inside the encoder and decoder, and the BatchNorm statistics.
-_VAE_MOVED = {"encoder.quant_conv.": "quant_conv.", "decoder.post_quant_conv.": "post_quant_conv."}
-
-
-def vae_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """flux2-vae.safetensors' tensors -> AutoencoderKLFlux2's (the batch count, which the file
-    need not hold and nothing reads, 0 when absent)."""
-    moved = {}
-    for key, value in state.items():
-        old = next((o for o in _VAE_MOVED if key.startswith(o)), None)
-        moved[_VAE_MOVED[old] + key[len(old) :] if old else key] = value
-    stats = {k: moved.pop(k) for k in [k for k in moved if k.startswith("bn.")]}
-    stats.setdefault("bn.num_batches_tracked", torch.zeros((), dtype=torch.long))
-    return {**ldm_vae_from_original(moved), **stats}
+def plan_mistral3(file: CheckpointFile) -> Plan:
+    """Mistral 3 (Comfy-Org's file) by the shared reader, as far as dev's deepest layer."""
+    reads = max(TEXT_LAYERS["dev"])
+    return plan_mistral3_file(file, "text_encoder", MISTRAL3_WHAT, MISTRAL3_FILE, reads)
 
 
 def _vae_file(file: CheckpointFile) -> Plan:
-    """The VAE file in the original names (or diffusers') by the shared autoencoder reader; its
-    config from the header, else from the shapes (GroupNorm's groups: 32 where they divide
-    every width)."""
-
-    def wrong(problem: str) -> ModelError:
-        return ModelError(f"vae = {file.path} is no FLUX.2 VAE: {problem}; {VAE_FIX}")
-
-    if not any(k.endswith("bn.running_mean") for k in file):
-        raise wrong("it has no bn.running_mean (the latents' statistics)")
-    build = Deferred(VAE_CLASS).get  # the class, imported on first use
-    return plan_autoencoder(
-        file, "vae", ("vae.", "first_stage_model."), vae_from_original, {"norm_num_groups": 32},
-        "FLUX.2 VAE", None, wrong, build=lambda config: build().from_config(config),
-    )  # fmt: skip
+    return plan_batchnorm_vae(file, "vae", "FLUX.2 VAE", VAE_FIX)
 
 
 def inspect(checked) -> bool:
@@ -159,8 +140,9 @@ def inspect(checked) -> bool:
     takes = checked.config["joint_attention_dim"]
     if width != takes:
         raise ModelError(
-            f"{checked.part_source('text_encoder')} gives {width}-wide states and the transformer "
-            f"takes {takes}: set text_encoder to this model's (klein 4B: qwen_3_4b, 9B: qwen_3_8b)"
+            f"{checked.part_source('text_encoder')} gives {width}-wide states and the "
+            f"transformer of {checked.model_dir} takes {takes}: set text_encoder to this "
+            "model's (klein 4B: qwen_3_4b, 9B: qwen_3_8b, dev: mistral_3_small_flux2_bf16)"
         )
     if isinstance(checked, CheckedFolder):
         return bool(read_json(checked.model_dir / "model_index.json").get("is_distilled"))
@@ -171,10 +153,18 @@ def inspect(checked) -> bool:
     return "klein" in name and "base" not in name  # Black Forest Labs' names: klein's "base"
 
 
+def model_spec(model) -> FamilySpec:
+    """The spec of ``model``: a transformer file with the guidance input is dev's, another
+    klein's (both by their keys); a folder's by its pipeline."""
+    path = Path(model.pretrained_model_name_or_path).expanduser()
+    if path.is_file():
+        return SPECS["dev" if SPECS["dev"].main.detect(file_keys(path) or ()) else "klein"]
+    return spec_for(tuple(SPECS.values()), model)
+
+
 def _spec(kind: str) -> FamilySpec:
-    text = (
-        ComponentFile("text_encoder", "[flow]", QWEN3_WHAT, plan_qwen3) if kind == "klein" else None
-    )
+    what, plan = (QWEN3_WHAT, plan_qwen3) if kind == "klein" else (MISTRAL3_WHAT, plan_mistral3)
+    guidance = [(mark,) if kind == "dev" else () for mark in GUIDANCE_MARKS]
     return FamilySpec(
         family="FLUX.2 (klein or dev)",
         pipeline=PIPELINES[kind],
@@ -184,11 +174,11 @@ def _spec(kind: str) -> FamilySpec:
                 main=MainFile(
                     names=TABLE,
                     # the shared modulation tells FLUX.2 from FLUX.1
-                    original_marks=("double_stream_modulation_img.lin.weight",),
-                    diffusers_marks=("double_stream_modulation_img.linear.weight",),
+                    original_marks=("double_stream_modulation_img.lin.weight", *guidance[0]),
+                    diffusers_marks=("double_stream_modulation_img.linear.weight", *guidance[1]),
                     config_from_shapes=transformer_config,
                     damaged=re.compile(r'"(model\.diffusion_model\.)?double_stream_modulation_img\.'),
-                    example="flux-2-klein-base-4b.safetensors",
+                    example=RELEASED_FILES[kind],
                 ),
             ),
             SpecPart(
@@ -196,9 +186,10 @@ def _spec(kind: str) -> FamilySpec:
                 file=ComponentFile("vae", "[model]", "the FLUX.2 VAE (flux2-vae.safetensors or a diffusers "
                                    "AutoencoderKLFlux2 folder)", _vae_file, folders=True),
             ),
-            SpecPart("text_encoder", "text_encoder", TEXT_ENCODER_CLASS[kind], file=text),
+            SpecPart("text_encoder", "text_encoder", TEXT_ENCODER_CLASS[kind],
+                     file=ComponentFile("text_encoder", "[flow]", what, plan)),
         ),
-        tokenizers=(tokenizer_part("FLUX.2", _TOKENIZER_HINT),),
+        tokenizers=(tokenizer_part("FLUX.2", _TOKENIZER_HINTS[kind]),),
         inspect=inspect,
         other={"scheduler": "scheduler_config.json"},
     )  # fmt: skip
