@@ -141,7 +141,7 @@ def krea2_components(config, folder: Path) -> Components:
 
     from library.models.families.krea2 import spec
     from library.models.families.krea2.family import krea2_family
-    from library.models.families.qwen3_vl_file import QWEN3VL_4B
+    from library.models.families.qwen_vl_file import QWEN3VL_4B
     from tests.kits.krea2.tiny_tokenizer import write_tiny_qwen3vl_tokenizer
 
     with torch.device("meta"):

@@ -33,7 +33,8 @@ from library.data.clip_frames import ClipFrames  # noqa: E402
 from library.data.clips import ClipOptions, clip_frames  # noqa: E402
 from library.data.latent_cache import LatentRequest  # noqa: E402
 from library.data.samples import cache_loader, load_for_cache  # noqa: E402
-from library.data.videos import decode_frames, probe_video  # noqa: E402
+from library.data.video_decode import decode_frames  # noqa: E402
+from library.data.videos import probe_video  # noqa: E402
 from tests.kits import videos as kit  # noqa: E402
 
 

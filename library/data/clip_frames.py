@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from library.data.videos import decode_frames
+from library.data.video_decode import decode_frames
 
 GROUP_FRAMES = 128  # frames one group holds: about 0.35 GB of 720p RGB
 KEEP_GROUPS = 2  # groups held at once: the cache loads video by video, so two overlap at most

@@ -40,10 +40,10 @@ from library.data.header_scan import SCAN_THREADS
 from library.data.images import LoadedImage, crop_geometry
 from library.data.metadata_files import parse_json, read_text
 from library.data.scan_index import ScanIndex
+from library.data.video_decode import decode_frames
 from library.data.videos import (
     VideoHeader,
     clips_of,
-    decode_frames,
     frame_files,
     is_video_path,
     probe_video,

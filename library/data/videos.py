@@ -1,4 +1,5 @@
-"""Reading training videos: probed once up front, then the chosen frames decoded as RGB.
+"""Reading training videos: probed once up front (here), then the chosen frames decoded as RGB
+(library/data/video_decode.py).
 
 A video is a file PyAV opens (mp4, webm, mov, mkv, gif, ...; PyAV's wheels carry FFmpeg) or a
 folder of frames (its image files, in natural order: frame2 before frame10).
@@ -13,7 +14,7 @@ Decisions:
   timestamp or flagged corrupt, two at one time, leading frames that do not decode, a last
   group that disagrees), every frame is decoded instead and counted as it decodes. Headers'
   frame counts are never trusted: many files have none (webm, gif) or a wrong one.
-- Damage in the middle of a stream is not seen by the probe: decode_frames names the file in
+- Damage in the middle of a stream is not seen by the probe: decoding names the file in
   one line when it meets it (the latent cache is filled before training), and a frame the
   decoder drops there makes the file hold fewer frames than its probe counted, named too.
 - A file whose frames end well before the duration its header gives (over 5% and two frames
@@ -24,35 +25,24 @@ Decisions:
 - Each frame's time is its presentation timestamp. A file whose frame durations differ by more
   than 10% from their median has a variable frame rate: its frames are placed by these times
   when resampled to the model's rate (library.data.frame_extraction.resample_times).
-- Transparent pixels (gif, vp9 with alpha) are composited on white, as for images.
 - Frames are numbered in presentation order from 0, the same numbering probe and decode use.
-- Decoding frames that start past the first seeks to the keyframe at or before the first one
-  asked (the packets' timestamps, read without decoding, give each frame's number) and decodes
-  forward from there, instead of decoding the file from its start for every clip. Where the
-  packets leave doubt (as for the probe: timestamps missing or repeated, leading frames that do
-  not decode, packets flagged corrupt) or the seek does not land before the first frame asked,
-  the file is decoded from its start, counting frames as they decode.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import re
 import stat
 import statistics
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import av
-import numpy as np
-from PIL import Image
 
 from library.data.folders import IMAGE_EXTENSIONS
 from library.data.frame_extraction import Clip, cut_clips
-from library.data.images import load_display_image, read_image_header
+from library.data.images import read_image_header
 from library.errors import DataError
 
 # musubi-tuner's video extensions plus gif (an animation trained as a clip in a video dataset)
@@ -106,7 +96,8 @@ def _natural_key(path: Path) -> tuple:
     return tuple(int(p) if p.isdigit() else p.lower() for p in _NATURAL.split(path.name))
 
 
-def _unreadable(path: Path, reason: str, fix: str = "replace or remove the file") -> DataError:
+def unreadable(path: Path, reason: str, fix: str = "replace or remove the file") -> DataError:
+    """The one line naming the video file, what is wrong with it (``reason``) and the fix."""
     return DataError(f"video {path} {reason}; {fix}", file=str(path))
 
 
@@ -124,7 +115,7 @@ def probe_video(path: Path) -> VideoHeader:
     except DataError:
         raise
     except (av.FFmpegError, OSError, ValueError) as error:
-        raise _damaged(path, error) from error
+        raise damaged(path, error) from error
 
 
 def _probe_packets(path: Path) -> VideoHeader | None:
@@ -132,9 +123,9 @@ def _probe_packets(path: Path) -> VideoHeader | None:
     last keyframe's group (_Tail); None when the packets and those frames disagree or leave
     doubt, for _probe_decoding to count the frames that really decode."""
     with av.open(str(path)) as container:
-        stream = _video_stream(container, path)
+        stream = video_stream(container, path)
         decoder = stream.codec_context
-        stamps, tail, first, corrupt = _read_packets(container, stream)
+        stamps, tail, first, corrupt = read_packets(container, stream)
         if first is None or None in stamps or len(set(stamps)) != len(stamps):
             return None
         start, size = min(stamps), (first.width, first.height)
@@ -143,8 +134,8 @@ def _probe_packets(path: Path) -> VideoHeader | None:
         header = _header(  # names a file whose frames end before its header's duration
             path,
             [float((t - start) * stream.time_base) for t in sorted(stamps)],
-            _square_pixels(size, stream),
-            _rotation(first),
+            square_pixels(size, stream),
+            display_rotation(first),
             _declared_duration(container, stream),
         )
         if corrupt:
@@ -171,7 +162,7 @@ class _Tail:
                 self.packets, self.whole = self.packets[:1], False
 
 
-def _read_packets(container, stream) -> tuple[list, _Tail, object, bool]:
+def read_packets(container, stream) -> tuple[list, _Tail, object, bool]:
     """Every packet of ``stream``: their timestamps (None where a packet has none), the last
     keyframe's group (_Tail), the first decoded frame (None if none decodes) and whether the
     demuxer marked any packet corrupt."""
@@ -209,26 +200,26 @@ def _tail_agrees(path: Path, decoder, tail: list, stamps: list[int], size) -> bo
         return False
     for frame in frames:
         if (frame.width, frame.height) != size:
-            raise _size_change(path, stamps.index(frame.pts), size, frame)
+            raise size_change(path, stamps.index(frame.pts), size, frame)
     return True
 
 
 def _probe_decoding(path: Path) -> VideoHeader:
     """The header from decoding every frame: the count is the frames that really decode."""
     with av.open(str(path)) as container:
-        stream = _video_stream(container, path)
+        stream = video_stream(container, path)
         stream.thread_type = "AUTO"
         times, rotation, size = [], 0, None
         for frame in container.decode(stream):
             if size is None:
-                size, rotation = (frame.width, frame.height), _rotation(frame)
+                size, rotation = (frame.width, frame.height), display_rotation(frame)
             elif (frame.width, frame.height) != size:
-                raise _size_change(path, len(times), size, frame)
+                raise size_change(path, len(times), size, frame)
             times.append(frame.time)
         declared = _declared_duration(container, stream)
-        square = _square_pixels(size, stream) if size else None
+        square = square_pixels(size, stream) if size else None
     if not times:
-        raise _unreadable(path, "holds no video frames")
+        raise unreadable(path, "holds no video frames")
     return _header(path, times, square, rotation, declared)
 
 
@@ -244,18 +235,18 @@ def _check_regular_file(path: Path) -> None:
     except OSError:
         return  # unreadable: FFmpeg's open names the reason
     if not stat.S_ISREG(mode):
-        raise _unreadable(path, "is not a regular file (a pipe, device or socket)")
+        raise unreadable(path, "is not a regular file (a pipe, device or socket)")
 
 
-def _size_change(path: Path, index: int, size: tuple[int, int], frame) -> DataError:
-    return _unreadable(
+def size_change(path: Path, index: int, size: tuple[int, int], frame) -> DataError:
+    return unreadable(
         path,
         f"changes size at frame {index} ({size[0]}x{size[1]} to {frame.width}x{frame.height})",
         "re-encode it at one size or remove it",
     )
 
 
-def _square_pixels(size: tuple[int, int], stream) -> tuple[int, int]:
+def square_pixels(size: tuple[int, int], stream) -> tuple[int, int]:
     """The (width, height) a frame of ``size`` is shown at, its pixels made square: a file
     with non-square pixels (anamorphic DVD and broadcast video) is stretched along the side
     that grows, as players do, so no stored pixel is lost."""
@@ -268,9 +259,10 @@ def _square_pixels(size: tuple[int, int], stream) -> tuple[int, int]:
     return width, round(height / aspect)
 
 
-def _video_stream(container, path: Path):
+def video_stream(container, path: Path):
+    """The file's first video stream; DataError naming the file when it has none."""
     if not container.streams.video:
-        raise _unreadable(path, "holds no video stream")
+        raise unreadable(path, "holds no video stream")
     return container.streams.video[0]
 
 
@@ -289,7 +281,7 @@ def _declared_duration(container, stream) -> float | None:
     return None
 
 
-def _rotation(frame) -> int:
+def display_rotation(frame) -> int:
     """Degrees clockwise to turn the stored frame for display. FFmpeg's display matrix angle
     is counter-clockwise, as its command-line tool reads it when it autorotates."""
     angle = frame.rotation or 0
@@ -310,7 +302,7 @@ def _header(
     typical = statistics.median(durations) if durations else None
     end = times[-1] + (typical or 0.0)
     if declared and typical and declared - end > max(2 * typical, _TRUNCATED_SHARE * declared):
-        raise _unreadable(
+        raise unreadable(
             path,
             f"is truncated: its frames end at {end:.2f} s of the {declared:.2f} s its header "
             "gives (an incomplete download or copy?)",
@@ -357,147 +349,15 @@ def _probe_folder(folder: Path) -> VideoHeader:
     return VideoHeader(len(files), size, None, None)
 
 
-def decode_frames(path: Path, indices: Sequence[int] | None = None) -> np.ndarray:
-    """The frames ``indices`` (presentation order from 0, as probe_video counts them; all when
-    None) of the video file or folder of frames at ``path``, as uint8 RGB [F, H, W, 3] in the
-    order asked, turned as displayed and transparency on white. DataError naming the file when
-    it cannot be read or holds fewer frames than asked (it changed since it was probed)."""
-    path = Path(path)
-    if path.is_dir():
-        files = frame_files(path)
-        wanted = range(len(files)) if indices is None else indices
-        _check_indices(path, wanted, len(files))
-        return np.stack([np.asarray(load_display_image(files[i])) for i in wanted])
-    try:
-        frames = _decode_file(path, indices)
-    except DataError:
-        raise
-    except (av.FFmpegError, OSError, ValueError) as error:
-        raise _damaged(path, error) from error
-    return frames
-
-
-def _decode_file(path: Path, indices: Sequence[int] | None) -> np.ndarray:
-    if indices and min(indices) > 0:
-        sought = _decode_from_keyframe(path, indices)
-        if sought is not None:
-            return sought
-    wanted = None if indices is None else set(indices)
-    last = None if indices is None else max(indices, default=-1)
-    got: dict[int, np.ndarray] = {}
-    count = 0
-    with av.open(str(path)) as container:
-        stream = _video_stream(container, path)
-        stream.thread_type = "AUTO"
-        size = None
-        for index, frame in enumerate(container.decode(stream)):
-            size = size or (frame.width, frame.height)
-            if (frame.width, frame.height) != size:  # in a part of the file the probe skips
-                raise _size_change(path, index, size, frame)
-            square = _square_pixels(size, stream)
-            count = index + 1
-            if wanted is None or index in wanted:
-                got[index] = _rgb(frame, square)
-            if last is not None and index >= last:
-                break
-    order = range(count) if indices is None else indices
-    _check_indices(path, order, count)
-    if not got:
-        raise _unreadable(path, "holds no video frames")
-    return np.stack([got[i] for i in order])
-
-
-def _frame_stamps(path: Path) -> tuple[list[int], tuple[int, int]] | None:
-    """Each frame's presentation timestamp in presentation order (from the packets, decoding
-    only the first frame) and the stored frame size; None when the packets leave doubt about
-    which frame is which (module docstring). Kept for the file as it is now: the clips of one
-    video read its packets once."""
-    return _stamps_of(str(path), video_stat_key(path))
-
-
-@functools.lru_cache(maxsize=64)
-def _stamps_of(path: str, _: tuple[int, int]) -> tuple[list[int], tuple[int, int]] | None:
-    with av.open(path) as container:
-        stamps, _, first, corrupt = _read_packets(container, _video_stream(container, Path(path)))
-    if first is None or corrupt or None in stamps or len(set(stamps)) != len(stamps):
-        return None
-    order = sorted(stamps)
-    return (order, (first.width, first.height)) if first.pts == order[0] else None
-
-
-def _decode_from_keyframe(path: Path, indices: Sequence[int]) -> np.ndarray | None:
-    """The frames ``indices`` decoded from the keyframe at or before the first of them; None
-    when that cannot be done surely (the caller decodes from the start)."""
-    found = _frame_stamps(path)
-    if found is None or max(indices) >= len(found[0]):
-        return None  # a missing frame is named by the decode from the start
-    order, size = found
-    number = {stamp: index for index, stamp in enumerate(order)}
-    wanted, last = set(indices), order[max(indices)]
-    got: dict[int, np.ndarray] = {}
-    with av.open(str(path)) as container:
-        stream = _video_stream(container, path)
-        stream.thread_type = "AUTO"
-        square = _square_pixels(size, stream)
-        try:
-            container.seek(order[min(indices)], stream=stream, backward=True, any_frame=False)
-        except av.FFmpegError:  # a format that cannot seek
-            return None
-        for frame in container.decode(stream):
-            index = number.get(frame.pts)
-            if index is None or (not got and index > min(indices)):
-                return None  # a frame of unknown number, or the seek landed past the first
-            if (frame.width, frame.height) != size:
-                raise _size_change(path, index, size, frame)
-            if index in wanted:
-                got[index] = _rgb(frame, square)
-            if frame.pts >= last:
-                break
-    if len(got) != len(wanted):
-        return None
-    return np.stack([got[i] for i in indices])
-
-
-def _check_indices(path: Path, indices: Iterable[int], count: int) -> None:
-    missing = [i for i in indices if not 0 <= i < count]
-    if missing:
-        raise DataError(
-            f"video {path} has {count} frames that decode, fewer than the {max(missing) + 1} "
-            "its scan counted: it is damaged or changed since; replace it, or run again to "
-            "scan it anew",
-            file=str(path),
-        )
-
-
-def _rgb(frame, square: tuple[int, int]) -> np.ndarray:
-    """One decoded frame as uint8 RGB, transparency on white, at its ``square``-pixel size
-    (_square_pixels; LANCZOS, as images are resized), turned as displayed."""
-    if _has_alpha(frame.format):
-        rgba = frame.to_ndarray(format="rgba").astype(np.float32)
-        alpha = rgba[..., 3:] / 255.0
-        rgb = np.rint(rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
-    else:
-        rgb = frame.to_ndarray(format="rgb24")
-    if square != (frame.width, frame.height):
-        rgb = np.asarray(Image.fromarray(rgb).resize(square, Image.Resampling.LANCZOS))
-    turns = _rotation(frame) // 90
-    return np.ascontiguousarray(np.rot90(rgb, k=-turns)) if turns else rgb
-
-
-def _has_alpha(pixel_format) -> bool:
-    # grey + alpha and colour + alpha have 2 and 4 components; a palette may hold transparency
-    return len(pixel_format.components) in (2, 4) or pixel_format.has_palette
-
-
-def _damaged(path: Path, error: BaseException) -> DataError:
+def damaged(path: Path, error: BaseException) -> DataError:
     """The one line for a file FFmpeg cannot open or decode: its reason without the error
     number and the C function FFmpeg names."""
     if isinstance(error, av.error.EOFError):
-        return _unreadable(path, "holds no video frames (it ends before its first frame)")
+        return unreadable(path, "holds no video frames (it ends before its first frame)")
     reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
     if isinstance(error, av.FFmpegError):
-        return _unreadable(path, f"is damaged or not a video ({reason})")
-    return _unreadable(path, f"cannot be read ({reason})")
+        return unreadable(path, f"is damaged or not a video ({reason})")
+    return unreadable(path, f"cannot be read ({reason})")
 
 
 def video_stat_key(path: Path) -> tuple[int, int]:

@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from library.data import clip_frames, videos
+from library.data import clip_frames
+from library.data import video_decode as videos
 from library.data.clip_frames import ClipFrames
 from library.data.dataset import TrainData
 from library.data.latent_cache import LatentCache

@@ -8,7 +8,8 @@ import os
 import pytest
 from PIL import Image
 
-from library.data.videos import decode_frames, probe_video
+from library.data.video_decode import decode_frames
+from library.data.videos import probe_video
 from library.errors import DataError
 from tests.kits import videos as kit
 

@@ -18,7 +18,7 @@ from library.data.dataset import TrainData
 from library.data.latent_cache import LatentCache
 from library.data.plan import plan_lines
 from library.data.samples import SampleSource, latent_requests, load_for_cache
-from library.data.videos import decode_frames
+from library.data.video_decode import decode_frames
 from library.errors import DataError
 from tests.data.data_helpers import write_image
 from tests.kits import videos as kit

@@ -7,7 +7,8 @@ import av
 import pytest
 
 from library.data import videos
-from library.data.videos import clips_of, decode_frames, probe_video
+from library.data.video_decode import decode_frames
+from library.data.videos import clips_of, probe_video
 from library.errors import DataError
 from tests.kits import videos as kit
 

@@ -8,8 +8,8 @@ import av
 import numpy as np
 import pytest
 
-import library.data.videos as videos
-from library.data.videos import decode_frames
+import library.data.video_decode as videos
+from library.data.video_decode import decode_frames
 from tests.kits import videos as kit
 
 FRAMES = 60  # numbered clips hold up to 64

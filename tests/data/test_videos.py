@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from library.data.frame_extraction import resample_times
+from library.data.video_decode import decode_frames
 from library.data.videos import (
     clips_of,
-    decode_frames,
     frame_files,
     is_video_path,
     probe_video,

@@ -12,7 +12,7 @@ from diffusers import AutoencoderKLQwenImage
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.dataset import TrainData
 from library.data.samples import SampleSource, latent_requests
-from library.data.videos import decode_frames
+from library.data.video_decode import decode_frames
 from library.training.step import batch_posterior, micro_batch_loss
 from tests.kits import videos as kit
 from tests.kits.qwenimage.tiny_shapes import tiny_vae_config

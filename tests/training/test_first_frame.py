@@ -14,7 +14,7 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.dataset import TrainData
 from library.data.latent_cache import cache_file
 from library.data.samples import SampleSource, latent_requests
-from library.data.videos import decode_frames
+from library.data.video_decode import decode_frames
 from library.models.families.base import FIRST_FRAME_LATENTS_KEY
 from library.training.step import batch_posterior, with_first_frame
 from tests.data.data_helpers import write_image

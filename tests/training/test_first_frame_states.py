@@ -18,7 +18,7 @@ from library.data.cache_group import CacheGroup
 from library.data.dataset import TrainData
 from library.data.latent_cache import cache_file
 from library.data.samples import SampleSource, image_state_requests
-from library.data.videos import decode_frames
+from library.data.video_decode import decode_frames
 from library.models.families.base import FIRST_FRAME_IMAGE_STATES_KEY
 from library.models.image_encoders.clip_vision import ImageEncoder
 from library.training.caching import build_image_state_cache

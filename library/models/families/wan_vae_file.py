@@ -1,7 +1,8 @@
 """The Qwen-Image VAE's single file (ComfyUI's qwen_image_vae.safetensors, in Wan 2.1's names;
 library/models/wan_vae_keys.py), or a diffusers folder's vae/ file, planned for loading: every
 family that uses this VAE reads its file here. Its config is the one in the file's header
-(``difftune.config.vae``) when there is one, else the released one the family gives."""
+(``difftune.config.vae``) when there is one, else the released one the family gives; a family
+on the released video VAE declares it with ``video_vae_part``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.families.file_contents import looks_like
 from library.models.families.file_plans import Plan, plan_with_config
+from library.models.families.spec import ComponentFile, SpecPart
+from library.models.released_configs import video_vae16_config
 
 
 def stored_config(file: CheckpointFile, part: str) -> dict | None:
@@ -57,6 +60,20 @@ def plan_vae(
     # the header's config when it fits, else the released one; the header's stays the measure
     # when it does not fit, so the error names the tensor that differs from it
     return plan_with_config("vae", plan_of, file, lambda: stored_config(file, "vae") or released())
+
+
+def video_vae_part(description: str, label: str) -> SpecPart:
+    """A spec's VAE when it is the released 16-channel video VAE (AutoencoderKLQwenImage): a
+    folder's vae/, or the [model] vae file in Wan 2.1's names or diffusers' (``description``:
+    the file it must be, ``label``: the VAE's name, for messages)."""
+
+    def plan(file: CheckpointFile) -> Plan:
+        return plan_vae(file, "vae", description, video_vae16_config, label)
+
+    return SpecPart(
+        "vae", "vae", "diffusers:AutoencoderKLQwenImage",
+        file=ComponentFile("vae", "[model]", description, plan),
+    )  # fmt: skip
 
 
 def _build_vae(model_class: str, config: dict) -> torch.nn.Module:

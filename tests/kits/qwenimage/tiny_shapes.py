@@ -1,13 +1,12 @@
 """Tiny Qwen-Image component configs: the released layout
-(library/models/families/qwenimage/shapes.py) at a small width, for the tests' tiny models."""
+(library/models/families/qwenimage/shapes.py, Qwen2.5-VL's and the video VAE's shared configs) at
+a small width, for the tests' tiny models."""
 
 from __future__ import annotations
 
-from library.models.families.qwenimage.shapes import (
-    text_encoder_config,
-    transformer_config,
-    vae_config,
-)
+from library.models.families.qwen_vl_file import QWEN25VL_7B
+from library.models.families.qwenimage.shapes import transformer_config
+from library.models.released_configs import video_vae16_config
 
 TINY_HEAD_DIM, TINY_HEADS = 16, 2  # transformer width 32; head dim 16 = sum(TINY_AXES_DIMS)
 TINY_AXES_DIMS = (4, 6, 6)  # even parts (RoPE rotates pairs)
@@ -36,7 +35,7 @@ def tiny_text_encoder_config() -> dict:
     the multimodal RoPE split (mrope_section sums to half the head dim), and a one-block vision
     tower (run by the edit model, which shows the encoder its reference image), with the tiny
     tokenizer's ids of the vision tokens."""
-    config = text_encoder_config()
+    config = QWEN25VL_7B
     return {
         "vision_start_token_id": TINY_VISION_START,
         "vision_end_token_id": TINY_VISION_END,
@@ -75,4 +74,4 @@ def tiny_vae_config() -> dict:
     """AutoencoderKLQwenImage kwargs: the released layout (levels, residual blocks per level,
     16 latent channels with the released per-channel statistics; 8x smaller sides, so the
     pipeline's 16-pixel grid holds) at base width 8."""
-    return {**vae_config(), "base_dim": 8}
+    return {**video_vae16_config(), "base_dim": 8}

@@ -170,6 +170,20 @@ def test_a_missing_or_misshapen_tensor_is_refused_by_name(tmp_path, part, key):
             assert key.split(".", 1)[1] in message.replace("conv_out", "head.2"), message
 
 
+def test_a_text_encoder_of_another_width_is_refused(paths, tmp_path):
+    """Qwen2.5-VL's states must be as wide as the transformer's caption input: refused from
+    the headers, naming both files and both widths."""
+    from diffusers import QwenImageTransformer2DModel
+
+    config = {**tiny_shapes.tiny_transformer_config(), "joint_attention_dim": 48}
+    wider = tmp_path / "wider.safetensors"
+    state = QwenImageTransformer2DModel(**config).state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(wider),
+              metadata={"format": "pt", "difftune.config.transformer": json.dumps(config)})  # fmt: skip
+    with pytest.raises(ModelError, match=r"is 40 wide and the transformer of .* takes 48-wide"):
+        _load(paths, loader=files_loader, pretrained_model_name_or_path=str(wider))
+
+
 def test_scaled_fp8_files_are_refused(paths):
     _rewrite(paths["text_encoder"], lambda t: {**t, "scaled_fp8": torch.zeros(1)})
     with pytest.raises(ModelError, match=r"^text_encoder = .*scaled fp8"):

@@ -70,6 +70,23 @@ def test_task_must_be_the_transformers(files):
     assert _load(files).denoiser.config.num_layers == 2
 
 
+def test_a_umt5_file_of_another_width_is_refused(files, tmp_path):
+    """umT5's states must be as wide as the transformer's text input: refused from the headers,
+    naming the file and both widths."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from tests.kits.krea2.tiny_files import _save
+    from tests.kits.wan.tiny import text_encoder_config
+
+    config = {**text_encoder_config(), "d_model": 24}
+    wide = UMT5EncoderModel(UMT5Config(**config)).state_dict()
+    wide.pop("encoder.embed_tokens.weight")
+    path = _save(wide, tmp_path / "umt5_24.safetensors", torch.float32, config, "text_encoder")
+    with pytest.raises(ModelError, match=r"gives 24-wide umT5 states .* reads 32-wide ones") as e:
+        _load({**files, "t5": path})
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
 def test_the_image_input_has_its_original_names():
     """Wan 2.1 I2V-14B's transformer: the T2V keys and the image input's (cross_attn.k_img /
     v_img / norm_k_img, the image embedding img_emb.proj.0-4, spelled here from Wan-AI's

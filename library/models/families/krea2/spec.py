@@ -18,15 +18,14 @@ from dataclasses import dataclass
 
 from library.errors import ModelError
 from library.models import shape_configs
-from library.models.families import qwen3_vl_file, wan_vae_file
+from library.models.families import qwen_vl_file, wan_vae_file
 from library.models.families.folder_loader import CheckedFolder
 from library.models.families.krea2.keys import TABLE
 from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import count_numbered
-from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
+from library.models.families.spec import FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
 from library.models.loader import read_json
-from library.models.released_configs import video_vae16_config
 from library.models.text_encoders.qwen3_vl import TappedQwen3VL
 from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 
@@ -156,17 +155,8 @@ SPEC = FamilySpec(
                 example="raw.safetensors (krea/Krea-2-Raw)",
             ),
         ),
-        SpecPart(
-            "vae", "vae", "diffusers:AutoencoderKLQwenImage",
-            file=ComponentFile("vae", "[model]", WHATS["vae"], lambda file: wan_vae_file.plan_vae(
-                file, "vae", WHATS["vae"], video_vae16_config, "Qwen-Image VAE")),
-        ),
-        SpecPart(
-            "text_encoder", "text_encoder", "transformers:Qwen3VLModel",
-            file=ComponentFile("text_encoder", "[flow]", WHATS["text_encoder"],
-                               lambda file: qwen3_vl_file.plan_qwen3_vl(
-                                   file, "text_encoder", WHATS["text_encoder"])),
-        ),
+        wan_vae_file.video_vae_part(WHATS["vae"], "Qwen-Image VAE"),
+        qwen_vl_file.text_encoder_part(qwen_vl_file.QWEN3_VL, WHATS["text_encoder"]),
     ),
     tokenizers=(tokenizer_part("Qwen3-VL", TOKENIZER_WHERE),),
     inspect=inspect_parts,

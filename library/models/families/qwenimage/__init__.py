@@ -12,8 +12,9 @@ QwenImagePipeline, QwenImageTransformer2DModel and AutoencoderKLQwenImage):
   musubi-tuner's draw;
 - targets, key_map: the Linears a default LoRA adapts (musubi-tuner's set) and their file
   names (``diffusion_model.<diffusers path>``, read by ComfyUI and diffusers);
-- spec, files: its folders and the single files ComfyUI users have (transformer, Qwen2.5-VL,
-  the VAE in Wan 2.1's names) as a family spec for the shared loader (spec_loader.py);
+- spec: its folders and the single files ComfyUI users have (transformer, Qwen2.5-VL, the VAE
+  in Wan 2.1's names, the last two read by the shared readers of those parts) as a family spec
+  for the shared loader (spec_loader.py);
 - family, load, entry: the ModelFamily the trainer calls, the loader and the registry entry
   (registry.py lists it);
 - config_keys: [flow] model_version, which release a transformer file is;

@@ -20,7 +20,7 @@ from library.training.flow_keys import SIGMA_KEYS
 _LINE = "Qwen-Image"
 _PACKAGE = "library.models.families.qwenimage"
 # The [flow] keys of the flow-matching draw (objective.py), and beside a single transformer
-# file its Qwen2.5-VL file and which release it is (files.py; the VAE file is [model] vae, which
+# file its Qwen2.5-VL file and which release it is (spec.py; the VAE file is [model] vae, which
 # the loader reads itself: reads_vae), and whether a LoRA adapts the blocks' modulation
 # (targets.py)
 FLOW_KEYS = frozenset(SIGMA_KEYS) | {"text_encoder", "model_version", "exclude_mod"}

@@ -2,11 +2,20 @@
 
 A diffusers QwenImagePipeline folder (Qwen/Qwen-Image) holds transformer/, vae/, text_encoder/
 (Qwen2.5-VL), tokenizer/ and scheduler/. As the single files Comfy-Org distributes
-(``split_files/``): the transformer (pretrained_model_name_or_path, musubi-tuner's --dit) in
-diffusers' own names (the original repository's are the same: its name table renames nothing),
-without a prefix or under ``model.diffusion_model.``, with the Qwen2.5-VL text encoder ([flow]
-text_encoder) and the VAE ([model] vae) that files.py reads, and the Qwen2.5-VL tokenizer from
-tokenizer_path. With a folder, those keys replace its text_encoder/ and vae/. The edit releases
+(Comfy-Org/Qwen-Image_ComfyUI and Qwen-Image-Edit_ComfyUI, ``split_files/``):
+
+- the transformer (pretrained_model_name_or_path, musubi-tuner's --dit;
+  ``diffusion_models/qwen_image_bf16.safetensors``, also ``_fp8_e4m3fn`` and the edit releases'
+  ``qwen_image_edit[_2509|_2511]_bf16``) in diffusers' own names (the original repository's are
+  the same: its name table renames nothing), without a prefix or under
+  ``model.diffusion_model.``; plain fp8 weights are cast to the weight dtype, ComfyUI's scaled
+  fp8 is refused by name;
+- the Qwen2.5-VL text encoder ([flow] text_encoder, ``text_encoders/qwen_2.5_vl_7b.safetensors``)
+  and the VAE ([model] vae, ``vae/qwen_image_vae.safetensors``, or a folder's vae/ file), read
+  by the shared readers of those parts (qwen_vl_file.py, wan_vae_file.py);
+- the Qwen2.5-VL tokenizer from tokenizer_path.
+
+With a folder, those keys replace its text_encoder/ and vae/. The edit releases
 (qwenimage_edit/) are this spec with their pipeline, a processor and a fixed config flag.
 """
 
@@ -16,13 +25,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 
+from library.errors import ModelError
 from library.models import shape_configs
 from library.models.families.folder_loader import CheckedFolder
 from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import NameTable, count_numbered
-from library.models.families.qwenimage import files, shapes
-from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
+from library.models.families.qwen_vl_file import QWEN25_VL, text_encoder_part
+from library.models.families.qwenimage import shapes
+from library.models.families.spec import FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
+from library.models.families.wan_vae_file import video_vae_part
 from library.models.loader import read_json
 
 BLOCKS = "transformer_blocks"
@@ -32,6 +44,12 @@ TABLE = NameTable(
     top={}, lists=((BLOCKS, BLOCKS, {}),), model="QwenImageTransformer2DModel",
     same_elsewhere=True,
 )  # fmt: skip
+# config key -> what it names, for messages
+COMPONENT_FILES = {
+    "text_encoder": "the Qwen2.5-VL text encoder (qwen_2.5_vl_7b.safetensors)",
+    "vae": "the VAE (qwen_image_vae.safetensors)",
+}
+TOKENIZER_WHERE = "a Qwen-Image diffusers folder's tokenizer/, or Qwen/Qwen-Image's"
 # Qwen-Image's dual-stream blocks modulate each stream by its own Linear (img_mod / txt_mod),
 # names no other family's transformer has.
 MARKS = (f"{BLOCKS}.0.img_mod.",)
@@ -63,8 +81,20 @@ def inspect(checked) -> dict:
     Qwen2.5-VL's states are checked to be as wide as the transformer's caption input first)."""
     if isinstance(checked, CheckedFolder):
         return read_json(checked.model_dir / "scheduler" / "scheduler_config.json")
-    files.check_caption_width(checked.plans["transformer"], checked.plans["text_encoder"])
+    check_caption_width(checked.plans["transformer"], checked.plans["text_encoder"])
     return shapes.scheduler_config()
+
+
+def check_caption_width(transformer, text_encoder) -> None:
+    """Qwen2.5-VL's states (its plan's) are as wide as the transformer's caption input."""
+    width = text_encoder.config["text_config"]["hidden_size"]
+    takes = transformer.config["joint_attention_dim"]
+    if width != takes:
+        raise ModelError(
+            f"text_encoder = {text_encoder.file.path} is {width} wide and the transformer of "
+            f"{transformer.file.path} takes {takes}-wide caption states; set text_encoder in "
+            "[flow] to Qwen-Image's Qwen2.5-VL file (qwen_2.5_vl_7b.safetensors)"
+        )
 
 
 SPEC = FamilySpec(
@@ -83,19 +113,10 @@ SPEC = FamilySpec(
                 example="qwen_image_bf16.safetensors",
             ),
         ),
-        SpecPart(
-            "vae", "vae", "diffusers:AutoencoderKLQwenImage",
-            file=ComponentFile("vae", "[model]", files.COMPONENT_FILES["vae"], files.plan_vae),
-        ),
-        SpecPart(
-            "text_encoder", "text_encoder", "transformers:Qwen2_5_VLForConditionalGeneration",
-            file=ComponentFile(
-                "text_encoder", "[flow]", files.COMPONENT_FILES["text_encoder"],
-                files.plan_text_encoder,
-            ),
-        ),
+        video_vae_part(COMPONENT_FILES["vae"], "Qwen-Image VAE"),
+        text_encoder_part(QWEN25_VL, COMPONENT_FILES["text_encoder"]),
     ),
-    tokenizers=(tokenizer_part("Qwen2.5-VL", files.TOKENIZER_WHERE),),
+    tokenizers=(tokenizer_part("Qwen2.5-VL", TOKENIZER_WHERE),),
     inspect=inspect,
     other={"scheduler": "scheduler_config.json"},
 )  # fmt: skip

@@ -282,15 +282,15 @@ def reads_image_states(checked) -> bool:
     return any(part.sub == IMAGE_ENCODER for part in checked.spec.parts)
 
 
-def check_image_encoder(checked) -> None:
-    """The image encoder's states are as wide as the transformer's image input."""
-    width = checked.part_config(IMAGE_ENCODER)["hidden_size"]
-    wanted = checked.part_config("transformer")["image_dim"]
-    if width != wanted:
+def check_width(checked, part: str, width: str, wanted: str, states: str, fix: str) -> None:
+    """``part``'s states (its config's ``width``) are as wide as the transformer's input of them
+    (its config's ``wanted``); ModelError naming both, the ``states`` and the ``fix``."""
+    has = checked.part_config(part)[width]
+    reads = checked.part_config("transformer")[wanted]
+    if has != reads:
         raise ModelError(
-            f"{checked.part_source(IMAGE_ENCODER)} gives {width}-wide image states and the Wan "
-            f"transformer of {checked.model_dir} reads {wanted}-wide ones; set clip in [flow] "
-            "to the CLIP ViT-H file (clip_vision_h.safetensors)"
+            f"{checked.part_source(part)} gives {has}-wide {states} and the Wan transformer of "
+            f"{checked.model_dir} reads {reads}-wide ones; {fix}"
         )
 
 
@@ -311,18 +311,13 @@ def inspect_parts(checked) -> Facts:
     channels = checked.part_config("transformer").get("in_channels")
     expands = bool(index.get("expand_timesteps")) if folder else channels == TI2V_CHANNELS
     refuse_other_tasks(checked, expands)
-    text = checked.part_config("text_encoder")["d_model"]
-    wanted = checked.part_config("transformer")["text_dim"]
-    if text != wanted:
-        raise ModelError(
-            f"{checked.part_source('text_encoder')} is {text} wide and the Wan transformer of "
-            f"{checked.model_dir} takes {wanted}-wide umT5 states; set t5 in [flow] to "
-            "umT5-XXL's file"
-        )
+    check_width(checked, "text_encoder", "d_model", "text_dim", "umT5 states",
+                "set t5 in [flow] to umT5-XXL's file")  # fmt: skip
     check_task(checked)
     image_states = reads_image_states(checked)
     if image_states:
-        check_image_encoder(checked)
+        check_width(checked, IMAGE_ENCODER, "hidden_size", "image_dim", "image states",
+                    "set clip in [flow] to the CLIP ViT-H file (clip_vision_h.safetensors)")  # fmt: skip
     elif getattr(checked.flow, "clip", None):
         raise ModelError(
             f"clip is set and {checked.part_source('transformer')} reads no CLIP image states "
