@@ -55,6 +55,7 @@ def test_each_process_calls_the_sharded_encoders_as_often(runs):
 @pytest.mark.parametrize("mode", TEXT_SHARDED)
 def test_a_training_run_holds_half_of_each_text_encoder_while_it_caches(runs, mode):
     run = runs.equivalence(mode, "2x2x1")
+    assert "the text encoders sharded over them while they fill the text cache" in run.log
     for rank in (0, 1):
         encoders = run.rank(rank)["text_sharded"]
         assert encoders

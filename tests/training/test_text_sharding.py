@@ -124,3 +124,29 @@ def test_the_estimate_holds_a_share_of_the_sharded_encoder(tiny_model_dir):
         assert found.text_caching == math.ceil(whole / world_size) + rest + sum(layers[:2])
     one = memory_estimate.estimate_peak_memory(config, parts, stats, 1, False)
     assert one.text_caching == whole  # one process: nothing to shard with
+
+
+def _trainer(tmp_path, model_dir, **keys):
+    from library.config.loader import load_config
+    from library.training.trainer import Trainer
+    from tests.integration.harness import make_images, reset_accelerate, write_config
+
+    images = make_images(tmp_path / "imgs", 2)
+    path = write_config(tmp_path / "run.toml", model_dir, images, tmp_path / "out",
+                        network_train_unet_only=True, cache_text_encoder_outputs=True,
+                        fsdp_text_encoder=True, **keys)  # fmt: skip
+    reset_accelerate()
+    try:
+        return Trainer(load_config(str(path)))
+    finally:
+        reset_accelerate()
+
+
+def test_the_trainer_checks_the_word_before_loading(tmp_path, tiny_model_dir):
+    """The run's own check (the dry run's too): sample prompts refused, one process noted."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a square --w 64 --h 64\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="sample_prompts or fsdp_text_encoder"):
+        _trainer(tmp_path / "a", tiny_model_dir, sample_prompts=str(prompts))
+    trainer = _trainer(tmp_path / "b", tiny_model_dir)
+    assert any("fsdp_text_encoder = true has no effect" in n for n in trainer.family_notes)
