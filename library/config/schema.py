@@ -282,6 +282,16 @@ class TrainingSection(Section):
         "gathered until its backward pass (less communication). kohya's deepspeed + zero_stage "
         "map onto it. The same results as without.",
     )
+    fsdp_text_encoder: bool = Field(
+        False,
+        description="With several processes, shard each frozen text encoder over them with "
+        "FSDP2 while it fills the text-encoder cache (each decoder layer gathered only while "
+        "it computes; every process encodes its own share of the captions), then free it: a "
+        "text encoder too large for one device (a 24B language model) is held 1/N per "
+        "device. Needs cache_text_encoder_outputs, fixed captions, frozen text encoders "
+        "and no sample prompts (nothing may encode after the cache is filled). Independent "
+        "of fsdp. The same cache as without.",
+    )
     ignore_memory_estimate: bool = Field(
         False,
         description="Train even when the estimated peak memory (printed in the plan) exceeds "

@@ -27,6 +27,7 @@ from library.models.loader import Components
 from library.saving.atomic import remove_stale_temporaries
 from library.training.image_sizes import nearest_multiples
 from library.training.text_cache import TextEncoderCache, text_identity
+from library.training.text_sharding import sharded_text_encoders, shards_text_encoders
 
 # Cached latents stay float32 whatever the training precision: a cached run then trains on the
 # very numbers an uncached run computes.
@@ -179,8 +180,11 @@ def build_text_cache(
     weight_dtype,
     accelerator,
     group: CacheGroup,
+    sharded: list | None = None,
 ) -> TextEncoderCache | None:
-    """A text-encoder output cache, prefilled with every caption known before training."""
+    """A text-encoder output cache, prefilled with every caption known before training.
+    ``sharded``: the encoders' sharded copies (text_sharding.sharded_text_encoders) to encode
+    with, every process in lockstep; the cache's identity is still the encoders' own."""
     if not config.data.text_cached:
         return None
     model = config.model
@@ -202,13 +206,14 @@ def build_text_cache(
         # each the first time a sample meets it (library.training.step)
         accelerator.print("text-encoder cache: captions are encoded with their references as met")
         return cache
+    callers = encoders if sharded is None else tuple(sharded)
 
     def encode(captions: list[str]):
         with torch.no_grad():
             text = encode_text(
                 family,
                 components.tokenizers,
-                encoders,
+                callers,
                 captions,
                 accelerator.device,
                 model.clip_skip,
@@ -221,9 +226,11 @@ def build_text_cache(
         )
 
     captions, roots = _fixed_captions(data)
-    # Memory-only caches are filled by every process (each needs all of them); disk caches are
-    # shared out, then read back by every process.
-    shared = to_disk and group.world_size > 1
+    # Memory-only caches are filled by every process (each needs all of them), unless the
+    # encoders are sharded (each process then encodes its share, and the entries are
+    # exchanged); disk caches are shared out, then read back by every process.
+    lockstep = group if sharded is not None else None
+    shared = (to_disk or lockstep is not None) and group.world_size > 1
     encoded = cache.prefill(
         captions,
         roots,
@@ -232,12 +239,13 @@ def build_text_cache(
         rank=group.rank if shared else 0,
         world_size=group.world_size if shared else 1,
         progress=accelerator.is_local_main_process,
+        lockstep=lockstep,
     )
-    if shared:
+    if shared and to_disk:
         group.barrier()
-        cache.prefill(
-            captions, roots, encode, config.data.vae_batch_size
-        )  # reads the others' files
+        cache.prefill(  # reads the others' files
+            captions, roots, encode, config.data.vae_batch_size, lockstep=lockstep
+        )
     accelerator.print(f"text-encoder cache: {len(set(captions))} captions, {encoded} encoded here")
     return cache
 
@@ -251,7 +259,16 @@ def build_text_cache_alone(
     group: CacheGroup,
 ) -> TextEncoderCache | None:
     """``build_text_cache`` with the text encoders brought to the device for it and moved back
-    to host memory after (memory_estimate.text_encoders_leave_device: nothing else needs them)."""
+    to host memory after (memory_estimate.text_encoders_leave_device: nothing else needs them);
+    with fsdp_text_encoder over several processes, their sharded copies come to the device
+    instead and are freed after (library/training/text_sharding.py)."""
+    world_size = accelerator.num_processes
+    if shards_text_encoders(config, world_size):
+        encoders = components.text_encoders
+        with sharded_text_encoders(encoders, accelerator.device, world_size) as sharded:
+            return build_text_cache(
+                config, data, components, weight_dtype, accelerator, group, sharded
+            )
     for encoder in components.text_encoders:
         encoder.to(accelerator.device)
     try:

@@ -7,6 +7,9 @@ the device, so a run that cannot fit stops in seconds instead of being killed mi
   half-precision copies of float32 trained weights under mixed precision;
 - trained state: gradients (in the trained weights' dtype; a second copy in DDP's buckets under
   several processes), the optimizer state by ``optimizer_type`` (a small table), the EMA copy;
+- with fsdp_text_encoder over N processes (library/training/text_sharding.py): the text
+  encoders' share while they fill the cache, 1/N of their weights, plus the root and the two
+  layers gathered at once;
 - with fsdp over N processes (library/training/sharding.py): the denoiser's weights, and its
   trained parameters' gradients, optimizer state and EMA, at 1/N each, plus what is gathered at
   once: two blocks under "full_shard" (the one computing and the next, fetched ahead), the
@@ -68,7 +71,8 @@ from library.training.experts import experts_on_device, offloads
 from library.training.optimizers import optimizer_kwargs
 from library.training.process_memory import process_bytes
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
-from library.training.sharding import shard_units
+from library.training.sharding import shard_units, sharded_weight_bytes
+from library.training.text_sharding import shards_text_encoders, text_caching_bytes
 
 GIB = 1024**3
 MIB = 1024**2
@@ -228,12 +232,10 @@ def denoiser_weight_bytes(config: Config, denoiser: torch.nn.Module, world_size:
     mode = sharding(config, world_size)
     if mode is None:
         return whole
-    gathered = whole
     if mode == "full_shard":
-        units = sorted((module_bytes(u) for u in shard_units(denoiser)), reverse=True)[:2]
-        root = whole - sum(module_bytes(u) for u in shard_units(denoiser))
-        gathered = sum(units) + root  # the root stays gathered through the step
-    return math.ceil(whole / world_size) + gathered
+        units = [module_bytes(u) for u in shard_units(denoiser)]
+        return sharded_weight_bytes(whole, units, world_size)
+    return math.ceil(whole / world_size) + whole  # every block stays gathered
 
 
 def weight_bytes(
@@ -565,18 +567,22 @@ def estimate_peak_memory(
         update=update,
         encoding=encoding,
         process=process_bytes(device_type, transient),
-        text_caching=_text_caching(config, parts, draws_samples, device_type),
+        text_caching=_text_caching(config, parts, draws_samples, device_type, world_size),
     )
 
 
 def _text_caching(
-    config: Config, parts: TrainedParts, draws_samples: bool, device_type: str
+    config: Config, parts: TrainedParts, draws_samples: bool, device_type: str, world_size: int
 ) -> int:
     """The text encoders' weights while they fill the cache alone (their forward keeps no
-    activations: nothing trains); 0 when they stay beside the denoiser."""
+    activations: nothing trains); 0 when they stay beside the denoiser. Sharded over the
+    processes (fsdp_text_encoder), each holds its share and the units gathered at once."""
     if not text_encoders_leave_device(config, parts, draws_samples, device_type):
         return 0
-    return sum(module_bytes(m) for m in parts.components.text_encoders)
+    encoders = parts.components.text_encoders
+    if shards_text_encoders(config, world_size):
+        return sum(text_caching_bytes(m, world_size, module_bytes) for m in encoders)
+    return sum(module_bytes(m) for m in encoders)
 
 
 # --- the device and the check ------------------------------------------------------------------

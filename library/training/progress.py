@@ -178,6 +178,12 @@ def plan_text(config: Config, data, plan: RunPlan) -> str:
             f'; the denoiser sharded over them (fsdp = "{report["fsdp"]}")'
             if report["fsdp"] != "no"
             else ""
+        )
+        + (
+            "; the text encoders sharded over them while they fill the text cache "
+            "(fsdp_text_encoder)"
+            if report["processes"] > 1 and config.training.fsdp_text_encoder
+            else ""
         ),
         f"  optimizer steps per epoch: {report['steps_per_epoch']}, "
         f"total optimizer steps: {report['total_steps']} ({report['epochs']} epochs)",

@@ -8,13 +8,15 @@ weights, their gradients and optimizer state stay sharded, so each process steps
 Everything that reads whole weights goes through this module: saves gather the trained weights,
 the optimizer state and the EMA into the main process's host memory, one tensor at a time (so a
 state or file is the same as an unsharded run's, and resumes with any process count), and a
-resume cuts each full tensor back into this process's slice. Text encoders are not sharded: a
-trained one stays under DDP.
+resume cuts each full tensor back into this process's slice. Text encoders are not sharded
+here: a trained one stays under DDP (frozen ones may be sharded for the text cache fill alone,
+library/training/text_sharding.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -72,6 +74,15 @@ def shard_units(denoiser: nn.Module) -> list[nn.Module]:
     if isinstance(mid, nn.Module):
         units.append(mid)
     return units
+
+
+def sharded_weight_bytes(whole: int, units: Sequence[int], world_size: int) -> int:
+    """Bytes on one device of a module of ``whole`` bytes sharded over ``world_size``
+    processes as ``units`` (their bytes) and a root (the rest), each unit freed after its
+    forward pass: its share, plus the root gathered throughout and two units gathered at once
+    (the one computing and the next, fetched ahead)."""
+    root = whole - sum(units)
+    return math.ceil(whole / world_size) + root + sum(sorted(units, reverse=True)[:2])
 
 
 def shard_denoiser(denoiser: nn.Module, mode: str, device: torch.device, world_size: int) -> None:

@@ -39,6 +39,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from library.data.cache_group import CacheGroup, gather_in_rounds
 from library.data.content_hash import all_finite, tensor_digest, tensors_damage
 from library.data.latent_cache import CACHE_PLACE
 from library.errors import DataError
@@ -53,6 +54,8 @@ CACHE_FORMAT = "difftune-text-cache-2"
 
 Encode = Callable[[list[str]], TextConditioning]
 Entry = tuple[torch.Tensor, torch.Tensor | None]  # (hidden [T, C], pooled [P] or None) on CPU
+# What a rank with no captions left encodes while the others still call a sharded encoder
+PAD_CAPTION = ""
 
 
 def _update_with_tensor(digest, name: str, tensor: torch.Tensor) -> None:
@@ -155,6 +158,7 @@ class TextEncoderCache:
         rank: int = 0,
         world_size: int = 1,
         progress: bool = False,
+        lockstep: CacheGroup | None = None,
     ) -> int:
         """Encode, in batches of ``batch_size``, the distinct captions not yet cached.
 
@@ -163,14 +167,23 @@ class TextEncoderCache:
         caller puts a barrier after, then every rank's ``get`` reads the others' files. Without disk
         each rank needs every entry in its own memory, so it encodes them all. Returns how
         many captions this rank encoded.
+
+        ``lockstep`` (the ranks' group; sharded encoders, each call a collective): every rank
+        calls ``encode`` as often as the rank with the most batches, the extra calls on one
+        empty caption whose output is dropped; with ``world_size`` > 1 the captions are then
+        shared out without disk too, and the memory entries exchanged after.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         _check_roots(captions, roots)
-        if world_size > 1 and self.to_disk:
+        exchange = world_size > 1 and lockstep is not None and not self.to_disk
+        if world_size > 1 and (self.to_disk or exchange):
             captions, roots = _shard(captions, roots, rank, world_size)
         missing = list(self._missing(captions, roots).items())
         batches = [missing[i : i + batch_size] for i in range(0, len(missing), batch_size)]
+        pads = 0
+        if lockstep is not None:
+            pads = max(lockstep.all_gather_object(len(batches))) - len(batches)
         if progress:
             from tqdm import tqdm
 
@@ -178,7 +191,17 @@ class TextEncoderCache:
         for chunk in batches:
             part = dict(chunk)
             self._encode_and_store(list(part), part, encode)
+        for _ in range(pads):
+            encode([PAD_CAPTION])  # the other ranks' calls need this rank's part of the encoder
+        if exchange:
+            self._exchange(lockstep, [caption for caption, _ in missing])
         return len(missing)
+
+    def _exchange(self, group: CacheGroup, encoded: list[str]) -> None:
+        """Every rank's entries of ``encoded`` (its own captions) in every rank's memory."""
+        mine = [(caption, self._memory[caption]) for caption in encoded]
+        for caption, entry in gather_in_rounds(group, mine):
+            self._memory.setdefault(caption, entry)
 
     def _missing(self, captions: list[str], roots: list[Path] | None) -> dict[str, set[Path]]:
         """Distinct captions (first-seen order) in neither memory nor a valid file, each with

@@ -80,6 +80,7 @@ from library.training.sharding import (
 from library.training.state import load_state
 from library.training.step import StepInputs, micro_batch_loss
 from library.training.stops import StopSignals, TrainingStopped, agree_on_step
+from library.training.text_sharding import check_text_sharding, shards_text_encoders
 from library.training.unreadable import UnreadableImages, left_out_line, stop_error
 from library.training.validation_runs import Validator
 
@@ -129,6 +130,8 @@ class Trainer:
         training = config.training
         check_reference_config(config)  # reads no weight, nor any image
         frame_rate = check_clip_config(config)  # nor any video
+        entry = entry_for(config.model, config.flow)  # a cheap look at the model's files
+        family_class = entry.family_of(config.model, config.flow)
         self.data = TrainData(
             config.datasets,
             seed=training.seed,
@@ -140,7 +143,7 @@ class Trainer:
             keep_scan_index=config.data.cache_latents_to_disk or config.data.cache_text_encoder_outputs_to_disk,
             group=CacheGroup() if self.accelerator.num_processes > 1 else None,  # collective
             frame_rate=frame_rate,
-            tokens_of=entry_for(config.model, config.flow).family_of(config.model, config.flow).tokens_per_sample,
+            tokens_of=family_class.tokens_per_sample,
         )
         self.plan: RunPlan = make_plan(config, self.data.schedule.steps_per_epoch, self.accelerator.num_processes)
         check_batch_sizes(self.data.stats)  # before any model loads
@@ -148,6 +151,9 @@ class Trainer:
         self.sampler = SampleRunner(config, self.accelerator)  # reads the prompts file now
         check_sample_frames(config, self.sampler.prompts)  # reads no weight
         self.size_notes = check_image_sizes(config, self.sampler.prompts)  # reads no weight
+        self.family_notes += check_text_sharding(  # reads no weight either
+            config, entry, family_class, bool(self.sampler.prompts), self.accelerator.num_processes
+        )
         self.validator = Validator(config, self.data, self.accelerator)
         self.summary: RunSummary | None = None  # the run summary, while a run holds the name
         self.model_line = ""  # the dry run's model line, once check_model has run
@@ -254,7 +260,9 @@ class Trainer:
         self._text_leaves = text_encoders_leave_device(
             config, parts, bool(self.sampler.prompts), acc.device.type
         )
-        if self._text_leaves:
+        # sharded text encoders (fsdp_text_encoder) fill it first too, wherever they are
+        fills_first = self._text_leaves or shards_text_encoders(config, acc.num_processes)
+        if fills_first:
             text_cache = build_text_cache_alone(
                 config, self.data, parts.components, weight_dtype, acc, group
             )
@@ -267,7 +275,7 @@ class Trainer:
         source = SampleSource(latents, plan.total_steps, layout, family.text_reads_references,
                               family.FIRST_FRAME_CONDITION,
                               *self._image_states(parts, group))  # fmt: skip
-        if not self._text_leaves:
+        if not fills_first:
             text_cache = build_text_cache(
                 config, self.data, parts.components, weight_dtype, acc, group
             )

@@ -5,6 +5,7 @@ files) and records, per process:
 
 - which modules ``Accelerator.prepare`` wrapped in DistributedDataParallel, and the world size;
 - with fsdp: how much of the denoiser each process holds once it is sharded;
+- with fsdp_text_encoder: how much of each text encoder's sharded copy each process holds;
 - with ``hook``: every DDP gradient bucket all-reduce, through a communication hook registered
   on each wrapped module (it does what DDP's built-in reduction does: divide by the world size,
   all-reduce, so results are unchanged; without ``hook`` DDP's own C++ reduction runs);
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -72,6 +74,7 @@ class Probe:
             "micro_losses": [],
             "reported": [],
             "sharded": None,
+            "text_sharded": [],
         }
         self.grads: list[dict[str, torch.Tensor]] = []  # after each backward
         self.bucket_inputs: list[tuple[int, dict[str, torch.Tensor]]] = []  # (micro, local grads)
@@ -88,6 +91,7 @@ class Probe:
         import accelerate
         import torch.distributed as dist
 
+        import library.training.caching as caching_module
         import library.training.trainer as trainer_module
         from library.training.progress import ProgressReporter
         from library.training.saver import Saver
@@ -98,6 +102,7 @@ class Probe:
             self._patch(dist, op, self._wrap_collective(op))
         self._patch(trainer_module, "micro_batch_loss", self._wrap_loss)
         self._patch(trainer_module, "shard_trained_denoiser", self._wrap_shard)
+        self._patch(caching_module, "sharded_text_encoders", self._wrap_text_shard)
         self._patch(ProgressReporter, "step", self._wrap_report)
         if self.interrupt is not None:
             self._patch(Saver, "after_step", self._wrap_after_step)
@@ -221,17 +226,19 @@ class Probe:
         probe = self
 
         def shard(parts, *args, **kwargs):
-            from torch.distributed.tensor import DTensor
-
             original(parts, *args, **kwargs)
-            params = list(parts.components.denoiser.parameters())
-            local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
-            probe.record["sharded"] = {
-                "tensors": len(params),
-                "dtensors": sum(isinstance(p, DTensor) for p in params),
-                "numel": sum(p.numel() for p in params),
-                "local_numel": sum(t.numel() for t in local),
-            }
+            probe.record["sharded"] = _held(parts.components.denoiser)
+
+        return shard
+
+    def _wrap_text_shard(self, original):
+        probe = self
+
+        @contextmanager
+        def shard(encoders, *args, **kwargs):
+            with original(encoders, *args, **kwargs) as copies:
+                probe.record["text_sharded"] = [_held(copy) for copy in copies]
+                yield copies
 
         return shard
 
@@ -274,6 +281,20 @@ class Probe:
                 {"grads": self.grads, "bucket_inputs": self.bucket_inputs},
                 folder / f"rank{rank}.pt",
             )
+
+
+def _held(module: torch.nn.Module) -> dict:
+    """How many of ``module``'s parameters are sharded, and how much of them this process holds."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(module.parameters())
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+    return {
+        "tensors": len(params),
+        "dtensors": sum(isinstance(p, DTensor) for p in params),
+        "numel": sum(p.numel() for p in params),
+        "local_numel": sum(t.numel() for t in local),
+    }
 
 
 def probe_from_env() -> tuple[Probe, Path | None]:

@@ -37,6 +37,8 @@ for any run. Single-process runs happen in the pytest process itself, when first
   caption shuffling and a validation loss every step, as 2 processes x batch 1 and as one
   process x accumulation 2; ``fsdp-data-2x1x1`` the same sharded, sampling after every step.
 - "fsdp-optimizers": each optimizer fsdp accepts, stepped on slices and whole.
+- "text-fsdp": the text cache filled by sharded text encoders (fsdp_text_encoder's pieces) on
+  2 processes, in memory and on disk (tests/distributed/text_sharding_fill.py).
 """
 
 from __future__ import annotations
@@ -404,6 +406,11 @@ class Runs:
                 REPO / "tests" / "distributed" / "fsdp_optimizers.py",
                 str(out("fsdp-optimizers.json")),
                 out=out("fsdp-optimizers"),
+            ),
+            "text-fsdp": lambda: torchrun_script(
+                REPO / "tests" / "distributed" / "text_sharding_fill.py",
+                str(out("text-fsdp")),
+                out=out("text-fsdp-log"),
             ),
             "two-nodes": lambda: torchrun_two_nodes(
                 self.equivalence_config("unet-lora", "2x2x1"), out=out("two-nodes")

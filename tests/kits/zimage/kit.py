@@ -7,6 +7,8 @@ properties cannot ask of Z-Image is said in ``skips``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from library.models.families.zimage import keys
@@ -131,7 +133,9 @@ CAPTIONS = (
 # micro-batch each caption is its own length, in the batch of 4 it is padded to the longest
 # (TextConditioning.lengths cut it back); both must train the same LoRA. Its state of step 1
 # resumes to the same weights. Then the same with the transformer sharded (FSDP2: each block and
-# the rest, the pad tokens among it, split over the processes).
+# the rest, the pad tokens among it, split over the processes), and the Qwen3 text encoder
+# sharded too while it fills the text cache (fsdp_text_encoder; one process has nothing to
+# shard with, so the reference fills it whole).
 _LORA = DistributedMode(
     name="zimage-lora",
     keys={
@@ -144,7 +148,14 @@ _LORA = DistributedMode(
     only=("diffusion_model.layers.",),  # the transformer's joint blocks, in Z-Image's own names
     resume=True,
 )
-DISTRIBUTED = (_LORA, _LORA.sharding("zimage-fsdp"))
+DISTRIBUTED = (
+    _LORA,
+    replace(
+        _LORA.sharding("zimage-fsdp"),
+        keys={**_LORA.keys, "fsdp": "full_shard", "cache_text_encoder_outputs": True,
+              "fsdp_text_encoder": True},
+    ),
+)  # fmt: skip
 
 
 KIT = ConformanceKit(
