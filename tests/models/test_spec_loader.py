@@ -87,3 +87,31 @@ def test_a_component_may_be_a_folder_of_the_parts_class(tmp_path):
         assert all(torch.equal(v, vae.state_dict()[k]) for k, v in loaded.state_dict().items())
     with pytest.raises(ModelError, match=r"ae = .*vae\.ckpt: set ae in \[flow\] to "):
         plan_component(SPEC, part, str(tmp_path / "vae.ckpt"))
+
+
+def test_a_component_may_be_inside_the_main_file(tmp_path):
+    """With ``inside``, an unset key reads the part from the main file when it holds one, and
+    is refused naming the main file and the key when it does not; a set key wins."""
+    import dataclasses
+
+    import torch
+    from safetensors.torch import save_file
+
+    from library.models.checkpoint_file import CheckpointFile
+
+    part = SPEC.part("text_encoder")
+    inner = object()
+    declared = dataclasses.replace(
+        part.file, inside=lambda file: inner if "t5.shared.weight" in file else None
+    )
+    part = dataclasses.replace(part, file=declared)
+    holding, bare = tmp_path / "full.safetensors", tmp_path / "bare.safetensors"
+    save_file({"t5.shared.weight": torch.zeros(1)}, str(holding))
+    save_file({"other.weight": torch.zeros(1)}, str(bare))
+    assert plan_component(SPEC, part, None, CheckpointFile(holding)) is inner
+    refused = r'bare.safetensors does not hold the T5-XXL .*set t5xxl = "<path>" in \[flow\]'
+    with pytest.raises(ModelError, match=refused):
+        plan_component(SPEC, part, None, CheckpointFile(bare))
+    missing = tmp_path / "t5.safetensors"
+    with pytest.raises(ModelError, match="is not a file"):
+        plan_component(SPEC, part, str(missing), CheckpointFile(holding))
