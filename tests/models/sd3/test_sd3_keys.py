@@ -210,9 +210,9 @@ def test_full_size_transformer(variant):
     found = keys.detect_sd3(original)
     assert found == keys.SD3Keys("original", variant, "", shapes.DEPTH[variant])
     diffusers_shapes = {k: tuple(v.shape) for k, v in state.items()}
-    assert keys.transformer_config_from_shapes(
-        diffusers_shapes, found
-    ) == shapes.transformer_config(variant)
+    assert keys.transformer_config_from_shapes(diffusers_shapes) == shapes.transformer_config(
+        variant
+    )
 
 
 # --- detection --------------------------------------------------------------------------------
@@ -288,11 +288,8 @@ def test_detect_sd3_refuses_other_models(tiny):
 @pytest.mark.parametrize("variant", shapes.VARIANTS)
 def test_tiny_config_from_shapes(tiny, variant, caplog):
     state = transformer_state(tiny, variant)
-    found = keys.detect_sd3(state)
     with caplog.at_level(logging.WARNING):
-        config = keys.transformer_config_from_shapes(
-            {k: tuple(v.shape) for k, v in state.items()}, found
-        )
+        config = keys.transformer_config_from_shapes({k: tuple(v.shape) for k, v in state.items()})
     want = tiny_shapes.tiny_transformer_config(variant)
     # Not in the weights: the default image size, capped by the position table (16 or 32 patches
     # of 2 latent pixels).

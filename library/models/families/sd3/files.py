@@ -189,7 +189,7 @@ def plan_transformer(file: CheckpointFile, found: SD3Keys) -> Plan:
 
     return plan_part(
         "transformer", MODEL_KEY, file, keys, convert, _build_transformer,
-        lambda shapes: transformer_config_from_shapes(shapes, found),
+        transformer_config_from_shapes,
         lambda exc: ModelError(
             f"{MODEL_KEY} = {file.path}: {one_line(exc)}; it is not an SD3 / SD3.5 MMDiT"
         ),
