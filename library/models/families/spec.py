@@ -52,7 +52,9 @@ class MainFile:
     keys the diffusers module has no place for (read past, never loaded); ``fixed``: config
     values kept whichever config is chosen (what a release's file does not say, such as an
     edit release's flag); ``others``: prefixes of the other parts a full checkpoint holds
-    beside the denoiser (never read as its keys, whatever its own prefix)."""
+    beside the denoiser (never read as its keys, whatever its own prefix); ``build(config)``:
+    the module built for the plan (None: the part's class ``from_config``), for a model whose
+    construction computes a buffer its file holds anyway (SD3's position table)."""
 
     names: NameTable
     original_marks: tuple[str, ...]
@@ -64,6 +66,7 @@ class MainFile:
     dropped: tuple[str, ...] = ()
     fixed: Mapping[str, object] = field(default_factory=dict)
     others: tuple[str, ...] = ()
+    build: Callable[[dict], torch.nn.Module] | None = None
 
     def detect(self, keys: Iterable[str]) -> tuple[Layout, str] | None:
         """(layout, the prefix of its keys) of a state dict holding this model; None for any

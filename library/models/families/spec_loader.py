@@ -220,7 +220,7 @@ def plan_main(spec: FamilySpec, file: CheckpointFile) -> Plan:
         # each numbered block's fused tensors with its own keys: only one block is held twice
         return main.names.original_group(key, prefix)
 
-    build = _builder(part)
+    build = main.build or _builder(part)
 
     def file_name(key: str) -> str:
         return prefix + (main.names.original_key(key) if original else key)
@@ -267,7 +267,7 @@ def plan_component(
         if found is not None:
             return found
         needs = (
-            f"{main.path.name} does not hold" if inside
+            f"{main.path} does not hold" if inside
             else f"{spec.family} as a single transformer file needs"
         )  # fmt: skip
         raise ModelError(
