@@ -13,7 +13,7 @@
 - VAE: the files hold it under ``first_stage_model.`` in SD's LDM names without quant convs, as
   FLUX.1's ae.safetensors does: ``ae_to_original`` / ``ae_from_original`` rename it, without the
   prefix (library/models/original_names.py).
-- ``detect_sd3``: which layout and variant a file holds, and which other parts are inside.
+- ``detect_sd3``: which layout a file holds its MMDiT in, and under which prefix.
 - ``transformer_config_from_shapes``: the SD3Transformer2DModel config a state dict's shapes show.
 
 All converters take a mapping of tensors and only cut, join and rename them, so they work on meta
@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Literal
 
 from library.models import shape_configs
@@ -43,7 +42,6 @@ __all__ = [
     "VAE_PREFIX",
     "TEXT_ENCODER_PREFIXES",
     "TABLE",
-    "SD3Keys",
     "ae_from_original",
     "ae_to_original",
     "convert_shapes",
@@ -55,6 +53,7 @@ __all__ = [
 ]
 
 ORIGINAL_PREFIX = CHECKPOINT_PREFIX
+Layout = Literal["original", "diffusers"]
 VAE_PREFIX = "first_stage_model."
 # Where a full checkpoint keeps each text encoder, in transformers' key names (ComfyUI's
 # supported_models.SD3, sd-scripts' sd3_utils, diffusers' single_file_utils read the same).
@@ -122,26 +121,6 @@ transformer_from_original = TABLE.from_original
 # --- detection ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SD3Keys:
-    """What the key names of an SD3 / SD3.5 file say: the MMDiT's layout, prefix, variant and
-    block count, and which other parts the file holds beside it."""
-
-    layout: Literal["original", "diffusers"]
-    variant: Variant
-    prefix: str  # before every MMDiT key: "" or "model.diffusion_model."
-    blocks: int
-    clip_l: bool = False  # text_encoders.clip_l.transformer.* inside
-    clip_g: bool = False
-    t5xxl: bool = False
-    vae: bool = False  # first_stage_model.* inside
-
-    @property
-    def text_encoders(self) -> tuple[str, ...]:
-        """The text encoders inside, by their [flow] key names."""
-        return tuple(n for n in ("clip_l", "clip_g", "t5xxl") if getattr(self, n))
-
-
 # Keys only an SD3 MMDiT has together: joint blocks with a context stream and a pooled-text
 # embedder. FLUX.1 (double_blocks / single_blocks, img_in), SD and SDXL UNets (input_blocks),
 # AuraFlow (no pooled input) have other names.
@@ -176,35 +155,16 @@ def variant_for(qk_norm: bool, dual: bool) -> Variant:
     return "sd3.5-medium" if dual else "sd3.5-large"
 
 
-def detect_sd3(keys: Iterable[str]) -> SD3Keys | None:
-    """The layout and variant of an SD3 / SD3.5 MMDiT state dict (or a full checkpoint holding
-    one), or None for anything else. By key names only."""
+def detect_sd3(keys: Iterable[str]) -> tuple[Layout, str] | None:
+    """(layout, prefix of its keys) of an SD3 / SD3.5 MMDiT state dict (or a full checkpoint
+    holding one), or None for anything else; by key names only (the family spec's main file
+    finds them by the same marks)."""
     keys = set(keys)
-    for prefix in (ORIGINAL_PREFIX, ""):
-        if all(prefix + k in keys for k in ORIGINAL_MARKS):
-            head = prefix + _ORIGINAL_BLOCKS
-            qk = f"{head}.0.x_block.attn.ln_q.weight" in keys
-            dual = any(k.startswith(head) and ".x_block.attn2." in k for k in keys)
-            return SD3Keys(
-                "original", variant_for(qk, dual), prefix, len(_blocks(keys, head)),
-                **_inside(keys),
-            )  # fmt: skip
-    if all(k in keys for k in DIFFUSERS_MARKS):
-        head = _DIFFUSERS_BLOCKS
-        qk = f"{head}.0.attn.norm_q.weight" in keys
-        dual = any(k.startswith(head) and ".attn2." in k for k in keys)
-        return SD3Keys("diffusers", variant_for(qk, dual), "", len(_blocks(keys, head)))
+    for layout, marks in (("diffusers", DIFFUSERS_MARKS), ("original", ORIGINAL_MARKS)):
+        for prefix in ("", ORIGINAL_PREFIX):
+            if all(prefix + k in keys for k in marks):
+                return layout, prefix
     return None
-
-
-def _inside(keys: set[str]) -> dict[str, bool]:
-    """Which text encoders and whether a VAE a full checkpoint holds beside its MMDiT."""
-    found = {
-        name: any(k.startswith(prefix) for k in keys)
-        for name, prefix in TEXT_ENCODER_PREFIXES.items()
-    }
-    found["vae"] = any(k.startswith(VAE_PREFIX) for k in keys)
-    return found
 
 
 # --- config from shapes ---------------------------------------------------------------------
