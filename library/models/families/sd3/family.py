@@ -30,7 +30,6 @@ from library.errors import ConfigError
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import CONDITIONING_DRAWS_KEY
-from library.models.families.flux.original_keys import ae_to_original
 from library.models.families.sd3.lora_keys import (
     diffusers_lora_tensors,
     embedder_modules,
@@ -39,7 +38,7 @@ from library.models.families.sd3.lora_keys import (
     transformer_modules,
 )
 from library.models.families.sd3.objective import SD3FlowObjective
-from library.models.families.sd3.original_keys import transformer_to_original
+from library.models.families.sd3.original_keys import ae_to_original, transformer_to_original
 from library.models.families.sd3.position import crops, install
 from library.models.families.sd3.sampling import sd3_pipeline_kind, sd3_scheduler_config
 from library.models.families.sd3.spec import SPEC
