@@ -169,8 +169,8 @@ def test_full_fine_tune_writes_stabilitys_single_file_layout(tmp_path, sd3_dir, 
     saved = tensors(file)
     with safe_open(str(file), "pt") as f:
         meta = f.metadata()
-    found = detect_sd3(list(saved))
-    assert found is not None and found.variant == "sd3.5-medium" and found.vae
+    assert detect_sd3(list(saved)) == ("original", "model.diffusion_model.")
+    assert any(k.startswith("first_stage_model.") for k in saved)
     assert meta["modelspec.architecture"] == "stable-diffusion-3-5-medium"
     folder = StableDiffusion3Pipeline.from_pretrained(out / "run").transformer.state_dict()
     base = StableDiffusion3Pipeline.from_pretrained(sd3_dir).transformer.state_dict()

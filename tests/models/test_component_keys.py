@@ -174,7 +174,7 @@ def test_sd3_folder_takes_the_component_files(sd3_folder, sd3_files):
 @pytest.mark.parametrize("key", ["clip_l", "clip_g", "t5xxl"])
 def test_sd3_folder_with_a_component_key_naming_no_file(sd3_folder, tmp_path, key):
     missing = tmp_path / f"{key}.safetensors"
-    assert error(sd3_folder, **{key: missing}).startswith(f"{key} = {missing} does not exist")
+    assert error(sd3_folder, **{key: missing}).startswith(f"{key} = {missing} is not a file")
     message = error(sd3_folder, **{key: tmp_path})
     assert message.startswith(f"{key} = {tmp_path} is a folder; set {key} in [flow]")
 

@@ -106,3 +106,22 @@ def test_kohya_modules_of_every_list_and_the_top_level_come_from_the_table():
         assert all(top[m.original] == m for m in embedders)
         assert top["final_layer.adaLN_modulation.1"].swapped_halves
         assert ("guidance_in.in_layer" in top) == (variant == "dev")
+
+
+def test_halves_swapped_only_in_an_entry_that_ends_early():
+    """``swapped_without``: an entry's modulation is swapped only where the entry lacks the
+    given key (a stream without its MLP), both ways; a full entry's stays as it is."""
+    table = NameTable(
+        top={},
+        lists=(("blocks", "transformer_blocks", {"mod": "norm.linear", "mlp": "ff"}),),
+        model="Toy",
+        swapped_without={"mod": "mlp.weight"},
+    )
+    full, short, mlp = torch.randn(4, 2), torch.randn(4, 2), torch.randn(2, 2)
+    original = {"blocks.0.mod.weight": full, "blocks.0.mlp.weight": mlp,
+                "blocks.1.mod.weight": short}  # fmt: skip
+    halves = short.chunk(2)
+    want = {"transformer_blocks.0.norm.linear.weight": full, "transformer_blocks.0.ff.weight": mlp,
+            "transformer_blocks.1.norm.linear.weight": torch.cat([halves[1], halves[0]])}  # fmt: skip
+    _same(table.from_original(original), want)
+    _same(table.to_original(want), original)

@@ -103,3 +103,31 @@ def test_a_main_file_in_scaled_fp8_is_refused_naming_the_released_file(tmp_path)
     message = str(info.value)
     assert message.startswith(f"pretrained_model_name_or_path = {path} is in ComfyUI's scaled fp8")
     assert f"({SPEC.main.example}) or a diffusers folder" in message and "\n" not in message
+
+
+def test_a_component_may_be_inside_the_main_file(tmp_path):
+    """With ``inside``, an unset key reads the part from the main file when it holds one, and
+    is refused naming the main file and the key when it does not; a set key wins."""
+    import dataclasses
+
+    import torch
+    from safetensors.torch import save_file
+
+    from library.models.checkpoint_file import CheckpointFile
+
+    part = SPEC.part("text_encoder")
+    inner = object()
+    declared = dataclasses.replace(
+        part.file, inside=lambda file: inner if "t5.shared.weight" in file else None
+    )
+    part = dataclasses.replace(part, file=declared)
+    holding, bare = tmp_path / "full.safetensors", tmp_path / "bare.safetensors"
+    save_file({"t5.shared.weight": torch.zeros(1)}, str(holding))
+    save_file({"other.weight": torch.zeros(1)}, str(bare))
+    assert plan_component(SPEC, part, None, CheckpointFile(holding)) is inner
+    refused = r'bare.safetensors does not hold the T5-XXL .*set t5xxl = "<path>" in \[flow\]'
+    with pytest.raises(ModelError, match=refused):
+        plan_component(SPEC, part, None, CheckpointFile(bare))
+    missing = tmp_path / "t5.safetensors"
+    with pytest.raises(ModelError, match="is not a file"):
+        plan_component(SPEC, part, str(missing), CheckpointFile(holding))

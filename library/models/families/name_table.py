@@ -113,7 +113,9 @@ class NameTable:
     ``same_elsewhere``: a name the table does not list is the same on both sides (else it is
     refused as not the model's); ``whole``: further stems that are whole keys (a modulation
     table named like a Linear); ``rows``: stems of whole keys the original stores flat, with
-    the number of rows of the diffusers tensor."""
+    the number of rows of the diffusers tensor; ``swapped_without``: stems of a list entry whose
+    halves are swapped only in an entry lacking the given key (an entry whose stream ends
+    early: its modulation is (shift, scale) like a final layer's)."""
 
     top: Mapping[str, Stem]
     lists: tuple[tuple[str, str, Mapping[str, Stem]], ...]
@@ -123,6 +125,7 @@ class NameTable:
     same_elsewhere: bool = False
     whole: tuple[str, ...] = ()
     rows: Mapping[str, int] = field(default_factory=dict)
+    swapped_without: Mapping[str, str] = field(default_factory=dict)
     _top: dict = field(init=False, repr=False, compare=False)
     _lists: dict = field(init=False, repr=False, compare=False)
     _top_back: dict = field(init=False, repr=False, compare=False)
@@ -196,13 +199,24 @@ class NameTable:
         """Diffusers state dict -> original keys, without a prefix. ValueError for a key it
         does not know or a fused tensor with a missing part."""
         out = join_parts((*self._source(key), value) for key, value in state.items())
-        for key in self.swapped:
-            if key in out:
-                out[key] = swap_halves(out[key])
+        for key in self._swaps(out):
+            out[key] = swap_halves(out[key])
         for key, value in out.items():
             if self._stem(key) in self.rows:
                 out[key] = value.reshape(-1)
         return out
+
+    def _swaps(self, keys: Iterable[str]) -> set[str]:
+        """The original keys among ``keys`` whose two halves are in the other order in
+        diffusers: ``swapped`` ones, and ``swapped_without`` ones in an entry lacking its key."""
+        keys = set(keys)
+        found = keys.intersection(self.swapped)
+        for key in keys:
+            m = _NUMBERED.match(key)
+            lacking = self.swapped_without.get(m.group(3).rsplit(".", 1)[0]) if m else None
+            if lacking and f"{m.group(1)}.{m.group(2)}.{lacking}" not in keys:
+                found.add(key)
+        return found
 
     def _stem(self, key: str) -> str:
         """An original key's stem: within its numbered entry, else the key."""
@@ -221,10 +235,10 @@ class NameTable:
         """Original state dict (with or without ``model.diffusion_model.``) -> diffusers keys.
         ValueError for a key that is not part of the model."""
         state = {k.removeprefix(CHECKPOINT_PREFIX): v for k, v in state.items()}
-        width, out = None, {}
+        width, out, swaps = None, {}, self._swaps(state)
         for key, value in state.items():
             new_keys = self.diffusers_keys(key)
-            if key in self.swapped:
+            if key in swaps:
                 value = swap_halves(value)
             if self._stem(key) in self.rows:
                 value = value.reshape(self.rows[self._stem(key)], -1)

@@ -51,7 +51,10 @@ class MainFile:
     may start in a file (a full checkpoint's other parts are left out); ``dropped``: original
     keys the diffusers module has no place for (read past, never loaded); ``fixed``: config
     values kept whichever config is chosen (what a release's file does not say, such as an
-    edit release's flag)."""
+    edit release's flag); ``others``: prefixes of the other parts a full checkpoint holds
+    beside the denoiser (never read as its keys, whatever its own prefix); ``build(config)``:
+    the module built for the plan (None: the part's class ``from_config``), for a model whose
+    construction computes a buffer its file holds anyway (SD3's position table)."""
 
     names: NameTable
     original_marks: tuple[str, ...]
@@ -62,6 +65,8 @@ class MainFile:
     prefixes: tuple[str, ...] = ("", CHECKPOINT_PREFIX)
     dropped: tuple[str, ...] = ()
     fixed: Mapping[str, object] = field(default_factory=dict)
+    others: tuple[str, ...] = ()
+    build: Callable[[dict], torch.nn.Module] | None = None
 
     def detect(self, keys: Iterable[str]) -> tuple[Layout, str] | None:
         """(layout, the prefix of its keys) of a state dict holding this model; None for any
@@ -91,7 +96,9 @@ class ComponentFile:
     is not a .safetensors file (a diffusers VAE folder), a function loading the part in a dtype;
     None: only .safetensors files are read, and, with ``folders``, diffusers folders of the
     part's class (its own config.json and weights, or a folder holding the part's subfolder);
-    with ``pickles``, torch files too (.pth: tensors only, never pickled code)."""
+    with ``pickles``, torch files too (.pth: tensors only, never pickled code).
+    ``inside(main)``: the part's plan from the main file, for a family whose full checkpoints
+    may hold it (None when this one does not); used while the key is unset."""
 
     key: str
     section: str
@@ -100,6 +107,7 @@ class ComponentFile:
     other: Callable[[Path], Callable[[torch.dtype], torch.nn.Module]] | None = None
     folders: bool = False
     pickles: bool = False
+    inside: Callable[[CheckpointFile], Plan | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ def load_files(
     for part in sorted(spec.parts, key=lambda part: part.role == "vae"):
         if part.file is not None:
             value = option(model, flow, part.file.key)
-            plans[part.sub] = plan_component(spec, part, value)
+            plans[part.sub] = plan_component(spec, part, value, main)
     checked = CheckedFiles(path, plans, spec, model, flow)
     facts = spec.inspect(checked)
     with offline():
@@ -204,7 +204,12 @@ def plan_main(spec: FamilySpec, file: CheckpointFile) -> Plan:
         )
     layout, prefix = found
     # A full checkpoint's other parts (and keys the module has no place for) stay in the file.
-    keys = [k for k in file if k.startswith(prefix) and k[len(prefix) :] not in main.dropped]
+    keys = [
+        k
+        for k in file
+        if k.startswith(prefix) and not k.startswith(main.others)
+        and k[len(prefix) :] not in main.dropped
+    ]  # fmt: skip
     original = layout == "original"
 
     def convert(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -215,7 +220,7 @@ def plan_main(spec: FamilySpec, file: CheckpointFile) -> Plan:
         # each numbered block's fused tensors with its own keys: only one block is held twice
         return main.names.original_group(key, prefix)
 
-    build = _builder(part)
+    build = main.build or _builder(part)
 
     def file_name(key: str) -> str:
         return prefix + (main.names.original_key(key) if original else key)
@@ -248,16 +253,26 @@ def _builder(part: SpecPart):
     return build
 
 
-def plan_component(spec: FamilySpec, part: SpecPart, value: str | None) -> Replacement:
+def plan_component(
+    spec: FamilySpec, part: SpecPart, value: str | None, main: CheckpointFile | None = None
+) -> Replacement:
     """The replacement of ``part`` from its component file ``value`` (its config key's),
-    checked before any weight is read; ModelError naming the key when it is unset, missing,
-    a folder (unless the part reads folders) or not the part's file."""
+    checked before any weight is read; while the key is unset, the part inside the ``main``
+    file where the part may be there. ModelError naming the key when it is unset (and the part
+    not inside), missing, a folder (unless the part reads folders) or not the part's file."""
     declared: ComponentFile = part.file
     if not value:
+        inside = declared.inside if main is not None else None
+        found = inside(main) if inside else None
+        if found is not None:
+            return found
+        needs = (
+            f"{main.path} does not hold" if inside
+            else f"{spec.family} as a single transformer file needs"
+        )  # fmt: skip
         raise ModelError(
-            f"{spec.family} as a single transformer file needs {declared.what}: set "
-            f'{declared.key} = "<path>" in {declared.section} (or point {WHAT} at a diffusers '
-            "folder)"
+            f'{needs} {declared.what}: set {declared.key} = "<path>" in {declared.section} (or '
+            f"point {WHAT} at a diffusers folder)"
         )
     path = Path(value).expanduser().absolute()
     if declared.other is not None and path.suffix.lower() != ".safetensors":

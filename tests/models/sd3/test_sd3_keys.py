@@ -207,12 +207,11 @@ def test_full_size_transformer(variant):
     assert keys.convert_shapes(keys.transformer_from_original, shape_list) == {
         k: tuple(v.shape) for k, v in state.items()
     }
-    found = keys.detect_sd3(original)
-    assert found == keys.SD3Keys("original", variant, "", shapes.DEPTH[variant])
+    assert keys.detect_sd3(original) == ("original", "")
     diffusers_shapes = {k: tuple(v.shape) for k, v in state.items()}
-    assert keys.transformer_config_from_shapes(
-        diffusers_shapes, found
-    ) == shapes.transformer_config(variant)
+    assert keys.transformer_config_from_shapes(diffusers_shapes) == shapes.transformer_config(
+        variant
+    )
 
 
 # --- detection --------------------------------------------------------------------------------
@@ -240,20 +239,21 @@ def sd3_file_keys(tiny, variant: str, inside: tuple[str, ...] = ()) -> list[str]
 
 @pytest.mark.parametrize("variant", shapes.VARIANTS)
 def test_detect_sd3(tiny, variant):
+    """Each layout and prefix, with or without other parts inside, as the family spec's main
+    file finds them too."""
+    from library.models.families.sd3.spec import SPEC
+
     state = transformer_state(tiny, variant)
     original = keys.transformer_to_original(state)
-    blocks = tiny_shapes.TINY_BLOCKS
-    assert keys.detect_sd3(original) == keys.SD3Keys("original", variant, "", blocks)
-    assert keys.detect_sd3(state) == keys.SD3Keys("diffusers", variant, "", blocks)
     prefix = keys.ORIGINAL_PREFIX
-    assert keys.detect_sd3(sd3_file_keys(tiny, variant)) == keys.SD3Keys(
-        "original", variant, prefix, blocks
-    )
-    found = keys.detect_sd3(sd3_file_keys(tiny, variant, ("vae", "clip_l", "clip_g")))
-    assert found == keys.SD3Keys("original", variant, prefix, blocks, True, True, False, True)
-    assert found.text_encoders == ("clip_l", "clip_g")
-    everything = sd3_file_keys(tiny, variant, ("vae", "clip_l", "clip_g", "t5xxl"))
-    assert keys.detect_sd3(everything).text_encoders == ("clip_l", "clip_g", "t5xxl")
+    cases = (
+        (("original", ""), original),
+        (("diffusers", ""), state),
+        (("original", prefix), sd3_file_keys(tiny, variant)),
+        (("original", prefix), sd3_file_keys(tiny, variant, ("vae", "clip_l", "clip_g", "t5xxl"))),
+    )  # fmt: skip
+    for want, file_keys in cases:
+        assert keys.detect_sd3(file_keys) == want == SPEC.main.detect(file_keys)
 
 
 def test_detect_sd3_refuses_other_models(tiny):
@@ -274,8 +274,10 @@ def test_detect_sd3_refuses_other_models(tiny):
         "T5": tiny["sd3-medium"]["text_encoder_3"].state_dict(),
         "nothing": [],
     }
+    from library.models.families.sd3.spec import SPEC
+
     for name, other in others.items():
-        assert keys.detect_sd3(other) is None, name
+        assert keys.detect_sd3(other) is None and SPEC.main.detect(other) is None, name
     # Nor does the FLUX.1 detection claim an SD3 file.
     for variant in shapes.VARIANTS:
         assert flux_keys.detect_flux(sd3_file_keys(tiny, variant, ("vae",))) is None
@@ -288,11 +290,8 @@ def test_detect_sd3_refuses_other_models(tiny):
 @pytest.mark.parametrize("variant", shapes.VARIANTS)
 def test_tiny_config_from_shapes(tiny, variant, caplog):
     state = transformer_state(tiny, variant)
-    found = keys.detect_sd3(state)
     with caplog.at_level(logging.WARNING):
-        config = keys.transformer_config_from_shapes(
-            {k: tuple(v.shape) for k, v in state.items()}, found
-        )
+        config = keys.transformer_config_from_shapes({k: tuple(v.shape) for k, v in state.items()})
     want = tiny_shapes.tiny_transformer_config(variant)
     # Not in the weights: the default image size, capped by the position table (16 or 32 patches
     # of 2 latent pixels).

@@ -33,7 +33,7 @@ SD3 = FamilyEntry(
     article="an",
     lines=(_LINE,),
     family=Deferred("library.models.families.sd3.family:SD3Family").get,
-    claims=Deferred("library.models.families.sd3.load:claims_sd3"),
+    claims=Deferred("library.models.families.sd3.spec:claims_sd3"),
     load=Deferred("library.models.families.sd3.family:load_sd3"),
     # SD3's single files may hold no VAE: the loader needs [model] vae to build one.
     reads_vae=True,

@@ -30,9 +30,6 @@ from library.errors import ConfigError
 from library.models.checkpoint_parts import CONFIG_METADATA
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import CONDITIONING_DRAWS_KEY
-from library.models.families.flux.original_keys import ae_to_original
-from library.models.families.sd3.files import load_vae_option
-from library.models.families.sd3.load import load_sd3_parts
 from library.models.families.sd3.lora_keys import (
     diffusers_lora_tensors,
     embedder_modules,
@@ -41,9 +38,11 @@ from library.models.families.sd3.lora_keys import (
     transformer_modules,
 )
 from library.models.families.sd3.objective import SD3FlowObjective
-from library.models.families.sd3.original_keys import transformer_to_original
+from library.models.families.sd3.original_keys import ae_to_original, transformer_to_original
 from library.models.families.sd3.position import crops, install
 from library.models.families.sd3.sampling import sd3_pipeline_kind, sd3_scheduler_config
+from library.models.families.sd3.spec import SPEC
+from library.models.families.spec_loader import load_spec
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
 from library.models.loader import Components
 from library.networks.fused_keys import load_adapter_weights
@@ -64,6 +63,7 @@ _KOHYA_TYPES = {
 }
 # Conditioning entry of a training step's per-sample position-crop draws ([B, 3]).
 POSITION_DRAWS = "position_draws"
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")  # CLIP-L, CLIP-G, T5
 _LABELS = {"sd3-medium": "SD3 Medium", "sd3.5-medium": "SD3.5 Medium", "sd3.5-large": "SD3.5 Large"}
 
 
@@ -320,7 +320,7 @@ def _variant(variant: str, **data) -> SD3Family:
         base_model_version=_KOHYA_TYPES[variant],
         modelspec_architecture=f"stable-diffusion-3-{_KOHYA_TYPES[variant]}",
         default_resolution=1024,
-        text_encoder_subfolders=("text_encoder", "text_encoder_2", "text_encoder_3"),
+        text_encoder_subfolders=TEXT_ENCODERS,
         tokenizer_subfolders=("tokenizer", "tokenizer_2", "tokenizer_3"),
         text_encoder_lora_prefixes=("lora_te1", "lora_te2", "lora_te3"),
         uses_pooled_text_embedding=True,
@@ -366,24 +366,19 @@ def sd3_family(variant: str, flow, text_encoders=()) -> SD3Family:
 
 
 def load_sd3(model, flow, weight_dtype: torch.dtype, vae_dtype: torch.dtype):
-    """Components of an SD3/SD3.5 model (a diffusers folder, or the single files): text
-    encoders and tokenizers are (CLIP-L, CLIP-G, T5); kohya's SD3 objective and family."""
-    parts = load_sd3_parts(model, flow, weight_dtype, vae_dtype)
-    if model.vae and parts.model_dir.is_dir():  # the single-file route reads it itself
-        parts.vae = load_vae_option(model, vae_dtype)
-    encoders = (parts.clip_l, parts.clip_g, parts.t5)
+    """Components of an SD3/SD3.5 model (a diffusers folder, or the single files; sd3/spec.py):
+    text encoders and tokenizers are (CLIP-L, CLIP-G, T5); kohya's SD3 objective and family."""
+    loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
+    encoders = tuple(loaded.modules[sub] for sub in TEXT_ENCODERS)
+    clip_l, clip_g, t5 = loaded.tokenizers.values()  # in the spec's order
     return Components(
-        denoiser=parts.transformer,
-        vae=parts.vae,
+        denoiser=loaded.modules["transformer"],
+        vae=loaded.modules["vae"],
         text_encoders=encoders,
-        tokenizers=(
-            parts.clip_l_tokenizer,
-            pad_with_id_zero(parts.clip_g_tokenizer),
-            parts.t5_tokenizer,
-        ),
+        tokenizers=(clip_l, pad_with_id_zero(clip_g), t5),
         objective=SD3FlowObjective(FlowOptions.from_section(flow), sd3_scheduler_config()),
-        family=sd3_family(parts.variant, flow, encoders),
-        model_dir=parts.model_dir,
+        family=sd3_family(loaded.facts, flow, encoders),
+        model_dir=loaded.model_dir,
     )
 
 

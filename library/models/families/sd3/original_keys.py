@@ -1,7 +1,8 @@
 """SD3 / SD3.5 state dicts: Stability AI's MMDiT names <-> diffusers names, both directions.
 
-- Transformer: ``transformer_to_original`` / ``transformer_from_original``. The original layout is
-  that of sd3_medium.safetensors, sd3.5_medium.safetensors and sd3.5_large.safetensors
+- Transformer: ``TABLE``, its name table (library/models/families/name_table.py), whose
+  converters are ``transformer_to_original`` / ``transformer_from_original``. The original layout
+  is that of sd3_medium.safetensors, sd3.5_medium.safetensors and sd3.5_large.safetensors
   (``joint_blocks.N.x_block.attn.qkv``, ``x_embedder.proj``, ``pos_embed``, ...), under
   ``model.diffusion_model.`` in those files, which ``transformer_from_original`` strips. Fused
   q|k|v projections are split (original -> diffusers) or concatenated (diffusers -> original).
@@ -10,9 +11,9 @@
   context stream is "pre-only" (it feeds the last attention but has no output projection and
   no MLP).
 - VAE: the files hold it under ``first_stage_model.`` in SD's LDM names without quant convs, as
-  FLUX.1's ae.safetensors does: ``ae_to_original`` / ``ae_from_original`` (re-exported from
-  library/models/families/flux/original_keys.py) rename it, without the prefix.
-- ``detect_sd3``: which layout and variant a file holds, and which other parts are inside.
+  FLUX.1's ae.safetensors does: ``ae_to_original`` / ``ae_from_original`` rename it, without the
+  prefix (library/models/original_names.py).
+- ``detect_sd3``: which layout a file holds its MMDiT in, and under which prefix.
 - ``transformer_config_from_shapes``: the SD3Transformer2DModel config a state dict's shapes show.
 
 All converters take a mapping of tensors and only cut, join and rename them, so they work on meta
@@ -26,27 +27,21 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
 from library.models import shape_configs
-from library.models.families.flux.original_keys import (
-    ae_from_original,
-    ae_to_original,
-    convert_shapes,
-    join_parts,
-    swap_halves,
-)
+from library.models.families.name_table import CHECKPOINT_PREFIX, NameTable, count_numbered
 from library.models.families.sd3 import shapes as sd3_shapes
 from library.models.families.sd3.shapes import Variant
+from library.models.families.shape_origins import convert_shapes
+from library.models.original_names import ldm_vae_from_original as ae_from_original
+from library.models.original_names import ldm_vae_to_original as ae_to_original
 
 __all__ = [
     "ORIGINAL_PREFIX",
     "VAE_PREFIX",
     "TEXT_ENCODER_PREFIXES",
-    "SD3Keys",
+    "TABLE",
     "ae_from_original",
     "ae_to_original",
     "convert_shapes",
@@ -57,7 +52,8 @@ __all__ = [
     "variant_for",
 ]
 
-ORIGINAL_PREFIX = "model.diffusion_model."
+ORIGINAL_PREFIX = CHECKPOINT_PREFIX
+Layout = Literal["original", "diffusers"]
 VAE_PREFIX = "first_stage_model."
 # Where a full checkpoint keeps each text encoder, in transformers' key names (ComfyUI's
 # supported_models.SD3, sd-scripts' sd3_utils, diffusers' single_file_utils read the same).
@@ -68,8 +64,8 @@ TEXT_ENCODER_PREFIXES = {
 }
 
 # Original parameter stem -> diffusers stem(s), in the order the original concatenates them.
-# A stem stands for ``<stem>.weight`` and ``<stem>.bias``; the entries in _WHOLE are whole keys
-# (the position table, the RMSNorm scales of the q/k norms, which have no bias).
+# A stem stands for ``<stem>.weight`` and ``<stem>.bias``; ``pos_embed`` (the position table)
+# and the ``.weight`` stems (the RMSNorm scales of the q/k norms, which have no bias) are whole keys.
 _TOP = {
     "x_embedder.proj": "pos_embed.proj",
     "pos_embed": "pos_embed.pos_embed",
@@ -101,131 +97,34 @@ _BLOCK = {
     "context_block.mlp.fc1": "ff_context.net.0.proj",
     "context_block.mlp.fc2": "ff_context.net.2",
 }
-_WHOLE = ("pos_embed", ".ln_q.weight", ".ln_k.weight")
 _ORIGINAL_BLOCKS, _DIFFUSERS_BLOCKS = "joint_blocks", "transformer_blocks"
-# Modulations whose (shift, scale) halves diffusers stores as (scale, shift).
-_SWAPPED = ("final_layer.adaLN_modulation.1.weight", "final_layer.adaLN_modulation.1.bias")
-_CONTEXT_MODULATION = (
-    "context_block.adaLN_modulation.1.weight",
-    "context_block.adaLN_modulation.1.bias",
+
+TABLE = NameTable(
+    top=_TOP,
+    lists=((_ORIGINAL_BLOCKS, _DIFFUSERS_BLOCKS, _BLOCK),),
+    model="SD3Transformer2DModel",
+    # (shift, scale) in the original, (scale, shift) in diffusers' AdaLayerNormContinuous: the
+    # final layer's, and the last block's context modulation, whose stream has no MLP
+    # (sd3_models.MMDiT: the last block's context stream is pre-only).
+    swapped=("final_layer.adaLN_modulation.1.weight", "final_layer.adaLN_modulation.1.bias"),
+    swapped_without={"context_block.adaLN_modulation.1": "context_block.mlp.fc2.weight"},
+    whole=("pos_embed",),  # the position table, a whole key
 )
-# A block without these has a pre-only context stream (sd3_models.MMDiT: the last block).
-_CONTEXT_MLP = ("context_block.mlp.fc2.weight", "ff_context.net.2.weight")
-
-
-def _expand(table: Mapping[str, str | tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-    """Stems -> whole keys: original key -> diffusers keys."""
-    out = {}
-    for old, new in table.items():
-        new = (new,) if isinstance(new, str) else new
-        if old.endswith(_WHOLE):
-            out[old] = new
-            continue
-        for param in ("weight", "bias"):
-            out[f"{old}.{param}"] = tuple(f"{n}.{param}" for n in new)
-    return out
-
-
-_TOP_KEYS = _expand(_TOP)
-_BLOCK_KEYS = _expand(_BLOCK)
-# diffusers key (within its block) -> (original key, index in the fused tensor, parts)
-_TOP_BACK = {n: (o, i, len(ns)) for o, ns in _TOP_KEYS.items() for i, n in enumerate(ns)}
-_BLOCK_BACK = {n: (o, i, len(ns)) for o, ns in _BLOCK_KEYS.items() for i, n in enumerate(ns)}
-_BLOCK_KEY = re.compile(r"(\w+)\.(\d+)\.(.+)")
-
-
-def _pre_only_blocks(keys: Iterable[str], blocks: str, mlp: str) -> set[str]:
-    """Indices (as text) of the blocks in ``keys`` that have no context MLP."""
-    found: dict[str, bool] = {}
-    for key in keys:
-        m = _BLOCK_KEY.match(key)
-        if m and m.group(1) == blocks:
-            found[m.group(2)] = found.get(m.group(2), False) or m.group(3) == mlp
-    return {index for index, has_mlp in found.items() if not has_mlp}
-
-
-def _diffusers_source(key: str) -> tuple[str, int, int, str | None]:
-    """Diffusers key -> (original key, index among the fused parts, number of parts, block)."""
-    if key in _TOP_BACK:
-        return (*_TOP_BACK[key], None)
-    m = _BLOCK_KEY.match(key)
-    if m and m.group(1) == _DIFFUSERS_BLOCKS and m.group(3) in _BLOCK_BACK:
-        rest, index, parts = _BLOCK_BACK[m.group(3)]
-        return f"{_ORIGINAL_BLOCKS}.{m.group(2)}.{rest}", index, parts, m.group(2)
-    raise ValueError(f"{key!r} is not a key of a diffusers SD3Transformer2DModel")
-
-
-def transformer_to_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Diffusers SD3Transformer2DModel state dict -> Stability's MMDiT keys, without a prefix.
-
-    Raises ValueError for a key it does not know or a fused tensor with a missing part.
-    """
-    pre_only = _pre_only_blocks(state, _DIFFUSERS_BLOCKS, _CONTEXT_MLP[1])
-    sources = {key: _diffusers_source(key) for key in state}
-    out = join_parts(
-        (old, index, count, state[key]) for key, (old, index, count, _) in sources.items()
-    )
-    swap = {
-        old
-        for old, _, _, block in sources.values()
-        if old in _SWAPPED or (block in pre_only and old.endswith(_CONTEXT_MODULATION))
-    }
-    for old in swap:
-        out[old] = swap_halves(out[old])
-    return out
-
-
-def transformer_from_original(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Stability's MMDiT state dict -> diffusers SD3Transformer2DModel keys.
-
-    Keys may carry the ``model.diffusion_model.`` prefix. Raises ValueError for a key that is not
-    part of an SD3 MMDiT (the other parts of a full checkpoint must be left out).
-    """
-    state = {k.removeprefix(ORIGINAL_PREFIX): v for k, v in state.items()}
-    pre_only = _pre_only_blocks(state, _ORIGINAL_BLOCKS, _CONTEXT_MLP[0])
-    out = {}
-    for key, value in state.items():
-        block, new_keys = "", _TOP_KEYS.get(key)
-        m = _BLOCK_KEY.match(key)
-        if new_keys is None and m and m.group(1) == _ORIGINAL_BLOCKS:
-            block, new_keys = f"{_DIFFUSERS_BLOCKS}.{m.group(2)}.", _BLOCK_KEYS.get(m.group(3))
-        if new_keys is None:
-            raise ValueError(f"{key!r} is not a key of an original SD3 MMDiT")
-        if key in _SWAPPED or (m and m.group(2) in pre_only and key.endswith(_CONTEXT_MODULATION)):
-            value = swap_halves(value)
-        pieces = value.chunk(3, dim=0) if len(new_keys) == 3 else (value,)  # q|k|v, equal sizes
-        for new, piece in zip(new_keys, pieces, strict=True):
-            out[block + new] = piece
-    return out
+# Diffusers SD3Transformer2DModel state dict -> Stability's MMDiT keys, without a prefix;
+# ValueError for a key it does not know or a fused tensor with a missing part.
+transformer_to_original = TABLE.to_original
+# Stability's MMDiT state dict (with or without model.diffusion_model.) -> diffusers keys;
+# ValueError for a key that is not part of an SD3 MMDiT (a full checkpoint's other parts).
+transformer_from_original = TABLE.from_original
 
 
 # --- detection ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SD3Keys:
-    """What the key names of an SD3 / SD3.5 file say: the MMDiT's layout, prefix, variant and
-    block count, and which other parts the file holds beside it."""
-
-    layout: Literal["original", "diffusers"]
-    variant: Variant
-    prefix: str  # before every MMDiT key: "" or "model.diffusion_model."
-    blocks: int
-    clip_l: bool = False  # text_encoders.clip_l.transformer.* inside
-    clip_g: bool = False
-    t5xxl: bool = False
-    vae: bool = False  # first_stage_model.* inside
-
-    @property
-    def text_encoders(self) -> tuple[str, ...]:
-        """The text encoders inside, by their [flow] key names."""
-        return tuple(n for n in ("clip_l", "clip_g", "t5xxl") if getattr(self, n))
-
-
 # Keys only an SD3 MMDiT has together: joint blocks with a context stream and a pooled-text
 # embedder. FLUX.1 (double_blocks / single_blocks, img_in), SD and SDXL UNets (input_blocks),
 # AuraFlow (no pooled input) have other names.
-_ORIGINAL_MARKS = (
+ORIGINAL_MARKS = (
     "x_embedder.proj.weight",
     "pos_embed",
     "y_embedder.mlp.0.weight",
@@ -233,7 +132,7 @@ _ORIGINAL_MARKS = (
     "joint_blocks.0.x_block.attn.qkv.weight",
     "joint_blocks.0.context_block.attn.qkv.weight",
 )
-_DIFFUSERS_MARKS = (
+DIFFUSERS_MARKS = (
     "pos_embed.proj.weight",
     "pos_embed.pos_embed",
     "time_text_embed.text_embedder.linear_1.weight",
@@ -256,52 +155,34 @@ def variant_for(qk_norm: bool, dual: bool) -> Variant:
     return "sd3.5-medium" if dual else "sd3.5-large"
 
 
-def detect_sd3(keys: Iterable[str]) -> SD3Keys | None:
-    """The layout and variant of an SD3 / SD3.5 MMDiT state dict (or a full checkpoint holding
-    one), or None for anything else. By key names only."""
+def detect_sd3(keys: Iterable[str]) -> tuple[Layout, str] | None:
+    """(layout, prefix of its keys) of an SD3 / SD3.5 MMDiT state dict (or a full checkpoint
+    holding one), or None for anything else; by key names only (the family spec's main file
+    finds them by the same marks)."""
     keys = set(keys)
-    for prefix in (ORIGINAL_PREFIX, ""):
-        if all(prefix + k in keys for k in _ORIGINAL_MARKS):
-            head = prefix + _ORIGINAL_BLOCKS
-            qk = f"{head}.0.x_block.attn.ln_q.weight" in keys
-            dual = any(k.startswith(head) and ".x_block.attn2." in k for k in keys)
-            return SD3Keys(
-                "original", variant_for(qk, dual), prefix, len(_blocks(keys, head)),
-                **_inside(keys),
-            )  # fmt: skip
-    if all(k in keys for k in _DIFFUSERS_MARKS):
-        head = _DIFFUSERS_BLOCKS
-        qk = f"{head}.0.attn.norm_q.weight" in keys
-        dual = any(k.startswith(head) and ".attn2." in k for k in keys)
-        return SD3Keys("diffusers", variant_for(qk, dual), "", len(_blocks(keys, head)))
+    for layout, marks in (("diffusers", DIFFUSERS_MARKS), ("original", ORIGINAL_MARKS)):
+        for prefix in ("", ORIGINAL_PREFIX):
+            if all(prefix + k in keys for k in marks):
+                return layout, prefix
     return None
-
-
-def _inside(keys: set[str]) -> dict[str, bool]:
-    """Which text encoders and whether a VAE a full checkpoint holds beside its MMDiT."""
-    found = {
-        name: any(k.startswith(prefix) for k in keys)
-        for name, prefix in TEXT_ENCODER_PREFIXES.items()
-    }
-    found["vae"] = any(k.startswith(VAE_PREFIX) for k in keys)
-    return found
 
 
 # --- config from shapes ---------------------------------------------------------------------
 
 
-def transformer_config_from_shapes(shapes: Mapping[str, tuple[int, ...]], found: SD3Keys) -> dict:
+def transformer_config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict:
     """SD3Transformer2DModel kwargs for diffusers-named shapes: the full-size config of the
-    variant with the widths, block count, position table, qk norm and dual-attention blocks the
-    tensors show.
+    variant they show (variant_for) with the widths, block count, position table, qk norm and
+    dual-attention blocks the tensors show.
 
     The head width shows only in the qk norms' scales. Without them (SD3 Medium) it is SD3's 64
     when that divides the width, else a guess (with a warning). ``sample_size`` (not in any
     weight) stays SD3's 128 unless the position table is smaller.
     """
-    base = sd3_shapes.transformer_config(found.variant)
-    width, in_channels, patch, _ = shapes["pos_embed.proj.weight"]
     norm = shapes.get("transformer_blocks.0.attn.norm_q.weight")
+    dual = sorted(_blocks((k for k in shapes if ".attn2." in k), _DIFFUSERS_BLOCKS))
+    base = sd3_shapes.transformer_config(variant_for(norm is not None, bool(dual)))
+    width, in_channels, patch, _ = shapes["pos_embed.proj.weight"]
     guessed = ()
     if norm is not None:
         head_dim = norm[0]
@@ -312,13 +193,12 @@ def transformer_config_from_shapes(shapes: Mapping[str, tuple[int, ...]], found:
         guessed = ("num_attention_heads",) if head_dim != base["attention_head_dim"] else ()
     side = math.isqrt(shapes["pos_embed.pos_embed"][1])
     caption_in = shapes["context_embedder.weight"]
-    dual = sorted(_blocks((k for k in shapes if ".attn2." in k), _DIFFUSERS_BLOCKS))
     config = {
         **base,
         "sample_size": min(base["sample_size"], side * patch),
         "patch_size": patch,
         "in_channels": in_channels,
-        "num_layers": found.blocks,
+        "num_layers": count_numbered(shapes, _DIFFUSERS_BLOCKS),
         "attention_head_dim": head_dim,
         "num_attention_heads": width // head_dim,
         "joint_attention_dim": caption_in[1],
