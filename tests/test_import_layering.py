@@ -65,10 +65,6 @@ _LOADER = (
     "sections and the family base class, which ask the registry; named lazily, listing the "
     "families loads none of them (nor diffusers, for a config check)"
 )
-_KEYS = (
-    "the family's LoRA key names build on kohya's naming (networks/kohya_names.py), which asks "
-    "the registry for every family's text-encoder prefixes"
-)
 DEFERRED_CYCLES: dict[str, dict[str, str]] = {
     "library/models/families/chroma/entry.py": {
         "library.models.families.chroma.family:ChromaFamily": _LOADER,
@@ -103,8 +99,6 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
     },
     "library/models/families/qwenimage/entry.py": {
         "library.models.families.qwenimage.family:QwenImageFamily": _LOADER,
-        "library.models.families.qwenimage.key_map:comfy_keys": _KEYS,
-        "library.models.families.qwenimage.key_map:comfy_model_name": _KEYS,
         "library.models.families.qwenimage.spec:claims_qwenimage": _LOADER,
         "library.models.families.qwenimage.load:load_qwenimage": _LOADER,
     },
@@ -118,7 +112,7 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
     },
     "library/models/families/sd/entry.py": {
         "library.models.families.sd.family:SDFamily": _LOADER,
-        "library.models.families.sd.family:unet_lora_key_layout": _KEYS,
+        "library.models.families.sd.family:unet_lora_key_layout": _LOADER,
         "library.models.families.sd.load:claims_sd": _LOADER,
         "library.models.families.sd.load:load_sd": _LOADER,
     },
@@ -131,8 +125,6 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.zimage.family:ZImageFamily": _LOADER,
         "library.models.families.zimage.spec:claims_zimage": _LOADER,
         "library.models.families.zimage.load:load_zimage": _LOADER,
-        "library.models.families.zimage.lora_keys:comfy_keys": _KEYS,
-        "library.models.families.zimage.lora_keys:comfy_model_name": _KEYS,
     },
 }
 # Third-party libraries that a config check must not load (they come with the training modules).

@@ -125,6 +125,15 @@ def foreign_flow_key(flow: Section, name: str) -> tuple[str, tuple[FamilyEntry, 
     return None
 
 
+def unet_key_layout(unet_config) -> str:
+    """How kohya's files name the modules of a UNet with this config: "original" when a
+    family's entry says so of it (SDXL's SGM layout), else "diffusers" (for
+    networks.kohya_names.kohya_path, from the modules above the families)."""
+    layouts = (entry.lora_files.unet_key_layout for entry in families())
+    found = (layout(unet_config) for layout in layouts if layout is not None)
+    return "original" if "original" in found else "diffusers"
+
+
 def text_prefix_line(prefixes: tuple[str, ...]) -> str | None:
     """The model line whose LoRA files name their text encoders with exactly ``prefixes``
     (kohya's: ("lora_te1", "lora_te2") is SDXL's); None for no line."""

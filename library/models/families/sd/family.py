@@ -22,6 +22,7 @@ from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.registry import families
 from library.models.families.sd.blocks import blockwise_spec
 from library.models.families.sd.checkpoint_layout import LAYOUTS
+from library.networks.key_maps import KohyaNames
 from library.networks.lycoris_targets import lycoris_targets
 from library.networks.targets import default_targets
 from library.sampling.pipelines import PipelineKind
@@ -95,6 +96,11 @@ class SDFamily(ModelFamily):
             and unet_lora_key_layout(module.config) != "original"
         )
         return lycoris_targets(module, role, preset, named_layers=sd_names)
+
+    def adapter_key_map(self):
+        """kohya's one-to-one names, a UNet's in the layout its config has (the original one
+        for SDXL's: unet_lora_key_layout)."""
+        return KohyaNames(self.text_encoder_lora_prefixes, unet_lora_key_layout)
 
     def bucket_grid(self, denoiser):
         """The VAE's 8 times 2 per UNet downsampling stage (64 for SD 1.x/2.x, 32 for SDXL)."""
