@@ -52,10 +52,6 @@ ALLOWED = {
     ("library/cli.py", "library.config.render"): _ENTRY,
     ("library/cli.py", "library.training.trainer"): _ENTRY,
     ("library/cli.py", "library.training.progress"): _ENTRY,
-    ("library/models/loader.py", "library.models.vae_file"): "load_components replaces the VAE "
-    "with vae_file's reader, and vae_file and checkpoint_parts are built on this module's file "
-    "primitives (load_weights, offline, reads_weights): a cycle until those primitives move to "
-    "a module of their own",
 }
 # The Deferred names that still close a cycle: a family's code builds on shared modules that ask
 # the registry, or are composed from it (the config sections, the family base class, the

@@ -9,9 +9,9 @@ import torch
 
 from library.config.schema import Config
 from library.errors import ConfigError
+from library.models.components import Components
 from library.models.conditioning import freeze_unused_text_adapters
 from library.models.float8 import store_in_float8
-from library.models.loader import Components
 from library.models.quantized_base import PRECISIONS, quantize_linears
 from library.networks.adapters import STATE_BUFFERS, adapter_parameters
 from library.networks.kohya_names import UNET

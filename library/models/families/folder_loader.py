@@ -23,7 +23,7 @@ from library.errors import ModelError
 from library.models.families.claims import other_pipeline_error
 from library.models.families.family_entry import Deferred
 from library.models.families.file_plans import Plan, load_plan
-from library.models.loader import (
+from library.models.model_files import (
     check_weights_file,
     find_weights,
     load_weights,

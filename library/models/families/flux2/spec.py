@@ -38,7 +38,7 @@ from library.models.families.folder_loader import CheckedFolder
 from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
-from library.models.loader import read_json
+from library.models.model_files import read_json
 from library.models.original_names import ldm_vae_from_original
 from library.models.plans import Plan
 from library.models.released_configs import qwen3_4b_config

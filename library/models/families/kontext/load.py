@@ -17,6 +17,7 @@ import torch
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
+from library.models.components import Components
 from library.models.families.claims import folder_pipeline
 from library.models.families.flux import spec as flux_spec
 from library.models.families.flux.load import flux_components
@@ -24,7 +25,6 @@ from library.models.families.kontext.entry import EDIT
 from library.models.families.kontext.family import kontext_family
 from library.models.families.kontext.sampling import PIPELINE
 from library.models.families.spec_loader import load_spec
-from library.models.loader import Components
 
 MODEL_TYPE = EDIT.model_type
 

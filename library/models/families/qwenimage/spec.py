@@ -23,7 +23,7 @@ from library.models.families.name_table import NameTable, count_numbered
 from library.models.families.qwenimage import files, shapes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
-from library.models.loader import read_json
+from library.models.model_files import read_json
 
 BLOCKS = "transformer_blocks"
 # The file names are diffusers': the table renames nothing, its numbered list is what a

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from library.errors import ConfigError
 from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.components import Components
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import CONDITIONING_DRAWS_KEY
 from library.models.families.flux.original_keys import ae_to_original
@@ -45,7 +46,6 @@ from library.models.families.sd3.original_keys import transformer_to_original
 from library.models.families.sd3.position import crops, install
 from library.models.families.sd3.sampling import sd3_pipeline_kind, sd3_scheduler_config
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
-from library.models.loader import Components
 from library.networks.fused_keys import load_adapter_weights
 from library.networks.kohya_names import unwrap
 from library.networks.lycoris_targets import PRESETS

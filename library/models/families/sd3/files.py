@@ -62,7 +62,7 @@ from library.models.families.sd3.tokenizers import (
     find_sd3_t5_tokenizer_folder,
     missing_t5_tokenizer,
 )
-from library.models.loader import offline, one_line
+from library.models.model_files import offline, one_line
 from library.models.text_encoders.t5 import load_t5_tokenizer, located_t5_tokenizer
 from library.models.tokenizers import load_tokenizer_for
 from library.models.vae_file import load_vae

@@ -8,11 +8,11 @@ import torch
 
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
+from library.models.components import Components
 from library.models.families.spec_loader import components, load_spec
 from library.models.families.zimage.family import variant_of_shift, zimage_family
 from library.models.families.zimage.objective import ZImageFlowObjective, zimage_flow_options
 from library.models.families.zimage.spec import SPEC
-from library.models.loader import Components
 
 
 def load_zimage(
