@@ -115,7 +115,6 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
     "library/models/families/sd3/entry.py": {
         "library.models.families.sd3.family:SD3Family": _LOADER,
         "library.models.families.sd3.family:load_sd3": _LOADER,
-        "library.models.families.sd3.load:claims_sd3": _LOADER,
     },
     "library/models/families/zimage/entry.py": {
         "library.models.families.zimage.family:ZImageFamily": _LOADER,

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from library.config import flow_schema
-from library.config.flow_schema import FlowMatchingKeys, FlowSection
+from library.config.flow_schema import FlowSection
+from library.config.flow_section import FlowMatchingKeys
 from library.config.schema import ModelSection, NetworkSection
 from library.config.section import Section
 from library.errors import CheckpointError, ConfigError, ModelError

@@ -29,8 +29,9 @@ from library.networks.kind_base import AdapterSettings
 from library.networks.kinds import kind_named
 
 if TYPE_CHECKING:
-    from library.config.flow_schema import FlowSection
-    from library.config.schema import Config, ModelSection
+    from library.config.config_view import ConfigView
+    from library.config.flow_section import FlowSection
+    from library.config.model_schema import ModelSection
 
 PredictionType = Literal["epsilon", "v_prediction", "flow"]
 # The batch entry holding each sample's uniform draws for a family's random conditioning choices
@@ -399,11 +400,11 @@ class ModelFamily:
             f"sdpa = false: {self.name} models have no plain-attention path here; set sdpa = true"
         )
 
-    def prepare_denoiser(self, denoiser: torch.nn.Module, config: Config) -> None:
+    def prepare_denoiser(self, denoiser: torch.nn.Module, config: ConfigView) -> None:
         """Set up the loaded denoiser for this run's options before training (nothing by
         default)."""
 
-    def metadata_keys(self, config: Config) -> dict[str, object]:
+    def metadata_keys(self, config: ConfigView) -> dict[str, object]:
         """Family-specific ss_* keys of saved files (kohya's update_metadata of its trainer
         for the family); values are stringified by the writer."""
         return {}
@@ -436,7 +437,7 @@ class ModelFamily:
             "fp8_base instead"
         )
 
-    def check_training(self, config: Config) -> None:
+    def check_training(self, config: ConfigView) -> None:
         """ConfigError for training choices this family cannot make (found before loading
         weights where the caller can). Families that add checks call this one too."""
         layout = config.saving.lora_format

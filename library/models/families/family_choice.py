@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ConfigError
 from library.models.families.family_entry import FamilyEntry
 from library.models.families.registry import (

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.config.section import Section
 from library.config.unsupported import Unsupported
 from library.models.families import edit_variant
@@ -27,11 +29,6 @@ class LoadedFamily(Protocol):
     name: str
 
 
-# The [model] and [flow] sections that ``claims`` and ``load`` receive (config.schema's
-# ModelSection, and the [flow] section config.flow_schema composes from these entries'
-# config_keys) are built above the registry; entries know them as the Sections they are.
-ModelKeys = Section
-FlowKeys = Section
 
 # kohya's LoRA module, which trains every family (a family's own module is its entry's).
 GENERIC_LORA_MODULE = "networks.lora"
@@ -170,8 +167,8 @@ class FamilyEntry:
     article: str = "a"
     lines: tuple[str, ...]
     family: Callable[[], type]
-    load: Callable[[ModelKeys, FlowKeys, object, object], object]
-    claims: Callable[[ModelKeys, FlowKeys], bool]
+    load: Callable[[ModelSection, FlowSection, object, object], object]
+    claims: Callable[[ModelSection, FlowSection], bool]
     claimed_last: bool = False
     claims_within: str | None = None
     file_setting: str | None = None
@@ -180,13 +177,13 @@ class FamilyEntry:
     flow_matching: bool = False
     config_keys: tuple[type[Section], ...] = ()
     flow_keys: frozenset[str] = frozenset()
-    model_family: Callable[[ModelKeys, FlowKeys], type] | None = None
+    model_family: Callable[[ModelSection, FlowSection], type] | None = None
     edit: EditVariant | None = None
     kohya: KohyaVocabulary = KohyaVocabulary()
     lora_files: LoraFiles = LoraFiles()
     tool: ToolFacts = ToolFacts()
 
-    def family_of(self, model: ModelKeys, flow: FlowKeys) -> type:
+    def family_of(self, model: ModelSection, flow: FlowSection) -> type:
         """The ModelFamily class of this model (``model_family``'s, else ``family``)."""
         return self.model_family(model, flow) if self.model_family else self.family()
 

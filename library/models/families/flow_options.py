@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.config.suggest import show_value
 from library.errors import ConfigError
 from library.models.families.registry import foreign_flow_key

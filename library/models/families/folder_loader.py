@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
 from library.models.families.claims import other_pipeline_error
 from library.models.families.family_entry import Deferred

@@ -8,8 +8,8 @@ import dataclasses
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.models.components import Components
 from library.models.families.flux import shapes as flux_shapes
 from library.models.families.flux.family import flux_family

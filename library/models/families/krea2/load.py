@@ -9,8 +9,8 @@ import logging
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.models.components import Components
 from library.models.families.krea2.family import TURBO, TURBO_KEY, krea2_family
 from library.models.families.krea2.keys import TABLE

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from library.config.schema import ModelSection
+from library.config.model_schema import ModelSection
 from library.errors import ConfigError
 from library.models.conditioning import clip_text_conditioning, unet_conditioning
 from library.models.families.base import ModelFamily, PredictionType

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from library.config.schema import ModelSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import PICKLE_SUFFIXES, CheckpointFile
 from library.models.checkpoint_parts import plan_components, read_config

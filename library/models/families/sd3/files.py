@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
 from library.models import original_names as names
 from library.models.checkpoint_file import CheckpointFile

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.models.families.claims import claims_model
 from library.models.families.folder_loader import (
     CheckedFolder,

@@ -22,8 +22,8 @@ from typing import ClassVar
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.models.components import Components
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.experts import LOW_NOISE
