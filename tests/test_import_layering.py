@@ -62,41 +62,10 @@ _LOADER = (
     "families loads none of them (nor diffusers, for a config check)"
 )
 DEFERRED_CYCLES: dict[str, dict[str, str]] = {
-    "library/models/families/chroma/entry.py": {
-        "library.models.families.chroma.family:ChromaFamily": _LOADER,
-        "library.models.families.chroma.family:load_chroma": _LOADER,
-        "library.models.families.chroma.spec:claims_chroma": _LOADER,
-    },
-    "library/models/families/flux/entry.py": {
-        "library.models.families.flux.family:FluxFamily": _LOADER,
-        "library.models.families.flux.spec:claims_flux": _LOADER,
-        "library.models.families.flux.load:load_flux": _LOADER,
-    },
-    "library/models/families/flux2/entry.py": {
-        "library.models.families.flux2.family:Flux2Family": _LOADER,
-        "library.models.families.flux2.family:claims_flux2": _LOADER,
-        "library.models.families.flux2.family:load_flux2": _LOADER,
-    },
     "library/models/families/kontext/entry.py": {
         "library.models.families.kontext.family:HOOKS": _LOADER,
         "library.models.families.kontext.load:claims_kontext": _LOADER,
         "library.models.families.kontext.load:load_kontext": _LOADER,
-    },
-    "library/models/families/krea2/entry.py": {
-        "library.models.families.krea2.family:Krea2Family": _LOADER,
-        "library.models.families.krea2.load:claims_krea2": _LOADER,
-        "library.models.families.krea2.load:load_krea2": _LOADER,
-    },
-    "library/models/families/wan/entry.py": {
-        "library.models.families.wan.family:WanFamily": _LOADER,
-        "library.models.families.wan.spec:claims_wan": _LOADER,
-        "library.models.families.wan.family:load_wan": _LOADER,
-        "library.models.families.wan.family:family_class": _LOADER,
-    },
-    "library/models/families/qwenimage/entry.py": {
-        "library.models.families.qwenimage.family:QwenImageFamily": _LOADER,
-        "library.models.families.qwenimage.spec:claims_qwenimage": _LOADER,
-        "library.models.families.qwenimage.load:load_qwenimage": _LOADER,
     },
     "library/models/families/qwenimage_edit/entry.py": {
         "library.models.families.qwenimage_edit.family:HOOKS": _LOADER,
@@ -105,21 +74,6 @@ DEFERRED_CYCLES: dict[str, dict[str, str]] = {
         "library.models.families.qwenimage_edit.load:claims_qwenimage_edit_plus": _LOADER,
         "library.models.families.qwenimage_edit.load:load_qwenimage_edit": _LOADER,
         "library.models.families.qwenimage_edit.load:load_qwenimage_edit_plus": _LOADER,
-    },
-    "library/models/families/sd/entry.py": {
-        "library.models.families.sd.family:SDFamily": _LOADER,
-        "library.models.families.sd.family:unet_lora_key_layout": _LOADER,
-        "library.models.families.sd.load:claims_sd": _LOADER,
-        "library.models.families.sd.load:load_sd": _LOADER,
-    },
-    "library/models/families/sd3/entry.py": {
-        "library.models.families.sd3.family:SD3Family": _LOADER,
-        "library.models.families.sd3.family:load_sd3": _LOADER,
-    },
-    "library/models/families/zimage/entry.py": {
-        "library.models.families.zimage.family:ZImageFamily": _LOADER,
-        "library.models.families.zimage.spec:claims_zimage": _LOADER,
-        "library.models.families.zimage.load:load_zimage": _LOADER,
     },
 }
 # Third-party libraries that a config check must not load (they come with the training modules).

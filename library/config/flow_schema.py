@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from library.config import flow_section
 from library.config.section import Section
-from library.models.families.registry import FAMILIES
+from library.models.families.registry import FAMILIES, flow_key_owners
 
 
 def _compose() -> type[Section]:
@@ -38,8 +38,11 @@ def _compose() -> type[Section]:
     return type(
         "FlowSection",
         (flow_section.FlowSection, *reversed(parts)),
-        {"__module__": __name__, "__doc__": "The flow-matching families' component files and "
-         "training options."},
+        {
+            "__module__": __name__,
+            "__doc__": "The flow-matching families' component files and training options.",
+            "readers": staticmethod(flow_key_owners),
+        },
     )
 
 

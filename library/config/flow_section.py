@@ -11,7 +11,8 @@ the FlowSection below and read their own keys from it.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import ClassVar, Literal, Protocol
 
 from pydantic import Field
 
@@ -68,8 +69,27 @@ class FlowMatchingKeys(Section):
     )
 
 
+class KeyReader(Protocol):
+    """A family that reads a [flow] key, as the section knows it (its registry entry:
+    library.models.families.family_entry.FamilyEntry)."""
+
+    name: str
+    label: str
+    network_module: str
+
+
+def _no_readers(key: str) -> tuple[KeyReader, ...]:
+    return ()
+
+
 class FlowSection(FlowMatchingKeys):
     """The [flow] section: the shared flow-matching keys here, and every registered family's
     own keys, which config.flow_schema's FlowSection (a subclass composed from the registry:
     what a config holds) adds. Code below the registry takes that subclass's instances as this
-    type and reads the keys of its own family from them."""
+    type and reads the keys of its own family from them.
+
+    ``readers(key)``: the registered families that read ``key`` (their entries, in registry
+    order), the registry's answer that the composed subclass carries to the families, which
+    name them when a set key is another family's."""
+
+    readers: ClassVar[Callable[[str], tuple[KeyReader, ...]]] = staticmethod(_no_readers)

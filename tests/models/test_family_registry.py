@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
@@ -24,7 +23,11 @@ from library.models.families import registry
 from library.models.families.base import ModelFamily
 from library.models.families.chroma.entry import CHROMA
 from library.models.families.chroma.family import chroma_family
-from library.models.families.family_choice import check_config_family, entry_for
+from library.models.families.family_choice import (
+    check_config_family,
+    check_network_module,
+    entry_for,
+)
 from library.models.families.family_entry import FamilyEntry, LoraFiles, ToolFacts
 from library.models.families.flux import family as flux
 from library.models.families.flux.entry import FLUX
@@ -228,15 +231,10 @@ def test_config_checks_know_a_registered_family():
         with pytest.raises(ConfigError, match='"networks.lora_fake" is for FAKE-1 models, and'):
             check_config_family(SD, MODEL, FlowSection(), "networks.lora_fake")
         # the network_module check of a loaded family's training choices
-        config = SimpleNamespace(
-            saving=SimpleNamespace(lora_format="kohya"),
-            network=SimpleNamespace(train_mode="lora", network_module="networks.lora_fake"),
-        )
         with pytest.raises(ConfigError, match='"networks.lora_fake" is for Fake and this is a sd1'):
-            sd.SD1.check_training(config)
-        config.network.network_module = "networks.lora_flux"
+            check_network_module(sd.SD1, "networks.lora_fake")
         with pytest.raises(ConfigError, match='is for Flux.1 and this is a fake-a model; use "n'):
-            FAKE_MODEL.check_training(config)
+            check_network_module(FAKE_MODEL, "networks.lora_flux")
 
 
 def test_a_network_module_two_families_train_with_is_each_ones_own():

@@ -22,7 +22,6 @@ from library.errors import ConfigError
 from library.models.conditioning_data import Conditioning, TextConditioning
 from library.models.families import edit_variant
 from library.models.families.edit_variant import EditHooks, EditVariant, ReferenceCounts
-from library.models.families.registry import network_module_owner
 from library.models.latent_codec import LatentCodec, ScaledLatentCodec
 from library.networks.key_maps import KohyaNames
 from library.networks.kind_base import AdapterSettings
@@ -439,20 +438,14 @@ class ModelFamily:
 
     def check_training(self, config: ConfigView) -> None:
         """ConfigError for training choices this family cannot make (found before loading
-        weights where the caller can). Families that add checks call this one too."""
+        weights where the caller can). Families that add checks call this one too. (A
+        network_module of another family is family_choice.check_network_module's to refuse:
+        it names the family, which the registry knows.)"""
         layout = config.saving.lora_format
         if config.network.train_mode == "lora" and layout not in self.lora_formats:
             raise ConfigError(
                 f'lora_format = "{layout}": {self.name} LoRA files are written in kohya\'s '
                 "layout, which diffusers' own loader converts for this family; remove lora_format"
-            )
-        module = config.network.network_module
-        if module not in self.network_modules:
-            owner = network_module_owner(module)
-            family = owner.label if owner is not None else "another model family"
-            raise ConfigError(
-                f'network_module = "{module}" is for {family} and this is a {self.name} '
-                f'model; use "{self.network_modules[-1]}"'
             )
 
 

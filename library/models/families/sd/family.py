@@ -19,7 +19,6 @@ from library.config.model_schema import ModelSection
 from library.errors import ConfigError
 from library.models.conditioning import clip_text_conditioning, unet_conditioning
 from library.models.families.base import ModelFamily, PredictionType
-from library.models.families.registry import families
 from library.models.families.sd.blocks import blockwise_spec
 from library.models.families.sd.checkpoint_layout import LAYOUTS
 from library.networks.key_maps import KohyaNames
@@ -147,7 +146,7 @@ class SDFamily(ModelFamily):
     def check_options(self, model, flow):
         given = [key for key in type(flow).model_fields if getattr(flow, key) is not None]
         if given:
-            owners = ", ".join(entry.label for entry in families() if entry.flow_matching)
+            owners = " and ".join(entry.label for entry in flow.readers(given[0]))
             raise ConfigError(
                 f"{given[0]} is a flow-matching ({owners}) key and {self.name} models train with "
                 f"DDPM, where it changes nothing; remove it"
