@@ -21,9 +21,9 @@ from library.models.components import Components
 from library.models.families.claims import folder_pipeline
 from library.models.families.flux import spec as flux_spec
 from library.models.families.flux.load import flux_components
-from library.models.families.kontext.entry import EDIT
 from library.models.families.kontext.family import kontext_family
 from library.models.families.kontext.sampling import PIPELINE
+from library.models.families.kontext.variant import EDIT
 from library.models.families.spec_loader import load_spec
 
 MODEL_TYPE = EDIT.model_type
