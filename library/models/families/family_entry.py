@@ -38,9 +38,9 @@ GENERIC_LORA_MODULE = "networks.lora"
 class Deferred:
     """A function or class of a family module, imported on first use: ``"package.module:name"``.
 
-    Entries name their loaders this way because the family modules import the shared loading
-    code (library.models.loader, the family base class), which asks the registry: importing
-    them from the entry would be a cycle, and would load diffusers for a config check. A
+    Entries name their loaders this way so that listing the families (the registry) loads none
+    of their code, nor diffusers, for a config check. The named code sits below the registry
+    (tests/test_import_layering.py: no Deferred name closes an import cycle). A
     family's pipeline folder (folder_loader.FolderPart) names the diffusers and transformers
     classes reading its parts this way too, so declaring the folder loads neither."""
 

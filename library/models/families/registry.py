@@ -4,7 +4,10 @@ FAMILIES is the one list of families difftune trains, in the order messages list
 entry (library.models.families.family_entry) is defined beside its family. Rather than name
 families, shared modules ask this module which family claims a model, owns a [flow] key or a
 kohya network_module, or what to call it (tests/test_family_names.py lists the shared modules
-that still name one). A new family adds its package and one line to FAMILIES.
+that still name one). Those modules sit above the families: the code a family builds on does
+not import this module, since the entries here name the family's code; it is handed what it
+needs (the composed [flow] section's ``readers``, a UNet's key layout). A new family adds its
+package and one line to FAMILIES.
 """
 
 from __future__ import annotations
