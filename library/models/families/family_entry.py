@@ -23,8 +23,7 @@ from library.models.families.edit_variant import EditVariant, ReferenceCounts
 
 class LoadedFamily(Protocol):
     """A loaded family (a ModelFamily instance, library.models.families.base) as entries and the
-    registry see it: the family class builds on the registry of these entries, so they do not
-    import it."""
+    registry see it: they read without torch, which the family class imports."""
 
     name: str
 
