@@ -221,7 +221,8 @@ def peak_tflops(device_name: str) -> float | None:
 def case_step_flops(config_path: Path, case: Case) -> int:
     """Model FLOPs of one optimizer step of ``case`` (one process), on the models' shapes."""
     from library.config.loader import load_config
-    from library.models.loader import load_components, shapes_only
+    from library.models.loader import load_components
+    from library.models.model_files import shapes_only
     from library.training.memory_estimate import TrainingSize
     from library.training.setup import WEIGHT_DTYPES, setup_training
     from library.training.step_flops import step_flops

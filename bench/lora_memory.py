@@ -66,7 +66,7 @@ silence_unactionable_messages()  # before any import below loads bitsandbytes
 import torch  # noqa: E402
 
 from library.config.loader import load_config  # noqa: E402
-from library.models.loader import Components  # noqa: E402
+from library.models.components import Components  # noqa: E402
 from library.training.memory_estimate import estimate_peak_memory  # noqa: E402
 from library.training.setup import WEIGHT_DTYPES, setup_training  # noqa: E402
 

@@ -59,7 +59,7 @@ _SPEC = (
 ALLOWED = {
     "library/config/adapter_schema.py": (4, _CONFIG_HELP + " (SDXL's block-wise block counts)"),
     "library/config/dataset_schema.py": (1, _CONFIG_HELP + " (bucket steps)"),
-    "library/config/flow_schema.py": (
+    "library/config/flow_section.py": (
         8,
         "the shared flow-matching keys' help and the timestep_sampling values named after a "
         'family\'s schedule ("flux_shift", "qwen_shift"; families define their own [flow] '
@@ -78,7 +78,8 @@ ALLOWED = {
         "in the messages that refuse them",
     ),
     "library/config/sampling_schema.py": (4, _CONFIG_HELP + " (default sampler and CFG)"),
-    "library/config/schema.py": (14, _CONFIG_HELP),
+    "library/config/model_schema.py": (9, _CONFIG_HELP + " (which SD versions are detected)"),
+    "library/config/schema.py": (5, _CONFIG_HELP),
     "library/lora_tools/merge_into_model.py": (
         3,
         "--output's help describes each family's full-model file",

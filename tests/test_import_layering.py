@@ -22,9 +22,11 @@ What counts as a dependency for cycles: every import of a library module a modul
 is imported, those under ``if TYPE_CHECKING:`` included (an annotation that names a type builds
 on its module as much as code does), and every ``Deferred("package.module:name")`` of a family
 entry (library/models/families/family_entry.py), which imports that module on first use. No
-cycle may run through them. DEFERRED_CYCLES lists the Deferred names that still close a cycle,
-each with why: a new one fails, printing the cycle; a listed one that no longer closes one fails
-too, so that the list only gets shorter.
+cycle may run through them, with no exception: a Deferred name that closes one fails, printing
+the cycle. So the code a family builds on never imports the family registry (which lists the
+entries, which name the family's code): what it needs of all families is handed to it by the
+modules above the families, or is its own entry's (docs/design.md, Imports between library
+modules).
 """
 
 from __future__ import annotations
@@ -52,88 +54,6 @@ ALLOWED = {
     ("library/cli.py", "library.config.render"): _ENTRY,
     ("library/cli.py", "library.training.trainer"): _ENTRY,
     ("library/cli.py", "library.training.progress"): _ENTRY,
-    ("library/models/loader.py", "library.models.vae_file"): "load_components replaces the VAE "
-    "with vae_file's reader, and vae_file and checkpoint_parts are built on this module's file "
-    "primitives (load_weights, offline, reads_weights): a cycle until those primitives move to "
-    "a module of their own",
-}
-# The Deferred names that still close a cycle: a family's code builds on shared modules that ask
-# the registry, or are composed from it (the config sections, the family base class, the
-# loader, kohya's naming), while the registry lists the family's entry, which names that code.
-_LOADER = (
-    "the family's claim, loader and class build on the shared loading code, the config "
-    "sections and the family base class, which ask the registry; named lazily, listing the "
-    "families loads none of them (nor diffusers, for a config check)"
-)
-_KEYS = (
-    "the family's LoRA key names build on kohya's naming (networks/kohya_names.py), which asks "
-    "the registry for every family's text-encoder prefixes"
-)
-DEFERRED_CYCLES: dict[str, dict[str, str]] = {
-    "library/models/families/chroma/entry.py": {
-        "library.models.families.chroma.family:ChromaFamily": _LOADER,
-        "library.models.families.chroma.family:load_chroma": _LOADER,
-        "library.models.families.chroma.spec:claims_chroma": _LOADER,
-    },
-    "library/models/families/flux/entry.py": {
-        "library.models.families.flux.family:FluxFamily": _LOADER,
-        "library.models.families.flux.spec:claims_flux": _LOADER,
-        "library.models.families.flux.load:load_flux": _LOADER,
-    },
-    "library/models/families/flux2/entry.py": {
-        "library.models.families.flux2.family:Flux2Family": _LOADER,
-        "library.models.families.flux2.family:claims_flux2": _LOADER,
-        "library.models.families.flux2.family:load_flux2": _LOADER,
-    },
-    "library/models/families/kontext/entry.py": {
-        "library.models.families.kontext.family:HOOKS": _LOADER,
-        "library.models.families.kontext.load:claims_kontext": _LOADER,
-        "library.models.families.kontext.load:load_kontext": _LOADER,
-    },
-    "library/models/families/krea2/entry.py": {
-        "library.models.families.krea2.family:Krea2Family": _LOADER,
-        "library.models.families.krea2.load:claims_krea2": _LOADER,
-        "library.models.families.krea2.load:load_krea2": _LOADER,
-    },
-    "library/models/families/wan/entry.py": {
-        "library.models.families.wan.family:WanFamily": _LOADER,
-        "library.models.families.wan.spec:claims_wan": _LOADER,
-        "library.models.families.wan.family:load_wan": _LOADER,
-        "library.models.families.wan.family:family_class": _LOADER,
-    },
-    "library/models/families/qwenimage/entry.py": {
-        "library.models.families.qwenimage.family:QwenImageFamily": _LOADER,
-        "library.models.families.qwenimage.key_map:comfy_keys": _KEYS,
-        "library.models.families.qwenimage.key_map:comfy_model_name": _KEYS,
-        "library.models.families.qwenimage.spec:claims_qwenimage": _LOADER,
-        "library.models.families.qwenimage.load:load_qwenimage": _LOADER,
-    },
-    "library/models/families/qwenimage_edit/entry.py": {
-        "library.models.families.qwenimage_edit.family:HOOKS": _LOADER,
-        "library.models.families.qwenimage_edit.family:PLUS_HOOKS": _LOADER,
-        "library.models.families.qwenimage_edit.load:claims_qwenimage_edit": _LOADER,
-        "library.models.families.qwenimage_edit.load:claims_qwenimage_edit_plus": _LOADER,
-        "library.models.families.qwenimage_edit.load:load_qwenimage_edit": _LOADER,
-        "library.models.families.qwenimage_edit.load:load_qwenimage_edit_plus": _LOADER,
-    },
-    "library/models/families/sd/entry.py": {
-        "library.models.families.sd.family:SDFamily": _LOADER,
-        "library.models.families.sd.family:unet_lora_key_layout": _KEYS,
-        "library.models.families.sd.load:claims_sd": _LOADER,
-        "library.models.families.sd.load:load_sd": _LOADER,
-    },
-    "library/models/families/sd3/entry.py": {
-        "library.models.families.sd3.family:SD3Family": _LOADER,
-        "library.models.families.sd3.family:load_sd3": _LOADER,
-        "library.models.families.sd3.spec:claims_sd3": _LOADER,
-    },
-    "library/models/families/zimage/entry.py": {
-        "library.models.families.zimage.family:ZImageFamily": _LOADER,
-        "library.models.families.zimage.spec:claims_zimage": _LOADER,
-        "library.models.families.zimage.load:load_zimage": _LOADER,
-        "library.models.families.zimage.lora_keys:comfy_keys": _KEYS,
-        "library.models.families.zimage.lora_keys:comfy_model_name": _KEYS,
-    },
 }
 # Third-party libraries that a config check must not load (they come with the training modules).
 HEAVY = ("diffusers", "transformers", "peft", "accelerate", "bitsandbytes")
@@ -388,29 +308,22 @@ def test_library_modules_import_no_cycle():
     )
 
 
-def test_deferred_names_close_no_new_cycle():
-    """A Deferred is an import on first use: it may not close a cycle DEFERRED_CYCLES does not
-    list (a cycle through several Deferreds is found at each of them)."""
+def test_deferred_names_close_no_cycle():
+    """A Deferred is an import on first use: it may not close a cycle (a cycle through several
+    Deferreds is found at each of them)."""
     graph = _graph()
     modules = _modules()
-    closing = {}
+    closing = []
     for name, targets in _deferred().items():
         file = modules[name][0].relative_to(ROOT).as_posix()
         for target, module in targets:
             back = _path(graph, module, name)
             if back:
-                closing[(file, target)] = " -> ".join([name, *back])
-    listed = {(file, target) for file, targets in DEFERRED_CYCLES.items() for target in targets}
-    new = [f"{file}: Deferred({target!r}): {cycle}" for (file, target), cycle in closing.items()
-           if (file, target) not in listed]  # fmt: skip
-    assert not new, (
+                closing.append(f"{file}: Deferred({target!r}): {' -> '.join([name, *back])}")
+    assert not closing, (
         "a Deferred name closes an import cycle (the module it names builds on the module "
-        "naming it); make the named module build on lower ones only:\n" + "\n".join(new)
-    )
-    cleared = sorted(f"{file}: {target}" for file, target in listed - set(closing))
-    assert not cleared, (
-        f"these Deferred names no longer close a cycle: remove them from DEFERRED_CYCLES in "
-        f"{Path(__file__).name}: {', '.join(cleared)}"
+        "naming it); make the named module build on lower ones only: hand it what it needs of "
+        "the registry from above, or read it from its own entry:\n" + "\n".join(closing)
     )
 
 

@@ -1,78 +1,26 @@
-"""The [flow] section: flow-matching models' options in kohya's vocabulary.
+"""The [flow] section a config holds, composed from the registered families' keys.
 
-Every key is unset by default. A flow-matching model fills the unset ones with kohya's defaults
-(library.training.objectives.FlowOptions). The section is composed: the keys of the
-flow-matching draw and loss are defined here, and every other key by the family that owns it
-(its entry's ``config_keys``: its component files and its own training options, in its
-package). Which family reads which key is its entry's ``flow_keys``: a family refuses a set key
-it does not read, naming the families that do, since it would change nothing there.
+The shared flow-matching keys and the type the code below the registry knows the section by are
+library.config.flow_section's; every other key is defined by the family that owns it (its
+entry's ``config_keys``: its component files and its own training options, in its package).
+Which family reads which key is its entry's ``flow_keys``: a family refuses a set key it does
+not read, naming the families that do, since it would change nothing there.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field
-
+from library.config import flow_section
 from library.config.section import Section
-from library.models.families.registry import FAMILIES
-
-TimestepSampling = Literal["sigma", "uniform", "sigmoid", "shift", "flux_shift", "qwen_shift"]
-WeightingScheme = Literal["sigma_sqrt", "logit_normal", "mode", "cosmap", "none", "uniform"]
-ModelPredictionType = Literal["raw", "additive", "sigma_scaled"]
-
-
-class FlowMatchingKeys(Section):
-    """How the noise level is drawn and the prediction compared with the target."""
-
-    timestep_sampling: TimestepSampling | None = Field(
-        None,
-        description="How each sample's noise level sigma is drawn: sigma (an index into the "
-        "shifted 1000-step schedule, by weighting_scheme), uniform, sigmoid (sigmoid of "
-        "sigmoid_scale * normal), shift (sigmoid, then discrete_flow_shift), flux_shift (sigmoid, "
-        "then Flux's resolution-dependent shift), qwen_shift (musubi-tuner's: sigmoid, then a "
-        "resolution-dependent shift with mu from 0.5 at 256 image tokens to 0.9 at 8192). Unset: sigma, or the family's own default draw.",
-    )
-    sigmoid_scale: float | None = Field(
-        None,
-        gt=0,
-        description="Scale of the normal draw in sigmoid/shift/flux_shift/qwen_shift. Unset: 1.",
-    )
-    discrete_flow_shift: float | None = Field(
-        None,
-        gt=0,
-        description="Shift s of sigma -> s*sigma / (1 + (s-1)*sigma) for timestep_sampling shift "
-        "and of the sigma schedule. Unset: 3.",
-    )
-    model_prediction_type: ModelPredictionType | None = Field(
-        None,
-        description="How the transformer's output is compared with the velocity target: raw "
-        "(as is), additive (plus the noisy input), sigma_scaled (noisy input - sigma * output, "
-        "weighted by weighting_scheme). Unset: sigma_scaled, kohya's default; kohya's docs "
-        "recommend raw for Flux.1.",
-    )
-    weighting_scheme: WeightingScheme | None = Field(
-        None,
-        description="Density of the sigma draw (Flux.1's timestep_sampling sigma, and SD3: "
-        "logit_normal, mode, uniform) and loss weight of sigma_scaled and SD3 (sigma_sqrt, "
-        "cosmap). Unset: uniform.",
-    )
-    logit_mean: float | None = Field(
-        None, description="Mean of weighting_scheme logit_normal. Unset: 0."
-    )
-    logit_std: float | None = Field(
-        None, gt=0, description="Standard deviation of weighting_scheme logit_normal. Unset: 1."
-    )
-    mode_scale: float | None = Field(
-        None, description="Scale of weighting_scheme mode. Unset: 1.29."
-    )
+from library.models.families.registry import FAMILIES, flow_key_owners
 
 
 def _compose() -> type[Section]:
     """The [flow] section: each registered family's keys (in registry order), then the shared
     ones. A key two families define differently is a mistake in the family packages, refused
     when this module is imported."""
-    owners: dict[str, type[Section]] = dict.fromkeys(FlowMatchingKeys.model_fields, FlowMatchingKeys)
+    owners: dict[str, type[Section]] = dict.fromkeys(
+        flow_section.FlowSection.model_fields, flow_section.FlowMatchingKeys
+    )
     parts: list[type[Section]] = []
     for entry in FAMILIES:
         for keys in entry.config_keys:
@@ -89,9 +37,12 @@ def _compose() -> type[Section]:
     # pydantic lists the fields of the bases from the last to the first
     return type(
         "FlowSection",
-        (FlowMatchingKeys, *reversed(parts)),
-        {"__module__": __name__, "__doc__": "The flow-matching families' component files and "
-         "training options."},
+        (flow_section.FlowSection, *reversed(parts)),
+        {
+            "__module__": __name__,
+            "__doc__": "The flow-matching families' component files and training options.",
+            "readers": staticmethod(flow_key_owners),
+        },
     )
 
 

@@ -38,6 +38,7 @@ from library.models.families.registry import (
     entry_of,
     families,
     trained_lines,
+    unet_key_layout,
 )
 from library.models.loader import load_components
 from library.networks.kohya_names import UNET, kohya_name, kohya_path, unwrap
@@ -279,7 +280,7 @@ def _weight_layers(model: nn.Module) -> list[str]:
 
 def layer_table(components) -> dict[str, Layer]:
     """kohya module name -> Layer for every layer a LoRA/LyCORIS file may name in the loaded
-    model (``components``: library.models.loader.Components): every Linear and Conv2d of the
+    model (``components``: library.models.components.Components): every Linear and Conv2d of the
     denoiser and of each text encoder, named as kohya names it for the family."""
     family = components.family
     table: dict[str, Layer] = {}
@@ -302,7 +303,7 @@ def _denoiser_layers(denoiser: nn.Module, to_original) -> list[tuple[str, tuple[
     ``to_original``: the family's converter to the original model's names (None: a UNet)."""
     paths = _weight_layers(denoiser)
     if to_original is None:  # a UNet: one layer per name (SDXL's in SGM's names)
-        return [(kohya_path(denoiser, path), (path,), False) for path in paths]
+        return [(kohya_path(denoiser, path, unet_key_layout), (path,), False) for path in paths]
     # Label each layer's weight with two numbers (2i, 2i + 1); the converter stacks and swaps
     # them as it would the weights, which shows the parts and the order of every original one.
     labels = {f"{path}.weight": torch.tensor([2 * i, 2 * i + 1]) for i, path in enumerate(paths)}

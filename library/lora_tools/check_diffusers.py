@@ -17,7 +17,7 @@ from library.lora_tools.adapters import remove_adapters
 from library.lora_tools.base_model import Layer
 from library.lora_tools.file_modules import FileModules, report_unreadable
 from library.lora_tools.loader_report import Report
-from library.models.loader import one_line
+from library.models.model_files import one_line
 from library.networks.lycoris import file_math
 from library.sampling.pipelines import build_pipeline
 

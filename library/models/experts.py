@@ -17,7 +17,7 @@ import torch
 from library.errors import ConfigError
 
 if TYPE_CHECKING:
-    from library.config.schema import Config
+    from library.config.config_view import ConfigView
 
 HIGH_NOISE = "high_noise"
 LOW_NOISE = "low_noise"
@@ -42,7 +42,7 @@ class Experts:
             )
 
 
-def boundary(config: Config, experts: Experts) -> float:
+def boundary(config: ConfigView, experts: Experts) -> float:
     """The boundary between the experts as a fraction: ``timestep_boundary`` (musubi-tuner's
     word and scales: [0, 1], or a timestep above 1 divided by 1000), else the model's
     ``boundary_ratio``; ConfigError when neither gives one."""

@@ -28,7 +28,7 @@ from library.errors import ModelError
 from library.models import original_names as names
 from library.models.checkpoint_file import CheckpointFile
 from library.models.families.shape_origins import converted_origins
-from library.models.loader import one_line, reads_weights
+from library.models.model_files import one_line, reads_weights
 
 CONFIG_METADATA = "difftune.config."  # + part name: its diffusers config as JSON
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from library.errors import ModelError
-from library.models.loader import read_tokenizer
+from library.models.model_files import read_tokenizer
 from library.models.tokenizer_fit import (
     TokenizerSource,
     check_folder_kind,

@@ -20,7 +20,7 @@ from library.models import original_names as names
 from library.models import shape_configs
 from library.models.checkpoint_file import CheckpointFile
 from library.models.checkpoint_parts import build_vae, convert_vae, plan_part
-from library.models.loader import load_weights, offline
+from library.models.model_files import load_weights, offline
 from library.models.plans import load_plan
 
 

@@ -68,15 +68,17 @@ class KeyMap:
 @dataclass(frozen=True)
 class KohyaNames(KeyMap):
     """kohya's one-to-one names; ``text_prefixes`` are the family's text-encoder prefixes
-    (which tell a file of another family from one whose text encoder does not train)."""
+    (which tell a file of another family from one whose text encoder does not train), and
+    ``unet_key_layout`` the family's layout of a UNet's names (kohya_names.kohya_path)."""
 
     text_prefixes: tuple[str, ...] | None = None
+    unet_key_layout: kohya_names.UNetKeyLayout | None = None
 
     def modules(self, prefix, model):
-        return kohya_keys.plain_modules(prefix, model)
+        return kohya_keys.plain_modules(prefix, model, self.unet_key_layout)
 
     def read(self, models, tensors, source, metadata=None):
-        kohya_keys.import_lora(models, tensors, source, self.text_prefixes)
+        kohya_keys.import_lora(models, tensors, source, self.unet_key_layout)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class OriginalNames(KeyMap):
         text = {k: v for k, v in tensors.items() if k not in denoiser}
         text_models = {p: m for p, m in models.items() if p != kohya_names.UNET}
         if text or text_models:
-            kohya_keys.import_lora(text_models, text, source, self.text_prefixes)
+            kohya_keys.import_lora(text_models, text, source)
         if kohya_names.UNET in models:
             model = kohya_names.unwrap(models[kohya_names.UNET])
             modules = adapted_modules(model, self.denoiser_modules(model))
@@ -143,3 +145,10 @@ class AliasedPathNames(PathNames):
     def read(self, models, tensors, source, metadata=None):
         model = kohya_names.unwrap(models[kohya_names.UNET])
         load_file_tensors(kind_in([model]), model, tensors, self.names, source, metadata)
+
+
+def text_prefixes(key_map: KeyMap) -> tuple[str, ...] | None:
+    """The family's kohya text-encoder prefixes where its files name text encoders kohya's way
+    (a file with another prefix is another family's: lora_file_checks.check_text_prefixes);
+    None for a key map that names none so."""
+    return key_map.text_prefixes if isinstance(key_map, (KohyaNames, OriginalNames)) else None

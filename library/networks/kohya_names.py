@@ -4,14 +4,13 @@ library/networks/kohya_keys.py for reading and writing whole files)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from diffusers import UNet2DConditionModel
 from torch import nn
 from transformers import CLIPTextModel
 
-from library.models.families.registry import families
 from library.models.original_names import unet_path_to_original
 
 UNET = "lora_unet"
@@ -42,36 +41,44 @@ KNOWN_PREFIXES = {
 DOWN, UP, ALPHA = "lora_down.weight", "lora_up.weight", "alpha"
 
 
+def prefix_of(name: str) -> str | None:
+    """The longest known kohya prefix ``name`` starts with (lora_te1 before lora_te)."""
+    for prefix in sorted(KNOWN_PREFIXES, key=len, reverse=True):
+        if name.startswith(prefix + "_"):
+            return prefix
+    return None
+
+
 def kohya_name(prefix: str, module_path: str) -> str:
     """``kohya_name("lora_unet", "mid_block.attentions.0.proj_in")`` -> ``lora_unet_mid_block_...``."""
     return f"{prefix.rstrip('_')}_{module_path.replace('.', '_')}"
 
 
-def kohya_path(model: nn.Module, path: str) -> str:
+# How kohya's files name the modules of a UNet with a given config: "original" (the SGM layout,
+# SDXL's) or "diffusers". The family's answer (its entry's ``lora_files.unet_key_layout``), which
+# callers hand in: this module sits below the families and does not ask the registry.
+UNetKeyLayout = Callable[[Mapping], str]
+
+
+def kohya_path(
+    model: nn.Module, path: str, unet_key_layout: UNetKeyLayout | None = None
+) -> str:
     """The module path kohya names ``path`` by.
 
     kohya's names follow transformers 4's CLIPTextModel, whose layers sit under ``text_model``;
     transformers 5 flattened that attribute away, so the prefix is put back for the file. A UNet
-    whose family names LoRA modules in the original layout (SDXL) gets its SGM path.
+    whose family names LoRA modules in the original layout (``unet_key_layout`` says so of its
+    config: SDXL's) gets its SGM path.
     """
     if isinstance(model, CLIPTextModel) and not hasattr(model, "text_model"):
         return f"text_model.{path}"
-    config = _original_layout_config(model)
-    if config is not None:
-        return unet_path_to_original(path, config)
-    return path
-
-
-def _original_layout_config(model: nn.Module):
-    """The UNet config when LoRA files name ``model``'s modules in the original layout (the
-    family registry says which UNets: SDXL's)."""
-    if isinstance(model, UNet2DConditionModel) and any(
-        entry.lora_files.unet_key_layout(model.config) == "original"
-        for entry in families()
-        if entry.lora_files.unet_key_layout is not None
+    if (
+        unet_key_layout is not None
+        and isinstance(model, UNet2DConditionModel)
+        and unet_key_layout(model.config) == "original"
     ):
-        return model.config
-    return None
+        return unet_path_to_original(path, model.config)
+    return path
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -17,8 +17,14 @@ import torch
 
 from library.data.content_hash import all_finite
 from library.errors import CheckpointError
-from library.models.families.registry import claim_order, entry_of, families, text_prefix_line
-from library.networks.kohya_names import TEXT_ENCODER
+from library.models.families.registry import (
+    claim_order,
+    entry_of,
+    families,
+    text_prefix_line,
+    text_prefix_lines,
+)
+from library.networks.kohya_names import TEXT_ENCODER, UNET, prefix_of
 from library.networks.lycoris.file_math import ALGO_KEYS, ALGO_LABELS
 
 
@@ -39,6 +45,28 @@ def check_lora_file(tensors: Mapping[str, torch.Tensor], source: str, architectu
         raise CheckpointError(
             f"network_weights: {source} is a LoRA for {made_for} models ({example}, ...), but "
             f"the base model is {this}; use a {made_for} base model or a LoRA made for {this}"
+        )
+
+
+def check_text_prefixes(
+    tensors: Mapping[str, torch.Tensor], source: str, text_prefixes: tuple[str, ...] | None
+) -> None:
+    """CheckpointError naming ``source`` when the file has kohya text-encoder modules under a
+    prefix that is not one of the base model family's ``text_prefixes`` (its key map's; None:
+    its files do not name text encoders kohya's way): another family's text encoder, which no
+    setting makes this model load (a prefix of its own whose encoder does not train is the
+    key map's to explain)."""
+    if text_prefixes is None:
+        return
+    for name in sorted({key.split(".")[0] for key in tensors}):
+        prefix = prefix_of(name)
+        if prefix is None or prefix == UNET or prefix in text_prefixes:
+            continue
+        made_for = " or ".join(text_prefix_lines(prefix))
+        this = text_prefix_line(tuple(text_prefixes)) or "another family"
+        raise CheckpointError(
+            f"{source}: is a LoRA for {made_for} models ({name}, ...), but the base model is "
+            f"{this}; use a {made_for} base model or a LoRA made for {this}"
         )
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
+from library.networks.key_maps import text_prefixes
 from library.networks.kinds import kind_in
 from library.networks.kohya_names import ALPHA, DOWN
 from library.networks.linear_files import PEFT_DOWN
@@ -20,6 +21,7 @@ from library.networks.lora_file_checks import (
     check_adapter_kind,
     check_lora_file,
     check_made_for,
+    check_text_prefixes,
     lora_family,
     model_line,
 )
@@ -65,6 +67,7 @@ def import_network_weights(
     check_adapter_kind(tensors, kind.name, _lycoris_algo(kind, models), str(source))
     tensors = zero_alphas_as_rank(tensors, metadata, source, reads_diffusers_layout(family))
     try:
+        check_text_prefixes(tensors, str(source), text_prefixes(family.adapter_key_map()))
         family.load_lora_tensors(models, tensors, str(source), metadata)
     except CheckpointError as exc:
         raise CheckpointError(f"{exc}{_names_hint(family, tensors)}") from None

@@ -10,7 +10,6 @@ import warnings
 from library.config.sampling_schema import SamplerName
 from library.config.suggest import nearest
 from library.errors import ConfigError
-from library.models.families.registry import families
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +135,9 @@ def build_flow_sampler(name: str | None, scheduler_config: dict):
     if name is not None and name not in FLOW_SAMPLER_NAMES and name not in _warned_flow_samplers:
         _warned_flow_samplers.add(name)
         log.warning(
-            'sample_sampler "%s": flow-matching models (%s) sample with Euler only, as '
-            'sd-scripts does; sampling with "euler"',
+            'sample_sampler "%s": a flow-matching model samples with Euler only, as sd-scripts '
+            'does; sampling with "euler"',
             name,
-            ", ".join(entry.label for entry in families() if entry.flow_matching),
         )
     config = {k: v for k, v in dict(scheduler_config).items() if not k.startswith("_")}
     return FlowMatchEulerDiscreteScheduler.from_config(config)

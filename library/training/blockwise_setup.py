@@ -12,6 +12,7 @@ import torch
 from library.config.adapter_schema import BLOCKWISE_KEYS
 from library.config.schema import Config
 from library.errors import ConfigError
+from library.models.families.registry import unet_key_layout
 from library.networks.kohya_names import UNET, kohya_name, kohya_path
 from library.networks.lora import ADAPTER, LoraSpec, apply_lora, lora_layers
 from library.networks.targets import TargetKind
@@ -40,7 +41,7 @@ def blockwise(config: Config, family):
 
 
 def _names(denoiser: torch.nn.Module, paths) -> dict[str, str]:
-    return {path: kohya_name(UNET, kohya_path(denoiser, path)) for path in paths}
+    return {path: kohya_name(UNET, kohya_path(denoiser, path, unet_key_layout)) for path in paths}
 
 
 def inject_blockwise(

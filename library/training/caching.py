@@ -22,8 +22,8 @@ from library.data.samples import (
     validation_caption,
 )
 from library.errors import ConfigError
+from library.models.components import Components
 from library.models.conditioning import encode_text
-from library.models.loader import Components
 from library.saving.atomic import remove_stale_temporaries
 from library.training.image_sizes import nearest_multiples
 from library.training.text_cache import TextEncoderCache, text_identity

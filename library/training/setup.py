@@ -9,9 +9,10 @@ import torch
 
 from library.config.schema import Config
 from library.errors import ConfigError
+from library.models.components import Components
 from library.models.conditioning import freeze_unused_text_adapters
+from library.models.families.family_choice import check_network_module
 from library.models.float8 import store_in_float8
-from library.models.loader import Components
 from library.models.quantized_base import PRECISIONS, quantize_linears
 from library.networks.adapters import STATE_BUFFERS, adapter_parameters
 from library.networks.kohya_names import UNET
@@ -117,6 +118,7 @@ def trained_denoisers(config: Config, components: Components) -> dict[str, torch
 
 def setup_training(config: Config, components: Components) -> TrainedParts:
     """Inject adapters or unfreeze the denoiser, load network_weights, build parameter groups."""
+    check_network_module(components.family, config.network.network_module)
     components.family.check_training(config)
     check_expert_config(config, components.experts)
     if components.experts is not None:

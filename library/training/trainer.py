@@ -28,7 +28,8 @@ from library.data.samples import SampleSource
 from library.errors import CheckpointError, ModelError, TrainingError
 from library.models.families.family_choice import entry_for
 from library.models.float8 import keep_out_of_ddp
-from library.models.loader import load_components, shapes_only
+from library.models.loader import load_components
+from library.models.model_files import shapes_only
 from library.networks.max_norm import apply_max_norm
 from library.sampling.generate import check_sampling
 from library.sampling.runner import SampleRunner

@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
-from library.models.loader import load_components, shapes_only
+from library.models.loader import load_components
+from library.models.model_files import shapes_only
 
 FLUX_PARTS = {"clip_l": "text_encoder", "t5xxl": "text_encoder_2", "ae": "vae"}
 

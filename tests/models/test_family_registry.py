@@ -7,14 +7,14 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
 import torch
 
 from library.config import flow_schema
-from library.config.flow_schema import FlowMatchingKeys, FlowSection
+from library.config.flow_schema import FlowSection
+from library.config.flow_section import FlowMatchingKeys
 from library.config.schema import ModelSection, NetworkSection
 from library.config.section import Section
 from library.errors import CheckpointError, ConfigError, ModelError
@@ -23,7 +23,11 @@ from library.models.families import registry
 from library.models.families.base import ModelFamily
 from library.models.families.chroma.entry import CHROMA
 from library.models.families.chroma.family import chroma_family
-from library.models.families.family_choice import check_config_family, entry_for
+from library.models.families.family_choice import (
+    check_config_family,
+    check_network_module,
+    entry_for,
+)
 from library.models.families.family_entry import FamilyEntry, LoraFiles, ToolFacts
 from library.models.families.flux import family as flux
 from library.models.families.flux.entry import FLUX
@@ -227,15 +231,10 @@ def test_config_checks_know_a_registered_family():
         with pytest.raises(ConfigError, match='"networks.lora_fake" is for FAKE-1 models, and'):
             check_config_family(SD, MODEL, FlowSection(), "networks.lora_fake")
         # the network_module check of a loaded family's training choices
-        config = SimpleNamespace(
-            saving=SimpleNamespace(lora_format="kohya"),
-            network=SimpleNamespace(train_mode="lora", network_module="networks.lora_fake"),
-        )
         with pytest.raises(ConfigError, match='"networks.lora_fake" is for Fake and this is a sd1'):
-            sd.SD1.check_training(config)
-        config.network.network_module = "networks.lora_flux"
+            check_network_module(sd.SD1, "networks.lora_fake")
         with pytest.raises(ConfigError, match='is for Flux.1 and this is a fake-a model; use "n'):
-            FAKE_MODEL.check_training(config)
+            check_network_module(FAKE_MODEL, "networks.lora_flux")
 
 
 def test_a_network_module_two_families_train_with_is_each_ones_own():

@@ -19,7 +19,8 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.loader import load_components, shapes_only
+from library.models.loader import load_components
+from library.models.model_files import shapes_only
 
 TOKENIZER = Path(__file__).parents[1] / "assets" / "tokenizer"
 

@@ -11,7 +11,8 @@ import torch
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.families.sd.family import SD1, SD2, SD2_V
-from library.models.loader import load_components, model_fingerprint
+from library.models.loader import load_components
+from library.models.model_files import model_fingerprint
 
 
 def load(path, dtype=torch.float32, **flags):

@@ -16,7 +16,8 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.loader import load_components, shapes_only
+from library.models.loader import load_components
+from library.models.model_files import shapes_only
 from tests.kits.sd.tiny import tiny_vocab_size, write_clip_tokenizer_files, write_tiny_tokenizer
 
 ASSETS = Path(__file__).parents[1] / "assets"

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
+from library.models.families.registry import unet_key_layout
 from library.networks.kohya_names import ALPHA, DOWN, UP, kohya_name, kohya_path
 
 
@@ -37,7 +38,7 @@ def lora_delta(
 def _plain_layers(model: nn.Module, prefix: str) -> dict[str, nn.Module]:
     """kohya name -> Linear/Conv2d of a model without adapters."""
     return {
-        kohya_name(prefix, kohya_path(model, path)): module
+        kohya_name(prefix, kohya_path(model, path, unet_key_layout)): module
         for path, module in model.named_modules()
         if isinstance(module, (nn.Linear, nn.Conv2d))
     }

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from library.errors import CheckpointError
+from library.models.families.registry import unet_key_layout
 from library.models.families.sd.family import SD1
 from library.networks.adapters import adapter_parameters, freeze_adapters, saved_numbers
 from library.networks.kind_base import AdapterKind, AdapterSettings
@@ -118,7 +119,7 @@ def test_a_registered_kind_trains_and_round_trips_through_a_family_file():
                 p.copy_(torch.linspace(-1, 1, p.numel()) * (i + 1) / 100)
         tensors = SD1.lora_tensors(models)
         expected = {
-            f"{kohya_name(prefix, kohya_path(model, path))}.{SUFFIX}"
+            f"{kohya_name(prefix, kohya_path(model, path, unet_key_layout))}.{SUFFIX}"
             for prefix, model in models.items()
             for path in kind.layers(model)
         }

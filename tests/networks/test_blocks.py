@@ -49,11 +49,12 @@ def _tiny_unet(family: str):
 
 def _target_names(unet) -> dict[str, str]:
     """kohya name -> diffusers path of every layer a LoRA with conv adapts (difftune's naming)."""
+    from library.models.families.registry import unet_key_layout
     from library.networks.kohya_names import kohya_name, kohya_path
     from library.networks.targets import default_targets
 
     paths = default_targets(unet, "unet", conv=True)
-    return {kohya_name("lora_unet", kohya_path(unet, p)): p for p in paths}
+    return {kohya_name("lora_unet", kohya_path(unet, p, unet_key_layout)): p for p in paths}
 
 
 def _counted_blocks(unet) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:

@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 
+from library.models.families.registry import unet_key_layout
 from library.networks.kohya_keys import export_lora
 from library.networks.lora import LoraSpec, apply_lora, lora_layers, randomize_lora
 from library.saving.lora_file import save_lora_file
@@ -54,7 +55,7 @@ def test_diffusers_loads_every_key(case, request, tmp_path, unet_inputs, unet_ou
         apply_lora(model, "unet" if prefix == "lora_unet" else "text_encoder", spec)
         randomize_lora(model, gen, std=0.1)
     path = tmp_path / f"{case}.safetensors"
-    save_lora_file(path, export_lora(models), {}, torch.float32)
+    save_lora_file(path, export_lora(models, unet_key_layout), {}, torch.float32)
 
     noise = load_quietly(pipe, path)
     if not with_te:  # diffusers notes that a UNet-only file has nothing for the text encoder

@@ -13,6 +13,7 @@ import torch
 
 from library.errors import CheckpointError
 from library.models.families.qwenimage.family import qwenimage_family
+from library.models.families.registry import families
 from library.networks.kohya_names import UNET
 from library.networks.lora_file_checks import model_line, version_line
 from library.networks.lycoris.spec import LycorisSpec
@@ -120,3 +121,21 @@ def test_a_lycoris_file_of_another_algorithm_names_it():
     message = str(caught.value)
     assert "is a LyCORIS LoHa file and this run trains LyCORIS LoKr" in message
     assert 'network_args "algo=loha"' in message
+
+
+@pytest.mark.parametrize("prefix", ["lora_te", "lora_te2"])
+def test_another_familys_text_encoder_names_the_lines_that_have_it(prefix):
+    """A file with text-encoder modules under a kohya prefix the base model's family does not
+    use (SD's lora_te, SDXL's and SD3's lora_te2, on FLUX.1) is refused before anything loads,
+    naming every model line whose files use that prefix (the registry's entries)."""
+    family, models = _family_lora("flux")
+    name = f"{prefix}_text_model_encoder_layers_0_mlp_fc1"
+    tensors = {f"{name}.lora_down.weight": torch.zeros(4, 4),
+               f"{name}.lora_up.weight": torch.zeros(4, 4)}  # fmt: skip
+    lines = [line for entry in families() for own, line in entry.lora_files.text_prefixes.items()
+             if prefix in own]  # fmt: skip
+    with pytest.raises(CheckpointError) as caught:
+        import_network_weights(family, models, tensors, "te.safetensors")
+    message = str(caught.value)
+    assert f"is a LoRA for {' or '.join(lines)} models ({name}, ...)" in message
+    assert "the base model is FLUX.1" in message and "\n" not in message, message

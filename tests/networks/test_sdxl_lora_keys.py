@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from library.errors import CheckpointError
+from library.models.families.registry import unet_key_layout
 from library.networks.kohya_keys import export_lora, import_lora
 from library.networks.lora import LoraSpec, apply_lora, randomize_lora
 from tests.networks.lora_merge import merge_lora_file
@@ -95,7 +96,7 @@ def _modules(tensors) -> set[str]:
 @pytest.mark.parametrize("conv", [False, True], ids=["linear", "locon"])
 def test_keys_use_sgm_names_and_sdxl_prefixes(sdxl_parts, locon_models, conv):
     models = locon_models if conv else _adapted(sdxl_parts, LoraSpec(4, 2.0))
-    tensors = export_lora(models)
+    tensors = export_lora(models, unet_key_layout)
     unet = expected_unet_modules(conv)
     te1 = expected_text_modules("lora_te1", 2)
     te2 = expected_text_modules("lora_te2", 3)
@@ -124,7 +125,7 @@ def test_unet_names_match_the_original_names_mapping(sdxl_parts, locon_models):
     models = locon_models
     config = models["lora_unet"].config
     module_paths = {name for name, _ in sdxl_parts["unet"].named_modules()}
-    for name in _modules(export_lora({"lora_unet": models["lora_unet"]})):
+    for name in _modules(export_lora({"lora_unet": models["lora_unet"]}, unet_key_layout)):
         original = name.removeprefix("lora_unet_")
         # Underscores inside names (to_q, proj_in, ...) are not dots; find the dotted SGM path
         # whose diffusers counterpart is a module of the plain UNet.
@@ -148,10 +149,10 @@ def _sgm(path: str, config) -> str:
 
 def test_import_maps_sgm_names_back(sdxl_parts, locon_models, unet_inputs_sdxl):
     source = locon_models
-    tensors = export_lora(source)
+    tensors = export_lora(source, unet_key_layout)
     target = _adapted(sdxl_parts, LoraSpec(4, 1.0, conv_dim=2, conv_alpha=2.0), seed=2)
-    import_lora(target, tensors, "sdxl.safetensors")
-    again = export_lora(target)
+    import_lora(target, tensors, "sdxl.safetensors", unet_key_layout)
+    again = export_lora(target, unet_key_layout)
     assert again.keys() == tensors.keys()
     for key, value in tensors.items():
         torch.testing.assert_close(again[key], value, rtol=0, atol=0)
@@ -175,7 +176,7 @@ def unet_inputs_sdxl():
 
 def test_merge_into_a_plain_unet_reproduces_the_adapter(sdxl_parts, locon_models, unet_inputs_sdxl):
     models = locon_models
-    tensors = export_lora(models)
+    tensors = export_lora(models, unet_key_layout)
     plain = copy.deepcopy(sdxl_parts["unet"]).eval()
     assert merge_lora_file(plain, tensors, "lora_unet") == len(expected_unet_modules(True))
     with torch.no_grad():
@@ -185,23 +186,23 @@ def test_merge_into_a_plain_unet_reproduces_the_adapter(sdxl_parts, locon_models
 
 
 def test_text_encoder_weights_without_a_trained_text_encoder(sdxl_parts):
-    tensors = export_lora(_adapted(sdxl_parts, LoraSpec(4, 1.0)))
+    tensors = export_lora(_adapted(sdxl_parts, LoraSpec(4, 1.0)), unet_key_layout)
     unet_only = {"lora_unet": _adapted(sdxl_parts, LoraSpec(4, 1.0))["lora_unet"]}
     with pytest.raises(CheckpointError, match="network_train_unet_only = false"):
-        import_lora(unet_only, tensors, "xl.safetensors")
+        import_lora(unet_only, tensors, "xl.safetensors", unet_key_layout)
 
 
 def test_sd1_file_into_sdxl_is_refused(sdxl_parts, tiny_sd1_parts):
     sd1_unet = copy.deepcopy(tiny_sd1_parts["unet"])
     apply_lora(sd1_unet, "unet", LoraSpec(4, 1.0))
-    tensors = export_lora({"lora_unet": sd1_unet})
+    tensors = export_lora({"lora_unet": sd1_unet}, unet_key_layout)
     target = {"lora_unet": _adapted(sdxl_parts, LoraSpec(4, 1.0))["lora_unet"]}
     with pytest.raises(CheckpointError, match="sd1.safetensors: .*different"):
-        import_lora(target, tensors, "sd1.safetensors")
+        import_lora(target, tensors, "sd1.safetensors", unet_key_layout)
 
 
 def test_missing_text_encoder_modules_say_so(sdxl_parts):
     models = _adapted(sdxl_parts, LoraSpec(4, 1.0))
-    unet_only = export_lora({"lora_unet": models["lora_unet"]})
+    unet_only = export_lora({"lora_unet": models["lora_unet"]}, unet_key_layout)
     with pytest.raises(CheckpointError, match="no text-encoder LoRA"):
-        import_lora(models, unet_only, "unet-only.safetensors")
+        import_lora(models, unet_only, "unet-only.safetensors", unet_key_layout)

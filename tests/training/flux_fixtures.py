@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 
 from library.config.flow_schema import FlowSection
+from library.models.components import Components
 from library.models.families.flux.family import flux_family
 from library.models.families.flux.sampling import flux_scheduler_config
 from library.models.families.flux.shapes import PATCH_SIZE
-from library.models.loader import Components
 from library.training.objectives import FlowMatchingObjective, FlowOptions
 from tests.kits.flux.tiny import build_tiny_flux_components
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from library.config.flow_schema import FlowSection
+from library.models.components import Components
 from library.models.families.sd3.family import pad_with_id_zero, sd3_family
 from library.models.families.sd3.objective import SD3FlowObjective
 from library.models.families.sd3.sampling import sd3_scheduler_config
-from library.models.loader import Components
 from library.training.objectives import FlowOptions
 from tests.kits.sd3.tiny import build_tiny_sd3_components
 

@@ -10,6 +10,7 @@ import torch
 
 from library.config.schema import Config
 from library.errors import ConfigError
+from library.models.families.registry import unet_key_layout
 from library.models.families.sd.blocks import block_index
 from library.models.loader import load_components
 from library.networks.kohya_names import UNET, kohya_name, kohya_path
@@ -42,7 +43,7 @@ def _plain_targets(model_dir) -> list[str]:
 
 def _blocks(unet, sdxl: bool) -> dict[str, int]:
     return {
-        path: block_index(kohya_name(UNET, kohya_path(unet, path)), sdxl)
+        path: block_index(kohya_name(UNET, kohya_path(unet, path, unet_key_layout)), sdxl)
         for path in lora_layers(unet)
     }
 
@@ -69,7 +70,7 @@ def test_zero_weight_blocks_lose_their_adapters_and_rates_follow_blocks(tiny_mod
     all_targets = _plain_targets(tiny_model_dir)
     gone = {
         p for p in all_targets
-        if block_index(kohya_name(UNET, kohya_path(unet, p)), False) == 16
+        if block_index(kohya_name(UNET, kohya_path(unet, p, unet_key_layout)), False) == 16
     }  # fmt: skip
     assert gone and sorted(blocks) == sorted(set(all_targets) - gone)
     assert 17 in blocks.values()

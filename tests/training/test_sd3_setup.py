@@ -13,6 +13,7 @@ from library.config.flow_schema import FlowSection
 from library.config.schema import Config, ModelSection
 from library.errors import ConfigError
 from library.models.families import registry
+from library.models.families.family_choice import check_network_module
 from library.models.families.sd3.lora_keys import T5, transformer_modules
 from library.networks.fused_keys import target_paths, text_encoder_modules
 from library.networks.lora import lora_layers
@@ -114,8 +115,10 @@ def test_sd3_keys_are_refused_on_flux():
 )  # fmt: skip
 def test_training_choices_refused_before_training(keys, match):
     c = tiny_sd3_components()
-    with pytest.raises(ConfigError, match=match):
-        c.family.check_training(_config(**keys))
+    config = _config(**keys)
+    with pytest.raises(ConfigError, match=match):  # as setup_training checks them
+        check_network_module(c.family, config.network.network_module)
+        c.family.check_training(config)
 
 
 def test_diffusers_layout_is_refused_where_diffusers_converts_kohya_files():

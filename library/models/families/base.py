@@ -22,15 +22,15 @@ from library.errors import ConfigError
 from library.models.conditioning_data import Conditioning, TextConditioning
 from library.models.families import edit_variant
 from library.models.families.edit_variant import EditHooks, EditVariant, ReferenceCounts
-from library.models.families.registry import network_module_owner
 from library.models.latent_codec import LatentCodec, ScaledLatentCodec
 from library.networks.key_maps import KohyaNames
 from library.networks.kind_base import AdapterSettings
 from library.networks.kinds import kind_named
 
 if TYPE_CHECKING:
-    from library.config.flow_schema import FlowSection
-    from library.config.schema import Config, ModelSection
+    from library.config.config_view import ConfigView
+    from library.config.flow_section import FlowSection
+    from library.config.model_schema import ModelSection
 
 PredictionType = Literal["epsilon", "v_prediction", "flow"]
 # The batch entry holding each sample's uniform draws for a family's random conditioning choices
@@ -399,11 +399,11 @@ class ModelFamily:
             f"sdpa = false: {self.name} models have no plain-attention path here; set sdpa = true"
         )
 
-    def prepare_denoiser(self, denoiser: torch.nn.Module, config: Config) -> None:
+    def prepare_denoiser(self, denoiser: torch.nn.Module, config: ConfigView) -> None:
         """Set up the loaded denoiser for this run's options before training (nothing by
         default)."""
 
-    def metadata_keys(self, config: Config) -> dict[str, object]:
+    def metadata_keys(self, config: ConfigView) -> dict[str, object]:
         """Family-specific ss_* keys of saved files (kohya's update_metadata of its trainer
         for the family); values are stringified by the writer."""
         return {}
@@ -436,22 +436,16 @@ class ModelFamily:
             "fp8_base instead"
         )
 
-    def check_training(self, config: Config) -> None:
+    def check_training(self, config: ConfigView) -> None:
         """ConfigError for training choices this family cannot make (found before loading
-        weights where the caller can). Families that add checks call this one too."""
+        weights where the caller can). Families that add checks call this one too. (A
+        network_module of another family is family_choice.check_network_module's to refuse:
+        it names the family, which the registry knows.)"""
         layout = config.saving.lora_format
         if config.network.train_mode == "lora" and layout not in self.lora_formats:
             raise ConfigError(
                 f'lora_format = "{layout}": {self.name} LoRA files are written in kohya\'s '
                 "layout, which diffusers' own loader converts for this family; remove lora_format"
-            )
-        module = config.network.network_module
-        if module not in self.network_modules:
-            owner = network_module_owner(module)
-            family = owner.label if owner is not None else "another model family"
-            raise ConfigError(
-                f'network_module = "{module}" is for {family} and this is a {self.name} '
-                f'model; use "{self.network_modules[-1]}"'
             )
 
 

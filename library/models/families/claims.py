@@ -10,7 +10,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from library.config.schema import ModelSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
 
 

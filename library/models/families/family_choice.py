@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ConfigError
+from library.models.families.base import ModelFamily
 from library.models.families.family_entry import FamilyEntry
 from library.models.families.registry import (
     claim_order,
@@ -49,4 +50,16 @@ def check_config_family(
         raise ConfigError(
             f"{key} is {article} {names} key, and {this} model; point it at {article} {names} "
             f"model, or remove {key}"
+        )
+
+
+def check_network_module(family: ModelFamily, module: str) -> None:
+    """ConfigError when the run's network_module ``module`` is none that the loaded ``family``
+    trains with (its ``network_modules``), naming the family it is for."""
+    if module not in family.network_modules:
+        owner = network_module_owner(module)
+        owned = owner.label if owner is not None else "another model family"
+        raise ConfigError(
+            f'network_module = "{module}" is for {owned} and this is a {family.name} model; '
+            f'use "{family.network_modules[-1]}"'
         )

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.config.section import Section
 from library.config.unsupported import Unsupported
 from library.models.families import edit_variant
@@ -21,17 +23,11 @@ from library.models.families.edit_variant import EditVariant, ReferenceCounts
 
 class LoadedFamily(Protocol):
     """A loaded family (a ModelFamily instance, library.models.families.base) as entries and the
-    registry see it: the family class builds on the registry of these entries, so they do not
-    import it."""
+    registry see it: they read without torch, which the family class imports."""
 
     name: str
 
 
-# The [model] and [flow] sections that ``claims`` and ``load`` receive (config.schema's
-# ModelSection, and the [flow] section config.flow_schema composes from these entries'
-# config_keys) are built above the registry; entries know them as the Sections they are.
-ModelKeys = Section
-FlowKeys = Section
 
 # kohya's LoRA module, which trains every family (a family's own module is its entry's).
 GENERIC_LORA_MODULE = "networks.lora"
@@ -41,9 +37,9 @@ GENERIC_LORA_MODULE = "networks.lora"
 class Deferred:
     """A function or class of a family module, imported on first use: ``"package.module:name"``.
 
-    Entries name their loaders this way because the family modules import the shared loading
-    code (library.models.loader, the family base class), which asks the registry: importing
-    them from the entry would be a cycle, and would load diffusers for a config check. A
+    Entries name their loaders this way so that listing the families (the registry) loads none
+    of their code, nor diffusers, for a config check. The named code sits below the registry
+    (tests/test_import_layering.py: no Deferred name closes an import cycle). A
     family's pipeline folder (folder_loader.FolderPart) names the diffusers and transformers
     classes reading its parts this way too, so declaring the folder loads neither."""
 
@@ -170,8 +166,8 @@ class FamilyEntry:
     article: str = "a"
     lines: tuple[str, ...]
     family: Callable[[], type]
-    load: Callable[[ModelKeys, FlowKeys, object, object], object]
-    claims: Callable[[ModelKeys, FlowKeys], bool]
+    load: Callable[[ModelSection, FlowSection, object, object], object]
+    claims: Callable[[ModelSection, FlowSection], bool]
     claimed_last: bool = False
     claims_within: str | None = None
     file_setting: str | None = None
@@ -180,13 +176,13 @@ class FamilyEntry:
     flow_matching: bool = False
     config_keys: tuple[type[Section], ...] = ()
     flow_keys: frozenset[str] = frozenset()
-    model_family: Callable[[ModelKeys, FlowKeys], type] | None = None
+    model_family: Callable[[ModelSection, FlowSection], type] | None = None
     edit: EditVariant | None = None
     kohya: KohyaVocabulary = KohyaVocabulary()
     lora_files: LoraFiles = LoraFiles()
     tool: ToolFacts = ToolFacts()
 
-    def family_of(self, model: ModelKeys, flow: FlowKeys) -> type:
+    def family_of(self, model: ModelSection, flow: FlowSection) -> type:
         """The ModelFamily class of this model (``model_family``'s, else ``family``)."""
         return self.model_family(model, flow) if self.model_family else self.family()
 

@@ -24,7 +24,7 @@ from library.models import released_configs, shape_configs
 from library.models.checkpoint_file import PICKLE_SUFFIXES, CheckpointFile
 from library.models.families.file_contents import looks_like
 from library.models.families.shape_origins import convert_shapes
-from library.models.loader import one_line
+from library.models.model_files import one_line
 from library.models.plans import Convert, Plan, choose_plan, load_plan
 
 # The plan system's Plan and load_plan, for the families that read them from here.

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.config.suggest import show_value
 from library.errors import ConfigError
-from library.models.families.registry import foreign_flow_key
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +28,11 @@ def check_flow_model_options(
     """ConfigError for the options a flow-matching family ``kind`` (called ``label``) refuses;
     a warning for the SD settings it ignores (``sd_scripts_trains``: sd-scripts trains the
     family and ignores them too, which the warning says)."""
-    found = foreign_flow_key(flow, kind)
-    if found is not None:
-        key, owners = found
-        names = " and ".join(owner.label for owner in owners)
-        raise ConfigError(f"{key} applies to {names} models, not {label}; remove it")
+    for key in type(flow).model_fields:
+        owners = flow.readers(key) if getattr(flow, key) is not None else ()
+        if owners and kind not in (owner.name for owner in owners):
+            names = " and ".join(owner.label for owner in owners)
+            raise ConfigError(f"{key} applies to {names} models, not {label}; remove it")
     if model.v2:  # sd-scripts stops too: the file asks for an SD 2.x model
         raise ConfigError(f"v2 = true names an SD 2.x model, not {label}; remove it")
     ignored = {

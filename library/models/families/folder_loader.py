@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
 from library.models.families.claims import other_pipeline_error
 from library.models.families.family_entry import Deferred
 from library.models.families.file_plans import Plan, load_plan
-from library.models.loader import (
+from library.models.model_files import (
     check_weights_file,
     find_weights,
     load_weights,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from library.errors import ModelError
 from library.models.families.folder_loader import FolderTokenizer
-from library.models.loader import offline, one_line
+from library.models.model_files import offline, one_line
 
 
 def tokenizer_folder(tokenizer_path: str | None, model_file: Path, name: str, where: str) -> Path:

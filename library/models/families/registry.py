@@ -4,7 +4,10 @@ FAMILIES is the one list of families difftune trains, in the order messages list
 entry (library.models.families.family_entry) is defined beside its family. Rather than name
 families, shared modules ask this module which family claims a model, owns a [flow] key or a
 kohya network_module, or what to call it (tests/test_family_names.py lists the shared modules
-that still name one). A new family adds its package and one line to FAMILIES.
+that still name one). Those modules sit above the families: the code a family builds on does
+not import this module, since the entries here name the family's code; it is handed what it
+needs (the composed [flow] section's ``readers``, a UNet's key layout). A new family adds its
+package and one line to FAMILIES.
 """
 
 from __future__ import annotations
@@ -123,6 +126,15 @@ def foreign_flow_key(flow: Section, name: str) -> tuple[str, tuple[FamilyEntry, 
         if getattr(flow, key) is not None and key not in family_entry(name).flow_keys:
             return key, flow_key_owners(key)
     return None
+
+
+def unet_key_layout(unet_config) -> str:
+    """How kohya's files name the modules of a UNet with this config: "original" when a
+    family's entry says so of it (SDXL's SGM layout), else "diffusers" (for
+    networks.kohya_names.kohya_path, from the modules above the families)."""
+    layouts = (entry.lora_files.unet_key_layout for entry in families())
+    found = (layout(unet_config) for layout in layouts if layout is not None)
+    return "original" if "original" in found else "diffusers"
 
 
 def text_prefix_line(prefixes: tuple[str, ...]) -> str | None:

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
+from library.models.components import Components
 from library.models.families.claims import claims_model, folder_pipeline
 from library.models.families.family_entry import Deferred
 from library.models.families.file_contents import sample_keys
@@ -37,7 +38,7 @@ from library.models.families.folder_loader import (
 )
 from library.models.families.shape_origins import convert_shapes
 from library.models.families.spec import ComponentFile, FamilySpec, SpecPart
-from library.models.loader import Components, load_weights, offline, one_line, read_json
+from library.models.model_files import load_weights, offline, one_line, read_json
 from library.models.plans import CONFIG_METADATA, Plan, choose_plan, load_plan
 from library.saving.streamed import block_groups, save_streamed
 

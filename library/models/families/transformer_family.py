@@ -17,7 +17,6 @@ from library.errors import ConfigError
 from library.models.families import denoiser_adapters as adapters
 from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.flow_options import check_flow_model_options
-from library.models.families.registry import flow_key_owners
 from library.models.families.spec import FamilySpec
 from library.models.families.spec_loader import write_main_file
 from library.networks.fused_keys import target_paths, text_encoder_modules
@@ -166,7 +165,7 @@ class TransformerFamily(ModelFamily):
         flow, adapter = config.flow, config.adapter
         for key in ("split_qkv", "train_blocks"):
             if getattr(flow, key) is not None:
-                modules = dict.fromkeys(entry.network_module for entry in flow_key_owners(key))
+                modules = dict.fromkeys(entry.network_module for entry in flow.readers(key))
                 raise ConfigError(
                     f"{key} is an argument of kohya's {' / '.join(modules)}, which LyCORIS does "
                     'not read; remove it or use network_module = "networks.lora"'

@@ -9,11 +9,12 @@ from typing import ClassVar
 
 import torch
 
+from library.models.components import Components
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.experts import HIGH_NOISE, LOW_NOISE, Experts
 from library.models.families.spec_loader import load_spec
 from library.models.families.transformer_family import TransformerFamily
-from library.models.loader import Components, load_weights, read_json
+from library.models.model_files import load_weights, read_json
 from library.models.patch_tokens import PATCH, image_position_ids, pack_latents, unpack_latents
 from library.models.text_encoders.t5 import t5_states
 from library.training.objectives import FlowMatchingObjective, FlowOptions

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from library.models.loader import shapes_only
+from library.models.model_files import shapes_only
 from library.training.memory_estimate import estimate_peak_memory
 from tests.kits.chroma.tiny import write_tiny_chroma_folder
 from tests.kits.chroma.tiny_files import write_tiny_chroma_files

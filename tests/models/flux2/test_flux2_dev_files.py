@@ -15,7 +15,8 @@ from library.config.schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
 from library.models.families.flux2.family import claims_flux2
-from library.models.loader import load_components, shapes_only
+from library.models.loader import load_components
+from library.models.model_files import shapes_only
 from tests.kits.flux2.tiny import write_tiny_flux2_folder
 from tests.kits.flux2.tiny_files import write_tiny_flux2_files
 

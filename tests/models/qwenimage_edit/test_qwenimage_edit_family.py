@@ -43,7 +43,8 @@ def test_a_processor_folder_saved_by_transformers_5_is_read(edit_dir, edit_compo
 
     from library.config.flow_schema import FlowSection
     from library.config.schema import ModelSection
-    from library.models.loader import load_components, shapes_only
+    from library.models.loader import load_components
+    from library.models.model_files import shapes_only
     from tests.models.qwenimage.test_qwenimage_files import as_transformers_5_processor
 
     folder = tmp_path / "edit"

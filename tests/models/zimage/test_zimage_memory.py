@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from library.models.loader import shapes_only
+from library.models.model_files import shapes_only
 from library.training.memory_estimate import estimate_peak_memory
 from tests.training.memory_helpers import size_stats, training_parts, write_config
 

@@ -16,9 +16,10 @@ from typing import ClassVar
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ConfigError
+from library.models.components import Components
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.chroma import conditioning as text_
 from library.models.families.chroma.checkpointing import single_blocks_masked
@@ -36,7 +37,6 @@ from library.models.families.transformer_family import (
     dual_single_tails,
     flow_metadata,
 )
-from library.models.loader import Components
 from library.models.patch_tokens import image_position_ids, pack_latents, unpack_latents
 from library.models.text_encoders.t5 import t5_states, tokenize_t5
 from library.training.objectives import FlowMatchingObjective, FlowOptions

@@ -8,8 +8,9 @@ import dataclasses
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
+from library.models.components import Components
 from library.models.families.flux import shapes as flux_shapes
 from library.models.families.flux.family import flux_family
 from library.models.families.flux.sampling import flux_scheduler_config
@@ -18,7 +19,6 @@ from library.models.families.flux.spec import claims_flux as claims_flux
 from library.models.families.folder_loader import LoadedFolder
 from library.models.families.spec import FamilySpec
 from library.models.families.spec_loader import components, load_spec
-from library.models.loader import Components
 from library.training.objectives import FlowMatchingObjective, FlowOptions
 
 

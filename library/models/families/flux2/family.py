@@ -17,9 +17,10 @@ from typing import ClassVar
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ConfigError
+from library.models.components import Components
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import reference_latents
 from library.models.families.flux2.names import TABLE
@@ -47,7 +48,6 @@ from library.models.families.transformer_family import (
     flow_metadata,
     swappable_tails,
 )
-from library.models.loader import Components
 from library.models.patch_tokens import lattice_ids
 from library.models.patched_latent_codec import BatchNormPatchedCodec
 from library.models.text_encoders import hidden_states, mistral3, qwen3

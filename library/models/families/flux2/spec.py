@@ -39,7 +39,7 @@ from library.models.families.mistral3_file import plan_mistral3_file
 from library.models.families.name_table import dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import spec_for
-from library.models.loader import read_json
+from library.models.model_files import read_json
 from library.models.plans import Plan
 from library.models.released_configs import qwen3_4b_config
 from library.training import flow_matching as fm

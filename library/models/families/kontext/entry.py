@@ -9,29 +9,17 @@ use."""
 
 from __future__ import annotations
 
-from library.models.families.edit_variant import EditVariant
 from library.models.families.family_entry import Deferred, FamilyEntry, KohyaVocabulary, ToolFacts
 from library.models.families.flux.entry import FLUX
+from library.models.families.kontext.variant import EDIT, LINE
 
-_LINE = "FLUX.1 Kontext"
 _PACKAGE = "library.models.families.kontext"
-
-# FLUX.1's family as Kontext: one reference image per sample, as the pipeline and musubi-tuner
-# take it; kohya's model_type "flux_kontext"; its hooks in family.py
-EDIT = EditVariant(
-    entry="flux_kontext",
-    label=_LINE,
-    reference_images=(1, 1),
-    model_type="flux_kontext",
-    described_as=("FLUX.1 dev", "FLUX.1 Kontext [dev]"),
-    hooks=Deferred(f"{_PACKAGE}.family:HOOKS").get,
-)
 
 KONTEXT = FamilyEntry(
     name=EDIT.entry,
     label=EDIT.label,
-    models=_LINE,
-    lines=(_LINE,),
+    models=LINE,
+    lines=(LINE,),
     family=FLUX.family,
     edit=EDIT,
     claims=Deferred(f"{_PACKAGE}.load:claims_kontext"),

@@ -1,6 +1,6 @@
 """FLUX.1 Kontext [dev]: FLUX.1 dev's transformer, taught to change a reference image as the
-caption says. No family class of its own: FLUX.1's family with Kontext's edit variant (its
-entry's data, entry.py) and the hooks below, which FLUX.1's family calls.
+caption says. No family class of its own: FLUX.1's family with Kontext's edit variant
+(variant.py) and its hooks (hooks.py), which FLUX.1's family calls.
 
 The facts (diffusers' FluxKontextPipeline in the pinned version, Black Forest Labs' release):
 
@@ -18,35 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from library.models.families.edit_variant import EditHooks
-from library.models.families.flux.family import (
-    FLUX_DEV,
-    FluxFamily,
-    image_position_ids,
-    pack_latents,
-    with_flow,
-)
-from library.models.families.kontext.entry import EDIT
-from library.models.families.kontext.sampling import REFERENCES, kontext_pipeline_kind
-
-# The first position id of a reference image's tokens (the noisy image's are 0).
-REFERENCE_INDEX = 1
-
-
-def context_tokens(family: FluxFamily, cond, dtype):
-    """The reference latents' packed tokens and their position ids (1, row, column)."""
-    tokens, ids = [], []
-    for latents in cond.unet_kwargs.get(REFERENCES, ()):
-        height, width = latents.shape[-2:]
-        tokens.append(pack_latents(latents.to(dtype)))
-        position = image_position_ids(height, width, latents.device, dtype)
-        position[:, 0] = REFERENCE_INDEX
-        ids.append(position)
-    return tokens, ids
-
-
-# FluxKontextPipeline fed our conditioning and the prompt's reference latents
-HOOKS = EditHooks(context=context_tokens, sampling_pipeline=lambda family: kontext_pipeline_kind())
+from library.models.families.flux.family import FLUX_DEV, FluxFamily, with_flow
+from library.models.families.kontext.variant import EDIT
 
 # FLUX.1 dev's settings under Kontext's names
 FLUX_KONTEXT = dataclasses.replace(

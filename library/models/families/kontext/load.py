@@ -14,17 +14,17 @@ from pathlib import Path
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
+from library.models.components import Components
 from library.models.families.claims import folder_pipeline
 from library.models.families.flux import spec as flux_spec
 from library.models.families.flux.load import flux_components
-from library.models.families.kontext.entry import EDIT
 from library.models.families.kontext.family import kontext_family
 from library.models.families.kontext.sampling import PIPELINE
+from library.models.families.kontext.variant import EDIT
 from library.models.families.spec_loader import load_spec
-from library.models.loader import Components
 
 MODEL_TYPE = EDIT.model_type
 

@@ -9,8 +9,9 @@ import logging
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
+from library.models.components import Components
 from library.models.families.krea2.family import TURBO, TURBO_KEY, krea2_family
 from library.models.families.krea2.keys import TABLE
 from library.models.families.krea2.spec import (
@@ -23,7 +24,6 @@ from library.models.families.krea2.spec import (
 )
 from library.models.families.sampling_weights import check_same_weights
 from library.models.families.spec_loader import components, folder_scheduler, load_spec
-from library.models.loader import Components
 
 __all__ = ["claims_krea2", "load_krea2"]
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
-from library.models.loader import read_json
+from library.models.model_files import read_json
 from library.models.text_encoders.qwen3_vl import TappedQwen3VL
 from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
+from library.models.components import Components
 from library.models.families.qwenimage.config_keys import check_folder_version
 from library.models.families.qwenimage.family import qwenimage_family
 from library.models.families.qwenimage.objective import (
@@ -24,7 +25,6 @@ from library.models.families.qwenimage.objective import (
 from library.models.families.qwenimage.spec import SPEC
 from library.models.families.spec import FamilySpec
 from library.models.families.spec_loader import components, load_spec
-from library.models.loader import Components
 
 
 def load_qwenimage(

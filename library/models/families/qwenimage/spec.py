@@ -35,7 +35,7 @@ from library.models.families.qwenimage import shapes
 from library.models.families.spec import FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
 from library.models.families.wan_vae_file import video_vae_part
-from library.models.loader import read_json
+from library.models.model_files import read_json
 
 BLOCKS = "transformer_blocks"
 # The file names are diffusers': the table renames nothing, its numbered list is what a

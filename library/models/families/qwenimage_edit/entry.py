@@ -11,39 +11,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from library.models.families.edit_variant import EditVariant
 from library.models.families.family_entry import Deferred, FamilyEntry, KohyaVocabulary, ToolFacts
 from library.models.families.qwenimage.entry import QWENIMAGE
+from library.models.families.qwenimage_edit.variant import EDIT, LINE, PLUS_EDIT, PLUS_LINE
 
-_LINE = "Qwen-Image-Edit"
-_PLUS_LINE = "Qwen-Image-Edit-2509/2511"
 _PACKAGE = "library.models.families.qwenimage_edit"
-
-# Qwen-Image's family as Qwen-Image-Edit: one reference image per sample, which Qwen2.5-VL reads
-# with the caption; its hooks in family.py
-EDIT = EditVariant(
-    entry="qwenimage_edit",
-    label=_LINE,
-    reference_images=(1, 1),
-    text_reads_references=True,
-    described_as=("Qwen-Image", _LINE),
-    hooks=Deferred(f"{_PACKAGE}.family:HOOKS").get,
-)
-# Qwen-Image-Edit-2509 and 2511 (QwenImageEditPlusPipeline): one or more references
-PLUS_EDIT = replace(
-    EDIT,
-    entry="qwenimage_edit_plus",
-    label="Qwen-Image-Edit-2509",
-    reference_images=(1, None),
-    described_as=("Qwen-Image", _PLUS_LINE),
-    hooks=Deferred(f"{_PACKAGE}.family:PLUS_HOOKS").get,
-)
 
 QWENIMAGE_EDIT = FamilyEntry(
     name=EDIT.entry,
     label=EDIT.label,
-    models=_LINE,
-    lines=(_LINE,),
+    models=LINE,
+    lines=(LINE,),
     family=QWENIMAGE.family,
     edit=EDIT,
     claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage_edit"),
@@ -67,7 +45,7 @@ QWENIMAGE_EDIT = FamilyEntry(
     # its LoRA files are Qwen-Image's (the same transformer and names): one line to the file
     # checks, whose marks Qwen-Image's entry names
     tool=ToolFacts(
-        variant_labels={"qwenimage-edit": _LINE},
+        variant_labels={"qwenimage-edit": LINE},
         line_of=lambda family: QWENIMAGE.lines[0],
         own_layout=QWENIMAGE.tool.own_layout,
         comfy_model_name=QWENIMAGE.tool.comfy_model_name,
@@ -82,13 +60,13 @@ QWENIMAGE_EDIT_PLUS = replace(
     QWENIMAGE_EDIT,
     name=PLUS_EDIT.entry,
     label=PLUS_EDIT.label,
-    models=_PLUS_LINE,
-    lines=(_PLUS_LINE,),
+    models=PLUS_LINE,
+    lines=(PLUS_LINE,),
     edit=PLUS_EDIT,
     claims=Deferred(f"{_PACKAGE}.load:claims_qwenimage_edit_plus"),
     file_setting='model_version = "edit-2509" or "edit-2511"',
     load=Deferred(f"{_PACKAGE}.load:load_qwenimage_edit_plus"),
     # the older key names are the first edit model's trainer's
     kohya=KohyaVocabulary(),
-    tool=replace(QWENIMAGE_EDIT.tool, variant_labels={"qwenimage-edit-plus": _PLUS_LINE}),
+    tool=replace(QWENIMAGE_EDIT.tool, variant_labels={"qwenimage-edit-plus": PLUS_LINE}),
 )

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
+from library.models.components import Components
 from library.models.families.claims import folder_pipeline
 from library.models.families.folder_loader import FolderTokenizer
 from library.models.families.qwenimage.load import load_release
@@ -25,7 +26,6 @@ from library.models.families.qwenimage.spec import SPEC, claims_qwenimage, relea
 from library.models.families.qwenimage_edit.family import qwenimage_edit_family
 from library.models.families.qwenimage_edit.processor import holds_settings, read_processor
 from library.models.families.qwenimage_edit.sampling import PIPELINE, PLUS_PIPELINE
-from library.models.loader import Components
 
 (_TOKENIZER,) = SPEC.tokenizers
 

@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from library.config.schema import ModelSection
+from library.config.model_schema import ModelSection
 from library.errors import ConfigError
 from library.models.conditioning import clip_text_conditioning, unet_conditioning
 from library.models.families.base import ModelFamily, PredictionType
-from library.models.families.registry import families
 from library.models.families.sd.blocks import blockwise_spec
 from library.models.families.sd.checkpoint_layout import LAYOUTS
+from library.networks.key_maps import KohyaNames
 from library.networks.lycoris_targets import lycoris_targets
 from library.networks.targets import default_targets
 from library.sampling.pipelines import PipelineKind
@@ -96,6 +96,11 @@ class SDFamily(ModelFamily):
         )
         return lycoris_targets(module, role, preset, named_layers=sd_names)
 
+    def adapter_key_map(self):
+        """kohya's one-to-one names, a UNet's in the layout its config has (the original one
+        for SDXL's: unet_lora_key_layout)."""
+        return KohyaNames(self.text_encoder_lora_prefixes, unet_lora_key_layout)
+
     def bucket_grid(self, denoiser):
         """The VAE's 8 times 2 per UNet downsampling stage (64 for SD 1.x/2.x, 32 for SDXL)."""
         return 8 * 2 ** (len(denoiser.config.block_out_channels) - 1)
@@ -141,7 +146,7 @@ class SDFamily(ModelFamily):
     def check_options(self, model, flow):
         given = [key for key in type(flow).model_fields if getattr(flow, key) is not None]
         if given:
-            owners = ", ".join(entry.label for entry in families() if entry.flow_matching)
+            owners = " and ".join(entry.label for entry in flow.readers(given[0]))
             raise ConfigError(
                 f"{given[0]} is a flow-matching ({owners}) key and {self.name} models train with "
                 f"DDPM, where it changes nothing; remove it"

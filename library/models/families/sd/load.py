@@ -10,22 +10,17 @@ from pathlib import Path
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import PICKLE_SUFFIXES
+from library.models.components import Components
 from library.models.families.claims import file_claimed, model_index
 from library.models.families.sd.checkpoint_layout import DAMAGED_MARKS, detect_sd
 from library.models.families.sd.family import detect_family
 from library.models.families.sd.objective import ddpm_objective
 from library.models.families.sd.single_file import is_single_file, load_single_file
-from library.models.loader import (
-    Components,
-    load_weights,
-    offline,
-    read_json,
-    resolve_model_dir,
-)
+from library.models.model_files import load_weights, offline, read_json, resolve_model_dir
 from library.models.tokenizers import encoder_label, folder_tokenizer
 
 # Subfolder -> the file that must be in it. CLIP tokenizers come as vocab.json + merges.txt,

@@ -15,16 +15,17 @@ from pathlib import Path
 
 import torch
 
-from library.config.schema import ModelSection
+from library.config.model_schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import PICKLE_SUFFIXES, CheckpointFile
 from library.models.checkpoint_parts import plan_components, read_config
+from library.models.components import Components
 from library.models.families.base import ModelFamily, PredictionType
 from library.models.families.sd import family as families
 from library.models.families.sd.checkpoint_layout import FileLayout, detect_layout
 from library.models.families.sd.family import family_for
 from library.models.families.sd.objective import ddpm_objective
-from library.models.loader import Components, offline
+from library.models.model_files import offline
 from library.models.plans import load_plan
 from library.models.tokenizers import encoder_label, load_tokenizer_for
 

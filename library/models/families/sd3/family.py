@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from library.errors import ConfigError
 from library.models.checkpoint_parts import CONFIG_METADATA
+from library.models.components import Components
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families.base import CONDITIONING_DRAWS_KEY
 from library.models.families.sd3.lora_keys import (
@@ -44,7 +45,6 @@ from library.models.families.sd3.sampling import sd3_pipeline_kind, sd3_schedule
 from library.models.families.sd3.spec import SPEC
 from library.models.families.spec_loader import load_spec
 from library.models.families.transformer_family import TransformerFamily, swappable_tails
-from library.models.loader import Components
 from library.networks.fused_keys import load_adapter_weights
 from library.networks.kohya_names import unwrap
 from library.networks.lycoris_targets import PRESETS

@@ -13,7 +13,7 @@ import torch
 
 from library.errors import ModelError
 from library.models.experts import HIGH_NOISE, LOW_NOISE, Experts
-from library.models.loader import load_weights, read_json
+from library.models.model_files import load_weights, read_json
 
 # musubi-tuner's boundaries of the A14B experts (its wan configs', 875 and 900 of 1000)
 T2V_A14B_BOUNDARY = 0.875

@@ -22,8 +22,9 @@ from typing import ClassVar
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
+from library.models.components import Components
 from library.models.conditioning import Conditioning, TextConditioning
 from library.models.experts import LOW_NOISE
 from library.models.families.base import (
@@ -49,7 +50,7 @@ from library.models.image_encoders.clip_vision import (
     clip_processor,
     folder_processor,
 )
-from library.models.loader import Components, read_json
+from library.models.model_files import read_json
 from library.models.text_encoders.umt5 import MAX_TOKENS, umt5_states
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 from library.networks.kohya_names import unwrap

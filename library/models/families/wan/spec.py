@@ -33,7 +33,7 @@ from library.models.families.wan.clip_file import plan_clip_file
 from library.models.families.wan.keys import TABLE, TABLE_CLIP
 from library.models.families.wan.t5_file import plan_t5_file
 from library.models.image_encoders.clip_vision_file import VIT_H
-from library.models.loader import read_json
+from library.models.model_files import read_json
 from library.models.text_encoders.t5 import T5TokenizerPlaces
 from library.models.text_encoders.umt5 import umt5_xxl_config
 

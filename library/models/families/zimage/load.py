@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from library.config.flow_schema import FlowSection
-from library.config.schema import ModelSection
+from library.config.flow_section import FlowSection
+from library.config.model_schema import ModelSection
+from library.models.components import Components
 from library.models.families.spec_loader import components, load_spec
 from library.models.families.zimage.family import variant_of_shift, zimage_family
 from library.models.families.zimage.objective import ZImageFlowObjective, zimage_flow_options
 from library.models.families.zimage.spec import SPEC
-from library.models.loader import Components
 
 
 def load_zimage(

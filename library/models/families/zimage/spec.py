@@ -28,7 +28,7 @@ from library.models.families.spec_loader import claimer
 from library.models.families.zimage import files
 from library.models.families.zimage.keys import DROPPED, TABLE
 from library.models.families.zimage.shapes import transformer_config
-from library.models.loader import read_json
+from library.models.model_files import read_json
 
 
 def transformer_config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict:
