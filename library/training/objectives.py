@@ -388,7 +388,9 @@ class FlowMatchingObjective(Objective):
         tokens = fm.image_seq_len(*latent_shape[-2:], self.patch)
         own = self.OWN_SHIFTS.get(o.timestep_sampling)
         if own is not None:
-            return fm.time_shift_sigmas(torch.sigmoid(o.sigmoid_scale * draws.time_normal), own(tokens))
+            return fm.time_shift_sigmas(
+                torch.sigmoid(o.sigmoid_scale * draws.time_normal), own(tokens)
+            )
         return fm.flux_sample_sigmas(
             draws.time_normal,
             draws.time_uniform,

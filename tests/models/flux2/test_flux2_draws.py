@@ -53,7 +53,9 @@ def test_flux2_shift_is_a_config_value_named_in_the_plan():
     options = flux2_flow_options(FlowSection(timestep_sampling="flux2_shift"))
     objective = Flux2FlowObjective(options, patch=1)
     assert "timestep_sampling flux2_shift (sigmoid_scale 1)" in objective.describe()
-    flux2_family("klein", "4b", False).check_options(_MODEL, FlowSection(timestep_sampling="flux2_shift"))
+    flux2_family("klein", "4b", False).check_options(
+        _MODEL, FlowSection(timestep_sampling="flux2_shift")
+    )
 
 
 @pytest.mark.parametrize(

@@ -36,9 +36,13 @@ FLUX2 = FamilyEntry(
     flow_keys=FLOW_KEYS,
     # musubi-tuner's FLUX.2 draw: flux_shift on FLUX.2's own tokens (spec.Flux2FlowObjective)
     timestep_draws=("flux2_shift",),
-    model_versions={"dev": "FLUX.2 [dev]", "klein-4b": "[klein] 4B, distilled",
-                    "klein-base-4b": "[klein] base 4B", "klein-9b": "[klein] 9B, distilled",
-                    "klein-base-9b": "[klein] base 9B"},  # fmt: skip
+    model_versions={
+        "dev": "FLUX.2 [dev]",
+        "klein-4b": "[klein] 4B, distilled",
+        "klein-base-4b": "[klein] base 4B",
+        "klein-9b": "[klein] 9B, distilled",
+        "klein-base-9b": "[klein] base 9B",
+    },
     lora_files=LoraFiles(
         # the shared modulation exists in FLUX.2 alone (FLUX.1's blocks modulate themselves);
         # a file of the blocks alone has FLUX.1's names, so no architecture refuses it by them

@@ -168,8 +168,10 @@ def inspect(checked) -> bool:
     size = size if size != "custom" else (rest or ["4b"])[-1]  # a custom klein: the value's
     fit = model if model == "dev" else "-".join(("klein", *(() if distilled else ("base",)), size))
     if fit != version:
-        raise ModelError(f'model_version = "{version}" but {checked.model_dir} is {fit} (by its '
-                         f'sizes and its name or header); set model_version = "{fit}" or remove it')
+        raise ModelError(
+            f'model_version = "{version}" but {checked.model_dir} is {fit} (by its '
+            f'sizes and its name or header); set model_version = "{fit}" or remove it'
+        )
     return distilled
 
 
