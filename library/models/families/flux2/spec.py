@@ -169,8 +169,8 @@ def inspect(checked) -> bool:
     fit = model if model == "dev" else "-".join(("klein", *(() if distilled else ("base",)), size))
     if fit != version:
         raise ModelError(
-            f'model_version = "{version}" but {checked.model_dir} is {fit} (by its '
-            f'sizes and its name or header); set model_version = "{fit}" or remove it'
+            f'model_version = "{version}" but {checked.model_dir} is a {fit} model by its files; '
+            f'set model_version = "{fit}" or remove it'
         )
     return distilled
 
