@@ -72,10 +72,9 @@ ALLOWED = {
         "flux_train.py, sd3_train.py)",
     ),
     "library/config/musubi_args.py": (
-        10,
-        "musubi-tuner's words that name FLUX.1, FLUX.2, Krea 2 and Qwen-Image (its "
-        "timestep_sampling values flux2_shift, krea2_shift, qinglong_*, its network modules) "
-        "in the messages that refuse them",
+        5,
+        "musubi-tuner's words that name FLUX.1 and Qwen-Image (its timestep_sampling values "
+        "qinglong_*, and the shared flux_shift / qwen_shift) in the messages that refuse them",
     ),
     "library/config/sampling_schema.py": (4, _CONFIG_HELP + " (default sampler and CFG)"),
     "library/config/model_schema.py": (9, _CONFIG_HELP + " (which SD versions are detected)"),

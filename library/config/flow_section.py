@@ -18,7 +18,10 @@ from pydantic import Field
 
 from library.config.section import Section
 
-TimestepSampling = Literal["sigma", "uniform", "sigmoid", "shift", "flux_shift", "qwen_shift"]
+# The draws every flow-matching family takes; a family may add draws named after it
+# (its entry's timestep_draws), which config.flow_schema's composed section adds to the key.
+SHARED_DRAWS = ("sigma", "uniform", "sigmoid", "shift", "flux_shift", "qwen_shift")
+TimestepSampling = Literal[SHARED_DRAWS]  # type: ignore[valid-type]
 WeightingScheme = Literal["sigma_sqrt", "logit_normal", "mode", "cosmap", "none", "uniform"]
 ModelPredictionType = Literal["raw", "additive", "sigma_scaled"]
 
@@ -82,14 +85,26 @@ def _no_readers(key: str) -> tuple[KeyReader, ...]:
     return ()
 
 
+def _no_owner(value: str | None) -> KeyReader | None:
+    return None
+
+
+def _no_versions(kind: str) -> dict[str, str]:
+    return {}
+
+
 class FlowSection(FlowMatchingKeys):
     """The [flow] section: the shared flow-matching keys here, and every registered family's
     own keys, which config.flow_schema's FlowSection (a subclass composed from the registry:
     what a config holds) adds. Code below the registry takes that subclass's instances as this
     type and reads the keys of its own family from them.
 
-    ``readers(key)``: the registered families that read ``key`` (their entries, in registry
-    order), the registry's answer that the composed subclass carries to the families, which
-    name them when a set key is another family's."""
+    What the composed subclass carries of the registry to the families, which name other
+    families in their refusals: ``readers(key)``, the registered families that read ``key``
+    (their entries, in registry order); ``draw_owner(value)``, the family whose own
+    timestep_sampling draw ``value`` is (None for a shared draw); ``model_versions(kind)``, the
+    model_version values family ``kind``'s models take, each with what it names."""
 
     readers: ClassVar[Callable[[str], tuple[KeyReader, ...]]] = staticmethod(_no_readers)
+    draw_owner: ClassVar[Callable[[str | None], KeyReader | None]] = staticmethod(_no_owner)
+    model_versions: ClassVar[Callable[[str], dict[str, str]]] = staticmethod(_no_versions)

@@ -114,13 +114,10 @@ _LYCORIS_MODULES = {
 
 UNSUPPORTED_VALUES: dict[str, dict[str, str]] = {
     "timestep_sampling": {
-        "flux2_shift": "musubi-tuner's FLUX.2 shift, which flux_shift is on a FLUX.2 model "
-        "(difftune counts each model's own image tokens); write flux_shift",
         **{
             name: f"{label}; use qwen_shift or flux_shift (the two resolution-dependent "
             "shifts) or shift with discrete_flow_shift"
             for name, label in {
-                "krea2_shift": "Krea 2's shift (musubi-tuner)",
                 "ideogram4_shift": "Ideogram 4's shift (musubi-tuner)",
                 "qinglong_flux": "musubi-tuner's mix of flux_shift and two logSNR draws",
                 "qinglong_qwen": "musubi-tuner's mix of qwen_shift and a logSNR draw",

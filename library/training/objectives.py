@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -254,12 +254,17 @@ class FlowMatchingObjective(Objective):
     TIMESTEP_RANGE = False
     # levels() leaves the draw unscaled when preserve_shape, for the redraw into the range
     RANGE_REDRAW = False
+    # The family's own resolution-dependent draws (its entry's timestep_draws): the
+    # timestep_sampling value -> mu of the image's token count; sigma is sigmoid(sigmoid_scale
+    # * z) shifted by exp(mu), as flux_shift and qwen_shift are with their own lines.
+    OWN_SHIFTS: Mapping[str, Callable[[float], float]] = {}
 
     def __init__(
         self, options: FlowOptions, sampling_scheduler: Mapping | None = None, *, patch: int
     ) -> None:
+        own = options.timestep_sampling in self.OWN_SHIFTS
         fm.validate_flow_options(
-            timestep_sampling=options.timestep_sampling,
+            timestep_sampling=None if own else options.timestep_sampling,
             sigmoid_scale=options.sigmoid_scale,
             discrete_flow_shift=options.discrete_flow_shift,
             model_prediction_type=options.model_prediction_type,
@@ -301,7 +306,7 @@ class FlowMatchingObjective(Objective):
         reads."""
         o = self.options
         sampling = o.timestep_sampling
-        if sampling in fm.SIGMOID_SAMPLINGS:
+        if sampling in fm.SIGMOID_SAMPLINGS or sampling in self.OWN_SHIFTS:
             sampling += f" (sigmoid_scale {o.sigmoid_scale:g})"
         if sampling.startswith(("shift", "sigma")):
             sampling += f", discrete_flow_shift {o.discrete_flow_shift:g}"
@@ -380,13 +385,19 @@ class FlowMatchingObjective(Objective):
 
     def levels(self, draws: SampleDraws, latent_shape: tuple[int, ...]) -> torch.Tensor:
         o = self.options
+        tokens = fm.image_seq_len(*latent_shape[-2:], self.patch)
+        own = self.OWN_SHIFTS.get(o.timestep_sampling)
+        if own is not None:
+            return fm.time_shift_sigmas(
+                torch.sigmoid(o.sigmoid_scale * draws.time_normal), own(tokens)
+            )
         return fm.flux_sample_sigmas(
             draws.time_normal,
             draws.time_uniform,
             timestep_sampling=o.timestep_sampling,
             sigmoid_scale=o.sigmoid_scale,
             discrete_flow_shift=o.discrete_flow_shift,
-            image_seq_len=fm.image_seq_len(*latent_shape[-2:], self.patch),
+            image_seq_len=tokens,
             weighting_scheme=o.weighting_scheme,
             logit_mean=o.logit_mean,
             logit_std=o.logit_std,

@@ -184,7 +184,7 @@ def test_wan_22_expert_run_words_load(write_toml):
         ("use_32bit_attention = true", 'mixed_precision = "no"'),
         ('timestep_sampling = "qinglong_qwen"', "use qwen_shift"),
         ('timestep_sampling = "logsnr"', "use qwen_shift"),
-        ('timestep_sampling = "flux2_shift"', "write flux_shift"),
+        ('timestep_sampling = "ideogram4_shift"', "use qwen_shift"),
         ('network_module = "networks.lokr"', '"lycoris.kohya" and network_args = ["algo=lokr"]'),
         ('save_precision = "fp32"', 'write "float"'),
         ('lr_scheduler = "rex"', "cosine_with_min_lr"),

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.integration.harness import make_images, tensors, train, write_config
+from tests.integration.harness import flat_toml_lines, make_images, tensors, train, write_config
 from tests.kits.flux2.tiny_files import write_tiny_flux2_files
 
 FLUX2 = {"network_module": "networks.lora_flux_2", "network_train_unet_only": True,
@@ -88,3 +88,29 @@ def test_the_dry_run_estimates_memory(tmp_path, folder, images, capfd):
     out, err = capfd.readouterr()
     text = out + err
     assert "memory: not estimated" not in text and "  memory: about " in text
+
+
+def test_a_musubi_tuner_klein_args_file_passes_the_dry_run(tmp_path, images, capfd):
+    """As a user arrives from musubi-tuner: its FLUX.2 guide's training options in an args file
+    (model_version, its suggested flux2_shift draw, its LoRA module) beside the tiny klein
+    base files; difftune adds only the tokenizer folder musubi-tuner would download."""
+    files = write_tiny_flux2_files(tmp_path / "files")
+    dataset = tmp_path / "dataset.toml"
+    dataset.write_text(f'[general]\nresolution = [64, 64]\ncaption_extension = ".txt"\n'
+                       f'batch_size = 1\nenable_bucket = true\n\n[[datasets]]\n'
+                       f'image_directory = "{images}"\ncache_directory = "{tmp_path / "cache"}"\n',
+                       encoding="utf-8")  # fmt: skip
+    args = {"model_version": "klein-base-4b", "dit": files["transformer"], "vae": files["vae"],
+            "text_encoder": files["text_encoder"], "tokenizer_path": files["tokenizer"],
+            "dataset_config": dataset, "sdpa": True, "mixed_precision": "bf16",
+            "timestep_sampling": "flux2_shift", "weighting_scheme": "none",
+            "optimizer_type": "adamw8bit", "learning_rate": 1e-4, "gradient_checkpointing": True,
+            "network_module": "networks.lora_flux_2", "network_dim": 32, "max_train_epochs": 16,
+            "save_every_n_epochs": 1, "seed": 42, "output_dir": tmp_path / "out",
+            "output_name": "name-of-lora"}  # fmt: skip
+    config = tmp_path / "args.toml"
+    config.write_text("\n".join(flat_toml_lines(args)) + "\n", encoding="utf-8")
+    assert train(config, "--dry_run") == 0
+    out, err = capfd.readouterr()
+    assert "base; rectified flow, velocity target at timestep sigma, timestep_sampling " \
+           "flux2_shift" in out + err  # fmt: skip

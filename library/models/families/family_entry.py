@@ -150,7 +150,11 @@ class FamilyEntry:
     each key's type, bounds and help (library.config.flow_schema composes the section of every
     family's and the shared flow-matching keys; a class several families share is named by each).
     ``flow_keys``: the [flow] keys it reads, its own and shared ones (the other families refuse
-    them by name).
+    them by name). ``timestep_draws``: the timestep_sampling values named after it (musubi-tuner's
+    draws for its models, such as its resolution-dependent shift), which it alone reads (the
+    other families refuse them by name; library.config.flow_schema adds them to the key's values).
+    ``model_versions``: the [flow] model_version values its models take (musubi-tuner's
+    --model_version), each with what it names; the family checks a set one against its files.
     ``model_family(model, flow)``: the ModelFamily class of this model where the family's
     models differ in class data (Wan 2.2 TI2V-5B's frame rate and pixel grid; a cheap look at
     its files); None: ``family`` for every model.
@@ -176,6 +180,8 @@ class FamilyEntry:
     flow_matching: bool = False
     config_keys: tuple[type[Section], ...] = ()
     flow_keys: frozenset[str] = frozenset()
+    timestep_draws: tuple[str, ...] = ()
+    model_versions: Mapping[str, str] = field(default_factory=dict)
     model_family: Callable[[ModelSection, FlowSection], type] | None = None
     edit: EditVariant | None = None
     kohya: KohyaVocabulary = KohyaVocabulary()

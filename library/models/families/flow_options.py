@@ -1,12 +1,12 @@
 """The model options every flow-matching family checks the same way: other families' [flow]
-keys, SD 2.x's v2 and zero_terminal_snr are refused; SD's text and prediction settings that a
-flow model does not read get a warning."""
+keys, timestep_sampling draws and model_version values, SD 2.x's v2 and zero_terminal_snr are
+refused; SD's text and prediction settings that a flow model does not read get a warning."""
 
 from __future__ import annotations
 
 import logging
 
-from library.config.flow_section import FlowSection
+from library.config.flow_section import SHARED_DRAWS, FlowSection
 from library.config.model_schema import ModelSection
 from library.config.suggest import show_value
 from library.errors import ConfigError
@@ -33,6 +33,18 @@ def check_flow_model_options(
         if owners and kind not in (owner.name for owner in owners):
             names = " and ".join(owner.label for owner in owners)
             raise ConfigError(f"{key} applies to {names} models, not {label}; remove it")
+    owner = flow.draw_owner(flow.timestep_sampling)
+    if owner is not None and owner.name != kind:
+        raise ConfigError(
+            f'timestep_sampling = "{flow.timestep_sampling}" is musubi-tuner\'s draw for '
+            f"{owner.label}, not {label}; use one of the shared draws ({', '.join(SHARED_DRAWS)})"
+        )
+    own = flow.model_versions(kind)
+    if flow.model_version is not None and flow.model_version not in own:
+        raise ConfigError(
+            f'model_version = "{flow.model_version}" names no {label} model; set one of '
+            f"{', '.join(own)}, or remove it (the files say which model they are)"
+        )
     if model.v2:  # sd-scripts stops too: the file asks for an SD 2.x model
         raise ConfigError(f"v2 = true names an SD 2.x model, not {label}; remove it")
     ignored = {

@@ -112,6 +112,12 @@ def flow_key_owners(key: str) -> tuple[FamilyEntry, ...]:
     return tuple(entry for entry in families() if key in entry.flow_keys)
 
 
+def draw_owner(value: str | None) -> FamilyEntry | None:
+    """The family whose own timestep_sampling value ``value`` is (its entry's
+    ``timestep_draws``); None for a shared draw or None."""
+    return next((entry for entry in families() if value in entry.timestep_draws), None)
+
+
 def component_file_keys() -> tuple[str, ...]:
     """The [flow] keys of the component files and folders a family's single files may need
     (its entry's ``tool.component_options``), each once, in registry order."""

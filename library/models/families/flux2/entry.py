@@ -16,8 +16,9 @@ from library.training.flow_keys import SIGMA_KEYS
 _LINE = "FLUX.2"
 _PACKAGE = "library.models.families.flux2"
 # The [flow] keys FLUX.2 reads: the flow-matching draw (objective.py), dev's guidance input and
-# the text-encoder file beside a transformer file.
-FLOW_KEYS = frozenset(SIGMA_KEYS) | {"guidance_scale", "text_encoder"}
+# the text-encoder file beside a transformer file, and which release it is (musubi-tuner's
+# model_version, checked against the files: spec.inspect).
+FLOW_KEYS = frozenset(SIGMA_KEYS) | {"guidance_scale", "text_encoder", "model_version"}
 
 FLUX2 = FamilyEntry(
     name="flux2",
@@ -33,6 +34,15 @@ FLUX2 = FamilyEntry(
     flow_matching=True,
     config_keys=(TextEncoderFileKeys,),
     flow_keys=FLOW_KEYS,
+    # musubi-tuner's FLUX.2 draw: flux_shift on FLUX.2's own tokens (spec.Flux2FlowObjective)
+    timestep_draws=("flux2_shift",),
+    model_versions={
+        "dev": "FLUX.2 [dev]",
+        "klein-4b": "[klein] 4B, distilled",
+        "klein-base-4b": "[klein] base 4B",
+        "klein-9b": "[klein] 9B, distilled",
+        "klein-base-9b": "[klein] base 9B",
+    },
     lora_files=LoraFiles(
         # the shared modulation exists in FLUX.2 alone (FLUX.1's blocks modulate themselves);
         # a file of the blocks alone has FLUX.1's names, so no architecture refuses it by them

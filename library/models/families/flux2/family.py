@@ -29,12 +29,12 @@ from library.models.families.flux2.spec import (
     DISTILLED_KEY,
     MAX_TOKENS,
     REFERENCE_T_STEP,
-    RELEASED,
     SCHEDULER_CONFIG,
     SPECS,
     TEXT_LAYERS,
     Flux2FlowObjective,
     flux2_flow_options,
+    model_of,
     model_spec,
 )
 from library.models.families.spec_loader import (
@@ -199,16 +199,6 @@ def flux2_family(model: str, size: str, distilled: bool, flow=None) -> Flux2Fami
 # A Flux2KleinPipeline or Flux2Pipeline folder, or a FLUX.2 transformer file (damaged ones by
 # their header text); ModelError for a folder of another FLUX.2 pipeline.
 claims_flux2 = claimer(*SPECS.values())
-
-
-def model_of(config: dict) -> tuple[str, str]:
-    """(model, size) of a transformer config: ("klein", "4b"), ("klein", "9b"), ("dev", "32b");
-    another shape is a klein (no guidance input) or dev of size "custom"."""
-    for name, released in RELEASED.items():
-        if all(config.get(k) == v for k, v in released.items()):
-            model, _, size = name.partition("-")
-            return model, size or "32b"
-    return ("dev" if config.get("guidance_embeds") else "klein"), "custom"
 
 
 def load_flux2(

@@ -97,6 +97,9 @@ class Flux2FlowObjective(VelocityObjective):
     """The shared velocity objective with the pipelines' timestep input."""
 
     LABEL = "FLUX.2"
+    # musubi-tuner's flux2_shift: FLUX.1's line at the patched latent's h * w, which flux_shift
+    # already counts on FLUX.2 (patch 1)
+    OWN_SHIFTS = {"flux2_shift": fm.flux_mu}
 
     def model_time(self, t):
         # as the pipeline computes it from the scheduler's timestep (sigma * 1000) / 1000
@@ -131,10 +134,20 @@ def _vae_file(file: CheckpointFile) -> Plan:
     return plan_batchnorm_vae(file, "vae", "FLUX.2 VAE", VAE_FIX)
 
 
+def model_of(config: Mapping) -> tuple[str, str]:
+    """(model, size) of a transformer config: ("klein", "4b"), ("klein", "9b"), ("dev", "32b");
+    another shape is a klein (no guidance input) or dev of size "custom"."""
+    for name, released in RELEASED.items():
+        if all(config.get(k) == v for k, v in released.items()):
+            model, _, size = name.partition("-")
+            return model, size or "32b"
+    return ("dev" if config.get("guidance_embeds") else "klein"), "custom"
+
+
 def inspect(checked) -> bool:
     """Whether the model is distilled (model_index.json's ``is_distilled``, a file's header or
-    name); ModelError when the text encoder's three states do not make the transformer's text
-    width."""
+    name, else [flow] model_version); ModelError when the text encoder's three states do not
+    make the transformer's text width, or model_version names another model than the files."""
     text = checked.part_config("text_encoder")
     width = 3 * text.get("text_config", text)["hidden_size"]
     takes = checked.config["joint_attention_dim"]
@@ -144,13 +157,34 @@ def inspect(checked) -> bool:
             f"transformer of {checked.model_dir} takes {takes}: set text_encoder to this "
             "model's (klein 4B: qwen_3_4b, 9B: qwen_3_8b, dev: mistral_3_small_flux2_bf16)"
         )
+    told = _told_distilled(checked)
+    version = checked.flow.model_version
+    if version is None:
+        return bool(told)
+    # musubi-tuner's values: dev, klein-4b, klein-base-4b, klein-9b, klein-base-9b
+    kind, *rest = version.split("-")
+    distilled = kind == "klein" and rest[0] != "base" if told is None else told
+    model, size = model_of(checked.config)
+    size = size if size != "custom" else (rest or ["4b"])[-1]  # a custom klein: the value's
+    fit = model if model == "dev" else "-".join(("klein", *(() if distilled else ("base",)), size))
+    if fit != version:
+        raise ModelError(
+            f'model_version = "{version}" but {checked.model_dir} is a {fit} model by its files; '
+            f'set model_version = "{fit}" or remove it'
+        )
+    return distilled
+
+
+def _told_distilled(checked) -> bool | None:
+    """Whether the files say the model is distilled; None where a file's name and header do
+    not tell."""
     if isinstance(checked, CheckedFolder):
         return bool(read_json(checked.model_dir / "model_index.json").get("is_distilled"))
     file = checked.plans["transformer"].file
     stored, name = file.metadata.get(DISTILLED_KEY), file.path.name.lower()
     if stored in ("true", "false"):
         return stored == "true"
-    return "klein" in name and "base" not in name  # Black Forest Labs' names: klein's "base"
+    return "base" not in name if "klein" in name else None  # Black Forest Labs' names
 
 
 def model_spec(model) -> FamilySpec:

@@ -65,6 +65,8 @@ KREA2 = FamilyEntry(
     flow_matching=True,
     config_keys=(TextEncoderFileKeys, Krea2FlowKeys),
     flow_keys=FLOW_KEYS,
+    # musubi-tuner's Krea 2 draw: its schedule's shift at the image's tokens (spec.krea2_mu)
+    timestep_draws=("krea2_shift",),
     lora_files=LoraFiles(denoiser_marks=_DENOISER_MARKS, architectures=(("Krea-2", _LINE),)),
     tool=ToolFacts(
         component_options={

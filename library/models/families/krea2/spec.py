@@ -27,6 +27,7 @@ from library.models.families.spec import FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
 from library.models.model_files import read_json
 from library.models.text_encoders.qwen3_vl import TappedQwen3VL
+from library.training import flow_matching as fm
 from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
 
 TAPS = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)  # the pipeline's default select layers
@@ -64,12 +65,22 @@ def flow_options(flow: object) -> FlowOptions:
     return flow_options_over(flow, DEFAULTS)
 
 
+def krea2_mu(image_seq_len: float) -> float:
+    """mu of Krea 2's schedule (scheduler_config's line: 0.5 at 256 image tokens, 1.15 at
+    6400) at ``image_seq_len`` tokens, which musubi-tuner's krea2_shift draws with."""
+    config = scheduler_config()
+    return fm.flux_mu(image_seq_len, base_seq_len=config["base_image_seq_len"],
+                      max_seq_len=config["max_image_seq_len"], base_shift=config["base_shift"],
+                      max_shift=config["max_shift"])  # fmt: skip
+
+
 class Krea2FlowObjective(VelocityObjective):
     """Rectified flow (FlowMatchEulerDiscreteScheduler): x_t = (1 - sigma) x0 + sigma noise,
     the transformer's timestep is sigma, its output the velocity (``scheduler.step`` takes it
     as it is)."""
 
     LABEL = "Krea 2"
+    OWN_SHIFTS = {"krea2_shift": krea2_mu}
 
 
 def scheduler_config() -> dict:

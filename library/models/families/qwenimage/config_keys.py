@@ -1,18 +1,23 @@
-"""Qwen-Image's own [flow] keys: which release a single transformer file is (musubi-tuner's
---model_version), since a file's tensors do not say whether it is the text-to-image model or an
+"""Qwen-Image's own [flow] keys and the values of the shared model_version: which release a
+single transformer file is (musubi-tuner's --model_version), since a file's tensors do not say whether it is the text-to-image model or an
 edit model; and whether a LoRA leaves out the blocks' modulation (musubi-tuner's
 ``networks.lora_qwen_image`` argument exclude_mod)."""
 
 from __future__ import annotations
-
-from typing import Literal
 
 from pydantic import Field
 
 from library.config.section import Section
 from library.errors import ModelError
 
-ModelVersion = Literal["original", "edit", "edit-2509", "edit-2511"]
+# [flow] model_version (musubi-tuner's --model_version; layered is not trained here): which
+# release a transformer file is
+VERSIONS = {
+    "original": "text to image",
+    "edit": "Qwen-Image-Edit",
+    "edit-2509": "Qwen-Image-Edit-2509, multi-image",
+    "edit-2511": "Qwen-Image-Edit-2511, multi-image",
+}
 # The diffusers pipeline of each release, which a folder's model_index.json names.
 PIPELINES: dict[str, str] = {
     "original": "QwenImagePipeline",
@@ -23,16 +28,8 @@ PIPELINES: dict[str, str] = {
 
 
 class QwenImageFlowKeys(Section):
-    """musubi-tuner's --model_version and its LoRA's exclude_mod."""
+    """musubi-tuner's LoRA's exclude_mod ([flow] model_version is shared: VERSIONS)."""
 
-    model_version: ModelVersion | None = Field(
-        None,
-        description="Qwen-Image: which release the model is (musubi-tuner's --model_version): "
-        "original (text to image), edit (Qwen-Image-Edit), edit-2509 or edit-2511 (the "
-        "multi-image edit releases). Needed to train an edit model from its transformer file "
-        "(qwen_image_edit_bf16.safetensors and the like); a diffusers folder says it itself, "
-        "and must agree when it is set. Unset: original for a file.",
-    )
     exclude_mod: bool | None = Field(
         None,
         description="Qwen-Image LoRAs: leave out each block's timestep modulation Linears "

@@ -12,7 +12,7 @@ from library.models.families.family_entry import (
     LoraFiles,
     ToolFacts,
 )
-from library.models.families.qwenimage.config_keys import QwenImageFlowKeys
+from library.models.families.qwenimage.config_keys import VERSIONS, QwenImageFlowKeys
 from library.models.families.qwenimage.musubi_options import OPTIONS as MUSUBI_OPTIONS
 from library.models.families.text_encoder_keys import TextEncoderFileKeys
 from library.training.flow_keys import SIGMA_KEYS
@@ -56,6 +56,7 @@ QWENIMAGE = FamilyEntry(
     flow_matching=True,
     config_keys=(TextEncoderFileKeys, QwenImageFlowKeys),
     flow_keys=FLOW_KEYS,
+    model_versions=VERSIONS,
     # musubi-tuner's Qwen-Image options difftune does not implement, and networks.lora_qwen_image's
     # argument, read into [flow] exclude_mod
     kohya=KohyaVocabulary(options=MUSUBI_OPTIONS, network_args=("exclude_mod",)),
