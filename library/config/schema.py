@@ -225,9 +225,9 @@ class TrainingSection(Section):
         "FSDP2 while it fills the text-encoder cache (each decoder layer gathered only while "
         "it computes; every process encodes its own share of the captions), then free it: a "
         "text encoder too large for one device (a 24B language model) is held 1/N per "
-        "device. Needs cache_text_encoder_outputs, fixed captions, frozen text encoders "
-        "and no sample prompts (nothing may encode after the cache is filled). Independent "
-        "of fsdp. The same cache as without.",
+        "device. Needs cache_text_encoder_outputs, fixed captions and frozen text encoders "
+        "(nothing may encode after the cache is filled); the sample prompts are encoded "
+        "during the fill. Independent of fsdp. The same cache as without.",
     )
     ignore_memory_estimate: bool = Field(
         False,

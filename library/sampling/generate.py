@@ -23,13 +23,14 @@ from PIL.PngImagePlugin import PngInfo
 
 from library.data.images import cover_and_crop, load_display_image, load_image, read_image_header
 from library.errors import ConfigError
-from library.models.conditioning import encode_conditioning, plain_sizes
+from library.models.conditioning import assemble_conditioning, encode_conditioning, plain_sizes
 from library.models.families.base import REFERENCE_LATENTS_KEY, REFERENCE_PIXELS_KEY
 from library.sampling.clips import frame_strip, round_frames, write_clip
 from library.sampling.experts import experts_on
 from library.sampling.grid import grid_path, image_path, make_grid, sample_dir, side_by_side
 from library.sampling.pipelines import build_pipeline, on_grid, pipeline_kind
 from library.sampling.prompts import SamplePrompt
+from library.sampling.texts import SampleTexts, prompt_texts, texts_for
 from library.sampling.tracking import log_sample_images
 
 
@@ -88,6 +89,7 @@ def sample_images(
     lockstep: bool = False,
     video_format: str = "webp",
     boundary: float | None = None,
+    texts: SampleTexts | None = None,
 ) -> SampleRound:
     """Write one image (or clip) per prompt and (main process) the round's grid; log them to
     trackers.
@@ -102,7 +104,9 @@ def sample_images(
     process generates every prompt (a sharded denoiser computes only with all processes at
     once); the main process writes them. ``video_format``: "webp" or "mp4", the file of a
     prompt with several frames (clips.py). ``boundary``: where a model's experts switch (the
-    run's timestep_boundary as a fraction; None: the model's boundary_ratio).
+    run's timestep_boundary as a fraction; None: the model's boundary_ratio). ``texts``: the
+    prompts' text states computed before training (texts.encode_sample_texts), used instead of
+    the text encoders, which are then never called.
     """
     if not prompts:
         return SampleRound([], None)
@@ -131,7 +135,7 @@ def sample_images(
         for i, prompt in enumerate(prompts):
             if lockstep or i % world == rank:
                 text = (clip_skip, max_token_length)
-                frames = _generate(pipe, components, prompt, accelerator, schedulers, text)
+                frames = _generate(pipe, components, prompt, accelerator, schedulers, text, texts)
                 if rank == 0 or not lockstep:
                     _write(paths[i], frames, prompt, components.family.FRAME_RATE)
                 mine.append((i, _shown(frames, prompt)))
@@ -285,10 +289,13 @@ def _pipeline(
 
 
 def _generate(
-    pipe, components, prompt: SamplePrompt, accelerator, schedulers: dict, text=(None, None)
-) -> list[Image.Image]:
+    pipe, components, prompt: SamplePrompt, accelerator, schedulers: dict, text=(None, None),
+    states: SampleTexts | None = None,
+) -> list[Image.Image]:  # fmt: skip
     """One image, or a clip's frames (as one list). The conditioning comes from encode_conditioning, the trainer's own text path;
     the family's pipeline kind turns it and the prompt's settings into the call's keywords.
+    With ``states`` (sample_images' ``texts``), the text part is the prompt's precomputed one,
+    assembled with the same batch entries.
 
     ``schedulers`` caches one scheduler per sampler name for the round (the pipeline resets a
     scheduler's timesteps on every call; some take a while to build).
@@ -302,14 +309,17 @@ def _generate(
     generator = torch.Generator("cpu").manual_seed(prompt.seed)
     autocast = accelerator.autocast() if accelerator is not None else contextlib.nullcontext()
     with autocast:
-        texts = [prompt.prompt, prompt.negative_prompt]
+        texts = list(prompt_texts(prompt))
         # Generated images are not cropped: original size = target size, crop (0, 0).
         batch = plain_sizes(len(texts), prompt.height, prompt.width)
         batch |= reference_entries(components, prompt, device, len(texts))
-        cond = encode_conditioning(
-            family, components.tokenizers, text_encoders_of(pipe, family), texts, device,
-            batch=batch, clip_skip=text[0], max_token_length=text[1],
-        )  # fmt: skip
+        if states is not None:
+            cond = assemble_conditioning(family, texts_for(states, prompt, device), batch, device)
+        else:
+            cond = encode_conditioning(
+                family, components.tokenizers, text_encoders_of(pipe, family), texts, device,
+                batch=batch, clip_skip=text[0], max_token_length=text[1],
+            )  # fmt: skip
         result = pipe(
             **call_keywords(family, cond, prompt),
             num_inference_steps=prompt.steps,

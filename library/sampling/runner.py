@@ -6,6 +6,7 @@ from library.config.sampling_schema import SamplingSection
 from library.sampling.generate import SampleRound, check_sampling, sample_images
 from library.sampling.prompts import SamplePrompt, load_prompts
 from library.sampling.samplers import check_zero_terminal_snr
+from library.sampling.texts import encode_sample_texts, text_encoder
 from library.training.optimizers import optimizer_eval_mode, optimizer_train_mode
 from library.training.sharding import shards
 
@@ -26,7 +27,8 @@ class SampleRunner:
     """Samples on the configured cadence; every method is called on every process.
 
     The prompts file is read in the constructor, so a bad file stops the run before the models
-    load. A step is sampled at most once, even when the step and epoch cadences meet on it.
+    load, and it is read only then: a file edited during training changes no round. A step is
+    sampled at most once, even when the step and epoch cadences meet on it.
     """
 
     def __init__(self, config, accelerator=None):
@@ -54,6 +56,8 @@ class SampleRunner:
         self.boundary: float | None = config.experts.boundary_fraction
         self.prepared: dict = {}
         self._last_step: int | None = None
+        # the prompts' text states, when they were encoded ahead (encode_texts)
+        self.texts: dict | None = None
 
     @property
     def enabled(self) -> bool:
@@ -72,6 +76,18 @@ class SampleRunner:
             check_sampling(components, self.prompts)
         self.components, self.prepared = components, dict(prepared or {})
         self.optimizer = optimizer
+
+    def encode_texts(self, components, encoders) -> None:
+        """Encode every prompt's texts now with ``encoders`` (the text encoders or their sharded
+        copies, on the device) and sample with those states from then on, never calling the
+        text encoders again (texts.py). Called on every process alike (sharded encoders are
+        collectives); nothing to do without prompts."""
+        if not self.enabled:
+            return
+        device = self.accelerator.device if self.accelerator is not None else "cpu"
+        encode = text_encoder(components, encoders, device, self.accelerator,
+                              self.clip_skip, self.max_token_length)  # fmt: skip
+        self.texts = encode_sample_texts(self.prompts, encode)
 
     def at_start(self, global_step: int) -> SampleRound | None:
         """Before the first optimizer step of this run (``global_step`` > 0 when resuming)."""
@@ -114,4 +130,5 @@ class SampleRunner:
             lockstep=self.lockstep,
             video_format=self.sampling.sample_video_format,
             boundary=self.boundary,
+            texts=self.texts,
         )

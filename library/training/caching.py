@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -257,18 +258,24 @@ def build_text_cache_alone(
     weight_dtype,
     accelerator,
     group: CacheGroup,
+    then: Callable[[Sequence[torch.nn.Module]], None] | None = None,
 ) -> TextEncoderCache | None:
     """``build_text_cache`` with the text encoders brought to the device for it and moved back
     to host memory after (memory_estimate.text_encoders_leave_device: nothing else needs them);
     with fsdp_text_encoder over several processes, their sharded copies come to the device
-    instead and are freed after (library/training/text_sharding.py)."""
+    instead and are freed after (library/training/text_sharding.py); ``then(copies)`` is called
+    with those copies after the fill, before they are freed (the sample prompts are encoded
+    there: SampleRunner.encode_texts)."""
     world_size = accelerator.num_processes
     if shards_text_encoders(config, world_size):
         encoders = components.text_encoders
         with sharded_text_encoders(encoders, accelerator.device, world_size) as sharded:
-            return build_text_cache(
+            cache = build_text_cache(
                 config, data, components, weight_dtype, accelerator, group, sharded
             )
+            if then is not None:
+                then(sharded)
+            return cache
     for encoder in components.text_encoders:
         encoder.to(accelerator.device)
     try:

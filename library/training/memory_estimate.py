@@ -191,13 +191,19 @@ def host_bytes(module: torch.nn.Module) -> int:
 
 
 def text_encoders_leave_device(
-    config: Config, parts: TrainedParts, draws_samples: bool, device_type: str = "cuda"
+    config: Config,
+    parts: TrainedParts,
+    draws_samples: bool,
+    device_type: str = "cuda",
+    world_size: int = 1,
 ) -> bool:
     """The frozen text encoders are needed only to fill the text cache, so the trainer fills it
     before the denoiser comes to the device and then moves them off: their outputs are cached,
     none trains, every caption is fixed before training (no caption option varies it), the
     family reads no reference images with its text, and no sample image is drawn (its prompts
-    would be encoded). On the CPU, host memory is the device's, so they stay."""
+    would be encoded) unless the encoders are sharded over the ``world_size`` processes
+    (fsdp_text_encoder: the sample prompts are encoded during the fill). On the CPU, host
+    memory is the device's, so they stay."""
     family = parts.components.family
     fixed = all(
         not CaptionOptions.from_subset(subset).is_random
@@ -210,7 +216,7 @@ def text_encoders_leave_device(
         and not parts.train_text_encoder
         and fixed
         and not family.text_reads_references
-        and not draws_samples
+        and (not draws_samples or shards_text_encoders(config, world_size))
     )
 
 
@@ -249,7 +255,7 @@ def weight_bytes(
     float32 weights in the mixed-precision dtype (kept for backward). On the CPU the weights
     block swap keeps in host memory are on the device too."""
     comps = parts.components
-    leave = text_encoders_leave_device(config, parts, draws_samples, device_type)
+    leave = text_encoders_leave_device(config, parts, draws_samples, device_type, world_size)
     modules = [] if leave else [*comps.text_encoders]
     if vae_stays_on_device(config, draws_samples, device_type):
         modules.append(comps.vae)
@@ -577,7 +583,7 @@ def _text_caching(
     """The text encoders' weights while they fill the cache alone (their forward keeps no
     activations: nothing trains); 0 when they stay beside the denoiser. Sharded over the
     processes (fsdp_text_encoder), each holds its share and the units gathered at once."""
-    if not text_encoders_leave_device(config, parts, draws_samples, device_type):
+    if not text_encoders_leave_device(config, parts, draws_samples, device_type, world_size):
         return 0
     encoders = parts.components.text_encoders
     if shards_text_encoders(config, world_size):

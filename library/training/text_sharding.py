@@ -13,7 +13,9 @@ loaded), so its identity, and the cache, are those of an unsharded fill.
 
 Nothing may call the encoder after the fill, so the word needs what lets the fill be the only
 use: cached outputs, frozen encoders, captions fixed before training, no reference images read
-with the text, no sample prompts (check_text_sharding says so before any weight is read).
+with the text (check_text_sharding says so before any weight is read). The sample prompts,
+read once when the run starts, are encoded by the sharded copies right after the fill, every
+process encoding every prompt, and the rounds use those states (library/sampling/texts.py).
 """
 
 from __future__ import annotations
@@ -119,9 +121,7 @@ def sharded_text_encoders(
             torch.cuda.empty_cache()
 
 
-def check_text_sharding(
-    config: Config, entry, family: type, draws_samples: bool, world_size: int
-) -> list[str]:
+def check_text_sharding(config: Config, entry, family: type, world_size: int) -> list[str]:
     """With ``fsdp_text_encoder``: ConfigError (one line, before any weight is read) where a
     text encoder would be needed after the cache fill, which the sharded encoders cannot serve
     (module docstring); the note to show where one process has nothing to shard with.
@@ -154,11 +154,6 @@ def check_text_sharding(
         raise ConfigError(
             f"{WORD}: {entry.label}'s text encoder reads each caption with its reference "
             "images during training, after the cache fill: remove fsdp_text_encoder"
-        )
-    if draws_samples:
-        raise ConfigError(
-            f"{WORD}: the sample prompts are encoded during training, after the text "
-            "encoders' sharded copies are freed: remove sample_prompts or fsdp_text_encoder"
         )
     if world_size == 1:
         return [

@@ -153,7 +153,7 @@ class Trainer:
         check_sample_frames(config, self.sampler.prompts)  # reads no weight
         self.size_notes = check_image_sizes(config, self.sampler.prompts)  # reads no weight
         self.family_notes += check_text_sharding(  # reads no weight either
-            config, entry, family_class, bool(self.sampler.prompts), self.accelerator.num_processes
+            config, entry, family_class, self.accelerator.num_processes
         )
         self.validator = Validator(config, self.data, self.accelerator)
         self.summary: RunSummary | None = None  # the run summary, while a run holds the name
@@ -259,14 +259,16 @@ class Trainer:
         # Text encoders needed only for the text cache fill it alone on the device, then leave
         # it, before the denoiser comes (a 24B encoder and the transformer need not fit at once).
         self._text_leaves = text_encoders_leave_device(
-            config, parts, bool(self.sampler.prompts), acc.device.type
+            config, parts, bool(self.sampler.prompts), acc.device.type, acc.num_processes
         )
         # sharded text encoders (fsdp_text_encoder) fill it first too, wherever they are
         fills_first = self._text_leaves or shards_text_encoders(config, acc.num_processes)
         if fills_first:
+            # sharded copies encode the sample prompts too: they are freed after the fill
             text_cache = build_text_cache_alone(
-                config, self.data, parts.components, weight_dtype, acc, group
-            )
+                config, self.data, parts.components, weight_dtype, acc, group,
+                lambda copies: self.sampler.encode_texts(parts.components, copies),
+            )  # fmt: skip
         trained = self._prepare(parts)  # before the optimizer: FSDP replaces the parameters
         optimizer = build_optimizer(config.optimizer, parts.param_groups)
         scheduler = build_scheduler(config.optimizer, optimizer, plan.total_steps)

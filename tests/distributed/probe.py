@@ -6,6 +6,7 @@ files) and records, per process:
 - which modules ``Accelerator.prepare`` wrapped in DistributedDataParallel, and the world size;
 - with fsdp: how much of the denoiser each process holds once it is sharded;
 - with fsdp_text_encoder: how much of each text encoder's sharded copy each process holds;
+- each sample round, and whether it drew from text states encoded ahead (fsdp_text_encoder);
 - with ``hook``: every DDP gradient bucket all-reduce, through a communication hook registered
   on each wrapped module (it does what DDP's built-in reduction does: divide by the world size,
   all-reduce, so results are unchanged; without ``hook`` DDP's own C++ reduction runs);
@@ -75,6 +76,7 @@ class Probe:
             "reported": [],
             "sharded": None,
             "text_sharded": [],
+            "sample_rounds": [],
         }
         self.grads: list[dict[str, torch.Tensor]] = []  # after each backward
         self.bucket_inputs: list[tuple[int, dict[str, torch.Tensor]]] = []  # (micro, local grads)
@@ -91,6 +93,7 @@ class Probe:
         import accelerate
         import torch.distributed as dist
 
+        import library.sampling.runner as runner_module
         import library.training.caching as caching_module
         import library.training.trainer as trainer_module
         from library.training.progress import ProgressReporter
@@ -103,6 +106,7 @@ class Probe:
         self._patch(trainer_module, "micro_batch_loss", self._wrap_loss)
         self._patch(trainer_module, "shard_trained_denoiser", self._wrap_shard)
         self._patch(caching_module, "sharded_text_encoders", self._wrap_text_shard)
+        self._patch(runner_module, "sample_images", self._wrap_samples)
         self._patch(ProgressReporter, "step", self._wrap_report)
         if self.interrupt is not None:
             self._patch(Saver, "after_step", self._wrap_after_step)
@@ -241,6 +245,16 @@ class Probe:
                 yield copies
 
         return shard
+
+    def _wrap_samples(self, original):
+        probe = self
+
+        def sample_images(*args, **kwargs):
+            ahead = kwargs.get("texts") is not None
+            probe.record["sample_rounds"].append({"step": kwargs["step"], "texts_ahead": ahead})
+            return original(*args, **kwargs)
+
+        return sample_images
 
     def _wrap_report(self, original):
         probe = self

@@ -254,6 +254,7 @@ class Runs:
                 **EQUIVALENCE_KEYS,
                 **declared.keys,
                 **(_RESUME_SAVING if declared.resume else {}),
+                **(self._sampling_at_first(f"eq-{mode}-{layout}") if declared.samples else {}),
                 "pretrained_model_name_or_path": str(self.mode_dir(mode)),
             },
         )
@@ -318,12 +319,20 @@ class Runs:
 
     def fsdp_data_config(self) -> Path:
         """The data run's settings, sharded, sampling FSDP_PROMPTS after every step."""
-        prompts = self.root / "fsdp-prompts.txt"
-        prompts.write_text(FSDP_PROMPTS, encoding="utf-8")
         return self.data_config(
-            "fsdp-data-2x1x1", 1, fsdp="full_shard", sample_prompts=str(prompts),
+            "fsdp-data-2x1x1", 1, fsdp="full_shard", sample_prompts=str(self._prompts("fsdp")),
             sample_every_n_steps=1,
         )  # fmt: skip
+
+    def _prompts(self, run: str) -> Path:
+        """FSDP_PROMPTS' file for ``run`` (one per run: runs start side by side)."""
+        prompts = self.root / f"{run}-prompts.txt"
+        prompts.write_text(FSDP_PROMPTS, encoding="utf-8")
+        return prompts
+
+    def _sampling_at_first(self, run: str) -> dict:
+        """``run``'s keys drawing FSDP_PROMPTS before the first step (DistributedMode.samples)."""
+        return {"sample_prompts": str(self._prompts(run)), "sample_at_first": True}
 
     def schedule_config(self, accumulation: int, **keys) -> Path:
         name = f"sched-acc{accumulation}" + "".join(f"-{k}" for k in sorted(keys))

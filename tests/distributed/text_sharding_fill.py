@@ -5,11 +5,15 @@ lockstep) against the same encoders whole.
 Two tiny encoders (a Qwen3 decoder and a CLIP text encoder, both layer kinds) encode five
 captions in batches of 2: rank 0's share is 3 captions (2 batches), rank 1's 2 (1 batch, then
 one padded call). Once into a memory cache (the shares exchanged), once into a disk cache where
-one caption's file already exists (rank 0 then has only 1 batch). Each rank writes
-``<out>/rank<r>-<cache>.safetensors`` (every caption's cached states, by caption index) and
-``<out>/rank<r>.json`` (its encode calls, with how many captions each held, and whether the
-encoders it called were sharded), and rank 0 ``<out>/whole.safetensors``: each caption encoded
-alone by the whole encoders, in one process, with no cache.
+one caption's file already exists (rank 0 then has only 1 batch). Then the sample prompts'
+texts (library/sampling/texts.py, as SampleRunner.encode_texts right after the fill), every
+rank encoding every prompt with the sharded copies. Each rank writes
+``<out>/rank<r>-<cache>.safetensors`` (every caption's cached states, by caption index),
+``<out>/rank<r>-samples.safetensors`` (each prompt's [prompt, negative] states, by prompt
+index) and ``<out>/rank<r>.json`` (its encode calls, with how many captions each held, and
+whether the encoders it called were sharded), and rank 0 ``<out>/whole.safetensors`` (each
+caption encoded alone by the whole encoders, in one process, with no cache) and
+``<out>/whole-samples.safetensors`` (each prompt's texts so, in one process).
 
     torchrun --nproc_per_node 2 tests/distributed/text_sharding_fill.py <out>
 """
@@ -28,11 +32,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from library.data.cache_group import CacheGroup  # noqa: E402
 from library.models.conditioning_data import TextConditioning  # noqa: E402
+from library.sampling.prompts import SamplePrompt  # noqa: E402
+from library.sampling.texts import encode_sample_texts, prompt_texts  # noqa: E402
 from library.training.text_cache import TextEncoderCache  # noqa: E402
 from library.training.text_sharding import sharded_text_encoders  # noqa: E402
 
 CAPTIONS = ["a red square", "a blue circle", "a green dot", "a red square", "two cats", "sky"]
 LENGTH, VOCAB = 8, 64
+# the sample prompts: the last repeats the first's texts (encoded once)
+SAMPLE_TEXTS = [("a red square", "blurry"), ("a cat", ""), ("a red square", "blurry")]
+
+
+def sample_prompts() -> list[SamplePrompt]:
+    return [SamplePrompt(i, text, negative, 64, 64, i, 2, None, None)
+            for i, (text, negative) in enumerate(SAMPLE_TEXTS)]  # fmt: skip
+
+
+def sample_states(encode) -> dict[str, torch.Tensor]:
+    """Each sample prompt's [prompt, negative] states (encode_sample_texts), by prompt index."""
+    prompts = sample_prompts()
+    states = encode_sample_texts(prompts, encode)
+    return {str(p.index): states[prompt_texts(p)].hidden.clone() for p in prompts}
 
 
 def encoders() -> list[torch.nn.Module]:
@@ -88,6 +108,7 @@ def main() -> None:
         reference = encode_with(whole)
         save_file({str(i): reference([c]).hidden[0] for i, c in enumerate(CAPTIONS)},
                   out / "whole.safetensors")  # fmt: skip
+        save_file(sample_states(reference), out / "whole-samples.safetensors")
         # a caption already on disk: rank 0 (whose share it is) reads it instead of encoding
         disk = TextEncoderCache("tiny", to_disk=True)
         disk.prefill(CAPTIONS[:1], [out / "data"], reference, 1)
@@ -103,6 +124,9 @@ def main() -> None:
             rows = cache.get(CAPTIONS, roots, encode_with(sharded, calls)).hidden
             save_file({str(i): row.contiguous() for i, row in enumerate(rows)},
                       out / f"rank{rank}-{name}.safetensors")  # fmt: skip
+        record["samples"] = calls = []  # as SampleRunner.encode_texts after the fill
+        samples = sample_states(encode_with(sharded, calls))
+        save_file(samples, out / f"rank{rank}-samples.safetensors")
     (out / f"rank{rank}.json").write_text(json.dumps(record), encoding="utf-8")
     dist.destroy_process_group()
 

@@ -114,7 +114,9 @@ class DistributedMode:
     encoders). ``references``: each image trains with a reference image (an edit model's), the
     image mirrored at another size, paired from a control folder. ``clips``: the four samples are
     clips (a family that TRAINS_CLIPS): four short mp4 videos of a square moving, one clip of
-    ``clips`` frames from the head of each, with the mode's captions.
+    ``clips`` frames from the head of each, with the mode's captions. ``samples``: every run
+    draws the suite's sample prompts (FSDP_PROMPTS) before its first step, which the layouts
+    must draw alike.
 
     A family's first mode is its own proof: it is also trained as 1 x 2 x 1 (2 samples a step
     instead of 4), which must give other weights, so the comparison can fail."""
@@ -131,6 +133,7 @@ class DistributedMode:
     ddp_modules: tuple[str, ...] = ()
     references: bool = False
     clips: int = 0
+    samples: bool = False
 
     @property
     def sharded(self) -> bool:

@@ -4,6 +4,7 @@ memory estimate's share (the 2-process fill itself: tests/distributed/test_text_
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -71,35 +72,32 @@ _FAMILY = SimpleNamespace(TEXT_READS_REFERENCES=False)
 
 
 def test_the_word_with_several_processes_and_a_fixed_fill_passes():
-    assert check_text_sharding(_config(), _ENTRY, _FAMILY, False, 2) == []
+    assert check_text_sharding(_config(), _ENTRY, _FAMILY, 2) == []
     off = _config(training={"fsdp_text_encoder": False}, data={"cache_text_encoder_outputs": False})
-    assert check_text_sharding(off, _ENTRY, _FAMILY, True, 1) == []
+    assert check_text_sharding(off, _ENTRY, _FAMILY, 1) == []
 
 
 def test_one_process_gets_a_note_not_a_refusal():
-    (note,) = check_text_sharding(_config(), _ENTRY, _FAMILY, False, 1)
+    (note,) = check_text_sharding(_config(), _ENTRY, _FAMILY, 1)
     assert "fsdp_text_encoder" in note and "one process" in note
 
 
 @pytest.mark.parametrize(
-    ("config", "family", "samples", "names"),
+    ("config", "family", "names"),
     [
         # (with the cache, the config itself refuses trained encoders)
         (lambda: _config(network={"network_train_unet_only": False},
-                         data={"cache_text_encoder_outputs": False}), _FAMILY, False,
+                         data={"cache_text_encoder_outputs": False}), _FAMILY,
          "network_train_unet_only = true"),
-        (lambda: _config(data={"cache_text_encoder_outputs": False}), _FAMILY, False,
+        (lambda: _config(data={"cache_text_encoder_outputs": False}), _FAMILY,
          "cache_text_encoder_outputs = true"),
-        (lambda: _config(subset={"shuffle_caption": True}), _FAMILY, False,
-         "datasets[0].subsets[0]"),
-        (lambda: _config(), SimpleNamespace(TEXT_READS_REFERENCES=True), False,
-         "reference images"),
-        (lambda: _config(), _FAMILY, True, "sample_prompts"),
+        (lambda: _config(subset={"shuffle_caption": True}), _FAMILY, "datasets[0].subsets[0]"),
+        (lambda: _config(), SimpleNamespace(TEXT_READS_REFERENCES=True), "reference images"),
     ],
 )  # fmt: skip
-def test_what_needs_the_encoder_after_the_fill_is_refused(config, family, samples, names):
+def test_what_needs_the_encoder_after_the_fill_is_refused(config, family, names):
     with pytest.raises(ConfigError) as error:
-        check_text_sharding(config(), _ENTRY, family, samples, 2)
+        check_text_sharding(config(), _ENTRY, family, 2)
     message = str(error.value)
     assert "\n" not in message
     assert "fsdp_text_encoder" in message and names in message
@@ -119,11 +117,17 @@ def test_the_estimate_holds_a_share_of_the_sharded_encoder(tiny_model_dir):
     rest = whole - sum(layers)  # embeddings and the final norm: gathered throughout
     stats = SimpleNamespace(datasets=[SimpleNamespace(buckets=[], resolution=(64, 64),
                                                       batch_size=1)])  # fmt: skip
-    for world_size in (2, 4):
-        found = memory_estimate.estimate_peak_memory(config, parts, stats, world_size, False)
+    for world_size, samples in itertools.product((2, 4), (False, True)):
+        # sample prompts too: the sharded copies encode them during the fill, then leave
+        found = memory_estimate.estimate_peak_memory(config, parts, stats, world_size, samples)
         assert found.text_caching == math.ceil(whole / world_size) + rest + sum(layers[:2])
+        # and the training weights hold no encoder (one process with samples keeps it whole)
+        stays = memory_estimate.weight_bytes(config, parts, True, 1)
+        assert memory_estimate.weight_bytes(config, parts, samples, world_size) == stays - whole
     one = memory_estimate.estimate_peak_memory(config, parts, stats, 1, False)
     assert one.text_caching == whole  # one process: nothing to shard with
+    # one process with sample prompts: the whole encoders stay to encode them in the rounds
+    assert memory_estimate.estimate_peak_memory(config, parts, stats, 1, True).text_caching == 0
 
 
 def _trainer(tmp_path, model_dir, **keys):
@@ -143,10 +147,12 @@ def _trainer(tmp_path, model_dir, **keys):
 
 
 def test_the_trainer_checks_the_word_before_loading(tmp_path, tiny_model_dir):
-    """The run's own check (the dry run's too): sample prompts refused, one process noted."""
+    """The run's own check (the dry run's too): sample prompts taken (encoded during the
+    fill), one process noted, a varying caption refused."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a square --w 64 --h 64\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="sample_prompts or fsdp_text_encoder"):
-        _trainer(tmp_path / "a", tiny_model_dir, sample_prompts=str(prompts))
-    trainer = _trainer(tmp_path / "b", tiny_model_dir)
+    trainer = _trainer(tmp_path / "a", tiny_model_dir, sample_prompts=str(prompts))
+    assert trainer.sampler.enabled
     assert any("fsdp_text_encoder = true has no effect" in n for n in trainer.family_notes)
+    with pytest.raises(ConfigError, match="datasets\\[0\\].subsets\\[0\\]"):
+        _trainer(tmp_path / "b", tiny_model_dir, subset_keys={"shuffle_caption": True})

@@ -135,7 +135,8 @@ CAPTIONS = (
 # resumes to the same weights. Then the same with the transformer sharded (FSDP2: each block and
 # the rest, the pad tokens among it, split over the processes), and the Qwen3 text encoder
 # sharded too while it fills the text cache (fsdp_text_encoder; one process has nothing to
-# shard with, so the reference fills it whole).
+# shard with, so the reference fills it whole), the sharded copies encoding the sample prompts
+# drawn before the first step.
 _LORA = DistributedMode(
     name="zimage-lora",
     keys={
@@ -154,6 +155,7 @@ DISTRIBUTED = (
         _LORA.sharding("zimage-fsdp"),
         keys={**_LORA.keys, "fsdp": "full_shard", "cache_text_encoder_outputs": True,
               "fsdp_text_encoder": True},
+        samples=True,
     ),
 )  # fmt: skip
 
