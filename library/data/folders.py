@@ -26,6 +26,7 @@ import os
 import re
 from array import array
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
 from typing import NamedTuple
@@ -291,9 +292,11 @@ class _Listing:
     """One listing of an image folder: its image names, the names of its other plain entries, and the entries it reports as ignored.
 
     Each image and caption file is stat'ed as it is listed, and the scan index asked about them
-    all at once: ``found`` (per image of ``images``: Found) and ``captions`` (caption file name
-    -> the indexed text, or the stat_fields of a regular file to read). A caption entry that is
-    no regular file is left to the caption lookup, which names its problem."""
+    all at once: ``found`` (per image of ``images``: Found) and, per caption file of
+    ``caption_names`` (both in name order), ``caption_values``: the indexed text, the
+    stat_fields of a regular file to read, or None for an entry that is no regular file (left
+    to the caption lookup, which names its problem). ``captions`` maps the names to the first
+    two (made when a lookup by name is needed)."""
 
     def __init__(
         self, folder: Path, caption_extension: str, index: ScanIndex | None = None
@@ -304,20 +307,32 @@ class _Listing:
         self.others: set[str] = set()  # every other name: a caption file may have it
         listed = _sorted_listing(folder, caption_extension)
         self.others.update(listed.others)
-        images, image_stats = listed.images, listed.image_stats
-        captions, caption_stats = listed.captions, listed.caption_stats
         ignored = [folder / name for name in listed.reported]
-        self.images, self.found = _found_images(images, image_stats, index)
-        self.captions = _found_captions(captions, caption_stats, index)
-        if len(self.captions) < len(captions):  # some are no regular file
+        self.images = listed.images
+        self.found = images_found(listed.images, listed.image_stats, index)
+        self.caption_names = listed.captions
+        self.caption_values = _found_captions(listed.captions, listed.caption_stats, index)
+        if None in self.caption_values:  # some are no regular file
             # a folder "a.txt" is reported, not a caption (a hidden one is not)
             ignored += [
                 folder / name
-                for name, fields in zip(captions, _rows(caption_stats), strict=True)
+                for name, fields in zip(listed.captions, _rows(listed.caption_stats), strict=True)
                 if S_ISDIR(fields[0]) and not name.startswith(".")
             ]
         self.ignored = tuple(sorted(ignored, key=lambda p: p.name))
         self._folded: set[str] | None = None
+        self._captions: dict[str, str | tuple[int, ...]] | None = None
+
+    @property
+    def captions(self) -> dict[str, str | tuple[int, ...]]:
+        """Caption file name -> the indexed text, or the stat_fields of a regular file to read."""
+        if self._captions is None:
+            self._captions = {
+                name: value
+                for name, value in zip(self.caption_names, self.caption_values, strict=True)
+                if value is not None
+            }
+        return self._captions
 
     def may_exist(self, name: str) -> bool:
         """Whether an entry ``name`` may be in the folder: listed under this name, or (a file
@@ -346,27 +361,18 @@ def images_found(names: list[str], stats: array, index: ScanIndex | None) -> lis
     return found
 
 
-def _found_images(
-    names: list[str], stats: array, index: ScanIndex | None
-) -> tuple[list[str], list[Found]]:
-    """The image names sorted, and what is known of each (Found)."""
-    found = images_found(names, stats, index)
-    order = sorted(range(len(names)), key=names.__getitem__)
-    return [names[i] for i in order], [found[i] for i in order]
-
-
 def _found_captions(
     names: list[str], stats: array, index: ScanIndex | None
-) -> dict[str, str | tuple[int, ...]]:
-    """Caption file name -> the indexed text, or the stat_fields of a regular file to read."""
+) -> list[str | tuple[int, ...] | None]:
+    """Per caption file of ``names``: the indexed text, the stat_fields of a regular file to
+    read, or None (no regular file)."""
     known = [None] * len(names) if index is None else index.known_captions(names, stats)
     if None not in known:
-        return dict(zip(names, known, strict=True))
-    return {
-        name: text if text is not None else fields
-        for name, text, fields in zip(names, known, _rows(stats), strict=True)
-        if text is not None or S_ISREG(fields[0])
-    }
+        return known
+    return [
+        text if text is not None else (fields if S_ISREG(fields[0]) else None)
+        for text, fields in zip(known, _rows(stats), strict=True)
+    ]
 
 
 def _suffix(name: str) -> str:
@@ -469,12 +475,20 @@ def scan_folder(subset: SubsetConfig, index: ScanIndex | None = None) -> FolderS
 def _paired(
     folder: Path, subset: SubsetConfig, listing: _Listing, index: ScanIndex | None
 ) -> list[ImageItem]:
-    """The listing's images with their captions: the index's text paired here (a million images
-    of a rerun pass: no call per image), every other case by _caption."""
+    """The listing's images with their captions: where every image has its caption file and
+    the index answered for them all (a rerun), the two name-ordered lists are paired as they
+    are (a million images pass: no lookup per image); every other case by _caption."""
     extension, whole = subset.caption_extension, subset.enable_wildcard
-    is_reg, image_dir, known = subset.is_reg, subset.image_dir, listing.captions.get
+    is_reg, image_dir, images = subset.is_reg, subset.image_dir, listing.images
+    texts = listing.caption_values
+    if len(texts) == len(images) and all(map(str.__instancecheck__, texts)):
+        wanted = [name[: name.rfind(".")] + extension for name in images]
+        if wanted == listing.caption_names:
+            captions = texts if whole else [text.partition("\n")[0] for text in texts]
+            return list(map(ImageItem, images, captions, repeat(is_reg), repeat(image_dir)))
+    known = listing.captions.get
     items = []
-    for name in listing.images:
+    for name in images:
         text = known(name[: name.rfind(".")] + extension)
         if text.__class__ is str:
             caption = text if whole else text.partition("\n")[0]

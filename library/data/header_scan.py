@@ -77,7 +77,9 @@ def read_headers(
     missing = [i for i, known in enumerate(found) if not isinstance(known, ImageHeader)]
 
     def chunk(start: int) -> list[ImageHeader | DataError]:
-        return [_read(path_of(i), found[i], index, keys[i]) for i in missing[start : start + _CHUNK]]
+        return [
+            _read(path_of(i), found[i], index, keys[i]) for i in missing[start : start + _CHUNK]
+        ]
 
     starts = range(0, len(missing), _CHUNK)
     if len(starts) <= 1:
