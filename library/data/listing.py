@@ -104,9 +104,13 @@ def _merged(runs: list[tuple[list[str], array]]) -> tuple[list[str], array]:
     for _, fields in runs:
         stats += fields
     order = sorted(range(len(names)), key=names.__getitem__)
-    rows = memoryview(stats)
+    # numpy (only the scanning process merges; a worker imports nothing but the standard
+    # library) gathers a million files' stats in a fraction of what slicing them here takes
+    import numpy as np
+
+    rows = np.frombuffer(stats, np.int64).reshape(-1, 5)
     merged = array("q")
-    merged.frombytes(b"".join([rows[5 * i : 5 * i + 5] for i in order]))
+    merged.frombytes(rows[np.fromiter(order, np.intp, len(order))].tobytes())
     return [names[i] for i in order], merged
 
 
