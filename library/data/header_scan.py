@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from stat import S_ISREG
 
+from library.data import header_workers
 from library.data.folders import Found, images_found
 from library.data.images import ImageHeader, read_image_header
 from library.data.listing import NO_STAT, stat_fields
@@ -66,27 +67,60 @@ def look_up(paths: Sequence[Path], index: ScanIndex | None, keys: list[str]) -> 
     return images_found(keys, stats, index)
 
 
+def _taken(
+    read: tuple[int, int, int] | str,
+    fields: tuple[int, ...] | None,
+    index: ScanIndex | None,
+    key: str,
+) -> ImageHeader | DataError:
+    """What a header worker read of one image (header_workers.finish), as _read gives it."""
+    if isinstance(read, str):
+        return DataError(read)
+    header = ImageHeader((read[0], read[1]), read[2])
+    if index is not None and fields is not None and S_ISREG(fields[0]):
+        index.record(key, fields[1:], header)
+    return header
+
+
 def read_headers(
     found: list[Found], path_of: Callable[[int], Path], index: ScanIndex | None, keys: Sequence[str]
 ) -> list[ImageHeader | DataError]:
     """The header of each image, in order, or the DataError that reading it raised. ``found``:
     what a stat and the scan ``index`` (None: none) gave for each (look_up, or a folder's
     listing); the images it has no header of are opened, on the threads (path_of(i): the
-    path of the i-th), and recorded in the index by their ``keys``."""
+    path of the i-th), many of them in parts on worker processes too (header_workers), and
+    recorded in the index by their ``keys``."""
     headers: list[ImageHeader | DataError] = list(found)
     missing = [i for i, known in enumerate(found) if not isinstance(known, ImageHeader)]
+    count = header_workers.parts(len(missing))
+    shares = [missing[i::count] for i in range(count)]
+    workers = [
+        (share, header_workers.start([str(path_of(i)) for i in share],
+                                     [None if found[i] is None else found[i][0] for i in share]))
+        for share in shares[1:]
+    ]  # fmt: skip
 
-    def chunk(start: int) -> list[ImageHeader | DataError]:
-        return [
-            _read(path_of(i), found[i], index, keys[i]) for i in missing[start : start + _CHUNK]
-        ]
+    def here(share: list[int]) -> None:
+        def chunk(start: int) -> list[ImageHeader | DataError]:
+            return [
+                _read(path_of(i), found[i], index, keys[i]) for i in share[start : start + _CHUNK]
+            ]
 
-    starts = range(0, len(missing), _CHUNK)
-    if len(starts) <= 1:
-        read = [header for start in starts for header in chunk(start)]
-    else:
-        with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="difftune-scan") as pool:
-            read = [header for part in pool.map(chunk, starts) for header in part]
-    for i, header in zip(missing, read, strict=True):
-        headers[i] = header
+        starts = range(0, len(share), _CHUNK)
+        if len(starts) <= 1:
+            read = [header for start in starts for header in chunk(start)]
+        else:
+            with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="difftune-scan") as pool:
+                read = [header for part in pool.map(chunk, starts) for header in part]
+        for i, header in zip(share, read, strict=True):
+            headers[i] = header
+
+    here(shares[0])
+    for share, worker in workers:
+        read = header_workers.finish(worker, len(share))
+        if read is None:  # it failed: read here
+            here(share)
+            continue
+        for i, value in zip(share, read, strict=True):
+            headers[i] = _taken(value, found[i], index, keys[i])
     return headers

@@ -1,0 +1,102 @@
+"""Many image headers read in parts (worker processes) give exactly what the serial read gives:
+the same sizes, frames, problems and errors, and the scan index keeps what the workers read."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from data_helpers import write_image
+from PIL import Image
+
+from library.config.dataset_schema import DatasetConfig, SubsetConfig
+from library.data import header_workers
+from library.data.dataset import TrainData
+from library.errors import DataError
+
+
+def _mixed_folder(folder):
+    """Good images of several sizes, an animated one and every kind of bad image entry."""
+    for i in range(12):
+        write_image(folder / f"{i:03d}.png", (i, 0, 0), (16 + 8 * (i % 3), 16))
+    frames = [Image.new("RGB", (24, 16), (c, 0, 0)) for c in (0, 90)]
+    frames[0].save(folder / "anim.gif", save_all=True, append_images=frames[1:])
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not a png")
+    (folder / "dir.png").mkdir()
+    (folder / "gone.png").symlink_to(folder / "nowhere.png")
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """Lists each header worker started; the threshold lowered to the test folder's size."""
+    workers = []
+    popen = subprocess.Popen
+
+    def counting(*args, **kwargs):
+        workers.append(args[0])
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(header_workers.subprocess, "Popen", counting)
+    monkeypatch.setattr(header_workers, "parts", lambda count: 3 if count >= 4 else 1)
+    return workers
+
+
+def _data(folder, cache=None, skip=True):
+    config = DatasetConfig(
+        resolution=64, subsets=[SubsetConfig(image_dir=str(folder), class_tokens="x")]
+    )
+    return TrainData([config], seed=0, cache_dir=cache, skip_bad_images=skip).scanned[0]
+
+
+def _found(scanned):
+    """The images (their cache folder aside: a scan with an index has another) and problems."""
+    return [image._replace(cache_root=None) for image in scanned.images], scanned.skipped
+
+
+def _serial(monkeypatch):
+    monkeypatch.setattr(header_workers, "parts", lambda count: 1)
+
+
+@pytest.mark.subprocess
+def test_parts_give_the_serial_scan_and_index(tmp_path, monkeypatch, started):
+    folder = tmp_path / "1_x"
+    _mixed_folder(folder)
+    parallel = _data(folder, tmp_path / "cache")
+    assert len(started) == 2  # two workers and this process
+    with monkeypatch.context() as serial:
+        _serial(serial)
+        expected = _data(folder)
+    assert _found(parallel) == _found(expected)
+    assert parallel.animated == expected.animated and [p.name for p in parallel.animated] == [
+        "anim.gif"
+    ]
+    assert len(parallel.skipped) == 3  # broken, folder, broken link
+    again = _data(folder, tmp_path / "cache")  # the workers' reads were indexed
+    assert len(started) == 2 and again.indexed == 13 and again.images == parallel.images
+
+
+@pytest.mark.subprocess
+def test_parts_raise_the_serial_error(tmp_path, monkeypatch, started):
+    folder = tmp_path / "1_x"
+    _mixed_folder(folder)
+    with pytest.raises(DataError) as parallel:
+        _data(folder, skip=False)
+    assert started
+    with monkeypatch.context() as serial:
+        _serial(serial)
+        with pytest.raises(DataError) as expected:
+            _data(folder, skip=False)
+    assert str(parallel.value) == str(expected.value)
+
+
+@pytest.mark.subprocess
+def test_a_failed_worker_costs_time_not_results(tmp_path, monkeypatch, started):
+    folder = tmp_path / "1_x"
+    _mixed_folder(folder)
+    monkeypatch.setattr(header_workers, "_REPOSITORY", str(tmp_path / "missing"))
+    parallel = _data(folder)
+    assert started  # they started and failed: their parts were read here
+    with monkeypatch.context() as serial:
+        _serial(serial)
+        expected = _data(folder)
+    assert (parallel.images, parallel.skipped) == (expected.images, expected.skipped)
