@@ -67,21 +67,6 @@ def look_up(paths: Sequence[Path], index: ScanIndex | None, keys: list[str]) -> 
     return images_found(keys, stats, index)
 
 
-def _taken(
-    read: tuple[int, int, int] | str,
-    fields: tuple[int, ...] | None,
-    index: ScanIndex | None,
-    key: str,
-) -> ImageHeader | DataError:
-    """What a header worker read of one image (header_workers.finish), as _read gives it."""
-    if isinstance(read, str):
-        return DataError(read)
-    header = ImageHeader((read[0], read[1]), read[2])
-    if index is not None and fields is not None and S_ISREG(fields[0]):
-        index.record(key, fields[1:], header)
-    return header
-
-
 def read_headers(
     found: list[Found], path_of: Callable[[int], Path], index: ScanIndex | None, keys: Sequence[str]
 ) -> list[ImageHeader | DataError]:
@@ -92,15 +77,10 @@ def read_headers(
     recorded in the index by their ``keys``."""
     headers: list[ImageHeader | DataError] = list(found)
     missing = [i for i, known in enumerate(found) if not isinstance(known, ImageHeader)]
-    count = header_workers.parts(len(missing))
-    shares = [missing[i::count] for i in range(count)]
-    workers = [
-        (share, header_workers.start([str(path_of(i)) for i in share],
-                                     [None if found[i] is None else found[i][0] for i in share]))
-        for share in shares[1:]
-    ]  # fmt: skip
 
-    def here(share: list[int]) -> None:
+    def here(numbers: list[int]) -> None:
+        share = [missing[n] for n in numbers]
+
         def chunk(start: int) -> list[ImageHeader | DataError]:
             return [
                 _read(path_of(i), found[i], index, keys[i]) for i in share[start : start + _CHUNK]
@@ -115,12 +95,22 @@ def read_headers(
         for i, header in zip(share, read, strict=True):
             headers[i] = header
 
-    here(shares[0])
-    for share, worker in workers:
-        read = header_workers.finish(worker, len(share))
-        if read is None:  # it failed: read here
-            here(share)
-            continue
-        for i, value in zip(share, read, strict=True):
-            headers[i] = _taken(value, found[i], index, keys[i])
+    def taken(n: int, read: header_workers.Read) -> None:
+        i = missing[n]
+        error = header_workers.as_error(read)
+        if error is not None:
+            headers[i] = error
+            return
+        header = headers[i] = ImageHeader((read[0], read[1]), read[2])
+        fields = found[i]
+        if index is not None and fields is not None and S_ISREG(fields[0]):
+            index.record(keys[i], fields[1:], header)
+
+    def mode_of(n: int) -> int | None:
+        fields = found[missing[n]]
+        return None if fields is None else fields[0]
+
+    header_workers.read_in_parts(
+        "headers", len(missing), lambda n: str(path_of(missing[n])), mode_of, here, taken
+    )
     return headers
