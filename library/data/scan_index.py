@@ -142,6 +142,8 @@ def _table(body: dict, kind: str) -> _Table:
     if not isinstance(part, dict) or not isinstance(part.get("names"), list):
         raise IndexDamaged(f"no {kind}")
     names, values = part["names"], part.get("values")
+    if not all(map(str.__instancecheck__, names)):  # the name-order check compares them
+        raise IndexDamaged(f"{kind} names are not all text")
     count = len(names)
     identities = _unpacked(part.get("identities"), 4 * count, f"{kind} identities")
     if kind == "images":

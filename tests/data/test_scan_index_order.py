@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,11 @@ def _reversed(path: Path) -> None:
         else:  # the images' numbers in the table of headers
             codes = np.frombuffer(base64.b64decode(part["values"]), "<i8")
             part["values"] = base64.b64encode(codes[::-1].tobytes()).decode()
+    _write(path, body)
+
+
+def _write(path: Path, body: dict) -> None:
+    """An index file of ``body`` with a checksum that fits it."""
     data = json.dumps(body, separators=(",", ":")).encode()
     checksum = hashlib.blake2b(data, digest_size=16).hexdigest()
     header = {"format": scan_index.FORMAT, "version": scan_index.VERSION, "checksum": checksum}
@@ -118,3 +124,18 @@ def test_an_index_in_another_order_is_written_again_in_name_order(tmp_path, monk
     written = path.read_bytes()
     _scan(folder, cache)
     assert path.read_bytes() == written  # in name order: not written again
+
+
+def test_an_index_whose_names_are_not_text_is_rebuilt_with_one_warning(tmp_path, caplog):
+    folder, cache = _folder(tmp_path), tmp_path / "cache"
+    first = _scan(folder, cache)
+    path = _index(folder, cache)
+    body = _body(path)
+    body["images"]["names"] = list(range(len(NAMES)))  # checksum fits: only the names are wrong
+    _write(path, body)
+    with caplog.at_level(logging.WARNING):
+        again = _scan(folder, cache)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "names are not all text" in warnings[0].getMessage()
+    assert again.images == first.images and again.indexed == 0
+    assert _body(path)["images"]["names"] == [f"{n}.png" for n in NAMES]
