@@ -31,6 +31,7 @@ from pathlib import Path
 
 from library.data.caption_files import caption_lines
 from library.data.header_read import read_image_header
+from library.data.listing import finish_worker, start_worker
 from library.errors import DataError
 
 # A first scan reading at least this many files of a kind reads them in parts (a PNG header and
@@ -54,34 +55,11 @@ def parts(count: int) -> int:
 
 
 def _start(kind: str, paths: list[str], modes: list[int | None]) -> subprocess.Popen | None:
-    try:
-        worker = subprocess.Popen(
-            [sys.executable, "-I", "-c", _WORK, _REPOSITORY],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-    except OSError:
-        return None
-    try:
-        worker.stdin.write(marshal.dumps((kind, paths, modes)))
-        worker.stdin.close()
-    except OSError:  # it died: its part is read here
-        worker.kill()
-        worker.wait()
-        return None
-    return worker
+    return start_worker([sys.executable, "-I", "-c", _WORK, _REPOSITORY], (kind, paths, modes))
 
 
 def _finish(worker: subprocess.Popen | None, count: int) -> list[Read] | None:
-    if worker is None:
-        return None
-    output = worker.stdout.read()
-    worker.stdout.close()
-    if worker.wait() != 0:
-        return None
-    try:
-        read = marshal.loads(output)
-    except (ValueError, TypeError, EOFError):
-        return None
+    read = finish_worker(worker)
     return read if isinstance(read, list) and len(read) == count else None
 
 

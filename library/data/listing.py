@@ -196,25 +196,28 @@ def _workers(count: int) -> int:
     return max(1, min(cores or 1, 8, count // (PARALLEL_ENTRIES // 2)))
 
 
-def _start(folder: str, names: list[str], rules: Rules) -> subprocess.Popen | None:
+def start_worker(command: list[str], payload: object) -> subprocess.Popen | None:
+    """A worker process running ``command``, ``payload`` written to its stdin (marshal); None
+    when it cannot start or dies before reading it."""
     try:
         worker = subprocess.Popen(
-            [sys.executable, "-I", "-S", __file__],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
     except OSError:
         return None
     try:
-        worker.stdin.write(marshal.dumps((folder, names, rules.as_tuple())))
+        worker.stdin.write(marshal.dumps(payload))
         worker.stdin.close()
-    except OSError:  # it died: its part is sorted here
+    except OSError:  # it died: its part is done here
         worker.kill()
         worker.wait()
         return None
     return worker
 
 
-def _finish(worker: subprocess.Popen | None) -> Sorted | None:
+def finish_worker(worker: subprocess.Popen | None) -> object | None:
+    """What ``worker`` (None: it did not start) wrote to its stdout (marshal); None when it
+    failed or wrote something else."""
     if worker is None:
         return None
     output = worker.stdout.read()
@@ -222,8 +225,21 @@ def _finish(worker: subprocess.Popen | None) -> Sorted | None:
     if worker.wait() != 0:
         return None
     try:
-        return Sorted.of_tuple(marshal.loads(output))
+        return marshal.loads(output)
     except (ValueError, TypeError, EOFError):
+        return None
+
+
+def _start(folder: str, names: list[str], rules: Rules) -> subprocess.Popen | None:
+    command = [sys.executable, "-I", "-S", __file__]
+    return start_worker(command, (folder, names, rules.as_tuple()))
+
+
+def _finish(worker: subprocess.Popen | None) -> Sorted | None:
+    values = finish_worker(worker)
+    try:
+        return None if values is None else Sorted.of_tuple(values)
+    except (ValueError, TypeError):
         return None
 
 

@@ -4,10 +4,8 @@ keeps what the workers read."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-from data_helpers import write_image
+from data_helpers import started_processes, write_image
 from PIL import Image
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
@@ -33,14 +31,7 @@ def _mixed_folder(folder):
 @pytest.fixture
 def started(monkeypatch):
     """Lists each header worker started; the threshold lowered to the test folder's size."""
-    workers = []
-    popen = subprocess.Popen
-
-    def counting(*args, **kwargs):
-        workers.append(args[0])
-        return popen(*args, **kwargs)
-
-    monkeypatch.setattr(header_workers.subprocess, "Popen", counting)
+    workers = started_processes(monkeypatch)
     monkeypatch.setattr(header_workers, "parts", lambda count: 3 if count >= 4 else 1)
     return workers
 
