@@ -26,6 +26,7 @@ import os
 import re
 from array import array
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
 from typing import NamedTuple
@@ -33,11 +34,14 @@ from typing import NamedTuple
 from PIL import features
 
 from library.config.dataset_schema import SubsetConfig
+from library.data import header_workers
+from library.data.caption_files import MAX_CAPTION_BYTES as MAX_CAPTION_BYTES
+from library.data.caption_files import caption_lines
+from library.data.caption_files import caption_too_long as caption_too_long
 from library.data.images import ImageHeader
 from library.data.listing import Rules, Sorted, sort_folder, sort_names
 from library.data.scan_index import ScanIndex, identity
 from library.errors import DataError
-from library.saving.sizes import format_size
 
 # Formats of pictures people train on that Pillow opens with a known value mapping (images.py).
 # AVIF needs Pillow built with libavif; without it .avif files are listed as ignored.
@@ -47,12 +51,6 @@ IMAGE_EXTENSIONS = frozenset(
 )
 SIDECAR_EXTENSIONS = frozenset({".txt", ".caption", ".json", ".jsonl", ".csv", ".npz", ".toml"})
 SYSTEM_FILES = frozenset({"thumbs.db", "desktop.ini"})  # written by Windows Explorer
-# The most a caption (a caption file, or one entry of a metadata file) may hold. Real captions
-# are a sentence or a tag list of a few KB, a wildcard file a few dozen lines; a file hundreds of
-# times larger is something else saved under a caption's name (a log, a dump), and read whole
-# and split into tags and tokens it takes gigabytes of memory.
-MAX_CAPTION_BYTES = 1 << 20
-
 _REPEATS = re.compile(r"^(\d+)(?:_(.*))?$", re.DOTALL)
 
 
@@ -159,54 +157,6 @@ def dreambooth_subsets(
     return subsets
 
 
-def caption_too_long(what: str, size: int) -> str:
-    """The message for a caption of ``size`` bytes above MAX_CAPTION_BYTES; ``what`` names it."""
-    return (
-        f"{what} holds {format_size(size)} ({size:,} bytes), more than the "
-        f"{format_size(MAX_CAPTION_BYTES)} ({MAX_CAPTION_BYTES:,} bytes) a "
-        "caption may have; a caption is a sentence or a tag list: check that this is the "
-        "caption (not a log or other file saved under its name) and shorten it"
-    )
-
-
-def caption_lines(path: Path) -> str:
-    """Every non-empty line of the sidecar caption file at ``path``, stripped, joined by
-    newlines; DataError naming the file when it is too large, not UTF-8, unreadable or empty."""
-    try:
-        with open(path, "rb") as file:
-            data = _read_at_most(file, MAX_CAPTION_BYTES + 1)  # never more: it may be huge
-        if len(data) > MAX_CAPTION_BYTES:
-            raise DataError(caption_too_long(f"caption file {path}", os.path.getsize(path)))
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise DataError(
-            f"caption file {path} is not UTF-8 text ({error.reason} at byte {error.start}); "
-            "save it as UTF-8"
-        ) from error
-    except OSError as error:
-        raise DataError(
-            f"caption file {path} cannot be read ({error.strerror}); fix its permissions or "
-            "remove it"
-        ) from error
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines:
-        return "\n".join(lines)
-    raise DataError(
-        f"caption file {path} is empty; write a caption in it or delete it to use the class tokens"
-    )
-
-
-def _read_at_most(file, limit: int) -> bytes:
-    """At most ``limit`` bytes of ``file``. It asks for the size the file has (plus one byte,
-    to see a file that grew), not for ``limit``: a read of ``limit`` bytes sets aside that much
-    memory first, and for a caption of a few bytes that is most of the cost of reading it."""
-    size = os.fstat(file.fileno()).st_size
-    data = file.read(min(size + 1, limit))
-    if size < len(data) < limit:  # it grew, or its size says nothing (a pipe): read on
-        data += file.read(limit - len(data))
-    return data
-
-
 def read_caption_file(path: Path, all_lines: bool = False) -> str:
     """The caption in a sidecar file: its first non-empty line, stripped; with ``all_lines``
     every non-empty line, stripped and joined by newlines (wildcard alternatives)."""
@@ -291,9 +241,11 @@ class _Listing:
     """One listing of an image folder: its image names, the names of its other plain entries, and the entries it reports as ignored.
 
     Each image and caption file is stat'ed as it is listed, and the scan index asked about them
-    all at once: ``found`` (per image of ``images``: Found) and ``captions`` (caption file name
-    -> the indexed text, or the stat_fields of a regular file to read). A caption entry that is
-    no regular file is left to the caption lookup, which names its problem."""
+    all at once: ``found`` (per image of ``images``: Found) and, per caption file of
+    ``caption_names`` (both in name order), ``caption_values``: the indexed text, the
+    stat_fields of a regular file to read, or None for an entry that is no regular file (left
+    to the caption lookup, which names its problem). ``captions`` maps the names to the first
+    two (made when a lookup by name is needed)."""
 
     def __init__(
         self, folder: Path, caption_extension: str, index: ScanIndex | None = None
@@ -304,20 +256,33 @@ class _Listing:
         self.others: set[str] = set()  # every other name: a caption file may have it
         listed = _sorted_listing(folder, caption_extension)
         self.others.update(listed.others)
-        images, image_stats = listed.images, listed.image_stats
-        captions, caption_stats = listed.captions, listed.caption_stats
         ignored = [folder / name for name in listed.reported]
-        self.images, self.found = _found_images(images, image_stats, index)
-        self.captions = _found_captions(captions, caption_stats, index)
-        if len(self.captions) < len(captions):  # some are no regular file
+        self.images = listed.images
+        self.found = images_found(listed.images, listed.image_stats, index)
+        self.caption_names = listed.captions
+        self.caption_values = _found_captions(listed.captions, listed.caption_stats, index)
+        if None in self.caption_values:  # some are no regular file
             # a folder "a.txt" is reported, not a caption (a hidden one is not)
             ignored += [
                 folder / name
-                for name, fields in zip(captions, _rows(caption_stats), strict=True)
+                for name, fields in zip(listed.captions, _rows(listed.caption_stats), strict=True)
                 if S_ISDIR(fields[0]) and not name.startswith(".")
             ]
         self.ignored = tuple(sorted(ignored, key=lambda p: p.name))
         self._folded: set[str] | None = None
+        self._captions: dict[str, str | tuple[int, ...]] | None = None
+        self.read: dict[str, str | DataError] = {}  # caption files read ahead (_read_ahead)
+
+    @property
+    def captions(self) -> dict[str, str | tuple[int, ...]]:
+        """Caption file name -> the indexed text, or the stat_fields of a regular file to read."""
+        if self._captions is None:
+            self._captions = {
+                name: value
+                for name, value in zip(self.caption_names, self.caption_values, strict=True)
+                if value is not None
+            }
+        return self._captions
 
     def may_exist(self, name: str) -> bool:
         """Whether an entry ``name`` may be in the folder: listed under this name, or (a file
@@ -346,27 +311,18 @@ def images_found(names: list[str], stats: array, index: ScanIndex | None) -> lis
     return found
 
 
-def _found_images(
-    names: list[str], stats: array, index: ScanIndex | None
-) -> tuple[list[str], list[Found]]:
-    """The image names sorted, and what is known of each (Found)."""
-    found = images_found(names, stats, index)
-    order = sorted(range(len(names)), key=names.__getitem__)
-    return [names[i] for i in order], [found[i] for i in order]
-
-
 def _found_captions(
     names: list[str], stats: array, index: ScanIndex | None
-) -> dict[str, str | tuple[int, ...]]:
-    """Caption file name -> the indexed text, or the stat_fields of a regular file to read."""
+) -> list[str | tuple[int, ...] | None]:
+    """Per caption file of ``names``: the indexed text, the stat_fields of a regular file to
+    read, or None (no regular file)."""
     known = [None] * len(names) if index is None else index.known_captions(names, stats)
     if None not in known:
-        return dict(zip(names, known, strict=True))
-    return {
-        name: text if text is not None else fields
-        for name, text, fields in zip(names, known, _rows(stats), strict=True)
-        if text is not None or S_ISREG(fields[0])
-    }
+        return known
+    return [
+        text if text is not None else (fields if S_ISREG(fields[0]) else None)
+        for text, fields in zip(known, _rows(stats), strict=True)
+    ]
 
 
 def _suffix(name: str) -> str:
@@ -387,10 +343,40 @@ def _caption(
         return _unlisted_caption(folder, image, name, subset, listing, index)
     if isinstance(listed, str):  # the index's
         return _caption_text(listed, subset.enable_wildcard)
-    lines = caption_lines(listing.join_prefix + name)
+    lines = listing.read.pop(name, None)  # read ahead in parts (_read_ahead)
+    if lines is None:
+        lines = caption_lines(listing.join_prefix + name)
+    elif lines.__class__ is not str:  # the DataError reading it raised, raised in image order
+        raise lines
     if index is not None:
         index.record_caption(name, listed[1:], lines)
     return _caption_text(lines, subset.enable_wildcard)
+
+
+def _read_ahead(listing: _Listing, extension: str) -> None:
+    """The caption files of the listing's images that are to be read, read ahead in parts when
+    there are many (library.data.header_workers: a first scan's captions use every core), into
+    ``listing.read``: name -> its lines, or the DataError reading it raised."""
+    known = listing.captions
+    names = (image[: image.rfind(".")] + extension for image in listing.images)
+    wanted = list(dict.fromkeys(name for name in names if known.get(name).__class__ is tuple))
+    read = listing.read
+
+    def here(numbers: list[int]) -> None:
+        for n in numbers:
+            try:
+                read[wanted[n]] = caption_lines(listing.join_prefix + wanted[n])
+            except DataError as error:
+                read[wanted[n]] = error
+
+    def taken(n: int, lines: header_workers.Read) -> None:
+        read[wanted[n]] = header_workers.as_error(lines) or lines
+
+    if header_workers.parts(len(wanted)) > 1:
+        header_workers.read_in_parts(
+            "captions", len(wanted), lambda n: listing.join_prefix + wanted[n],
+            lambda n: None, here, taken,
+        )  # fmt: skip
 
 
 def _unlisted_caption(
@@ -469,12 +455,21 @@ def scan_folder(subset: SubsetConfig, index: ScanIndex | None = None) -> FolderS
 def _paired(
     folder: Path, subset: SubsetConfig, listing: _Listing, index: ScanIndex | None
 ) -> list[ImageItem]:
-    """The listing's images with their captions: the index's text paired here (a million images
-    of a rerun pass: no call per image), every other case by _caption."""
+    """The listing's images with their captions: where every image has its caption file and
+    the index answered for them all (a rerun), the two name-ordered lists are paired as they
+    are (a million images pass: no lookup per image); every other case by _caption."""
     extension, whole = subset.caption_extension, subset.enable_wildcard
-    is_reg, image_dir, known = subset.is_reg, subset.image_dir, listing.captions.get
+    is_reg, image_dir, images = subset.is_reg, subset.image_dir, listing.images
+    texts = listing.caption_values
+    if len(texts) == len(images) and all(map(str.__instancecheck__, texts)):
+        wanted = [name[: name.rfind(".")] + extension for name in images]
+        if wanted == listing.caption_names:
+            captions = texts if whole else [text.partition("\n")[0] for text in texts]
+            return list(map(ImageItem, images, captions, repeat(is_reg), repeat(image_dir)))
+    _read_ahead(listing, extension)
+    known = listing.captions.get
     items = []
-    for name in listing.images:
+    for name in images:
         text = known(name[: name.rfind(".")] + extension)
         if text.__class__ is str:
             caption = text if whole else text.partition("\n")[0]

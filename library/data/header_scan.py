@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from stat import S_ISREG
 
+from library.data import header_workers
 from library.data.folders import Found, images_found
 from library.data.images import ImageHeader, read_image_header
 from library.data.listing import NO_STAT, stat_fields
@@ -72,19 +73,44 @@ def read_headers(
     """The header of each image, in order, or the DataError that reading it raised. ``found``:
     what a stat and the scan ``index`` (None: none) gave for each (look_up, or a folder's
     listing); the images it has no header of are opened, on the threads (path_of(i): the
-    path of the i-th), and recorded in the index by their ``keys``."""
+    path of the i-th), many of them in parts on worker processes too (header_workers), and
+    recorded in the index by their ``keys``."""
     headers: list[ImageHeader | DataError] = list(found)
     missing = [i for i, known in enumerate(found) if not isinstance(known, ImageHeader)]
 
-    def chunk(start: int) -> list[ImageHeader | DataError]:
-        return [_read(path_of(i), found[i], index, keys[i]) for i in missing[start : start + _CHUNK]]
+    def here(numbers: list[int]) -> None:
+        share = [missing[n] for n in numbers]
 
-    starts = range(0, len(missing), _CHUNK)
-    if len(starts) <= 1:
-        read = [header for start in starts for header in chunk(start)]
-    else:
-        with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="difftune-scan") as pool:
-            read = [header for part in pool.map(chunk, starts) for header in part]
-    for i, header in zip(missing, read, strict=True):
-        headers[i] = header
+        def chunk(start: int) -> list[ImageHeader | DataError]:
+            return [
+                _read(path_of(i), found[i], index, keys[i]) for i in share[start : start + _CHUNK]
+            ]
+
+        starts = range(0, len(share), _CHUNK)
+        if len(starts) <= 1:
+            read = [header for start in starts for header in chunk(start)]
+        else:
+            with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="difftune-scan") as pool:
+                read = [header for part in pool.map(chunk, starts) for header in part]
+        for i, header in zip(share, read, strict=True):
+            headers[i] = header
+
+    def taken(n: int, read: header_workers.Read) -> None:
+        i = missing[n]
+        error = header_workers.as_error(read)
+        if error is not None:
+            headers[i] = error
+            return
+        header = headers[i] = ImageHeader((read[0], read[1]), read[2])
+        fields = found[i]
+        if index is not None and fields is not None and S_ISREG(fields[0]):
+            index.record(keys[i], fields[1:], header)
+
+    def mode_of(n: int) -> int | None:
+        fields = found[missing[n]]
+        return None if fields is None else fields[0]
+
+    header_workers.read_in_parts(
+        "headers", len(missing), lambda n: str(path_of(missing[n])), mode_of, here, taken
+    )
     return headers

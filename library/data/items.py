@@ -363,13 +363,21 @@ def scan_dataset(
 
         headers = read_headers(found, path_of, scan_index, index_keys)
         found = []
+        # without references an image's checks depend on its header alone: a dataset has far
+        # fewer distinct headers than images, each checked once
+        usable: dict[ImageHeader, tuple] = {}
         for n, (item, header) in enumerate(zip(items, headers, strict=True)):
-            checked = _checked_image(item, header, subset, bucket_of, sizing, skip_bad_images)
-            if isinstance(checked, str):
-                skipped.append(checked)
-                continue
+            checked = usable.get(header) if sizing is None else None
+            if checked is None:
+                checked = _checked_image(item, header, subset, bucket_of, sizing, skip_bad_images)
+                if isinstance(checked, str):
+                    skipped.append(checked)
+                    continue
+                size = sizes.setdefault(checked[0], checked[0])  # one tuple per size
+                checked = (size, *checked[1:])
+                if sizing is None:
+                    usable[header] = checked
             size, bucket, is_animated, references = checked
-            size = sizes.setdefault(size, size)  # one tuple per size, not one per image
             if is_animated:
                 animated.append(item.path)
             if names is None:

@@ -9,8 +9,12 @@ Decisions:
   its part of the names from stdin and writes the sorted part to stdout (marshal).
 - Below PARALLEL_ENTRIES entries, or where entries cannot be stat'ed by name in the open folder
   (Windows), no process is started: small datasets and the tests pay nothing.
-- The parts are the folder's names from one listing, so every name is sorted exactly once; the
-  parts' results are concatenated in order, and the caller sorts what it shows.
+- The parts are the folder's names from one listing, so every name is sorted exactly once. Each
+  part sorts its names first, so its images and captions come out in name order (the sort of a
+  million names shared by the processes); the parts' images and captions are then merged in
+  name order here (a merge of sorted runs: a fraction of a sort), the other names concatenated.
+  In name order a rerun's listing equals the scan index's names (written in that order), which
+  it then compares without a lookup per name.
 - A worker that fails (cannot start, dies, writes something else) costs time, not results: its
   part is sorted again in this process, where any error is the one a serial scan raises.
 """
@@ -22,6 +26,7 @@ import os
 import subprocess
 import sys
 from array import array
+from functools import partial
 from stat import S_ISDIR
 
 # A folder with at least this many entries is sorted in parts (a million images and their
@@ -47,9 +52,10 @@ class Rules:
 
 
 class Sorted:
-    """One listing (or part of it) sorted: image and caption names with their stat fields (five
-    numbers per file: st_mode, size, mtime_ns, ctime_ns, inode), every name that is not an image,
-    and the names to report as ignored (not hidden, system, caption or sidecar files)."""
+    """One listing (or part of it) sorted: image and caption names in name order with their stat
+    fields (five numbers per file: st_mode, size, mtime_ns, ctime_ns, inode), every name that is
+    not an image, and the names to report as ignored (not hidden, system, caption or sidecar
+    files)."""
 
     def __init__(self) -> None:
         self.images: list[str] = []
@@ -74,13 +80,38 @@ class Sorted:
             raise ValueError("stats differ in length from the names")
         return part
 
-    def extend(self, other: Sorted) -> None:
-        self.images += other.images
-        self.image_stats += other.image_stats
-        self.captions += other.captions
-        self.caption_stats += other.caption_stats
-        self.others += other.others
-        self.reported += other.reported
+    @classmethod
+    def merged(cls, parts: list[Sorted]) -> Sorted:
+        """The parts as one listing, images and captions in name order."""
+        if len(parts) == 1:
+            return parts[0]
+        whole = cls()
+        whole.images, whole.image_stats = _merged([(p.images, p.image_stats) for p in parts])
+        whole.captions, whole.caption_stats = _merged(
+            [(p.captions, p.caption_stats) for p in parts]
+        )
+        for part in parts:
+            whole.others += part.others
+            whole.reported += part.reported
+        return whole
+
+
+def _merged(runs: list[tuple[list[str], array]]) -> tuple[list[str], array]:
+    """Names in name order with their stat fields, from runs each in name order. Timsort finds
+    the runs and merges them (about a comparison per name)."""
+    names = [name for run, _ in runs for name in run]
+    stats = array("q")
+    for _, fields in runs:
+        stats += fields
+    order = sorted(range(len(names)), key=names.__getitem__)
+    # numpy (only the scanning process merges; a worker imports nothing but the standard
+    # library) gathers a million files' stats in a fraction of what slicing them here takes
+    import numpy as np
+
+    rows = np.frombuffer(stats, np.int64).reshape(-1, 5)
+    merged = array("q")
+    merged.frombytes(rows[np.fromiter(order, np.intp, len(order))].tobytes())
+    return [names[i] for i in order], merged
 
 
 def stat_fields(info: os.stat_result) -> tuple[int, int, int, int, int]:
@@ -95,20 +126,29 @@ def stat_fields(info: os.stat_result) -> tuple[int, int, int, int, int]:
     )
 
 
-def _fields(stat, name: str) -> tuple[int, int, int, int, int]:
-    try:
-        return stat_fields(stat(name))
-    except OSError:
-        return NO_STAT
+def _stats(names: list[str], stat) -> array:
+    """The stat_fields of each of ``names`` (NO_STAT where it has none), written out: two
+    million files pass here."""
+    stats = array("q")
+    extend = stats.extend
+    for name in names:
+        try:
+            info = stat(name)
+        except OSError:
+            extend(NO_STAT)
+            continue
+        extend((info.st_mode, info.st_size, info.st_mtime_ns & _LOW_BITS,
+                info.st_ctime_ns & _LOW_BITS, info.st_ino & _LOW_BITS))  # fmt: skip
+    return stats
 
 
 def sort_names(names, stat, is_dir, rules: Rules) -> Sorted:
-    """``names`` sorted by ``rules``; ``stat(name)`` stats a file (following links), ``is_dir(name)``
-    says whether an entry is a folder (asked only of sidecar-named entries)."""
+    """``names`` sorted by ``rules`` (images and captions in name order); ``stat(name)`` stats a
+    file (following links), ``is_dir(name)`` says whether an entry is a folder (asked only of
+    sidecar-named entries)."""
+    names = sorted(names)
     part = Sorted()
-    images, image_stats, captions, caption_stats = (
-        part.images, part.image_stats, part.captions, part.caption_stats)  # fmt: skip
-    others, reported = part.others, part.reported
+    images, captions, others, reported = part.images, part.captions, part.others, part.reported
     image_suffixes, caption_suffix, system = rules.images, rules.caption, rules.system
     # a million names pass here: the suffix is found once per name, the caption files' (the
     # usual other entry) checked first
@@ -118,12 +158,10 @@ def sort_names(names, stat, is_dir, rules: Rules) -> Sorted:
         if suffix in image_suffixes:
             if not name.startswith("."):
                 images.append(name)
-                image_stats.extend(_fields(stat, name))
                 continue
         elif suffix == caption_suffix and name.lower() not in system:
             others.append(name)
             captions.append(name)
-            caption_stats.extend(_fields(stat, name))
             continue
         others.append(name)
         if name.startswith(".") or name.lower() in system:
@@ -132,14 +170,14 @@ def sort_names(names, stat, is_dir, rules: Rules) -> Sorted:
         if sidecar and not is_dir(name):  # a folder "a.txt" is reported, not a caption
             continue
         reported.append(name)
+    part.image_stats, part.caption_stats = _stats(images, stat), _stats(captions, stat)
     return part
 
 
 def in_folder(descriptor: int):
     """(stat, is_dir) of names in the folder open as ``descriptor`` (links followed)."""
 
-    def stat(name: str) -> os.stat_result:
-        return os.stat(name, dir_fd=descriptor)
+    stat = partial(os.stat, dir_fd=descriptor)  # a call per file: no Python frame
 
     def is_dir(name: str) -> bool:
         try:
@@ -158,25 +196,28 @@ def _workers(count: int) -> int:
     return max(1, min(cores or 1, 8, count // (PARALLEL_ENTRIES // 2)))
 
 
-def _start(folder: str, names: list[str], rules: Rules) -> subprocess.Popen | None:
+def start_worker(command: list[str], payload: object) -> subprocess.Popen | None:
+    """A worker process running ``command``, ``payload`` written to its stdin (marshal); None
+    when it cannot start or dies before reading it."""
     try:
         worker = subprocess.Popen(
-            [sys.executable, "-I", "-S", __file__],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
     except OSError:
         return None
     try:
-        worker.stdin.write(marshal.dumps((folder, names, rules.as_tuple())))
+        worker.stdin.write(marshal.dumps(payload))
         worker.stdin.close()
-    except OSError:  # it died: its part is sorted here
+    except OSError:  # it died: its part is done here
         worker.kill()
         worker.wait()
         return None
     return worker
 
 
-def _finish(worker: subprocess.Popen | None) -> Sorted | None:
+def finish_worker(worker: subprocess.Popen | None) -> object | None:
+    """What ``worker`` (None: it did not start) wrote to its stdout (marshal); None when it
+    failed or wrote something else."""
     if worker is None:
         return None
     output = worker.stdout.read()
@@ -184,8 +225,21 @@ def _finish(worker: subprocess.Popen | None) -> Sorted | None:
     if worker.wait() != 0:
         return None
     try:
-        return Sorted.of_tuple(marshal.loads(output))
+        return marshal.loads(output)
     except (ValueError, TypeError, EOFError):
+        return None
+
+
+def _start(folder: str, names: list[str], rules: Rules) -> subprocess.Popen | None:
+    command = [sys.executable, "-I", "-S", __file__]
+    return start_worker(command, (folder, names, rules.as_tuple()))
+
+
+def _finish(worker: subprocess.Popen | None) -> Sorted | None:
+    values = finish_worker(worker)
+    try:
+        return None if values is None else Sorted.of_tuple(values)
+    except (ValueError, TypeError):
         return None
 
 
@@ -197,11 +251,11 @@ def sort_folder(folder: str, descriptor: int, rules: Rules) -> Sorted:
     parts = _workers(len(names))
     shares = [names[i::parts] for i in range(parts)] if parts > 1 else [names]
     workers = [(share, _start(folder, share, rules)) for share in shares[1:]]
-    result = sort_names(shares[0], stat, is_dir, rules)
+    result = [sort_names(shares[0], stat, is_dir, rules)]
     for share, worker in workers:
         part = _finish(worker)
-        result.extend(part if part is not None else sort_names(share, stat, is_dir, rules))
-    return result
+        result.append(part if part is not None else sort_names(share, stat, is_dir, rules))
+    return Sorted.merged(result)
 
 
 def _main() -> None:

@@ -90,13 +90,22 @@ def _packed(numbers: np.ndarray) -> str:
 
 
 class _Table:
-    """One kind of entry of an index file, as read: name -> row, and per row the file's
-    identity (an [N, 4] array) and what was read from it (no object per entry until one is
-    asked for)."""
+    """One kind of entry of an index file, as read: its names (in name order, as written), per
+    row the file's identity (an [N, 4] array) and what was read from it (no object per entry
+    until one is asked for)."""
 
     def __init__(self, names: list, identities: np.ndarray, values: list) -> None:
         self.names, self.identities, self.values = names, identities, values
-        self.rows = dict(zip(names, range(len(names)), strict=True))
+        self._rows: dict[str, int] | None = None
+        self.compared_in_order = False  # a listing equal to the names (which are in name order)
+
+    @property
+    def rows(self) -> dict[str, int]:
+        """name -> row; made when a listing differs from the names (a million names take half
+        a second), not for a rerun over an unchanged folder."""
+        if self._rows is None:
+            self._rows = dict(zip(self.names, range(len(self.names)), strict=True))
+        return self._rows
 
     def unchanged(self, names: list[str], stats: array) -> np.ndarray:
         """The row of each of ``names`` (-1 where none) whose file is a regular file and the
@@ -105,7 +114,11 @@ class _Table:
         count = len(names)
         if not self.names or not count:
             return np.full(count, -1, np.int64)
-        rows = np.fromiter(map(self.rows.get, names, repeat(-1)), np.int64, count)
+        if names == self.names:  # an unchanged folder's listing, in name order: row i is name i
+            rows = np.arange(count, dtype=np.int64)
+            self.compared_in_order = True
+        else:
+            rows = np.fromiter(map(self.rows.get, names, repeat(-1)), np.int64, count)
         fields = np.frombuffer(stats, np.int64).reshape(count, 5)
         listed = rows >= 0
         same = self.identities[np.where(listed, rows, 0)] == fields[:, 1:]
@@ -129,6 +142,8 @@ def _table(body: dict, kind: str) -> _Table:
     if not isinstance(part, dict) or not isinstance(part.get("names"), list):
         raise IndexDamaged(f"no {kind}")
     names, values = part["names"], part.get("values")
+    if not all(map(str.__instancecheck__, names)):  # the name-order check compares them
+        raise IndexDamaged(f"{kind} names are not all text")
     count = len(names)
     identities = _unpacked(part.get("identities"), 4 * count, f"{kind} identities")
     if kind == "images":
@@ -176,41 +191,49 @@ def _parse(data: bytes) -> tuple[_Table, _Table, _Table]:
 
 
 class _Met:
-    """What a scan met of one kind of entry: the rows of the file that answered, and the
-    entries read anew (name -> (identity, value))."""
+    """What a scan met of one kind of entry: the rows of the file that answered (marked, and
+    counted), and the entries read anew (name -> (identity, value))."""
 
     def __init__(self, table: _Table) -> None:
         self.table = table
-        self.rows: list[np.ndarray] = []
+        self.kept = np.zeros(len(table.names), bool)
+        self.answers = 0
         self.new: dict[str, tuple[Identity, object]] = {}
 
     def answered(self, rows: np.ndarray) -> list:
         """The value of each row of ``rows`` (None where -1), kept for the next index."""
-        self.rows.append(rows[rows >= 0])
+        found = rows[rows >= 0]
+        self.kept[found] = True
+        self.answers += len(found)
         values = self.table.values
+        if len(found) == len(rows):  # every file answered: no test per row
+            return list(map(values.__getitem__, rows.tolist()))
         return [values[row] if row >= 0 else None for row in rows.tolist()]
 
-    def _kept(self) -> np.ndarray:
-        return np.unique(np.concatenate([np.zeros(0, np.int64), *self.rows]))
-
     def unchanged(self) -> bool:
-        """Whether the entries met are the file's, all of them."""
-        count = len(self.table.names)
-        met = sum(len(rows) for rows in self.rows)
-        return not self.new and met == count and len(self._kept()) == count
+        """Whether the entries met are the file's, all of them, each once, and the file holds
+        them in name order (one that does not, an older difftune's, is written again in name
+        order: then a rerun's listing equals its names)."""
+        if self.new or self.answers != len(self.kept) or not self.kept.all():
+            return False
+        names = self.table.names
+        return self.table.compared_in_order or all(map(str.__le__, names, names[1:]))
 
     def columns(self) -> dict:
-        """The entries met as the file holds them."""
-        table, kept = self.table, self._kept()
+        """The entries met as the file holds them, in name order."""
+        table = self.table
+        kept = np.flatnonzero(self.kept).tolist()
+        names = [table.names[i] for i in kept] + list(self.new)
+        values = [table.values[i] for i in kept] + [v for _, v in self.new.values()]
         identities = table.identities[kept]
         if self.new:
             new = np.array([ident for ident, _ in self.new.values()], np.int64).reshape(-1, 4)
             identities = np.concatenate([identities, new])
-        rows = kept.tolist()
+        order = sorted(range(len(names)), key=names.__getitem__)
         return {
-            "names": [table.names[i] for i in rows] + list(self.new),
-            "identities": _packed(identities),
-            "values": [table.values[i] for i in rows] + [v for _, v in self.new.values()],
+            "names": [names[i] for i in order],
+            "identities": _packed(identities[order]),
+            "values": [values[i] for i in order],
         }
 
 
@@ -238,7 +261,7 @@ class ScanIndex:
     @property
     def reused(self) -> int:
         """Image headers and video probes answered from the index."""
-        return sum(len(rows) for rows in self._images.rows + self._videos.rows)
+        return self._images.answers + self._videos.answers
 
     def _load(self, path: Path) -> tuple[_Met, _Met, _Met]:
         tables = (_EMPTY, _EMPTY, _EMPTY)
@@ -298,7 +321,7 @@ class ScanIndex:
 
     def keep_video(self, key: str, info: os.stat_result, values: object) -> None:
         """Keep an indexed probe that answered (counted as reused) for the next index."""
-        self._videos.rows.append(np.array([self._videos.table.rows[key]], np.int64))
+        self._videos.answered(np.array([self._videos.table.rows[key]], np.int64))
 
     def record_video(self, key: str, info: os.stat_result, values: object) -> None:
         """Keep the probe (JSON values) of the video file `key` whose stat is `info` for the

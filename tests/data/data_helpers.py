@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from PIL import Image
@@ -51,3 +52,16 @@ def count_paths(monkeypatch) -> list:
 
         monkeypatch.setattr(cls, name, counting)
     return made
+
+
+def started_processes(monkeypatch) -> list:
+    """Lists the command of each process started from now on (subprocess.Popen counted)."""
+    started = []
+    popen = subprocess.Popen
+
+    def counting(*args, **kwargs):
+        started.append(args[0])
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", counting)
+    return started

@@ -70,7 +70,7 @@ def test_a_short_caption_is_read_without_setting_aside_the_bound(tmp_path):
 def test_a_file_whose_size_says_nothing_is_read_to_the_bound():
     import os
 
-    from library.data.folders import _read_at_most
+    from library.data.caption_files import _read_at_most
 
     read_end, write_end = os.pipe()  # a pipe's size is 0 whatever it holds
     os.write(write_end, b"x" * 5000)

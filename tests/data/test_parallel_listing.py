@@ -4,10 +4,9 @@ listing gives: the same items, captions, ignored entries, stats and errors."""
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
-from data_helpers import write_image
+from data_helpers import started_processes, write_image
 
 from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data import listing
@@ -44,14 +43,7 @@ def _scan(folder, index_dir=None, **subset):
 @pytest.fixture
 def started(monkeypatch):
     """Lists each worker process started; the threshold lowered to the test folders' sizes."""
-    workers = []
-    popen = subprocess.Popen
-
-    def counting(*args, **kwargs):
-        workers.append(args[0])
-        return popen(*args, **kwargs)
-
-    monkeypatch.setattr(listing.subprocess, "Popen", counting)
+    workers = started_processes(monkeypatch)
     monkeypatch.setattr(listing, "_workers", lambda count: 3 if count >= 4 else 1)
     return workers
 
