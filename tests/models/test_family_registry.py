@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from library.config import flow_schema
-from library.config.flow_schema import FlowSection
+from library.config.flow_schema import FlowSection, ModelVersionKeys
 from library.config.flow_section import FlowMatchingKeys
 from library.config.schema import ModelSection, NetworkSection
 from library.config.section import Section
@@ -172,7 +172,7 @@ def test_every_flow_key_is_read_by_a_family_and_schema_values_come_from_the_regi
 
 
 def test_flow_keys_come_from_the_families_that_define_them():
-    """Each [flow] key is a field of the shared flow-matching keys or of exactly one class a
+    """Each [flow] key is a field of the shared keys (the draw, model_version) or of exactly one class a
     family names in config_keys; a family reads every key it defines, and every key it reads
     is a field of the section (a key read but not defined would be refused as unknown)."""
     defined = {}
@@ -183,7 +183,7 @@ def test_flow_keys_come_from_the_families_that_define_them():
                 assert defined.setdefault(name, keys) is keys, name
         assert entry.flow_keys <= set(FlowSection.model_fields), entry.name
     shared = set(FlowSection.model_fields) - set(defined)
-    assert shared == set(FlowMatchingKeys.model_fields)
+    assert shared == set(FlowMatchingKeys.model_fields) | set(ModelVersionKeys.model_fields)
     # the composed section validates each key with its owner's field
     with pytest.raises(ValueError, match="clip_l_dropout_rate"):
         FlowSection(clip_l_dropout_rate=2.0)
