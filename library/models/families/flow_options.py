@@ -5,11 +5,12 @@ refused; SD's text and prediction settings that a flow model does not read get a
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from library.config.flow_section import SHARED_DRAWS, FlowSection
 from library.config.model_schema import ModelSection
 from library.config.suggest import show_value
-from library.errors import ConfigError
+from library.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +62,15 @@ def check_flow_model_options(
         )
     if model.zero_terminal_snr:
         raise ConfigError(f"zero_terminal_snr applies to DDPM models, not {label}; remove it")
+
+
+def check_model_version(version: str | None, fits: Sequence[str], files, what: str) -> None:
+    """ModelError when [flow] model_version is set and is none of ``fits``, the values the
+    model's ``files`` (its folder or file) may be by what they say: ``what`` (e.g. "a
+    QwenImagePipeline folder"). Read before any weight, so a wrong value stops the run early."""
+    if version is not None and version not in fits:
+        values = " or ".join(f'"{fit}"' for fit in fits)
+        raise ModelError(
+            f'model_version = "{version}" but {files} is {what}; set model_version = {values}, '
+            "or remove it"
+        )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from library.config.section import Section
-from library.errors import ModelError
+from library.models.families.flow_options import check_model_version
 
 # [flow] model_version (musubi-tuner's --model_version; layered is not trained here): which
 # release a transformer file is
@@ -42,10 +42,5 @@ class QwenImageFlowKeys(Section):
 def check_folder_version(flow, pipeline: str, path) -> None:
     """ModelError when [flow] model_version names another release than the folder's
     ``pipeline``."""
-    version = getattr(flow, "model_version", None)
-    if version is not None and PIPELINES[version] != pipeline:
-        fits = sorted(v for v, p in PIPELINES.items() if p == pipeline)
-        raise ModelError(
-            f'model_version = "{version}" but {path} is a {pipeline} folder; set model_version '
-            f"to {' or '.join(fits)}, or remove it"
-        )
+    fits = sorted(v for v, p in PIPELINES.items() if p == pipeline)
+    check_model_version(getattr(flow, "model_version", None), fits, path, f"a {pipeline} folder")
