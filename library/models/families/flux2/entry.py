@@ -20,6 +20,15 @@ _PACKAGE = "library.models.families.flux2"
 # model_version, checked against the files: spec.inspect).
 FLOW_KEYS = frozenset(SIGMA_KEYS) | {"guidance_scale", "text_encoder", "model_version"}
 
+# Each release: musubi-tuner's model_version value -> (our variant name, its label)
+_RELEASES = {
+    "dev": ("flux2-dev-32b", "FLUX.2 [dev]"),
+    "klein-4b": ("flux2-klein-4b", "FLUX.2 [klein] 4B, distilled"),
+    "klein-base-4b": ("flux2-klein-4b-base", "FLUX.2 [klein] base 4B"),
+    "klein-9b": ("flux2-klein-9b", "FLUX.2 [klein] 9B, distilled"),
+    "klein-base-9b": ("flux2-klein-9b-base", "FLUX.2 [klein] base 9B"),
+}
+
 FLUX2 = FamilyEntry(
     name="flux2",
     label="FLUX.2",
@@ -36,12 +45,9 @@ FLUX2 = FamilyEntry(
     flow_keys=FLOW_KEYS,
     # musubi-tuner's FLUX.2 draw: flux_shift on FLUX.2's own tokens (spec.Flux2FlowObjective)
     timestep_draws=("flux2_shift",),
+    # musubi-tuner's --model_version values (checked against the files: spec.inspect)
     model_versions={
-        "dev": "FLUX.2 [dev]",
-        "klein-4b": "[klein] 4B, distilled",
-        "klein-base-4b": "[klein] base 4B",
-        "klein-9b": "[klein] 9B, distilled",
-        "klein-base-9b": "[klein] base 9B",
+        version: label.removeprefix("FLUX.2 ") for version, (_, label) in _RELEASES.items()
     },
     lora_files=LoraFiles(
         # the shared modulation exists in FLUX.2 alone (FLUX.1's blocks modulate themselves);
@@ -53,13 +59,7 @@ FLUX2 = FamilyEntry(
     ),
     tool=ToolFacts(
         component_options={"text_encoder": "the text encoder file beside a transformer file"},
-        variant_labels={
-            "flux2-klein-4b": "FLUX.2 [klein] 4B",
-            "flux2-klein-4b-base": "FLUX.2 [klein] base 4B",
-            "flux2-klein-9b": "FLUX.2 [klein] 9B",
-            "flux2-klein-9b-base": "FLUX.2 [klein] base 9B",
-            "flux2-dev-32b": "FLUX.2 [dev]",
-        },
+        variant_labels=dict(_RELEASES.values()),
         version_marks=(("flux2", _LINE),),
         to_original=Deferred(f"{_PACKAGE}.names:to_original"),
         layout_names={"kohya": "kohya's lora_unet_<original path>, also musubi-tuner's"},
