@@ -14,7 +14,13 @@ from library.models.checkpoint_file import CheckpointFile
 from library.models.families.chroma.original_keys import TABLE
 from library.models.families.chroma.spec import SPEC
 from library.models.families.spec import MainFile
-from library.models.families.spec_loader import claims, folder_of, plan_component, plan_main
+from library.models.families.spec_loader import (
+    claims,
+    folder_of,
+    plan_component,
+    plan_main,
+    spec_for,
+)
 
 MAIN = MainFile(
     names=TABLE,
@@ -56,6 +62,32 @@ def test_claims_by_keys(tmp_path):
     other = tmp_path / "other.safetensors"
     save_file({"double_blocks.0.img_attn.qkv.weight": torch.zeros(1)}, str(other))
     assert not claims(SPEC, ModelSection(pretrained_model_name_or_path=str(other)))
+
+
+def test_a_files_spec_is_the_one_its_keys_hold_by_the_most_marks(tmp_path):
+    """Two releases of one family told apart by a file's keys (one adds an input): each file
+    gets its own spec whichever order the specs are given in; a file of neither the first."""
+    import dataclasses
+
+    import torch
+    from safetensors.torch import save_file
+
+    extra = dataclasses.replace(MAIN, original_marks=("refiner.", "guide.weight"))
+    plain, guided = SPEC, dataclasses.replace(SPEC, pipeline="GuidedPipeline")
+    guided = dataclasses.replace(guided, parts=(
+        dataclasses.replace(guided.parts[0], main=extra), *guided.parts[1:]))  # fmt: skip
+    plain = dataclasses.replace(plain, parts=(
+        dataclasses.replace(plain.parts[0], main=MAIN), *plain.parts[1:]))  # fmt: skip
+
+    def spec_of(keys, specs):
+        path = tmp_path / f"{len(keys)}.safetensors"
+        save_file({key: torch.zeros(1) for key in keys}, str(path))
+        return spec_for(specs, ModelSection(pretrained_model_name_or_path=str(path)))
+
+    for specs in ((plain, guided), (guided, plain)):
+        assert spec_of(["refiner.0.w", "guide.weight"], specs) is guided
+        assert spec_of(["refiner.0.w"], specs) is plain
+        assert spec_of(["other.weight", "x", "y"], specs) is specs[0]
 
 
 def test_component_files_are_refused_by_key(tmp_path):

@@ -25,7 +25,7 @@ from library.config.model_schema import ModelSection
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
 from library.models.components import Components
-from library.models.families.claims import claims_model, folder_pipeline
+from library.models.families.claims import claims_model, file_keys, folder_pipeline
 from library.models.families.family_entry import Deferred
 from library.models.families.file_contents import sample_keys
 from library.models.families.file_plans import open_safetensors, refuse_scaled_fp8
@@ -63,11 +63,21 @@ def claimer(*specs: FamilySpec) -> Callable[[ModelSection, FlowSection], bool]:
 
 
 def spec_for(specs: Sequence[FamilySpec], model: ModelSection) -> FamilySpec:
-    """The spec of ``model``: the one whose pipeline its folder is, else the first (for single
-    files, and for folders the first claims or refuses by name)."""
+    """The spec of ``model``: the one whose pipeline its folder is; for a single file, the one
+    whose main file its keys hold by the most marks (a release with an extra input, such as a
+    guidance embedder, over the one without); else the first (for folders the first claims or
+    refuses by name)."""
     path = Path(model.pretrained_model_name_or_path).expanduser()
+    if path.is_file() and len(specs) > 1:
+        keys = file_keys(path) or ()
+        held = [spec for spec in specs if spec.main.detect(keys)]
+        return max(held, key=_mark_count, default=specs[0])  # the first of equals
     pipeline = folder_pipeline(path) if path.is_dir() else None
     return next((spec for spec in specs if spec.pipeline == pipeline), specs[0])
+
+
+def _mark_count(spec: FamilySpec) -> int:
+    return len(spec.main.original_marks) + len(spec.main.diffusers_marks)
 
 
 def folder_of(spec: FamilySpec) -> PipelineFolder:
