@@ -146,6 +146,18 @@ class CheckedFolder:
         return str(self.model_dir / sub)
 
 
+def check_width(checked, part: str, has: int, wanted: str, states: str, fix: str) -> None:
+    """``part``'s states (``has`` wide) are as wide as the transformer's input of them (its
+    config's ``wanted``), in a checked folder or checked single files (spec_loader's
+    CheckedFiles); ModelError naming both, the ``states`` and the ``fix``."""
+    reads = checked.part_config("transformer")[wanted]
+    if has != reads:
+        raise ModelError(
+            f"{checked.part_source(part)} gives {has}-wide {states} and the transformer of "
+            f"{checked.model_dir} reads {reads}-wide ones; {fix}"
+        )
+
+
 @dataclass
 class LoadedFolder:
     """The loaded folder: its modules and tokenizers by subfolder, in the spec's order (every

@@ -25,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from library.errors import ModelError
 from library.models import wan_vae_keys
 from library.models.families import wan_vae_file
-from library.models.families.folder_loader import CheckedFolder, t5_tokenizer
+from library.models.families.folder_loader import CheckedFolder, check_width, t5_tokenizer
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer, spec_for
@@ -282,18 +282,6 @@ def reads_image_states(checked) -> bool:
     return any(part.sub == IMAGE_ENCODER for part in checked.spec.parts)
 
 
-def check_width(checked, part: str, width: str, wanted: str, states: str, fix: str) -> None:
-    """``part``'s states (its config's ``width``) are as wide as the transformer's input of them
-    (its config's ``wanted``); ModelError naming both, the ``states`` and the ``fix``."""
-    has = checked.part_config(part)[width]
-    reads = checked.part_config("transformer")[wanted]
-    if has != reads:
-        raise ModelError(
-            f"{checked.part_source(part)} gives {has}-wide {states} and the Wan transformer of "
-            f"{checked.model_dir} reads {reads}-wide ones; {fix}"
-        )
-
-
 def transformer_defaults() -> dict:
     """WanTransformer3DModel's defaults (a folder's config.json may leave keys out)."""
     from diffusers import WanTransformer3DModel
@@ -311,12 +299,13 @@ def inspect_parts(checked) -> Facts:
     channels = checked.part_config("transformer").get("in_channels")
     expands = bool(index.get("expand_timesteps")) if folder else channels == TI2V_CHANNELS
     refuse_other_tasks(checked, expands)
-    check_width(checked, "text_encoder", "d_model", "text_dim", "umT5 states",
-                "set t5 in [flow] to umT5-XXL's file")  # fmt: skip
+    check_width(checked, "text_encoder", checked.part_config("text_encoder")["d_model"],
+                "text_dim", "umT5 states", "set t5 in [flow] to umT5-XXL's file")  # fmt: skip
     check_task(checked)
     image_states = reads_image_states(checked)
     if image_states:
-        check_width(checked, IMAGE_ENCODER, "hidden_size", "image_dim", "image states",
+        check_width(checked, IMAGE_ENCODER, checked.part_config(IMAGE_ENCODER)["hidden_size"],
+                    "image_dim", "image states",
                     "set clip in [flow] to the CLIP ViT-H file (clip_vision_h.safetensors)")  # fmt: skip
     elif getattr(checked.flow, "clip", None):
         raise ModelError(
