@@ -462,12 +462,16 @@ def flow_options_over(flow: object, defaults: Mapping[str, object]) -> FlowOptio
 
 
 def shift_draw_over(flow: object, shift: float) -> FlowOptions:
-    """The set [flow] draw keys over musubi-tuner's suggested draw for the transformers it
-    trains at a fixed shift: sigma = shift(sigmoid(z)) at ``discrete_flow_shift`` ``shift``, no
-    loss weighting, the raw output as the prediction."""
-    defaults = {"timestep_sampling": "shift", "sigmoid_scale": 1.0, "weighting_scheme": "none",
-                "discrete_flow_shift": shift, "model_prediction_type": "raw"}  # fmt: skip
-    return flow_options_over(flow, defaults)
+    """The set [flow] draw keys over ``shift_draw(shift)``."""
+    return flow_options_over(flow, shift_draw(shift))
+
+
+def shift_draw(shift: float) -> dict[str, object]:
+    """musubi-tuner's suggested draw for the transformers it trains at a fixed shift (the
+    defaults ``flow_options_over`` takes): sigma = shift(sigmoid(z)) at ``discrete_flow_shift``
+    ``shift``, no loss weighting, the raw output as the prediction."""
+    return {"timestep_sampling": "shift", "sigmoid_scale": 1.0, "weighting_scheme": "none",
+            "discrete_flow_shift": shift, "model_prediction_type": "raw"}  # fmt: skip
 
 
 class VelocityObjective(FlowMatchingObjective):

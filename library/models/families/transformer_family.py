@@ -10,6 +10,7 @@ into every config are accepted at the values that change nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,6 +26,7 @@ from library.networks.lycoris_targets import lycoris_targets
 from library.networks.table_modules import table_modules
 from library.networks.targets import default_targets
 from library.training.flow_keys import SIGMA_KEYS
+from library.training.objectives import FlowOptions, flow_options_over
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,24 @@ def flow_metadata(options, keys: tuple[str, ...] = SIGMA_KEYS) -> dict:
     """The run's flow-matching draw and loss weighting (a FlowOptions), in kohya's ss_* names:
     the draw keys, or the ``keys`` of the options a family's trainer writes."""
     return {f"ss_{key}": getattr(options, key) for key in keys}
+
+
+@dataclass(frozen=True)
+class TrainerDraw:
+    """A family's flow-matching draw: its trainer's suggested one (``defaults``: FlowOptions
+    fields), which the set [flow] draw keys override, and the ``keys`` of it that the family's
+    files record (kohya's ss_* names; the trainer's update_metadata)."""
+
+    defaults: Mapping[str, object]
+    keys: tuple[str, ...] = SIGMA_KEYS
+
+    def options(self, flow: object) -> FlowOptions:
+        """The objective's options: the set [flow] draw keys over the defaults."""
+        return flow_options_over(flow, self.defaults)
+
+    def metadata(self, flow: object) -> dict:
+        """The run's draw (``options``) in kohya's ss_* names, for a saved file's header."""
+        return flow_metadata(self.options(flow), self.keys)
 
 
 @dataclass(frozen=True, kw_only=True)
