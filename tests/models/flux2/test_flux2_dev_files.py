@@ -139,7 +139,7 @@ def test_a_text_encoder_of_another_width_is_refused_naming_both_files(files, tmp
     save_file(wider, str(other), metadata={CONFIG_METADATA + "text_encoder": json.dumps(config)})
     message = _refusal(_model(files), other)
     assert message.startswith(f"text_encoder = {other} gives 48-wide states and the transformer")
-    assert f"of {files['transformer']} takes 24" in message
+    assert f"of {files['transformer']} reads 24-wide ones" in message
     assert "dev: mistral_3_small_flux2_bf16" in message
 
 

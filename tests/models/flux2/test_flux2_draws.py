@@ -13,7 +13,7 @@ from library.config.schema import ModelSection
 from library.errors import ConfigError
 from library.models.families.flux.family import flux_family
 from library.models.families.flux2.family import flux2_family
-from library.models.families.flux2.spec import Flux2FlowObjective, flux2_flow_options
+from library.models.families.flux2.spec import DRAW, Flux2FlowObjective
 from library.models.families.krea2.family import krea2_family
 
 _MODEL = ModelSection(pretrained_model_name_or_path="m")
@@ -26,7 +26,7 @@ class _Draws:
 
 
 def _levels(sampling: str, z: torch.Tensor, shape, **flow) -> torch.Tensor:
-    options = flux2_flow_options(FlowSection(timestep_sampling=sampling, **flow))
+    options = DRAW.options(FlowSection(timestep_sampling=sampling, **flow))
     return Flux2FlowObjective(options, patch=1).levels(_Draws(z), shape)
 
 
@@ -50,7 +50,7 @@ def test_flux2_shift_draws_what_flux_shift_draws_and_musubi_tuner_does(h, w, sca
 
 
 def test_flux2_shift_is_a_config_value_named_in_the_plan():
-    options = flux2_flow_options(FlowSection(timestep_sampling="flux2_shift"))
+    options = DRAW.options(FlowSection(timestep_sampling="flux2_shift"))
     objective = Flux2FlowObjective(options, patch=1)
     assert "timestep_sampling flux2_shift (sigmoid_scale 1)" in objective.describe()
     flux2_family("klein", "4b", False).check_options(

@@ -68,7 +68,8 @@ def _checked(released: str, name: str, version: str):
     return SimpleNamespace(
         config=config, model_dir=Path(name), flow=FlowSection(model_version=version),
         plans={"transformer": SimpleNamespace(file=file)},
-        part_config=lambda sub: {"hidden_size": width}, part_source=lambda sub: name,
+        part_config=lambda sub: config if sub == "transformer" else {"hidden_size": width},
+        part_source=lambda sub: name,
     )  # fmt: skip
 
 

@@ -27,35 +27,29 @@ from library.models.families.flux2.names import TABLE
 from library.models.families.flux2.sampling import REFERENCES, flux2_pipeline_kind
 from library.models.families.flux2.spec import (
     DISTILLED_KEY,
+    DRAW,
     MAX_TOKENS,
     REFERENCE_T_STEP,
     SCHEDULER_CONFIG,
     SPECS,
     TEXT_LAYERS,
     Flux2FlowObjective,
-    flux2_flow_options,
     model_of,
-    model_spec,
 )
 from library.models.families.spec_loader import (
     claimer,
     components,
     folder_scheduler,
     load_spec,
+    spec_for,
 )
-from library.models.families.transformer_family import (
-    TransformerFamily,
-    flow_metadata,
-    swappable_tails,
-)
+from library.models.families.transformer_family import TransformerFamily, swappable_tails
 from library.models.patch_tokens import lattice_ids
 from library.models.patched_latent_codec import BatchNormPatchedCodec
 from library.models.text_encoders import hidden_states, mistral3, qwen3
 from library.networks.table_modules import top_modules
 
 log = logging.getLogger(__name__)
-METADATA_KEYS = ("timestep_sampling", "sigmoid_scale", "discrete_flow_shift", "weighting_scheme",
-                 "model_prediction_type")  # fmt: skip
 DISTILLED_NOTE = (
     "a step-distilled checkpoint: LoRAs trained on it are reported to collapse; train on "
     "FLUX.2 [klein] base (FLUX.2-klein-base-4B / -9B) and sample the LoRA on either"
@@ -158,7 +152,7 @@ class Flux2Family(TransformerFamily):
         )
 
     def metadata_keys(self, config):
-        keys = flow_metadata(flux2_flow_options(config.flow), METADATA_KEYS)
+        keys = DRAW.metadata(config.flow)
         return {**keys, "ss_guidance_scale": self.guidance_scale} if self.model == "dev" else keys
 
     def check_options(self, model, flow):
@@ -206,10 +200,10 @@ def load_flux2(
 ) -> Components:
     """FLUX.2's Components (frozen, on the CPU) from a klein or dev folder or a transformer file,
     by its pipeline's spec (spec.py); ModelError for any problem with the files."""
-    spec = model_spec(model)
+    spec = spec_for(tuple(SPECS.values()), model)  # dev's file by its guidance input
     loaded = load_spec(spec, model, flow, weight_dtype, vae_dtype)
     name, size = model_of(dict(loaded.modules["transformer"].config))
     scheduler = folder_scheduler(loaded.model_dir, SCHEDULER_CONFIG)
     # one token per latent pixel: the codec patchifies
-    objective = Flux2FlowObjective(flux2_flow_options(flow), scheduler, patch=1)
+    objective = Flux2FlowObjective(DRAW.options(flow), scheduler, patch=1)
     return components(spec, loaded, objective, flux2_family(name, size, loaded.facts, flow))

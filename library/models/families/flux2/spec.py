@@ -15,36 +15,33 @@
   returns the velocity noise - x0. musubi-tuner trains with ``timestep_sampling flux2_shift``:
   sigmoid(z) shifted by exp(mu), mu on FLUX.1's line through (256, 0.5) and (4096, 1.15) at the
   image's token count (h * w of the patched latent): ``flux_shift`` on FLUX.2's tokens, the raw
-  output as the prediction, no loss weighting (DEFAULTS).
+  output as the prediction, no loss weighting (DRAW).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
-from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
 from library.models.families.batchnorm_vae_file import VAE_CLASS, plan_batchnorm_vae
-from library.models.families.claims import file_keys
 from library.models.families.file_plans import (
     as_qwen3_causal_lm,
     plan_qwen3_file,
 )
 from library.models.families.flow_options import check_model_version
 from library.models.families.flux2.names import TABLE, TRANSFORMER_CLASS
-from library.models.families.folder_loader import CheckedFolder
+from library.models.families.folder_loader import CheckedFolder, check_width
 from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.mistral3_file import plan_mistral3_file
 from library.models.families.name_table import dual_single_sizes
 from library.models.families.spec import ComponentFile, FamilySpec, MainFile, SpecPart
-from library.models.families.spec_loader import spec_for
+from library.models.families.transformer_family import TrainerDraw
 from library.models.model_files import read_json
 from library.models.plans import Plan
 from library.models.released_configs import qwen3_4b_config
 from library.training import flow_matching as fm
-from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
+from library.training.objectives import VelocityObjective
 
 PIPELINES = {"klein": "Flux2KleinPipeline", "dev": "Flux2Pipeline"}
 _TIME = "time_guidance_embed"
@@ -84,14 +81,12 @@ COMMON = dict(patch_size=1, out_channels=None, rope_theta=2000, eps=1e-6)
 SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
                         base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
                         max_image_seq_len=4096, time_shift_type="exponential")  # fmt: skip
-DEFAULTS = {"timestep_sampling": "flux_shift", "weighting_scheme": "none",
-            "model_prediction_type": "raw"}  # fmt: skip
+# musubi-tuner's draw, and the keys its FLUX.2 trainer records (dev's guidance: family.py)
+DRAW = TrainerDraw({"timestep_sampling": "flux_shift", "weighting_scheme": "none",
+                    "model_prediction_type": "raw"},
+                   ("timestep_sampling", "sigmoid_scale", "discrete_flow_shift",
+                    "weighting_scheme", "model_prediction_type"))  # fmt: skip
 DISTILLED_KEY = "difftune.flux2.distilled"  # a transformer file's header: base or distilled
-
-
-def flux2_flow_options(flow: object) -> FlowOptions:
-    """The objective's options: the set [flow] keys over musubi-tuner's FLUX.2 draw."""
-    return flow_options_over(flow, DEFAULTS)
 
 
 class Flux2FlowObjective(VelocityObjective):
@@ -150,14 +145,9 @@ def inspect(checked) -> bool:
     name, else [flow] model_version); ModelError when the text encoder's three states do not
     make the transformer's text width, or model_version names another model than the files."""
     text = checked.part_config("text_encoder")
-    width = 3 * text.get("text_config", text)["hidden_size"]
-    takes = checked.config["joint_attention_dim"]
-    if width != takes:
-        raise ModelError(
-            f"{checked.part_source('text_encoder')} gives {width}-wide states and the "
-            f"transformer of {checked.model_dir} takes {takes}: set text_encoder to this "
-            "model's (klein 4B: qwen_3_4b, 9B: qwen_3_8b, dev: mistral_3_small_flux2_bf16)"
-        )
+    check_width(checked, "text_encoder", 3 * text.get("text_config", text)["hidden_size"],
+                "joint_attention_dim", "states", "set text_encoder to this model's (klein 4B: "
+                "qwen_3_4b, 9B: qwen_3_8b, dev: mistral_3_small_flux2_bf16)")  # fmt: skip
     told, version = _told_distilled(checked), checked.flow.model_version
     if version is None:
         return bool(told)
@@ -181,15 +171,6 @@ def _told_distilled(checked) -> bool | None:
     if stored in ("true", "false"):
         return stored == "true"
     return "base" not in name if "klein" in name else None  # Black Forest Labs' names
-
-
-def model_spec(model) -> FamilySpec:
-    """The spec of ``model``: a transformer file with the guidance input is dev's, another
-    klein's (both by their keys); a folder's by its pipeline."""
-    path = Path(model.pretrained_model_name_or_path).expanduser()
-    if path.is_file():
-        return SPECS["dev" if SPECS["dev"].main.detect(file_keys(path) or ()) else "klein"]
-    return spec_for(tuple(SPECS.values()), model)
 
 
 def _spec(kind: str) -> FamilySpec:
