@@ -14,7 +14,7 @@ from library.config.schema import ModelSection
 from library.errors import ConfigError
 from library.models.families.flux2.family import flux2_family
 from library.models.families.krea2.family import krea2_family
-from library.models.families.krea2.spec import Krea2FlowObjective, flow_options
+from library.models.families.krea2.spec import DRAW, Krea2FlowObjective
 
 _MODEL = ModelSection(pretrained_model_name_or_path="m")
 
@@ -26,7 +26,7 @@ class _Draws:
 
 
 def _levels(z: torch.Tensor, h: int, w: int, **flow) -> torch.Tensor:
-    options = flow_options(FlowSection(timestep_sampling="krea2_shift", **flow))
+    options = DRAW.options(FlowSection(timestep_sampling="krea2_shift", **flow))
     return Krea2FlowObjective(options, patch=2).levels(_Draws(z), (z.numel(), 16, 1, h, w))
 
 
@@ -60,7 +60,7 @@ def test_krea2_shift_at_1024_pixels_is_the_schedules():
 
 
 def test_krea2_shift_is_taken_on_krea2_and_named_in_the_plan():
-    options = flow_options(FlowSection(timestep_sampling="krea2_shift"))
+    options = DRAW.options(FlowSection(timestep_sampling="krea2_shift"))
     describe = Krea2FlowObjective(options, patch=2).describe()
     assert "timestep_sampling krea2_shift (sigmoid_scale 1)" in describe
     krea2_family().check_options(_MODEL, FlowSection(timestep_sampling="krea2_shift"))

@@ -32,7 +32,7 @@ from library.models.families.sampling_weights import (
     weights_files,
 )
 from library.models.families.spec_loader import write_main_file
-from library.models.families.transformer_family import flow_metadata, swappable_tails
+from library.models.families.transformer_family import swappable_tails
 from library.models.patch_tokens import grid_positions, pack, unpack
 from library.models.text_encoders.qwen3_vl import unused_layers
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
@@ -169,8 +169,7 @@ class Krea2Family(ModelFamily):
 
     def metadata_keys(self, config):
         """The run's flow-matching draw, in kohya's ss_* names."""
-        keys = ("timestep_sampling", "discrete_flow_shift", "weighting_scheme", "sigmoid_scale")
-        return flow_metadata(spec.flow_options(config.flow), keys)
+        return spec.DRAW.metadata(config.flow)
 
     def check_options(self, model, flow):
         check_flow_model_options(model, flow, "krea2", self.LABEL, False)

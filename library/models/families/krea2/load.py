@@ -15,11 +15,11 @@ from library.models.components import Components
 from library.models.families.krea2.family import TURBO, TURBO_KEY, krea2_family
 from library.models.families.krea2.keys import TABLE
 from library.models.families.krea2.spec import (
+    DRAW,
     PATCH,
     SPEC,
     Krea2FlowObjective,
     claims_krea2,
-    flow_options,
     scheduler_config,
 )
 from library.models.families.sampling_weights import check_same_weights
@@ -44,7 +44,7 @@ def load_krea2(
     if flow.turbo_dit:
         check_same_weights(TURBO_KEY, flow.turbo_dit, TURBO, TABLE, loaded.modules["transformer"])
     scheduler = folder_scheduler(loaded.model_dir, scheduler_config())
-    objective = Krea2FlowObjective(flow_options(flow), scheduler, patch=PATCH)
+    objective = Krea2FlowObjective(DRAW.options(flow), scheduler, patch=PATCH)
     return components(
         SPEC, loaded, objective, krea2_family(facts.taps, facts.distilled, flow.turbo_dit)
     )

@@ -25,10 +25,11 @@ from library.models.families.local_tokenizer import tokenizer_part
 from library.models.families.name_table import count_numbered
 from library.models.families.spec import FamilySpec, MainFile, SpecPart
 from library.models.families.spec_loader import claimer
+from library.models.families.transformer_family import TrainerDraw
 from library.models.model_files import read_json
 from library.models.text_encoders.qwen3_vl import TappedQwen3VL
 from library.training import flow_matching as fm
-from library.training.objectives import FlowOptions, VelocityObjective, flow_options_over
+from library.training.objectives import VelocityObjective, shift_draw
 
 TAPS = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)  # the pipeline's default select layers
 MAX_TOKENS = 512  # the pipeline's max_sequence_length
@@ -56,13 +57,9 @@ def text_taps(layers=TAPS, max_tokens: int = MAX_TOKENS) -> TappedQwen3VL:
 
 # Training sigmas: musubi-tuner's Krea 2 guide (shift 2.5, the pipeline's at 1024 x 1024, no
 # weighting); any [flow] draw key replaces them. The raw output is the velocity noise - x0.
-DEFAULTS = {"timestep_sampling": "shift", "sigmoid_scale": 1.0, "discrete_flow_shift": 2.5,
-            "weighting_scheme": "none", "model_prediction_type": "raw"}  # fmt: skip
-
-
-def flow_options(flow: object) -> FlowOptions:
-    """The set [flow] draw keys over the defaults."""
-    return flow_options_over(flow, DEFAULTS)
+# Its files record the keys musubi-tuner's Krea 2 trainer writes.
+DRAW = TrainerDraw(shift_draw(2.5), ("timestep_sampling", "discrete_flow_shift", "weighting_scheme",
+                                     "sigmoid_scale"))  # fmt: skip
 
 
 def krea2_mu(image_seq_len: float) -> float:
