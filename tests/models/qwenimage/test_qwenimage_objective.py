@@ -11,17 +11,14 @@ import pytest
 import torch
 
 from library.config.flow_schema import FlowSection
-from library.models.families.qwenimage.objective import (
-    QwenImageFlowObjective,
-    qwenimage_flow_options,
-)
+from library.models.families.qwenimage.objective import DRAW, QwenImageFlowObjective
 from library.training.loss import LossOptions
 
 SIGMAS = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0])
 
 
 def _objective(**flow) -> QwenImageFlowObjective:
-    return QwenImageFlowObjective(qwenimage_flow_options(FlowSection(**flow)))
+    return QwenImageFlowObjective(DRAW.options(FlowSection(**flow)))
 
 
 @pytest.mark.parametrize(

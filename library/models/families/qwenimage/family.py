@@ -34,13 +34,13 @@ from library.models.families.flow_options import check_flow_model_options
 from library.models.families.qwenimage import conditioning as captions_
 from library.models.families.qwenimage.denoise import img_shapes, pack, unpack
 from library.models.families.qwenimage.key_map import qwenimage_names
-from library.models.families.qwenimage.objective import qwenimage_flow_options
+from library.models.families.qwenimage.objective import DRAW
 from library.models.families.qwenimage.sampling import qwenimage_pipeline_kind
 from library.models.families.qwenimage.shapes import PIXEL_MULTIPLE
 from library.models.families.qwenimage.spec import SPEC
 from library.models.families.qwenimage.targets import default_targets
 from library.models.families.spec_loader import write_main_file
-from library.models.families.transformer_family import flow_metadata, swappable_tails
+from library.models.families.transformer_family import swappable_tails
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
 
 FLOW_KIND = "qwenimage"  # the family's name in the registry
@@ -152,7 +152,7 @@ class QwenImageFamily(ModelFamily):
 
     def metadata_keys(self, config):
         """The run's flow-matching draw, in kohya's ss_* names."""
-        return flow_metadata(qwenimage_flow_options(config.flow))
+        return DRAW.metadata(config.flow)
 
     def check_options(self, model, flow):
         """Other families' [flow] keys and SD 2.x's v2 are refused."""

@@ -18,10 +18,7 @@ from library.errors import ModelError
 from library.models.components import Components
 from library.models.families.qwenimage.config_keys import check_folder_version
 from library.models.families.qwenimage.family import qwenimage_family
-from library.models.families.qwenimage.objective import (
-    QwenImageFlowObjective,
-    qwenimage_flow_options,
-)
+from library.models.families.qwenimage.objective import DRAW, QwenImageFlowObjective
 from library.models.families.qwenimage.spec import SPEC
 from library.models.families.spec import FamilySpec
 from library.models.families.spec_loader import components, load_spec
@@ -50,5 +47,5 @@ def load_release(
     if path.is_dir():
         check_folder_version(flow, spec.pipeline, path)
     loaded = load_spec(spec, model, flow, weight_dtype, vae_dtype)
-    objective = QwenImageFlowObjective(qwenimage_flow_options(flow), loaded.facts)  # scheduler
+    objective = QwenImageFlowObjective(DRAW.options(flow), loaded.facts)  # scheduler
     return components(spec, loaded, objective, family)

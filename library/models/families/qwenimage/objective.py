@@ -19,15 +19,13 @@ The facts (diffusers 0.42.1 QwenImagePipeline with FlowMatchEulerDiscreteSchedul
 from __future__ import annotations
 
 from library.models.families.qwenimage.shapes import PATCH_SIZE
-from library.training.objectives import FlowOptions, VelocityObjective, shift_draw_over
+from library.models.families.transformer_family import TrainerDraw
+from library.training.objectives import FlowOptions, VelocityObjective, shift_draw
 
 DISCRETE_FLOW_SHIFT = 2.2  # musubi-tuner's suggested Qwen-Image training draw
-
-
-def qwenimage_flow_options(flow: object) -> FlowOptions:
-    """The objective's options: the set [flow] keys over musubi-tuner's Qwen-Image draw; the
-    raw output is the prediction."""
-    return shift_draw_over(flow, DISCRETE_FLOW_SHIFT)
+# The objective's options are the set [flow] keys over it (the raw output is the prediction);
+# files record the draw keys.
+DRAW = TrainerDraw(shift_draw(DISCRETE_FLOW_SHIFT))
 
 
 class QwenImageFlowObjective(VelocityObjective):
