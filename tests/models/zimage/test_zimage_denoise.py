@@ -10,12 +10,12 @@ import torch
 from library.models import caption_lengths
 from library.models.families.zimage import denoise
 from library.models.families.zimage.family import zimage_family
-from library.models.families.zimage.objective import ZImageFlowObjective, zimage_flow_options
+from library.models.families.zimage.objective import DRAW, ZImageFlowObjective
 from library.models.families.zimage.shapes import LATENT_CHANNELS, SCHEDULER_SHIFT
 from tests.models.zimage.flow_helpers import euler_step, sampling_sigmas
 
 FAMILY = zimage_family("turbo", SCHEDULER_SHIFT["turbo"])
-OBJECTIVE = ZImageFlowObjective(zimage_flow_options(None))
+OBJECTIVE = ZImageFlowObjective(DRAW.options(None))
 
 
 def conditioning(pipe, *caption_lists):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from library.models.families.zimage.objective import ZImageFlowObjective, zimage_flow_options
+from library.models.families.zimage.objective import DRAW, ZImageFlowObjective
 from library.models.families.zimage.shapes import scheduler_config
 from library.training.objectives import FlowOptions
 from tests.models.zimage.flow_helpers import euler_step, sampling_sigmas
 
-OBJECTIVE = ZImageFlowObjective(zimage_flow_options(None))
+OBJECTIVE = ZImageFlowObjective(DRAW.options(None))
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_perfect_predictor_has_zero_loss_and_the_wrong_sign_does_not():
 
 
 def test_default_sigma_draw_is_musubi_shift_two():
-    options = zimage_flow_options(None)
+    options = DRAW.options(None)
     assert (options.timestep_sampling, options.discrete_flow_shift) == ("shift", 2.0)
     assert (options.weighting_scheme, options.model_prediction_type) == ("none", "raw")
     z = torch.tensor([-2.0, 0.0, 0.5, 3.0])
@@ -120,9 +120,9 @@ def test_default_sigma_draw_is_musubi_shift_two():
     s = 1 / (1 + torch.exp(-z))
     assert torch.allclose(drawn, 2 * s / (1 + s), atol=1e-7)
     given = type("Flow", (), {"timestep_sampling": "uniform"})()
-    uniform = ZImageFlowObjective(zimage_flow_options(given)).levels(draws, (4, 16, 8, 8))
+    uniform = ZImageFlowObjective(DRAW.options(given)).levels(draws, (4, 16, 8, 8))
     assert torch.equal(uniform, u)
-    assert zimage_flow_options(given).discrete_flow_shift == 2.0
+    assert DRAW.options(given).discrete_flow_shift == 2.0
     assert FlowOptions().timestep_sampling != "shift"  # the defaults are Z-Image's, not kohya's
 
 

@@ -27,12 +27,12 @@ from library.models.conditioning import Conditioning, TextConditioning
 from library.models.families import denoiser_adapters as adapters
 from library.models.families.base import ModelFamily
 from library.models.families.flow_options import check_flow_model_options
-from library.models.families.transformer_family import flow_metadata, swappable_tails
+from library.models.families.transformer_family import swappable_tails
 from library.models.families.zimage import conditioning as captions_
 from library.models.families.zimage.denoise import pack, unpack
 from library.models.families.zimage.full_file import write_transformer_file
 from library.models.families.zimage.key_map import zimage_names
-from library.models.families.zimage.objective import zimage_flow_options
+from library.models.families.zimage.objective import DRAW
 from library.models.families.zimage.sampling import zimage_pipeline_kind
 from library.models.families.zimage.shapes import F_PATCH_SIZE, PATCH_SIZE, SCHEDULER_SHIFT
 from library.models.families.zimage.targets import default_targets
@@ -129,7 +129,7 @@ class ZImageFamily(ModelFamily):
     def metadata_keys(self, config):
         """The run's flow-matching draw, in kohya's ss_* names."""
 
-        return flow_metadata(zimage_flow_options(config.flow))
+        return DRAW.metadata(config.flow)
 
     def check_options(self, model, flow):
         """Other families' [flow] keys and SD 2.x's v2 are refused; SD text settings at other

@@ -11,7 +11,7 @@ from library.config.model_schema import ModelSection
 from library.models.components import Components
 from library.models.families.spec_loader import components, load_spec
 from library.models.families.zimage.family import variant_of_shift, zimage_family
-from library.models.families.zimage.objective import ZImageFlowObjective, zimage_flow_options
+from library.models.families.zimage.objective import DRAW, ZImageFlowObjective
 from library.models.families.zimage.spec import SPEC
 
 
@@ -23,5 +23,5 @@ def load_zimage(
     in ``vae_dtype``). ModelError for any problem with the files."""
     loaded = load_spec(SPEC, model, flow, weight_dtype, vae_dtype)
     shift = float(loaded.facts.get("shift", 1.0))  # facts: the variant's scheduler config
-    objective = ZImageFlowObjective(zimage_flow_options(flow), loaded.facts)
+    objective = ZImageFlowObjective(DRAW.options(flow), loaded.facts)
     return components(SPEC, loaded, objective, zimage_family(variant_of_shift(shift), shift))

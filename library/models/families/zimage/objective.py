@@ -28,16 +28,14 @@ The facts (diffusers 0.42.1 ZImagePipeline with FlowMatchEulerDiscreteScheduler)
 
 from __future__ import annotations
 
+from library.models.families.transformer_family import TrainerDraw
 from library.models.families.zimage.shapes import PATCH_SIZE
-from library.training.objectives import FlowOptions, NegatedVelocityObjective, shift_draw_over
+from library.training.objectives import FlowOptions, NegatedVelocityObjective, shift_draw
 
 DISCRETE_FLOW_SHIFT = 2.0  # musubi-tuner's suggested Z-Image training draw (docs/zimage.md)
-
-
-def zimage_flow_options(flow: object) -> FlowOptions:
-    """The objective's options: the set [flow] keys over musubi-tuner's Z-Image draw; the raw
-    output is the prediction (model_prediction_type is not a Z-Image key)."""
-    return shift_draw_over(flow, DISCRETE_FLOW_SHIFT)
+# The objective's options are the set [flow] keys over it (the raw output is the prediction:
+# model_prediction_type is not a Z-Image key); files record the draw keys.
+DRAW = TrainerDraw(shift_draw(DISCRETE_FLOW_SHIFT))
 
 
 class ZImageFlowObjective(NegatedVelocityObjective):
