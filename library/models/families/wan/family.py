@@ -34,8 +34,8 @@ from library.models.families.base import (
 )
 from library.models.families.spec_loader import load_main_file, load_spec, write_main_file
 from library.models.families.transformer_family import (
+    TrainerDraw,
     TransformerFamily,
-    flow_metadata,
     swappable_tails,
 )
 from library.models.families.wan import spec
@@ -57,9 +57,10 @@ from library.networks.kohya_names import unwrap
 from library.networks.table_modules import table_modules
 from library.sampling.pipelines import PipelineKind, on_grid
 from library.training import flow_matching as fm
-from library.training.objectives import VelocityObjective, shift_draw_over
+from library.training.objectives import VelocityObjective, shift_draw
 
 DEFAULT_SCALE = 5.0  # the pipeline's guidance_scale
+DRAW = TrainerDraw(shift_draw(spec.DISCRETE_FLOW_SHIFT))  # musubi-tuner's Wan guide (shift 3)
 
 
 class WanFlowObjective(VelocityObjective):
@@ -184,7 +185,7 @@ class WanFamily(TransformerFamily):
 
     def metadata_keys(self, config):
         """musubi-tuner's Wan trainer's draw, in kohya's ss_* names."""
-        return {"ss_model_type": "wan", **flow_metadata(spec_flow_options(config.flow))}
+        return {"ss_model_type": "wan", **DRAW.metadata(config.flow)}
 
     def write_full_model(self, path, denoiser, components, metadata, dtype):
         """The transformer alone in the original names (as Wan-AI's and ComfyUI's files), its
@@ -338,11 +339,6 @@ def family_class(model: ModelSection, flow: FlowSection) -> type[WanFamily]:
     return WanI2vFamily if index.get("_class_name") == spec.I2V_PIPELINE else WanFamily
 
 
-def spec_flow_options(flow):
-    """The set [flow] draw keys over musubi-tuner's Wan guide (shift 3)."""
-    return shift_draw_over(flow, spec.DISCRETE_FLOW_SHIFT)
-
-
 def load_wan(
     model: ModelSection, flow: FlowSection, weight_dtype: torch.dtype, vae_dtype: torch.dtype
 ) -> Components:
@@ -351,7 +347,7 @@ def load_wan(
     refuse_folder_expert_file(main, getattr(flow, "dit_high_noise", None))
     loaded = load_spec(spec.model_spec(model), model, flow, weight_dtype, vae_dtype)
     transformer, vae, text_encoder = (loaded.modules[k] for k in ("transformer", "vae", "text_encoder"))
-    objective = WanFlowObjective(spec_flow_options(flow), loaded.facts.scheduler, patch=2)
+    objective = WanFlowObjective(DRAW.options(flow), loaded.facts.scheduler, patch=2)
     if main.is_dir():
         experts = folder_experts(main, transformer, weight_dtype)
     else:
