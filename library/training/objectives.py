@@ -461,11 +461,6 @@ def flow_options_over(flow: object, defaults: Mapping[str, object]) -> FlowOptio
     return dataclasses.replace(FlowOptions(), **{**defaults, **given})
 
 
-def shift_draw_over(flow: object, shift: float) -> FlowOptions:
-    """The set [flow] draw keys over ``shift_draw(shift)``."""
-    return flow_options_over(flow, shift_draw(shift))
-
-
 def shift_draw(shift: float) -> dict[str, object]:
     """musubi-tuner's suggested draw for the transformers it trains at a fixed shift (the
     defaults ``flow_options_over`` takes): sigma = shift(sigmoid(z)) at ``discrete_flow_shift``
