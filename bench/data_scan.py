@@ -7,6 +7,7 @@ index's bytes per image.
     python bench/data_scan.py --sizes 1000 10000 100000 1000000
     python bench/data_scan.py --sizes 1000 40000 --sd_scripts ~/sd-scripts
     python bench/data_scan.py --sizes 100000 --against main   # rerun scan: main's code vs this
+    python bench/data_scan.py --sizes 100000 --against main --first_run --drop_pages
 
 Not a test and not timed in CI. A dataset of N images is one kohya DreamBooth folder
 (``1_bench``) of N 8x8 PNGs, each with a one-line .txt caption, written once per size under
@@ -193,25 +194,53 @@ def export(ref: str, work: Path) -> Path:
     return tree
 
 
-def scan_against(count: int, folder: Path, ref: str, old: Path, work: Path, rounds: int) -> None:
-    """The rerun scan of ``ref``'s code and of this checkout's, alternated ``rounds`` times in
-    one run (each over its own index, written by a first scan), so both meet the same load."""
-    codes = {ref: old, "this checkout": REPO}
+def drop_pages(folder: Path) -> None:
+    """Drop the data pages of the folder's files from the page cache (posix_fadvise DONTNEED:
+    no root needed; the kernel keeps their inodes and directory entries), so that a scan reads
+    every image and caption file from the disk."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        for name in os.listdir(descriptor):
+            file = os.open(name, os.O_RDONLY, dir_fd=descriptor)
+            try:
+                os.posix_fadvise(file, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(file)
+    finally:
+        os.close(descriptor)
+
+
+def scan_against(count: int, folder: Path, args: argparse.Namespace, work: Path) -> None:
+    """The rerun scan (with ``--first_run`` the first scan, no index) of ``args.against``'s code
+    and of this checkout's, alternated ``args.rounds`` times in one run (each over its own
+    index, written by a first scan), so both meet the same load; with ``--drop_pages`` the
+    files' data pages are dropped from the page cache before each scan."""
+    codes = {args.against: args.against_code, "this checkout": REPO}
     caches = {name: work / f"against-{count}-{i}" for i, name in enumerate(codes)}
     for name, code in codes.items():
         shutil.rmtree(caches[name], ignore_errors=True)
-        _scan(folder, caches[name], False, code)
+        if not args.first_run:
+            _scan(folder, caches[name], False, code)
     figures: dict[str, list[dict]] = {name: [] for name in codes}
-    for _ in range(rounds):
+    for _ in range(args.rounds):
         for name, code in codes.items():
-            figures[name].append(_scan(folder, caches[name], False, code))
+            if args.first_run:
+                shutil.rmtree(caches[name], ignore_errors=True)
+            if args.drop_pages:
+                drop_pages(folder / "1_bench")
+            figures[name].append(_scan(folder, caches[name], False, code) | {
+                "load": os.getloadavg()[0]})  # fmt: skip
     for name, runs in figures.items():
         cpu = sorted(run["scan_cpu_seconds"] for run in runs)
         wall = sorted(run["scan_seconds"] for run in runs)
-        emit({"images": count, "run": "rerun", "trainer": f"difftune ({name})",
+        emit({"images": count, "run": "first" if args.first_run else "rerun",
+              "trainer": f"difftune ({name})",
               "scan_cpu_seconds_median": round(cpu[len(cpu) // 2], 2),
               "scan_cpu_seconds_min": round(cpu[0], 2),
               "scan_seconds_median": round(wall[len(wall) // 2], 2),
+              "scan_seconds": [round(run["scan_seconds"], 2) for run in runs],
+              "scan_cpu_seconds": [round(run["scan_cpu_seconds"], 2) for run in runs],
+              "load_average": [round(run["load"], 1) for run in runs],
               "from_index": runs[-1]["from_index"]})  # fmt: skip
 
 
@@ -238,7 +267,7 @@ def first_step_seconds(
 def bench_size(count: int, args: argparse.Namespace, model: Path, kohya: Path | None, work: Path):
     folder = dataset(count, args.data)
     if args.against:
-        scan_against(count, folder, args.against, args.against_code, work, args.rounds)
+        scan_against(count, folder, args, work)
         return
     cache = work / f"cache-{count}"
     config = write_config(folder, model, cache, work, kohya)
@@ -304,12 +333,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="only time the rerun scan, of this commit's code and of this "
                              "checkout's, alternated in one run")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3,
-                        help="with --against: reruns of each (default 3)")  # fmt: skip
+                        help="with --against: scans of each (default 3)")  # fmt: skip
+    parser.add_argument("--first_run", action="store_true",
+                        help="with --against: time the first scan (no index), not the rerun")  # fmt: skip
+    parser.add_argument("--drop_pages", action="store_true",
+                        help="with --against: drop the files' data pages from the page cache "
+                             "before each scan (their inodes stay cached)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.sd_scripts and not (args.sd_scripts / "train_network.py").is_file():
         parser.error(f"--sd_scripts {args.sd_scripts}: no train_network.py there")
     if args.sd_scripts and args.model == "tiny-sd1":
         parser.error("--sd_scripts needs --model sd15: sd-scripts cannot load the tiny model")
+    if (args.first_run or args.drop_pages) and not args.against:
+        parser.error("--first_run and --drop_pages go with --against GIT_REF")
     args.model = args.model or ("sd15" if args.sd_scripts else "tiny-sd1")
     args.first_step = args.first_step or bool(args.sd_scripts)  # the figure compared
     return args

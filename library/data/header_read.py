@@ -27,7 +27,7 @@ class PixelValueError(ValueError):
     """An image's pixel values have no defined 8-bit meaning; the message ends with the fix."""
 
 
-def _unreadable(path: Path, error: Exception) -> DataError:
+def _unreadable(path: Path | str, error: Exception) -> DataError:
     if isinstance(error, PixelValueError):
         return DataError(f"image {path} {error}")
     return DataError(f"image {path} cannot be read ({error}); replace or remove the file")
@@ -44,7 +44,7 @@ class ImageHeader(NamedTuple):
         return self.frames > 1
 
 
-def _check_not_a_path_problem(path: Path, mode: int | None = None) -> None:
+def _check_not_a_path_problem(path: Path | str, mode: int | None = None) -> None:
     """Name the path problem itself where PIL would only say "No such file" or "Is a directory",
     or would wait forever (a FIFO). One stat on the scan's path for every image (none when the
     caller's stat gives its ``mode``); a missing or unreadable path is left to PIL's open, whose
@@ -77,7 +77,7 @@ def _frames(image: Image.Image) -> int:
     return getattr(image, "n_frames", 1)
 
 
-def read_image_header(path: Path, mode: int | None = None) -> ImageHeader:
+def read_image_header(path: Path | str, mode: int | None = None) -> ImageHeader:
     """The displayed size and the frame count of the image at `path`, read from its header.
 
     Also verifies the file's structure where the format allows it cheaply (e.g. PNG checksums),

@@ -27,7 +27,7 @@ _CHUNK = 256
 
 
 def _read(
-    path: Path, fields: tuple[int, ...] | None, index: ScanIndex | None, key: str
+    path: Path | str, fields: tuple[int, ...] | None, index: ScanIndex | None, key: str
 ) -> ImageHeader | DataError:
     """The header of the image at ``path`` (``fields``: its stat_fields, None: it has no stat),
     kept in the index when it is a regular file."""
@@ -40,6 +40,12 @@ def _read(
     if index is not None and S_ISREG(fields[0]):
         index.record(key, fields[1:], header)
     return header
+
+
+def path_prefix(folder: Path) -> str:
+    """What the text of ``folder / name`` is for a file name ``name``: this + name (Path writes
+    Path(".") / name as "name" and Path("/") / name as "/name")."""
+    return str(folder / "_")[:-1]
 
 
 def name_in(path: Path, folder: Path) -> str | None:
@@ -68,7 +74,10 @@ def look_up(paths: Sequence[Path], index: ScanIndex | None, keys: list[str]) -> 
 
 
 def read_headers(
-    found: list[Found], path_of: Callable[[int], Path], index: ScanIndex | None, keys: Sequence[str]
+    found: list[Found],
+    path_of: Callable[[int], Path | str],
+    index: ScanIndex | None,
+    keys: Sequence[str],
 ) -> list[ImageHeader | DataError]:
     """The header of each image, in order, or the DataError that reading it raised. ``found``:
     what a stat and the scan ``index`` (None: none) gave for each (look_up, or a folder's

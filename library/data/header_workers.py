@@ -13,6 +13,10 @@ Decisions:
   modes) from stdin and writes, per file, what was read (an image's (width, height, frames), a
   caption file's lines) or, as a 1-tuple, the message of the DataError reading it raised
   (marshal).
+- Two parts per core (at most 8): a worker reads one file at a time, and a first scan often finds
+  its files out of the page cache, so more parts than cores keep more reads waiting on the disk
+  at once (this process's part reads on threads). Where the files are cached the extra workers
+  cost their start, a few tenths of a second of CPU.
 - The parts are strided shares of the files to read, so each has a like share of any slow
   corner of the dataset; results are put back in order, and the caller records what the
   workers read (in the scan index) as it records its own reads.
@@ -39,6 +43,7 @@ from library.errors import DataError
 # second of one core or more, about what a worker's start costs).
 PARALLEL_READS = 20_000
 _MAX_WORKERS = 8
+PARTS_PER_CORE = 2  # more parts than cores: reads waiting on the disk overlap (module docstring)
 _REPOSITORY = str(Path(__file__).resolve().parents[2])  # what a worker imports library from
 _WORK = "import sys; sys.path.insert(0, sys.argv[1]); from library.data.header_workers import work; work()"
 
@@ -51,7 +56,7 @@ def parts(count: int) -> int:
     if count < PARALLEL_READS:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cores or 1, _MAX_WORKERS, count // (PARALLEL_READS // 2)))
+    return max(1, min((cores or 1) * PARTS_PER_CORE, _MAX_WORKERS, count // (PARALLEL_READS // 2)))
 
 
 def _start(kind: str, paths: list[str], modes: list[int | None]) -> subprocess.Popen | None:
@@ -102,7 +107,7 @@ def work() -> None:
     for path, mode in zip(paths, modes, strict=True):
         try:
             if kind == "headers":
-                header = read_image_header(Path(path), mode)
+                header = read_image_header(path, mode)
                 read.append((*header.size, header.frames))
             else:
                 read.append(caption_lines(path))

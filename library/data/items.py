@@ -24,7 +24,7 @@ from library.data.buckets import BucketOptions, assign_bucket, bucket_sizes, pre
 from library.data.captions import CaptionOptions
 from library.data.clips import MODEL_FPS, ClipOptions, clip_frames, probe_all, video_items
 from library.data.folders import FolderScan, ImageItem, scan_folder
-from library.data.header_scan import look_up, name_in, read_headers
+from library.data.header_scan import look_up, name_in, path_prefix, read_headers
 from library.data.images import ImageHeader, read_image_header
 from library.data.metadata_files import read_metadata_entries, unlisted_images
 from library.data.references import (
@@ -355,11 +355,11 @@ def scan_dataset(
             index_keys = [name_in(path, keys.folder) or str(path) for path in paths]
             found, path_of = look_up(paths, scan_index, index_keys), paths.__getitem__
         else:
-            folder = Path(subset.image_dir)
             index_keys, found = names, scan.found
+            prefix = path_prefix(Path(subset.image_dir))
 
-            def path_of(i: int, folder: Path = folder, names: list[str] = names) -> Path:
-                return folder / names[i]
+            def path_of(i: int, prefix: str = prefix, names: list[str] = names) -> str:
+                return prefix + names[i]  # a million Paths would take seconds to make
 
         headers = read_headers(found, path_of, scan_index, index_keys)
         found = []

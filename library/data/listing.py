@@ -25,6 +25,7 @@ import marshal
 import os
 import subprocess
 import sys
+import threading
 from array import array
 from functools import partial
 from stat import S_ISDIR
@@ -197,22 +198,32 @@ def _workers(count: int) -> int:
 
 
 def start_worker(command: list[str], payload: object) -> subprocess.Popen | None:
-    """A worker process running ``command``, ``payload`` written to its stdin (marshal); None
-    when it cannot start or dies before reading it."""
+    """A worker process running ``command``, ``payload`` written to its stdin (marshal) by a
+    thread, so that this process goes on with its own part while the worker starts (a payload
+    larger than the pipe holds would otherwise wait for the worker's imports); None when it
+    cannot start."""
     try:
         worker = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
     except OSError:
         return None
-    try:
-        worker.stdin.write(marshal.dumps(payload))
-        worker.stdin.close()
-    except OSError:  # it died: its part is done here
-        worker.kill()
-        worker.wait()
-        return None
+    writer = threading.Thread(target=_send, args=(worker, marshal.dumps(payload)), daemon=True)
+    writer.start()
+    _WRITERS[worker] = writer
     return worker
+
+
+# The thread writing each running worker's payload (start_worker), joined by finish_worker.
+_WRITERS: dict[subprocess.Popen, threading.Thread] = {}
+
+
+def _send(worker: subprocess.Popen, data: bytes) -> None:
+    try:
+        worker.stdin.write(data)
+        worker.stdin.close()
+    except OSError:  # it died: finish_worker sees it fail, and its part is done here
+        worker.kill()
 
 
 def finish_worker(worker: subprocess.Popen | None) -> object | None:
@@ -222,7 +233,9 @@ def finish_worker(worker: subprocess.Popen | None) -> object | None:
         return None
     output = worker.stdout.read()
     worker.stdout.close()
-    if worker.wait() != 0:
+    code = worker.wait()
+    _WRITERS.pop(worker).join()
+    if code != 0:
         return None
     try:
         return marshal.loads(output)

@@ -51,3 +51,19 @@ def test_against_an_unknown_commit_names_it(tmp_path):
 
     with pytest.raises(BenchError, match="--against no-such-ref"):
         export("no-such-ref", tmp_path)
+
+
+def test_first_run_and_drop_pages_only_with_against(capsys):
+    assert parse_args(["--against", "HEAD", "--first_run", "--drop_pages"]).first_run
+    for option in ("--first_run", "--drop_pages"):
+        with pytest.raises(SystemExit):
+            parse_args([option])
+        assert "--against" in capsys.readouterr().err
+
+
+def test_dropping_the_pages_leaves_the_files(tmp_path):
+    from bench.data_scan import drop_pages
+
+    (tmp_path / "a.txt").write_text("caption", "utf-8")
+    drop_pages(tmp_path)
+    assert (tmp_path / "a.txt").read_text("utf-8") == "caption"

@@ -4,6 +4,7 @@ listing gives: the same items, captions, ignored entries, stats and errors."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from data_helpers import started_processes, write_image
@@ -126,3 +127,30 @@ def test_small_folders_start_no_process(monkeypatch):
     assert listing._workers(listing.PARALLEL_ENTRIES - 1) == 1
     monkeypatch.setattr(listing.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert listing._workers(listing.PARALLEL_ENTRIES) == 2
+
+
+@pytest.mark.subprocess
+def test_a_worker_is_started_without_waiting_for_it_to_read(tmp_path):
+    # its payload (larger than a pipe holds) is written while this process reads its own part:
+    # the worker reads it only once it sees the flag, made after start_worker returned
+    flag = tmp_path / "flag"
+    code = (
+        "import marshal, os, sys, time\n"
+        "deadline = time.monotonic() + 20\n"
+        f"while not os.path.exists({str(flag)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        f"seen = os.path.exists({str(flag)!r})\n"
+        "sys.stdout.buffer.write(marshal.dumps((seen, marshal.loads(sys.stdin.buffer.read()))))\n"
+    )
+    payload = [f"{i:0100d}" for i in range(10_000)]  # about 1 MB (distinct: marshal writes each)
+    worker = listing.start_worker([sys.executable, "-c", code], payload)
+    flag.touch()
+    assert listing.finish_worker(worker) == (True, payload)
+
+
+@pytest.mark.subprocess
+def test_a_worker_dying_before_it_reads_its_part_is_a_failed_worker():
+    worker = listing.start_worker(
+        [sys.executable, "-c", "import sys; sys.exit(0)"], ["x"] * 100_000
+    )
+    assert listing.finish_worker(worker) is None

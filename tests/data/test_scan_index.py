@@ -428,6 +428,18 @@ def test_a_rerun_makes_no_path_per_image(tmp_path, monkeypatch):
     assert {i.item.path for i in data.scanned[0].images} == set(folder.glob("*.png"))
 
 
+def test_a_first_scan_makes_no_path_per_image(tmp_path, monkeypatch):
+    folder, count = tmp_path / "many", 60
+    for i in range(count):
+        write_image(folder / f"{i:03d}.png", (i, 0, 0), (16, 16))
+        (folder / f"{i:03d}.txt").write_text(f"caption {i}")
+    made = count_paths(monkeypatch)
+    data = TrainData([_config(folder)], seed=0, cache_dir=str(tmp_path / "cache"))
+    assert len(made) < count // 4, len(made)
+    assert data.scanned[0].indexed == 0
+    assert {i.item.path for i in data.scanned[0].images} == set(folder.glob("*.png"))
+
+
 @pytest.mark.parametrize(
     "ns",
     [-(10**17), 2**63 - 1, 2**63],  # before 1970; the last ns a signed 64-bit number holds; beyond
