@@ -57,7 +57,7 @@ from bench.train_speed import (  # noqa: E402
     work_folder,
     write_case_config,
 )
-from library.training.memory_estimate import show_bytes  # noqa: E402
+from library.training.memory_check import show_bytes  # noqa: E402
 
 # Dense (no sparsity) bf16 tensor throughput with float32 accumulation, TFLOP/s, from the
 # vendors' data sheets; matched against torch.cuda.get_device_name() in this order.
@@ -223,7 +223,7 @@ def case_step_flops(config_path: Path, case: Case) -> int:
     from library.config.loader import load_config
     from library.models.loader import load_components
     from library.models.model_files import shapes_only
-    from library.training.memory_estimate import TrainingSize
+    from library.training.meta_activations import TrainingSize
     from library.training.setup import WEIGHT_DTYPES, setup_training
     from library.training.step_flops import step_flops
 

@@ -43,39 +43,26 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable
-from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from library.config.schema import Config
 from library.data.captions import CaptionOptions
 from library.data.plan import DataStats
-from library.errors import ConfigError
-from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
-from library.models.families.base import (
-    FIRST_FRAME_IMAGE_STATES_KEY,
-    FIRST_FRAME_LATENTS_KEY,
-    REFERENCE_LATENTS_KEY,
-)
 from library.models.quantized_base import QuantizedLinear
-from library.training.activation_memory import (
-    ActivationCounter,
-    FusedAttention,
-    LiveBytes,
-    meta_copy,
-)
 from library.training.block_swap import HostLinear
 from library.training.experts import experts_on_device, offloads
+from library.training.meta_activations import (
+    TrainingSize,
+    encoding_bytes,
+    training_activations,
+)
 from library.training.optimizers import optimizer_kwargs
 from library.training.process_memory import process_bytes
-from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype, uses_sdpa
+from library.training.setup import WEIGHT_DTYPES, TrainedParts, trained_dtype
 from library.training.sharding import shard_units, sharded_weight_bytes
 from library.training.text_sharding import shards_text_encoders, text_caching_bytes
-
-GIB = 1024**3
-MIB = 1024**2
 
 # optimizer_type -> (state tensors per parameter, bits per element: None = the parameter's dtype)
 OPTIMIZER_STATES: dict[str, tuple[int, int | None]] = {
@@ -98,24 +85,6 @@ UNKNOWN_OPTIMIZER_STATES = (2, None)  # an optimizer by import path: assume Adam
 # bitsandbytes keeps 32-bit state for tensors smaller than this (its min_8bit_size default)
 BNB_MIN_8BIT_SIZE = 4096
 BNB_BLOCK = 256  # elements per float32 scale of bitsandbytes' blockwise 8-bit state
-
-
-@dataclass(frozen=True)
-class TrainingSize:
-    """One micro-batch: ``batch`` images (or clips of ``frames`` frames) of ``width`` x
-    ``height`` pixels, each with reference images of the ``references`` sizes (width, height;
-    edit models)."""
-
-    width: int
-    height: int
-    batch: int
-    references: tuple[tuple[int, int], ...] = ()
-    frames: int = 1
-
-    def pixel_shape(self, batch: int) -> tuple[int, ...]:
-        """The shape of ``batch`` samples' pixels: [B, 3, H, W], or [B, 3, F, H, W] for clips."""
-        clip = (self.frames,) if self.frames > 1 else ()
-        return (batch, 3, *clip, self.height, self.width)
 
 
 @dataclass(frozen=True)
@@ -286,12 +255,6 @@ def _other_experts_bytes(config: Config, comps) -> int:
     return sum(module_bytes(m) for m in others)
 
 
-def _trained_denoiser(parts: TrainedParts) -> torch.nn.Module:
-    """The denoiser whose training pass the estimate runs: the first trained expert, or the
-    one denoiser (the experts have one shape)."""
-    return next(iter(parts.experts.values()), parts.components.denoiser)
-
-
 def gradient_bytes(params: list[torch.nn.Parameter], world_size: int, bucket_view: bool) -> int:
     """Gradients in the parameters' dtype; DDP's buckets hold a second copy unless gradients
     are views into them."""
@@ -379,87 +342,6 @@ def update_bytes(config: Config, parts: TrainedParts, device_type: str, world_si
     return 3 * max((tensor_bytes([p]) for p in parts.parameters()), default=0)
 
 
-def training_activations(
-    config: Config,
-    parts: TrainedParts,
-    size: TrainingSize,
-    offloaded: bool = False,
-    device_type: str = "cuda",
-) -> int:
-    """What one micro-batch of ``size`` keeps for backward on a device of ``device_type``: the
-    trained text encoders' forward and the UNet's, run on meta copies through the trainer's own
-    conditioning code. ``offloaded``: the checkpointed blocks' inputs are kept in host memory
-    instead."""
-    precision = config.training.mixed_precision
-    dtype = WEIGHT_DTYPES[precision]
-    counter = ActivationCounter(
-        None if precision == "no" else dtype, not uses_sdpa(config), device_type == "cuda"
-    )
-    with counter.functions():
-        meta_forward(config, parts, size, counter.watch)
-    return counter.total - counter.boundaries if offloaded else counter.total
-
-
-def meta_forward(
-    config: Config,
-    parts: TrainedParts,
-    size: TrainingSize,
-    watch=None,
-    text_context=None,
-    predict_context=None,
-) -> torch.Tensor:
-    """The trained path of one micro-batch of ``size`` on meta copies of the models (shapes
-    only): the text encoders (with gradients when trained), then the denoiser's prediction,
-    which is returned. ``watch(module)`` is called on each trained encoder's copy and on the
-    denoiser's before they run; the captions are encoded inside ``text_context`` and the
-    denoiser predicts inside ``predict_context`` (context managers, default none)."""
-    comps = parts.components
-    dtype = WEIGHT_DTYPES[config.training.mixed_precision]
-    trained = {id(m) for _, m in parts.trained_modules()}
-    encoders = [_meta_for_training(e, dtype, id(e) in trained) for e in comps.text_encoders]
-    denoiser = _trained_denoiser(parts)
-    denoiser = _meta_for_training(denoiser, dtype, id(denoiser) in trained)
-    watch = watch or (lambda module: None)
-    with torch.enable_grad():
-        if parts.train_text_encoder:
-            for encoder in encoders:
-                watch(encoder)
-        text_grads = nullcontext() if parts.train_text_encoder else torch.no_grad()
-        with text_grads, text_context or nullcontext():
-            text = encode_text(
-                comps.family,
-                comps.tokenizers,
-                encoders,
-                [""] * size.batch,
-                "meta",
-                config.model.clip_skip,
-                config.model.max_token_length,
-            )
-        batch = plain_sizes(size.batch, size.height, size.width)
-        batch |= _meta_references(comps, size, dtype) | _meta_first_frame(comps, size, dtype)
-        cond = assemble_conditioning(comps.family, text, batch, "meta", dtype)
-        watch(denoiser)
-        latents, levels = _noisy_latents(comps, size, dtype)
-        with predict_context or nullcontext():
-            return comps.family.predict(
-                denoiser, latents, comps.objective.model_time(levels), cond
-            )
-
-
-def encoding_bytes(parts: TrainedParts, size: TrainingSize, batch: int) -> int:
-    """The most the VAE's encoding of ``batch`` images of ``size`` holds at once (it runs
-    without gradients: its intermediates come and go), on a meta copy of the VAE. The VAE's
-    attention is PyTorch's fused kernel whatever ``sdpa`` says (that is the denoiser's), so it
-    counts its output alone."""
-    comps = parts.components
-    vae = meta_copy(comps.vae)
-    codec = comps.family.latent_codec(vae)
-    pixels = torch.empty(size.pixel_shape(batch), device="meta")
-    with FusedAttention(), LiveBytes() as live:
-        codec.posterior(pixels)
-    return live.peak
-
-
 def _encoding(config: Config, parts: TrainedParts, size: TrainingSize, trained_state: int,
               draws_samples: bool, device_type: str) -> tuple[int, int]:  # fmt: skip
     """Above the weights while the VAE encodes, and of that the encoding's own intermediates:
@@ -472,51 +354,6 @@ def _encoding(config: Config, parts: TrainedParts, size: TrainingSize, trained_s
     if vae_stays_on_device(config, draws_samples, device_type):
         return encode, encode
     return encode + module_bytes(parts.components.vae), encode
-
-
-def _noisy_latents(comps, size: TrainingSize, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Meta latents of the family's latent codec for the size ([B, C, H / f, W / f] for an image
-    VAE, f its downscaling; a clip's latent frames on a video VAE's frame axis) and noise levels
-    [B]."""
-    layout = comps.family.latent_codec(comps.vae).layout
-    shape = layout.shape(size.batch, size.height, size.width, size.frames)
-    latents = torch.empty(shape, device="meta", dtype=dtype)
-    levels = comps.objective.level_tensor(comps.objective.validation_levels(1), "meta")
-    return latents, levels.expand(size.batch)
-
-
-def _meta_references(comps, size: TrainingSize, dtype: torch.dtype) -> dict:
-    """The batch entry of the size's reference latents, on the meta device (none: {}). The
-    captions are encoded without the references: a text encoder that reads them is frozen, so
-    keeps nothing for backward."""
-    if not size.references:
-        return {}
-    layout = comps.family.latent_codec(comps.vae).layout
-    latents = [
-        torch.empty(layout.shape(size.batch, height, width), device="meta", dtype=dtype)
-        for width, height in size.references
-    ]
-    return {REFERENCE_LATENTS_KEY: latents}
-
-
-def _meta_first_frame(comps, size: TrainingSize, dtype: torch.dtype) -> dict:
-    """The batch entry of the first-frame condition's latents (the sample's shape) and, with an
-    image encoder, its states of that frame, on the meta device, for a family whose first frame
-    conditions it (else {})."""
-    if not comps.family.FIRST_FRAME_CONDITION:
-        return {}
-    latents, _ = _noisy_latents(comps, size, dtype)
-    image = comps.image_encoder
-    if image is None:
-        return {FIRST_FRAME_LATENTS_KEY: latents}
-    shape = (size.batch, image.tokens(), image.width)
-    states = torch.empty(shape, device="meta", dtype=dtype)
-    return {FIRST_FRAME_LATENTS_KEY: latents, FIRST_FRAME_IMAGE_STATES_KEY: states}
-
-
-def _meta_for_training(module: torch.nn.Module, dtype: torch.dtype, trained: bool):
-    copied = meta_copy(module, dtype)
-    return copied.train() if trained else copied  # trained modules run in training mode
 
 
 def training_sizes(stats: DataStats) -> list[TrainingSize]:
@@ -589,185 +426,3 @@ def _text_caching(
     if shards_text_encoders(config, world_size):
         return sum(text_caching_bytes(m, world_size, module_bytes) for m in encoders)
     return sum(module_bytes(m) for m in encoders)
-
-
-# --- the device and the check ------------------------------------------------------------------
-
-
-def system_memory() -> tuple[int, int] | None:
-    """(total, available) bytes of system memory, or None where it cannot be read."""
-    try:
-        text = Path("/proc/meminfo").read_text(encoding="ascii")
-    except OSError:
-        return _psutil_memory()
-    fields = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts:
-            fields[name] = int(parts[0]) * 1024  # kB
-    if "MemTotal" not in fields:
-        return _psutil_memory()
-    return fields["MemTotal"], fields.get("MemAvailable", fields["MemTotal"])
-
-
-def _psutil_memory() -> tuple[int, int] | None:
-    try:  # installed with accelerate
-        import psutil
-    except ImportError:
-        return None
-    memory = psutil.virtual_memory()
-    return memory.total, memory.available
-
-
-def device_memory(device: torch.device) -> tuple[int, int] | None:
-    """(total, free) bytes of ``device``, or None where unknown."""
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return total, free
-    if device.type == "cpu":
-        return system_memory()
-    return None
-
-
-def show_bytes(n: int) -> str:
-    """Bytes in GiB with one decimal, or in MiB below 1 GiB."""
-    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{math.ceil(n / MIB)} MiB"
-
-
-def estimate_line(estimate: MemoryEstimate, device: torch.device, memory) -> str:
-    """The plan's memory line."""
-    s = estimate.size
-    frames = f" ({s.frames} frames)" if s.frames > 1 else ""
-    checkpointing = " with gradient checkpointing" if estimate.checkpointing else ""
-    if estimate.offloaded:
-        checkpointing += ", block inputs in host memory"
-    line = (
-        f"  memory: about {show_bytes(estimate.total)} peak on {device} (weights "
-        f"{show_bytes(estimate.weights)}, gradients + optimizer "
-        f"{show_bytes(estimate.trained_state)}, activations {show_bytes(estimate.activations)} "
-        f"at {s.width}x{s.height}{frames} x {s.batch}{checkpointing}, {_own_name(device)} "
-        f"{show_bytes(estimate.process)})"
-    )
-    if estimate.encoding > estimate.step:
-        line += f"; the peak is the VAE encoding images ({show_bytes(estimate.encoding)})"
-    if memory is None:
-        return line + "; the device's memory is unknown"
-    total, free = memory
-    return line + f"; the device has {show_bytes(total)} ({show_bytes(free)} free now)"
-
-
-def _own_name(device: torch.device) -> str:
-    """What the process's own memory on ``device`` is, for the plan's line."""
-    if device.type == "cpu":
-        return "interpreter + allocator"
-    return "CUDA context" if device.type == "cuda" else "process"
-
-
-def _remedies(config: Config) -> str:
-    fixes = ["lower train_batch_size or resolution"]
-    if not config.training.gradient_checkpointing:
-        fixes.append("turn on gradient_checkpointing")
-    elif not config.training.cpu_offload_checkpointing:
-        fixes.append("turn on cpu_offload_checkpointing")
-    if not config.data.cache_latents:
-        fixes.append("cache_latents")
-    if config.training.fsdp != "full_shard":
-        fixes.append('with several GPUs, fsdp = "full_shard"')
-    return ", ".join(fixes) + ", or set ignore_memory_estimate = true to try anyway"
-
-
-@dataclass(frozen=True)
-class MemoryCheck:
-    """What check_peak_memory found: the plan's line, the estimate (None when the meta forward
-    pass failed) and the device's (total, free) bytes (None when unknown)."""
-
-    line: str
-    estimate: MemoryEstimate | None = None
-    device_memory: tuple[int, int] | None = None
-
-    def report(self) -> dict | None:
-        """The estimate for ``--dry_run --json`` (bytes), or None when there is none."""
-        e = self.estimate
-        if e is None:
-            return None
-        total, free = self.device_memory or (None, None)
-        return {
-            "peak_bytes": e.total,
-            "weights_bytes": e.weights,
-            "trained_state_bytes": e.trained_state,
-            "activations_bytes": e.activations,
-            "optimizer_update_bytes": e.update,
-            "vae_encoding_bytes": e.encoding,
-            "process_bytes": e.process,
-            "at": {
-                "width": e.size.width,
-                "height": e.size.height,
-                "batch": e.size.batch,
-                "frames": e.size.frames,
-            },
-            "gradient_checkpointing": e.checkpointing,
-            "device_total_bytes": total,
-            "device_free_bytes": free,
-        }
-
-
-def check_peak_memory(
-    config: Config, parts: TrainedParts, stats: DataStats, accelerator, draws_samples: bool
-) -> MemoryCheck:
-    """Estimate the peak memory on the accelerator's device, for the plan's memory line.
-
-    Raises ConfigError when the estimate exceeds the device's total memory, or when the model
-    cannot run the run's shapes, unless ignore_memory_estimate is set. ``draws_samples``: sample
-    images are made during training.
-    """
-    device = accelerator.device
-    try:
-        estimate = estimate_peak_memory(
-            config, parts, stats, accelerator.num_processes, draws_samples, device.type
-        )
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-        return MemoryCheck(_not_estimated(config, exc))
-    memory = device_memory(device)
-    line = estimate_line(estimate, device, memory)
-    if memory is not None and estimate.total > memory[1]:
-        line += _over_line(config, estimate, device, memory)
-    return MemoryCheck(line, estimate, memory)
-
-
-def _not_estimated(config: Config, exc: Exception) -> str:
-    """The plan's memory line when the meta-device forward pass failed; ConfigError when it
-    failed on the run's shapes (unless ignore_memory_estimate), since the first step would too.
-
-    An operation with no meta-device form (NotImplementedError, or an error that names the meta
-    device) is the estimate's own limit, not the run's: the line says so and the run goes on.
-    """
-    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if isinstance(exc, NotImplementedError) or "meta" in reason.lower():
-        return f"  memory: not estimated (this model cannot run on the meta device: {reason})"
-    if not config.training.ignore_memory_estimate:
-        raise ConfigError(
-            f"the model cannot run this run's shapes ({reason}): the memory estimate's forward "
-            "pass on them failed, and training would stop at its first step; check the sizes it "
-            "is given (resolution, bucket_reso_steps, control_resolution), or set "
-            "ignore_memory_estimate = true to go on without an estimate"
-        ) from exc
-    return (
-        f"  memory: not estimated (the forward pass on this run's shapes failed: {reason}; "
-        "going on as ignore_memory_estimate = true asks)"
-    )
-
-
-def _over_line(config: Config, estimate: MemoryEstimate, device, memory: tuple[int, int]) -> str:
-    """The warning added to the line when the estimate is above what is free (ConfigError when
-    it is above the device's total, unless ignore_memory_estimate)."""
-    total = memory[0]
-    if estimate.total > total:
-        exceeds = (
-            f"estimated peak memory {show_bytes(estimate.total)} exceeds the {show_bytes(total)} "
-            f"of {device}"
-        )
-        if not config.training.ignore_memory_estimate:
-            raise ConfigError(f"{exceeds}; {_remedies(config)}")
-        return f"\nwarning: {exceeds}; trying anyway (ignore_memory_estimate = true)"
-    return f"\nwarning: the estimate is more than the {show_bytes(memory[1])} free on {device} now"

@@ -17,7 +17,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from library.config.schema import Config
-from library.training.memory_estimate import TrainingSize, meta_forward
+from library.training.meta_activations import TrainingSize, meta_forward
 from library.training.setup import TrainedParts
 
 

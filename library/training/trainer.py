@@ -47,11 +47,8 @@ from library.training.experts import expert_plan, expert_routing, move_denoisers
 from library.training.family_defaults import for_family
 from library.training.image_sizes import check_image_sizes
 from library.training.loss import LossOptions
-from library.training.memory_estimate import (
-    MemoryCheck,
-    check_peak_memory,
-    text_encoders_leave_device,
-)
+from library.training.memory_check import MemoryCheck, check_peak_memory
+from library.training.memory_estimate import text_encoders_leave_device
 from library.training.noise import NoiseOptions
 from library.training.optimizers import build_optimizer, optimizer_train_mode
 from library.training.plan import RunPlan, make_plan

@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from library.config.loader import load_config
 from library.models.loader import load_components
-from library.training.memory_estimate import TrainingSize
+from library.training.meta_activations import TrainingSize
 from library.training.setup import WEIGHT_DTYPES, setup_training
 
 SIZE = TrainingSize(64, 64, 2)

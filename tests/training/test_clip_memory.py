@@ -12,12 +12,8 @@ from diffusers import AutoencoderKLQwenImage
 
 from library.data.plan import BucketStats, DatasetStats
 from library.models.video_latent_codec import ChannelNormalizedVideoCodec
-from library.training.memory_estimate import (
-    TrainingSize,
-    _noisy_latents,
-    encoding_bytes,
-    training_sizes,
-)
+from library.training.memory_estimate import training_sizes
+from library.training.meta_activations import TrainingSize, _noisy_latents, encoding_bytes
 from tests.kits.qwenimage.tiny_shapes import tiny_vae_config
 
 
@@ -70,7 +66,8 @@ def test_the_largest_training_size_counts_every_frame():
 
 
 def test_the_memory_line_names_a_clips_frames():
-    from library.training.memory_estimate import MemoryEstimate, estimate_line
+    from library.training.memory_check import estimate_line
+    from library.training.memory_estimate import MemoryEstimate
 
     def line(size):
         found = MemoryEstimate(1 << 30, 1 << 29, 1 << 28, size, checkpointing=False)

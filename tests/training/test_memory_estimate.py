@@ -14,19 +14,17 @@ import torch
 from library.config.schema import Config
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
 from library.models.loader import load_components
-from library.training import memory_estimate
+from library.training import memory_check, memory_estimate
 from library.training import trainer as trainer_module
 from library.training.activation_memory import activation_bytes, meta_copy
 from library.training.block_swap import swap_linears
 from library.training.memory_estimate import (
-    TrainingSize,
-    encoding_bytes,
     optimizer_state_bytes,
     trained_state_bytes,
-    training_activations,
     update_bytes,
     weight_bytes,
 )
+from library.training.meta_activations import TrainingSize, encoding_bytes, training_activations
 from library.training.optimizers import build_optimizer, optimizer_kwargs
 from library.training.setup import setup_training
 from tests.integration.harness import make_images, train, write_config
@@ -345,7 +343,7 @@ def test_the_vae_encoding_is_the_peak_when_it_holds_more_than_the_step(tiny_mode
     assert found.encoding == expected
     assert found.tensors == found.weights + max(found.step, found.encoding)
     assert encoding_bytes(parts, size, 2) > encoding_bytes(parts, size, 1)
-    line = memory_estimate.estimate_line(found, torch.device("cuda"), None)
+    line = memory_check.estimate_line(found, torch.device("cuda"), None)
     # four images at a time at caching hold more than the step; two in the step, less
     assert ("; the peak is the VAE encoding images (" in line) == cached
     assert (found.encoding > found.step) == cached
@@ -535,7 +533,7 @@ def _count_steps(monkeypatch) -> list[int]:
 def test_an_estimate_above_the_device_stops_before_any_step(
     tmp_path, tiny_model_dir, images, monkeypatch, capsys
 ):
-    monkeypatch.setattr(memory_estimate, "device_memory", lambda device: (1024**2, 1024**2))
+    monkeypatch.setattr(memory_check, "device_memory", lambda device: (1024**2, 1024**2))
     steps = _count_steps(monkeypatch)
     config = write_config(
         tmp_path / "c.toml", tiny_model_dir, images, tmp_path / "o", max_train_steps=1
@@ -554,7 +552,7 @@ def test_an_estimate_above_the_device_stops_before_any_step(
 def test_ignore_memory_estimate_trains_anyway(
     tmp_path, tiny_model_dir, images, monkeypatch, capsys
 ):
-    monkeypatch.setattr(memory_estimate, "device_memory", lambda device: (1024**2, 1024**2))
+    monkeypatch.setattr(memory_check, "device_memory", lambda device: (1024**2, 1024**2))
     steps = _count_steps(monkeypatch)
     config = write_config(
         tmp_path / "c.toml",

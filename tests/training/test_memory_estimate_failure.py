@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from library.errors import ConfigError
-from library.training import memory_estimate
-from library.training.memory_estimate import check_peak_memory
+from library.training import memory_check
+from library.training.memory_check import check_peak_memory
 from tests.integration.harness import make_images, train, write_config
 
 SHAPES = "shape '[2, 16, 4, 2, 4, 2]' is invalid for input of size 2592"
@@ -25,7 +25,7 @@ def _failing(monkeypatch, exc: Exception) -> None:
     def estimate(*_args, **_kwargs):
         raise exc
 
-    monkeypatch.setattr(memory_estimate, "estimate_peak_memory", estimate)
+    monkeypatch.setattr(memory_check, "estimate_peak_memory", estimate)
 
 
 def _check(ignore: bool):

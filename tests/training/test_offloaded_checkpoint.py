@@ -11,11 +11,8 @@ import torch
 from library.config.schema import Config
 from library.models.loader import load_components
 from library.training import offloaded_checkpoint as offload
-from library.training.memory_estimate import (
-    TrainingSize,
-    estimate_peak_memory,
-    training_activations,
-)
+from library.training.memory_estimate import estimate_peak_memory
+from library.training.meta_activations import TrainingSize, training_activations
 from library.training.setup import setup_training
 
 
@@ -110,7 +107,7 @@ def test_offload_without_checkpointing_is_refused(tiny_model_dir):
 
 
 def test_a_run_too_large_for_the_device_is_pointed_at_the_offload(tiny_model_dir):
-    from library.training.memory_estimate import _remedies
+    from library.training.memory_check import _remedies
 
     assert "turn on gradient_checkpointing" in _remedies(_config(tiny_model_dir))
     checkpointed = _remedies(_config(tiny_model_dir, gradient_checkpointing=True))

@@ -9,15 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from library.training.memory_estimate import (
-    TrainingSize,
-    encoding_bytes,
-    estimate_line,
-    estimate_peak_memory,
-    show_bytes,
-    training_activations,
-    update_bytes,
-)
+from library.training.memory_check import estimate_line, show_bytes
+from library.training.memory_estimate import estimate_peak_memory, update_bytes
+from library.training.meta_activations import TrainingSize, encoding_bytes, training_activations
 from library.training.process_memory import (
     CUDA_CONTEXT_BYTES,
     INTERPRETER_BYTES,

@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from library.config.schema import Config
 from library.models.conditioning import assemble_conditioning, encode_text, plain_sizes
 from library.models.loader import load_components
-from library.training.memory_estimate import TrainingSize
+from library.training.meta_activations import TrainingSize
 from library.training.setup import setup_training
 from library.training.step_flops import micro_batch_flops, step_flops
 

@@ -19,7 +19,7 @@ from library.config.dataset_schema import DatasetConfig, SubsetConfig
 from library.data.dataset import TrainData
 from library.data.latent_cache import cache_file
 from library.data.samples import SampleSource, latent_requests
-from library.training.memory_estimate import TrainingSize, _noisy_latents
+from library.training.meta_activations import TrainingSize, _noisy_latents
 from library.training.noise import NoiseOptions
 from library.training.objectives import DDPMObjective
 from library.training.step import batch_posterior, micro_batch_loss
