@@ -1,7 +1,8 @@
 """A rough estimate of one optimizer step's peak memory on the training device.
 
 Made after the models are loaded and the trained parameters are known, before anything moves to
-the device, so a run that cannot fit stops in seconds instead of being killed mid-way. Counted:
+the device, so a run that cannot fit stops in seconds instead of being killed mid-way (the check:
+library/training/memory_check.py). Counted:
 
 - weights: every model on the device (parameters and buffers at their dtype), plus autocast's
   half-precision copies of float32 trained weights under mixed precision;
@@ -17,7 +18,8 @@ the device, so a run that cannot fit stops in seconds instead of being killed mi
   backward pass), and the whole gradients while an accumulation window adds them up;
 - activations: one micro-batch at the largest training size, measured by running the trained
   path (text encoders when trained, then the UNet) on *meta* copies of the models (shapes only,
-  no memory, the real modules untouched) and adding up every leaf module's output. That is what
+  no memory, the real modules untouched: meta_activations.py) and adding up every leaf module's
+  output. That is what
   autograd keeps for backward to a first approximation; with gradient checkpointing only the
   checkpointed regions' outputs and the largest region's inside are kept, and with
   cpu_offload_checkpointing the regions' outputs wait in host memory instead;
