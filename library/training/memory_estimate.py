@@ -19,10 +19,9 @@ library/training/memory_check.py). Counted:
 - activations: one micro-batch at the largest training size, measured by running the trained
   path (text encoders when trained, then the UNet) on *meta* copies of the models (shapes only,
   no memory, the real modules untouched: meta_activations.py) and adding up every leaf module's
-  output. That is what
-  autograd keeps for backward to a first approximation; with gradient checkpointing only the
-  checkpointed regions' outputs and the largest region's inside are kept, and with
-  cpu_offload_checkpointing the regions' outputs wait in host memory instead;
+  output. That is what autograd keeps for backward to a first approximation; with gradient
+  checkpointing only the checkpointed regions' outputs and the largest region's inside are
+  kept, and with cpu_offload_checkpointing the regions' outputs wait in host memory instead;
 - the optimizer's update: what it allocates while it runs (torch's foreach AdamW: a temporary
   the size of a parameter group). It runs after the backward pass has freed the activations,
   so the larger of the two counts;
