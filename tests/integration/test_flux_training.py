@@ -1,7 +1,7 @@
 """FLUX.1 end to end through the CLI on tiny models: LoRA from a diffusers folder and from the
-single files users have (with fp8_base and fp8-stored files), cached text and latents, kohya's
-Flux names in the saved file, text-encoder adapters, a full fine-tune and its two outputs,
-accumulation and resume equivalence."""
+single files users have (with fp8_base, fp8-stored files and ComfyUI's scaled fp8 files),
+cached text and latents, kohya's Flux names in the saved file, text-encoder adapters, a full
+fine-tune and its two outputs, accumulation and resume equivalence."""
 
 from __future__ import annotations
 
@@ -83,6 +83,33 @@ def test_flux_lora_from_single_fp8_files_with_fp8_base(tmp_path, flux_files, ima
         ae=str(flux_files["ae"]), tokenizer_path=str(flux_files["tokenizer"]),
         t5_tokenizer_path=str(flux_files["t5_tokenizer"]), fp8_base=True,
     )  # fmt: skip
+    assert train(config) == 0
+    saved = tensors(out / "run.safetensors")
+    assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv.") for k in saved)
+
+
+def test_comfys_scaled_fp8_files_dry_run_and_train_with_fp8_base(
+    tmp_path, flux_files, images, capsys
+):
+    """A transformer in ComfyUI's comfy_quant layout and a t5xxl in its scaled_fp8 layout: the
+    dry run prints the plan, and the LoRA trains with fp8_base."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.kits.scaled_fp8 import scaled
+
+    paths = {}
+    for role, layout in (("transformer", "comfy_quant"), ("t5xxl", "scaled_fp8")):
+        paths[role] = tmp_path / f"{role}_fp8_scaled.safetensors"
+        save_file(scaled(load_file(str(flux_files[role])), layout)[0], str(paths[role]))
+    out = tmp_path / "out"
+    config = _config(
+        tmp_path, paths["transformer"], images, out, max_train_steps=1,
+        clip_l=str(flux_files["clip_l"]), t5xxl=str(paths["t5xxl"]),
+        ae=str(flux_files["ae"]), tokenizer_path=str(flux_files["tokenizer"]),
+        t5_tokenizer_path=str(flux_files["t5_tokenizer"]), fp8_base=True,
+    )  # fmt: skip
+    assert train(config, "--dry_run") == 0
+    assert "model: FLUX.1 dev" in capsys.readouterr().out and not out.exists()
     assert train(config) == 0
     saved = tensors(out / "run.safetensors")
     assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv.") for k in saved)
