@@ -80,11 +80,15 @@ def test_layers_described_in_the_header_and_row_scales(tmp_path):
     _assert_reads(file, {**state, "blocks.0.mlp.fc.weight": q.to(torch.float32) * rows})
 
 
-def test_a_models_own_scale_tensor_stays_a_key(tmp_path):
-    """A tensor named weight_scale beside a bf16 weight, with no description, is the model's
-    own: kept, read as stored."""
+def test_without_descriptions_a_scale_counts_beside_a_float8_weight_only(tmp_path):
+    """A weight_scale beside a float8 weight is its scale, described or not; a tensor named
+    weight_scale beside a bf16 weight, with no description, is the model's own: kept, read as
+    stored."""
+    stored, want = scaled(_state(), "comfy_quant")
+    bare = {k: v for k, v in stored.items() if not k.endswith(".comfy_quant")}
+    _assert_reads(_file(tmp_path, bare, name="bare"), want)
     state = {**_state(), "blocks.0.mlp.fc.weight_scale": torch.ones(6, dtype=torch.bfloat16)}
-    _assert_reads(_file(tmp_path, state), state)
+    _assert_reads(_file(tmp_path, state, name="own"), state)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from library.models.loader import load_components
 from library.models.model_files import shapes_only
 from tests.kits.flux2.tiny import write_tiny_flux2_folder
 from tests.kits.flux2.tiny_files import write_tiny_flux2_files
-from tests.kits.scaled_fp8 import scaled
+from tests.kits.scaled_fp8 import description, scaled
 
 CAPTIONS = ["a red cube on a table", "two birds"]
 
@@ -125,6 +125,22 @@ def test_comfys_fp8mixed_file_is_its_dequantized_weights(files, tmp_path):
     got, by_hand = denoisers
     assert got.keys() == by_hand.keys()
     assert all(torch.equal(got[k], by_hand[k]) for k in got)
+
+
+def test_an_nvfp4_file_is_refused_as_the_dry_run_plans_it(files, tmp_path):
+    """A layer ComfyUI stores as nvfp4 (4-bit blocks): refused before any weight is read,
+    naming the key, the format and flux2-dev.safetensors or a folder as the fix."""
+    state = load_file(str(files["transformer"]))
+    stored, _ = scaled({f"model.diffusion_model.{k}": v for k, v in state.items()}, "comfy_quant")
+    key = next(k for k in stored if k.endswith(".comfy_quant"))
+    stored[key] = description("nvfp4")
+    path = tmp_path / "flux2_dev_nvfp4.safetensors"
+    save_file(stored, str(path))
+    message = _refusal(
+        _model(files, pretrained_model_name_or_path=str(path)), files["text_encoder"]
+    )
+    assert message.startswith(f"pretrained_model_name_or_path = {path}: {key} stores")
+    assert "'nvfp4'" in message and "(flux2-dev.safetensors) or a diffusers folder" in message
 
 
 def test_a_text_encoder_of_another_width_is_refused_naming_both_files(files, tmp_path):
