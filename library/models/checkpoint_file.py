@@ -4,6 +4,10 @@
 ``torch.load(weights_only=True)``, which only rebuilds tensors and plain containers and refuses
 any other class. A file that needs one (a pickled training callback, a custom class) is refused
 with the advice to convert it to safetensors with a tool the user trusts.
+
+ComfyUI's scaled fp8 files are read as the weights they stand for (scaled_fp8.py): a scaled
+weight comes back dequantized, in float32, and its scales and their markers are not among the
+file's keys; a file whose quantized layers cannot be read says why in ``unreadable``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from library.errors import ModelError
+from library.models.scaled_fp8 import FLOAT8, FLOAT8_NAMES, Scales, dequantized, find_scales
 
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 
@@ -38,6 +43,7 @@ class CheckpointFile:
         self.label = label
         self._handle = None
         self._keys: list[str] | None = None
+        self._scales = Scales()
         self._tensors: Mapping[str, torch.Tensor] = tensors or {}
         self.metadata: dict[str, str] = dict(metadata or {})
         if tensors is not None:
@@ -62,10 +68,34 @@ class CheckpointFile:
         self.metadata = dict(self._handle.metadata() or {})
 
     def keys(self) -> list[str]:
+        """The file's tensors, without the scales of scaled fp8 weights and their markers."""
         if self._keys is None:
             source = self._handle.keys() if self._handle is not None else self._tensors
-            self._keys = list(source)
+            stored = list(source)
+            self._scales = find_scales(
+                stored, self.shape, self._is_float8, self._stored, self.metadata
+            )
+            self._keys = [k for k in stored if k not in self._scales.hidden]
         return self._keys
+
+    @property
+    def unreadable(self) -> str | None:
+        """Why the file's weights cannot be read (a quantization difftune does not read, a
+        scale that fits no weight), naming the key; None when they can."""
+        self.keys()
+        return self._scales.problem
+
+    def refuse_unreadable(self, what: str = "", released: str | None = None) -> None:
+        """ModelError when the file's weights cannot be read (``unreadable``), naming the file
+        as ``what = path`` (``what``: the key that names it) and the files to use instead
+        (``released``: the released file's name, said with a diffusers folder)."""
+        problem = self.unreadable
+        if problem:
+            where = f"{what} = {self.path}" if what else str(self.path)
+            instead = f" ({released}) or a diffusers folder" if released else ""
+            raise ModelError(
+                f"{where}: {problem}; use the model's bf16, fp16, fp8 or scaled fp8 file{instead}"
+            )
 
     def __iter__(self):
         return iter(self.keys())
@@ -79,6 +109,19 @@ class CheckpointFile:
         return tuple(self._tensors[key].shape)
 
     def tensor(self, key: str) -> torch.Tensor:
+        """The tensor ``key`` stands for: a scaled fp8 weight dequantized, in float32."""
+        self.refuse_unreadable()
+        scale = self._scales.of.get(key)
+        if scale is None:
+            return self._stored(key)
+        return dequantized(self._stored(key), self._stored(scale))
+
+    def _is_float8(self, key: str) -> bool:
+        if self._handle is not None:
+            return self._handle.get_slice(key).get_dtype() in FLOAT8_NAMES
+        return self._tensors[key].dtype in FLOAT8
+
+    def _stored(self, key: str) -> torch.Tensor:
         if self._handle is None:
             return self._tensors[key]
         try:

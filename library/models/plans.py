@@ -98,8 +98,10 @@ def choose_plan(
     and when the file lacks tensors its stored config promises while every tensor it has fits:
     the file was cut short (a smaller model derived from the rest would train silently).
     ModelError raised by a candidate (the shapes are not the family's) is raised unless the
-    stored config gave a problem to say instead.
+    stored config gave a problem to say instead. A file whose weights cannot be read (a
+    quantization difftune does not read) is refused first.
     """
+    file.refuse_unreadable()
     stored = file.metadata.get(CONFIG_METADATA + part)
     stored_plan, stored_problem = None, None
     if stored:

@@ -1,13 +1,14 @@
 """FLUX.1 end to end through the CLI on tiny models: LoRA from a diffusers folder and from the
-single files users have (with fp8_base and fp8-stored files), cached text and latents, kohya's
-Flux names in the saved file, text-encoder adapters, a full fine-tune and its two outputs,
-accumulation and resume equivalence."""
+single files users have (with fp8_base, fp8-stored files and ComfyUI's scaled fp8 files),
+cached text and latents, kohya's Flux names in the saved file, text-encoder adapters, a full
+fine-tune and its two outputs, accumulation and resume equivalence."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from tests.integration.harness import (
     check_accumulation_and_resume,
@@ -17,6 +18,7 @@ from tests.integration.harness import (
     write_config,
 )
 from tests.kits.flux.tiny_files import write_tiny_flux_files
+from tests.kits.scaled_fp8 import scaled
 
 FLUX = {
     "network_module": "networks.lora_flux",
@@ -75,14 +77,28 @@ def test_flux_lora_from_a_folder_saves_kohyas_names(tmp_path, flux_dir, images):
     assert (meta["ss_weighting_scheme"], meta["ss_model_type"]) == ("uniform", "flux")
 
 
-def test_flux_lora_from_single_fp8_files_with_fp8_base(tmp_path, flux_files, images):
+@pytest.mark.parametrize("stored", ["fp8", "scaled fp8"])
+def test_flux_lora_from_single_fp8_files_with_fp8_base(
+    tmp_path, flux_files, images, capsys, stored
+):
+    """Plain fp8 files, and ComfyUI's scaled fp8 ones (the transformer in the comfy_quant
+    layout, t5xxl in the scaled_fp8 one, whose dry run prints the plan): the LoRA trains with
+    fp8_base."""
+    files = dict(flux_files)
+    if stored == "scaled fp8":
+        for role, layout in (("transformer", "comfy_quant"), ("t5xxl", "scaled_fp8")):
+            files[role] = tmp_path / f"{role}_fp8_scaled.safetensors"
+            save_file(scaled(load_file(str(flux_files[role])), layout)[0], str(files[role]))
     out = tmp_path / "out"
     config = _config(
-        tmp_path, flux_files["transformer"], images, out, max_train_steps=2,
-        clip_l=str(flux_files["clip_l"]), t5xxl=str(flux_files["t5xxl"]),
-        ae=str(flux_files["ae"]), tokenizer_path=str(flux_files["tokenizer"]),
-        t5_tokenizer_path=str(flux_files["t5_tokenizer"]), fp8_base=True,
+        tmp_path, files["transformer"], images, out, max_train_steps=2,
+        clip_l=str(files["clip_l"]), t5xxl=str(files["t5xxl"]),
+        ae=str(files["ae"]), tokenizer_path=str(files["tokenizer"]),
+        t5_tokenizer_path=str(files["t5_tokenizer"]), fp8_base=True,
     )  # fmt: skip
+    if stored == "scaled fp8":
+        assert train(config, "--dry_run") == 0
+        assert "model: FLUX.1 dev" in capsys.readouterr().out and not out.exists()
     assert train(config) == 0
     saved = tensors(out / "run.safetensors")
     assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv.") for k in saved)

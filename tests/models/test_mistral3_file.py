@@ -19,6 +19,7 @@ from library.models.plans import CONFIG_METADATA, load_plan
 from library.models.released_configs import mistral_small_3_text_config
 from tests.kits.flux2.tiny import mistral3_encoder
 from tests.kits.flux2.tiny_files import comfy_mistral3
+from tests.kits.scaled_fp8 import scaled
 
 READS = 30  # the deepest hidden state read (FLUX.2 [dev]'s layers 10, 20, 30)
 
@@ -76,6 +77,22 @@ def test_comfy_files_read_the_language_model_alone(tmp_path, layers):
         torch.testing.assert_close(got[layer], want[layer], rtol=0, atol=0)
 
 
+def test_a_scaled_fp8_file_is_its_dequantized_weights(tmp_path):
+    """ComfyUI's scaled layout (a weight_scale and comfy_quant description beside each fp8
+    matrix) reads the language model of a file holding each matrix's fp8 values times its
+    scale, computed here."""
+    torch.manual_seed(0)
+    encoder = mistral3_encoder().eval()
+    config = encoder.config.text_config.to_dict()
+    stored, want = scaled(comfy_mistral3(encoder), "comfy_quant")
+    got, by_hand = (
+        load_plan(_plan(_write(tmp_path / f"{name}.safetensors", state, config)), torch.float32)
+        for name, state in (("fp8_scaled", stored), ("dequantized", want))
+    )
+    got, by_hand = got.state_dict(), by_hand.state_dict()
+    assert got.keys() == by_hand.keys() and all(torch.equal(got[k], by_hand[k]) for k in got)
+
+
 @pytest.fixture
 def no_weights_read(monkeypatch):
     def refuse(*args, **kwargs):
@@ -99,9 +116,6 @@ def test_wrong_files_are_refused_by_name_before_any_weight_is_read(tmp_path, no_
         ModelError, match=r"^text_encoder = .*qwen.* is not Mistral 3: .*a Qwen3 text model"
     ):
         _plan(_write(tmp_path / "qwen.safetensors", qwen, None))
-    scaled = {**state, "model.layers.0.mlp.up_proj.weight_scale": torch.ones(())}
-    with pytest.raises(ModelError, match=r"^text_encoder = .*scaled fp8"):
-        _plan(_write(tmp_path / "fp8.safetensors", scaled, None))
 
 
 def test_a_headerless_file_whose_heads_do_not_fit_is_refused(tmp_path, no_weights_read):

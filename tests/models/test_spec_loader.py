@@ -122,18 +122,25 @@ def test_a_component_may_be_a_folder_of_the_parts_class(tmp_path):
         plan_component(SPEC, part, str(tmp_path / "vae.ckpt"))
 
 
-def test_a_main_file_in_scaled_fp8_is_refused_naming_the_released_file(tmp_path):
-    """ComfyUI's fp8 files (a weight_scale beside each fp8 weight) are refused before any
-    weight is read, naming the released file and a folder as the fix."""
+def test_a_main_file_in_an_unread_quantization_is_refused_naming_the_released_file(tmp_path):
+    """A layer ComfyUI describes in a format difftune does not read (mxfp8's block scales) is
+    refused before any weight is read, naming the key, the released file and a folder."""
     import torch
     from safetensors.torch import save_file
 
-    path = tmp_path / "model_fp8mixed.safetensors"
-    save_file({"double_blocks.0.img_attn.qkv.weight_scale": torch.ones(())}, str(path))
+    from tests.kits.scaled_fp8 import description
+
+    path = tmp_path / "model_mxfp8.safetensors"
+    layer = "double_blocks.0.img_attn.qkv"
+    save_file({f"{layer}.weight": torch.zeros(4, 4, dtype=torch.float8_e4m3fn),
+               f"{layer}.weight_scale": torch.ones(4, 1, dtype=torch.uint8),
+               f"{layer}.comfy_quant": description("mxfp8")}, str(path))  # fmt: skip
     with pytest.raises(ModelError) as info:
         plan_main(SPEC, CheckpointFile(path))
     message = str(info.value)
-    assert message.startswith(f"pretrained_model_name_or_path = {path} is in ComfyUI's scaled fp8")
+    assert message.startswith(
+        f"pretrained_model_name_or_path = {path}: {layer}.comfy_quant stores {layer} as 'mxfp8'"
+    )
     assert f"({SPEC.main.example}) or a diffusers folder" in message and "\n" not in message
 
 

@@ -3,8 +3,8 @@ several families read, each checked on its shapes before any weight is read.
 
 ``plan_with_config`` / ``plan_part`` give a part the config stored in the file's header
 (``difftune.config.<part>``) when it fits, else one derived from the tensor shapes; the shared
-parts are T5 v1.1 encoders, CLIP text encoders, the 16-channel autoencoder without quant convs,
-and ComfyUI's scaled-fp8 refusal; component files are opened and checked here too.
+parts are T5 v1.1 encoders, CLIP text encoders, the 16-channel autoencoder without quant convs;
+component files are opened and checked here too.
 """
 
 from __future__ import annotations
@@ -44,29 +44,6 @@ def open_safetensors(path: Path, what: str, family: str, pickles: bool = False) 
         return CheckpointFile(path, label=f"the {family} file")
     except ModelError as exc:
         raise ModelError(f"{what}: {exc}") from None
-
-
-# The tensors ComfyUI's scaled fp8 files hold beside each fp8 weight: its scale (named
-# scale_weight in the first format, weight_scale in the "comfy_quant" one, which may add the
-# input's scale and a per-layer description), and the first format's marker tensor.
-_SCALED_FP8_ENDS = (".scale_weight", ".weight_scale", ".input_scale", ".comfy_quant")
-_SCALED_FP8_MARKER = "scaled_fp8"
-
-
-def refuse_scaled_fp8(file: CheckpointFile, what: str, released: str | None = None) -> None:
-    """ModelError naming ``what`` for a file in ComfyUI's scaled fp8 format: its weights are
-    only right multiplied by their scales, which difftune does not apply. ``released``: the
-    released file's name, said as the fix with a diffusers folder (a main file)."""
-    keys = file.keys()
-    found = next((k for k in keys if k.endswith(_SCALED_FP8_ENDS)), None)
-    if found is None and _SCALED_FP8_MARKER in keys:
-        found = _SCALED_FP8_MARKER
-    if found is not None:
-        raise ModelError(
-            f"{what} = {file.path} is in ComfyUI's scaled fp8 format (scale tensors such as {found}), "
-            "which difftune does not read; use the bf16, fp16 or plain fp8 (e4m3fn) file"
-            + (f" ({released}) or a diffusers folder" if released else "")
-        )
 
 
 def plan_clip_encoder(
@@ -288,7 +265,7 @@ def plan_autoencoder(
     in messages) its latents must have, without quant convs (None: not checked); ``wrong(
     problem)``: the error for a file that holds no such autoencoder; ``build``: the module of a
     config (diffusers' AutoencoderKL by default)."""
-    refuse_scaled_fp8(file, what)
+    file.refuse_unreadable(what)
     try:
         keys, convert = ae_keys(file.keys(), prefixes, from_original)
     except ValueError as exc:
@@ -377,7 +354,7 @@ def plan_t5_file(
     """T5-XXL's encoder from the file ``key`` names, as ``part`` (its header entry's name), in
     T5EncoderModel names; its config ``base`` (T5 v1.1 XXL's) with the sizes its tensors show."""
     expected = "the T5-XXL text encoder"
-    refuse_scaled_fp8(file, key)
+    file.refuse_unreadable(key)
     return plan_t5_encoder(
         file, key, "", part, label, base or released_configs.t5_xxl_config(),
         lambda problem: wrong_file(key, file, expected, problem),
@@ -432,7 +409,7 @@ def plan_qwen3_file(
     without ``model.``, a whole Qwen3ForCausalLM's LM head left out; its config ``base`` (the
     released model's) with the sizes its tensors show. ``expected``: what the file must hold,
     ``example``: its released file's name, as messages say them."""
-    refuse_scaled_fp8(file, key)
+    file.refuse_unreadable(key)
     prefix = QWEN3_PREFIX if any(k.startswith(QWEN3_PREFIX + "layers.") for k in file) else ""
     if prefix + _QWEN3_MARK not in file:
         vision = ("model.language_model.", "visual.", "model.visual.")

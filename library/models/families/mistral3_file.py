@@ -26,7 +26,6 @@ from library.models.families.file_contents import looks_like
 from library.models.families.file_plans import (
     note_derived,
     plan_part,
-    refuse_scaled_fp8,
     text_misfit,
 )
 from library.models.families.name_table import count_numbered
@@ -69,7 +68,7 @@ def plan_mistral3_file(
     """The language model of the file ``key`` names ([flow]) as MistralModel; ``reads``: the
     deepest hidden state the family reads (a file with fewer layers is refused). ``expected``:
     what the file must hold, ``example``: its released file's name, as messages say them."""
-    refuse_scaled_fp8(file, key)
+    file.refuse_unreadable(key)
     prefix = next((p for p in PREFIXES if p + _MARK in file), None)
     if prefix is None or prefix + _QK_NORM in file:
         looks = "a Qwen3 text model" if prefix is not None else looks_like(file.keys())

@@ -28,7 +28,7 @@ import torch
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
 from library.models.families.file_contents import looks_like
-from library.models.families.file_plans import Plan, plan_part, refuse_scaled_fp8
+from library.models.families.file_plans import Plan, plan_part
 from library.models.families.spec import ComponentFile, SpecPart
 from library.models.families.wan_vae_file import stored_config
 
@@ -100,7 +100,7 @@ class QwenVLKind:
 QWEN25_VL = QwenVLKind(
     "Qwen2.5-VL", "qwen_2.5_vl_7b.safetensors", "Qwen2_5_VLConfig",
     "Qwen2_5_VLForConditionalGeneration", True, QWEN25VL_7B,
-    " (bf16; its scaled fp8 file is not read)",
+    " (bf16, or its scaled fp8 file)",
 )  # fmt: skip
 QWEN3_VL = QwenVLKind(
     "Qwen3-VL", "qwen3vl_4b_bf16.safetensors", "Qwen3VLConfig", "Qwen3VLModel", False, QWEN3VL_4B
@@ -127,7 +127,7 @@ def current_names(keys) -> dict[str, str]:
 def plan_qwen_vl(file: CheckpointFile, kind: QwenVLKind, what: str, description: str) -> Plan:
     """The file as ``kind``'s model; ModelError naming ``what`` (the config key) and
     ``description`` (the file it should be) for a file that is not one."""
-    refuse_scaled_fp8(file, what)
+    file.refuse_unreadable(what)
     names = current_names(file.keys())
     if not kind.with_head:  # a bare model's names are those inside model., and no LM head
         kept = {k: n for k, n in names.items() if not n.startswith("lm_head.")}

@@ -28,7 +28,7 @@ from library.models.components import Components
 from library.models.families.claims import claims_model, file_keys, folder_pipeline
 from library.models.families.family_entry import Deferred
 from library.models.families.file_contents import sample_keys
-from library.models.families.file_plans import open_safetensors, refuse_scaled_fp8
+from library.models.families.file_plans import open_safetensors
 from library.models.families.folder_loader import (
     LoadedFolder,
     PipelineFolder,
@@ -206,7 +206,7 @@ def plan_main(spec: FamilySpec, file: CheckpointFile) -> Plan:
     fits, else the one its shapes show (the main file's ``fixed`` values over either)."""
     part, main = spec.denoiser, spec.main
     label = part.label or f"{spec.family} {part.sub}"
-    refuse_scaled_fp8(file, WHAT, main.example)
+    file.refuse_unreadable(WHAT, main.example)
     found = main.detect(file.keys())
     if found is None:
         raise ModelError(

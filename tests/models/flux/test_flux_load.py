@@ -24,6 +24,7 @@ from library.models.families.flux.original_keys import ORIGINAL_PREFIX
 from tests.kits.flux import tiny_shapes
 from tests.kits.flux.tiny import build_tiny_flux_components
 from tests.kits.flux.tiny_files import write_tiny_flux_files
+from tests.kits.scaled_fp8 import description, scaled
 
 PARTS = ("denoiser", "vae", "clip_l", "t5")
 
@@ -352,27 +353,51 @@ def test_sd_vae_given_as_ae(files, tiny_model_dir, no_weights_read):
     assert f"ae = {sd_vae}" in message and "4 channels" in message and "SD VAE" in message
 
 
-def test_scaled_fp8_file_is_refused(files, tmp_path, no_weights_read):
-    scaled = resave(
-        files["t5xxl"], tmp_path / "t5.safetensors", extra={"scaled_fp8": torch.zeros(1)}
+def test_a_scaled_fp8_t5xxl_is_the_t5_of_its_dequantized_weights(files, tmp_path):
+    """Comfy-Org's t5xxl_fp8_e4m3fn_scaled layout (the scaled_fp8 marker, scale_weight and
+    scale_input beside each fp8 matrix) loads as the T5 built by hand from each matrix's fp8
+    values times its scale: the same weights, the same outputs."""
+    from transformers import T5EncoderModel
+
+    stored, want = scaled(load_file(str(files["t5xxl"])), "scaled_fp8")
+    path = tmp_path / "t5xxl_fp8_e4m3fn_scaled.safetensors"
+    save_file(stored, str(path))
+    t5 = modules(load(files["transformer"], files, t5xxl=path))["t5"]
+    reference = T5EncoderModel(t5.config).eval()
+    reference.load_state_dict(
+        {**want, "encoder.embed_tokens.weight": want["shared.weight"]}, strict=True
     )
-    message = error(files["transformer"], files, t5xxl=scaled)
-    assert "t5xxl = " in message and "scaled fp8" in message
+    assert_state(t5, reference.state_dict())
+    ids = torch.randint(0, t5.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(t5(ids).last_hidden_state, reference(ids).last_hidden_state)
 
 
-def test_comfy_quant_scaled_fp8_transformer_is_refused_by_name(fp8_files, tmp_path):
-    """ComfyUI's newer scaled fp8 files hold a weight_scale (and input_scale) beside each fp8
-    weight: named as scaled fp8, with the files to use, not as "not a FLUX.1 transformer"."""
-    fp8 = load_file(str(fp8_files["transformer"]))
-    scales = {
-        f"{k[: -len('weight')]}{name}": torch.ones(())
-        for k, v in fp8.items() if v.dtype == torch.float8_e4m3fn
-        for name in ("weight_scale", "input_scale")
-    }  # fmt: skip
-    scaled = resave(fp8_files["transformer"], tmp_path / "flux_scaled.safetensors", extra=scales)
-    message = error(scaled, fp8_files)
-    assert message.startswith(f"pretrained_model_name_or_path = {scaled} is in ComfyUI's scaled")
-    assert any(key in message for key in scales) and "bf16" in message and "plain fp8" in message
+def test_a_comfy_quant_transformer_is_its_dequantized_weights(files, tmp_path):
+    """ComfyUI's newer layout (weight_scale, input_scale and a comfy_quant description beside
+    each fp8 matrix, under model.diffusion_model.) loads the weights of a file holding each
+    matrix's fp8 values times its scale, computed here."""
+    state = {ORIGINAL_PREFIX + k: v for k, v in load_file(str(files["transformer"])).items()}
+    stored, want = scaled(state, "comfy_quant")
+    quantized = tmp_path / "flux1-dev_fp8_scaled.safetensors"
+    save_file(stored, str(quantized))
+    by_hand = tmp_path / "flux1-dev_dequantized.safetensors"
+    save_file(want, str(by_hand))
+    got = modules(load(quantized, files))["denoiser"]
+    assert_state(got, modules(load(by_hand, files))["denoiser"].state_dict())
+
+
+def test_a_transformer_in_another_quantization_is_refused_by_name(files, tmp_path, no_weights_read):
+    """A layer in a format difftune does not read (nvfp4 here) is refused before any weight is
+    read, naming the key, the format and the files to use."""
+    stored, _ = scaled(load_file(str(files["transformer"])), "comfy_quant")
+    key = next(k for k in stored if k.endswith(".comfy_quant"))
+    stored[key] = description("nvfp4")
+    path = tmp_path / "flux1-dev_nvfp4.safetensors"
+    save_file(stored, str(path))
+    message = error(path, files)
+    assert message.startswith(f"pretrained_model_name_or_path = {path}: {key} stores")
+    assert "'nvfp4'" in message and "or a diffusers folder" in message
     assert "not a FLUX.1 transformer" not in message
 
 

@@ -19,6 +19,7 @@ from library.models.loader import load_components
 from library.models.model_files import shapes_only
 from tests.kits.flux2.tiny import write_tiny_flux2_folder
 from tests.kits.flux2.tiny_files import write_tiny_flux2_files
+from tests.kits.scaled_fp8 import description, scaled
 
 CAPTIONS = ["a red cube on a table", "two birds"]
 
@@ -106,20 +107,40 @@ def test_a_comfy_prefixed_dev_file_is_dev_before_any_weight_is_read(files, tmp_p
     assert parts.family.model == "dev" and parts.denoiser.config.guidance_embeds
 
 
-def test_comfys_fp8mixed_file_is_refused_naming_the_file_to_use(files, tmp_path):
+def test_comfys_fp8mixed_file_is_its_dequantized_weights(files, tmp_path):
+    """flux2_dev_fp8mixed.safetensors' layout (under model.diffusion_model., a weight_scale,
+    input_scale and comfy_quant description beside each fp8 matrix) loads the transformer of a
+    file holding each matrix's fp8 values times its scale, computed here."""
+    state = {
+        f"model.diffusion_model.{k}": v for k, v in load_file(str(files["transformer"])).items()
+    }
+    stored, want = scaled(state, "comfy_quant")
+    denoisers = []
+    for name, tensors in (("flux2_dev_fp8mixed", stored), ("dequantized", want)):
+        path = tmp_path / f"{name}.safetensors"
+        save_file(tensors, str(path))
+        parts = load_components(_model(files, pretrained_model_name_or_path=str(path)),
+                                torch.float32, FlowSection(text_encoder=str(files["text_encoder"])))  # fmt: skip
+        denoisers.append(parts.denoiser.state_dict())
+    got, by_hand = denoisers
+    assert got.keys() == by_hand.keys()
+    assert all(torch.equal(got[k], by_hand[k]) for k in got)
+
+
+def test_an_nvfp4_file_is_refused_as_the_dry_run_plans_it(files, tmp_path):
+    """A layer ComfyUI stores as nvfp4 (4-bit blocks): refused before any weight is read,
+    naming the key, the format and flux2-dev.safetensors or a folder as the fix."""
     state = load_file(str(files["transformer"]))
-    scaled = {f"model.diffusion_model.{k}": v for k, v in state.items()}
-    scaled["model.diffusion_model.double_blocks.0.img_attn.qkv.weight_scale"] = torch.ones(())
-    scaled["model.diffusion_model.double_blocks.0.img_attn.qkv.comfy_quant"] = torch.zeros(
-        4, dtype=torch.uint8
-    )
-    path = tmp_path / "flux2_dev_fp8mixed.safetensors"
-    save_file(scaled, str(path))
+    stored, _ = scaled({f"model.diffusion_model.{k}": v for k, v in state.items()}, "comfy_quant")
+    key = next(k for k in stored if k.endswith(".comfy_quant"))
+    stored[key] = description("nvfp4")
+    path = tmp_path / "flux2_dev_nvfp4.safetensors"
+    save_file(stored, str(path))
     message = _refusal(
         _model(files, pretrained_model_name_or_path=str(path)), files["text_encoder"]
     )
-    assert message.startswith(f"pretrained_model_name_or_path = {path} is in ComfyUI's scaled fp8")
-    assert "(flux2-dev.safetensors) or a diffusers folder" in message
+    assert message.startswith(f"pretrained_model_name_or_path = {path}: {key} stores")
+    assert "'nvfp4'" in message and "(flux2-dev.safetensors) or a diffusers folder" in message
 
 
 def test_a_text_encoder_of_another_width_is_refused_naming_both_files(files, tmp_path):

@@ -7,6 +7,7 @@ and every wrong or missing file is refused by name before any weight is read."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from library.models.loader import load_components
 from library.models.wan_vae_keys import vae_from_original
 from tests.kits.qwenimage import tiny_shapes
 from tests.kits.qwenimage.tiny_files import write_tiny_qwenimage_files
+from tests.kits.scaled_fp8 import scaled
 
 
 def _load(paths: dict, dtype=torch.float32, loader=load_qwenimage, **keys):
@@ -184,10 +186,17 @@ def test_a_text_encoder_of_another_width_is_refused(paths, tmp_path):
         _load(paths, loader=files_loader, pretrained_model_name_or_path=str(wider))
 
 
-def test_scaled_fp8_files_are_refused(paths):
-    _rewrite(paths["text_encoder"], lambda t: {**t, "scaled_fp8": torch.zeros(1)})
-    with pytest.raises(ModelError, match=r"^text_encoder = .*scaled fp8"):
-        _load(paths)
+def test_a_scaled_fp8_text_encoder_is_its_dequantized_weights(paths, tmp_path):
+    """qwen_2.5_vl_7b_fp8_scaled.safetensors' layout (the scaled_fp8 marker, scale_weight and
+    scale_input beside each fp8 matrix) loads the text encoder of a file holding each matrix's
+    fp8 values times its scale, computed here."""
+    by_hand = tmp_path / "dequantized.safetensors"
+    shutil.copy(paths["text_encoder"], by_hand)
+    stored, want = scaled(load_file(str(paths["text_encoder"])), "scaled_fp8")
+    _rewrite(by_hand, lambda t: want)
+    _rewrite(paths["text_encoder"], lambda t: stored)
+    got = _load(paths).text_encoders[0]
+    _assert_same(got, _load(paths, text_encoder=str(by_hand)).text_encoders[0])
 
 
 def test_the_model_version_must_fit_the_model(paths, qwenimage_dir):

@@ -24,6 +24,7 @@ from library.models.families.sd3 import shapes
 from library.models.families.sd3.original_keys import TEXT_ENCODER_PREFIXES, VAE_PREFIX
 from library.models.families.sd3.spec import SPEC, claims_sd3
 from library.models.families.spec_loader import load_spec
+from tests.kits.scaled_fp8 import scaled
 from tests.kits.sd3 import tiny_shapes
 from tests.kits.sd3.tiny import build_tiny_sd3_components
 from tests.kits.sd3.tiny_files import write_tiny_sd3_files, write_tiny_sd3_folder
@@ -249,6 +250,19 @@ def test_fp8_files_load_within_fp8_rounding(tmp_path, built):
     assert changed  # fp8 storage did round
 
 
+def test_a_scaled_fp8_t5xxl_loads_its_dequantized_weights(separate, tmp_path):
+    """Comfy-Org's t5xxl_fp8_e4m3fn_scaled.safetensors (the scaled_fp8 marker, scale_weight and
+    scale_input beside each fp8 matrix) as t5xxl: each matrix is its fp8 values times its
+    scale, the other tensors as stored."""
+    stored_tensors, want = scaled(load_file(str(separate["t5xxl"])), "scaled_fp8")
+    path = tmp_path / "t5xxl_fp8_e4m3fn_scaled.safetensors"
+    save_file(stored_tensors, str(path))
+    want = {k: v.float() for k, v in want.items()}
+    embed = want.get("shared.weight", want.get("encoder.embed_tokens.weight"))
+    want |= {"shared.weight": embed, "encoder.embed_tokens.weight": embed}
+    assert_state(load(separate["model"], separate, t5xxl=path).t5, want)
+
+
 def test_flow_files_replace_the_ones_inside(inside, tmp_path):
     """A [flow] clip_l / clip_g / t5xxl file wins over the model file's own encoder."""
     other = write_tiny_sd3_files(
@@ -402,11 +416,6 @@ def test_wrong_files(separate, tiny_model_dir, tmp_path, no_weights_read):
     sd_vae = tiny_model_dir / "vae" / "diffusion_pytorch_model.safetensors"
     message = error(separate["model"], separate, vae=sd_vae)
     assert f"vae = {sd_vae}" in message and "4 channels" in message and "[model]" in message
-    scaled = resave(
-        separate["t5xxl"], tmp_path / "t5.safetensors", extra={"scaled_fp8": torch.zeros(1)}
-    )
-    message = error(separate["model"], separate, t5xxl=scaled)
-    assert "t5xxl = " in message and "scaled fp8" in message
     flux = tmp_path / "flux1-dev.safetensors"
     save_file({"img_in.weight": torch.zeros(2, 2)}, str(flux))
     message = error(flux, separate)

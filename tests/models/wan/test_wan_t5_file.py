@@ -10,11 +10,13 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from library.errors import ModelError
 from library.models.checkpoint_file import CheckpointFile
-from library.models.families.wan.t5_file import plan_t5_file
+from library.models.families.wan.t5_file import plan_t5_file, umt5_name
 from library.models.plans import load_plan
+from tests.kits.scaled_fp8 import scaled
 
 WIDTH, HEADS, FFN, LAYERS, BUCKETS, VOCAB = 32, 4, 48, 2, 8, 64
 MAX_DISTANCE = 128  # Wan's code's (and umT5-XXL's)
@@ -98,3 +100,22 @@ def test_a_wan_pth_with_a_tensor_of_another_model_is_named(tmp_path):
     with pytest.raises(ModelError, match=r"t5 = .*odd\.pth is not the umT5-XXL.*blocks\.0\.attn"
                                          r"\.rel\.weight"):  # fmt: skip
         plan_t5_file(CheckpointFile(path))
+
+
+def test_comfys_scaled_fp8_umt5_encodes_as_wans_encoder_of_its_dequantized_weights(tmp_path):
+    """Comfy-Org's umt5_xxl_fp8_e4m3fn_scaled.safetensors: transformers' names, the scaled_fp8
+    marker and a scale_weight beside each fp8 matrix. It encodes as Wan's encoder (written
+    here) of each matrix's fp8 values times its scale."""
+    wan = wan_layout()
+    names = {umt5_name(k): k for k in wan}
+    stored, want = scaled({name: wan[k] for name, k in names.items()}, "scaled_fp8")
+    path = tmp_path / "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
+    save_file(stored, str(path))
+    encoder = load_plan(plan_t5_file(CheckpointFile(path)), torch.float32)
+    ids = torch.randint(2, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    ours = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    theirs = wan_forward({k: want[name].float() for name, k in names.items()}, ids, mask)
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    unscaled = wan_forward({k: stored[name].float() for name, k in names.items()}, ids, mask)
+    assert not torch.allclose(ours, unscaled, rtol=1e-4, atol=1e-4)  # the scales were applied

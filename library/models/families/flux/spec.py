@@ -26,7 +26,6 @@ from library.models.families.file_plans import (
     plan_ae16_file,
     plan_clip_encoder,
     plan_t5_file,
-    refuse_scaled_fp8,
     wrong_file,
 )
 from library.models.families.flux import shapes as flux_shapes
@@ -66,7 +65,7 @@ _CLIP_UNUSED = ("position_ids", "text_projection.weight", "logit_scale")
 def plan_clip(file: CheckpointFile) -> Plan:
     """CLIP-L's text tower from the [flow] clip_l file (transformers' names)."""
     what, expected = "clip_l", "the CLIP-L text encoder"
-    refuse_scaled_fp8(file, what)
+    file.refuse_unreadable(what)
     keys = [k for k in file if not k.endswith(_CLIP_UNUSED)]
 
     def wrong(problem: str) -> ModelError:

@@ -9,7 +9,7 @@ A diffusers QwenImagePipeline folder (Qwen/Qwen-Image) holds transformer/, vae/,
   ``qwen_image_edit[_2509|_2511]_bf16``) in diffusers' own names (the original repository's are
   the same: its name table renames nothing), without a prefix or under
   ``model.diffusion_model.``; plain fp8 weights are cast to the weight dtype, ComfyUI's scaled
-  fp8 is refused by name;
+  fp8 weights dequantized first (checkpoint_file.py);
 - the Qwen2.5-VL text encoder ([flow] text_encoder, ``text_encoders/qwen_2.5_vl_7b.safetensors``)
   and the VAE ([model] vae, ``vae/qwen_image_vae.safetensors``, or a folder's vae/ file), read
   by the shared readers of those parts (qwen_vl_file.py, wan_vae_file.py);

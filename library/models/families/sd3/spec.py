@@ -40,7 +40,6 @@ from library.models.families.file_plans import (
     plan_autoencoder,
     plan_clip_encoder,
     plan_t5_encoder,
-    refuse_scaled_fp8,
 )
 from library.models.families.folder_loader import clip_tokenizer, t5_tokenizer
 from library.models.families.sd3 import shapes as sd3_shapes
@@ -115,7 +114,7 @@ def plan_encoder(file: CheckpointFile, what: str, key: str) -> Plan:
     the file's own keys."""
     inside = TEXT_ENCODER_PREFIXES[key]
     prefix = inside if any(k.startswith(inside) for k in file) else ""
-    refuse_scaled_fp8(file, what)
+    file.refuse_unreadable(what)
     part, expected, label, base = _ENCODERS[key]
 
     def wrong(problem: str) -> ModelError:
