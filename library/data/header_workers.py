@@ -8,15 +8,16 @@ Decisions:
   started: small datasets, reruns (the scan index answers) and the tests pay nothing.
 - A worker is ``python -I`` running this module's `work`: a fresh interpreter (no CUDA, no
   threads of the parent, safe in any process) that imports only this module,
-  library.data.header_read and library.data.caption_files (Pillow and numpy, no torch: a
-  fraction of a second). It reads the kind of file and its part's paths (and the images' stat
+  library.data.header_read, library.data.caption_files and library.data.prefetch (Pillow and
+  numpy, no torch: a fraction of a second). It reads the kind of file and its part's paths (and the images' stat
   modes) from stdin and writes, per file, what was read (an image's (width, height, frames), a
   caption file's lines) or, as a 1-tuple, the message of the DataError reading it raised
   (marshal).
 - Two parts per core (at most 8): a worker reads one file at a time, and a first scan often finds
   its files out of the page cache, so more parts than cores keep more reads waiting on the disk
-  at once (this process's part reads on threads). Where the files are cached the extra workers
-  cost their start, a few tenths of a second of CPU.
+  at once (this process's part reads on threads), and each part's files are asked of the
+  kernel ahead of its reader (library.data.prefetch), which keeps far more reads waiting. Where
+  the files are cached the extra workers cost their start, a few tenths of a second of CPU.
 - The parts are strided shares of the files to read, so each has a like share of any slow
   corner of the dataset; results are put back in order, and the caller records what the
   workers read (in the scan index) as it records its own reads.
@@ -36,6 +37,7 @@ from pathlib import Path
 from library.data.caption_files import caption_lines
 from library.data.header_read import read_image_header
 from library.data.listing import finish_worker, start_worker
+from library.data.prefetch import Prefetch
 from library.errors import DataError
 
 # A first scan reading at least this many files of a kind reads them in parts (a PNG header and
@@ -44,6 +46,10 @@ from library.errors import DataError
 PARALLEL_READS = 20_000
 _MAX_WORKERS = 8
 PARTS_PER_CORE = 2  # more parts than cores: reads waiting on the disk overlap (module docstring)
+# this process's part is read in chunks (8 of the threads' 256 files), its prefetch told per
+# chunk: half its window, so the next chunk is asked for while one is read
+_HERE_CHUNK = 2048
+_WORK_CHUNK = 256  # a worker tells its prefetch per this many files read
 _REPOSITORY = str(Path(__file__).resolve().parents[2])  # what a worker imports library from
 _WORK = "import sys; sys.path.insert(0, sys.argv[1]); from library.data.header_workers import work; work()"
 
@@ -85,7 +91,7 @@ def read_in_parts(
         (share, _start(kind, [path_of(i) for i in share], [mode_of(i) for i in share]))
         for share in shares[1:]
     ]
-    here(shares[0])
+    _here_ahead(shares[0], path_of, here, count_parts > 1)
     for share, worker in workers:
         read = _finish(worker, len(share))
         if read is None:  # it failed: its part is read here
@@ -93,6 +99,21 @@ def read_in_parts(
             continue
         for i, value in zip(share, read, strict=True):
             taken(i, value)
+
+
+def _here_ahead(
+    share: list[int], path_of: Callable[[int], str], here: Callable[[list[int]], None],
+    prefetch: bool,
+) -> None:  # fmt: skip
+    """``here(share)``; with ``prefetch``, in chunks, the files read ahead of it (prefetch.py)."""
+    if not prefetch:
+        here(share)
+        return
+    with Prefetch([path_of(i) for i in share]) as ahead:
+        for start in range(0, len(share), _HERE_CHUNK):
+            chunk = share[start : start + _HERE_CHUNK]
+            here(chunk)
+            ahead.advance(len(chunk))
 
 
 def as_error(read: Read) -> DataError | None:
@@ -104,13 +125,16 @@ def work() -> None:
     """A worker's part: the kind, paths and modes on stdin, what was read on stdout."""
     kind, paths, modes = marshal.loads(sys.stdin.buffer.read())
     read: list[Read] = []
-    for path, mode in zip(paths, modes, strict=True):
-        try:
-            if kind == "headers":
-                header = read_image_header(path, mode)
-                read.append((*header.size, header.frames))
-            else:
-                read.append(caption_lines(path))
-        except DataError as error:
-            read.append((str(error),))
+    with Prefetch(paths) as ahead:
+        for n, (path, mode) in enumerate(zip(paths, modes, strict=True), 1):
+            try:
+                if kind == "headers":
+                    header = read_image_header(path, mode)
+                    read.append((*header.size, header.frames))
+                else:
+                    read.append(caption_lines(path))
+            except DataError as error:
+                read.append((str(error),))
+            if n % _WORK_CHUNK == 0:  # told in chunks: a wake of its thread per file costs more
+                ahead.advance(_WORK_CHUNK)
     sys.stdout.buffer.write(marshal.dumps(read))
