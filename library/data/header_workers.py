@@ -9,10 +9,10 @@ Decisions:
 - A worker is ``python -I`` running this module's `work`: a fresh interpreter (no CUDA, no
   threads of the parent, safe in any process) that imports only this module,
   library.data.header_read, library.data.caption_files and library.data.prefetch (Pillow and
-  numpy, no torch: a fraction of a second). It reads the kind of file and its part's paths (and the images' stat
-  modes) from stdin and writes, per file, what was read (an image's (width, height, frames), a
-  caption file's lines) or, as a 1-tuple, the message of the DataError reading it raised
-  (marshal).
+  numpy, no torch: a fraction of a second). It reads the kind of file and its part's paths
+  (and the images' stat modes) from stdin and writes, per file, what was read (an image's
+  (width, height, frames), a caption file's lines) or, as a 1-tuple, the message of the
+  DataError reading it raised (marshal).
 - Two parts per core (at most 8): a worker reads one file at a time, and a first scan often finds
   its files out of the page cache, so more parts than cores keep more reads waiting on the disk
   at once (this process's part reads on threads), and each part's files are asked of the
