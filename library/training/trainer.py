@@ -25,7 +25,7 @@ from library.data.cache_group import CacheGroup
 from library.data.dataset import TrainData
 from library.data.plan import check_batch_sizes
 from library.data.samples import SampleSource
-from library.errors import CheckpointError, ModelError, TrainingError
+from library.errors import ModelError, TrainingError
 from library.models.families.family_choice import entry_for
 from library.models.float8 import keep_out_of_ddp
 from library.models.loader import load_components
@@ -60,22 +60,19 @@ from library.training.reference_checks import (
     check_reference_counts,
     check_sample_frames,
 )
+from library.training.resume import resume_run
 from library.training.resume_rules import change_lines
 from library.training.run_summary import RunSummary
 from library.training.saver import Saver
-from library.training.schedulers import build_scheduler, restore_schedule
+from library.training.schedulers import build_scheduler
 from library.training.setup import WEIGHT_DTYPES, TrainedParts, allow_fp16_gradients, setup_training
 from library.training.sharding import (
     is_sharded,
-    optimizer_params,
     set_gradient_sync,
-    shard_like,
     shard_trained_denoiser,
-    sharded_optimizer_state,
     shards,
     whole_trained_weights,
 )
-from library.training.state import load_state
 from library.training.step import StepInputs, micro_batch_loss
 from library.training.stops import StopSignals, TrainingStopped, agree_on_step
 from library.training.text_sharding import check_text_sharding, shards_text_encoders
@@ -285,7 +282,7 @@ class Trainer:
         saver = Saver(config, acc, parts, plan, self.data.stats, start.run_id)
         saver.attach(optimizer, scheduler, ema)
         saver.check_free_space(start.resume.global_step if start.resume else 0)
-        global_step = self._resume(parts, optimizer, scheduler, saver, start)
+        global_step = resume_run(self.config, parts, optimizer, scheduler, saver, start, self.accelerator)
         loop = _Loop(
             trained=trained,
             params=parts.parameters(),
@@ -543,39 +540,3 @@ class Trainer:
             experts=expert_routing(self.config, parts, self._prepared),
             image_encoder=comps.image_encoder,
         )
-
-    def _resume(self, parts: TrainedParts, optimizer, scheduler, saver: Saver, start: RunStart) -> int:
-        path = self.config.saving.resume
-        if not path:
-            return 0
-        state = load_state(path)
-        weights = parts.trained_weights()
-        missing = sorted(set(weights) - set(state.weights))
-        if missing:
-            raise CheckpointError(f"resume: {path} has no weights for {missing[0]} ({len(missing)} missing); it was saved by another kind of run")
-        for key, param in weights.items():
-            if state.weights[key].shape != param.shape:
-                raise CheckpointError(
-                    f"resume: {path} holds {key} with shape {list(state.weights[key].shape)}, this run's is "
-                    f"{list(param.shape)}; it was saved with another network_dim, conv_dim or model"
-                )
-        with torch.no_grad():
-            for key, param in weights.items():
-                param.copy_(shard_like(state.weights[key], param))  # this process's slice
-        try:
-            optimizer.load_state_dict(sharded_optimizer_state(state.optimizer, optimizer_params(optimizer)))
-        except ValueError as exc:  # e.g. other parameter groups (LoRA+ or text encoder on/off)
-            raise CheckpointError(f"resume: {path} has optimizer state for other parameter groups ({exc})") from exc
-        restore_schedule(scheduler, state.scheduler)  # at the saved step, with this run's rates
-        saver.resume_changes = list(state.progress.resume_changes)
-        if start.resume is not None and start.resume.changes:
-            changed = {k: list(v) for k, v in start.resume.changes.items() if k != "datasets"}
-            saver.resume_changes.append({"step": state.progress.global_step, "changes": changed})
-        if state.scaler is not None and self.accelerator.scaler is not None:
-            self.accelerator.scaler.load_state_dict(state.scaler)
-        if saver.ema is not None:
-            if state.ema is None:
-                raise CheckpointError(f"resume: {path} has no EMA weights; it was saved without ema_decay")
-            saver.ema.load_state_dict(state.ema)
-        self.accelerator.print(f"resumed from {path} at optimizer step {state.progress.global_step}")
-        return state.progress.global_step
