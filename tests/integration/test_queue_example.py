@@ -67,6 +67,13 @@ def _status(out: Path, name: str) -> str | None:
         return None
 
 
+def _default_sigint() -> None:
+    # A shell started from a non-interactive shell's background job (`nohup ... &`, as CI may
+    # be) inherits SIGINT ignored, and bash cannot trap a signal ignored on entry: the queue
+    # would never hear the test's Ctrl-C. A terminal's queue has it at its default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _queue(jobs: Path, env: dict, log: Path) -> subprocess.Popen:
     with log.open("w") as console:
         return subprocess.Popen(
@@ -75,6 +82,7 @@ def _queue(jobs: Path, env: dict, log: Path) -> subprocess.Popen:
             cwd=jobs.parent,
             stdout=console,
             stderr=subprocess.STDOUT,
+            preexec_fn=_default_sigint,
         )
 
 
